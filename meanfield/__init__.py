@@ -1,0 +1,27 @@
+"""meanfield: a JAX engine for the mathematics of collapse in transformers.
+
+Public API (see README.md for a tour)::
+
+    import meanfield as mf
+    mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
+    mf.energy, mf.velocity, mf.simulate, mf.positions,
+    mf.attention, mf.depth, mf.prototypes
+"""
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import attention, depth, metrics, prototypes, sphere, theory
+
+try:
+    __version__ = _version("meanfield")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "attention",
+    "depth",
+    "metrics",
+    "prototypes",
+    "sphere",
+    "theory",
+]
