@@ -1,1 +1,552 @@
-"""Placeholder: being written (see the depth issue)."""
+"""Rank collapse through depth: Post-Norm versus Pre-Norm decoder stacks.
+
+Implements MATH.md Sec. 3 (papers/post-norm-rank-collapse.txt). A Llama-style
+decoder block (causal multi-head attention with logits scaled by
+``1/sqrt(d/heads)``, SwiGLU FFN, RMSNorm) is written as pure functions of a
+parameter PyTree (a dict of arrays) acting on ONE sequence ``X: (n, d)``;
+batches are ``jax.vmap``-ed, depth is a ``lax.scan`` over layer parameters
+stacked on a leading ``(depth, ...)`` axis.
+
+* Post-Norm: ``X2 = RMSNorm(X1 + Attn(X1))``, ``X1' = RMSNorm(X2 + FFN(X2))``.
+* Pre-Norm:  ``X2 = X1 + Attn(RMSNorm(X1))``, ``X1' = X2 + FFN(RMSNorm(X2))``.
+* Token similarity ``t_sim(X) = ||Pi X||_F^2 / ||X||_F^2``
+  (:func:`meanfield.metrics.token_similarity`).
+* Prefix-averaging ablation: every causal attention matrix ``P`` is replaced by
+  ``P - alpha C_n`` with ``(C_n)_{ij} = 1/i`` for ``j <= i`` (1-based).
+* RMSNorm factor ``sqrt(d)/||y||_2`` per row and the gradient contribution
+  factor ``alpha_k = ||dL/dX_k||_F / ||dL/dY_k||_F`` of sublayer ``k`` (the
+  factor by which the residual branch ``Y_k = X_k + F_k(X_k)`` changes the
+  backward gradient norm); their product is the contraction
+  ``c = alpha sqrt(d)/||y||`` of Theorem 3.6. (The extracted paper lost the
+  displayed definition of ``alpha``; this is the reconstruction used here,
+  measured on whole matrices, the RMSNorm factor averaged over rows.)
+* Frequency loss: a collapsed network outputs one distribution at every
+  position; the best one is the label frequency ``p_freq`` and the loss is the
+  entropy ``H(p_freq)`` (Theorem 3.8).
+
+Training utilities: a small decoder LM (embedding + blocks + unembedding), a
+seeded synthetic Zipf-Markov token source (no downloads) and an optax AdamW
+loop (b1=0.9, b2=0.95, weight decay 0.1, linear warmup then cosine decay,
+global-norm clipping 1.0) that records per-layer diagnostics at every step.
+No positional encoding is used (causal masking alone carries position, "NoPE").
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Float, Int
+
+from . import metrics
+from ._checks import check_choice, check_int, check_nonnegative, check_positive, is_concrete
+
+__all__ = [
+    "NORMS",
+    "init_block_params",
+    "init_stack",
+    "rms_norm",
+    "rms_factor",
+    "prefix_average_matrix",
+    "causal_attention_matrix",
+    "attention",
+    "swiglu",
+    "block",
+    "forward",
+    "init_trace",
+    "similarity_profile",
+    "sublayer_increments",
+    "gaussian_tokens",
+    "frequency_distribution",
+    "frequency_loss",
+    "collapsed_cross_entropy",
+    "zipf_markov_source",
+    "sample_tokens",
+    "init_lm",
+    "lm_logits",
+    "lm_loss",
+    "lm_diagnostics",
+    "make_optimizer",
+    "train_lm",
+]
+
+NORMS = ("post", "pre")
+RMS_EPS = 1e-6  # RMSNorm stabiliser inside the mean square (as in Llama)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_sizes(*, d, d_ff, heads, depth=None, n=None):
+    d = check_int("d", d, minimum=1)
+    d_ff = check_int("d_ff", d_ff, minimum=1)
+    heads = check_int("heads", heads, minimum=1)
+    if d % heads != 0:
+        raise ValueError(f"heads must divide d, got d = {d}, heads = {heads}")
+    if depth is not None:
+        check_int("depth", depth, minimum=1)
+    if n is not None:
+        check_int("n", n, minimum=2)
+
+
+def _check_norm(norm):
+    check_choice("norm", norm, NORMS)
+
+
+def _check_alpha(alpha_prefix):
+    if is_concrete(alpha_prefix):
+        a = np.asarray(alpha_prefix, dtype=np.float64)
+        if a.shape != () or not np.isfinite(a):
+            raise ValueError(f"alpha_prefix must be a finite scalar, got {alpha_prefix!r}")
+
+
+def _sigma(sigma_w, d):
+    if sigma_w is None:
+        return 1.0 / math.sqrt(d)
+    check_positive("sigma_w", sigma_w)
+    return sigma_w
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def init_block_params(key, *, d: int, d_ff: int, heads: int, sigma_w=None, dtype=jnp.float32) -> dict:
+    """Parameters of one block, every weight entry ``N(0, sigma_w^2)``, RMSNorm gains 1.
+
+    Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
+    ``w2: (d_ff, d)``; ``g_attn, g_ffn: (d,)``. ``sigma_w=None`` means ``1/sqrt(d)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
+        >>> p["w1"].shape
+        (8, 16)
+    """
+    _check_sizes(d=d, d_ff=d_ff, heads=heads)
+    s = _sigma(sigma_w, d)
+    k = jax.random.split(key, 7)
+    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
+              "w1": (d, d_ff), "w3": (d, d_ff), "w2": (d_ff, d)}
+    p = {name: s * jax.random.normal(kk, shape, dtype) for kk, (name, shape) in zip(k, shapes.items())}
+    p["g_attn"] = jnp.ones((d,), dtype)
+    p["g_ffn"] = jnp.ones((d,), dtype)
+    return p
+
+
+def init_stack(key, *, depth: int, d: int, d_ff: int, heads: int, sigma_w=None, dtype=jnp.float32) -> dict:
+    """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis."""
+    _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
+    s = _sigma(sigma_w, d)
+    keys = jax.random.split(key, depth)
+    return jax.vmap(lambda k: init_block_params(k, d=d, d_ff=d_ff, heads=heads, sigma_w=s, dtype=dtype))(keys)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS) -> Float[Array, " d"]:
+    """``RMSNorm(y) = g * y / sqrt(mean(y^2) + eps)`` for one row (``~ g y sqrt(d)/||y||``)."""
+    return g * y * jax.lax.rsqrt(jnp.mean(y * y) + eps)
+
+
+def rms_factor(Y: Float[Array, "n d"]) -> Float[Array, ""]:
+    """RMSNorm forward/backward scale ``sqrt(d)/||y_i||_2`` averaged over the rows ``y_i`` of ``Y``."""
+    d = Y.shape[-1]
+    return jnp.mean(math.sqrt(d) / jnp.linalg.norm(Y, axis=-1))
+
+
+def _rms_rows(Y, g):
+    return jax.vmap(rms_norm, in_axes=(0, None))(Y, g)
+
+
+def prefix_average_matrix(n: int, dtype=jnp.float32) -> Float[Array, "n n"]:
+    """Causal prefix-averaging matrix ``(C_n)_{ij} = 1/i`` for ``j <= i`` (1-based), else 0.
+
+    Row-stochastic and lower-triangular: ``C_n X`` replaces token ``i`` by the
+    mean of tokens ``1..i`` (MATH.md Sec. 3).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.depth.prefix_average_matrix(3).tolist()
+        [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.3333333432674408, 0.3333333432674408, 0.3333333432674408]]
+    """
+    n = check_int("n", n, minimum=1)
+    i = jnp.arange(1, n + 1, dtype=dtype)[:, None]
+    return jnp.tril(jnp.ones((n, n), dtype)) / i
+
+
+def causal_attention_matrix(
+    p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0
+) -> Float[Array, "heads n n"]:
+    """``P_h = softmax(mask(Q_h K_h^T / sqrt(d/heads))) - alpha C_n`` for each head ``h``."""
+    n, d = X.shape
+    dh = d // heads
+    q = (X @ p["wq"]).reshape(n, heads, dh)
+    k = (X @ p["wk"]).reshape(n, heads, dh)
+    logits = jnp.einsum("ihe,jhe->hij", q, k) / math.sqrt(dh)
+    mask = jnp.tril(jnp.ones((n, n), dtype=bool))
+    logits = jnp.where(mask, logits, -jnp.inf)
+    P = jax.nn.softmax(logits, axis=-1)
+    return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
+
+
+def attention(p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0) -> Float[Array, "n d"]:
+    """Causal multi-head attention ``concat_h(P_h X W_V^h) W_O`` (no biases, no positional encoding)."""
+    n, d = X.shape
+    P = causal_attention_matrix(p, X, heads, alpha_prefix)
+    v = (X @ p["wv"]).reshape(n, heads, d // heads)
+    return jnp.einsum("hij,jhe->ihe", P, v).reshape(n, d) @ p["wo"]
+
+
+def swiglu(p: dict, X: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    """SwiGLU FFN ``(silu(X W_1) * (X W_3)) W_2``."""
+    return (jax.nn.silu(X @ p["w1"]) * (X @ p["w3"])) @ p["w2"]
+
+
+def block(
+    p: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
+) -> tuple[Float[Array, "n d"], dict]:
+    """One decoder block on one sequence; returns ``(X_out, states)``.
+
+    ``states`` holds the four residual-stream states ``X1`` (block input),
+    ``Y1 = X1 + Attn(.)``, ``X2`` (FFN-sublayer input: ``RMSNorm(Y1)`` in
+    Post-Norm, ``Y1`` in Pre-Norm), ``Y2 = X2 + FFN(.)``, and ``N1, N2``: the
+    inputs of the two RMSNorms (Post: ``Y1, Y2``; Pre: ``X1, X2``).
+    ``taps`` (optional, shape ``(4, n, d)``) are added to ``X1, Y1, X2, Y2``:
+    differentiating at ``taps = 0`` gives ``dL/dX1, dL/dY1, dL/dX2, dL/dY2``.
+    """
+    t = jnp.zeros((4,) + X.shape, X.dtype) if taps is None else taps
+    X1 = X + t[0]
+    if norm == "post":
+        Y1 = X1 + attention(p, X1, heads, alpha_prefix) + t[1]
+        X2 = _rms_rows(Y1, p["g_attn"]) + t[2]
+        Y2 = X2 + swiglu(p, X2) + t[3]
+        out = _rms_rows(Y2, p["g_ffn"])
+        N1, N2 = Y1, Y2
+    else:
+        Y1 = X1 + attention(p, _rms_rows(X1, p["g_attn"]), heads, alpha_prefix) + t[1]
+        X2 = Y1 + t[2]
+        Y2 = X2 + swiglu(p, _rms_rows(X2, p["g_ffn"])) + t[3]
+        out = Y2
+        N1, N2 = X1, X2
+    return out, {"X1": X1, "Y1": Y1, "X2": X2, "Y2": Y2, "N1": N1, "N2": N2}
+
+
+def _layer_stats(states, out):
+    ts = metrics.token_similarity
+    return {
+        "t_x1": ts(states["X1"]),
+        "t_y1": ts(states["Y1"]),
+        "t_x2": ts(states["X2"]),
+        "t_y2": ts(states["Y2"]),
+        "t_out": ts(out),
+        "rms_attn": rms_factor(states["N1"]),
+        "rms_ffn": rms_factor(states["N2"]),
+        "norm_out": jnp.mean(jnp.linalg.norm(out, axis=-1)) / math.sqrt(out.shape[-1]),
+    }
+
+
+def forward(
+    blocks: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
+) -> tuple[Float[Array, "n d"], dict]:
+    """Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``.
+
+    Returns the final residual stream and per-layer statistics, each ``(depth,)``:
+    ``t_x1, t_y1, t_x2, t_y2, t_out`` (token similarity of the block input, after the
+    attention residual addition, of the FFN-sublayer input, after the FFN residual
+    addition, of the block output), ``rms_attn, rms_ffn`` (RMSNorm factors
+    ``sqrt(d)/||y||`` averaged over rows) and ``norm_out`` (output RMS).
+    ``taps``: optional ``(depth, 4, n, d)`` zeros to differentiate at (see :func:`block`).
+    """
+    _check_norm(norm)
+
+    def body(x, layer):
+        p, tp = layer
+        out, states = block(p, x, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=tp)
+        return out, _layer_stats(states, out)
+
+    depth = jax.tree_util.tree_leaves(blocks)[0].shape[0]
+    if taps is None:
+        taps = jnp.zeros((depth, 4) + X.shape, X.dtype)
+    return jax.lax.scan(body, X, (blocks, taps))
+
+
+# ----------------------------------------------------------------------------- initialisation
+
+
+def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
+    """``n`` i.i.d. Gaussian tokens with RMS-normalised rows (``||x_i|| = sqrt(d)``)."""
+    g = jax.random.normal(key, (n, d), dtype)
+    return g * math.sqrt(d) / jnp.linalg.norm(g, axis=-1, keepdims=True)
+
+
+@partial(jax.jit, static_argnames=("depth", "n", "d", "d_ff", "heads", "norm"))
+def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
+    kx, kp = jax.random.split(key)
+    X = gaussian_tokens(kx, n, d)
+    blocks = init_stack(kp, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w)
+    _, stats = forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix)
+    stats["t_input"] = metrics.token_similarity(X)
+    return stats
+
+
+def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0) -> dict:
+    """Per-layer statistics of a freshly initialised stack on Gaussian tokens.
+
+    Same inputs as :func:`similarity_profile`; returns the dict of
+    :func:`forward` (each entry ``(depth,)``) plus ``t_input`` (a scalar).
+    ``sigma_w`` and ``alpha_prefix`` may be traced (vmap over a sweep compiles once).
+    """
+    _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth, n=n)
+    _check_norm(norm)
+    _check_alpha(alpha_prefix)
+    s = _sigma(sigma_w, d)
+    return _init_trace(key, jnp.asarray(s, jnp.float32), jnp.asarray(alpha_prefix, jnp.float32),
+                       depth=depth, n=n, d=d, d_ff=d_ff, heads=heads, norm=norm)
+
+
+def similarity_profile(
+    key, *, depth: int, n: int, d: int, d_ff: int, heads: int, norm: str = "post",
+    sigma_w=None, alpha_prefix=0.0,
+) -> Float[Array, " depth"]:
+    """Token similarity of the residual stream after each block, at initialisation.
+
+    ``t_l = t_sim(X^l)``, ``l = 1..depth``, where ``X^0`` are ``n`` i.i.d. Gaussian
+    tokens with RMS-normalised rows and every weight is ``N(0, sigma_w^2)``
+    (``sigma_w=None``: ``1/sqrt(d)``), RMSNorm gains 1; ``alpha_prefix`` replaces
+    each attention matrix ``P`` by ``P - alpha C_n``.
+
+    Args:
+        key: PRNG key (inputs and weights are both drawn from it).
+        depth, n, d, d_ff, heads: sizes; ``heads`` must divide ``d``.
+        norm: ``"post"`` or ``"pre"``.
+    Returns:
+        ``(depth,)`` array of token similarities in ``[0, 1]``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> t = mf.depth.similarity_profile(jax.random.key(0), depth=4, n=16, d=16, d_ff=32, heads=2)
+        >>> t.shape
+        (4,)
+    """
+    return init_trace(key, depth=depth, n=n, d=d, d_ff=d_ff, heads=heads, norm=norm,
+                      sigma_w=sigma_w, alpha_prefix=alpha_prefix)["t_out"]
+
+
+def sublayer_increments(key, **kwargs) -> dict:
+    """One-step token-similarity increments of each sublayer at initialisation (paper Fig. 1).
+
+    ``attn_l = t_sim(Y1^l) - t_sim(X1^l)`` and ``ffn_l = t_sim(Y2^l) - t_sim(X2^l)``:
+    the change made by the residual update ``Y = X + F(.)`` itself, before any
+    Post-Norm RMSNorm (whose own effect is ``rms_l``, the remaining change of the
+    block). Keyword arguments as :func:`similarity_profile`. Returns a dict of
+    ``(depth,)`` arrays ``attn, ffn, rms, t_out``.
+    """
+    s = init_trace(key, **kwargs)
+    block_total = s["t_out"] - s["t_x1"]
+    attn = s["t_y1"] - s["t_x1"]
+    ffn = s["t_y2"] - s["t_x2"]
+    return {"attn": attn, "ffn": ffn, "rms": block_total - attn - ffn, "t_out": s["t_out"]}
+
+
+# ----------------------------------------------------------------------------- frequency loss
+
+
+def frequency_distribution(labels: Int[Array, "..."], vocab: int) -> Float[Array, " vocab"]:
+    """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection."""
+    vocab = check_int("vocab", vocab, minimum=1)
+    counts = jnp.bincount(jnp.ravel(labels), length=vocab)
+    return counts / counts.sum()
+
+
+def frequency_loss(labels: Int[Array, "..."], vocab: int) -> Float[Array, ""]:
+    """Entropy of the label frequencies ``H(p_freq) = -sum_v p_freq(v) log p_freq(v)`` (Thm 3.8).
+
+    The smallest cross-entropy a network with one output distribution at every
+    position can reach on ``labels`` (all positions of all sequences aggregated).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.depth.frequency_loss(jnp.array([0, 1, 0, 1]), 2)), 6)
+        0.693147
+    """
+    p = frequency_distribution(labels, vocab)
+    return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
+
+
+def collapsed_cross_entropy(logits: Float[Array, " vocab"], labels: Int[Array, "..."]) -> Float[Array, ""]:
+    """Cross-entropy ``-mean_i log softmax(logits)[y_i]`` of ONE distribution used at every position."""
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(logp[jnp.ravel(labels)])
+
+
+# ----------------------------------------------------------------------------- Zipf-Markov corpus
+
+
+def zipf_markov_source(key, *, vocab: int, exponent: float = 1.1, mix: float = 0.5):
+    """A seeded first-order Markov token source with Zipf-shaped rows.
+
+    Row ``s`` of the transition matrix is ``T_s = (1 - mix) z + mix z o pi_s``,
+    where ``z_k propto k^-exponent`` is a Zipf law over the vocabulary and
+    ``pi_s`` a random permutation per state (so the marginal frequencies are
+    Zipf-like and the next token depends on the current one). Returns
+    ``(T, p0)``: the ``(vocab, vocab)`` row-stochastic matrix and the initial law ``z``.
+    """
+    vocab = check_int("vocab", vocab, minimum=2)
+    check_positive("exponent", exponent)
+    if not 0.0 <= mix <= 1.0:
+        raise ValueError(f"mix must be in [0, 1], got {mix!r}")
+    z = jnp.arange(1, vocab + 1, dtype=jnp.float32) ** (-exponent)
+    z = z / z.sum()
+    perms = jax.vmap(lambda k: jax.random.permutation(k, vocab))(jax.random.split(key, vocab))
+    T = (1.0 - mix) * z[None, :] + mix * z[perms]
+    return T, z
+
+
+def sample_tokens(key, T: Float[Array, "V V"], p0: Float[Array, " V"], *, batch: int, length: int):
+    """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``."""
+    batch = check_int("batch", batch, minimum=1)
+    length = check_int("length", length, minimum=1)
+    k0, ks = jax.random.split(key)
+    x0 = jax.random.categorical(k0, jnp.log(p0), shape=(batch,))
+    logT = jnp.log(T)
+
+    def step(x, k):
+        nxt = jax.random.categorical(k, logT[x])
+        return nxt, nxt
+
+    _, rest = jax.lax.scan(step, x0, jax.random.split(ks, length - 1))
+    return jnp.concatenate([x0[:, None], rest.T], axis=1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+def init_lm(key, *, vocab: int, depth: int, d: int, d_ff: int, heads: int, sigma_w=None) -> dict:
+    """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
+    vectors, as the inputs of :func:`similarity_profile`), ``blocks`` (stacked),
+    ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
+    ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries."""
+    vocab = check_int("vocab", vocab, minimum=2)
+    _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
+    s = _sigma(sigma_w, d)
+    ke, kb, ku = jax.random.split(key, 3)
+    return {
+        "embed": jax.random.normal(ke, (vocab, d)),
+        "blocks": init_stack(kb, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=s),
+        "final_gain": jnp.ones((d,)),
+        "unembed": s * jax.random.normal(ku, (d, vocab)),
+    }
+
+
+def lm_logits(params: dict, tokens: Int[Array, " n"], *, norm: str, heads: int, taps=None):
+    """Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of :func:`forward`."""
+    X = params["embed"][tokens]
+    H, stats = forward(params["blocks"], X, norm=norm, heads=heads, taps=taps)
+    if norm == "pre":
+        H = _rms_rows(H, params["final_gain"])
+    stats["t_final"] = metrics.token_similarity(H)
+    return H @ params["unembed"], stats
+
+
+def lm_loss(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int, taps=None):
+    """Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
+    ``tokens[:, 1:]``); returns ``(loss, batch-mean statistics)``."""
+    inp, lab = tokens[:, :-1], tokens[:, 1:]
+
+    def one(tok, y, tp):
+        logits, stats = lm_logits(params, tok, norm=norm, heads=heads, taps=tp)
+        ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=-1))
+        return ce, stats
+
+    if taps is None:
+        ce, stats = jax.vmap(lambda t, y: one(t, y, None))(inp, lab)
+    else:
+        ce, stats = jax.vmap(one)(inp, lab, taps)
+    return jnp.mean(ce), jax.tree_util.tree_map(lambda s: jnp.mean(s, axis=0), stats)
+
+
+def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int):
+    """Loss, gradients and per-layer diagnostics of one batch.
+
+    Returns ``(loss, grads, diag)`` with ``diag`` entries ``(depth,)`` (or scalars):
+    ``tsim`` (block outputs), ``t_final``, ``rms_attn, rms_ffn`` (``sqrt(d)/||y||``),
+    ``alpha_attn, alpha_ffn`` (``||dL/dX_k|| / ||dL/dY_k||``), ``c_attn, c_ffn``
+    (``alpha * sqrt(d)/||y||``), ``grad_norm`` (per-layer parameter-gradient norm)
+    and ``grad_norm_total``.
+    """
+    B, n1 = tokens.shape
+    depth = params["blocks"]["wq"].shape[0]
+    d = params["embed"].shape[1]
+    taps = jnp.zeros((B, depth, 4, n1 - 1, d), params["embed"].dtype)
+    (loss, stats), (grads, g_taps) = jax.value_and_grad(
+        lambda p, t: lm_loss(p, tokens, norm=norm, heads=heads, taps=t), argnums=(0, 1), has_aux=True
+    )(params, taps)
+    gn = jnp.sqrt(jnp.sum(g_taps**2, axis=(0, 3, 4)))  # (depth, 4): X1, Y1, X2, Y2
+    alpha_attn = gn[:, 0] / gn[:, 1]
+    alpha_ffn = gn[:, 2] / gn[:, 3]
+    layer_gn = jnp.sqrt(sum(jnp.sum(g**2, axis=tuple(range(1, g.ndim)))
+                            for g in jax.tree_util.tree_leaves(grads["blocks"])))
+    diag = {
+        "tsim": stats["t_out"],
+        "t_final": stats["t_final"],
+        "rms_attn": stats["rms_attn"],
+        "rms_ffn": stats["rms_ffn"],
+        "alpha_attn": alpha_attn,
+        "alpha_ffn": alpha_ffn,
+        "c_attn": alpha_attn * stats["rms_attn"],
+        "c_ffn": alpha_ffn * stats["rms_ffn"],
+        "grad_norm": layer_gn,
+        "grad_norm_total": optax.global_norm(grads),
+    }
+    return loss, grads, diag
+
+
+def make_optimizer(lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
+    """AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
+    ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced."""
+    sched = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=lr_peak, warmup_steps=warmup,
+        decay_steps=steps, end_value=0.1 * lr_peak,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=weight_decay),
+    )
+
+
+@partial(jax.jit, static_argnames=("norm", "heads", "warmup"))
+def _train(params, data, lr_peak, *, norm, heads, warmup):
+    steps = data.shape[0]
+    opt = make_optimizer(lr_peak, steps=steps, warmup=warmup)
+
+    def step(carry, batch):
+        p, s = carry
+        loss, grads, diag = lm_diagnostics(p, batch, norm=norm, heads=heads)
+        upd, s = opt.update(grads, s, p)
+        p = optax.apply_updates(p, upd)
+        diag["loss"] = loss
+        return (p, s), diag
+
+    (params, _), hist = jax.lax.scan(step, (params, opt.init(params)), data)
+    return params, hist
+
+
+def train_lm(params: dict, data: Int[Array, "steps B n1"], lr_peak, *, norm: str, heads: int, warmup: int):
+    """Train a decoder LM for ``data.shape[0]`` AdamW steps, one batch ``data[t]`` per step.
+
+    The loss and all diagnostics of :func:`lm_diagnostics` are recorded at every
+    step (before that step's update). ``lr_peak`` may be a traced scalar, so
+    ``jax.vmap(lambda lr: train_lm(p, data, lr, ...))(lrs)`` sweeps rates in one
+    compilation. Returns ``(final_params, history)`` with history leaves ``(steps, ...)``.
+    """
+    _check_norm(norm)
+    check_int("warmup", warmup, minimum=0)
+    check_nonnegative("lr_peak", lr_peak)
+    if data.ndim != 3 or data.shape[2] < 2:
+        raise ValueError(f"data must be (steps, batch, n + 1) token ids with n >= 1, got shape {data.shape}")
+    return _train(params, data, lr_peak, norm=norm, heads=heads, warmup=warmup)
