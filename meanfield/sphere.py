@@ -5,12 +5,13 @@ Everything acts on single arrays; batch with ``jax.vmap``.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import check_int, check_plane
+from ._checks import check_finite, check_int, check_plane
 
 __all__ = [
     "uniform",
@@ -19,6 +20,7 @@ __all__ = [
     "project",
     "tangent_basis",
     "check_on_sphere",
+    "sample_density",
 ]
 
 
@@ -53,7 +55,7 @@ def normalize(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def project(x: Float[Array, "d"], v: Float[Array, "d"]) -> Float[Array, "d"]:
+def project(x: Float[Array, " d"], v: Float[Array, " d"]) -> Float[Array, " d"]:
     """Tangent projection ``P_x v = v - <x, v> x`` (``x`` a unit vector).
 
     Works row-wise on ``(n, d)`` arrays as well.
@@ -85,7 +87,7 @@ def rotation(theta, d: int, plane: tuple[int, int] = (0, 1)) -> Float[Array, "d 
     return R
 
 
-def tangent_basis(x: Float[Array, "d"]) -> Float[Array, "d d-1"]:
+def tangent_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
     """An orthonormal basis of the tangent space ``x^perp`` (columns).
 
     Built from a Householder reflection mapping ``e_k`` to ``x`` (``k`` the
@@ -125,3 +127,96 @@ def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
             f"{norms[np.argmax(np.abs(norms - 1.0))]:.6g}; normalise with "
             f"mf.sphere.normalize({name}) (x / ||x|| row-wise)"
         )
+
+
+def sample_density(
+    key,
+    n: int,
+    d: int,
+    log_density,
+    *,
+    log_bound,
+    batch: int | None = None,
+    max_rounds: int = 10_000,
+    dtype=jnp.float32,
+) -> Float[Array, "n d"]:
+    """``n`` i.i.d. points from ``rho propto exp(log_density)`` on ``S^{d-1}`` (rejection sampling).
+
+    Proposals ``x ~ uniform(S^{d-1})`` are accepted with probability
+    ``exp(log_density(x) - log_bound)``; accepted points have density
+    ``propto exp(log_density)`` w.r.t. surface measure provided
+    ``log_density <= log_bound`` everywhere. Rounds of ``batch`` proposals run
+    in a ``lax.while_loop`` that writes accepted points into a fixed ``(n, d)``
+    buffer, so the function is jit/vmap friendly and the output shape is static.
+    The expected number of rounds is ``n / (batch * acceptance)``, acceptance
+    ``= E_uniform[exp(log_density - log_bound)]``.
+
+    Args:
+        key: a ``jax.random`` key.
+        n: number of points, ``n >= 1``.
+        d: ambient dimension, ``d >= 2``.
+        log_density: ``x (d,) -> log rho(x)`` up to an additive constant (scalar).
+        log_bound: an upper bound of ``log_density`` on the sphere (finite).
+        batch: proposals per round (default ``max(n, 256)``).
+        max_rounds: the loop stops after this many rounds; if fewer than ``n``
+            points were accepted by then an error is raised (``equinox.error_if``).
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(n, d)`` array of unit rows.
+
+    Raises:
+        ValueError/TypeError: bad ``n``, ``d``, ``log_bound``, ``log_density``;
+        at run time (``equinox.error_if``) if a proposal exceeds ``log_bound``
+        (the bound is wrong, so the law would be biased) or the rounds ran out.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x = mf.sphere.sample_density(jax.random.key(0), 100, 3, lambda x: 4 * x[2], log_bound=4.0)
+        >>> x.shape, bool(x[:, 2].mean() > 0.5)
+        ((100, 3), True)
+    """
+    n = check_int("n", n, minimum=1)
+    d = check_int("d", d, minimum=2)
+    max_rounds = check_int("max_rounds", max_rounds, minimum=1)
+    batch = max(n, 256) if batch is None else check_int("batch", batch, minimum=1)
+    if not callable(log_density):
+        raise TypeError(f"log_density must be a callable x (d,) -> log rho(x), got {log_density!r}")
+    if isinstance(log_bound, bool) or np.ndim(log_bound) != 0:
+        raise TypeError(f"log_bound must be a real scalar, got {log_bound!r}")
+    check_finite("log_bound", log_bound)
+    log_bound = jnp.asarray(log_bound, dtype)
+    # slack for rounding when log_density attains its bound
+    slack = 1e-4 * (1.0 + jnp.abs(log_bound))
+
+    def cond(state):
+        _, filled, rnd, _ = state
+        return (filled < n) & (rnd < max_rounds)
+
+    def body(state):
+        out, filled, rnd, excess = state
+        k_prop, k_acc = jax.random.split(jax.random.fold_in(key, rnd))
+        x = uniform(k_prop, batch, d, dtype)
+        logp = jax.vmap(log_density)(x).astype(dtype)
+        excess = jnp.maximum(excess, jnp.max(logp - log_bound))
+        u = jax.random.uniform(k_acc, (batch,), dtype=dtype)
+        accept = jnp.log(u) < logp - log_bound
+        slot = filled + jnp.cumsum(accept) - 1
+        slot = jnp.where(accept, slot, n)  # index n is out of range: dropped
+        out = out.at[slot].set(x, mode="drop")
+        filled = jnp.minimum(filled + jnp.sum(accept), n)
+        return out, filled, rnd + 1, excess
+
+    init = (jnp.zeros((n, d), dtype), jnp.asarray(0), jnp.asarray(0), jnp.asarray(-jnp.inf, dtype))
+    out, filled, _, excess = jax.lax.while_loop(cond, body, init)
+    out = eqx.error_if(
+        out,
+        excess > slack,
+        "sample_density: log_density exceeded log_bound at a proposal; pass a valid upper bound",
+    )
+    out = eqx.error_if(
+        out,
+        filled < n,
+        "sample_density: max_rounds reached before n points were accepted; raise max_rounds or batch",
+    )
+    return out
