@@ -10,7 +10,10 @@ Public API (see README.md for a tour)::
 
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import attention, depth, metrics, prototypes, sphere, theory
+from . import attention, depth, kernels, metrics, models, prototypes, sphere, theory
+from .integrate import Trajectory, simulate
+from .energy import energy, field, velocity
+from .kernels import positions
 
 try:
     __version__ = _version("meanfield")
@@ -20,8 +23,16 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "attention",
     "depth",
+    "energy",
+    "field",
+    "kernels",
     "metrics",
+    "models",
+    "positions",
     "prototypes",
     "sphere",
     "theory",
+    "simulate",
+    "Trajectory",
+    "velocity",
 ]

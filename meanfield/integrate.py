@@ -1,0 +1,426 @@
+"""Simulation of the particle flow on ``(S^{d-1})^n`` with diffrax (MATH.md Sec. 1, App. B.1).
+
+Fixed-step solvers ``"euler"``, ``"rk2"`` (projected Heun, the paper's scheme) and
+``"rk4"`` are diffrax Runge--Kutta solvers wrapped so that every step ends with
+the radial projection ``x <- x / ||x||`` (the construction recommended by the
+diffrax maintainer for manifolds, diffrax issues 277 and 462). Adaptive
+``"tsit5"`` and ``"dopri5"`` integrate the tangent field ``P_x F(x)`` with
+required ``rtol``/``atol``; saved states are renormalised.
+
+Observables are computed at the save times by ``SaveAt(fn=...)``: states are
+only stored when ``save_states=True`` (the default, ``Trajectory.xs``).
+
+Early stop (App. B.1): with ``early_stop=tol`` the run stops at the first time
+``t`` (checked every time unit) where ``|E(t) - E(t - 1)| <= tol |E(t)|``. Saved
+values after the stop repeat the final state (the flow is stationary to ``tol``).
+
+A non-finite state stops the run and sets ``Trajectory.failed``; it never
+passes silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from . import metrics, sphere
+from ._checks import check_choice, check_positive, is_concrete
+from .energy import resolve_aux
+from .kernels import Kernel
+
+__all__ = ["simulate", "Trajectory", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
+
+FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
+ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
+SOLVERS = FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS
+
+_rk4_tableau = diffrax.ButcherTableau(
+    c=np.array([0.5, 0.5, 1.0]),
+    b_sol=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]),
+    b_error=np.array([1 / 6, 1 / 3, 1 / 3, 1 / 6]) - np.array([0.0, 0.0, 0.0, 1.0]),
+    a_lower=(np.array([0.5]), np.array([0.0, 0.5]), np.array([0.0, 0.0, 1.0])),
+)
+
+
+class RK4(diffrax.AbstractERK):
+    """Classical 4th-order Runge--Kutta (diffrax has none built in)."""
+
+    tableau: ClassVar[diffrax.ButcherTableau] = _rk4_tableau
+    interpolation_cls: ClassVar[Callable] = diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
+
+    def order(self, terms):
+        return 4
+
+
+def _inner_solver(name: str):
+    return {
+        "euler": diffrax.Euler,
+        "rk2": diffrax.Heun,
+        "rk4": RK4,
+        "tsit5": diffrax.Tsit5,
+        "dopri5": diffrax.Dopri5,
+    }[name]()
+
+
+# The ODE state: (x, flags) with flags = [E_ref, t_ref, stopped, failed] as floats, so
+# that the Runge--Kutta combinations leave them untouched (their derivative is 0) and the
+# post-step map updates them.
+_E_REF, _T_REF, _STOP, _FAIL = range(4)
+
+
+class _Args(eqx.Module):
+    model: eqx.Module
+    aux: Array
+    tol: Array  # early-stop tolerance (ignored when early stop is off)
+    block_size: int | None = eqx.field(static=True)
+    project: bool = eqx.field(static=True)
+    early_stop: bool = eqx.field(static=True)
+
+
+def _vector_field(t, y, args: _Args):
+    x, flags = y
+    xh = sphere.normalize(x)
+    F = args.model.field(xh, args.aux, block_size=args.block_size)
+    return sphere.project(xh, F), jnp.zeros_like(flags)
+
+
+def _energy(args: _Args, x):
+    return args.model.energy(x, args.aux, block_size=args.block_size)
+
+
+def _post_step(t1, y, args: _Args):
+    """Projection after the step, failure flag, early-stop window bookkeeping."""
+    x, flags = y
+    if args.project:
+        x = sphere.normalize(x)
+    bad = ~jnp.all(jnp.isfinite(x))
+    flags = flags.at[_FAIL].set(jnp.where(bad, 1.0, flags[_FAIL]))
+    if args.early_stop:
+        due = (t1 - flags[_T_REF]) >= 1.0 - 1e-6
+        E = jax.lax.cond(due, lambda: _energy(args, sphere.normalize(x)).astype(flags.dtype), lambda: flags[_E_REF])
+        rel = jnp.abs(E - flags[_E_REF]) / jnp.maximum(jnp.abs(E), jnp.finfo(flags.dtype).tiny)
+        stop = due & (rel <= args.tol)
+        flags = flags.at[_STOP].set(jnp.where(stop, 1.0, flags[_STOP]))
+        flags = flags.at[_E_REF].set(jnp.where(due, E, flags[_E_REF]))
+        flags = flags.at[_T_REF].set(jnp.where(due, t1, flags[_T_REF]))
+    return x, flags
+
+
+class _EndpointInterpolation(diffrax.LocalLinearInterpolation):
+    """Linear interpolation that returns the step's endpoints exactly.
+
+    Saves sit on step times, so this makes saved states bit-identical to the
+    stepped ones (and keeps a finite ``y0`` when ``y1`` went non-finite).
+    """
+
+    def evaluate(self, t0, t1=None, left=True):
+        if t1 is not None:
+            return super().evaluate(t0, t1, left)
+        lin = super().evaluate(t0)
+        return jax.tree.map(
+            lambda a, b, c: jnp.where(t0 == self.t0, a, jnp.where(t0 == self.t1, b, c)),
+            self.y0,
+            self.y1,
+            lin,
+        )
+
+
+class _PostStepSolver(diffrax.AbstractSolver):
+    """Wraps a diffrax solver and applies ``_post_step`` after every step.
+
+    Dense output is the linear interpolation between the post-processed endpoints
+    (saves are placed on step times, so it is only used at step ends).
+    """
+
+    inner: diffrax.AbstractSolver
+    term_structure: ClassVar = diffrax.AbstractTerm
+    interpolation_cls: ClassVar = _EndpointInterpolation
+
+    def order(self, terms):
+        return self.inner.order(terms)
+
+    def strong_order(self, terms):
+        return None
+
+    def error_order(self, terms):
+        return self.inner.error_order(terms)
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.inner.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1, y_error, _, solver_state, result = self.inner.step(
+            terms, t0, t1, y0, args, solver_state, made_jump
+        )
+        y1 = _post_step(t1, y1, args)
+        return y1, y_error, dict(y0=y0, y1=y1), solver_state, result
+
+    def func(self, terms, t0, y0, args):
+        return self.inner.func(terms, t0, y0, args)
+
+
+class Trajectory(eqx.Module):
+    """Result of ``simulate``.
+
+    Attributes:
+        ts: ``(T,)`` save times.
+        xs: ``(T, n, d)`` states at ``ts`` (``None`` when ``save_states=False``).
+        energy: ``(T,)`` energy at ``ts`` (``None`` for models without an energy).
+        collapse_gap: ``(T,)`` ``G_x`` at ``ts``.
+        observables: dict name -> ``(T, ...)`` user observables at ``ts``.
+        stop_time: time at which the run ended (``t1`` unless stopped early or failed).
+        stopped: the early-stop rule fired.
+        failed: the state went non-finite (values after ``stop_time`` are then NaN).
+        num_steps: number of accepted steps.
+    """
+
+    ts: Float[Array, " T"]
+    xs: Float[Array, "T n d"] | None
+    energy: Float[Array, " T"] | None
+    collapse_gap: Float[Array, " T"]
+    observables: dict
+    stop_time: Float[Array, ""]
+    stopped: Bool[Array, ""]
+    failed: Bool[Array, ""]
+    num_steps: Array
+
+
+def _check_times(t1, dt, ts, solver):
+    check_positive("t1", t1)
+    if solver in FIXED_STEP_SOLVERS:
+        check_positive("dt", dt)
+    elif dt is not None:
+        check_positive("dt", dt)
+    if ts is None:
+        return np.array([0.0, float(t1)])
+    if not is_concrete(ts):
+        raise TypeError("ts must be concrete (a list or numpy array of save times), not a traced value")
+    ts = np.asarray(ts, dtype=np.float64)
+    if ts.ndim != 1 or ts.size == 0:
+        raise ValueError(f"ts must be a non-empty 1-d array of save times, got shape {ts.shape}")
+    if not np.all(np.isfinite(ts)) or ts.min() < 0 or ts.max() > float(t1) * (1 + 1e-12):
+        raise ValueError(f"ts must lie in [0, t1] = [0, {float(t1):g}], got range [{ts.min():g}, {ts.max():g}]")
+    if np.any(np.diff(ts) <= 0):
+        raise ValueError("ts must be strictly increasing")
+    return ts
+
+
+def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
+    """Uniform grid ``0, dt, 2 dt, ..`` up to ``t1``, merged with the save times."""
+    k = int(np.floor(t1 / dt + 1e-9))
+    grid = np.arange(k + 1) * dt
+    grid = np.union1d(grid, np.append(ts, t1))
+    # drop points closer than dt/1000 to a predecessor (rounding duplicates), keep t1
+    keep = np.concatenate([[True], np.diff(grid) > dt * 1e-3])
+    grid = grid[keep]
+    grid[-1] = t1
+    return grid
+
+
+def simulate(
+    model,
+    x0: Float[Array, "n d"],
+    aux=None,
+    *,
+    t1: float,
+    dt: float | None = 1e-2,
+    solver: str = "rk2",
+    ts=None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    observables: dict[str, Callable] | None = None,
+    save_states: bool = True,
+    early_stop: float | None = None,
+    max_steps: int | None = None,
+    block_size: int | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+) -> Trajectory:
+    """Integrate ``dx_i/dt = P_{x_i} F_i`` on ``(S^{d-1})^n`` from ``x0``.
+
+    Args:
+        model: a kernel (``mf.kernels``) or a model (``mf.models.SelfAttention``).
+        x0: ``(n, d)`` initial state with unit rows (checked within 1e-3).
+        aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
+        t1: final time (``> 0``).
+        dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones.
+        solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
+        ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them.
+        rtol, atol: required for the adaptive solvers.
+        observables: dict name -> ``f(x) -> array`` evaluated at ``ts`` on the state.
+        save_states: store ``xs`` (``(T, n, d)``); ``False`` keeps only observables.
+        early_stop: tolerance of the paper's rule (relative energy increment over a
+            window of length 1, App. B.1), e.g. ``1e-8``; ``None`` (default) is off.
+        max_steps: cap on steps (default: the grid length for fixed steps, 100000 adaptive).
+        block_size: row tile of the field evaluation for large ``n``.
+        adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
+
+    Returns:
+        ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
+        ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``.
+
+    jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
+    ``vmap`` over seeds and ``beta`` compiles once.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 32, 3)
+        >>> traj = mf.simulate(mf.kernels.USA(1.0), x0, t1=1.0, dt=0.1)
+        >>> traj.xs.shape, bool(traj.energy[-1] >= traj.energy[0])
+        ((2, 32, 3), True)
+    """
+    check_choice("solver", solver, SOLVERS)
+    ts_np = _check_times(t1, dt, ts, solver)
+    aux = resolve_aux(model, x0, aux)
+    sphere.check_on_sphere(x0, "x0")
+    x0 = jnp.asarray(x0)
+    if not jnp.issubdtype(x0.dtype, jnp.floating):
+        x0 = x0.astype(jnp.result_type(float))
+    if hasattr(model, "check_config"):
+        model.check_config(x0, aux)
+    has_energy = isinstance(model, Kernel)
+    if early_stop is not None:
+        check_positive("early_stop", early_stop)
+        if not has_energy:
+            raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
+    adaptive = solver in ADAPTIVE_SOLVERS
+    if adaptive and (rtol is None or atol is None):
+        raise ValueError(f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)")
+    if adaptive:
+        check_positive("rtol", rtol)
+        check_positive("atol", atol)
+    observables = dict(observables or {})
+    for name, fn in observables.items():
+        if not callable(fn):
+            raise TypeError(f"observable {name!r} must be a callable x -> array, got {fn!r}")
+
+    t1f = float(t1)
+    if adaptive:
+        grid = None
+        dt0 = float(dt) if dt is not None else None
+        steps = int(max_steps or 100_000)
+    else:
+        grid = _step_grid(t1f, float(dt), ts_np)
+        dt0 = None
+        steps = int(max_steps or len(grid) + 1)
+    return _simulate(
+        model,
+        x0,
+        aux,
+        jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
+        solver=solver,
+        t1=t1f,
+        dt0=dt0,
+        ts=tuple(float(t) for t in ts_np),
+        grid=None if grid is None else tuple(float(t) for t in grid),
+        rtol=rtol,
+        atol=atol,
+        observables=tuple(sorted(observables.items())),
+        save_states=bool(save_states),
+        early_stop=early_stop is not None,
+        max_steps=steps,
+        block_size=block_size,
+        has_energy=has_energy,
+        adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
+    )
+
+
+@eqx.filter_jit
+def _simulate(
+    model,
+    x0,
+    aux,
+    tol,
+    *,
+    solver,
+    t1,
+    dt0,
+    ts,
+    grid,
+    rtol,
+    atol,
+    observables,
+    save_states,
+    early_stop,
+    max_steps,
+    block_size,
+    has_energy,
+    adjoint,
+):
+    dtype = x0.dtype
+    adaptive = solver in ADAPTIVE_SOLVERS
+    args = _Args(model, aux, tol, block_size, not adaptive, early_stop)
+    E0 = model.energy(x0, aux, block_size=block_size).astype(dtype) if early_stop else jnp.zeros((), dtype)
+    flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
+    y0 = (x0, flags0)
+    ts_arr = jnp.asarray(ts, dtype)
+
+    def save_fn(t, y, args):
+        x = sphere.normalize(y[0])
+        out = {"collapse_gap": metrics.collapse_gap(x), "_flags": y[1]}
+        if has_energy:
+            out["energy"] = _energy(args, x)
+        if save_states:
+            out["xs"] = x
+        for name, fn in observables:
+            out["obs:" + name] = jnp.asarray(fn(x))
+        return out
+
+    if adaptive:
+        controller = diffrax.ClipStepSizeController(
+            diffrax.PIDController(rtol=rtol, atol=atol), step_ts=ts_arr
+        )
+    else:
+        controller = diffrax.StepTo(ts=jnp.asarray(grid, dtype))
+    event = diffrax.Event(lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5))
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_vector_field),
+        _PostStepSolver(_inner_solver(solver)),
+        t0=0.0,
+        t1=t1,
+        dt0=dt0,
+        y0=y0,
+        args=args,
+        saveat=diffrax.SaveAt(ts=ts_arr, t1=True, fn=save_fn),
+        stepsize_controller=controller,
+        event=event,
+        max_steps=max_steps,
+        adjoint=adjoint,
+        throw=False,
+    )
+    # With an event, diffrax writes the terminal (t1) save right after the last reached
+    # ts save and leaves the remaining slots at inf: locate it.
+    last = jnp.sum(jnp.isfinite(sol.ts)) - 1
+    t_end = sol.ts[last]
+    reached = ts_arr <= t_end + 1e-9 * jnp.maximum(1.0, jnp.abs(t_end))
+    saved = dict(sol.ys)
+    flags_end = saved.pop("_flags")[last]
+    final = jax.tree.map(lambda a: a[last], saved)
+    failed = flags_end[_FAIL] > 0.5
+    stopped = (flags_end[_STOP] > 0.5) & ~failed
+    fill = jax.tree.map(lambda f: jnp.where(failed, jnp.nan, f), final)
+    ys = jax.tree.map(
+        lambda a, f: jnp.where(reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: len(ts)], f[None]),
+        saved,
+        fill,
+    )
+    failed = failed | ~jnp.all(jnp.isfinite(ys["collapse_gap"])) | (
+        sol.result != diffrax.RESULTS.successful
+    ) & (sol.result != diffrax.RESULTS.event_occurred)
+    return Trajectory(
+        ts=ts_arr,
+        xs=ys.get("xs"),
+        energy=ys.get("energy"),
+        collapse_gap=ys["collapse_gap"],
+        observables={k[4:]: v for k, v in ys.items() if k.startswith("obs:")},
+        stop_time=t_end,
+        stopped=stopped,
+        failed=failed,
+        num_steps=sol.stats["num_accepted_steps"],
+    )

@@ -1,0 +1,470 @@
+"""Interaction kernels ``h((x, xi), (y, zeta))`` of the USA-AV particle model (MATH.md Sec. 1).
+
+Every kernel is a frozen ``equinox.Module`` whose ``__call__`` evaluates ONE pair::
+
+    kernel(x, xi, y, zeta) -> scalar
+
+with ``x, y`` unit vectors in ``R^d`` and ``xi, zeta`` their auxiliary labels
+(positions ``s in (0, 1]`` or prompt ids). Swept parameters (``beta``, ``lam``,
+``omega``) are traced leaves, so a ``vmap`` over them compiles once; shape or
+branch settings (``plane``, ``rescaled``) are static.
+
+Besides the single-pair definition (the reference), each kernel offers a
+structured evaluation of the whole mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``
+and of the energy: dense exponentials in row tiles for the exp kernels, the
+gauge frame for every exp-gauge kernel (RoPE, phase field, gauge, prompt: USA
+in the frame ``y_i = Psi(xi_i) x_i``), rank 2 in the positions for Toeplitz.
+
+Large ``beta``: ``exp(beta <x, y>)`` overflows float32 past ``beta ~ 88``. With
+``rescaled=True`` an exp kernel is multiplied by ``e^{-beta}``:
+``h = exp(beta (<x, y> - 1)) / beta``. This is an exact change of time scale:
+the rescaled flow at time ``s`` is the original flow at time ``t = e^{-beta} s``
+(``mf.kernels.original_time``), energies are ``e^{-beta}`` times the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from . import sphere
+from ._checks import (
+    check_nonnegative,
+    check_orthogonal,
+    check_plane,
+    check_positive,
+    is_concrete,
+)
+
+__all__ = [
+    "Kernel",
+    "USA",
+    "DistanceBias",
+    "Toeplitz",
+    "RoPE",
+    "PhaseField",
+    "Gauge",
+    "Prompt",
+    "original_time",
+    "rescaled_time",
+    "DEFAULT_BLOCK",
+]
+
+#: Row-tile size used when the dense ``n x n`` weight matrix would exceed ``DENSE_LIMIT`` entries.
+DEFAULT_BLOCK = 1024
+DENSE_LIMIT = 2**24
+
+
+def positions(n: int) -> Float[Array, " n"]:
+    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation)."""
+    return jnp.arange(1, n + 1, dtype=jnp.result_type(float)) / n
+
+
+def original_time(s, beta):
+    """Original time ``t = e^{-beta} s`` of rescaled time ``s`` (``rescaled=True`` kernels)."""
+    return jnp.exp(-jnp.asarray(beta)) * s
+
+
+def rescaled_time(t, beta):
+    """Rescaled time ``s = e^{beta} t`` of original time ``t``."""
+    return jnp.exp(jnp.asarray(beta)) * t
+
+
+class Kernel(eqx.Module):
+    """Base class: a symmetric pair interaction ``h((x, xi), (y, zeta))``.
+
+    Subclasses implement ``__call__`` (one pair). ``grad_x`` defaults to
+    autodiff of ``__call__``; ``field`` and ``energy_from_field`` default to the
+    pairwise reference (O(n^2) pairs through ``vmap``), overridden by
+    structured evaluations.
+    """
+
+    #: True when labels are integer ids (prompts) rather than positions.
+    integer_labels = False
+
+    def __call__(self, x, xi, y, zeta):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def grad_x(self, x, xi, y, zeta):
+        """``grad_x h((x, xi), (y, zeta))`` (Euclidean gradient in ``R^d``)."""
+        return jax.grad(self.__call__, argnums=0)(x, xi, y, zeta)
+
+    def default_aux(self, n: int):
+        return positions(n)
+
+    # structured evaluations (overridden) --------------------------------
+    def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
+        """``F_i = (1/n) sum_j grad_x h(z_i, z_j)`` for all ``i`` (unprojected)."""
+        return pairwise_field(self, x, aux)
+
+    def energy(self, x, aux, *, block_size=None) -> Float[Array, ""]:
+        """``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``."""
+        return pairwise_energy(self, x, aux)
+
+    def check_config(self, x, aux) -> None:
+        """Concrete-value checks that need the state (overflow, gauges); no-op by default."""
+
+
+def pairwise_field(kernel: Kernel, x, aux):
+    """Reference ``F_i = (1/n) sum_j kernel.grad_x(x_i, xi_i, x_j, xi_j)`` by two vmaps."""
+    row = jax.vmap(kernel.grad_x, in_axes=(None, None, 0, 0))
+    return jax.vmap(lambda xi, ai: jnp.mean(row(xi, ai, x, aux), axis=0))(x, aux)
+
+
+def pairwise_energy(kernel: Kernel, x, aux):
+    """Reference ``E = 1/(2 n^2) sum_{i,j} kernel(x_i, xi_i, x_j, xi_j)`` by two vmaps."""
+    row = jax.vmap(kernel, in_axes=(None, None, 0, 0))
+    H = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)
+    return 0.5 * jnp.mean(H)
+
+
+# ----------------------------------------------------------------------------
+# exp kernels: h = b(xi, zeta) exp(beta <x, y>) / beta
+# ----------------------------------------------------------------------------
+
+
+def _tiled_exp(x, log_bias_rows: Callable | None, beta, shift, block_size):
+    """``F = (1/n) W x`` and ``S = sum_ij W_ij`` with ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
+
+    Dense when ``n^2 <= DENSE_LIMIT`` (or ``block_size`` is None and it fits), else
+    accumulated over row tiles of ``block_size`` rows (memory O(n * block)).
+    ``log_bias_rows(rows)`` returns the ``(B, n)`` log-bias for row indices ``rows``.
+    """
+    n, _ = x.shape
+
+    def rows_fn(xr, idx):
+        logits = beta * (xr @ x.T) - shift
+        if log_bias_rows is not None:
+            logits = logits + log_bias_rows(idx)
+        W = jnp.exp(logits)
+        return (W @ x) / n, jnp.sum(W, axis=1)
+
+    if block_size is None:
+        block_size = n if n * n <= DENSE_LIMIT else DEFAULT_BLOCK
+    if block_size >= n:
+        F, rs = rows_fn(x, jnp.arange(n))
+        return F, jnp.sum(rs)
+    nb = -(-n // block_size)
+    pad = nb * block_size - n
+    xp = jnp.concatenate([x, jnp.zeros((pad, x.shape[1]), x.dtype)]) if pad else x
+    idx = jnp.arange(nb * block_size)
+    F, rs = jax.lax.map(
+        lambda a: rows_fn(*a),
+        (xp.reshape(nb, block_size, -1), jnp.minimum(idx, n - 1).reshape(nb, block_size)),
+    )
+    F = F.reshape(nb * block_size, -1)[:n]
+    rs = rs.reshape(-1)[:n]
+    return F, jnp.sum(rs)
+
+
+class _ExpKernel(Kernel):
+    """Shared machinery of kernels ``b(xi, zeta) exp(beta <A x, B y>) / beta``."""
+
+    beta: Array | float
+    rescaled: bool = eqx.field(static=True, kw_only=True, default=False)
+
+    def __check_init__(self):
+        check_positive("beta", self.beta)
+
+    def _shift(self, dtype):
+        beta = jnp.asarray(self.beta, dtype)
+        return beta if self.rescaled else jnp.zeros((), dtype)
+
+    def _exp(self, dot):
+        beta = jnp.asarray(self.beta, dot.dtype)
+        return jnp.exp(beta * dot - self._shift(dot.dtype))
+
+    def check_config(self, x, aux) -> None:
+        if self.rescaled or not is_concrete(self.beta):
+            return
+        dtype = jnp.asarray(x).dtype if hasattr(x, "dtype") else jnp.result_type(float)
+        limit = float(np.log(np.finfo(dtype).max))
+        beta_max = float(np.max(np.asarray(self.beta)))
+        if beta_max >= limit:
+            raise ValueError(
+                f"beta = {beta_max:g} overflows exp(beta <x, y>) in {np.dtype(dtype).name} "
+                f"(limit about {limit:.1f}); build the kernel with rescaled=True "
+                f"(field and energy times e^(-beta), an exact change of time scale t = e^(-beta) s; "
+                f"see mf.kernels.original_time)"
+            )
+
+
+class USA(_ExpKernel):
+    """Unbiased self-attention kernel ``h(x, y) = exp(beta <x, y>) / beta`` (labels ignored).
+
+    ``grad_x h = exp(beta <x, y>) y``. Maximiser: a Dirac mass (collapse), ``E_max = e^beta / (2 beta)``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k = mf.kernels.USA(1.0)
+        >>> float(k(jnp.array([1.0, 0, 0]), 0.0, jnp.array([1.0, 0, 0]), 0.0))  # e / 1
+        2.718281...
+    """
+
+    def __call__(self, x, xi, y, zeta):
+        return self._exp(jnp.dot(x, y)) / self.beta
+
+    def grad_x(self, x, xi, y, zeta):
+        return self._exp(jnp.dot(x, y)) * y
+
+    def field(self, x, aux, *, block_size=None):
+        beta = jnp.asarray(self.beta, x.dtype)
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[0]
+
+    def energy(self, x, aux, *, block_size=None):
+        beta = jnp.asarray(self.beta, x.dtype)
+        S = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[1]
+        return S / (2.0 * x.shape[0] ** 2 * beta)
+
+
+class DistanceBias(_ExpKernel):
+    """Distance-bias kernel ``h = exp(-lam |s - t|) exp(beta <x, y>) / beta`` (USA-AV Sec. 5).
+
+    ``lam >= 0``. Its long-time law is still a Dirac mass (Prop. 11): the bias
+    reweights interactions but does not prevent collapse.
+    """
+
+    lam: Array | float = 0.0
+
+    def __init__(self, beta, lam, *, rescaled: bool = False):
+        self.beta, self.lam, self.rescaled = beta, lam, rescaled
+
+    def __check_init__(self):
+        check_positive("beta", self.beta)
+        check_nonnegative("lam", self.lam)
+
+    def __call__(self, x, xi, y, zeta):
+        return jnp.exp(-self.lam * jnp.abs(xi - zeta)) * self._exp(jnp.dot(x, y)) / self.beta
+
+    def grad_x(self, x, xi, y, zeta):
+        return jnp.exp(-self.lam * jnp.abs(xi - zeta)) * self._exp(jnp.dot(x, y)) * y
+
+    def _both(self, x, aux, block_size):
+        beta = jnp.asarray(self.beta, x.dtype)
+        lam = jnp.asarray(self.lam, x.dtype)
+        s = jnp.asarray(aux, x.dtype)
+        bias = lambda idx: -lam * jnp.abs(s[idx][:, None] - s[None, :])  # noqa: E731
+        return _tiled_exp(x, bias, beta, self._shift(x.dtype), block_size)
+
+    def field(self, x, aux, *, block_size=None):
+        return self._both(x, aux, block_size)[0]
+
+    def energy(self, x, aux, *, block_size=None):
+        S = self._both(x, aux, block_size)[1]
+        return S / (2.0 * x.shape[0] ** 2 * jnp.asarray(self.beta, x.dtype))
+
+
+class Toeplitz(Kernel):
+    """Toeplitz kernel ``h = cos(2 pi m (t - s)) <x, y>``.
+
+    Maximiser: the uniform great circle traversed ``m`` times, ``E_max = 1/4``.
+    Rank 2 in the positions (``cos(a - b) = cos a cos b + sin a sin b``), so the
+    field costs O(n d): ``F_i = (1/n)(c_i sum_j c_j x_j + s_i sum_j s_j x_j)``.
+    """
+
+    m: Array | int = 1
+
+    def __check_init__(self):
+        check_positive("m", self.m)
+
+    def __call__(self, x, xi, y, zeta):
+        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * jnp.dot(x, y)
+
+    def grad_x(self, x, xi, y, zeta):
+        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * y
+
+    def _cs(self, x, aux):
+        theta = 2 * jnp.pi * jnp.asarray(self.m, x.dtype) * jnp.asarray(aux, x.dtype)
+        return jnp.cos(theta), jnp.sin(theta)
+
+    def field(self, x, aux, *, block_size=None):
+        c, s = self._cs(x, aux)
+        n = x.shape[0]
+        return (c[:, None] * (c @ x) + s[:, None] * (s @ x)) / n
+
+    def energy(self, x, aux, *, block_size=None):
+        c, s = self._cs(x, aux)
+        a, b = c @ x, s @ x
+        return (jnp.sum(a * a) + jnp.sum(b * b)) / (2.0 * x.shape[0] ** 2)
+
+
+# ----------------------------------------------------------------------------
+# exp-gauge kernels: h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta
+# ----------------------------------------------------------------------------
+
+
+class _GaugeKernel(_ExpKernel):
+    """USA in a label-dependent frame. Subclasses define ``gauge_matrix(label, d)``.
+
+    Field and energy use the gauge frame (MATH.md, gauge equivalence):
+    ``y_i = Psi_i x_i``, ``F_i = Psi_i^T F^USA(y)_i``, ``E = E^USA(y)``: O(n^2 d).
+    """
+
+    def gauge_matrix(self, label, d: int):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def gauge_matrices(self, aux, d: int) -> Float[Array, "n d d"]:
+        """``Psi(xi_i)`` for every label: ``(n, d, d)``."""
+        return jax.vmap(lambda a: self.gauge_matrix(a, d))(aux)
+
+    def to_gauge_frame(self, x, aux):
+        """``y_i = Psi(xi_i) x_i``: the configuration in which the dynamics is USA."""
+        P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
+        return jnp.einsum("nij,nj->ni", P, x)
+
+    def from_gauge_frame(self, y, aux):
+        """``x_i = Psi(xi_i)^T y_i`` (inverse of ``to_gauge_frame``)."""
+        P = self.gauge_matrices(aux, y.shape[-1]).astype(y.dtype)
+        return jnp.einsum("nji,nj->ni", P, y)
+
+    def usa(self) -> USA:
+        """The USA kernel this kernel is in its gauge frame."""
+        return USA(self.beta, rescaled=self.rescaled)
+
+    def __call__(self, x, xi, y, zeta):
+        d = x.shape[-1]
+        a = self.gauge_matrix(xi, d).astype(x.dtype) @ x
+        b = self.gauge_matrix(zeta, d).astype(y.dtype) @ y
+        return self._exp(jnp.dot(a, b)) / self.beta
+
+    def grad_x(self, x, xi, y, zeta):
+        d = x.shape[-1]
+        A = self.gauge_matrix(xi, d).astype(x.dtype)
+        B = self.gauge_matrix(zeta, d).astype(y.dtype)
+        by = B @ y
+        return self._exp(jnp.dot(A @ x, by)) * (A.T @ by)
+
+    def field(self, x, aux, *, block_size=None):
+        P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
+        y = jnp.einsum("nij,nj->ni", P, x)
+        Fy = self.usa().field(y, None, block_size=block_size)
+        return jnp.einsum("nji,nj->ni", P, Fy)
+
+    def energy(self, x, aux, *, block_size=None):
+        return self.usa().energy(self.to_gauge_frame(x, aux), None, block_size=block_size)
+
+    def check_config(self, x, aux) -> None:
+        super().check_config(x, aux)
+        if is_concrete(aux) and is_concrete(self):
+            check_orthogonal(
+                f"{type(self).__name__} gauge", self.gauge_matrices(jnp.asarray(aux), np.shape(x)[-1])
+            )
+
+
+class RoPE(_GaugeKernel):
+    """Rotary positional kernel ``h = exp(beta <x, R_{omega (t - s)} y>) / beta``.
+
+    The gauge ``Psi(s) = R_{omega s}`` in ``plane``. Maximiser ``x(s) = R_{-omega s} u``:
+    for ``omega = 2 pi m`` a latitude circle (height ``||P_{E^perp} u||``).
+    """
+
+    omega: Array | float = 2 * np.pi
+    plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
+
+    def __init__(self, beta, omega, plane=(0, 1), *, rescaled: bool = False):
+        self.beta, self.omega, self.plane, self.rescaled = beta, omega, tuple(plane), rescaled
+
+    def __check_init__(self):
+        check_positive("beta", self.beta)
+        if is_concrete(self.omega) and not np.all(np.isfinite(np.asarray(self.omega, float))):
+            raise ValueError(f"omega must be finite, got {self.omega!r}")
+        check_plane(self.plane, max(self.plane) + 1)
+
+    def gauge_matrix(self, label, d):
+        check_plane(self.plane, d)
+        return sphere.rotation(self.omega * label, d, self.plane)
+
+
+class PhaseField(_GaugeKernel):
+    """Phase-field kernel ``h = exp(beta <x, R_{phi(t) - phi(s)} y>) / beta``.
+
+    ``phase`` is a callable ``s -> angle`` (jax-traceable). Gauge ``Psi(s) = R_{phi(s)}``;
+    maximiser ``x(s) = R_{-phi(s)} u``. In a single fixed plane the maximiser stays
+    on a latitude circle (only its parametrisation changes).
+    """
+
+    phase: Callable = eqx.field(static=True, default=None)
+    plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
+
+    def __init__(self, beta, phase, plane=(0, 1), *, rescaled: bool = False):
+        if not callable(phase):
+            raise TypeError(f"phase must be a callable s -> angle, got {phase!r}")
+        self.beta, self.phase, self.plane, self.rescaled = beta, phase, tuple(plane), rescaled
+
+    def __check_init__(self):
+        check_positive("beta", self.beta)
+        check_plane(self.plane, max(self.plane) + 1)
+
+    def gauge_matrix(self, label, d):
+        check_plane(self.plane, d)
+        return sphere.rotation(self.phase(label), d, self.plane)
+
+
+class Gauge(_GaugeKernel):
+    """General gauge kernel ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta``.
+
+    ``gauge`` is a callable ``label -> (d, d)`` orthogonal matrix (jax-traceable);
+    its orthogonality is checked on the labels of a concrete run. Maximiser
+    ``x(xi) = Psi(xi)^T u``.
+    """
+
+    gauge: Callable = eqx.field(static=True, default=None)
+
+    def __init__(self, beta, gauge, *, rescaled: bool = False):
+        if not callable(gauge):
+            raise TypeError(f"gauge must be a callable label -> (d, d) orthogonal matrix, got {gauge!r}")
+        self.beta, self.gauge, self.rescaled = beta, gauge, rescaled
+
+    def gauge_matrix(self, label, d):
+        Q = jnp.asarray(self.gauge(label))
+        if Q.shape != (d, d):
+            raise ValueError(f"gauge(label) must return a ({d}, {d}) matrix, got shape {Q.shape}")
+        return Q
+
+
+class Prompt(_GaugeKernel):
+    """Prompt kernel: the gauge kernel over integer prompt ids ``xi in {0..K-1}``.
+
+    ``h = exp(beta <Psi_xi x, Psi_zeta y>) / beta`` with ``gauges`` a ``(K, d, d)``
+    array of orthogonal matrices (reconstruction of the paper's lost kernel (10),
+    MATH.md). Maximiser: ``K`` Dirac masses at ``Psi_k^T u``. Default labels when
+    ``aux=None``: contiguous prefix blocks, ``xi_i = floor(K i / n)``.
+    """
+
+    gauges: Array = None
+    integer_labels = True
+
+    def __init__(self, beta, gauges, *, rescaled: bool = False):
+        G = jnp.asarray(gauges)
+        if G.ndim != 3 or G.shape[1] != G.shape[2]:
+            raise ValueError(f"gauges must have shape (K, d, d), got {G.shape}")
+        check_orthogonal("Prompt gauges", G)
+        self.beta, self.gauges, self.rescaled = beta, G, rescaled
+
+    @property
+    def num_prompts(self) -> int:
+        return self.gauges.shape[0]
+
+    def default_aux(self, n: int):
+        return (jnp.arange(n) * self.num_prompts) // n
+
+    def gauge_matrix(self, label, d):
+        if self.gauges.shape[-1] != d:
+            raise ValueError(f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]}, states have d = {d}")
+        return self.gauges[label]
+
+    def check_config(self, x, aux) -> None:
+        _ExpKernel.check_config(self, x, aux)
+        if is_concrete(aux):
+            a = np.asarray(aux)
+            if not np.issubdtype(a.dtype, np.integer):
+                raise TypeError(f"Prompt labels must be integer prompt ids, got dtype {a.dtype}")
+            if a.size and (a.min() < 0 or a.max() >= self.num_prompts):
+                raise ValueError(
+                    f"Prompt labels must lie in [0, {self.num_prompts - 1}], got range [{a.min()}, {a.max()}]"
+                )
