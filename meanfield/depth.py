@@ -509,10 +509,13 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
 def make_optimizer(lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
     """AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
     ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced."""
-    sched = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=lr_peak, warmup_steps=warmup,
-        decay_steps=steps, end_value=0.1 * lr_peak,
+    unit = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=1.0, warmup_steps=warmup, decay_steps=steps, end_value=0.1
     )
+
+    def sched(count):  # the peak is a factor, so it may be a traced (vmapped) rate
+        return lr_peak * unit(count)
+
     return optax.chain(
         optax.clip_by_global_norm(clip),
         optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=weight_decay),
