@@ -1,1 +1,538 @@
-"""Placeholder: being written (see the attention issue)."""
+"""Fixed-query long-context attention (paper: long-context attention scaling limits; MATH.md Sec. 2).
+
+One query ``q in S^{d-1}``, a context of keys ``x_1..x_n`` (rows of ``keys``),
+distances to the query ``T_j = 1 - <q, x_j>`` and weights
+
+    A_j = exp(-beta T_j) / Z_n,   Z_n = sum_j exp(-beta T_j)
+
+(the softmax of ``beta <q, x_j>``). Every public function acts on ONE query and
+ONE context; trials, queries and grid cells are ``jax.vmap`` axes.
+
+Dense functions (``weights``, ``ordered_weights``, ``displacement``,
+``residual_update``, ``log_partition``, ``top_weights``) hold the whole
+``(n,)`` weight vector. For huge contexts (``n ~ 10^6`` and beyond, or many
+contexts vmapped at once) the streaming functions make one pass over the keys
+in chunks with an online log-sum-exp (running minimum distance, rescaled
+partial sums, running top-k): ``context_stats`` reads the keys from an array,
+``sampled_context_stats`` draws each chunk on the fly from a sampler so that a
+context is never materialised. ``sample_top_weights`` and
+``mean_top_weight_grid`` lift them over trials and an ``(n, beta)`` grid.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from . import sphere
+from ._checks import check_finite, check_int, check_nonnegative
+
+__all__ = [
+    "weights",
+    "ordered_weights",
+    "top_weights",
+    "log_partition",
+    "displacement",
+    "residual_update",
+    "ContextStats",
+    "context_stats",
+    "sampled_context_stats",
+    "sample_top_weights",
+    "mean_top_weight_grid",
+]
+
+
+# --------------------------------------------------------------------------
+# validation (concrete values only; traced values pass through)
+# --------------------------------------------------------------------------
+
+
+def _check_query_keys(q, keys):
+    q = jnp.asarray(q)
+    keys = jnp.asarray(keys)
+    if q.ndim != 1:
+        raise ValueError(f"q must be one query of shape (d,), got shape {q.shape}; vmap over queries")
+    if keys.ndim != 2 or keys.shape[1] != q.shape[0]:
+        raise ValueError(
+            f"keys must have shape (n, d) with d = {q.shape[0]} (the query's dimension), "
+            f"got shape {keys.shape}; vmap over contexts"
+        )
+    if keys.shape[0] < 1:
+        raise ValueError("keys must hold at least one key, got n = 0")
+    return q, keys
+
+
+def _check_V(V, d):
+    if V is None:
+        return None
+    V = jnp.asarray(V)
+    if V.shape != (d, d):
+        raise ValueError(f"V must be a (d, d) = ({d}, {d}) value matrix or None, got shape {V.shape}")
+    return V
+
+
+def _shifted_logits(q, keys, beta):
+    # -beta (T_j - T_(1)) = beta (<q, x_j> - max_l <q, x_l>) <= 0: the max is 0,
+    # so exp never overflows and the top weight never underflows (beta up to 1e6).
+    s = keys @ q
+    return beta * (s - jnp.max(s))
+
+
+# --------------------------------------------------------------------------
+# dense functions
+# --------------------------------------------------------------------------
+
+
+def weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Array, " n"]:
+    """Attention weights ``A_j = exp(-beta T_j) / sum_l exp(-beta T_l)``, ``T_j = 1 - <q, x_j>``.
+
+    Shift-stabilised (``T_j - T_(1)`` in the exponent): finite for ``beta`` up to
+    ``1e6`` and beyond, sums to one.
+
+    Args:
+        q: query, shape ``(d,)`` (a unit vector in the paper's model).
+        keys: context, shape ``(n, d)``.
+        beta: inverse temperature ``>= 0`` (traceable scalar).
+
+    Returns:
+        ``(n,)`` weights in the order of ``keys``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> keys = jnp.array([[1.0, 0.0], [0.0, 1.0]])
+        >>> mf.attention.weights(jnp.array([1.0, 0.0]), keys, 1e6).tolist()
+        [1.0, 0.0]
+    """
+    q, keys = _check_query_keys(q, keys)
+    check_nonnegative("beta", beta)
+    return jax.nn.softmax(_shifted_logits(q, keys, beta))
+
+
+def ordered_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Array, " n"]:
+    """Ordered weights ``A_(1) >= A_(2) >= ... >= A_(n)`` (``weights`` sorted decreasingly).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> keys = jnp.array([[0.0, 1.0], [1.0, 0.0]])
+        >>> w = mf.attention.ordered_weights(jnp.array([1.0, 0.0]), keys, 1.0)
+        >>> bool(w[0] > w[1])
+        True
+    """
+    return jnp.sort(weights(q, keys, beta))[::-1]
+
+
+def top_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta, k: int) -> Float[Array, " k"]:
+    """The ``k`` largest weights ``A_(1..k)`` (``lax.top_k``; no full sort).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> keys = mf.sphere.uniform(jax.random.key(0), 50, 3)
+        >>> mf.attention.top_weights(keys[0], keys, 2.0, 3).shape
+        (3,)
+    """
+    q, keys = _check_query_keys(q, keys)
+    k = check_int("k", k, minimum=1)
+    if k > keys.shape[0]:
+        raise ValueError(f"k must be <= n = {keys.shape[0]}, got {k}")
+    return jax.lax.top_k(weights(q, keys, beta), k)[0]
+
+
+def log_partition(q: Float[Array, " d"], keys: Float[Array, "n d"], beta):
+    """``log Z_n = log sum_j exp(-beta T_j)`` (log-sum-exp; finite for any ``beta``).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> q = jnp.array([1.0, 0.0])
+        >>> float(mf.attention.log_partition(q, jnp.stack([q, q]), 3.0))  # log 2
+        0.6931471824645996
+    """
+    q, keys = _check_query_keys(q, keys)
+    check_nonnegative("beta", beta)
+    T = 1.0 - keys @ q
+    return jax.nn.logsumexp(-beta * T)
+
+
+def displacement(
+    q: Float[Array, " d"], keys: Float[Array, "n d"], beta, V: Float[Array, "d d"] | None = None
+) -> Float[Array, " d"]:
+    """Output displacement ``Y_n(q) = V sum_j A_j (x_j - q)`` (attention output minus ``V q``).
+
+    Summed as ``sum_j A_j (x_j - q)`` (not ``sum_j A_j x_j - q``) so that small
+    displacements (large ``beta``) keep their relative precision.
+
+    Args:
+        q: query ``(d,)``; keys: ``(n, d)``; beta: ``>= 0``.
+        V: optional ``(d, d)`` value matrix (identity if None).
+
+    Returns:
+        ``(d,)`` displacement. Limits (V = I): ``beta Y_n(q) -> grad_S log rho(q)
+        - (d-1)/2 q`` in the drift-dominated subcritical regime.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> q = jnp.array([1.0, 0.0])
+        >>> mf.attention.displacement(q, jnp.array([[0.0, 1.0]]), 1.0).tolist()
+        [-1.0, 1.0]
+    """
+    q, keys = _check_query_keys(q, keys)
+    V = _check_V(V, q.shape[0])
+    A = weights(q, keys, beta)
+    Y = A @ (keys - q)
+    return Y if V is None else V @ Y
+
+
+def residual_update(
+    q: Float[Array, " d"],
+    keys: Float[Array, "n d"],
+    beta,
+    gamma,
+    V: Float[Array, "d d"] | None = None,
+) -> Float[Array, " d"]:
+    """One residual attention step ``q' = (q + gamma Y_n(q)) / ||q + gamma Y_n(q)||``.
+
+    In the drift-dominated regime ``q' ~ q + (gamma / beta) grad_S log rho(q)``:
+    iterating moves queries up the key density (backward heat flow, paper Prop. 4.4).
+
+    Args:
+        q, keys, beta, V: as in :func:`displacement`.
+        gamma: residual step size (finite, traceable scalar).
+
+    Returns:
+        ``(d,)`` unit vector.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> q = jnp.array([1.0, 0.0])
+        >>> mf.attention.residual_update(q, jnp.array([[0.0, 1.0]]), 1.0, 1.0).tolist()
+        [0.0, 1.0]
+    """
+    check_finite("gamma", gamma)
+    u = q + gamma * displacement(q, keys, beta, V)
+    return u / jnp.linalg.norm(u)
+
+
+# --------------------------------------------------------------------------
+# streaming (chunked) statistics of one context
+# --------------------------------------------------------------------------
+
+
+class ContextStats(NamedTuple):
+    """One pass over a context: the partition function, the top weights, the output.
+
+    Attributes:
+        log_partition: ``log Z_n = log sum_j exp(-beta T_j)``, shape ``()``.
+        top_distances: ``T_(1) <= ... <= T_(k)``, shape ``(k,)``.
+        top_weights: ``A_(1) >= ... >= A_(k)``, shape ``(k,)``.
+        displacement: ``Y_n(q) = sum_j A_j (x_j - q)`` (``V = I``), shape ``(d,)``.
+    """
+
+    log_partition: Array
+    top_distances: Array
+    top_weights: Array
+    displacement: Array
+
+
+class _State(NamedTuple):
+    tmin: Array  # running T_(1)
+    S: Array  # sum_j exp(-beta (T_j - tmin))
+    B: Array  # sum_j exp(-beta (T_j - tmin)) (x_j - q), (d,)
+    top: Array  # running k smallest T, sorted increasingly
+
+
+def _init_state(q, k):
+    dt = q.dtype
+    # T <= 2 on the sphere; 4 is a finite "no key yet" value (its weight is 0 * exp(.) = 0).
+    return _State(jnp.asarray(4.0, dt), jnp.zeros((), dt), jnp.zeros_like(q), jnp.full((k,), jnp.inf, dt))
+
+
+def _absorb(state: _State, q, xs, valid, beta, k) -> _State:
+    """Add a chunk of keys ``xs`` (rows where ``valid``) to the running sums (online log-sum-exp)."""
+    T = jnp.where(valid, 1.0 - xs @ q, jnp.inf)
+    new_min = jnp.minimum(state.tmin, jnp.min(T))
+    rescale = jnp.exp(-beta * (state.tmin - new_min))  # <= 1
+    e = jnp.where(valid, jnp.exp(-beta * (T - new_min)), 0.0)
+    S = state.S * rescale + jnp.sum(e)
+    B = state.B * rescale + e @ (xs - q)
+    top = -jax.lax.top_k(-jnp.concatenate([state.top, T]), k)[0]
+    return _State(new_min, S, B, top)
+
+
+def _finish(state: _State, beta) -> ContextStats:
+    return ContextStats(
+        log_partition=jnp.log(state.S) - beta * state.tmin,
+        top_distances=state.top,
+        top_weights=jnp.exp(-beta * (state.top - state.tmin)) / state.S,
+        displacement=state.B / state.S,
+    )
+
+
+def _check_chunk(chunk):
+    return check_int("chunk", chunk, minimum=1)
+
+
+def context_stats(
+    q: Float[Array, " d"], keys: Float[Array, "n d"], beta, *, k: int = 1, chunk: int = 65_536
+) -> ContextStats:
+    """Streaming ``log Z_n``, ``A_(1..k)``, ``Y_n(q)`` over ``keys`` in chunks of ``chunk`` rows.
+
+    Same numbers as the dense functions (to rounding) with memory ``O(chunk d)``
+    instead of ``O(n)`` per beta/query: keys are read with ``dynamic_slice`` in
+    a ``lax.fori_loop`` and merged with an online log-sum-exp (running
+    ``T_(1)``; partial sums rescaled by ``exp(-beta (T_old - T_new))``) and a
+    running top-k of the distances. vmap over ``beta`` or queries is cheap: the
+    keys are not copied per batch element.
+
+    Args:
+        q: query ``(d,)``; keys: ``(n, d)``; beta: ``>= 0`` (traceable).
+        k: number of top weights kept, ``1 <= k <= n``.
+        chunk: rows per chunk (clipped to ``n``).
+
+    Returns:
+        :class:`ContextStats`.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> keys = mf.sphere.uniform(jax.random.key(0), 1000, 3)
+        >>> st = mf.attention.context_stats(keys[0], keys, 5.0, k=2, chunk=128)
+        >>> bool(abs(st.top_weights[0] - mf.attention.ordered_weights(keys[0], keys, 5.0)[0]) < 1e-6)
+        True
+    """
+    q, keys = _check_query_keys(q, keys)
+    check_nonnegative("beta", beta)
+    n, d = keys.shape
+    k = check_int("k", k, minimum=1)
+    if k > n:
+        raise ValueError(f"k must be <= n = {n}, got {k}")
+    chunk = min(_check_chunk(chunk), n)
+    num_chunks = -(-n // chunk)
+    beta = jnp.asarray(beta, q.dtype)
+
+    def body(i, state):
+        start = i * chunk
+        # dynamic_slice clamps the last chunk to [n - chunk, n); rows already seen are masked.
+        clamped = jnp.minimum(start, n - chunk)
+        xs = jax.lax.dynamic_slice(keys, (clamped, 0), (chunk, d))
+        valid = clamped + jnp.arange(chunk) >= start
+        return _absorb(state, q, xs, valid, beta, k)
+
+    state = jax.lax.fori_loop(0, num_chunks, body, _init_state(q, k))
+    return _finish(state, beta)
+
+
+def sampled_context_stats(
+    key,
+    q: Float[Array, " d"],
+    beta,
+    n: int,
+    sampler: Callable[[Array, int], Array] | None = None,
+    *,
+    k: int = 1,
+    chunk: int = 65_536,
+) -> ContextStats:
+    """:func:`context_stats` of a context drawn chunk by chunk, never materialised.
+
+    Chunk ``i`` holds ``sampler(fold_in(key, i), chunk)`` (the last chunk's
+    rows past ``n`` are masked), so memory is ``O(chunk d)`` for any ``n`` and
+    the keys are i.i.d. from the sampler's law. The context depends on ``key``
+    and ``chunk`` (not on ``beta``): vmapping over ``beta`` evaluates every
+    beta on the same keys and draws them once.
+
+    Args:
+        key: a ``jax.random`` key (one context).
+        q: query ``(d,)``.
+        beta: inverse temperature ``>= 0``.
+        n: context length (static int).
+        sampler: ``(key, m) -> (m, d)`` i.i.d. keys; default uniform on ``S^{d-1}``
+            (e.g. ``lambda k, m: mf.sphere.sample_density(k, m, d, f, log_bound=b)``).
+        k, chunk: as in :func:`context_stats`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> q = jnp.array([1.0, 0.0, 0.0, 0.0, 0.0])
+        >>> st = mf.attention.sampled_context_stats(jax.random.key(0), q, 100.0, 10**4, k=2)
+        >>> st.top_weights.shape
+        (2,)
+    """
+    q = jnp.asarray(q)
+    if q.ndim != 1:
+        raise ValueError(f"q must be one query of shape (d,), got shape {q.shape}")
+    n = check_int("n", n, minimum=1)
+    k = check_int("k", k, minimum=1)
+    if k > n:
+        raise ValueError(f"k must be <= n = {n}, got {k}")
+    check_nonnegative("beta", beta)
+    if sampler is not None and not callable(sampler):
+        raise TypeError(f"sampler must be a callable (key, m) -> (m, d) keys or None, got {sampler!r}")
+    chunk = min(_check_chunk(chunk), n)
+    return _stream(key, q, beta, n, sampler, k, max(chunk, k))
+
+
+def _stream(key, q, beta, n, sampler, k, chunk) -> ContextStats:
+    # n may be traced (one compilation for every context length); chunk, k static.
+    if sampler is None:
+        d = q.shape[0]
+
+        def sampler(kk, m):
+            return sphere.uniform(kk, m, d, q.dtype)
+
+    num_chunks = (n + chunk - 1) // chunk
+    beta = jnp.asarray(beta, q.dtype)
+
+    def body(i, state):
+        xs = sampler(jax.random.fold_in(key, i), chunk).astype(q.dtype)
+        valid = i * chunk + jnp.arange(chunk) < n
+        return _absorb(state, q, xs, valid, beta, k)
+
+    state = jax.lax.fori_loop(0, num_chunks, body, _init_state(q, k))
+    return _finish(state, beta)
+
+
+def _default_query(d, dtype):
+    return jnp.zeros((d,), dtype).at[0].set(1.0)
+
+
+def sample_top_weights(
+    key,
+    n: int,
+    betas,
+    d: int,
+    trials: int,
+    *,
+    k: int = 1,
+    q=None,
+    sampler: Callable[[Array, int], Array] | None = None,
+    chunk: int | None = None,
+    batch_size: int | None = None,
+    memory: int = 2**24,
+) -> Float[Array, "trials b k"]:
+    """``A_(1..k)`` for ``trials`` independent contexts of ``n`` keys and every ``beta`` in ``betas``.
+
+    Trial ``t`` uses the context ``sampled_context_stats(split(key, trials)[t], ...)``
+    (uniform keys on ``S^{d-1}`` unless ``sampler``); all betas see the same
+    keys. Trials run through ``lax.map`` in batches of ``batch_size``, each batch
+    vmapped over trials and betas with keys streamed in chunks, so that at most
+    about ``memory`` floats are live (default ``2^24``: 64 MB in float32).
+
+    Args:
+        key: a ``jax.random`` key.
+        n: context length (static int).
+        betas: ``(b,)`` inverse temperatures (or a scalar).
+        d: ambient dimension.
+        trials: number of independent contexts.
+        k: number of ordered weights kept.
+        q: query (default ``e_1``).
+        sampler: key sampler ``(key, m) -> (m, d)``.
+        chunk, batch_size: override the automatic chunk/batch sizes.
+        memory: float budget used to pick them.
+
+    ``n`` is traced: calls differing only in ``n`` (same sizes) share one compilation.
+
+    Returns:
+        ``(trials, b, k)`` array (``b = 1`` for a scalar beta).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> A = mf.attention.sample_top_weights(jax.random.key(0), 1000, [1.0, 1e3], 5, 8)
+        >>> A.shape, bool((A[:, 1, 0] > A[:, 0, 0]).all())
+        ((8, 2, 1), True)
+    """
+    n = check_int("n", n, minimum=1)
+    d = check_int("d", d, minimum=2)
+    trials = check_int("trials", trials, minimum=1)
+    k = check_int("k", k, minimum=1)
+    betas = jnp.atleast_1d(jnp.asarray(betas, jnp.result_type(float)))
+    if betas.ndim != 1:
+        raise ValueError(f"betas must be a scalar or a 1-d array, got shape {betas.shape}")
+    check_nonnegative("betas", betas)
+    q = _default_query(d, betas.dtype) if q is None else jnp.asarray(q, betas.dtype)
+    if q.shape != (d,):
+        raise ValueError(f"q must have shape (d,) = ({d},), got {q.shape}")
+    chunk, batch_size = _sizes(n, betas.shape[0], d, trials, k, chunk, batch_size, memory)
+    return _top_weights_jit(key, betas, jnp.asarray(n), q, sampler, trials, k, chunk, batch_size)
+
+
+def _sizes(n, nb, d, trials, k, chunk, batch_size, memory):
+    """Chunk and trial-batch sizes keeping about ``memory`` floats live."""
+    if batch_size is None:
+        batch_size = int(max(1, min(trials, memory // max(1, nb * min(n, 4096) * 4))))
+    if chunk is None:
+        chunk = int(min(n, memory // max(1, batch_size * (nb + d + 2))))
+    chunk = max(_check_chunk(chunk), k)
+    return chunk, min(check_int("batch_size", batch_size, minimum=1), trials)
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8))
+def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size):
+    def one_trial(trial_key):
+        def one_beta(beta):
+            return _stream(trial_key, q, beta, n, sampler, k, chunk).top_weights
+
+        return jax.vmap(one_beta)(betas)
+
+    keys = jax.random.split(key, trials)
+    return jax.lax.map(one_trial, keys, batch_size=batch_size)
+
+
+def mean_top_weight_grid(
+    key,
+    ns: Sequence[int],
+    betas,
+    d: int,
+    trials: int,
+    *,
+    q=None,
+    sampler: Callable[[Array, int], Array] | None = None,
+    memory: int = 2**24,
+    progress: Callable | None = None,
+):
+    """Mean and standard error of ``A_(1)`` over an ``(n, beta)`` grid, ``trials`` contexts per cell.
+
+    ``betas`` is either a ``(b,)`` array shared by all ``n`` or a ``(len(ns), b)``
+    array (one beta row per ``n``, e.g. a grid in ``beta / n^alpha``). Each ``n``
+    compiles once (shape-static); cells of one ``n`` share the contexts
+    (common random numbers across beta). Context ``i`` of row ``n`` is drawn
+    from ``fold_in(key, n)``.
+
+    Returns:
+        ``(mean, stderr)`` NumPy arrays of shape ``(len(ns), b)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> m, se = mf.attention.mean_top_weight_grid(jax.random.key(0), [10, 100], [1.0, 10.0], 5, 16)
+        >>> m.shape
+        (2, 2)
+    """
+    ns = [check_int("n", int(n) if isinstance(n, np.integer) else n, minimum=1) for n in ns]
+    betas = np.asarray(betas, dtype=np.float64)
+    if betas.ndim == 1:
+        betas = np.broadcast_to(betas, (len(ns), betas.shape[0]))
+    if betas.ndim != 2 or betas.shape[0] != len(ns):
+        raise ValueError(f"betas must have shape (b,) or (len(ns), b) = ({len(ns)}, b), got {betas.shape}")
+    means = np.zeros(betas.shape)
+    errs = np.zeros(betas.shape)
+    # one chunk/batch size for every n, so the grid compiles once (n is traced)
+    chunk, batch_size = _sizes(max(ns), betas.shape[1], d, trials, 1, None, None, memory)
+    for i, n in enumerate(ns):
+        A1 = sample_top_weights(
+            jax.random.fold_in(key, n),
+            n,
+            betas[i],
+            d,
+            trials,
+            q=q,
+            sampler=sampler,
+            chunk=chunk,
+            batch_size=batch_size,
+        )[..., 0]
+        A1 = np.asarray(A1, dtype=np.float64)
+        means[i] = A1.mean(axis=0)
+        errs[i] = A1.std(axis=0, ddof=1) / np.sqrt(trials) if trials > 1 else np.nan
+        if progress is not None:
+            progress(1)
+    return means, errs
