@@ -369,7 +369,9 @@ def _simulate(
         if save_states:
             out["xs"] = x
         for name, fn in observables:
-            out["obs:" + name] = jnp.asarray(fn(x))
+            v = jnp.asarray(fn(x))
+            # diffrax pre-fills unreached saves with inf: keep observables floating
+            out["obs:" + name] = v if jnp.issubdtype(v.dtype, jnp.inexact) else v.astype(dtype)
         return out
 
     if adaptive:
@@ -404,7 +406,9 @@ def _simulate(
     final = jax.tree.map(lambda a: a[last], saved)
     failed = flags_end[_FAIL] > 0.5
     stopped = (flags_end[_STOP] > 0.5) & ~failed
-    fill = jax.tree.map(lambda f: jnp.where(failed, jnp.nan, f), final)
+    fill = jax.tree.map(
+        lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f, final
+    )
     ys = jax.tree.map(
         lambda a, f: jnp.where(reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: len(ts)], f[None]),
         saved,

@@ -53,6 +53,11 @@ __all__ = [
     "original_time",
     "rescaled_time",
     "DEFAULT_BLOCK",
+    "MODEL_NAMES",
+    "make",
+    "random_gauges",
+    "default_phase",
+    "wavy_gauge",
 ]
 
 #: Row-tile size used when the dense ``n x n`` weight matrix would exceed ``DENSE_LIMIT`` entries.
@@ -468,3 +473,89 @@ class Prompt(_GaugeKernel):
                 raise ValueError(
                     f"Prompt labels must lie in [0, {self.num_prompts - 1}], got range [{a.min()}, {a.max()}]"
                 )
+
+
+# ----------------------------------------------------------------------------
+# construction by name (CLI, sweeps, reproductions)
+# ----------------------------------------------------------------------------
+
+
+def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d"]:
+    """``K`` Haar-random orthogonal ``(d, d)`` matrices (QR of Gaussian matrices, sign-fixed)."""
+    g = jax.random.normal(key, (K, d, d), dtype=dtype)
+    q, r = jnp.linalg.qr(g)
+    return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
+
+
+def default_phase(s):
+    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal)."""
+    return 2 * jnp.pi * s + jnp.sin(2 * jnp.pi * s)
+
+
+def wavy_gauge(amplitude: float = 0.6, k: int = 3):
+    """Generalised RoPE gauge ``Psi(s) = R_{12}(2 pi s) R_{23}(a sin(2 pi k s))`` (MATH.md, Fig. 3 v).
+
+    Its maximiser ``x(s) = Psi(s)^T u`` is a wavy closed curve, which a single
+    fixed-plane phase field cannot produce (those stay on a latitude circle).
+    Returns a callable ``s -> (3, 3)`` for ``Gauge``; cached per ``(amplitude, k)``
+    so that repeated constructions compile once.
+    """
+    return _wavy_gauge(float(amplitude), int(k))
+
+
+_WAVY_CACHE: dict = {}
+
+
+def _wavy_gauge(a: float, k: int):
+    if (a, k) not in _WAVY_CACHE:
+
+        def psi(s):
+            R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
+            R23 = sphere.rotation(a * jnp.sin(2 * jnp.pi * k * s), 3, (1, 2))
+            return R12 @ R23
+
+        _WAVY_CACHE[(a, k)] = psi
+    return _WAVY_CACHE[(a, k)]
+
+
+MODEL_NAMES = ("usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt", "sa")
+
+
+def make(
+    name: str,
+    *,
+    beta=1.0,
+    d: int = 3,
+    lam=1.0,
+    omega=2 * np.pi,
+    m: int = 1,
+    num_prompts: int = 3,
+    key=None,
+    rescaled: bool = False,
+):
+    """Build a model by name: ``usa``, ``distance-bias``, ``toeplitz``, ``rope``,
+    ``phase-field`` (``default_phase``), ``gauge`` (``wavy_gauge``, d = 3), ``prompt``
+    (``num_prompts`` random gauges from ``key``), ``sa`` (normalised self-attention).
+    """
+    from .models import SelfAttention
+
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODEL_NAMES)}")
+    if name == "usa":
+        return USA(beta, rescaled=rescaled)
+    if name == "distance-bias":
+        return DistanceBias(beta, lam, rescaled=rescaled)
+    if name == "toeplitz":
+        return Toeplitz(m)
+    if name == "rope":
+        return RoPE(beta, omega, rescaled=rescaled)
+    if name == "phase-field":
+        return PhaseField(beta, default_phase, rescaled=rescaled)
+    if name == "gauge":
+        if d != 3:
+            raise ValueError(f"model 'gauge' (the wavy generalised RoPE) needs d = 3, got d = {d}")
+        return Gauge(beta, wavy_gauge(), rescaled=rescaled)
+    if name == "prompt":
+        key = jax.random.key(0) if key is None else key
+        return Prompt(beta, random_gauges(key, num_prompts, d), rescaled=rescaled)
+    return SelfAttention(beta, rescaled=rescaled)
