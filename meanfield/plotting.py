@@ -44,7 +44,8 @@ def plot_configuration(ax, x, *, color=None, overlay=None, title: str | None = N
         ax.scatter(x[:, 0], x[:, 1], x[:, 2], c=c, cmap=cmap, s=6, depthshade=False)
         if overlay is not None:
             o = np.asarray(overlay)
-            ax.plot(o[:, 0], o[:, 1], o[:, 2], "r--", lw=1.0, label="theory")
+            style = dict(ls="none", marker="*", ms=12, mfc="none") if len(o) <= 8 else dict(ls="--", lw=1.0)
+            ax.plot(o[:, 0], o[:, 1], o[:, 2], color="r", label="theory", **style)
     else:
         xc = x - x.mean(0)
         _, _, vt = np.linalg.svd(xc, full_matrices=False)

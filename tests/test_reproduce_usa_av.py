@@ -1,0 +1,66 @@
+"""End to end: `meanfield reproduce usa-av --quick` and its numbers against theory (MATH.md Sec. 1)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import meanfield as mf
+
+
+@pytest.mark.slow
+def test_reproduce_usa_av_quick(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "meanfield", "reproduce", "usa-av", "--quick", "--quiet", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "usa-av"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["experiment"] == "usa-av" and summary["quick"] is True
+    checks = {c["name"]: c for c in summary["checks"]}
+    required = {
+        "usa_collapse", "distance_bias_dirac", "rope_noncollapse", "prompt_noncollapse",
+        "rope_max_energy", "toeplitz_great_circle", "gauge_equivalence", "prompt_clusters",
+    }
+    assert required <= set(checks)
+    for c in checks.values():
+        assert set(c) == {"name", "theory", "measured", "tolerance", "pass", "note"}
+    e_max = float(np.exp(1.0) / 2.0)  # beta = 1
+    # our own tolerances, independent of the summary's
+    assert checks["usa_collapse"]["measured"] < 1e-3
+    assert abs(checks["distance_bias_dirac"]["measured"]) < 1e-3
+    assert checks["rope_noncollapse"]["measured"] > 0.3
+    assert checks["prompt_noncollapse"]["measured"] > 0.3
+    assert abs(checks["rope_max_energy"]["measured"] - e_max) < 1e-4 * e_max
+    assert checks["rope_max_energy"]["theory"] == pytest.approx(e_max, rel=1e-6)
+    assert abs(checks["toeplitz_great_circle"]["measured"] - 0.25) < 1e-4
+    assert checks["gauge_equivalence"]["measured"] < 1e-4
+    assert checks["prompt_clusters"]["measured"] == 3
+    assert checks["toeplitz_gap"]["measured"] == pytest.approx(1 + 1 / 255, abs=1e-4)
+    assert checks["toeplitz_rank"]["measured"] == 2
+    assert abs(checks["rope_latitude_gap"]["measured"] - checks["rope_latitude_gap"]["theory"]) < 1e-3
+    assert all(c["pass"] for c in checks.values()), [c for c in checks.values() if not c["pass"]]
+    for fig in ("fig2_collapse_gap.png", "fig3_configurations.png", "energy.png"):
+        assert (out / fig).stat().st_size > 10_000
+    data = np.load(out / "fig2_data.npz")
+    assert data["usa_n128_gap"].shape == (8, 41)
+    # stop times are reported (paper's early-stop rule)
+    assert "fig3/Toeplitz (m=1)" in summary["settings"]["stop_times"]
+
+
+def test_settings_quick_vs_full():
+    from meanfield.reproduce import usa_av
+
+    q, f = usa_av.settings_for(True), usa_av.settings_for(False)
+    assert q["fig2_n"] == [64, 128] and q["fig2_seeds"] == 8
+    assert f["fig2_n"] == [64, 128, 256, 512] and f["fig2_seeds"] == 100
+    assert f["dt"] == 1e-2 and f["early_stop"] == 1e-8 and f["solver"] == "rk2"
+    from meanfield.reproduce import EXPERIMENTS
+
+    assert list(EXPERIMENTS) == ["usa-av", "attention", "depth", "prototypes"]
+    assert mf.theory.max_energy(1.0) == pytest.approx(np.e / 2)
