@@ -8,11 +8,12 @@ Public API (see README.md for a tour)::
     mf.attention, mf.depth, mf.prototypes
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from . import attention, depth, kernels, metrics, models, prototypes, sphere, theory
-from .integrate import Trajectory, simulate
 from .energy import energy, field, velocity
+from .integrate import Trajectory, simulate
 from .kernels import positions
 
 try:

@@ -259,8 +259,23 @@ def _absorb(state: _State, q, xs, valid, beta, k) -> _State:
     e = jnp.where(valid, jnp.exp(-beta * (T - new_min)), 0.0)
     S = state.S * rescale + jnp.sum(e)
     B = state.B * rescale + e @ (xs - q)
-    top = -jax.lax.top_k(-jnp.concatenate([state.top, T]), k)[0]
+    top = jnp.sort(jnp.concatenate([state.top, _smallest(T, k)]))[:k]
     return _State(new_min, S, B, top)
+
+
+def _smallest(T, k):
+    """The ``k`` smallest entries of ``T`` (any order): ``k`` passes of ``min`` for small ``k``.
+
+    XLA's CPU ``top_k`` sorts the whole chunk; ``k`` linear passes are cheaper for ``k <= 8``.
+    """
+    if k > 8:
+        return -jax.lax.top_k(-T, k)[0]
+    out = []
+    for _ in range(k):
+        i = jnp.argmin(T)
+        out.append(T[i])
+        T = T.at[i].set(jnp.inf)
+    return jnp.stack(out)
 
 
 def _finish(state: _State, beta) -> ContextStats:

@@ -224,11 +224,12 @@ def _reproduce(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {}
-    for name in names:
+    for i, name in enumerate(names, 1):
         mod = reproduce.get(name)
         t0 = time.perf_counter()
         if not args.quiet:
-            print(f"[meanfield] reproduce {name} ({'quick' if args.quick else 'full' if args.full else 'default'})", file=sys.stderr)
+            mode = "quick" if args.quick else "full" if args.full else "default"
+            print(f"[meanfield {i}/{len(names)}] reproduce {name} ({mode})", file=sys.stderr, flush=True)
         opts = {"full": True} if args.full else {}
         summary = mod.run(out, quick=args.quick, quiet=args.quiet, **opts)
         summary.setdefault("timings", {})["total_s"] = round(time.perf_counter() - t0, 2)

@@ -1,1 +1,739 @@
-"""Placeholder: being written (see the prototypes issue)."""
+"""Prototype readout: soft assignment, the exact loss decomposition, two-timescale training.
+
+MATH.md Sec. 4 (DDCL-Attention, papers/ddcl-prototype-readout.txt). Tokens
+``z_t in R^m`` (``t = 1..T``), prototypes ``p_1..p_K``, temperature ``tau > 0``:
+
+* soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / tau)``;
+* soft reconstruction ``zhat_t = sum_k q_tk p_k``;
+* exact decomposition of the soft quantisation loss::
+
+      L_q   = mean_t sum_k q_tk ||z_t - p_k||^2
+            = L_OLS + V,
+      L_OLS = mean_t ||z_t - zhat_t||^2                  (reconstruction),
+      V     = mean_t sum_k q_tk ||p_k - zhat_t||^2 >= 0   (prototype variance).
+
+  (``||z - p_k||^2 = ||z - zhat||^2 + ||zhat - p_k||^2 + 2 <z - zhat, zhat - p_k>``
+  and the cross term vanishes after weighting by ``q_tk`` because
+  ``sum_k q_tk (zhat_t - p_k) = 0``.)
+
+The module also holds the models built on it (a readout layer, a hard
+vector-quantisation baseline with the straight-through estimator, a
+two-level hierarchical readout, a small VQ autoencoder), the clustering
+metrics used to judge them, the two-timescale trainer (``optax.multi_transform``:
+encoder/projection at ``eta_theta``, prototypes at ``eta_P``,
+``eps = eta_theta / eta_P``) and two datasets that need no download.
+
+Single-sequence functions act on one ``(T, m)`` array; batch with ``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Float, Int
+
+from ._checks import check_choice, check_int, check_positive, is_concrete
+
+__all__ = [
+    "assign",
+    "loss_terms",
+    "reconstruct",
+    "squared_distances",
+    "hard_assign",
+    "straight_through",
+    "vq_losses",
+    "PrototypeReadout",
+    "HardVQ",
+    "HierarchicalReadout",
+    "VQAutoencoder",
+    "utilization",
+    "separation",
+    "assignment_entropy",
+    "clustering_accuracy",
+    "nmi",
+    "ari",
+    "decomposition_error",
+    "param_labels",
+    "two_timescale_optimizer",
+    "train",
+    "load_digits",
+    "gaussian_mixture_tokens",
+]
+
+
+# ---------------------------------------------------------------------------
+# input validation (concrete values only; traced values pass through)
+
+
+def _check_tokens(z, prototypes) -> None:
+    zs, ps = jnp.shape(z), jnp.shape(prototypes)
+    if len(zs) != 2:
+        raise ValueError(f"z must be a (T, m) array of tokens, got shape {zs}")
+    if len(ps) != 2:
+        raise ValueError(f"prototypes must be a (K, m) array, got shape {ps}")
+    if zs[1] != ps[1]:
+        raise ValueError(
+            f"z and prototypes must share the last dimension m, got z {zs} and prototypes {ps}"
+        )
+    if zs[0] < 1 or ps[0] < 1:
+        raise ValueError(f"need at least one token and one prototype, got z {zs}, prototypes {ps}")
+    for name, arr in (("z", z), ("prototypes", prototypes)):
+        if not jnp.issubdtype(jnp.result_type(arr), jnp.floating):
+            raise TypeError(f"{name} must be a floating array, got dtype {jnp.result_type(arr)}")
+
+
+def _check_temperature(temperature) -> None:
+    if jnp.ndim(temperature) != 0:
+        raise ValueError(f"temperature must be a scalar, got shape {jnp.shape(temperature)}")
+    check_positive("temperature", temperature)
+
+
+def _check_q(q) -> None:
+    if jnp.ndim(q) != 2:
+        raise ValueError(f"assignments q must be a (T, K) array, got shape {jnp.shape(q)}")
+    if is_concrete(q):
+        arr = np.asarray(q, dtype=np.float64)
+        if not np.all(np.isfinite(arr)) or np.any(arr < -1e-6):
+            raise ValueError("assignments q must be finite and >= 0")
+        rows = arr.sum(axis=1)
+        if np.any(np.abs(rows - 1.0) > 1e-3):
+            raise ValueError(
+                f"each row of q must sum to 1 (a distribution over prototypes), got row sums "
+                f"in [{rows.min():.4g}, {rows.max():.4g}]"
+            )
+
+
+# ---------------------------------------------------------------------------
+# assignment and the exact decomposition (MATH.md Sec. 4)
+
+
+def squared_distances(z: Float[Array, "T m"], prototypes: Float[Array, "K m"]) -> Float[Array, "T K"]:
+    """``d_tk = ||z_t - p_k||^2``, from the differences (no ``|z|^2 + |p|^2 - 2 z.p``
+    cancellation, so each entry is accurate relative to itself)."""
+    diff = z[:, None, :] - prototypes[None, :, :]
+    return jnp.sum(diff * diff, axis=-1)
+
+
+def assign(
+    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
+) -> Float[Array, "T K"]:
+    """Soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / temperature)``.
+
+    The softmax is shifted by its row maximum (``jax.nn.softmax``), so distant
+    tokens do not underflow; each row is a probability vector over prototypes.
+
+    Args:
+        z: ``(T, m)`` tokens.
+        prototypes: ``(K, m)`` prototypes.
+        temperature: scalar ``> 0``.
+
+    Returns:
+        ``(T, K)`` array, rows sum to 1.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> q = mf.prototypes.assign(jnp.zeros((3, 2)), jnp.array([[0.0, 0.0], [9.0, 0.0]]), 1.0)
+        >>> q.shape, round(float(q[0, 0]), 6)
+        ((3, 2), 1.0)
+    """
+    _check_tokens(z, prototypes)
+    _check_temperature(temperature)
+    return _assign(z, prototypes, temperature)
+
+
+def _assign(z, prototypes, temperature):
+    return jax.nn.softmax(-squared_distances(z, prototypes) / temperature, axis=-1)
+
+
+def reconstruct(
+    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
+) -> Float[Array, "T m"]:
+    """Soft reconstruction ``zhat_t = sum_k q_tk p_k`` (the soft centroid of ``z_t``)."""
+    _check_tokens(z, prototypes)
+    _check_temperature(temperature)
+    return _assign(z, prototypes, temperature) @ prototypes
+
+
+def loss_terms(
+    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
+) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
+    """The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
+
+    ``L_q = mean_t sum_k q_tk ||z_t - p_k||^2``,
+    ``L_OLS = mean_t ||z_t - zhat_t||^2``,
+    ``V = mean_t sum_k q_tk ||p_k - zhat_t||^2``, with ``L_q = L_OLS + V``.
+
+    The three terms are computed independently (none is defined as a
+    difference of the others). ``zhat_t`` is formed with the row-renormalised
+    ``q`` so that ``sum_k q_tk (zhat_t - p_k) = 0`` to rounding; the identity
+    then holds to a few ulps relative to ``L_q``.
+
+    Args:
+        z: ``(T, m)`` tokens.
+        prototypes: ``(K, m)`` prototypes.
+        temperature: scalar ``> 0``.
+
+    Returns:
+        ``(L_q, L_OLS, V)``, scalars; ``V >= 0``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> z = jax.random.normal(jax.random.key(0), (5, 3))
+        >>> p = jax.random.normal(jax.random.key(1), (4, 3))
+        >>> Lq, Lols, V = mf.prototypes.loss_terms(z, p, 0.5)
+        >>> bool(abs(Lq - Lols - V) <= 1e-5 * Lq)
+        True
+    """
+    _check_tokens(z, prototypes)
+    _check_temperature(temperature)
+    return _loss_terms(z, prototypes, temperature)
+
+
+def _loss_terms(z, prototypes, temperature):
+    d = squared_distances(z, prototypes)
+    q = jax.nn.softmax(-d / temperature, axis=-1)
+    q = q / jnp.sum(q, axis=-1, keepdims=True)
+    zhat = q @ prototypes
+    L_q = jnp.mean(jnp.sum(q * d, axis=-1))
+    r = z - zhat
+    L_ols = jnp.mean(jnp.sum(r * r, axis=-1))
+    V = jnp.mean(jnp.sum(q * squared_distances(zhat, prototypes), axis=-1))
+    return L_q, L_ols, V
+
+
+def decomposition_error(L_q, L_ols, V) -> Array:
+    """Relative violation ``|L_q - L_OLS - V| / L_q`` of the decomposition (0 when exact)."""
+    return jnp.abs(L_q - L_ols - V) / jnp.maximum(jnp.abs(L_q), jnp.finfo(jnp.result_type(L_q)).tiny)
+
+
+# ---------------------------------------------------------------------------
+# hard vector quantisation (VQ-VAE baseline)
+
+
+def hard_assign(z: Float[Array, "T m"], codebook: Float[Array, "K m"]) -> Int[Array, " T"]:
+    """Nearest code ``k*_t = argmin_k ||z_t - e_k||^2``."""
+    _check_tokens(z, codebook)
+    return jnp.argmin(squared_distances(z, codebook), axis=-1)
+
+
+def straight_through(z: Float[Array, "T m"], zq: Float[Array, "T m"]) -> Float[Array, "T m"]:
+    """Straight-through estimator ``z + sg(zq - z)``: value ``zq``, gradient of ``z``."""
+    return z + jax.lax.stop_gradient(zq - z)
+
+
+def vq_losses(
+    z: Float[Array, "T m"], codebook: Float[Array, "K m"]
+) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """VQ-VAE codebook and commitment losses for the nearest code ``e_t = e_{k*_t}``.
+
+    ``codebook = mean_t ||sg(z_t) - e_t||^2`` (moves codes),
+    ``commitment = mean_t ||z_t - sg(e_t)||^2`` (moves the encoder). Only the
+    winning code of each token receives a gradient: codes that win no token
+    never move (dead codes).
+    """
+    _check_tokens(z, codebook)
+    e = codebook[jnp.argmin(squared_distances(z, codebook), axis=-1)]
+    cb = jnp.mean(jnp.sum((jax.lax.stop_gradient(z) - e) ** 2, axis=-1))
+    commit = jnp.mean(jnp.sum((z - jax.lax.stop_gradient(e)) ** 2, axis=-1))
+    return cb, commit
+
+
+# ---------------------------------------------------------------------------
+# models
+
+
+def _projection(d: int, m: int, width: int | None, depth: int, key):
+    if depth == 0:
+        return eqx.nn.Linear(d, m, key=key)
+    return eqx.nn.MLP(d, m, width_size=width or max(d, m), depth=depth, activation=jax.nn.gelu, key=key)
+
+
+def _maybe_normalize(z, normalize: bool):
+    if not normalize:
+        return z
+    return z / jnp.sqrt(jnp.sum(z * z, axis=-1, keepdims=True) + 1e-12)
+
+
+class PrototypeReadout(eqx.Module):
+    """Soft prototype readout (DDCL-Attention final readout).
+
+    A sequence ``x`` of ``T`` encoder outputs in ``R^d`` is projected to tokens
+    ``z_t = f(x_t) in R^m`` (a linear map, or an MLP when ``depth > 0``; on the
+    unit sphere when ``normalize``), softly assigned to ``K`` global prototypes
+    and summarised by the ``K``-dimensional soft histogram
+    ``s_k = mean_t q_tk`` (linear cost ``O(T K m)``).
+
+    Fields: ``projection`` (encoder, rate ``eta_theta``), ``prototypes``
+    ``(K, m)`` (rate ``eta_P``), ``temperature`` (a fixed scalar leaf, never
+    trained), ``normalize`` (static).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> r = mf.prototypes.PrototypeReadout(8, 4, 16, 1.0, key=jax.random.key(0))
+        >>> r(jax.numpy.ones((5, 8))).shape
+        (16,)
+    """
+
+    projection: eqx.Module
+    prototypes: Float[Array, "K m"]
+    temperature: Float[Array, ""]
+    normalize: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        d: int,
+        m: int,
+        K: int,
+        temperature: float,
+        *,
+        key,
+        width: int | None = None,
+        depth: int = 0,
+        normalize: bool = False,
+        prototype_scale: float = 1.0,
+    ):
+        d = check_int("d", d, minimum=1)
+        m = check_int("m", m, minimum=1)
+        K = check_int("K", K, minimum=1)
+        depth = check_int("depth", depth, minimum=0)
+        check_positive("temperature", temperature)
+        check_positive("prototype_scale", prototype_scale)
+        kproj, kp = jax.random.split(key)
+        self.projection = _projection(d, m, width, depth, kproj)
+        p = prototype_scale * jax.random.normal(kp, (K, m)) / math.sqrt(m)
+        self.prototypes = _maybe_normalize(p, normalize) * (prototype_scale if normalize else 1.0)
+        self.temperature = jnp.asarray(temperature, dtype=p.dtype)
+        self.normalize = bool(normalize)
+
+    def _check_x(self, x):
+        d = self.in_features
+        if jnp.ndim(x) != 2 or jnp.shape(x)[1] != d:
+            raise ValueError(f"x must be a (T, {d}) sequence of encoder outputs, got shape {jnp.shape(x)}")
+
+    @property
+    def in_features(self) -> int:
+        proj = self.projection
+        return proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size
+
+    def tokens(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+        """``z_t = f(x_t)`` (unit-normalised when ``normalize``)."""
+        self._check_x(x)
+        return _maybe_normalize(jax.vmap(self.projection)(x), self.normalize)
+
+    def assign(self, x: Float[Array, "T d"]) -> Float[Array, "T K"]:
+        """``q_tk`` for the tokens of ``x``."""
+        return _assign(self.tokens(x), self.prototypes, self.temperature)
+
+    def reconstruct(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+        """``zhat_t = sum_k q_tk p_k``."""
+        return self.assign(x) @ self.prototypes
+
+    def loss_terms(self, x: Float[Array, "T d"]):
+        """``(L_q, L_OLS, V)`` of the tokens of ``x`` (see :func:`loss_terms`)."""
+        return _loss_terms(self.tokens(x), self.prototypes, self.temperature)
+
+    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K"]:
+        """Soft summary ``s_k = mean_t q_tk`` (a point of the ``K``-simplex)."""
+        return jnp.mean(self.assign(x), axis=0)
+
+
+class HardVQ(eqx.Module):
+    """Hard vector quantisation (VQ-VAE) with the straight-through estimator.
+
+    ``z_t = f(x_t)``, ``k*_t = argmin_k ||z_t - e_k||^2``, quantised output
+    ``z_t + sg(e_{k*_t} - z_t)``. Same fields and initialisation as
+    :class:`PrototypeReadout` (``prototypes`` is the codebook), so the two are
+    compared at equal ``K``, ``m`` and budget.
+    """
+
+    projection: eqx.Module
+    prototypes: Float[Array, "K m"]
+    normalize: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        d: int,
+        m: int,
+        K: int,
+        *,
+        key,
+        width: int | None = None,
+        depth: int = 0,
+        normalize: bool = False,
+        prototype_scale: float = 1.0,
+    ):
+        soft = PrototypeReadout(
+            d, m, K, 1.0, key=key, width=width, depth=depth, normalize=normalize,
+            prototype_scale=prototype_scale,
+        )
+        self.projection = soft.projection
+        self.prototypes = soft.prototypes
+        self.normalize = soft.normalize
+
+    def tokens(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+        return _maybe_normalize(jax.vmap(self.projection)(x), self.normalize)
+
+    def codes(self, x: Float[Array, "T d"]) -> Int[Array, " T"]:
+        return jnp.argmin(squared_distances(self.tokens(x), self.prototypes), axis=-1)
+
+    def assign(self, x: Float[Array, "T d"]) -> Float[Array, "T K"]:
+        """One-hot assignments (the hard analogue of ``q``)."""
+        return jax.nn.one_hot(self.codes(x), self.prototypes.shape[0], dtype=self.prototypes.dtype)
+
+    def reconstruct(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+        """Straight-through quantised tokens ``z + sg(e_{k*} - z)``."""
+        z = self.tokens(x)
+        return straight_through(z, self.prototypes[self.codes(x)])
+
+    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K"]:
+        return jnp.mean(self.assign(x), axis=0)
+
+
+class VQAutoencoder(eqx.Module):
+    """Encoder -> quantiser -> decoder (DDCL paradigm 4 against VQ-VAE).
+
+    Soft (``quantizer`` a :class:`PrototypeReadout`):
+    ``loss = mean_t ||x_t - g(zhat_t)||^2 + lam * L_q``.
+    Hard (``quantizer`` a :class:`HardVQ`):
+    ``loss = mean_t ||x_t - g(z_t + sg(e_t - z_t))||^2 + codebook + beta * commitment``.
+    """
+
+    quantizer: PrototypeReadout | HardVQ
+    decoder: eqx.Module
+
+    def __init__(self, quantizer, *, key, width: int | None = None, depth: int = 0):
+        if not isinstance(quantizer, (PrototypeReadout, HardVQ)):
+            raise TypeError(f"quantizer must be a PrototypeReadout or HardVQ, got {type(quantizer).__name__}")
+        self.quantizer = quantizer
+        m = quantizer.prototypes.shape[1]
+        proj = quantizer.projection
+        d = proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size
+        self.decoder = _projection(m, d, width, depth, key)
+
+    def loss(self, x: Float[Array, "T d"], *, lam: float = 0.5, beta: float = 0.25):
+        """Training loss and a dict of its parts (see the class docstring)."""
+        qz = self.quantizer
+        z = qz.tokens(x)
+        if isinstance(qz, PrototypeReadout):
+            q = _assign(z, qz.prototypes, qz.temperature)
+            zq = q @ qz.prototypes
+            L_q, L_ols, V = _loss_terms(z, qz.prototypes, qz.temperature)
+            xr = jax.vmap(self.decoder)(zq)
+            rec = jnp.mean(jnp.sum((x - xr) ** 2, axis=-1))
+            return rec + lam * L_q, {"recon": rec, "L_q": L_q, "L_OLS": L_ols, "V": V}
+        e = qz.prototypes[jnp.argmin(squared_distances(z, qz.prototypes), axis=-1)]
+        xr = jax.vmap(self.decoder)(straight_through(z, e))
+        rec = jnp.mean(jnp.sum((x - xr) ** 2, axis=-1))
+        cb, commit = vq_losses(z, qz.prototypes)
+        return rec + cb + beta * commit, {"recon": rec, "codebook": cb, "commitment": commit}
+
+
+class HierarchicalReadout(eqx.Module):
+    """Two-level readout (DDCL paradigm 5): level-1 prototypes feed level 2.
+
+    Level 1: tokens ``z_t = f(x_t)`` of each sequence against prototypes
+    ``P1`` ``(K1, m)`` give ``q1`` and the sequence summary
+    ``s = mean_t q1_t in R^{K1}``. Level 2: the summaries ``s_n`` of the
+    sequences of a batch are the tokens of a second readout against ``P2``
+    ``(K2, K1)``. The decomposition ``L_q = L_OLS + V`` holds at each level.
+    """
+
+    level1: PrototypeReadout
+    prototypes2: Float[Array, "K2 K1"]
+    temperature2: Float[Array, ""]
+
+    def __init__(self, d: int, m: int, K1: int, K2: int, temperature1: float, temperature2: float, *, key, **kw):
+        K2 = check_int("K2", K2, minimum=1)
+        check_positive("temperature2", temperature2)
+        k1, k2 = jax.random.split(key)
+        self.level1 = PrototypeReadout(d, m, K1, temperature1, key=k1, **kw)
+        K1 = self.level1.prototypes.shape[0]
+        # level-2 prototypes start near the uniform histogram 1/K1
+        self.prototypes2 = 1.0 / K1 + 0.1 / K1 * jax.random.normal(k2, (K2, K1))
+        self.temperature2 = jnp.asarray(temperature2, dtype=self.prototypes2.dtype)
+
+    def summaries(self, xs: Float[Array, "N T d"]) -> Float[Array, "N K1"]:
+        return jax.vmap(self.level1)(xs)
+
+    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K2"]:
+        """Level-2 assignment of one sequence."""
+        s = self.level1(x)[None, :]
+        return _assign(s, self.prototypes2, self.temperature2)[0]
+
+    def level_terms(self, xs: Float[Array, "N T d"]):
+        """``((L_q, L_OLS, V) at level 1 over all tokens, (L_q, L_OLS, V) at level 2)``."""
+        if jnp.ndim(xs) != 3:
+            raise ValueError(f"xs must be a (N, T, d) batch of sequences, got shape {jnp.shape(xs)}")
+        N, T, d = xs.shape
+        z = self.level1.tokens(xs.reshape(N * T, d))
+        t1 = _loss_terms(z, self.level1.prototypes, self.level1.temperature)
+        s = jnp.mean(_assign(z, self.level1.prototypes, self.level1.temperature).reshape(N, T, -1), axis=1)
+        t2 = _loss_terms(s, self.prototypes2, self.temperature2)
+        return t1, t2
+
+
+# ---------------------------------------------------------------------------
+# metrics
+
+
+def utilization(q: Float[Array, "T K"], threshold: float = 0.01) -> Float[Array, ""]:
+    """Codebook utilisation: fraction of prototypes with mean assignment ``mean_t q_tk > threshold``.
+
+    ``q`` may be soft (rows on the simplex) or one-hot (hard VQ).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> float(mf.prototypes.utilization(jnp.array([[1.0, 0, 0], [0, 1.0, 0]])))
+        0.6666666865348816
+    """
+    _check_q(q)
+    return jnp.mean((jnp.mean(q, axis=0) > threshold).astype(jnp.result_type(q)))
+
+
+def separation(prototypes: Float[Array, "K m"]) -> tuple[Float[Array, ""], Float[Array, ""]]:
+    """Prototype separation ``S(P)``: ``(min, mean)`` of ``||p_j - p_k||`` over pairs ``j < k``."""
+    if jnp.ndim(prototypes) != 2 or jnp.shape(prototypes)[0] < 2:
+        raise ValueError(f"prototypes must be (K, m) with K >= 2, got shape {jnp.shape(prototypes)}")
+    return _separation(prototypes)
+
+
+def _separation(prototypes):
+    K = prototypes.shape[0]
+    d2 = squared_distances(prototypes, prototypes)
+    iu = jnp.triu_indices(K, 1)
+    dist = jnp.sqrt(jnp.maximum(d2[iu], 0.0))
+    return jnp.min(dist), jnp.mean(dist)
+
+
+def assignment_entropy(q: Float[Array, "T K"]) -> Float[Array, ""]:
+    """Mean assignment entropy ``H(Q) = -mean_t sum_k q_tk log q_tk`` (nats, ``0 <= H <= log K``)."""
+    _check_q(q)
+    return -jnp.mean(jnp.sum(jax.scipy.special.xlogy(q, q), axis=-1))
+
+
+def _labels(name, y):
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of integer labels, got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise TypeError(f"{name} must hold integer labels, got dtype {y.dtype}")
+    return y
+
+
+def _pair(labels_true, labels_pred):
+    a, b = _labels("labels_true", labels_true), _labels("labels_pred", labels_pred)
+    if a.shape != b.shape:
+        raise ValueError(f"labels_true and labels_pred must have the same length, got {a.shape} and {b.shape}")
+    if a.size == 0:
+        raise ValueError("need at least one label")
+    return a, b
+
+
+def clustering_accuracy(labels_true, labels_pred) -> float:
+    """Clustering accuracy ``max_sigma (1/N) sum_n 1[y_n = sigma(c_n)]`` over one-to-one
+    maps ``sigma`` from clusters to classes (Hungarian matching,
+    ``scipy.optimize.linear_sum_assignment``; unmatched clusters count as errors)."""
+    from scipy.optimize import linear_sum_assignment
+
+    a, b = _pair(labels_true, labels_pred)
+    _, ai = np.unique(a, return_inverse=True)
+    _, bi = np.unique(b, return_inverse=True)
+    C = np.zeros((bi.max() + 1, ai.max() + 1), dtype=np.int64)
+    np.add.at(C, (bi, ai), 1)
+    rows, cols = linear_sum_assignment(C, maximize=True)
+    return float(C[rows, cols].sum() / a.size)
+
+
+def nmi(labels_true, labels_pred) -> float:
+    """Normalised mutual information (``sklearn.metrics.normalized_mutual_info_score``)."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    a, b = _pair(labels_true, labels_pred)
+    return float(normalized_mutual_info_score(a, b))
+
+
+def ari(labels_true, labels_pred) -> float:
+    """Adjusted Rand index (``sklearn.metrics.adjusted_rand_score``)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    a, b = _pair(labels_true, labels_pred)
+    return float(adjusted_rand_score(a, b))
+
+
+# ---------------------------------------------------------------------------
+# two-timescale training
+
+
+_PROTOTYPE_FIELDS = ("prototypes", "prototypes2")
+_FROZEN_FIELDS = ("temperature", "temperature2")
+
+
+def param_labels(model) -> object:
+    """Optimiser labels for ``optax.multi_transform``: ``"prototypes"`` for leaves
+    under a field named ``prototypes``/``prototypes2``, ``"frozen"`` for the
+    temperatures, ``"theta"`` for every other array (encoder, projection, decoder)."""
+
+    def label(path, _):
+        names = {getattr(k, "name", None) for k in path}
+        if names & set(_FROZEN_FIELDS):
+            return "frozen"
+        if names & set(_PROTOTYPE_FIELDS):
+            return "prototypes"
+        return "theta"
+
+    params = eqx.filter(model, eqx.is_inexact_array)
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam"):
+    """``optax.multi_transform`` with rate ``eta_theta`` on the encoder/projection
+    and ``eta_P`` on the prototypes (``eps = eta_theta / eta_P``); temperatures frozen.
+
+    ``optimizer`` is ``"adam"`` or ``"sgd"``. The rates may be traced (a sweep
+    over ``eps`` is one ``vmap``).
+    """
+    check_choice("optimizer", optimizer, ("adam", "sgd"))
+    check_positive("eta_theta", eta_theta)
+    check_positive("eta_P", eta_P)
+
+    def rule(rate):
+        base = optax.scale_by_adam() if optimizer == "adam" else optax.identity()
+        return optax.chain(base, optax.scale(-1.0 * rate))
+
+    labels = param_labels(model)
+    # a callable, since the labels PyTree is itself a (callable) Module
+    return optax.multi_transform(
+        {"theta": rule(eta_theta), "prototypes": rule(eta_P), "frozen": optax.set_to_zero()},
+        lambda _: labels,
+    )
+
+
+def train(
+    model,
+    loss_fn: Callable,
+    data,
+    *,
+    key,
+    eta_theta,
+    eta_P,
+    epochs: int,
+    batch_size: int,
+    record: Callable | None = None,
+    optimizer: str = "adam",
+):
+    """Two-timescale minibatch training.
+
+    Each epoch shuffles the ``N`` examples of ``data`` (a PyTree of arrays with
+    leading axis ``N``), takes ``floor(N / batch_size)`` steps of
+    ``loss_fn(model, batch) -> scalar`` (or ``(scalar, aux)``) with
+    :func:`two_timescale_optimizer`, then evaluates ``record(model)`` (a dict
+    of arrays). One ``lax.scan`` over epochs; jit- and vmap-compatible
+    (``key``, ``eta_theta``, ``eta_P`` may be batched).
+
+    Returns:
+        ``(model, history)`` where ``history[name]`` has leading axis
+        ``epochs + 1`` (index 0 is before training).
+    """
+    epochs = check_int("epochs", epochs, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    leaves = jax.tree_util.tree_leaves(data)
+    if not leaves:
+        raise ValueError("data must contain at least one array")
+    N = jnp.shape(leaves[0])[0]
+    if any(jnp.shape(leaf)[0] != N for leaf in leaves):
+        raise ValueError("every array of data must have the same leading size N")
+    if batch_size > N:
+        raise ValueError(f"batch_size must be <= N = {N}, got {batch_size}")
+    opt = two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
+    record = record if record is not None else (lambda m: {})
+    return _train(model, opt, loss_fn, data, key, epochs, batch_size, record)
+
+
+@eqx.filter_jit
+def _train(model, opt, loss_fn, data, key, epochs, batch_size, record):
+    N = jax.tree_util.tree_leaves(data)[0].shape[0]
+    steps = N // batch_size
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    opt_state = opt.init(params)
+
+    def scalar_loss(p, batch):
+        out = loss_fn(eqx.combine(p, static), batch)
+        return out[0] if isinstance(out, tuple) else out
+
+    grad = jax.grad(scalar_loss)
+
+    def step(carry, idx):
+        p, s = carry
+        batch = jax.tree_util.tree_map(lambda a: a[idx], data)
+        g = grad(p, batch)
+        upd, s = opt.update(g, s, p)
+        return (optax.apply_updates(p, upd), s), None
+
+    def epoch(carry, k):
+        perm = jax.random.permutation(k, N)[: steps * batch_size].reshape(steps, batch_size)
+        carry, _ = jax.lax.scan(step, carry, perm)
+        return carry, record(eqx.combine(carry[0], static))
+
+    rec0 = record(model)
+    (params, _), hist = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))
+    hist = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[None], b], axis=0), rec0, hist)
+    return eqx.combine(params, static), hist
+
+
+# ---------------------------------------------------------------------------
+# datasets (no download)
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits: ``X`` ``(1797, 64)`` float32 in ``[0, 1]``, labels ``y`` in ``0..9``."""
+    from sklearn.datasets import load_digits as _ld
+
+    data = _ld()
+    return (data.data / 16.0).astype(np.float32), data.target.astype(np.int32)
+
+
+def gaussian_mixture_tokens(
+    key,
+    n_sequences: int,
+    seq_len: int,
+    d: int,
+    *,
+    n_classes: int = 4,
+    components_per_class: int = 4,
+    spread: float = 3.0,
+    noise: float = 0.5,
+    dtype=jnp.float32,
+):
+    """Seeded Gaussian-mixture token set.
+
+    ``C = n_classes * components_per_class`` means ``mu_c ~ N(0, spread^2 I_d / d)``
+    (pairwise distances ``~ spread * sqrt(2)``). Sequence ``n`` has class
+    ``y_n`` uniform in ``0..n_classes-1``; each of its ``seq_len`` tokens picks
+    a component ``c`` uniformly among its class's ``components_per_class`` and
+    is ``mu_c + noise * N(0, I_d)``.
+
+    Returns:
+        ``(x, components, classes, means)``: ``(N, T, d)`` tokens, ``(N, T)``
+        component labels, ``(N,)`` sequence classes, ``(C, d)`` means.
+    """
+    n_sequences = check_int("n_sequences", n_sequences, minimum=1)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    d = check_int("d", d, minimum=1)
+    n_classes = check_int("n_classes", n_classes, minimum=1)
+    components_per_class = check_int("components_per_class", components_per_class, minimum=1)
+    check_positive("spread", spread)
+    check_positive("noise", noise)
+    km, ky, kc, kn = jax.random.split(key, 4)
+    C = n_classes * components_per_class
+    means = spread * jax.random.normal(km, (C, d), dtype=dtype) / math.sqrt(d)
+    classes = jax.random.randint(ky, (n_sequences,), 0, n_classes)
+    within = jax.random.randint(kc, (n_sequences, seq_len), 0, components_per_class)
+    comps = classes[:, None] * components_per_class + within
+    x = means[comps] + noise * jax.random.normal(kn, (n_sequences, seq_len, d), dtype=dtype)
+    return x, comps, classes, means

@@ -331,7 +331,7 @@ def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("t")
         ax.legend(fontsize=7)
-    fig.suptitle("Energy against time (n=%d)" % S["fig3_n"], fontsize=10)
+    fig.suptitle(f"Energy against time (n={S['fig3_n']})", fontsize=10)
     files.append(plotting.savefig(fig, out / "energy.png"))
     return [str(Path(f).name) for f in files]
 
