@@ -416,17 +416,27 @@ class VQAutoencoder(eqx.Module):
         d = proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size
         self.decoder = _projection(m, d, width, depth, key)
 
-    def loss(self, x: Float[Array, "T d"], *, lam: float = 0.5, beta: float = 0.25):
-        """Training loss and a dict of its parts (see the class docstring)."""
+    def loss(
+        self, x: Float[Array, "T d"], *, lam: float = 0.5, beta: float = 0.25, decode: str = "quantized"
+    ):
+        """Training loss and a dict of its parts (see the class docstring).
+
+        ``decode="tokens"`` (soft quantiser only) decodes ``z_t`` instead of
+        ``zhat_t``: a clustering autoencoder, ``||x - g(z)||^2 + lam * L_q``,
+        where the reconstruction keeps the encoder from collapsing the tokens.
+        """
+        check_choice("decode", decode, ("quantized", "tokens"))
         qz = self.quantizer
         z = qz.tokens(x)
         if isinstance(qz, PrototypeReadout):
             q = _assign(z, qz.prototypes, qz.temperature)
-            zq = q @ qz.prototypes
+            zq = z if decode == "tokens" else q @ qz.prototypes
             L_q, L_ols, V = _loss_terms(z, qz.prototypes, qz.temperature)
             xr = jax.vmap(self.decoder)(zq)
             rec = jnp.mean(jnp.sum((x - xr) ** 2, axis=-1))
             return rec + lam * L_q, {"recon": rec, "L_q": L_q, "L_OLS": L_ols, "V": V}
+        if decode == "tokens":
+            raise ValueError("decode='tokens' needs a PrototypeReadout quantizer")
         e = qz.prototypes[jnp.argmin(squared_distances(z, qz.prototypes), axis=-1)]
         xr = jax.vmap(self.decoder)(straight_through(z, e))
         rec = jnp.mean(jnp.sum((x - xr) ** 2, axis=-1))
