@@ -476,7 +476,8 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
     Returns ``(loss, grads, diag)`` with ``diag`` entries ``(depth,)`` (or scalars):
     ``tsim`` (block outputs), ``t_final``, ``rms_attn, rms_ffn`` (``sqrt(d)/||y||``),
     ``alpha_attn, alpha_ffn`` (``||dL/dX_k|| / ||dL/dY_k||``), ``c_attn, c_ffn``
-    (``alpha * sqrt(d)/||y||``), ``grad_norm`` (per-layer parameter-gradient norm)
+    (``alpha * sqrt(d)/||y||``), ``g_stream`` (``||dL/dX1||_F`` at each block input,
+    the backward signal reaching that layer), ``grad_norm`` (per-layer parameter-gradient norm)
     and ``grad_norm_total``.
     """
     B, n1 = tokens.shape
@@ -500,6 +501,7 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
         "alpha_ffn": alpha_ffn,
         "c_attn": alpha_attn * stats["rms_attn"],
         "c_ffn": alpha_ffn * stats["rms_ffn"],
+        "g_stream": gn[:, 0],
         "grad_norm": layer_gn,
         "grad_norm_total": optax.global_norm(grads),
     }
