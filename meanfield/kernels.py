@@ -134,16 +134,27 @@ def pairwise_energy(kernel: Kernel, x, aux):
 
 
 def _tiled_exp(x, log_bias_rows: Callable | None, beta, shift, block_size):
-    """``F = (1/n) W x`` and ``S = sum_ij W_ij`` with ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
+    """``F = (1/n) W x`` and ``M = (1/n^2) sum_ij W_ij`` with ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
 
     Dense when ``n^2 <= DENSE_LIMIT`` (or ``block_size`` is None and it fits), else
     accumulated over row tiles of ``block_size`` rows (memory O(n * block)).
-    ``log_bias_rows(rows)`` returns the ``(B, n)`` log-bias for row indices ``rows``.
+    ``log_bias_rows(rows)`` returns the ``(B, n)`` log-bias (``<= 0``) for row indices ``rows``.
+
+    The exponentials are evaluated as ``exp(beta (<x_i, x_j> - 1))`` (at most 1, unit rows)
+    and the factor ``e^{beta - shift}`` is applied to the reduced results: the sums of up
+    to ``n^2`` terms never overflow unless the result itself does (DESIGN: factored e^beta).
     """
+    n, _ = x.shape
+    F, S = _tiled_exp_unit(x, log_bias_rows, beta, block_size)
+    scale = jnp.exp(beta - shift)
+    return F * scale, (S / n**2) * scale
+
+
+def _tiled_exp_unit(x, log_bias_rows, beta, block_size):
     n, _ = x.shape
 
     def rows_fn(xr, idx):
-        logits = beta * (xr @ x.T) - shift
+        logits = beta * (xr @ x.T - 1.0)
         if log_bias_rows is not None:
             logits = logits + log_bias_rows(idx)
         W = jnp.exp(logits)
@@ -223,8 +234,8 @@ class USA(_ExpKernel):
 
     def energy(self, x, aux, *, block_size=None):
         beta = jnp.asarray(self.beta, x.dtype)
-        S = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[1]
-        return S / (2.0 * x.shape[0] ** 2 * beta)
+        M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[1]
+        return M / (2.0 * beta)
 
 
 class DistanceBias(_ExpKernel):
@@ -260,8 +271,8 @@ class DistanceBias(_ExpKernel):
         return self._both(x, aux, block_size)[0]
 
     def energy(self, x, aux, *, block_size=None):
-        S = self._both(x, aux, block_size)[1]
-        return S / (2.0 * x.shape[0] ** 2 * jnp.asarray(self.beta, x.dtype))
+        M = self._both(x, aux, block_size)[1]
+        return M / (2.0 * jnp.asarray(self.beta, x.dtype))
 
 
 class Toeplitz(Kernel):

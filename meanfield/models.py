@@ -71,8 +71,10 @@ class SelfAttention(eqx.Module):
         vx = self._apply(self.V, x)
         if self.normalized:
             return jax.nn.softmax(logits, axis=-1) @ vx
+        # factor the row maximum out of the exponentials (no overflow in the sum of n terms)
+        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
         shift = beta if self.rescaled else 0.0
-        return jnp.exp(logits - shift) @ vx / x.shape[0]
+        return (jnp.exp(logits - m) @ vx / x.shape[0]) * jnp.exp(m - shift)
 
     def energy(self, x, aux=None, *, block_size=None):
         raise TypeError(
@@ -85,8 +87,15 @@ class SelfAttention(eqx.Module):
             return
         dtype = jnp.asarray(x).dtype
         limit = float(np.log(np.finfo(dtype).max))
-        if float(np.max(np.asarray(self.beta))) >= limit:
+        # |<Q x, K y>| <= ||Q||_2 ||K||_2 on unit vectors: the largest exponent of the field
+        qk = 1.0
+        for M in (self.Q, self.K):
+            if M is not None and is_concrete(M):
+                qk *= float(np.linalg.norm(np.asarray(M, dtype=np.float64), 2))
+        exponent = float(np.max(np.asarray(self.beta))) * qk
+        if exponent >= limit:
             raise ValueError(
-                f"beta = {float(np.max(np.asarray(self.beta))):g} overflows the unnormalised field in "
-                f"{np.dtype(dtype).name}; use rescaled=True (field times e^(-beta), time t = e^(-beta) s)"
+                f"beta ||Q|| ||K|| = {exponent:g} overflows the unnormalised field in "
+                f"{np.dtype(dtype).name} (limit about {limit:.1f}); use rescaled=True "
+                f"(field times e^(-beta), time t = e^(-beta) s)"
             )

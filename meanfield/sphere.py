@@ -98,10 +98,11 @@ def tangent_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
     k = jnp.argmax(jnp.abs(x))
     e = jnp.zeros_like(x).at[k].set(1.0)
     sgn = jnp.where(x[k] >= 0, 1.0, -1.0).astype(x.dtype)
-    w = x - sgn * e
-    w = w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(x.dtype).tiny)
+    # w = x + sgn e_k has |w_k| = 1 + |x_k| >= 1: no cancellation (x - sgn e_k would cancel).
+    w = x + sgn * e
+    w = w / jnp.linalg.norm(w)
     H = jnp.eye(d, dtype=x.dtype) - 2.0 * jnp.outer(w, w)
-    # H maps e_k to sgn * x; the other columns are orthonormal and orthogonal to x.
+    # H maps e_k to -sgn * x; the other columns are orthonormal and orthogonal to x.
     idx = jnp.arange(d - 1)
     idx = idx + (idx >= k)
     return H[:, idx]
