@@ -124,7 +124,7 @@ MODEL_PARAMS: dict[str, dict[str, _Param]] = {
     },
     "prompt": {
         "prompts": _Param(False, 3, "int>=1"),
-        "gauges": _Param(False, "rotation", "gauges"),
+        "gauges": _Param(False, "random", "gauges"),
         "gauge_seed": _Param(False, 0, "int>=0"),
         "plane": _PLANE,
         "rescaled": _RESCALED,
@@ -693,6 +693,7 @@ def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: l
 
 def _build_model(spec: Spec, kind: str, params: dict, d: int):
     """The kernel or model of one point (``params``: traced scalars by name)."""
+    import jax
     import jax.numpy as jnp
 
     from . import kernels, models, sphere
@@ -715,11 +716,10 @@ def _build_model(spec: Spec, kind: str, params: dict, d: int):
         )
     if kind == "prompt":
         K = P["prompts"]
-        if P["gauges"] == "rotation":
-            G = np.stack([np.asarray(sphere.rotation(2 * np.pi * k / K, d, tuple(P["plane"]))) for k in range(K)])
-        else:
-            rng = np.random.default_rng(P["gauge_seed"])
-            G = np.stack([np.linalg.qr(rng.standard_normal((d, d)))[0] for _ in range(K)])
+        if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
+            G = jnp.stack([sphere.rotation(2 * np.pi * k / K, d, tuple(P["plane"])) for k in range(K)])
+        else:  # Haar-random, as in `meanfield reproduce usa-av`
+            G = kernels.random_gauges(jax.random.key(P["gauge_seed"]), K, d)
         return kernels.Prompt(beta, jnp.asarray(G, spec.dtype), rescaled=resc)
     if kind == "sa":
         return models.SelfAttention(beta, normalized=P["normalized"], rescaled=resc)
@@ -876,8 +876,8 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
         resume: continue an interrupted sweep of the same spec in ``out`` (only
             missing chunks run; the chunking stored in ``out`` is kept).
         memory: budget per device for one chunk, e.g. ``"2GB"``.
-        dry_run: print the plan and stop.
-        quiet: no plan or progress output.
+        dry_run: print the plan (to stdout, also with ``quiet``) and stop.
+        quiet: no plan or progress output while running.
 
     Raises:
         FileExistsError: ``out`` exists and ``resume`` is False.
@@ -907,8 +907,7 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
         blocks = store.check_resumable(out, sp)
     plan = make_plan(sp, memory_b, blocks=blocks)
     if dry_run:
-        if not quiet:
-            print(plan.describe())
+        print(plan.describe())
         return plan
     if not quiet:
         print(plan.describe(), file=sys.stderr)

@@ -1,0 +1,339 @@
+"""Tests of the sweep engine (meanfield/sweep.py, meanfield/store.py).
+
+Small grids only (2 CPU cores): a 2 n x 2 beta x 3 seed USA grid whose second
+beta (200, above the float32 overflow of exp(beta <x, y>)) must come out as
+failed points while the sweep goes on. Subprocesses run the CLI for SIGKILL and
+for the 4-device sharding check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield import sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = """
+name = "tiny"
+[model]
+kind = "usa"
+[grid]
+n = [5, 7]
+d = 3
+beta = [1.5, 200.0]
+seeds = 3
+seed = 10
+[time]
+t1 = 0.6
+dt = 0.1
+solver = "rk2"
+save = 4
+[output]
+observables = ["collapse_gap", "energy", "clusters"]
+"""
+
+# float32 results compared across chunkings / shardings: batch size changes the
+# order of XLA's reductions, so allow 1e-6 relative (energies are O(1)..O(10))
+RTOL, ATOL = 1e-6, 1e-6
+
+
+def _run_cli(args, env=None, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "meanfield.sweep", *map(str, args)],
+        capture_output=True, text=True, cwd=ROOT, env=env, **kw,
+    )
+
+
+def _values(ds):
+    return {k: np.asarray(ds[k].values) for k in ds.data_vars}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny grid run uninterrupted in one chunk per shape, and with one point per chunk."""
+    base = tmp_path_factory.mktemp("sweep")
+    spec_path = base / "tiny.toml"
+    spec_path.write_text(TINY)
+    big = base / "big.zarr"
+    small = base / "small.zarr"
+    sweep.run_sweep(spec_path, big, quiet=True)
+    sweep.run_sweep(spec_path, small, memory="1B", quiet=True)
+    return spec_path, big, small
+
+
+# --------------------------------------------------------------------------- results
+
+
+def test_store_layout_and_values(tiny):
+    spec_path, big, _ = tiny
+    ds = sweep.load(big)
+    assert dict(ds.sizes) == {"n": 2, "beta": 2, "seed": 3, "time": 4}
+    assert ds["collapse_gap"].dims == ("n", "beta", "seed", "time")
+    np.testing.assert_array_equal(ds["n"].values, [5, 7])
+    np.testing.assert_array_equal(ds["seed"].values, [10, 11, 12])
+    np.testing.assert_allclose(ds["time"].values, [0.0, 0.2, 0.4, 0.6])
+    assert ds.attrs["spec"] == TINY
+    assert ds.attrs["spec_hash"] == sweep.parse_spec(TINY).hash
+    assert ds.attrs["jax_version"] == jax.__version__
+    assert "meanfield_version" in ds.attrs and "devices" in ds.attrs
+    assert ds.attrs["chunks_done"] == ds.attrs["chunks_total"] == 2
+    # beta = 200 overflows exp(beta <x, y>) in float32: recorded as failed, the rest ran
+    status = ds["status"].values
+    np.testing.assert_array_equal(status[:, 0], 1)
+    np.testing.assert_array_equal(status[:, 1], 2)
+    assert np.all(np.isfinite(ds["collapse_gap"].values[:, 0]))
+
+    # one point against a direct simulation from the documented initial condition
+    n, beta, seed = 7, 1.5, 11
+    x0 = mf.sphere.uniform(jax.random.key(seed), n, 3)
+    traj = mf.simulate(mf.kernels.USA(beta), x0, t1=0.6, dt=0.1, ts=[0.0, 0.2, 0.4, 0.6],
+                       save_states=False, observables={"c": lambda x: mf.metrics.num_clusters(x, 0.1)})
+    point = ds.sel(n=n, beta=beta, seed=seed)
+    np.testing.assert_allclose(point["collapse_gap"].values, traj.collapse_gap, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(point["energy"].values, traj.energy, rtol=1e-5)
+    np.testing.assert_array_equal(point["clusters"].values, traj.observables["c"])
+    # the USA flow is an energy ascent (MATH.md, Lyapunov identity)
+    E = ds["energy"].values[:, 0]
+    assert np.all(np.diff(E, axis=-1) >= -1e-5 * np.abs(E[..., 1:]))
+
+
+def test_results_do_not_depend_on_chunk_size(tiny):
+    _, big, small = tiny
+    a, b = sweep.load(big), sweep.load(small)
+    assert b.attrs["chunks_done"] == b.attrs["chunks_total"] == 12
+    va, vb = _values(a), _values(b)
+    for k in va:
+        np.testing.assert_allclose(vb[k], va[k], rtol=RTOL, atol=ATOL, equal_nan=True, err_msg=k)
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(tiny, tmp_path):
+    spec_path, _, small = tiny
+    out = tmp_path / "killed.zarr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meanfield.sweep", str(spec_path), "--out", str(out), "--memory", "1B", "--quiet"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    done = out / "_sweep" / "done"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if done.is_dir() and len(os.listdir(done)) >= 1:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    marks = len([p for p in os.listdir(done) if p.isdigit()])
+    assert 1 <= marks < 12, marks
+
+    # without --resume: refused, one line on stderr, exit 2
+    r = _run_cli([spec_path, "--out", out, "--memory", "1B", "--quiet"])
+    assert r.returncode == 2
+    assert "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+    r = _run_cli([spec_path, "--out", out, "--resume", "--quiet"])  # --memory ignored: stored chunking kept
+    assert r.returncode == 0, r.stderr
+    va, vb = _values(sweep.load(small)), _values(sweep.load(out))
+    for k in va:
+        np.testing.assert_array_equal(vb[k], va[k], err_msg=k)
+    assert sweep.load(out).attrs["chunks_done"] == 12
+
+
+def test_sharded_equals_unsharded(tiny, tmp_path):
+    spec_path, big, _ = tiny
+    out = tmp_path / "sharded.zarr"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    r = _run_cli([spec_path, "--out", out, "--memory", "10kB"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "devices: 4" in r.stderr
+    ds = sweep.load(out)
+    assert ds.attrs["devices"].startswith("4 x cpu")
+    va, vb = _values(sweep.load(big)), _values(ds)
+    for k in va:
+        np.testing.assert_allclose(vb[k], va[k], rtol=RTOL, atol=ATOL, equal_nan=True, err_msg=k)
+
+
+def test_refuses_overwrite_and_other_spec(tiny, tmp_path):
+    spec_path, big, _ = tiny
+    with pytest.raises(FileExistsError, match="use --resume or another path"):
+        sweep.run_sweep(spec_path, big, quiet=True)
+    other = TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, 3.0]").replace("seeds = 3", "seeds = 4")
+    with pytest.raises(ValueError, match=r"differing keys: grid\.beta, grid\.seeds"):
+        sweep.run_sweep(sweep.parse_spec(other), big, resume=True, quiet=True)
+    # a directory that is not a store is never touched
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="not a sweep store"):
+        sweep.run_sweep(spec_path, junk, resume=True, quiet=True)
+    assert (junk / "keep.txt").read_text() == "x"
+    # resuming a complete store computes nothing and leaves the data unchanged
+    before = _values(sweep.load(big))
+    sweep.run_sweep(spec_path, big, resume=True, quiet=True)
+    after = _values(sweep.load(big))
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k])
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def test_attention_order_statistics(tmp_path):
+    text = """
+[model]
+kind = "attention"
+[grid]
+n = [16, 64]
+d = 5
+beta = {critical = [0.25, 4.0]}
+seeds = 4
+[output]
+observables = ["top_weight", "top_weights", "ratios", "cumulative", "log_partition"]
+top_k = 4
+"""
+    out = tmp_path / "att.zarr"
+    sweep.run_sweep(text, out, quiet=True)
+    ds = sweep.load(out)
+    assert ds["top_weights"].dims == ("n", "beta_factor", "seed", "rank")
+    # beta coordinate from the rule beta = f n^(2/(d-1))
+    np.testing.assert_allclose(ds["beta"].values, np.outer([16, 64], [0.25, 4.0]) * 0 + np.outer(
+        np.array([16.0, 64.0]) ** 0.5, [0.25, 4.0]), rtol=1e-12)
+    w = ds["top_weights"].values
+    assert np.all(np.diff(w, axis=-1) <= 0) and np.all((w > 0) & (w <= 1))
+    np.testing.assert_allclose(ds["ratios"].values[..., 0], 1.0)
+    np.testing.assert_allclose(ds["cumulative"].values, np.cumsum(w, axis=-1), rtol=1e-6)
+    np.testing.assert_array_equal(ds["top_weight"].values, w[..., 0])
+    # one point against the attention module directly
+    n, f, seed = 64, 4.0, 2
+    keys = mf.sphere.uniform(jax.random.key(seed), n, 5)
+    q = np.eye(5, dtype=np.float32)[0]
+    ref = mf.attention.ordered_weights(q, keys, f * n**0.5)[:4]
+    np.testing.assert_allclose(ds["top_weights"].sel(n=n, beta_factor=f, seed=seed).values, ref, rtol=1e-5)
+    np.testing.assert_allclose(
+        ds["log_partition"].sel(n=n, beta_factor=f, seed=seed).values,
+        mf.attention.log_partition(q, keys, f * n**0.5), rtol=1e-5,
+    )
+    # supercritical beta concentrates more mass on the top key than subcritical (paper Sec. 3)
+    mean = ds["top_weight"].mean("seed")
+    assert np.all(mean.sel(beta_factor=4.0).values > mean.sel(beta_factor=0.25).values)
+
+
+# --------------------------------------------------------------------------- plan, specs, CLI
+
+
+def test_dry_run_plan(capsys):
+    plan = sweep.run_sweep(ROOT / "sweeps" / "smoke.toml", "/nonexistent/never-written.zarr", dry_run=True)
+    text = capsys.readouterr().out
+    assert "64 points" in text and "compilations: 2" in text and "chunks: 2" in text
+    assert "per chunk per device" in text
+    assert plan.spec.grid_size == 64 and len(plan.groups) == 2
+    assert not Path("/nonexistent/never-written.zarr").exists()
+    # a small budget cuts the batch; every chunk fits it (estimate from the shapes)
+    plan = sweep.make_plan(plan.spec, "20kB", devices=1)
+    assert len(plan.chunks) > 2
+    for g in plan.groups:
+        assert g.point_bytes * plan.padded_size(g) <= 20_000 or np.prod(g.block) == 1
+    # blocks nest: every chunk covers whole zarr chunks
+    for g in plan.groups:
+        assert all(b % z == 0 or b == s for b, z, s in zip(g.block, plan.zarr_block, plan.batch_shape))
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_specs_parse_and_plan(path, capsys):
+    spec = sweep.load_spec(path)
+    plan = sweep.make_plan(spec, "2GB", devices=1)
+    assert len(plan.chunks) >= len(plan.groups) >= 1
+    if path.name == "smoke.toml":
+        assert len(spec.n) >= 2 and len(spec.axes["beta"]) >= 4 and len(spec.seeds) >= 8
+    if path.name == "usa_av_fig2.toml":
+        assert spec.kinds == ("usa", "rope", "prompt") and len(spec.n) == 4 and len(spec.seeds) == 100
+        assert spec.time["t1"] == 20 and spec.time["dt"] == 1e-2 and spec.time["solver"] == "rk2"
+        assert len(plan.groups) == 12
+
+
+BAD_SPECS = [
+    ("name = 'x'\n[model\nkind = 'usa'", tomllib.TOMLDecodeError, None),
+    ("colour = 1\n" + TINY, ValueError, "unknown key 'colour' in top level; accepted keys: name, description"),
+    (TINY.replace("seeds = 3", "seeds = 3\nrepeats = 2"), ValueError, r"unknown key 'repeats' in \[grid\]; accepted keys: n, d, beta, seeds, seed"),
+    (TINY.replace("kind = \"usa\"", "kind = \"usa\"\nlam = 1.0"), ValueError, r"unknown key 'lam' in \[model\]; accepted keys: kind, rescaled"),
+    (TINY.replace("t1 = 0.6", "t1 = 0.6\nt0 = 0"), ValueError, r"unknown key 't0' in \[time\]; accepted keys: t1, dt, solver"),
+    (TINY.replace("[output]", "[output]\nplots = 1"), ValueError, r"unknown key 'plots' in \[output\]"),
+    (TINY.replace("beta = [1.5, 200.0]", "beta = {critical = [1.0], gamma = 2}"), ValueError, r"unknown key 'gamma' in \[grid.beta\]; accepted keys: critical, c, p"),
+    (TINY.replace("kind = \"usa\"", "kind = \"transformer\""), ValueError, "unknown model kind 'transformer'; accepted: 'usa'"),
+    (TINY.replace("n = [5, 7]", "n = [1, 7]"), ValueError, r"grid.n\[0\] must be >= 2, got 1"),
+    (TINY.replace("n = [5, 7]", "n = [5.5]"), TypeError, "must be an integer"),
+    (TINY.replace("n = [5, 7]", "n = [5, 5]"), ValueError, "distinct"),
+    (TINY.replace("d = 3", "d = 1"), ValueError, "grid.d must be >= 2"),
+    (TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, -2.0]"), ValueError, r"grid.beta\[1\] must be > 0, got -2.0"),
+    (TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, 'hot']"), TypeError, "must be a number"),
+    (TINY.replace("beta = [1.5, 200.0]", "beta = {c = [1.0]}"), ValueError, "needs critical"),
+    (TINY.replace("beta = [1.5, 200.0]\n", ""), ValueError, r"\[grid\] needs beta"),
+    (TINY.replace("seeds = 3", "seeds = 0"), ValueError, "grid.seeds must be >= 1"),
+    (TINY.replace("dt = 0.1", "dt = 0.0"), ValueError, "time.dt must be > 0"),
+    (TINY.replace("solver = \"rk2\"", "solver = \"leapfrog\""), ValueError, "unknown time.solver 'leapfrog'"),
+    (TINY.replace("solver = \"rk2\"", "solver = \"tsit5\""), ValueError, "adaptive: give both rtol and atol"),
+    (TINY.replace("save = 4", "save = [0.0, 1.0]"), ValueError, r"time.save must be increasing times in \[0, t1"),
+    (TINY.replace("[time]", "[tyme]"), ValueError, "unknown key 'tyme'"),
+    (TINY.split("[time]")[0], ValueError, r"\[time\] with t1 is required"),
+    (TINY.replace("\"clusters\"]", "\"entropy\"]"), ValueError, "unknown observable 'entropy' for kind 'usa'; accepted: collapse_gap, energy"),
+    (TINY.replace("kind = \"usa\"", "kind = \"sa\""), ValueError, "unknown observable 'energy' for kind 'sa'"),
+    (TINY.replace("dtype", "x") .replace("name = \"tiny\"", "name = \"tiny\"\ndtype = \"float16\""), ValueError, "unknown dtype 'float16'"),
+    (TINY.replace("kind = \"usa\"", "kind = \"distance-bias\"\nlam = -1.0"), ValueError, "model.lam must be >= 0"),
+    (TINY.replace("kind = \"usa\"", "kind = \"rope\"\nplane = [0, 3]"), ValueError, r"model.plane \[0, 3\] needs indices < d = 3"),
+    (TINY.replace("kind = \"usa\"", "kind = \"toeplitz\""), ValueError, "grid.beta is not a parameter of kind 'toeplitz'"),
+    ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 1.0", ValueError, r"\[time\] does not apply"),
+    ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[output]\ntop_k = 9", ValueError, "top_k = 9 must be <= the smallest n = 8"),
+    ("[model]\nkind = ['usa', 'attention']\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1", ValueError, "cannot share a sweep"),
+]
+
+
+@pytest.mark.parametrize("text,exc,match", BAD_SPECS, ids=[f"bad{i}" for i in range(len(BAD_SPECS))])
+def test_bad_specs(text, exc, match):
+    with pytest.raises(exc, match=match):
+        sweep.parse_spec(text)
+
+
+def test_missing_file_and_bad_memory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="sweep spec not found"):
+        sweep.load_spec(tmp_path / "nope.toml")
+    for bad in ("lots", "-1GB", "2XB", 0):
+        with pytest.raises(ValueError, match="memory"):
+            sweep.parse_memory(bad)
+    assert sweep.parse_memory("2GB") == 2 * 10**9
+    assert sweep.parse_memory("1.5MiB") == int(1.5 * 2**20)
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.replace("seeds = 3", "seeds = 3\nrepeats = 2"))
+    r = _run_cli([bad, "--out", tmp_path / "x.zarr"])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown key 'repeats'" in lines[0] and "accepted keys" in lines[0]
+    r = _run_cli([tmp_path / "missing.toml", "--out", tmp_path / "x.zarr"])
+    assert r.returncode == 2 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    malformed = tmp_path / "malformed.toml"
+    malformed.write_text("[model\n")
+    r = _run_cli([malformed, "--out", tmp_path / "x.zarr"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_plot_main(tiny, tmp_path):
+    _, big, _ = tiny
+    assert sweep.plot_main([str(big), "--out", str(tmp_path / "plots")]) == 0
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert "collapse_gap_vs_time.png" in names
+    assert "collapse_gap_heatmap_n_beta.png" in names
+    assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names)
