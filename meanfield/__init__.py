@@ -11,7 +11,18 @@ Public API (see README.md for a tour)::
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import attention, depth, kernels, metrics, models, prototypes, sphere, theory
+from . import (
+    analysis,
+    attention,
+    depth,
+    design,
+    kernels,
+    metrics,
+    models,
+    prototypes,
+    sphere,
+    theory,
+)
 from .energy import energy, field, velocity
 from .integrate import Trajectory, simulate
 from .kernels import positions
@@ -22,7 +33,9 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "analysis",
     "attention",
+    "design",
     "depth",
     "energy",
     "field",

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
 
     r = sub.add_parser("reproduce", help="reproduce the papers' experiments (all of them when no name is given)")
-    r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: all)")
+    r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: the four papers)")
     r.add_argument("--quick", action="store_true", help="small sizes (minutes on a laptop)")
     r.add_argument("--full", action="store_true", help="the papers' full sizes (where an experiment has them)")
     r.add_argument("--out", default="out/reproduce", help="output directory (default out/reproduce)")
@@ -220,7 +220,7 @@ def _simulate_figures(out, args, traj, aux, e_max, jnp):
 def _reproduce(args) -> int:
     from . import reproduce
 
-    names = [args.experiment] if args.experiment else list(reproduce.EXPERIMENTS)
+    names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summaries = {}

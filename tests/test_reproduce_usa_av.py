@@ -60,7 +60,8 @@ def test_settings_quick_vs_full():
     assert q["fig2_n"] == [64, 128] and q["fig2_seeds"] == 8
     assert f["fig2_n"] == [64, 128, 256, 512] and f["fig2_seeds"] == 100
     assert f["dt"] == 1e-2 and f["early_stop"] == 1e-8 and f["solver"] == "rk2"
-    from meanfield.reproduce import EXPERIMENTS
+    from meanfield.reproduce import EXPERIMENTS, PAPERS
 
-    assert list(EXPERIMENTS) == ["usa-av", "attention", "depth", "prototypes"]
+    assert PAPERS == ("usa-av", "attention", "depth", "prototypes")
+    assert set(PAPERS) <= set(EXPERIMENTS)
     assert mf.theory.max_energy(1.0) == pytest.approx(np.e / 2)

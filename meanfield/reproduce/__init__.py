@@ -13,7 +13,11 @@ EXPERIMENTS: dict[str, str] = {
     "attention": "meanfield.reproduce.attention",
     "depth": "meanfield.reproduce.depth",
     "prototypes": "meanfield.reproduce.prototypes",
+    "design": "meanfield.reproduce.design",
 }
+
+#: The four paper reproductions that ``meanfield reproduce`` (no name) runs and reports.
+PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes")
 
 
 def get(name: str):
