@@ -6,6 +6,7 @@ Section 1 (USA-AV particle dynamics) first; the long-context attention laws
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -293,8 +294,13 @@ def critical_weights(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     check_positive("gamma", gamma)
     C = tail_constant(d, density)
+    return _critical_weights(key, jnp.asarray(gamma), jnp.asarray(C), alpha, k, num, terms, min(batch_size, num))
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
     dtype = jnp.result_type(float)
-    c = jnp.asarray(C, dtype) * jnp.asarray(gamma, dtype) ** (-1.0 / alpha)
+    c = C.astype(dtype) * gamma.astype(dtype) ** (-1.0 / alpha)
     log_tail_scale = jnp.log(c) + math.lgamma(1.0 / alpha + 1.0)
 
     def one(sample_key):
@@ -306,7 +312,7 @@ def critical_weights(
         return head[:k] / (jnp.sum(head) + tail)
 
     keys = jax.random.split(key, num)
-    return jax.lax.map(one, keys, batch_size=min(batch_size, num))
+    return jax.lax.map(one, keys, batch_size=batch_size)
 
 
 def drift(q: Float[Array, " d"], log_density) -> Float[Array, " d"]:
