@@ -103,7 +103,6 @@ def test_tangent_basis_axes_and_generic_points(d):
         _assert_tangent_basis(x, 1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="core_bugs.md #2")
 @pytest.mark.parametrize("eps", [1e-2, 1e-3, 1e-4])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_tangent_basis_near_an_axis(eps, sign):
