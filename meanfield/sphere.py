@@ -186,9 +186,13 @@ def sample_density(
     if isinstance(log_bound, bool) or np.ndim(log_bound) != 0:
         raise TypeError(f"log_bound must be a real scalar, got {log_bound!r}")
     check_finite("log_bound", log_bound)
-    log_bound = jnp.asarray(log_bound, dtype)
-    # slack for rounding when log_density attains its bound
-    slack = 1e-4 * (1.0 + jnp.abs(log_bound))
+    return _sample_density(key, jnp.asarray(log_bound, dtype), n, d, log_density, batch, max_rounds, jnp.dtype(dtype))
+
+
+@eqx.filter_jit
+def _sample_density(key, log_bound, n, d, log_density, batch, max_rounds, dtype):
+    # compiled once per (n, d, log_density, batch, max_rounds, dtype); log_bound is traced
+    slack = 1e-4 * (1.0 + jnp.abs(log_bound))  # rounding when log_density attains its bound
 
     def cond(state):
         _, filled, rnd, _ = state

@@ -302,13 +302,22 @@ def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
     dtype = jnp.result_type(float)
     c = C.astype(dtype) * gamma.astype(dtype) ** (-1.0 / alpha)
     log_tail_scale = jnp.log(c) + math.lgamma(1.0 / alpha + 1.0)
+    s = 1.0 / alpha  # = (d - 1)/2
+
+    def log_q_shifted(y_last, y_first):
+        # log(Q(s, y_L) e^{y_1}); for integer s (odd d) Q(s, y) = e^{-y} sum_{j<s} y^j / j!
+        # (closed form: no overflow of e^{y_1}, cheap to compile), else jax's gammaincc.
+        if float(s).is_integer():
+            terms_ = sum(y_last**j / math.factorial(j) for j in range(int(s)))
+            return jnp.log(terms_) - (y_last - y_first)
+        return jnp.log(gammaincc(s, y_last)) + y_first
 
     def one(sample_key):
         gaps = jax.random.exponential(sample_key, (terms,), dtype=dtype)
         y = (jnp.cumsum(gaps) / c) ** alpha
         # shift by y_1: W_k = exp(-(y_k - y_1)) / (sum_l exp(-(y_l - y_1)) + tail e^{y_1})
         head = jnp.exp(-(y - y[0]))
-        tail = jnp.exp(log_tail_scale + jnp.log(gammaincc(1.0 / alpha, y[-1])) + y[0])
+        tail = jnp.exp(log_tail_scale + log_q_shifted(y[-1], y[0]))
         return head[:k] / (jnp.sum(head) + tail)
 
     keys = jax.random.split(key, num)

@@ -19,6 +19,7 @@ Writes ``DIR/attention/``:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
@@ -60,8 +61,8 @@ def _settings(quick: bool) -> dict:
             crossing_trials=400,
             critical_n=10_000,
             critical_gammas=[1 / 16, 1 / 4, 1.0, 4.0, 16.0],
-            critical_trials=2000,
-            limit_samples=20_000,
+            critical_trials=1000,
+            limit_samples=10_000,
             sub_n=1000,
             sub_trials=100,
             sub_xmax=3.0,
@@ -227,9 +228,8 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         n_sub = settings["sub_n"]
         beta_sub = n_sub ** (alpha / 4)
         q = jnp.zeros(d).at[0].set(1.0)
-        ctx = jax.vmap(lambda kk: sphere.uniform(kk, n_sub, d))(jax.random.split(k_sub, settings["sub_trials"]))
         # weights in JAX, ordering on the host (XLA's CPU sort is slow for long rows)
-        ow = _ordered(jax.vmap(lambda x: attention.weights(q, x, beta_sub))(ctx))
+        ow = _ordered(_uniform_weights(k_sub, q, beta_sub, n_sub, d, settings["sub_trials"]))
         m_n = float(theory.window_size(n_sub, beta_sub, d))
         kk = np.arange(1, n_sub + 1)
         x = kk / m_n
@@ -241,8 +241,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         dev = float(np.mean(np.abs(ratio[sel] - prof[sel])))
         # cumulative law needs beta >> 1 (the bulk of Z_n is O(1/beta) off the local law)
         n_c, beta_c = settings["cum_n"], settings["cum_n"] ** (alpha / 2)
-        ctx = jax.vmap(lambda kk: sphere.uniform(kk, n_c, d))(jax.random.split(jax.random.fold_in(k_sub, 1), settings["cum_trials"]))
-        owc = _ordered(jax.vmap(lambda x: attention.weights(q, x, beta_c))(ctx))
+        owc = _ordered(_uniform_weights(jax.random.fold_in(k_sub, 1), q, beta_c, n_c, d, settings["cum_trials"]))
         m_c = float(theory.window_size(n_c, beta_c, d))
         xc = np.arange(1, n_c + 1) / m_c
         cum_c = np.cumsum(owc, axis=1).mean(axis=0)
@@ -423,8 +422,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         np.savez(out / "critical.npz", gammas=cg, finite=crit, limit=lim, n=nc)
         np.savez(out / "fig2.npz", **fig2)
         np.savez(out / "residual.npz", **res)
+        np.savez(out / "cumulative.npz", x=xc, cumulative=cum_c, beta=beta_c, n=n_c)
         figures.append(_plot_fig3(out, d, alpha, ns, betas, grid_mean, cns, log_half, slope, intercept,
-                                  x, ratio, cum, prof, cprof, settings))
+                                  x, ratio, cum, prof, cprof, settings, (xc, cum_c, n_c, beta_c)))
         figures.append(_plot_critical(out, cg, crit, lim, nc, d))
         figures.append(_plot_fig2(out, fig2))
         figures.append(_plot_residual(out, res))
@@ -446,6 +446,13 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
 # ------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _uniform_weights(key, q, beta, n, d, trials):
+    """``(trials, n)`` weights of ``trials`` uniform contexts on ``S^{d-1}``."""
+    keys = jax.random.split(key, trials)
+    return jax.vmap(lambda kk: attention.weights(q, sphere.uniform(kk, n, d), beta))(keys)
 
 
 def _ordered(w):
@@ -500,13 +507,21 @@ def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):
     phi = 2 * np.pi * np.arange(n_phi) / n_phi
     out = np.zeros_like(Q)
     for i, q in enumerate(Q):
-        B = np.asarray(sphere.tangent_basis(jnp.asarray(q)), dtype=np.float64)  # (3, 2)
+        B = _basis(q)  # (3, 2) orthonormal basis of q^perp
         r = np.sqrt(np.clip(s * (2 - s), 0, None))
         X = ((1 - s)[:, None, None] * q[None, None, :]
              + r[:, None, None] * (np.cos(phi)[None, :, None] * B[:, 0] + np.sin(phi)[None, :, None] * B[:, 1]))
         w = ws[:, None] * np.exp(X[..., 0] * X[..., 1])
         out[i] = np.einsum("ab,abk->k", w, X - q) / w.sum()
     return out
+
+
+def _basis(q):
+    """Orthonormal basis (columns) of ``q^perp`` in R^3 (NumPy)."""
+    a = np.eye(3)[np.argmin(np.abs(q))]
+    u = np.cross(q, a)
+    u /= np.linalg.norm(u)
+    return np.stack([u, np.cross(q, u)], 1)
 
 
 def _chart_basis():
@@ -613,7 +628,8 @@ def _residual_data(key, settings):
 # ------------------------------------------------------------------------------------------------
 
 
-def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, x, ratio, cum, prof, cprof, st):
+def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, x, ratio, cum, prof, cprof, st,
+               big):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     pc = ax.pcolormesh(ns, betas, mean.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(pc, ax=ax, label="mean $A_{(1)}$")
@@ -628,6 +644,10 @@ def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, 
     ax2.plot(x[sel], ratio[sel], "C0.", ms=3, label=r"mean $A_{(k)}/A_{(1)}$")
     ax2.plot(x[sel], prof[sel], "k-", label=r"$e^{-x^\alpha}$")
     ax2.plot(x[sel], cum[sel], "C1.", ms=3, label=r"mean $\sum_{i\leq k} A_{(i)}$")
+    xc, cum_c, n_c, beta_c = big
+    selc = xc <= 4
+    ax2.plot(xc[selc], cum_c[selc], "C2-", lw=1.2,
+             label=rf"mean $\sum_{{i\leq k}} A_{{(i)}}$, n = {n_c}, $\beta$ = {beta_c:.1f}")
     ax2.plot(x[sel], cprof[sel], "k--", label=r"$P(1/\alpha, x^\alpha)$")
     ax2.set(xlabel=r"$x = k / m_n$", title=f"n = {st['sub_n']}, " + r"$\beta = n^{\alpha/4}$")
     ax2.legend(fontsize=8)
@@ -640,15 +660,16 @@ def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, 
 
 def _plot_critical(out, cg, crit, lim, n, d):
     fig, axes = plt.subplots(2, len(cg), figsize=(3.2 * len(cg), 5.5))
-    bins = np.linspace(0, 1, 41)
     for i, g in enumerate(cg):
         for j in range(2):
             ax = axes[j, i]
+            both = np.concatenate([lim[:, i, j], crit[:, i, j]])
+            lo, hi = np.quantile(both, [0.001, 0.999])
+            bins = np.linspace(lo, hi + 1e-9, 41)
             ax.hist(lim[:, i, j], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color="k",
                     label=f"limit $W_{j + 1}$")
             ax.hist(crit[:, i, j], bins=bins, density=True, histtype="step", color=f"C{j}", lw=1.5,
                     label=f"$A_{{({j + 1})}}$, n = {n}")
-            ax.set_yscale("log")
             ax.set_title(rf"$\gamma$ = {g:g}: $A_{{({j + 1})}}$", fontsize=9)
             if i == 0:
                 ax.legend(fontsize=7)
@@ -680,7 +701,7 @@ def _plot_fig2(out, data):
     fig.suptitle(
         rf"$\rho \propto \exp(x_1 x_2)$ on $S^2$, n = {int(data['n'])}, geodesic chart at $(1,1,1)/\sqrt{{3}}$"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     path = out / "fig2_displacement.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
