@@ -849,8 +849,10 @@ class _Runner:
         if gi not in self.fns:
             fn = jax.vmap(_point_fn(self.plan.spec, g.kind, g.n, g.d))
             self.fns[gi] = jax.jit(fn, in_shardings=self.sharding, out_shardings=self.sharding)
-        params = {k: jax.device_put(v, self.sharding) for k, v in params.items()}
-        seeds = jax.device_put(seeds, self.sharding)
+        # global arrays built from the (identical) host copies: works on one host and on several
+        put = lambda v: jax.make_array_from_callback(v.shape, self.sharding, lambda idx: v[idx])  # noqa: E731
+        params = {k: put(v) for k, v in params.items()}
+        seeds = put(seeds)
         t0 = time.perf_counter()
         out = self.fns[gi](params, seeds)
         if jax.process_count() > 1:  # pragma: no cover - multi-host
@@ -891,7 +893,7 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
 
     if isinstance(spec, Spec):
         sp = spec
-    elif isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and spec.endswith(".toml")):
+    elif isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and (spec.endswith(".toml") or Path(spec).is_file())):
         sp = load_spec(spec)
     elif isinstance(spec, str):
         sp = parse_spec(spec)
@@ -900,24 +902,35 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
     out = Path(out)
     memory_b = parse_memory(memory)
 
+    import jax
+
+    multi = jax.process_count() > 1
+    writer = jax.process_index() == 0
     blocks = None
-    if out.exists():
+    if writer and out.exists():
         if not resume:
             raise FileExistsError(f"store {out} already exists; use --resume or another path")
         blocks = store.check_resumable(out, sp)
     plan = make_plan(sp, memory_b, blocks=blocks)
+    if multi:  # pragma: no cover - several hosts: every process follows process 0's plan
+        from jax.experimental import multihost_utils
+
+        arr = np.asarray([g.block for g in plan.groups], np.int64)
+        plan = make_plan(sp, memory_b, blocks=np.asarray(multihost_utils.broadcast_one_to_all(arr)).tolist())
     if dry_run:
-        print(plan.describe())
+        if writer:
+            print(plan.describe())
         return plan
-    if not quiet:
+    if not quiet and writer:
         print(plan.describe(), file=sys.stderr)
 
-    import jax
-
-    writer = jax.process_index() == 0
     if writer:
         store.create(out, plan)
-    done = store.done_chunks(out)
+    done = store.done_chunks(out) if writer else set()
+    if multi:  # pragma: no cover
+        flags = np.asarray([c[0] in done for c in plan.chunks], np.int32)
+        flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
+        done = {c[0] for c, f in zip(plan.chunks, flags) if f}
     todo = [c for c in plan.chunks if c[0] not in done]
     runner = _Runner(plan)
     from tqdm.auto import tqdm
