@@ -112,7 +112,7 @@ def _skeleton(plan):
     dims = grid_dims(spec)
     coords: dict = {}
     if spec.kinds_axis:
-        coords["model"] = np.asarray(spec.kinds, dtype="U16")
+        coords["model"] = np.asarray(spec.kinds, dtype=object)  # variable-length strings (zarr v3 "string")
     coords["n"] = np.asarray(spec.n, np.int64)
     if spec.d_axis:
         coords["d"] = np.asarray(spec.d, np.int64)
@@ -370,6 +370,14 @@ def plot(store, out_dir=None) -> list[Path]:
             ax.set_xlabel(a)
             ax.set_ylabel(b)
             fig.colorbar(im, ax=ax, label=name)
+            if ds.attrs.get("model") == "attention" and (a, b) == ("n", "beta") and "d" in ds.attrs:
+                # the critical scale of long-context attention, beta = 2 n^(2/(d-1)) (paper Fig. 3)
+                nn = h["n"].values.astype(float)
+                crit = 2.0 * nn ** (2.0 / (int(ds.attrs["d"]) - 1))
+                lb = np.log(h["beta"].values.astype(float))
+                ax.plot(range(len(nn)), np.interp(np.log(crit), lb, np.arange(len(lb)), left=np.nan, right=np.nan),
+                        "w--", label="beta = 2 n^alpha")
+                ax.legend(fontsize=7, loc="lower right")
             when = "final time" if "time" in ds[name].dims else "mean over seeds"
             ax.set_title(f"{name} ({when})" + (f"\n{note}" if note else ""), fontsize=9)
             fig.tight_layout()

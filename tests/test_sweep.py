@@ -188,6 +188,35 @@ def test_refuses_overwrite_and_other_spec(tiny, tmp_path):
         np.testing.assert_array_equal(after[k], before[k])
 
 
+def test_model_axis_gauge_kernels_respect_energy_bound(tmp_path):
+    """kind as a list is a "model" axis; RoPE and prompt energies climb to at most e^beta/(2 beta)."""
+    text = """
+[model]
+kind = ["rope", "prompt"]
+[grid]
+n = [6]
+beta = [1.0, 3.0]
+seeds = 2
+[time]
+t1 = 1.0
+dt = 0.1
+save = 3
+"""
+    out = tmp_path / "gauge.zarr"
+    sweep.run_sweep(text, out, quiet=True)
+    ds = sweep.load(out)
+    assert ds["energy"].dims == ("model", "n", "beta", "seed", "time")
+    assert list(ds["model"].values) == ["rope", "prompt"]
+    np.testing.assert_array_equal(ds["status"].values, 1)
+    E = ds["energy"].values
+    bound = np.asarray(mf.theory.max_energy(ds["beta"].values))[None, None, :, None, None]
+    assert np.all(E <= bound * (1 + 1e-6))
+    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
+    # same seed, different kernels: different trajectories from the same initial state
+    np.testing.assert_allclose(ds["collapse_gap"].values[0, ..., 0], ds["collapse_gap"].values[1, ..., 0])
+    assert not np.allclose(ds["collapse_gap"].values[0, ..., -1], ds["collapse_gap"].values[1, ..., -1])
+
+
 # --------------------------------------------------------------------------- attention
 
 
