@@ -1,0 +1,437 @@
+"""Fast phase-diagram sweeps of self-attention dynamics (clustering fraction over ``(beta, t)``).
+
+For a grid of ``beta`` and many seeds, run the particle flow on ``S^{d-1}`` with
+``Q = K = V = I`` by projected Euler steps,
+
+    x_i <- normalize(x_i + h P_{x_i} F_i),
+    F_i = sum_j W_ij x_j / sum_j W_ij          (SA, normalised, ``normalized=True``)
+    F_i = (1/n) sum_j W_ij x_j                 (USA, unnormalised)
+    W_ij = exp(beta <x_i, x_j>),
+
+and record at checkpoint times the clustering fraction
+
+    c(t) = #{(i, j): i != j, <x_i(t), x_j(t)> > threshold} / (n (n - 1)),
+
+averaged over seeds. This is the phase diagram of Geshkovski, Letrouit,
+Polyanskiy and Rigollet (SA: ``dt = 0.1`` to ``t = 10``; USA: the reference
+code's beta-dependent step ``0.1 / max(sqrt(beta) e^{beta - 1/2}, 1)`` to ``t = 0.25``).
+
+Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
+
+* Seeds run in chunks (``seed_chunk``, default 256) whose ``n x n`` weight
+  matrices stay in cache for all steps of the chunk (the whole time loop runs
+  inside one compiled call per chunk); at ``n = 32``, 2048 seeds at once spill
+  16 MB per matrix to memory and run 3x slower on the 2-core reference machine.
+* ``packed=True``: ``W`` is symmetric before the SA row normalisation, so only
+  the ``n (n + 1) / 2`` exponentials of the upper triangle are computed. They
+  are stored in the rectangular full packed layout (LAPACK RFP): for ``n = 2k``
+  the diagonal blocks ``W_11`` and ``W_22`` share one ``(k + 1) x k`` array
+  (``W_11`` in its lower, ``W_22`` in its upper triangle) and ``W_12`` is a
+  ``k x k`` block; unpacking is static slicing and selects, no gathers. On
+  XLA:CPU at ``n = 32`` the extra passes cost more than the saved exponentials
+  (BENCHMARKS.md), so the default is the dense kernel.
+* The clustering metric reuses the Gram matrix ``<x_i, x_j>`` that the next
+  step computes anyway: one fused compare-and-count over the packed triangle,
+  evaluated (under ``lax.cond``) only at steps that are checkpoints.
+* The time-rescaled formulation ``W_ij = exp(beta (<x_i, x_j> - 1))`` with step
+  ``e^beta h`` (the same flow, no overflow) for USA; every ``beta`` runs its own
+  number of steps in a ``fori_loop`` with a traced trip count, so the large
+  steps of small ``beta`` are not padded to the step count of the largest
+  ``beta`` (vmapping over ``beta`` would run every point for the longest count).
+* One compilation per shape ``(seeds, n, d, dtype, normalized, checkpoints)``:
+  ``beta``, the step, the step count and the checkpoint indices are traced.
+
+Example:
+    >>> import jax, jax.numpy as jnp, meanfield as mf
+    >>> frac = mf.phase_diagram.sa_phase_diagram(
+    ...     jax.random.key(0), jnp.array([0.5, 4.0]), n=8, d=2, seeds=4, t1=1.0, checkpoints=3)
+    >>> frac.shape
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from . import sphere
+from ._checks import check_int, check_positive
+
+__all__ = [
+    "sa_phase_diagram",
+    "usa_phase_diagram",
+    "usa_step_size",
+    "checkpoint_times",
+    "checkpoint_steps",
+    "clustering_fraction",
+    "euler_step",
+    "PhaseDiagram",
+]
+
+#: number of times the sweep kernel has been traced, by shape (used by tests: compile-once proof)
+_TRACES: Counter = Counter()
+
+
+class PhaseDiagram(NamedTuple):
+    """Result of a sweep with ``per_seed=True``.
+
+    Attributes:
+        times: ``(C,)`` checkpoint times.
+        fraction: ``(B, C)`` clustering fraction averaged over seeds.
+        per_seed: ``(B, S, C)`` clustering fraction of every seed.
+        steps: ``(B,)`` number of Euler steps run for each ``beta``.
+    """
+
+    times: np.ndarray
+    fraction: np.ndarray
+    per_seed: np.ndarray
+    steps: np.ndarray
+
+
+# ----------------------------------------------------------------------------
+# reference single-system formulas (plain, dense): the definitions
+# ----------------------------------------------------------------------------
+
+
+def clustering_fraction(x: Float[Array, "n d"], threshold=0.999) -> Float[Array, ""]:
+    """``c = #{(i, j): i != j, <x_i, x_j> > threshold} / (n (n - 1))`` (dense reference)."""
+    n = x.shape[0]
+    G = x @ x.T
+    off = ~jnp.eye(n, dtype=bool)
+    return jnp.sum((G > threshold) & off) / (n * (n - 1))
+
+
+def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> Float[Array, "n d"]:
+    """One projected Euler step ``normalize(x + h P_x F(x))`` (dense reference, all ``n^2`` exponentials).
+
+    ``F_i = sum_j e^{beta <x_i, x_j>} x_j / sum_j e^{beta <x_i, x_j>}`` (SA) or
+    ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` (USA).
+    """
+    W = jnp.exp(beta * (x @ x.T))
+    F = W @ x
+    F = F / jnp.sum(W, axis=1, keepdims=True) if normalized else F / x.shape[0]
+    v = F - jnp.sum(F * x, axis=1, keepdims=True) * x
+    return sphere.normalize(x + h * v)
+
+
+# ----------------------------------------------------------------------------
+# step grid
+# ----------------------------------------------------------------------------
+
+
+def usa_step_size(beta, base_dt: float = 0.1):
+    """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``."""
+    beta = np.asarray(beta, dtype=np.float64)
+    return base_dt / np.maximum(np.sqrt(beta) * np.exp(beta - 0.5), 1.0)
+
+
+def checkpoint_times(t1: float, checkpoints: int) -> np.ndarray:
+    """``checkpoints`` equally spaced times ``linspace(0, t1, checkpoints)``."""
+    return np.linspace(0.0, float(t1), int(checkpoints))
+
+
+def checkpoint_steps(t1: float, dt: float, checkpoints: int) -> tuple[int, float, np.ndarray]:
+    """Step grid of a run to ``t1`` with steps of at most ``dt``.
+
+    Returns ``(N, h, idx)``: ``N = ceil(t1 / dt)`` steps of the uniform step
+    ``h = t1 / N`` (``= dt`` when ``dt`` divides ``t1``), and for each checkpoint
+    time ``t_k`` the step index ``round(t_k / h)`` whose state is recorded.
+    """
+    N = max(int(np.ceil(float(t1) / float(dt) - 1e-9)), 1)
+    h = float(t1) / N
+    idx = np.rint(checkpoint_times(t1, checkpoints) / h).astype(np.int64)
+    return N, h, np.clip(idx, 0, N)
+
+
+# ----------------------------------------------------------------------------
+# packed symmetric kernel (RFP layout)
+# ----------------------------------------------------------------------------
+
+
+def _masks(k: int):
+    r = np.arange(k + 1)[:, None]
+    c = np.arange(k)[None, :]
+    upper = c >= r  # (k+1, k): upper triangle holds W_22, strictly-below holds W_11
+    # diagonal entries of W_11 (r == c + 1) and W_22 (r == c) inside the packed array
+    diag = (r == c) | (r == c + 1)
+    tril = np.tril(np.ones((k, k), bool))
+    return upper, diag, tril
+
+
+def _packed_gram(x, k: int):
+    """``T`` ((k+1) x k, RFP of the two diagonal Gram blocks) and ``G12`` (k x k)."""
+    upper, _, _ = _masks(k)
+    x1, x2 = x[:k], x[k:]
+    z = jnp.zeros((1, x.shape[1]), x.dtype)
+    a = jnp.concatenate([z, x1])  # row r >= 1 of the lower part pairs x1[r-1] with x1[c]
+    b = jnp.concatenate([x2, z])  # row r < k of the upper part pairs x2[r] with x2[c]
+    T = jnp.where(upper, b @ x2.T, a @ x1.T)
+    return T, x1 @ x2.T
+
+
+def _packed_count(T, G12, threshold, k: int):
+    """Number of unordered pairs ``i < j`` with ``<x_i, x_j> > threshold`` (packed Gram)."""
+    _, diag, _ = _masks(k)
+    return jnp.sum((T > threshold) & ~diag) + jnp.sum(G12 > threshold)
+
+
+def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
+    """Unprojected field from the packed Gram: ``n (n + 1) / 2`` exponentials."""
+    _, _, tril = _masks(k)
+    E = jnp.exp(beta * T - shift)
+    E12 = jnp.exp(beta * G12 - shift)
+    B = E[1:]  # lower triangle incl. diagonal: W_11
+    C = E[:k]  # upper triangle incl. diagonal: W_22
+    W11 = jnp.where(tril, B, B.T)
+    W22 = jnp.where(tril.T, C, C.T)
+    xo = jnp.concatenate([x, jnp.ones((x.shape[0], 1), x.dtype)], axis=1)  # [x | 1]: field and row sums
+    xo1, xo2 = xo[:k], xo[k:]
+    Fz = jnp.concatenate([W11 @ xo1 + E12 @ xo2, E12.T @ xo1 + W22 @ xo2])
+    F, Z = Fz[:, :-1], Fz[:, -1:]
+    return F / Z if normalized else F / x.shape[0]
+
+
+def _dense_gram(x):
+    return x @ x.T
+
+
+def _dense_count(G, threshold):
+    n = G.shape[0]
+    iu = np.triu(np.ones((n, n), bool), 1)
+    return jnp.sum((G > threshold) & iu)
+
+
+def _dense_field(x, G, beta, shift, normalized: bool):
+    W = jnp.exp(beta * G - shift)
+    F = W @ x
+    if normalized:
+        return F / jnp.sum(W, axis=1)[:, None]
+    return F / x.shape[0]
+
+
+# ----------------------------------------------------------------------------
+# the sweep kernel: one beta, a batch of seeds, a traced number of steps
+# ----------------------------------------------------------------------------
+
+
+def _run_one_beta(x0, beta, step, nsteps, ckpt_idx, threshold, *, normalized: bool, packed: bool):
+    """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at ``ckpt_idx``.
+
+    ``step`` is the step in the (time-rescaled, for USA) formulation. Returns ``(S, C)``.
+    """
+    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, ckpt_idx.shape)] += 1
+    S, n, d = x0.shape
+    k = n // 2
+    dtype = x0.dtype
+    pairs = n * (n - 1) // 2
+    shift = jnp.zeros((), dtype) if normalized else beta  # W = exp(beta (G - 1)) for USA
+
+    def gram(x):
+        return _packed_gram(x, k) if packed else _dense_gram(x)
+
+    def count(g):
+        return _packed_count(*g, threshold, k) if packed else _dense_count(g, threshold)
+
+    def fieldf(x, g):
+        if packed:
+            return _packed_field(x, *g, beta, shift, k, normalized)
+        return _dense_field(x, g, beta, shift, normalized)
+
+    def record(out, i, g):
+        frac = jax.vmap(count)(g).astype(dtype) / pairs  # (S,)
+        return jnp.where((ckpt_idx == i)[None, :], frac[:, None], out)
+
+    def body(i, carry):
+        x, out = carry
+        g = jax.vmap(gram)(x)
+        out = jax.lax.cond(jnp.any(ckpt_idx == i), lambda o: record(o, i, g), lambda o: o, out)
+        F = jax.vmap(fieldf)(x, g)
+        v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x
+        x = x + step * v
+        x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+        return x, out
+
+    out0 = jnp.zeros((S, ckpt_idx.shape[0]), dtype)
+    x, out = jax.lax.fori_loop(0, nsteps, body, (x0, out0))
+    g = jax.vmap(gram)(x)
+    out = jax.lax.cond(jnp.any(ckpt_idx == nsteps), lambda o: record(o, nsteps, g), lambda o: o, out)
+    return out, x
+
+
+_run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=("normalized", "packed"))
+
+
+def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False):
+    x0 = jnp.asarray(x0)
+    S = x0.shape[0]
+    chunk = S if seed_chunk is None else min(int(seed_chunk), S)
+    dtype = x0.dtype
+    thr = jnp.asarray(threshold, dtype)
+    per_seed, finals = [], []
+    for b, h, N, idx in zip(betas, steps_h, steps_n, ckpt):
+        # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
+        step = h if normalized else h * float(np.exp(b))
+        parts, xparts = [], []
+        for s0 in range(0, S, chunk):
+            xs = x0[s0 : s0 + chunk]
+            if xs.shape[0] < chunk:  # keep one shape: pad the last chunk with its first rows
+                xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
+            r, xf = _run_one_beta_jit(
+                xs,
+                jnp.asarray(b, dtype),
+                jnp.asarray(step, dtype),
+                jnp.asarray(N, jnp.int32),
+                jnp.asarray(idx, jnp.int32),
+                thr,
+                normalized=normalized,
+                packed=packed,
+            )
+            parts.append(r[: min(chunk, S - s0)])
+            xparts.append(xf[: min(chunk, S - s0)])
+        per_seed.append(jnp.concatenate(parts))
+        if states:
+            finals.append(jnp.concatenate(xparts))
+    per_seed = np.asarray(jnp.stack(per_seed))
+    return (per_seed, np.asarray(jnp.stack(finals))) if states else per_seed
+
+
+def _check_common(betas, n, d, seeds, threshold, checkpoints, x0):
+    betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
+    if betas.ndim != 1 or betas.size == 0:
+        raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
+    check_positive("betas", betas)
+    check_int("checkpoints", checkpoints, minimum=1)
+    if not (-1.0 < float(threshold) < 1.0):
+        raise ValueError(f"threshold must lie in (-1, 1), got {threshold!r}")
+    if x0 is not None:
+        shape = np.shape(x0)
+        if len(shape) != 3 or shape[1] < 2 or shape[2] < 2:
+            raise ValueError(f"x0 must have shape (seeds, n, d) with n, d >= 2, got {shape}")
+        return betas, shape[1], shape[2], shape[0]
+    check_int("n", n, minimum=2)
+    check_int("d", d, minimum=2)
+    check_int("seeds", seeds, minimum=1)
+    return betas, n, d, seeds
+
+
+def _initial(key, seeds, n, d, dtype, x0):
+    if x0 is not None:
+        return jnp.asarray(x0, dtype if dtype is not None else None)
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    keys = jax.random.split(key, seeds)
+    return jax.vmap(lambda k: sphere.uniform(k, n, d, dtype))(keys)
+
+
+def _finish(times, per_seed, steps, return_per_seed):
+    frac = per_seed.mean(axis=1)
+    if return_per_seed:
+        return PhaseDiagram(times, frac, per_seed, np.asarray(steps))
+    return frac
+
+
+def sa_phase_diagram(
+    key,
+    betas,
+    *,
+    n: int = 32,
+    d: int = 2,
+    seeds: int = 2048,
+    dt: float = 0.1,
+    t1: float = 10.0,
+    checkpoints: int = 200,
+    threshold: float = 0.999,
+    normalized: bool = True,
+    x0=None,
+    dtype=None,
+    per_seed: bool = False,
+    seed_chunk: int | None = 256,
+    packed: bool = False,
+):
+    """Clustering fraction ``c(beta, t_k)`` of the Euler-discretised SA flow, averaged over seeds.
+
+    ``x <- normalize(x + h P_x F)``, ``F_i = sum_j softmax_j(beta <x_i, x_j>) x_j``
+    (``normalized=True``; ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` otherwise), with
+    ``N = ceil(t1 / dt)`` steps of ``h = t1 / N``, and
+    ``c = #{i != j: <x_i, x_j> > threshold} / (n (n - 1))`` at the checkpoint
+    times ``linspace(0, t1, checkpoints)`` (state of step ``round(t_k / h)``).
+
+    Args:
+        key: PRNG key for the initial states (i.i.d. uniform on ``S^{d-1}``, the
+            same for every ``beta``); ignored when ``x0`` is given.
+        betas: ``(B,)`` inverse temperatures (``> 0``); traced (one compilation for all).
+        n, d, seeds: particles, dimension, number of seeds (ignored when ``x0`` is given).
+        dt, t1, checkpoints, threshold: step bound, final time, number of checkpoints,
+            clustering threshold on ``<x_i, x_j>``.
+        normalized: SA (softmax rows) or USA (``1/n``) field.
+        x0: optional ``(seeds, n, d)`` initial states.
+        dtype: float dtype (default: JAX's default float; use float64 under x64).
+        per_seed: also return per-seed values (a ``PhaseDiagram``).
+        seed_chunk: run the seeds in chunks of this size (cache and memory bound; one
+            compilation; ``None``: all seeds at once).
+        packed: symmetric half-exponential kernel (``n`` even); same iterates to rounding.
+
+    Returns:
+        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
+    """
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
+    check_positive("dt", dt)
+    check_positive("t1", t1)
+    N, h, idx = checkpoint_steps(t1, dt, checkpoints)
+    x0 = _initial(key, seeds, n, d, dtype, x0)
+    if packed and n % 2:
+        raise ValueError(f"packed=True needs an even n, got n = {n}")
+    B = len(betas)
+    per = _sweep(x0, betas, [h] * B, [N] * B, [idx] * B, threshold, normalized, packed, seed_chunk)
+    return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
+
+
+def usa_phase_diagram(
+    key,
+    betas,
+    *,
+    n: int = 32,
+    d: int = 2,
+    seeds: int = 256,
+    t1: float = 0.25,
+    base_dt: float = 0.1,
+    checkpoints: int = 200,
+    threshold: float = 0.999,
+    x0=None,
+    dtype=None,
+    per_seed: bool = False,
+    seed_chunk: int | None = 256,
+    packed: bool = False,
+):
+    """Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
+
+    ``x <- normalize(x + h_beta P_x F)``, ``F_i = (1/n) sum_j e^{beta <x_i, x_j>} x_j``,
+    ``h_beta <= base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)`` (``usa_step_size``): each
+    ``beta`` runs its own ``N_beta = ceil(t1 / h_beta)`` steps (bucketed by step count, no
+    padding to the largest ``N``), in the time-rescaled form ``exp(beta (<x_i, x_j> - 1))``
+    with step ``e^beta h_beta`` (the same iterates, no overflow). Checkpoints and
+    metric as in ``sa_phase_diagram``.
+
+    Returns:
+        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> mf.phase_diagram.usa_phase_diagram(jax.random.key(0), [0.5, 2.0], n=8, seeds=4,
+        ...                                    checkpoints=5).shape
+        (2, 5)
+    """
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
+    check_positive("t1", t1)
+    check_positive("base_dt", base_dt)
+    x0 = _initial(key, seeds, n, d, dtype, x0)
+    if packed and n % 2:
+        raise ValueError(f"packed=True needs an even n, got n = {n}")
+    grids = [checkpoint_steps(t1, float(usa_step_size(b, base_dt)), checkpoints) for b in betas]
+    Ns, hs, idxs = zip(*grids)
+    per = _sweep(x0, betas, hs, Ns, idxs, threshold, False, packed, seed_chunk)
+    return _finish(checkpoint_times(t1, checkpoints), per, Ns, per_seed)

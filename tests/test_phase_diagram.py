@@ -1,0 +1,176 @@
+"""Tests of the fast phase-diagram sweeps (meanfield.phase_diagram) and of the tiled velocity.
+
+The fast sweeps are checked against a straightforward reference (a Python loop of dense
+``euler_step`` / ``clustering_fraction``) in float64; compile-once is proved by counting
+traces; a few laws of the dynamics are checked with Monte Carlo error bars. No timings.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield import phase_diagram as pd
+
+
+def _x0(S, n, d, seed=0):
+    keys = jax.random.split(jax.random.key(seed), S)
+    return jax.vmap(lambda k: mf.sphere.uniform(k, n, d, jnp.float64))(keys)
+
+
+def _reference(x0, betas, hs, Ns, idxs, threshold, normalized):
+    """Plain loop: dense Euler steps in original time, metric on every state."""
+    fr_all, xs_all = [], []
+    frac = jax.jit(jax.vmap(lambda y: pd.clustering_fraction(y, threshold)))
+    for b, h, N, idx in zip(betas, hs, Ns, idxs):
+        step = jax.jit(jax.vmap(lambda y, b=b, h=h: pd.euler_step(y, b, h, normalized=normalized)))
+        x = x0
+        fr = [frac(x)]
+        for _ in range(N):
+            x = step(x)
+            fr.append(frac(x))
+        fr_all.append(np.stack(fr, axis=1)[:, idx])
+        xs_all.append(np.asarray(x))
+    return np.stack(fr_all), np.stack(xs_all)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_sa_sweep_equals_reference(packed, x64):
+    S, n, d, t1, dt, C, thr = 5, 8, 2, 2.0, 0.1, 9, 0.95
+    x0 = _x0(S, n, d)
+    betas = np.array([0.3, 2.0, 6.0])
+    N, h, idx = pd.checkpoint_steps(t1, dt, C)
+    assert N == 20 and abs(h - 0.1) < 1e-15
+    ref_fr, ref_x = _reference(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True)
+    fr, xs = pd._sweep(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True, packed, 2, states=True)
+    np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(fr, ref_fr)
+    out = pd.sa_phase_diagram(None, betas, x0=x0, dt=dt, t1=t1, checkpoints=C, threshold=thr,
+                              per_seed=True, packed=packed, seed_chunk=2)
+    np.testing.assert_array_equal(out.per_seed, ref_fr)
+    np.testing.assert_allclose(out.fraction, ref_fr.mean(axis=1), rtol=0, atol=1e-15)
+    np.testing.assert_allclose(out.times, np.linspace(0, t1, C))
+    assert ref_fr.max() > 0.2  # the comparison is not trivial: clusters form
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_usa_sweep_equals_reference_in_original_time(packed, x64):
+    """The rescaled kernel exp(beta(G - 1)) with step e^beta h gives the iterates of
+    exp(beta G) with step h; each beta runs its own step count."""
+    S, n, d, t1, C, thr = 4, 6, 3, 0.25, 7, 0.95
+    x0 = _x0(S, n, d, seed=3)
+    betas = np.array([0.2, 1.5, 3.0])
+    grids = [pd.checkpoint_steps(t1, float(pd.usa_step_size(b)), C) for b in betas]
+    Ns, hs, idxs = zip(*grids)
+    assert Ns[0] == 3 and Ns[2] > Ns[1] > Ns[0]  # 0.1 / max(sqrt(b) e^(b - 1/2), 1)
+    ref_fr, ref_x = _reference(x0, betas, hs, Ns, idxs, thr, False)
+    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, False, packed, None, states=True)
+    np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-11)
+    np.testing.assert_array_equal(fr, ref_fr)
+    out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr,
+                               per_seed=True, packed=packed)
+    np.testing.assert_array_equal(out.per_seed, ref_fr)
+    np.testing.assert_array_equal(out.steps, Ns)
+
+
+def test_packed_kernel_pieces_equal_dense(x64):
+    x = _x0(1, 10, 4, seed=5)[0]
+    k = 5
+    T, G12 = pd._packed_gram(x, k)
+    G = x @ x.T
+    np.testing.assert_allclose(G12, G[:k, k:], atol=1e-15)
+    assert int(pd._packed_count(T, G12, 0.2, k)) == int(pd._dense_count(G, 0.2))
+    for normalized in (True, False):
+        a = pd._packed_field(x, T, G12, 1.7, 0.3, k, normalized)
+        b = pd._dense_field(x, G, 1.7, 0.3, normalized)
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+def test_grid_compiles_once():
+    """A beta x seed grid (several betas, several seed chunks incl. a ragged last one,
+    different step counts per beta) traces the sweep kernel once per shape."""
+    n, d, S, C = 6, 3, 7, 5
+    key_sa = ("run", (3, n, d), "float32", True, False, (C,))
+    key_usa = ("run", (3, n, d), "float32", False, False, (C,))
+    before = pd._TRACES[key_sa], pd._TRACES[key_usa]
+    x0 = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(1), S))
+    pd.sa_phase_diagram(None, [0.5, 1.0, 2.0], x0=x0, dt=0.5, t1=1.0, checkpoints=C, seed_chunk=3)
+    pd.sa_phase_diagram(None, [3.0, 4.0], x0=x0, dt=0.25, t1=2.0, checkpoints=C, seed_chunk=3)
+    pd.usa_phase_diagram(None, [0.1, 1.0, 2.5], x0=x0, t1=0.05, checkpoints=C, seed_chunk=3)
+    after = pd._TRACES[key_sa], pd._TRACES[key_usa]
+    assert after[0] - before[0] <= 1 and after[0] >= 1
+    assert after[1] - before[1] <= 1 and after[1] >= 1
+
+
+def test_initial_fraction_matches_uniform_law(x64):
+    """At t = 0 (uniform on the circle) P(<x_i, x_j> > c) = arccos(c) / pi; seeds are
+    independent, so the standard error comes from the per-seed fractions."""
+    thr = 0.9
+    out = pd.sa_phase_diagram(jax.random.key(4), [1.0], n=16, d=2, seeds=400, t1=0.1,
+                              checkpoints=2, threshold=thr, per_seed=True)
+    c0 = out.per_seed[0, :, 0]
+    se = c0.std(ddof=1) / np.sqrt(c0.size)
+    theory = np.arccos(thr) / np.pi
+    assert abs(c0.mean() - theory) < 4 * se, (c0.mean(), theory, se)
+
+
+def test_sanity_laws(x64):
+    """SA (n = 16, d = 2): small beta collapses to one cluster by t = 10 (consensus), the
+    fraction growing in time; large beta forms local clusters first (more clustered early)
+    but they are metastable (less clustered late). Differences are checked against
+    4 standard errors of the per-seed differences (same initial states for both betas).
+    USA at tiny beta barely moves by t = 0.25."""
+    out = pd.sa_phase_diagram(jax.random.key(0), [0.1, 9.0], n=16, d=2, seeds=64, t1=10.0,
+                              checkpoints=11, per_seed=True)
+    f = out.fraction
+    assert f[0, -1] > 0.85 and f[0, 0] < 0.05
+    assert np.all(np.diff(f[0]) >= -0.01)
+    diff = out.per_seed[0] - out.per_seed[1]  # (seeds, C)
+    se = diff.std(axis=0, ddof=1) / np.sqrt(diff.shape[0])
+    assert np.all(diff[:, 8:].mean(0) > 4 * se[8:])  # t >= 8: small beta ahead
+    assert diff[:, 2].mean() < -4 * se[2]  # t = 2: large beta ahead
+    u = pd.usa_phase_diagram(jax.random.key(0), [0.1], n=16, d=2, seeds=64, checkpoints=3, per_seed=True)
+    assert u.steps[0] == 3  # step 0.1 for beta <= ~0.6
+    assert abs(u.fraction[0, -1] - u.fraction[0, 0]) < 0.01
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="betas"):
+        pd.sa_phase_diagram(jax.random.key(0), [-1.0, 2.0], n=4, seeds=2)
+    with pytest.raises(ValueError, match="even n"):
+        pd.sa_phase_diagram(jax.random.key(0), [1.0], n=5, seeds=2, packed=True)
+    with pytest.raises(ValueError, match="threshold"):
+        pd.usa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, threshold=1.5)
+    with pytest.raises(ValueError, match="x0"):
+        pd.sa_phase_diagram(None, [1.0], x0=np.ones((4, 3)))
+
+
+# ----------------------------------------------------------------------------
+# tiled velocity
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["usa", "rope"])
+def test_velocity_tiled_equals_dense(name, x64):
+    n, d = 50, 3  # 50 = 3 tiles of 16 + a ragged tile of 2
+    x = _x0(1, n, d, seed=9)[0]
+    k = mf.kernels.make(name, beta=1.3)
+    dense = mf.velocity(k, x)
+    tiled = mf.velocity(k, x, block_size=16)
+    np.testing.assert_allclose(tiled, dense, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(dense, mf.velocity(k, x, method="pairwise"), rtol=0, atol=1e-12)
+
+
+def test_velocity_tiled_large_n_runs():
+    """n = 8192 (n^2 > DENSE_LIMIT: row tiles) completes; rows agree with the dense formula."""
+    n, d = 8192, 3
+    assert n * n > mf.kernels.DENSE_LIMIT
+    x = mf.sphere.uniform(jax.random.key(0), n, d)
+    v = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))(x)
+    assert v.shape == (n, d) and bool(jnp.all(jnp.isfinite(v)))
+    assert float(jnp.abs(jnp.sum(v * x, axis=1)).max()) < 1e-5
+    i = jnp.arange(0, n, 257)
+    F = jnp.exp(x[i] @ x.T) @ x / n
+    vr = F - jnp.sum(F * x[i], -1, keepdims=True) * x[i]
+    np.testing.assert_allclose(v[i], vr, rtol=0, atol=2e-5 * float(jnp.abs(vr).max()))
