@@ -932,6 +932,18 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
         flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
         done = {c[0] for c, f in zip(plan.chunks, flags) if f}
     todo = [c for c in plan.chunks if c[0] not in done]
+    if sp.dtype == "float64":
+        with jax.enable_x64(True):  # scoped: x64 is not switched on for the caller
+            _execute(plan, out, todo, writer, quiet)
+    else:
+        _execute(plan, out, todo, writer, quiet)
+    return plan
+
+
+def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool) -> None:
+    from . import store
+
+    sp = plan.spec
     runner = _Runner(plan)
     from tqdm.auto import tqdm
 
@@ -952,7 +964,6 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
         bar.set_postfix_str(f"{rate:.3g} points/s", refresh=False)
         bar.update(1)
     bar.close()
-    return plan
 
 
 def load(store_path):

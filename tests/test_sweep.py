@@ -222,6 +222,7 @@ save = 3
 
 def test_attention_order_statistics(tmp_path):
     text = """
+dtype = "float64"
 [model]
 kind = "attention"
 [grid]
@@ -235,7 +236,9 @@ top_k = 4
 """
     out = tmp_path / "att.zarr"
     sweep.run_sweep(text, out, quiet=True)
+    assert jax.numpy.zeros(1).dtype == np.float32  # float64 sweeps do not switch x64 on for the caller
     ds = sweep.load(out)
+    assert ds["top_weights"].dtype == np.float64
     assert ds["top_weights"].dims == ("n", "beta_factor", "seed", "rank")
     # beta coordinate from the rule beta = f n^(2/(d-1))
     np.testing.assert_allclose(ds["beta"].values, np.outer([16, 64], [0.25, 4.0]) * 0 + np.outer(
@@ -247,14 +250,14 @@ top_k = 4
     np.testing.assert_array_equal(ds["top_weight"].values, w[..., 0])
     # one point against the attention module directly
     n, f, seed = 64, 4.0, 2
-    keys = mf.sphere.uniform(jax.random.key(seed), n, 5)
-    q = np.eye(5, dtype=np.float32)[0]
-    ref = mf.attention.ordered_weights(q, keys, f * n**0.5)[:4]
-    np.testing.assert_allclose(ds["top_weights"].sel(n=n, beta_factor=f, seed=seed).values, ref, rtol=1e-5)
-    np.testing.assert_allclose(
-        ds["log_partition"].sel(n=n, beta_factor=f, seed=seed).values,
-        mf.attention.log_partition(q, keys, f * n**0.5), rtol=1e-5,
-    )
+    with jax.enable_x64(True):
+        keys = mf.sphere.uniform(jax.random.key(seed), n, 5, jax.numpy.float64)
+        q = np.eye(5)[0]
+        ref = np.asarray(mf.attention.ordered_weights(q, keys, f * n**0.5)[:4])
+        ref_logz = float(mf.attention.log_partition(q, keys, f * n**0.5))
+    point = ds.sel(n=n, beta_factor=f, seed=seed)
+    np.testing.assert_allclose(point["top_weights"].values, ref, rtol=1e-12)
+    np.testing.assert_allclose(point["log_partition"].values, ref_logz, rtol=1e-12)
     # supercritical beta concentrates more mass on the top key than subcritical (paper Sec. 3)
     mean = ds["top_weight"].mean("seed")
     assert np.all(mean.sel(beta_factor=4.0).values > mean.sel(beta_factor=0.25).values)
