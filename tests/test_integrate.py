@@ -1,0 +1,399 @@
+"""Simulation on (S^{d-1})^n (MATH.md Sec. 1, App. B.1): gauge equivalence, long-time laws,
+convergence orders, adaptive solvers, early stop, failure flags, compile-once vmaps,
+time-rescaled kernels.
+
+Compilation dominates the cost: runs share shapes, t1, dt and ts, and swept parameters
+are passed as arrays (traced leaves), so that one compiled program serves many runs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import meanfield as mf
+
+K = mf.kernels
+TWO_PI = 2.0 * np.pi
+
+N, D, T1, DT = 32, 3, 20.0, 0.1
+TS = np.linspace(0.0, T1, 11)
+
+
+def wavy_gauge(s):
+    return mf.sphere.rotation(TWO_PI * s, 3, (0, 1)) @ mf.sphere.rotation(
+        0.8 * jnp.sin(2.0 * TWO_PI * s), 3, (1, 2)
+    )
+
+
+def phase(s):
+    return 2.0 * TWO_PI * s**2
+
+
+def prompt_gauges(dtype):
+    return jnp.stack(
+        [mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1)) for a in (0.0, 1.0, 2.5)]
+    ).astype(dtype)
+
+
+def gauge_kernels(beta, dtype):
+    return {
+        "rope": K.RoPE(beta, TWO_PI),
+        "phase_field": K.PhaseField(beta, phase),
+        "gauge": K.Gauge(beta, wavy_gauge),
+        "prompt": K.Prompt(beta, prompt_gauges(dtype)),
+    }
+
+
+def usa_run_in_gauge_frame(kernel, x0, **kw):
+    """The USA run from y0_i = Psi(xi_i) x0_i, mapped back by Psi(xi_i)^T (MATH.md)."""
+    aux = kernel.default_aux(x0.shape[0])
+    y0 = kernel.to_gauge_frame(x0, aux)
+    traj = mf.simulate(K.USA(kernel.beta), y0, **kw)
+    back = jax.vmap(lambda y: kernel.from_gauge_frame(y, aux))(traj.xs)
+    return traj, back
+
+
+# --------------------------------------------------------------------------
+# long float32 runs shared by several tests (n = 32, d = 3, beta = 1, t = 20)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs():
+    x0 = mf.sphere.uniform(jax.random.key(0), N, D)
+    beta = jnp.asarray(1.0, jnp.float32)
+    kernels = dict(gauge_kernels(beta, jnp.float32))
+    kernels["toeplitz"] = K.Toeplitz()
+    kernels["distance_bias"] = K.DistanceBias(beta, jnp.asarray(1.0, jnp.float32))
+    out = {}
+    for name, kernel in kernels.items():
+        out[name] = mf.simulate(kernel, x0, t1=T1, dt=DT, ts=TS)
+    for name in gauge_kernels(beta, jnp.float32):
+        out["usa_frame:" + name] = usa_run_in_gauge_frame(kernels[name], x0, t1=T1, dt=DT, ts=TS)
+    out["kernels"] = kernels
+    out["x0"] = x0
+    return out
+
+
+@pytest.mark.parametrize("name", ["rope", "phase_field", "gauge", "prompt"])
+def test_gauge_equivalence_float32(runs, name):
+    traj = runs[name]
+    usa, back = runs["usa_frame:" + name]
+    assert not bool(traj.failed) and not bool(usa.failed)
+    np.testing.assert_allclose(back, traj.xs, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(traj.energy, usa.energy, rtol=1e-5)
+
+
+def test_saved_trajectory_layout(runs):
+    traj = runs["rope"]
+    np.testing.assert_allclose(traj.ts, TS, rtol=1e-6)
+    assert traj.xs.shape == (len(TS), N, D) and traj.energy.shape == (len(TS),)
+    np.testing.assert_allclose(traj.xs[0], runs["x0"], atol=2e-7)  # renormalised on save
+    np.testing.assert_allclose(traj.collapse_gap, jax.vmap(mf.metrics.collapse_gap)(traj.xs), atol=1e-6)
+    np.testing.assert_allclose(
+        traj.energy, jax.vmap(lambda x: mf.energy(runs["kernels"]["rope"], x))(traj.xs), rtol=1e-6
+    )
+    assert float(traj.stop_time) == T1 and not bool(traj.stopped)
+    assert int(traj.num_steps) == round(T1 / DT)
+
+
+@pytest.mark.parametrize("name", ["rope", "phase_field", "gauge", "prompt", "toeplitz", "distance_bias"])
+def test_energy_ascent_and_norms(runs, name):
+    traj = runs[name]
+    E = np.asarray(traj.energy, np.float64)
+    assert np.all(np.diff(E) >= -2e-6 * np.abs(E[1:])), E
+    assert E[-1] > E[0]
+    norms = np.linalg.norm(np.asarray(traj.xs, np.float64), axis=-1)
+    assert np.max(np.abs(norms - 1.0)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["rope", "phase_field", "gauge", "prompt"])
+def test_maximal_energy_reached(runs, name):
+    # E -> e^beta / (2 beta): a Dirac mass in the gauge frame (MATH.md: maximal energy).
+    traj = runs[name]
+    np.testing.assert_allclose(traj.energy[-1], mf.theory.max_energy(1.0), rtol=1e-5)
+    y = runs["kernels"][name].to_gauge_frame(traj.xs[-1], runs["kernels"][name].default_aux(N))
+    assert float(mf.metrics.collapse_gap(y)) < 1e-5
+    # ... which is non-collapse in the original frame (Fig. 2, 3 of the paper)
+    assert float(traj.collapse_gap[-1]) > 0.3
+
+
+@pytest.mark.parametrize("name", ["rope", "phase_field"])
+def test_latitude_circle_d3(runs, name):
+    # x(s) = R_{-phi(s)} u: the final configuration lies on the latitude circle at height
+    # ||P_{E^perp} u|| (E = span(e_1, e_2)), u the gauge-frame limit point.
+    kernel = runs["kernels"][name]
+    s = mf.positions(N)
+    x = runs[name].xs[-1]
+    u = mf.sphere.normalize(jnp.mean(kernel.to_gauge_frame(x, s), axis=0))
+    height = float(mf.theory.latitude_height(u))
+    assert 0.05 < height < 0.95  # a genuine latitude circle, neither pole nor equator
+    np.testing.assert_allclose(np.abs(x[:, 2]), height, atol=1e-5)
+    np.testing.assert_allclose(x[:, 2], u[2], atol=1e-5)  # same hemisphere as u
+    angles = -TWO_PI * s if name == "rope" else -phase(s)
+    circle = jax.vmap(lambda a: mf.sphere.rotation(a, 3) @ u)(angles)
+    np.testing.assert_allclose(x, circle, atol=1e-5)
+
+
+def test_prompt_forms_one_cluster_per_prompt(runs):
+    x = runs["prompt"].xs[-1]
+    assert int(mf.metrics.num_clusters(x, 0.05)) == 3
+    aux = runs["kernels"]["prompt"].default_aux(N)
+    G = prompt_gauges(jnp.float32)
+    y = runs["kernels"]["prompt"].to_gauge_frame(x, aux)
+    u = mf.sphere.normalize(jnp.mean(y, axis=0))
+    for k in range(3):
+        np.testing.assert_allclose(x[np.asarray(aux) == k], jnp.broadcast_to(G[k].T @ u, (int(np.sum(np.asarray(aux) == k)), 3)), atol=1e-5)
+
+
+def test_toeplitz_reaches_the_great_circle(runs):
+    traj = runs["toeplitz"]
+    np.testing.assert_allclose(traj.energy[-1], mf.theory.great_circle_energy(1), atol=1e-4)
+    np.testing.assert_allclose(traj.collapse_gap[-1], 1.0 + 1.0 / (N - 1), atol=1e-4)
+    np.testing.assert_allclose(traj.collapse_gap[-1], mf.theory.great_circle_gap(N), atol=1e-4)
+    assert int(mf.metrics.gram_rank(traj.xs[-1])) == 2
+    assert int(mf.metrics.gram_rank(traj.xs[0])) == 3
+    # uniformly spaced in the order of the positions: consecutive angles differ by 2 pi / n
+    x = np.asarray(traj.xs[-1], np.float64)
+    cos = np.sum(x * np.roll(x, -1, axis=0), axis=1)
+    np.testing.assert_allclose(cos, np.cos(TWO_PI / N), atol=1e-3)
+
+
+def test_distance_bias_collapses(runs):
+    traj = runs["distance_bias"]
+    assert float(traj.collapse_gap[0]) > 0.5
+    assert float(traj.collapse_gap[-1]) < 1e-5
+    assert int(mf.metrics.num_clusters(traj.xs[-1], 0.01)) == 1
+    s = np.arange(1, N + 1) / N
+    closed = np.e / (2 * N**2) * np.exp(-np.abs(s[:, None] - s[None, :])).sum()
+    np.testing.assert_allclose(traj.energy[-1], closed, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# float64: exact gauge equivalence, convergence orders, adaptive solvers
+# --------------------------------------------------------------------------
+
+
+def test_gauge_equivalence_float64(x64):
+    x0 = mf.sphere.uniform(jax.random.key(1), 12, 3, jnp.float64)
+    beta = jnp.asarray(2.0)
+    kw = dict(t1=2.0, dt=0.05, ts=[0.0, 1.0, 2.0])
+    for name, kernel in gauge_kernels(beta, jnp.float64).items():
+        traj = mf.simulate(kernel, x0, **kw)
+        usa, back = usa_run_in_gauge_frame(kernel, x0, **kw)
+        assert traj.xs.dtype == jnp.float64
+        np.testing.assert_allclose(back, traj.xs, rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(traj.energy, usa.energy, rtol=1e-12, err_msg=name)
+
+
+def test_gauge_equivalence_rk4_float64(x64):
+    # projected RK4 commutes with rotations as well (MATH.md)
+    x0 = mf.sphere.uniform(jax.random.key(2), 8, 3, jnp.float64)
+    kernel = K.RoPE(jnp.asarray(1.5), 3.0, plane=(1, 2))
+    kw = dict(t1=1.0, dt=0.1, solver="rk4")
+    traj = mf.simulate(kernel, x0, **kw)
+    _, back = usa_run_in_gauge_frame(kernel, x0, **kw)
+    np.testing.assert_allclose(back, traj.xs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("solver", "order"), [("euler", 1), ("rk2", 2), ("rk4", 4)])
+def test_convergence_order(solver, order, x64):
+    # global error at t = 1 against a fine rk4 reference; slope of log err vs log dt
+    x0 = mf.sphere.uniform(jax.random.key(3), 6, 3, jnp.float64)
+    kernel = K.DistanceBias(jnp.asarray(2.0), jnp.asarray(1.0))
+    ref = mf.simulate(kernel, x0, t1=1.0, dt=1.0 / 1024, solver="rk4").xs[-1]
+    dts = np.array([1 / 8, 1 / 16, 1 / 32])
+    errs = []
+    for dt in dts:
+        traj = mf.simulate(kernel, x0, t1=1.0, dt=float(dt), solver=solver)
+        errs.append(float(jnp.max(jnp.abs(traj.xs[-1] - ref))))
+        np.testing.assert_allclose(np.linalg.norm(traj.xs[-1], axis=1), 1.0, atol=1e-14)
+    slope = np.polyfit(np.log(dts), np.log(errs), 1)[0]
+    assert abs(slope - order) < 0.25, (errs, slope)
+    assert errs[-1] > 1e-13  # still above rounding: the fit measured the scheme
+
+
+def test_projected_schemes_step_by_step(x64):
+    # euler: x <- N(x + h v(x)); rk2 (projected Heun): k1 = v(x), k2 = v(N(x + h k1)),
+    # x <- N(x + h/2 (k1 + k2)); N = row normalisation. dt = 0.3 does not divide t1 = 1
+    # (last step 0.1), and an off-grid save time 0.45 becomes a step end.
+    x0 = mf.sphere.uniform(jax.random.key(12), 6, 3, jnp.float64)
+    kernel = K.DistanceBias(jnp.asarray(1.5), jnp.asarray(1.0))
+
+    def v(x):
+        return mf.velocity(kernel, x)
+
+    def manual(solver, steps):
+        x, out = x0, [x0]
+        for h in steps:
+            if solver == "euler":
+                x = mf.sphere.normalize(x + h * v(x))
+            else:
+                k1 = v(x)
+                k2 = v(mf.sphere.normalize(x + h * k1))
+                x = mf.sphere.normalize(x + h / 2 * (k1 + k2))
+            out.append(x)
+        return out
+
+    steps = [0.3, 0.15, 0.15, 0.3, 0.1]  # grid 0, .3, .45, .6, .9, 1
+    for solver in ("euler", "rk2"):
+        traj = mf.simulate(kernel, x0, t1=1.0, dt=0.3, solver=solver, ts=[0.45, 1.0])
+        ref = manual(solver, steps)
+        assert int(traj.num_steps) == len(steps)
+        np.testing.assert_allclose(traj.xs[0], ref[2], atol=1e-14)
+        np.testing.assert_allclose(traj.xs[1], ref[5], atol=1e-14)
+
+
+@pytest.mark.parametrize("solver", ["tsit5", "dopri5"])
+def test_adaptive_solver_agrees_with_fine_rk4(solver, x64):
+    x0 = mf.sphere.uniform(jax.random.key(4), 8, 3, jnp.float64)
+    kernel = K.RoPE(jnp.asarray(2.0), TWO_PI)
+    ts = [0.0, 0.5, 1.5, 2.0]
+    ref = mf.simulate(kernel, x0, t1=2.0, dt=1.0 / 256, solver="rk4", ts=ts)
+    traj = mf.simulate(kernel, x0, t1=2.0, solver=solver, rtol=1e-10, atol=1e-10, ts=ts)
+    np.testing.assert_allclose(traj.ts, ts)
+    np.testing.assert_allclose(traj.xs, ref.xs, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(traj.energy, ref.energy, rtol=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(traj.xs, axis=-1), 1.0, atol=1e-12)
+    assert not bool(traj.failed)
+
+
+def test_rescaled_run_is_a_time_change_float64(x64):
+    # rescaled flow at time s = original flow at t = e^{-beta} s; with dt_s = e^beta dt_t the
+    # projected scheme takes identical steps.
+    beta = 2.0
+    x0 = mf.sphere.uniform(jax.random.key(5), 8, 3, jnp.float64)
+    kernel = K.RoPE(jnp.asarray(beta), 3.0)
+    a = mf.simulate(kernel, x0, t1=1.0, dt=0.05, ts=[0.0, 0.5, 1.0])
+    s1 = float(K.rescaled_time(1.0, beta))
+    b = mf.simulate(
+        K.RoPE(jnp.asarray(beta), 3.0, rescaled=True),
+        x0,
+        t1=s1,
+        dt=float(K.rescaled_time(0.05, beta)),
+        ts=[0.0, s1 / 2, s1],
+    )
+    np.testing.assert_allclose(K.original_time(b.ts, beta), a.ts, rtol=1e-12)
+    np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(b.energy, np.exp(-beta) * a.energy, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------
+# large beta in float32, early stop, failures, vmap
+# --------------------------------------------------------------------------
+
+
+def test_beta_500_rescaled_float32_collapses():
+    beta = 500.0
+    x0 = mf.sphere.normalize(jnp.array([0.0, 0.0, 1.0]) + 0.02 * jax.random.normal(jax.random.key(6), (16, 3)))
+    traj = mf.simulate(K.USA(beta, rescaled=True), x0, t1=10.0, dt=0.05, ts=[0.0, 5.0, 10.0])
+    assert not bool(traj.failed)
+    assert traj.xs.dtype == jnp.float32
+    assert float(traj.collapse_gap[0]) > 1e-4
+    assert float(traj.collapse_gap[-1]) < 1e-6
+    E = np.asarray(traj.energy)
+    assert np.all(np.diff(E) >= -1e-6 * E[1:])
+    np.testing.assert_allclose(E[-1], mf.theory.max_energy(beta, rescaled=True), rtol=1e-5)
+    with pytest.raises(ValueError, match="rescaled"):
+        mf.simulate(K.USA(beta), x0, t1=1.0)
+
+
+def test_early_stop_paper_rule():
+    # stop at the first window end t (length-1 windows) with |E(t) - E(t-1)| <= tol |E(t)|
+    x0 = mf.sphere.uniform(jax.random.key(7), 16, 3)
+    kernel = K.USA(jnp.asarray(1.0))
+    ts = np.arange(0.0, 31.0)
+    full = mf.simulate(kernel, x0, t1=30.0, dt=0.1, ts=ts)
+    assert not bool(full.stopped) and float(full.stop_time) == 30.0
+    tol = 1e-4
+    E = np.asarray(full.energy, np.float64)
+    rel = np.abs(np.diff(E)) / np.abs(E[1:])
+    k = int(np.argmax(rel <= tol)) + 1
+    assert 2 <= k < 25 and rel[k - 2] > 3 * tol  # a clear crossing
+    traj = mf.simulate(kernel, x0, t1=30.0, dt=0.1, ts=ts, early_stop=tol)
+    assert bool(traj.stopped) and not bool(traj.failed)
+    np.testing.assert_allclose(traj.stop_time, k, atol=1e-4)
+    # identical up to the stop, then the final state repeats
+    np.testing.assert_allclose(traj.xs[: k + 1], full.xs[: k + 1], atol=1e-6)
+    np.testing.assert_allclose(traj.xs[k:], jnp.broadcast_to(traj.xs[k], traj.xs[k:].shape), atol=0)
+    np.testing.assert_allclose(traj.energy[k:], traj.energy[k], rtol=0)
+    assert traj.ts.shape == ts.shape
+
+
+def test_nonfinite_state_sets_failed_flag_under_vmap():
+    # beta traced under vmap: the trace-time overflow check cannot fire; the run must flag it.
+    x0 = mf.sphere.uniform(jax.random.key(8), 8, 3)
+    betas = jnp.array([1.0, 200.0], jnp.float32)
+    out = jax.vmap(lambda b: mf.simulate(K.USA(b), x0, t1=1.0, dt=0.1, ts=[0.0, 0.5, 1.0]))(betas)
+    np.testing.assert_array_equal(out.failed, [False, True])
+    assert bool(jnp.all(jnp.isfinite(out.xs[0]))) and float(out.stop_time[0]) == 1.0
+    assert float(out.stop_time[1]) < 1.0
+    assert not bool(out.stopped[1])
+    E = np.asarray(out.energy[0])
+    assert np.all(np.diff(E) > 0)
+
+
+def test_vmap_over_seeds_and_beta_compiles_once():
+    traces = []
+
+    def first_coordinate(x):
+        traces.append(1)  # runs only while tracing
+        return x[0, 0]
+
+    def one(key, beta):
+        x0 = mf.sphere.uniform(key, 8, 3)
+        return mf.simulate(
+            K.DistanceBias(beta, 0.5), x0, t1=1.0, dt=0.1, observables={"x00": first_coordinate}
+        )
+
+    batched = jax.vmap(jax.vmap(one, in_axes=(0, None)), in_axes=(None, 0))
+    a = batched(jax.random.split(jax.random.key(0), 3), jnp.array([1.0, 2.0]))
+    n_traces = len(traces)
+    assert n_traces > 0
+    b = batched(jax.random.split(jax.random.key(1), 3), jnp.array([0.5, 4.0]))
+    assert len(traces) == n_traces  # new seeds and betas: no retrace
+    assert a.xs.shape == (2, 3, 2, 8, 3)
+    assert not bool(jnp.any(b.failed))
+    np.testing.assert_array_equal(b.observables["x00"], b.xs[..., 0, 0])
+    # a batched entry equals the single run
+    key = jax.random.split(jax.random.key(1), 3)[2]
+    single = mf.simulate(K.DistanceBias(4.0, 0.5), mf.sphere.uniform(key, 8, 3), t1=1.0, dt=0.1)
+    np.testing.assert_allclose(b.xs[1, 2], single.xs, atol=1e-6)
+
+
+def test_observables_and_save_states_false():
+    x0 = mf.sphere.uniform(jax.random.key(9), 10, 3)
+    kernel = K.Toeplitz()
+    obs = {"ts": mf.metrics.token_similarity, "mean": lambda x: jnp.mean(x, axis=0)}
+    a = mf.simulate(kernel, x0, t1=2.0, dt=0.1, ts=[0.0, 1.0, 2.0], observables=obs)
+    np.testing.assert_allclose(a.observables["ts"], jax.vmap(mf.metrics.token_similarity)(a.xs), rtol=1e-6)
+    np.testing.assert_allclose(a.observables["mean"], jnp.mean(a.xs, axis=1), atol=1e-7)
+    b = mf.simulate(kernel, x0, t1=2.0, dt=0.1, ts=[0.0, 1.0, 2.0], observables=obs, save_states=False)
+    assert b.xs is None
+    np.testing.assert_array_equal(b.energy, a.energy)
+    np.testing.assert_array_equal(b.observables["mean"], a.observables["mean"])
+    # default save times: 0 and t1
+    c = mf.simulate(kernel, x0, t1=2.0, dt=0.1)
+    np.testing.assert_allclose(c.ts, [0.0, 2.0])
+    np.testing.assert_array_equal(c.xs[-1], a.xs[-1])
+
+
+def test_block_size_in_simulate_matches_dense():
+    x0 = mf.sphere.uniform(jax.random.key(10), 10, 3)
+    kernel = K.USA(jnp.asarray(1.0))
+    a = mf.simulate(kernel, x0, t1=1.0, dt=0.1)
+    b = mf.simulate(kernel, x0, t1=1.0, dt=0.1, block_size=3)
+    np.testing.assert_allclose(b.xs, a.xs, atol=2e-6)
+
+
+def test_self_attention_simulation():
+    x0 = mf.sphere.uniform(jax.random.key(11), 10, 3)
+    sa = mf.simulate(mf.models.SelfAttention(jnp.asarray(1.0)), x0, t1=10.0, dt=0.1)
+    assert sa.energy is None and not bool(sa.failed)
+    # the normalised SA flow with identity matrices clusters (Geshkovski et al.)
+    assert float(sa.collapse_gap[-1]) < 0.5 * float(sa.collapse_gap[0])
+    np.testing.assert_allclose(np.linalg.norm(sa.xs, axis=-1), 1.0, atol=1e-6)
+    with pytest.raises(TypeError):
+        mf.simulate(mf.models.SelfAttention(1.0), x0, t1=1.0, early_stop=1e-6)
