@@ -200,8 +200,8 @@ def cumulative_profile(x, d: int):
 
     Example:
         >>> import meanfield as mf
-        >>> round(float(mf.theory.cumulative_profile(1.0, 3)), 6)  # 1 - exp(-1)
-        0.632121
+        >>> round(float(mf.theory.cumulative_profile(1.0, 3)), 4)  # 1 - exp(-1)
+        0.6321
     """
     alpha = attention_alpha(d)
     check_nonnegative("x", x)
@@ -236,8 +236,10 @@ def partition_function_uniform(n, beta, d: int) -> np.ndarray:
 
     Example:
         >>> import meanfield as mf
-        >>> float(mf.theory.partition_function_uniform(1, 1e-12, 3))
+        >>> float(mf.theory.partition_function_uniform(1, 0.0, 3))
         1.0
+        >>> round(float(mf.theory.partition_function_uniform(1, 2.0, 3)), 6)  # (1 - e^-4) / 4
+        0.245421
     """
     from scipy.special import ive  # local: keeps scipy off the import path of jax users
 
