@@ -263,13 +263,44 @@ def gauge_overhead(quick: bool, log) -> Result:
 # n = 2^17 velocity: tiled, peak memory in a subprocess
 # ----------------------------------------------------------------------------
 
+def proposed_usa_field(x, beta, *, row_block: int = 512, col_block: int = 1024):
+    """Proposed two-level tiling of ``F = (1/n) exp(beta X X^T) X`` (see /work/notes/perf_proposals.md).
+
+    Row tiles (``lax.map``) against column tiles (``lax.scan``, accumulated), so that a
+    ``row_block x col_block`` weight tile (2 MiB in float32) stays in cache; the current
+    row-only tiling writes a ``block x n`` tile (512 MiB at n = 2^17) to memory and back.
+    Padded columns are zero rows of ``x``: they add ``exp(0) * 0 = 0`` to the field.
+    Memory O(n d + row_block * col_block).
+    """
+    n, d = x.shape
+    B, C = min(row_block, n), min(col_block, n)
+    R, K = -(-n // B) * B, -(-n // C) * C
+    xr = jnp.concatenate([x, jnp.zeros((R - n, d), x.dtype)]) if R > n else x
+    xc = jnp.concatenate([x, jnp.zeros((K - n, d), x.dtype)]) if K > n else x
+    beta = jnp.asarray(beta, x.dtype)
+
+    def rows(xb):
+        def body(F, xcol):
+            return F + jnp.exp(beta * (xb @ xcol.T)) @ xcol, None
+
+        F, _ = jax.lax.scan(body, jnp.zeros((B, d), x.dtype), xc.reshape(K // C, C, d))
+        return F
+
+    F = jax.lax.map(rows, xr.reshape(R // B, B, d)).reshape(R, d)[:n]
+    return F / n
+
+
 _BIG_SCRIPT = r"""
 import json, resource, sys, time
 import jax, jax.numpy as jnp
 import meanfield as mf
-n, d = int(sys.argv[1]), int(sys.argv[2])
+n, d, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 x = mf.sphere.uniform(jax.random.key(0), n, d)
-f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))
+if mode == "current":
+    f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))
+else:
+    from benchmarks.cases import proposed_usa_field
+    f = jax.jit(lambda x: mf.sphere.project(x, proposed_usa_field(x, 1.0)))
 t0 = time.perf_counter(); v = f(x).block_until_ready(); t_first = time.perf_counter() - t0
 t0 = time.perf_counter(); v = f(x).block_until_ready(); t_run = time.perf_counter() - t0
 tangent = float(jnp.abs(jnp.sum(v * x, -1)).max())
@@ -287,37 +318,38 @@ print(json.dumps(dict(n=n, d=d, t_first=t_first, t_run=t_run, peak_bytes=peak, t
 def big_n(quick: bool, log) -> Result:
     n, d = (2**15, 3) if quick else (2**17, 3)
     res = Result(
-        f"Velocity at n = {n}, d = {d} (float32, tiled; fresh subprocess)",
-        ["n", "first call (compile + run)", "second call", "peak RSS", "n x n matrix would be", "rel err (64 rows)"],
+        f"Velocity at n = {n}, d = {d} (float32, tiled; each in a fresh subprocess)",
+        ["implementation", "first call (compile + run)", "second call", "pairs/s", "peak RSS",
+         "n x n matrix would be", "rel err (64 rows)"],
     )
-    out = subprocess.run(
-        [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    if out.returncode != 0:
-        res.notes.append(f"FAILED: {out.stderr[-2000:]}")
-        return res
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    res.rows.append(
-        [
-            str(n),
-            fmt_t(r["t_first"]),
-            fmt_t(r["t_run"]),
-            f"{r['peak_bytes'] / 2**30:.2f} GiB",
-            f"{n * n * 4 / 2**30:.0f} GiB",
-            f"{r['err']:.1e}",
-        ]
-    )
-    res.data = r
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for mode, label in [("current", "`mf.velocity` (row tiles of 1024, current)"),
+                        ("proposed", "proposed 512 x 1024 tiles (`cases.proposed_usa_field`)")]:
+        out = subprocess.run(
+            [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d), mode],
+            capture_output=True, text=True, timeout=1500, cwd=root,
+        )
+        if out.returncode != 0:
+            res.notes.append(f"{mode} FAILED: {out.stderr[-2000:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        res.rows.append([
+            label, fmt_t(r["t_first"]), fmt_t(r["t_run"]), f"{n * n / r['t_run']:.3g}",
+            f"{r['peak_bytes'] / 2**30:.2f} GiB", f"{n * n * 4 / 2**30:.0f} GiB", f"{r['err']:.1e}",
+        ])
+        res.data[mode] = r
+        log(f"big n {mode}: {r}")
+    if "current" in res.data and "proposed" in res.data:
+        res.notes.append(
+            f"Proposed / current time (second call): "
+            f"{res.data['proposed']['t_run'] / res.data['current']['t_run']:.2f}."
+        )
     res.notes.append(
-        f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit; rows in tiles of "
-        f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} (lax.map, memory O(n * block)). "
-        f"Peak RSS = `ru_maxrss` of the subprocess (includes the Python/JAX runtime). "
-        f"pairs/s = {n * n / r['t_run']:.3g}. Max |<v_i, x_i>| = {r['tangent']:.1e}."
+        f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit: rows in tiles of "
+        f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} against all n columns (lax.map, "
+        f"memory O(n * block)). Peak RSS = `ru_maxrss` of the subprocess (includes the Python/JAX "
+        f"runtime, about 0.3 GiB)."
     )
-    log(f"big n: {r}")
     return res
 
 
@@ -415,7 +447,7 @@ def usa_sweep(quick: bool, log) -> Result:
     grids = [pd.checkpoint_steps(t1, float(pd.usa_step_size(b)), C) for b in betas]
     Ns, hs, idxs = (list(v) for v in zip(*grids))
     x0 = _x0_64(S, n, d, seed=1)
-    cap = 400 if quick else 3000  # reference runs longer than this are timed on a prefix and scaled
+    cap = 400 if quick else 1000  # reference runs longer than this are timed on a prefix and scaled
     res = Result(
         f"USA phase diagram: n = {n}, d = {d}, {S} seeds x {B} beta in [{betas[0]:g}, {betas[-1]:g}], "
         f"Euler step 0.1 / max(sqrt(beta) e^(beta - 1/2), 1) to t = {t1:g} "
