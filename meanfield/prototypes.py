@@ -125,8 +125,10 @@ def assign(
 ) -> Float[Array, "T K"]:
     """Soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / temperature)``.
 
-    The softmax is shifted by its row maximum (``jax.nn.softmax``), so distant
-    tokens do not underflow; each row is a probability vector over prototypes.
+    The softmax is taken of ``-(d_tk - min_j d_tj) / temperature`` (shifted by the
+    row minimum distance before the division, so the largest logit is exactly 0
+    and distant tokens neither underflow nor give NaN); each row is a probability
+    vector over prototypes.
 
     Args:
         z: ``(T, m)`` tokens.
@@ -147,8 +149,18 @@ def assign(
     return _assign(z, prototypes, temperature)
 
 
+@jax.jit
 def _assign(z, prototypes, temperature):
-    return jax.nn.softmax(-squared_distances(z, prototypes) / temperature, axis=-1)
+    return _softmin(squared_distances(z, prototypes), temperature)
+
+
+def _softmin(d, temperature):
+    # shift by the row minimum *before* dividing: the largest logit is exactly 0.
+    # (Dividing first and letting softmax shift gave NaN under XLA fusion on CPU for
+    # d ~ 1e6, temperature ~ 1e-3.)
+    shifted = (d - jax.lax.stop_gradient(jnp.min(d, axis=-1, keepdims=True))) / temperature
+    e = jnp.exp(-shifted)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
 def reconstruct(
@@ -195,9 +207,10 @@ def loss_terms(
     return _loss_terms(z, prototypes, temperature)
 
 
+@jax.jit
 def _loss_terms(z, prototypes, temperature):
     d = squared_distances(z, prototypes)
-    q = jax.nn.softmax(-d / temperature, axis=-1)
+    q = _softmin(d, temperature)
     q = q / jnp.sum(q, axis=-1, keepdims=True)
     zhat = q @ prototypes
     L_q = jnp.mean(jnp.sum(q * d, axis=-1))
@@ -513,6 +526,7 @@ def separation(prototypes: Float[Array, "K m"]) -> tuple[Float[Array, ""], Float
     return _separation(prototypes)
 
 
+@jax.jit
 def _separation(prototypes):
     K = prototypes.shape[0]
     d2 = squared_distances(prototypes, prototypes)
