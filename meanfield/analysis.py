@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from . import sphere
+from ._checks import check_positive
 from .energy import energy as _energy
 from .energy import resolve_aux
 from .kernels import Kernel
 
-__all__ = ["tangent_hessian", "tangent_frame", "classify"]
+__all__ = [
+    "tangent_hessian",
+    "tangent_frame",
+    "classify",
+    "growth_rates",
+    "collapsed_spectrum",
+    "antipodal_spectrum",
+    "cluster_state",
+    "classify_state",
+    "escape_time",
+]
 
 
 def tangent_frame(x: Float[Array, "n d"]) -> Float[Array, "n d d-1"]:
@@ -71,3 +83,136 @@ def classify(H: Float[Array, "m m"], *, num_zero_modes: int, rtol: float = 1e-6)
     kind = "saddle" if pos > 0 else ("maximiser" if nz == num_zero_modes else "degenerate")
     return {"kind": kind, "positive": pos, "zero": nz, "negative": int(lam.size - pos - nz),
             "largest": float(lam[-1]), "smallest": float(lam[0])}
+
+
+def growth_rates(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, " m"]:
+    """Rates of the linearised flow at ``x``: ``n * eigvalsh(tangent_hessian)`` (ascending).
+
+    The velocity is ``n P grad E``, so near a critical point the tangent perturbation obeys
+    ``d xi / dt = n H xi``: a positive eigenvalue ``lambda`` of ``H`` grows like ``e^{n lambda t}``.
+    """
+    H = tangent_hessian(kernel, x, aux)
+    return x.shape[0] * jnp.linalg.eigvalsh(H)
+
+
+def collapsed_spectrum(beta, n: int, d: int) -> dict:
+    """Predicted tangent-Hessian spectrum of USA at a collapsed state.
+
+    ``d - 1`` zero modes (global rotations) and ``-e^beta / n`` with multiplicity ``(n - 1)(d - 1)``.
+    """
+    return {"zero": d - 1, "eigenvalue": -float(np.exp(beta)) / n, "multiplicity": (n - 1) * (d - 1)}
+
+
+def antipodal_spectrum(beta, n: int, d: int) -> dict:
+    """Predicted spectrum of USA at two antipodal clusters of ``n / 2`` tokens (a saddle).
+
+    Linearising ``dx_i/dt = P F_i`` with clusters of mass ``1/2`` at ``+-e``: a rigid
+    displacement ``xi`` of one cluster and ``eta`` of the other obey
+    ``xi' = eta' = e^{-beta} (xi + eta) / 2``, so the relative mode ``xi = eta`` grows at rate
+    ``e^{-beta}`` (multiplicity ``d - 1``) and the common rotation ``xi = -eta`` is a zero mode
+    (``d - 1``); a token's deviation from its cluster decays at rate ``(e^beta - e^{-beta}) / 2``
+    (multiplicity ``(n - 2)(d - 1)``). Eigenvalues of ``H`` are these rates divided by ``n``.
+    """
+    b = float(beta)
+    return {
+        "positive": np.exp(-b) / n,
+        "num_positive": d - 1,
+        "zero": d - 1,
+        "negative": -(np.exp(b) - np.exp(-b)) / (2 * n),
+        "num_negative": (n - 2) * (d - 1),
+    }
+
+
+def cluster_state(n: int, k: int, d: int = 3, dtype=jnp.float32) -> Float[Array, "n d"]:
+    """``k`` clusters of ``n / k`` tokens at the vertices of a regular ``k``-gon on the great
+    circle of ``(e_1, e_2)``: a critical point of every rotation-invariant energy (by symmetry).
+    ``k = 2`` is the antipodal pair, ``k = 1`` the collapsed state."""
+    n = int(n)
+    k = int(k)
+    if k < 1 or n % k:
+        raise ValueError(f"cluster_state needs k >= 1 dividing n, got n = {n}, k = {k}")
+    ang = 2 * jnp.pi * (jnp.arange(n) // (n // k)) / k
+    x = jnp.zeros((n, d), dtype)
+    return x.at[:, 0].set(jnp.cos(ang)).at[:, 1].set(jnp.sin(ang))
+
+
+def classify_state(
+    kernel, x: Float[Array, "n d"], aux=None, *, rtol: float = 1e-6, critical_tol: float = 1e-4, threshold: float = 0.1
+) -> dict:
+    """What a run reached: ``classify`` of the tangent Hessian plus speed and cluster count.
+
+    With ``speed = max_i ||P_{x_i} F_i|| / max_i ||F_i||`` (relative tangent speed) and
+    ``clusters = mf.metrics.num_clusters(x, threshold)``, ``kind`` is
+
+    * ``"maximiser"``: no positive eigenvalue and exactly ``d - 1`` zero modes (within ``rtol``);
+    * ``"saddle"``: critical (``speed <= critical_tol``) with a positive eigenvalue;
+    * ``"metastable"``: several clusters still moving slowly (``speed > critical_tol``), the
+      multi-cluster states of large ``beta``; ``rate`` is then the escape rate of the linearisation;
+    * ``"degenerate"`` / ``"transient"`` otherwise.
+
+    ``rate = n * largest eigenvalue`` (growth rate of the linearised flow, see ``growth_rates``).
+    """
+    from . import metrics
+    from .energy import field as _field
+
+    x = jnp.asarray(x)
+    n, d = x.shape
+    H = tangent_hessian(kernel, x, aux)
+    out = classify(H, num_zero_modes=d - 1, rtol=rtol)
+    F = _field(kernel, x, aux)
+    v = sphere.project(x, F)
+    out["speed"] = float(jnp.max(jnp.linalg.norm(v, axis=-1)) / jnp.max(jnp.linalg.norm(F, axis=-1)))
+    out["clusters"] = int(metrics.num_clusters(x, threshold))
+    out["rate"] = n * out["largest"]
+    critical = out["speed"] <= critical_tol
+    if out["positive"] == 0 and out["zero"] == d - 1:
+        out["kind"] = "maximiser"
+    elif out["positive"] > 0 and critical:
+        out["kind"] = "saddle"
+    elif out["clusters"] > 1 and not critical:
+        out["kind"] = "metastable"
+    elif critical:
+        out["kind"] = "degenerate"
+    else:
+        out["kind"] = "transient"
+    return out
+
+
+def escape_time(kernel, x0: Float[Array, "n d"], aux=None, *, dt: float, t_max: float, fraction: float = 0.5):
+    """First time the collapse gap ``G_x`` falls below ``fraction * G_x(0)`` (projected Heun, step ``dt``).
+
+    A ``lax.while_loop`` without saves, for the long runs near saddles. Returns ``t_max`` (as
+    ``inf``) when the run has not escaped by then.
+    """
+    from .energy import resolve_aux
+
+    aux = resolve_aux(kernel, x0, aux)
+    x0 = jnp.asarray(x0)
+    kernel.check_config(x0, aux)
+    check_positive("dt", dt)
+    check_positive("t_max", t_max)
+    return _escape(kernel, x0, aux, jnp.asarray(dt, x0.dtype), jnp.asarray(t_max, x0.dtype), fraction)
+
+
+@jax.jit
+def _escape(kernel, x0, aux, dt, t_max, fraction):
+    from . import metrics
+
+    def vf(x):
+        return sphere.project(x, kernel.field(x, aux))
+
+    g0 = metrics.collapse_gap(x0)
+
+    def cond(state):
+        x, t = state
+        return (metrics.collapse_gap(x) > fraction * g0) & (t < t_max)
+
+    def body(state):
+        x, t = state
+        k1 = vf(x)
+        xe = sphere.normalize(x + dt * k1)
+        k2 = vf(xe)
+        return sphere.normalize(x + 0.5 * dt * (k1 + k2)), t + dt
+
+    x, t = jax.lax.while_loop(cond, body, (x0, jnp.zeros((), x0.dtype)))
+    return jnp.where(t < t_max, t, jnp.inf)

@@ -3,16 +3,53 @@
 For a gauge kernel ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta`` every configuration
 ``x(xi) = Psi(xi)^T u`` attains the maximal energy ``e^beta / (2 beta)`` (MATH.md). Choosing
 ``Psi`` so that ``Psi(xi)^T u`` is a prescribed point per label realises any target law.
+
+Beyond the constructions of the paper this module offers:
+
+* ``quantile_phase``: the positional counterpart (Thm. 2 ii). A phase field whose maximiser
+  ``x(s) = R_{-phi(s)} u`` has, for uniform positions ``s``, a prescribed law on the orbit of
+  ``u``: ``phi(s) = -Q(s)`` with ``Q`` the quantile function of the target angle law.
+* ``Anchored``: a frozen anchor token attending at ``u`` in the gauge frame. The dynamics of a
+  gauge kernel pick the collapse point ``u'`` of the gauge frame from the initial state, so they
+  realise ``Psi(xi)^T u'`` rather than the design ``Psi(xi)^T u``; the anchor makes the design
+  the unique global maximiser, and random initial states land on it.
+* ``curve_points`` / ``curve_gauges`` / ``fit_curve``: a learned design. A smooth map
+  ``p_theta: (0, 1] -> S^{d-1}`` (truncated Fourier series, normalised) defines the gauge
+  ``Psi(s) = rotation_to(p_theta(s), u)``; ``theta`` is fitted with optax so that the maximiser's
+  marginal ``(p_theta)_# ds`` matches a target law given only by samples (squared MMD).
+* ``vmf_mixture`` / ``seam_curve``: target laws (a mixture of von Mises--Fisher laws on ``S^2``,
+  a closed curve on ``S^2``) to design for.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-__all__ = ["rotation_to", "prompt_gauges"]
+from . import sphere
+from ._checks import check_int, check_nonnegative, check_plane, check_positive
+from .kernels import USA, Kernel, _GaugeKernel
+
+__all__ = [
+    "rotation_to",
+    "prompt_gauges",
+    "quantile_phase",
+    "quantile_from_density",
+    "orbit_angles",
+    "Anchored",
+    "designed_configuration",
+    "vmf_mixture",
+    "seam_curve",
+    "curve_points",
+    "curve_gauges",
+    "curve_gauge",
+    "init_curve",
+    "fit_curve",
+]
 
 
 def rotation_to(t: Float[Array, " d"], u: Float[Array, " d"]) -> Float[Array, "d d"]:
@@ -76,3 +113,358 @@ def prompt_gauges(targets: Float[Array, "K d"], u: Float[Array, " d"]) -> Float[
             if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
                 raise ValueError(f"{name} must be unit vectors (norm 1 within 1e-3), got norms {norms}")
     return jax.vmap(rotation_to, in_axes=(0, None))(T.astype(uu.dtype), uu)
+
+
+# ----------------------------------------------------------------------------
+# positional counterpart: the quantile phase field (Thm. 2 ii)
+# ----------------------------------------------------------------------------
+
+
+def orbit_angles(x: Float[Array, "n d"], u: Float[Array, " d"], plane: tuple[int, int] = (0, 1)) -> Float[Array, " n"]:
+    """Angle ``alpha_i in [0, 2 pi)`` of each point relative to ``u`` in ``plane = (a, b)``.
+
+    ``alpha_i = atan2(x_ib, x_ia) - atan2(u_b, u_a) mod 2 pi``: for a point ``R_alpha u``
+    of the orbit of ``u`` this is ``alpha`` (``R_alpha`` rotates ``e_a`` towards ``e_b``).
+    """
+    x = jnp.asarray(x)
+    a, b = check_plane(plane, x.shape[-1])
+    u = jnp.asarray(u, x.dtype)
+    ang = jnp.arctan2(x[..., b], x[..., a]) - jnp.arctan2(u[b], u[a])
+    return jnp.mod(ang, 2 * jnp.pi)
+
+
+def quantile_from_density(density: Callable, num: int = 4096) -> Callable:
+    """Quantile function ``Q: (0, 1] -> [0, 2 pi)`` of the angle law with (unnormalised) ``density``.
+
+    ``F(alpha) = int_0^alpha rho / int_0^{2 pi} rho`` tabulated by the midpoint rule on ``num``
+    cells, ``Q = F^{-1}`` by linear interpolation (error ``O(1/num^2)`` for smooth ``rho``).
+    """
+    num = check_int("num", num, minimum=8)
+    if not callable(density):
+        raise TypeError(f"density must be a callable angle -> density, got {density!r}")
+    edges = np.linspace(0.0, 2 * np.pi, num + 1)
+    mids = 0.5 * (edges[1:] + edges[:-1])
+    rho = np.asarray(jax.vmap(density)(jnp.asarray(mids)), np.float64)
+    if not np.all(np.isfinite(rho)) or np.any(rho < 0) or rho.sum() <= 0:
+        raise ValueError("density must be finite, >= 0 and not identically 0 on [0, 2 pi)")
+    cdf = np.concatenate([[0.0], np.cumsum(rho)]) / rho.sum()
+    # strictly increasing table for inversion (cells of zero mass collapse)
+    levels, idx = np.unique(cdf, return_index=True)
+    angles = edges[idx]
+    lv, an = jnp.asarray(levels), jnp.asarray(angles)
+
+    def quantile(s):
+        return jnp.interp(s, lv.astype(jnp.result_type(s, float)), an.astype(jnp.result_type(s, float)))
+
+    return quantile
+
+
+def quantile_phase(quantile) -> Callable:
+    """Phase field ``phi(s) = -Q(s)`` realising a target law on the orbit of ``u`` (Thm. 2 ii).
+
+    For ``mf.kernels.PhaseField(beta, phi, plane)`` the maximiser is ``x(s) = R_{-phi(s)} u =
+    R_{Q(s)} u``; with ``s ~ U(0, 1]`` its angle ``Q(s)`` has the law whose quantile function is
+    ``Q`` (inverse-CDF sampling), so the marginal ``(x)_# ds`` is the target law on the orbit
+    ``{R_alpha u}`` (the paper's ``psi(s) = 2 pi F^{-1}(s)`` with ``F`` on ``[0, 1)``).
+
+    Args:
+        quantile: the target as a quantile function ``Q: (0, 1] -> angle`` (jax-traceable), or a
+            1-d array of angle samples (then ``Q`` is their empirical quantile function,
+            linearly interpolated between the levels ``(k + 1/2) / m``), see also
+            ``quantile_from_density``.
+
+    Returns:
+        A callable ``s -> phi(s)`` for ``PhaseField``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> phi = mf.design.quantile_phase(lambda s: 2 * jnp.pi * s**2)
+        >>> round(float(phi(0.5)), 4)
+        -1.5708
+    """
+    if callable(quantile):
+        Q = quantile
+    else:
+        a = np.sort(np.asarray(quantile, np.float64).ravel())
+        if a.size < 2 or not np.all(np.isfinite(a)):
+            raise ValueError(f"angle samples must be a finite 1-d array with >= 2 entries, got {np.shape(quantile)}")
+        levels = jnp.asarray((np.arange(a.size) + 0.5) / a.size)
+        vals = jnp.asarray(a)
+
+        def Q(s):
+            dt = jnp.result_type(s, float)
+            return jnp.interp(s, levels.astype(dt), vals.astype(dt))
+
+    def phase(s):
+        return -Q(s)
+
+    return phase
+
+
+# ----------------------------------------------------------------------------
+# landing on the design: a frozen anchor token
+# ----------------------------------------------------------------------------
+
+
+class Anchored(Kernel):
+    """A USA or exp-gauge kernel plus a frozen anchor token attending at ``u`` in the gauge frame.
+
+    With ``y_i = Psi(xi_i) x_i`` (``Psi = I`` for USA) and anchor mass ``w >= 0``::
+
+        h_w(z, z') = h(z, z') + w (a(z) + a(z')),   a(x, xi) = exp(beta <Psi(xi) x, u>) / beta
+        F_i = F_i^h + w exp(beta <y_i, u>) Psi(xi_i)^T u
+        E_w = E^h + (w / n) sum_i a(x_i, xi_i)
+
+    a symmetric pair kernel, so the flow is still the ascent flow of ``E_w`` (the velocity is
+    ``n P grad E_w``). ``E_w <= e^beta (1/2 + w) / beta`` with equality iff ``y_i = u`` for all
+    ``i``: the designed configuration ``x_i = Psi(xi_i)^T u`` is the unique global maximiser.
+    The anchor is one extra frozen token of mass ``w`` (an ordinary token has ``1/n``); in the
+    gauge frame it is USA with a fixed point at ``u``, so a cluster at ``y`` drifts to ``u`` at
+    rate ``~ w e^{beta <y, u>}``. ``rescaled`` kernels keep their ``e^{-beta}`` factor.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> k = mf.design.Anchored(mf.kernels.USA(1.0), jnp.array([0.0, 0.0, 1.0]), mass=1.0)
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 16, 3)
+        >>> xf = mf.simulate(k, x0, t1=20.0, dt=0.05).xs[-1]
+        >>> bool(jnp.all(xf[:, 2] > 0.999))
+        True
+    """
+
+    base: Kernel
+    u: Array
+    mass: Array | float
+
+    def __init__(self, base: Kernel, u, mass=1.0):
+        if not isinstance(base, (USA, _GaugeKernel)):
+            raise TypeError(
+                f"Anchored needs a USA or exp-gauge kernel (RoPE, PhaseField, Gauge, Prompt), got {type(base).__name__}"
+            )
+        uu = jnp.asarray(u, jnp.result_type(float))
+        if uu.ndim != 1:
+            raise ValueError(f"u must be a (d,) unit vector, got shape {uu.shape}")
+        if not isinstance(uu, jax.core.Tracer):
+            nrm = float(np.linalg.norm(np.asarray(uu, np.float64)))
+            if abs(nrm - 1.0) > 1e-3:
+                raise ValueError(f"u must be a unit vector, got norm {nrm:.6g}")
+        check_nonnegative("mass", mass)
+        self.base, self.u, self.mass = base, uu, mass
+
+    @property
+    def beta(self):
+        return self.base.beta
+
+    @property
+    def integer_labels(self):  # type: ignore[override]
+        return self.base.integer_labels
+
+    def default_aux(self, n: int):
+        return self.base.default_aux(n)
+
+    def _gauge(self, xi, d, dtype):
+        if isinstance(self.base, _GaugeKernel):
+            return self.base.gauge_matrix(xi, d).astype(dtype)
+        return jnp.eye(d, dtype=dtype)
+
+    def anchor_term(self, x, xi):
+        """``a(x, xi) = exp(beta <Psi(xi) x, u>) / beta`` (times ``e^{-beta}`` when rescaled)."""
+        P = self._gauge(xi, x.shape[-1], x.dtype)
+        return self.base._exp(jnp.dot(P @ x, self.u.astype(x.dtype))) / self.base.beta
+
+    def __call__(self, x, xi, y, zeta):
+        return self.base(x, xi, y, zeta) + self.mass * (self.anchor_term(x, xi) + self.anchor_term(y, zeta))
+
+    def grad_x(self, x, xi, y, zeta):
+        P = self._gauge(xi, x.shape[-1], x.dtype)
+        u = self.u.astype(x.dtype)
+        return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(jnp.dot(P @ x, u)) * (P.T @ u)
+
+    def _frame(self, x, aux):
+        d = x.shape[-1]
+        if isinstance(self.base, _GaugeKernel):
+            P = self.base.gauge_matrices(aux, d).astype(x.dtype)
+        else:
+            P = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (x.shape[0], d, d))
+        return P, jnp.einsum("nij,nj->ni", P, x)
+
+    def field(self, x, aux, *, block_size=None):
+        P, y = self._frame(x, aux)
+        u = self.u.astype(x.dtype)
+        w = self.base._exp(y @ u)  # (n,)
+        anchor = jnp.einsum("nji,j->ni", P, u) * w[:, None]
+        return self.base.field(x, aux, block_size=block_size) + self.mass * anchor
+
+    def energy(self, x, aux, *, block_size=None):
+        _, y = self._frame(x, aux)
+        a = self.base._exp(y @ self.u.astype(x.dtype)) / self.base.beta
+        return self.base.energy(x, aux, block_size=block_size) + self.mass * jnp.mean(a)
+
+    def check_config(self, x, aux) -> None:
+        self.base.check_config(x, aux)
+        if self.u.shape[0] != np.shape(x)[-1]:
+            raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
+
+    def max_energy(self):
+        """``E_w`` at the designed configuration: ``(1/2 + w) e^beta / beta`` (``e^{-beta}`` times if rescaled)."""
+        beta = jnp.asarray(self.base.beta)
+        scale = 1.0 if self.base.rescaled else jnp.exp(beta)
+        return (0.5 + self.mass) * scale / beta
+
+
+def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
+    """The designed maximiser ``x_i = Psi(xi_i)^T u`` of a USA/gauge kernel (or an ``Anchored`` one)."""
+    base = kernel.base if isinstance(kernel, Anchored) else kernel
+    aux = jnp.asarray(aux)
+    u = jnp.asarray(u)
+    y = jnp.broadcast_to(u, (aux.shape[0], u.shape[0]))
+    if isinstance(base, _GaugeKernel):
+        return base.from_gauge_frame(y, aux)
+    if isinstance(base, USA):
+        return y
+    raise TypeError(f"designed_configuration needs a USA or exp-gauge kernel, got {type(base).__name__}")
+
+
+# ----------------------------------------------------------------------------
+# target laws
+# ----------------------------------------------------------------------------
+
+
+def vmf_mixture(key, n: int, means, kappas, weights=None, dtype=jnp.float32) -> Float[Array, "n 3"]:
+    """``n`` i.i.d. samples of ``sum_k w_k vMF(mu_k, kappa_k)`` on ``S^2`` (exact sampler).
+
+    The component is drawn with probabilities ``w``; the cosine ``t = <x, mu>`` of a vMF on
+    ``S^2`` has density ``propto e^{kappa t}`` on ``[-1, 1]``, sampled by inversion:
+    ``t = 1 + log(U + (1 - U) e^{-2 kappa}) / kappa``; the tangent direction is uniform.
+    """
+    n = check_int("n", n, minimum=1)
+    mu = sphere.normalize(jnp.asarray(means, dtype))
+    if mu.ndim != 2 or mu.shape[1] != 3:
+        raise ValueError(f"means must have shape (K, 3), got {mu.shape}")
+    K = mu.shape[0]
+    kap = jnp.broadcast_to(jnp.asarray(kappas, dtype), (K,))
+    check_positive("kappas", kap)
+    w = jnp.full((K,), 1.0 / K, dtype) if weights is None else jnp.asarray(weights, dtype)
+    check_nonnegative("weights", w)
+    if w.shape != (K,):
+        raise ValueError(f"weights must have shape ({K},), got {w.shape}")
+    kc, ku, kv = jax.random.split(key, 3)
+    comp = jax.random.choice(kc, K, (n,), p=w / jnp.sum(w))
+    m, k = mu[comp], kap[comp]
+    U = jax.random.uniform(ku, (n,), dtype)
+    t = 1.0 + jnp.log(U + (1.0 - U) * jnp.exp(-2.0 * k)) / k
+    t = jnp.clip(t, -1.0, 1.0)
+    v = jax.random.normal(kv, (n, 3), dtype)
+    v = sphere.normalize(v - jnp.sum(v * m, -1, keepdims=True) * m)
+    return t[:, None] * m + jnp.sqrt(1.0 - t * t)[:, None] * v
+
+
+def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
+    """The tennis-ball seam on ``S^2``: ``(a cos t + b cos 3t, a sin t - b sin 3t, 2 sqrt(ab) sin 2t)``, ``a = 1 - b``.
+
+    ``|x|^2 = a^2 + b^2 + 2ab cos 4t + 2ab (1 - cos 4t) = (a + b)^2 = 1``. ``t`` in radians.
+    """
+    t = jnp.asarray(t)
+    a = 1.0 - b
+    return jnp.stack(
+        [a * jnp.cos(t) + b * jnp.cos(3 * t), a * jnp.sin(t) - b * jnp.sin(3 * t), 2 * np.sqrt(a * b) * jnp.sin(2 * t)],
+        axis=-1,
+    )
+
+
+# ----------------------------------------------------------------------------
+# learned design: a Fourier curve p_theta and its gauge
+# ----------------------------------------------------------------------------
+
+
+def curve_points(theta: Float[Array, "m d"], s: Float[Array, " n"]) -> Float[Array, "n d"]:
+    """``p_theta(s) = normalize(c_0 + sum_{k=1}^M a_k cos(2 pi k s) + b_k sin(2 pi k s))``.
+
+    ``theta`` stacks ``[c_0; a_1..a_M; b_1..b_M]``, shape ``(2M + 1, d)``.
+    """
+    theta = jnp.asarray(theta)
+    M = (theta.shape[0] - 1) // 2
+    s = jnp.asarray(s, theta.dtype)
+    k = jnp.arange(1, M + 1, dtype=theta.dtype)
+    ang = 2 * jnp.pi * s[:, None] * k[None, :]  # (n, M)
+    raw = theta[0][None, :] + jnp.cos(ang) @ theta[1 : M + 1] + jnp.sin(ang) @ theta[M + 1 :]
+    return sphere.normalize(raw)
+
+
+def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
+    """Gauges ``Psi(s_i) = rotation_to(p_theta(s_i), u)`` (so ``Psi(s_i)^T u = p_theta(s_i)``).
+
+    Differentiable in ``theta``. Use with ``mf.kernels.Prompt(beta, gauges)`` and labels
+    ``arange(n)`` (one gauge per token), or ``curve_gauge`` with ``mf.kernels.Gauge``.
+    """
+    P = curve_points(theta, s)
+    return jax.vmap(rotation_to, in_axes=(0, None))(P, jnp.asarray(u, P.dtype))
+
+
+def curve_gauge(theta, u) -> Callable:
+    """The gauge ``s -> rotation_to(p_theta(s), u)`` as a callable for ``mf.kernels.Gauge``."""
+    theta = jnp.asarray(theta)
+    u = jnp.asarray(u, theta.dtype)
+
+    def psi(s):
+        return rotation_to(curve_points(theta, jnp.reshape(s, (1,)))[0], u)
+
+    return psi
+
+
+def init_curve(key, num_modes: int, d: int = 3, scale: float = 0.1, dtype=jnp.float32) -> Float[Array, "m d"]:
+    """Initial ``theta``: the great circle ``cos(2 pi s) e_1 + sin(2 pi s) e_2`` plus ``N(0, scale^2)`` noise."""
+    M = check_int("num_modes", num_modes, minimum=1)
+    theta = scale * jax.random.normal(key, (2 * M + 1, d), dtype)
+    return theta.at[1, 0].add(1.0).at[M + 1, 1].add(1.0)
+
+
+def fit_curve(
+    key,
+    target: Float[Array, "m d"],
+    *,
+    num_modes: int = 6,
+    n: int = 256,
+    steps: int = 400,
+    learning_rate: float = 0.03,
+    bandwidth: float = 0.3,
+    theta0=None,
+):
+    """Fit ``theta`` so that the maximiser's marginal ``(p_theta)_# ds`` matches ``target`` samples.
+
+    Loss: ``MMD^2(p_theta(s), target)`` (``mf.metrics.mmd``, Gaussian kernel of ``bandwidth``)
+    over stratified positions ``s_i = (i + U_i) / n`` redrawn every step, minimised by
+    ``optax.adam``. This differentiates through the maximiser characterisation: for the gauge
+    ``Psi(s) = rotation_to(p_theta(s), u)`` the maximiser is ``x(s) = p_theta(s)`` for every ``u``.
+
+    Returns:
+        ``(theta, losses)`` with ``losses`` the ``(steps,)`` training MMD^2.
+    """
+    import optax
+
+    from .metrics import mmd
+
+    target = jnp.asarray(target)
+    steps = check_int("steps", steps, minimum=1)
+    n = check_int("n", n, minimum=2)
+    check_positive("learning_rate", learning_rate)
+    check_positive("bandwidth", bandwidth)
+    k0, key = jax.random.split(key)
+    theta = init_curve(k0, num_modes, target.shape[1], dtype=target.dtype) if theta0 is None else jnp.asarray(theta0)
+    opt = optax.adam(learning_rate)
+
+    def loss_fn(th, s):
+        return mmd(curve_points(th, s), target, bandwidth) ** 2
+
+    @jax.jit
+    def run(theta, key):
+        def step(carry, k):
+            th, st = carry
+            s = (jnp.arange(n, dtype=th.dtype) + jax.random.uniform(k, (n,), th.dtype)) / n
+            loss, g = jax.value_and_grad(loss_fn)(th, s)
+            upd, st = opt.update(g, st)
+            return (optax.apply_updates(th, upd), st), loss
+
+        (th, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), jax.random.split(key, steps))
+        return th, losses
+
+    return run(theta, key)
