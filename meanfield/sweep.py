@@ -626,6 +626,12 @@ class Plan:
                 f"{pts} (padded to {pad}), ~{_fmt_bytes(g.point_bytes)} per point, "
                 f"~{_fmt_bytes(g.point_bytes * pad / self.devices)} per chunk per device"
             )
+        worst = max(g.point_bytes for g in self.groups)
+        if worst > self.memory:
+            lines.append(
+                f"warning: one point needs ~{_fmt_bytes(worst)}, more than the budget "
+                f"{_fmt_bytes(self.memory)}: chunks hold one point per device"
+            )
         if spec.simulated and not spec.params.get("rescaled", False):
             limit = float(np.log(np.finfo(spec.dtype).max))
             over = sum(

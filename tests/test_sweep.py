@@ -188,6 +188,7 @@ def test_refuses_overwrite_and_other_spec(tiny, tmp_path):
         np.testing.assert_array_equal(after[k], before[k])
 
 
+@pytest.mark.slow
 def test_model_axis_gauge_kernels_respect_energy_bound(tmp_path):
     """kind as a list is a "model" axis; RoPE and prompt energies climb to at most e^beta/(2 beta)."""
     text = """
@@ -348,20 +349,31 @@ def test_missing_file_and_bad_memory(tmp_path):
     assert sweep.parse_memory("1.5MiB") == int(1.5 * 2**20)
 
 
-def test_cli_errors_are_one_line_exit_2(tmp_path):
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text(TINY.replace("seeds = 3", "seeds = 3\nrepeats = 2"))
+    malformed = tmp_path / "malformed.toml"
+    malformed.write_text("[model\n")
+    cases = [
+        ([bad], "unknown key 'repeats' in [grid]; accepted keys"),
+        ([tmp_path / "missing.toml"], "sweep spec not found"),
+        ([malformed], "error: "),
+        ([bad.with_name("x.toml"), "--memory", "lots"], "sweep spec not found"),
+    ]
+    for args, msg in cases:
+        rc = sweep._cli(sweep.main, [*map(str, args), "--out", str(tmp_path / "x.zarr")])
+        err = capsys.readouterr().err
+        assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    TINY_OK = tmp_path / "ok.toml"
+    TINY_OK.write_text(TINY)
+    assert sweep._cli(sweep.main, [str(TINY_OK), "--out", str(tmp_path / "x.zarr"), "--memory", "lots"]) == 2
+    assert "memory must be a size like 2GB" in capsys.readouterr().err
+    assert not (tmp_path / "x.zarr").exists()
+    # the same through `python -m meanfield.sweep` (a separate process)
     r = _run_cli([bad, "--out", tmp_path / "x.zarr"])
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown key 'repeats'" in lines[0] and "accepted keys" in lines[0]
-    r = _run_cli([tmp_path / "missing.toml", "--out", tmp_path / "x.zarr"])
-    assert r.returncode == 2 and "not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    malformed = tmp_path / "malformed.toml"
-    malformed.write_text("[model\n")
-    r = _run_cli([malformed, "--out", tmp_path / "x.zarr"])
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "x.zarr").exists()
 
 
 def test_plot_main(tiny, tmp_path):
