@@ -284,6 +284,22 @@ def test_dry_run_plan(capsys):
         assert all(b % z == 0 or b == s for b, z, s in zip(g.block, plan.zarr_block, plan.batch_shape))
 
 
+@pytest.mark.parametrize("kind,n,d", [("attention", 1000, 5), ("usa", 24, 3)])
+def test_memory_estimate_bounds_xla_peak(kind, n, d):
+    """The plan's memory per chunk is an upper bound of XLA's own peak (memory_analysis), within 3x."""
+    extra = "" if kind == "attention" else '[time]\nt1 = 0.5\ndt = 0.1\nsave = 3\n[output]\nobservables = ["collapse_gap", "energy", "clusters"]\n'
+    spec = sweep.parse_spec(f"[model]\nkind = '{kind}'\n[grid]\nn = [{n}]\nd = {d}\nbeta = [1.0, 2.0]\nseeds = 4\n{extra}")
+    plan = sweep.make_plan(spec, "2GB", devices=1)
+    g = plan.groups[0]
+    _, gi, sl = plan.chunks[0]
+    params, seeds = sweep._chunk_inputs(spec, g, sl, plan.padded_size(g))
+    compiled = jax.jit(jax.vmap(sweep._point_fn(spec, kind, n, d))).lower(params, seeds).compile()
+    m = compiled.memory_analysis()
+    xla = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+    estimate = g.point_bytes * plan.padded_size(g)
+    assert xla <= estimate <= 3 * xla, (estimate, xla)
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_specs_parse_and_plan(path, capsys):
     spec = sweep.load_spec(path)
