@@ -397,3 +397,30 @@ def test_self_attention_simulation():
     np.testing.assert_allclose(np.linalg.norm(sa.xs, axis=-1), 1.0, atol=1e-6)
     with pytest.raises(TypeError):
         mf.simulate(mf.models.SelfAttention(1.0), x0, t1=1.0, early_stop=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="core_bugs.md #3")
+def test_python_float_parameters_do_not_retrace():
+    # DESIGN principle 2: a loop over beta given as Python floats must reuse the compiled run
+    traces = []
+
+    def obs(x):
+        traces.append(1)
+        return x[0, 0]
+
+    x0 = mf.sphere.uniform(jax.random.key(13), 5, 3)
+    a = mf.simulate(K.USA(1.0), x0, t1=0.3, dt=0.1, observables={"o": obs})
+    n_traces = len(traces)
+    b = mf.simulate(K.USA(2.0), x0, t1=0.3, dt=0.1, observables={"o": obs})
+    assert float(b.energy[0]) != float(a.energy[0])
+    assert len(traces) == n_traces
+
+
+@pytest.mark.xfail(strict=True, reason="core_bugs.md #4")
+def test_failed_run_fills_nan_after_stop_time():
+    # max_steps exhausted: failed, and nothing saved after stop_time may look like a result
+    x0 = mf.sphere.uniform(jax.random.key(14), 5, 3)
+    traj = mf.simulate(K.USA(jnp.asarray(1.0)), x0, t1=1.0, dt=0.1, max_steps=3)
+    assert bool(traj.failed)
+    assert float(traj.stop_time) < 1.0
+    assert bool(jnp.isnan(traj.energy[-1])) and bool(jnp.all(jnp.isnan(traj.xs[-1])))
