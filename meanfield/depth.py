@@ -411,6 +411,11 @@ def sample_tokens(key, T: Float[Array, "V V"], p0: Float[Array, " V"], *, batch:
     """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``."""
     batch = check_int("batch", batch, minimum=1)
     length = check_int("length", length, minimum=1)
+    return _sample_tokens(key, T, p0, batch=batch, length=length)
+
+
+@partial(jax.jit, static_argnames=("batch", "length"))
+def _sample_tokens(key, T, p0, *, batch, length):
     k0, ks = jax.random.split(key)
     x0 = jax.random.categorical(k0, jnp.log(p0), shape=(batch,))
     logT = jnp.log(T)
@@ -503,7 +508,7 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
         "c_ffn": alpha_ffn * stats["rms_ffn"],
         "g_stream": gn[:, 0],
         "grad_norm": layer_gn,
-        "grad_norm_total": optax.global_norm(grads),
+        "grad_norm_total": optax.tree.norm(grads),
     }
     return loss, grads, diag
 

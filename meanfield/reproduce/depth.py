@@ -19,8 +19,8 @@ Sizes (found by a search on 2 CPU cores; see ``settings`` in the summary):
 * quick (default of ``--quick``, ~1-2 min on 2 cores): init stacks of depth 24,
   n = 64, d = 64, d_ff = 192, 4 heads, 8 seeds; LM with depth 8, d = 32,
   d_ff = 96, 4 heads, vocab 64, sequence length 32, batch 8, 300 steps (30
-  warmup), sigma_w = 0.1, peak rates {1e-2, 2e-2, 3e-2, 5e-2}. Post-Norm trains
-  at 1e-2 and 2e-2 and collapses at 3e-2 (after first learning: loss 3.3 -> 4.0,
+  warmup), sigma_w = 0.1, peak rates {2e-2, 3e-2, 5e-2}. Post-Norm trains
+  at 2e-2 (and 1e-2, checked during the search) and collapses at 3e-2 (after first learning: loss 3.3 -> 4.0,
   the frequency loss) and 5e-2; Pre-Norm trains at every rate.
 * default (neither flag): as quick with 48-layer init stacks, 16 seeds and 600 steps.
 * ``full=True`` (``--full``): init stacks of depth 48, n = 128, d = 128, 32 seeds;
@@ -58,10 +58,11 @@ QUICK = {
     "init_seeds": 8, "sigma_scales": [0.5, 1.0, 1.5], "alphas": [0.0, 0.25, 0.5, 0.75, 1.0],
     "vocab": 64, "zipf_exponent": 1.5, "zipf_mix": 0.9,
     "lm_depth": 8, "lm_d": 32, "lm_d_ff": 96, "lm_heads": 4, "seq_len": 32, "batch": 8,
-    "steps": 300, "warmup": 30, "lm_sigma_w": 0.1, "lrs": [1e-2, 2e-2, 3e-2, 5e-2],
+    "steps": 300, "warmup": 30, "lm_sigma_w": 0.1, "lrs": [2e-2, 3e-2, 5e-2],
     "collapse_tsim": 0.9,
 }
-DEFAULT = {**QUICK, "init_depth": 48, "init_seeds": 16, "steps": 600, "warmup": 60}
+DEFAULT = {**QUICK, "init_depth": 48, "init_seeds": 16, "steps": 600, "warmup": 60,
+           "lrs": [1e-2, 2e-2, 3e-2, 5e-2]}
 FULL = {
     **QUICK, "init_depth": 48, "init_n": 128, "init_d": 128, "init_d_ff": 384, "init_seeds": 32,
     "vocab": 128, "lm_depth": 16, "lm_d": 64, "lm_d_ff": 192, "seq_len": 64, "batch": 16,
