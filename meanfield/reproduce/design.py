@@ -88,6 +88,7 @@ def settings_for(quick: bool) -> dict:
         "rb_draws": 4,
         "rb_init_kappa": 2.0,
         "rb_gap_ps": [4, 16, 64],
+        "rb_gap_kappa": 1.0,
         "rb_gap_t1": 4.0,
         "rb_gap_dt": 0.05,
         "large_n": 10**6,
@@ -98,7 +99,8 @@ def settings_for(quick: bool) -> dict:
         "mf_ns": [32, 64, 128, 256] if quick else [32, 64, 128, 256, 512, 1024],
         "mf_times": [0.0, 1.0, 2.0, 4.0],
         "mf_repeats": 16 if quick else 32,
-        "mf_init_kappa": 1.0,
+        "mf_init_kappa": 4.0,
+        "mf_dt": 0.1,
     }
 
 
@@ -315,7 +317,7 @@ def _random_batch_experiment(S, key, quiet):
     corrected = e / np.sqrt((n - pp) / (n - 2.0))
     slope, slope_se = rb.fit_rate(pp - 1.0, corrected)
     # G_x(t): exact vs random batch
-    x0 = _vmf_init(S["mf_init_kappa"])(k3, n)
+    x0 = _vmf_init(S["rb_gap_kappa"])(k3, n)
     T = S["rb_gap_t1"]
     saves = 21
     ts = np.linspace(0, T, saves)
@@ -327,7 +329,7 @@ def _random_batch_experiment(S, key, quiet):
     # n = 10^6 on the CPU against an exact run at the reference n (mean-field proxy)
     N, T2 = S["large_n"], S["large_t1"]
     steps = int(round(T2 / S["large_dt"]))
-    xl = _vmf_init(S["mf_init_kappa"])(k5, N)
+    xl = _vmf_init(S["rb_gap_kappa"])(k5, N)
     t0 = time.perf_counter()
     big = rb.simulate_random_batch(usa, xl, key=k5, p=S["large_p"], t1=T2, dt=S["large_dt"], num_saves=steps + 1)
     big_gap = np.asarray(jax.block_until_ready(big.collapse_gap))
@@ -344,7 +346,7 @@ def _meanfield_experiment(S, key):
     usa = kernels.USA(S["beta"])
     ns = S["mf_ns"]
     D = rb.meanfield_distances(usa, _vmf_init(S["mf_init_kappa"]), ns, key=key, ts=S["mf_times"],
-                               repeats=S["mf_repeats"], dt=S["dt"], bandwidth=S["mmd_bandwidth"])
+                               repeats=S["mf_repeats"], dt=S["mf_dt"], bandwidth=S["mmd_bandwidth"])
     rms = np.sqrt(np.mean(D**2, axis=2))  # (len(ns), len(ts))
     fits = [rb.fit_rate(ns, rms[:, j]) for j in range(rms.shape[1])]
     return {"ns": ns, "times": S["mf_times"], "dist": D, "rms": rms, "rates": [f[0] for f in fits],
