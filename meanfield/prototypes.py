@@ -286,6 +286,19 @@ class PrototypeReadout(eqx.Module):
     ``(K, m)`` (rate ``eta_P``), ``temperature`` (a fixed scalar leaf, never
     trained), ``normalize`` (static).
 
+    Args:
+        d: input dimension of the encoder outputs ``x_t``.
+        m: prototype (latent) dimension.
+        K: number of prototypes.
+        temperature: ``tau > 0`` of the soft assignment.
+        key: PRNG key for the projection and the prototypes.
+        width, depth: ``depth = 0`` gives a linear projection ``d -> m``;
+            ``depth >= 1`` an MLP with ``depth`` hidden layers of ``width``.
+        normalize: put the tokens on the unit sphere ``S^{m-1}``.
+        prototype_scale: prototypes start as ``N(0, scale^2 I / m)`` (norm
+            about ``scale``); with ``normalize`` they start on the sphere of
+            radius ``scale``.
+
     Example:
         >>> import jax, meanfield as mf
         >>> r = mf.prototypes.PrototypeReadout(8, 4, 16, 1.0, key=jax.random.key(0))

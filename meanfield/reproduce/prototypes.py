@@ -205,6 +205,11 @@ def _vq(cfg, key, pbar):
             "soft": P.VQAutoencoder(P.PrototypeReadout(d, m, K, cfg["vq_temperature"], key=kq), key=kd),
             "hard": P.VQAutoencoder(P.HardVQ(d, m, K, key=kq), key=kd),
         }
+        if K == cfg["vq_K"][0]:
+            # sensitivity: the same soft run at half the temperature
+            models["soft-half-temperature"] = P.VQAutoencoder(
+                P.PrototypeReadout(d, m, K, cfg["vq_temperature"] / 2, key=kq), key=kd
+            )
         for kind, mod in models.items():
 
             def record(mm):
@@ -316,9 +321,10 @@ def _fig_decomposition(path, dig, vq, hier, e_ref):
 def _fig_utilization(path, vq):
     fig, ax = plt.subplots(figsize=(6, 4))
     for (kind, K), h in sorted(vq.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        ax.plot(100 * h["utilization"], "-" if kind == "soft" else "--", label=f"{kind}, K = {K}")
+        style = {"soft": "-", "hard": "--"}.get(kind, ":")
+        ax.plot(100 * h["utilization"], style, label=f"{kind}, K = {K}")
     ax.set(xlabel="epoch", ylabel="codebook utilisation (%)", ylim=(0, 105),
-           title="mean assignment > 0.01: soft readout vs hard VQ (straight-through)")
+           title="utilisation (mean assignment > 0.01):\nsoft readout vs hard VQ (straight-through)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -402,7 +408,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     key = jax.random.key(cfg["seed"])
     kdig, kvq, khier = jax.random.split(key, 3)
     t0 = time.perf_counter()
-    total = 2 + 2 * len(cfg["vq_K"]) + 1
+    total = 2 + 2 * len(cfg["vq_K"]) + 2
     with tqdm(total=total, desc="prototypes", disable=quiet) as pbar:
         with Timer(timings, "digits_ablation_s"):
             dig = _digits(cfg, kdig, pbar)
@@ -418,10 +424,10 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     # --- decomposition identity, over every recorded epoch of every run
     dig_terms = np.stack([h["L_q"], h["L_OLS"], h["V"]], axis=-1)
     err_dig = float(_rel_err(dig_terms).max())
-    err_vq = max(float(_rel_err(v["terms"]).max()) for (kind, _), v in vq.items() if kind == "soft")
+    err_vq = max(float(_rel_err(v["terms"]).max()) for (kind, _), v in vq.items() if kind.startswith("soft"))
     err_h1 = float(_rel_err(hier["level1"]).max())
     err_h2 = float(_rel_err(hier["level2"]).max())
-    v_min = float(min(h["V"].min(), *(v["terms"][:, 2].min() for (k, _), v in vq.items() if k == "soft"),
+    v_min = float(min(h["V"].min(), *(v["terms"][:, 2].min() for (k, _), v in vq.items() if k.startswith("soft")),
                       hier["level1"][:, 2].min(), hier["level2"][:, 2].min()))
     tol32 = 1e-5  # float32: a few ulps times the number of terms summed
 
@@ -457,7 +463,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
               f"soft readout, K = {K0}, fraction of prototypes with mean assignment > 0.01 after "
               f"{cfg['vq_epochs']} epochs; epoch 1 {vq[('soft', K0)]['utilization'][1]:.3f}, min over epochs "
               f"{vq[('soft', K0)]['utilization'].min():.3f}; final recon {vq[('soft', K0)]['recon'][-1]:.3f}, "
-              f"final min separation {vq[('soft', K0)]['S_min'][-1]:.3f}"),
+              f"final min separation {vq[('soft', K0)]['S_min'][-1]:.3f}; at half the temperature "
+              f"({cfg['vq_temperature'] / 2:g}) the soft codebook ends at "
+              f"{vq[('soft-half-temperature', K0)]['utilization'][-1]:.3f}"),
         check("codebook_utilization_hard", u_hard, None,
               note=f"hard VQ (straight-through), K = {K0}, same init/rates/budget; epoch 1 "
                    f"{vq[('hard', K0)]['utilization'][1]:.3f}, min over epochs "
