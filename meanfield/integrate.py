@@ -309,6 +309,12 @@ def simulate(
         grid = _step_grid(t1f, float(dt), ts_np)
         dt0 = None
         steps = int(max_steps or len(grid) + 1)
+    # Python numbers in the model become arrays: a loop over beta (or lam, omega, ...)
+    # then reuses one compilation instead of retracing on each static float.
+    model = jax.tree.map(
+        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool) else leaf,
+        model,
+    )
     return _simulate(
         model,
         x0,
@@ -404,7 +410,10 @@ def _simulate(
     saved = dict(sol.ys)
     flags_end = saved.pop("_flags")[last]
     final = jax.tree.map(lambda a: a[last], saved)
-    failed = flags_end[_FAIL] > 0.5
+    solver_failed = (sol.result != diffrax.RESULTS.successful) & (
+        sol.result != diffrax.RESULTS.event_occurred
+    )
+    failed = (flags_end[_FAIL] > 0.5) | solver_failed
     stopped = (flags_end[_STOP] > 0.5) & ~failed
     fill = jax.tree.map(
         lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f, final
@@ -414,9 +423,7 @@ def _simulate(
         saved,
         fill,
     )
-    failed = failed | ~jnp.all(jnp.isfinite(ys["collapse_gap"])) | (
-        sol.result != diffrax.RESULTS.successful
-    ) & (sol.result != diffrax.RESULTS.event_occurred)
+    failed = failed | ~jnp.all(jnp.isfinite(ys["collapse_gap"]))
     return Trajectory(
         ts=ts_arr,
         xs=ys.get("xs"),
