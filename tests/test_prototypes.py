@@ -394,3 +394,15 @@ def test_reproduce_quick(tmp_path):
         assert (out / fig).stat().st_size > 10_000
     assert (out / "data.npz").exists()
     assert summary["settings"]["eps"] and summary["timings"]["total_s"] > 0
+
+
+def test_reproduce_options_validated(tmp_path):
+    from meanfield.reproduce import prototypes as R
+
+    with pytest.raises(ValueError, match="unknown option 'bogus'"):
+        R.run(tmp_path, quick=True, quiet=True, bogus=1)
+    with pytest.raises(ValueError, match="at most one of quick and full"):
+        R.run(tmp_path, quick=True, quiet=True, full=True)
+    s = R._settings(False, {"full": True, "eps": [0.05, 1.0]})
+    assert s["mode"] == "full" and s["digits_epochs"] == 300 and s["eps"] == [0.05, 1.0]
+    assert R._settings(True, {})["digits_epochs"] < R._settings(False, {})["digits_epochs"]
