@@ -108,12 +108,12 @@ def machine_limits(quick: bool, log) -> Result:
         for dt in (jnp.float32, jnp.float64):
             a = jax.random.uniform(jax.random.key(0), (m,), dt, -1.0, 1.0)
             f = jax.jit(lambda a: jnp.sum(jnp.exp(a)))
-            t, _ = timeit(lambda: f(a), reps)
+            t = min(timeit(lambda: f(a), reps)[1])
             limits[("exp", jnp.dtype(dt).name)] = m / t
             A = jax.random.normal(jax.random.key(1), (g, g), dt)
             B = jax.random.normal(jax.random.key(2), (g, g), dt)
             h = jax.jit(jnp.dot)
-            t, _ = timeit(lambda: h(A, B), reps)
+            t = min(timeit(lambda: h(A, B), reps)[1])
             limits[("gemm", jnp.dtype(dt).name)] = 2 * g**3 / t
     log(f"limits: {limits}")
     res.rows.append(
@@ -124,7 +124,7 @@ def machine_limits(quick: bool, log) -> Result:
     )
     res.notes.append(
         f"exp: `jnp.sum(jnp.exp(a))` on {m} uniform(-1, 1) values (exp and reduction fused); "
-        f"GEMM: `jnp.dot` of two {g} x {g} matrices, 2 g^3 flops. Medians of {reps}."
+        f"GEMM: `jnp.dot` of two {g} x {g} matrices, 2 g^3 flops. Best of {reps} (the machine's capability; medians would measure the other jobs)."
     )
     res.data = {f"{k}_{d}": v for (k, d), v in limits.items()}
     return res
@@ -159,6 +159,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
             "plain JAX",
             "NumPy",
             "torch",
+            "proposed tiles",
             "vs NumPy",
             "vs plain JAX",
             "vs torch",
@@ -171,6 +172,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
     kernel = mf.kernels.USA(beta)
     fast = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))
     plain = ref.usa_velocity_jax()
+    prop = jax.jit(jax.vmap(lambda x: mf.sphere.project(x, proposed_usa_field(x, beta))))
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
         xn = np.asarray(x)
@@ -180,6 +182,8 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         err = float(np.abs(v_fast - v_ref).max() / np.abs(v_ref).max())
         t_fast, _ = timeit(lambda: fast(x), reps)
         t_plain, _ = timeit(lambda: plain(x, beta), reps)
+        t_prop, _ = timeit(lambda: prop(x), reps)
+        err_prop = float(np.abs(np.asarray(prop(x)) - v_ref).max() / np.abs(v_ref).max())
         t_np, k_np = timeit_threads("numpy", lambda: ref.usa_velocity_numpy(xn, beta), reps)
         t_torch, k_torch = timeit_threads("torch", lambda: ref.usa_velocity_torch(xt, beta), reps)
         rate = S * n * n / t_fast
@@ -191,6 +195,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
                 fmt_t(t_plain),
                 f"{fmt_t(t_np)} ({k_np} thr)",
                 f"{fmt_t(t_torch)} ({k_torch} thr)",
+                f"{fmt_t(t_prop)} ({fmt_r(t_fast / t_prop)} faster, err {err_prop:.0e})",
                 fmt_r(t_np / t_fast),
                 fmt_r(t_plain / t_fast),
                 fmt_r(t_torch / t_fast),
@@ -200,7 +205,8 @@ def usa_velocity(quick: bool, log, limits) -> Result:
                 f"{err:.1e}",
             ]
         )
-        res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, plain=t_plain, numpy=t_np, torch=t_torch, err=err)
+        res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, plain=t_plain, numpy=t_np, torch=t_torch, err=err,
+                                        proposed=t_prop)
         log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} plain {fmt_t(t_plain)} "
             f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)}")
     res.notes.append(
@@ -208,7 +214,9 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         "row-tile path of `kernels._tiled_exp`). plain JAX: `P_x exp(beta X X^T) X / n` vmapped and "
         "jitted. NumPy and torch: batched matmuls, float32, each timed with 1 thread and with all "
         "cores and reported at the faster setting (thr). `max rel diff`: meanfield "
-        "against the float64 NumPy result."
+        "against the float64 NumPy result. `proposed tiles`: `cases.proposed_usa_field` (512 x 1024 "
+        "tiles, /work/notes/perf_proposals.md; a single tile for n <= 512), with its speed-up over "
+        "meanfield's current path."
     )
     return res
 
@@ -218,7 +226,8 @@ def gauge_overhead(quick: bool, log) -> Result:
     reps = 3 if quick else 7
     res = Result(
         "Exp-gauge kernels against USA at equal n, d (float32, vmapped over seeds)",
-        ["seeds x n x d", "USA", "RoPE", "Prompt (K=3)", "RoPE / USA", "Prompt / USA", "max diff vs pairwise"],
+        ["seeds x n x d", "USA", "RoPE", "Prompt (K=3)", "RoPE / USA", "Prompt / USA", "max diff vs pairwise",
+         "proposed RoPE / USA", "proposed Prompt / USA", "proposed max diff"],
     )
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(7), S))
@@ -231,6 +240,13 @@ def gauge_overhead(quick: bool, log) -> Result:
         for name, k in models.items():
             f = jax.jit(jax.vmap(lambda x, k=k: mf.velocity(k, x)))
             times[name], _ = timeit(lambda f=f: f(x), reps)
+        perr = 0.0
+        for name in ("rope", "prompt"):
+            k = models[name]
+            aux = k.default_aux(n)
+            g = jax.jit(jax.vmap(lambda x, k=k, aux=aux: proposed_gauge_velocity(k, x, aux)))
+            times["proposed " + name], _ = timeit(lambda g=g: g(x), reps)
+            perr = max(perr, float(jnp.abs(g(x) - jax.vmap(lambda x, k=k: mf.velocity(k, x))(x)).max()))
         # fast gauge path against the single-pair reference on the first seed (small n only)
         m = min(n, 256)
         err = 0.0
@@ -248,13 +264,19 @@ def gauge_overhead(quick: bool, log) -> Result:
                 fmt_r(times["rope"] / times["usa"]),
                 fmt_r(times["prompt"] / times["usa"]),
                 f"{err:.1e}",
+                fmt_r(times["proposed rope"] / times["usa"]),
+                fmt_r(times["proposed prompt"] / times["usa"]),
+                f"{perr:.1e}",
             ]
         )
         log(f"gauge {S}x{n}x{d}: {times}")
         res.data[f"{S}x{n}x{d}"] = times
     res.notes.append(
         "RoPE and Prompt evaluate `Psi_i^T usa_field(Psi x)_i` (O(n^2 d)); the last column "
-        "compares with `method='pairwise'` (a d x d rotation per pair) on one seed."
+        "compares with `method='pairwise'` (a d x d rotation per pair) on one seed. `proposed`: "
+        "`cases.proposed_gauge_velocity` (plane rotation for RoPE, broadcast-multiply-sum for the "
+        "gauge matrices instead of a batched einsum; /work/notes/perf_proposals.md), difference to "
+        "`mf.velocity` in the last column."
     )
     return res
 
@@ -281,13 +303,38 @@ def proposed_usa_field(x, beta, *, row_block: int = 512, col_block: int = 1024):
 
     def rows(xb):
         def body(F, xcol):
-            return F + jnp.exp(beta * (xb @ xcol.T)) @ xcol, None
+            # factored e^beta as in kernels._tiled_exp: every exponential is at most 1
+            return F + jnp.exp(beta * (xb @ xcol.T - 1.0)) @ xcol, None
 
         F, _ = jax.lax.scan(body, jnp.zeros((B, d), x.dtype), xc.reshape(K // C, C, d))
         return F
 
-    F = jax.lax.map(rows, xr.reshape(R // B, B, d)).reshape(R, d)[:n]
-    return F / n
+    if R // B == 1:
+        F = rows(xr)[:n]
+    else:
+        F = jax.lax.map(rows, xr.reshape(R // B, B, d)).reshape(R, d)[:n]
+    return F * (jnp.exp(beta) / n)
+
+
+def proposed_gauge_velocity(kernel, x, aux):
+    """Proposed gauge-frame evaluation: RoPE/PhaseField rotate the two plane coordinates
+    (O(n)), other gauges apply ``Psi_i`` by broadcast-multiply-sum instead of the batched
+    ``einsum("nij,nj->ni")`` (a batched dot of tiny matrices, slow on XLA:CPU)."""
+    if isinstance(kernel, mf.kernels.RoPE):
+        a, b = kernel.plane
+        th = jnp.asarray(kernel.omega, x.dtype) * jnp.asarray(aux, x.dtype)
+        c, s = jnp.cos(th), jnp.sin(th)
+
+        def rot(v, sign):
+            va, vb = v[:, a], v[:, b]
+            return v.at[:, a].set(c * va - sign * s * vb).at[:, b].set(sign * s * va + c * vb)
+
+        y = rot(x, 1.0)
+        return mf.sphere.project(x, rot(kernel.usa().field(y, None), -1.0))
+    P = kernel.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
+    y = jnp.sum(P * x[:, None, :], axis=-1)
+    Fy = kernel.usa().field(y, None)
+    return mf.sphere.project(x, jnp.sum(P * Fy[:, :, None], axis=1))
 
 
 _BIG_SCRIPT = r"""
@@ -298,6 +345,9 @@ n, d, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 x = mf.sphere.uniform(jax.random.key(0), n, d)
 if mode == "current":
     f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))
+elif mode == "current-unit":  # the same row tiles, bypassing the n**2 int32 overflow of _tiled_exp
+    f = jax.jit(lambda x: mf.sphere.project(
+        x, mf.kernels._tiled_exp_unit(x, None, jnp.float32(1.0), None)[0] * jnp.exp(jnp.float32(1.0))))
 else:
     from benchmarks.cases import proposed_usa_field
     f = jax.jit(lambda x: mf.sphere.project(x, proposed_usa_field(x, 1.0)))
@@ -324,13 +374,18 @@ def big_n(quick: bool, log) -> Result:
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode, label in [("current", "`mf.velocity` (row tiles of 1024, current)"),
+                        ("current-unit", "`kernels._tiled_exp_unit` (the same row tiles, called directly)"),
                         ("proposed", "proposed 512 x 1024 tiles (`cases.proposed_usa_field`)")]:
+        if mode == "current-unit" and "current" in res.data:
+            continue
         out = subprocess.run(
             [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d), mode],
             capture_output=True, text=True, timeout=1500, cwd=root,
         )
         if out.returncode != 0:
-            res.notes.append(f"{mode} FAILED: {out.stderr[-2000:]}")
+            last = [ln for ln in out.stderr.strip().splitlines() if ln.strip()][-3:]
+            res.rows.append([label, "FAILED", "-", "-", "-", "-", "-"])
+            res.notes.append(f"{mode} FAILED: `{' / '.join(ln.strip() for ln in last)[:600]}`")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         res.rows.append([
@@ -339,10 +394,10 @@ def big_n(quick: bool, log) -> Result:
         ])
         res.data[mode] = r
         log(f"big n {mode}: {r}")
-    if "current" in res.data and "proposed" in res.data:
+    cur = res.data.get("current", res.data.get("current-unit"))
+    if cur and "proposed" in res.data:
         res.notes.append(
-            f"Proposed / current time (second call): "
-            f"{res.data['proposed']['t_run'] / res.data['current']['t_run']:.2f}."
+            f"Proposed / current time (second call): {res.data['proposed']['t_run'] / cur['t_run']:.2f}."
         )
     res.notes.append(
         f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit: rows in tiles of "

@@ -31,8 +31,9 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   XLA:CPU at ``n = 32`` the extra passes cost more than the saved exponentials
   (BENCHMARKS.md), so the default is the dense kernel.
 * The clustering metric reuses the Gram matrix ``<x_i, x_j>`` that the next
-  step computes anyway: one fused compare-and-count over the packed triangle,
-  evaluated (under ``lax.cond``) only at steps that are checkpoints.
+  step computes anyway: one compare-and-count reduction, evaluated (under
+  ``lax.cond``) only at steps that are checkpoints, written as one row of a
+  ``(checkpoints, seeds)`` buffer (no per-step select over all checkpoints).
 * The time-rescaled formulation ``W_ij = exp(beta (<x_i, x_j> - 1))`` with step
   ``e^beta h`` (the same flow, no overflow) for USA; every ``beta`` runs its own
   number of steps in a ``fori_loop`` with a traced trip count, so the large
@@ -175,9 +176,9 @@ def _packed_gram(x, k: int):
 
 
 def _packed_count(T, G12, threshold, k: int):
-    """Number of unordered pairs ``i < j`` with ``<x_i, x_j> > threshold`` (packed Gram)."""
+    """Ordered pairs ``i != j`` with ``<x_i, x_j> > threshold`` (twice the packed strict triangle)."""
     _, diag, _ = _masks(k)
-    return jnp.sum((T > threshold) & ~diag) + jnp.sum(G12 > threshold)
+    return 2 * (jnp.sum((T > threshold) & ~diag) + jnp.sum(G12 > threshold))
 
 
 def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
@@ -197,13 +198,13 @@ def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
 
 
 def _dense_gram(x):
+    # a matmul: measured faster (CPU time) than a fused sum of d outer products even at d = 2
     return x @ x.T
 
 
 def _dense_count(G, threshold):
-    n = G.shape[0]
-    iu = np.triu(np.ones((n, n), bool), 1)
-    return jnp.sum((G > threshold) & iu)
+    """Ordered pairs ``i != j`` with ``G_ij > threshold`` (all entries minus the diagonal)."""
+    return jnp.sum(G > threshold) - jnp.sum(jnp.diagonal(G) > threshold)
 
 
 def _dense_field(x, G, beta, shift, normalized: bool):
@@ -219,16 +220,19 @@ def _dense_field(x, G, beta, shift, normalized: bool):
 # ----------------------------------------------------------------------------
 
 
-def _run_one_beta(x0, beta, step, nsteps, ckpt_idx, threshold, *, normalized: bool, packed: bool):
-    """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at ``ckpt_idx``.
+def _run_one_beta(x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool):
+    """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
 
-    ``step`` is the step in the (time-rescaled, for USA) formulation. Returns ``(S, C)``.
+    ``step`` is the step in the (time-rescaled, for USA) formulation. ``ckpt_steps``: the
+    distinct checkpoint step indices, sorted, padded with a sentinel to length ``C``;
+    ``ckpt_pos``: for each checkpoint its position in ``ckpt_steps``. Returns the ``(S, C)``
+    fractions and the ``(S, n, d)`` final states.
     """
-    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, ckpt_idx.shape)] += 1
+    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, ckpt_pos.shape)] += 1
     S, n, d = x0.shape
     k = n // 2
     dtype = x0.dtype
-    pairs = n * (n - 1) // 2
+    C = ckpt_steps.shape[0]
     shift = jnp.zeros((), dtype) if normalized else beta  # W = exp(beta (G - 1)) for USA
 
     def gram(x):
@@ -242,25 +246,38 @@ def _run_one_beta(x0, beta, step, nsteps, ckpt_idx, threshold, *, normalized: bo
             return _packed_field(x, *g, beta, shift, k, normalized)
         return _dense_field(x, g, beta, shift, normalized)
 
-    def record(out, i, g):
-        frac = jax.vmap(count)(g).astype(dtype) / pairs  # (S,)
-        return jnp.where((ckpt_idx == i)[None, :], frac[:, None], out)
+    def record(buf, i, g):
+        """Write the fraction of every seed into the buffer row of step ``i`` if it is a checkpoint."""
+        slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
+
+        def write(b):
+            frac = jax.vmap(count)(g).astype(dtype) / (n * (n - 1))
+            return jax.lax.dynamic_update_index_in_dim(b, frac, slot, 0)
+
+        return jax.lax.cond(ckpt_steps[slot] == i, write, lambda b: b, buf)
 
     def body(i, carry):
-        x, out = carry
-        g = jax.vmap(gram)(x)
-        out = jax.lax.cond(jnp.any(ckpt_idx == i), lambda o: record(o, i, g), lambda o: o, out)
+        x, buf = carry
+        g = jax.vmap(gram)(x)  # shared by the metric and the field (fused metric)
+        buf = record(buf, i, g)
         F = jax.vmap(fieldf)(x, g)
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x
         x = x + step * v
         x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-        return x, out
+        return x, buf
 
-    out0 = jnp.zeros((S, ckpt_idx.shape[0]), dtype)
-    x, out = jax.lax.fori_loop(0, nsteps, body, (x0, out0))
-    g = jax.vmap(gram)(x)
-    out = jax.lax.cond(jnp.any(ckpt_idx == nsteps), lambda o: record(o, nsteps, g), lambda o: o, out)
-    return out, x
+    buf0 = jnp.zeros((C, S), dtype)
+    x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
+    buf = record(buf, nsteps, jax.vmap(gram)(x))
+    return buf[ckpt_pos].T, x
+
+
+def _checkpoint_slots(idx, C):
+    """Distinct sorted checkpoint steps padded to ``C`` with a sentinel, and each checkpoint's slot."""
+    u, pos = np.unique(np.asarray(idx), return_inverse=True)
+    pad = np.full(C, np.iinfo(np.int32).max, np.int64)
+    pad[: u.size] = u
+    return pad, pos
 
 
 _run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=("normalized", "packed"))
@@ -276,6 +293,7 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
     for b, h, N, idx in zip(betas, steps_h, steps_n, ckpt):
         # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
         step = h if normalized else h * float(np.exp(b))
+        slots, pos = _checkpoint_slots(idx, len(idx))
         parts, xparts = [], []
         for s0 in range(0, S, chunk):
             xs = x0[s0 : s0 + chunk]
@@ -286,7 +304,8 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
                 jnp.asarray(b, dtype),
                 jnp.asarray(step, dtype),
                 jnp.asarray(N, jnp.int32),
-                jnp.asarray(idx, jnp.int32),
+                jnp.asarray(slots, jnp.int32),
+                jnp.asarray(pos, jnp.int32),
                 thr,
                 normalized=normalized,
                 packed=packed,
