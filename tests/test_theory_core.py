@@ -86,3 +86,12 @@ def test_bad_inputs():
         mf.theory.great_circle_gap(1)
     with pytest.raises(ValueError, match="m must be >= 1, got 0"):
         mf.theory.great_circle_energy(0)
+
+
+@pytest.mark.xfail(strict=True, reason="core_bugs.md #5")
+def test_latitude_height_rejects_bad_planes():
+    u = jnp.array([0.6, 0.0, 0.8])
+    with pytest.raises(ValueError, match="plane"):
+        mf.theory.latitude_height(u, (0, 5))
+    with pytest.raises(ValueError, match="plane"):
+        mf.theory.latitude_height(u, (1, 1))
