@@ -16,13 +16,17 @@ Reproduces papers/post-norm-rank-collapse.txt (MATH.md Sec. 3) at laptop scale:
 
 Sizes (found by a search on 2 CPU cores; see ``settings`` in the summary):
 
-* quick (default of ``--quick``, ~1-2 min on 2 cores): init stacks of depth 24,
-  n = 64, d = 64, d_ff = 192, 4 heads, 8 seeds; LM with depth 8, d = 32,
-  d_ff = 96, 4 heads, vocab 64, sequence length 32, batch 8, 300 steps (30
-  warmup), sigma_w = 0.1, peak rates {2e-2, 3e-2, 5e-2}. Post-Norm trains
-  at 2e-2 (and 1e-2, checked during the search) and collapses at 3e-2 (after first learning: loss 3.3 -> 4.0,
-  the frequency loss) and 5e-2; Pre-Norm trains at every rate.
-* default (neither flag): as quick with 48-layer init stacks, 16 seeds and 600 steps.
+* quick (``--quick``; 45 s of CPU time, 70-100 s wall on 2 cores shared with
+  other jobs): init stacks of depth 24, n = 64, d = 64, d_ff = 192, 4 heads,
+  8 seeds; LM with depth 8, d = 32, d_ff = 96, 4 heads, vocab 64, sequence
+  length 32, batch 8, 300 steps (30 warmup), sigma_w = 0.1, peak rates
+  {2e-2, 3e-2, 5e-2}. Post-Norm trains at 2e-2 (and 1e-2, checked during the
+  search) and collapses at 3e-2 after first learning (loss 3.1 -> 4.0, the
+  frequency loss; transition near step 100-130 for seeds 0, 1, 2) and at 5e-2;
+  Pre-Norm trains at every rate (final loss ~2.67, source entropy rate 2.59).
+* default (neither flag): as quick with 48-layer init stacks, 16 seeds, 600 steps and
+  rates {1e-2, 2e-2, 3e-2, 5e-2} (73 s of CPU time, ~5 min wall on a busy 2-core machine);
+  Post-Norm collapses at 3e-2 (transition near step 186), not at 1e-2 or 2e-2.
 * ``full=True`` (``--full``): paper-depth init stacks (depth 48, n = 128,
   d = 128, d_ff = 384, 32 seeds) and the same LM trained 5x longer (1500 steps,
   150 warmup) over a denser rate sweep {5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2,
