@@ -359,6 +359,13 @@ def sublayer_increments(key, **kwargs) -> dict:
 def frequency_distribution(labels: Int[Array, "..."], vocab: int) -> Float[Array, " vocab"]:
     """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection."""
     vocab = check_int("vocab", vocab, minimum=1)
+    if is_concrete(labels):
+        lab = np.asarray(labels)
+        if lab.size == 0 or not np.issubdtype(lab.dtype, np.integer):
+            raise ValueError(f"labels must be a non-empty integer array, got dtype {lab.dtype}, size {lab.size}")
+        if lab.min() < 0 or lab.max() >= vocab:
+            raise ValueError(f"labels must lie in [0, {vocab - 1}] for vocab = {vocab}, "
+                             f"got range [{lab.min()}, {lab.max()}]")
     counts = jnp.bincount(jnp.ravel(labels), length=vocab)
     return counts / counts.sum()
 

@@ -161,6 +161,8 @@ def test_frequency_loss_handles_missing_labels():
     labels = jnp.array([0, 0, 2, 2])
     np.testing.assert_allclose(D.frequency_loss(labels, 5), math.log(2), rtol=1e-6)
     np.testing.assert_allclose(D.frequency_loss(jnp.zeros(7, int), 3), 0.0, atol=1e-7)
+    with pytest.raises(ValueError, match="labels must lie in"):
+        D.frequency_loss(jnp.array([0, 5]), 5)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
