@@ -187,11 +187,27 @@ def test_gauge_equivalence_float64(x64):
         np.testing.assert_allclose(traj.energy, usa.energy, rtol=1e-12, err_msg=name)
 
 
+# The float64 runs below share one configuration (RoPE in the plane (1, 2), n = 8, d = 3,
+# t1 = 1, default save times) so that equal (solver, dt) pairs reuse one compilation.
+
+
+def f64_rope(beta=2.0, rescaled=False):
+    return K.RoPE(jnp.asarray(beta), jnp.asarray(3.0), plane=(1, 2), rescaled=rescaled)
+
+
+def f64_x0():
+    return mf.sphere.uniform(jax.random.key(3), 8, 3, jnp.float64)
+
+
+def f64_reference(x0):
+    return mf.simulate(f64_rope(), x0, t1=1.0, dt=1.0 / 1024, solver="rk4")
+
+
 def test_gauge_equivalence_rk4_float64(x64):
     # projected RK4 commutes with rotations as well (MATH.md)
-    x0 = mf.sphere.uniform(jax.random.key(2), 8, 3, jnp.float64)
-    kernel = K.RoPE(jnp.asarray(1.5), 3.0, plane=(1, 2))
-    kw = dict(t1=1.0, dt=0.1, solver="rk4")
+    x0 = f64_x0()
+    kernel = f64_rope()
+    kw = dict(t1=1.0, dt=1.0 / 8, solver="rk4")
     traj = mf.simulate(kernel, x0, **kw)
     _, back = usa_run_in_gauge_frame(kernel, x0, **kw)
     np.testing.assert_allclose(back, traj.xs, rtol=0, atol=1e-12)
@@ -201,18 +217,45 @@ def test_gauge_equivalence_rk4_float64(x64):
 @pytest.mark.parametrize(("solver", "order"), [("euler", 1), ("rk2", 2), ("rk4", 4)])
 def test_convergence_order(solver, order, x64):
     # global error at t = 1 against a fine rk4 reference; slope of log err vs log dt
-    x0 = mf.sphere.uniform(jax.random.key(3), 6, 3, jnp.float64)
-    kernel = K.DistanceBias(jnp.asarray(2.0), jnp.asarray(1.0))
-    ref = mf.simulate(kernel, x0, t1=1.0, dt=1.0 / 1024, solver="rk4").xs[-1]
+    x0 = f64_x0()
+    ref = f64_reference(x0).xs[-1]
     dts = np.array([1 / 8, 1 / 16, 1 / 32])
     errs = []
     for dt in dts:
-        traj = mf.simulate(kernel, x0, t1=1.0, dt=float(dt), solver=solver)
+        traj = mf.simulate(f64_rope(), x0, t1=1.0, dt=float(dt), solver=solver)
         errs.append(float(jnp.max(jnp.abs(traj.xs[-1] - ref))))
         np.testing.assert_allclose(np.linalg.norm(traj.xs[-1], axis=1), 1.0, atol=1e-14)
     slope = np.polyfit(np.log(dts), np.log(errs), 1)[0]
     assert abs(slope - order) < 0.25, (errs, slope)
     assert errs[-1] > 1e-13  # still above rounding: the fit measured the scheme
+
+
+@pytest.mark.parametrize("solver", ["tsit5", "dopri5"])
+def test_adaptive_solver_agrees_with_fine_rk4(solver, x64):
+    x0 = f64_x0()
+    ref = f64_reference(x0)
+    traj = mf.simulate(f64_rope(), x0, t1=1.0, solver=solver, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(traj.ts, [0.0, 1.0])
+    np.testing.assert_allclose(traj.xs, ref.xs, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(traj.energy, ref.energy, rtol=1e-10)
+    np.testing.assert_allclose(np.linalg.norm(traj.xs, axis=-1), 1.0, atol=1e-12)
+    assert not bool(traj.failed) and int(traj.num_steps) > 3
+
+
+def test_rescaled_run_is_a_time_change_float64(x64):
+    # rescaled flow at time s = original flow at t = e^{-beta} s; with dt_s = e^beta dt_t the
+    # projected scheme takes identical steps.
+    beta = 2.0
+    x0 = f64_x0()
+    a = mf.simulate(f64_rope(beta), x0, t1=1.0, dt=1.0 / 16)
+    s1 = float(K.rescaled_time(1.0, beta))
+    b = mf.simulate(
+        f64_rope(beta, rescaled=True), x0, t1=s1, dt=float(K.rescaled_time(1.0 / 16, beta))
+    )
+    np.testing.assert_allclose(K.original_time(b.ts, beta), a.ts, rtol=1e-12)
+    np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(b.energy, np.exp(-beta) * a.energy, rtol=1e-12)
+    assert float(a.collapse_gap[-1]) < float(a.collapse_gap[0])  # the run moved
 
 
 def test_projected_schemes_step_by_step(x64):
@@ -244,40 +287,6 @@ def test_projected_schemes_step_by_step(x64):
         assert int(traj.num_steps) == len(steps)
         np.testing.assert_allclose(traj.xs[0], ref[2], atol=1e-14)
         np.testing.assert_allclose(traj.xs[1], ref[5], atol=1e-14)
-
-
-@pytest.mark.parametrize("solver", ["tsit5", "dopri5"])
-def test_adaptive_solver_agrees_with_fine_rk4(solver, x64):
-    x0 = mf.sphere.uniform(jax.random.key(4), 8, 3, jnp.float64)
-    kernel = K.RoPE(jnp.asarray(2.0), TWO_PI)
-    ts = [0.0, 0.5, 1.5, 2.0]
-    ref = mf.simulate(kernel, x0, t1=2.0, dt=1.0 / 256, solver="rk4", ts=ts)
-    traj = mf.simulate(kernel, x0, t1=2.0, solver=solver, rtol=1e-10, atol=1e-10, ts=ts)
-    np.testing.assert_allclose(traj.ts, ts)
-    np.testing.assert_allclose(traj.xs, ref.xs, rtol=0, atol=1e-7)
-    np.testing.assert_allclose(traj.energy, ref.energy, rtol=1e-9)
-    np.testing.assert_allclose(np.linalg.norm(traj.xs, axis=-1), 1.0, atol=1e-12)
-    assert not bool(traj.failed)
-
-
-def test_rescaled_run_is_a_time_change_float64(x64):
-    # rescaled flow at time s = original flow at t = e^{-beta} s; with dt_s = e^beta dt_t the
-    # projected scheme takes identical steps.
-    beta = 2.0
-    x0 = mf.sphere.uniform(jax.random.key(5), 8, 3, jnp.float64)
-    kernel = K.RoPE(jnp.asarray(beta), 3.0)
-    a = mf.simulate(kernel, x0, t1=1.0, dt=0.05, ts=[0.0, 0.5, 1.0])
-    s1 = float(K.rescaled_time(1.0, beta))
-    b = mf.simulate(
-        K.RoPE(jnp.asarray(beta), 3.0, rescaled=True),
-        x0,
-        t1=s1,
-        dt=float(K.rescaled_time(0.05, beta)),
-        ts=[0.0, s1 / 2, s1],
-    )
-    np.testing.assert_allclose(K.original_time(b.ts, beta), a.ts, rtol=1e-12)
-    np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(b.energy, np.exp(-beta) * a.energy, rtol=1e-12)
 
 
 # --------------------------------------------------------------------------
