@@ -180,23 +180,39 @@ def test_positions_and_prompt_default_labels():
 # ------------------------------------------------------------ structured fields
 
 
+def _all_paths(kernel, x, aux, block_sizes):
+    """Pairwise reference and structured field/energy for each block size, in one jit."""
+
+    def run(x, aux):
+        ref = (
+            mf.field(kernel, x, aux, method="pairwise"),
+            mf.energy(kernel, x, aux, method="pairwise"),
+        )
+        structured = [
+            (mf.field(kernel, x, aux, block_size=b), mf.energy(kernel, x, aux, block_size=b))
+            for b in block_sizes
+        ]
+        return ref, structured, mf.velocity(kernel, x, aux, block_size=block_sizes[-1])
+
+    return jax.jit(run)(x, aux)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_structured_field_and_energy_equal_pairwise_float64(name, x64):
     kernel, _ = get(name)
     n = 20
     x = state(n, seed=1)
     aux = labels(kernel, n)
-    F_ref = mf.field(kernel, x, aux, method="pairwise")
-    E_ref = mf.energy(kernel, x, aux, method="pairwise")
-    scale = float(jnp.max(jnp.abs(F_ref)))
     # dense, and row tiles: 7 does not divide n = 20, 1 is the smallest, 64 > n
-    for block_size in (None, 7) if name not in ("usa", "distance_bias") else (None, 7, 1, 20, 64):
-        F = mf.field(kernel, x, aux, block_size=block_size)
+    blocks = (None, 1, 20, 64, 7) if name in ("usa", "distance_bias") else (None, 7)
+    (F_ref, E_ref), structured, v = _all_paths(kernel, x, aux, blocks)
+    scale = float(jnp.max(jnp.abs(F_ref)))
+    for F, E in structured:
         np.testing.assert_allclose(F, F_ref, rtol=0, atol=1e-13 * scale)
-        E = mf.energy(kernel, x, aux, block_size=block_size)
         np.testing.assert_allclose(E, E_ref, rtol=1e-13)
-    v = mf.velocity(kernel, x, aux, block_size=7)
     np.testing.assert_allclose(v, mf.sphere.project(x, F_ref), rtol=0, atol=1e-13 * scale)
+    # the eager (un-jitted) call agrees
+    np.testing.assert_allclose(mf.field(kernel, x, aux), F_ref, rtol=0, atol=1e-13 * scale)
 
 
 @pytest.mark.parametrize("name", ["usa", "distance_bias", "toeplitz", "rope", "prompt"])
@@ -205,16 +221,11 @@ def test_structured_field_equals_pairwise_float32(name):
     n = 13
     x = state(n, seed=2, dtype=jnp.float32)
     aux = labels(kernel, n)
-    for block_size in (None, 5):
-        F = mf.field(kernel, x, aux, block_size=block_size)
+    (F_ref, E_ref), structured, _ = _all_paths(kernel, x, aux, (None, 5))
+    for F, E in structured:
         assert F.dtype == jnp.float32
-        F_ref = mf.field(kernel, x, aux, method="pairwise")
         np.testing.assert_allclose(F, F_ref, rtol=0, atol=1e-5 * float(jnp.max(jnp.abs(F_ref))))
-        np.testing.assert_allclose(
-            mf.energy(kernel, x, aux, block_size=block_size),
-            mf.energy(kernel, x, aux, method="pairwise"),
-            rtol=1e-5,
-        )
+        np.testing.assert_allclose(E, E_ref, rtol=1e-5)
 
 
 def test_default_aux_is_positions(x64):
@@ -233,7 +244,7 @@ def test_usa_ignores_labels(x64):
 def test_field_vmaps_over_beta():
     x = state(8, dtype=jnp.float32)
     betas = jnp.array([0.5, 1.0, 3.0])
-    Fs = jax.vmap(lambda b: mf.field(K.DistanceBias(b, 1.0), x))(betas)
+    Fs = jax.jit(jax.vmap(lambda b: mf.field(K.DistanceBias(b, 1.0), x)))(betas)
     for b, F in zip(betas, Fs):
         np.testing.assert_allclose(F, mf.field(K.DistanceBias(float(b), 1.0), x), rtol=1e-6)
 
