@@ -136,6 +136,18 @@ def test_latitude_circle_d3(runs, name):
     np.testing.assert_allclose(x, circle, atol=1e-5)
 
 
+def test_rope_in_d2_reaches_the_great_circle():
+    # d = 2: E^perp = {0}, the latitude circle has height 0 -- a uniform great circle in
+    # order of the positions, with the maximal energy.
+    n = 16
+    x0 = mf.sphere.uniform(jax.random.key(15), n, 2)
+    traj = mf.simulate(K.RoPE(jnp.asarray(1.0), TWO_PI), x0, t1=T1, dt=DT)
+    np.testing.assert_allclose(traj.energy[-1], mf.theory.max_energy(1.0), rtol=1e-5)
+    np.testing.assert_allclose(traj.collapse_gap[-1], mf.theory.great_circle_gap(n), atol=1e-4)
+    x = np.asarray(traj.xs[-1], np.float64)
+    np.testing.assert_allclose(np.sum(x * np.roll(x, -1, axis=0), axis=1), np.cos(TWO_PI / n), atol=1e-4)
+
+
 def test_prompt_forms_one_cluster_per_prompt(runs):
     x = runs["prompt"].xs[-1]
     assert int(mf.metrics.num_clusters(x, 0.05)) == 3
@@ -256,6 +268,20 @@ def test_rescaled_run_is_a_time_change_float64(x64):
     np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-12)
     np.testing.assert_allclose(b.energy, np.exp(-beta) * a.energy, rtol=1e-12)
     assert float(a.collapse_gap[-1]) < float(a.collapse_gap[0])  # the run moved
+
+
+def test_final_energy_is_differentiable_in_beta(x64):
+    # reverse-mode through the projected solver (users differentiate energies, DESIGN.md)
+    x0 = f64_x0()
+
+    def final_energy(beta):
+        return mf.simulate(f64_rope(beta), x0, t1=1.0, dt=1.0 / 8).energy[-1]
+
+    g = jax.grad(final_energy)(jnp.asarray(2.0))
+    h = 1e-5
+    fd = (final_energy(jnp.asarray(2.0 + h)) - final_energy(jnp.asarray(2.0 - h))) / (2 * h)
+    np.testing.assert_allclose(g, fd, rtol=1e-7)
+    assert abs(float(g)) > 1e-3
 
 
 def test_projected_schemes_step_by_step(x64):
