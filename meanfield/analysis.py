@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +69,9 @@ def tangent_hessian(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, "m
     return 0.5 * (H + H.T)
 
 
+_tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
+
+
 def classify(H: Float[Array, "m m"], *, num_zero_modes: int, rtol: float = 1e-6) -> dict:
     """Classify a critical point from its tangent Hessian.
 
@@ -91,7 +95,7 @@ def growth_rates(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, " m"]
     The velocity is ``n P grad E``, so near a critical point the tangent perturbation obeys
     ``d xi / dt = n H xi``: a positive eigenvalue ``lambda`` of ``H`` grows like ``e^{n lambda t}``.
     """
-    H = tangent_hessian(kernel, x, aux)
+    H = _tangent_hessian_jit(kernel, jnp.asarray(x), aux)
     return x.shape[0] * jnp.linalg.eigvalsh(H)
 
 
@@ -157,7 +161,7 @@ def classify_state(
 
     x = jnp.asarray(x)
     n, d = x.shape
-    H = tangent_hessian(kernel, x, aux)
+    H = _tangent_hessian_jit(kernel, x, aux)
     out = classify(H, num_zero_modes=d - 1, rtol=rtol)
     F = _field(kernel, x, aux)
     v = sphere.project(x, F)

@@ -192,3 +192,37 @@ def test_fit_curve_reduces_the_distance_and_gauges_realise_the_curve():
     k = mf.kernels.Prompt(1.0, G)
     x = design.designed_configuration(k, u, jnp.arange(128))
     assert abs(float(mf.energy(k, x, jnp.arange(128))) - np.exp(1.0) / 2) < 1e-5
+
+
+@pytest.mark.slow
+def test_reproduce_design_end_to_end(tmp_path):
+    """``run(quick=True)`` with smaller sweeps (options) so the test stays short; numbers against theory."""
+    import json
+
+    from meanfield.reproduce import design as rep
+
+    opts = dict(anchor_seeds=4, anchor_n=32, learned_steps=150, learned_n=128, learned_seeds=2, classify_seeds=2,
+                classify_n=16, escape_betas=[1.0, 2.0, 3.0], rb_ps=[2, 8, 32, 128], rb_gap_ps=[4, 64], rb_n=512,
+                large_n=10**5, large_t1=0.2, large_reference_n=1024, mf_ns=[32, 64, 128], mf_repeats=12,
+                mf_times=[0.0, 1.0, 2.0])
+    summary = rep.run(tmp_path, quick=True, quiet=True, **opts)
+    out = tmp_path / "design"
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["checks"] == summary["checks"]
+    for fig in summary["figures"]:
+        assert (out / fig).stat().st_size > 1000
+    c = {row["name"]: row for row in summary["checks"]}
+    for name in ["designed_law_distance", "baseline_law_distance", "hessian_zero_modes", "meanfield_rate",
+                 "random_batch_error"]:
+        assert name in c
+    assert c["designed_law_distance"]["measured"] < 1e-2
+    assert c["baseline_law_distance"]["measured"] > 0.3
+    assert c["hessian_zero_modes"]["measured"] == 2
+    assert c["hessian_eigenvalue"]["measured"] == pytest.approx(-np.exp(1.0) / 16, rel=1e-8)
+    assert c["saddle_eigenvalue"]["measured"] == pytest.approx(np.exp(-1.0) / 16, rel=1e-8)
+    assert abs(c["meanfield_rate"]["measured"] + 0.5) < 0.2
+    assert c["random_batch_error"]["measured"] < 0.2
+    assert abs(c["random_batch_exponent"]["measured"] + 0.5) < 0.15
+    assert abs(c["escape_time_exponent"]["measured"] - 1.0) < 0.15
+    assert c["designed_max_energy"]["pass"] and c["quantile_ks"]["pass"]
+    assert all(row["pass"] for row in summary["checks"]), [r["name"] for r in summary["checks"] if not r["pass"]]

@@ -9,8 +9,9 @@ import meanfield as mf
 from meanfield import random_batch as rb
 
 
-@pytest.mark.parametrize("mode,p", [("batch", 4), ("sample", 3)])
-@pytest.mark.parametrize("which", ["usa", "prompt", "toeplitz"])
+@pytest.mark.parametrize(
+    "mode,p,which", [("batch", 4, "usa"), ("batch", 4, "prompt"), ("batch", 6, "toeplitz"), ("sample", 3, "usa")]
+)
 def test_random_batch_field_is_unbiased(mode, p, which):
     n, d, draws = 12, 3, 3000
     kernel = {"usa": mf.kernels.USA(1.5), "prompt": mf.kernels.make("prompt", beta=1.0),
