@@ -325,9 +325,11 @@ def proposed_gauge_velocity(kernel, x, aux):
         th = jnp.asarray(kernel.omega, x.dtype) * jnp.asarray(aux, x.dtype)
         c, s = jnp.cos(th), jnp.sin(th)
 
-        def rot(v, sign):
+        def rot(v, sign):  # columns rebuilt by stacking (a scatter .at[].set is slow under vmap)
             va, vb = v[:, a], v[:, b]
-            return v.at[:, a].set(c * va - sign * s * vb).at[:, b].set(sign * s * va + c * vb)
+            cols = [v[:, j] for j in range(v.shape[1])]
+            cols[a], cols[b] = c * va - sign * s * vb, sign * s * va + c * vb
+            return jnp.stack(cols, axis=1)
 
         y = rot(x, 1.0)
         return mf.sphere.project(x, rot(kernel.usa().field(y, None), -1.0))

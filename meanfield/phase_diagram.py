@@ -43,9 +43,10 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   ``beta``, the step, the step count and the checkpoint indices are traced.
 
 Example:
-    >>> import jax, jax.numpy as jnp, meanfield as mf
-    >>> frac = mf.phase_diagram.sa_phase_diagram(
-    ...     jax.random.key(0), jnp.array([0.5, 4.0]), n=8, d=2, seeds=4, t1=1.0, checkpoints=3)
+    >>> import jax
+    >>> from meanfield import phase_diagram
+    >>> frac = phase_diagram.sa_phase_diagram(
+    ...     jax.random.key(0), [0.5, 4.0], n=8, d=2, seeds=4, t1=1.0, checkpoints=3)
     >>> frac.shape
     (2, 3)
 """
@@ -435,13 +436,21 @@ def usa_phase_diagram(
     with step ``e^beta h_beta`` (the same iterates, no overflow). Checkpoints and
     metric as in ``sa_phase_diagram``.
 
+    Args:
+        key, betas, n, d, seeds, checkpoints, threshold, x0, dtype, per_seed, seed_chunk,
+            packed: as in ``sa_phase_diagram``.
+        t1: final time (default 0.25).
+        base_dt: the step for ``beta`` with ``sqrt(beta) e^{beta - 1/2} <= 1`` (default 0.1).
+
     Returns:
-        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
+        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``, whose
+        ``steps`` holds ``N_beta``).
 
     Example:
-        >>> import jax, meanfield as mf
-        >>> mf.phase_diagram.usa_phase_diagram(jax.random.key(0), [0.5, 2.0], n=8, seeds=4,
-        ...                                    checkpoints=5).shape
+        >>> import jax
+        >>> from meanfield import phase_diagram
+        >>> phase_diagram.usa_phase_diagram(jax.random.key(0), [0.5, 2.0], n=8, seeds=4,
+        ...                                 checkpoints=5).shape
         (2, 5)
     """
     betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
