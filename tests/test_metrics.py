@@ -56,6 +56,27 @@ def test_collapse_gap_vmaps_and_float32():
     np.testing.assert_allclose(M.collapse_gap(great_circle(10).astype(jnp.float32)), 1 + 1 / 9, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "eps",
+    [
+        1e-2,
+        pytest.param(1e-3, marks=pytest.mark.xfail(strict=True, reason="core_bugs.md #6")),
+        pytest.param(1e-4, marks=pytest.mark.xfail(strict=True, reason="core_bugs.md #6")),
+    ],
+)
+def test_collapse_gap_accurate_near_collapse_float32(eps):
+    # near collapse (the regime plotted on log scales) G must keep its relative accuracy
+    n = 256
+    x = mf.sphere.normalize(jnp.array([0.0, 0.0, 1.0]) + eps * jax.random.normal(jax.random.key(0), (n, 3)))
+    x64 = np.asarray(x, np.float64)
+    x64 /= np.linalg.norm(x64, axis=1, keepdims=True)
+    G = x64 @ x64.T
+    exact = 1 - (G.sum() - np.trace(G)) / (n * (n - 1))
+    got = float(M.collapse_gap(x))
+    assert got >= 0.0
+    np.testing.assert_allclose(got, exact, rtol=1e-3)
+
+
 # ------------------------------------------------------------- token similarity
 
 
