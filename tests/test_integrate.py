@@ -378,6 +378,13 @@ def test_nonfinite_state_sets_failed_flag_under_vmap():
     assert not bool(out.stopped[1])
     E = np.asarray(out.energy[0])
     assert np.all(np.diff(E) > 0)
+    # same under jit with a traced beta (no vmap)
+    run = jax.jit(lambda b: mf.simulate(K.USA(b), x0, t1=1.0, dt=0.1, ts=[0.0, 0.5, 1.0]))
+    bad = run(jnp.asarray(200.0))
+    assert bool(bad.failed) and bool(jnp.all(jnp.isnan(bad.xs[-1])))
+    good = run(jnp.asarray(1.0))
+    assert not bool(good.failed)
+    np.testing.assert_allclose(good.xs, out.xs[0], atol=1e-6)
 
 
 def test_vmap_over_seeds_and_beta_compiles_once():
