@@ -359,3 +359,15 @@ def test_time_change_helpers():
     s = mf.kernels.rescaled_time(0.3, 4.0)
     np.testing.assert_allclose(s, 0.3 * np.exp(4.0), rtol=1e-6)
     np.testing.assert_allclose(mf.kernels.original_time(s, 4.0), 0.3, rtol=1e-6)
+
+
+def test_automatic_tiling_above_the_dense_limit():
+    # n^2 > DENSE_LIMIT switches to row tiles of DEFAULT_BLOCK (1024 does not divide 4100)
+    n = 4100
+    assert n * n > K.DENSE_LIMIT and n % K.DEFAULT_BLOCK != 0
+    x = mf.sphere.uniform(jax.random.key(0), n, 3)
+    for kernel in (K.USA(1.0), K.DistanceBias(1.0, 2.0)):
+        auto = jax.jit(lambda x, k=kernel: (mf.field(k, x), mf.energy(k, x)))(x)
+        dense = jax.jit(lambda x, k=kernel: (mf.field(k, x, block_size=n), mf.energy(k, x, block_size=n)))(x)
+        np.testing.assert_allclose(auto[0], dense[0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(auto[1], dense[1], rtol=1e-6)
