@@ -234,3 +234,18 @@ def test_overflow_message_names_beta_dtype_and_fix():
     with jax.enable_x64(True):
         v = mf.velocity(K.RoPE(120.0, 1.0), jnp.asarray(x, jnp.float64))
         assert bool(jnp.all(jnp.isfinite(v)))
+
+
+def test_gauge_dimension_mismatch(no_compile):
+    x = np.asarray(mf.sphere.uniform(jax.random.key(0), 6, 4))
+    with pytest.raises(ValueError, match=r"\(4, 4\).*\(3, 3\)"):
+        mf.simulate(K.Gauge(1.0, lambda s: jnp.eye(3)), x, t1=1.0)
+    with pytest.raises(ValueError, match=r"3x3.*d = 4"):
+        mf.velocity(K.Prompt(1.0, G3()), x)
+
+
+@pytest.mark.xfail(strict=True, reason="core_bugs.md #7")
+def test_prompt_dimension_mismatch_before_tracing(no_compile):
+    x = np.asarray(mf.sphere.uniform(jax.random.key(0), 6, 4))
+    with pytest.raises(ValueError, match=r"3x3.*d = 4"):
+        mf.simulate(K.Prompt(1.0, G3()), x, t1=1.0)
