@@ -220,6 +220,8 @@ def _simulate_figures(out, args, traj, aux, e_max, jnp):
 def _reproduce(args) -> int:
     from . import reproduce
 
+    if args.quick and args.full:
+        raise ValueError("--quick and --full exclude each other; pass at most one")
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,7 @@ def test_simulate_projection_view_and_sa(tmp_path):
         (["simulate", "--kernel", "usa", "--beta", "200", "--t1", "1"], "rescaled"),
         (["simulate", "--solver", "tsit5", "--t1", "1"], "rtol"),
         (["reproduce", "nope"], "nope"),
+        (["reproduce", "depth", "--quick", "--full"], "--full"),
         (["frobnicate"], "frobnicate"),
     ],
 )
