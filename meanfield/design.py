@@ -23,6 +23,7 @@ Beyond the constructions of the paper this module offers:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -439,10 +440,6 @@ def fit_curve(
     Returns:
         ``(theta, losses)`` with ``losses`` the ``(steps,)`` training MMD^2.
     """
-    import optax
-
-    from .metrics import mmd
-
     target = jnp.asarray(target)
     steps = check_int("steps", steps, minimum=1)
     n = check_int("n", n, minimum=2)
@@ -450,21 +447,28 @@ def fit_curve(
     check_positive("bandwidth", bandwidth)
     k0, key = jax.random.split(key)
     theta = init_curve(k0, num_modes, target.shape[1], dtype=target.dtype) if theta0 is None else jnp.asarray(theta0)
-    opt = optax.adam(learning_rate)
+    lr = jnp.asarray(learning_rate, target.dtype)
+    bw = jnp.asarray(bandwidth, target.dtype)
+    return _fit_curve(theta, key, target, lr, bw, n=n, steps=steps)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "steps"))
+def _fit_curve(theta, key, target, lr, bw, *, n, steps):
+    import optax
+
+    from .metrics import mmd
+
+    opt = optax.adam(lr)
 
     def loss_fn(th, s):
-        return mmd(curve_points(th, s), target, bandwidth) ** 2
+        return mmd(curve_points(th, s), target, bw) ** 2
 
-    @jax.jit
-    def run(theta, key):
-        def step(carry, k):
-            th, st = carry
-            s = (jnp.arange(n, dtype=th.dtype) + jax.random.uniform(k, (n,), th.dtype)) / n
-            loss, g = jax.value_and_grad(loss_fn)(th, s)
-            upd, st = opt.update(g, st)
-            return (optax.apply_updates(th, upd), st), loss
+    def step(carry, k):
+        th, st = carry
+        s = (jnp.arange(n, dtype=th.dtype) + jax.random.uniform(k, (n,), th.dtype)) / n
+        loss, g = jax.value_and_grad(loss_fn)(th, s)
+        upd, st = opt.update(g, st)
+        return (optax.apply_updates(th, upd), st), loss
 
-        (th, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), jax.random.split(key, steps))
-        return th, losses
-
-    return run(theta, key)
+    (th, _), losses = jax.lax.scan(step, (theta, opt.init(theta)), jax.random.split(key, steps))
+    return th, losses

@@ -203,7 +203,7 @@ def test_reproduce_design_end_to_end(tmp_path):
 
     opts = dict(anchor_seeds=4, anchor_n=32, learned_steps=150, learned_n=128, learned_seeds=2, classify_seeds=2,
                 classify_n=16, escape_betas=[1.0, 2.0, 3.0], rb_ps=[2, 8, 32, 128], rb_gap_ps=[4, 64], rb_n=512,
-                large_n=10**5, large_t1=0.2, large_reference_n=1024, mf_ns=[32, 64, 128], mf_repeats=12,
+                large_n=10**5, large_t1=0.2, large_reference_n=1024, mf_ns=[32, 64, 128], mf_repeats=48,
                 mf_times=[0.0, 1.0, 2.0])
     summary = rep.run(tmp_path, quick=True, quiet=True, **opts)
     out = tmp_path / "design"
