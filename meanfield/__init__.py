@@ -5,7 +5,11 @@ Public API (see README.md for a tour)::
     import meanfield as mf
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
     mf.energy, mf.velocity, mf.simulate, mf.positions,
-    mf.attention, mf.depth, mf.prototypes
+    mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
+    mf.phase_diagram, mf.random_batch
+
+Edges (import explicitly): ``meanfield.sweep`` (xarray/zarr store), ``meanfield.plotting``,
+``meanfield.cli``, ``meanfield.reproduce``.
 """
 
 from importlib.metadata import PackageNotFoundError
@@ -19,7 +23,9 @@ from . import (
     kernels,
     metrics,
     models,
+    phase_diagram,
     prototypes,
+    random_batch,
     sphere,
     theory,
 )
@@ -42,6 +48,9 @@ __all__ = [
     "kernels",
     "metrics",
     "models",
+    "phase_diagram",
+    "random_batch",
+    "phase_diagram",
     "positions",
     "prototypes",
     "sphere",
