@@ -28,7 +28,8 @@ def collapse_gap(x: Float[Array, "n d"]) -> Float[Array, ""]:
     s = jnp.sum(x, axis=0)
     total = jnp.sum(s * s)
     diag = jnp.sum(x * x)
-    return 1.0 - (total - diag) / (n * (n - 1))
+    # n (n - 1) as a float: the Python int overflows int32 for n >= 46341 (n = 10^6 runs)
+    return 1.0 - (total - diag) / (float(n) * (n - 1))
 
 
 def token_similarity(X: Float[Array, "n m"]) -> Float[Array, ""]:
