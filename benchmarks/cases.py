@@ -210,13 +210,13 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} plain {fmt_t(t_plain)} "
             f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)}")
     res.notes.append(
-        "meanfield: `jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))` (dense "
-        "row-tile path of `kernels._tiled_exp`). plain JAX: `P_x exp(beta X X^T) X / n` vmapped and "
+        "meanfield: `jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))` (dense for "
+        "n <= 1024, else the 512 x 1024 tiles of `kernels._tiled_exp`). plain JAX: `P_x exp(beta X X^T) X / n` vmapped and "
         "jitted. NumPy and torch: batched matmuls, float32, each timed with 1 thread and with all "
         "cores and reported at the faster setting (thr). `max rel diff`: meanfield "
         "against the float64 NumPy result. `proposed tiles`: `cases.proposed_usa_field` (512 x 1024 "
-        "tiles, /work/notes/perf_proposals.md; a single tile for n <= 512), with its speed-up over "
-        "meanfield's current path."
+        "tiles, the proposal that kernels.py adopted for n > 1024; a single tile for n <= 512), with "
+        "its speed-up over meanfield's path."
     )
     return res
 
@@ -375,9 +375,9 @@ def big_n(quick: bool, log) -> Result:
          "n x n matrix would be", "rel err (64 rows)"],
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for mode, label in [("current", "`mf.velocity` (row tiles of 1024, current)"),
-                        ("current-unit", "`kernels._tiled_exp_unit` (the same row tiles, called directly)"),
-                        ("proposed", "proposed 512 x 1024 tiles (`cases.proposed_usa_field`)")]:
+    for mode, label in [("current", "`mf.velocity` (512 x 1024 tiles of `kernels._tiled_exp`, adopted from the proposal)"),
+                        ("current-unit", "`kernels._tiled_exp_unit` (the same tiles, called directly)"),
+                        ("proposed", "benchmark copy of the tiles (`cases.proposed_usa_field`)")]:
         if mode == "current-unit" and "current" in res.data:
             continue
         out = subprocess.run(
@@ -402,9 +402,9 @@ def big_n(quick: bool, log) -> Result:
             f"Proposed / current time (second call): {res.data['proposed']['t_run'] / cur['t_run']:.2f}."
         )
     res.notes.append(
-        f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit: rows in tiles of "
-        f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} against all n columns (lax.map, "
-        f"memory O(n * block)). Peak RSS = `ru_maxrss` of the subprocess (includes the Python/JAX "
+        f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit: row tiles of "
+        f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} (lax.map) accumulated over column "
+        f"tiles twice as wide (lax.scan), memory O(n d + block^2). Peak RSS = `ru_maxrss` of the subprocess (includes the Python/JAX "
         f"runtime, about 0.3 GiB)."
     )
     return res
