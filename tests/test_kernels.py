@@ -203,8 +203,9 @@ def test_structured_field_and_energy_equal_pairwise_float64(name, x64):
     n = 20
     x = state(n, seed=1)
     aux = labels(kernel, n)
-    # dense, and row tiles: 7 does not divide n = 20, 1 is the smallest, 64 > n
-    blocks = (None, 1, 20, 64, 7) if name in ("usa", "distance_bias") else (None, 7)
+    # dense (None, 20, 64 >= n) and tiles of B rows x min(2B, n) columns: B = 7 divides
+    # neither, 10 both, 12 gives one column tile, 1 is the smallest
+    blocks = (None, 1, 10, 12, 20, 64, 7) if name in ("usa", "distance_bias") else (None, 7)
     (F_ref, E_ref), structured, v = _all_paths(kernel, x, aux, blocks)
     scale = float(jnp.max(jnp.abs(F_ref)))
     for F, E in structured:
@@ -362,9 +363,9 @@ def test_time_change_helpers():
 
 
 def test_automatic_tiling_above_the_dense_limit():
-    # n^2 > DENSE_LIMIT switches to row tiles of DEFAULT_BLOCK (1024 does not divide 4100)
-    n = 4100
-    assert n * n > K.DENSE_LIMIT and n % K.DEFAULT_BLOCK != 0
+    # n^2 > DENSE_LIMIT switches to tiles of DEFAULT_BLOCK rows (which do not divide n here)
+    n = int(np.sqrt(K.DENSE_LIMIT)) + 37
+    assert n * n > K.DENSE_LIMIT and n % K.DEFAULT_BLOCK != 0 and n % (2 * K.DEFAULT_BLOCK) != 0
     x = mf.sphere.uniform(jax.random.key(0), n, 3)
     for kernel in (K.USA(1.0), K.DistanceBias(1.0, 2.0)):
         auto = jax.jit(lambda x, k=kernel: (mf.field(k, x), mf.energy(k, x)))(x)
