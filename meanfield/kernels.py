@@ -498,6 +498,12 @@ class Prompt(_GaugeKernel):
 
     def check_config(self, x, aux) -> None:
         _ExpKernel.check_config(self, x, aux)
+        d = np.shape(x)[-1]
+        if self.gauges.shape[-1] != d:
+            raise ValueError(
+                f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]} matrices but the "
+                f"states have d = {d}; pass gauges of shape (K, {d}, {d})"
+            )
         if is_concrete(aux):
             a = np.asarray(aux)
             if not np.issubdtype(a.dtype, np.integer):

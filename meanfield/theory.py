@@ -15,7 +15,7 @@ import numpy as np
 from jax.scipy.special import gammainc, gammaincc
 from jaxtyping import Array, Float
 
-from ._checks import check_finite, check_int, check_nonnegative, check_positive
+from ._checks import check_finite, check_int, check_nonnegative, check_plane, check_positive
 
 __all__ = [
     "max_energy",
@@ -83,7 +83,7 @@ def latitude_height(u, plane: tuple[int, int] = (0, 1)):
     components of ``u`` outside ``plane``.
     """
     u = jnp.asarray(u)
-    a, b = plane
+    a, b = check_plane(plane, u.shape[-1])
     mask = jnp.ones(u.shape[-1], dtype=bool).at[a].set(False).at[b].set(False)
     return jnp.sqrt(jnp.sum(jnp.where(mask, u * u, 0.0), axis=-1))
 
