@@ -41,20 +41,9 @@ __all__ = [
     "RandomBatchRun",
     "meanfield_distances",
     "fit_rate",
-    "collapse_gap",
 ]
 
 MODES = ("batch", "sample")
-
-
-def collapse_gap(x: Float[Array, "n d"]) -> Float[Array, ""]:
-    """``G_x = 1 - (||sum_i x_i||^2 - sum_i ||x_i||^2) / (n (n - 1))`` with ``n (n - 1)`` in floating point.
-
-    Same value as ``mf.metrics.collapse_gap``, safe for ``n`` past ``2^16`` (no integer overflow).
-    """
-    n = jnp.asarray(x.shape[0], x.dtype)
-    s = jnp.sum(x, axis=0)
-    return 1.0 - (jnp.sum(s * s) - jnp.sum(x * x)) / (n * (n - 1.0))
 
 
 def _check_p(n: int, p, mode: str) -> int:
@@ -234,7 +223,7 @@ def _rb_run(kernel, x0, aux, key, dt, p, mode, inner, num_saves, obs):
         return sphere.normalize(x + 0.5 * dt * (k1 + k2)), None
 
     def record(x):
-        return collapse_gap(x), {name: jnp.asarray(fn(x)) for name, fn in obs}
+        return metrics.collapse_gap(x), {name: jnp.asarray(fn(x)) for name, fn in obs}
 
     def outer(x, k):
         x, _ = jax.lax.scan(step, x, jax.random.split(k, inner))
