@@ -57,11 +57,10 @@ def test_random_batch_with_p_equal_n_is_projected_heun():
     assert np.allclose(run.ts, np.linspace(0, 2, 5), atol=1e-6)
 
 
-def test_collapse_gap_matches_metrics_and_handles_large_n():
-    x = mf.sphere.uniform(jax.random.key(0), 100, 3)
-    assert np.isclose(rb.collapse_gap(x), mf.metrics.collapse_gap(x), atol=1e-6)
+def test_collapse_gap_handles_large_n():
+    """n(n-1) past int32 (n = 70000): the metric stays finite and exact on a Dirac."""
     big = jnp.tile(jnp.array([[0.0, 0.0, 1.0]]), (70000, 1))
-    assert abs(float(rb.collapse_gap(big))) < 1e-4
+    assert abs(float(mf.metrics.collapse_gap(big))) < 1e-6
 
 
 def test_bad_input():
