@@ -244,7 +244,6 @@ def test_gauge_dimension_mismatch(no_compile):
         mf.velocity(K.Prompt(1.0, G3()), x)
 
 
-@pytest.mark.xfail(strict=True, reason="core_bugs.md #7")
 def test_prompt_dimension_mismatch_before_tracing(no_compile):
     x = np.asarray(mf.sphere.uniform(jax.random.key(0), 6, 4))
     with pytest.raises(ValueError, match=r"3x3.*d = 4"):

@@ -56,14 +56,7 @@ def test_collapse_gap_vmaps_and_float32():
     np.testing.assert_allclose(M.collapse_gap(great_circle(10).astype(jnp.float32)), 1 + 1 / 9, rtol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "eps",
-    [
-        1e-2,
-        pytest.param(1e-3, marks=pytest.mark.xfail(strict=True, reason="core_bugs.md #6")),
-        pytest.param(1e-4, marks=pytest.mark.xfail(strict=True, reason="core_bugs.md #6")),
-    ],
-)
+@pytest.mark.parametrize("eps", [1e-2, 1e-3, 1e-4])
 def test_collapse_gap_accurate_near_collapse_float32(eps):
     # near collapse (the regime plotted on log scales) G must keep its relative accuracy
     n = 256

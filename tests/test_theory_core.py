@@ -88,7 +88,6 @@ def test_bad_inputs():
         mf.theory.great_circle_energy(0)
 
 
-@pytest.mark.xfail(strict=True, reason="core_bugs.md #5")
 def test_latitude_height_rejects_bad_planes():
     u = jnp.array([0.6, 0.0, 0.8])
     with pytest.raises(ValueError, match="plane"):
