@@ -119,6 +119,12 @@ def weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Arr
 def ordered_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Array, " n"]:
     """Ordered weights ``A_(1) >= A_(2) >= ... >= A_(n)`` (``weights`` sorted decreasingly).
 
+    Args:
+        q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
+
+    Returns:
+        ``(n,)`` weights, decreasing, summing to 1.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> keys = jnp.array([[0.0, 1.0], [1.0, 0.0]])
@@ -131,6 +137,13 @@ def ordered_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> F
 
 def top_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta, k: int) -> Float[Array, " k"]:
     """The ``k`` largest weights ``A_(1..k)`` (``lax.top_k``; no full sort).
+
+    Args:
+        q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
+        k: number of weights kept, ``1 <= k <= n``.
+
+    Returns:
+        ``(k,)`` weights, decreasing.
 
     Example:
         >>> import jax, meanfield as mf
@@ -147,6 +160,14 @@ def top_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta, k: int) 
 
 def log_partition(q: Float[Array, " d"], keys: Float[Array, "n d"], beta):
     """``log Z_n = log sum_j exp(-beta T_j)`` (log-sum-exp; finite for any ``beta``).
+
+    ``T_j = 1 - <q, x_j>`` is the distance of key ``j`` to the query.
+
+    Args:
+        q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
+
+    Returns:
+        scalar ``()``.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -232,6 +253,16 @@ class ContextStats(NamedTuple):
         top_distances: ``T_(1) <= ... <= T_(k)``, shape ``(k,)``.
         top_weights: ``A_(1) >= ... >= A_(k)``, shape ``(k,)``.
         displacement: ``Y_n(q) = sum_j A_j (x_j - q)`` (``V = I``), shape ``(d,)``.
+
+    Returned by :func:`context_stats`, :func:`sampled_context_stats` and
+    :func:`sampled_distance_stats`.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> q = jnp.array([1.0, 0.0])
+        >>> st = mf.attention.context_stats(q, jnp.stack([q, q]), 3.0, k=2)
+        >>> round(float(st.log_partition), 4), [round(float(a), 4) for a in st.top_weights]  # log 2; 1/2 each
+        (0.6931, [0.5, 0.5])
     """
 
     log_partition: Array
@@ -375,6 +406,9 @@ def sampled_context_stats(
             (e.g. ``lambda k, m: mf.sphere.sample_density(k, m, d, f, log_bound=b)``).
         k, chunk: as in :func:`context_stats`.
 
+    Returns:
+        :class:`ContextStats` of the drawn context.
+
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
         >>> q = jnp.array([1.0, 0.0, 0.0, 0.0, 0.0])
@@ -429,6 +463,12 @@ def uniform_distances(key, m: int, d: int, dtype=jnp.float32) -> Float[Array, " 
     ``1/2 - sin(arcsin(1 - 2U)/3)``), else with ``jax.random.beta``. One uniform
     per key instead of ``d`` normals: the weights' law only needs ``T``.
 
+    Args:
+        key: PRNG key; m: number of distances; d: sphere dimension ``>= 2``; dtype: float dtype.
+
+    Returns:
+        ``(m,)`` distances in ``[0, 2]`` (mean 1).
+
     Example:
         >>> import jax, meanfield as mf
         >>> T = mf.attention.uniform_distances(jax.random.key(0), 100_000, 5)
@@ -452,6 +492,14 @@ def sampled_distance_stats(key, beta, n: int, d: int, *, k: int = 1, chunk: int 
     ``log Z_n``, ``T_(1..k)`` and ``A_(1..k)`` have the same law as for a uniform
     context on ``S^{d-1}`` (they depend on the keys only through ``T``), at a
     fraction of the cost; ``displacement`` is not available (returned as zeros).
+
+    Args:
+        key: PRNG key (one context); beta: inverse temperature ``>= 0``.
+        n: context length; d: sphere dimension ``>= 2``.
+        k, chunk: as in :func:`context_stats`.
+
+    Returns:
+        :class:`ContextStats` (``displacement``: zeros of shape ``(d,)``).
 
     Example:
         >>> import jax, meanfield as mf
@@ -590,6 +638,15 @@ def mean_top_weight_grid(
     compiles once (shape-static); cells of one ``n`` share the contexts
     (common random numbers across beta). Context ``i`` of row ``n`` is drawn
     from ``fold_in(key, n)``.
+
+    ``mean = (1/trials) sum_i A_(1)^{(i)}``, ``stderr = std(A_(1)) / sqrt(trials)`` per cell.
+
+    Args:
+        key: PRNG key; ns: context lengths; betas: ``(b,)`` or ``(len(ns), b)``.
+        d: sphere dimension; trials: contexts per cell.
+        q: query ``(d,)`` (default ``e_1``); sampler: as in :func:`sampled_context_stats`.
+        memory: element budget that sets the chunk and batch sizes.
+        progress: optional callback, called with ``1`` after each ``n``.
 
     Returns:
         ``(mean, stderr)`` NumPy arrays of shape ``(len(ns), b)``.

@@ -120,6 +120,15 @@ def init_block_params(key, *, d: int, d_ff: int, heads: int, sigma_w=None, dtype
     Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
     ``w2: (d_ff, d)``; ``g_attn, g_ffn: (d,)``. ``sigma_w=None`` means ``1/sqrt(d)``.
 
+    Args:
+        key: PRNG key.
+        d, d_ff, heads: model, FFN and head counts (``heads`` must divide ``d``).
+        sigma_w: weight standard deviation (``None``: ``1/sqrt(d)``).
+        dtype: float dtype of every leaf.
+
+    Returns:
+        dict of the arrays above.
+
     Example:
         >>> import jax, meanfield as mf
         >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
@@ -138,7 +147,23 @@ def init_block_params(key, *, d: int, d_ff: int, heads: int, sigma_w=None, dtype
 
 
 def init_stack(key, *, depth: int, d: int, d_ff: int, heads: int, sigma_w=None, dtype=jnp.float32) -> dict:
-    """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis."""
+    """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis.
+
+    Block ``l`` is :func:`init_block_params` of the ``l``-th key of ``split(key, depth)``.
+
+    Args:
+        key: PRNG key.
+        depth: number of blocks; d, d_ff, heads, sigma_w, dtype: as in :func:`init_block_params`.
+
+    Returns:
+        dict of ``(depth, ...)`` arrays (e.g. ``wq: (depth, d, d)``).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> s = mf.depth.init_stack(jax.random.key(0), depth=3, d=8, d_ff=16, heads=2)
+        >>> s["wq"].shape, s["w2"].shape
+        ((3, 8, 8), (3, 16, 8))
+    """
     _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
     s = _sigma(sigma_w, d)
     keys = jax.random.split(key, depth)
@@ -149,12 +174,37 @@ def init_stack(key, *, depth: int, d: int, d_ff: int, heads: int, sigma_w=None, 
 
 
 def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS) -> Float[Array, " d"]:
-    """``RMSNorm(y) = g * y / sqrt(mean(y^2) + eps)`` for one row (``~ g y sqrt(d)/||y||``)."""
+    """``RMSNorm(y) = g * y / sqrt(mean(y^2) + eps)`` for one row (``~ g y sqrt(d)/||y||``).
+
+    Args:
+        y: ``(d,)`` row; g: ``(d,)`` gain; eps: stabiliser inside the mean square.
+
+    Returns:
+        ``(d,)`` row, of RMS ``~ 1`` when ``g = 1``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> r = mf.depth.rms_norm(jnp.array([3.0, 4.0]), jnp.ones(2))
+        >>> round(float(jnp.sqrt(jnp.mean(r**2))), 4)
+        1.0
+    """
     return g * y * jax.lax.rsqrt(jnp.mean(y * y) + eps)
 
 
 def rms_factor(Y: Float[Array, "n d"]) -> Float[Array, ""]:
-    """RMSNorm forward/backward scale ``sqrt(d)/||y_i||_2`` averaged over the rows ``y_i`` of ``Y``."""
+    """RMSNorm scale averaged over rows: ``(1/n) sum_i sqrt(d)/||y_i||_2`` for ``Y: (n, d)``.
+
+    Args:
+        Y: ``(n, d)`` inputs of an RMSNorm.
+
+    Returns:
+        scalar ``()``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.depth.rms_factor(jnp.array([[3.0, 4.0], [0.0, 2.0]]))), 4)  # (sqrt2/5 + sqrt2/2)/2
+        0.495
+    """
     d = Y.shape[-1]
     return jnp.mean(math.sqrt(d) / jnp.linalg.norm(Y, axis=-1))
 
@@ -169,6 +219,12 @@ def prefix_average_matrix(n: int, dtype=jnp.float32) -> Float[Array, "n n"]:
     Row-stochastic and lower-triangular: ``C_n X`` replaces token ``i`` by the
     mean of tokens ``1..i`` (MATH.md Sec. 3).
 
+    Args:
+        n: sequence length; dtype: float dtype.
+
+    Returns:
+        ``(n, n)`` array.
+
     Example:
         >>> import meanfield as mf
         >>> mf.depth.prefix_average_matrix(3).tolist()
@@ -182,7 +238,28 @@ def prefix_average_matrix(n: int, dtype=jnp.float32) -> Float[Array, "n n"]:
 def causal_attention_matrix(
     p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0
 ) -> Float[Array, "heads n n"]:
-    """``P_h = softmax(mask(Q_h K_h^T / sqrt(d/heads))) - alpha C_n`` for each head ``h``."""
+    """``P_h = softmax(mask(Q_h K_h^T / sqrt(d/heads))) - alpha C_n`` for each head ``h``.
+
+    ``Q = X W_Q``, ``K = X W_K`` split into ``heads`` column blocks of width ``d/heads``;
+    the mask sets entries ``j > i`` to ``-inf`` (causal).
+
+    Args:
+        p: block parameters (:func:`init_block_params`).
+        X: ``(n, d)`` one sequence.
+        heads: number of heads (divides ``d``).
+        alpha_prefix: prefix-averaging ablation strength ``alpha`` (may be traced).
+
+    Returns:
+        ``(heads, n, n)`` lower-triangular matrices with rows summing to ``1 - alpha``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(1), 5, 8)
+        >>> P = mf.depth.causal_attention_matrix(p, X, 2)
+        >>> P.shape, bool(jnp.allclose(P.sum(-1), 1.0, atol=1e-5)), float(P[0, 0, 1])
+        ((2, 5, 5), True, 0.0)
+    """
     n, d = X.shape
     dh = d // heads
     q = (X @ p["wq"]).reshape(n, heads, dh)
@@ -195,7 +272,21 @@ def causal_attention_matrix(
 
 
 def attention(p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0) -> Float[Array, "n d"]:
-    """Causal multi-head attention ``concat_h(P_h X W_V^h) W_O`` (no biases, no positional encoding)."""
+    """Causal multi-head attention ``concat_h(P_h X W_V^h) W_O`` (no biases, no positional encoding).
+
+    Args:
+        p, X, heads, alpha_prefix: as in :func:`causal_attention_matrix` (``X: (n, d)``).
+
+    Returns:
+        ``(n, d)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(1), 5, 8)
+        >>> mf.depth.attention(p, X, 2).shape
+        (5, 8)
+    """
     n, d = X.shape
     P = causal_attention_matrix(p, X, heads, alpha_prefix)
     v = (X @ p["wv"]).reshape(n, heads, d // heads)
@@ -203,7 +294,21 @@ def attention(p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0) -> 
 
 
 def swiglu(p: dict, X: Float[Array, "n d"]) -> Float[Array, "n d"]:
-    """SwiGLU FFN ``(silu(X W_1) * (X W_3)) W_2``."""
+    """SwiGLU FFN ``(silu(X W_1) * (X W_3)) W_2``, ``silu(u) = u sigmoid(u)``.
+
+    Args:
+        p: block parameters (``w1, w3: (d, d_ff)``, ``w2: (d_ff, d)``); X: ``(n, d)``.
+
+    Returns:
+        ``(n, d)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
+        >>> Y = mf.depth.swiglu(p, jnp.ones((5, 8)))
+        >>> Y.shape, bool(jnp.allclose(Y, 0.0))
+        ((5, 8), False)
+    """
     return (jax.nn.silu(X @ p["w1"]) * (X @ p["w3"])) @ p["w2"]
 
 
@@ -218,6 +323,26 @@ def block(
     inputs of the two RMSNorms (Post: ``Y1, Y2``; Pre: ``X1, X2``).
     ``taps`` (optional, shape ``(4, n, d)``) are added to ``X1, Y1, X2, Y2``:
     differentiating at ``taps = 0`` gives ``dL/dX1, dL/dY1, dL/dX2, dL/dY2``.
+
+    Post-Norm: ``X_out = RMSNorm(Y2)``, ``Y2 = X2 + FFN(X2)``, ``X2 = RMSNorm(X1 + Attn(X1))``;
+    Pre-Norm: ``X_out = Y2 = X2 + FFN(RMSNorm(X2))``, ``X2 = X1 + Attn(RMSNorm(X1))``.
+
+    Args:
+        p: block parameters; X: ``(n, d)`` one sequence.
+        norm: ``"post"`` or ``"pre"``; heads: number of heads.
+        alpha_prefix: prefix-averaging strength (see :func:`causal_attention_matrix`).
+        taps: optional ``(4, n, d)`` additive taps.
+
+    Returns:
+        ``(X_out: (n, d), states)``, ``states`` a dict of ``(n, d)`` arrays.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> p = mf.depth.init_block_params(jax.random.key(0), d=8, d_ff=16, heads=2)
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(1), 5, 8)
+        >>> out, st = mf.depth.block(p, X, norm="post", heads=2)
+        >>> out.shape, sorted(st)
+        ((5, 8), ['N1', 'N2', 'X1', 'X2', 'Y1', 'Y2'])
     """
     t = jnp.zeros((4,) + X.shape, X.dtype) if taps is None else taps
     X1 = X + t[0]
@@ -261,6 +386,21 @@ def forward(
     addition, of the block output), ``rms_attn, rms_ffn`` (RMSNorm factors
     ``sqrt(d)/||y||`` averaged over rows) and ``norm_out`` (output RMS).
     ``taps``: optional ``(depth, 4, n, d)`` zeros to differentiate at (see :func:`block`).
+
+    ``X^l = block(p_l, X^{l-1})``, ``l = 1..depth``, ``X^0 = X``.
+
+    Args:
+        blocks: stacked parameters (:func:`init_stack`).
+        X: ``(n, d)`` one sequence.
+        norm, heads, alpha_prefix, taps: as in :func:`block`.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> blocks = mf.depth.init_stack(jax.random.key(0), depth=3, d=8, d_ff=16, heads=2)
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(1), 5, 8)
+        >>> out, stats = mf.depth.forward(blocks, X, norm="pre", heads=2)
+        >>> out.shape, stats["t_out"].shape
+        ((5, 8), (3,))
     """
     _check_norm(norm)
 
@@ -279,7 +419,20 @@ def forward(
 
 
 def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
-    """``n`` i.i.d. Gaussian tokens with RMS-normalised rows (``||x_i|| = sqrt(d)``)."""
+    """``n`` i.i.d. Gaussian tokens with RMS-normalised rows: ``x_i = sqrt(d) g_i / ||g_i||``, ``g_i ~ N(0, I_d)``.
+
+    Args:
+        key: PRNG key; n: number of tokens; d: dimension; dtype: float dtype.
+
+    Returns:
+        ``(n, d)`` array, every row of norm ``sqrt(d)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(0), 4, 8)
+        >>> X.shape, round(float(jnp.linalg.norm(X[0]) ** 2), 3)
+        ((4, 8), 8.0)
+    """
     g = jax.random.normal(key, (n, d), dtype)
     return g * math.sqrt(d) / jnp.linalg.norm(g, axis=-1, keepdims=True)
 
@@ -300,6 +453,22 @@ def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alph
     Same inputs as :func:`similarity_profile`; returns the dict of
     :func:`forward` (each entry ``(depth,)``) plus ``t_input`` (a scalar).
     ``sigma_w`` and ``alpha_prefix`` may be traced (vmap over a sweep compiles once).
+
+    ``X^0``: ``n`` Gaussian tokens with ``||x_i|| = sqrt(d)``; ``X^l`` as in :func:`forward`
+    with weights ``N(0, sigma_w^2)``.
+
+    Args:
+        key: PRNG key (inputs and weights).
+        depth, n, d, d_ff, heads, norm, sigma_w, alpha_prefix: as in :func:`similarity_profile`.
+
+    Returns:
+        dict of ``(depth,)`` arrays and the scalar ``t_input``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> tr = mf.depth.init_trace(jax.random.key(0), depth=3, n=8, d=8, d_ff=16, heads=2)
+        >>> tr["t_out"].shape, tr["t_input"].shape
+        ((3,), ())
     """
     _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth, n=n)
     _check_norm(norm)
@@ -343,8 +512,20 @@ def sublayer_increments(key, **kwargs) -> dict:
     ``attn_l = t_sim(Y1^l) - t_sim(X1^l)`` and ``ffn_l = t_sim(Y2^l) - t_sim(X2^l)``:
     the change made by the residual update ``Y = X + F(.)`` itself, before any
     Post-Norm RMSNorm (whose own effect is ``rms_l``, the remaining change of the
-    block). Keyword arguments as :func:`similarity_profile`. Returns a dict of
-    ``(depth,)`` arrays ``attn, ffn, rms, t_out``.
+    block).
+
+    Args:
+        key: PRNG key; keyword arguments as :func:`similarity_profile`.
+
+    Returns:
+        dict of ``(depth,)`` arrays ``attn, ffn, rms, t_out``, with
+        ``attn + ffn + rms = t_out - t_sim(X1)`` per layer.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> inc = mf.depth.sublayer_increments(jax.random.key(0), depth=3, n=8, d=8, d_ff=16, heads=2)
+        >>> sorted(inc), inc["attn"].shape
+        (['attn', 'ffn', 'rms', 't_out'], (3,))
     """
     s = init_trace(key, **kwargs)
     block_total = s["t_out"] - s["t_x1"]
@@ -357,7 +538,20 @@ def sublayer_increments(key, **kwargs) -> dict:
 
 
 def frequency_distribution(labels: Int[Array, "..."], vocab: int) -> Float[Array, " vocab"]:
-    """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection."""
+    """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection.
+
+    Args:
+        labels: integer array of any shape, values in ``[0, vocab)``.
+        vocab: vocabulary size.
+
+    Returns:
+        ``(vocab,)`` probability vector.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.depth.frequency_distribution(jnp.array([0, 1, 1, 1]), 3).tolist()
+        [0.25, 0.75, 0.0]
+    """
     vocab = check_int("vocab", vocab, minimum=1)
     if is_concrete(labels):
         lab = np.asarray(labels)
@@ -376,6 +570,12 @@ def frequency_loss(labels: Int[Array, "..."], vocab: int) -> Float[Array, ""]:
     The smallest cross-entropy a network with one output distribution at every
     position can reach on ``labels`` (all positions of all sequences aggregated).
 
+    Args:
+        labels: integer array of any shape, values in ``[0, vocab)``; vocab: vocabulary size.
+
+    Returns:
+        scalar ``()`` in nats.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> round(float(mf.depth.frequency_loss(jnp.array([0, 1, 0, 1]), 2)), 6)
@@ -386,7 +586,19 @@ def frequency_loss(labels: Int[Array, "..."], vocab: int) -> Float[Array, ""]:
 
 
 def collapsed_cross_entropy(logits: Float[Array, " vocab"], labels: Int[Array, "..."]) -> Float[Array, ""]:
-    """Cross-entropy ``-mean_i log softmax(logits)[y_i]`` of ONE distribution used at every position."""
+    """Cross-entropy ``-mean_i log softmax(logits)[y_i]`` of ONE distribution used at every position.
+
+    Args:
+        logits: ``(vocab,)`` logits shared by all positions; labels: integer array of any shape.
+
+    Returns:
+        scalar ``()``; minimal (``= H(p_freq)``) at ``logits = log p_freq``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.depth.collapsed_cross_entropy(jnp.zeros(2), jnp.array([0, 1, 1]))), 4)  # log 2
+        0.6931
+    """
     logp = jax.nn.log_softmax(logits)
     return -jnp.mean(logp[jnp.ravel(labels)])
 
@@ -400,8 +612,20 @@ def zipf_markov_source(key, *, vocab: int, exponent: float = 1.1, mix: float = 0
     Row ``s`` of the transition matrix is ``T_s = (1 - mix) z + mix z o pi_s``,
     where ``z_k propto k^-exponent`` is a Zipf law over the vocabulary and
     ``pi_s`` a random permutation per state (so the marginal frequencies are
-    Zipf-like and the next token depends on the current one). Returns
-    ``(T, p0)``: the ``(vocab, vocab)`` row-stochastic matrix and the initial law ``z``.
+    Zipf-like and the next token depends on the current one).
+
+    Args:
+        key: PRNG key (the permutations).
+        vocab: number of states; exponent: Zipf exponent ``> 0``; mix: weight in ``[0, 1]``.
+
+    Returns:
+        ``(T, p0)``: the ``(vocab, vocab)`` row-stochastic matrix and the ``(vocab,)`` initial law ``z``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> T, p0 = mf.depth.zipf_markov_source(jax.random.key(0), vocab=6)
+        >>> T.shape, bool(jnp.allclose(T.sum(1), 1.0, atol=1e-6)), bool(p0[0] > p0[-1])
+        ((6, 6), True, True)
     """
     vocab = check_int("vocab", vocab, minimum=2)
     check_positive("exponent", exponent)
@@ -415,7 +639,24 @@ def zipf_markov_source(key, *, vocab: int, exponent: float = 1.1, mix: float = 0
 
 
 def sample_tokens(key, T: Float[Array, "V V"], p0: Float[Array, " V"], *, batch: int, length: int):
-    """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``."""
+    """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``.
+
+    ``x_0 ~ p0``, ``x_{t+1} ~ T[x_t]``, independently per sequence.
+
+    Args:
+        key: PRNG key; T: ``(V, V)`` transition matrix; p0: ``(V,)`` initial law.
+        batch, length: output shape.
+
+    Returns:
+        ``(batch, length)`` int32 array with values in ``[0, V)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> T, p0 = mf.depth.zipf_markov_source(jax.random.key(0), vocab=6)
+        >>> x = mf.depth.sample_tokens(jax.random.key(1), T, p0, batch=2, length=7)
+        >>> x.shape, str(x.dtype), bool((x >= 0).all() & (x < 6).all())
+        ((2, 7), 'int32', True)
+    """
     batch = check_int("batch", batch, minimum=1)
     length = check_int("length", length, minimum=1)
     return _sample_tokens(key, T, p0, batch=batch, length=length)
@@ -442,7 +683,21 @@ def init_lm(key, *, vocab: int, depth: int, d: int, d_ff: int, heads: int, sigma
     """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
     vectors, as the inputs of :func:`similarity_profile`), ``blocks`` (stacked),
     ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
-    ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries."""
+    ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries.
+
+    Args:
+        key: PRNG key; vocab: vocabulary size.
+        depth, d, d_ff, heads, sigma_w: as in :func:`init_stack`.
+
+    Returns:
+        dict with keys ``embed, blocks, final_gain, unembed``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> lm = mf.depth.init_lm(jax.random.key(0), vocab=10, depth=2, d=8, d_ff=16, heads=2)
+        >>> lm["embed"].shape, lm["blocks"]["wq"].shape, lm["unembed"].shape
+        ((10, 8), (2, 8, 8), (8, 10))
+    """
     vocab = check_int("vocab", vocab, minimum=2)
     _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
     s = _sigma(sigma_w, d)
@@ -456,7 +711,24 @@ def init_lm(key, *, vocab: int, depth: int, d: int, d_ff: int, heads: int, sigma
 
 
 def lm_logits(params: dict, tokens: Int[Array, " n"], *, norm: str, heads: int, taps=None):
-    """Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of :func:`forward`."""
+    """Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of :func:`forward`.
+
+    ``logits = H W_U``, ``H = forward(E[tokens])`` (then the final RMSNorm for Pre-Norm).
+
+    Args:
+        params: :func:`init_lm` parameters; tokens: ``(n,)`` int ids.
+        norm, heads, taps: as in :func:`forward`.
+
+    Returns:
+        ``(logits: (n, vocab), stats)``; ``stats`` adds ``t_final`` (token similarity of ``H``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> lm = mf.depth.init_lm(jax.random.key(0), vocab=10, depth=2, d=8, d_ff=16, heads=2)
+        >>> logits, stats = mf.depth.lm_logits(lm, jnp.arange(5), norm="post", heads=2)
+        >>> logits.shape, stats["t_out"].shape
+        ((5, 10), (2,))
+    """
     X = params["embed"][tokens]
     H, stats = forward(params["blocks"], X, norm=norm, heads=heads, taps=taps)
     if norm == "pre":
@@ -467,7 +739,22 @@ def lm_logits(params: dict, tokens: Int[Array, " n"], *, norm: str, heads: int, 
 
 def lm_loss(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int, taps=None):
     """Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
-    ``tokens[:, 1:]``); returns ``(loss, batch-mean statistics)``."""
+    ``tokens[:, 1:]``): ``L = -mean_{b,i} log softmax(logits_b)_i[tokens[b, i + 1]]``.
+
+    Args:
+        params: :func:`init_lm` parameters; tokens: ``(B, n + 1)`` int ids.
+        norm, heads: as in :func:`forward`; taps: optional ``(B, depth, 4, n, d)``.
+
+    Returns:
+        ``(loss: (), stats)``, statistics averaged over the batch.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> lm = mf.depth.init_lm(jax.random.key(0), vocab=10, depth=2, d=8, d_ff=16, heads=2)
+        >>> loss, stats = mf.depth.lm_loss(lm, jnp.arange(12).reshape(2, 6) % 10, norm="pre", heads=2)
+        >>> loss.shape, bool(jnp.isfinite(loss))
+        ((), True)
+    """
     inp, lab = tokens[:, :-1], tokens[:, 1:]
 
     def one(tok, y, tp):
@@ -491,6 +778,18 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
     (``alpha * sqrt(d)/||y||``), ``g_stream`` (``||dL/dX1||_F`` at each block input,
     the backward signal reaching that layer), ``grad_norm`` (per-layer parameter-gradient norm)
     and ``grad_norm_total``.
+
+    Args:
+        params: :func:`init_lm` parameters; tokens: ``(B, n + 1)`` int ids.
+        norm, heads: as in :func:`forward`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> lm = mf.depth.init_lm(jax.random.key(0), vocab=10, depth=2, d=8, d_ff=16, heads=2)
+        >>> loss, grads, diag = mf.depth.lm_diagnostics(lm, jnp.arange(12).reshape(2, 6) % 10,
+        ...                                             norm="post", heads=2)
+        >>> diag["alpha_attn"].shape, grads["embed"].shape
+        ((2,), (10, 8))
     """
     B, n1 = tokens.shape
     depth = params["blocks"]["wq"].shape[0]
@@ -522,7 +821,26 @@ def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads
 
 def make_optimizer(lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
     """AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
-    ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced."""
+    ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced.
+
+    ``lr(t) = lr_peak t / warmup`` for ``t < warmup``, then
+    ``lr_peak (0.1 + 0.9 (1 + cos(pi (t - warmup) / (steps - warmup))) / 2)``.
+
+    Args:
+        lr_peak: peak learning rate; steps, warmup: schedule lengths;
+        weight_decay: AdamW decoupled decay; clip: global-norm clipping threshold.
+
+    Returns:
+        an ``optax.GradientTransformation``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> opt = mf.depth.make_optimizer(1e-3, steps=10, warmup=2)
+        >>> w = {"w": jnp.ones(3)}
+        >>> upd, _ = opt.update(w, opt.init(w), w)
+        >>> float(jnp.abs(upd["w"]).max())  # lr(0) = 0 during warmup
+        0.0
+    """
     unit = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=1.0, warmup_steps=warmup, decay_steps=steps, end_value=0.1
     )
@@ -560,6 +878,21 @@ def train_lm(params: dict, data: Int[Array, "steps B n1"], lr_peak, *, norm: str
     step (before that step's update). ``lr_peak`` may be a traced scalar, so
     ``jax.vmap(lambda lr: train_lm(p, data, lr, ...))(lrs)`` sweeps rates in one
     compilation. Returns ``(final_params, history)`` with history leaves ``(steps, ...)``.
+
+    Args:
+        params: :func:`init_lm` parameters.
+        data: ``(steps, B, n + 1)`` token ids.
+        lr_peak: peak rate of :func:`make_optimizer`; norm, heads: as in :func:`forward`;
+        warmup: warmup steps.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> lm = mf.depth.init_lm(jax.random.key(0), vocab=6, depth=1, d=8, d_ff=16, heads=2)
+        >>> T, p0 = mf.depth.zipf_markov_source(jax.random.key(1), vocab=6)
+        >>> data = mf.depth.sample_tokens(jax.random.key(2), T, p0, batch=6, length=5).reshape(3, 2, 5)
+        >>> lm, hist = mf.depth.train_lm(lm, data, 1e-2, norm="post", heads=2, warmup=1)
+        >>> hist["loss"].shape, hist["tsim"].shape
+        ((3,), (3, 1))
     """
     _check_norm(norm)
     check_int("warmup", warmup, minimum=0)

@@ -80,13 +80,21 @@ _TRACES: Counter = Counter()
 
 
 class PhaseDiagram(NamedTuple):
-    """Result of a sweep with ``per_seed=True``.
+    """Result of a sweep with ``per_seed=True``: ``fraction = per_seed.mean(axis=1)``.
 
     Attributes:
         times: ``(C,)`` checkpoint times.
         fraction: ``(B, C)`` clustering fraction averaged over seeds.
         per_seed: ``(B, S, C)`` clustering fraction of every seed.
         steps: ``(B,)`` number of Euler steps run for each ``beta``.
+
+    Example:
+        >>> import jax
+        >>> from meanfield import phase_diagram
+        >>> r = phase_diagram.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.5,
+        ...                                    checkpoints=2, per_seed=True)
+        >>> r.per_seed.shape, r.fraction.shape, r.steps.tolist()
+        ((1, 3, 2), (1, 2), [5])
     """
 
     times: np.ndarray
@@ -101,7 +109,21 @@ class PhaseDiagram(NamedTuple):
 
 
 def clustering_fraction(x: Float[Array, "n d"], threshold=0.999) -> Float[Array, ""]:
-    """``c = #{(i, j): i != j, <x_i, x_j> > threshold} / (n (n - 1))`` (dense reference)."""
+    """``c = #{(i, j): i != j, <x_i, x_j> > threshold} / (n (n - 1))`` (dense reference).
+
+    Args:
+        x: ``(n, d)`` points on the sphere; threshold: on ``<x_i, x_j>``.
+
+    Returns:
+        scalar ``()`` in ``[0, 1]``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from meanfield import phase_diagram
+        >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+        >>> round(float(phase_diagram.clustering_fraction(x)), 4)  # 2 of 6 ordered pairs
+        0.3333
+    """
     n = x.shape[0]
     G = x @ x.T
     off = ~jnp.eye(n, dtype=bool)
@@ -112,7 +134,22 @@ def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> F
     """One projected Euler step ``normalize(x + h P_x F(x))`` (dense reference, all ``n^2`` exponentials).
 
     ``F_i = sum_j e^{beta <x_i, x_j>} x_j / sum_j e^{beta <x_i, x_j>}`` (SA) or
-    ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` (USA).
+    ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` (USA); ``P_x v = v - <v, x> x`` per row.
+
+    Args:
+        x: ``(n, d)`` points on ``S^{d-1}``; beta: inverse temperature; h: step.
+        normalized: SA (``True``) or USA field.
+
+    Returns:
+        ``(n, d)`` points on ``S^{d-1}``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from meanfield import phase_diagram, sphere
+        >>> x = sphere.uniform(jax.random.key(0), 5, 3)
+        >>> y = phase_diagram.euler_step(x, 1.0, 0.1)
+        >>> y.shape, bool(jnp.allclose(jnp.linalg.norm(y, axis=1), 1.0, atol=1e-5))
+        ((5, 3), True)
     """
     W = jnp.exp(beta * (x @ x.T))
     F = W @ x
@@ -127,13 +164,37 @@ def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> F
 
 
 def usa_step_size(beta, base_dt: float = 0.1):
-    """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``."""
+    """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``.
+
+    Args:
+        beta: scalar or array of inverse temperatures; base_dt: step for small ``beta``.
+
+    Returns:
+        NumPy float64 array of the shape of ``beta``.
+
+    Example:
+        >>> from meanfield import phase_diagram
+        >>> [round(float(h), 5) for h in phase_diagram.usa_step_size([0.25, 2.0])]
+        [0.1, 0.01578]
+    """
     beta = np.asarray(beta, dtype=np.float64)
     return base_dt / np.maximum(np.sqrt(beta) * np.exp(beta - 0.5), 1.0)
 
 
 def checkpoint_times(t1: float, checkpoints: int) -> np.ndarray:
-    """``checkpoints`` equally spaced times ``linspace(0, t1, checkpoints)``."""
+    """``checkpoints`` equally spaced times ``t_k = k t1 / (checkpoints - 1)`` (``linspace(0, t1, checkpoints)``).
+
+    Args:
+        t1: final time; checkpoints: number of times.
+
+    Returns:
+        ``(checkpoints,)`` NumPy array.
+
+    Example:
+        >>> from meanfield import phase_diagram
+        >>> phase_diagram.checkpoint_times(1.0, 3).tolist()
+        [0.0, 0.5, 1.0]
+    """
     return np.linspace(0.0, float(t1), int(checkpoints))
 
 
@@ -143,6 +204,15 @@ def checkpoint_steps(t1: float, dt: float, checkpoints: int) -> tuple[int, float
     Returns ``(N, h, idx)``: ``N = ceil(t1 / dt)`` steps of the uniform step
     ``h = t1 / N`` (``= dt`` when ``dt`` divides ``t1``), and for each checkpoint
     time ``t_k`` the step index ``round(t_k / h)`` whose state is recorded.
+
+    Args:
+        t1: final time; dt: largest allowed step; checkpoints: number of checkpoint times.
+
+    Example:
+        >>> from meanfield import phase_diagram
+        >>> N, h, idx = phase_diagram.checkpoint_steps(1.0, 0.3, 3)
+        >>> N, h, idx.tolist()
+        (4, 0.25, [0, 2, 4])
     """
     N = max(int(np.ceil(float(t1) / float(dt) - 1e-9)), 1)
     h = float(t1) / N
@@ -397,6 +467,14 @@ def sa_phase_diagram(
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
+
+    Example:
+        >>> import jax
+        >>> from meanfield import phase_diagram
+        >>> frac = phase_diagram.sa_phase_diagram(jax.random.key(0), [0.5, 4.0], n=8, seeds=4,
+        ...                                       t1=1.0, checkpoints=3)
+        >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
+        ((2, 3), 0.0)
     """
     betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
     check_positive("dt", dt)

@@ -115,7 +115,19 @@ def _check_q(q) -> None:
 
 def squared_distances(z: Float[Array, "T m"], prototypes: Float[Array, "K m"]) -> Float[Array, "T K"]:
     """``d_tk = ||z_t - p_k||^2``, from the differences (no ``|z|^2 + |p|^2 - 2 z.p``
-    cancellation, so each entry is accurate relative to itself)."""
+    cancellation, so each entry is accurate relative to itself).
+
+    Args:
+        z: ``(T, m)`` tokens; prototypes: ``(K, m)``.
+
+    Returns:
+        ``(T, K)`` squared distances.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.prototypes.squared_distances(jnp.array([[0.0, 0.0]]), jnp.array([[3.0, 4.0], [1.0, 0.0]])).tolist()
+        [[25.0, 1.0]]
+    """
     diff = z[:, None, :] - prototypes[None, :, :]
     return jnp.sum(diff * diff, axis=-1)
 
@@ -166,7 +178,21 @@ def _softmin(d, temperature):
 def reconstruct(
     z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
 ) -> Float[Array, "T m"]:
-    """Soft reconstruction ``zhat_t = sum_k q_tk p_k`` (the soft centroid of ``z_t``)."""
+    """Soft reconstruction ``zhat_t = sum_k q_tk p_k`` (the soft centroid of ``z_t``).
+
+    Args:
+        z: ``(T, m)`` tokens; prototypes: ``(K, m)``; temperature: scalar ``> 0``.
+
+    Returns:
+        ``(T, m)``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> p = jnp.array([[0.0, 0.0], [2.0, 0.0]])
+        >>> zhat = mf.prototypes.reconstruct(jnp.array([[1.0, 0.0]]), p, 1.0)  # equidistant: midpoint
+        >>> [round(float(v), 4) for v in zhat[0]]
+        [1.0, 0.0]
+    """
     _check_tokens(z, prototypes)
     _check_temperature(temperature)
     return _assign(z, prototypes, temperature) @ prototypes
@@ -221,7 +247,19 @@ def _loss_terms(z, prototypes, temperature):
 
 
 def decomposition_error(L_q, L_ols, V) -> Array:
-    """Relative violation ``|L_q - L_OLS - V| / L_q`` of the decomposition (0 when exact)."""
+    """Relative violation ``|L_q - L_OLS - V| / L_q`` of the decomposition (0 when exact).
+
+    Args:
+        L_q, L_ols, V: scalars (e.g. from :func:`loss_terms`).
+
+    Returns:
+        scalar ``()``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.prototypes.decomposition_error(2.0, 1.5, 0.25))
+        0.125
+    """
     return jnp.abs(L_q - L_ols - V) / jnp.maximum(jnp.abs(L_q), jnp.finfo(jnp.result_type(L_q)).tiny)
 
 
@@ -230,13 +268,39 @@ def decomposition_error(L_q, L_ols, V) -> Array:
 
 
 def hard_assign(z: Float[Array, "T m"], codebook: Float[Array, "K m"]) -> Int[Array, " T"]:
-    """Nearest code ``k*_t = argmin_k ||z_t - e_k||^2``."""
+    """Nearest code ``k*_t = argmin_k ||z_t - e_k||^2``.
+
+    Args:
+        z: ``(T, m)`` tokens; codebook: ``(K, m)`` codes ``e_k``.
+
+    Returns:
+        ``(T,)`` int indices.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.prototypes.hard_assign(jnp.array([[0.1, 0.0], [1.9, 0.0]]), jnp.array([[0.0, 0.0], [2.0, 0.0]])).tolist()
+        [0, 1]
+    """
     _check_tokens(z, codebook)
     return jnp.argmin(squared_distances(z, codebook), axis=-1)
 
 
 def straight_through(z: Float[Array, "T m"], zq: Float[Array, "T m"]) -> Float[Array, "T m"]:
-    """Straight-through estimator ``z + sg(zq - z)``: value ``zq``, gradient of ``z``."""
+    """Straight-through estimator ``z + sg(zq - z)``: value ``zq``, gradient of ``z``.
+
+    Args:
+        z: ``(T, m)`` tokens; zq: ``(T, m)`` quantised tokens.
+
+    Returns:
+        ``(T, m)`` equal to ``zq``, with ``d/dz = I``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> zq = jnp.array([[1.0, 1.0]])
+        >>> g = jax.grad(lambda z: mf.prototypes.straight_through(z, zq).sum())(jnp.zeros((1, 2)))
+        >>> mf.prototypes.straight_through(jnp.zeros((1, 2)), zq).tolist(), g.tolist()
+        ([[1.0, 1.0]], [[1.0, 1.0]])
+    """
     return z + jax.lax.stop_gradient(zq - z)
 
 
@@ -249,6 +313,18 @@ def vq_losses(
     ``commitment = mean_t ||z_t - sg(e_t)||^2`` (moves the encoder). Only the
     winning code of each token receives a gradient: codes that win no token
     never move (dead codes).
+
+    Args:
+        z: ``(T, m)`` tokens; codebook: ``(K, m)``.
+
+    Returns:
+        ``(codebook_loss, commitment_loss)``, scalars (equal in value).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> cb, cm = mf.prototypes.vq_losses(jnp.array([[1.0, 0.0]]), jnp.array([[0.0, 0.0], [5.0, 0.0]]))
+        >>> float(cb), float(cm)
+        (1.0, 1.0)
     """
     _check_tokens(z, codebook)
     e = codebook[jnp.argmin(squared_distances(z, codebook), axis=-1)]
@@ -298,6 +374,9 @@ class PrototypeReadout(eqx.Module):
         prototype_scale: prototypes start as ``N(0, scale^2 I / m)`` (norm
             about ``scale``); with ``normalize`` they start on the sphere of
             radius ``scale``.
+
+    Returns:
+        (``__call__``) the ``(K,)`` summary ``s`` of one ``(T, d)`` sequence.
 
     Example:
         >>> import jax, meanfield as mf
@@ -376,6 +455,20 @@ class HardVQ(eqx.Module):
     ``z_t + sg(e_{k*_t} - z_t)``. Same fields and initialisation as
     :class:`PrototypeReadout` (``prototypes`` is the codebook), so the two are
     compared at equal ``K``, ``m`` and budget.
+
+    Args:
+        d, m, K, key, width, depth, normalize, prototype_scale: as in
+            :class:`PrototypeReadout` (no temperature).
+
+    Returns:
+        (``__call__``) the ``(K,)`` code histogram ``mean_t onehot(k*_t)`` of one sequence.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> vq = mf.prototypes.HardVQ(8, 4, 16, key=jax.random.key(0))
+        >>> x = jax.random.normal(jax.random.key(1), (5, 8))
+        >>> vq.codes(x).shape, round(float(vq(x).sum()), 4)
+        ((5,), 1.0)
     """
 
     projection: eqx.Module
@@ -428,6 +521,22 @@ class VQAutoencoder(eqx.Module):
     ``loss = mean_t ||x_t - g(zhat_t)||^2 + lam * L_q``.
     Hard (``quantizer`` a :class:`HardVQ`):
     ``loss = mean_t ||x_t - g(z_t + sg(e_t - z_t))||^2 + codebook + beta * commitment``.
+
+    Args:
+        quantizer: a :class:`PrototypeReadout` or :class:`HardVQ` (its projection is the encoder ``f``).
+        key: PRNG key of the decoder ``g: R^m -> R^d``.
+        width, depth: decoder MLP size (``depth = 0``: linear).
+
+    Returns:
+        (``loss(x)``) ``(scalar loss, dict of its parts)`` for one ``(T, d)`` sequence.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> q = mf.prototypes.PrototypeReadout(8, 4, 16, 1.0, key=jax.random.key(0))
+        >>> ae = mf.prototypes.VQAutoencoder(q, key=jax.random.key(1))
+        >>> loss, parts = ae.loss(jax.random.normal(jax.random.key(2), (5, 8)))
+        >>> loss.shape, sorted(parts)
+        ((), ['L_OLS', 'L_q', 'V', 'recon'])
     """
 
     quantizer: PrototypeReadout | HardVQ
@@ -478,6 +587,21 @@ class HierarchicalReadout(eqx.Module):
     ``s = mean_t q1_t in R^{K1}``. Level 2: the summaries ``s_n`` of the
     sequences of a batch are the tokens of a second readout against ``P2``
     ``(K2, K1)``. The decomposition ``L_q = L_OLS + V`` holds at each level.
+
+    Args:
+        d, m, K1: input, latent and level-1 prototype counts; K2: level-2 prototypes.
+        temperature1, temperature2: the two soft-assignment temperatures.
+        key: PRNG key; **kw: passed to the level-1 :class:`PrototypeReadout`.
+
+    Returns:
+        (``__call__``) the ``(K2,)`` level-2 assignment of one ``(T, d)`` sequence.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> h = mf.prototypes.HierarchicalReadout(8, 4, 6, 3, 1.0, 0.1, key=jax.random.key(0))
+        >>> xs = jax.random.normal(jax.random.key(1), (2, 5, 8))
+        >>> h(xs[0]).shape, h.summaries(xs).shape
+        ((3,), (2, 6))
     """
 
     level1: PrototypeReadout
@@ -523,6 +647,12 @@ def utilization(q: Float[Array, "T K"], threshold: float = 0.01) -> Float[Array,
 
     ``q`` may be soft (rows on the simplex) or one-hot (hard VQ).
 
+    Args:
+        q: ``(T, K)`` assignments; threshold: minimum mean assignment of a used prototype.
+
+    Returns:
+        scalar ``()`` in ``[0, 1]``.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> float(mf.prototypes.utilization(jnp.array([[1.0, 0, 0], [0, 1.0, 0]])))
@@ -533,7 +663,20 @@ def utilization(q: Float[Array, "T K"], threshold: float = 0.01) -> Float[Array,
 
 
 def separation(prototypes: Float[Array, "K m"]) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """Prototype separation ``S(P)``: ``(min, mean)`` of ``||p_j - p_k||`` over pairs ``j < k``."""
+    """Prototype separation ``S(P)``: ``(min, mean)`` of ``||p_j - p_k||`` over pairs ``j < k``.
+
+    Args:
+        prototypes: ``(K, m)``, ``K >= 2``.
+
+    Returns:
+        ``(min, mean)`` scalars.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> lo, mean = mf.prototypes.separation(jnp.array([[0.0, 0.0], [3.0, 0.0], [3.0, 4.0]]))
+        >>> float(lo), round(float(mean), 4)  # distances 3, 5, 4
+        (3.0, 4.0)
+    """
     if jnp.ndim(prototypes) != 2 or jnp.shape(prototypes)[0] < 2:
         raise ValueError(f"prototypes must be (K, m) with K >= 2, got shape {jnp.shape(prototypes)}")
     return _separation(prototypes)
@@ -549,7 +692,19 @@ def _separation(prototypes):
 
 
 def assignment_entropy(q: Float[Array, "T K"]) -> Float[Array, ""]:
-    """Mean assignment entropy ``H(Q) = -mean_t sum_k q_tk log q_tk`` (nats, ``0 <= H <= log K``)."""
+    """Mean assignment entropy ``H(Q) = -mean_t sum_k q_tk log q_tk`` (nats, ``0 <= H <= log K``).
+
+    Args:
+        q: ``(T, K)`` assignments (rows on the simplex).
+
+    Returns:
+        scalar ``()``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.prototypes.assignment_entropy(jnp.array([[0.5, 0.5], [1.0, 0.0]]))), 4)  # (log 2)/2
+        0.3466
+    """
     _check_q(q)
     return -jnp.mean(jnp.sum(jax.scipy.special.xlogy(q, q), axis=-1))
 
@@ -575,7 +730,19 @@ def _pair(labels_true, labels_pred):
 def clustering_accuracy(labels_true, labels_pred) -> float:
     """Clustering accuracy ``max_sigma (1/N) sum_n 1[y_n = sigma(c_n)]`` over one-to-one
     maps ``sigma`` from clusters to classes (Hungarian matching,
-    ``scipy.optimize.linear_sum_assignment``; unmatched clusters count as errors)."""
+    ``scipy.optimize.linear_sum_assignment``; unmatched clusters count as errors).
+
+    Args:
+        labels_true: ``(N,)`` integer classes ``y``; labels_pred: ``(N,)`` integer clusters ``c``.
+
+    Returns:
+        float in ``[0, 1]``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.prototypes.clustering_accuracy([0, 0, 1, 1], [1, 1, 0, 2])
+        0.75
+    """
     from scipy.optimize import linear_sum_assignment
 
     a, b = _pair(labels_true, labels_pred)
@@ -588,7 +755,20 @@ def clustering_accuracy(labels_true, labels_pred) -> float:
 
 
 def nmi(labels_true, labels_pred) -> float:
-    """Normalised mutual information (``sklearn.metrics.normalized_mutual_info_score``)."""
+    """Normalised mutual information ``NMI = I(y; c) / ((H(y) + H(c)) / 2)``
+    (``sklearn.metrics.normalized_mutual_info_score``, arithmetic normalisation).
+
+    Args:
+        labels_true, labels_pred: ``(N,)`` integer labels.
+
+    Returns:
+        float in ``[0, 1]`` (1: identical partitions up to relabelling).
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(mf.prototypes.nmi([0, 0, 1, 1], [1, 1, 0, 0]), 4)
+        1.0
+    """
     from sklearn.metrics import normalized_mutual_info_score
 
     a, b = _pair(labels_true, labels_pred)
@@ -596,7 +776,19 @@ def nmi(labels_true, labels_pred) -> float:
 
 
 def ari(labels_true, labels_pred) -> float:
-    """Adjusted Rand index (``sklearn.metrics.adjusted_rand_score``)."""
+    """Adjusted Rand index ``ARI = (RI - E[RI]) / (max RI - E[RI])`` (``sklearn.metrics.adjusted_rand_score``).
+
+    Args:
+        labels_true, labels_pred: ``(N,)`` integer labels.
+
+    Returns:
+        float ``<= 1`` (1: identical partitions, ``~0``: chance).
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(mf.prototypes.ari([0, 0, 1, 1], [1, 1, 0, 0]), 4)
+        1.0
+    """
     from sklearn.metrics import adjusted_rand_score
 
     a, b = _pair(labels_true, labels_pred)
@@ -614,7 +806,21 @@ _FROZEN_FIELDS = ("temperature", "temperature2")
 def param_labels(model) -> object:
     """Optimiser labels for ``optax.multi_transform``: ``"prototypes"`` for leaves
     under a field named ``prototypes``/``prototypes2``, ``"frozen"`` for the
-    temperatures, ``"theta"`` for every other array (encoder, projection, decoder)."""
+    temperatures, ``"theta"`` for every other array (encoder, projection, decoder).
+
+    Args:
+        model: an equinox model (e.g. :class:`PrototypeReadout`).
+
+    Returns:
+        a PyTree of strings matching ``eqx.filter(model, eqx.is_inexact_array)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> r = mf.prototypes.PrototypeReadout(8, 4, 16, 1.0, key=jax.random.key(0))
+        >>> lab = mf.prototypes.param_labels(r)
+        >>> lab.prototypes, lab.temperature, lab.projection.weight
+        ('prototypes', 'frozen', 'theta')
+    """
 
     def label(path, _):
         names = {getattr(k, "name", None) for k in path}
@@ -634,6 +840,26 @@ def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam")
 
     ``optimizer`` is ``"adam"`` or ``"sgd"``. The rates may be traced (a sweep
     over ``eps`` is one ``vmap``).
+
+    SGD: ``theta <- theta - eta_theta g_theta``, ``P <- P - eta_P g_P``; Adam scales each
+    gradient by Adam's moments first.
+
+    Args:
+        model: the model whose parameters are labelled (:func:`param_labels`).
+        eta_theta, eta_P: the two rates ``> 0``; optimizer: ``"adam"`` or ``"sgd"``.
+
+    Returns:
+        an ``optax.GradientTransformation``.
+
+    Example:
+        >>> import jax, equinox as eqx, meanfield as mf
+        >>> r = mf.prototypes.PrototypeReadout(8, 4, 16, 1.0, key=jax.random.key(0))
+        >>> opt = mf.prototypes.two_timescale_optimizer(r, 1e-3, 1e-1, optimizer="sgd")
+        >>> p = eqx.filter(r, eqx.is_inexact_array)
+        >>> g = jax.tree_util.tree_map(jax.numpy.ones_like, p)
+        >>> upd, _ = opt.update(g, opt.init(p), p)
+        >>> round(float(upd.prototypes[0, 0]), 4), float(upd.temperature)  # -eta_P * 1; frozen
+        (-0.1, 0.0)
     """
     check_choice("optimizer", optimizer, ("adam", "sgd"))
     check_positive("eta_theta", eta_theta)
@@ -673,9 +899,26 @@ def train(
     of arrays). One ``lax.scan`` over epochs; jit- and vmap-compatible
     (``key``, ``eta_theta``, ``eta_P`` may be batched).
 
+    Args:
+        model: an equinox model; loss_fn: ``(model, batch) -> scalar`` or ``(scalar, aux)``.
+        data: PyTree of arrays with leading axis ``N``; key: PRNG key (shuffles).
+        eta_theta, eta_P, optimizer: as in :func:`two_timescale_optimizer`.
+        epochs, batch_size: loop sizes (``batch_size <= N``).
+        record: ``model -> dict`` of arrays evaluated before training and after each epoch.
+
     Returns:
         ``(model, history)`` where ``history[name]`` has leading axis
         ``epochs + 1`` (index 0 is before training).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> r = mf.prototypes.PrototypeReadout(4, 2, 3, 1.0, key=jax.random.key(0))
+        >>> x = jax.random.normal(jax.random.key(1), (8, 5, 4))
+        >>> lq = lambda m, xb: jnp.mean(jax.vmap(lambda s: m.loss_terms(s)[0])(xb))
+        >>> r, hist = mf.prototypes.train(r, lq, x, key=jax.random.key(2), eta_theta=1e-2, eta_P=1e-1,
+        ...                               epochs=2, batch_size=4, record=lambda m: {"L_q": lq(m, x)})
+        >>> hist["L_q"].shape
+        (3,)
     """
     epochs = check_int("epochs", epochs, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -728,7 +971,19 @@ def _train(model, opt, loss_fn, data, key, epochs, batch_size, record):
 
 
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's bundled 8x8 digits: ``X`` ``(1797, 64)`` float32 in ``[0, 1]``, labels ``y`` in ``0..9``."""
+    """scikit-learn's bundled 8x8 digits: ``X`` ``(1797, 64)`` float32 in ``[0, 1]``, labels ``y`` in ``0..9``.
+
+    ``X = pixels / 16`` (pixel intensities are ``0..16``); no arguments, no download.
+
+    Returns:
+        ``(X, y)``: ``(1797, 64)`` float32 and ``(1797,)`` int32 NumPy arrays.
+
+    Example:
+        >>> import meanfield as mf
+        >>> X, y = mf.prototypes.load_digits()
+        >>> X.shape, y.shape, float(X.max()), int(y.max())
+        ((1797, 64), (1797,), 1.0, 9)
+    """
     from sklearn.datasets import load_digits as _ld
 
     data = _ld()
@@ -755,9 +1010,20 @@ def gaussian_mixture_tokens(
     a component ``c`` uniformly among its class's ``components_per_class`` and
     is ``mu_c + noise * N(0, I_d)``.
 
+    Args:
+        key: PRNG key; n_sequences, seq_len, d: output sizes ``N, T, d``.
+        n_classes, components_per_class, spread, noise: mixture parameters (above).
+        dtype: float dtype.
+
     Returns:
         ``(x, components, classes, means)``: ``(N, T, d)`` tokens, ``(N, T)``
         component labels, ``(N,)`` sequence classes, ``(C, d)`` means.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x, comps, classes, means = mf.prototypes.gaussian_mixture_tokens(jax.random.key(0), 3, 5, 2)
+        >>> x.shape, comps.shape, classes.shape, means.shape
+        ((3, 5, 2), (3, 5), (3,), (16, 2))
     """
     n_sequences = check_int("n_sequences", n_sequences, minimum=1)
     seq_len = check_int("seq_len", seq_len, minimum=1)
