@@ -28,7 +28,19 @@ __all__ = [
 
 
 def tangent_frame(x: Float[Array, "n d"]) -> Float[Array, "n d d-1"]:
-    """Orthonormal tangent bases ``B_i`` (columns span ``x_i^perp``), one per particle."""
+    """Orthonormal tangent bases ``B_i`` (columns span ``x_i^perp``), one per particle.
+
+    Args:
+        x: ``(n, d)`` unit rows.
+
+    Returns:
+        ``(n, d, d - 1)`` array, ``B_i^T x_i = 0`` and ``B_i^T B_i = I``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> mf.analysis.tangent_frame(mf.sphere.uniform(jax.random.key(0), 4, 3)).shape
+        (4, 3, 2)
+    """
     return jax.vmap(sphere.tangent_basis)(x)
 
 
@@ -75,9 +87,24 @@ _tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
 def classify(H: Float[Array, "m m"], *, num_zero_modes: int, rtol: float = 1e-6) -> dict:
     """Classify a critical point from its tangent Hessian.
 
-    Eigenvalues within ``rtol * max|lambda|`` of 0 are zero modes. A local maximiser has
-    no positive eigenvalue and exactly the ``num_zero_modes`` symmetry zero modes;
-    a saddle has positive ones. Returns the counts and the extreme eigenvalues.
+    With ``lambda = eigvalsh(H)``, eigenvalues with ``|lambda| <= rtol * max|lambda|`` are zero
+    modes. A local maximiser has no positive eigenvalue and exactly the ``num_zero_modes``
+    symmetry zero modes; a saddle has positive ones.
+
+    Args:
+        H: ``(m, m)`` symmetric tangent Hessian.
+        num_zero_modes: expected number of symmetry zero modes (``d - 1`` for rotations).
+        rtol: relative threshold of a zero eigenvalue.
+
+    Returns:
+        dict with ``kind`` (``"maximiser"``, ``"saddle"`` or ``"degenerate"``), the counts
+        ``positive``, ``zero``, ``negative`` and the extreme eigenvalues ``largest``, ``smallest``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> out = mf.analysis.classify(jnp.diag(jnp.array([-2.0, -1.0, 0.0])), num_zero_modes=1)
+        >>> out["kind"], out["negative"], out["zero"]
+        ('maximiser', 2, 1)
     """
     lam = jnp.linalg.eigvalsh(H)
     scale = jnp.max(jnp.abs(lam))
@@ -94,6 +121,21 @@ def growth_rates(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, " m"]
 
     The velocity is ``n P grad E``, so near a critical point the tangent perturbation obeys
     ``d xi / dt = n H xi``: a positive eigenvalue ``lambda`` of ``H`` grows like ``e^{n lambda t}``.
+
+    Args:
+        kernel: a ``Kernel`` with an energy.
+        x: ``(n, d)`` unit rows (a critical point).
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+
+    Returns:
+        ``(n (d - 1),)`` rates, ascending.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = mf.analysis.cluster_state(4, 1)   # collapsed: rates -e^beta and 0
+        >>> r = mf.analysis.growth_rates(mf.kernels.USA(1.0), x)
+        >>> r.shape, round(float(r[0]), 3)
+        ((8,), -2.718)
     """
     H = _tangent_hessian_jit(kernel, jnp.asarray(x), aux)
     return x.shape[0] * jnp.linalg.eigvalsh(H)
@@ -103,6 +145,20 @@ def collapsed_spectrum(beta, n: int, d: int) -> dict:
     """Predicted tangent-Hessian spectrum of USA at a collapsed state.
 
     ``d - 1`` zero modes (global rotations) and ``-e^beta / n`` with multiplicity ``(n - 1)(d - 1)``.
+
+    Args:
+        beta: inverse temperature.
+        n: number of tokens.
+        d: dimension.
+
+    Returns:
+        dict ``{"zero": d - 1, "eigenvalue": -e^beta / n, "multiplicity": (n - 1)(d - 1)}``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> s = mf.analysis.collapsed_spectrum(1.0, 4, 3)
+        >>> s["zero"], s["multiplicity"], round(s["eigenvalue"], 4)
+        (2, 6, -0.6796)
     """
     return {"zero": d - 1, "eigenvalue": -float(np.exp(beta)) / n, "multiplicity": (n - 1) * (d - 1)}
 
@@ -116,6 +172,21 @@ def antipodal_spectrum(beta, n: int, d: int) -> dict:
     ``e^{-beta}`` (multiplicity ``d - 1``) and the common rotation ``xi = -eta`` is a zero mode
     (``d - 1``); a token's deviation from its cluster decays at rate ``(e^beta - e^{-beta}) / 2``
     (multiplicity ``(n - 2)(d - 1)``). Eigenvalues of ``H`` are these rates divided by ``n``.
+
+    Args:
+        beta: inverse temperature.
+        n: number of tokens (even).
+        d: dimension.
+
+    Returns:
+        dict with ``positive`` (``e^{-beta} / n``), ``num_positive``, ``zero``, ``negative``
+        (``-(e^beta - e^{-beta}) / (2n)``) and ``num_negative``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> s = mf.analysis.antipodal_spectrum(1.0, 4, 3)
+        >>> s["num_positive"], s["num_negative"], round(float(s["positive"]), 4)
+        (2, 4, 0.092)
     """
     b = float(beta)
     return {
@@ -129,8 +200,26 @@ def antipodal_spectrum(beta, n: int, d: int) -> dict:
 
 def cluster_state(n: int, k: int, d: int = 3, dtype=jnp.float32) -> Float[Array, "n d"]:
     """``k`` clusters of ``n / k`` tokens at the vertices of a regular ``k``-gon on the great
-    circle of ``(e_1, e_2)``: a critical point of every rotation-invariant energy (by symmetry).
-    ``k = 2`` is the antipodal pair, ``k = 1`` the collapsed state."""
+    circle of ``(e_1, e_2)``: ``x_i = cos(a_i) e_1 + sin(a_i) e_2``, ``a_i = 2 pi floor(i k / n) / k``.
+
+    A critical point of every rotation-invariant energy (by symmetry). ``k = 2`` is the
+    antipodal pair, ``k = 1`` the collapsed state.
+
+    Args:
+        n: number of tokens.
+        k: number of clusters, ``k >= 1`` dividing ``n``.
+        d: dimension.
+        dtype: floating dtype.
+
+    Returns:
+        ``(n, d)`` unit rows.
+
+    Example:
+        >>> import meanfield as mf
+        >>> x = mf.analysis.cluster_state(6, 2)
+        >>> x.shape, int(mf.metrics.num_clusters(x))
+        ((6, 3), 2)
+    """
     n = int(n)
     k = int(k)
     if k < 1 or n % k:
@@ -155,6 +244,23 @@ def classify_state(
     * ``"degenerate"`` / ``"transient"`` otherwise.
 
     ``rate = n * largest eigenvalue`` (growth rate of the linearised flow, see ``growth_rates``).
+
+    Args:
+        kernel: a ``Kernel`` with an energy.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+        rtol: relative threshold of a zero eigenvalue.
+        critical_tol: largest ``speed`` of a critical point.
+        threshold: cluster radius (radians) for ``num_clusters``.
+
+    Returns:
+        the ``classify`` dict plus ``speed``, ``clusters`` and ``rate``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> out = mf.analysis.classify_state(mf.kernels.USA(1.0), mf.analysis.cluster_state(4, 2))
+        >>> out["kind"], out["clusters"]
+        ('saddle', 2)
     """
     from . import metrics
     from .energy import field as _field
@@ -183,10 +289,27 @@ def classify_state(
 
 
 def escape_time(kernel, x0: Float[Array, "n d"], aux=None, *, dt: float, t_max: float, fraction: float = 0.5):
-    """First time the collapse gap ``G_x`` falls below ``fraction * G_x(0)`` (projected Heun, step ``dt``).
+    """First time ``t`` with ``G_x(t) <= fraction * G_x(0)`` (projected Heun, step ``dt``).
 
-    A ``lax.while_loop`` without saves, for the long runs near saddles. Returns ``t_max`` (as
-    ``inf``) when the run has not escaped by then.
+    A ``lax.while_loop`` without saves, for the long runs near saddles.
+
+    Args:
+        kernel: a ``Kernel``.
+        x0: ``(n, d)`` initial unit rows.
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+        dt: step, ``> 0``.
+        t_max: time limit, ``> 0``.
+        fraction: the gap reduction that counts as escape.
+
+    Returns:
+        scalar time; ``inf`` when the run has not escaped by ``t_max``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> t = mf.analysis.escape_time(mf.kernels.USA(1.0), x0, dt=0.05, t_max=20.0)
+        >>> bool(0.0 < t < 20.0)
+        True
     """
     from .energy import resolve_aux
 

@@ -61,7 +61,21 @@ def rotation_to(t: Float[Array, " d"], u: Float[Array, " d"]) -> Float[Array, "d
         R = I + (c - 1)(t t^T + e e^T) + s (e t^T - t e^T)
 
     identity on ``span(t, u)^perp``. ``t = u`` gives ``I``; ``t = -u`` a half-turn in a
-    plane containing ``t``. ``t`` and ``u`` are unit vectors.
+    plane containing ``t``.
+
+    Args:
+        t: ``(d,)`` unit vector.
+        u: ``(d,)`` unit vector.
+
+    Returns:
+        ``(d, d)`` rotation matrix.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> t, u = jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 0.6, 0.8])
+        >>> R = mf.design.rotation_to(t, u)
+        >>> bool(jnp.allclose(R @ t, u, atol=1e-6)), round(float(jnp.linalg.det(R)), 4)
+        (True, 1.0)
     """
     t = jnp.asarray(t)
     u = jnp.asarray(u, t.dtype)
@@ -126,6 +140,20 @@ def orbit_angles(x: Float[Array, "n d"], u: Float[Array, " d"], plane: tuple[int
 
     ``alpha_i = atan2(x_ib, x_ia) - atan2(u_b, u_a) mod 2 pi``: for a point ``R_alpha u``
     of the orbit of ``u`` this is ``alpha`` (``R_alpha`` rotates ``e_a`` towards ``e_b``).
+
+    Args:
+        x: ``(n, d)`` points.
+        u: ``(d,)`` reference point.
+        plane: the rotation plane ``(a, b)``.
+
+    Returns:
+        ``(n,)`` angles in ``[0, 2 pi)``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> a = mf.design.orbit_angles(jnp.array([[0.0, 1.0, 0.0]]), jnp.array([1.0, 0.0, 0.0]))
+        >>> round(float(a[0]), 4)   # pi / 2
+        1.5708
     """
     x = jnp.asarray(x)
     a, b = check_plane(plane, x.shape[-1])
@@ -139,6 +167,19 @@ def quantile_from_density(density: Callable, num: int = 4096) -> Callable:
 
     ``F(alpha) = int_0^alpha rho / int_0^{2 pi} rho`` tabulated by the midpoint rule on ``num``
     cells, ``Q = F^{-1}`` by linear interpolation (error ``O(1/num^2)`` for smooth ``rho``).
+
+    Args:
+        density: callable ``alpha -> rho(alpha) >= 0`` (jax-traceable), not identically 0.
+        num: number of cells, ``>= 8``.
+
+    Returns:
+        a callable ``s -> Q(s)``, elementwise on arrays.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> Q = mf.design.quantile_from_density(lambda a: jnp.ones_like(a))   # uniform angle
+        >>> round(float(Q(0.25)), 4)   # pi / 2
+        1.5708
     """
     num = check_int("num", num, minimum=8)
     if not callable(density):
@@ -313,7 +354,23 @@ class Anchored(Kernel):
 
 
 def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
-    """The designed maximiser ``x_i = Psi(xi_i)^T u`` of a USA/gauge kernel (or an ``Anchored`` one)."""
+    """The designed maximiser ``x_i = Psi(xi_i)^T u`` of a USA/gauge kernel (or an ``Anchored`` one).
+
+    Args:
+        kernel: ``USA``, an exp-gauge kernel, or ``Anchored`` around one.
+        u: ``(d,)`` unit vector (the common point of the gauge frame).
+        aux: ``(n,)`` labels.
+
+    Returns:
+        ``(n, d)`` unit rows, of energy ``e^beta / (2 beta)``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k, s = mf.kernels.RoPE(1.0, 2 * jnp.pi), mf.positions(8)
+        >>> x = mf.design.designed_configuration(k, jnp.array([0.6, 0.0, 0.8]), s)
+        >>> x.shape, round(float(mf.energy(k, x, s)), 4)   # e / 2
+        ((8, 3), 1.3591)
+    """
     base = kernel.base if isinstance(kernel, Anchored) else kernel
     aux = jnp.asarray(aux)
     u = jnp.asarray(u)
@@ -336,6 +393,23 @@ def vmf_mixture(key, n: int, means, kappas, weights=None, dtype=jnp.float32) -> 
     The component is drawn with probabilities ``w``; the cosine ``t = <x, mu>`` of a vMF on
     ``S^2`` has density ``propto e^{kappa t}`` on ``[-1, 1]``, sampled by inversion:
     ``t = 1 + log(U + (1 - U) e^{-2 kappa}) / kappa``; the tangent direction is uniform.
+
+    Args:
+        key: a ``jax.random`` key.
+        n: number of samples.
+        means: ``(K, 3)`` mean directions (normalised here).
+        kappas: ``(K,)`` (or scalar) concentrations, ``> 0``.
+        weights: ``(K,)`` nonnegative weights (default uniform).
+        dtype: floating dtype.
+
+    Returns:
+        ``(n, 3)`` unit rows.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x = mf.design.vmf_mixture(jax.random.key(0), 100, [[0.0, 0.0, 1.0]], 50.0)
+        >>> x.shape, bool(x[:, 2].mean() > 0.9)
+        ((100, 3), True)
     """
     n = check_int("n", n, minimum=1)
     mu = sphere.normalize(jnp.asarray(means, dtype))
@@ -363,6 +437,19 @@ def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
     """The tennis-ball seam on ``S^2``: ``(a cos t + b cos 3t, a sin t - b sin 3t, 2 sqrt(ab) sin 2t)``, ``a = 1 - b``.
 
     ``|x|^2 = a^2 + b^2 + 2ab cos 4t + 2ab (1 - cos 4t) = (a + b)^2 = 1``. ``t`` in radians.
+
+    Args:
+        t: angle(s), any shape.
+        b: seam parameter in ``(0, 1)``.
+
+    Returns:
+        ``t.shape + (3,)`` unit vectors.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = mf.design.seam_curve(jnp.linspace(0.0, 2 * jnp.pi, 5))
+        >>> x.shape, bool(jnp.allclose(jnp.linalg.norm(x, axis=-1), 1.0, atol=1e-6))
+        ((5, 3), True)
     """
     t = jnp.asarray(t)
     a = 1.0 - b
@@ -380,7 +467,19 @@ def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
 def curve_points(theta: Float[Array, "m d"], s: Float[Array, " n"]) -> Float[Array, "n d"]:
     """``p_theta(s) = normalize(c_0 + sum_{k=1}^M a_k cos(2 pi k s) + b_k sin(2 pi k s))``.
 
-    ``theta`` stacks ``[c_0; a_1..a_M; b_1..b_M]``, shape ``(2M + 1, d)``.
+    Args:
+        theta: ``(2M + 1, d)`` stacking ``[c_0; a_1..a_M; b_1..b_M]``.
+        s: ``(n,)`` positions.
+
+    Returns:
+        ``(n, d)`` unit rows.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> theta = mf.design.init_curve(jax.random.key(0), 2, scale=0.0)   # great circle
+        >>> p = mf.design.curve_points(theta, jnp.array([0.25]))
+        >>> p.shape, round(float(p[0, 1]), 4)
+        ((1, 3), 1.0)
     """
     theta = jnp.asarray(theta)
     M = (theta.shape[0] - 1) // 2
@@ -396,13 +495,42 @@ def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
 
     Differentiable in ``theta``. Use with ``mf.kernels.Prompt(beta, gauges)`` and labels
     ``arange(n)`` (one gauge per token), or ``curve_gauge`` with ``mf.kernels.Gauge``.
+
+    Args:
+        theta: ``(2M + 1, d)`` Fourier coefficients (see ``curve_points``).
+        s: ``(n,)`` positions.
+        u: ``(d,)`` unit vector.
+
+    Returns:
+        ``(n, d, d)`` rotations.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> theta, s, u = mf.design.init_curve(jax.random.key(0), 2), mf.positions(4), jnp.array([0.0, 0.0, 1.0])
+        >>> G = mf.design.curve_gauges(theta, s, u)
+        >>> G.shape, bool(jnp.allclose(G.transpose(0, 2, 1) @ u, mf.design.curve_points(theta, s), atol=1e-5))
+        ((4, 3, 3), True)
     """
     P = curve_points(theta, s)
     return jax.vmap(rotation_to, in_axes=(0, None))(P, jnp.asarray(u, P.dtype))
 
 
 def curve_gauge(theta, u) -> Callable:
-    """The gauge ``s -> rotation_to(p_theta(s), u)`` as a callable for ``mf.kernels.Gauge``."""
+    """The gauge ``Psi(s) = rotation_to(p_theta(s), u)`` as a callable for ``mf.kernels.Gauge``.
+
+    Args:
+        theta: ``(2M + 1, d)`` Fourier coefficients (see ``curve_points``).
+        u: ``(d,)`` unit vector.
+
+    Returns:
+        a callable ``s -> (d, d)`` rotation.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> psi = mf.design.curve_gauge(mf.design.init_curve(jax.random.key(0), 2), jnp.array([0.0, 0.0, 1.0]))
+        >>> psi(0.3).shape
+        (3, 3)
+    """
     theta = jnp.asarray(theta)
     u = jnp.asarray(u, theta.dtype)
 
@@ -413,7 +541,23 @@ def curve_gauge(theta, u) -> Callable:
 
 
 def init_curve(key, num_modes: int, d: int = 3, scale: float = 0.1, dtype=jnp.float32) -> Float[Array, "m d"]:
-    """Initial ``theta``: the great circle ``cos(2 pi s) e_1 + sin(2 pi s) e_2`` plus ``N(0, scale^2)`` noise."""
+    """Initial ``theta``: the great circle ``cos(2 pi s) e_1 + sin(2 pi s) e_2`` plus ``N(0, scale^2)`` noise.
+
+    Args:
+        key: a ``jax.random`` key.
+        num_modes: ``M >= 1`` Fourier modes.
+        d: dimension.
+        scale: noise standard deviation.
+        dtype: floating dtype.
+
+    Returns:
+        ``(2M + 1, d)`` coefficients (see ``curve_points``).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> mf.design.init_curve(jax.random.key(0), 2).shape
+        (5, 3)
+    """
     M = check_int("num_modes", num_modes, minimum=1)
     theta = scale * jax.random.normal(key, (2 * M + 1, d), dtype)
     return theta.at[1, 0].add(1.0).at[M + 1, 1].add(1.0)
@@ -437,8 +581,25 @@ def fit_curve(
     ``optax.adam``. This differentiates through the maximiser characterisation: for the gauge
     ``Psi(s) = rotation_to(p_theta(s), u)`` the maximiser is ``x(s) = p_theta(s)`` for every ``u``.
 
+    Args:
+        key: a ``jax.random`` key.
+        target: ``(m, d)`` target samples (unit rows).
+        num_modes: ``M`` Fourier modes of the curve.
+        n: positions per step.
+        steps: optimiser steps.
+        learning_rate: Adam step size.
+        bandwidth: MMD kernel width.
+        theta0: initial ``(2M + 1, d)`` coefficients (default ``init_curve``).
+
     Returns:
-        ``(theta, losses)`` with ``losses`` the ``(steps,)`` training MMD^2.
+        ``(theta, losses)``: ``(2M + 1, d)`` fitted coefficients and the ``(steps,)`` training MMD^2.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> target = mf.design.vmf_mixture(jax.random.key(0), 32, [[0.0, 0.0, 1.0]], 5.0)
+        >>> theta, losses = mf.design.fit_curve(jax.random.key(1), target, num_modes=1, n=16, steps=5)
+        >>> theta.shape, losses.shape
+        ((3, 3), (5,))
     """
     target = jnp.asarray(target)
     steps = check_int("steps", steps, minimum=1)

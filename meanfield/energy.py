@@ -26,6 +26,20 @@ def resolve_aux(model, x, aux):
 
     ``aux=None`` gives ``model.default_aux(n)`` (positions ``i/n``; prompt blocks
     for ``Prompt``). A given ``aux`` must have length ``n``.
+
+    Args:
+        model: a kernel or model with ``field``.
+        x: ``(n, d)`` states.
+        aux: ``(n,)`` labels or ``None``.
+
+    Returns:
+        ``(n,)`` labels.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> from meanfield.energy import resolve_aux
+        >>> resolve_aux(mf.kernels.USA(1.0), jnp.zeros((4, 3)), None).tolist()
+        [0.25, 0.5, 0.75, 1.0]
     """
     if not hasattr(model, "field"):
         raise TypeError(
@@ -45,7 +59,25 @@ def resolve_aux(model, x, aux):
 
 
 def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None):
-    """Unprojected mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``."""
+    """Unprojected mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``.
+
+    Args:
+        model: a kernel (``mf.kernels``) or model (``mf.models``).
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels (default ``model.default_aux(n)``).
+        method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (reference, kernels only).
+        block_size: row-tile size of the tiled exp evaluation (default automatic).
+
+    Returns:
+        ``(n, d)`` field.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> F = mf.field(mf.kernels.USA(1.0), x)
+        >>> F.shape, bool(jnp.allclose(F, mf.field(mf.kernels.USA(1.0), x, method="pairwise"), atol=1e-5))
+        ((8, 3), True)
+    """
     check_choice("method", method, METHODS)
     aux = resolve_aux(model, x, aux)
     x = jnp.asarray(x)

@@ -50,7 +50,16 @@ _rk4_tableau = diffrax.ButcherTableau(
 
 
 class RK4(diffrax.AbstractERK):
-    """Classical 4th-order Runge--Kutta (diffrax has none built in)."""
+    """Classical 4th-order Runge--Kutta (diffrax has none built in).
+
+    ``k_1 = f(y)``, ``k_2 = f(y + h k_1 / 2)``, ``k_3 = f(y + h k_2 / 2)``, ``k_4 = f(y + h k_3)``,
+    ``y' = y + h (k_1 + 2 k_2 + 2 k_3 + k_4) / 6``; selected by ``simulate(..., solver="rk4")``.
+
+    Example:
+        >>> from meanfield.integrate import RK4
+        >>> RK4().order(None)
+        4
+    """
 
     tableau: ClassVar[diffrax.ButcherTableau] = _rk4_tableau
     interpolation_cls: ClassVar[Callable] = diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
@@ -179,6 +188,13 @@ class Trajectory(eqx.Module):
         stopped: the early-stop rule fired.
         failed: the state went non-finite (values after ``stop_time`` are then NaN).
         num_steps: number of accepted steps.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> traj = mf.simulate(mf.kernels.USA(1.0), x0, t1=0.5, dt=0.1)
+        >>> traj.ts.shape, traj.xs.shape, bool(traj.failed)
+        ((2,), (2, 8, 3), False)
     """
 
     ts: Float[Array, " T"]

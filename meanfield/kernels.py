@@ -70,27 +70,75 @@ DEFAULT_BLOCK = 512
 
 
 def positions(n: int) -> Float[Array, " n"]:
-    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation)."""
+    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation).
+
+    Args:
+        n: number of tokens.
+
+    Returns:
+        ``(n,)`` float array ``(1/n, 2/n, .., 1)``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.kernels.positions(4).tolist()
+        [0.25, 0.5, 0.75, 1.0]
+    """
     return jnp.arange(1, n + 1, dtype=jnp.result_type(float)) / n
 
 
 def original_time(s, beta):
-    """Original time ``t = e^{-beta} s`` of rescaled time ``s`` (``rescaled=True`` kernels)."""
+    """Original time ``t = e^{-beta} s`` of rescaled time ``s`` (``rescaled=True`` kernels).
+
+    Args:
+        s: rescaled time (scalar or array).
+        beta: inverse temperature of the kernel.
+
+    Returns:
+        ``t``, broadcast shape of ``s`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.original_time(1.0, 2.0)), 4)   # e^{-2}
+        0.1353
+    """
     return jnp.exp(-jnp.asarray(beta)) * s
 
 
 def rescaled_time(t, beta):
-    """Rescaled time ``s = e^{beta} t`` of original time ``t``."""
+    """Rescaled time ``s = e^{beta} t`` of original time ``t`` (inverse of ``original_time``).
+
+    Args:
+        t: original time (scalar or array).
+        beta: inverse temperature of the kernel.
+
+    Returns:
+        ``s``, broadcast shape of ``t`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.rescaled_time(1.0, 2.0)), 4)   # e^{2}
+        7.3891
+    """
     return jnp.exp(jnp.asarray(beta)) * t
 
 
 class Kernel(eqx.Module):
     """Base class: a symmetric pair interaction ``h((x, xi), (y, zeta))``.
 
-    Subclasses implement ``__call__`` (one pair). ``grad_x`` defaults to
-    autodiff of ``__call__``; ``field`` and ``energy_from_field`` default to the
-    pairwise reference (O(n^2) pairs through ``vmap``), overridden by
-    structured evaluations.
+    Subclasses implement ``__call__`` (one pair: ``x, y`` of shape ``(d,)``, scalar
+    labels, scalar result). ``grad_x`` defaults to autodiff of ``__call__``;
+    ``field`` (``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``) and ``energy``
+    (``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``, scalar) default to the pairwise
+    reference (O(n^2) pairs through ``vmap``), overridden by structured evaluations.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> k = mf.kernels.USA(1.0)
+        >>> isinstance(k, mf.kernels.Kernel)
+        True
+        >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> k.field(x, k.default_aux(8)).shape
+        (8, 3)
     """
 
     #: True when labels are integer ids (prompts) rather than positions.
@@ -120,13 +168,43 @@ class Kernel(eqx.Module):
 
 
 def pairwise_field(kernel: Kernel, x, aux):
-    """Reference ``F_i = (1/n) sum_j kernel.grad_x(x_i, xi_i, x_j, xi_j)`` by two vmaps."""
+    """Reference ``F_i = (1/n) sum_j kernel.grad_x(x_i, xi_i, x_j, xi_j)`` by two vmaps.
+
+    Args:
+        kernel: a ``Kernel``.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels.
+
+    Returns:
+        ``(n, d)`` unprojected field.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> k, x, s = mf.kernels.Toeplitz(1), mf.sphere.uniform(jax.random.key(0), 8, 3), mf.positions(8)
+        >>> bool(jnp.allclose(mf.kernels.pairwise_field(k, x, s), k.field(x, s), atol=1e-5))
+        True
+    """
     row = jax.vmap(kernel.grad_x, in_axes=(None, None, 0, 0))
     return jax.vmap(lambda xi, ai: jnp.mean(row(xi, ai, x, aux), axis=0))(x, aux)
 
 
 def pairwise_energy(kernel: Kernel, x, aux):
-    """Reference ``E = 1/(2 n^2) sum_{i,j} kernel(x_i, xi_i, x_j, xi_j)`` by two vmaps."""
+    """Reference ``E = 1/(2 n^2) sum_{i,j} kernel(x_i, xi_i, x_j, xi_j)`` by two vmaps.
+
+    Args:
+        kernel: a ``Kernel``.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels.
+
+    Returns:
+        scalar energy.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> k, x, s = mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 8, 3), mf.positions(8)
+        >>> bool(jnp.allclose(mf.kernels.pairwise_energy(k, x, s), k.energy(x, s), rtol=1e-5))
+        True
+    """
     row = jax.vmap(kernel, in_axes=(None, None, 0, 0))
     H = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)
     return 0.5 * jnp.mean(H)
@@ -265,6 +343,18 @@ class DistanceBias(_ExpKernel):
 
     ``lam >= 0``. Its long-time law is still a Dirac mass (Prop. 11): the bias
     reweights interactions but does not prevent collapse.
+
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        lam: bias rate, ``>= 0`` (traced).
+        rescaled: multiply by ``e^{-beta}`` (time change, see module docstring).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k = mf.kernels.DistanceBias(1.0, 2.0)
+        >>> x = jnp.array([1.0, 0.0, 0.0])
+        >>> round(float(k(x, 0.0, x, 0.5)), 4)   # e^{-1} e^{1} / 1
+        1.0
     """
 
     lam: Array | float = 0.0
@@ -303,6 +393,16 @@ class Toeplitz(Kernel):
     Maximiser: the uniform great circle traversed ``m`` times, ``E_max = 1/4``.
     Rank 2 in the positions (``cos(a - b) = cos a cos b + sin a sin b``), so the
     field costs O(n d): ``F_i = (1/n)(c_i sum_j c_j x_j + s_i sum_j s_j x_j)``.
+
+    Args:
+        m: integer frequency, ``m >= 1``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> s = mf.positions(8)
+        >>> x = jnp.stack([jnp.cos(2 * jnp.pi * s), jnp.sin(2 * jnp.pi * s), 0 * s], axis=1)
+        >>> round(float(mf.energy(mf.kernels.Toeplitz(1), x, s)), 4)   # great circle: 1/4
+        0.25
     """
 
     m: Array | int = 1
@@ -399,6 +499,19 @@ class RoPE(_GaugeKernel):
 
     The gauge ``Psi(s) = R_{omega s}`` in ``plane``. Maximiser ``x(s) = R_{-omega s} u``:
     for ``omega = 2 pi m`` a latitude circle (height ``||P_{E^perp} u||``).
+
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        omega: rotation frequency (traced, finite).
+        plane: the rotation plane ``(a, b)`` (static).
+        rescaled: multiply by ``e^{-beta}`` (time change).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k = mf.kernels.RoPE(1.0, 2 * jnp.pi)
+        >>> x = jnp.array([1.0, 0.0, 0.0])
+        >>> round(float(k(x, 0.0, x, 0.0)), 4), round(float(k(x, 0.0, x, 0.25)), 4)   # e, then e^0
+        (2.7183, 1.0)
     """
 
     omega: Array | float = 2 * np.pi
@@ -424,6 +537,19 @@ class PhaseField(_GaugeKernel):
     ``phase`` is a callable ``s -> angle`` (jax-traceable). Gauge ``Psi(s) = R_{phi(s)}``;
     maximiser ``x(s) = R_{-phi(s)} u``. In a single fixed plane the maximiser stays
     on a latitude circle (only its parametrisation changes).
+
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        phase: callable ``s -> phi(s)`` (static).
+        plane: the rotation plane ``(a, b)`` (static).
+        rescaled: multiply by ``e^{-beta}`` (time change).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> k = mf.kernels.PhaseField(1.0, mf.kernels.default_phase)
+        >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> mf.field(k, x).shape
+        (8, 3)
     """
 
     phase: Callable = eqx.field(static=True, default=None)
@@ -449,6 +575,19 @@ class Gauge(_GaugeKernel):
     ``gauge`` is a callable ``label -> (d, d)`` orthogonal matrix (jax-traceable);
     its orthogonality is checked on the labels of a concrete run. Maximiser
     ``x(xi) = Psi(xi)^T u``.
+
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        gauge: callable ``label -> (d, d)`` orthogonal matrix (static).
+        rescaled: multiply by ``e^{-beta}`` (time change).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k = mf.kernels.Gauge(1.0, mf.kernels.wavy_gauge())
+        >>> s = mf.positions(8)
+        >>> x = k.from_gauge_frame(jnp.tile(jnp.array([0.0, 0.0, 1.0]), (8, 1)), s)   # the maximiser
+        >>> round(float(mf.energy(k, x, s)), 4)   # e / 2
+        1.3591
     """
 
     gauge: Callable = eqx.field(static=True, default=None)
@@ -472,6 +611,19 @@ class Prompt(_GaugeKernel):
     array of orthogonal matrices (reconstruction of the paper's lost kernel (10),
     MATH.md). Maximiser: ``K`` Dirac masses at ``Psi_k^T u``. Default labels when
     ``aux=None``: contiguous prefix blocks, ``xi_i = floor(K i / n)``.
+
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        gauges: ``(K, d, d)`` orthogonal matrices.
+        rescaled: multiply by ``e^{-beta}`` (time change).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> k = mf.kernels.Prompt(1.0, mf.kernels.random_gauges(jax.random.key(0), 2, 3))
+        >>> k.default_aux(4).tolist()
+        [0, 0, 1, 1]
+        >>> mf.field(k, mf.sphere.uniform(jax.random.key(1), 4, 3)).shape
+        (4, 3)
     """
 
     gauges: Array = None
@@ -520,14 +672,42 @@ class Prompt(_GaugeKernel):
 
 
 def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d"]:
-    """``K`` Haar-random orthogonal ``(d, d)`` matrices (QR of Gaussian matrices, sign-fixed)."""
+    """``K`` Haar-random orthogonal ``(d, d)`` matrices: ``Q R = G``, ``G`` Gaussian, ``Q diag(sign(diag R))``.
+
+    Args:
+        key: a ``jax.random`` key.
+        K: number of matrices.
+        d: dimension.
+        dtype: floating dtype.
+
+    Returns:
+        ``(K, d, d)`` orthogonal matrices.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> G = mf.kernels.random_gauges(jax.random.key(0), 2, 3)
+        >>> G.shape, bool(jnp.allclose(G[0] @ G[0].T, jnp.eye(3), atol=1e-5))
+        ((2, 3, 3), True)
+    """
     g = jax.random.normal(key, (K, d, d), dtype=dtype)
     q, r = jnp.linalg.qr(g)
     return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
 
 
 def default_phase(s):
-    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal)."""
+    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal).
+
+    Args:
+        s: position(s), scalar or array.
+
+    Returns:
+        ``phi(s)``, same shape as ``s``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.default_phase(0.25)), 4)   # pi / 2 + 1
+        2.5708
+    """
     return 2 * jnp.pi * s + jnp.sin(2 * jnp.pi * s)
 
 
@@ -536,8 +716,20 @@ def wavy_gauge(amplitude: float = 0.6, k: int = 3):
 
     Its maximiser ``x(s) = Psi(s)^T u`` is a wavy closed curve, which a single
     fixed-plane phase field cannot produce (those stay on a latitude circle).
-    Returns a callable ``s -> (3, 3)`` for ``Gauge``; cached per ``(amplitude, k)``
-    so that repeated constructions compile once.
+    Cached per ``(amplitude, k)`` so that repeated constructions compile once.
+
+    Args:
+        amplitude: the wave amplitude ``a`` (radians).
+        k: number of waves per turn.
+
+    Returns:
+        a callable ``s -> (3, 3)`` orthogonal matrix, for ``Gauge``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> Q = mf.kernels.wavy_gauge()(0.3)
+        >>> Q.shape, bool(jnp.allclose(Q @ Q.T, jnp.eye(3), atol=1e-6))
+        ((3, 3), True)
     """
     return _wavy_gauge(float(amplitude), int(k))
 
@@ -575,6 +767,22 @@ def make(
     """Build a model by name: ``usa``, ``distance-bias``, ``toeplitz``, ``rope``,
     ``phase-field`` (``default_phase``), ``gauge`` (``wavy_gauge``, d = 3), ``prompt``
     (``num_prompts`` random gauges from ``key``), ``sa`` (normalised self-attention).
+
+    Args:
+        name: one of ``MODEL_NAMES``.
+        beta, lam, omega, m: the kernel parameters (used where the model has them).
+        d: dimension (``gauge`` needs 3; ``prompt`` gauges are ``(d, d)``).
+        num_prompts: ``K`` for ``prompt``.
+        key: ``jax.random`` key of the prompt gauges (default ``key(0)``).
+        rescaled: the ``e^{-beta}``-rescaled kernels.
+
+    Returns:
+        a ``Kernel`` (or ``mf.models.SelfAttention`` for ``sa``).
+
+    Example:
+        >>> import meanfield as mf
+        >>> type(mf.kernels.make("rope", beta=2.0)).__name__
+        'RoPE'
     """
     from .models import SelfAttention
 

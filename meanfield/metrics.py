@@ -22,6 +22,12 @@ def collapse_gap(x: Float[Array, "n d"]) -> Float[Array, ""]:
     is kept on the log scale of Fig. 2). ``G_x = 0`` iff all particles coincide; a
     uniform great circle gives ``1 + 1/(n-1)``; ``G_x <= n/(n-1)``.
 
+    Args:
+        x: ``(n, d)`` unit rows, ``n >= 2``.
+
+    Returns:
+        scalar ``G_x``.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> float(mf.metrics.collapse_gap(jnp.array([[1.0, 0.0], [1.0, 0.0]])))
@@ -39,6 +45,19 @@ def token_similarity(X: Float[Array, "n m"]) -> Float[Array, ""]:
     energy of the mean row, ``n ||mean_i X_i||^2``, over the total energy.
     Equal to 1 iff all rows are equal; invariant under scaling ``X`` and
     under right-multiplication by an orthogonal matrix.
+
+    Args:
+        X: ``(n, m)`` token matrix (not all zero).
+
+    Returns:
+        scalar in ``[0, 1]``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.metrics.token_similarity(jnp.eye(4))), 4)   # orthogonal tokens: 1/n
+        0.25
+        >>> round(float(mf.metrics.token_similarity(jnp.ones((4, 3)))), 4)
+        1.0
     """
     n = X.shape[0]
     mean = jnp.mean(X, axis=0)
@@ -51,6 +70,19 @@ def num_clusters(x: Float[Array, "n d"], threshold: float = 0.1) -> Array:
 
     The components are found by iterating the boolean adjacency to a fixed point
     (label propagation, at most ``n`` rounds, jit- and vmap-compatible).
+
+    Args:
+        x: ``(n, d)`` unit rows.
+        threshold: angular radius (radians) joining two particles.
+
+    Returns:
+        integer scalar, the number of components (``1..n``).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = jnp.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        >>> int(mf.metrics.num_clusters(x))
+        3
     """
     n = x.shape[0]
     cos = jnp.clip(x @ x.T, -1.0, 1.0)
@@ -73,8 +105,21 @@ def mmd(x: Float[Array, "n d"], y: Float[Array, "m d"], bandwidth: float = 0.5) 
 
     ``MMD^2 = mean k(x,x') + mean k(y,y') - 2 mean k(x,y)`` (V-statistic) with
     the Gaussian kernel ``k(a,b) = exp(-||a-b||^2 / (2 bandwidth^2))``, which
-    on the sphere is ``exp((<a,b> - 1) / bandwidth^2)``, characteristic. Returns
-    ``MMD`` (the square root, clipped at 0).
+    on the sphere is ``exp((<a,b> - 1) / bandwidth^2)``, characteristic.
+
+    Args:
+        x: ``(n, d)`` unit rows.
+        y: ``(m, d)`` unit rows.
+        bandwidth: the Gaussian kernel's width.
+
+    Returns:
+        scalar ``MMD`` (the square root, clipped at 0).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = jnp.array([[1.0, 0.0, 0.0]])
+        >>> round(float(mf.metrics.mmd(x, -x)), 3)   # sqrt(2 - 2 e^{-8})
+        1.414
     """
     s = 1.0 / bandwidth**2
 
@@ -86,7 +131,22 @@ def mmd(x: Float[Array, "n d"], y: Float[Array, "m d"], bandwidth: float = 0.5) 
 
 
 def gram_rank(x: Float[Array, "n d"], rtol: float = 1e-3) -> Array:
-    """Numerical rank of the configuration: singular values of ``x`` above
-    ``rtol`` times the largest (a great circle has rank 2, a Dirac rank 1)."""
+    """Numerical rank of the configuration: ``#{k : sigma_k(x) > rtol * sigma_1(x)}``
+    (a great circle has rank 2, a Dirac rank 1).
+
+    Args:
+        x: ``(n, d)`` configuration.
+        rtol: relative threshold on the singular values.
+
+    Returns:
+        integer scalar in ``[0, min(n, d)]``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> s = 2 * jnp.pi * jnp.arange(8) / 8
+        >>> x = jnp.stack([jnp.cos(s), jnp.sin(s), 0 * s], axis=1)   # great circle
+        >>> int(mf.metrics.gram_rank(x))
+        2
+    """
     s = jnp.linalg.svd(x, compute_uv=False)
     return jnp.sum(s > rtol * s[0])

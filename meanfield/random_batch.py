@@ -139,11 +139,31 @@ _rb_field_jit = jax.jit(_rb_field, static_argnames=("p", "mode"))
 
 
 def field_errors(kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mode: str = "batch") -> np.ndarray:
-    """Relative field error ``||F^ - F||_F / ||F||_F`` for each ``p`` in ``ps``, ``(len(ps), num_draws)``.
+    """Relative field error ``||F^ - F||_F / ||F||_F`` for each ``p`` in ``ps`` and each draw.
 
     For ``mode="sample"`` the mean-square error is exactly ``tr Cov(g(z_i, z_J)) / p`` per token,
     so the relative error decays like ``p^{-1/2}``; for ``"batch"`` with the finite-population
     factor ``(n - p) / (n - 1)``, also ``~ p^{-1/2}`` for ``p << n``.
+
+    Args:
+        kernel: a ``Kernel``.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+        key: a ``jax.random`` key.
+        ps: batch sizes (each dividing ``n`` for ``mode="batch"``).
+        num_draws: random batches per ``p``.
+        mode: ``"batch"`` (random partition) or ``"sample"`` (with replacement).
+
+    Returns:
+        numpy array ``(len(ps), num_draws)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> from meanfield.random_batch import field_errors
+        >>> x = mf.sphere.uniform(jax.random.key(0), 16, 3)
+        >>> e = field_errors(mf.kernels.USA(1.0), x, key=jax.random.key(1), ps=[2, 8], num_draws=4)
+        >>> e.shape, bool(e[1].mean() < e[0].mean())
+        ((2, 4), True)
     """
     aux = resolve_aux(kernel, x, aux)
     x = jnp.asarray(x)
@@ -159,7 +179,22 @@ def field_errors(kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mo
 
 
 class RandomBatchRun(eqx.Module):
-    """Result of ``simulate_random_batch``: save times, ``G_x`` and observables there, final state."""
+    """Result of ``simulate_random_batch``: save times, ``G_x`` and observables there, final state.
+
+    Attributes:
+        ts: ``(T,)`` save times.
+        collapse_gap: ``(T,)`` ``G_x`` at ``ts``.
+        observables: dict name -> ``(T, ...)`` values at ``ts``.
+        x_final: ``(n, d)`` final state.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> from meanfield.random_batch import simulate_random_batch
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 16, 3)
+        >>> run = simulate_random_batch(mf.kernels.USA(1.0), x0, key=jax.random.key(1), p=4, t1=0.4, dt=0.1, num_saves=3)
+        >>> run.ts.shape, run.x_final.shape
+        ((3,), (16, 3))
+    """
 
     ts: Float[Array, " T"]
     collapse_gap: Float[Array, " T"]
@@ -260,7 +295,27 @@ def meanfield_distances(
     same initial law. By propagation of chaos (Dobrushin, USA-AV Prop. 4) both are within
     ``O(m^{-1/2})`` of the mean-field law, so the distance decays like ``n^{-1/2}`` at fixed ``t``
     (exactly so at ``t = 0``, where ``E MMD^2 = (3 / 2n) (E k(x, x) - E k(x, x'))``).
-    MMD: ``mf.metrics.mmd`` (Gaussian kernel, ``bandwidth``).
+
+    Args:
+        kernel: a ``Kernel``.
+        sample_init: callable ``(key, m) -> (m, d)`` initial sample.
+        ns: particle numbers.
+        key: a ``jax.random`` key.
+        ts: save times (the runs end at ``ts[-1]``).
+        repeats: independent repeats per ``n``.
+        dt: step of the runs.
+        bandwidth: MMD kernel width (``mf.metrics.mmd``).
+
+    Returns:
+        numpy array ``(len(ns), len(ts), repeats)``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> from meanfield.random_batch import meanfield_distances
+        >>> init = lambda k, m: mf.sphere.uniform(k, m, 3)
+        >>> D = meanfield_distances(mf.kernels.USA(1.0), init, [4], key=jax.random.key(0), ts=[0.0, 0.1], repeats=2, dt=0.1)  # ~10 s: two diffrax compiles  # doctest: +SKIP
+        >>> D.shape, bool((D >= 0).all())  # doctest: +SKIP
+        ((1, 2, 2), True)
     """
     from .integrate import simulate
 
@@ -284,7 +339,23 @@ def meanfield_distances(
 
 
 def fit_rate(ns, dist) -> tuple[float, float]:
-    """Least-squares exponent ``a`` of ``dist ~ C n^a`` (log-log), and its standard error."""
+    """Least-squares exponent ``a`` of ``dist ~ C n^a``: fit ``log dist = a log n + log C``.
+
+    Args:
+        ns: ``(k,)`` particle numbers (``k >= 2``).
+        dist: ``(k,)`` positive distances.
+
+    Returns:
+        ``(a, standard error of a)`` as floats.
+
+    Example:
+        >>> import numpy as np
+        >>> from meanfield.random_batch import fit_rate
+        >>> ns = np.array([10.0, 100.0, 1000.0])
+        >>> a, se = fit_rate(ns, 3.0 * ns**-0.5)
+        >>> round(a, 4), se < 1e-6
+        (-0.5, True)
+    """
     lx = np.log(np.asarray(ns, np.float64))
     ly = np.log(np.asarray(dist, np.float64))
     A = np.stack([lx, np.ones_like(lx)], 1)

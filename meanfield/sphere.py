@@ -51,7 +51,19 @@ def uniform(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
 
 
 def normalize(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
-    """Radial projection ``x / ||x||`` of each row onto the sphere."""
+    """Radial projection ``x / ||x||`` of each row onto the sphere.
+
+    Args:
+        x: ``(..., d)`` array of nonzero vectors.
+
+    Returns:
+        ``(..., d)`` array with unit rows (the last axis normalised).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> [round(float(v), 4) for v in mf.sphere.normalize(jnp.array([3.0, 4.0]))]
+        [0.6, 0.8]
+    """
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
@@ -59,6 +71,18 @@ def project(x: Float[Array, " d"], v: Float[Array, " d"]) -> Float[Array, " d"]:
     """Tangent projection ``P_x v = v - <x, v> x`` (``x`` a unit vector).
 
     Works row-wise on ``(n, d)`` arrays as well.
+
+    Args:
+        x: ``(d,)`` (or ``(n, d)``) unit vector(s), the base point(s).
+        v: ``(d,)`` (or ``(n, d)``) vector(s) to project.
+
+    Returns:
+        ``P_x v``, same shape as ``v``; orthogonal to ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.sphere.project(jnp.array([0.0, 0.0, 1.0]), jnp.array([1.0, 2.0, 3.0])).tolist()
+        [1.0, 2.0, 0.0]
     """
     return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
 
@@ -69,6 +93,14 @@ def rotation(theta, d: int, plane: tuple[int, int] = (0, 1)) -> Float[Array, "d 
     ``R e_a = cos(theta) e_a + sin(theta) e_b``, ``R e_b = -sin(theta) e_a + cos(theta) e_b``.
     ``theta`` may be traced (the result is differentiable in it); ``d`` and
     ``plane`` are static.
+
+    Args:
+        theta: scalar angle (radians).
+        d: dimension, ``d >= 2``.
+        plane: the pair ``(a, b)`` of distinct coordinate indices in ``[0, d)``.
+
+    Returns:
+        ``(d, d)`` orthogonal matrix with ``det = 1``.
 
     Example:
         >>> import meanfield as mf
@@ -88,11 +120,24 @@ def rotation(theta, d: int, plane: tuple[int, int] = (0, 1)) -> Float[Array, "d 
 
 
 def tangent_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
-    """An orthonormal basis of the tangent space ``x^perp`` (columns).
+    """An orthonormal basis ``B`` of the tangent space ``x^perp`` (columns): ``B^T B = I_{d-1}``, ``B^T x = 0``.
 
     Built from a Householder reflection mapping ``e_k`` to ``x`` (``k`` the
     coordinate where ``|x_k|`` is largest, for stability); the remaining
     columns span ``x^perp``.
+
+    Args:
+        x: ``(d,)`` unit vector.
+
+    Returns:
+        ``(d, d - 1)`` matrix with orthonormal columns orthogonal to ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = jnp.array([0.6, 0.0, 0.8])
+        >>> B = mf.sphere.tangent_basis(x)
+        >>> B.shape, bool(jnp.allclose(x @ B, 0.0, atol=1e-6))
+        ((3, 2), True)
     """
     d = x.shape[-1]
     k = jnp.argmax(jnp.abs(x))
@@ -109,9 +154,25 @@ def tangent_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
 
 
 def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
-    """Raise ``ValueError`` unless ``x`` is a finite ``(n, d)`` array of unit rows.
+    """Raise ``ValueError`` unless ``x`` is a finite ``(n, d)`` array of unit rows: ``max_i | ||x_i|| - 1 | <= atol``.
 
     Only concrete arrays are checked (traced values pass through).
+
+    Args:
+        x: the array to check.
+        name: its name in the error message.
+        atol: tolerance on the row norms.
+
+    Returns:
+        ``None``; raises ``ValueError`` on a bad shape, a non-finite entry or a non-unit row.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.sphere.check_on_sphere(jnp.eye(3))
+        >>> mf.sphere.check_on_sphere(2 * jnp.eye(3))
+        Traceback (most recent call last):
+            ...
+        ValueError: rows of x0 must have unit norm within 0.001, got a row of norm 2; ...
     """
     if isinstance(x, jax.core.Tracer):
         return

@@ -48,6 +48,18 @@ def max_energy(beta, *, rescaled: bool = False):
     by the maximisers (Dirac in the gauge frame), for any finite ``n``.
     With ``rescaled=True`` (the time-rescaled kernels, ``h e^{-beta}``) it is
     ``1 / (2 beta)``.
+
+    Args:
+        beta: inverse temperature, ``> 0`` (scalar or array).
+        rescaled: the ``e^{-beta}``-rescaled kernels.
+
+    Returns:
+        ``E_max``, same shape as ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.theory.max_energy(1.0)), 4)   # e / 2
+        1.3591
     """
     check_positive("beta", beta)
     beta = jnp.asarray(beta)
@@ -60,6 +72,17 @@ def great_circle_gap(n: int):
     """``G_x`` of ``n`` equally spaced points on a great circle: ``1 + 1/(n-1)``.
 
     (``sum_{i,j} <x_i, x_j> = 0`` so ``G_x = 1 + n/(n(n-1))``.)
+
+    Args:
+        n: number of points, ``n >= 2``.
+
+    Returns:
+        float ``1 + 1/(n-1)``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.theory.great_circle_gap(5)
+        1.25
     """
     n = check_int("n", n, minimum=2)
     return 1.0 + 1.0 / (n - 1)
@@ -70,17 +93,40 @@ def great_circle_energy(m: int = 1):
 
     Attained by ``x(s) = cos(2 pi m s) a + sin(2 pi m s) b`` (uniform great circle
     traversed ``m`` times): ``E = 1/2 * mean_{s,t} cos^2(2 pi m (t-s)) = 1/4``.
+
+    Args:
+        m: the Toeplitz frequency, ``m >= 1``.
+
+    Returns:
+        ``0.25`` (independent of ``m``).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.theory.great_circle_energy(2)
+        0.25
     """
     check_int("m", m, minimum=1)
     return 0.25
 
 
 def latitude_height(u, plane: tuple[int, int] = (0, 1)):
-    """Height of the RoPE latitude circle ``x(s) = R_{-omega s} u``.
+    """Height of the RoPE latitude circle ``x(s) = R_{-omega s} u``: ``||P_{E^perp} u||``, ``E = span(e_a, e_b)``.
 
     A rotation in ``span(e_a, e_b)`` fixes the orthogonal complement, so the
     circle lies at ``||P_{E^perp} u||`` from the plane ``E``: the norm of the
     components of ``u`` outside ``plane``.
+
+    Args:
+        u: ``(..., d)`` unit vector(s).
+        plane: the rotation plane ``(a, b)``.
+
+    Returns:
+        array of shape ``u.shape[:-1]``.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> round(float(mf.theory.latitude_height(jnp.array([0.6, 0.0, 0.8]))), 4)
+        0.8
     """
     u = jnp.asarray(u)
     a, b = check_plane(plane, u.shape[-1])
