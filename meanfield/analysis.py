@@ -58,6 +58,14 @@ def tangent_hessian(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, "m
     ``<x_i, x_j> = 1 - ||xi_i - xi_j||^2 / 2 + O(3)`` the quadratic form is
     ``-(e^beta / (2n)) sum_i ||xi_i - mean xi||^2``.
 
+    Args:
+        kernel: a ``Kernel`` with an energy.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+
+    Returns:
+        ``(m, m)`` symmetric matrix, ``m = n (d - 1)``.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> x = jnp.tile(jnp.array([[0.0, 0.0, 1.0]]), (4, 1))

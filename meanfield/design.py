@@ -109,6 +109,9 @@ def prompt_gauges(targets: Float[Array, "K d"], u: Float[Array, " d"]) -> Float[
         targets: ``(K, d)`` unit vectors.
         u: ``(d,)`` unit vector (the common point of the gauge frame).
 
+    Returns:
+        ``(K, d, d)`` rotations ``Psi_k``.
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> T = jnp.eye(3)
@@ -264,6 +267,11 @@ class Anchored(Kernel):
     gauge frame it is USA with a fixed point at ``u``, so a cluster at ``y`` drifts to ``u`` at
     rate ``~ w e^{beta <y, u>}``. ``rescaled`` kernels keep their ``e^{-beta}`` factor.
 
+    Args:
+        base: a ``USA`` or exp-gauge kernel.
+        u: ``(d,)`` unit vector, the anchor point in the gauge frame.
+        mass: anchor mass ``w >= 0`` (traced).
+
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
         >>> k = mf.design.Anchored(mf.kernels.USA(1.0), jnp.array([0.0, 0.0, 1.0]), mass=1.0)
@@ -309,7 +317,14 @@ class Anchored(Kernel):
         return jnp.eye(d, dtype=dtype)
 
     def anchor_term(self, x, xi):
-        """``a(x, xi) = exp(beta <Psi(xi) x, u>) / beta`` (times ``e^{-beta}`` when rescaled)."""
+        """``a(x, xi) = exp(beta <Psi(xi) x, u>) / beta`` (times ``e^{-beta}`` when rescaled); scalar.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> u = jnp.array([0.0, 0.0, 1.0])
+            >>> round(float(mf.design.Anchored(mf.kernels.USA(1.0), u).anchor_term(u, 0.0)), 4)   # e
+            2.7183
+        """
         P = self._gauge(xi, x.shape[-1], x.dtype)
         return self.base._exp(jnp.dot(P @ x, self.u.astype(x.dtype))) / self.base.beta
 
@@ -347,7 +362,14 @@ class Anchored(Kernel):
             raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
 
     def max_energy(self):
-        """``E_w`` at the designed configuration: ``(1/2 + w) e^beta / beta`` (``e^{-beta}`` times if rescaled)."""
+        """``E_w`` at the designed configuration: ``(1/2 + w) e^beta / beta`` (``e^{-beta}`` times if rescaled).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> k = mf.design.Anchored(mf.kernels.USA(1.0), jnp.array([0.0, 0.0, 1.0]), mass=0.5)
+            >>> round(float(k.max_energy()), 4)   # e
+            2.7183
+        """
         beta = jnp.asarray(self.base.beta)
         scale = 1.0 if self.base.rescaled else jnp.exp(beta)
         return (0.5 + self.mass) * scale / beta

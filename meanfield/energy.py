@@ -100,6 +100,9 @@ def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", b
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
         block_size: row-tile size for large ``n`` (``None``: dense up to ``2^24`` pairs, else tiles).
 
+    Returns:
+        ``(n, d)`` tangent velocities.
+
     Example:
         >>> import jax, meanfield as mf
         >>> x = mf.sphere.uniform(jax.random.key(0), 16, 3)
@@ -115,6 +118,16 @@ def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", blo
     """Interaction energy ``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
 
     Raises ``TypeError`` for models without a pair energy (``mf.models.SelfAttention``).
+
+    Args:
+        model: a kernel from ``mf.kernels`` (or ``mf.design.Anchored``).
+        x: ``(n, d)`` states (unit rows).
+        aux: ``(n,)`` labels (default ``model.default_aux(n)``).
+        method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
+        block_size: row-tile size for large ``n`` (default automatic).
+
+    Returns:
+        scalar energy.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf

@@ -148,23 +148,69 @@ class Kernel(eqx.Module):
         raise NotImplementedError
 
     def grad_x(self, x, xi, y, zeta):
-        """``grad_x h((x, xi), (y, zeta))`` (Euclidean gradient in ``R^d``)."""
+        """``grad_x h((x, xi), (y, zeta))`` (Euclidean gradient in ``R^d``, shape ``(d,)``).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> e = jnp.array([1.0, 0.0, 0.0])
+            >>> mf.kernels.Toeplitz(1).grad_x(e, 0.0, e, 0.0).tolist()   # cos(0) y
+            [1.0, 0.0, 0.0]
+        """
         return jax.grad(self.__call__, argnums=0)(x, xi, y, zeta)
 
     def default_aux(self, n: int):
+        """Labels used when ``aux=None``: the positions ``s_i = i / n``, shape ``(n,)``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA(1.0).default_aux(2).tolist()
+            [0.5, 1.0]
+        """
         return positions(n)
 
     # structured evaluations (overridden) --------------------------------
     def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
-        """``F_i = (1/n) sum_j grad_x h(z_i, z_j)`` for all ``i`` (unprojected)."""
+        """``F_i = (1/n) sum_j grad_x h(z_i, z_j)`` for all ``i`` (unprojected), ``(n, d)``.
+
+        Args:
+            x: ``(n, d)`` unit rows.
+            aux: ``(n,)`` labels.
+            block_size: row-tile size of the tiled evaluations (``None``: automatic).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> mf.kernels.Toeplitz(1).field(x, jnp.array([0.0, 1.0])).tolist()   # cos(2 pi) = 1
+            [[1.0, 0.0], [1.0, 0.0]]
+        """
         return pairwise_field(self, x, aux)
 
     def energy(self, x, aux, *, block_size=None) -> Float[Array, ""]:
-        """``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``."""
+        """``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
+
+        Args:
+            x: ``(n, d)`` unit rows.
+            aux: ``(n,)`` labels.
+            block_size: row-tile size of the tiled evaluations (``None``: automatic).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> float(mf.kernels.Toeplitz(1).energy(x, jnp.array([0.0, 1.0])))   # 1/2 * mean of 1
+            0.5
+        """
         return pairwise_energy(self, x, aux)
 
     def check_config(self, x, aux) -> None:
-        """Concrete-value checks that need the state (overflow, gauges); no-op by default."""
+        """Concrete-value checks that need the state (overflow, gauges); no-op by default.
+
+        Raises ``ValueError``/``TypeError`` naming the bad value; returns ``None``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.kernels.USA(1.0).check_config(jnp.eye(3), mf.positions(3)) is None
+            True
+        """
 
 
 def pairwise_field(kernel: Kernel, x, aux):
@@ -315,6 +361,10 @@ class USA(_ExpKernel):
 
     ``grad_x h = exp(beta <x, y>) y``. Maximiser: a Dirac mass (collapse), ``E_max = e^beta / (2 beta)``.
 
+    Args:
+        beta: inverse temperature, ``> 0`` (traced).
+        rescaled: multiply by ``e^{-beta}`` (time change, see module docstring).
+
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
         >>> k = mf.kernels.USA(1.0)
@@ -444,24 +494,60 @@ class _GaugeKernel(_ExpKernel):
     """
 
     def gauge_matrix(self, label, d: int):  # pragma: no cover - abstract
+        """The gauge ``Psi(label)``: a ``(d, d)`` orthogonal matrix (defined by each subclass).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> Q = mf.kernels.RoPE(1.0, 2 * jnp.pi).gauge_matrix(0.25, 3)   # R_{pi/2} in (e_1, e_2)
+            >>> bool(jnp.allclose(Q @ jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1.0, 0.0]), atol=1e-6))
+            True
+        """
         raise NotImplementedError
 
     def gauge_matrices(self, aux, d: int) -> Float[Array, "n d d"]:
-        """``Psi(xi_i)`` for every label: ``(n, d, d)``."""
+        """``Psi(xi_i)`` for every label: ``(n, d, d)``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.kernels.RoPE(1.0, 2 * jnp.pi).gauge_matrices(mf.positions(4), 3).shape
+            (4, 3, 3)
+        """
         return jax.vmap(lambda a: self.gauge_matrix(a, d))(aux)
 
     def to_gauge_frame(self, x, aux):
-        """``y_i = Psi(xi_i) x_i``: the configuration in which the dynamics is USA."""
+        """``y_i = Psi(xi_i) x_i``: the configuration in which the dynamics is USA, ``(n, d)``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> k = mf.kernels.RoPE(1.0, 2 * jnp.pi)
+            >>> y = k.to_gauge_frame(jnp.array([[1.0, 0.0, 0.0]]), jnp.array([0.25]))   # R_{pi/2} e_1
+            >>> bool(jnp.allclose(y, jnp.array([[0.0, 1.0, 0.0]]), atol=1e-6))
+            True
+        """
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         return jnp.einsum("nij,nj->ni", P, x)
 
     def from_gauge_frame(self, y, aux):
-        """``x_i = Psi(xi_i)^T y_i`` (inverse of ``to_gauge_frame``)."""
+        """``x_i = Psi(xi_i)^T y_i`` (inverse of ``to_gauge_frame``), ``(n, d)``.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, meanfield as mf
+            >>> k, s = mf.kernels.RoPE(1.0, 2 * jnp.pi), mf.positions(4)
+            >>> x = mf.sphere.uniform(jax.random.key(0), 4, 3)
+            >>> bool(jnp.allclose(k.from_gauge_frame(k.to_gauge_frame(x, s), s), x, atol=1e-6))
+            True
+        """
         P = self.gauge_matrices(aux, y.shape[-1]).astype(y.dtype)
         return jnp.einsum("nji,nj->ni", P, y)
 
     def usa(self) -> USA:
-        """The USA kernel this kernel is in its gauge frame."""
+        """The USA kernel ``exp(beta <y, y'>) / beta`` this kernel is in its gauge frame.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> type(mf.kernels.RoPE(1.0, 2 * jnp.pi).usa()).__name__
+            'USA'
+        """
         return USA(self.beta, rescaled=self.rescaled)
 
     def __call__(self, x, xi, y, zeta):
@@ -638,6 +724,13 @@ class Prompt(_GaugeKernel):
 
     @property
     def num_prompts(self) -> int:
+        """Number of prompts ``K = gauges.shape[0]``.
+
+        Example:
+            >>> import jax, meanfield as mf
+            >>> mf.kernels.Prompt(1.0, mf.kernels.random_gauges(jax.random.key(0), 3, 2)).num_prompts
+            3
+        """
         return self.gauges.shape[0]
 
     def default_aux(self, n: int):

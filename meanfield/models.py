@@ -35,6 +35,12 @@ class SelfAttention(eqx.Module):
     unnormalised field by ``e^{-beta ||Q|| ||K||}``-free factor ``e^{-beta}`` (time
     change, as for the kernels); the normalised field is shift-invariant already.
 
+    Args:
+        beta: inverse temperature (traced).
+        Q, K, V: ``(d, d)`` query, key and value matrices (``None``: identity).
+        normalized: softmax (``True``, SA) or the unnormalised ``1/n`` average (static).
+        rescaled: multiply the unnormalised field by ``e^{-beta}`` (static).
+
     Example:
         >>> import jax, meanfield as mf
         >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
@@ -65,7 +71,14 @@ class SelfAttention(eqx.Module):
         return x if M is None else x @ jnp.asarray(M, x.dtype).T
 
     def field(self, x: Float[Array, "n d"], aux=None, *, block_size=None) -> Float[Array, "n d"]:
-        """Unprojected field ``sum_j A_ij V x_j`` (rows of ``A`` softmax-normalised or ``exp/n``)."""
+        """Unprojected field ``F_i = sum_j A_ij V x_j`` (rows of ``A`` softmax-normalised or ``exp/n``), ``(n, d)``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> mf.models.SelfAttention(1.0).field(x).tolist()   # softmax average of equal tokens
+            [[1.0, 0.0], [1.0, 0.0]]
+        """
         beta = jnp.asarray(self.beta, x.dtype)
         logits = beta * (self._apply(self.Q, x) @ self._apply(self.K, x).T)
         vx = self._apply(self.V, x)

@@ -221,6 +221,21 @@ def simulate_random_batch(
     step. ``G_x`` and ``observables`` (``f(x) -> array``) are recorded at ``num_saves`` equally
     spaced times ``0, .., t1`` (``round(t1/dt)`` must be a multiple of ``num_saves - 1``).
 
+    Args:
+        kernel: a ``Kernel``.
+        x0: ``(n, d)`` initial unit rows.
+        aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
+        key: a ``jax.random`` key (batches).
+        p: batch size (dividing ``n`` for ``mode="batch"``).
+        t1: final time.
+        dt: step.
+        num_saves: number of save times.
+        mode: ``"batch"`` (random partition) or ``"sample"`` (with replacement).
+        observables: dict name -> ``f(x)`` recorded at the save times.
+
+    Returns:
+        a ``RandomBatchRun``.
+
     Example:
         >>> import jax, meanfield as mf
         >>> from meanfield.random_batch import simulate_random_batch

@@ -145,6 +145,12 @@ def latitude_height(u, plane: tuple[int, int] = (0, 1)):
 def attention_alpha(d: int) -> float:
     """Tail exponent ``alpha = 2 / (d - 1)`` of ``P(T < t) ~ C t^{1/alpha}`` on ``S^{d-1}``.
 
+    Args:
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        ``alpha`` as a float.
+
     Example:
         >>> import meanfield as mf
         >>> mf.theory.attention_alpha(5)
@@ -164,6 +170,9 @@ def critical_beta(n, d: int):
     Args:
         n: context length(s), ``> 0`` (scalar or array).
         d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        ``n^alpha``, same shape as ``n``.
 
     Example:
         >>> import meanfield as mf
@@ -210,6 +219,15 @@ def window_size(n, beta, d: int, density=None):
     The expected number of keys with ``T_j < 1/beta`` (up to ``Gamma`` factors):
     the number of keys sharing the attention mass in the subcritical regime.
 
+    Args:
+        n: context length(s), ``> 0``.
+        beta: inverse temperature(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+        density: optional key density ``rho(q)`` at the query (default uniform).
+
+    Returns:
+        ``m_n(q)``, broadcast shape of ``n``, ``beta`` and ``density``.
+
     Example:
         >>> import meanfield as mf
         >>> float(mf.theory.window_size(1000, 4.0, 5))  # 0.75 * 1000 / 16
@@ -227,6 +245,13 @@ def window_size(n, beta, d: int, density=None):
 def subcritical_profile(x, d: int):
     """Subcritical ordered-weight profile ``A_(k) / A_(1) -> exp(-x^alpha)``, ``x = k / m_n``.
 
+    Args:
+        x: rank(s) in window units, ``>= 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        ``exp(-x^alpha)``, same shape as ``x``.
+
     Example:
         >>> import meanfield as mf
         >>> round(float(mf.theory.subcritical_profile(4.0, 5)), 6)  # exp(-2)
@@ -243,6 +268,13 @@ def cumulative_profile(x, d: int):
     ``P`` is the regularised lower incomplete gamma function; it is the
     normalised integral of ``exp(-y^alpha)`` (``int_0^x exp(-y^alpha) dy /
     Gamma(1/alpha + 1)``).
+
+    Args:
+        x: rank(s) in window units, ``>= 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        ``P(1/alpha, x^alpha)`` in ``[0, 1]``, same shape as ``x``.
 
     Example:
         >>> import meanfield as mf
@@ -262,6 +294,15 @@ def partition_function(n, beta, d: int, density=None):
     (relative corrections ``O(1/beta)``; see :func:`partition_function_uniform`
     for the exact mean under uniform keys).
 
+    Args:
+        n: context length(s), ``> 0``.
+        beta: inverse temperature(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+        density: optional key density ``rho(q)`` at the query (default uniform).
+
+    Returns:
+        the asymptotic ``E[Z_n]``, broadcast shape of the arguments.
+
     Example:
         >>> import meanfield as mf
         >>> float(mf.theory.partition_function(1000, 10.0, 5))  # 0.75 * 1000 / 100 * 2
@@ -279,6 +320,14 @@ def partition_function_uniform(n, beta, d: int) -> np.ndarray:
     (modified Bessel function), evaluated with the exponentially scaled
     ``scipy.special.ive`` so that large ``beta`` does not overflow. Not traceable
     (NumPy/SciPy); ``beta = 0`` gives ``n``.
+
+    Args:
+        n: context length(s), ``> 0``.
+        beta: inverse temperature(s), ``>= 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        NumPy array ``E[Z_n]``, broadcast shape of ``n`` and ``beta``.
 
     Example:
         >>> import meanfield as mf
