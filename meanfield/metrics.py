@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._checks import check_positive
+
 __all__ = ["collapse_gap", "token_similarity", "num_clusters", "mmd", "gram_rank"]
 
 
@@ -84,6 +86,7 @@ def num_clusters(x: Float[Array, "n d"], threshold: float = 0.1) -> Array:
         >>> int(mf.metrics.num_clusters(x))
         3
     """
+    check_positive("threshold", threshold)
     n = x.shape[0]
     cos = jnp.clip(x @ x.T, -1.0, 1.0)
     adj = cos > jnp.cos(threshold)
@@ -121,6 +124,7 @@ def mmd(x: Float[Array, "n d"], y: Float[Array, "m d"], bandwidth: float = 0.5) 
         >>> round(float(mf.metrics.mmd(x, -x)), 3)   # sqrt(2 - 2 e^{-8})
         1.414
     """
+    check_positive("bandwidth", bandwidth)
     s = 1.0 / bandwidth**2
 
     def kmean(a, b):

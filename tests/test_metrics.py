@@ -169,3 +169,12 @@ def test_gram_rank():
     assert int(M.gram_rank(jnp.tile(u, (5, 1)))) == 1
     assert int(M.gram_rank(great_circle(9).astype(jnp.float32))) == 2
     assert int(M.gram_rank(mf.sphere.uniform(jax.random.key(0), 9, 4))) == 4
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, float("nan")])
+def test_threshold_and_bandwidth_must_be_positive(bad):
+    x = mf.sphere.uniform(jax.random.key(0), 5, 3)
+    with pytest.raises(ValueError, match="threshold"):
+        mf.metrics.num_clusters(x, bad)
+    with pytest.raises(ValueError, match="bandwidth"):
+        mf.metrics.mmd(x, x, bad)
