@@ -407,3 +407,15 @@ def test_plot_main(tiny, tmp_path):
     assert "collapse_gap_vs_time.png" in names
     assert "collapse_gap_heatmap_n_beta.png" in names
     assert all((tmp_path / "plots" / n).stat().st_size > 1000 for n in names)
+
+
+@pytest.mark.slow
+def test_smoke_sweep_energy_ascends_below_the_maximum(tmp_path):
+    """The shipped smoke sweep: every point finishes, E(t) <= e^beta/(2 beta) and E increases (MATH.md Sec. 1)."""
+    out = tmp_path / "smoke.zarr"
+    sweep.run_sweep(ROOT / "sweeps" / "smoke.toml", out, quiet=True)
+    ds = sweep.load(out)
+    assert bool((ds.status == 1).all())
+    emax = np.exp(ds.beta) / (2 * ds.beta)
+    assert bool((ds.energy <= emax * (1 + 1e-5)).all())
+    assert bool((ds.energy.diff("time") >= -1e-5 * emax).all())
