@@ -18,10 +18,14 @@ code's beta-dependent step ``0.1 / max(sqrt(beta) e^{beta - 1/2}, 1)`` to ``t = 
 
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
-* Seeds run in chunks (``seed_chunk``, default 256) whose ``n x n`` weight
-  matrices stay in cache for all steps of the chunk (the whole time loop runs
-  inside one compiled call per chunk); at ``n = 32``, 2048 seeds at once spill
-  16 MB per matrix to memory and run 3x slower on the 2-core reference machine.
+* Seeds run in chunks (``seed_chunk``; default ``kernels.BATCH_BYTES`` = 8 MiB of
+  weight matrices, 1024 seeds at ``n = 32`` in float64) and the whole time loop of a
+  chunk runs inside one compiled call. Chunks of 512-1024 seeds let XLA:CPU spread a
+  step over both cores of the reference machine (256 seeds ran on one: 34 ms vs 19 ms
+  per 100 steps of 256 seeds); 2048 seeds at once spill to memory and run slower.
+* On the CPU the kernel is compiled with ``CPU_COMPILER_OPTIONS``: XLA keeps the
+  elementwise work (exp, row sums, metric) in its own fusions and calls YNNPACK for
+  the matmuls only (25% faster than the default fusion choice at ``n = 32``).
 * ``packed=True``: ``W`` is symmetric before the SA row normalisation, so only
   the ``n (n + 1) / 2`` exponentials of the upper triangle are computed. They
   are stored in the rectangular full packed layout (LAPACK RFP): for ``n = 2k``
@@ -29,11 +33,14 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   (``W_11`` in its lower, ``W_22`` in its upper triangle) and ``W_12`` is a
   ``k x k`` block; unpacking is static slicing and selects, no gathers. On
   XLA:CPU at ``n = 32`` the extra passes cost more than the saved exponentials
-  (BENCHMARKS.md), so the default is the dense kernel.
-* The clustering metric reuses the Gram matrix ``<x_i, x_j>`` that the next
-  step computes anyway: one compare-and-count reduction, evaluated (under
-  ``lax.cond``) only at steps that are checkpoints, written as one row of a
-  ``(checkpoints, seeds)`` buffer (no per-step select over all checkpoints).
+  (the exponentials are about a third of a step; BENCHMARKS.md), so the default
+  is the dense kernel.
+* The clustering metric is counted on the weights the step computes anyway
+  (``W_ij > e^{beta threshold}``, monotone in ``<x_i, x_j>``), inside the fusion that
+  forms them: when (nearly) every step is a checkpoint it is evaluated at every step
+  and written to a scratch row otherwise; with sparse checkpoints (USA) it runs under
+  ``lax.cond`` at checkpoint steps only. One row of a ``(checkpoints, seeds)`` buffer
+  per checkpoint, no per-step select over all checkpoints.
 * The time-rescaled formulation ``W_ij = exp(beta (<x_i, x_j> - 1))`` with step
   ``e^beta h`` (the same flow, no overflow) for USA; every ``beta`` runs its own
   number of steps in a ``fori_loop`` with a traced trip count, so the large
@@ -61,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import sphere
+from . import kernels, sphere
 from ._checks import check_int, check_positive
 
 __all__ = [
@@ -278,12 +285,31 @@ def _dense_count(G, threshold):
     return jnp.sum(G > threshold) - jnp.sum(jnp.diagonal(G) > threshold)
 
 
-def _dense_field(x, G, beta, shift, normalized: bool):
-    W = jnp.exp(beta * G - shift)
+def _dense_weights(G, beta, shift):
+    return jnp.exp(beta * G - shift)
+
+
+def _weight_count(W, beta, shift, threshold):
+    """Ordered pairs ``i != j`` with ``<x_i, x_j> > threshold``, counted on the weights
+    ``W_ij = exp(beta G_ij - shift) > exp(beta threshold - shift)`` (the same monotone
+    rounding chain as ``W``; a pair can differ from ``G_ij > threshold`` only when
+    ``beta G_ij`` and ``beta threshold`` round to the same exponential). Reading ``W``
+    keeps the count in the fusion that forms the weights (a separate pass over ``G``
+    measured 60% of a whole Euler step at ``n = 32``). The diagonal (``G_ii = 1``) is
+    subtracted."""
+    c = jnp.exp(beta * threshold - shift)
+    return jnp.sum(jnp.where(W > c, 1.0, 0.0).astype(W.dtype)) - W.shape[0]
+
+
+def _dense_field_w(x, W, normalized: bool):
     F = W @ x
     if normalized:
         return F / jnp.sum(W, axis=1)[:, None]
     return F / x.shape[0]
+
+
+def _dense_field(x, G, beta, shift, normalized: bool):
+    return _dense_field_w(x, _dense_weights(G, beta, shift), normalized)
 
 
 # ----------------------------------------------------------------------------
@@ -291,7 +317,9 @@ def _dense_field(x, G, beta, shift, normalized: bool):
 # ----------------------------------------------------------------------------
 
 
-def _run_one_beta(x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool):
+def _run_one_beta(
+    x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool, every_step: bool
+):
     """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
 
     ``step`` is the step in the (time-rescaled, for USA) formulation. ``ckpt_steps``: the
@@ -299,7 +327,8 @@ def _run_one_beta(x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, no
     ``ckpt_pos``: for each checkpoint its position in ``ckpt_steps``. Returns the ``(S, C)``
     fractions and the ``(S, n, d)`` final states.
     """
-    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, ckpt_pos.shape)] += 1
+    every_step = every_step and not packed
+    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, every_step, ckpt_pos.shape)] += 1
     S, n, d = x0.shape
     k = n // 2
     dtype = x0.dtype
@@ -309,37 +338,51 @@ def _run_one_beta(x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, no
     def gram(x):
         return _packed_gram(x, k) if packed else _dense_gram(x)
 
-    def count(g):
-        return _packed_count(*g, threshold, k) if packed else _dense_count(g, threshold)
+    def weights(g):  # what the metric and the field share: the Gram matrix (packed) or W (dense)
+        return g if packed else _dense_weights(g, beta, shift)
 
-    def fieldf(x, g):
+    def count(w):
+        return _packed_count(*w, threshold, k) if packed else _weight_count(w, beta, shift, threshold)
+
+    def fieldf(x, w):
         if packed:
-            return _packed_field(x, *g, beta, shift, k, normalized)
-        return _dense_field(x, g, beta, shift, normalized)
+            return _packed_field(x, *w, beta, shift, k, normalized)
+        return _dense_field_w(x, w, normalized)
 
-    def record(buf, i, g):
-        """Write the fraction of every seed into the buffer row of step ``i`` if it is a checkpoint."""
+    def fraction(w):
+        return jax.vmap(count)(w).astype(dtype) / (n * (n - 1))
+
+    def record(buf, i, w):
+        """Write the fraction of every seed into the buffer row of step ``i`` if it is a checkpoint.
+
+        ``every_step``: nearly every step is a checkpoint (the SA setting: 200 checkpoints,
+        100 steps), so the count is evaluated unconditionally, fused with the weights, and
+        written to row ``C`` (a scratch row) when ``i`` is not a checkpoint; otherwise the
+        count runs under ``lax.cond`` at checkpoint steps only.
+        """
         slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
+        hit = ckpt_steps[slot] == i
+        if every_step:
+            return jax.lax.dynamic_update_index_in_dim(buf, fraction(w), jnp.where(hit, slot, C), 0)
 
         def write(b):
-            frac = jax.vmap(count)(g).astype(dtype) / (n * (n - 1))
-            return jax.lax.dynamic_update_index_in_dim(b, frac, slot, 0)
+            return jax.lax.dynamic_update_index_in_dim(b, fraction(w), slot, 0)
 
-        return jax.lax.cond(ckpt_steps[slot] == i, write, lambda b: b, buf)
+        return jax.lax.cond(hit, write, lambda b: b, buf)
 
     def body(i, carry):
         x, buf = carry
-        g = jax.vmap(gram)(x)  # shared by the metric and the field (fused metric)
-        buf = record(buf, i, g)
-        F = jax.vmap(fieldf)(x, g)
+        w = jax.vmap(weights)(jax.vmap(gram)(x))  # shared by the metric and the field (fused metric)
+        buf = record(buf, i, w)
+        F = jax.vmap(fieldf)(x, w)
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x
         x = x + step * v
         x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
         return x, buf
 
-    buf0 = jnp.zeros((C, S), dtype)
+    buf0 = jnp.zeros((C + 1, S), dtype)
     x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
-    buf = record(buf, nsteps, jax.vmap(gram)(x))
+    buf = record(buf, nsteps, jax.vmap(weights)(jax.vmap(gram)(x)))
     return buf[ckpt_pos].T, x
 
 
@@ -351,13 +394,42 @@ def _checkpoint_slots(idx, C):
     return pad, pos
 
 
-_run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=("normalized", "packed"))
+#: XLA:CPU compiler options of the sweep kernel: hand only the matmuls to the YNNPACK
+#: library and let XLA fuse the elementwise work (exp, row sums, metric) itself. Measured
+#: on the 2-core reference machine (n = 32, d = 2, float64, 1024 seeds x 100 steps):
+#: 15.6 ms per 256 seeds with the option, 21 ms with the default fusions (BENCHMARKS.md).
+#: Numbers are unchanged (same operations, same order). Ignored off the CPU, and dropped
+#: (once, for the process) if this jaxlib does not know the option.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+
+_STATIC = ("normalized", "packed", "every_step")
+_run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=_STATIC)
+_run_one_beta_cpu = {"fn": jax.jit(_run_one_beta, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)}
+
+
+def _run_kernel(x0, *args, **static):
+    """The sweep kernel, compiled with ``CPU_COMPILER_OPTIONS`` when ``x0`` lives on a CPU."""
+    fn = _run_one_beta_cpu["fn"]
+    if fn is None or {d.platform for d in x0.devices()} != {"cpu"}:
+        return _run_one_beta_jit(x0, *args, **static)
+    try:
+        return fn(x0, *args, **static)
+    except jax.errors.JaxRuntimeError as e:  # an unknown option in another jaxlib version
+        if "xla_cpu_experimental_ynn_fusion_type" not in str(e):
+            raise
+        _run_one_beta_cpu["fn"] = None
+        return _run_one_beta_jit(x0, *args, **static)
+
+
+def _auto_chunk(n: int, dtype) -> int:
+    """Seeds per chunk: ``kernels.BATCH_BYTES`` of weight matrices (1024 at ``n = 32``, float64)."""
+    return max(1, kernels.BATCH_BYTES // (n * n * np.dtype(dtype).itemsize))
 
 
 def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False):
     x0 = jnp.asarray(x0)
     S = x0.shape[0]
-    chunk = S if seed_chunk is None else min(int(seed_chunk), S)
+    chunk = min(_auto_chunk(x0.shape[1], x0.dtype) if seed_chunk is None else int(seed_chunk), S)
     dtype = x0.dtype
     thr = jnp.asarray(threshold, dtype)
     per_seed, finals = [], []
@@ -365,12 +437,13 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
         # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
         step = h if normalized else h * float(np.exp(b))
         slots, pos = _checkpoint_slots(idx, len(idx))
+        every_step = 2 * np.unique(idx).size > N + 1  # nearly every step is a checkpoint
         parts, xparts = [], []
         for s0 in range(0, S, chunk):
             xs = x0[s0 : s0 + chunk]
             if xs.shape[0] < chunk:  # keep one shape: pad the last chunk with its first rows
                 xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
-            r, xf = _run_one_beta_jit(
+            r, xf = _run_kernel(
                 xs,
                 jnp.asarray(b, dtype),
                 jnp.asarray(step, dtype),
@@ -380,6 +453,7 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
                 thr,
                 normalized=normalized,
                 packed=packed,
+                every_step=bool(every_step),
             )
             parts.append(r[: min(chunk, S - s0)])
             xparts.append(xf[: min(chunk, S - s0)])
@@ -439,7 +513,7 @@ def sa_phase_diagram(
     x0=None,
     dtype=None,
     per_seed: bool = False,
-    seed_chunk: int | None = 256,
+    seed_chunk: int | None = None,
     packed: bool = False,
 ):
     """Clustering fraction ``c(beta, t_k)`` of the Euler-discretised SA flow, averaged over seeds.
@@ -461,8 +535,9 @@ def sa_phase_diagram(
         x0: optional ``(seeds, n, d)`` initial states.
         dtype: float dtype (default: JAX's default float; use float64 under x64).
         per_seed: also return per-seed values (a ``PhaseDiagram``).
-        seed_chunk: run the seeds in chunks of this size (cache and memory bound; one
-            compilation; ``None``: all seeds at once).
+        seed_chunk: run the seeds in chunks of this size (one compilation; ``None``:
+            automatic, ``kernels.BATCH_BYTES`` of weight matrices per chunk: 1024 seeds at
+            ``n = 32`` in float64).
         packed: symmetric half-exponential kernel (``n`` even); same iterates to rounding.
 
     Returns:
@@ -502,7 +577,7 @@ def usa_phase_diagram(
     x0=None,
     dtype=None,
     per_seed: bool = False,
-    seed_chunk: int | None = 256,
+    seed_chunk: int | None = None,
     packed: bool = False,
 ):
     """Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.

@@ -89,18 +89,24 @@ def test_packed_kernel_pieces_equal_dense(x64):
 
 def test_grid_compiles_once():
     """A beta x seed grid (several betas, several seed chunks incl. a ragged last one,
-    different step counts per beta) traces the sweep kernel once per shape."""
+    different step counts per beta) traces the sweep kernel once per shape and mode
+    (the metric mode ``every_step`` is static: dense or sparse checkpoints)."""
     n, d, S, C = 6, 3, 7, 5
-    key_sa = ("run", (3, n, d), "float32", True, False, (C,))
-    key_usa = ("run", (3, n, d), "float32", False, False, (C,))
-    before = pd._TRACES[key_sa], pd._TRACES[key_usa]
+
+    def keys(normalized):
+        return {m: ("run", (3, n, d), "float32", normalized, False, m, (C,)) for m in (True, False)}
+
+    before = {k: pd._TRACES[k] for nz in (True, False) for k in keys(nz).values()}
     x0 = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(1), S))
     pd.sa_phase_diagram(None, [0.5, 1.0, 2.0], x0=x0, dt=0.5, t1=1.0, checkpoints=C, seed_chunk=3)
     pd.sa_phase_diagram(None, [3.0, 4.0], x0=x0, dt=0.25, t1=2.0, checkpoints=C, seed_chunk=3)
     pd.usa_phase_diagram(None, [0.1, 1.0, 2.5], x0=x0, t1=0.05, checkpoints=C, seed_chunk=3)
-    after = pd._TRACES[key_sa], pd._TRACES[key_usa]
-    assert after[0] - before[0] <= 1 and after[0] >= 1
-    assert after[1] - before[1] <= 1 and after[1] >= 1
+    pd.usa_phase_diagram(None, [2.0, 3.0], x0=x0, t1=0.05, checkpoints=C, seed_chunk=3)
+    new = {k: pd._TRACES[k] - before[k] for k in before}
+    assert all(v <= 1 for v in new.values()), new  # 8 + 8 kernel runs, at most one trace per key
+    assert pd._TRACES[keys(True)[True]] >= 1  # SA: every step a checkpoint
+    # USA: beta = 0.1 takes 1 step (dense checkpoints), beta >= 1 many (sparse): both modes ran
+    assert pd._TRACES[keys(False)[True]] >= 1 and pd._TRACES[keys(False)[False]] >= 1
 
 
 def test_initial_fraction_matches_uniform_law(x64):
