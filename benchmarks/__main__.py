@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     for name in todo:
         t0 = time.perf_counter()
         log(f"case {name} ...")
-        if name == "limits" or (limits is None and name == "velocity"):
+        if name == "limits" or (limits is None and name in ("velocity", "sa_sweep")):
             lim = C.machine_limits(args.quick, log)
             limits = lim.data
             if name == "limits":
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
             "velocity": lambda: C.usa_velocity(args.quick, log, limits),
             "gauge": lambda: C.gauge_overhead(args.quick, log),
             "big_n": lambda: C.big_n(args.quick, log),
-            "sa_sweep": lambda: C.sa_sweep(args.quick, log),
+            "sa_sweep": lambda: C.sa_sweep(args.quick, log, limits),
             "usa_sweep": lambda: C.usa_sweep(args.quick, log),
             "fig2": lambda: C.fig2(args.quick, log),
         }[name]()
