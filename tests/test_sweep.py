@@ -308,11 +308,28 @@ def test_memory_estimate_bounds_xla_peak(kind, n, d):
     assert xla <= estimate <= 3 * xla, (estimate, xla)
 
 
+def test_plan_warns_when_fixed_steps_overshoot():
+    """dt x sqrt(beta) e^(beta - 1/2) > 1 is warned about (dt = 0.05 at beta = 4 lost energy with
+    projected RK2); dt = 0.01, a rescaled kernel or an adaptive solver is not."""
+    base = ("[model]\nkind = 'usa'\n{resc}[grid]\nn = [8]\nd = 3\nbeta = [1.0, 4.0]\nseeds = 2\n"
+            "[time]\nt1 = 1.0\ndt = {dt}\nsave = 3\n{solver}")
+
+    def text(dt, resc="", solver=""):
+        return sweep.make_plan(sweep.parse_spec(base.format(dt=dt, resc=resc, solver=solver)), "2GB", devices=1).describe()
+
+    warned = text(0.05)
+    assert "overshoot" in warned and "1 (shape, beta) pair(s)" in warned and "dt x rate up to 3.3" in warned
+    assert "overshoot" not in text(0.01)
+    assert "overshoot" not in text(0.05, resc="rescaled = true\n")
+    assert "overshoot" not in text(0.05, solver="solver = 'tsit5'\nrtol = 1e-6\natol = 1e-8\n")
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_specs_parse_and_plan(path, capsys):
     spec = sweep.load_spec(path)
     plan = sweep.make_plan(spec, "2GB", devices=1)
     assert len(plan.chunks) >= len(plan.groups) >= 1
+    assert "overshoot" not in plan.describe()  # the shipped steps resolve the field
     if path.name == "smoke.toml":
         assert len(spec.n) >= 2 and len(spec.axes["beta"]) >= 4 and len(spec.seeds) >= 8
     if path.name == "usa_av_fig2.toml":
