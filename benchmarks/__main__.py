@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("limits", "velocity", "gauge", "big_n", "sa_sweep", "usa_sweep", "fig2")
+CASES = ("limits", "velocity", "gauge", "formulations", "big_n", "sa_sweep", "usa_sweep", "fig2")
 
 
 def _machine() -> list[str]:
@@ -96,6 +96,7 @@ def main(argv=None) -> int:
         r = {
             "velocity": lambda: C.usa_velocity(args.quick, log, limits),
             "gauge": lambda: C.gauge_overhead(args.quick, log),
+            "formulations": lambda: C.formulations(args.quick, log),
             "big_n": lambda: C.big_n(args.quick, log),
             "sa_sweep": lambda: C.sa_sweep(args.quick, log, limits),
             "usa_sweep": lambda: C.usa_sweep(args.quick, log),

@@ -625,3 +625,86 @@ def fig2(quick: bool, log) -> Result:
     )
     res.data["total"] = total
     return res
+
+
+# ----------------------------------------------------------------------------
+# formulations of the dense step: XLA:CPU's fusion choices, measured per shape
+# ----------------------------------------------------------------------------
+
+
+def _field_variants():
+    """Unit-weight USA fields ``(1/n) exp(beta (X X^T - 1)) X`` of one system, by formulation."""
+
+    def dot(x, beta):  # meanfield's dense path: two matmuls
+        return jnp.exp(beta * (x @ x.T - 1.0)) @ x / x.shape[0]
+
+    def bcast_gram(x, beta):  # Gram matrix as a sum of d broadcast products (fuses with the exp)
+        G = sum(x[:, None, k] * x[None, :, k] for k in range(x.shape[1]))
+        return jnp.exp(beta * (G - 1.0)) @ x / x.shape[0]
+
+    def reduce_field(x, beta):  # field as d broadcast-multiply reductions instead of a matmul
+        W = jnp.exp(beta * (x @ x.T - 1.0))
+        return jnp.stack([jnp.sum(W * x[None, :, k], 1) for k in range(x.shape[1])], 1) / x.shape[0]
+
+    def symmetric(m):  # upper-triangular blocks only: (m + 1) / (2 m) of the exponentials
+        def f(x, beta):
+            n = x.shape[0]
+            e = np.linspace(0, n, m + 1).round().astype(int)
+            xs = [x[a:b] for a, b in zip(e[:-1], e[1:])]
+            F = [0.0] * m
+            for i in range(m):
+                for j in range(i, m):
+                    W = jnp.exp(beta * (xs[i] @ xs[j].T - 1.0))
+                    F[i] = F[i] + W @ xs[j]
+                    if i != j:
+                        F[j] = F[j] + jnp.einsum("ij,id->jd", W, xs[i])
+            return jnp.concatenate(F) / n
+
+        return f
+
+    return {
+        "two matmuls (meanfield)": dot,
+        "broadcast Gram + matmul": bcast_gram,
+        "matmul + reductions": reduce_field,
+        "symmetric, 2 x 2 blocks (75% of exps)": symmetric(2),
+        "symmetric, 4 x 4 blocks (62.5% of exps)": symmetric(4),
+    }
+
+
+def formulations(quick: bool, log) -> Result:
+    shapes = [(100, 256, 3), (16, 1024, 8), (1, 1024, 3)] if not quick else [(10, 128, 3), (2, 256, 8)]
+    reps = 3 if quick else 7
+    variants = _field_variants()
+    opts = {"XLA default fusions": None, "matmuls only to YNNPACK": pd.CPU_COMPILER_OPTIONS}
+    cols = [f"{v} / {o}" for o in opts for v in variants]
+    res = Result(
+        "Formulations of the dense USA field (float32, seeds vmapped), time relative to meanfield's",
+        ["seeds x n x d", "meanfield (`mf.velocity`)"] + cols,
+    )
+    for S, n, d in shapes:
+        x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
+        ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
+        fns = {"meanfield": jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))}
+        for oname, o in opts.items():
+            for vname, v in variants.items():
+                f = jax.jit(jax.vmap(lambda y, v=v: v(y, 1.0)), compiler_options=o)
+                err = float(jnp.abs(f(x) - ref_F).max() / jnp.abs(ref_F).max())
+                if err > 1e-5:
+                    raise AssertionError(f"formulation {vname} / {oname} differs by {err:.1e}")
+                fns[f"{vname} / {oname}"] = f
+        times = timeit_interleaved({k: (lambda f=f: f(x)) for k, f in fns.items()}, reps, rounds=2)
+        base = times["meanfield"]
+        res.rows.append([f"{S} x {n} x {d}", fmt_t(base)] + [fmt_r(times[c] / base) for c in cols])
+        res.data[f"{S}x{n}x{d}"] = times
+        log(f"formulations {S}x{n}x{d}: " + ", ".join(f"{k} {fmt_t(v)}" for k, v in times.items()))
+    res.notes.append(
+        "Each entry is the time of the formulation over meanfield's (the rescaled USA field, chunked "
+        "under vmap); every formulation is checked against the two-matmul field first (relative "
+        "difference < 1e-5). 'matmuls only to YNNPACK' compiles with `phase_diagram.CPU_COMPILER_OPTIONS` "
+        "(library code cannot set compiler options for a caller's jit, so `mf.velocity` uses XLA's "
+        "defaults; the phase-diagram kernel, which owns its jit, uses the option). The symmetric "
+        "variants compute only the upper block triangle of the weights (half the exponentials in the "
+        "limit of many blocks): on XLA:CPU the extra slices and transposed products cost more than "
+        "the saved exponentials at these shapes."
+    )
+    return res
