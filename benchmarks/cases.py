@@ -679,8 +679,9 @@ def formulations(quick: bool, log) -> Result:
     cols = [f"{v} / {o}" for o in opts for v in variants]
     res = Result(
         "Formulations of the dense USA field (float32, seeds vmapped), time relative to meanfield's",
-        ["seeds x n x d", "meanfield (`mf.velocity`)"] + cols,
+        ["formulation / compile options"] + [f"{S} x {n} x {d}" for S, n, d in shapes],
     )
+    rel = {c: [] for c in ["meanfield (`USA.field`, chunked)"] + cols}
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
         ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
@@ -694,9 +695,12 @@ def formulations(quick: bool, log) -> Result:
                 fns[f"{vname} / {oname}"] = f
         times = timeit_interleaved({k: (lambda f=f: f(x)) for k, f in fns.items()}, reps, rounds=2)
         base = times["meanfield"]
-        res.rows.append([f"{S} x {n} x {d}", fmt_t(base)] + [fmt_r(times[c] / base) for c in cols])
+        rel["meanfield (`USA.field`, chunked)"].append(fmt_t(base))
+        for c in cols:
+            rel[c].append(fmt_r(times[c] / base))
         res.data[f"{S}x{n}x{d}"] = times
         log(f"formulations {S}x{n}x{d}: " + ", ".join(f"{k} {fmt_t(v)}" for k, v in times.items()))
+    res.rows = [[k] + v for k, v in rel.items()]
     res.notes.append(
         "Each entry is the time of the formulation over meanfield's (the rescaled USA field, chunked "
         "under vmap); every formulation is checked against the two-matmul field first (relative "
