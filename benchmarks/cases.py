@@ -167,6 +167,37 @@ def _fractions(pairs_per_s, d, limits, dtype="float32"):
 # ----------------------------------------------------------------------------
 
 
+_FRESH_VELOCITY = r"""
+import json, resource, sys, time
+import jax, numpy as np
+import meanfield as mf
+from benchmarks import references as ref
+S, n, d, which = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
+if which == "meanfield":
+    f = jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))
+    call = lambda: f(x)
+else:
+    g = ref.usa_velocity_jax()
+    call = lambda: g(x, 1.0)
+call().block_until_ready()
+ts = []
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(int(sys.argv[5])):
+    t0 = time.perf_counter(); call().block_until_ready(); ts.append(time.perf_counter() - t0)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / len(ts)
+print(json.dumps(dict(t=float(np.median(ts)), faults=faults)))
+"""
+
+
+def _fresh_velocity(S, n, d, which, reps) -> dict:
+    """Median time of a vmapped USA velocity in a fresh Python process (fresh allocator state)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _FRESH_VELOCITY, str(S), str(n), str(d), which, str(reps)],
+                         capture_output=True, text=True, timeout=600, cwd=root, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def usa_velocity(quick: bool, log, limits) -> Result:
     import torch
 
@@ -187,6 +218,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
             "vs plain JAX",
             "vs torch",
             "page faults / call (meanfield, plain JAX)",
+            "fresh process: meanfield, plain JAX (faults / call)",
             "pairs/s",
             "of exp rate",
             "of GEMM-bound rate",
@@ -206,6 +238,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         tj = timeit_interleaved({"fast": lambda: fast(x), "plain": lambda: plain(x, beta)}, reps)
         t_fast, t_plain = tj["fast"], tj["plain"]
         pf = (faults_per_call(lambda: fast(x)), faults_per_call(lambda: plain(x, beta)))
+        fresh = {w: _fresh_velocity(S, n, d, w, reps) for w in ("meanfield", "plain")}
         t_np, k_np = timeit_threads("numpy", lambda: ref.usa_velocity_numpy(xn, beta), reps)
         t_torch, k_torch = timeit_threads("torch", lambda: ref.usa_velocity_torch(xt, beta), reps)
         rate = S * n * n / t_fast
@@ -221,6 +254,8 @@ def usa_velocity(quick: bool, log, limits) -> Result:
                 fmt_r(t_plain / t_fast),
                 fmt_r(t_torch / t_fast),
                 f"{pf[0]:.0f}, {pf[1]:.0f}",
+                f"{fmt_t(fresh['meanfield']['t'])}, {fmt_t(fresh['plain']['t'])} "
+                f"({fresh['meanfield']['faults']:.0f}, {fresh['plain']['faults']:.0f})",
                 f"{rate:.3g}",
                 f"{fe:.0%}",
                 f"{fg:.0%}",
@@ -228,7 +263,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
             ]
         )
         res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, plain=t_plain, numpy=t_np, torch=t_torch, err=err,
-                                        faults=pf)
+                                        faults=pf, fresh=fresh)
         log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} plain {fmt_t(t_plain)} "
             f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)} faults {pf}")
     res.notes.append(
@@ -247,7 +282,8 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         "16 x 1024 x 8 forms 64 MiB weight arrays: in some processes the allocator recycles them (no "
         "faults, the plain and chunked programs then run the same operations at the same speed), in "
         "others it does not (measured 30 ms instead of 4 ms per call). The chunked evaluation never "
-        "allocates more than `BATCH_BYTES` at once."
+        "allocates more than `BATCH_BYTES` at once. The 'fresh process' column times each program "
+        "alone in a new Python process (what a script or a new notebook kernel sees)."
     )
     return res
 
