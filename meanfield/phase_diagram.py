@@ -422,8 +422,9 @@ def _run_kernel(x0, *args, **static):
 
 
 def _auto_chunk(n: int, dtype) -> int:
-    """Seeds per chunk: ``kernels.BATCH_BYTES`` of weight matrices (1024 at ``n = 32``, float64)."""
-    return max(1, kernels.BATCH_BYTES // (n * n * np.dtype(dtype).itemsize))
+    """Seeds per chunk: ``kernels.BATCH_BYTES`` of weight matrices (1024 at ``n = 32``, float64;
+    ``kernels.ACCELERATOR_BATCH_BYTES`` on a GPU/TPU backend)."""
+    return max(1, kernels._batch_bytes() // (n * n * np.dtype(dtype).itemsize))
 
 
 def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False):
