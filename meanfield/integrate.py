@@ -210,7 +210,12 @@ class Trajectory(eqx.Module):
 
 def _check_times(t1, dt, ts, solver):
     check_positive("t1", t1)
-    if solver in FIXED_STEP_SOLVERS:
+    if dt is not None and not is_concrete(dt):
+        if solver not in FIXED_STEP_SOLVERS:
+            raise TypeError(f"a traced dt needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}")
+        if jnp.ndim(dt) != 0:
+            raise ValueError(f"dt must be a scalar, got shape {jnp.shape(dt)}")
+    elif solver in FIXED_STEP_SOLVERS:
         check_positive("dt", dt)
     elif dt is not None:
         check_positive("dt", dt)
@@ -226,6 +231,38 @@ def _check_times(t1, dt, ts, solver):
     if np.any(np.diff(ts) <= 0):
         raise ValueError("ts must be strictly increasing")
     return ts
+
+
+class _UniformSteps(diffrax.AbstractStepSizeController):
+    """Fixed steps of a traced length ``h`` on the grid ``k h``, landing on the save times.
+
+    The step targets are the next grid point ``k h`` and the next save time, whichever
+    comes first (the grid ``_step_grid`` builds for a concrete ``dt``, with the same
+    rule for points within ``h / 1000`` of the current time). Because ``h`` is traced,
+    one compiled program serves every step length: a vmapped batch of points that share
+    a step count runs exactly that many steps (``simulate`` with a traced ``dt``).
+    """
+
+    h: Array
+    ts: Array
+    t_end: Array
+
+    def wrap(self, direction):
+        return self
+
+    def _next(self, t):
+        k = jnp.floor(t / self.h + 1e-3) + 1.0
+        j = jnp.searchsorted(self.ts, t, side="right")
+        t_save = jnp.where(j < self.ts.shape[0], self.ts[jnp.minimum(j, self.ts.shape[0] - 1)], self.t_end)
+        return jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        del terms, t1, y0, dt0, args, func, error_order
+        return self._next(t0), jnp.zeros((), jnp.int32)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        del t0, y0, y1_candidate, args, y_error, error_order
+        return True, t1, self._next(t1), False, controller_state, diffrax.RESULTS.successful
 
 
 def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
@@ -265,7 +302,10 @@ def simulate(
         x0: ``(n, d)`` initial state with unit rows (checked within 1e-3).
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         t1: final time (``> 0``).
-        dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones.
+        dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones. A
+            traced scalar (e.g. a beta-dependent step inside ``vmap``) is accepted by the
+            fixed-step solvers: one compilation serves every step length, the grid is
+            ``k dt`` merged with ``ts``, and ``max_steps`` must bound the step count.
         solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
         ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them.
         rtol, atol: required for the adaptive solvers.
@@ -317,10 +357,16 @@ def simulate(
             raise TypeError(f"observable {name!r} must be a callable x -> array, got {fn!r}")
 
     t1f = float(t1)
+    step = None  # traced fixed step (``_UniformSteps``)
     if adaptive:
         grid = None
         dt0 = float(dt) if dt is not None else None
         steps = int(max_steps or 100_000)
+    elif not is_concrete(dt):
+        if max_steps is None:
+            raise ValueError("a traced dt needs max_steps (a bound on t1 / dt + len(ts))")
+        grid, dt0, step = None, None, jnp.asarray(dt, x0.dtype)
+        steps = int(max_steps)
     else:
         grid = _step_grid(t1f, float(dt), ts_np)
         dt0 = None
@@ -336,6 +382,7 @@ def simulate(
         x0,
         aux,
         jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
+        step,
         solver=solver,
         t1=t1f,
         dt0=dt0,
@@ -359,6 +406,7 @@ def _simulate(
     x0,
     aux,
     tol,
+    step,
     *,
     solver,
     t1,
@@ -400,6 +448,8 @@ def _simulate(
         controller = diffrax.ClipStepSizeController(
             diffrax.PIDController(rtol=rtol, atol=atol), step_ts=ts_arr
         )
+    elif step is not None:
+        controller = _UniformSteps(step, ts_arr, jnp.asarray(t1, dtype))
     else:
         controller = diffrax.StepTo(ts=jnp.asarray(grid, dtype))
     event = diffrax.Event(lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5))

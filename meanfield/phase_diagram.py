@@ -46,7 +46,8 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   number of steps in a ``fori_loop`` with a traced trip count, so the large
   steps of small ``beta`` are not padded to the step count of the largest
   ``beta`` (vmapping over ``beta`` would run every point for the longest count).
-* One compilation per shape ``(seeds, n, d, dtype, normalized, checkpoints)``:
+* One compilation per shape ``(seeds, n, d, dtype, normalized, checkpoints)`` and metric
+  mode (every step a checkpoint or not; a USA grid with few-step and many-step betas uses both):
   ``beta``, the step, the step count and the checkpoint indices are traced.
 
 Example:

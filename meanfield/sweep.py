@@ -72,6 +72,7 @@ __all__ = [
     "parse_spec",
     "load_spec",
     "make_plan",
+    "reference_step",
     "run_sweep",
     "load",
     "parse_memory",
@@ -89,7 +90,8 @@ OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
 
 TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
 GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
-TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps")
+TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule")
+STEP_RULES = ("fixed", "reference")
 OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
 BETA_RULE_KEYS = ("critical", "c", "p")
 SOLVERS = ("euler", "rk2", "rk4", "tsit5", "dopri5")
@@ -424,6 +426,19 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
             time_spec["early_stop"] = _float("time.early_stop", tsec["early_stop"], "float>0")
         if "max_steps" in tsec:
             time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1)
+        rule = tsec.get("step_rule", "fixed")
+        check_choice("time.step_rule", rule, STEP_RULES)
+        if rule == "reference":  # recorded only when set: specs without it keep their hash
+            if solver not in ("euler", "rk2", "rk4"):
+                raise ValueError(f"time.step_rule = 'reference' needs a fixed-step solver (euler, rk2, rk4), not {solver!r}")
+            if "toeplitz" in kinds:
+                raise ValueError("time.step_rule = 'reference' needs a beta; kind 'toeplitz' has none")
+            if params.get("rescaled", False):
+                raise ValueError(
+                    "time.step_rule = 'reference' is the reference code's step in original time; "
+                    "set model.rescaled = false"
+                )
+            time_spec["step_rule"] = rule
 
     # output -----------------------------------------------------------------
     out = dict(raw.get("output", {}))
@@ -617,6 +632,11 @@ class Plan:
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
             f"compilations: {len(self.groups)} (one per model and static shape (n, d)); chunks: {len(chunks)}",
         ]
+        if _step_rule(spec) == "reference":
+            lines.append(
+                f"steps: dt(beta) = {spec.time['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
+                f"'reference'), one beta per chunk so a chunk runs its own step count"
+            )
         for g in self.groups:
             nchunks = len(g.chunk_slices(self.batch_shape))
             pts = int(np.prod(g.block))
@@ -657,6 +677,8 @@ class Plan:
         spec = self.spec
         if not spec.simulated or spec.time["solver"] not in ("euler", "rk2", "rk4"):
             return []
+        if _step_rule(spec) == "reference":
+            return []  # dt x rate <= dt by construction
         dt, rescaled = spec.time["dt"], bool(spec.params.get("rescaled", False))
         worst, count = 0.0, 0
         for g in self.groups:
@@ -693,6 +715,26 @@ def _block_for(capacity: int, shape: tuple) -> tuple:
     return tuple(block)
 
 
+def _step_rule(spec: Spec) -> str:
+    return (spec.time or {}).get("step_rule", "fixed")
+
+
+def reference_step(beta, base_dt):
+    """The reference code's beta-dependent step ``base_dt / max(sqrt(beta) e^(beta - 1/2), 1)``
+    (``time.step_rule = "reference"``; NumPy or JAX arrays).
+
+    Example:
+        >>> from meanfield import sweep
+        >>> [round(float(sweep.reference_step(b, 0.1)), 5) for b in (0.25, 2.0)]
+        [0.1, 0.01578]
+    """
+    if isinstance(beta, (float, int, np.ndarray, np.generic)):
+        xp = np
+    else:
+        import jax.numpy as xp
+    return base_dt / xp.maximum(xp.sqrt(beta) * xp.exp(beta - 0.5), 1.0)
+
+
 def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: list | None = None) -> Plan:
     """Cut the grid into chunks: per ``(n, d)``, blocks over (traced axes, seed) that fit ``memory``
     per device; ``blocks`` (from a store being resumed) overrides the computed ones."""
@@ -705,6 +747,11 @@ def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: l
     pbytes = [point_memory(spec, k, n, d) for k, n, d in shapes]
     if blocks is None:
         raw = [_block_for(ndev * max(1, memory_b // pb), batch_shape) for pb in pbytes]
+        if _step_rule(spec) == "reference":
+            # one beta per chunk: its points share the step count, so a vmapped chunk runs
+            # exactly that many steps (no padding to the longest run of the grid)
+            axis = [i for i, name in enumerate(spec.axes) if name in ("beta", "beta_factor")][0]
+            raw = [tuple(1 if i == axis else b for i, b in enumerate(blk)) for blk in raw]
         # zarr chunks: the smallest block; larger blocks are made unions of whole zarr chunks
         zb = min(raw, key=lambda b: int(np.prod(b)))
         # the axis where the zarr block is partial (None: one block holds the whole batch)
@@ -815,14 +862,24 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
     if "token_similarity" in spec.observables:
         extra["token_similarity"] = metrics.token_similarity
 
+    dt, max_steps = T["dt"], T.get("max_steps")
+    if _step_rule(spec) == "reference":
+        # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
+        # the step count comes from the smallest step of this shape's betas
+        h_min = float(np.min(reference_step(np.asarray(spec.beta_values(n, d), np.float64), T["dt"])))
+        max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(spec.ts) + 2
+
     def sim(params, seed):
         x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
         model = _build_model(spec, kind, {k: v.astype(dtype) for k, v in params.items()}, d)
+        step = dt
+        if _step_rule(spec) == "reference":
+            step = reference_step(params["beta"].astype(dtype), T["dt"])
         traj = simulate(
             model,
             x0,
             t1=T["t1"],
-            dt=T["dt"],
+            dt=step,
             solver=T["solver"],
             ts=spec.ts,
             rtol=T.get("rtol"),
@@ -830,7 +887,7 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
             observables=extra,
             save_states=False,
             early_stop=T.get("early_stop"),
-            max_steps=T.get("max_steps"),
+            max_steps=max_steps,
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         out = {o: vals[o] for o in spec.observables}

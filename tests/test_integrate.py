@@ -468,3 +468,37 @@ def test_failed_run_fills_nan_after_stop_time():
     assert bool(traj.failed)
     assert float(traj.stop_time) < 1.0
     assert bool(jnp.isnan(traj.energy[-1])) and bool(jnp.all(jnp.isnan(traj.xs[-1])))
+
+
+def test_traced_step_equals_concrete_step(x64):
+    """A traced dt (fixed-step solvers) steps on the same grid k dt merged with the save
+    times as a concrete dt: same states to rounding, same step counts, one compilation."""
+    x0 = mf.sphere.uniform(jax.random.key(3), 12, 3, jnp.float64)
+    K = mf.kernels.RoPE(2.0, 3.0)
+    ts = np.linspace(0.0, 1.0, 5)
+    traces = []
+
+    @jax.jit
+    def run(h):
+        traces.append(1)
+        return mf.simulate(K, x0, t1=1.0, dt=h, ts=ts, solver="rk4", max_steps=300)
+
+    for dt in (0.1, 0.03, 0.07):
+        a = mf.simulate(K, x0, t1=1.0, dt=dt, ts=ts, solver="rk4")
+        b = run(jnp.asarray(dt))
+        np.testing.assert_allclose(b.xs, a.xs, rtol=0, atol=1e-14)
+        assert int(b.num_steps) == int(a.num_steps)
+    assert len(traces) == 1
+    # vmapped over the step: each member takes its own number of steps
+    r = jax.vmap(lambda h: mf.simulate(K, x0, t1=1.0, dt=h, ts=ts, solver="euler", max_steps=300,
+                                       save_states=False))(jnp.array([0.1, 0.05, 0.025]))
+    np.testing.assert_array_equal(r.num_steps, [12, 20, 40])  # 10 steps + 2 landings on 0.25, 0.75; 20; 40
+
+
+def test_traced_step_needs_max_steps_and_a_fixed_step_solver():
+    x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
+    K = mf.kernels.USA(1.0)
+    with pytest.raises(ValueError, match="max_steps"):
+        jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h).energy)(0.1)
+    with pytest.raises(TypeError, match="fixed-step"):
+        jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h, solver="tsit5", rtol=1e-6, atol=1e-8).energy)(0.1)

@@ -308,6 +308,74 @@ def test_memory_estimate_bounds_xla_peak(kind, n, d):
     assert xla <= estimate <= 3 * xla, (estimate, xla)
 
 
+RULE = """
+name = "rule"
+dtype = "float64"
+[model]
+kind = "usa"
+[grid]
+n = [6]
+d = 2
+beta = [0.2, 1.5, 3.0]
+seeds = 2
+[time]
+t1 = 0.25
+dt = 0.1
+solver = "euler"
+save = 6
+step_rule = "reference"
+[output]
+observables = ["collapse_gap", "energy"]
+"""
+
+
+def test_reference_step_rule_buckets_by_beta_and_compiles_once(tmp_path, monkeypatch):
+    """step_rule = "reference": dt(beta) = 0.1 / max(sqrt(beta) e^(beta - 1/2), 1), one beta per
+    chunk (each chunk runs its own step count, no padding), one trace for the whole grid, and
+    every point equal to simulate() with that beta's concrete step."""
+    import meanfield.integrate as integrate
+
+    spec = sweep.parse_spec(RULE)
+    plan = sweep.make_plan(spec, "2GB", devices=1)
+    assert len(plan.chunks) == 3 and plan.groups[0].block[0] == 1  # beta axis first, one per chunk
+    assert "step_rule = 'reference'" in plan.describe()
+    calls = []
+    real = integrate.simulate
+    monkeypatch.setattr(integrate, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with jax.enable_x64(True):
+        sweep.run_sweep(spec, tmp_path / "rule.zarr", quiet=True)
+        ds = sweep.load(tmp_path / "rule.zarr")
+        assert len(calls) == 1  # traced once for all betas and chunks
+        steps = ds["num_steps"].values[0]  # (beta, seed)
+        for bi, b in enumerate(spec.axes["beta"]):
+            h = float(sweep.reference_step(float(b), 0.1))
+            assert h == pytest.approx(0.1 / max(np.sqrt(b) * np.exp(b - 0.5), 1.0), rel=1e-15)
+            for si, seed in enumerate(spec.seeds):
+                x0 = mf.sphere.uniform(jax.random.key(int(seed)), 6, 2, jax.numpy.float64)
+                tr = real(mf.kernels.USA(float(b)), x0, t1=0.25, dt=h, solver="euler", ts=spec.ts)
+                assert steps[bi, si] == int(tr.num_steps)
+                np.testing.assert_allclose(ds["energy"].values[0, bi, si], tr.energy, rtol=1e-13)
+                np.testing.assert_allclose(ds["collapse_gap"].values[0, bi, si], tr.collapse_gap, rtol=1e-12)
+    assert steps[0, 0] < steps[1, 0] < steps[2, 0]  # beta-dependent step counts
+
+
+@pytest.mark.parametrize(
+    "extra,model,match",
+    [
+        ('solver = "tsit5"\nrtol = 1e-6\natol = 1e-8\n', "", "fixed-step solver"),
+        ("", "rescaled = true\n", "rescaled = false"),
+        ("", "", "step_rule"),
+    ],
+)
+def test_reference_step_rule_bad_specs(extra, model, match):
+    text = RULE.replace('solver = "euler"\n', extra or 'solver = "euler"\n').replace(
+        'kind = "usa"\n', 'kind = "usa"\n' + model)
+    if match == "step_rule":
+        text = text.replace('step_rule = "reference"', 'step_rule = "adaptive"')
+    with pytest.raises(ValueError, match=match):
+        sweep.parse_spec(text)
+
+
 def test_plan_warns_when_fixed_steps_overshoot():
     """dt x sqrt(beta) e^(beta - 1/2) > 1 is warned about (dt = 0.05 at beta = 4 lost energy with
     projected RK2); dt = 0.01, a rescaled kernel or an adaptive solver is not."""
