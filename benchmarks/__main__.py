@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("limits", "velocity", "gauge", "formulations", "big_n", "sa_sweep", "usa_sweep", "fig2")
+CASES = ("limits", "velocity", "gauge", "formulations", "big_n", "sa_sweep", "usa_sweep", "sweep_steps", "fig2")
 
 
 def _machine() -> list[str]:
@@ -100,6 +100,7 @@ def main(argv=None) -> int:
             "big_n": lambda: C.big_n(args.quick, log),
             "sa_sweep": lambda: C.sa_sweep(args.quick, log, limits),
             "usa_sweep": lambda: C.usa_sweep(args.quick, log),
+            "sweep_steps": lambda: C.sweep_steps(args.quick, log),
             "fig2": lambda: C.fig2(args.quick, log),
         }[name]()
         results.append(r)

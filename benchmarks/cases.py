@@ -748,3 +748,66 @@ def formulations(quick: bool, log) -> Result:
         "the saved exponentials at these shapes."
     )
     return res
+
+
+# ----------------------------------------------------------------------------
+# sweep engine: beta-dependent steps, bucketed by beta vs padded
+# ----------------------------------------------------------------------------
+
+
+def sweep_steps(quick: bool, log) -> Result:
+    """``sweeps/usa_reference_steps.toml`` (fewer seeds): one beta per chunk (the plan) against
+    the whole beta axis in one vmapped chunk (every point runs the longest step count)."""
+    import dataclasses as _dc
+
+    from meanfield import sweep as sw
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = sw.load_spec(os.path.join(root, "sweeps", "usa_reference_steps.toml"))
+    seeds = 8 if quick else 32
+    betas = spec.axes["beta"][:6] if quick else spec.axes["beta"]
+    spec = _dc.replace(spec, seeds=spec.seeds[:seeds], axes={**spec.axes, "beta": betas})
+    steps = [int(np.ceil(spec.time["t1"] / sw.reference_step(float(b), spec.time["dt"]))) for b in betas]
+    res = Result(
+        f"Sweep engine, beta-dependent steps (`step_rule = \"reference\"`): USA n = 32, d = 2, "
+        f"{len(betas)} beta in [{betas[0]:g}, {betas[-1]:g}] x {seeds} seeds, Euler to t = {spec.time['t1']:g} "
+        f"({sum(steps)} steps over the betas, max {max(steps)}), float64",
+        ["plan", "chunks", "point-steps run", "time (incl. one compile)", "bucketed is faster by",
+         "max |diff| of the observables"],
+    )
+    outs, times = {}, {}
+    with jax.enable_x64(True):
+        plans = {
+            "one beta per chunk (the sweep plan)": sw.make_plan(spec, "2GB", devices=1),
+            "all betas in one chunk (padded)": sw.make_plan(spec, "2GB", devices=1,
+                                                             blocks=[(len(betas), seeds)]),
+        }
+        for name, plan in plans.items():
+            runner = sw._Runner(plan)
+            t0 = time.perf_counter()
+            vals = {}
+            for _, gi, sl in plan.chunks:
+                params, sd = sw._chunk_inputs(spec, plan.groups[gi], sl, plan.padded_size(plan.groups[gi]))
+                out = runner(gi, params, sd)
+                count = (sl[0].stop - sl[0].start) * (sl[1].stop - sl[1].start)
+                for k, v in out.items():
+                    vals.setdefault(k, []).append(v[:count])
+            times[name] = time.perf_counter() - t0
+            outs[name] = {k: np.concatenate(v) for k, v in vals.items()}
+            log(f"sweep steps {name}: {times[name]:.1f} s, {len(plan.chunks)} chunks")
+    a, b = outs.values()
+    diff = max(float(np.nanmax(np.abs(a[k] - b[k]))) for k in spec.observables)
+    t_b, t_p = times.values()
+    res.rows += [
+        [list(plans)[0], str(len(betas)), f"{seeds * sum(steps):.3g}", fmt_t(t_b), "1.00x", "0"],
+        [list(plans)[1], "1", f"{seeds * len(betas) * max(steps):.3g}", fmt_t(t_p), fmt_r(t_p / t_b), f"{diff:.1e}"],
+    ]
+    res.notes.append(
+        "Both plans run the same compiled point function (`sweep._point_fn`, the step a traced "
+        "value; `mf.simulate` with a traced dt) through the sweep's runner, without the store. "
+        "Under one vmap every member runs until the last one finishes, so the padded plan runs "
+        f"{len(betas) * max(steps) / sum(steps):.1f} times the steps (the step counts in the "
+        "column exclude the landings on the save times)."
+    )
+    res.data = dict(times=times, diff=diff, steps=steps)
+    return res
