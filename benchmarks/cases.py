@@ -508,6 +508,27 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     return res
 
 
+_DEVICES_SWEEP = r"""
+import json, sys, time
+import jax
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+jax.config.update("jax_enable_x64", True)
+import numpy as np, jax.numpy as jnp
+from meanfield import phase_diagram as pd
+d = np.load(sys.argv[2])
+x0, betas, t1, C, thr = jnp.asarray(d["x0"]), d["betas"], float(d["t1"]), int(d["C"]), float(d["thr"])
+# warm-up: both metric modes (few-step and many-step betas) on both devices (a task goes to
+# the least-loaded device: two tasks cover two devices), then one timed run
+pd.usa_phase_diagram(None, betas[:2], x0=x0, t1=t1, checkpoints=C, threshold=thr)
+pd.usa_phase_diagram(None, betas[-2:], x0=x0, t1=t1 * float(d["short"]), checkpoints=C, threshold=thr)
+t0 = time.perf_counter()
+out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr, per_seed=True)
+t = time.perf_counter() - t0
+np.save(sys.argv[3], out.per_seed)
+print(json.dumps(dict(t=t, devices=len(jax.devices()))))
+"""
+
+
 def usa_sweep(quick: bool, log) -> Result:
     import torch
 
@@ -562,9 +583,32 @@ def usa_sweep(quick: bool, log) -> Result:
         f"betas with more than {cap} steps run their first {cap} steps; time scaled by total steps "
         f"({sum(Ns)} / {sum(Np)} = {scale:.2f}); measured {{}}"
     )
+    # the same sweep with one CPU device per core (fresh process): the (beta, chunk) tasks of
+    # 256 seeds are too small for XLA to split one over both cores; two devices run two at once
+    import tempfile
+
+    ncpu = os.cpu_count() or 1
+    dev_row = []
+    if ncpu > 1:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.TemporaryDirectory() as tmp:
+            np.savez(os.path.join(tmp, "in.npz"), x0=x0, betas=betas, t1=t1, C=C, thr=thr,
+                     short=min(1.0, (2 * C + 10) / Ns[-1]))
+            r = subprocess.run([sys.executable, "-c", _DEVICES_SWEEP, str(ncpu), os.path.join(tmp, "in.npz"),
+                                os.path.join(tmp, "out.npy")], capture_output=True, text=True, timeout=1800,
+                               cwd=root, check=True)
+            info = json.loads(r.stdout.strip().splitlines()[-1])
+            dev_diff = float(np.abs(np.load(os.path.join(tmp, "out.npy")) - mine).max())
+        t_dev = info["t"]
+        log(f"USA on {info['devices']} devices {t_dev:.2f}")
+        dev_row = [[f"meanfield, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, fresh process)",
+                    fmt_t(t_dev), fmt_r(t_dev / t_fast), f"{dev_diff:.1e}",
+                    f"tasks spread over the devices; PyTorch reference / this: {fmt_r(t_torch / t_dev)}"]]
+        res.data["devices"] = dict(t=t_dev, n=info["devices"], diff=dev_diff)
     res.rows += [
         ["meanfield `usa_phase_diagram` (per-beta step counts, rescaled time)", fmt_t(t_fast), "1.00x", "0",
          "one run after a compile-only warm-up"],
+        *dev_row,
         ["same kernel, beta vmapped and padded to max N (estimate)", fmt_t(t_pad), fmt_r(t_pad / t_fast), "-",
          f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work"],
         ["plain JAX port (vmap seeds, scan steps)", fmt_t(t_plain), fmt_r(t_plain / t_fast), f"{plain_diff:.1e}",
@@ -572,7 +616,7 @@ def usa_sweep(quick: bool, log) -> Result:
         ["PyTorch reference shape", fmt_t(t_torch), fmt_r(t_torch / t_fast), f"{torch_diff:.1e}",
          note_scale.format(fmt_t(t_torch_part)) + f"; torch threads {k_t}"],
     ]
-    res.data = dict(fast=t_fast, plain=t_plain, torch=t_torch, steps=Ns, diffs=dict(plain=plain_diff, torch=torch_diff),
+    res.data.update(fast=t_fast, plain=t_plain, torch=t_torch, steps=Ns, diffs=dict(plain=plain_diff, torch=torch_diff),
                     final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
     res.notes.append(
         "Differences are compared on the betas run to the end by the references "

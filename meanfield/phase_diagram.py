@@ -429,41 +429,59 @@ def _auto_chunk(n: int, dtype) -> int:
 
 
 def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False):
+    """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
+    ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
+    asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
+    core) run concurrently; one device runs them in order."""
     x0 = jnp.asarray(x0)
     S = x0.shape[0]
     chunk = min(_auto_chunk(x0.shape[1], x0.dtype) if seed_chunk is None else int(seed_chunk), S)
     dtype = x0.dtype
-    thr = jnp.asarray(threshold, dtype)
-    per_seed, finals = [], []
-    for b, h, N, idx in zip(betas, steps_h, steps_n, ckpt):
+    platform = next(iter(x0.devices())).platform
+    devices = [d for d in jax.local_devices() if d.platform == platform]
+    tasks = [(bi, s0) for bi in range(len(betas)) for s0 in range(0, S, chunk)]
+    load = {d: 0 for d in devices}
+    where = {}
+    for t in sorted(tasks, key=lambda t: -int(steps_n[t[0]])):
+        dev = min(devices, key=lambda d: load[d])
+        where[t] = dev
+        load[dev] += int(steps_n[t[0]]) + 1
+    out = {}
+    for bi, s0 in tasks:
+        b, h, N, idx = betas[bi], steps_h[bi], steps_n[bi], ckpt[bi]
         # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
         step = h if normalized else h * float(np.exp(b))
         slots, pos = _checkpoint_slots(idx, len(idx))
         every_step = 2 * np.unique(idx).size > N + 1  # nearly every step is a checkpoint
-        parts, xparts = [], []
-        for s0 in range(0, S, chunk):
-            xs = x0[s0 : s0 + chunk]
-            if xs.shape[0] < chunk:  # keep one shape: pad the last chunk with its first rows
-                xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
-            r, xf = _run_kernel(
-                xs,
-                jnp.asarray(b, dtype),
-                jnp.asarray(step, dtype),
-                jnp.asarray(N, jnp.int32),
-                jnp.asarray(slots, jnp.int32),
-                jnp.asarray(pos, jnp.int32),
-                thr,
-                normalized=normalized,
-                packed=packed,
-                every_step=bool(every_step),
-            )
-            parts.append(r[: min(chunk, S - s0)])
-            xparts.append(xf[: min(chunk, S - s0)])
-        per_seed.append(jnp.concatenate(parts))
-        if states:
-            finals.append(jnp.concatenate(xparts))
-    per_seed = np.asarray(jnp.stack(per_seed))
-    return (per_seed, np.asarray(jnp.stack(finals))) if states else per_seed
+        xs = x0[s0 : s0 + chunk]
+        if xs.shape[0] < chunk:  # keep one shape: pad the last chunk with its first rows
+            xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
+        if len(devices) > 1:
+            xs = jax.device_put(xs, where[(bi, s0)])
+        out[(bi, s0)] = _run_kernel(
+            xs,
+            jnp.asarray(b, dtype),
+            jnp.asarray(step, dtype),
+            jnp.asarray(N, jnp.int32),
+            jnp.asarray(slots, jnp.int32),
+            jnp.asarray(pos, jnp.int32),
+            jnp.asarray(threshold, dtype),
+            normalized=normalized,
+            packed=packed,
+            every_step=bool(every_step),
+        )
+    # gather on the host only after every task is dispatched
+    per_seed = np.stack([
+        np.concatenate([np.asarray(out[(bi, s0)][0])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
+        for bi in range(len(betas))
+    ])
+    if not states:
+        return per_seed
+    finals = np.stack([
+        np.concatenate([np.asarray(out[(bi, s0)][1])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
+        for bi in range(len(betas))
+    ])
+    return per_seed, finals
 
 
 def _check_common(betas, n, d, seeds, threshold, checkpoints, x0):

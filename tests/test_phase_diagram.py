@@ -180,3 +180,36 @@ def test_velocity_tiled_large_n_runs():
     F = jnp.exp(x[i] @ x.T) @ x / n
     vr = F - jnp.sum(F * x[i], -1, keepdims=True) * x[i]
     np.testing.assert_allclose(v[i], vr, rtol=0, atol=2e-5 * float(jnp.abs(vr).max()))
+
+
+_TWO_DEVICES = r"""
+import sys, jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+from meanfield import phase_diagram as pd
+x0 = np.load(sys.argv[1])
+a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True)
+b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True)
+np.savez(sys.argv[2], sa=a.per_seed, usa=b.per_seed, devices=len(jax.devices()))
+"""
+
+
+def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
+    """With two CPU devices the (beta, seed chunk) tasks run on both; the results equal the
+    one-device run (each task is the same program on the same data)."""
+    import os
+    import subprocess
+    import sys
+
+    x0 = np.asarray(_x0(7, 6, 2, seed=9))
+    np.save(tmp_path / "x0.npy", x0)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    r = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "x0.npy"), str(tmp_path / "out.npz")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = np.load(tmp_path / "out.npz")
+    assert int(out["devices"]) == 2
+    a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True)
+    b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True)
+    np.testing.assert_array_equal(out["sa"], a.per_seed)
+    np.testing.assert_array_equal(out["usa"], b.per_seed)
+    assert a.per_seed.max() > 0  # not trivially zero
