@@ -23,6 +23,11 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   chunk runs inside one compiled call. Chunks of 512-1024 seeds let XLA:CPU spread a
   step over both cores of the reference machine (256 seeds ran on one: 34 ms vs 19 ms
   per 100 steps of 256 seeds); 2048 seeds at once spill to memory and run slower.
+* The ``(beta, seed chunk)`` tasks are spread over the local devices of the input's
+  platform (greedy by step count) and dispatched asynchronously: with one CPU device
+  per core (``jax.config.update("jax_num_cpu_devices", 2)`` before first use) two
+  256-seed USA tasks run at once (the full USA diagram: 24.4 s on one device, 17.5 s on
+  two). One device runs them in order.
 * On the CPU the kernel is compiled with ``CPU_COMPILER_OPTIONS``: XLA keeps the
   elementwise work (exp, row sums, metric) in its own fusions and calls YNNPACK for
   the matmuls only (25% faster than the default fusion choice at ``n = 32``).
