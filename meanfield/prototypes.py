@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import equinox as eqx
 import jax
@@ -385,7 +386,7 @@ class PrototypeReadout(eqx.Module):
         (16,)
     """
 
-    projection: eqx.Module
+    projection: eqx.nn.Linear | eqx.nn.MLP
     prototypes: Float[Array, "K m"]
     temperature: Float[Array, ""]
     normalize: bool = eqx.field(static=True)
@@ -424,7 +425,7 @@ class PrototypeReadout(eqx.Module):
     @property
     def in_features(self) -> int:
         proj = self.projection
-        return proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size
+        return cast(int, proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size)
 
     def tokens(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
         """``z_t = f(x_t)`` (unit-normalised when ``normalize``)."""
@@ -471,7 +472,7 @@ class HardVQ(eqx.Module):
         ((5,), 1.0)
     """
 
-    projection: eqx.Module
+    projection: eqx.nn.Linear | eqx.nn.MLP
     prototypes: Float[Array, "K m"]
     normalize: bool = eqx.field(static=True)
 
@@ -540,7 +541,7 @@ class VQAutoencoder(eqx.Module):
     """
 
     quantizer: PrototypeReadout | HardVQ
-    decoder: eqx.Module
+    decoder: eqx.nn.Linear | eqx.nn.MLP
 
     def __init__(self, quantizer, *, key, width: int | None = None, depth: int = 0):
         if not isinstance(quantizer, (PrototypeReadout, HardVQ)):
@@ -548,7 +549,7 @@ class VQAutoencoder(eqx.Module):
         self.quantizer = quantizer
         m = quantizer.prototypes.shape[1]
         proj = quantizer.projection
-        d = proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size
+        d = cast(int, proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size)
         self.decoder = _projection(m, d, width, depth, key)
 
     def loss(

@@ -23,6 +23,7 @@ import functools
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -319,14 +320,15 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         Q = sphere.uniform(jax.random.fold_in(k_drift, 0), settings["drift_queries"], 3)
         g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, log_rho))(Q), dtype=np.float64)
         Pg = g - np.sum(g * np.asarray(Q), 1, keepdims=True) * np.asarray(Q)
-        fields, radial = [], []
+        field_list: list[np.ndarray] = []
+        radial: list[Any] = []
         for c in range(settings["drift_contexts"]):
             keys = sphere.sample_density(jax.random.fold_in(k_drift, c + 1), n_d, 3, log_rho, log_bound=LOG_BOUND)
             Y = jax.jit(jax.vmap(lambda qq, keys=keys: attention.context_stats(qq, keys, beta_d).displacement))(Q)
             Y = beta_d * np.asarray(Y, dtype=np.float64)
             radial.append(np.mean(np.sum(Y * np.asarray(Q), 1)))
-            fields.append(Y - np.sum(Y * np.asarray(Q), 1, keepdims=True) * np.asarray(Q))
-        fields = np.stack(fields)
+            field_list.append(Y - np.sum(Y * np.asarray(Q), 1, keepdims=True) * np.asarray(Q))
+        fields = np.stack(field_list)
         field = fields.mean(0)
         norm = math.sqrt(np.sum(Pg**2))
         rel = math.sqrt(np.sum((field - Pg) ** 2)) / norm

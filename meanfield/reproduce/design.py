@@ -23,7 +23,9 @@ Distances between laws are ``mf.metrics.mmd`` (Gaussian kernel on ``R^3``, bandw
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -596,7 +598,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
                                  f"to {S['learned_target_samples']} target samples ({name}); init "
                                  f"{v['init_mmd']:.3f}, sampling floor of an n-sample {v['sample_floor_mmd']:.3f}; "
                                  f"pass: < init / 3",
-                            passed=lambda m, v=v: m < v["init_mmd"] / 3))
+                            passed=cast("Callable[[float], bool]", lambda m, v=v: m < v["init_mmd"] / 3)))
         checks.append(check(f"learned_{tag}_simulated_distance", float(np.mean(v["simulated_mmd"])), v["fitted_mmd"], 1e-2,
                             f"mean over {S['learned_seeds']} random starts of the anchored run's final MMD; theory: "
                             f"the fitted maximiser's distance (the dynamics land on it)"))

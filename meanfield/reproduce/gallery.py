@@ -36,7 +36,7 @@ def make_gallery(src, dst, *, width: int = 640) -> list[Path]:
         im = Image.open(path).convert("RGB")
         h = round(im.height * width / im.width)
         out = dst / f"{exp}_{fig}"
-        im.resize((width, h), Image.LANCZOS).save(out, optimize=True)
+        im.resize((width, h), Image.LANCZOS).save(out, optimize=True)  # type: ignore[attr-defined]
         written.append(out)
     return written
 

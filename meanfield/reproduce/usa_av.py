@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -105,7 +106,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
 
     # ---------------------------------------------------------------- Fig. 2
     models = _fig2_models(S, k_gauge)
-    fig2 = {}
+    fig2: dict[tuple[str, int], dict[str, Any]] = {}
     jobs = [(m, n) for n in S["fig2_n"] for m in models]
     bar = tqdm(jobs, desc="usa-av fig2", disable=quiet)
     with Timer(timings, "fig2_s"):
@@ -153,13 +154,14 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     # G_x = 1 - (n^2 h^2 - n)/(n(n-1)).
     rope_k = models["rope"]()
     aux = kernels.positions(n_max)
-    lat_err, gap_theory = [], []
+    lat_errs: list[Any] = []
+    gap_theory: list[float] = []
     for x in fig2[("rope", n_max)]["x_final"]:
         u = _gauge_limit_point(rope_k, x, aux)
         h = float(theory.latitude_height(u, tuple(S["plane"])))
         gap_theory.append(1 - (n_max**2 * h**2 - n_max) / (n_max * (n_max - 1)))
-        lat_err.append(np.max(np.abs(x[:, 2] - u[2])))
-    lat_err = np.asarray(lat_err)
+        lat_errs.append(np.max(np.abs(x[:, 2] - u[2])))
+    lat_err = np.asarray(lat_errs)
     checks.append(check(
         "rope_latitude", float(np.median(lat_err)), 0.0, 1e-3,
         "median over seeds of max_i |x_i,3 - u_3|: the RoPE configuration lies on the latitude circle at "
@@ -199,7 +201,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     }
     x0 = sphere.uniform(k_fig3, n3, d)
     ts3 = np.linspace(0.0, S["fig3_t1"], 81)
-    fig3 = {}
+    fig3: dict[str, dict[str, Any]] = {}
     bar = tqdm(fig3_models.items(), desc="usa-av fig3", disable=quiet)
     with Timer(timings, "fig3_s"):
         for name, k in bar:
