@@ -681,9 +681,9 @@ def mean_top_weight_grid(
             chunk=chunk,
             batch_size=batch_size,
         )[..., 0]
-        A1 = np.asarray(A1, dtype=np.float64)
-        means[i] = A1.mean(axis=0)
-        errs[i] = A1.std(axis=0, ddof=1) / np.sqrt(trials) if trials > 1 else np.nan
+        a1 = np.asarray(A1, dtype=np.float64)
+        means[i] = a1.mean(axis=0)
+        errs[i] = a1.std(axis=0, ddof=1) / np.sqrt(trials) if trials > 1 else np.nan
         if progress is not None:
             progress(1)
     return means, errs

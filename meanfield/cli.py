@@ -151,7 +151,6 @@ def _simulate(args) -> int:
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
-    has_energy = traj.energy is not None
     e_max = None
     if args.kernel in ("usa", "rope", "phase-field", "gauge", "prompt"):
         e_max = float(theory.max_energy(args.beta, rescaled=args.rescaled))
@@ -162,7 +161,7 @@ def _simulate(args) -> int:
         "kernel": args.kernel, "n": args.n, "d": args.d, "beta": args.beta, "t1": args.t1, "dt": args.dt,
         "solver": args.solver, "seed": args.seed, "rescaled": args.rescaled,
         "final_collapse_gap": float(traj.collapse_gap[-1]),
-        "final_energy": float(traj.energy[-1]) if has_energy else None,
+        "final_energy": float(traj.energy[-1]) if traj.energy is not None else None,
         "theory_max_energy": e_max,
         "final_clusters": int(traj.observables["clusters"][-1]),
         "stop_time": float(traj.stop_time), "stopped": bool(traj.stopped), "failed": bool(traj.failed),
@@ -170,8 +169,8 @@ def _simulate(args) -> int:
     }
     np.savez_compressed(
         out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=np.asarray(traj.collapse_gap),
-        energy=np.asarray(traj.energy) if has_energy else np.full(len(ts), np.nan),
-        clusters=np.asarray(traj.observables["clusters"]), x_final=np.asarray(traj.xs[-1]),
+        energy=np.asarray(traj.energy) if traj.energy is not None else np.full(len(ts), np.nan),
+        clusters=np.asarray(traj.observables["clusters"]), x_final=np.asarray(traj.xs)[-1],
         x0=np.asarray(x0), aux=np.asarray(aux),
     )
     (out / "summary.json").write_text(json.dumps(result, indent=2))

@@ -21,7 +21,7 @@ passes silently.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import diffrax
 import equinox as eqx
@@ -85,7 +85,7 @@ _E_REF, _T_REF, _STOP, _FAIL = range(4)
 
 
 class _Args(eqx.Module):
-    model: eqx.Module
+    model: Any  # a Kernel or a models.SelfAttention: has field(x, aux, block_size=) (and energy)
     aux: Array
     tol: Array  # early-stop tolerance (ignored when early stop is off)
     block_size: int | None = eqx.field(static=True)
@@ -368,7 +368,7 @@ def simulate(
         grid, dt0, step = None, None, jnp.asarray(dt, x0.dtype)
         steps = int(max_steps)
     else:
-        grid = _step_grid(t1f, float(dt), ts_np)
+        grid = _step_grid(t1f, float(cast(float, dt)), ts_np)
         dt0 = None
         steps = int(max_steps or len(grid) + 1)
     # Python numbers in the model become arrays: a loop over beta (or lam, omega, ...)

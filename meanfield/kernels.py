@@ -840,7 +840,7 @@ class Prompt(_GaugeKernel):
         (4, 3)
     """
 
-    gauges: Array = None
+    gauges: Array = None  # type: ignore[assignment]  # set by __init__
     integer_labels = True
 
     def __init__(self, beta, gauges, *, rescaled: bool = False):

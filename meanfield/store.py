@@ -247,7 +247,7 @@ def write_chunk(out, plan, cid: int, gi: int, slices: tuple, results: dict, layo
         for name, value in results.items():
             trailing = value.shape[1:]
             region = prefix + tuple(slices) + tuple(slice(None) for _ in trailing)
-            root[name][region] = np.asarray(value).reshape(block_shape + trailing)
+            root[name][region] = np.asarray(value).reshape(block_shape + trailing)  # type: ignore[index]
     finally:
         ctx.__exit__(None, None, None)
     _atomic_write(out / _META / "done" / f"{cid:06d}", "")

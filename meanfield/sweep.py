@@ -60,7 +60,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -259,7 +259,7 @@ class Spec:
         if self.beta_rule is None:
             return self.axes.get("beta")
         f = self.axes["beta_factor"]
-        p = 2.0 / (d - 1) if self.beta_rule == "critical" else self.beta_power
+        p = 2.0 / (d - 1) if self.beta_rule == "critical" else cast(float, self.beta_power)
         return f * float(n) ** p
 
     @property
@@ -443,6 +443,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     # output -----------------------------------------------------------------
     out = dict(raw.get("output", {}))
     _unknown("output", out, OUTPUT_KEYS)
+    valid: tuple[str, ...]
     if kind == "attention":
         valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
     elif "sa" in kinds:
@@ -564,14 +565,15 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
     if not spec.simulated:
         return b * (3 * n * d + 6 * n + 4 * spec.top_k) + 256
     rows = n if n * n <= 2**24 else 1024
-    stages = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}[spec.time["solver"]]
+    T, ts = cast(dict, spec.time), cast(np.ndarray, spec.ts)  # simulated: both set
+    stages = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}[T["solver"]]
     pairs = 3 * rows * n
     if "clusters" in spec.observables:
         pairs += 2 * n * n
     if kind in ("rope", "phase-field", "prompt"):
         pairs += n * d * d  # the gauge matrices
     states = (2 * stages + 6) * n * d
-    outputs = len(spec.ts) * (len(spec.observables) + 3)
+    outputs = len(ts) * (len(spec.observables) + 3)
     return b * (pairs + states + outputs) + 256
 
 
@@ -626,7 +628,7 @@ class Plan:
         axes = ([f"model={len(spec.kinds)}"] if spec.kinds_axis else []) + [f"n={len(spec.n)}"] + ([f"d={len(spec.d)}"] if spec.d_axis else [])
         axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + [f"seed={len(spec.seeds)}"]
         if spec.simulated:
-            axes.append(f"time={len(spec.ts)}")
+            axes.append(f"time={len(cast(np.ndarray, spec.ts))}")
         lines = [
             f"sweep {spec.name!r}: model {', '.join(spec.kinds)}, {spec.grid_size} points ({' x '.join(axes)})",
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
@@ -634,7 +636,7 @@ class Plan:
         ]
         if _step_rule(spec) == "reference":
             lines.append(
-                f"steps: dt(beta) = {spec.time['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
+                f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
                 f"'reference'), one beta per chunk so a chunk runs its own step count"
             )
         for g in self.groups:
@@ -655,7 +657,7 @@ class Plan:
         if spec.simulated and not spec.params.get("rescaled", False):
             limit = float(np.log(np.finfo(spec.dtype).max))
             over = sum(
-                int(np.sum(spec.beta_values(g.n, g.d) >= limit))
+                int(np.sum(cast(np.ndarray, spec.beta_values(g.n, g.d)) >= limit))
                 for g in self.groups
                 if g.kind != "toeplitz" and not (g.kind == "sa" and spec.params.get("normalized", True))
             )
@@ -675,11 +677,11 @@ class Plan:
         ``dt x rate > 1`` (10x the reference rule; measured: projected RK2 at dt = 0.05, beta = 4,
         USA, dt x rate = 3.3, lost energy)."""
         spec = self.spec
-        if not spec.simulated or spec.time["solver"] not in ("euler", "rk2", "rk4"):
+        if not spec.simulated or cast(dict, spec.time)["solver"] not in ("euler", "rk2", "rk4"):
             return []
         if _step_rule(spec) == "reference":
             return []  # dt x rate <= dt by construction
-        dt, rescaled = spec.time["dt"], bool(spec.params.get("rescaled", False))
+        dt, rescaled = cast(dict, spec.time)["dt"], bool(spec.params.get("rescaled", False))
         worst, count = 0.0, 0
         for g in self.groups:
             if g.kind == "toeplitz":
@@ -757,8 +759,8 @@ def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: l
         # the axis where the zarr block is partial (None: one block holds the whole batch)
         partial = [i for i, (b, s) in enumerate(zip(zb, batch_shape)) if b < s]
         blocks = []
-        for b in raw:
-            b = list(b)
+        for blk in raw:
+            b = list(blk)
             if partial and b[partial[-1]] < batch_shape[partial[-1]]:
                 k = partial[-1]
                 b[k] = max(zb[k], (b[k] // zb[k]) * zb[k])
@@ -785,7 +787,7 @@ def _build_model(spec: Spec, kind: str, params: dict, d: int):
 
     P = {**spec.params, **params}
     resc = P.get("rescaled", False)
-    beta = params.get("beta")
+    beta: Any = params.get("beta")  # None for toeplitz only
     if kind == "usa":
         return kernels.USA(beta, rescaled=resc)
     if kind == "distance-bias":
@@ -813,6 +815,7 @@ def _build_model(spec: Spec, kind: str, params: dict, d: int):
 
 def _output_layout(spec: Spec) -> dict[str, tuple]:
     """Data variable -> trailing dims after the grid dims."""
+    out: dict[str, tuple[str, ...]]
     if spec.simulated:
         out = {o: ("time",) for o in spec.observables}
         out["stop_time"] = ()
@@ -854,7 +857,7 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
 
         return attn
 
-    T = spec.time
+    T = cast(dict, spec.time)
     thr = spec.cluster_threshold
     extra = {}
     if "clusters" in spec.observables:
@@ -862,12 +865,13 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
     if "token_similarity" in spec.observables:
         extra["token_similarity"] = metrics.token_similarity
 
+    ts = cast(np.ndarray, spec.ts)
     dt, max_steps = T["dt"], T.get("max_steps")
     if _step_rule(spec) == "reference":
         # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
         # the step count comes from the smallest step of this shape's betas
         h_min = float(np.min(reference_step(np.asarray(spec.beta_values(n, d), np.float64), T["dt"])))
-        max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(spec.ts) + 2
+        max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
 
     def sim(params, seed):
         x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
@@ -911,7 +915,7 @@ def _chunk_inputs(spec: Spec, g: Group, sl: tuple, size: int) -> tuple[dict, np.
     for i, name in enumerate(names):
         params[name] = grids[name][idx[i].ravel()]
     if "beta_factor" in params:
-        p = 2.0 / (g.d - 1) if spec.beta_rule == "critical" else spec.beta_power
+        p = 2.0 / (g.d - 1) if spec.beta_rule == "critical" else cast(float, spec.beta_power)
         params["beta"] = params.pop("beta_factor") * float(g.n) ** p
     seeds = spec.seeds[sl[-1]][idx[-1].ravel()]
     count = seeds.size
@@ -934,8 +938,8 @@ class _Runner:
         devs = jax.devices()[: plan.devices] if plan.devices <= len(jax.devices()) else jax.devices()
         self.mesh = Mesh(np.asarray(devs), ("batch",))
         self.sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
-        self.fns = {}
-        self.compile_s = {}
+        self.fns: dict[int, Any] = {}
+        self.compile_s: dict[int, float] = {}
 
     def __call__(self, gi: int, params: dict, seeds: np.ndarray) -> dict:
         import jax
@@ -946,10 +950,10 @@ class _Runner:
             self.fns[gi] = jax.jit(fn, in_shardings=self.sharding, out_shardings=self.sharding)
         # global arrays built from the (identical) host copies: works on one host and on several
         put = lambda v: jax.make_array_from_callback(v.shape, self.sharding, lambda idx: v[idx])  # noqa: E731
-        params = {k: put(v) for k, v in params.items()}
-        seeds = put(seeds)
+        dev_params = {k: put(v) for k, v in params.items()}
+        dev_seeds = put(seeds)
         t0 = time.perf_counter()
-        out = self.fns[gi](params, seeds)
+        out = self.fns[gi](dev_params, dev_seeds)
         if jax.process_count() > 1:  # pragma: no cover - multi-host
             from jax.experimental import multihost_utils
 
