@@ -811,7 +811,7 @@ def sweep_steps(quick: bool, log) -> Result:
     seeds = 8 if quick else 32
     betas = spec.axes["beta"][:6] if quick else spec.axes["beta"]
     spec = _dc.replace(spec, seeds=spec.seeds[:seeds], axes={**spec.axes, "beta": betas})
-    steps = [int(np.ceil(spec.time["t1"] / sw.reference_step(float(b), spec.time["dt"]))) for b in betas]
+    steps = [int(np.ceil(spec.time["t1"] / pd.usa_step_size(float(b), spec.time["dt"]))) for b in betas]
     res = Result(
         f"Sweep engine, beta-dependent steps (`step_rule = \"reference\"`): USA n = 32, d = 2, "
         f"{len(betas)} beta in [{betas[0]:g}, {betas[-1]:g}] x {seeds} seeds, Euler to t = {spec.time['t1']:g} "

@@ -238,9 +238,12 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
 
     The step targets are the next grid point ``k h`` and the next save time, whichever
     comes first (the grid ``_step_grid`` builds for a concrete ``dt``, with the same
-    rule for points within ``h / 1000`` of the current time). Because ``h`` is traced,
-    one compiled program serves every step length: a vmapped batch of points that share
-    a step count runs exactly that many steps (``simulate`` with a traced ``dt``).
+    rule for grid points within ``h / 1000`` after the current time). The grid index
+    ``k`` is the controller state, so the targets are exact products ``k h`` whatever the
+    step count (no ``floor(t / h)``, whose rounding in float32 reaches ``1e-3`` after
+    ~4000 steps). Because ``h`` is traced, one compiled program serves every step
+    length: a vmapped batch of points that share a step count runs exactly that many
+    steps (``simulate`` with a traced ``dt``).
     """
 
     h: Array
@@ -250,19 +253,22 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
     def wrap(self, direction):
         return self
 
-    def _next(self, t):
-        k = jnp.floor(t / self.h + 1e-3) + 1.0
+    def _next(self, t, k):
+        """Next grid index (skipping grid points reached or within ``h / 1000``) and target."""
+        k = jnp.where(k * self.h <= t + 1e-3 * self.h, k + 1, k)
         j = jnp.searchsorted(self.ts, t, side="right")
         t_save = jnp.where(j < self.ts.shape[0], self.ts[jnp.minimum(j, self.ts.shape[0] - 1)], self.t_end)
-        return jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
+        return k, jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         del terms, t1, y0, dt0, args, func, error_order
-        return self._next(t0), jnp.zeros((), jnp.int32)
+        k, target = self._next(t0, jnp.zeros((), self.h.dtype))
+        return target, k
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
         del t0, y0, y1_candidate, args, y_error, error_order
-        return True, t1, self._next(t1), False, controller_state, diffrax.RESULTS.successful
+        k, target = self._next(t1, controller_state)
+        return True, t1, target, False, k, diffrax.RESULTS.successful
 
 
 def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:

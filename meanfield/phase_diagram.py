@@ -30,7 +30,8 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   two). One device runs them in order.
 * On the CPU the kernel is compiled with ``CPU_COMPILER_OPTIONS``: XLA keeps the
   elementwise work (exp, row sums, metric) in its own fusions and calls YNNPACK for
-  the matmuls only (25% faster than the default fusion choice at ``n = 32``).
+  the matmuls only (the full SA sweep of BENCHMARKS.md: 2.0-2.5x faster than with the
+  default fusion choices).
 * ``packed=True``: ``W`` is symmetric before the SA row normalisation, so only
   the ``n (n + 1) / 2`` exponentials of the upper triangle are computed. They
   are stored in the rectangular full packed layout (LAPACK RFP): for ``n = 2k``
@@ -179,17 +180,22 @@ def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> F
 def usa_step_size(beta, base_dt: float = 0.1):
     """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``.
 
+    Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``).
+
     Args:
         beta: scalar or array of inverse temperatures; base_dt: step for small ``beta``.
 
     Returns:
-        NumPy float64 array of the shape of ``beta``.
+        NumPy float64 array of the shape of ``beta``; a JAX array (same dtype) when
+        ``beta`` is one (e.g. a traced, vmapped ``beta``).
 
     Example:
         >>> from meanfield import phase_diagram
         >>> [round(float(h), 5) for h in phase_diagram.usa_step_size([0.25, 2.0])]
         [0.1, 0.01578]
     """
+    if isinstance(beta, jax.Array):
+        return base_dt / jnp.maximum(jnp.sqrt(beta) * jnp.exp(beta - 0.5), 1.0)
     beta = np.asarray(beta, dtype=np.float64)
     return base_dt / np.maximum(np.sqrt(beta) * np.exp(beta - 0.5), 1.0)
 
@@ -286,11 +292,6 @@ def _dense_gram(x):
     return x @ x.T
 
 
-def _dense_count(G, threshold):
-    """Ordered pairs ``i != j`` with ``G_ij > threshold`` (all entries minus the diagonal)."""
-    return jnp.sum(G > threshold) - jnp.sum(jnp.diagonal(G) > threshold)
-
-
 def _dense_weights(G, beta, shift):
     return jnp.exp(beta * G - shift)
 
@@ -314,8 +315,6 @@ def _dense_field_w(x, W, normalized: bool):
     return F / x.shape[0]
 
 
-def _dense_field(x, G, beta, shift, normalized: bool):
-    return _dense_field_w(x, _dense_weights(G, beta, shift), normalized)
 
 
 # ----------------------------------------------------------------------------
@@ -403,7 +402,8 @@ def _checkpoint_slots(idx, C):
 #: XLA:CPU compiler options of the sweep kernel: hand only the matmuls to the YNNPACK
 #: library and let XLA fuse the elementwise work (exp, row sums, metric) itself. Measured
 #: on the 2-core reference machine (n = 32, d = 2, float64, 1024 seeds x 100 steps):
-#: 15.6 ms per 256 seeds with the option, 21 ms with the default fusions (BENCHMARKS.md).
+#: 15.6 ms per 256 seeds with the option, 21 ms with the default fusions; the full SA sweep
+#: 3.6 s vs 7.3 s (BENCHMARKS.md).
 #: Numbers are unchanged (same operations, same order). Ignored off the CPU, and dropped
 #: (once, for the process) if this jaxlib does not know the option.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
@@ -489,12 +489,14 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
     return per_seed, finals
 
 
-def _check_common(betas, n, d, seeds, threshold, checkpoints, x0):
+def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None):
     betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
     if betas.ndim != 1 or betas.size == 0:
         raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
     check_positive("betas", betas)
     check_int("checkpoints", checkpoints, minimum=1)
+    if seed_chunk is not None:
+        check_int("seed_chunk", seed_chunk, minimum=1)
     if not (-1.0 < float(threshold) < 1.0):
         raise ValueError(f"threshold must lie in (-1, 1), got {threshold!r}")
     if x0 is not None:
@@ -576,7 +578,7 @@ def sa_phase_diagram(
         >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
         ((2, 3), 0.0)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk)
     check_positive("dt", dt)
     check_positive("t1", t1)
     N, h, idx = checkpoint_steps(t1, dt, checkpoints)
@@ -631,7 +633,7 @@ def usa_phase_diagram(
         ...                                 checkpoints=5).shape
         (2, 5)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk)
     check_positive("t1", t1)
     check_positive("base_dt", base_dt)
     x0 = _initial(key, seeds, n, d, dtype, x0)

@@ -72,7 +72,6 @@ __all__ = [
     "parse_spec",
     "load_spec",
     "make_plan",
-    "reference_step",
     "run_sweep",
     "load",
     "parse_memory",
@@ -721,22 +720,6 @@ def _step_rule(spec: Spec) -> str:
     return (spec.time or {}).get("step_rule", "fixed")
 
 
-def reference_step(beta, base_dt):
-    """The reference code's beta-dependent step ``base_dt / max(sqrt(beta) e^(beta - 1/2), 1)``
-    (``time.step_rule = "reference"``; NumPy or JAX arrays).
-
-    Example:
-        >>> from meanfield import sweep
-        >>> [round(float(sweep.reference_step(b, 0.1)), 5) for b in (0.25, 2.0)]
-        [0.1, 0.01578]
-    """
-    if isinstance(beta, (float, int, np.ndarray, np.generic)):
-        xp = np
-    else:
-        import jax.numpy as xp
-    return base_dt / xp.maximum(xp.sqrt(beta) * xp.exp(beta - 0.5), 1.0)
-
-
 def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: list | None = None) -> Plan:
     """Cut the grid into chunks: per ``(n, d)``, blocks over (traced axes, seed) that fit ``memory``
     per device; ``blocks`` (from a store being resumed) overrides the computed ones."""
@@ -832,6 +815,7 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
 
     from . import attention, metrics, sphere
     from .integrate import simulate
+    from .phase_diagram import usa_step_size
 
     dtype = jnp.dtype(spec.dtype)
 
@@ -870,7 +854,7 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
     if _step_rule(spec) == "reference":
         # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
         # the step count comes from the smallest step of this shape's betas
-        h_min = float(np.min(reference_step(np.asarray(spec.beta_values(n, d), np.float64), T["dt"])))
+        h_min = float(np.min(usa_step_size(cast(np.ndarray, spec.beta_values(n, d)), T["dt"])))
         max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
 
     def sim(params, seed):
@@ -878,7 +862,7 @@ def _point_fn(spec: Spec, kind: str, n: int, d: int):
         model = _build_model(spec, kind, {k: v.astype(dtype) for k, v in params.items()}, d)
         step = dt
         if _step_rule(spec) == "reference":
-            step = reference_step(params["beta"].astype(dtype), T["dt"])
+            step = usa_step_size(params["beta"].astype(dtype), T["dt"])
         traj = simulate(
             model,
             x0,

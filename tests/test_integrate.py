@@ -502,3 +502,17 @@ def test_traced_step_needs_max_steps_and_a_fixed_step_solver():
         jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h).energy)(0.1)
     with pytest.raises(TypeError, match="fixed-step"):
         jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h, solver="tsit5", rtol=1e-6, atol=1e-8).energy)(0.1)
+
+
+def test_traced_step_many_steps_float32():
+    """36 861 float32 steps of h = usa_step_size(9): the traced-step grid keeps its index as
+    state, so the step count equals the concrete grid's (uniform points + save landings)."""
+    from meanfield.integrate import _step_grid
+
+    x0 = mf.sphere.uniform(jax.random.key(0), 4, 2)
+    ts = np.linspace(0.0, 0.25, 26)
+    h = float(mf.phase_diagram.usa_step_size(9.0))
+    r = jax.jit(lambda h: mf.simulate(K.USA(9.0, rescaled=True), x0, t1=0.25, dt=h, ts=ts, solver="euler",
+                                      max_steps=40_000, save_states=False))(jnp.float32(h))
+    assert not bool(r.failed) and float(r.stop_time) == pytest.approx(0.25)
+    assert int(r.num_steps) == len(_step_grid(0.25, h, ts)) - 1 == 36_861 + 24

@@ -80,10 +80,13 @@ def test_packed_kernel_pieces_equal_dense(x64):
     T, G12 = pd._packed_gram(x, k)
     G = x @ x.T
     np.testing.assert_allclose(G12, G[:k, k:], atol=1e-15)
-    assert int(pd._packed_count(T, G12, 0.2, k)) == int(pd._dense_count(G, 0.2))
+    n = 2 * k
+    assert int(pd._packed_count(T, G12, 0.2, k)) == round(float(pd.clustering_fraction(x, 0.2)) * n * (n - 1))
+    W = pd._dense_weights(G, 1.7, 0.3)
+    assert int(pd._weight_count(W, 1.7, 0.3, 0.2)) == int(pd._packed_count(T, G12, 0.2, k))
     for normalized in (True, False):
         a = pd._packed_field(x, T, G12, 1.7, 0.3, k, normalized)
-        b = pd._dense_field(x, G, 1.7, 0.3, normalized)
+        b = pd._dense_field_w(x, W, normalized)
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
 
 
@@ -150,6 +153,10 @@ def test_bad_input():
         pd.usa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, threshold=1.5)
     with pytest.raises(ValueError, match="x0"):
         pd.sa_phase_diagram(None, [1.0], x0=np.ones((4, 3)))
+    with pytest.raises(ValueError, match="seed_chunk"):
+        pd.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, seed_chunk=0)
+    with pytest.raises(TypeError, match="seed_chunk"):
+        pd.usa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, seed_chunk=2.5)
 
 
 # ----------------------------------------------------------------------------

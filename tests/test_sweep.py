@@ -348,7 +348,7 @@ def test_reference_step_rule_buckets_by_beta_and_compiles_once(tmp_path, monkeyp
         assert len(calls) == 1  # traced once for all betas and chunks
         steps = ds["num_steps"].values[0]  # (beta, seed)
         for bi, b in enumerate(spec.axes["beta"]):
-            h = float(sweep.reference_step(float(b), 0.1))
+            h = float(mf.phase_diagram.usa_step_size(float(b), 0.1))
             assert h == pytest.approx(0.1 / max(np.sqrt(b) * np.exp(b - 0.5), 1.0), rel=1e-15)
             for si, seed in enumerate(spec.seeds):
                 x0 = mf.sphere.uniform(jax.random.key(int(seed)), 6, 2, jax.numpy.float64)
