@@ -652,8 +652,7 @@ class _GaugeKernel(_ExpKernel):
             >>> bool(jnp.allclose(y, jnp.array([[0.0, 1.0, 0.0]]), atol=1e-6))
             True
         """
-        P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
-        return jnp.einsum("nij,nj->ni", P, x)
+        return _apply_gauge(self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype), x)
 
     def from_gauge_frame(self, y, aux):
         """``x_i = Psi(xi_i)^T y_i`` (inverse of ``to_gauge_frame``), ``(n, d)``.
@@ -665,8 +664,7 @@ class _GaugeKernel(_ExpKernel):
             >>> bool(jnp.allclose(k.from_gauge_frame(k.to_gauge_frame(x, s), s), x, atol=1e-6))
             True
         """
-        P = self.gauge_matrices(aux, y.shape[-1]).astype(y.dtype)
-        return jnp.einsum("nji,nj->ni", P, y)
+        return _apply_gauge_transpose(self.gauge_matrices(aux, y.shape[-1]).astype(y.dtype), y)
 
     def usa(self) -> USA:
         """The USA kernel ``exp(beta <y, y'>) / beta`` this kernel is in its gauge frame.
@@ -698,7 +696,10 @@ class _GaugeKernel(_ExpKernel):
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P)[0]
 
     def energy(self, x, aux, *, block_size=None):
-        return self.usa().energy(self.to_gauge_frame(x, aux), None, block_size=block_size)
+        # the USA energy of y = Psi x, through the same chunked evaluation as the field
+        P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
+        beta = jnp.asarray(self.beta, x.dtype)
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P)[1] / (2.0 * beta)
 
     def check_config(self, x, aux) -> None:
         super().check_config(x, aux)
