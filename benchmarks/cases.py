@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import meanfield as mf
+from meanfield import _native
 from meanfield import phase_diagram as pd
 
 from . import references as ref
@@ -424,27 +425,42 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     with jax.enable_x64(True):
         x0j = jnp.asarray(x0)
 
-        def fast(packed=False, seed_chunk=None):
+        def fast(packed=False, seed_chunk=None, backend="auto"):
             return pd.sa_phase_diagram(
                 None, betas, x0=x0j, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                per_seed=True, packed=packed, seed_chunk=seed_chunk,
+                per_seed=True, packed=packed, seed_chunk=seed_chunk, backend=backend,
             ).per_seed
 
+        backend = pd._resolve_backend("auto", x0j, False)
         t0 = time.perf_counter()
         mine = fast()
         t_first = time.perf_counter() - t0
         t_fast, ts = timeit(fast, reps, warmup=0)
-        t_packed, _ = timeit(lambda: fast(True), reps, warmup=1)
-        packed_diff = float(np.abs(fast(True) - mine).max())
-        t_256, _ = timeit(lambda: fast(seed_chunk=256), 1, warmup=1)
+        threads = _native.default_threads()
+        old_omp = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            t_one, _ = timeit(fast, 1, warmup=0) if backend == "native" else (float("nan"), None)
+        finally:
+            if old_omp is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = old_omp
+        xla = lambda **kw: fast(backend="xla", **kw)  # noqa: E731
+        t_xla, _ = timeit(xla, reps, warmup=1)
+        xla_diff = float(np.abs(xla() - mine).max())
+        t_packed, _ = timeit(lambda: xla(packed=True), 1, warmup=1)
+        packed_diff = float(np.abs(xla(packed=True) - mine).max())
+        t_256, _ = timeit(lambda: xla(seed_chunk=256), 1, warmup=1)
         saved = pd._run_one_beta_cpu["fn"]
         pd._run_one_beta_cpu["fn"] = None  # XLA's default fusion choices
         try:
-            t_default, _ = timeit(fast, 1, warmup=1)
-            default_diff = float(np.abs(fast() - mine).max())
+            t_default, _ = timeit(xla, 1, warmup=1)
+            default_diff = float(np.abs(xla() - mine).max())
         finally:
             pd._run_one_beta_cpu["fn"] = saved
-        log(f"SA fast {ts}, packed {t_packed}, chunk 256 {t_256}, default fusions {t_default}")
+        log(f"SA fast ({backend}) {ts}, 1 thread {t_one}, xla {t_xla}, packed {t_packed}, chunk 256 {t_256}, "
+            f"default fusions {t_default}")
         t0 = time.perf_counter()
         plain = ref.phase_diagram_jax_plain(x0j, betas, [h] * B, [N] * B, [idx] * B, threshold=thr)
         t_plain = time.perf_counter() - t0  # includes its single compile
@@ -468,15 +484,26 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     t_torch_part = t_torch_k[k_t]
     t_torch = t_torch_part * B / len(tb)
     chunk = min(pd._auto_chunk(n, np.float64), S)
-    res.rows += [
-        [f"meanfield `sa_phase_diagram` (dense, automatic seed chunks of {chunk})", fmt_t(t_fast), "1.00x", "0",
-         f"median of {reps}; first call incl. compile {fmt_t(t_first)}"],
-        ["meanfield, seed chunks of 256 (the previous default)", fmt_t(t_256), fmt_r(t_256 / t_fast), "-",
+    native_rows = [
+        [f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`, fused C kernel, {threads} threads)",
+         fmt_t(t_fast), "1.00x", "0",
+         f"median of {reps}; first call {fmt_t(t_first)} (incl. loading or building the kernel)"],
+        ["meanfield, native kernel on 1 thread (`OMP_NUM_THREADS=1`)", fmt_t(t_one), fmt_r(t_one / t_fast), "0",
+         "one run; compare with PyTorch on 1 thread"],
+    ] if backend == "native" else [
+        [f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`)", fmt_t(t_fast), "1.00x", "0",
+         f"median of {reps}; first call incl. compile {fmt_t(t_first)}; the native kernel did not build: "
+         f"{_native.unavailable_reason()}"],
+    ]
+    res.rows += native_rows + [
+        [f"meanfield, `backend='xla'` (XLA kernel, automatic seed chunks of {chunk})", fmt_t(t_xla),
+         fmt_r(t_xla / t_fast), f"{xla_diff:.1e}", f"median of {reps}"],
+        ["meanfield, `backend='xla'`, seed chunks of 256", fmt_t(t_256), fmt_r(t_256 / t_fast), "-",
          "one run; 256 seeds keep one core busy"],
-        ["meanfield, XLA:CPU's default fusions (no `CPU_COMPILER_OPTIONS`)", fmt_t(t_default),
+        ["meanfield, `backend='xla'`, XLA:CPU's default fusions (no `CPU_COMPILER_OPTIONS`)", fmt_t(t_default),
          fmt_r(t_default / t_fast), f"{default_diff:.1e}", "one run"],
-        ["meanfield, `packed=True` (half the exponentials)", fmt_t(t_packed), fmt_r(t_packed / t_fast),
-         f"{packed_diff:.1e}", "RFP-packed symmetric kernel"],
+        ["meanfield, `backend='xla'`, `packed=True` (half the exponentials)", fmt_t(t_packed), fmt_r(t_packed / t_fast),
+         f"{packed_diff:.1e}", "RFP-packed symmetric kernel; one run"],
         ["plain JAX port (vmap seeds, scan steps, full exp)", fmt_t(t_plain), fmt_r(t_plain / t_fast),
          f"{plain_diff:.1e}", "one run incl. its compile"],
         ["PyTorch reference shape (loop beta/steps, bmm, mask)", fmt_t(t_torch), fmt_r(t_torch / t_fast),
@@ -488,16 +515,22 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         if k != k_t:
             res.rows.append([f"PyTorch reference shape, {k} thread{'s' if k > 1 else ''}", fmt_t(tk * B / len(tb)),
                              fmt_r(tk * B / len(tb) / t_fast), "-", f"measured on {len(tb)} betas, x{B / len(tb):g}"])
-    res.data = dict(fast=t_fast, packed=t_packed, plain=t_plain, torch=t_torch, torch_part=t_torch_part,
+    res.data = dict(fast=t_fast, backend=backend, one_thread=t_one, xla=t_xla, packed=t_packed, plain=t_plain,
+                    torch=t_torch, torch_part=t_torch_part,
                     torch_by_threads=t_torch_k, chunk256=t_256, default_fusions=t_default,
-                    diffs=dict(packed=packed_diff, plain=plain_diff, torch=torch_diff),
+                    diffs=dict(xla=xla_diff, packed=packed_diff, plain=plain_diff, torch=torch_diff),
                     final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
     pairs = S * B * N * n * n
+    exps = S * B * N * n * (n + 1) // 2  # the native kernel: pairs i < j and the diagonal
     res.notes.append(
-        f"Pair interactions: {pairs:.3g} ({pairs / t_fast:.3g} pairs/s for meanfield"
-        + (f", {pairs / t_fast / limits['exp_float64']:.0%} of the measured float64 exp throughput; "
-           f"10x the PyTorch reference would need {10 * pairs / t_torch:.3g} pairs/s, "
-           f"{10 * pairs / t_torch / limits['exp_float64']:.0%} of it, with one exponential per pair"
+        f"Pair interactions: {pairs:.3g} ({pairs / t_fast:.3g} pairs/s for meanfield, "
+        f"{pairs / t_xla:.3g} with the XLA kernel"
+        + (f"; the XLA kernel evaluates one exponential per pair: {pairs / t_xla / limits['exp_float64']:.0%} of "
+           f"the measured float64 exp throughput; 10x the PyTorch reference would need "
+           f"{10 * pairs / t_torch:.3g} pairs/s, {10 * pairs / t_torch / limits['exp_float64']:.0%} of it, "
+           f"at one exponential per pair. The native kernel evaluates n (n + 1) / 2 per system and step "
+           f"({exps:.3g} in all): {exps / t_fast:.3g} exp/s, {exps / t_fast / limits['exp_float64']:.0%} of "
+           f"XLA's measured float64 exp throughput, with the rest of the step in the same pass"
            if limits else "")
         + "). "
         "Final clustering fraction by beta (meanfield): "
@@ -519,10 +552,11 @@ d = np.load(sys.argv[2])
 x0, betas, t1, C, thr = jnp.asarray(d["x0"]), d["betas"], float(d["t1"]), int(d["C"]), float(d["thr"])
 # warm-up: both metric modes (few-step and many-step betas) on both devices (a task goes to
 # the least-loaded device: two tasks cover two devices), then one timed run
-pd.usa_phase_diagram(None, betas[:2], x0=x0, t1=t1, checkpoints=C, threshold=thr)
-pd.usa_phase_diagram(None, betas[-2:], x0=x0, t1=t1 * float(d["short"]), checkpoints=C, threshold=thr)
+pd.usa_phase_diagram(None, betas[:2], x0=x0, t1=t1, checkpoints=C, threshold=thr, backend="xla")
+pd.usa_phase_diagram(None, betas[-2:], x0=x0, t1=t1 * float(d["short"]), checkpoints=C, threshold=thr,
+                     backend="xla")
 t0 = time.perf_counter()
-out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr, per_seed=True)
+out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr, per_seed=True, backend="xla")
 t = time.perf_counter() - t0
 np.save(sys.argv[3], out.per_seed)
 print(json.dumps(dict(t=t, devices=len(jax.devices()))))
@@ -551,16 +585,23 @@ def usa_sweep(quick: bool, log) -> Result:
         x0j = jnp.asarray(x0)
         # warm-up: compile both metric modes once (same shapes): the smallest beta (few steps,
         # every step a checkpoint) and the largest beta on a short run (sparse checkpoints)
-        pd.usa_phase_diagram(None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr)
-        pd.usa_phase_diagram(None, betas[-1:], x0=x0j, t1=t1 * min(1.0, (2 * C + 10) / Ns[-1]),
-                             checkpoints=C, threshold=thr)
+        backend = pd._resolve_backend("auto", x0j, False)
+        for be in ("auto", "xla"):
+            pd.usa_phase_diagram(None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr, backend=be)
+            pd.usa_phase_diagram(None, betas[-1:], x0=x0j, t1=t1 * min(1.0, (2 * C + 10) / Ns[-1]),
+                                 checkpoints=C, threshold=thr, backend=be)
         t0 = time.perf_counter()
         out = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True)
         t_fast = time.perf_counter() - t0
         mine = out.per_seed
-        log(f"USA fast {t_fast:.2f}")
-        # padded alternative: vmap over beta runs every point for max(N) steps
-        t_pad = t_fast * B * max(Ns) / sum(Ns)
+        t0 = time.perf_counter()
+        xla_out = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True,
+                                       backend="xla")
+        t_xla = time.perf_counter() - t0
+        xla_diff = float(np.abs(xla_out.per_seed - mine).max())
+        log(f"USA fast ({backend}) {t_fast:.2f}, xla {t_xla:.2f}")
+        # padded alternative: vmap over beta runs every point for max(N) steps (the XLA kernel)
+        t_pad = t_xla * B * max(Ns) / sum(Ns)
         # plain JAX port (scan, static length: one compile per distinct step count), prefix-timed
         Np = [min(N, cap) for N in Ns]
         ip = [np.minimum(i, m) for i, m in zip(idxs, Np)]
@@ -601,22 +642,25 @@ def usa_sweep(quick: bool, log) -> Result:
             dev_diff = float(np.abs(np.load(os.path.join(tmp, "out.npy")) - mine).max())
         t_dev = info["t"]
         log(f"USA on {info['devices']} devices {t_dev:.2f}")
-        dev_row = [[f"meanfield, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, fresh process)",
-                    fmt_t(t_dev), fmt_r(t_dev / t_fast), f"{dev_diff:.1e}",
-                    f"tasks spread over the devices; PyTorch reference / this: {fmt_r(t_torch / t_dev)}"]]
+        dev_row = [[f"meanfield, `backend='xla'`, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, "
+                    "fresh process)", fmt_t(t_dev), fmt_r(t_dev / t_fast), f"{dev_diff:.1e}",
+                    f"XLA tasks spread over the devices; PyTorch reference / this: {fmt_r(t_torch / t_dev)}"]]
         res.data["devices"] = dict(t=t_dev, n=info["devices"], diff=dev_diff)
     res.rows += [
-        ["meanfield `usa_phase_diagram` (per-beta step counts, rescaled time)", fmt_t(t_fast), "1.00x", "0",
-         "one run after a compile-only warm-up"],
+        [f"meanfield `usa_phase_diagram` (default: `backend='{backend}'`; per-beta step counts, rescaled time)",
+         fmt_t(t_fast), "1.00x", "0", "one run after a warm-up"],
+        ["meanfield, `backend='xla'` (one CPU device)", fmt_t(t_xla), fmt_r(t_xla / t_fast), f"{xla_diff:.1e}",
+         f"one run after a compile-only warm-up; PyTorch reference / this: {fmt_r(t_torch / t_xla)}"],
         *dev_row,
-        ["same kernel, beta vmapped and padded to max N (estimate)", fmt_t(t_pad), fmt_r(t_pad / t_fast), "-",
-         f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work"],
+        ["XLA kernel, beta vmapped and padded to max N (estimate)", fmt_t(t_pad), fmt_r(t_pad / t_fast), "-",
+         f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work of the XLA row"],
         ["plain JAX port (vmap seeds, scan steps)", fmt_t(t_plain), fmt_r(t_plain / t_fast), f"{plain_diff:.1e}",
          note_scale.format(fmt_t(t_plain_part)) + " incl. one compile per distinct N"],
         ["PyTorch reference shape", fmt_t(t_torch), fmt_r(t_torch / t_fast), f"{torch_diff:.1e}",
          note_scale.format(fmt_t(t_torch_part)) + f"; torch threads {k_t}"],
     ]
-    res.data.update(fast=t_fast, plain=t_plain, torch=t_torch, steps=Ns, diffs=dict(plain=plain_diff, torch=torch_diff),
+    res.data.update(fast=t_fast, backend=backend, xla=t_xla, plain=t_plain, torch=t_torch, steps=Ns,
+                    diffs=dict(xla=xla_diff, plain=plain_diff, torch=torch_diff),
                     final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
     res.notes.append(
         "Differences are compared on the betas run to the end by the references "

@@ -25,6 +25,7 @@ MODULES = [
     "prototypes",
     "attention",
     "phase_diagram",
+    "_native",
 ]
 
 

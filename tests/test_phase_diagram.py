@@ -35,27 +35,30 @@ def _reference(x0, betas, hs, Ns, idxs, threshold, normalized):
     return np.stack(fr_all), np.stack(xs_all)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_sa_sweep_equals_reference(packed, x64):
+BACKENDS = [(False, "xla"), (True, "xla"), (False, "native")]
+
+
+@pytest.mark.parametrize(("packed", "backend"), BACKENDS)
+def test_sa_sweep_equals_reference(packed, backend, x64):
     S, n, d, t1, dt, C, thr = 5, 8, 2, 2.0, 0.1, 9, 0.95
     x0 = _x0(S, n, d)
     betas = np.array([0.3, 2.0, 6.0])
     N, h, idx = pd.checkpoint_steps(t1, dt, C)
     assert N == 20 and abs(h - 0.1) < 1e-15
     ref_fr, ref_x = _reference(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True)
-    fr, xs = pd._sweep(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True, packed, 2, states=True)
+    fr, xs = pd._sweep(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True, packed, 2, states=True, backend=backend)
     np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(fr, ref_fr)
     out = pd.sa_phase_diagram(None, betas, x0=x0, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                              per_seed=True, packed=packed, seed_chunk=2)
+                              per_seed=True, packed=packed, seed_chunk=2, backend=backend)
     np.testing.assert_array_equal(out.per_seed, ref_fr)
     np.testing.assert_allclose(out.fraction, ref_fr.mean(axis=1), rtol=0, atol=1e-15)
     np.testing.assert_allclose(out.times, np.linspace(0, t1, C))
     assert ref_fr.max() > 0.2  # the comparison is not trivial: clusters form
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_usa_sweep_equals_reference_in_original_time(packed, x64):
+@pytest.mark.parametrize(("packed", "backend"), BACKENDS)
+def test_usa_sweep_equals_reference_in_original_time(packed, backend, x64):
     """The rescaled kernel exp(beta(G - 1)) with step e^beta h gives the iterates of
     exp(beta G) with step h; each beta runs its own step count."""
     S, n, d, t1, C, thr = 4, 6, 3, 0.25, 7, 0.95
@@ -65,11 +68,11 @@ def test_usa_sweep_equals_reference_in_original_time(packed, x64):
     Ns, hs, idxs = zip(*grids)
     assert Ns[0] == 3 and Ns[2] > Ns[1] > Ns[0]  # 0.1 / max(sqrt(b) e^(b - 1/2), 1)
     ref_fr, ref_x = _reference(x0, betas, hs, Ns, idxs, thr, False)
-    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, False, packed, None, states=True)
+    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, False, packed, None, states=True, backend=backend)
     np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-11)
     np.testing.assert_array_equal(fr, ref_fr)
     out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr,
-                               per_seed=True, packed=packed)
+                               per_seed=True, packed=packed, backend=backend)
     np.testing.assert_array_equal(out.per_seed, ref_fr)
     np.testing.assert_array_equal(out.steps, Ns)
 
@@ -194,15 +197,16 @@ import sys, jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 from meanfield import phase_diagram as pd
 x0 = np.load(sys.argv[1])
-a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True)
-b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True)
+a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True,
+                       backend="xla")
+b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True, backend="xla")
 np.savez(sys.argv[2], sa=a.per_seed, usa=b.per_seed, devices=len(jax.devices()))
 """
 
 
 def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
-    """With two CPU devices the (beta, seed chunk) tasks run on both; the results equal the
-    one-device run (each task is the same program on the same data)."""
+    """With two CPU devices the (beta, seed chunk) tasks of the XLA kernel run on both; the
+    results equal the one-device run (each task is the same program on the same data)."""
     import os
     import subprocess
     import sys
@@ -215,8 +219,122 @@ def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
     assert r.returncode == 0, r.stderr
     out = np.load(tmp_path / "out.npz")
     assert int(out["devices"]) == 2
-    a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True)
-    b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True)
+    a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True,
+                            backend="xla")
+    b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True, backend="xla")
     np.testing.assert_array_equal(out["sa"], a.per_seed)
     np.testing.assert_array_equal(out["usa"], b.per_seed)
     assert a.per_seed.max() > 0  # not trivially zero
+
+
+# ----------------------------------------------------------------------------
+# native (fused C) backend
+# ----------------------------------------------------------------------------
+
+
+def test_native_kernel_builds():
+    """The CI machine has a C compiler: the fused kernel must build there (the XLA
+    fallback would hide a broken build)."""
+    from meanfield import _native
+
+    assert _native.available(), _native.unavailable_reason()
+    assert _native.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+def test_native_generic_d_odd_n_ragged_seeds_equal_reference(normalized, x64):
+    """d = 5 (the kernel's runtime-d path), odd n, 11 seeds (padded to blocks of 8)."""
+    S, n, d, C, thr = 11, 7, 5, 6, 0.6
+    x0 = _x0(S, n, d, seed=21)
+    betas = np.array([0.4, 2.5])
+    if normalized:
+        grids = [pd.checkpoint_steps(1.5, 0.1, C)] * 2
+    else:
+        grids = [pd.checkpoint_steps(0.2, float(pd.usa_step_size(b)), C) for b in betas]
+    Ns, hs, idxs = zip(*grids)
+    ref_fr, ref_x = _reference(x0, betas, hs, Ns, idxs, thr, normalized)
+    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, normalized, False, None, states=True, backend="native")
+    np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(fr, ref_fr)
+    assert 0 < ref_fr.mean() < 1 and np.unique(ref_fr).size > 3  # not a trivial comparison
+
+
+def test_native_equals_xla_at_the_benchmark_shape(x64):
+    """n = 32, d = 2, 100 SA steps with a checkpoint at every state (the benchmark's
+    setting, 48 seeds): the same fractions, states equal to rounding; thread count does
+    not change a bit (blocks of seeds are independent)."""
+    from meanfield import _native
+
+    x0 = _x0(48, 32, 2, seed=2)
+    kw = dict(x0=x0, dt=0.1, t1=10.0, checkpoints=200, per_seed=True)
+    a = pd.sa_phase_diagram(None, [0.1, 4.0, 9.0], backend="xla", **kw)
+    b = pd.sa_phase_diagram(None, [0.1, 4.0, 9.0], backend="native", **kw)
+    np.testing.assert_array_equal(a.per_seed, b.per_seed)
+    assert a.fraction[:, -1].min() > 0.2
+    N, h, idx = pd.checkpoint_steps(10.0, 0.1, 200)
+    u = np.unique(idx)
+    f1, x1 = _native.phase_run(np.asarray(x0), 9.0, 0.0, h, N, u, 0.999, True, threads=1)
+    f2, x2 = _native.phase_run(np.asarray(x0), 9.0, 0.0, h, N, u, 0.999, True, threads=2)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(f1, f2)
+    _, xx = pd._sweep(x0, np.array([9.0]), [h], [N], [idx], 0.999, True, False, None, states=True, backend="xla")
+    np.testing.assert_allclose(x1, xx[0], rtol=0, atol=1e-11)
+
+
+def test_backend_choice_and_errors(x64):
+    x32 = np.asarray(_x0(3, 4, 2), dtype=np.float32)
+    x64_ = _x0(3, 4, 2)
+    assert pd._resolve_backend("auto", jnp.asarray(x64_), False) == "native"
+    assert pd._resolve_backend("auto", jnp.asarray(x32), False) == "xla"
+    assert pd._resolve_backend("auto", jnp.asarray(x64_), True) == "xla"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        pd.sa_phase_diagram(None, [1.0], x0=x64_, backend="cuda")
+    with pytest.raises(ValueError, match="float64 only"):
+        pd.sa_phase_diagram(None, [1.0], x0=x32, dtype=jnp.float32, backend="native")
+    with pytest.raises(ValueError, match="packed"):
+        pd.usa_phase_diagram(None, [1.0], x0=x64_, packed=True, backend="native")
+    from meanfield import _native
+
+    with pytest.raises(ValueError, match="ckpt"):
+        _native.phase_run(np.asarray(x64_), 1.0, 0.0, 0.1, 3, [2, 1], 0.9, True)
+    with pytest.raises(ValueError, match="x0"):
+        _native.phase_run(np.ones((3, 4)), 1.0, 0.0, 0.1, 3, [1], 0.9, True)
+
+
+_NATIVE_ENV = r"""
+import sys, jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+from meanfield import _native, phase_diagram as pd
+x0 = np.load(sys.argv[1])
+out = pd.sa_phase_diagram(None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True)
+try:
+    pd.sa_phase_diagram(None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, backend="native")
+    err = ""
+except RuntimeError as e:
+    err = str(e)
+np.savez(sys.argv[2], per_seed=out.per_seed, available=_native.available(), err=err)
+"""
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_native_build_cache_and_switch(tmp_path, disabled, x64):
+    """A fresh cache directory gets one compiled library; MEANFIELD_NATIVE=0 disables the
+    kernel: "auto" falls back to XLA with the same numbers, "native" says why it cannot run."""
+    import os
+    import subprocess
+    import sys
+
+    x0 = np.asarray(_x0(9, 6, 2, seed=4))
+    np.save(tmp_path / "x0.npy", x0)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, MEANFIELD_CACHE_DIR=str(cache), MEANFIELD_NATIVE="0" if disabled else "1")
+    r = subprocess.run([sys.executable, "-c", _NATIVE_ENV, str(tmp_path / "x0.npy"), str(tmp_path / "o.npz")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = np.load(tmp_path / "o.npz")
+    built = list(cache.glob("phase_kernel-*.so")) if cache.exists() else []
+    assert bool(out["available"]) is (not disabled)
+    assert len(built) == (0 if disabled else 1)
+    assert ("MEANFIELD_NATIVE=0" in str(out["err"])) is disabled
+    ref = pd.sa_phase_diagram(None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True, backend="xla")
+    np.testing.assert_array_equal(out["per_seed"], ref.per_seed)

@@ -1,0 +1,204 @@
+"""The fused CPU kernel of the phase-diagram sweep (``phase_kernel.c``), built at first use.
+
+XLA:CPU runs the phase-diagram step as several passes over the ``(seeds, n, n)`` weights
+(Gram matmul, exp, row sums, count, field matmul); at ``n = 32`` those passes, not the
+exponentials, dominate. ``phase_kernel.c`` does one pass over the pairs ``i < j`` (half
+the exponentials; ``w_ij`` is symmetric before the row normalisation) with the seeds in
+SIMD lanes and the whole time loop of a block of seeds in L1 cache, threads over blocks
+(OpenMP). BENCHMARKS.md has the measured speed-up.
+
+The source is compiled once per machine with the system C compiler (``$CC``, else
+``cc``/``gcc``/``clang``): ``-O3 -march=native -ffast-math -fopenmp`` (vectorised
+exponentials from glibc's libmvec; no OpenMP: one thread), into a cache directory
+(``$MEANFIELD_CACHE_DIR``, else ``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``)
+under a name hashing the source, the flags, the compiler's version and the CPU. The
+build is atomic (a temporary file renamed), so concurrent processes are safe. Without a
+compiler, or with ``MEANFIELD_NATIVE=0``, ``available()`` is ``False`` and
+``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``).
+
+Numbers: the same operations as the XLA kernel in float64, in another order, with
+libmvec's exponential (within a few ulp of the correctly rounded value); states agree
+with the XLA kernel to ~1e-13 after 100 steps (tests/test_native.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "MAX_D", "SOURCE"]
+
+#: seeds per SIMD block of the kernel (``S`` is padded to a multiple)
+LANES = 8
+#: largest dimension the kernel accepts
+MAX_D = 64
+#: the C source
+SOURCE = Path(__file__).with_name("phase_kernel.c")
+#: compiler flags, tried in order (the second without OpenMP: one thread)
+FLAGS = (
+    ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared"],
+    ["-O3", "-march=native", "-ffast-math", "-fPIC", "-shared"],
+)
+
+_state: dict = {"lib": None, "error": None, "tried": False}
+_lock = threading.Lock()
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("MEANFIELD_CACHE_DIR"):
+        return Path(os.environ["MEANFIELD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "meanfield"
+
+
+def _compiler() -> str | None:
+    if os.environ.get("CC"):
+        return shutil.which(os.environ["CC"].split()[0])
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _cpu_tag() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        return "\n".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build() -> ctypes.CDLL:
+    if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    source = SOURCE.read_bytes()
+    errors = []
+    for flags in FLAGS:
+        tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+                                         _cpu_tag().encode()])).hexdigest()[:16]
+        target = _cache_dir() / f"phase_kernel-{tag}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+            r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
+                               text=True, timeout=300)
+            if r.returncode != 0:
+                os.unlink(tmp)
+                errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-500:]}")
+                continue
+            os.replace(tmp, target)
+        lib = ctypes.CDLL(str(target))
+        fn = lib.mf_phase_run
+        dp = ctypes.POINTER(ctypes.c_double)
+        ip = ctypes.POINTER(ctypes.c_int)
+        fn.argtypes = [dp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
+                       ctypes.c_double, ctypes.c_int, ip, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                       dp, dp, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return lib
+    raise RuntimeError("the C compiler failed: " + " | ".join(errors))
+
+
+def _library() -> ctypes.CDLL | None:
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                _state["lib"] = _build()
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                _state["error"] = str(e)
+        return _state["lib"]
+
+
+def available() -> bool:
+    """Whether the native kernel is built and loaded (builds it on the first call).
+
+    Example:
+        >>> from meanfield import _native
+        >>> isinstance(_native.available(), bool)
+        True
+    """
+    return _library() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why ``available()`` is ``False`` (``None`` when it is available)."""
+    _library()
+    return _state["error"]
+
+
+def default_threads() -> int:
+    """Threads of the kernel: ``$OMP_NUM_THREADS`` if set, else the CPUs this process may run on."""
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, threshold: float,
+              normalized: bool, threads: int | None = None):
+    """Run ``nsteps`` Euler steps of every seed of ``x0`` with the native kernel.
+
+    Args:
+        x0: ``(S, n, d)`` float64 array (any ``S``; padded internally to a multiple of ``LANES``).
+        beta, shift: weights ``exp(beta <x_i, x_j> - shift)``; step: Euler step in that scale.
+        nsteps: number of steps; ckpt: distinct sorted step indices in ``[0, nsteps]`` whose
+            state's clustering fraction is returned; threshold: on ``<x_i, x_j>``.
+        normalized: SA (row-normalised) or USA (``1/n``) field.
+        threads: OpenMP threads (default ``default_threads()``).
+
+    Returns:
+        ``(fractions (len(ckpt), S), final states (S, n, d))`` NumPy float64 arrays.
+
+    Example:
+        >>> import numpy as np
+        >>> from meanfield import _native
+        >>> x0 = np.tile([[1.0, 0.0], [0.0, 1.0]], (3, 1, 1))  # 3 seeds of two orthogonal particles
+        >>> fr, xs = _native.phase_run(x0, 1.0, 0.0, 0.5, 40, [0, 40], 0.9, True)
+        >>> fr.shape, xs.shape, fr[:, 0].tolist()  # they meet: <x_1, x_2> > 0.9 at step 40
+        ((2, 3), (3, 2, 2), [0.0, 1.0])
+    """
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the native phase-diagram kernel is not available: {_state['error']}")
+    x0 = np.ascontiguousarray(x0, dtype=np.float64)
+    if x0.ndim != 3 or x0.shape[1] < 2 or not 1 <= x0.shape[2] <= MAX_D:
+        raise ValueError(f"x0 must have shape (S, n, d) with n >= 2 and 1 <= d <= {MAX_D}, got {x0.shape}")
+    S, n, d = x0.shape
+    pad = (-S) % LANES
+    xp = np.concatenate([x0, np.repeat(x0[:1], pad, axis=0)]) if pad else x0
+    ck = np.ascontiguousarray(ckpt, dtype=np.intc)
+    if ck.ndim != 1 or (ck.size and (ck.min() < 0 or ck.max() > nsteps or np.any(np.diff(ck) <= 0))):
+        raise ValueError(f"ckpt must be distinct sorted steps in [0, {nsteps}], got {ck.tolist()}")
+    Sp = xp.shape[0]
+    frac = np.zeros((ck.size, Sp))
+    xout = np.empty_like(xp)
+    dp = ctypes.POINTER(ctypes.c_double)
+    rc = lib.mf_phase_run(
+        xp.ctypes.data_as(dp), Sp, n, d, float(beta), float(shift), float(step), int(nsteps),
+        ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), ck.size, float(threshold), int(bool(normalized)),
+        frac.ctypes.data_as(dp), xout.ctypes.data_as(dp), int(threads or default_threads()),
+    )
+    if rc != 0:
+        raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")
+    return frac[:, :S], xout[:S]
