@@ -509,15 +509,15 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
 def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states):
     """``_sweep`` with the fused C kernel (``meanfield._native``), float64 on the host."""
     xs = np.asarray(x0, dtype=np.float64)
-    per, finals = [], []
-    for b, h, N, idx in zip(betas, steps_h, steps_n, ckpt):
+    per_seed = np.empty((len(betas), xs.shape[0], len(ckpt[0])))
+    finals = []
+    for bi, (b, h, N, idx) in enumerate(zip(betas, steps_h, steps_n, ckpt)):
         step = h if normalized else h * float(np.exp(b))  # rescaled time for USA, as the XLA kernel
         shift = 0.0 if normalized else float(b)
         u, pos = np.unique(np.asarray(idx), return_inverse=True)
         fr, xf = _native.phase_run(xs, float(b), shift, float(step), int(N), u, float(threshold), normalized)
-        per.append(fr[pos].T)
+        np.take(fr, pos, axis=1, out=per_seed[bi])
         finals.append(xf)
-    per_seed = np.stack(per)
     return (per_seed, np.stack(finals)) if states else per_seed
 
 

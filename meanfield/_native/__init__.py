@@ -168,15 +168,15 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
         threads: OpenMP threads (default ``default_threads()``).
 
     Returns:
-        ``(fractions (len(ckpt), S), final states (S, n, d))`` NumPy float64 arrays.
+        ``(fractions (S, len(ckpt)), final states (S, n, d))`` NumPy float64 arrays.
 
     Example:
         >>> import numpy as np
         >>> from meanfield import _native
         >>> x0 = np.tile([[1.0, 0.0], [0.0, 1.0]], (3, 1, 1))  # 3 seeds of two orthogonal particles
         >>> fr, xs = _native.phase_run(x0, 1.0, 0.0, 0.5, 40, [0, 40], 0.9, True)
-        >>> fr.shape, xs.shape, fr[:, 0].tolist()  # they meet: <x_1, x_2> > 0.9 at step 40
-        ((2, 3), (3, 2, 2), [0.0, 1.0])
+        >>> fr.shape, xs.shape, fr[0].tolist()  # they meet: <x_1, x_2> > 0.9 at step 40
+        ((3, 2), (3, 2, 2), [0.0, 1.0])
     """
     lib = _library()
     if lib is None:
@@ -191,7 +191,7 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     if ck.ndim != 1 or (ck.size and (ck.min() < 0 or ck.max() > nsteps or np.any(np.diff(ck) <= 0))):
         raise ValueError(f"ckpt must be distinct sorted steps in [0, {nsteps}], got {ck.tolist()}")
     Sp = xp.shape[0]
-    frac = np.zeros((ck.size, Sp))
+    frac = np.zeros((Sp, ck.size))
     xout = np.empty_like(xp)
     dp = ctypes.POINTER(ctypes.c_double)
     rc = lib.mf_phase_run(
@@ -201,4 +201,4 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     )
     if rc != 0:
         raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")
-    return frac[:, :S], xout[:S]
+    return frac[:S], xout[:S]
