@@ -272,7 +272,7 @@ def pairwise_energy(kernel: Kernel, x, aux):
 # ----------------------------------------------------------------------------
 
 
-def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None):
+def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None, parts: str = "FS"):
     """``F = (1/n) W x`` and ``M = (1/n^2) sum_ij W_ij`` with
     ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
 
@@ -293,23 +293,27 @@ def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None
 
     Without a bias the evaluation goes through ``_exp_op``, whose batching rule runs a
     vmapped batch of systems in cache-sized chunks (``BATCH_BYTES``).
+
+    ``parts``: which results are computed, ``"F"`` (field), ``"S"`` (sum) or ``"FS"``; the
+    other is returned as zeros (a field skips the reduction over the weights, an energy
+    skips the product with ``x``).
     """
     n, _ = x.shape
     if log_bias is None:
         args = (x, beta) if gauge is None else (x, beta, gauge)
-        F, S = _exp_op(block_size, gauge is not None)(*args)
+        F, S = _exp_op(block_size, gauge is not None, parts)(*args)
     else:
-        F, S = _tiled_exp_unit(x, log_bias, beta, block_size)
+        F, S = _tiled_exp_unit(x, log_bias, beta, block_size, parts)
     scale = jnp.exp(beta - shift)
     return F * scale, (S / n / n) * scale
 
 
-def _gauged_exp_unit(x, beta, gauge, block_size):
+def _gauged_exp_unit(x, beta, gauge, block_size, parts: str = "FS"):
     """``_tiled_exp_unit`` without bias, in the frame ``y_i = Psi_i x_i`` when ``gauge`` is given."""
     if gauge is None:
-        return _tiled_exp_unit(x, None, beta, block_size)
+        return _tiled_exp_unit(x, None, beta, block_size, parts)
     y = _apply_gauge(gauge, x)
-    F, S = _tiled_exp_unit(y, None, beta, block_size)
+    F, S = _tiled_exp_unit(y, None, beta, block_size, parts)
     return _apply_gauge_transpose(gauge, F), S
 
 
@@ -341,7 +345,7 @@ def _batch_bytes() -> int:
 
 
 @functools.cache
-def _exp_op(block_size, gauged: bool):
+def _exp_op(block_size, gauged: bool, parts: str = "FS"):
     """``(x, beta[, gauge]) -> (F, S)`` of ``_gauged_exp_unit`` with a chunked batching rule.
 
     Under ``vmap`` (any nesting: seeds, beta grids) the batch axes are folded into one
@@ -355,7 +359,7 @@ def _exp_op(block_size, gauged: bool):
 
     def unit(args):
         x, beta = args[0], args[1]
-        return _gauged_exp_unit(x, beta, args[2] if gauged else None, block_size)
+        return _gauged_exp_unit(x, beta, args[2] if gauged else None, block_size, parts)
 
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):
@@ -411,8 +415,9 @@ def _exp_op(block_size, gauged: bool):
     return op
 
 
-def _tiled_exp_unit(x, log_bias, beta, block_size):
+def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
     n, d = x.shape
+    want_F, want_S = "F" in parts, "S" in parts
     if block_size is None:
         block_size = n if n <= DENSE_MAX else DEFAULT_BLOCK
     if block_size >= n:
@@ -421,7 +426,8 @@ def _tiled_exp_unit(x, log_bias, beta, block_size):
             idx = jnp.arange(n)
             logits = logits + log_bias(idx, idx)
         W = jnp.exp(logits)
-        return (W @ x) / n, jnp.sum(W)
+        F = (W @ x) / n if want_F else jnp.zeros_like(x)
+        return F, (jnp.sum(W) if want_S else jnp.zeros((), x.dtype))
     B = int(block_size)
     C = min(2 * B, n)
     R, K = -(-n // B) * B, -(-n // C) * C
@@ -442,7 +448,7 @@ def _tiled_exp_unit(x, log_bias, beta, block_size):
             if log_bias is not None:
                 logits = logits + log_bias(ri, ci)
             W = jnp.where(cok[None, :], jnp.exp(logits), 0.0)  # padded columns add nothing
-            return (Fb + W @ xcol, sb + jnp.sum(W, axis=1)), None
+            return (Fb + W @ xcol if want_F else Fb, sb + jnp.sum(W, axis=1) if want_S else sb), None
 
         init = (jnp.zeros((B, d), x.dtype), jnp.zeros((B,), x.dtype))
         (Fb, sb), _ = jax.lax.scan(body, init, (xc.reshape(K // C, C, d), cols_idx, col_ok))
@@ -508,11 +514,11 @@ class USA(_ExpKernel):
 
     def field(self, x, aux, *, block_size=None):
         beta = jnp.asarray(self.beta, x.dtype)
-        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[0]
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="F")[0]
 
     def energy(self, x, aux, *, block_size=None):
         beta = jnp.asarray(self.beta, x.dtype)
-        M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size)[1]
+        M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="S")[1]
         return M / (2.0 * beta)
 
 
@@ -693,13 +699,13 @@ class _GaugeKernel(_ExpKernel):
         # Psi_i^T usa_field(Psi x)_i, the gauge transforms inside the chunked evaluation
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
-        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P)[0]
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="F")[0]
 
     def energy(self, x, aux, *, block_size=None):
         # the USA energy of y = Psi x, through the same chunked evaluation as the field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
-        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P)[1] / (2.0 * beta)
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="S")[1] / (2.0 * beta)
 
     def check_config(self, x, aux) -> None:
         super().check_config(x, aux)
