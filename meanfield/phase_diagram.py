@@ -18,7 +18,7 @@ code's beta-dependent step ``0.1 / max(sqrt(beta) e^{beta - 1/2}, 1)`` to ``t = 
 
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
-* On the CPU in float64 (``backend="auto"``) a sweep runs in a fused C kernel
+* On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
   (``meanfield._native``, compiled with the system C compiler at first use and cached):
   each step is one pass over the pairs ``i < j`` that forms ``<x_i, x_j>``, the
   ``n (n - 1) / 2`` exponentials (``W`` is symmetric before the SA row normalisation),
@@ -26,11 +26,10 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   SIMD lanes, the whole time loop of a block of seeds stays in L1 cache, and OpenMP
   threads share the blocks. XLA:CPU splits the same step into several passes over the
   ``(seeds, n, n)`` weights, which at ``n = 32`` cost more than the exponentials. The
-  full SA diagram: 0.8 s native against 3.6 s for the XLA kernel below; the USA diagram
-  4.4 s against 24 s (BENCHMARKS.md).
-  Without a C compiler (or with ``MEANFIELD_NATIVE=0``), or for other dtypes and
-  devices, the sweep uses the XLA kernel (``backend="xla"``), which the rest of this
-  list describes.
+  full SA diagram in float64: 0.8 s native against 3.6 s for the XLA kernel below; the
+  USA diagram 4.4 s against 24 s (BENCHMARKS.md).
+  Without a C compiler (or with ``MEANFIELD_NATIVE=0``), or on accelerators, the sweep
+  uses the XLA kernel (``backend="xla"``), which the rest of this list describes.
 * Seeds run in chunks (``seed_chunk``; default ``kernels.BATCH_BYTES`` = 8 MiB of
   weight matrices, 1024 seeds at ``n = 32`` in float64) and the whole time loop of a
   chunk runs inside one compiled call. Chunks of 512-1024 seeds let XLA:CPU spread a
@@ -508,16 +507,16 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
 
 
 def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states):
-    """``_sweep`` with the fused C kernel (``meanfield._native``), float64 on the host."""
-    xs = np.asarray(x0, dtype=np.float64)
-    per_seed = np.empty((len(betas), xs.shape[0], len(ckpt[0])))
+    """``_sweep`` with the fused C kernel (``meanfield._native``), on the host, in ``x0``'s dtype."""
+    xs = np.asarray(x0)
+    per_seed = np.empty((len(betas), xs.shape[0], len(ckpt[0])), dtype=xs.dtype)
     finals = []
     for bi, (b, h, N, idx) in enumerate(zip(betas, steps_h, steps_n, ckpt)):
         step = h if normalized else h * float(np.exp(b))  # rescaled time for USA, as the XLA kernel
         shift = 0.0 if normalized else float(b)
         u, pos = np.unique(np.asarray(idx), return_inverse=True)
         fr, xf = _native.phase_run(xs, float(b), shift, float(step), int(N), u, float(threshold), normalized)
-        np.take(fr, pos, axis=1, out=per_seed[bi])
+        per_seed[bi] = fr[:, pos]
         finals.append(xf)
     return (per_seed, np.stack(finals)) if states else per_seed
 
@@ -533,12 +532,12 @@ def _resolve_backend(backend, x0, packed: bool) -> str:
         return "xla"
     dtype = np.dtype(x0.dtype)
     on_cpu = {dev.platform for dev in x0.devices()} == {"cpu"}
-    fits = dtype == np.float64 and not packed and x0.shape[2] <= _native.MAX_D
+    fits = dtype.name in _native.DTYPES and not packed and x0.shape[2] <= _native.MAX_D
     if backend == "auto":
         return "native" if on_cpu and fits and _native.available() else "xla"
-    if dtype != np.float64:
-        raise ValueError(f"backend='native' runs float64 only, got dtype {dtype}: pass float64 states "
-                         "(jax_enable_x64 and dtype=jnp.float64) or use backend='xla'")
+    if dtype.name not in _native.DTYPES:
+        raise ValueError(f"backend='native' runs float32 and float64, got dtype {dtype}: "
+                         "use backend='xla'")
     if packed:
         raise ValueError("backend='native' already computes half the exponentials; packed=True is an "
                          "XLA layout: use backend='xla' with packed=True")
@@ -630,12 +629,12 @@ def sa_phase_diagram(
         packed: XLA backend: symmetric half-exponential kernel (``n`` even); same iterates
             to rounding.
         backend: ``"auto"`` (default): the fused C kernel (``"native"``) when the states
-            are float64 on the CPU, ``d <= 64``, ``packed`` is off and the kernel builds
+            are float64 or float32 on the CPU, ``d <= 64``, ``packed`` is off and the kernel builds
             (``meanfield._native``: the system C compiler, at first use), else ``"xla"``.
             ``"native"``: one pass over the pairs ``i < j`` per step (half the
             exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5x the
             XLA kernel on the full SA diagram, 5.5x on the USA one; BENCHMARKS.md); same iterates as
-            ``"xla"`` to rounding (states within ~1e-12 after 100 steps).
+            ``"xla"`` to rounding (float64: states within ~1e-12 after 100 steps).
             ``"xla"``: the jit-compiled JAX kernel (any dtype and device).
 
     Returns:

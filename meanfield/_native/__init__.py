@@ -2,27 +2,30 @@
 
 XLA:CPU runs the phase-diagram step as several passes over the ``(seeds, n, n)`` weights
 (Gram matmul, exp, row sums, count, field matmul); at ``n = 32`` those passes, not the
-exponentials, dominate. This is a CPU fast path for one non-differentiable sweep, written
-by hand because no library fuses it; ``meanfield.phase_diagram``'s XLA kernel stays the
-reference it is tested against, and everything else in meanfield is JAX. ``phase_kernel.c`` does one pass over the pairs ``i < j`` (half
+exponentials, dominate. ``phase_kernel.c`` does one pass over the pairs ``i < j`` (half
 the exponentials; ``w_ij`` is symmetric before the row normalisation) with the seeds in
 SIMD lanes and the whole time loop of a block of seeds in L1 cache, threads over blocks
-(OpenMP). BENCHMARKS.md has the measured speed-up.
+(OpenMP). BENCHMARKS.md has the measured speed-up. This is a CPU fast path for one
+non-differentiable sweep, written by hand because no library fuses it;
+``meanfield.phase_diagram``'s XLA kernel stays the reference it is tested against, and
+everything else in meanfield is JAX.
 
-The source is compiled once per machine with the system C compiler (``$CC``, else
-``cc``/``gcc``/``clang``): ``-O3 -march=native -ffast-math -fopenmp`` (vectorised
-exponentials from glibc's libmvec; no OpenMP: one thread), into a cache directory
-(``$MEANFIELD_CACHE_DIR``, else ``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``)
-under a name hashing the source, the flags, the compiler's version and the CPU. The
-build is atomic (a temporary file renamed), so concurrent processes are safe. Without a
-compiler, or with ``MEANFIELD_NATIVE=0``, ``available()`` is ``False`` and
-``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``).
+The source is compiled once per machine and dtype (float64; float32 with ``-DMF_FLOAT32``)
+with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``):
+``-O3 -march=native -ffast-math -fopenmp`` (vectorised exponentials from glibc's libmvec;
+no OpenMP: one thread), into a cache directory (``$MEANFIELD_CACHE_DIR``, else
+``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``) under a name hashing the source,
+the flags, the compiler's version and the CPU. The build is atomic (a temporary file
+renamed), so concurrent processes are safe. Without a compiler, or with
+``MEANFIELD_NATIVE=0``, ``available()`` is ``False`` and ``meanfield.phase_diagram`` uses
+its XLA kernel (``backend="auto"``).
 
-Numbers: the same operations as the XLA kernel in float64, in another order, with
-libmvec's exponential (within a few ulp of the correctly rounded value); states agree
-with the XLA kernel and with the plain reference loop to 1e-11 or better, and the
-clustering fractions are equal, in tests/test_phase_diagram.py (n = 32, d = 2, 100 steps
-at beta up to 9; d = 2, 3, 5).
+Numbers: the same operations as the XLA kernel, in another order, with libmvec's
+exponential (within a few ulp of the correctly rounded value). In float64 the states agree
+with the XLA kernel and with the plain reference loop to 1e-11 or better and the clustering
+fractions are equal (tests/test_phase_diagram.py: n = 32, d = 2, 100 steps at beta up to 9;
+d = 2, 3, 5); in float32 the states agree to float32 rounding amplified by the dynamics
+(tested to 2e-4) and a pair within that distance of the threshold can count differently.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "MAX_D", "SOURCE"]
+__all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE"]
 
-#: seeds per SIMD block of the kernel (``S`` is padded to a multiple)
-LANES = 8
+#: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
+LANES = {"float64": 8, "float32": 16}
+#: dtypes with a kernel: the C source compiled once per dtype (float32 with ``-DMF_FLOAT32``)
+DTYPES = ("float64", "float32")
 #: largest dimension the kernel accepts
 MAX_D = 64
 #: the C source
@@ -84,16 +89,11 @@ def _cpu_tag() -> str:
         return platform.processor() + platform.machine()
 
 
-def _build() -> ctypes.CDLL:
-    if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    source = SOURCE.read_bytes()
+def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes.CDLL:
+    """Compile (or load from the cache) one build of the source; the first flag set that works."""
     errors = []
     for flags in FLAGS:
+        flags = [*flags, *defines]
         tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          _cpu_tag().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"phase_kernel-{tag}.so"
@@ -108,19 +108,39 @@ def _build() -> ctypes.CDLL:
                 errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-500:]}")
                 continue
             os.replace(tmp, target)
-        lib = ctypes.CDLL(str(target))
-        fn = lib.mf_phase_run
-        dp = ctypes.POINTER(ctypes.c_double)
-        ip = ctypes.POINTER(ctypes.c_int)
-        fn.argtypes = [dp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
-                       ctypes.c_double, ctypes.c_int, ip, ctypes.c_int, ctypes.c_double, ctypes.c_int,
-                       dp, dp, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        return lib
+        return ctypes.CDLL(str(target))
     raise RuntimeError("the C compiler failed: " + " | ".join(errors))
 
 
-def _library() -> ctypes.CDLL | None:
+def _build() -> dict:
+    """``{dtype name: (entry point, lanes)}`` for ``DTYPES``."""
+    if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    source = SOURCE.read_bytes()
+    kernels = {}
+    ip = ctypes.POINTER(ctypes.c_int)
+    dp = ctypes.POINTER(ctypes.c_double)
+    for name, defines, entry, ctype in (("float64", [], "mf_phase_run", ctypes.c_double),
+                                        ("float32", ["-DMF_FLOAT32"], "mf_phase_run_f32", ctypes.c_float)):
+        lib = _compile(cc, version, source, defines)
+        fn = getattr(lib, entry)
+        rp = ctypes.POINTER(ctype)
+        fn.argtypes = [rp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
+                       ctypes.c_double, ctypes.c_int, ip, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                       dp, rp, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        lanes = int(lib.mf_lanes())
+        if lanes != LANES[name]:
+            raise RuntimeError(f"the {name} build has {lanes} lanes, expected {LANES[name]}")
+        kernels[name] = (fn, rp)
+    return kernels
+
+
+def _library() -> dict | None:
     with _lock:
         if not _state["tried"]:
             _state["tried"] = True
@@ -164,7 +184,8 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     """Run ``nsteps`` Euler steps of every seed of ``x0`` with the native kernel.
 
     Args:
-        x0: ``(S, n, d)`` float64 array (any ``S``; padded internally to a multiple of ``LANES``).
+        x0: ``(S, n, d)`` float64 or float32 array (any ``S``; padded internally to a multiple
+            of ``LANES[dtype]``); the kernel computes in that dtype.
         beta, shift: weights ``exp(beta <x_i, x_j> - shift)``; step: Euler step in that scale.
         nsteps: number of steps; ckpt: distinct sorted step indices in ``[0, nsteps]`` whose
             state's clustering fraction is returned; threshold: on ``<x_i, x_j>``.
@@ -172,7 +193,8 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
         threads: OpenMP threads (default ``default_threads()``).
 
     Returns:
-        ``(fractions (S, len(ckpt)), final states (S, n, d))`` NumPy float64 arrays.
+        ``(fractions (S, len(ckpt)), final states (S, n, d))``: NumPy arrays, float64 fractions,
+        states in the dtype of ``x0``.
 
     Example:
         >>> import numpy as np
@@ -182,14 +204,18 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
         >>> fr.shape, xs.shape, fr[0].tolist()  # they meet: <x_1, x_2> > 0.9 at step 40
         ((3, 2), (3, 2, 2), [0.0, 1.0])
     """
-    lib = _library()
-    if lib is None:
+    kernels = _library()
+    if kernels is None:
         raise RuntimeError(f"the native phase-diagram kernel is not available: {_state['error']}")
-    x0 = np.ascontiguousarray(x0, dtype=np.float64)
+    dtype = np.asarray(x0).dtype
+    if dtype.name not in DTYPES:
+        raise ValueError(f"x0 must be float64 or float32 for the native kernel, got dtype {dtype}")
+    fn, rp = kernels[dtype.name]
+    x0 = np.ascontiguousarray(x0)
     if x0.ndim != 3 or x0.shape[1] < 2 or not 1 <= x0.shape[2] <= MAX_D:
         raise ValueError(f"x0 must have shape (S, n, d) with n >= 2 and 1 <= d <= {MAX_D}, got {x0.shape}")
     S, n, d = x0.shape
-    pad = (-S) % LANES
+    pad = (-S) % LANES[dtype.name]
     xp = np.concatenate([x0, np.repeat(x0[:1], pad, axis=0)]) if pad else x0
     ck = np.ascontiguousarray(ckpt, dtype=np.intc)
     if ck.ndim != 1 or (ck.size and (ck.min() < 0 or ck.max() > nsteps or np.any(np.diff(ck) <= 0))):
@@ -197,11 +223,11 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     Sp = xp.shape[0]
     frac = np.zeros((Sp, ck.size))
     xout = np.empty_like(xp)
-    dp = ctypes.POINTER(ctypes.c_double)
-    rc = lib.mf_phase_run(
-        xp.ctypes.data_as(dp), Sp, n, d, float(beta), float(shift), float(step), int(nsteps),
+    rc = fn(
+        xp.ctypes.data_as(rp), Sp, n, d, float(beta), float(shift), float(step), int(nsteps),
         ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), ck.size, float(threshold), int(bool(normalized)),
-        frac.ctypes.data_as(dp), xout.ctypes.data_as(dp), int(threads or default_threads()),
+        frac.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), xout.ctypes.data_as(rp),
+        int(threads or default_threads()),
     )
     if rc != 0:
         raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")

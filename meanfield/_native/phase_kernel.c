@@ -25,8 +25,22 @@
 #include <math.h>
 #include <stdlib.h>
 
-#ifndef LANES
+/* the float type: double (default; entry point mf_phase_run) or, compiled with
+ * -DMF_FLOAT32, float (mf_phase_run_f32); LANES seeds fill one 64-byte vector */
+#ifdef MF_FLOAT32
+typedef float real;
+typedef int ireal; /* the type of a lane of a comparison */
+#define LANES 16
+#define EXP expf
+#define SQRT sqrtf
+#define ENTRY mf_phase_run_f32
+#else
+typedef double real;
+typedef long long ireal;
 #define LANES 8
+#define EXP exp
+#define SQRT sqrt
+#define ENTRY mf_phase_run
 #endif
 
 typedef struct {
@@ -35,14 +49,14 @@ typedef struct {
     int normalized;
 } params;
 
-/* SIMD vector of LANES doubles (GCC/Clang vector extension: one zmm register with AVX-512,
+/* SIMD vector of LANES reals (GCC/Clang vector extension: one zmm register with AVX-512,
  * two ymm with AVX2); the buffers are 64-byte aligned */
-typedef double vd __attribute__((vector_size(LANES * sizeof(double)), aligned(LANES * sizeof(double))));
-typedef long long vl __attribute__((vector_size(LANES * sizeof(long long)), aligned(LANES * sizeof(long long))));
+typedef real vd __attribute__((vector_size(LANES * sizeof(real)), aligned(LANES * sizeof(real))));
+typedef ireal vl __attribute__((vector_size(LANES * sizeof(ireal)), aligned(LANES * sizeof(ireal))));
 
 /* exponential of every element of a (vectorised by the compiler: glibc's libmvec) */
-static void exp_inplace(double *restrict a, size_t len) {
-    for (size_t k = 0; k < len; k++) a[k] = exp(a[k]);
+static void exp_inplace(real *restrict a, size_t len) {
+    for (size_t k = 0; k < len; k++) a[k] = EXP(a[k]);
 }
 
 /* one Euler step of a block (x updated in place); cnt: the count of the state before the step.
@@ -53,7 +67,7 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
                                                       const int d) {
     const int n = p->n;
     const vd zero = {0.0};
-    const vd beta = zero + p->beta, shift = zero + p->shift, thr = zero + p->thr;
+    const vd beta = zero + (real)p->beta, shift = zero + (real)p->shift, thr = zero + (real)p->thr;
     vd c = zero;
     /* arguments beta <x_i, x_j> - shift of the pairs i <= j (row by row), count of i < j */
     size_t q = 0;
@@ -70,8 +84,8 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
             P[q] = beta * g - shift;
         }
     }
-    *cnt = 2.0 * c;
-    exp_inplace((double *)P, q * LANES);
+    *cnt = (real)2 * c;
+    exp_inplace((real *)P, q * LANES);
     /* row sums and fields: w_ij to row i (in registers) and to row j (scattered) */
     for (int i = 0; i < n; i++) {
         Z[i] = zero;
@@ -98,11 +112,11 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
         for (int a = 0; a < d; a++) F[(size_t)i * d + a] = fi[a];
     }
     /* field, tangent projection, Euler step, renormalisation */
-    const vd step = zero + p->step, inv_n = zero + 1.0 / n;
+    const vd step = zero + (real)p->step, inv_n = zero + (real)(1.0 / n);
     for (int i = 0; i < n; i++) {
         vd *restrict xi = x + (size_t)i * d;
         vd *restrict Fi = F + (size_t)i * d;
-        const vd s = p->normalized ? 1.0 / Z[i] : inv_n;
+        const vd s = p->normalized ? (real)1 / Z[i] : inv_n;
         vd dot = zero, nn = zero;
         for (int a = 0; a < d; a++) {
             Fi[a] *= s;
@@ -112,7 +126,7 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
             xi[a] += step * (Fi[a] - dot * xi[a]);
             nn += xi[a] * xi[a];
         }
-        for (int l = 0; l < LANES; l++) nn[l] = 1.0 / sqrt(nn[l]);
+        for (int l = 0; l < LANES; l++) nn[l] = (real)1 / SQRT(nn[l]);
         for (int a = 0; a < d; a++) xi[a] *= nn;
     }
 }
@@ -121,7 +135,7 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
 static void count_only(const vd *restrict x, const params *p, vd *restrict cnt) {
     const int n = p->n, d = p->d;
     const vd zero = {0.0};
-    const vd thr = zero + p->thr;
+    const vd thr = zero + (real)p->thr;
     vd c = zero;
     for (int i = 0; i < n - 1; i++)
         for (int j = i + 1; j < n; j++) {
@@ -129,20 +143,22 @@ static void count_only(const vd *restrict x, const params *p, vd *restrict cnt) 
             for (int a = 1; a < d; a++) g += x[(size_t)i * d + a] * x[(size_t)j * d + a];
             c -= __builtin_convertvector((vl)(g > thr), vd); /* true is -1 */
         }
-    *cnt = 2.0 * c;
+    *cnt = (real)2 * c;
 }
 
 static void step_d2(vd *x, const params *p, vd *cnt, vd *F, vd *Z, vd *P) { step_any(x, p, cnt, F, Z, P, 2); }
 static void step_d3(vd *x, const params *p, vd *cnt, vd *F, vd *Z, vd *P) { step_any(x, p, cnt, F, Z, P, 3); }
 static void step_dn(vd *x, const params *p, vd *cnt, vd *F, vd *Z, vd *P) { step_any(x, p, cnt, F, Z, P, p->d); }
 
-/* Run nsteps Euler steps for every seed of x0 ((S, n, d), row-major, S a multiple of LANES).
+/* seeds per block of this build (8 for double, 16 for float) */
+int mf_lanes(void) { return LANES; }
+
+/* Run nsteps Euler steps for every seed of x0 ((S, n, d) reals, row-major, S a multiple of LANES).
  * ckpt: the distinct checkpoint step indices, sorted ascending (nckpt of them, each in
  * [0, nsteps]); frac: (S, nckpt) fractions count / (n (n - 1)); xout: (S, n, d) final states.
  * Returns 0, or -1 on bad arguments / allocation failure. d <= 64. */
-int mf_phase_run(const double *x0, int S, int n, int d, double beta, double shift, double step,
-                 int nsteps, const int *ckpt, int nckpt, double thr, int normalized, double *frac,
-                 double *xout, int nthreads) {
+int ENTRY(const real *x0, int S, int n, int d, double beta, double shift, double step, int nsteps,
+          const int *ckpt, int nckpt, double thr, int normalized, double *frac, real *xout, int nthreads) {
     if (S % LANES || n < 2 || d < 1 || d > 64 || nsteps < 0 || nckpt < 0) return -1;
     const params p = {n, d, beta, shift, step, thr, normalized};
     const int blocks = S / LANES;
@@ -160,8 +176,8 @@ int mf_phase_run(const double *x0, int S, int n, int d, double beta, double shif
             failed = 1;
             continue;
         }
-        double *xs = (double *)x;
-        const double *src = x0 + (size_t)b * LANES * n * d;
+        real *xs = (real *)x;
+        const real *src = x0 + (size_t)b * LANES * n * d;
         for (int l = 0; l < LANES; l++)
             for (int i = 0; i < n; i++)
                 for (int a = 0; a < d; a++) xs[((size_t)i * d + a) * LANES + l] = src[((size_t)l * n + i) * d + a];
@@ -183,7 +199,7 @@ int mf_phase_run(const double *x0, int S, int n, int d, double beta, double shif
                 next++;
             }
         }
-        double *dst = xout + (size_t)b * LANES * n * d;
+        real *dst = xout + (size_t)b * LANES * n * d;
         for (int l = 0; l < LANES; l++)
             for (int i = 0; i < n; i++)
                 for (int a = 0; a < d; a++) dst[((size_t)l * n + i) * d + a] = xs[((size_t)i * d + a) * LANES + l];
