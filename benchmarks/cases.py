@@ -466,6 +466,16 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         t_plain = time.perf_counter() - t0  # includes its single compile
         plain_diff = float(np.abs(plain - mine).max())
         log(f"SA plain jax {t_plain:.2f}")
+    # float32 (JAX's default dtype): the same sweep through both kernels
+    x0f = jnp.asarray(x0, jnp.float32)
+
+    def f32(backend):
+        return pd.sa_phase_diagram(None, betas, x0=x0f, dt=dt, t1=t1, checkpoints=C, threshold=thr,
+                                   per_seed=True, backend=backend).per_seed
+
+    t_f32 = {be: timeit(lambda be=be: f32(be), 1, warmup=1)[0] for be in ("auto", "xla")}
+    f32_diff = float(np.abs(f32("auto") - mine).mean())
+    log(f"SA float32 {t_f32}")
     xt = torch.from_numpy(x0.copy())
     tb = [betas[i] for i in torch_betas]
     k_t = pick_torch_threads(lambda: ref.phase_diagram_torch(
@@ -498,6 +508,10 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     res.rows += native_rows + [
         [f"meanfield, `backend='xla'` (XLA kernel, automatic seed chunks of {chunk})", fmt_t(t_xla),
          fmt_r(t_xla / t_fast), f"{xla_diff:.1e}", f"median of {reps}"],
+        [f"meanfield in float32 (`backend='{pd._resolve_backend('auto', x0f, False)}'`)", fmt_t(t_f32["auto"]),
+         fmt_r(t_f32["auto"] / t_fast), f"mean {f32_diff:.1e}",
+         "one run; float32 differs from float64 at pairs near the threshold (mean |diff| over all entries)"],
+        ["meanfield in float32, `backend='xla'`", fmt_t(t_f32["xla"]), fmt_r(t_f32["xla"] / t_fast), "-", "one run"],
         ["meanfield, `backend='xla'`, seed chunks of 256", fmt_t(t_256), fmt_r(t_256 / t_fast), "-",
          "one run; 256 seeds keep one core busy"],
         ["meanfield, `backend='xla'`, XLA:CPU's default fusions (no `CPU_COMPILER_OPTIONS`)", fmt_t(t_default),
@@ -515,7 +529,8 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         if k != k_t:
             res.rows.append([f"PyTorch reference shape, {k} thread{'s' if k > 1 else ''}", fmt_t(tk * B / len(tb)),
                              fmt_r(tk * B / len(tb) / t_fast), "-", f"measured on {len(tb)} betas, x{B / len(tb):g}"])
-    res.data = dict(fast=t_fast, backend=backend, one_thread=t_one, xla=t_xla, packed=t_packed, plain=t_plain,
+    res.data = dict(fast=t_fast, backend=backend, one_thread=t_one, xla=t_xla, float32=t_f32, packed=t_packed,
+                    plain=t_plain,
                     torch=t_torch, torch_part=t_torch_part,
                     torch_by_threads=t_torch_k, chunk256=t_256, default_fusions=t_default,
                     diffs=dict(xla=xla_diff, packed=packed_diff, plain=plain_diff, torch=torch_diff),
