@@ -26,8 +26,8 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   SIMD lanes, the whole time loop of a block of seeds stays in L1 cache, and OpenMP
   threads share the blocks. XLA:CPU splits the same step into several passes over the
   ``(seeds, n, n)`` weights, which at ``n = 32`` cost more than the exponentials. The
-  full SA diagram in float64: 0.8 s native against 3.6 s for the XLA kernel below; the
-  USA diagram 4.4 s against 24 s (BENCHMARKS.md).
+  full SA diagram in float64: 0.8 s native against 3.6-6.5 s for the XLA kernel below
+  (0.37 s in float32); the USA diagram 4.4 s against 24 s (BENCHMARKS.md).
   Without a C compiler (or with ``MEANFIELD_NATIVE=0``), or on accelerators, the sweep
   uses the XLA kernel (``backend="xla"``), which the rest of this list describes.
 * Seeds run in chunks (``seed_chunk``; default ``kernels.BATCH_BYTES`` = 8 MiB of
@@ -632,8 +632,8 @@ def sa_phase_diagram(
             are float64 or float32 on the CPU, ``d <= 64``, ``packed`` is off and the kernel builds
             (``meanfield._native``: the system C compiler, at first use), else ``"xla"``.
             ``"native"``: one pass over the pairs ``i < j`` per step (half the
-            exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5x the
-            XLA kernel on the full SA diagram, 5.5x on the USA one; BENCHMARKS.md); same iterates as
+            exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5-7.8x the
+            XLA kernel on the full SA diagram, 5.4-5.5x on the USA one; BENCHMARKS.md); same iterates as
             ``"xla"`` to rounding (float64: states within ~1e-12 after 100 steps).
             ``"xla"``: the jit-compiled JAX kernel (any dtype and device).
 
