@@ -20,11 +20,11 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
 * On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
   (``meanfield._native``, compiled with the system C compiler at first use and cached):
-  each step is one pass over the pairs ``i < j`` that forms ``<x_i, x_j>``, the
-  ``n (n - 1) / 2`` exponentials (``W`` is symmetric before the SA row normalisation),
-  the row sums, the field and the clustering count together; eight seeds sit in the
-  SIMD lanes, the whole time loop of a block of seeds stays in L1 cache, and OpenMP
-  threads share the blocks. XLA:CPU splits the same step into several passes over the
+  each step is one pass over the pairs ``i <= j`` that forms ``<x_i, x_j>``, the
+  ``n (n + 1) / 2`` exponentials (``W`` is symmetric before the SA row normalisation),
+  the row sums, the field and the clustering count together; 8 seeds (float64) or 16
+  (float32) sit in the SIMD lanes, the whole time loop of a block of seeds stays in L1
+  cache (memory O(n d) per block), and OpenMP threads share the blocks. XLA:CPU splits the same step into several passes over the
   ``(seeds, n, n)`` weights, which at ``n = 32`` cost more than the exponentials. The
   full SA diagram in float64: 0.8 s native against 3.6-6.5 s for the XLA kernel below
   (0.37 s in float32); the USA diagram 4.4 s against 24 s (BENCHMARKS.md).
@@ -327,8 +327,6 @@ def _dense_field_w(x, W, normalized: bool):
     return F / x.shape[0]
 
 
-
-
 # ----------------------------------------------------------------------------
 # the sweep kernel: one beta, a batch of seeds, a traced number of steps
 # ----------------------------------------------------------------------------
@@ -549,7 +547,7 @@ def _resolve_backend(backend, x0, packed: bool) -> str:
     return "native"
 
 
-def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None):
+def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto"):
     betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
     if betas.ndim != 1 or betas.size == 0:
         raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
@@ -557,6 +555,8 @@ def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=Non
     check_int("checkpoints", checkpoints, minimum=1)
     if seed_chunk is not None:
         check_int("seed_chunk", seed_chunk, minimum=1)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not (-1.0 < float(threshold) < 1.0):
         raise ValueError(f"threshold must lie in (-1, 1), got {threshold!r}")
     if x0 is not None:
@@ -625,7 +625,8 @@ def sa_phase_diagram(
         per_seed: also return per-seed values (a ``PhaseDiagram``).
         seed_chunk: XLA backend: run the seeds in chunks of this size (one compilation;
             ``None``: automatic, ``kernels.BATCH_BYTES`` of weight matrices per chunk: 1024
-            seeds at ``n = 32`` in float64). The native backend runs blocks of 8 seeds.
+            seeds at ``n = 32`` in float64). The native backend runs blocks of 8 (float64)
+            or 16 (float32) seeds and ignores it.
         packed: XLA backend: symmetric half-exponential kernel (``n`` even); same iterates
             to rounding.
         backend: ``"auto"`` (default): the fused C kernel (``"native"``) when the states
@@ -648,7 +649,7 @@ def sa_phase_diagram(
         >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
         ((2, 3), 0.0)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend)
     check_positive("dt", dt)
     check_positive("t1", t1)
     N, h, idx = checkpoint_steps(t1, dt, checkpoints)
@@ -705,7 +706,7 @@ def usa_phase_diagram(
         ...                                 checkpoints=5).shape
         (2, 5)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend)
     check_positive("t1", t1)
     check_positive("base_dt", base_dt)
     x0 = _initial(key, seeds, n, d, dtype, x0)

@@ -301,6 +301,10 @@ def test_backend_choice_and_errors(x64):
         _native.phase_run(np.asarray(x64_), 1.0, 0.0, 0.1, 3, [2, 1], 0.9, True)
     with pytest.raises(ValueError, match="x0"):
         _native.phase_run(np.ones((3, 4)), 1.0, 0.0, 0.1, 3, [1], 0.9, True)
+    with pytest.raises(ValueError, match="nsteps"):
+        _native.phase_run(np.asarray(x64_), 1.0, 0.0, 0.1, -1, [], 0.9, True)
+    with pytest.raises(ValueError, match="threads"):
+        _native.phase_run(np.asarray(x64_), 1.0, 0.0, 0.1, 3, [1], 0.9, True, threads=0)
 
 
 @pytest.mark.parametrize("normalized", [True, False])
@@ -367,3 +371,26 @@ def test_native_build_cache_and_switch(tmp_path, disabled, x64):
     assert ("MEANFIELD_NATIVE=0" in str(out["err"])) is disabled
     ref = pd.sa_phase_diagram(None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True, backend="xla")
     np.testing.assert_array_equal(out["per_seed"], ref.per_seed)
+
+
+def test_native_compiler_failure_is_reported_and_remembered(tmp_path):
+    """A compiler that rejects the source (here ``CC=false``): the kernel is unavailable with
+    the reason, "auto" runs the XLA kernel, and each rejected flag set is marked in the cache
+    so that later processes do not compile again."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from meanfield import _native, phase_diagram as pd\n"
+        "import jax\n"
+        "print(_native.available(), '|', _native.unavailable_reason())\n"
+        "print(pd.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.2, checkpoints=2).shape)\n"
+    )
+    env = dict(os.environ, CC="false", MEANFIELD_CACHE_DIR=str(tmp_path), MEANFIELD_NATIVE="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.strip().splitlines()[-2:]
+    assert first.startswith("False") and "C compiler failed" in first
+    assert second == "(1, 2)"
+    assert len(list(tmp_path.glob("*.failed"))) == 2 and not list(tmp_path.glob("*.so"))

@@ -97,6 +97,10 @@ def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes
         tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                          _cpu_tag().encode()])).hexdigest()[:16]
         target = _cache_dir() / f"phase_kernel-{tag}.so"
+        failed = target.with_suffix(".failed")  # a flag set this compiler rejected: not retried
+        if failed.exists():
+            errors.append(f"{' '.join(flags)}: {failed.read_text()[-500:]}")
+            continue
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
@@ -106,6 +110,7 @@ def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes
             if r.returncode != 0:
                 os.unlink(tmp)
                 errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-500:]}")
+                failed.write_text(r.stderr.strip() or f"exit status {r.returncode}")
                 continue
             os.replace(tmp, target)
         return ctypes.CDLL(str(target))
@@ -113,7 +118,7 @@ def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes
 
 
 def _build() -> dict:
-    """``{dtype name: (entry point, lanes)}`` for ``DTYPES``."""
+    """``{dtype name: (entry point, ctypes pointer type of its reals)}`` for ``DTYPES``."""
     if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
     cc = _compiler()
@@ -156,7 +161,7 @@ def available() -> bool:
 
     Example:
         >>> from meanfield import _native
-        >>> isinstance(_native.available(), bool)
+        >>> _native.available() == (_native.unavailable_reason() is None)
         True
     """
     return _library() is not None
@@ -215,6 +220,10 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     if x0.ndim != 3 or x0.shape[1] < 2 or not 1 <= x0.shape[2] <= MAX_D:
         raise ValueError(f"x0 must have shape (S, n, d) with n >= 2 and 1 <= d <= {MAX_D}, got {x0.shape}")
     S, n, d = x0.shape
+    if isinstance(nsteps, bool) or not isinstance(nsteps, int | np.integer) or nsteps < 0:
+        raise ValueError(f"nsteps must be an integer >= 0, got {nsteps!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     pad = (-S) % LANES[dtype.name]
     xp = np.concatenate([x0, np.repeat(x0[:1], pad, axis=0)]) if pad else x0
     ck = np.ascontiguousarray(ckpt, dtype=np.intc)

@@ -1,7 +1,8 @@
 /* Fused CPU kernel of the phase-diagram sweep (meanfield.phase_diagram, backend "native").
  *
  * Projected Euler steps of the SA / USA particle flow on the sphere for a batch of
- * seeds, float64, with the clustering count at checkpoint steps:
+ * seeds, in double (or float, with -DMF_FLOAT32), with the clustering count at
+ * checkpoint steps:
  *
  *     g_ij = <x_i, x_j>,  w_ij = exp(beta g_ij - shift),
  *     F_i  = sum_j w_ij x_j / sum_j w_ij   (normalized)   or   (1/n) sum_j w_ij x_j,
@@ -10,14 +11,15 @@
  *
  * What XLA:CPU does not generate for this shape (n = 32, d = 2): one pass over the
  * pairs that forms g, the weight, the row sums, the field and the count together, with
- * only the n (n - 1) / 2 exponentials of the pairs i < j (w is symmetric before the
+ * only the n (n + 1) / 2 exponentials of the pairs i <= j (w is symmetric before the
  * row normalisation), and the whole time loop of a block of seeds in L1 cache.
  *
  * Layout: seeds are processed in blocks of LANES; inside a block the state is stored
  * as x[i][a] of vectors of LANES seeds (a GCC/Clang vector type), so that every operation
- * is a SIMD operation over the seeds; the exponentials of all pairs i <= j of a step are
- * evaluated in one vectorised loop (glibc's libmvec under -ffast-math: about 60% of the
- * time at n = 32, d = 2). Blocks are independent: OpenMP threads over blocks.
+ * is a SIMD operation over the seeds; the exponentials of one row of pairs are evaluated
+ * in one vectorised loop (glibc's libmvec under -ffast-math: about 60% of the time at
+ * n = 32, d = 2). Memory per block: O(n d) vectors (the n x n weights are never stored).
+ * Blocks are independent: OpenMP threads over blocks.
  *
  * Built at first use by meanfield/_native/__init__.py with the system C compiler;
  * meanfield falls back to the XLA kernel when no compiler is available.
@@ -60,7 +62,7 @@ static void exp_inplace(real *restrict a, size_t len) {
 }
 
 /* one Euler step of a block (x updated in place); cnt: the count of the state before the step.
- * Work arrays: F (n d), Z (n), P (n (n + 1) / 2) vectors; d <= 64. Inlined into step_d2, step_d3
+ * Work arrays: F (n d), Z (n), P (n) vectors; d <= 64. Inlined into step_d2, step_d3
  * (compile-time d: the loops over coordinates unroll) and step_dn. */
 static inline __attribute__((always_inline)) void step_any(vd *restrict x, const params *p, vd *restrict cnt,
                                                       vd *restrict F, vd *restrict Z, vd *restrict P,
@@ -69,48 +71,41 @@ static inline __attribute__((always_inline)) void step_any(vd *restrict x, const
     const vd zero = {0.0};
     const vd beta = zero + (real)p->beta, shift = zero + (real)p->shift, thr = zero + (real)p->thr;
     vd c = zero;
-    /* arguments beta <x_i, x_j> - shift of the pairs i <= j (row by row), count of i < j */
-    size_t q = 0;
-    for (int i = 0; i < n; i++) {
-        const vd *restrict xi = x + (size_t)i * d;
-        vd gii = xi[0] * xi[0];
-        for (int a = 1; a < d; a++) gii += xi[a] * xi[a];
-        P[q++] = beta * gii - shift;
-        for (int j = i + 1; j < n; j++, q++) {
-            const vd *restrict xj = x + (size_t)j * d;
-            vd g = xi[0] * xj[0];
-            for (int a = 1; a < d; a++) g += xi[a] * xj[a];
-            c -= __builtin_convertvector((vl)(g > thr), vd); /* true is -1 */
-            P[q] = beta * g - shift;
-        }
-    }
-    *cnt = (real)2 * c;
-    exp_inplace((real *)P, q * LANES);
-    /* row sums and fields: w_ij to row i (in registers) and to row j (scattered) */
     for (int i = 0; i < n; i++) {
         Z[i] = zero;
         for (int a = 0; a < d; a++) F[(size_t)i * d + a] = zero;
     }
-    q = 0;
+    /* row i against the columns j >= i: arguments beta <x_i, x_j> - shift into P (the count
+     * of j > i on the way), their exponentials in one vectorised call, then w_ij added to
+     * row i (in registers) and to row j (scattered) */
     for (int i = 0; i < n; i++) {
         const vd *restrict xi = x + (size_t)i * d;
-        const vd wii = P[q++];
-        vd zi = Z[i] + wii;
+        const int m = n - i; /* columns j = i, ..., n - 1 */
+        for (int k = 0; k < m; k++) {
+            const vd *restrict xj = xi + (size_t)k * d;
+            vd g = xi[0] * xj[0];
+            for (int a = 1; a < d; a++) g += xi[a] * xj[a];
+            if (k > 0) c -= __builtin_convertvector((vl)(g > thr), vd); /* true is -1 */
+            P[k] = beta * g - shift;
+        }
+        exp_inplace((real *)P, (size_t)m * LANES);
+        vd zi = Z[i] + P[0];
         vd fi[64];
-        for (int a = 0; a < d; a++) fi[a] = F[(size_t)i * d + a] + wii * xi[a];
-        for (int j = i + 1; j < n; j++, q++) {
-            const vd *restrict xj = x + (size_t)j * d;
-            const vd w = P[q];
+        for (int a = 0; a < d; a++) fi[a] = F[(size_t)i * d + a] + P[0] * xi[a];
+        for (int k = 1; k < m; k++) {
+            const vd *restrict xj = xi + (size_t)k * d;
+            const vd w = P[k];
             zi += w;
-            Z[j] += w;
+            Z[i + k] += w;
             for (int a = 0; a < d; a++) {
                 fi[a] += w * xj[a];
-                F[(size_t)j * d + a] += w * xi[a];
+                F[(size_t)(i + k) * d + a] += w * xi[a];
             }
         }
         Z[i] = zi;
         for (int a = 0; a < d; a++) F[(size_t)i * d + a] = fi[a];
     }
+    *cnt = (real)2 * c;
     /* field, tangent projection, Euler step, renormalisation */
     const vd step = zero + (real)p->step, inv_n = zero + (real)(1.0 / n);
     for (int i = 0; i < n; i++) {
@@ -170,7 +165,7 @@ int ENTRY(const real *x0, int S, int n, int d, double beta, double shift, double
         vd *x = aligned_alloc(64, (size_t)n * d * vbytes);
         vd *F = aligned_alloc(64, (size_t)n * d * vbytes);
         vd *Z = aligned_alloc(64, (size_t)n * vbytes);
-        vd *P = aligned_alloc(64, (size_t)n * (n + 1) / 2 * vbytes);
+        vd *P = aligned_alloc(64, (size_t)n * vbytes);
         if (!x || !F || !Z || !P) {
             free(x), free(F), free(Z), free(P);
             failed = 1;
