@@ -175,7 +175,8 @@ import meanfield as mf
 from benchmarks import references as ref
 S, n, d, which = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
-if which == "meanfield":
+if which in ("meanfield", "xla"):
+    mf.kernels.set_native(which == "meanfield")
     f = jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))
     call = lambda: f(x)
 else:
@@ -212,12 +213,14 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         [
             "seeds x n x d",
             "meanfield",
+            "meanfield, XLA path",
             "plain JAX",
             "NumPy",
             "torch",
             "vs NumPy",
             "vs plain JAX",
             "vs torch",
+            "vs its XLA path",
             "page faults / call (meanfield, plain JAX)",
             "fresh process: meanfield, plain JAX (faults / call)",
             "pairs/s",
@@ -228,6 +231,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
     )
     kernel = mf.kernels.USA(beta)
     fast = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))
+    fast_xla = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))  # traced below with set_native(False)
     plain = ref.usa_velocity_jax()
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
@@ -235,9 +239,16 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         xt = torch.from_numpy(xn.copy())
         v_ref = ref.usa_velocity_numpy(xn.astype(np.float64), beta)
         v_fast = np.asarray(fast(x))
+        previous = mf.kernels.set_native(False)
+        try:
+            v_xla = np.asarray(fast_xla(x))  # compiled now: the XLA formulation of the field
+        finally:
+            mf.kernels.set_native(previous)
         err = float(np.abs(v_fast - v_ref).max() / np.abs(v_ref).max())
-        tj = timeit_interleaved({"fast": lambda: fast(x), "plain": lambda: plain(x, beta)}, reps)
-        t_fast, t_plain = tj["fast"], tj["plain"]
+        err_xla = float(np.abs(v_xla - v_ref).max() / np.abs(v_ref).max())
+        tj = timeit_interleaved({"fast": lambda: fast(x), "xla": lambda: fast_xla(x),
+                                 "plain": lambda: plain(x, beta)}, reps)
+        t_fast, t_xla, t_plain = tj["fast"], tj["xla"], tj["plain"]
         pf = (faults_per_call(lambda: fast(x)), faults_per_call(lambda: plain(x, beta)))
         fresh = {w: _fresh_velocity(S, n, d, w, reps) for w in ("meanfield", "plain")}
         t_np, k_np = timeit_threads("numpy", lambda: ref.usa_velocity_numpy(xn, beta), reps)
@@ -248,42 +259,48 @@ def usa_velocity(quick: bool, log, limits) -> Result:
             [
                 f"{S} x {n} x {d}",
                 fmt_t(t_fast),
+                fmt_t(t_xla),
                 fmt_t(t_plain),
                 f"{fmt_t(t_np)} ({k_np} thr)",
                 f"{fmt_t(t_torch)} ({k_torch} thr)",
                 fmt_r(t_np / t_fast),
                 fmt_r(t_plain / t_fast),
                 fmt_r(t_torch / t_fast),
+                fmt_r(t_xla / t_fast),
                 f"{pf[0]:.0f}, {pf[1]:.0f}",
                 f"{fmt_t(fresh['meanfield']['t'])}, {fmt_t(fresh['plain']['t'])} "
                 f"({fresh['meanfield']['faults']:.0f}, {fresh['plain']['faults']:.0f})",
                 f"{rate:.3g}",
                 f"{fe:.0%}",
                 f"{fg:.0%}",
-                f"{err:.1e}",
+                f"{err:.1e} ({err_xla:.1e})",
             ]
         )
-        res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, plain=t_plain, numpy=t_np, torch=t_torch, err=err,
+        res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, xla=t_xla, plain=t_plain, numpy=t_np, torch=t_torch, err=err,
                                         faults=pf, fresh=fresh)
-        log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} plain {fmt_t(t_plain)} "
+        log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} xla path {fmt_t(t_xla)} plain {fmt_t(t_plain)} "
             f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)} faults {pf}")
     res.notes.append(
-        "meanfield: `jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))`: dense for "
-        "n <= 1024, else the 512 x 1024 tiles of `kernels._tiled_exp`; under the vmap the seeds run in "
-        f"equal chunks of at most `kernels.BATCH_BYTES` = {mf.kernels.BATCH_BYTES // 2**20} MiB of weights "
-        "(`kernels._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` vmapped and "
-        "jitted (the same operations on one `(seeds, n, n)` array). meanfield and plain JAX are timed in "
-        "alternating rounds. NumPy and torch: batched matmuls, float32, each timed with 1 thread and with "
-        "all cores and reported at the faster setting (thr). `max rel diff`: meanfield against the float64 "
-        "NumPy result."
+        "meanfield: `jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))`, its default "
+        "path on the CPU: the fused C kernel called through XLA's FFI (`meanfield/_native/exp_kernel.c`: "
+        "the n (n + 1) / 2 exponentials of the pairs i <= j, rows 4 at a time against SIMD vectors of "
+        "columns, no n x n array; threads over seeds). 'meanfield, XLA path': the same program traced "
+        "with `mf.kernels.set_native(False)` (the reference formulation, and the path on accelerators): "
+        "dense for n <= 1024, else the 512 x 1024 tiles of `kernels._tiled_exp`; under the vmap the "
+        f"seeds run in equal chunks of at most `kernels.BATCH_BYTES` = {mf.kernels.BATCH_BYTES // 2**20} "
+        "MiB of weights (`kernels._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` "
+        "vmapped and jitted (the same operations on one `(seeds, n, n)` array). The three JAX programs are "
+        "timed in alternating rounds. NumPy and torch: batched matmuls, float32, each timed with 1 thread "
+        "and with all cores and reported at the faster setting (thr). `max rel diff`: meanfield (its XLA "
+        "path in brackets) against the float64 NumPy result."
     )
     res.notes.append(
         "Page faults: a temporary larger than the allocator's mmap threshold (32 MiB in glibc) is "
         "mapped afresh on every call, and each new page faults (~1 us per 4 KiB page). A plain vmap at "
         "16 x 1024 x 8 forms 64 MiB weight arrays: in some processes the allocator recycles them (no "
         "faults, the plain and chunked programs then run the same operations at the same speed), in "
-        "others it does not (measured 30 ms instead of 4 ms per call). The chunked evaluation never "
-        "allocates more than `BATCH_BYTES` at once. The 'fresh process' column times each program "
+        "others it does not (measured 30 ms instead of 4 ms per call). The native kernel allocates "
+        "O(n d) per thread; the chunked XLA path never more than `BATCH_BYTES` at once. The 'fresh process' column times each program "
         "alone in a new Python process (what a script or a new notebook kernel sees)."
     )
     return res
@@ -327,10 +344,10 @@ def gauge_overhead(quick: bool, log) -> Result:
         log(f"gauge {S}x{n}x{d}: {times}")
         res.data[f"{S}x{n}x{d}"] = times
     res.notes.append(
-        "RoPE and Prompt evaluate `Psi_i^T usa_field(Psi x)_i` (O(n^2 d)) with the gauge transforms "
-        "inside the chunked evaluation (`kernels._gauged_exp_unit`: `y_i = Psi_i x_i` as a sum of d "
-        "broadcast products, fused; a batched einsum of d x d matrices per particle was 2-8x slower on "
-        "XLA:CPU, and outside the chunks it left RoPE at 5x the USA time at 16 x 1024 x 8). Timed in "
+        "RoPE and Prompt evaluate `Psi_i^T usa_field(Psi x)_i` (O(n^2 d)): the gauge transforms "
+        "`y_i = Psi_i x_i` (a sum of d broadcast products, fused by XLA; a batched einsum of d x d "
+        "matrices per particle was 2-8x slower on XLA:CPU) around the native kernel's USA field, "
+        "O(n d^2) against its O(n^2 d). Timed in "
         "alternating rounds with USA. The last column compares with `method='pairwise'` (a d x d "
         "rotation per pair) on one seed."
     )
@@ -346,6 +363,7 @@ import json, resource, sys, time
 import jax, jax.numpy as jnp
 import meanfield as mf
 n, d, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+mf.kernels.set_native(mode == "native")
 x = mf.sphere.uniform(jax.random.key(0), n, d)
 f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))
 t0 = time.perf_counter(); v = f(x).block_until_ready(); t_first = time.perf_counter() - t0
@@ -370,7 +388,8 @@ def big_n(quick: bool, log) -> Result:
          "n x n matrix would be", "rel err (64 rows)"],
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for mode, label in [("current", "`mf.velocity` (512 x 1024 tiles of `kernels._tiled_exp`)")]:
+    for mode, label in [("native", "`mf.velocity` (default: the fused C kernel, rows split over threads)"),
+                        ("xla", "`mf.velocity`, XLA path (512 x 1024 tiles of `kernels._tiled_exp`)")]:
         out = subprocess.run(
             [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d), mode],
             capture_output=True, text=True, timeout=1500, cwd=root,
@@ -388,7 +407,8 @@ def big_n(quick: bool, log) -> Result:
         res.data[mode] = r
         log(f"big n {mode}: {r}")
     res.notes.append(
-        f"`mf.velocity(mf.kernels.USA(1.0), x)` under jit: row tiles of "
+        "`mf.velocity(mf.kernels.USA(1.0), x)` under jit. Native: memory O(n d) per thread. XLA path "
+        f"(`mf.kernels.set_native(False)`): row tiles of "
         f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} (lax.map) accumulated over column "
         f"tiles twice as wide (lax.scan), memory O(n d + block^2). Peak RSS = `ru_maxrss` of the subprocess (includes the Python/JAX "
         f"runtime, about 0.3 GiB)."
@@ -756,7 +776,7 @@ def fig2(quick: bool, log) -> Result:
     res.notes.append(
         f"Each n compiles once for all 3 models and all {seeds} seeds (per-particle gauges: a `Prompt` "
         f"kernel with K = n gauges and labels 0..n-1, stacked over models and vmapped; the vmapped field "
-        f"runs in chunks of `kernels.BATCH_BYTES` of weights). One run per n at full size (no "
+        f"runs through the native kernel in the gauge frame). One run per n at full size (no "
         f"extrapolation); the early-stop rule ends a vmapped batch when all its members stop. Full "
         f"Fig. 2 wall time: {fmt_t(total)} including compiles. Pair evaluations / s counts the steps "
         f"of each model's batch up to its last stop time. RoPE as per-particle gauges vs "
@@ -820,11 +840,20 @@ def formulations(quick: bool, log) -> Result:
         "Formulations of the dense USA field (float32, seeds vmapped), time relative to meanfield's",
         ["formulation / compile options"] + [f"{S} x {n} x {d}" for S, n, d in shapes],
     )
-    rel = {c: [] for c in ["meanfield (`USA.field`, chunked)"] + cols}
+    base_name = "meanfield (`USA.field`: native kernel)"
+    xla_name = "meanfield's XLA path (`set_native(False)`, chunked)"
+    rel = {c: [] for c in [base_name, xla_name] + cols}
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
         ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
         fns = {"meanfield": jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))}
+        xla_path = jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))
+        previous = mf.kernels.set_native(False)
+        try:
+            xla_path(x)  # compiled with the XLA formulation
+        finally:
+            mf.kernels.set_native(previous)
+        fns[xla_name] = xla_path
         for oname, o in opts.items():
             for vname, v in variants.items():
                 f = jax.jit(jax.vmap(lambda y, v=v: v(y, 1.0)), compiler_options=o)
@@ -834,15 +863,15 @@ def formulations(quick: bool, log) -> Result:
                 fns[f"{vname} / {oname}"] = f
         times = timeit_interleaved({k: (lambda f=f: f(x)) for k, f in fns.items()}, reps, rounds=2)
         base = times["meanfield"]
-        rel["meanfield (`USA.field`, chunked)"].append(fmt_t(base))
-        for c in cols:
+        rel[base_name].append(fmt_t(base))
+        for c in [xla_name, *cols]:
             rel[c].append(fmt_r(times[c] / base))
         res.data[f"{S}x{n}x{d}"] = times
         log(f"formulations {S}x{n}x{d}: " + ", ".join(f"{k} {fmt_t(v)}" for k, v in times.items()))
     res.rows = [[k] + v for k, v in rel.items()]
     res.notes.append(
-        "Each entry is the time of the formulation over meanfield's (the rescaled USA field, chunked "
-        "under vmap); every formulation is checked against the two-matmul field first (relative "
+        "Each entry is the time of the formulation over meanfield's (the rescaled USA field under vmap, "
+        "through the native kernel on the CPU); every formulation is checked against the two-matmul field first (relative "
         "difference < 1e-5). 'matmuls only to YNNPACK' compiles with `phase_diagram.CPU_COMPILER_OPTIONS` "
         "(library code cannot set compiler options for a caller's jit, so `mf.velocity` uses XLA's "
         "defaults; the phase-diagram kernel, which owns its jit, uses the option). The symmetric "

@@ -15,6 +15,12 @@ and of the energy: dense exponentials in row tiles for the exp kernels, the
 gauge frame for every exp-gauge kernel (RoPE, phase field, gauge, prompt: USA
 in the frame ``y_i = Psi(xi_i) x_i``), rank 2 in the positions for Toeplitz.
 
+On the CPU the exp-kernel fields and energies (USA and the exp-gauge kernels in their gauge
+frame) run by default through a fused C kernel called from XLA (``meanfield._native``,
+compiled at first use: half the exponentials, no ``n x n`` array); derivatives are those of
+the XLA formulation, which is also what accelerators run and what ``set_native(False)``
+(or ``MEANFIELD_NATIVE=0``) selects. BENCHMARKS.md has the measured speed of both.
+
 Large ``beta``: ``exp(beta <x, y>)`` overflows float32 past ``beta ~ 88``. With
 ``rescaled=True`` an exp kernel is multiplied by ``e^{-beta}``:
 ``h = exp(beta (<x, y> - 1)) / beta``. This is an exact change of time scale:
@@ -33,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import sphere
+from . import _native, sphere
 from ._checks import (
     check_nonnegative,
     check_orthogonal,
@@ -56,6 +62,8 @@ __all__ = [
     "DEFAULT_BLOCK",
     "MODEL_NAMES",
     "make",
+    "set_native",
+    "native_enabled",
     "random_gauges",
     "default_phase",
     "wavy_gauge",
@@ -78,6 +86,40 @@ BATCH_BYTES = 2**23
 #: The same budget on accelerators (GPU/TPU), where larger kernels keep the device busy and
 #: the bound only guards memory (not measured: no accelerator was available).
 ACCELERATOR_BATCH_BYTES = 2**30
+
+_NATIVE = {"enabled": True}
+
+
+def set_native(enabled: bool) -> bool:
+    """Use (``True``, the default) or not the fused C kernel for exp-kernel fields on the CPU.
+
+    With it, the field and energy of ``USA`` and of the exp-gauge kernels (``RoPE``,
+    ``PhaseField``, ``Gauge``, ``Prompt``, in the gauge frame) run on the CPU as one XLA FFI
+    call (``meanfield._native.exp_field_xla``: half the exponentials, no ``n x n`` array, see
+    ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
+    ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
+    The numbers agree to rounding (tests/test_kernels_native.py). Derivatives are always those
+    of the XLA formulation. Takes effect for functions traced afterwards (a jitted function
+    keeps the path it was compiled with). Returns the previous setting.
+
+    Example:
+        >>> import meanfield as mf
+        >>> previous = mf.kernels.set_native(False)
+        >>> mf.kernels.native_enabled()
+        False
+        >>> _ = mf.kernels.set_native(previous)
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    previous = _NATIVE["enabled"]
+    _NATIVE["enabled"] = enabled
+    return previous
+
+
+def native_enabled() -> bool:
+    """Whether exp-kernel fields traced now use the fused C kernel on the CPU (``set_native``
+    and the kernel builds)."""
+    return _NATIVE["enabled"] and _native.exp_available()
 
 
 def positions(n: int) -> Float[Array, " n"]:
@@ -361,8 +403,34 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         x, beta = args[0], args[1]
         return _gauged_exp_unit(x, beta, args[2] if gauged else None, block_size, parts)
 
+    def native(xs, betas, *gauges):
+        """The batch through the fused C kernel (an XLA FFI call; CPU only)."""
+        ys = xs
+        if gauged:
+            g = gauges[0]
+            if g.shape[0] != xs.shape[0]:  # one gauge shared by the batch
+                ys = jax.vmap(_apply_gauge, in_axes=(None, 0))(g[0], xs)
+            else:
+                ys = jax.vmap(_apply_gauge)(g, xs)
+        F, S = _native.exp_field_xla(ys, betas, field="F" in parts)
+        if F is None:
+            return jnp.zeros_like(xs), S
+        if gauged:
+            if g.shape[0] != xs.shape[0]:
+                F = jax.vmap(_apply_gauge_transpose, in_axes=(None, 0))(g[0], F)
+            else:
+                F = jax.vmap(_apply_gauge_transpose)(g, F)
+        return F, S
+
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):
+        native_ok = (xs.dtype in (jnp.float32, jnp.float64) and xs.shape[-1] <= _native.EXP_MAX_D
+                     and native_enabled())
+        if native_ok:
+            return jax.lax.platform_dependent(xs, betas, *gauges, cpu=native, default=xla)
+        return xla(xs, betas, *gauges)
+
+    def xla(xs, betas, *gauges):
         B, n = xs.shape[0], xs.shape[1]
         chunk = _batch_chunk(n, block_size, xs.dtype.itemsize)
         if gauged and gauges[0].shape[0] != B:  # one gauge shared by the batch

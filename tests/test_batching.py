@@ -33,15 +33,19 @@ def _kernels(d):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """A budget of 3 systems of n = 10 per chunk: 7 systems run as 3 equal padded chunks."""
+    """A budget of 3 systems of n = 10 per chunk: 7 systems run as 3 equal padded chunks (the
+    XLA formulation: the native kernel, tested in test_kernels_native.py, does not chunk)."""
     monkeypatch.setattr(K, "BATCH_BYTES", 3 * 10 * 10 * 8)
     K._exp_op.cache_clear()
+    previous = K.set_native(False)
     yield
+    K.set_native(previous)
     K._exp_op.cache_clear()
 
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_vmap_equals_loop(chunked, request, x64):
+    """Unchunked: the default path (the native kernel on the CPU when it builds); chunked: XLA."""
     if chunked:
         request.getfixturevalue("small_chunks")
         assert K._batch_chunk(10, None, 8) == 3

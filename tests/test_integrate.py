@@ -330,7 +330,9 @@ def test_beta_500_rescaled_float32_collapses():
     assert float(traj.collapse_gap[-1]) < 1e-6
     E = np.asarray(traj.energy)
     assert np.all(np.diff(E) >= -1e-6 * E[1:])
-    np.testing.assert_allclose(E[-1], mf.theory.max_energy(beta, rescaled=True), rtol=1e-5)
+    # float32 rounding of <x_i, x_j> near 1 (a few ulp, ~2e-7 for d = 3) moves each weight
+    # exp(beta (<x_i, x_j> - 1)) by beta times that: ~1e-4 relative at beta = 500
+    np.testing.assert_allclose(E[-1], mf.theory.max_energy(beta, rescaled=True), rtol=1e-4)
     with pytest.raises(ValueError, match="rescaled"):
         mf.simulate(K.USA(beta), x0, t1=1.0)
 

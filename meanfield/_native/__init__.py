@@ -1,4 +1,17 @@
-"""The fused CPU kernel of the phase-diagram sweep (``phase_kernel.c``), built at first use.
+"""Fused CPU kernels, built at first use: the phase-diagram sweep (``phase_kernel.c``, called
+through ctypes) and the exp-kernel field (``exp_kernel.c``, an XLA FFI custom call that
+``meanfield.kernels`` places inside any jitted, vmapped or differentiated program on the CPU).
+
+Exp-kernel field (``exp_field_xla``; ``exp_field`` is the same code on NumPy arrays): XLA runs
+``exp(beta X X^T) X`` as a matmul, an exponential pass over the ``n x n`` weights and a second
+matmul, with all ``n^2`` exponentials and an ``n x n`` temporary per system. ``exp_kernel.c``
+evaluates only the pairs ``i <= j`` (the weights are symmetric) in one pass over blocks of
+rows, memory O(n d) per thread. ``meanfield.kernels`` wraps it in a ``custom_jvp`` whose
+tangents are those of the XLA formulation, and in ``jax.lax.platform_dependent``, so that
+other platforms run the XLA formulation. It needs jaxlib's FFI headers
+(``jax.ffi.include_dir()``), checked by a self-test call through XLA at build time.
+
+Phase-diagram sweep:
 
 XLA:CPU runs the phase-diagram step as several passes over the ``(seeds, n, n)`` weights
 (Gram matmul, exp, row sums, count, field matmul); at ``n = 32`` those passes, not the
@@ -20,7 +33,7 @@ renamed), so concurrent processes are safe. Without a compiler, or with
 ``MEANFIELD_NATIVE=0``, ``available()`` is ``False`` and ``meanfield.phase_diagram`` uses
 its XLA kernel (``backend="auto"``).
 
-Numbers: the same operations as the XLA kernel, in another order, with libmvec's
+Numbers (phase kernel): the same operations as the XLA kernel, in another order, with libmvec's
 exponential (within a few ulp of the correctly rounded value). In float64 the states agree
 with the XLA kernel and with the plain reference loop to 1e-11 or better and the clustering
 fractions are equal (tests/test_phase_diagram.py: n = 32, d = 2, 100 steps at beta up to 9;
@@ -42,7 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE"]
+__all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
+           "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
+           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
 LANES = {"float64": 8, "float32": 16}
@@ -89,14 +104,19 @@ def _cpu_tag() -> str:
         return platform.processor() + platform.machine()
 
 
-def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes.CDLL:
-    """Compile (or load from the cache) one build of the source; the first flag set that works."""
+def _compile(cc: str, version: str, source_path: Path, defines: list[str], include: tuple[str, ...] | list[str] = ()) -> ctypes.CDLL:
+    """Compile (or load from the cache) one build of a source; the first flag set that works.
+
+    The cache name hashes the source, the headers it includes from ``include`` (their bytes),
+    the flags, the compiler's version and the CPU."""
     errors = []
+    source = source_path.read_bytes()
+    headers = b"".join(sorted(p.read_bytes() for d in include for p in Path(d).rglob("c_api.h")))
     for flags in FLAGS:
-        flags = [*flags, *defines]
-        tag = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
+        flags = [*flags, *defines, *(f"-I{d}" for d in include)]
+        tag = hashlib.sha256(b"\0".join([source, headers, " ".join(flags).encode(), version.encode(),
                                          _cpu_tag().encode()])).hexdigest()[:16]
-        target = _cache_dir() / f"phase_kernel-{tag}.so"
+        target = _cache_dir() / f"{source_path.stem}-{tag}.so"
         failed = target.with_suffix(".failed")  # a flag set this compiler rejected: not retried
         if failed.exists():
             errors.append(f"{' '.join(flags)}: {failed.read_text()[-500:]}")
@@ -105,7 +125,7 @@ def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
-            r = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True,
+            r = subprocess.run([cc, *flags, "-o", tmp, str(source_path), "-lm"], capture_output=True,
                                text=True, timeout=300)
             if r.returncode != 0:
                 os.unlink(tmp)
@@ -117,21 +137,26 @@ def _compile(cc: str, version: str, source: bytes, defines: list[str]) -> ctypes
     raise RuntimeError("the C compiler failed: " + " | ".join(errors))
 
 
-def _build() -> dict:
-    """``{dtype name: (entry point, ctypes pointer type of its reals)}`` for ``DTYPES``."""
+def _toolchain() -> tuple[str, str]:
+    """``(compiler, its --version text)``; RuntimeError when disabled or missing."""
     if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    source = SOURCE.read_bytes()
+    return cc, version
+
+
+def _build() -> dict:
+    """``{dtype name: (entry point, ctypes pointer type of its reals)}`` for ``DTYPES``."""
+    cc, version = _toolchain()
     kernels = {}
     ip = ctypes.POINTER(ctypes.c_int)
     dp = ctypes.POINTER(ctypes.c_double)
     for name, defines, entry, ctype in (("float64", [], "mf_phase_run", ctypes.c_double),
                                         ("float32", ["-DMF_FLOAT32"], "mf_phase_run_f32", ctypes.c_float)):
-        lib = _compile(cc, version, source, defines)
+        lib = _compile(cc, version, SOURCE, defines)
         fn = getattr(lib, entry)
         rp = ctypes.POINTER(ctype)
         fn.argtypes = [rp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
@@ -146,14 +171,19 @@ def _build() -> dict:
 
 
 def _library() -> dict | None:
+    return _once(_state, _build)
+
+
+def _once(state: dict, build) -> dict | None:
+    """``build()`` on the first call (its error kept in ``state``), thread-safe."""
     with _lock:
-        if not _state["tried"]:
-            _state["tried"] = True
+        if not state["tried"]:
+            state["tried"] = True
             try:
-                _state["lib"] = _build()
-            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                _state["error"] = str(e)
-        return _state["lib"]
+                state["lib"] = build()
+            except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
+                state["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
+        return state["lib"]
 
 
 def available() -> bool:
@@ -241,3 +271,159 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     if rc != 0:
         raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")
     return frac[:S], xout[:S]
+
+
+# ----------------------------------------------------------------------------
+# the exp-kernel field (exp_kernel.c), an XLA FFI custom call
+# ----------------------------------------------------------------------------
+
+#: the C source of the fused exp-kernel field (``meanfield.kernels``' CPU fast path)
+EXP_SOURCE = Path(__file__).with_name("exp_kernel.c")
+#: XLA FFI targets by dtype: (field and sum, sum only)
+EXP_TARGETS = {"float64": ("meanfield_exp_fs_f64", "meanfield_exp_s_f64"),
+               "float32": ("meanfield_exp_fs_f32", "meanfield_exp_s_f32")}
+#: columns per SIMD vector of the exp kernel, by dtype
+EXP_LANES = {"float64": 8, "float32": 16}
+#: largest dimension the exp kernel accepts
+EXP_MAX_D = 64
+
+_exp_state: dict = {"lib": None, "error": None, "tried": False}
+
+
+def _build_exp() -> dict:
+    """Compile both dtypes of ``exp_kernel.c``, register their FFI targets, check one call each."""
+    import jax
+
+    cc, version = _toolchain()
+    include = jax.ffi.include_dir()
+    libs = {}
+    for name, defines, suffix, ctype in (("float64", [], "_f64", ctypes.c_double),
+                                         ("float32", ["-DMF_FLOAT32"], "_f32", ctypes.c_float)):
+        lib = _compile(cc, version, EXP_SOURCE, defines, [include])
+        lanes = int(getattr(lib, f"mf_exp_lanes{suffix}")())
+        if lanes != EXP_LANES[name]:
+            raise RuntimeError(f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}")
+        fn = getattr(lib, f"mf_exp_field{suffix}")
+        rp = ctypes.POINTER(ctype)
+        fn.argtypes = [rp, rp, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp, rp]
+        fn.restype = ctypes.c_int
+        threads = getattr(lib, f"mf_exp_set_threads{suffix}")
+        threads.argtypes = [ctypes.c_int]
+        threads(default_threads())
+        for target in EXP_TARGETS[name]:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
+        libs[name] = (fn, rp, threads)
+    _self_test()
+    return libs
+
+
+def _self_test() -> None:
+    """One small call of each FFI target against NumPy (a handler XLA rejects fails here, not later)."""
+    import jax
+
+    with jax.ensure_compile_time_eval():  # may run while a caller's function is being traced
+        _self_test_eager(jax)
+
+
+def _self_test_eager(jax) -> None:
+    x = np.array([[[1.0, 0.0], [0.6, 0.8], [0.0, -1.0]]])
+    beta = np.array([1.5])
+    W = np.exp(beta[0] * (x[0] @ x[0].T - 1.0))
+    for name, (fs, s_only) in EXP_TARGETS.items():
+        if name == "float64" and not jax.config.read("jax_enable_x64"):
+            continue  # float64 arrays do not exist in this process (yet): float32 checks the handler
+        xt, bt = x.astype(name), beta.astype(name)
+        F, S = jax.jit(lambda a, b, t=fs: jax.ffi.ffi_call(t, (jax.ShapeDtypeStruct(a.shape, a.dtype),
+                                                               jax.ShapeDtypeStruct(b.shape, b.dtype)))(a, b))(xt, bt)
+        S2 = jax.jit(lambda a, b, t=s_only: jax.ffi.ffi_call(t, jax.ShapeDtypeStruct(b.shape, b.dtype))(a, b))(xt, bt)
+        tol = 1e-5 if name == "float32" else 1e-12
+        if not (np.allclose(np.asarray(F)[0], W @ x[0] / 3, rtol=tol, atol=tol)
+                and np.allclose(np.asarray(S), W.sum(), rtol=tol) and np.allclose(np.asarray(S2), W.sum(), rtol=tol)):
+            raise RuntimeError(f"the {name} exp kernel failed its self-test through XLA")
+
+
+def _exp_library() -> dict | None:
+    return _once(_exp_state, _build_exp)
+
+
+def exp_available() -> bool:
+    """Whether the exp-kernel FFI targets are built and registered (builds them on the first call).
+
+    Example:
+        >>> from meanfield import _native
+        >>> _native.exp_available() == (_native.exp_unavailable_reason() is None)
+        True
+    """
+    return _exp_library() is not None
+
+
+def exp_unavailable_reason() -> str | None:
+    """Why ``exp_available()`` is ``False`` (``None`` when it is available)."""
+    _exp_library()
+    return _exp_state["error"]
+
+
+def set_exp_threads(threads: int | None = None) -> None:
+    """Threads of later exp-kernel calls (default ``default_threads()``)."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    libs = _exp_library()
+    if libs is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    for _, _, set_threads in libs.values():
+        set_threads(int(threads or default_threads()))
+
+
+def exp_field(x, beta, field: bool = True):
+    """``(F, S)`` of the exp kernel on NumPy arrays (through ctypes, outside XLA).
+
+    ``F_i = (1/n) sum_j exp(beta (<x_i, x_j> - 1)) x_j`` and ``S = sum_ij exp(beta (<x_i, x_j> - 1))``
+    for every system of ``x`` ``(B, n, d)`` with ``beta`` ``(B,)``; ``F`` is ``None`` when
+    ``field`` is ``False``. ``meanfield.kernels`` calls the same code through XLA's FFI.
+
+    Example:
+        >>> import numpy as np
+        >>> from meanfield import _native
+        >>> x = np.array([[[1.0, 0.0], [0.0, 1.0]]])  # two orthogonal unit vectors
+        >>> F, S = _native.exp_field(x, np.array([2.0]))
+        >>> bool(np.isclose(S[0], 2 + 2 * np.exp(-2.0))), bool(np.allclose(F[0, 0], [0.5, 0.5 * np.exp(-2.0)]))
+        (True, True)
+    """
+    libs = _exp_library()
+    if libs is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    x = np.ascontiguousarray(x)
+    if x.dtype.name not in EXP_TARGETS:
+        raise ValueError(f"x must be float64 or float32 for the native kernel, got dtype {x.dtype}")
+    if x.ndim != 3 or x.shape[1] < 1 or not 1 <= x.shape[2] <= EXP_MAX_D:
+        raise ValueError(f"x must have shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, got {x.shape}")
+    beta = np.ascontiguousarray(beta, dtype=x.dtype)
+    if beta.shape != x.shape[:1]:
+        raise ValueError(f"beta must have shape {x.shape[:1]}, got {beta.shape}")
+    fn, rp, _ = libs[x.dtype.name]
+    B, n, d = x.shape
+    F = np.empty_like(x) if field else None
+    S = np.empty(B, x.dtype)
+    rc = fn(x.ctypes.data_as(rp), beta.ctypes.data_as(rp), B, n, d,
+            F.ctypes.data_as(rp) if F is not None else None, S.ctypes.data_as(rp))
+    if rc != 0:
+        raise RuntimeError(f"the native exp kernel failed (B={B}, n={n}, d={d}, code {rc})")
+    return F, S
+
+
+def exp_field_xla(x, beta, field: bool = True):
+    """``(F, S)`` of ``exp_field`` as an XLA FFI call on JAX arrays (CPU only; ``F`` is ``None``
+    when ``field`` is ``False``). ``x``: ``(..., n, d)``, ``beta``: ``(...)``, float32 or float64.
+    Not differentiable by itself: ``meanfield.kernels`` wraps it in a ``custom_jvp``."""
+    import jax
+
+    if _exp_library() is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    name = np.dtype(x.dtype).name
+    fs, s_only = EXP_TARGETS[name]
+    s_shape = jax.ShapeDtypeStruct(beta.shape, x.dtype)
+    if field:
+        F, S = jax.ffi.ffi_call(fs, (jax.ShapeDtypeStruct(x.shape, x.dtype), s_shape),
+                                vmap_method="broadcast_all")(x, beta)
+        return F, S
+    return None, jax.ffi.ffi_call(s_only, s_shape, vmap_method="broadcast_all")(x, beta)

@@ -1,0 +1,393 @@
+/* Fused CPU kernel of the exp-kernel field (meanfield.kernels: USA and, in the gauge frame,
+ * RoPE, PhaseField, Gauge, Prompt), called from XLA through the FFI (jax.ffi).
+ *
+ * For each system b of a batch (x: (..., n, d), beta: (...)):
+ *
+ *     w_ij = exp(beta_b (<x_i, x_j> - 1)),
+ *     F_i  = (1/n) sum_j w_ij x_j,          S = sum_ij w_ij,
+ *
+ * the unscaled results of kernels._tiled_exp_unit (the factor e^{beta - shift} is applied
+ * in JAX). w is symmetric: only the pairs i <= j are evaluated (n (n + 1) / 2 exponentials),
+ * each added to row i and to row j.
+ *
+ * What XLA:CPU does not generate: the Gram entries, the exponentials, the row sums and both
+ * products with x in one pass over a block of rows, with memory O(n d) per thread (the
+ * n x n weights are never stored: no cache misses, no fresh pages for large temporaries).
+ *
+ * Layout: a system is stored transposed, xt[a][j] (coordinates a, particles j padded to a
+ * multiple of LANES), so that the columns j of a row are SIMD lanes. Rows are taken RB = 4
+ * at a time against all columns j >= i: (1) the arguments beta (<x_i, x_j> - 1) of the RB
+ * rows into a buffer, (2) their exponentials in one vectorised loop (glibc's libmvec under
+ * -ffast-math), (3) the pairs j <= i masked to zero, then the products: acc_ra += w_rj x_aj
+ * (row sums in registers) and Ft_aj += w_rj x_ra (the symmetric half), coordinates AC = 4 at
+ * a time so that the accumulators stay in registers. The diagonal w_ii is added once.
+ * Accuracy: partial sums in the kernel's dtype cover at most VCH vectors of columns or FLUSH
+ * rows, then continue in double (float32 results stay at float32 rounding for large n).
+ * Parallel (OpenMP) over the systems of the batch; a batch smaller than the thread count
+ * runs each system's rows in parallel (dynamic blocks, one Ft per thread, summed).
+ *
+ * Built at first use by meanfield/_native/__init__.py with the system C compiler and the
+ * FFI headers that jaxlib ships (jax.ffi.include_dir()); without them, meanfield uses the
+ * XLA formulation, which stays the reference this kernel is tested against.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xla/ffi/api/c_api.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#ifdef MF_FLOAT32
+typedef float real;
+typedef int ireal;
+#define LANES 16
+#define EXP expf
+#define SUFFIX(name) name##_f32
+#define FFI_DTYPE XLA_FFI_DataType_F32
+#else
+typedef double real;
+typedef long long ireal;
+#define LANES 8
+#define EXP exp
+#define SUFFIX(name) name##_f64
+#define FFI_DTYPE XLA_FFI_DataType_F64
+#endif
+
+#define RB 4 /* rows per block */
+#define AC 4 /* coordinates per pass of the products */
+#define VCH 64 /* vectors per partial sum in the kernel's dtype (then double) */
+#define FLUSH 128 /* rows per partial sum of the symmetric half in the kernel's dtype (multiple of RB) */
+#define MAX_D 64
+
+typedef real vr __attribute__((vector_size(LANES * sizeof(real)), aligned(LANES * sizeof(real))));
+typedef ireal vi __attribute__((vector_size(LANES * sizeof(ireal)), aligned(LANES * sizeof(ireal))));
+
+static int n_threads = 1;
+
+/* threads of later calls (the loader sets OMP_NUM_THREADS or the CPUs of the process) */
+void SUFFIX(mf_exp_set_threads)(int t) { n_threads = t > 0 ? t : 1; }
+
+int SUFFIX(mf_exp_lanes)(void) { return LANES; }
+
+static inline real hsum(vr v) {
+    real s = 0;
+    for (int l = 0; l < LANES; l++) s += v[l];
+    return s;
+}
+
+/* Rows i0 .. i0 + RB - 1 (those >= hi are absent) of one system against the columns j >= i0:
+ * adds the strict upper pairs w_ij x_i to the columns' Ft (transposed layout, d rows of nv
+ * vectors; the caller flushes it into FD every FLUSH rows), the rows' sums sum_j w_ij x_j to
+ * FD (double, d rows of nv * LANES) and returns the weight sum of the pairs. Sums run in the
+ * kernel's dtype over at most VCH vectors (and Ft over at most FLUSH rows), then in double:
+ * float32 keeps its accuracy at n = 2^17. P: RB * nv work vectors. d is a compile-time
+ * constant in the specialisations below. */
+static inline __attribute__((always_inline)) double row_block(const vr *restrict xt, const int n, const int nv,
+                                                              const int d, const real beta, const int i0,
+                                                              const int hi, const int field, vr *restrict Ft,
+                                                              double *restrict FD, vr *restrict P) {
+    const real *xs = (const real *)xt;
+    const size_t np = (size_t)nv * LANES;
+    const vr zero = {0};
+    const vr vb = zero + beta;
+    const int v0 = i0 / LANES;
+    const int m = nv - v0;
+    real xi[RB][MAX_D];
+    for (int r = 0; r < RB; r++)
+        for (int a = 0; a < d; a++) xi[r][a] = i0 + r < hi ? xs[(size_t)a * np + i0 + r] : 0;
+    /* (1) arguments of the exponentials */
+    for (int v = v0; v < nv; v++) {
+        vr dot[RB];
+        for (int r = 0; r < RB; r++) dot[r] = zero;
+        for (int a = 0; a < d; a++) {
+            const vr xa = xt[(size_t)a * nv + v];
+            for (int r = 0; r < RB; r++) dot[r] += xi[r][a] * xa;
+        }
+        for (int r = 0; r < RB; r++) P[(size_t)r * nv + v] = vb * dot[r] - vb;
+    }
+    /* (2) exponentials (libmvec) */
+    for (int r = 0; r < RB; r++) {
+        real *restrict p = (real *)(P + (size_t)r * nv + v0);
+        for (int k = 0; k < m * LANES; k++) p[k] = EXP(p[k]);
+    }
+    /* (3) zero the pairs j <= i (first vectors), the padding j >= n (last vector) and absent rows */
+    vi lane;
+    for (int l = 0; l < LANES; l++) lane[l] = l;
+    const int vlast = (i0 + RB - 1) / LANES < nv ? (i0 + RB - 1) / LANES : nv - 1;
+    for (int r = 0; r < RB; r++) {
+        const vi i = (vi){0} + (ireal)(i0 + r < hi ? i0 + r : n);
+        for (int v = v0; v <= vlast; v++) {
+            const vi j = lane + (ireal)(v * LANES);
+            P[(size_t)r * nv + v] = (vr)((vi)P[(size_t)r * nv + v] & (j > i));
+        }
+        const vi j = lane + (ireal)((nv - 1) * LANES);
+        P[(size_t)r * nv + nv - 1] = (vr)((vi)P[(size_t)r * nv + nv - 1] & (j < (vi){0} + (ireal)n));
+    }
+    double sum = 0;
+    for (int c = v0; c < nv; c += VCH) {
+        const int ce = c + VCH < nv ? c + VCH : nv;
+        vr sv = zero;
+        for (int r = 0; r < RB; r++)
+            for (int v = c; v < ce; v++) sv += P[(size_t)r * nv + v];
+        sum += hsum(sv);
+    }
+    if (!field) return sum;
+    /* (4) products: row sums acc[r][k] in registers, the symmetric half into Ft */
+    for (int a0 = 0; a0 < d; a0 += AC) {
+        double accd[RB][AC] = {{0}};
+        for (int c = v0; c < nv; c += VCH) {
+            const int ce = c + VCH < nv ? c + VCH : nv;
+            vr acc[RB][AC];
+            for (int r = 0; r < RB; r++)
+                for (int k = 0; k < AC; k++) acc[r][k] = zero;
+            for (int v = c; v < ce; v++) {
+                vr w[RB];
+                for (int r = 0; r < RB; r++) w[r] = P[(size_t)r * nv + v];
+                for (int k = 0; k < AC; k++) {
+                    if (a0 + k >= d) break;
+                    const vr xa = xt[(size_t)(a0 + k) * nv + v];
+                    vr f = Ft[(size_t)(a0 + k) * nv + v];
+                    for (int r = 0; r < RB; r++) {
+                        acc[r][k] += w[r] * xa;
+                        f += w[r] * xi[r][a0 + k];
+                    }
+                    Ft[(size_t)(a0 + k) * nv + v] = f;
+                }
+            }
+            for (int r = 0; r < RB; r++)
+                for (int k = 0; k < AC; k++) accd[r][k] += hsum(acc[r][k]);
+        }
+        for (int r = 0; r < RB && i0 + r < hi; r++)
+            for (int k = 0; k < AC && a0 + k < d; k++) FD[(size_t)(a0 + k) * np + i0 + r] += accd[r][k];
+    }
+    return sum;
+}
+
+typedef double (*row_block_fn)(const vr *, int, int, int, real, int, int, int, vr *, double *, vr *);
+
+#define SPECIALISE(D)                                                                                        \
+    static double row_block_##D(const vr *xt, int n, int nv, int d, real beta, int i0, int hi, int field,   \
+                                vr *Ft, double *FD, vr *P) {                                                \
+        (void)d;                                                                                            \
+        return row_block(xt, n, nv, D, beta, i0, hi, field, Ft, FD, P);                                     \
+    }
+SPECIALISE(2)
+SPECIALISE(3)
+SPECIALISE(4)
+SPECIALISE(8)
+SPECIALISE(16)
+static double row_block_any(const vr *xt, int n, int nv, int d, real beta, int i0, int hi, int field, vr *Ft,
+                            double *FD, vr *P) {
+    return row_block(xt, n, nv, d, beta, i0, hi, field, Ft, FD, P);
+}
+
+static row_block_fn pick(int d) {
+    switch (d) {
+        case 2: return row_block_2;
+        case 3: return row_block_3;
+        case 4: return row_block_4;
+        case 8: return row_block_8;
+        case 16: return row_block_16;
+        default: return row_block_any;
+    }
+}
+
+/* FD += Ft over the vectors v0 .. nv - 1 (Ft is zero below v0), and Ft = 0 there */
+static void flush(vr *restrict Ft, double *restrict FD, int nv, int d, int v0) {
+    const size_t np = (size_t)nv * LANES;
+    for (int a = 0; a < d; a++) {
+        real *restrict f = (real *)(Ft + (size_t)a * nv);
+        double *restrict g = FD + (size_t)a * np;
+        for (size_t j = (size_t)v0 * LANES; j < np; j++) {
+            g[j] += f[j];
+            f[j] = 0;
+        }
+    }
+}
+
+/* the diagonal terms w_ii of rows lo .. hi - 1: added to FD and returned as a sum */
+static double diagonal(const vr *xt, int nv, int d, real beta, int lo, int hi, int field, double *FD) {
+    const real *xs = (const real *)xt;
+    const size_t np = (size_t)nv * LANES;
+    double s = 0;
+    for (int i = lo; i < hi; i++) {
+        real g = 0;
+        for (int a = 0; a < d; a++) g += xs[(size_t)a * np + i] * xs[(size_t)a * np + i];
+        const real w = EXP(beta * g - beta);
+        s += w;
+        if (field)
+            for (int a = 0; a < d; a++) FD[(size_t)a * np + i] += (double)w * xs[(size_t)a * np + i];
+    }
+    return s;
+}
+
+static void load_transposed(const real *x, int n, int nv, int d, vr *xt) {
+    real *xs = (real *)xt;
+    memset(xt, 0, sizeof(vr) * (size_t)d * nv);
+    for (int i = 0; i < n; i++)
+        for (int a = 0; a < d; a++) xs[(size_t)a * nv * LANES + i] = x[(size_t)i * d + a];
+}
+
+static void store_field(const double *FD, int n, int nv, int d, real *F) {
+    const double inv = 1.0 / (double)n;
+    for (int i = 0; i < n; i++)
+        for (int a = 0; a < d; a++) F[(size_t)i * d + a] = (real)(FD[(size_t)a * nv * LANES + i] * inv);
+}
+
+/* the rows of the row blocks b0, b0 + step, ... of one system (flushing Ft every FLUSH rows) */
+static double run_rows(row_block_fn rows, const vr *xt, int n, int nv, int d, real beta, int field, vr *Ft,
+                       double *FD, vr *P, int i_lo, int i_hi) {
+    double t = 0;
+    for (int f0 = i_lo; f0 < i_hi; f0 += FLUSH) {
+        const int f1 = f0 + FLUSH < i_hi ? f0 + FLUSH : i_hi;
+        for (int i0 = f0; i0 < f1; i0 += RB) t += rows(xt, n, nv, d, beta, i0, n, field, Ft, FD, P);
+        if (field) flush(Ft, FD, nv, d, f0 / LANES);
+    }
+    return t;
+}
+
+/* F (B, n, d) and S (B) of the module comment for x (B, n, d), beta (B); F may be NULL (S only).
+ * Returns 0, -1 on bad arguments, -2 when memory runs out. */
+int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int d, real *F, real *S) {
+    if (B < 0 || n < 1 || d < 1 || d > MAX_D) return -1;
+    const int nv = (n + LANES - 1) / LANES;
+    const size_t np = (size_t)nv * LANES;
+    const int field = F != NULL;
+    const row_block_fn rows = pick(d);
+    /* per system or thread: xt, Ft, P (vectors) and FD (doubles) */
+    const size_t per = sizeof(vr) * (size_t)(2 * d + RB) * nv + sizeof(double) * (size_t)d * np;
+    int failed = 0;
+    if (B >= n_threads || n <= 4 * FLUSH) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) reduction(| : failed) if (B > 1)
+        for (int64_t b = 0; b < B; b++) {
+            vr *xt = aligned_alloc(64, per);
+            if (!xt) {
+                failed = 1;
+                continue;
+            }
+            vr *Ft = xt + (size_t)d * nv, *P = Ft + (size_t)d * nv;
+            double *FD = (double *)(P + (size_t)RB * nv);
+            load_transposed(x + (size_t)b * n * d, n, nv, d, xt);
+            memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
+            memset(FD, 0, sizeof(double) * (size_t)d * np);
+            const double s = diagonal(xt, nv, d, beta[b], 0, n, field, FD);
+            const double t = run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, 0, n);
+            S[b] = (real)(s + 2 * t);
+            if (field) store_field(FD, n, nv, d, F + (size_t)b * n * d);
+            free(xt);
+        }
+        return failed ? -2 : 0;
+    }
+    /* few large systems: windows of FLUSH rows of one system in parallel, Ft and FD per thread */
+    const int T = n_threads;
+    const size_t thr = sizeof(vr) * (size_t)(d + RB) * nv + sizeof(double) * (size_t)d * np;
+    vr *xt = aligned_alloc(64, sizeof(vr) * (size_t)d * nv);
+    char *work = aligned_alloc(64, thr * T);
+    if (!xt || !work) {
+        free(xt), free(work);
+        return -2;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        load_transposed(x + (size_t)b * n * d, n, nv, d, xt);
+        memset(work, 0, thr * T);
+        double total = 0;
+#pragma omp parallel num_threads(T) reduction(+ : total)
+        {
+#ifdef _OPENMP
+            const int tid = omp_get_thread_num();
+#else
+            const int tid = 0;
+#endif
+            vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv;
+            double *FD = (double *)(P + (size_t)RB * nv);
+            double t = 0;
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int f0 = 0; f0 < n; f0 += FLUSH) {
+                const int f1 = f0 + FLUSH < n ? f0 + FLUSH : n;
+                t += run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, f0, f1);
+            }
+            total += 2 * t;
+        }
+        double *FD0 = (double *)((vr *)work + (size_t)(d + RB) * nv);
+        total += diagonal(xt, nv, d, beta[b], 0, n, field, FD0);
+        S[b] = (real)total;
+        if (field) {
+            for (int t = 1; t < T; t++) {
+                const double *src = (const double *)((vr *)(work + thr * t) + (size_t)(d + RB) * nv);
+                for (size_t k = 0; k < (size_t)d * np; k++) FD0[k] += src[k];
+            }
+            store_field(FD0, n, nv, d, F + (size_t)b * n * d);
+        }
+    }
+    free(xt), free(work);
+    return 0;
+}
+
+/* ---- XLA FFI handlers: meanfield_exp_{fs,s}_{f32,f64} ----------------------------------
+ * Arguments: x (..., n, d), beta (...) of the build's dtype. Results: F (..., n, d) and
+ * S (...) ("fs"), or S alone ("s"). Written against the FFI's C API (c_api.h). */
+
+static XLA_FFI_Error *ffi_error(const XLA_FFI_Api *api, const char *msg, XLA_FFI_Error_Code code) {
+    XLA_FFI_Error_Create_Args args;
+    memset(&args, 0, sizeof(args));
+    args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    args.message = msg;
+    args.errc = code;
+    return api->XLA_FFI_Error_Create(&args);
+}
+
+static XLA_FFI_Error *ffi_metadata(XLA_FFI_CallFrame *call_frame) {
+    XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)call_frame->extension_start;
+    ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
+    ext->metadata->api_version.extension_start = NULL;
+    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
+    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+    ext->metadata->traits = 0;
+    return NULL;
+}
+
+static XLA_FFI_Error *ffi_run(XLA_FFI_CallFrame *call_frame, int field) {
+    if (call_frame->extension_start && call_frame->extension_start->type == XLA_FFI_Extension_Metadata)
+        return ffi_metadata(call_frame);
+    const XLA_FFI_Api *api = call_frame->api;
+    if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+    const int nrets = field ? 2 : 1;
+    if (call_frame->args.size != 2 || call_frame->rets.size != nrets)
+        return ffi_error(api, "meanfield exp kernel: expected 2 arguments (x, beta) and 1 or 2 results",
+                         XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    for (int k = 0; k < 2; k++)
+        if (call_frame->args.types[k] != XLA_FFI_ArgType_BUFFER)
+            return ffi_error(api, "meanfield exp kernel: arguments must be buffers", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    const XLA_FFI_Buffer *xb = (const XLA_FFI_Buffer *)call_frame->args.args[0];
+    const XLA_FFI_Buffer *bb = (const XLA_FFI_Buffer *)call_frame->args.args[1];
+    if (xb->dtype != FFI_DTYPE || bb->dtype != FFI_DTYPE || xb->rank < 2 || bb->rank != xb->rank - 2)
+        return ffi_error(api, "meanfield exp kernel: x must be (..., n, d) and beta (...) of the kernel's dtype",
+                         XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    int64_t B = 1;
+    for (int64_t k = 0; k < bb->rank; k++) {
+        if (bb->dims[k] != xb->dims[k])
+            return ffi_error(api, "meanfield exp kernel: batch shapes of x and beta differ",
+                             XLA_FFI_Error_Code_INVALID_ARGUMENT);
+        B *= bb->dims[k];
+    }
+    const int64_t n = xb->dims[xb->rank - 2], d = xb->dims[xb->rank - 1];
+    if (n < 1 || n > (1 << 30) || d < 1 || d > MAX_D)
+        return ffi_error(api, "meanfield exp kernel: needs n >= 1 and 1 <= d <= 64", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    real *F = NULL, *S;
+    if (field) {
+        F = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[0])->data;
+        S = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[1])->data;
+    } else {
+        S = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[0])->data;
+    }
+    const int rc = SUFFIX(mf_exp_field)((const real *)xb->data, (const real *)bb->data, B, (int)n, (int)d, F, S);
+    if (rc == -2) return ffi_error(api, "meanfield exp kernel: out of memory", XLA_FFI_Error_Code_RESOURCE_EXHAUSTED);
+    if (rc != 0) return ffi_error(api, "meanfield exp kernel: bad arguments", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    return NULL;
+}
+
+XLA_FFI_Error *SUFFIX(meanfield_exp_fs)(XLA_FFI_CallFrame *call_frame) { return ffi_run(call_frame, 1); }
+XLA_FFI_Error *SUFFIX(meanfield_exp_s)(XLA_FFI_CallFrame *call_frame) { return ffi_run(call_frame, 0); }

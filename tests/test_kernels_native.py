@@ -1,0 +1,245 @@
+"""The fused C kernel of the exp-kernel fields (``meanfield._native`` ``exp_kernel.c``, an XLA
+FFI call) against the XLA formulation and the single-pair reference.
+
+``kernels.set_native(False)`` selects the XLA formulation (the reference); every comparison
+runs both in one process. Shapes cover the kernel's branches: ``n`` below, at and above
+a SIMD vector (16 float32 / 8 float64 columns), row blocks of 4 with absent rows, the
+specialised dimensions (2, 3, 4, 8, 16) and the generic one, batches larger and smaller than
+the thread count (the latter with rows in parallel). No timings.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield import _native
+
+K = mf.kernels
+
+pytestmark = pytest.mark.skipif(not _native.exp_available(), reason=f"no native kernel: {_native.exp_unavailable_reason()}")
+
+
+@pytest.fixture
+def xla_path():
+    previous = K.set_native(False)
+    yield
+    K.set_native(previous)
+
+
+def _xs(S, n, d, seed=0, dtype=jnp.float64):
+    keys = jax.random.split(jax.random.key(seed), S)
+    return jax.vmap(lambda k: mf.sphere.uniform(k, n, d, dtype))(keys)
+
+
+def _both(fn, *args):
+    """``fn(*args)`` jitted with the native kernel and with the XLA formulation."""
+    native = jax.jit(fn)(*args)
+    previous = K.set_native(False)
+    try:
+        xla = jax.jit(fn)(*args)
+    finally:
+        K.set_native(previous)
+    return native, xla
+
+
+def test_native_kernel_builds():
+    """CI machines have a C compiler and jaxlib's FFI headers: the kernel must build there."""
+    assert _native.exp_available(), _native.exp_unavailable_reason()
+    assert K.native_enabled()
+
+
+@pytest.mark.parametrize("n,d", [(1, 3), (2, 2), (5, 3), (8, 4), (16, 8), (17, 3), (33, 5), (70, 16), (129, 2), (40, 64)])
+def test_exp_field_numpy_against_formula(n, d, x64):
+    """``exp_field`` (ctypes) against the dense formula, float64 to 1e-13 and float32 to 2e-6."""
+    x = np.asarray(_xs(3, n, d, seed=n + d))
+    beta = np.array([0.3, 2.0, 7.0])
+    W = np.exp(beta[:, None, None] * (np.einsum("bid,bjd->bij", x, x) - 1.0))
+    F_ref, S_ref = np.einsum("bij,bjd->bid", W, x) / n, W.sum((1, 2))
+    F, S = _native.exp_field(x, beta)
+    np.testing.assert_allclose(F, F_ref, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(S, S_ref, rtol=1e-13)
+    F32, S32 = _native.exp_field(x.astype(np.float32), beta)
+    np.testing.assert_allclose(F32, F_ref, rtol=2e-6, atol=2e-7)
+    np.testing.assert_allclose(S32, S_ref, rtol=2e-6)
+    none, S_only = _native.exp_field(x, beta, field=False)
+    assert none is None
+    np.testing.assert_array_equal(S_only, S)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("S,n,d", [(7, 10, 3), (3, 33, 8), (1, 300, 3), (2, 520, 16), (4, 21, 6)])
+def test_velocity_and_energy_native_equal_xla(dtype, S, n, d, x64):
+    """Every exp kernel (USA, rescaled USA, RoPE, Prompt, Gauge) vmapped over seeds: field and
+    energy through the native kernel equal the XLA formulation to rounding."""
+    xs = _xs(S, n, d, seed=S + n, dtype=jnp.dtype(dtype))
+    tol = dict(rtol=1e-12, atol=1e-14) if dtype == "float64" else dict(rtol=2e-5, atol=2e-6)
+    kernels = [
+        K.USA(1.3),
+        K.USA(40.0, rescaled=True),
+        K.RoPE(1.1, 2.5),
+        K.Prompt(0.9, K.random_gauges(jax.random.key(3), 3, d, jnp.dtype(dtype))),
+        K.Gauge(1.2, lambda s: mf.sphere.rotation(6.0 * s, d, (0, 1))),
+    ]
+    for kernel in kernels:
+        aux = kernel.default_aux(n)
+        fn = jax.vmap(lambda x, k=kernel, a=aux: (mf.velocity(k, x, a), mf.energy(k, x, a)))
+        (v, e), (vx, ex) = _both(fn, xs)
+        assert v.dtype == jnp.dtype(dtype)
+        np.testing.assert_allclose(v, vx, **tol)
+        np.testing.assert_allclose(e, ex, rtol=tol["rtol"])
+
+
+def test_native_against_pairwise_reference(x64):
+    """The single-pair definition (the reference of every fast path) on one system."""
+    x = _xs(1, 23, 4, seed=9)[0]
+    for kernel in (K.USA(2.2), K.RoPE(0.7, 3.0), K.Prompt(1.4, K.random_gauges(jax.random.key(1), 2, 4, jnp.float64))):
+        aux = kernel.default_aux(23)
+        np.testing.assert_allclose(mf.velocity(kernel, x, aux), mf.velocity(kernel, x, aux, method="pairwise"),
+                                   rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(mf.energy(kernel, x, aux), mf.energy(kernel, x, aux, method="pairwise"), rtol=1e-12)
+
+
+def test_nested_vmaps_shared_gauge_and_beta_grid(x64):
+    """vmap over beta (outer) and seeds (inner); per-system labels; one state under batched labels."""
+    xs = _xs(5, 19, 3, seed=1)
+    betas = jnp.array([0.5, 1.0, 3.0])
+    kern = K.RoPE(1.5, 3.0)
+    auxs = jax.vmap(lambda k: jax.random.uniform(k, (19,), jnp.float64))(jax.random.split(jax.random.key(2), 5))
+    fns = [
+        lambda: jax.vmap(lambda b: jax.vmap(lambda x: mf.velocity(K.RoPE(b, 2.0), x))(xs))(betas),
+        lambda: jax.vmap(lambda x, a: mf.velocity(kern, x, a))(xs, auxs),
+        lambda: jax.vmap(lambda a: mf.velocity(kern, xs[0], a))(auxs),
+        lambda: jax.vmap(lambda b: mf.energy(K.USA(b), xs[0]))(betas),
+    ]
+    for fn in fns:
+        native, xla = _both(fn)
+        np.testing.assert_allclose(native, xla, rtol=1e-12, atol=1e-14)
+
+
+def test_derivatives_use_the_xla_formulation(x64):
+    """grad, jvp, d/dbeta and the Hessian through the native primal equal those of the XLA path."""
+    xs = _xs(3, 12, 3, seed=4)
+    f = lambda b, x: mf.energy(K.USA(b), x)  # noqa: E731
+    for fn in (lambda: jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0))(1.7, xs),
+               lambda: jax.jvp(lambda y: mf.velocity(K.RoPE(1.2, 2.0), y), (xs[0],), (xs[1],)),
+               lambda: jax.hessian(lambda x: f(0.8, x))(xs[2])):
+        native, xla = _both(fn)
+        for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
+
+
+def test_simulation_native_equals_xla(x64):
+    """A diffrax integration (the velocity inside diffrax's loop) is the same with both paths."""
+    x0 = _xs(1, 24, 3, seed=7)[0]
+    native, xla = _both(lambda x: mf.simulate(K.USA(2.0), x, t1=2.0, dt=0.05, ts=[1.0, 2.0]).xs, x0)
+    np.testing.assert_allclose(native, xla, rtol=1e-10, atol=1e-12)
+
+
+def test_thread_count_changes_nothing_per_system_and_little_across_rows(x64):
+    """Batches of at least the thread count run whole systems per thread (bit-identical for any
+    thread count); one large system splits its rows over threads (sums in another order)."""
+    xs = np.asarray(_xs(4, 150, 3, seed=11))
+    big = np.asarray(_xs(1, 700, 5, seed=12))
+    beta4, beta1 = np.full(4, 1.5), np.full(1, 1.5)
+    try:
+        _native.set_exp_threads(1)
+        one = _native.exp_field(xs, beta4), _native.exp_field(big, beta1)
+        _native.set_exp_threads(3)
+        three = _native.exp_field(xs, beta4), _native.exp_field(big, beta1)
+    finally:
+        _native.set_exp_threads()
+    np.testing.assert_array_equal(one[0][0], three[0][0])
+    np.testing.assert_array_equal(one[0][1], three[0][1])
+    np.testing.assert_allclose(one[1][0], three[1][0], rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(one[1][1], three[1][1], rtol=1e-13)
+
+
+def test_fallbacks_and_errors(xla_path):
+    """d > 64 and float16 run through XLA; bad arguments of the NumPy entry and of set_native."""
+    assert not K.native_enabled()
+    K.set_native(True)
+    x = _xs(1, 6, 65, dtype=jnp.float32)[0]
+    np.testing.assert_allclose(mf.velocity(K.USA(1.0), x), mf.velocity(K.USA(1.0), x, method="pairwise"), rtol=1e-5, atol=1e-6)
+    h = x[:, :4].astype(jnp.float16)
+    assert mf.velocity(K.USA(1.0), mf.sphere.normalize(h)).dtype == jnp.float16
+    with pytest.raises(TypeError, match="True or False"):
+        K.set_native(1)
+    with pytest.raises(ValueError, match="float64 or float32"):
+        _native.exp_field(np.ones((1, 3, 2), np.int32), [1.0])
+    with pytest.raises(ValueError, match="shape"):
+        _native.exp_field(np.ones((3, 2)), [1.0])
+    with pytest.raises(ValueError, match="beta must have shape"):
+        _native.exp_field(np.ones((2, 3, 2)), [1.0])
+    with pytest.raises(ValueError, match="threads"):
+        _native.set_exp_threads(0)
+
+
+def test_the_jaxpr_keeps_the_xla_path_for_other_platforms():
+    """The native call sits in a platform-dependent branch: CPU lowers the FFI call, any other
+    platform the XLA formulation (which the jaxpr still holds)."""
+    x = _xs(2, 8, 3, dtype=jnp.float32)
+    jaxpr = str(jax.make_jaxpr(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x)))(x))
+    assert "meanfield_exp_fs_f32" in jaxpr and "platform_index" in jaxpr
+    hlo = jax.jit(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x))).lower(x).as_text()
+    assert "meanfield_exp_fs_f32" in hlo
+
+
+_ENV_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np, meanfield as mf
+from meanfield import _native
+x = mf.sphere.uniform(jax.random.key(0), 20, 3)
+v = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))(x)
+hlo = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x)).lower(x).as_text()
+print(_native.exp_available(), "meanfield_exp" in hlo, "|", _native.exp_unavailable_reason())
+np.save(__import__("sys").argv[1], np.asarray(v))
+"""
+
+
+@pytest.mark.parametrize("env", [{"MEANFIELD_NATIVE": "0"}, {"CC": "false"}, {}])
+def test_build_switch_and_compiler_failure(tmp_path, env):
+    """A fresh cache builds the kernel (both dtypes); MEANFIELD_NATIVE=0 or a failing compiler
+    leave the XLA formulation with the same numbers and the reason."""
+    cache = tmp_path / "cache"
+    full = {**os.environ, "MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "1", **env}
+    r = subprocess.run([sys.executable, "-c", _ENV_SCRIPT, str(tmp_path / "v.npy")], env=full,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    built = sorted(p.name.split("-")[0] for p in cache.glob("*.so")) if cache.exists() else []
+    if not env:
+        assert line.startswith("True True"), line
+        assert built == ["exp_kernel", "exp_kernel"]
+    else:
+        assert line.startswith("False False"), line
+        assert ("MEANFIELD_NATIVE=0" in line) if "MEANFIELD_NATIVE" in env else ("C compiler failed" in line)
+        assert built == []
+    x = mf.sphere.uniform(jax.random.key(0), 20, 3)
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), mf.velocity(K.USA(1.0), x, method="pairwise"),
+                               rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_float32_keeps_float32_accuracy_at_large_n(B):
+    """n = 6000 in float32 (rows split over 2 threads when B = 1, whole systems when B = 3):
+    partial sums switch to double, so the error stays at float32 rounding (< 2e-6 relative)
+    instead of growing with n."""
+    n, d = 6000, 3
+    x = np.asarray(_xs(B, n, d, seed=21, dtype=jnp.float32))
+    beta = np.linspace(0.5, 4.0, B).astype(np.float32)
+    try:
+        _native.set_exp_threads(2)
+        F, S = _native.exp_field(x, beta)
+    finally:
+        _native.set_exp_threads()
+    for b in range(B):
+        xd = x[b].astype(np.float64)
+        W = np.exp(float(beta[b]) * (xd @ xd.T - 1.0))
+        F_ref = W @ xd / n
+        assert np.abs(F[b] - F_ref).max() / np.abs(F_ref).max() < 2e-6
+        assert abs(S[b] - W.sum()) / W.sum() < 2e-6
