@@ -404,23 +404,14 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         return _gauged_exp_unit(x, beta, args[2] if gauged else None, block_size, parts)
 
     def native(xs, betas, *gauges):
-        """The batch through the fused C kernel (an XLA FFI call; CPU only)."""
-        ys = xs
+        """The batch through the fused C kernel (an XLA FFI call; CPU only), gauge transforms
+        included (``y_i = Psi_i x_i`` on loading, ``Psi_i^T`` on the field)."""
+        gauge = None
         if gauged:
             g = gauges[0]
-            if g.shape[0] != xs.shape[0]:  # one gauge shared by the batch
-                ys = jax.vmap(_apply_gauge, in_axes=(None, 0))(g[0], xs)
-            else:
-                ys = jax.vmap(_apply_gauge)(g, xs)
-        F, S = _native.exp_field_xla(ys, betas, field="F" in parts)
-        if F is None:
-            return jnp.zeros_like(xs), S
-        if gauged:
-            if g.shape[0] != xs.shape[0]:
-                F = jax.vmap(_apply_gauge_transpose, in_axes=(None, 0))(g[0], F)
-            else:
-                F = jax.vmap(_apply_gauge_transpose)(g, F)
-        return F, S
+            gauge = g[0] if g.shape[0] != xs.shape[0] else g  # one gauge shared by the batch
+        F, S = _native.exp_field_xla(xs, betas, field="F" in parts, gauge=gauge)
+        return (jnp.zeros_like(xs) if F is None else F), S
 
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):

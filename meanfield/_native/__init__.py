@@ -44,6 +44,7 @@ d = 2, 3, 5); in float32 the states agree to float32 rounding amplified by the d
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -305,7 +306,7 @@ def _build_exp() -> dict:
             raise RuntimeError(f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}")
         fn = getattr(lib, f"mf_exp_field{suffix}")
         rp = ctypes.POINTER(ctype)
-        fn.argtypes = [rp, rp, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp, rp]
+        fn.argtypes = [rp, rp, rp, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp, rp]
         fn.restype = ctypes.c_int
         threads = getattr(lib, f"mf_exp_set_threads{suffix}")
         threads.argtypes = [ctypes.c_int]
@@ -374,12 +375,15 @@ def set_exp_threads(threads: int | None = None) -> None:
         set_threads(int(threads or default_threads()))
 
 
-def exp_field(x, beta, field: bool = True):
+def exp_field(x, beta, field: bool = True, gauge=None):
     """``(F, S)`` of the exp kernel on NumPy arrays (through ctypes, outside XLA).
 
     ``F_i = (1/n) sum_j exp(beta (<x_i, x_j> - 1)) x_j`` and ``S = sum_ij exp(beta (<x_i, x_j> - 1))``
     for every system of ``x`` ``(B, n, d)`` with ``beta`` ``(B,)``; ``F`` is ``None`` when
-    ``field`` is ``False``. ``meanfield.kernels`` calls the same code through XLA's FFI.
+    ``field`` is ``False``. With orthogonal ``gauge`` matrices ``Psi_i`` (``(n, d, d)`` shared,
+    or ``(B, n, d, d)``) the weights are those of ``y_i = Psi_i x_i`` and
+    ``F_i = Psi_i^T (1/n) sum_j w_ij y_j`` (an exp-gauge kernel in its gauge frame).
+    ``meanfield.kernels`` calls the same code through XLA's FFI.
 
     Example:
         >>> import numpy as np
@@ -402,28 +406,83 @@ def exp_field(x, beta, field: bool = True):
         raise ValueError(f"beta must have shape {x.shape[:1]}, got {beta.shape}")
     fn, rp, _ = libs[x.dtype.name]
     B, n, d = x.shape
+    G = None
+    if gauge is not None:
+        G = np.ascontiguousarray(gauge, dtype=x.dtype)
+        if G.shape not in ((n, d, d), (B, n, d, d)):
+            raise ValueError(f"gauge must have shape {(n, d, d)} or {(B, n, d, d)}, got {G.shape}")
     F = np.empty_like(x) if field else None
     S = np.empty(B, x.dtype)
-    rc = fn(x.ctypes.data_as(rp), beta.ctypes.data_as(rp), B, n, d,
+    rc = fn(x.ctypes.data_as(rp), beta.ctypes.data_as(rp), G.ctypes.data_as(rp) if G is not None else None,
+            int(G is not None and G.ndim == 3), B, n, d,
             F.ctypes.data_as(rp) if F is not None else None, S.ctypes.data_as(rp))
     if rc != 0:
         raise RuntimeError(f"the native exp kernel failed (B={B}, n={n}, d={d}, code {rc})")
     return F, S
 
 
-def exp_field_xla(x, beta, field: bool = True):
+def exp_field_xla(x, beta, field: bool = True, gauge=None):
     """``(F, S)`` of ``exp_field`` as an XLA FFI call on JAX arrays (CPU only; ``F`` is ``None``
-    when ``field`` is ``False``). ``x``: ``(..., n, d)``, ``beta``: ``(...)``, float32 or float64.
-    Not differentiable by itself: ``meanfield.kernels`` wraps it in a ``custom_jvp``."""
-    import jax
+    when ``field`` is ``False``). ``x``: ``(..., n, d)``, ``beta``: ``(...)``, float32 or float64;
+    ``gauge``: ``None``, ``(n, d, d)`` (shared) or ``(..., n, d, d)``.
 
+    Not differentiable by itself: ``meanfield.kernels`` wraps it in a ``custom_jvp``. Sharded
+    inputs (``jax.sharding``: a sweep's batch axis over several devices) stay sharded: a
+    ``custom_partitioning`` rule runs the call on each device's systems (batch axes split,
+    ``n`` and ``d`` whole) instead of gathering the batch on every device."""
     if _exp_library() is None:
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
-    name = np.dtype(x.dtype).name
+    mode = "none" if gauge is None else ("shared" if gauge.ndim == 3 else "batched")
+    args = (x, beta) if gauge is None else (x, beta, gauge)
+    out = _partitioned_call(np.dtype(x.dtype).name, bool(field), mode)(*args)
+    return (out[0], out[1]) if field else (None, out)
+
+
+def _local_call(name: str, field: bool, *args):
+    import jax
+
+    x, beta = args[0], args[1]
     fs, s_only = EXP_TARGETS[name]
     s_shape = jax.ShapeDtypeStruct(beta.shape, x.dtype)
     if field:
-        F, S = jax.ffi.ffi_call(fs, (jax.ShapeDtypeStruct(x.shape, x.dtype), s_shape),
-                                vmap_method="broadcast_all")(x, beta)
-        return F, S
-    return None, jax.ffi.ffi_call(s_only, s_shape, vmap_method="broadcast_all")(x, beta)
+        return jax.ffi.ffi_call(fs, (jax.ShapeDtypeStruct(x.shape, x.dtype), s_shape))(*args)
+    return jax.ffi.ffi_call(s_only, s_shape)(*args)
+
+
+@functools.cache
+def _partitioned_call(name: str, field: bool, mode: str):
+    """The FFI call with a sharding rule: batch axes as the input's, ``n`` and ``d`` replicated
+    (``mode``: no gauge, a shared ``(n, d, d)`` gauge, replicated, or a batched one)."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def call(*args):
+        return _local_call(name, field, *args)
+
+    def shardings(mesh, arg_shapes):
+        xs = arg_shapes[0]
+        batch_rank = len(xs.shape) - 2
+        sh = xs.sharding
+        spec = tuple(sh.spec)[:batch_rank] if isinstance(sh, NamedSharding) else ()
+        spec = spec + (None,) * (batch_rank - len(spec))
+        mesh = sh.mesh if isinstance(sh, NamedSharding) else mesh
+        x_sh = NamedSharding(mesh, PartitionSpec(*spec, None, None))
+        b_sh = NamedSharding(mesh, PartitionSpec(*spec))
+        g_sh = {"none": (), "shared": (NamedSharding(mesh, PartitionSpec()),),
+                "batched": (NamedSharding(mesh, PartitionSpec(*spec, None, None, None)),)}[mode]
+        return x_sh, b_sh, g_sh
+
+    def infer(mesh, arg_shapes, result_shape):
+        x_sh, b_sh, _ = shardings(mesh, arg_shapes)
+        return (x_sh, b_sh) if field else b_sh
+
+    def partition(mesh, arg_shapes, result_shape):
+        x_sh, b_sh, g_sh = shardings(mesh, arg_shapes)
+        return mesh, call, ((x_sh, b_sh) if field else b_sh), (x_sh, b_sh, *g_sh)
+
+    wrapped = custom_partitioning(call)
+    g_rule = {"none": "", "shared": ", n d e", "batched": ", ... n d e"}[mode]
+    rule = f"... n d, ...{g_rule} -> " + ("... n d, ..." if field else "...")
+    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                          need_replication_factors=("n", "d") if mode == "none" else ("n", "d", "e"))
+    return wrapped

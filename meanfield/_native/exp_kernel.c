@@ -224,17 +224,40 @@ static double diagonal(const vr *xt, int nv, int d, real beta, int lo, int hi, i
     return s;
 }
 
-static void load_transposed(const real *x, int n, int nv, int d, vr *xt) {
+/* xt = the system transposed, y_i = G_i x_i when gauge matrices G (n, d, d) are given */
+static void load_transposed(const real *x, const real *G, int n, int nv, int d, vr *xt) {
     real *xs = (real *)xt;
     memset(xt, 0, sizeof(vr) * (size_t)d * nv);
-    for (int i = 0; i < n; i++)
-        for (int a = 0; a < d; a++) xs[(size_t)a * nv * LANES + i] = x[(size_t)i * d + a];
+    for (int i = 0; i < n; i++) {
+        if (!G) {
+            for (int a = 0; a < d; a++) xs[(size_t)a * nv * LANES + i] = x[(size_t)i * d + a];
+            continue;
+        }
+        const real *Gi = G + (size_t)i * d * d;
+        for (int a = 0; a < d; a++) {
+            real y = 0;
+            for (int c = 0; c < d; c++) y += Gi[(size_t)a * d + c] * x[(size_t)i * d + c];
+            xs[(size_t)a * nv * LANES + i] = y;
+        }
+    }
 }
 
-static void store_field(const double *FD, int n, int nv, int d, real *F) {
+/* F_i = FD_i / n, back in the original frame (G_i^T FD_i / n) when G is given */
+static void store_field(const double *FD, const real *G, int n, int nv, int d, real *F) {
     const double inv = 1.0 / (double)n;
-    for (int i = 0; i < n; i++)
-        for (int a = 0; a < d; a++) F[(size_t)i * d + a] = (real)(FD[(size_t)a * nv * LANES + i] * inv);
+    const size_t np = (size_t)nv * LANES;
+    for (int i = 0; i < n; i++) {
+        if (!G) {
+            for (int a = 0; a < d; a++) F[(size_t)i * d + a] = (real)(FD[(size_t)a * np + i] * inv);
+            continue;
+        }
+        const real *Gi = G + (size_t)i * d * d;
+        for (int c = 0; c < d; c++) {
+            double f = 0;
+            for (int a = 0; a < d; a++) f += (double)Gi[(size_t)a * d + c] * FD[(size_t)a * np + i];
+            F[(size_t)i * d + c] = (real)(f * inv);
+        }
+    }
 }
 
 /* the rows of the row blocks b0, b0 + step, ... of one system (flushing Ft every FLUSH rows) */
@@ -250,8 +273,12 @@ static double run_rows(row_block_fn rows, const vr *xt, int n, int nv, int d, re
 }
 
 /* F (B, n, d) and S (B) of the module comment for x (B, n, d), beta (B); F may be NULL (S only).
+ * G: NULL, or orthogonal gauge matrices Psi_i, (n, d, d) shared by the batch (gshared) or
+ * (B, n, d, d): then the weights are those of y_i = Psi_i x_i and F_i = Psi_i^T (1/n) sum_j w_ij y_j
+ * (the exp-gauge kernels in their gauge frame).
  * Returns 0, -1 on bad arguments, -2 when memory runs out. */
-int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int d, real *F, real *S) {
+int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gshared, int64_t B, int n, int d,
+                         real *F, real *S) {
     if (B < 0 || n < 1 || d < 1 || d > MAX_D) return -1;
     const int nv = (n + LANES - 1) / LANES;
     const size_t np = (size_t)nv * LANES;
@@ -270,13 +297,14 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int 
             }
             vr *Ft = xt + (size_t)d * nv, *P = Ft + (size_t)d * nv;
             double *FD = (double *)(P + (size_t)RB * nv);
-            load_transposed(x + (size_t)b * n * d, n, nv, d, xt);
+            const real *Gb = G ? G + (gshared ? 0 : (size_t)b * n * d * d) : NULL;
+            load_transposed(x + (size_t)b * n * d, Gb, n, nv, d, xt);
             memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
             memset(FD, 0, sizeof(double) * (size_t)d * np);
             const double s = diagonal(xt, nv, d, beta[b], 0, n, field, FD);
             const double t = run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, 0, n);
             S[b] = (real)(s + 2 * t);
-            if (field) store_field(FD, n, nv, d, F + (size_t)b * n * d);
+            if (field) store_field(FD, Gb, n, nv, d, F + (size_t)b * n * d);
             free(xt);
         }
         return failed ? -2 : 0;
@@ -291,7 +319,8 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int 
         return -2;
     }
     for (int64_t b = 0; b < B; b++) {
-        load_transposed(x + (size_t)b * n * d, n, nv, d, xt);
+        const real *Gb = G ? G + (gshared ? 0 : (size_t)b * n * d * d) : NULL;
+        load_transposed(x + (size_t)b * n * d, Gb, n, nv, d, xt);
         memset(work, 0, thr * T);
         double total = 0;
 #pragma omp parallel num_threads(T) reduction(+ : total)
@@ -319,7 +348,7 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int 
                 const double *src = (const double *)((vr *)(work + thr * t) + (size_t)(d + RB) * nv);
                 for (size_t k = 0; k < (size_t)d * np; k++) FD0[k] += src[k];
             }
-            store_field(FD0, n, nv, d, F + (size_t)b * n * d);
+            store_field(FD0, Gb, n, nv, d, F + (size_t)b * n * d);
         }
     }
     free(xt), free(work);
@@ -327,8 +356,9 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, int64_t B, int n, int 
 }
 
 /* ---- XLA FFI handlers: meanfield_exp_{fs,s}_{f32,f64} ----------------------------------
- * Arguments: x (..., n, d), beta (...) of the build's dtype. Results: F (..., n, d) and
- * S (...) ("fs"), or S alone ("s"). Written against the FFI's C API (c_api.h). */
+ * Arguments: x (..., n, d), beta (...) of the build's dtype, and optionally gauge matrices
+ * G (n, d, d) (shared) or (..., n, d, d). Results: F (..., n, d) and S (...) ("fs"), or S
+ * alone ("s"). Written against the FFI's C API (c_api.h). */
 
 static XLA_FFI_Error *ffi_error(const XLA_FFI_Api *api, const char *msg, XLA_FFI_Error_Code code) {
     XLA_FFI_Error_Create_Args args;
@@ -355,10 +385,11 @@ static XLA_FFI_Error *ffi_run(XLA_FFI_CallFrame *call_frame, int field) {
     const XLA_FFI_Api *api = call_frame->api;
     if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
     const int nrets = field ? 2 : 1;
-    if (call_frame->args.size != 2 || call_frame->rets.size != nrets)
-        return ffi_error(api, "meanfield exp kernel: expected 2 arguments (x, beta) and 1 or 2 results",
+    const int nargs = (int)call_frame->args.size;
+    if ((nargs != 2 && nargs != 3) || call_frame->rets.size != nrets)
+        return ffi_error(api, "meanfield exp kernel: expected arguments (x, beta[, G]) and 1 or 2 results",
                          XLA_FFI_Error_Code_INVALID_ARGUMENT);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < nargs; k++)
         if (call_frame->args.types[k] != XLA_FFI_ArgType_BUFFER)
             return ffi_error(api, "meanfield exp kernel: arguments must be buffers", XLA_FFI_Error_Code_INVALID_ARGUMENT);
     const XLA_FFI_Buffer *xb = (const XLA_FFI_Buffer *)call_frame->args.args[0];
@@ -376,6 +407,21 @@ static XLA_FFI_Error *ffi_run(XLA_FFI_CallFrame *call_frame, int field) {
     const int64_t n = xb->dims[xb->rank - 2], d = xb->dims[xb->rank - 1];
     if (n < 1 || n > (1 << 30) || d < 1 || d > MAX_D)
         return ffi_error(api, "meanfield exp kernel: needs n >= 1 and 1 <= d <= 64", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    const real *G = NULL;
+    int gshared = 0;
+    if (nargs == 3) {
+        const XLA_FFI_Buffer *gb = (const XLA_FFI_Buffer *)call_frame->args.args[2];
+        int ok = gb->dtype == FFI_DTYPE && (gb->rank == 3 || gb->rank == xb->rank + 1);
+        gshared = gb->rank == 3;
+        for (int64_t k = 0; ok && k < gb->rank; k++) {
+            const int64_t want = k >= gb->rank - 2 ? d : (gshared ? n : xb->dims[k]);
+            ok = gb->dims[k] == want;
+        }
+        if (!ok)
+            return ffi_error(api, "meanfield exp kernel: G must be (n, d, d) or (..., n, d, d)",
+                             XLA_FFI_Error_Code_INVALID_ARGUMENT);
+        G = (const real *)gb->data;
+    }
     real *F = NULL, *S;
     if (field) {
         F = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[0])->data;
@@ -383,7 +429,8 @@ static XLA_FFI_Error *ffi_run(XLA_FFI_CallFrame *call_frame, int field) {
     } else {
         S = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[0])->data;
     }
-    const int rc = SUFFIX(mf_exp_field)((const real *)xb->data, (const real *)bb->data, B, (int)n, (int)d, F, S);
+    const int rc = SUFFIX(mf_exp_field)((const real *)xb->data, (const real *)bb->data, G, gshared, B, (int)n, (int)d,
+                                        F, S);
     if (rc == -2) return ffi_error(api, "meanfield exp kernel: out of memory", XLA_FFI_Error_Code_RESOURCE_EXHAUSTED);
     if (rc != 0) return ffi_error(api, "meanfield exp kernel: bad arguments", XLA_FFI_Error_Code_INVALID_ARGUMENT);
     return NULL;
