@@ -99,8 +99,10 @@ def set_native(enabled: bool) -> bool:
     ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
     ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
     The numbers agree to rounding (tests/test_kernels_native.py). Derivatives are always those
-    of the XLA formulation. Takes effect for functions traced afterwards (a jitted function
-    keeps the path it was compiled with). Returns the previous setting.
+    of the XLA formulation. A change clears JAX's trace and compilation caches
+    (``jax.clear_caches()``), so that jitted functions, meanfield's own included, retrace with
+    the new setting. ``jax.export`` cannot serialise the FFI call: export with
+    ``set_native(False)``. Returns the previous setting.
 
     Example:
         >>> import meanfield as mf
@@ -113,6 +115,8 @@ def set_native(enabled: bool) -> bool:
         raise TypeError(f"enabled must be True or False, got {enabled!r}")
     previous = _NATIVE["enabled"]
     _NATIVE["enabled"] = enabled
+    if enabled != previous:
+        jax.clear_caches()
     return previous
 
 
@@ -418,7 +422,8 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         native_ok = (xs.dtype in (jnp.float32, jnp.float64) and xs.shape[-1] <= _native.EXP_MAX_D
                      and native_enabled())
         if native_ok:
-            return jax.lax.platform_dependent(xs, betas, *gauges, cpu=native, default=xla)
+            args = (xs, betas, *gauges)
+            return jax.lax.platform_dependent(*args, cpu=_varying_as(native, args), default=_varying_as(xla, args))
         return xla(xs, betas, *gauges)
 
     def xla(xs, betas, *gauges):
@@ -472,6 +477,19 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         return out, dout
 
     return op
+
+
+def _varying_as(f, inputs):
+    """``f`` with outputs varying over every manual mesh axis its inputs vary over (inside
+    ``shard_map``): an FFI call's outputs carry no such axes, the XLA branch's do, and the
+    branches of ``platform_dependent`` must agree."""
+    axes = set().union(*(jax.typeof(a).mat.varying for a in inputs))
+
+    def cast(o):
+        missing = tuple(sorted(axes - set(jax.typeof(o).mat.varying)))
+        return jax.lax.pcast(o, missing, to="varying") if missing else o
+
+    return lambda *a: jax.tree.map(cast, f(*a))
 
 
 def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):

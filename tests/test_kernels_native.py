@@ -37,14 +37,20 @@ def _xs(S, n, d, seed=0, dtype=jnp.float64):
     return jax.vmap(lambda k: mf.sphere.uniform(k, n, d, dtype))(keys)
 
 
-def _both(fn, *args):
-    """``fn(*args)`` jitted with the native kernel and with the XLA formulation."""
-    native = jax.jit(fn)(*args)
-    previous = K.set_native(False)
-    try:
-        xla = jax.jit(fn)(*args)
-    finally:
-        K.set_native(previous)
+def _both(fn, *args, check_path=True):
+    """``fn(*args)`` jitted with the native kernel and with the XLA formulation; the lowered
+    programs prove which path each took (the FFI call is in the first only; ``check_path=False``
+    for programs whose every native value may be dead code, e.g. a pure gradient)."""
+    paths = []
+    for enabled in (True, False):
+        previous = K.set_native(enabled)
+        try:
+            f = jax.jit(lambda *a: fn(*a))  # a fresh function: no trace shared between the paths
+            paths.append((f(*args), "meanfield_exp" in f.lower(*args).as_text()))
+        finally:
+            K.set_native(previous)
+    (native, used_native), (xla, used_ffi) = paths
+    assert not used_ffi and (used_native or not check_path)
     return native, xla
 
 
@@ -129,7 +135,7 @@ def test_derivatives_use_the_xla_formulation(x64):
     for fn in (lambda: jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0))(1.7, xs),
                lambda: jax.jvp(lambda y: mf.velocity(K.RoPE(1.2, 2.0), y), (xs[0],), (xs[1],)),
                lambda: jax.hessian(lambda x: f(0.8, x))(xs[2])):
-        native, xla = _both(fn)
+        native, xla = _both(fn, check_path=False)  # reverse mode needs no primal value: DCE
         for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
 
@@ -293,3 +299,69 @@ def test_exp_field_with_gauges_against_formula(shared, x64):
     np.testing.assert_allclose(S, W.sum((1, 2)), rtol=1e-13)
     with pytest.raises(ValueError, match="gauge must have shape"):
         _native.exp_field(x, beta, gauge=G[..., :2])
+
+
+def test_set_native_applies_to_functions_traced_before():
+    """A toggle clears JAX's caches: the same jitted function (meanfield's own included) retraces
+    with the new path instead of keeping the one it was compiled with."""
+    x = _xs(1, 12, 3, dtype=jnp.float32)[0]
+    f = jax.jit(lambda x: mf.velocity(K.USA(1.0), x))
+    assert "meanfield_exp" in f.lower(x).as_text()
+    v_native = f(x)
+    previous = K.set_native(False)
+    try:
+        assert "meanfield_exp" not in f.lower(x).as_text()
+        np.testing.assert_allclose(f(x), v_native, rtol=2e-6, atol=1e-7)
+    finally:
+        K.set_native(previous)
+
+
+_SUBNORMALS = r"""
+import numpy as np, jax, meanfield as mf
+from meanfield import _native
+before = float(np.float64(1e-300) * 1e-10)
+x = mf.sphere.uniform(jax.random.key(0), 8, 3)
+mf.velocity(mf.kernels.USA(1.0), x).block_until_ready()
+mf.phase_diagram.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.2, checkpoints=2)
+assert _native.exp_available() and _native.available()
+print(before, float(np.float64(1e-300) * 1e-10), float(np.float32(1e-38) * np.float32(1e-3)))
+"""
+
+
+def test_loading_the_kernels_keeps_subnormals(tmp_path):
+    """The kernels are compiled with -ffast-math but linked without it: GCC's crtfastmath.o would
+    set flush-to-zero for the whole process when a library loads (subnormals in NumPy become 0)."""
+    r = subprocess.run([sys.executable, "-c", _SUBNORMALS], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "MEANFIELD_CACHE_DIR": str(tmp_path), "MEANFIELD_NATIVE": "1"})
+    assert r.returncode == 0, r.stderr
+    before, after, single = (float(v) for v in r.stdout.split())
+    assert before > 0 and after == before and single > 0
+
+
+_SHARD_MAP = r"""
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import meanfield as mf
+mesh = Mesh(np.asarray(jax.devices()), ("batch",))
+x = jax.vmap(lambda k: mf.sphere.uniform(k, 40, 3))(jax.random.split(jax.random.key(0), 8))
+fn = jax.vmap(lambda y: (mf.velocity(mf.kernels.Prompt(1.1, mf.kernels.random_gauges(jax.random.key(2), 2, 3)), y),
+                         mf.energy(mf.kernels.USA(0.8), y)))
+f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch")))
+assert "meanfield_exp" in f.lower(x).as_text()
+v, e = f(x)
+mf.kernels.set_native(False)
+vx, ex = jax.jit(fn)(x)
+print(float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()))
+"""
+
+
+def test_inside_shard_map():
+    """Under ``jax.shard_map`` (varying manual axes checked): the native branch's outputs are
+    cast to the inputs' varying axes, like the XLA branch's."""
+    r = subprocess.run([sys.executable, "-c", _SHARD_MAP], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "MEANFIELD_NATIVE": "1"})
+    assert r.returncode == 0, r.stderr
+    dv, de = (float(v) for v in r.stdout.split())
+    assert dv < 1e-5 and de < 1e-5

@@ -74,6 +74,9 @@ FLAGS = (
     ["-O3", "-march=native", "-ffast-math", "-fPIC", "-shared"],
 )
 
+#: how a library is built (part of its cache name): compile, then link without -ffast-math
+BUILD_RECIPE = "compile -c, link -shared without -ffast-math"
+
 _state: dict = {"lib": None, "error": None, "tried": False}
 _lock = threading.Lock()
 
@@ -116,7 +119,7 @@ def _compile(cc: str, version: str, source_path: Path, defines: list[str], inclu
     for flags in FLAGS:
         flags = [*flags, *defines, *(f"-I{d}" for d in include)]
         tag = hashlib.sha256(b"\0".join([source, headers, " ".join(flags).encode(), version.encode(),
-                                         _cpu_tag().encode()])).hexdigest()[:16]
+                                         _cpu_tag().encode(), BUILD_RECIPE.encode()])).hexdigest()[:16]
         target = _cache_dir() / f"{source_path.stem}-{tag}.so"
         failed = target.with_suffix(".failed")  # a flag set this compiler rejected: not retried
         if failed.exists():
@@ -126,8 +129,7 @@ def _compile(cc: str, version: str, source_path: Path, defines: list[str], inclu
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
-            r = subprocess.run([cc, *flags, "-o", tmp, str(source_path), "-lm"], capture_output=True,
-                               text=True, timeout=300)
+            r = _compile_and_link(cc, flags, source_path, tmp)
             if r.returncode != 0:
                 os.unlink(tmp)
                 errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-500:]}")
@@ -136,6 +138,25 @@ def _compile(cc: str, version: str, source_path: Path, defines: list[str], inclu
             os.replace(tmp, target)
         return ctypes.CDLL(str(target))
     raise RuntimeError("the C compiler failed: " + " | ".join(errors))
+
+
+def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str) -> subprocess.CompletedProcess:
+    """Compile with ``flags``, then link as a shared library WITHOUT ``-ffast-math``: linked
+    with it, GCC adds ``crtfastmath.o``, whose constructor sets flush-to-zero for the whole
+    process when the library is loaded (every subnormal in NumPy/JAX would become 0)."""
+    obj = out + ".o"
+    compile_flags = [f for f in flags if f != "-shared"]
+    link_flags = ["-shared", *(f for f in flags if f in ("-fopenmp", "-fPIC"))]
+    try:
+        r = subprocess.run([cc, *compile_flags, "-c", "-o", obj, str(source_path)], capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode == 0:
+            r = subprocess.run([cc, *link_flags, "-o", out, obj, "-lm"], capture_output=True, text=True,
+                               timeout=300)
+        return r
+    finally:
+        if os.path.exists(obj):
+            os.unlink(obj)
 
 
 def _toolchain() -> tuple[str, str]:
@@ -322,7 +343,9 @@ def _self_test() -> None:
     """One small call of each FFI target against NumPy (a handler XLA rejects fails here, not later)."""
     import jax
 
-    with jax.ensure_compile_time_eval():  # may run while a caller's function is being traced
+    # may run while a caller's function is being traced, and on a machine whose default device
+    # is an accelerator: evaluate now, on the CPU
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
         _self_test_eager(jax)
 
 

@@ -68,7 +68,7 @@ typedef ireal vi __attribute__((vector_size(LANES * sizeof(ireal)), aligned(LANE
 static int n_threads = 1;
 
 /* threads of later calls (the loader sets OMP_NUM_THREADS or the CPUs of the process) */
-void SUFFIX(mf_exp_set_threads)(int t) { n_threads = t > 0 ? t : 1; }
+void SUFFIX(mf_exp_set_threads)(int t) { __atomic_store_n(&n_threads, t > 0 ? t : 1, __ATOMIC_RELAXED); }
 
 int SUFFIX(mf_exp_lanes)(void) { return LANES; }
 
@@ -286,9 +286,11 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gsh
     const row_block_fn rows = pick(d);
     /* per system or thread: xt, Ft, P (vectors) and FD (doubles) */
     const size_t per = sizeof(vr) * (size_t)(2 * d + RB) * nv + sizeof(double) * (size_t)d * np;
+    const int threads = __atomic_load_n(&n_threads, __ATOMIC_RELAXED);
     int failed = 0;
-    if (B >= n_threads || n <= 4 * FLUSH) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) reduction(| : failed) if (B > 1)
+    if (B >= threads || n <= 4 * FLUSH) {
+        const int team = B < threads ? (B > 1 ? (int)B : 1) : threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) reduction(| : failed) if (B > 1)
         for (int64_t b = 0; b < B; b++) {
             vr *xt = aligned_alloc(64, per);
             if (!xt) {
@@ -310,7 +312,7 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gsh
         return failed ? -2 : 0;
     }
     /* few large systems: windows of FLUSH rows of one system in parallel, Ft and FD per thread */
-    const int T = n_threads;
+    const int T = threads;
     const size_t thr = sizeof(vr) * (size_t)(d + RB) * nv + sizeof(double) * (size_t)d * np;
     vr *xt = aligned_alloc(64, sizeof(vr) * (size_t)d * nv);
     char *work = aligned_alloc(64, thr * T);
