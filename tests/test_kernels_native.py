@@ -267,18 +267,21 @@ v, e = f(x)
 mf.kernels.set_native(False)
 vx, ex = jax.jit(jax.vmap(fn))(x)
 print(len(calls), "all-gather" in hlo, all("[2,40,3]" in l for l in calls),
-      float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()))
+      float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()),
+      mf._native.exp_threads() == max(1, mf._native.default_threads() // 4))
 """
 
 
 def test_sharded_batch_stays_sharded():
     """A batch sharded over 4 CPU devices (a sweep's mesh): each device runs the native call on
     its own 2 systems (custom_partitioning), no all-gather, same numbers as the XLA path."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     r = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MEANFIELD_NATIVE": "1"})
+                       env={**env, "MEANFIELD_NATIVE": "1"})
     assert r.returncode == 0, r.stderr
-    ncalls, gathered, local, dv, de = r.stdout.split()
+    ncalls, gathered, local, dv, de, threads_per_device = r.stdout.split()
     assert int(ncalls) == 2 and gathered == "False" and local == "True", r.stdout
+    assert threads_per_device == "True"  # 4 devices share the CPUs: no oversubscription
     assert float(dv) < 1e-5 and float(de) < 1e-5
 
 

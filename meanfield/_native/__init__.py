@@ -58,7 +58,7 @@ import numpy as np
 
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
            "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
-           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D"]
+           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
 LANES = {"float64": 8, "float32": 16}
@@ -331,10 +331,11 @@ def _build_exp() -> dict:
         fn.restype = ctypes.c_int
         threads = getattr(lib, f"mf_exp_set_threads{suffix}")
         threads.argtypes = [ctypes.c_int]
-        threads(default_threads())
+        threads(exp_default_threads())
         for target in EXP_TARGETS[name]:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
         libs[name] = (fn, rp, threads)
+    _exp_state["threads"] = exp_default_threads()
     _self_test()
     return libs
 
@@ -387,15 +388,40 @@ def exp_unavailable_reason() -> str | None:
     return _exp_state["error"]
 
 
+def exp_default_threads() -> int:
+    """Threads of one exp-kernel call: ``$OMP_NUM_THREADS`` if set, else the CPUs of this process
+    divided by its CPU devices (with ``--xla_force_host_platform_device_count`` or
+    ``jax_num_cpu_devices`` a sharded batch runs one call per device at once), at least 1."""
+    import jax
+
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        devices = max(1, len(jax.devices("cpu")))
+    except RuntimeError:
+        devices = 1
+    return max(1, default_threads() // devices)
+
+
+def exp_threads() -> int:
+    """The threads later exp-kernel calls use (``set_exp_threads``)."""
+    if _exp_library() is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    return int(_exp_state["threads"])
+
+
 def set_exp_threads(threads: int | None = None) -> None:
-    """Threads of later exp-kernel calls (default ``default_threads()``)."""
+    """Threads of later exp-kernel calls (default ``exp_default_threads()``)."""
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     libs = _exp_library()
     if libs is None:
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    t = int(threads or exp_default_threads())
     for _, _, set_threads in libs.values():
-        set_threads(int(threads or default_threads()))
+        set_threads(t)
+    _exp_state["threads"] = t
 
 
 def exp_field(x, beta, field: bool = True, gauge=None):
