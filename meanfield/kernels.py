@@ -337,8 +337,9 @@ def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None
     up to ``n^2`` terms never overflow unless the result itself does (DESIGN: factored
     ``e^beta``).
 
-    Without a bias the evaluation goes through ``_exp_op``, whose batching rule runs a
-    vmapped batch of systems in cache-sized chunks (``BATCH_BYTES``).
+    Without a bias the evaluation goes through ``_exp_op``: on the CPU the fused C kernel
+    (``set_native``), else XLA operations whose batching rule runs a vmapped batch of systems
+    in cache-sized chunks (``BATCH_BYTES``).
 
     ``parts``: which results are computed, ``"F"`` (field), ``"S"`` (sum) or ``"FS"``; the
     other is returned as zeros (a field skips the reduction over the weights, an energy
@@ -393,6 +394,10 @@ def _batch_bytes() -> int:
 @functools.cache
 def _exp_op(block_size, gauged: bool, parts: str = "FS"):
     """``(x, beta[, gauge]) -> (F, S)`` of ``_gauged_exp_unit`` with a chunked batching rule.
+
+    On the CPU, while ``native_enabled()``, the batch runs as one call of the fused C kernel
+    (``_native.exp_field_xla``, gauge transforms included) in a ``platform_dependent`` branch;
+    the XLA formulation below is the other branch (accelerators) and the derivative.
 
     Under ``vmap`` (any nesting: seeds, beta grids) the batch axes are folded into one
     and the systems run in chunks of ``_batch_chunk`` (``lax.map`` of a ``vmap``), so
@@ -483,13 +488,22 @@ def _varying_as(f, inputs):
     """``f`` with outputs varying over every manual mesh axis its inputs vary over (inside
     ``shard_map``): an FFI call's outputs carry no such axes, the XLA branch's do, and the
     branches of ``platform_dependent`` must agree."""
-    axes = set().union(*(jax.typeof(a).mat.varying for a in inputs))
+    axes = set().union(*(_varying_axes(a) for a in inputs))
+    if not axes:  # outside shard_map (or a JAX without varying-axis types): nothing to cast
+        return f
 
     def cast(o):
-        missing = tuple(sorted(axes - set(jax.typeof(o).mat.varying)))
+        missing = tuple(sorted(axes - _varying_axes(o)))
         return jax.lax.pcast(o, missing, to="varying") if missing else o
 
     return lambda *a: jax.tree.map(cast, f(*a))
+
+
+def _varying_axes(a) -> set:
+    """The manual mesh axes ``a`` varies over (empty where JAX has no such types)."""
+    typeof = getattr(jax, "typeof", None)
+    mat = getattr(typeof(a), "mat", None) if typeof is not None else None
+    return set(getattr(mat, "varying", ()) or ())
 
 
 def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
@@ -773,7 +787,7 @@ class _GaugeKernel(_ExpKernel):
         return self._exp(jnp.dot(A @ x, by)) * (A.T @ by)
 
     def field(self, x, aux, *, block_size=None):
-        # Psi_i^T usa_field(Psi x)_i, the gauge transforms inside the chunked evaluation
+        # Psi_i^T usa_field(Psi x)_i, the gauge transforms inside the native kernel or the chunked evaluation
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="F")[0]

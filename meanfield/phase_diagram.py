@@ -26,8 +26,8 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   (float32) sit in the SIMD lanes, the whole time loop of a block of seeds stays in L1
   cache (memory O(n d) per block), and OpenMP threads share the blocks. XLA:CPU splits the same step into several passes over the
   ``(seeds, n, n)`` weights, which at ``n = 32`` cost more than the exponentials. The
-  full SA diagram in float64: 0.8 s native against 3.6-6.5 s for the XLA kernel below
-  (0.37 s in float32); the USA diagram 4.4 s against 24 s (BENCHMARKS.md).
+  full SA diagram in float64: 0.8-0.85 s native against 3.6-6.5 s for the XLA kernel below
+  (0.36-0.37 s in float32); the USA diagram 4.4-4.8 s against 24-25 s (BENCHMARKS.md).
   Without a C compiler (or with ``MEANFIELD_NATIVE=0``), or on accelerators, the sweep
   uses the XLA kernel (``backend="xla"``), which the rest of this list describes.
 * Seeds run in chunks (``seed_chunk``; default ``kernels.BATCH_BYTES`` = 8 MiB of
@@ -524,8 +524,7 @@ BACKENDS = ("auto", "native", "xla")
 
 def _resolve_backend(backend, x0, packed: bool) -> str:
     """``"native"`` or ``"xla"`` for ``backend`` in ``BACKENDS`` (see ``sa_phase_diagram``)."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check_backend(backend)
     if backend == "xla":
         return "xla"
     dtype = np.dtype(x0.dtype)
@@ -547,6 +546,11 @@ def _resolve_backend(backend, x0, packed: bool) -> str:
     return "native"
 
 
+def _check_backend(backend) -> None:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
 def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto"):
     betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
     if betas.ndim != 1 or betas.size == 0:
@@ -555,8 +559,7 @@ def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=Non
     check_int("checkpoints", checkpoints, minimum=1)
     if seed_chunk is not None:
         check_int("seed_chunk", seed_chunk, minimum=1)
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check_backend(backend)
     if not (-1.0 < float(threshold) < 1.0):
         raise ValueError(f"threshold must lie in (-1, 1), got {threshold!r}")
     if x0 is not None:
@@ -634,7 +637,7 @@ def sa_phase_diagram(
             (``meanfield._native``: the system C compiler, at first use), else ``"xla"``.
             ``"native"``: one pass over the pairs ``i < j`` per step (half the
             exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5-7.8x the
-            XLA kernel on the full SA diagram, 5.4-5.5x on the USA one; BENCHMARKS.md); same iterates as
+            XLA kernel on the full SA diagram, 5.3-5.5x on the USA one; BENCHMARKS.md); same iterates as
             ``"xla"`` to rounding (float64: states within ~1e-12 after 100 steps).
             ``"xla"``: the jit-compiled JAX kernel (any dtype and device).
 

@@ -20,18 +20,22 @@ the exponentials; ``w_ij`` is symmetric before the row normalisation) with the s
 SIMD lanes and the whole time loop of a block of seeds in L1 cache, threads over blocks
 (OpenMP). BENCHMARKS.md has the measured speed-up. This is a CPU fast path for one
 non-differentiable sweep, written by hand because no library fuses it;
-``meanfield.phase_diagram``'s XLA kernel stays the reference it is tested against, and
-everything else in meanfield is JAX.
+``meanfield.phase_diagram``'s XLA kernel stays the reference it is tested against.
 
-The source is compiled once per machine and dtype (float64; float32 with ``-DMF_FLOAT32``)
+Both are the deliberate exceptions to "everything is JAX": CPU fast paths for the two hot loops,
+each tested against the XLA formulation it replaces.
+
+Each source is compiled once per machine and dtype (float64; float32 with ``-DMF_FLOAT32``)
 with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``):
 ``-O3 -march=native -ffast-math -fopenmp`` (vectorised exponentials from glibc's libmvec;
-no OpenMP: one thread), into a cache directory (``$MEANFIELD_CACHE_DIR``, else
+no OpenMP: one thread), then linked without ``-ffast-math`` (GCC's ``crtfastmath.o`` would set
+flush-to-zero for the whole process when the library loads), into a cache directory (``$MEANFIELD_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``) under a name hashing the source,
 the flags, the compiler's version and the CPU. The build is atomic (a temporary file
 renamed), so concurrent processes are safe. Without a compiler, or with
-``MEANFIELD_NATIVE=0``, ``available()`` is ``False`` and ``meanfield.phase_diagram`` uses
-its XLA kernel (``backend="auto"``).
+``MEANFIELD_NATIVE=0``, ``available()`` and ``exp_available()`` are ``False``:
+``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``) and ``meanfield.kernels``
+the XLA formulation of the fields.
 
 Numbers (phase kernel): the same operations as the XLA kernel, in another order, with libmvec's
 exponential (within a few ulp of the correctly rounded value). In float64 the states agree
@@ -351,19 +355,25 @@ def _self_test() -> None:
 
 
 def _self_test_eager(jax) -> None:
+    """Through ``_partitioned_call``, the path ``meanfield.kernels`` traces (an FFI handler or a
+    JAX API that this JAX lacks fails here, at build time, and leaves the XLA formulation)."""
     x = np.array([[[1.0, 0.0], [0.6, 0.8], [0.0, -1.0]]])
     beta = np.array([1.5])
-    W = np.exp(beta[0] * (x[0] @ x[0].T - 1.0))
-    for name, (fs, s_only) in EXP_TARGETS.items():
+    G = np.array([[[0.0, -1.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]], [[0.6, -0.8], [0.8, 0.6]]])
+    y = np.einsum("nac,nc->na", G, x[0])
+    Wx, Wy = np.exp(beta[0] * (x[0] @ x[0].T - 1.0)), np.exp(beta[0] * (y @ y.T - 1.0))
+    Fy = np.einsum("nac,na->nc", G, Wy @ y / 3)
+    for name in EXP_TARGETS:
         if name == "float64" and not jax.config.read("jax_enable_x64"):
             continue  # float64 arrays do not exist in this process (yet): float32 checks the handler
-        xt, bt = x.astype(name), beta.astype(name)
-        F, S = jax.jit(lambda a, b, t=fs: jax.ffi.ffi_call(t, (jax.ShapeDtypeStruct(a.shape, a.dtype),
-                                                               jax.ShapeDtypeStruct(b.shape, b.dtype)))(a, b))(xt, bt)
-        S2 = jax.jit(lambda a, b, t=s_only: jax.ffi.ffi_call(t, jax.ShapeDtypeStruct(b.shape, b.dtype))(a, b))(xt, bt)
+        xt, bt, Gt = x.astype(name), beta.astype(name), G.astype(name)
+        F, S = jax.jit(_partitioned_call(name, True, "none"))(xt, bt)
+        S2 = jax.jit(_partitioned_call(name, False, "none"))(xt, bt)
+        Fg, Sg = jax.jit(_partitioned_call(name, True, "shared"))(xt, bt, Gt)
         tol = 1e-5 if name == "float32" else 1e-12
-        if not (np.allclose(np.asarray(F)[0], W @ x[0] / 3, rtol=tol, atol=tol)
-                and np.allclose(np.asarray(S), W.sum(), rtol=tol) and np.allclose(np.asarray(S2), W.sum(), rtol=tol)):
+        close = lambda a, b, t=tol: np.allclose(np.asarray(a), b, rtol=t, atol=t)  # noqa: E731
+        if not (close(F[0], Wx @ x[0] / 3) and close(S, Wx.sum()) and close(S2, Wx.sum())
+                and close(Fg[0], Fy) and close(Sg, Wy.sum())):
             raise RuntimeError(f"the {name} exp kernel failed its self-test through XLA")
 
 

@@ -23,8 +23,10 @@
  * a time so that the accumulators stay in registers. The diagonal w_ii is added once.
  * Accuracy: partial sums in the kernel's dtype cover at most VCH vectors of columns or FLUSH
  * rows, then continue in double (float32 results stay at float32 rounding for large n).
- * Parallel (OpenMP) over the systems of the batch; a batch smaller than the thread count
- * runs each system's rows in parallel (dynamic blocks, one Ft per thread, summed).
+ * Parallel (OpenMP) over the systems of the batch; a batch smaller than the thread count with
+ * n > 4 FLUSH runs each system's windows of FLUSH rows in parallel (dynamic schedule, one Ft
+ * and one double FD per thread, summed at the end). Gauge matrices G (optional): the system is
+ * loaded as y_i = G_i x_i and the field stored as G_i^T F_i.
  *
  * Built at first use by meanfield/_native/__init__.py with the system C compiler and the
  * FFI headers that jaxlib ships (jax.ffi.include_dir()); without them, meanfield uses the
