@@ -8,8 +8,11 @@ Public API (see README.md for a tour)::
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
     mf.phase_diagram, mf.random_batch
 
-Edges (import explicitly): ``meanfield.sweep`` (xarray/zarr store), ``meanfield.plotting``,
-``meanfield.cli``, ``meanfield.reproduce``.
+Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
+from which the CLI flags, sweep specs and reproductions derive.
+
+Edges (import explicitly): ``meanfield.sweep`` (spec, plan, run, zarr store, plots),
+``meanfield.plotting``, ``meanfield.cli``, ``meanfield.info``, ``meanfield.reproduce``.
 """
 
 from importlib.metadata import PackageNotFoundError
@@ -31,7 +34,7 @@ from . import (
 )
 from .energy import energy, field, velocity
 from .integrate import Trajectory, simulate
-from .kernels import positions
+from .models import positions
 
 try:
     __version__ = _version("meanfield")
@@ -39,23 +42,23 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "__version__",
     "analysis",
     "attention",
-    "design",
     "depth",
+    "design",
     "energy",
     "field",
     "kernels",
     "metrics",
     "models",
     "phase_diagram",
-    "random_batch",
-    "phase_diagram",
     "positions",
     "prototypes",
+    "random_batch",
+    "simulate",
     "sphere",
     "theory",
-    "simulate",
     "Trajectory",
     "velocity",
 ]

@@ -1,15 +1,20 @@
 """Input validation shared by the package: one clear error, raised before compilation.
 
-Each check only inspects *concrete* values; traced values (inside ``jit`` or
-``vmap``) pass through untouched, so the same constructors work under
-transformations. Messages name the value received and what is accepted.
+The ``check_*`` functions inspect *concrete* values and raise ``ValueError``/``TypeError``
+before tracing; traced values (inside ``jit`` or ``vmap``) pass through them. The
+``traced_*`` functions are their in-program counterparts: for a traced value they attach
+the check to the program with ``equinox.error_if`` (which works under ``jit`` and ``vmap``)
+and return the array they were given, to be used downstream so that the check runs.
+Messages name the value received and what is accepted.
 """
 
 from __future__ import annotations
 
 import numbers
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -20,6 +25,8 @@ def is_concrete(value) -> bool:
 
 
 def _as_float_array(name: str, value):
+    if isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.dtype.kind in "USO"):
+        raise TypeError(f"{name} must be a real number or array of numbers, got {value!r}")
     try:
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -103,3 +110,43 @@ def _show(value) -> str:
     if arr.size == 1:
         return repr(arr.item())
     return np.array2string(arr, threshold=6)
+
+
+#: Largest accepted ``| ||x_i|| - 1 |`` of states on the unit sphere, by dtype item size:
+#: float16/bfloat16 1e-2, float32 and float64 1e-3 (a state off the sphere by more is not a
+#: rounding error: ``2 x`` gives an energy 10x off, MATH.md Sec. 1 assumes unit rows).
+SPHERE_ATOL = {2: 1e-2, 4: 1e-3, 8: 1e-3}
+
+
+def sphere_atol(dtype) -> float:
+    """Tolerance on row norms for states of ``dtype`` (``SPHERE_ATOL``)."""
+    return SPHERE_ATOL.get(np.dtype(dtype).itemsize, 1e-3)
+
+
+def traced_positive(x, name: str, value):
+    """``x``, with ``value > 0`` and finite checked in the program when ``value`` is traced."""
+    if is_concrete(value):
+        return x
+    v = jnp.asarray(value)
+    bad = ~jnp.all(jnp.isfinite(v) & (v > 0))
+    return eqx.error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
+
+
+def traced_states(x, name: str = "x"):
+    """``x``, with finite unit rows (``sphere_atol``) checked in the program when traced."""
+    if is_concrete(x):
+        return x
+    atol = sphere_atol(x.dtype)
+    norms = jnp.sqrt(jnp.sum(x * x, axis=-1))
+    bad = ~jnp.all(jnp.isfinite(x)) | jnp.any(jnp.abs(norms - 1) > atol)
+    return eqx.error_if(
+        x, bad, f"{name} must be finite with unit rows (| ||x_i|| - 1 | <= {atol:g}); a traced {name} was not"
+    )
+
+
+def traced_labels(x, aux, num: int, name: str = "Prompt labels"):
+    """``x``, with integer labels ``aux`` in ``[0, num - 1]`` checked in the program when traced."""
+    if is_concrete(aux):
+        return x
+    bad = jnp.any((aux < 0) | (aux >= num))
+    return eqx.error_if(x, bad, f"{name} must lie in [0, {num - 1}]; a traced label was out of range")

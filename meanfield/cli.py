@@ -1,13 +1,22 @@
-"""``meanfield`` command line: simulate, reproduce, sweep, plot.
+"""``meanfield`` command line: simulate, reproduce, sweep, plot, info.
 
 User mistakes (bad arguments, invalid values, missing files) print ONE line on
 stderr and exit with status 2, without a traceback.
+
+``meanfield simulate``'s model flags come from the model registry
+(``mf.kernels.MODELS``): ``--kernel NAME`` and one flag per parameter (``--beta``,
+``--lam``, ``--omega``, ``--amplitude``, ...), each accepted only by the models that have
+it, with the registry's default and range. The same name, parameters and ``--seed`` give
+the same numbers as a sweep of ``kind = NAME`` and as ``mf.kernels.make(NAME, ...)`` with
+``mf.sphere.uniform(jax.random.key(seed), n, d)``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 import tomllib
@@ -56,6 +65,66 @@ def _int_at_least(k: int):
     return parse
 
 
+def _finite_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return v
+
+
+def _plane(text: str) -> tuple[int, int]:
+    try:
+        a, b = (int(t) for t in text.replace(" ", "").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two coordinate indices like 0,1, got {text!r}") from None
+    if a == b or min(a, b) < 0:
+        raise argparse.ArgumentTypeError(f"must be two distinct indices >= 0, got {text!r}")
+    return a, b
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per parameter of the registry (``mf.kernels.MODELS``), defaults left to the
+    registry (a flag absent from the command line takes the model's default)."""
+    from .kernels import MODELS
+
+    seen: dict[str, list] = {}
+    for entry in MODELS.values():
+        if entry.simulated:
+            for p in entry.params:
+                seen.setdefault(p.name, []).append((entry.name, p))
+    types = {"float>0": _positive_float, "float>=0": _nonneg_float, "float": _finite_float,
+             "int>=1": _int_at_least(1), "int>=0": _int_at_least(0), "plane": _plane}
+    for name, uses in seen.items():
+        p = uses[0][1]
+        if len({(q.doc, _show_default(q.default)) for _, q in uses}) == 1:
+            help_ = f"{p.doc} ({', '.join(m for m, _ in uses)}; default {_show_default(p.default)})"
+        else:
+            help_ = "; ".join(f"{m}: {q.doc} (default {_show_default(q.default)})" for m, q in uses)
+        kw: dict = {"default": argparse.SUPPRESS, "help": help_}
+        if p.kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif p.kind == "choice":
+            kw["choices"] = p.choices
+        else:
+            kw["type"] = types[p.kind]
+        parser.add_argument(_flag(name), **kw)
+
+
+def _show_default(v) -> str:
+    if isinstance(v, float) and abs(v - 2 * math.pi) < 1e-12:
+        return "2 pi"
+    if isinstance(v, tuple):
+        return ",".join(map(str, v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .integrate import SOLVERS
     from .kernels import MODEL_NAMES
@@ -65,14 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser("simulate", help="simulate one particle system and write figures and observables")
-    s.add_argument("--kernel", default="usa", choices=MODEL_NAMES, help="interaction kernel / model (default usa)")
+    s.add_argument("--kernel", default="usa", choices=MODEL_NAMES,
+                   help="model name from the registry (mf.kernels.MODELS; default usa)")
     s.add_argument("--n", type=_int_at_least(2), default=256, help="number of particles (default 256)")
     s.add_argument("--d", type=_int_at_least(2), default=3, help="dimension of the ambient space (default 3)")
-    s.add_argument("--beta", type=_positive_float, default=1.0, help="inverse temperature (default 1)")
-    s.add_argument("--lam", type=_nonneg_float, default=1.0, help="distance-bias rate (default 1)")
-    s.add_argument("--omega", type=float, default=2 * 3.141592653589793, help="RoPE frequency (default 2 pi)")
-    s.add_argument("--m", type=_int_at_least(1), default=1, help="Toeplitz frequency (default 1)")
-    s.add_argument("--prompts", type=_int_at_least(1), default=3, help="number of prompts K (default 3)")
+    _add_model_flags(s)
     s.add_argument("--t1", type=_positive_float, default=20.0, help="final time (default 20)")
     s.add_argument("--dt", type=_positive_float, default=1e-2, help="time step (default 1e-2)")
     s.add_argument("--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)")
@@ -80,7 +146,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--atol", type=_positive_float, default=None, help="adaptive solvers: absolute tolerance")
     s.add_argument("--saves", type=_int_at_least(2), default=101, help="number of save times (default 101)")
     s.add_argument("--early-stop", type=_positive_float, default=None, help="paper's early-stop tolerance (e.g. 1e-8)")
-    s.add_argument("--rescaled", action="store_true", help="time-rescaled kernel (factor e^-beta), needed for beta > 88 in float32")
     s.add_argument("--seed", type=_int_at_least(0), default=0, help="random seed (default 0)")
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
 
@@ -93,19 +158,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("sweep", help="run a parameter sweep from a TOML spec (see `meanfield sweep --help`)", add_help=False)
     sub.add_parser("plot", help="standard views of a sweep store (see `meanfield plot --help`)", add_help=False)
+    sub.add_parser("info", help="versions, devices, native kernels built or not and why (see `meanfield info --help`)",
+                   add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the `meanfield` process itself: its figures need no display
+        if "MPLBACKEND" not in os.environ:
+            import matplotlib
+
+            matplotlib.use("Agg")
+        argv = sys.argv[1:]
+    argv = list(argv)
     try:
         if argv and argv[0] in ("sweep", "plot"):
             from . import sweep
 
             fn = sweep.main if argv[0] == "sweep" else sweep.plot_main
             return int(fn(argv[1:]) or 0)
+        if argv and argv[0] == "info":
+            from . import info
+
+            return int(info.main(argv[1:]) or 0)
         parser = build_parser()
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse's one-line error (or --help): a status, not an exit of the caller
+            return int(e.code or 0)
         if args.command is None:
             parser.print_help()
             return 2
@@ -128,20 +208,20 @@ def _simulate(args) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from . import kernels, metrics, sphere, theory
+    from . import kernels, metrics, sphere
     from .integrate import simulate
 
-    if args.kernel == "gauge" and args.d != 3:
-        raise ValueError(f"--kernel gauge needs --d 3, got --d {args.d}")
+    entry = kernels.model_entry(args.kernel)
+    given = {p.name: getattr(args, p.name) for p in _all_params() if hasattr(args, p.name)}
+    for name in given:
+        if name not in {p.name for p in entry.params}:
+            accepted = " ".join(_flag(p.name) for p in entry.params) or "none"
+            raise ValueError(f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})")
+    params = entry.resolve(given, where="--")
+    model = kernels.make(args.kernel, d=args.d, **params)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    key = jax.random.key(args.seed)
-    k_x, k_g = jax.random.split(key)
-    model = kernels.make(
-        args.kernel, beta=args.beta, d=args.d, lam=args.lam, omega=args.omega, m=args.m,
-        num_prompts=args.prompts, key=k_g, rescaled=args.rescaled,
-    )
-    x0 = sphere.uniform(k_x, args.n, args.d)
+    x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
     ts = np.linspace(0.0, args.t1, args.saves)
     t0 = time.perf_counter()
     traj = simulate(
@@ -151,15 +231,12 @@ def _simulate(args) -> int:
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
-    e_max = None
-    if args.kernel in ("usa", "rope", "phase-field", "gauge", "prompt"):
-        e_max = float(theory.max_energy(args.beta, rescaled=args.rescaled))
-    elif args.kernel == "toeplitz":
-        e_max = float(theory.great_circle_energy(args.m))
+    e_max = entry.max_energy(params) if entry.max_energy is not None else None
     aux = model.default_aux(args.n)
     result = {
-        "kernel": args.kernel, "n": args.n, "d": args.d, "beta": args.beta, "t1": args.t1, "dt": args.dt,
-        "solver": args.solver, "seed": args.seed, "rescaled": args.rescaled,
+        "kernel": args.kernel, "n": args.n, "d": args.d,
+        **{k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
+        "t1": args.t1, "dt": args.dt, "solver": args.solver, "seed": args.seed,
         "final_collapse_gap": float(traj.collapse_gap[-1]),
         "final_energy": float(traj.energy[-1]) if traj.energy is not None else None,
         "theory_max_energy": e_max,
@@ -193,7 +270,7 @@ def _simulate_figures(out, args, traj, aux, e_max, jnp):
     color = aux if args.kernel != "prompt" else aux.astype(float)
     plotting.plot_configuration(
         ax, x, color=color,
-        title=f"{args.kernel}, n={args.n}, d={args.d}, beta={args.beta:g}, t={float(traj.stop_time):g}",
+        title=f"{args.kernel}, n={args.n}, d={args.d}, t={float(traj.stop_time):g}",
     )
     plotting.savefig(fig, out / "configuration.png")
 
@@ -214,6 +291,12 @@ def _simulate_figures(out, args, traj, aux, e_max, jnp):
     axes[1].set_xlabel("t")
     axes[1].set_ylabel("energy")
     plotting.savefig(fig, out / "observables.png")
+
+
+def _all_params():
+    from .kernels import MODELS
+
+    return [p for e in MODELS.values() for p in e.params]
 
 
 def _reproduce(args) -> int:

@@ -33,7 +33,7 @@ from jaxtyping import Array, Float
 
 from . import sphere
 from ._checks import check_int, check_nonnegative, check_plane, check_positive
-from .kernels import USA, Kernel, _GaugeKernel
+from .kernels import USA, Kernel, GaugeKernel
 
 __all__ = [
     "rotation_to",
@@ -286,7 +286,7 @@ class Anchored(Kernel):
     mass: Array | float
 
     def __init__(self, base: Kernel, u, mass=1.0):
-        if not isinstance(base, (USA, _GaugeKernel)):
+        if not isinstance(base, (USA, GaugeKernel)):
             raise TypeError(
                 f"Anchored needs a USA or exp-gauge kernel (RoPE, PhaseField, Gauge, Prompt), got {type(base).__name__}"
             )
@@ -312,7 +312,7 @@ class Anchored(Kernel):
         return self.base.default_aux(n)
 
     def _gauge(self, xi, d, dtype):
-        if isinstance(self.base, _GaugeKernel):
+        if isinstance(self.base, GaugeKernel):
             return self.base.gauge_matrix(xi, d).astype(dtype)
         return jnp.eye(d, dtype=dtype)
 
@@ -338,7 +338,7 @@ class Anchored(Kernel):
 
     def _frame(self, x, aux):
         d = x.shape[-1]
-        if isinstance(self.base, _GaugeKernel):
+        if isinstance(self.base, GaugeKernel):
             P = self.base.gauge_matrices(aux, d).astype(x.dtype)
         else:
             P = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (x.shape[0], d, d))
@@ -358,6 +358,9 @@ class Anchored(Kernel):
 
     def check_config(self, x, aux) -> None:
         self.base.check_config(x, aux)
+
+    def check_traced(self, x, aux):
+        return self.base.check_traced(x, aux)
         if self.u.shape[0] != np.shape(x)[-1]:
             raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
 
@@ -397,7 +400,7 @@ def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
     aux = jnp.asarray(aux)
     u = jnp.asarray(u)
     y = jnp.broadcast_to(u, (aux.shape[0], u.shape[0]))
-    if isinstance(base, _GaugeKernel):
+    if isinstance(base, GaugeKernel):
         return base.from_gauge_frame(y, aux)
     if isinstance(base, USA):
         return y

@@ -4,6 +4,11 @@
 ``v_i = P_{x_i} F_i``, ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``.
 Because ``h`` is symmetric, ``grad_{x_i} E = F_i / n``: the velocity is
 ``n P_{x_i} grad_{x_i} E`` (tested against ``jax.grad``).
+
+The entry points validate what they are given: concrete states must be finite ``(n, d)``
+arrays of unit rows (``ValueError`` otherwise); traced states, a traced ``beta`` and traced
+prompt labels are checked inside the program (``equinox.error_if``), so a bad value stops a
+jitted or vmapped call with an error naming it instead of returning a number.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from . import sphere
-from ._checks import check_choice, check_int, is_concrete
-from .kernels import Kernel, pairwise_energy, pairwise_field
+from ._checks import check_choice, check_int, traced_states
+from .kernels import Kernel, backend_scope, pairwise_energy, pairwise_field
+from .models import Model
 
-__all__ = ["energy", "velocity", "field", "resolve_aux"]
+__all__ = ["energy", "velocity", "field", "resolve_aux", "METHODS"]
 
+#: Accepted ``method=`` values: the structured evaluation or the single-pair reference.
 METHODS = ("auto", "pairwise")
 
 
@@ -28,7 +35,7 @@ def resolve_aux(model, x, aux):
     for ``Prompt``). A given ``aux`` must have length ``n``.
 
     Args:
-        model: a kernel or model with ``field``.
+        model: a ``mf.models.Model`` (a kernel or ``SelfAttention``).
         x: ``(n, d)`` states.
         aux: ``(n,)`` labels or ``None``.
 
@@ -41,9 +48,10 @@ def resolve_aux(model, x, aux):
         >>> resolve_aux(mf.kernels.USA(1.0), jnp.zeros((4, 3)), None).tolist()
         [0.25, 0.5, 0.75, 1.0]
     """
-    if not hasattr(model, "field"):
+    if not isinstance(model, Model):
         raise TypeError(
-            f"expected a kernel from mf.kernels or a model from mf.models, got {type(model).__name__}"
+            f"expected a kernel from mf.kernels or a model from mf.models (an mf.models.Model), "
+            f"got {type(model).__name__}"
         )
     shape = np.shape(x)
     if len(shape) != 2:
@@ -58,7 +66,23 @@ def resolve_aux(model, x, aux):
     return jnp.asarray(aux)
 
 
-def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None):
+def _states(model, x, aux, name: str = "x"):
+    """``(x, aux)`` checked: shape and labels, unit rows (concrete: ``ValueError``; traced: in
+    the program), the model's concrete and traced checks."""
+    aux = resolve_aux(model, x, aux)
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point array (float32 or float64), got dtype {dtype}")
+    sphere.check_on_sphere(x, name)
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.result_type(float))
+    model.check_config(x, aux)
+    x = model.check_traced(traced_states(x, name), aux)
+    return x, aux
+
+
+def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
     """Unprojected mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``.
 
     Args:
@@ -67,6 +91,8 @@ def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", bloc
         aux: ``(n,)`` labels (default ``model.default_aux(n)``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (reference, kernels only).
         block_size: row-tile size of the tiled exp evaluation (default automatic).
+        backend: ``"native"`` (the fused C kernel on the CPU where built), ``"xla"``, or
+            ``None`` (the ``mf.kernels.set_native`` setting). Part of what JAX traces.
 
     Returns:
         ``(n, d)`` field.
@@ -79,18 +105,16 @@ def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", bloc
         ((8, 3), True)
     """
     check_choice("method", method, METHODS)
-    aux = resolve_aux(model, x, aux)
-    x = jnp.asarray(x)
-    if hasattr(model, "check_config"):
-        model.check_config(x, aux)
-    if method == "pairwise":
-        if not isinstance(model, Kernel):
-            raise TypeError(f"method='pairwise' needs a pair kernel, got {type(model).__name__}")
-        return pairwise_field(model, x, aux)
-    return model.field(x, aux, block_size=block_size)
+    if method == "pairwise" and isinstance(model, Model) and not isinstance(model, Kernel):
+        raise TypeError(f"method='pairwise' needs a pair kernel, got {type(model).__name__}")
+    x, aux = _states(model, x, aux)
+    with backend_scope(backend):
+        if method == "pairwise":
+            return pairwise_field(model, x, aux)
+        return model.field(x, aux, block_size=_block(block_size))
 
 
-def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None):
+def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
     """Velocity of the particle flow ``v_i = P_{x_i} F_i``, shape ``(n, d)``.
 
     Args:
@@ -99,6 +123,7 @@ def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", b
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
         block_size: row-tile size for large ``n`` (``None``: dense up to ``2^24`` pairs, else tiles).
+        backend: ``"native"``, ``"xla"`` or ``None`` (the setting), as for ``field``.
 
     Returns:
         ``(n, d)`` tangent velocities.
@@ -110,11 +135,11 @@ def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", b
         >>> bool(abs((v * x).sum(-1)).max() < 1e-5)   # tangent
         True
     """
-    F = field(model, x, aux, method=method, block_size=block_size)
+    F = field(model, x, aux, method=method, block_size=block_size, backend=backend)
     return sphere.project(jnp.asarray(x), F)
 
 
-def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None):
+def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
     """Interaction energy ``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
 
     Raises ``TypeError`` for models without a pair energy (``mf.models.SelfAttention``).
@@ -125,6 +150,7 @@ def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", blo
         aux: ``(n,)`` labels (default ``model.default_aux(n)``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
         block_size: row-tile size for large ``n`` (default automatic).
+        backend: ``"native"``, ``"xla"`` or ``None`` (the setting), as for ``field``.
 
     Returns:
         scalar energy.
@@ -141,13 +167,13 @@ def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", blo
             f"{type(model).__name__} has no pair energy; energy is defined for the kernels in "
             f"mf.kernels (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt)"
         )
-    aux = resolve_aux(model, x, aux)
-    x = jnp.asarray(x)
-    model.check_config(x, aux)
-    if method == "pairwise":
-        return pairwise_energy(model, x, aux)
-    return model.energy(x, aux, block_size=block_size)
+    x, aux = _states(model, x, aux)
+    with backend_scope(backend):
+        if method == "pairwise":
+            return pairwise_energy(model, x, aux)
+        return model.energy(x, aux, block_size=_block(block_size))
 
 
-def _is_concrete(x) -> bool:  # re-export for integrate
-    return is_concrete(x)
+def _block(block_size):
+    """``block_size`` checked: ``None`` or an int ``>= 1``."""
+    return None if block_size is None else check_int("block_size", block_size, minimum=1)

@@ -31,9 +31,9 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from . import metrics, sphere
-from ._checks import check_choice, check_positive, is_concrete
+from ._checks import check_choice, check_int, check_positive, is_concrete, traced_states
 from .energy import resolve_aux
-from .kernels import Kernel
+from .kernels import Kernel, backend_scope
 
 __all__ = ["simulate", "Trajectory", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
 
@@ -300,6 +300,7 @@ def simulate(
     max_steps: int | None = None,
     block_size: int | None = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
+    backend: str | None = None,
 ) -> Trajectory:
     """Integrate ``dx_i/dt = P_{x_i} F_i`` on ``(S^{d-1})^n`` from ``x0``.
 
@@ -322,13 +323,17 @@ def simulate(
         max_steps: cap on steps (default: the grid length for fixed steps, 100000 adaptive).
         block_size: row tile of the field evaluation for large ``n``.
         adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
+        backend: the field evaluation: ``"native"`` (the fused C kernel on the CPU where
+            built), ``"xla"``, or ``None`` (the ``mf.kernels.set_native`` setting).
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
         ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``.
 
     jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
-    ``vmap`` over seeds and ``beta`` compiles once.
+    ``vmap`` over seeds and ``beta`` compiles once. Concrete bad values raise ``ValueError``
+    before tracing; traced ones (states off the sphere or non-finite, ``beta <= 0``, prompt
+    labels out of range) stop the program with an ``equinox.error_if`` error naming them.
 
     Example:
         >>> import jax, meanfield as mf
@@ -344,8 +349,12 @@ def simulate(
     x0 = jnp.asarray(x0)
     if not jnp.issubdtype(x0.dtype, jnp.floating):
         x0 = x0.astype(jnp.result_type(float))
-    if hasattr(model, "check_config"):
-        model.check_config(x0, aux)
+    model.check_config(x0, aux)
+    x0 = model.check_traced(traced_states(x0, "x0"), aux)
+    if max_steps is not None:
+        max_steps = check_int("max_steps", max_steps, minimum=1)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
     has_energy = isinstance(model, Kernel)
     if early_stop is not None:
         check_positive("early_stop", early_stop)
@@ -383,27 +392,28 @@ def simulate(
         lambda leaf: jnp.asarray(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool) else leaf,
         model,
     )
-    return _simulate(
-        model,
-        x0,
-        aux,
-        jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
-        step,
-        solver=solver,
-        t1=t1f,
-        dt0=dt0,
-        ts=tuple(float(t) for t in ts_np),
-        grid=None if grid is None else tuple(float(t) for t in grid),
-        rtol=rtol,
-        atol=atol,
-        observables=tuple(sorted(observables.items())),
-        save_states=bool(save_states),
-        early_stop=early_stop is not None,
-        max_steps=steps,
-        block_size=block_size,
-        has_energy=has_energy,
-        adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
-    )
+    with backend_scope(backend):
+        return _simulate(
+            model,
+            x0,
+            aux,
+            jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
+            step,
+            solver=solver,
+            t1=t1f,
+            dt0=dt0,
+            ts=tuple(float(t) for t in ts_np),
+            grid=None if grid is None else tuple(float(t) for t in grid),
+            rtol=rtol,
+            atol=atol,
+            observables=tuple(sorted(observables.items())),
+            save_states=bool(save_states),
+            early_stop=early_stop is not None,
+            max_steps=steps,
+            block_size=block_size,
+            has_energy=has_energy,
+            adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
+        )
 
 
 @eqx.filter_jit

@@ -30,8 +30,14 @@ the rescaled flow at time ``s`` is the original flow at time ``t = e^{-beta} s``
 
 from __future__ import annotations
 
+import abc
+import contextlib
+import dataclasses
 import functools
+import math
+import os
 from collections.abc import Callable
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -39,17 +45,24 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import _native, sphere
+from . import _native, sphere, theory
 from ._checks import (
+    check_finite,
+    check_int,
     check_nonnegative,
     check_orthogonal,
     check_plane,
     check_positive,
     is_concrete,
+    traced_labels,
 )
+from .models import Model, SelfAttention, positions
+
+_native.prepare()  # the C compiler runs here, at import, never inside a traced function
 
 __all__ = [
     "Kernel",
+    "GaugeKernel",
     "USA",
     "DistanceBias",
     "Toeplitz",
@@ -57,16 +70,32 @@ __all__ = [
     "PhaseField",
     "Gauge",
     "Prompt",
+    "FourierPhase",
+    "WavyGauge",
+    "positions",
+    "pairwise_field",
+    "pairwise_energy",
     "original_time",
     "rescaled_time",
+    "DENSE_MAX",
     "DEFAULT_BLOCK",
-    "MODEL_NAMES",
-    "make",
+    "BATCH_BYTES",
+    "ACCELERATOR_BATCH_BYTES",
+    "BACKENDS",
     "set_native",
+    "native",
+    "backend_scope",
     "native_enabled",
     "random_gauges",
     "default_phase",
     "wavy_gauge",
+    "Param",
+    "ModelEntry",
+    "MODELS",
+    "MODEL_NAMES",
+    "model_entry",
+    "build",
+    "make",
 ]
 
 #: Largest ``n`` evaluated with the dense ``n x n`` weight matrix; above it, tiles.
@@ -87,7 +116,26 @@ BATCH_BYTES = 2**23
 #: the bound only guards memory (not measured: no accelerator was available).
 ACCELERATOR_BATCH_BYTES = 2**30
 
-_NATIVE = {"enabled": True}
+def _native_state():
+    """The native-kernel setting: a JAX configuration state that is part of ``jit``'s cache
+    key (``include_in_jit_key``), so a function traced with one setting is never reused under
+    the other, and switching back finds the first compilation again. It starts off where
+    ``MEANFIELD_NATIVE`` is ``0``/``false``/``no``/``off``."""
+    from jax._src import config as jax_config  # no public API defines a state in jit's cache key
+
+    off = os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+    return jax_config.bool_state(
+        "meanfield_native_kernels",
+        not off,
+        "Evaluate exp-kernel fields and energies on the CPU with meanfield's fused C kernel.",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+
+
+_NATIVE = _native_state()
+#: Accepted values of the ``backend=`` option of the entry points (``None``: the setting).
+BACKENDS = ("native", "xla")
 
 
 def set_native(enabled: bool) -> bool:
@@ -99,10 +147,14 @@ def set_native(enabled: bool) -> bool:
     ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
     ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
     The numbers agree to rounding (tests/test_kernels_native.py). Derivatives are always those
-    of the XLA formulation. A change clears JAX's trace and compilation caches
-    (``jax.clear_caches()``), so that jitted functions, meanfield's own included, retrace with
-    the new setting. ``jax.export`` cannot serialise the FFI call: export with
-    ``set_native(False)``. Returns the previous setting.
+    of the XLA formulation.
+
+    The setting is part of what JAX traces: it is in ``jit``'s cache key, so a jitted function
+    called after a change is traced again for the new setting, and its first compilation is
+    found again when the setting returns; no cache is cleared. For a scoped choice use
+    ``with mf.kernels.native(False):`` or the ``backend=`` option of ``mf.field``,
+    ``mf.velocity``, ``mf.energy`` and ``mf.simulate``. ``jax.export`` cannot serialise the FFI
+    call: export with ``set_native(False)``. Returns the previous setting.
 
     Example:
         >>> import meanfield as mf
@@ -113,34 +165,48 @@ def set_native(enabled: bool) -> bool:
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    previous = _NATIVE["enabled"]
-    _NATIVE["enabled"] = enabled
-    if enabled != previous:
-        jax.clear_caches()
+    previous = bool(_NATIVE.value)
+    jax.config.update("meanfield_native_kernels", enabled)
     return previous
 
 
-def native_enabled() -> bool:
-    """Whether exp-kernel fields traced now use the fused C kernel on the CPU (``set_native``
-    and the kernel builds)."""
-    return _NATIVE["enabled"] and _native.exp_available()
-
-
-def positions(n: int) -> Float[Array, " n"]:
-    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation).
-
-    Args:
-        n: number of tokens.
-
-    Returns:
-        ``(n,)`` float array ``(1/n, 2/n, .., 1)``.
+def native(enabled: bool):
+    """Context manager: the native-kernel setting (``set_native``) for the code inside only
+    (thread-local; part of ``jit``'s cache key).
 
     Example:
         >>> import meanfield as mf
-        >>> mf.kernels.positions(4).tolist()
-        [0.25, 0.5, 0.75, 1.0]
+        >>> with mf.kernels.native(False):
+        ...     mf.kernels.native_enabled()
+        False
     """
-    return jnp.arange(1, n + 1, dtype=jnp.result_type(float)) / n
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    return _NATIVE(enabled)
+
+
+def backend_scope(backend: str | None):
+    """Context manager of an entry point's ``backend=`` option: ``"native"`` (the fused C
+    kernel on the CPU where it is built, else XLA), ``"xla"`` (the XLA formulation) or
+    ``None`` (the current ``set_native`` setting).
+
+    Example:
+        >>> import meanfield as mf
+        >>> with mf.kernels.backend_scope("xla"):
+        ...     mf.kernels.native_enabled()
+        False
+    """
+    if backend is None:
+        return contextlib.nullcontext()
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
+    return _NATIVE(backend == "native")
+
+
+def native_enabled() -> bool:
+    """Whether exp-kernel fields traced now use the fused C kernel on the CPU (``set_native``,
+    ``native``, ``backend=``, and whether the kernels are built: ``meanfield info``)."""
+    return bool(_NATIVE.value) and _native.exp_available()
 
 
 def original_time(s, beta):
@@ -179,30 +245,31 @@ def rescaled_time(t, beta):
     return jnp.exp(jnp.asarray(beta)) * t
 
 
-class Kernel(eqx.Module):
-    """Base class: a symmetric pair interaction ``h((x, xi), (y, zeta))``.
+class Kernel(Model):
+    """Abstract base of the pair kernels: a symmetric interaction ``h((x, xi), (y, zeta))``.
 
-    Subclasses implement ``__call__`` (one pair: ``x, y`` of shape ``(d,)``, scalar
-    labels, scalar result). ``grad_x`` defaults to autodiff of ``__call__``;
+    Subclasses define ``__call__`` (one pair: ``x, y`` of shape ``(d,)``, scalar labels,
+    scalar result; ``abc.abstractmethod``). ``grad_x`` defaults to autodiff of ``__call__``;
     ``field`` (``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``) and ``energy``
-    (``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``, scalar) default to the pairwise
-    reference (O(n^2) pairs through ``vmap``), overridden by structured evaluations.
+    (``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``, scalar) default to the pairwise reference
+    (O(n^2) pairs through ``vmap``), overridden by structured evaluations. A kernel is a
+    ``mf.models.Model`` with a pair energy (``has_energy``).
 
     Example:
-        >>> import jax, meanfield as mf
-        >>> k = mf.kernels.USA(1.0)
-        >>> isinstance(k, mf.kernels.Kernel)
-        True
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> class Linear(mf.kernels.Kernel):     # h = <x, y>: a new kernel is one method
+        ...     def __call__(self, x, xi, y, zeta):
+        ...         return jnp.dot(x, y)
         >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
-        >>> k.field(x, k.default_aux(8)).shape
-        (8, 3)
+        >>> bool(jnp.allclose(mf.field(Linear(), x), jnp.mean(x, axis=0) * jnp.ones((8, 1)), atol=1e-6))
+        True
     """
 
-    #: True when labels are integer ids (prompts) rather than positions.
-    integer_labels = False
+    has_energy: ClassVar[bool] = True
 
-    def __call__(self, x, xi, y, zeta):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def __call__(self, x, xi, y, zeta):
+        """``h((x, xi), (y, zeta))`` of one pair (scalar)."""
 
     def grad_x(self, x, xi, y, zeta):
         """``grad_x h((x, xi), (y, zeta))`` (Euclidean gradient in ``R^d``, shape ``(d,)``).
@@ -214,16 +281,6 @@ class Kernel(eqx.Module):
             [1.0, 0.0, 0.0]
         """
         return jax.grad(self.__call__, argnums=0)(x, xi, y, zeta)
-
-    def default_aux(self, n: int):
-        """Labels used when ``aux=None``: the positions ``s_i = i / n``, shape ``(n,)``.
-
-        Example:
-            >>> import meanfield as mf
-            >>> mf.kernels.USA(1.0).default_aux(2).tolist()
-            [0.5, 1.0]
-        """
-        return positions(n)
 
     # structured evaluations (overridden) --------------------------------
     def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
@@ -257,17 +314,6 @@ class Kernel(eqx.Module):
             0.5
         """
         return pairwise_energy(self, x, aux)
-
-    def check_config(self, x, aux) -> None:
-        """Concrete-value checks that need the state (overflow, gauges); no-op by default.
-
-        Raises ``ValueError``/``TypeError`` naming the bad value; returns ``None``.
-
-        Example:
-            >>> import jax.numpy as jnp, meanfield as mf
-            >>> mf.kernels.USA(1.0).check_config(jnp.eye(3), mf.positions(3)) is None
-            True
-        """
 
 
 def pairwise_field(kernel: Kernel, x, aux):
@@ -711,14 +757,31 @@ class Toeplitz(Kernel):
 # ----------------------------------------------------------------------------
 
 
-class _GaugeKernel(_ExpKernel):
-    """USA in a label-dependent frame. Subclasses define ``gauge_matrix(label, d)``.
+class GaugeKernel(_ExpKernel):
+    """Abstract base of the exp-gauge kernels ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta``:
+    USA in a label-dependent frame. Subclasses define ``gauge_matrix(label, d)``
+    (``abc.abstractmethod``) and get the single-pair definition, the gauge-frame fast path
+    (the fused C kernel on the CPU), the maximiser frame and the orthogonality check.
 
     Field and energy use the gauge frame (MATH.md, gauge equivalence):
     ``y_i = Psi_i x_i``, ``F_i = Psi_i^T F^USA(y)_i``, ``E = E^USA(y)``: O(n^2 d).
+
+    Args (of every subclass, besides its own fields):
+        beta: inverse temperature, ``> 0`` (traced).
+        rescaled: multiply by ``e^{-beta}`` (time change, keyword-only).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> class Flip(mf.kernels.GaugeKernel):          # Psi(s) = diag(+-1, 1, 1)
+        ...     def gauge_matrix(self, label, d):
+        ...         return jnp.diag(jnp.ones(d).at[0].set(jnp.where(label > 0.5, -1.0, 1.0)))
+        >>> k, x = Flip(1.0), mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> bool(jnp.allclose(mf.energy(k, x), mf.energy(k, x, method="pairwise"), rtol=1e-5))
+        True
     """
 
-    def gauge_matrix(self, label, d: int):  # pragma: no cover - abstract
+    @abc.abstractmethod
+    def gauge_matrix(self, label, d: int):
         """The gauge ``Psi(label)``: a ``(d, d)`` orthogonal matrix (defined by each subclass).
 
         Example:
@@ -727,7 +790,6 @@ class _GaugeKernel(_ExpKernel):
             >>> bool(jnp.allclose(Q @ jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1.0, 0.0]), atol=1e-6))
             True
         """
-        raise NotImplementedError
 
     def gauge_matrices(self, aux, d: int) -> Float[Array, "n d d"]:
         """``Psi(xi_i)`` for every label: ``(n, d, d)``.
@@ -806,7 +868,7 @@ class _GaugeKernel(_ExpKernel):
             )
 
 
-class RoPE(_GaugeKernel):
+class RoPE(GaugeKernel):
     """Rotary positional kernel ``h = exp(beta <x, R_{omega (t - s)} y>) / beta``.
 
     The gauge ``Psi(s) = R_{omega s}`` in ``plane``. Maximiser ``x(s) = R_{-omega s} u``:
@@ -843,34 +905,118 @@ class RoPE(_GaugeKernel):
         return sphere.rotation(self.omega * label, d, self.plane)
 
 
-class PhaseField(_GaugeKernel):
+class _Callable(eqx.Module):
+    """A plain callable held as a static field: a new callable object is a new compilation
+    (prefer the Module families ``FourierPhase`` and ``WavyGauge``, whose parameters are traced)."""
+
+    fn: Callable = eqx.field(static=True)
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def _as_module(fn, what: str):
+    if isinstance(fn, eqx.Module):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"{what}, got {fn!r}")
+    return _Callable(fn)
+
+
+class FourierPhase(eqx.Module):
+    """Phase ``phi(s) = omega s + amplitude sin(2 pi frequency s)`` with traced ``omega`` and
+    ``amplitude`` (a PyTree: a jitted function of them compiles once for any values).
+
+    ``FourierPhase()`` is ``default_phase``: ``2 pi s + sin(2 pi s)``; ``amplitude = 0`` gives
+    RoPE's linear phase.
+
+    Args:
+        omega: the linear rate (traced, finite; default ``2 pi``).
+        amplitude: the sine amplitude (traced, finite; default 1).
+        frequency: the sine frequency, an int ``>= 1`` (static; default 1).
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.FourierPhase()(0.25)), 4)   # pi / 2 + 1
+        2.5708
+    """
+
+    omega: Array | float = 2 * math.pi
+    amplitude: Array | float = 1.0
+    frequency: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self):
+        check_finite("omega", self.omega)
+        check_finite("amplitude", self.amplitude)
+        check_int("frequency", self.frequency, minimum=1)
+
+    def __call__(self, s):
+        return self.omega * s + self.amplitude * jnp.sin(2 * jnp.pi * self.frequency * s)
+
+
+class WavyGauge(eqx.Module):
+    """Generalised RoPE gauge ``Psi(s) = R_{12}(2 pi s) R_{23}(a sin(2 pi k s))`` on ``R^3``
+    (MATH.md, Fig. 3 v), with traced amplitude ``a`` (a PyTree: one compilation for any ``a``).
+
+    Its maximiser ``x(s) = Psi(s)^T u`` is a wavy closed curve, which a single fixed-plane
+    phase field cannot produce (those stay on a latitude circle).
+
+    Args:
+        amplitude: the wave amplitude ``a`` in radians (traced, finite; default 0.6).
+        k: number of waves per turn, an int ``>= 1`` (static; default 3).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> Q = mf.kernels.WavyGauge(0.6, 3)(0.3)
+        >>> Q.shape, bool(jnp.allclose(Q @ Q.T, jnp.eye(3), atol=1e-6))
+        ((3, 3), True)
+    """
+
+    amplitude: Array | float = 0.6
+    k: int = eqx.field(static=True, default=3)
+
+    def __check_init__(self):
+        check_finite("amplitude", self.amplitude)
+        check_int("k", self.k, minimum=1)
+
+    def __call__(self, s):
+        R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
+        R23 = sphere.rotation(self.amplitude * jnp.sin(2 * jnp.pi * self.k * s), 3, (1, 2))
+        return R12 @ R23
+
+
+class PhaseField(GaugeKernel):
     """Phase-field kernel ``h = exp(beta <x, R_{phi(t) - phi(s)} y>) / beta``.
 
-    ``phase`` is a callable ``s -> angle`` (jax-traceable). Gauge ``Psi(s) = R_{phi(s)}``;
+    ``phase`` maps ``s -> angle`` (jax-traceable). Gauge ``Psi(s) = R_{phi(s)}``;
     maximiser ``x(s) = R_{-phi(s)} u``. In a single fixed plane the maximiser stays
     on a latitude circle (only its parametrisation changes).
 
+    A parametrised phase that is an ``equinox.Module`` (``FourierPhase``, or your own) is part
+    of the PyTree: its parameters are traced, so a jitted function building
+    ``PhaseField(beta, FourierPhase(omega, amplitude))`` compiles once for any values. A plain
+    callable is held as a static field: each new callable object is a new compilation.
+
     Args:
         beta: inverse temperature, ``> 0`` (traced).
-        phase: callable ``s -> phi(s)`` (static).
+        phase: ``s -> phi(s)``: an ``equinox.Module`` (traced leaves) or a plain callable.
         plane: the rotation plane ``(a, b)`` (static).
         rescaled: multiply by ``e^{-beta}`` (time change).
 
     Example:
         >>> import jax, meanfield as mf
-        >>> k = mf.kernels.PhaseField(1.0, mf.kernels.default_phase)
+        >>> k = mf.kernels.PhaseField(1.0, mf.kernels.FourierPhase(2.0, 0.5))
         >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
         >>> mf.field(k, x).shape
         (8, 3)
     """
 
-    phase: Callable = eqx.field(static=True, default=None)
+    phase: eqx.Module = None  # type: ignore[assignment]  # set by __init__
     plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
 
     def __init__(self, beta, phase, plane=(0, 1), *, rescaled: bool = False):
-        if not callable(phase):
-            raise TypeError(f"phase must be a callable s -> angle, got {phase!r}")
-        self.beta, self.phase, self.plane, self.rescaled = beta, phase, tuple(plane), rescaled
+        self.beta, self.plane, self.rescaled = beta, tuple(plane), rescaled
+        self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
     def __check_init__(self):
         check_positive("beta", self.beta)
@@ -881,33 +1027,33 @@ class PhaseField(_GaugeKernel):
         return sphere.rotation(self.phase(label), d, self.plane)
 
 
-class Gauge(_GaugeKernel):
+class Gauge(GaugeKernel):
     """General gauge kernel ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta``.
 
-    ``gauge`` is a callable ``label -> (d, d)`` orthogonal matrix (jax-traceable);
-    its orthogonality is checked on the labels of a concrete run. Maximiser
-    ``x(xi) = Psi(xi)^T u``.
+    ``gauge`` maps ``label -> (d, d)`` orthogonal matrix (jax-traceable); its orthogonality
+    is checked on the labels of a concrete run. Maximiser ``x(xi) = Psi(xi)^T u``. As for
+    ``PhaseField``, an ``equinox.Module`` gauge (``WavyGauge``) has traced parameters; a plain
+    callable is static (a new callable object is a new compilation).
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
-        gauge: callable ``label -> (d, d)`` orthogonal matrix (static).
+        gauge: ``label -> (d, d)`` orthogonal matrix: an ``equinox.Module`` or a plain callable.
         rescaled: multiply by ``e^{-beta}`` (time change).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
-        >>> k = mf.kernels.Gauge(1.0, mf.kernels.wavy_gauge())
+        >>> k = mf.kernels.Gauge(1.0, mf.kernels.WavyGauge())
         >>> s = mf.positions(8)
         >>> x = k.from_gauge_frame(jnp.tile(jnp.array([0.0, 0.0, 1.0]), (8, 1)), s)   # the maximiser
         >>> round(float(mf.energy(k, x, s)), 4)   # e / 2
         1.3591
     """
 
-    gauge: Callable = eqx.field(static=True, default=None)
+    gauge: eqx.Module = None  # type: ignore[assignment]  # set by __init__
 
     def __init__(self, beta, gauge, *, rescaled: bool = False):
-        if not callable(gauge):
-            raise TypeError(f"gauge must be a callable label -> (d, d) orthogonal matrix, got {gauge!r}")
-        self.beta, self.gauge, self.rescaled = beta, gauge, rescaled
+        self.beta, self.rescaled = beta, rescaled
+        self.gauge = _as_module(gauge, "gauge must be a callable label -> (d, d) orthogonal matrix")
 
     def gauge_matrix(self, label, d):
         Q = jnp.asarray(self.gauge(label))
@@ -916,7 +1062,7 @@ class Gauge(_GaugeKernel):
         return Q
 
 
-class Prompt(_GaugeKernel):
+class Prompt(GaugeKernel):
     """Prompt kernel: the gauge kernel over integer prompt ids ``xi in {0..K-1}``.
 
     ``h = exp(beta <Psi_xi x, Psi_zeta y>) / beta`` with ``gauges`` a ``(K, d, d)``
@@ -939,7 +1085,7 @@ class Prompt(_GaugeKernel):
     """
 
     gauges: Array = None  # type: ignore[assignment]  # set by __init__
-    integer_labels = True
+    integer_labels: ClassVar[bool] = True
 
     def __init__(self, beta, gauges, *, rescaled: bool = False):
         G = jnp.asarray(gauges)
@@ -966,6 +1112,9 @@ class Prompt(_GaugeKernel):
         if self.gauges.shape[-1] != d:
             raise ValueError(f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]}, states have d = {d}")
         return self.gauges[label]
+
+    def check_traced(self, x, aux):
+        return traced_labels(super().check_traced(x, aux), aux, self.num_prompts)
 
     def check_config(self, x, aux) -> None:
         _ExpKernel.check_config(self, x, aux)
@@ -1014,7 +1163,8 @@ def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d
 
 
 def default_phase(s):
-    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal).
+    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal):
+    ``FourierPhase()`` as a plain function.
 
     Args:
         s: position(s), scalar or array.
@@ -1027,22 +1177,18 @@ def default_phase(s):
         >>> round(float(mf.kernels.default_phase(0.25)), 4)   # pi / 2 + 1
         2.5708
     """
-    return 2 * jnp.pi * s + jnp.sin(2 * jnp.pi * s)
+    return FourierPhase()(s)
 
 
-def wavy_gauge(amplitude: float = 0.6, k: int = 3):
-    """Generalised RoPE gauge ``Psi(s) = R_{12}(2 pi s) R_{23}(a sin(2 pi k s))`` (MATH.md, Fig. 3 v).
-
-    Its maximiser ``x(s) = Psi(s)^T u`` is a wavy closed curve, which a single
-    fixed-plane phase field cannot produce (those stay on a latitude circle).
-    Cached per ``(amplitude, k)`` so that repeated constructions compile once.
+def wavy_gauge(amplitude: float = 0.6, k: int = 3) -> WavyGauge:
+    """The generalised RoPE gauge ``WavyGauge(amplitude, k)`` (for ``Gauge``).
 
     Args:
         amplitude: the wave amplitude ``a`` (radians).
         k: number of waves per turn.
 
     Returns:
-        a callable ``s -> (3, 3)`` orthogonal matrix, for ``Gauge``.
+        a ``WavyGauge``: ``s -> (3, 3)`` orthogonal matrix.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -1050,78 +1196,266 @@ def wavy_gauge(amplitude: float = 0.6, k: int = 3):
         >>> Q.shape, bool(jnp.allclose(Q @ Q.T, jnp.eye(3), atol=1e-6))
         ((3, 3), True)
     """
-    return _wavy_gauge(float(amplitude), int(k))
+    return WavyGauge(amplitude, k)
 
 
-_WAVY_CACHE: dict = {}
+# ----------------------------------------------------------------------------
+# the registry: one table of model names (CLI, sweeps, reproductions, Python)
+# ----------------------------------------------------------------------------
+
+#: Kinds of parameter values: the accepted range of each.
+PARAM_KINDS = ("float>0", "float>=0", "float", "int>=1", "int>=0", "bool", "plane", "choice")
 
 
-def _wavy_gauge(a: float, k: int):
-    if (a, k) not in _WAVY_CACHE:
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter of a registered model.
 
-        def psi(s):
-            R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
-            R23 = sphere.rotation(a * jnp.sin(2 * jnp.pi * k * s), 3, (1, 2))
-            return R12 @ R23
+    ``traced`` parameters are leaves of the model's PyTree (a sweep makes them grid axes of
+    one compilation); static ones change the program. ``kind`` is the accepted range
+    (``PARAM_KINDS``), ``choices`` the accepted values of a ``"choice"``.
 
-        _WAVY_CACHE[(a, k)] = psi
-    return _WAVY_CACHE[(a, k)]
+    Example:
+        >>> import meanfield as mf
+        >>> p = mf.kernels.MODELS["rope"].param("omega")
+        >>> p.traced, p.kind, round(p.default, 4)
+        (True, 'float', 6.2832)
+    """
+
+    name: str
+    default: Any
+    traced: bool
+    kind: str
+    doc: str
+    choices: tuple = ()
+
+    def validate(self, value, where: str = ""):
+        """The value, checked against ``kind`` (``ValueError``/``TypeError`` naming it);
+        traced values (tracers, arrays) of traced parameters pass to the model's own checks.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.MODELS["usa"].param("beta").validate(2)
+            2.0
+        """
+        name = where or self.name
+        if self.traced and isinstance(value, (jax.Array, np.ndarray)):
+            return value  # an array or a tracer: the model's constructor and in-program checks
+        if self.kind.startswith("float"):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            v = float(value)
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            if self.kind == "float>0" and not v > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+            if self.kind == "float>=0" and not v >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+            return v
+        if self.kind.startswith("int"):
+            return check_int(name, value, minimum=int(self.kind[-1]))
+        if self.kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be true or false, got {value!r}")
+            return bool(value)
+        if self.kind == "plane":
+            ok = isinstance(value, (list, tuple)) and len(value) == 2
+            if not ok or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+                raise TypeError(f"{name} must be a pair of coordinate indices like (0, 1), got {value!r}")
+            if value[0] == value[1] or min(value) < 0:
+                raise ValueError(f"{name} must be two distinct indices >= 0, got {value!r}")
+            return tuple(int(i) for i in value)
+        if value not in self.choices:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, self.choices))}, got {value!r}")
+        return value
 
 
-MODEL_NAMES = ("usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt", "sa")
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    """A registered model: its name, one-line doc, parameters and constructor.
+
+    ``build(params, d, dtype)`` makes the model from a full parameter dict (``None`` for
+    ``attention``, which has no dynamics and is swept only); ``d`` is the required dimension
+    where there is one (``gauge``: 3); ``max_energy(params)`` the theory's largest energy, or
+    ``None``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> [p.name for p in mf.kernels.MODELS["distance-bias"].params]
+        ['beta', 'lam', 'rescaled']
+    """
+
+    name: str
+    doc: str
+    params: tuple[Param, ...]
+    build: Callable | None
+    d: int | None = None
+    max_energy: Callable | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the model has dynamics (everything but ``attention``)."""
+        return self.build is not None
+
+    @property
+    def has_energy(self) -> bool:
+        """Whether the model is a pair kernel (``mf.energy`` defined)."""
+        return self.simulated and self.name != "sa"
+
+    def param(self, name: str) -> Param:
+        """The parameter ``name`` (``ValueError`` listing the accepted ones)."""
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ValueError(
+            f"{name!r} is not a parameter of model {self.name!r}; its parameters: "
+            f"{', '.join(p.name for p in self.params) or 'none'}"
+        )
+
+    def defaults(self) -> dict:
+        """``{name: default}`` of every parameter."""
+        return {p.name: p.default for p in self.params}
+
+    def resolve(self, params: dict, *, where: str = "") -> dict:
+        """Defaults filled in and every given value validated (unknown names: ``ValueError``)."""
+        out = self.defaults()
+        for name, value in params.items():
+            out[name] = self.param(name).validate(value, f"{where}{name}")
+        return out
 
 
-def make(
-    name: str,
-    *,
-    beta=1.0,
-    d: int = 3,
-    lam=1.0,
-    omega=2 * np.pi,
-    m: int = 1,
-    num_prompts: int = 3,
-    key=None,
-    rescaled: bool = False,
-):
-    """Build a model by name: ``usa``, ``distance-bias``, ``toeplitz``, ``rope``,
-    ``phase-field`` (``default_phase``), ``gauge`` (``wavy_gauge``, d = 3), ``prompt``
-    (``num_prompts`` random gauges from ``key``), ``sa`` (normalised self-attention).
+_BETA = Param("beta", 1.0, True, "float>0", "inverse temperature")
+_RESCALED = Param("rescaled", False, False, "bool", "multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)")
+_PLANE = Param("plane", (0, 1), False, "plane", "rotation plane (a, b)")
+_OMEGA = Param("omega", 2 * math.pi, True, "float", "rotation frequency of the positions (phase: linear rate)")
+
+
+def _exp_max_energy(P: dict):
+    return float(theory.max_energy(P["beta"], rescaled=P["rescaled"]))
+
+
+def _build_prompt(P: dict, d: int, dtype):
+    K = P["prompts"]
+    if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
+        G = jnp.stack([sphere.rotation(2 * np.pi * k / K, d, P["plane"]) for k in range(K)]).astype(dtype)
+    else:  # Haar-random from key(gauge_seed), drawn in float32 whatever the dtype (same gauges)
+        G = random_gauges(jax.random.key(P["gauge_seed"]), K, d, jnp.float32).astype(dtype)
+        if jnp.dtype(dtype).itemsize > 4:  # orthogonal to the dtype's rounding: one QR, signs kept
+            q, r = jnp.linalg.qr(G)
+            G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
+    return Prompt(P["beta"], G, rescaled=P["rescaled"])
+
+
+def _entry(name, doc, params, build, **kw) -> ModelEntry:
+    return ModelEntry(name, doc, tuple(params), build, **kw)
+
+
+#: The model registry: every name ``meanfield simulate --kernel``, a sweep's ``model.kind``,
+#: the reproductions and ``make`` accept, with its parameters.
+MODELS: dict[str, ModelEntry] = {
+    e.name: e
+    for e in (
+        _entry("usa", "unbiased self-attention exp(beta <x, y>) / beta: collapses to a point",
+               [_BETA, _RESCALED], lambda P, d, dt: USA(P["beta"], rescaled=P["rescaled"]),
+               max_energy=_exp_max_energy),
+        _entry("distance-bias", "exp(-lam |s - t|) exp(beta <x, y>) / beta: still collapses (Prop. 11)",
+               [_BETA, Param("lam", 1.0, True, "float>=0", "distance-bias rate"), _RESCALED],
+               lambda P, d, dt: DistanceBias(P["beta"], P["lam"], rescaled=P["rescaled"])),
+        _entry("toeplitz", "cos(2 pi m (t - s)) <x, y>: the great circle traversed m times",
+               [Param("m", 1.0, True, "float>0", "Toeplitz frequency (an integer for a closed circle)")],
+               lambda P, d, dt: Toeplitz(P["m"]),
+               max_energy=lambda P: float(theory.great_circle_energy(P["m"]))),
+        _entry("rope", "rotary positions exp(beta <x, R_omega(t - s) y>) / beta: a latitude circle",
+               [_BETA, _OMEGA, _PLANE, _RESCALED],
+               lambda P, d, dt: RoPE(P["beta"], P["omega"], P["plane"], rescaled=P["rescaled"]),
+               max_energy=_exp_max_energy),
+        _entry("phase-field", "phase field phi(s) = omega s + amplitude sin(2 pi frequency s) (FourierPhase)",
+               [_BETA, _OMEGA, Param("amplitude", 1.0, True, "float", "sine amplitude of the phase"),
+                Param("frequency", 1, False, "int>=1", "sine frequency of the phase"), _PLANE, _RESCALED],
+               lambda P, d, dt: PhaseField(P["beta"], FourierPhase(P["omega"], P["amplitude"], P["frequency"]),
+                                           P["plane"], rescaled=P["rescaled"]),
+               max_energy=_exp_max_energy),
+        _entry("gauge", "wavy generalised RoPE R12(2 pi s) R23(amplitude sin(2 pi k s)) (WavyGauge, d = 3)",
+               [_BETA, Param("amplitude", 0.6, True, "float", "wave amplitude of the gauge (radians)"),
+                Param("k", 3, False, "int>=1", "waves per turn of the gauge"), _RESCALED],
+               lambda P, d, dt: Gauge(P["beta"], WavyGauge(P["amplitude"], P["k"]), rescaled=P["rescaled"]),
+               d=3, max_energy=_exp_max_energy),
+        _entry("prompt", "prompt gauges Psi_k on K contiguous blocks: K Dirac masses",
+               [_BETA, Param("prompts", 3, False, "int>=1", "number of prompts K"),
+                Param("gauges", "random", False, "choice", "prompt gauges: Haar-random (from gauge_seed) "
+                      "or rotations by 2 pi k / K in plane", ("random", "rotation")),
+                Param("gauge_seed", 0, False, "int>=0", "PRNG seed of the random prompt gauges"),
+                _PLANE, _RESCALED],
+               _build_prompt, max_energy=_exp_max_energy),
+        _entry("sa", "self-attention, softmax-normalised (no pair energy)",
+               [_BETA, Param("normalized", True, False, "bool", "softmax rows (SA) or the 1/n average"), _RESCALED],
+               lambda P, d, dt: SelfAttention(P["beta"], normalized=P["normalized"], rescaled=P["rescaled"])),
+        _entry("attention", "one fixed query against n uniform keys (sweeps only: no dynamics)",
+               [_BETA], None),
+    )
+}
+
+#: Names of the models with dynamics (``meanfield simulate --kernel``, ``make``).
+MODEL_NAMES = tuple(name for name, e in MODELS.items() if e.simulated)
+
+
+def model_entry(name: str) -> ModelEntry:
+    """The registry entry of ``name`` (``ValueError`` listing the accepted names).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.kernels.model_entry("gauge").d
+        3
+    """
+    if not isinstance(name, str) or name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def build(name: str, params: dict, *, d: int, dtype=None) -> Model:
+    """The model ``name`` from a dict of its parameters (defaults for the missing ones).
+
+    What ``make`` does with keywords; the sweep engine calls it with traced values.
+
+    Example:
+        >>> import meanfield as mf
+        >>> type(mf.kernels.build("phase-field", {"amplitude": 0.5}, d=3).phase).__name__
+        'FourierPhase'
+    """
+    entry = model_entry(name)
+    if entry.build is None:
+        raise ValueError(f"model {name!r} has no dynamics (it is swept only); accepted: {', '.join(MODEL_NAMES)}")
+    d = check_int("d", d, minimum=2)
+    if entry.d is not None and d != entry.d:
+        raise ValueError(f"model {name!r} needs d = {entry.d}, got d = {d}")
+    P = entry.resolve(params)
+    if "plane" in P and max(P["plane"]) >= d:
+        raise ValueError(f"plane {P['plane']} needs indices < d = {d}")
+    return entry.build(P, d, jnp.dtype(dtype) if dtype is not None else jnp.result_type(float))
+
+
+def make(name: str, *, d: int = 3, dtype=None, **params) -> Model:
+    """Build a registered model by name with its parameters as keywords (``MODELS``).
+
+    ``usa``, ``distance-bias`` (``lam``), ``toeplitz`` (``m``), ``rope`` (``omega``, ``plane``),
+    ``phase-field`` (``omega``, ``amplitude``, ``frequency``: ``FourierPhase``), ``gauge``
+    (``amplitude``, ``k``: ``WavyGauge``, d = 3), ``prompt`` (``prompts``, ``gauges``,
+    ``gauge_seed``, ``plane``), ``sa`` (``normalized``); all but ``toeplitz`` take ``beta``,
+    the exp kernels ``rescaled``. The same name and parameters give the same model as
+    ``meanfield simulate --kernel NAME`` and a sweep of ``kind = NAME``.
 
     Args:
         name: one of ``MODEL_NAMES``.
-        beta, lam, omega, m: the kernel parameters (used where the model has them).
         d: dimension (``gauge`` needs 3; ``prompt`` gauges are ``(d, d)``).
-        num_prompts: ``K`` for ``prompt``.
-        key: ``jax.random`` key of the prompt gauges (default ``key(0)``).
-        rescaled: the ``e^{-beta}``-rescaled kernels.
+        dtype: floating dtype of array parameters (prompt gauges); default JAX's.
+        **params: the model's parameters (``MODELS[name].params``); unknown ones raise.
 
     Returns:
-        a ``Kernel`` (or ``mf.models.SelfAttention`` for ``sa``).
+        a ``Kernel`` (``mf.models.SelfAttention`` for ``sa``).
 
     Example:
         >>> import meanfield as mf
         >>> type(mf.kernels.make("rope", beta=2.0)).__name__
         'RoPE'
     """
-    from .models import SelfAttention
-
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; accepted: {', '.join(MODEL_NAMES)}")
-    if name == "usa":
-        return USA(beta, rescaled=rescaled)
-    if name == "distance-bias":
-        return DistanceBias(beta, lam, rescaled=rescaled)
-    if name == "toeplitz":
-        return Toeplitz(m)
-    if name == "rope":
-        return RoPE(beta, omega, rescaled=rescaled)
-    if name == "phase-field":
-        return PhaseField(beta, default_phase, rescaled=rescaled)
-    if name == "gauge":
-        if d != 3:
-            raise ValueError(f"model 'gauge' (the wavy generalised RoPE) needs d = 3, got d = {d}")
-        return Gauge(beta, wavy_gauge(), rescaled=rescaled)
-    if name == "prompt":
-        key = jax.random.key(0) if key is None else key
-        return Prompt(beta, random_gauges(key, num_prompts, d), rescaled=rescaled)
-    return SelfAttention(beta, rescaled=rescaled)
+    return build(name, params, d=d, dtype=dtype)

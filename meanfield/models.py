@@ -1,11 +1,16 @@
-"""Self-attention dynamics without a pair energy (Geshkovski, Letrouit, Polyanskiy, Rigollet).
+"""Particle models on the sphere: the abstract base ``Model`` and self-attention dynamics.
 
-``SelfAttention`` is usable with ``mf.velocity`` and ``mf.simulate`` exactly like a
-kernel; ``mf.energy`` raises ``TypeError`` for it (the normalised dynamics is not a
-gradient flow of a pair energy in general).
+``Model`` is the base of everything ``mf.velocity`` and ``mf.simulate`` accept: the pair
+kernels of ``mf.kernels`` (``mf.kernels.Kernel``, which add a pair energy) and
+``SelfAttention`` (Geshkovski, Letrouit, Polyanskiy, Rigollet), whose normalised dynamics
+is not a gradient flow of a pair energy in general, so ``mf.energy`` raises ``TypeError``
+for it. Entry points dispatch on these types.
 """
 
 from __future__ import annotations
+
+import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -13,13 +18,94 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import check_positive, is_concrete
-from .kernels import positions
+from ._checks import check_positive, is_concrete, traced_positive
 
-__all__ = ["SelfAttention"]
+__all__ = ["Model", "SelfAttention", "positions"]
 
 
-class SelfAttention(eqx.Module):
+def positions(n: int) -> Float[Array, " n"]:
+    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation).
+
+    Args:
+        n: number of tokens.
+
+    Returns:
+        ``(n,)`` float array ``(1/n, 2/n, .., 1)``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.kernels.positions(4).tolist()
+        [0.25, 0.5, 0.75, 1.0]
+    """
+    return jnp.arange(1, n + 1, dtype=jnp.result_type(float)) / n
+
+
+class Model(eqx.Module):
+    """Abstract base of the particle models: a mean field ``F_i`` on ``(n, d)`` states.
+
+    Subclasses define ``field`` (the unprojected field ``F_i``, ``(n, d)``); the velocity
+    is ``P_{x_i} F_i``. ``default_aux`` gives the labels used when ``aux=None``;
+    ``check_config`` raises ``ValueError``/``TypeError`` on concrete values before tracing;
+    ``check_traced`` attaches the same checks to the program (``equinox.error_if``) for
+    values that are traced (inside ``jit``/``vmap``). ``has_energy`` tells whether the
+    model is a gradient flow of a pair energy (``mf.kernels.Kernel``).
+
+    Example:
+        >>> import meanfield as mf
+        >>> isinstance(mf.kernels.USA(1.0), mf.models.Model), isinstance(mf.models.SelfAttention(1.0), mf.models.Model)
+        (True, True)
+    """
+
+    #: True when labels are integer ids (prompts) rather than positions.
+    integer_labels: ClassVar[bool] = False
+    #: True for pair kernels (``mf.energy`` is defined).
+    has_energy: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
+        """Unprojected mean field ``F_i``, ``(n, d)``, of unit rows ``x`` with labels ``aux``."""
+
+    def default_aux(self, n: int):
+        """Labels used when ``aux=None``: the positions ``s_i = i / n``, shape ``(n,)``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA(1.0).default_aux(2).tolist()
+            [0.5, 1.0]
+        """
+        return positions(n)
+
+    def check_config(self, x, aux) -> None:
+        """Concrete-value checks that need the state (overflow, gauges); no-op by default.
+
+        Raises ``ValueError``/``TypeError`` naming the bad value; returns ``None``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.kernels.USA(1.0).check_config(jnp.eye(3), mf.positions(3)) is None
+            True
+        """
+
+    def check_traced(self, x, aux):
+        """``x`` with in-program checks of the traced parameters attached (``equinox.error_if``).
+
+        Under ``jit``/``vmap`` a bad traced value (``beta <= 0`` or non-finite, prompt labels
+        out of range) stops the program with an error naming it; concrete values were
+        checked before (``__check_init__``, ``check_config``). Returns ``x``.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.eye(3)
+            >>> bool(jnp.all(mf.kernels.USA(1.0).check_traced(x, mf.positions(3)) == x))
+            True
+        """
+        beta = getattr(self, "beta", None)
+        if beta is not None:
+            x = traced_positive(x, "beta", beta)
+        return x
+
+
+class SelfAttention(Model):
     """Self-attention particle dynamics on the sphere.
 
     Normalised (``normalized=True``, the SA model)::
@@ -61,11 +147,6 @@ class SelfAttention(eqx.Module):
             M = getattr(self, name)
             if M is not None and (np.ndim(M) != 2 or np.shape(M)[0] != np.shape(M)[1]):
                 raise ValueError(f"{name} must be a square (d, d) matrix, got shape {np.shape(M)}")
-
-    integer_labels = False
-
-    def default_aux(self, n: int):
-        return positions(n)
 
     def _apply(self, M, x):
         return x if M is None else x @ jnp.asarray(M, x.dtype).T

@@ -32,7 +32,7 @@ from jaxtyping import Array, Float
 from . import metrics, sphere
 from ._checks import check_choice, check_int, check_positive
 from .energy import resolve_aux
-from .kernels import USA, Kernel, _GaugeKernel
+from .kernels import USA, Kernel, GaugeKernel
 
 __all__ = [
     "random_batch_field",
@@ -60,7 +60,7 @@ def _check_p(n: int, p, mode: str) -> int:
 
 def _frame(kernel, x, aux):
     """(y, back): the gauge frame of exp-gauge kernels (USA there), identity otherwise."""
-    if isinstance(kernel, _GaugeKernel):
+    if isinstance(kernel, GaugeKernel):
         P = kernel.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         y = jnp.einsum("nij,nj->ni", P, x)
         return y, lambda F: jnp.einsum("nji,nj->ni", P, F), kernel.usa()
