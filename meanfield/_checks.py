@@ -123,13 +123,24 @@ def sphere_atol(dtype) -> float:
     return SPHERE_ATOL.get(np.dtype(dtype).itemsize, 1e-3)
 
 
+def _error_if(x, bad, message: str):
+    """``equinox.error_if(x, bad, message)``; inside ``shard_map`` (``x`` varying over manual
+    mesh axes) the check rides on a zero added to ``x``, whose branches have matching types."""
+    typeof = getattr(jax, "typeof", None)
+    mat = getattr(typeof(x), "mat", None) if typeof is not None else None
+    if not getattr(mat, "varying", ()):
+        return eqx.error_if(x, bad, message)
+    token = eqx.error_if(jnp.zeros((), x.dtype), bad, message)
+    return x + token
+
+
 def traced_positive(x, name: str, value):
     """``x``, with ``value > 0`` and finite checked in the program when ``value`` is traced."""
     if is_concrete(value):
         return x
     v = jnp.asarray(value)
     bad = ~jnp.all(jnp.isfinite(v) & (v > 0))
-    return eqx.error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
+    return _error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
 
 
 def traced_states(x, name: str = "x"):
@@ -139,7 +150,7 @@ def traced_states(x, name: str = "x"):
     atol = sphere_atol(x.dtype)
     norms = jnp.sqrt(jnp.sum(x * x, axis=-1))
     bad = ~jnp.all(jnp.isfinite(x)) | jnp.any(jnp.abs(norms - 1) > atol)
-    return eqx.error_if(
+    return _error_if(
         x, bad, f"{name} must be finite with unit rows (| ||x_i|| - 1 | <= {atol:g}); a traced {name} was not"
     )
 
@@ -149,4 +160,4 @@ def traced_labels(x, aux, num: int, name: str = "Prompt labels"):
     if is_concrete(aux):
         return x
     bad = jnp.any((aux < 0) | (aux >= num))
-    return eqx.error_if(x, bad, f"{name} must lie in [0, {num - 1}]; a traced label was out of range")
+    return _error_if(x, bad, f"{name} must lie in [0, {num - 1}]; a traced label was out of range")

@@ -393,4 +393,4 @@ def test_native_compiler_failure_is_reported_and_remembered(tmp_path):
     first, second = r.stdout.strip().splitlines()[-2:]
     assert first.startswith("False") and "C compiler failed" in first
     assert second == "(1, 2)"
-    assert len(list(tmp_path.glob("*.failed"))) == 2 and not list(tmp_path.glob("*.so"))
+    assert len(list(tmp_path.glob("phase_kernel-*.failed"))) == 2 and not list(tmp_path.glob("phase_kernel-*.so"))

@@ -1,4 +1,4 @@
-"""Fused CPU kernels, built at first use: the phase-diagram sweep (``phase_kernel.c``, called
+"""Fused CPU kernels, compiled once per machine and cached: the phase-diagram sweep (``phase_kernel.c``, called
 through ctypes) and the exp-kernel field (``exp_kernel.c``, an XLA FFI custom call that
 ``meanfield.kernels`` places inside any jitted, vmapped or differentiated program on the CPU).
 
@@ -9,7 +9,7 @@ evaluates only the pairs ``i <= j`` (the weights are symmetric) in one pass over
 rows, memory O(n d) per thread. ``meanfield.kernels`` wraps it in a ``custom_jvp`` whose
 tangents are those of the XLA formulation, and in ``jax.lax.platform_dependent``, so that
 other platforms run the XLA formulation. It needs jaxlib's FFI headers
-(``jax.ffi.include_dir()``), checked by a self-test call through XLA at build time.
+(``jax.ffi.include_dir()``), checked by a self-test call through XLA at first use.
 
 Phase-diagram sweep:
 
@@ -37,6 +37,15 @@ renamed), so concurrent processes are safe. Without a compiler, or with
 ``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``) and ``meanfield.kernels``
 the XLA formulation of the fields.
 
+When the compiler runs: the exp kernel at ``import meanfield.kernels`` (``prepare()``:
+``build_exp()`` if it is not cached, then load and register the FFI targets, with one line on
+stderr when it compiles), never while a function is being traced: ``exp_available()``, read by
+``meanfield.kernels`` at trace time, only reports. ``prepare()`` initialises no JAX backend
+(``XLA_FLAGS`` and ``jax.config`` set after ``import meanfield`` still apply); the self-test
+through XLA runs at the first ``exp_available()``. The phase kernel, called outside any
+trace, is built at its first use (``available()``, ``build_phase()``). ``meanfield info``
+reports both, and ``meanfield info --rebuild-native`` rebuilds them.
+
 Numbers (phase kernel): the same operations as the XLA kernel, in another order, with libmvec's
 exponential (within a few ulp of the correctly rounded value). In float64 the states agree
 with the XLA kernel and with the plain reference loop to 1e-11 or better and the clustering
@@ -54,15 +63,18 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
            "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
-           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads"]
+           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "prepare",
+           "build_exp", "build_phase"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
 LANES = {"float64": 8, "float32": 16}
@@ -82,7 +94,7 @@ FLAGS = (
 BUILD_RECIPE = "compile -c, link -shared without -ffast-math"
 
 _state: dict = {"lib": None, "error": None, "tried": False}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 def _cache_dir() -> Path:
@@ -102,6 +114,7 @@ def _compiler() -> str | None:
     return None
 
 
+@functools.cache
 def _cpu_tag() -> str:
     """What ``-march=native`` depends on: the CPU's model and feature flags."""
     try:
@@ -112,36 +125,92 @@ def _cpu_tag() -> str:
         return platform.processor() + platform.machine()
 
 
-def _compile(cc: str, version: str, source_path: Path, defines: list[str], include: tuple[str, ...] | list[str] = ()) -> ctypes.CDLL:
-    """Compile (or load from the cache) one build of a source; the first flag set that works.
+def _disabled() -> bool:
+    return os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+@functools.cache
+def _compiler_version(cc: str) -> str:
+    """``cc --version`` (part of every cache name): run once per compiler and process."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+
+
+def _toolchain() -> tuple[str, str]:
+    """``(compiler, its --version text)``; RuntimeError when disabled or missing."""
+    if _disabled():
+        raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
+    return cc, _compiler_version(cc)
+
+
+def _library_paths(cc: str, version: str, source_path: Path, defines: list[str],
+                   include: tuple[str, ...] | list[str] = ()) -> list[tuple[list[str], Path]]:
+    """``(flags, cached library)`` of each flag set of ``FLAGS``, in the order they are tried.
 
     The cache name hashes the source, the headers it includes from ``include`` (their bytes),
-    the flags, the compiler's version and the CPU."""
-    errors = []
+    the flags, the compiler's version, the CPU and the build recipe."""
     source = source_path.read_bytes()
     headers = b"".join(sorted(p.read_bytes() for d in include for p in Path(d).rglob("c_api.h")))
+    out = []
     for flags in FLAGS:
         flags = [*flags, *defines, *(f"-I{d}" for d in include)]
         tag = hashlib.sha256(b"\0".join([source, headers, " ".join(flags).encode(), version.encode(),
                                          _cpu_tag().encode(), BUILD_RECIPE.encode()])).hexdigest()[:16]
-        target = _cache_dir() / f"{source_path.stem}-{tag}.so"
+        out.append((flags, _cache_dir() / f"{source_path.stem}-{tag}.so"))
+    return out
+
+
+def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
+               include: tuple[str, ...] | list[str] = (), *, force: bool = False, announce=None,
+               may_compile: bool = True) -> Path:
+    """The cached library of one build of a source, compiled (``_compile``) with the first flag
+    set that works if it is not in the cache. A flag set the compiler rejected is marked
+    (``.failed``) and not tried again; ``force`` removes the libraries and marks first.
+    ``may_compile=False`` only looks in the cache. ``announce()`` is called before compiling."""
+    paths = _library_paths(cc, version, source_path, defines, include)
+    if force:
+        for _, target in paths:
+            for stale in (target, target.with_suffix(".failed")):
+                stale.unlink(missing_ok=True)
+    errors = []
+    for flags, target in paths:
         failed = target.with_suffix(".failed")  # a flag set this compiler rejected: not retried
         if failed.exists():
             errors.append(f"{' '.join(flags)}: {failed.read_text()[-500:]}")
             continue
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-            os.close(fd)
-            r = _compile_and_link(cc, flags, source_path, tmp)
-            if r.returncode != 0:
-                os.unlink(tmp)
-                errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-500:]}")
-                failed.write_text(r.stderr.strip() or f"exit status {r.returncode}")
+            if not may_compile:
+                raise RuntimeError(f"not built ({target.name} is not in {target.parent}; "
+                                   "meanfield.kernels builds it at import, `meanfield info --rebuild-native` too)")
+            if announce is not None:
+                announce()
+            error = _compile(cc, flags, source_path, target)
+            if error is not None:
+                errors.append(f"{' '.join(flags)}: {error[-500:]}")
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                failed.write_text(error)
                 continue
-            os.replace(tmp, target)
-        return ctypes.CDLL(str(target))
+        return target
     raise RuntimeError("the C compiler failed: " + " | ".join(errors))
+
+
+def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> str | None:
+    """Run the C compiler: ``source_path`` with ``flags`` into ``target``, atomically (a temporary
+    file renamed, so concurrent processes are safe). Returns ``None``, or the compiler's error."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        r = _compile_and_link(cc, flags, source_path, tmp)
+        if r.returncode != 0:
+            return r.stderr.strip() or f"exit status {r.returncode}"
+        os.replace(tmp, target)
+        return None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str) -> subprocess.CompletedProcess:
@@ -163,27 +232,63 @@ def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str) ->
             os.unlink(obj)
 
 
-def _toolchain() -> tuple[str, str]:
-    """``(compiler, its --version text)``; RuntimeError when disabled or missing."""
-    if os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        raise RuntimeError("disabled by MEANFIELD_NATIVE=0")
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found (set CC, or install cc/gcc/clang)")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    return cc, version
+def _build_all(what: str, source_path: Path, include: list[str], force: bool) -> dict[str, Path]:
+    """Every dtype of ``_BUILDS`` of one source; one line on stderr when the compiler runs (and
+    one more if it fails: the fields then run the XLA formulation, ``meanfield info`` says why)."""
+    cc, version = _toolchain()
+    said: list[bool] = []
+
+    def announce() -> None:
+        if not said:
+            said.append(True)
+            print(f"meanfield: building the native {what} (once, cached in {_cache_dir()}) ...",
+                  file=sys.stderr, flush=True)
+
+    try:
+        return {name: _build_one(cc, version, source_path, defines, include, force=force, announce=announce)
+                for name, defines, _, _ in _BUILDS}
+    except RuntimeError:
+        if said:
+            print(f"meanfield: the native {what} could not be built (`meanfield info` says why); "
+                  "the XLA path runs instead", file=sys.stderr, flush=True)
+        raise
+
+
+def _reason(e: Exception) -> str:
+    return str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+
+
+#: the builds of each source: (dtype, -D flags, suffix of the entry points, C type of the reals)
+_BUILDS: tuple[tuple[str, list[str], str, Any], ...] = (
+    ("float64", [], "_f64", ctypes.c_double), ("float32", ["-DMF_FLOAT32"], "_f32", ctypes.c_float))
+
+
+def build_phase(force: bool = False) -> dict[str, Path]:
+    """Compile both dtypes of ``phase_kernel.c`` into the cache, unless they are there already.
+
+    Runs the C compiler only for a library missing from the cache (or every one with ``force``,
+    which first removes this source's cached libraries and failure marks for the current
+    compiler), printing one line to stderr first. ``available()`` builds on its first call.
+
+    Returns:
+        ``{dtype name: path of the shared library}``.
+
+    Raises:
+        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, or the compiler failed
+        (the message says which).
+    """
+    return _build_all("phase-diagram kernel", SOURCE, [], force)
 
 
 def _build() -> dict:
     """``{dtype name: (entry point, ctypes pointer type of its reals)}`` for ``DTYPES``."""
-    cc, version = _toolchain()
+    paths = build_phase()
     kernels = {}
     ip = ctypes.POINTER(ctypes.c_int)
     dp = ctypes.POINTER(ctypes.c_double)
-    for name, defines, entry, ctype in (("float64", [], "mf_phase_run", ctypes.c_double),
-                                        ("float32", ["-DMF_FLOAT32"], "mf_phase_run_f32", ctypes.c_float)):
-        lib = _compile(cc, version, SOURCE, defines)
-        fn = getattr(lib, entry)
+    for name, _, suffix, ctype in _BUILDS:
+        lib = ctypes.CDLL(str(paths[name]))
+        fn = getattr(lib, "mf_phase_run" if name == "float64" else f"mf_phase_run{suffix}")
         rp = ctypes.POINTER(ctype)
         fn.argtypes = [rp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
                        ctypes.c_double, ctypes.c_int, ip, ctypes.c_int, ctypes.c_double, ctypes.c_int,
@@ -208,7 +313,7 @@ def _once(state: dict, build) -> dict | None:
             try:
                 state["lib"] = build()
             except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
-                state["error"] = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
+                state["error"] = _reason(e)
         return state["lib"]
 
 
@@ -313,19 +418,53 @@ EXP_LANES = {"float64": 8, "float32": 16}
 #: largest dimension the exp kernel accepts
 EXP_MAX_D = 64
 
-_exp_state: dict = {"lib": None, "error": None, "tried": False}
+_exp_state: dict = {"lib": None, "error": None, "prepared": False, "tested": False, "threads": None}
 
 
-def _build_exp() -> dict:
-    """Compile both dtypes of ``exp_kernel.c``, register their FFI targets, check one call each."""
-    import jax
+def _exp_include() -> str:
+    import jax.ffi
 
-    cc, version = _toolchain()
-    include = jax.ffi.include_dir()
+    return jax.ffi.include_dir()
+
+
+def build_exp(force: bool = False) -> dict[str, Path]:
+    """Compile both dtypes of ``exp_kernel.c`` into the cache, unless they are there already.
+
+    Runs the C compiler only for a library missing from the cache (or every one with ``force``,
+    which first removes this source's cached libraries and failure marks for the current
+    compiler and FFI headers), printing one line to stderr first. ``prepare()`` calls it when
+    ``meanfield.kernels`` is imported, so that the compiler never runs while a function is
+    being traced. Initialises no JAX backend.
+
+    Returns:
+        ``{dtype name: path of the shared library}``.
+
+    Raises:
+        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, or the compiler failed
+        (the message says which).
+
+    Example:
+        >>> from meanfield import _native
+        >>> if _native.exp_available():  # built (at import), so found in the cache: no compiler runs
+        ...     print(sorted(_native.build_exp()))
+        ... else:
+        ...     print(['float32', 'float64'])
+        ['float32', 'float64']
+    """
+    return _build_all("CPU kernels", EXP_SOURCE, [_exp_include()], force)
+
+
+def _load_exp(paths: dict[str, Path]) -> dict:
+    """dlopen the exp-kernel libraries and register their FFI targets with XLA (for the CPU).
+
+    Registration initialises no JAX backend: ``xla_client.register_custom_call_target`` adds
+    the handlers to XLA's process-wide table of targets, which needs no client (tested in
+    tests/test_info.py: ``XLA_FLAGS`` set after ``import meanfield`` still apply)."""
+    import jax.ffi
+
     libs = {}
-    for name, defines, suffix, ctype in (("float64", [], "_f64", ctypes.c_double),
-                                         ("float32", ["-DMF_FLOAT32"], "_f32", ctypes.c_float)):
-        lib = _compile(cc, version, EXP_SOURCE, defines, [include])
+    for name, _, suffix, ctype in _BUILDS:
+        lib = ctypes.CDLL(str(paths[name]))
         lanes = int(getattr(lib, f"mf_exp_lanes{suffix}")())
         if lanes != EXP_LANES[name]:
             raise RuntimeError(f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}")
@@ -335,13 +474,50 @@ def _build_exp() -> dict:
         fn.restype = ctypes.c_int
         threads = getattr(lib, f"mf_exp_set_threads{suffix}")
         threads.argtypes = [ctypes.c_int]
-        threads(exp_default_threads())
+        libs[name] = (lib, fn, rp, threads)
+    for name, (lib, *_) in libs.items():
         for target in EXP_TARGETS[name]:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
-        libs[name] = (fn, rp, threads)
-    _exp_state["threads"] = exp_default_threads()
-    _self_test()
-    return libs
+    return {name: rest for name, (_, *rest) in libs.items()}
+
+
+def _prepare(may_compile: bool) -> bool:
+    with _lock:
+        if not _exp_state["prepared"]:
+            _exp_state["prepared"] = True
+            try:
+                if may_compile:
+                    paths = build_exp()
+                else:
+                    cc, version = _toolchain()
+                    paths = {name: _build_one(cc, version, EXP_SOURCE, defines, [_exp_include()], may_compile=False)
+                             for name, defines, _, _ in _BUILDS}
+                _exp_state["lib"] = _load_exp(paths)
+            except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
+                _exp_state["error"] = _reason(e)
+        return _exp_state["lib"] is not None
+
+
+def prepare() -> bool:
+    """Build the exp kernel if it is not cached (``build_exp``), load it and register its XLA
+    FFI targets; once per process (later calls return the first answer). ``meanfield.kernels``
+    calls it at import, so the C compiler runs there and never inside a traced function.
+
+    No exception: a failure (``MEANFIELD_NATIVE=0``, no compiler, a compiler error) is kept as
+    ``exp_unavailable_reason()`` and the fields use the XLA formulation. Initialises no JAX
+    backend and reads no JAX configuration, so ``XLA_FLAGS`` and ``jax.config`` set after
+    ``import meanfield`` still apply. The self-test through XLA runs at the first use
+    (``exp_available()``).
+
+    Returns:
+        Whether the library is loaded (not yet self-tested).
+
+    Example:
+        >>> from meanfield import _native
+        >>> _native.prepare() or _native.exp_unavailable_reason() is not None
+        True
+    """
+    return _prepare(may_compile=True)
 
 
 def _self_test() -> None:
@@ -356,7 +532,7 @@ def _self_test() -> None:
 
 def _self_test_eager(jax) -> None:
     """Through ``_partitioned_call``, the path ``meanfield.kernels`` traces (an FFI handler or a
-    JAX API that this JAX lacks fails here, at build time, and leaves the XLA formulation)."""
+    JAX API that this JAX lacks fails here, at first use, and leaves the XLA formulation)."""
     x = np.array([[[1.0, 0.0], [0.6, 0.8], [0.0, -1.0]]])
     beta = np.array([1.5])
     G = np.array([[[0.0, -1.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]], [[0.6, -0.8], [0.8, 0.6]]])
@@ -378,11 +554,32 @@ def _self_test_eager(jax) -> None:
 
 
 def _exp_library() -> dict | None:
-    return _once(_exp_state, _build_exp)
+    """The loaded exp kernel, self-tested on the first call (which sets its threads), or ``None``.
+    Never runs the compiler: without ``prepare()`` it looks in the cache only."""
+    if not _exp_state["prepared"]:
+        _prepare(may_compile=False)
+    with _lock:
+        if _exp_state["lib"] is not None and not _exp_state["tested"]:
+            _exp_state["tested"] = True
+            try:
+                _set_threads(_exp_state["lib"], exp_default_threads())
+                _self_test()
+            except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
+                _exp_state["lib"], _exp_state["error"] = None, _reason(e)
+        return _exp_state["lib"]
+
+
+def _set_threads(libs: dict, threads: int) -> None:
+    for _, _, set_threads in libs.values():
+        set_threads(threads)
+    _exp_state["threads"] = threads
 
 
 def exp_available() -> bool:
-    """Whether the exp-kernel FFI targets are built and registered (builds them on the first call).
+    """Whether the exp-kernel FFI targets are built, registered and pass their self-test.
+
+    Never runs the C compiler (``prepare()``, at the import of ``meanfield.kernels``, built the
+    kernel or recorded why not); the first call runs the self-test through XLA.
 
     Example:
         >>> from meanfield import _native
@@ -396,6 +593,16 @@ def exp_unavailable_reason() -> str | None:
     """Why ``exp_available()`` is ``False`` (``None`` when it is available)."""
     _exp_library()
     return _exp_state["error"]
+
+
+def _forget_failures() -> None:
+    """After a rebuild (``meanfield info --rebuild-native``): kernels that failed to build are
+    tried again at their next use (a loaded library stays: its FFI targets are registered)."""
+    with _lock:
+        if _exp_state["lib"] is None and not _exp_state["tested"]:  # not loaded (a failed self-test stays)
+            _exp_state.update(error=None, prepared=False)
+        if _state["lib"] is None:
+            _state.update(error=None, tried=False)
 
 
 def exp_default_threads() -> int:
@@ -428,10 +635,7 @@ def set_exp_threads(threads: int | None = None) -> None:
     libs = _exp_library()
     if libs is None:
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
-    t = int(threads or exp_default_threads())
-    for _, _, set_threads in libs.values():
-        set_threads(t)
-    _exp_state["threads"] = t
+    _set_threads(libs, int(threads or exp_default_threads()))
 
 
 def exp_field(x, beta, field: bool = True, gauge=None):

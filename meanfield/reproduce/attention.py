@@ -27,15 +27,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .. import attention, sphere, theory  # noqa: E402
-from ._common import Timer, check, write_summary  # noqa: E402
+from .. import attention, sphere, theory
+from ._common import Timer, check, write_summary
 
 NAME = "attention"
 

@@ -49,15 +49,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
 from .. import depth as D
 from ._common import Timer, check, write_summary
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 EXPERIMENT = "depth"
 

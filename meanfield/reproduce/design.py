@@ -387,11 +387,8 @@ def _sphere_axes(fig, pos, title):
 
 
 def _figures(out, R, S):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401
+    import matplotlib.ticker
 
     files = []
     A = R["anchor"]

@@ -28,19 +28,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import matplotlib
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from tqdm.auto import tqdm
 
-matplotlib.use("Agg")
-
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from .. import prototypes as P  # noqa: E402
-from ._common import Timer, check, write_summary  # noqa: E402
+from .. import prototypes as P
+from ._common import Timer, check, write_summary
 
 NAME = "prototypes"
 

@@ -278,9 +278,6 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
 
 
 def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .. import plotting

@@ -1,0 +1,204 @@
+"""``meanfield info``: what this installation runs on, and whether the native kernels work.
+
+One report: meanfield's and its dependencies' versions, JAX's default backend and devices,
+whether x64 is enabled, and for each fused CPU kernel of ``meanfield._native`` (the exp-kernel
+field, ``exp_kernel.c``; the phase-diagram sweep, ``phase_kernel.c``) whether it is built and
+usable and, if not, why (no compiler, ``MEANFIELD_NATIVE=0``, a compiler error), with the
+compiler, the cache directory and the threads. ``meanfield info --rebuild-native`` compiles
+both kernels again (after installing a compiler, or to clear a remembered failure).
+
+An edge module: nothing in the core imports it. ``summary()`` initialises JAX's backend (it
+lists the devices), which an ordinary ``import meanfield`` never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import platform
+import sys
+from typing import Any
+
+from . import _native
+
+__all__ = ["PACKAGES", "summary", "format_summary", "main"]
+
+#: the distributions whose versions ``summary()`` reports (``None`` where not installed)
+PACKAGES = ("jax", "jaxlib", "equinox", "diffrax", "optax", "numpy", "xarray", "zarr")
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _compiler() -> tuple[str | None, str | None]:
+    """``(path, first line of --version)`` of the C compiler the native kernels would use."""
+    cc = _native._compiler()
+    if cc is None:
+        return None, None
+    try:
+        lines = _native._compiler_version(cc).strip().splitlines()
+    except (OSError, ValueError) as e:  # not runnable
+        return cc, f"({type(e).__name__}: {e})"
+    return cc, lines[0] if lines else ""
+
+
+def _libraries(source, include: list[str]) -> list[str]:
+    """The cached libraries (one per dtype) of ``source`` for the current compiler and CPU."""
+    try:
+        cc, version = _native._toolchain()
+    except (RuntimeError, OSError):
+        return []
+    found = []
+    for _, defines, _, _ in _native._BUILDS:
+        for _, path in _native._library_paths(cc, version, source, defines, include):
+            if path.exists():
+                found.append(str(path))
+                break
+    return found
+
+
+def summary() -> dict[str, Any]:
+    """The installation as a dictionary (JSON-serialisable).
+
+    Keys: ``meanfield`` (version), ``python``, ``platform``, ``packages`` (``{name: version}``
+    for ``PACKAGES``), ``jax`` (``backend``, ``devices``, ``x64``) and ``native``: ``enabled``
+    (``meanfield.kernels.native_enabled()``: fields traced now use the fused C kernel on the
+    CPU), ``setting`` (``meanfield.kernels.set_native``), ``cache_dir``, ``compiler`` and
+    ``compiler_version`` (``None`` when there is none), ``threads`` (of the phase kernel) and
+    ``exp_threads`` (of one exp-kernel call; ``None`` when unavailable), and ``exp_kernel`` and
+    ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
+    available; ``libraries`` are the cached shared libraries).
+
+    Initialises JAX's backend, runs the exp kernel's self-test and builds the phase kernel if
+    it is not cached (its first use would).
+
+    Example:
+        >>> import meanfield.info
+        >>> d = meanfield.info.summary()
+        >>> sorted(d), sorted(d["jax"])
+        (['jax', 'meanfield', 'native', 'packages', 'platform', 'python'], ['backend', 'devices', 'x64'])
+        >>> exp = d["native"]["exp_kernel"]
+        >>> exp["available"] == (exp["reason"] is None)
+        True
+    """
+    import jax
+
+    import meanfield
+
+    from . import kernels
+
+    cc, cc_version = _compiler()
+    exp_ok, phase_ok = _native.exp_available(), _native.available()
+    try:
+        include = [_native._exp_include()]
+    except (ImportError, AttributeError):
+        include = []
+    return {
+        "meanfield": meanfield.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "jax": {
+            "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+            "x64": jax.dtypes.canonicalize_dtype(float) == "float64",
+        },
+        "native": {
+            "enabled": kernels.native_enabled(),
+            "setting": bool(getattr(jax.config, "meanfield_native_kernels", False)),
+            "cache_dir": str(_native._cache_dir()),
+            "compiler": cc,
+            "compiler_version": cc_version,
+            "threads": _native.default_threads(),
+            "exp_threads": _native.exp_threads() if exp_ok else None,
+            "exp_kernel": {"available": exp_ok, "reason": _native.exp_unavailable_reason(),
+                           "libraries": _libraries(_native.EXP_SOURCE, include)},
+            "phase_kernel": {"available": phase_ok, "reason": _native.unavailable_reason(),
+                             "libraries": _libraries(_native.SOURCE, [])},
+        },
+    }
+
+
+def format_summary(d: dict[str, Any]) -> str:
+    """``summary()``'s dictionary as readable lines (what ``meanfield info`` prints).
+
+    Example:
+        >>> import meanfield.info
+        >>> text = meanfield.info.format_summary(meanfield.info.summary())
+        >>> print(text.splitlines()[0])
+        meanfield ... (Python ..., ...)
+        >>> "exp kernel:" in text and "phase kernel:" in text
+        True
+    """
+    nat = d["native"]
+    pkgs = ", ".join(f"{k} {v if v is not None else '(not installed)'}" for k, v in d["packages"].items())
+    lines = [
+        f"meanfield {d['meanfield']} (Python {d['python']}, {d['platform']})",
+        f"packages: {pkgs}",
+        f"jax: backend {d['jax']['backend']}, devices {', '.join(d['jax']['devices'])}, "
+        f"x64 {'on' if d['jax']['x64'] else 'off'}",
+        "native CPU kernels: " + ("on (exp-kernel fields run the fused C kernel on the CPU)" if nat["enabled"]
+                                  else "off (" + ("not available" if nat["setting"]
+                                                  else "switched off: set_native(False) or MEANFIELD_NATIVE=0") + ")"),
+        f"  compiler: {nat['compiler'] or '(none found)'}"
+        + (f" ({nat['compiler_version']})" if nat["compiler_version"] else ""),
+        f"  cache: {nat['cache_dir']}",
+        f"  threads: {nat['threads']}"
+        + (f" (exp kernel: {nat['exp_threads']} per call)" if nat["exp_threads"] is not None else ""),
+    ]
+    for key, name in (("exp_kernel", "exp kernel"), ("phase_kernel", "phase kernel")):
+        k = nat[key]
+        state = "available" if k["available"] else f"not available: {k['reason']}"
+        lines.append(f"  {name}: {state}")
+        lines.extend(f"    {path}" for path in k["libraries"])
+    return "\n".join(lines)
+
+
+def _rebuild() -> dict[str, str | None]:
+    """Compile both kernels again (``force``); ``{kernel: error or None}``."""
+    errors: dict[str, str | None] = {}
+    for key, build in (("exp_kernel", _native.build_exp), ("phase_kernel", _native.build_phase)):
+        try:
+            build(force=True)
+            errors[key] = None
+        except RuntimeError as e:
+            errors[key] = str(e)
+    _native._forget_failures()  # a kernel that failed before is loaded at its next use
+    _native.prepare()
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``meanfield info [--json] [--rebuild-native]``: print ``summary()`` (readable, or JSON).
+
+    ``--rebuild-native`` first removes the cached libraries and failure marks of both kernels
+    (for this source and compiler) and compiles them again. Returns 0, or 1 when a rebuild
+    was asked for and a kernel is not built (disabled, no compiler, or a compiler error).
+
+    Example:
+        >>> import contextlib, io, json
+        >>> import meanfield.info
+        >>> out = io.StringIO()
+        >>> with contextlib.redirect_stdout(out):
+        ...     status = meanfield.info.main(["--json"])
+        >>> status, sorted(json.loads(out.getvalue()))
+        (0, ['jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
+    """
+    p = argparse.ArgumentParser(prog="meanfield info",
+                                description="versions, devices, and the native CPU kernels: built or not, and why")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--rebuild-native", action="store_true",
+                   help="remove the cached native kernels (and remembered failures) and compile them again")
+    args = p.parse_args(argv)
+    failed = False
+    if args.rebuild_native:
+        failed = any(e is not None for e in _rebuild().values())
+    d = summary()
+    print(json.dumps(d, indent=2) if args.json else format_summary(d))
+    sys.stdout.flush()
+    return 1 if failed else 0

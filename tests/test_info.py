@@ -1,0 +1,222 @@
+"""``meanfield info`` and what ``import meanfield`` may do to a process.
+
+Importing meanfield changes no process-wide state the user chose (STYLE.md): the matplotlib
+backend stays, no JAX backend is initialised (``XLA_FLAGS`` set afterwards still apply). The C
+compiler runs at import (once per machine, cached) and never while a function is traced.
+"""
+
+import contextlib
+import doctest
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from meanfield import _native, info
+
+_BUILD_LINE = "meanfield: building the native CPU kernels"
+
+# every module of the package (the ``__main__`` entry points excepted), under a matplotlib
+# backend chosen first; then an XLA flag set after the import must still take effect
+_IMPORT_ALL = r"""
+import os, pkgutil, importlib, json
+import matplotlib
+matplotlib.use("svg")
+import meanfield
+names = [m.name for m in pkgutil.walk_packages(meanfield.__path__, "meanfield.") if not m.name.endswith("__main__")]
+for name in names:
+    importlib.import_module(name)
+from jax._src import xla_bridge
+from meanfield import _native
+initialised = xla_bridge.backends_are_initialized()
+loaded = _native._exp_state["lib"] is not None
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
+import jax
+print(json.dumps({"modules": len(names), "backend": matplotlib.get_backend(), "initialised": initialised,
+                  "loaded": loaded, "reason": _native._exp_state["error"], "cpus": len(jax.devices("cpu")),
+                  "available": _native.exp_available()}))
+"""
+
+
+def _run(code, *args, env=None, timeout=600):
+    full = {**os.environ, "MEANFIELD_NATIVE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=full, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def imported_all():
+    r = _run(_IMPORT_ALL)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_import_keeps_the_matplotlib_backend(imported_all):
+    """No module calls ``matplotlib.use`` at import (the CLI chooses Agg for its own runs)."""
+    assert imported_all["modules"] > 20
+    assert imported_all["backend"].lower() == "svg"
+
+
+@pytest.mark.slow
+def test_import_initialises_no_jax_backend(imported_all):
+    """The native kernel is loaded and its FFI targets registered at import, yet no JAX backend
+    exists: an ``XLA_FLAGS`` set after ``import meanfield`` applies (3 CPU devices), and the
+    kernel still passes its self-test afterwards."""
+    assert not imported_all["initialised"]
+    assert imported_all["cpus"] == 3
+    if _native._compiler() is not None:
+        assert imported_all["loaded"] and imported_all["available"], imported_all["reason"]
+
+
+@pytest.mark.slow
+def test_cold_cache_builds_at_import_once(tmp_path):
+    """A fresh cache: the first ``import meanfield.kernels`` compiles (one line on stderr, two
+    libraries), the second finds them and prints nothing about a build."""
+    if _native._compiler() is None:
+        pytest.skip("no C compiler")
+    env = {"MEANFIELD_CACHE_DIR": str(tmp_path)}
+    code = "import meanfield.kernels, meanfield._native as n; print(n._exp_state['lib'] is not None)"
+    first, second = _run(code, env=env), _run(code, env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    built = [ln for ln in first.stderr.splitlines() if ln.startswith("meanfield: ")]
+    assert built == [f"{_BUILD_LINE} (once, cached in {tmp_path}) ..."], first.stderr
+    assert first.stdout.split() == ["True"] and second.stdout.split() == ["True"]
+    assert "meanfield: " not in second.stderr, second.stderr
+    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.so")) == ["exp_kernel", "exp_kernel"]
+
+
+# the first use of the kernel (self-test included) inside a jit trace, with every way of running
+# the compiler watched: a call of _compile, or any process started with the compiler's path
+_TRACE = r"""
+import subprocess, sys, jax, jax.numpy as jnp
+import meanfield as mf
+from meanfield import _native
+calls = []
+cc = _native._compiler()
+real_run = subprocess.run
+def run(args, *a, **k):
+    if cc is not None and args and args[0] == cc:
+        calls.append(args)
+    return real_run(args, *a, **k)
+def compile_(*a, **k):
+    calls.append(a)
+    raise AssertionError("the C compiler ran during a trace")
+subprocess.run, _native._compile = run, compile_
+assert not _native._exp_state["tested"]  # the first use is the trace below
+x = mf.sphere.uniform(jax.random.key(0), 16, 3)
+f = jax.jit(lambda x: mf.energy(mf.kernels.USA(1.0), x))
+hlo = f.lower(x).as_text()
+e = float(f(x))
+print(len(calls), _native.exp_available(), "meanfield_exp" in hlo, e > 0, "|", _native.exp_unavailable_reason())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{}, {"CC": "false"}], ids=["built", "compiler-fails"])
+def test_no_compiler_runs_inside_a_trace(tmp_path, env):
+    """Tracing ``mf.energy`` (the kernel's first use: its self-test runs then) starts no
+    compiler, whether the library was built at import or its build failed there; a failed
+    build leaves the XLA path, with the reason."""
+    if _native._compiler() is None and not env:
+        pytest.skip("no C compiler")
+    r = _run(_TRACE, env={"MEANFIELD_CACHE_DIR": str(tmp_path / "cache"), **env})
+    assert r.returncode == 0, r.stderr
+    calls, available, native_in_hlo, positive, *_ = r.stdout.strip().splitlines()[-1].split()
+    assert calls == "0" and positive == "True"
+    expected = "False" if env else "True"
+    assert available == expected and native_in_hlo == expected, r.stdout
+    if env:
+        assert "C compiler failed" in r.stdout
+
+
+def test_exp_available_never_compiles(monkeypatch):
+    """``exp_available`` and its reason only report (the build happened at import)."""
+    monkeypatch.setattr(_native, "_compile", lambda *a, **k: pytest.fail("the compiler ran"))
+    assert _native.exp_available() == (_native.exp_unavailable_reason() is None)
+
+
+def test_summary_keys_and_json(capsys):
+    d = info.summary()
+    assert sorted(d) == ["jax", "meanfield", "native", "packages", "platform", "python"]
+    assert sorted(d["packages"]) == sorted(info.PACKAGES) and d["packages"]["jax"]
+    assert sorted(d["jax"]) == ["backend", "devices", "x64"] and d["jax"]["devices"]
+    nat = d["native"]
+    assert {"enabled", "setting", "cache_dir", "compiler", "compiler_version", "threads", "exp_threads",
+            "exp_kernel", "phase_kernel"} <= set(nat)
+    for key in ("exp_kernel", "phase_kernel"):
+        k = nat[key]
+        assert k["available"] == (k["reason"] is None)
+        assert len(k["libraries"]) == (2 if k["available"] else 0)
+    assert nat["enabled"] == (nat["setting"] and nat["exp_kernel"]["available"])
+    assert nat["cache_dir"] == str(_native._cache_dir())
+    assert info.main(["--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(info.summary()))
+    assert info.main([]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"meanfield {d['meanfield']} (Python ") and "exp kernel: " in text
+    assert ("exp kernel: available" in text) == nat["exp_kernel"]["available"]
+
+
+def test_format_summary_says_why_not():
+    d = info.summary()
+    d["native"].update(enabled=False, exp_threads=None)
+    d["native"]["exp_kernel"] = {"available": False, "reason": "disabled by MEANFIELD_NATIVE=0", "libraries": []}
+    text = info.format_summary(d)
+    assert "exp kernel: not available: disabled by MEANFIELD_NATIVE=0" in text
+    assert "native CPU kernels: off" in text
+
+
+def test_docstring_examples():
+    result = doctest.testmod(info, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+_REBUILD = r"""
+import sys, meanfield.info
+sys.exit(meanfield.info.main(["--json", "--rebuild-native"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("disabled", [False, True])
+def test_rebuild_native(tmp_path, monkeypatch, disabled):
+    """``--rebuild-native`` compiles both kernels again over remembered failures (exit 0); with
+    ``MEANFIELD_NATIVE=0`` nothing is built and it exits 1 with the reason."""
+    if _native._compiler() is None and not disabled:
+        pytest.skip("no C compiler")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {"MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "0" if disabled else "1"}
+    if not disabled:
+        # every flag set of both kernels marked as rejected by this compiler: no process builds
+        monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(cache))
+        cc, version = _native._toolchain()
+        for source, include in ((_native.EXP_SOURCE, [_native._exp_include()]), (_native.SOURCE, [])):
+            for _, defines, _, _ in _native._BUILDS:
+                for _, path in _native._library_paths(cc, version, source, defines, include):
+                    path.with_suffix(".failed").write_text("stale failure")
+        code = "from meanfield import _native; print(_native.exp_available(), _native.exp_unavailable_reason())"
+        r = _run(code, env=env)
+        assert r.returncode == 0 and r.stdout.startswith("False") and "stale failure" in r.stdout, r.stderr
+        assert "meanfield: " not in r.stderr and not list(cache.glob("*.so"))
+    r = _run(_REBUILD, env=env)
+    assert r.returncode == (1 if disabled else 0), r.stderr
+    nat = json.loads(r.stdout)["native"]
+    if disabled:
+        assert nat["exp_kernel"]["reason"] == "disabled by MEANFIELD_NATIVE=0" and not nat["enabled"]
+        assert not list(cache.iterdir())
+        return
+    assert nat["enabled"] and nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"]
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.so")) == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
+    assert not list(cache.glob("*.failed"))
+    assert "building the native CPU kernels" in r.stderr and "building the native phase-diagram kernel" in r.stderr
+
+
+def test_main_rejects_unknown_options():
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(io.StringIO()):
+        info.main(["--nope"])
+    assert e.value.code == 2
