@@ -902,6 +902,7 @@ def sweep_steps(quick: bool, log) -> Result:
     import dataclasses as _dc
 
     from meanfield import sweep as sw
+    from meanfield.sweep import run as sw_run
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = sw.load_spec(os.path.join(root, "sweeps", "usa_reference_steps.toml"))
@@ -924,11 +925,11 @@ def sweep_steps(quick: bool, log) -> Result:
                                                              blocks=[(len(betas), seeds)]),
         }
         for name, plan in plans.items():
-            runner = sw._Runner(plan)
+            runner = sw_run.Runner(plan)
             t0 = time.perf_counter()
             vals = {}
             for _, gi, sl in plan.chunks:
-                params, sd = sw._chunk_inputs(spec, plan.groups[gi], sl, plan.padded_size(plan.groups[gi]))
+                params, sd = sw_run.chunk_inputs(spec, plan.groups[gi], sl, plan.padded_size(plan.groups[gi]))
                 out = runner(gi, params, sd)
                 count = (sl[0].stop - sl[0].start) * (sl[1].stop - sl[1].start)
                 for k, v in out.items():
@@ -944,7 +945,7 @@ def sweep_steps(quick: bool, log) -> Result:
         [list(plans)[1], "1", f"{seeds * len(betas) * max(steps):.3g}", fmt_t(t_p), fmt_r(t_p / t_b), f"{diff:.1e}"],
     ]
     res.notes.append(
-        "Both plans run the same compiled point function (`sweep._point_fn`, the step a traced "
+        "Both plans run the same compiled point function (`meanfield.sweep.run.point_program`, the step a traced "
         "value; `mf.simulate` with a traced dt) through the sweep's runner, without the store. "
         "Under one vmap every member runs until the last one finishes, so the padded plan runs "
         f"{len(betas) * max(steps) / sum(steps):.1f} times the steps (the step counts in the "

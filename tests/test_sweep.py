@@ -1,4 +1,4 @@
-"""Tests of the sweep engine (meanfield/sweep.py, meanfield/store.py).
+"""Tests of the sweep engine (the package meanfield/sweep/: spec, plan, run, store, plot, cli).
 
 Small grids only (2 CPU cores): a 2 n x 2 beta x 3 seed USA grid whose second
 beta (200, above the float32 overflow of exp(beta <x, y>)) must come out as
@@ -22,6 +22,8 @@ import pytest
 
 import meanfield as mf
 from meanfield import sweep
+from meanfield.sweep import cli as sweep_cli
+from meanfield.sweep import run as sweep_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,6 +228,106 @@ save = 3
     assert not np.allclose(ds["collapse_gap"].values[0, ..., -1], ds["collapse_gap"].values[1, ..., -1])
 
 
+def _direct(name, params, n, d, seed, ts, dt):
+    """One point run outside the sweep: the registry's model from the documented initial state."""
+    x0 = mf.sphere.uniform(jax.random.key(seed), n, d)
+    return mf.simulate(mf.kernels.make(name, d=d, **params), x0, t1=float(ts[-1]), dt=dt, solver="rk2",
+                       ts=ts, save_states=False)
+
+
+def test_phase_field_sweep_is_the_registry_model(tmp_path):
+    """kind = "phase-field" with default settings is mf.kernels.make("phase-field", beta=b):
+    phi(s) = 2 pi s + 1.0 sin(2 pi s) (FourierPhase), the same model as `meanfield simulate`."""
+    text = """
+[model]
+kind = "phase-field"
+[grid]
+n = [6]
+beta = [1.0, 2.0]
+seeds = 2
+[time]
+t1 = 1.0
+dt = 0.05
+save = 5
+"""
+    spec = sweep.parse_spec(text)
+    entry = mf.kernels.MODELS["phase-field"]
+    assert spec.params["amplitude"] == entry.param("amplitude").default == 1.0
+    out = tmp_path / "phase.zarr"
+    sweep.run_sweep(spec, out, quiet=True)
+    ds = sweep.load(out)
+    assert ds.attrs["model.amplitude"] == 1.0 and ds.attrs["model.frequency"] == 1
+    np.testing.assert_array_equal(ds["status"].values, sweep.OK)
+    ts = ds["time"].values
+    for beta in (1.0, 2.0):
+        for seed in (0, 1):
+            tr = _direct("phase-field", {"beta": beta}, 6, 3, seed, ts, 0.05)
+            point = ds.sel(n=6, beta=beta, seed=seed)
+            np.testing.assert_allclose(point["energy"].values, tr.energy, rtol=2e-6)
+            np.testing.assert_allclose(point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6)
+    # amplitude 1.0 is not the pure RoPE phase: the trajectories differ from amplitude 0
+    flat = _direct("phase-field", {"beta": 1.0, "amplitude": 0.0}, 6, 3, 0, ts, 0.05)
+    assert not np.allclose(ds["energy"].sel(n=6, beta=1.0, seed=0).values[-1], flat.energy[-1], rtol=1e-4)
+
+
+def test_gauge_sweep_runs_with_a_traced_amplitude_axis(tmp_path):
+    """kind = "gauge" (WavyGauge, d = 3): amplitude is a traced grid axis of one compilation;
+    every point equals the registry's model and stays below the maximal energy e^beta/(2 beta)."""
+    text = """
+[model]
+kind = "gauge"
+amplitude = [0.0, 0.6]
+k = 2
+[grid]
+n = [6]
+beta = [1.0]
+seeds = 2
+[time]
+t1 = 1.0
+dt = 0.05
+save = 4
+"""
+    out = tmp_path / "gauge.zarr"
+    plan = sweep.run_sweep(text, out, quiet=True)
+    assert len(plan.groups) == 1  # one compilation for the whole amplitude axis
+    ds = sweep.load(out)
+    assert ds["energy"].dims == ("n", "beta", "amplitude", "seed", "time")
+    assert ds.attrs["model.k"] == 2 and ds.attrs["d"] == 3
+    np.testing.assert_array_equal(ds["status"].values, sweep.OK)
+    ts = ds["time"].values
+    for amp in (0.0, 0.6):
+        tr = _direct("gauge", {"beta": 1.0, "amplitude": amp, "k": 2}, 6, 3, 1, ts, 0.05)
+        point = ds.sel(n=6, beta=1.0, amplitude=amp, seed=1)
+        np.testing.assert_allclose(point["energy"].values, tr.energy, rtol=2e-6)
+        np.testing.assert_allclose(point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6)
+    E = ds["energy"].values
+    assert np.all(E <= float(mf.theory.max_energy(1.0)) * (1 + 1e-6))
+    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
+    assert not np.allclose(E[..., 0, :, -1], E[..., 1, :, -1])  # the amplitude changes the flow
+
+
+@pytest.mark.parametrize("name", mf.kernels.MODEL_NAMES)
+def test_every_registry_model_is_a_sweep_kind(name):
+    """Every simulated name of the registry parses as model.kind with the registry's defaults,
+    and its point program builds (traced) through mf.kernels.build."""
+    entry = mf.kernels.MODELS[name]
+    has_beta = any(p.name == "beta" for p in entry.params)
+    d = entry.d or 3
+    spec = sweep.parse_spec(
+        f"[model]\nkind = '{name}'\n[grid]\nn = [6]\nd = {d}\n" + ("beta = [1.0, 2.0]\n" if has_beta else "")
+        + "seeds = 2\n[time]\nt1 = 0.2\ndt = 0.1\nsave = 2\n[output]\nobservables = ['collapse_gap']\n"
+    )
+    expected = {p.name: list(p.default) if p.kind == "plane" else p.default for p in entry.params if p.name != "beta"}
+    assert spec.params == expected
+    assert sweep.spec_hash(spec.data) == spec.hash
+    plan = sweep.make_plan(spec, "2GB", devices=1)
+    g = plan.groups[0]
+    _, _, sl = plan.chunks[0]
+    params, seeds = sweep_run.chunk_inputs(spec, g, sl, plan.padded_size(g))
+    out = jax.eval_shape(jax.vmap(sweep_run.point_program(spec, name, 6, d)), params, seeds)
+    assert out["collapse_gap"].shape == (seeds.size, 2)
+
+
 # --------------------------------------------------------------------------- attention
 
 
@@ -261,7 +363,7 @@ top_k = 4
     n, f, seed = 64, 4.0, 2
     with jax.enable_x64(True):
         keys = mf.sphere.uniform(jax.random.key(seed), n, 5, jax.numpy.float64)
-        q = np.eye(5)[0]
+        q = jax.numpy.eye(5, dtype=jax.numpy.float64)[0]
         ref = np.asarray(mf.attention.ordered_weights(q, keys, f * n**0.5)[:4])
         ref_logz = float(mf.attention.log_partition(q, keys, f * n**0.5))
     point = ds.sel(n=n, beta_factor=f, seed=seed)
@@ -310,8 +412,8 @@ def _check_memory_estimate(kind, n, d):
     plan = sweep.make_plan(spec, "2GB", devices=1)
     g = plan.groups[0]
     _, gi, sl = plan.chunks[0]
-    params, seeds = sweep._chunk_inputs(spec, g, sl, plan.padded_size(g))
-    compiled = jax.jit(jax.vmap(sweep._point_fn(spec, kind, n, d))).lower(params, seeds).compile()
+    params, seeds = sweep_run.chunk_inputs(spec, g, sl, plan.padded_size(g))
+    compiled = jax.jit(jax.vmap(sweep_run.point_program(spec, kind, n, d))).lower(params, seeds).compile()
     m = compiled.memory_analysis()
     xla = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
     estimate = g.point_bytes * plan.padded_size(g)
@@ -449,6 +551,13 @@ BAD_SPECS = [
     ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 1.0", ValueError, r"\[time\] does not apply"),
     ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[output]\ntop_k = 9", ValueError, "top_k = 9 must be <= the smallest n = 8"),
     ("[model]\nkind = ['usa', 'attention']\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1", ValueError, "cannot share a sweep"),
+    (TINY.replace("kind = \"usa\"", "kind = \"gauge\"").replace("d = 3", "d = 4"), ValueError, r"model kind 'gauge' needs d = 3, got grid.d = 4"),
+    (TINY.replace("kind = \"usa\"", "kind = [\"usa\", \"gauge\"]").replace("d = 3", "d = [2, 3]"), ValueError, r"needs d = 3, got grid.d = 2"),
+    (TINY.replace("kind = \"usa\"", "kind = \"gauge\"\nk = [2, 3]"), TypeError, "model.k changes the compiled program: give one value"),
+    (TINY.replace("kind = \"usa\"", "kind = \"phase-field\"\namplitude = [0.5, 'x']"), TypeError, r"model.amplitude\[1\] must be a number"),
+    (TINY.replace("kind = \"usa\"", "kind = \"prompt\"\ngauges = \"haar\""), ValueError, "model.gauges must be one of 'random', 'rotation'"),
+    (TINY.replace("kind = \"usa\"", "kind = [\"phase-field\", \"gauge\"]"), ValueError, r"model.amplitude has different defaults .*phase-field: 1.0, gauge: 0.6"),
+    (TINY.replace("kind = \"usa\"", "kind = \"usa\"\nbeta = 1.0"), ValueError, r"unknown key 'beta' in \[model\]"),
 ]
 
 
@@ -480,12 +589,12 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
         ([bad.with_name("x.toml"), "--memory", "lots"], "sweep spec not found"),
     ]
     for args, msg in cases:
-        rc = sweep._cli(sweep.main, [*map(str, args), "--out", str(tmp_path / "x.zarr")])
+        rc = sweep_cli.console([*map(str, args), "--out", str(tmp_path / "x.zarr")])
         err = capsys.readouterr().err
         assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     TINY_OK = tmp_path / "ok.toml"
     TINY_OK.write_text(TINY)
-    assert sweep._cli(sweep.main, [str(TINY_OK), "--out", str(tmp_path / "x.zarr"), "--memory", "lots"]) == 2
+    assert sweep_cli.console([str(TINY_OK), "--out", str(tmp_path / "x.zarr"), "--memory", "lots"]) == 2
     assert "memory must be a size like 2GB" in capsys.readouterr().err
     assert not (tmp_path / "x.zarr").exists()
     # the same through `python -m meanfield.sweep` (a separate process)
@@ -496,8 +605,12 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_plot_main(tiny, tmp_path):
+    import matplotlib
+
     _, big, _ = tiny
+    backend = matplotlib.get_backend()
     assert sweep.plot_main([str(big), "--out", str(tmp_path / "plots")]) == 0
+    assert matplotlib.get_backend() == backend  # no process-wide backend switch
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert "collapse_gap_vs_time.png" in names
     assert "collapse_gap_heatmap_n_beta.png" in names

@@ -1,0 +1,47 @@
+"""Sweep engine: declarative grids over ``(model, n, d, beta, seed, ...)``, compiled once per
+shape, chunked to a memory budget, sharded across devices, stored resumably (DESIGN.md, Scale-out).
+
+Data flows ``spec -> plan -> run -> store -> plot``:
+
+* ``meanfield.sweep.spec``: the TOML spec parsed, validated and normalised (``Spec``); the
+  model kinds and their parameters are those of the registry ``mf.kernels.MODELS``;
+* ``meanfield.sweep.plan``: groups (one compilation per model and static shape), chunks
+  bounded by a memory budget, the store's layout (``Plan``, ``make_plan``);
+* ``meanfield.sweep.run``: the per-point programs (the model from ``mf.kernels.build``),
+  sharded over ``jax.devices()``, executed chunk by chunk (``run_sweep``);
+* ``meanfield.sweep.store``: the zarr store (xarray Dataset), resumable; it imports nothing
+  from spec, plan or run: what it needs is written into the store at creation;
+* ``meanfield.sweep.plot``: the standard figures of a store.
+
+CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--quiet]``
+and ``meanfield plot STORE.zarr [--out DIR]`` (also ``python -m meanfield.sweep ...``).
+See docs/sweeps.md.
+"""
+
+from .cli import main, plot_main
+from .plan import Group, Plan, make_plan, parse_memory
+from .plot import plot_store
+from .run import run_sweep
+from .spec import OBSERVABLES, Spec, load_spec, parse_spec, spec_differences, spec_hash
+from .store import FAILED, OK, PENDING, load
+
+__all__ = [
+    "Spec",
+    "Plan",
+    "Group",
+    "parse_spec",
+    "load_spec",
+    "spec_hash",
+    "spec_differences",
+    "make_plan",
+    "parse_memory",
+    "run_sweep",
+    "load",
+    "plot_store",
+    "main",
+    "plot_main",
+    "OBSERVABLES",
+    "PENDING",
+    "OK",
+    "FAILED",
+]

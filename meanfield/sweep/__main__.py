@@ -1,0 +1,5 @@
+import sys
+
+from .cli import console
+
+sys.exit(console())

@@ -1,0 +1,118 @@
+"""The standard figures of a sweep store: curves against time and heatmaps (PNG files).
+
+Figures are ``matplotlib.figure.Figure`` objects saved directly (no pyplot, no backend
+switch: nothing process-wide changes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .store import OK, load
+
+__all__ = ["plot_store"]
+
+
+def _select_rest(da, keep: list[str]):
+    """Take the first index of every dimension not in ``keep``; return (array, note)."""
+    sel = {d: 0 for d in da.dims if d not in keep}
+    note = ", ".join(f"{d}={da[d].values[0]}" for d in sel if d in da.coords)
+    return da.isel(sel), note
+
+
+def _label(v) -> str:
+    return f"{v:.3g}" if np.asarray(v).dtype.kind in "fi" else str(v)
+
+
+def plot_store(store, out_dir=None) -> list[Path]:
+    """Draw the standard views of a sweep store into ``out_dir`` (PNG files); return their paths.
+
+    * curves against time: mean over seeds with a band of +- one standard error,
+      one panel per ``n``, one curve per value of the first swept axis;
+    * heatmaps: final-time (or scalar) mean over seeds over the first two axes
+      with several values (``n`` and ``beta``/``beta_factor`` typically).
+
+    Other axes are held at their first value (named in the titles). Failed and
+    pending points are left out of the means. ``out_dir`` defaults to ``STORE_plots``
+    next to the store.
+    """
+    from matplotlib.figure import Figure
+
+    ds = load(store)
+    out_dir = Path(out_dir) if out_dir is not None else Path(str(Path(store)).rstrip("/").removesuffix(".zarr") + "_plots")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ok = ds["status"] == OK
+    axes_order = [d for d in ds["status"].dims if d != "seed"]
+    multi = [d for d in axes_order if ds.sizes[d] > 1]
+    paths = []
+    skip = ("status", "num_steps", "stop_time")
+    for name in ds.data_vars:
+        if name in skip:
+            continue
+        da = ds[name].where(ok)
+        nseed = ok.sum("seed")
+        mean = da.mean("seed")
+        se = da.std("seed") / np.sqrt(np.maximum(nseed, 1))
+        if "time" in da.dims:
+            color_axis = next((d for d in multi if d != "n"), None)
+            panel_axis = "n"
+            keep = [panel_axis, "time"] + ([color_axis] if color_axis else [])
+            m, note = _select_rest(mean, keep)
+            s, _ = _select_rest(se, keep)
+            npanel = m.sizes[panel_axis]
+            fig = Figure(figsize=(4 * npanel, 3.4))
+            axs = fig.subplots(1, npanel, squeeze=False, sharey=True)
+            t = ds["time"].values
+            for j in range(npanel):
+                ax = axs[0, j]
+                mj, sj = m.isel({panel_axis: j}), s.isel({panel_axis: j})
+                ncol = mj.sizes[color_axis] if color_axis else 1
+                for c in range(ncol):
+                    mc = mj.isel({color_axis: c}) if color_axis else mj
+                    sc = sj.isel({color_axis: c}) if color_axis else sj
+                    label = f"{color_axis}={_label(mj[color_axis].values[c])}" if color_axis else None
+                    ax.plot(t, mc.values, label=label)
+                    ax.fill_between(t, (mc - sc).values, (mc + sc).values, alpha=0.25)
+                ax.set_title(f"n={int(m[panel_axis].values[j])}" + (f" ({note})" if note else ""), fontsize=9)
+                ax.set_xlabel("time")
+                if j == 0:
+                    ax.set_ylabel(name)
+                    if color_axis:
+                        ax.legend(fontsize=7)
+            fig.suptitle(f"{ds.attrs.get('sweep_name', '')}: {name} (mean +- s.e. over seeds)", fontsize=10)
+            fig.tight_layout()
+            p = out_dir / f"{name}_vs_time.png"
+            fig.savefig(p, dpi=110)
+            paths.append(p)
+        final = mean.isel(time=-1) if "time" in mean.dims else mean
+        if "rank" in final.dims:
+            final = final.isel(rank=0)
+        if len(multi) >= 2:
+            a, b = multi[0], multi[1]
+            h, note = _select_rest(final, [a, b])
+            h = h.transpose(b, a)
+            fig = Figure(figsize=(5, 4))
+            ax = fig.subplots()
+            im = ax.imshow(h.values, origin="lower", aspect="auto")
+            ax.set_xticks(range(h.sizes[a]), [_label(v) for v in h[a].values], rotation=45, fontsize=7)
+            ax.set_yticks(range(h.sizes[b]), [_label(v) for v in h[b].values], fontsize=7)
+            ax.set_xlabel(a)
+            ax.set_ylabel(b)
+            fig.colorbar(im, ax=ax, label=name)
+            if ds.attrs.get("model") == "attention" and (a, b) == ("n", "beta") and "d" in ds.attrs:
+                # the critical scale of long-context attention, beta = 2 n^(2/(d-1)) (paper Fig. 3)
+                nn = h["n"].values.astype(float)
+                crit = 2.0 * nn ** (2.0 / (int(ds.attrs["d"]) - 1))
+                lb = np.log(h["beta"].values.astype(float))
+                ax.plot(range(len(nn)), np.interp(np.log(crit), lb, np.arange(len(lb)), left=np.nan, right=np.nan),
+                        "w--", label="beta = 2 n^alpha")
+                ax.legend(fontsize=7, loc="lower right")
+            when = "final time" if "time" in ds[name].dims else "mean over seeds"
+            ax.set_title(f"{name} ({when})" + (f"\n{note}" if note else ""), fontsize=9)
+            fig.tight_layout()
+            p = out_dir / f"{name}_heatmap_{a}_{b}.png"
+            fig.savefig(p, dpi=110)
+            paths.append(p)
+    return paths

@@ -1,0 +1,501 @@
+"""A sweep specification: TOML text parsed, validated and normalised (``Spec``).
+
+A sweep is a TOML file (read with ``tomllib``)::
+
+    name = "smoke"
+    dtype = "float32"                  # or "float64"
+
+    [model]
+    kind = "usa"                       # any name of mf.kernels.MODELS (the registry): usa,
+                                       # distance-bias, toeplitz, rope, phase-field, gauge, prompt,
+                                       # sa, attention; a list of names is a grid axis "model"
+    # the registry's parameters of the kind (all but beta): a number is fixed, a list of
+    # numbers is a grid axis (traced parameters only); static ones take one value
+
+    [grid]
+    n = [16, 32]                       # static shapes: one compilation per (model, n, d)
+    d = 3                              # an int, or a list (a grid axis); gauge needs d = 3
+    beta = [0.5, 1.0, 2.0, 4.0]        # a list; or {critical = [f, ...]}: beta = f n^(2/(d-1));
+                                       # or {c = [c, ...], p = 0.5}: beta = c n^p
+    seeds = 8                          # seeds seed .. seed + seeds - 1
+    seed = 0
+
+    [time]                             # not for kind = "attention"
+    t1 = 5.0
+    dt = 0.05
+    solver = "rk2"                     # euler, rk2, rk4, tsit5, dopri5 (rtol/atol then)
+    save = 11                          # number of equally spaced save times, or a list
+    early_stop = 1e-8                  # optional (paper App. B.1)
+    step_rule = "reference"            # optional: dt(beta) = dt / max(sqrt(beta) e^(beta - 1/2), 1)
+
+    [output]
+    observables = ["collapse_gap", "energy", "clusters"]
+    cluster_threshold = 0.1
+    top_k = 8                          # attention order statistics A_(1..k)
+
+The model parameters are those of the registry (``mf.kernels.MODELS[kind].params``, the
+same names and defaults as ``mf.kernels.make`` and ``meanfield simulate``); ``beta`` is
+the registry's ``beta``, given in ``[grid]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import cast
+
+import numpy as np
+
+from .. import kernels
+from .._checks import check_choice
+from ..integrate import FIXED_STEP_SOLVERS, SOLVERS
+from ._diff import key_differences
+
+__all__ = [
+    "Spec",
+    "parse_spec",
+    "load_spec",
+    "spec_hash",
+    "spec_differences",
+    "OBSERVABLES",
+    "SIM_OBSERVABLES",
+    "ATTENTION_OBSERVABLES",
+]
+
+SIM_OBSERVABLES = ("collapse_gap", "energy", "clusters", "token_similarity")
+ATTENTION_OBSERVABLES = ("top_weight", "top_weights", "ratios", "cumulative", "log_partition")
+OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
+
+TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
+GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
+TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule")
+STEP_RULES = ("fixed", "reference")
+OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
+BETA_RULE_KEYS = ("critical", "c", "p")
+DTYPES = ("float32", "float64")
+
+#: Where two normalised specs differ (dotted keys); the store uses the same helper.
+spec_differences = key_differences
+
+
+# ----------------------------------------------------------------------------
+# value checks
+# ----------------------------------------------------------------------------
+
+
+def _unknown(table: str, got: dict, accepted) -> None:
+    bad = sorted(set(got) - set(accepted))
+    if bad:
+        where = f"[{table}]" if table else "top level"
+        raise ValueError(
+            f"unknown key{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} in {where}; "
+            f"accepted keys: {', '.join(accepted)}"
+        )
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _float(name: str, v, kind: str = "float") -> float:
+    if not _is_num(v):
+        raise TypeError(f"{name} must be a number, got {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    if kind == "float>0" and v <= 0:
+        raise ValueError(f"{name} must be > 0, got {v!r}")
+    if kind == "float>=0" and v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v!r}")
+    return v
+
+
+def _int(name: str, v, minimum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an integer, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _float_list(name: str, v, kind: str) -> list[float]:
+    vals = v if isinstance(v, list) else [v]
+    if not vals:
+        raise ValueError(f"{name} must be a non-empty list of numbers, got []")
+    out = [_float(f"{name}[{i}]" if isinstance(v, list) else name, x, kind) for i, x in enumerate(vals)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} values must be distinct, got {vals!r}")
+    return out
+
+
+def _param_value(where: str, p: kernels.Param, v):
+    """A ``[model]`` value checked by the registry's ``Param``: traced parameters take a
+    number or a list of numbers (a grid axis), static ones one value (a plane as a list)."""
+    if p.traced:
+        vals = v if isinstance(v, list) else [v]
+        if not vals:
+            raise ValueError(f"{where} must be a number or a non-empty list of numbers, got []")
+        out = []
+        for i, x in enumerate(vals):
+            w = f"{where}[{i}]" if isinstance(v, list) else where
+            if not _is_num(x):  # the registry lets arrays and tracers through: a spec holds numbers
+                raise TypeError(f"{w} must be a number, got {x!r}")
+            out.append(p.validate(x, w))
+        if len(set(out)) != len(out):
+            raise ValueError(f"{where} values must be distinct, got {vals!r}")
+        return out if isinstance(v, list) else out[0]
+    if isinstance(v, list) and p.kind != "plane":
+        raise TypeError(f"{where} changes the compiled program: give one value, not a list, got {v!r}")
+    value = p.validate(v, where)
+    return list(value) if p.kind == "plane" else value  # JSON-serialisable
+
+
+def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
+    """The ``[model]`` parameters of ``kinds`` (the union of their registry parameters but
+    ``beta``), defaults filled in; returns ``(values, params)`` with ``params: name -> Param``."""
+    accepted: dict[str, kernels.Param] = {}
+    owners: dict[str, list[str]] = {}
+    for k in kinds:
+        entry = kernels.MODELS[k]
+        if entry.d is not None and any(d != entry.d for d in ds):
+            bad = [d for d in ds if d != entry.d]
+            raise ValueError(f"model kind {k!r} needs d = {entry.d}, got grid.d = {bad[0] if len(bad) == 1 else bad}")
+        for p in entry.params:
+            if p.name == "beta":
+                continue
+            q = accepted.setdefault(p.name, p)
+            if (q.traced, q.kind, q.choices) != (p.traced, p.kind, p.choices):  # pragma: no cover - registry
+                raise ValueError(f"model.{p.name} means different things for kinds {owners[p.name][0]!r} and {k!r}")
+            owners.setdefault(p.name, []).append(k)
+    _unknown("model", model, ("kind",) + tuple(accepted))
+    values = {}
+    for name, p in accepted.items():
+        if name not in model:
+            defaults = [kernels.MODELS[k].param(name).default for k in owners[name]]
+            if any(dv != defaults[0] for dv in defaults):
+                raise ValueError(
+                    f"model.{name} has different defaults for the kinds of this sweep ("
+                    + ", ".join(f"{k}: {dv!r}" for k, dv in zip(owners[name], defaults))
+                    + "): give it explicitly"
+                )
+        values[name] = _param_value(f"model.{name}", p, model.get(name, p.default))
+    if "plane" in values and max(values["plane"]) >= min(ds):
+        raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
+    return values, accepted
+
+
+# ----------------------------------------------------------------------------
+# the spec
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A parsed, validated sweep specification.
+
+    ``axes`` maps each traced grid axis (``beta`` or ``beta_factor``, then swept
+    model parameters) to its values; ``n`` and ``d`` are static axes, ``seed``
+    the innermost axis. ``params`` holds every ``[model]`` parameter of the kinds
+    (registry defaults filled in; a list for a swept one). ``data`` is the
+    normalised dictionary (JSON-serialisable) whose canonical JSON gives ``hash``.
+    """
+
+    text: str
+    data: dict
+    name: str
+    kinds: tuple
+    kinds_axis: bool
+    dtype: str
+    params: dict  # model parameters, fixed values or lists
+    n: tuple
+    d: tuple
+    d_axis: bool
+    beta_rule: str | None  # None (explicit list), "critical" or "power"
+    beta_power: float | None
+    axes: dict  # traced axes: name -> np.ndarray (excluding seed)
+    seeds: np.ndarray
+    time: dict | None
+    ts: np.ndarray | None
+    observables: tuple
+    cluster_threshold: float
+    top_k: int
+
+    @property
+    def hash(self) -> str:
+        return spec_hash(self.data)
+
+    @property
+    def kind(self) -> str:
+        """The model kind (the first one when ``kind`` is a list, a grid axis)."""
+        return self.kinds[0]
+
+    @property
+    def simulated(self) -> bool:
+        """Whether the models have dynamics (all but ``attention``: one context per point)."""
+        return kernels.MODELS[self.kinds[0]].simulated
+
+    @property
+    def step_rule(self) -> str:
+        """``"fixed"`` or ``"reference"`` (the beta-dependent step of the reference code)."""
+        return (self.time or {}).get("step_rule", "fixed")
+
+    def beta_values(self, n: int, d: int) -> np.ndarray | None:
+        """The ``beta`` axis for static shape ``(n, d)`` (rules evaluated), or None (toeplitz)."""
+        if self.beta_rule is None:
+            return self.axes.get("beta")
+        f = self.axes["beta_factor"]
+        p = 2.0 / (d - 1) if self.beta_rule == "critical" else cast(float, self.beta_power)
+        return f * float(n) ** p
+
+    @property
+    def grid_size(self) -> int:
+        return len(self.kinds) * len(self.n) * len(self.d) * int(np.prod([len(v) for v in self.axes.values()])) * len(self.seeds)
+
+
+def spec_hash(data: dict) -> str:
+    """sha256 of the canonical JSON of the normalised spec (comments and layout do not count)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def load_spec(path) -> Spec:
+    """Read and validate a TOML spec file (``FileNotFoundError``, ``tomllib.TOMLDecodeError``, ``ValueError``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep spec not found: {path}")
+    text = path.read_text()
+    return parse_spec(text, default_name=path.stem)
+
+
+def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
+    """Parse and validate the TOML text of a sweep (see the module docstring for the schema).
+
+    Raises ``tomllib.TOMLDecodeError`` for malformed TOML, ``ValueError`` for
+    unknown keys (listing the accepted ones) and invalid values, ``TypeError``
+    for values of the wrong type.
+
+    Example:
+        >>> spec = parse_spec('[model]\\nkind = "usa"\\n[grid]\\nn = [8]\\nbeta = [1.0]\\nseeds = 2\\n[time]\\nt1 = 1.0')
+        >>> spec.grid_size
+        2
+        >>> parse_spec('[model]\\nkind = "gauge"\\namplitude = [0.3, 0.6]\\n[grid]\\nn = [8]\\nbeta = [1.0]\\n'
+        ...            'seeds = 2\\n[time]\\nt1 = 1.0').params
+        {'amplitude': [0.3, 0.6], 'k': 3, 'rescaled': False}
+    """
+    raw = tomllib.loads(text)
+    _unknown("", raw, TOP_KEYS)
+    for table in ("model", "grid", "time", "output"):
+        if table in raw and not isinstance(raw[table], dict):
+            raise TypeError(f"[{table}] must be a table, got {raw[table]!r}")
+    name = raw.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty string, got {name!r}")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise TypeError(f"description must be a string, got {description!r}")
+    dtype = raw.get("dtype", "float32")
+    check_choice("dtype", dtype, DTYPES)
+
+    # model kinds --------------------------------------------------------------
+    names = tuple(kernels.MODELS)
+    model = dict(raw.get("model", {}))
+    if "kind" not in model:
+        raise ValueError(f"[model] needs kind = one of {', '.join(names)} (or a list of them: a grid axis)")
+    kind_raw = model.pop("kind")
+    kinds_axis = isinstance(kind_raw, list)
+    kinds = tuple(kind_raw) if kinds_axis else (kind_raw,)
+    if not kinds:
+        raise ValueError(f"model.kind must be a model name or a non-empty list; accepted: {', '.join(names)}")
+    for k in kinds:
+        if not isinstance(k, str):
+            raise TypeError(f"model.kind must be a string or a list of strings, got {kind_raw!r}")
+        check_choice("model kind", k, names)
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"model.kind values must be distinct, got {kind_raw!r}")
+    static_only = [k for k in kinds if not kernels.MODELS[k].simulated]
+    if static_only and len(kinds) > 1:
+        raise ValueError(f"model.kind {static_only[0]!r} (no dynamics) cannot share a sweep with simulated models")
+    kind = kinds[0]
+    simulated = kernels.MODELS[kind].simulated
+
+    # grid -------------------------------------------------------------------
+    grid = dict(raw.get("grid", {}))
+    _unknown("grid", grid, GRID_KEYS)
+    for key in ("n", "seeds"):
+        if key not in grid:
+            raise ValueError(f"[grid] needs {key}")
+    n_raw = grid["n"] if isinstance(grid["n"], list) else [grid["n"]]
+    if not n_raw:
+        raise ValueError("grid.n must be a non-empty list of integers >= 2, got []")
+    ns = tuple(_int(f"grid.n[{i}]", v, 2) for i, v in enumerate(n_raw))
+    if len(set(ns)) != len(ns):
+        raise ValueError(f"grid.n values must be distinct, got {list(ns)}")
+    d_given = grid.get("d", 3)
+    d_axis = isinstance(d_given, list)
+    d_raw = d_given if d_axis else [d_given]
+    if not d_raw:
+        raise ValueError("grid.d must be an integer >= 2 or a non-empty list, got []")
+    ds = tuple(_int("grid.d", v, 2) for v in d_raw)
+    if len(set(ds)) != len(ds):
+        raise ValueError(f"grid.d values must be distinct, got {list(ds)}")
+    seeds_n = _int("grid.seeds", grid["seeds"], 1)
+    seed0 = _int("grid.seed", grid.get("seed", 0), 0)
+
+    # model parameters (the registry's) ------------------------------------------
+    params, accepted = _model_params(kinds, model, ds)
+
+    axes: dict[str, np.ndarray] = {}
+    beta_rule, beta_power = None, None
+    beta = grid.get("beta")
+    no_beta = [k for k in kinds if not any(p.name == "beta" for p in kernels.MODELS[k].params)]
+    if len(no_beta) == len(kinds):
+        if beta is not None:
+            raise ValueError(
+                f"grid.beta is not a parameter of kind {kind!r}; its parameters: {', '.join(accepted) or 'none'}"
+            )
+    elif beta is None:
+        raise ValueError(f"[grid] needs beta for kind {kind!r}: a list, {{critical = [f, ...]}} or {{c = [...], p = ...}}")
+    elif isinstance(beta, dict):
+        _unknown("grid.beta", beta, BETA_RULE_KEYS)
+        if "critical" in beta:
+            if "c" in beta or "p" in beta:
+                raise ValueError("grid.beta: give either critical = [f, ...] or c = [...] with p, not both")
+            beta_rule = "critical"
+            axes["beta_factor"] = np.asarray(_float_list("grid.beta.critical", beta["critical"], "float>0"))
+        elif "c" in beta and "p" in beta:
+            beta_rule = "power"
+            beta_power = _float("grid.beta.p", beta["p"])
+            axes["beta_factor"] = np.asarray(_float_list("grid.beta.c", beta["c"], "float>0"))
+        else:
+            raise ValueError("grid.beta rule needs critical = [f, ...] (beta = f n^(2/(d-1))) or both c = [...] and p (beta = c n^p)")
+    else:
+        axes["beta"] = np.asarray(_float_list("grid.beta", beta, "float>0"))
+    for pname, p in accepted.items():
+        if p.traced and isinstance(params[pname], list):
+            axes[pname] = np.asarray(params[pname])
+
+    # time -------------------------------------------------------------------
+    tsec = raw.get("time")
+    time_spec, ts = None, None
+    if not simulated:
+        if tsec is not None:
+            raise ValueError(f"[time] does not apply to kind {kind!r} (one context per point, no dynamics)")
+    else:
+        if tsec is None:
+            raise ValueError("[time] with t1 is required for a simulated model")
+        _unknown("time", tsec, TIME_KEYS)
+        if "t1" not in tsec:
+            raise ValueError("[time] needs t1")
+        t1 = _float("time.t1", tsec["t1"], "float>0")
+        solver = tsec.get("solver", "rk2")
+        check_choice("time.solver", solver, SOLVERS)
+        dt = _float("time.dt", tsec.get("dt", 1e-2), "float>0")
+        if dt > t1:
+            raise ValueError(f"time.dt = {dt:g} must be <= t1 = {t1:g}")
+        time_spec = {"t1": t1, "dt": dt, "solver": solver}
+        if solver not in FIXED_STEP_SOLVERS:
+            if "rtol" not in tsec or "atol" not in tsec:
+                raise ValueError(f"time.solver {solver!r} is adaptive: give both rtol and atol")
+            time_spec["rtol"] = _float("time.rtol", tsec["rtol"], "float>0")
+            time_spec["atol"] = _float("time.atol", tsec["atol"], "float>0")
+        elif "rtol" in tsec or "atol" in tsec:
+            adaptive = ", ".join(s for s in SOLVERS if s not in FIXED_STEP_SOLVERS)
+            raise ValueError(f"time.rtol/atol apply to the adaptive solvers {adaptive}, not {solver!r}")
+        save = tsec.get("save", 21)
+        if isinstance(save, list):
+            ts = np.asarray([_float(f"time.save[{i}]", v, "float>=0") for i, v in enumerate(save)])
+            if ts.size == 0 or np.any(np.diff(ts) <= 0) or ts.max() > t1:
+                raise ValueError(f"time.save must be increasing times in [0, t1 = {t1:g}], got {save!r}")
+        else:
+            ts = np.linspace(0.0, t1, _int("time.save", save, 2))
+        time_spec["save"] = ts.tolist()
+        if "early_stop" in tsec:
+            no_energy = [k for k in kinds if not kernels.MODELS[k].has_energy]
+            if no_energy:
+                raise ValueError(f"time.early_stop needs an energy; kind {no_energy[0]!r} has none")
+            time_spec["early_stop"] = _float("time.early_stop", tsec["early_stop"], "float>0")
+        if "max_steps" in tsec:
+            time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1)
+        rule = tsec.get("step_rule", "fixed")
+        check_choice("time.step_rule", rule, STEP_RULES)
+        if rule == "reference":  # recorded only when set: specs without it keep their hash
+            if solver not in FIXED_STEP_SOLVERS:
+                raise ValueError(
+                    f"time.step_rule = 'reference' needs a fixed-step solver ({', '.join(FIXED_STEP_SOLVERS)}), not {solver!r}"
+                )
+            if no_beta:
+                raise ValueError(f"time.step_rule = 'reference' needs a beta; kind {no_beta[0]!r} has none")
+            if params.get("rescaled", False):
+                raise ValueError(
+                    "time.step_rule = 'reference' is the reference code's step in original time; "
+                    "set model.rescaled = false"
+                )
+            time_spec["step_rule"] = rule
+
+    # output -----------------------------------------------------------------
+    out = dict(raw.get("output", {}))
+    _unknown("output", out, OUTPUT_KEYS)
+    valid: tuple[str, ...]
+    if not simulated:
+        valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
+    elif any(not kernels.MODELS[k].has_energy for k in kinds):
+        valid, default = tuple(o for o in SIM_OBSERVABLES if o != "energy"), ["collapse_gap"]
+    else:
+        valid, default = SIM_OBSERVABLES, ["collapse_gap", "energy"]
+    obs = out.get("observables", default)
+    if not isinstance(obs, list) or not obs or not all(isinstance(o, str) for o in obs):
+        raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
+    for o in obs:
+        if o not in valid:
+            owner = next((k for k in kinds if not kernels.MODELS[k].has_energy), kind) if o == "energy" else kind
+            raise ValueError(f"unknown observable {o!r} for kind {owner!r}; accepted: {', '.join(valid)}")
+    if len(set(obs)) != len(obs):
+        raise ValueError(f"output.observables has duplicates: {obs!r}")
+    threshold = _float("output.cluster_threshold", out.get("cluster_threshold", 0.1), "float>0")
+    top_k = _int("output.top_k", out.get("top_k", 8), 1)
+    if not simulated and top_k > min(ns):
+        raise ValueError(f"output.top_k = {top_k} must be <= the smallest n = {min(ns)}")
+
+    data = {
+        "name": name,
+        "description": description,
+        "dtype": dtype,
+        "model": {"kind": list(kinds) if kinds_axis else kind, **params},
+        "grid": {
+            "n": list(ns),
+            "d": list(ds) if d_axis else ds[0],
+            "beta": None if "beta" not in axes and beta_rule is None else (
+                axes["beta"].tolist() if beta_rule is None
+                else ({"critical": axes["beta_factor"].tolist()} if beta_rule == "critical"
+                      else {"c": axes["beta_factor"].tolist(), "p": beta_power})
+            ),
+            "seeds": seeds_n,
+            "seed": seed0,
+        },
+        "time": time_spec,
+        "output": {"observables": list(obs), "cluster_threshold": threshold, "top_k": top_k},
+    }
+    return Spec(
+        text=text,
+        data=data,
+        name=name,
+        kinds=kinds,
+        kinds_axis=kinds_axis,
+        dtype=dtype,
+        params=params,
+        n=ns,
+        d=ds,
+        d_axis=d_axis,
+        beta_rule=beta_rule,
+        beta_power=beta_power,
+        axes=axes,
+        seeds=np.arange(seed0, seed0 + seeds_n),
+        time=time_spec,
+        ts=ts,
+        observables=tuple(obs),
+        cluster_threshold=threshold,
+        top_k=top_k,
+    )
