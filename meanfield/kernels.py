@@ -78,6 +78,7 @@ __all__ = [
     "original_time",
     "rescaled_time",
     "DENSE_MAX",
+    "DENSE_LIMIT",
     "DEFAULT_BLOCK",
     "BATCH_BYTES",
     "ACCELERATOR_BATCH_BYTES",
@@ -89,6 +90,7 @@ __all__ = [
     "random_gauges",
     "default_phase",
     "wavy_gauge",
+    "PARAM_KINDS",
     "Param",
     "ModelEntry",
     "MODELS",
@@ -1334,6 +1336,12 @@ def _exp_max_energy(P: dict):
     return float(theory.max_energy(P["beta"], rescaled=P["rescaled"]))
 
 
+def _toeplitz_max_energy(P: dict):
+    """``1/4`` (the great circle traversed ``m`` times) for an integer ``m``; none otherwise."""
+    m = P["m"]
+    return float(theory.great_circle_energy(int(m))) if float(m).is_integer() else None
+
+
 def _build_prompt(P: dict, d: int, dtype):
     K = P["prompts"]
     if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
@@ -1364,7 +1372,7 @@ MODELS: dict[str, ModelEntry] = {
         _entry("toeplitz", "cos(2 pi m (t - s)) <x, y>: the great circle traversed m times",
                [Param("m", 1.0, True, "float>0", "Toeplitz frequency (an integer for a closed circle)")],
                lambda P, d, dt: Toeplitz(P["m"]),
-               max_energy=lambda P: float(theory.great_circle_energy(P["m"]))),
+               max_energy=_toeplitz_max_energy),
         _entry("rope", "rotary positions exp(beta <x, R_omega(t - s) y>) / beta: a latitude circle",
                [_BETA, _OMEGA, _PLANE, _RESCALED],
                lambda P, d, dt: RoPE(P["beta"], P["omega"], P["plane"], rescaled=P["rescaled"]),

@@ -43,6 +43,7 @@ def settings_for(quick: bool) -> dict:
         "omega": float(2 * np.pi),
         "plane": [0, 1],
         "num_prompts": 3,
+        "gauge_seed": 0,
         "lam": 1.0,
         "toeplitz_m": 1,
         "wavy_gauge": {"amplitude": 0.6, "k": 3},
@@ -61,13 +62,22 @@ def settings_for(quick: bool) -> dict:
     }
 
 
-def _fig2_models(S, key):
-    gauges = kernels.random_gauges(key, S["num_prompts"], S["d"])
-    return {
-        "usa": lambda: kernels.USA(S["beta"]),
-        "rope": lambda: kernels.RoPE(S["beta"], S["omega"], tuple(S["plane"])),
-        "prompt": lambda: kernels.Prompt(S["beta"], gauges),
-    }
+def _model(name: str, S: dict):
+    """The registry's model ``name`` (``mf.kernels.make``) with the settings' parameters: the
+    same model as ``meanfield simulate --kernel NAME`` and a sweep of ``kind = NAME``."""
+    params = {
+        "usa": {"beta": S["beta"]},
+        "distance-bias": {"beta": S["beta"], "lam": S["lam"]},
+        "toeplitz": {"m": S["toeplitz_m"]},
+        "rope": {"beta": S["beta"], "omega": S["omega"], "plane": tuple(S["plane"])},
+        "gauge": {"beta": S["beta"], **S["wavy_gauge"]},
+        "prompt": {"beta": S["beta"], "prompts": S["num_prompts"], "gauge_seed": S["gauge_seed"]},
+    }[name]
+    return kernels.make(name, d=S["d"], **params)
+
+
+def _fig2_models(S):
+    return {name: (lambda name=name: _model(name, S)) for name in ("usa", "rope", "prompt")}
 
 
 def _run_seeds(model, n, d, keys, *, S, t1, saves):
@@ -100,12 +110,12 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     timings: dict = {}
     checks: list = []
     key = jax.random.key(S["seed"])
-    k_gauge, k_fig2, k_fig3, k_eq = jax.random.split(key, 4)
+    _, k_fig2, k_fig3, k_eq = jax.random.split(key, 4)  # the first key drew the prompt gauges before the registry
     d, beta = S["d"], S["beta"]
     e_max = float(theory.max_energy(beta))
 
     # ---------------------------------------------------------------- Fig. 2
-    models = _fig2_models(S, k_gauge)
+    models = _fig2_models(S)
     fig2: dict[tuple[str, int], dict[str, Any]] = {}
     jobs = [(m, n) for n in S["fig2_n"] for m in models]
     bar = tqdm(jobs, desc="usa-av fig2", disable=quiet)
@@ -192,11 +202,11 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     # ---------------------------------------------------------------- Fig. 3
     n3 = S["fig3_n"]
     fig3_models = {
-        "USA": kernels.USA(beta),
-        "distance bias": kernels.DistanceBias(beta, S["lam"]),
-        "Toeplitz (m=1)": kernels.Toeplitz(S["toeplitz_m"]),
+        "USA": _model("usa", S),
+        "distance bias": _model("distance-bias", S),
+        "Toeplitz (m=1)": _model("toeplitz", S),
         "RoPE": rope_k,
-        "generalised RoPE (wavy gauge)": kernels.Gauge(beta, kernels.wavy_gauge(**S["wavy_gauge"])),
+        "generalised RoPE (wavy gauge)": _model("gauge", S),
         "prompts (K=3)": models["prompt"](),
     }
     x0 = sphere.uniform(k_fig3, n3, d)
