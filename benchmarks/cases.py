@@ -231,7 +231,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
     )
     kernel = mf.kernels.USA(beta)
     fast = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))
-    fast_xla = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))  # traced below with set_native(False)
+    fast_xla = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x, backend="xla")))  # the XLA formulation
     plain = ref.usa_velocity_jax()
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
@@ -239,11 +239,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         xt = torch.from_numpy(xn.copy())
         v_ref = ref.usa_velocity_numpy(xn.astype(np.float64), beta)
         v_fast = np.asarray(fast(x))
-        previous = mf.kernels.set_native(False)
-        try:
-            v_xla = np.asarray(fast_xla(x))  # compiled now: the XLA formulation of the field
-        finally:
-            mf.kernels.set_native(previous)
+        v_xla = np.asarray(fast_xla(x))
         err = float(np.abs(v_fast - v_ref).max() / np.abs(v_ref).max())
         err_xla = float(np.abs(v_xla - v_ref).max() / np.abs(v_ref).max())
         tj = timeit_interleaved({"fast": lambda: fast(x), "xla": lambda: fast_xla(x),
@@ -285,7 +281,7 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         "path on the CPU: the fused C kernel called through XLA's FFI (`meanfield/_native/exp_kernel.c`: "
         "the n (n + 1) / 2 exponentials of the pairs i <= j, rows 4 at a time against SIMD vectors of "
         "columns, no n x n array; threads over seeds). 'meanfield, XLA path': the same program traced "
-        "with `mf.kernels.set_native(False)` (the reference formulation, and the path on accelerators): "
+        "with `backend=\"xla\"` (the reference formulation, and the path on accelerators): "
         "dense for n <= 1024, else the 512 x 1024 tiles of `kernels._tiled_exp`; under the vmap the "
         f"seeds run in equal chunks of at most `kernels.BATCH_BYTES` = {mf.kernels.BATCH_BYTES // 2**20} "
         "MiB of weights (`kernels._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` "
@@ -850,19 +846,17 @@ def formulations(quick: bool, log) -> Result:
         ["formulation / compile options"] + [f"{S} x {n} x {d}" for S, n, d in shapes],
     )
     base_name = "meanfield (`USA.field`: native kernel)"
-    xla_name = "meanfield's XLA path (`set_native(False)`, chunked)"
+    xla_name = "meanfield's XLA path (`native(False)`, chunked)"
     rel = {c: [] for c in [base_name, xla_name] + cols}
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
         ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
         fns = {"meanfield": jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))}
-        xla_path = jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))
-        previous = mf.kernels.set_native(False)
-        try:
-            xla_path(x)  # compiled with the XLA formulation
-        finally:
-            mf.kernels.set_native(previous)
-        fns[xla_name] = xla_path
+        def xla_field(y):
+            with mf.kernels.native(False):  # traced with the XLA formulation
+                return mf.kernels.USA(1.0, rescaled=True).field(y, None)
+
+        fns[xla_name] = jax.jit(jax.vmap(xla_field))
         for oname, o in opts.items():
             for vname, v in variants.items():
                 f = jax.jit(jax.vmap(lambda y, v=v: v(y, 1.0)), compiler_options=o)
