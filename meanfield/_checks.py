@@ -6,16 +6,45 @@ before tracing; traced values (inside ``jit`` or ``vmap``) pass through them. Th
 the check to the program with ``equinox.error_if`` (which works under ``jit`` and ``vmap``)
 and return the array they were given, to be used downstream so that the check runs.
 Messages name the value received and what is accepted.
+
+Annotations of checked parameters (the test suite checks every annotation at run time under
+jaxtyping's import hook) state what reaches the check, so that a bad value gets the function's
+own message: arrays are ``jaxtyping.ArrayLike`` (``Array | np.ndarray`` where the body reads an
+array attribute first), real scalars ``RealScalarLike``; ints, flags and callables whose type the
+function tests itself (``check_int``, ``isinstance``, ``callable``) carry no annotation.
 """
 
 from __future__ import annotations
 
 import numbers
+from typing import TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+__all__ = [
+    "RealScalarLike",
+    "is_concrete",
+    "check_positive",
+    "check_nonnegative",
+    "check_finite",
+    "check_int",
+    "check_plane",
+    "check_choice",
+    "check_orthogonal",
+    "SPHERE_ATOL",
+    "sphere_atol",
+    "traced_positive",
+    "traced_states",
+    "traced_labels",
+]
+
+#: A real scalar as a parameter accepts it before its check: a Python or NumPy number (not
+#: complex), a NumPy array or a JAX array, traced or not (``float | Array`` widened to what
+#: ``float()`` and ``jnp.asarray`` take; an array of the wrong shape reaches the check).
+RealScalarLike: TypeAlias = int | float | np.integer | np.floating | jax.Array | np.ndarray
 
 
 def is_concrete(value) -> bool:

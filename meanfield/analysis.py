@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import SupportsInt
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import sphere
-from ._checks import check_positive
+from ._checks import RealScalarLike, check_positive
 from .energy import energy as _energy
 from .energy import resolve_aux
 from .kernels import Kernel
@@ -27,7 +29,7 @@ __all__ = [
 ]
 
 
-def tangent_frame(x: Float[Array, "n d"]) -> Float[Array, "n d d-1"]:
+def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"]:
     """Orthonormal tangent bases ``B_i`` (columns span ``x_i^perp``), one per particle.
 
     Args:
@@ -44,7 +46,7 @@ def tangent_frame(x: Float[Array, "n d"]) -> Float[Array, "n d d-1"]:
     return jax.vmap(sphere.tangent_basis)(x)
 
 
-def tangent_hessian(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, "m m"]:
+def tangent_hessian(kernel, x: ArrayLike, aux=None) -> Float[Array, "m m"]:
     """Riemannian Hessian of ``E = mf.energy(kernel, x, aux)`` on ``(S^{d-1})^n`` at ``x``.
 
     In the orthonormal tangent basis ``B = diag(B_1, .., B_n)`` (``m = n (d - 1)``)::
@@ -92,7 +94,9 @@ def tangent_hessian(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, "m
 _tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
 
 
-def classify(H: Float[Array, "m m"], *, num_zero_modes: int, rtol: float = 1e-6) -> dict:
+def classify(
+    H: Float[Array | np.ndarray, "m m"], *, num_zero_modes: int, rtol: float = 1e-6
+) -> dict:
     """Classify a critical point from its tangent Hessian.
 
     With ``lambda = eigvalsh(H)``, eigenvalues with ``|lambda| <= rtol * max|lambda|`` are zero
@@ -124,7 +128,7 @@ def classify(H: Float[Array, "m m"], *, num_zero_modes: int, rtol: float = 1e-6)
             "largest": float(lam[-1]), "smallest": float(lam[0])}
 
 
-def growth_rates(kernel, x: Float[Array, "n d"], aux=None) -> Float[Array, " m"]:
+def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
     """Rates of the linearised flow at ``x``: ``n * eigvalsh(tangent_hessian)`` (ascending).
 
     The velocity is ``n P grad E``, so near a critical point the tangent perturbation obeys
@@ -206,7 +210,9 @@ def antipodal_spectrum(beta, n: int, d: int) -> dict:
     }
 
 
-def cluster_state(n: int, k: int, d: int = 3, dtype=jnp.float32) -> Float[Array, "n d"]:
+def cluster_state(
+    n: SupportsInt, k: SupportsInt, d: int = 3, dtype=jnp.float32
+) -> Float[Array, "n d"]:
     """``k`` clusters of ``n / k`` tokens at the vertices of a regular ``k``-gon on the great
     circle of ``(e_1, e_2)``: ``x_i = cos(a_i) e_1 + sin(a_i) e_2``, ``a_i = 2 pi floor(i k / n) / k``.
 
@@ -238,7 +244,13 @@ def cluster_state(n: int, k: int, d: int = 3, dtype=jnp.float32) -> Float[Array,
 
 
 def classify_state(
-    kernel, x: Float[Array, "n d"], aux=None, *, rtol: float = 1e-6, critical_tol: float = 1e-4, threshold: float = 0.1
+    kernel,
+    x: ArrayLike,
+    aux=None,
+    *,
+    rtol: float = 1e-6,
+    critical_tol: float = 1e-4,
+    threshold: RealScalarLike = 0.1,
 ) -> dict:
     """What a run reached: ``classify`` of the tangent Hessian plus speed and cluster count.
 
@@ -296,7 +308,15 @@ def classify_state(
     return out
 
 
-def escape_time(kernel, x0: Float[Array, "n d"], aux=None, *, dt: float, t_max: float, fraction: float = 0.5):
+def escape_time(
+    kernel,
+    x0: ArrayLike,
+    aux=None,
+    *,
+    dt: RealScalarLike,
+    t_max: RealScalarLike,
+    fraction: RealScalarLike = 0.5,
+) -> Float[Array, ""]:
     """First time ``t`` with ``G_x(t) <= fraction * G_x(0)`` (projected Heun, step ``dt``).
 
     A ``lax.while_loop`` without saves, for the long runs near saddles.

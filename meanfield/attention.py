@@ -22,13 +22,13 @@ context is never materialised. ``sample_top_weights`` and
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import sphere
 from ._checks import check_finite, check_int, check_nonnegative
@@ -55,7 +55,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-def _check_query_keys(q, keys):
+def _check_query_keys(q, keys) -> tuple[Array, Array]:
     q = jnp.asarray(q)
     keys = jnp.asarray(keys)
     if q.ndim != 1:
@@ -70,7 +70,7 @@ def _check_query_keys(q, keys):
     return q, keys
 
 
-def _check_V(V, d):
+def _check_V(V, d) -> Array | None:
     if V is None:
         return None
     V = jnp.asarray(V)
@@ -91,7 +91,7 @@ def _shifted_logits(q, keys, beta):
 # --------------------------------------------------------------------------
 
 
-def weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Array, " n"]:
+def weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
     """Attention weights ``A_j = exp(-beta T_j) / sum_l exp(-beta T_l)``, ``T_j = 1 - <q, x_j>``.
 
     Shift-stabilised (``T_j - T_(1)`` in the exponent): finite for ``beta`` up to
@@ -116,7 +116,7 @@ def weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Arr
     return jax.nn.softmax(_shifted_logits(q, keys, beta))
 
 
-def ordered_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> Float[Array, " n"]:
+def ordered_weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
     """Ordered weights ``A_(1) >= A_(2) >= ... >= A_(n)`` (``weights`` sorted decreasingly).
 
     Args:
@@ -135,7 +135,7 @@ def ordered_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta) -> F
     return jnp.sort(weights(q, keys, beta))[::-1]
 
 
-def top_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta, k: int) -> Float[Array, " k"]:
+def top_weights(q: ArrayLike, keys: ArrayLike, beta, k) -> Float[Array, " k"]:
     """The ``k`` largest weights ``A_(1..k)`` (``lax.top_k``; no full sort).
 
     Args:
@@ -158,7 +158,7 @@ def top_weights(q: Float[Array, " d"], keys: Float[Array, "n d"], beta, k: int) 
     return jax.lax.top_k(weights(q, keys, beta), k)[0]
 
 
-def log_partition(q: Float[Array, " d"], keys: Float[Array, "n d"], beta):
+def log_partition(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, ""]:
     """``log Z_n = log sum_j exp(-beta T_j)`` (log-sum-exp; finite for any ``beta``).
 
     ``T_j = 1 - <q, x_j>`` is the distance of key ``j`` to the query.
@@ -182,7 +182,7 @@ def log_partition(q: Float[Array, " d"], keys: Float[Array, "n d"], beta):
 
 
 def displacement(
-    q: Float[Array, " d"], keys: Float[Array, "n d"], beta, V: Float[Array, "d d"] | None = None
+    q: ArrayLike, keys: ArrayLike, beta, V: ArrayLike | None = None
 ) -> Float[Array, " d"]:
     """Output displacement ``Y_n(q) = V sum_j A_j (x_j - q)`` (attention output minus ``V q``).
 
@@ -211,11 +211,7 @@ def displacement(
 
 
 def residual_update(
-    q: Float[Array, " d"],
-    keys: Float[Array, "n d"],
-    beta,
-    gamma,
-    V: Float[Array, "d d"] | None = None,
+    q: ArrayLike, keys: ArrayLike, beta, gamma, V: ArrayLike | None = None
 ) -> Float[Array, " d"]:
     """One residual attention step ``q' = (q + gamma Y_n(q)) / ||q + gamma Y_n(q)||``.
 
@@ -330,9 +326,7 @@ def _check_chunk(chunk):
     return check_int("chunk", chunk, minimum=1)
 
 
-def context_stats(
-    q: Float[Array, " d"], keys: Float[Array, "n d"], beta, *, k: int = 1, chunk: int = 65_536
-) -> ContextStats:
+def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> ContextStats:
     """Streaming ``log Z_n``, ``A_(1..k)``, ``Y_n(q)`` over ``keys`` in chunks of ``chunk`` rows.
 
     Same numbers as the dense functions (to rounding) with memory ``O(chunk d)``
@@ -381,13 +375,13 @@ def context_stats(
 
 def sampled_context_stats(
     key,
-    q: Float[Array, " d"],
+    q: ArrayLike,
     beta,
-    n: int,
-    sampler: Callable[[Array, int], Array] | None = None,
+    n,
+    sampler=None,
     *,
-    k: int = 1,
-    chunk: int = 65_536,
+    k=1,
+    chunk=65_536,
 ) -> ContextStats:
     """:func:`context_stats` of a context drawn chunk by chunk, never materialised.
 
@@ -454,7 +448,7 @@ def _default_query(d, dtype):
     return jnp.zeros((d,), dtype).at[0].set(1.0)
 
 
-def uniform_distances(key, m: int, d: int, dtype=jnp.float32) -> Float[Array, " m"]:
+def uniform_distances(key, m, d, dtype=jnp.float32) -> Float[Array, " m"]:
     """``m`` i.i.d. distances ``T = 1 - <q, x>`` of keys ``x`` uniform on ``S^{d-1}`` (any fixed ``q``).
 
     ``<q, x>`` has density ``propto (1 - u^2)^{(d-3)/2}``, i.e. ``T / 2 ~ Beta(a, a)``,
@@ -486,7 +480,7 @@ def uniform_distances(key, m: int, d: int, dtype=jnp.float32) -> Float[Array, " 
     return 2.0 * jax.random.beta(key, a, a, (m,), dtype)
 
 
-def sampled_distance_stats(key, beta, n: int, d: int, *, k: int = 1, chunk: int = 65_536) -> ContextStats:
+def sampled_distance_stats(key, beta, n, d, *, k=1, chunk=65_536) -> ContextStats:
     """:func:`sampled_context_stats` for uniform keys, drawing only the distances ``T_j``.
 
     ``log Z_n``, ``T_(1..k)`` and ``A_(1..k)`` have the same law as for a uniform
@@ -533,16 +527,16 @@ def _stream_distances(key, beta, n, d, k, chunk, dtype):
 
 def sample_top_weights(
     key,
-    n: int,
+    n,
     betas,
-    d: int,
-    trials: int,
+    d,
+    trials,
     *,
-    k: int = 1,
+    k=1,
     q=None,
     sampler: Callable[[Array, int], Array] | None = None,
-    chunk: int | None = None,
-    batch_size: int | None = None,
+    chunk=None,
+    batch_size=None,
     memory: int = 2**24,
 ) -> Float[Array, "trials b k"]:
     """``A_(1..k)`` for ``trials`` independent contexts of ``n`` keys and every ``beta`` in ``betas``.
@@ -621,10 +615,10 @@ def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size, di
 
 def mean_top_weight_grid(
     key,
-    ns: Sequence[int],
+    ns: Iterable[int],
     betas,
-    d: int,
-    trials: int,
+    d,
+    trials,
     *,
     q=None,
     sampler: Callable[[Array, int], Array] | None = None,

@@ -22,7 +22,9 @@ import time
 import tomllib
 from pathlib import Path
 
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, tomllib.TOMLDecodeError)
+__all__ = ["main", "build_parser"]
+
+_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, tomllib.TOMLDecodeError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "reproduce":
             return _reproduce(args)
-    except USER_ERRORS as e:
+    except _USER_ERRORS as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"meanfield: error: {msg}", file=sys.stderr)
         return 2

@@ -40,13 +40,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import metrics
-from ._checks import check_choice, check_int, check_nonnegative, check_positive, is_concrete
+from ._checks import (
+    RealScalarLike,
+    check_choice,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    is_concrete,
+)
 
 __all__ = [
     "NORMS",
+    "RMS_EPS",
     "init_block_params",
     "init_stack",
     "rms_norm",
@@ -114,7 +122,7 @@ def _sigma(sigma_w, d):
 # ----------------------------------------------------------------------------- parameters
 
 
-def init_block_params(key, *, d: int, d_ff: int, heads: int, sigma_w=None, dtype=jnp.float32) -> dict:
+def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
     """Parameters of one block, every weight entry ``N(0, sigma_w^2)``, RMSNorm gains 1.
 
     Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
@@ -146,7 +154,7 @@ def init_block_params(key, *, d: int, d_ff: int, heads: int, sigma_w=None, dtype
     return p
 
 
-def init_stack(key, *, depth: int, d: int, d_ff: int, heads: int, sigma_w=None, dtype=jnp.float32) -> dict:
+def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
     """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis.
 
     Block ``l`` is :func:`init_block_params` of the ``l``-th key of ``split(key, depth)``.
@@ -191,7 +199,7 @@ def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS)
     return g * y * jax.lax.rsqrt(jnp.mean(y * y) + eps)
 
 
-def rms_factor(Y: Float[Array, "n d"]) -> Float[Array, ""]:
+def rms_factor(Y: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
     """RMSNorm scale averaged over rows: ``(1/n) sum_i sqrt(d)/||y_i||_2`` for ``Y: (n, d)``.
 
     Args:
@@ -213,7 +221,7 @@ def _rms_rows(Y, g):
     return jax.vmap(rms_norm, in_axes=(0, None))(Y, g)
 
 
-def prefix_average_matrix(n: int, dtype=jnp.float32) -> Float[Array, "n n"]:
+def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
     """Causal prefix-averaging matrix ``(C_n)_{ij} = 1/i`` for ``j <= i`` (1-based), else 0.
 
     Row-stochastic and lower-triangular: ``C_n X`` replaces token ``i`` by the
@@ -236,7 +244,7 @@ def prefix_average_matrix(n: int, dtype=jnp.float32) -> Float[Array, "n n"]:
 
 
 def causal_attention_matrix(
-    p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0
+    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
 ) -> Float[Array, "heads n n"]:
     """``P_h = softmax(mask(Q_h K_h^T / sqrt(d/heads))) - alpha C_n`` for each head ``h``.
 
@@ -271,7 +279,9 @@ def causal_attention_matrix(
     return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
 
 
-def attention(p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0) -> Float[Array, "n d"]:
+def attention(
+    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
+) -> Float[Array, "n d"]:
     """Causal multi-head attention ``concat_h(P_h X W_V^h) W_O`` (no biases, no positional encoding).
 
     Args:
@@ -293,7 +303,7 @@ def attention(p: dict, X: Float[Array, "n d"], heads: int, alpha_prefix=0.0) -> 
     return jnp.einsum("hij,jhe->ihe", P, v).reshape(n, d) @ p["wo"]
 
 
-def swiglu(p: dict, X: Float[Array, "n d"]) -> Float[Array, "n d"]:
+def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
     """SwiGLU FFN ``(silu(X W_1) * (X W_3)) W_2``, ``silu(u) = u sigmoid(u)``.
 
     Args:
@@ -313,7 +323,7 @@ def swiglu(p: dict, X: Float[Array, "n d"]) -> Float[Array, "n d"]:
 
 
 def block(
-    p: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
+    p: dict, X: Float[Array | np.ndarray, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
     """One decoder block on one sequence; returns ``(X_out, states)``.
 
@@ -479,8 +489,7 @@ def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alph
 
 
 def similarity_profile(
-    key, *, depth: int, n: int, d: int, d_ff: int, heads: int, norm: str = "post",
-    sigma_w=None, alpha_prefix=0.0,
+    key, *, depth, n, d, d_ff, heads, norm: str = "post", sigma_w=None, alpha_prefix=0.0
 ) -> Float[Array, " depth"]:
     """Token similarity of the residual stream after each block, at initialisation.
 
@@ -537,7 +546,7 @@ def sublayer_increments(key, **kwargs) -> dict:
 # ----------------------------------------------------------------------------- frequency loss
 
 
-def frequency_distribution(labels: Int[Array, "..."], vocab: int) -> Float[Array, " vocab"]:
+def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
     """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection.
 
     Args:
@@ -564,7 +573,7 @@ def frequency_distribution(labels: Int[Array, "..."], vocab: int) -> Float[Array
     return counts / counts.sum()
 
 
-def frequency_loss(labels: Int[Array, "..."], vocab: int) -> Float[Array, ""]:
+def frequency_loss(labels: ArrayLike, vocab) -> Float[Array, ""]:
     """Entropy of the label frequencies ``H(p_freq) = -sum_v p_freq(v) log p_freq(v)`` (Thm 3.8).
 
     The smallest cross-entropy a network with one output distribution at every
@@ -585,7 +594,9 @@ def frequency_loss(labels: Int[Array, "..."], vocab: int) -> Float[Array, ""]:
     return -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0))
 
 
-def collapsed_cross_entropy(logits: Float[Array, " vocab"], labels: Int[Array, "..."]) -> Float[Array, ""]:
+def collapsed_cross_entropy(
+    logits: Float[ArrayLike, " vocab"], labels: Int[ArrayLike, "..."]
+) -> Float[Array, ""]:
     """Cross-entropy ``-mean_i log softmax(logits)[y_i]`` of ONE distribution used at every position.
 
     Args:
@@ -606,7 +617,7 @@ def collapsed_cross_entropy(logits: Float[Array, " vocab"], labels: Int[Array, "
 # ----------------------------------------------------------------------------- Zipf-Markov corpus
 
 
-def zipf_markov_source(key, *, vocab: int, exponent: float = 1.1, mix: float = 0.5):
+def zipf_markov_source(key, *, vocab, exponent: RealScalarLike = 1.1, mix: RealScalarLike = 0.5):
     """A seeded first-order Markov token source with Zipf-shaped rows.
 
     Row ``s`` of the transition matrix is ``T_s = (1 - mix) z + mix z o pi_s``,
@@ -638,7 +649,9 @@ def zipf_markov_source(key, *, vocab: int, exponent: float = 1.1, mix: float = 0
     return T, z
 
 
-def sample_tokens(key, T: Float[Array, "V V"], p0: Float[Array, " V"], *, batch: int, length: int):
+def sample_tokens(
+    key, T: Float[ArrayLike, "V V"], p0: Float[ArrayLike, " V"], *, batch, length
+) -> Int[Array, "batch length"]:
     """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``.
 
     ``x_0 ~ p0``, ``x_{t+1} ~ T[x_t]``, independently per sequence.
@@ -679,7 +692,7 @@ def _sample_tokens(key, T, p0, *, batch, length):
 # ----------------------------------------------------------------------------- language model
 
 
-def init_lm(key, *, vocab: int, depth: int, d: int, d_ff: int, heads: int, sigma_w=None) -> dict:
+def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
     """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
     vectors, as the inputs of :func:`similarity_profile`), ``blocks`` (stacked),
     ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
@@ -710,7 +723,9 @@ def init_lm(key, *, vocab: int, depth: int, d: int, d_ff: int, heads: int, sigma
     }
 
 
-def lm_logits(params: dict, tokens: Int[Array, " n"], *, norm: str, heads: int, taps=None):
+def lm_logits(
+    params: dict, tokens: Int[Array | np.ndarray, " n"], *, norm: str, heads: int, taps=None
+):
     """Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of :func:`forward`.
 
     ``logits = H W_U``, ``H = forward(E[tokens])`` (then the final RMSNorm for Pre-Norm).
@@ -737,7 +752,9 @@ def lm_logits(params: dict, tokens: Int[Array, " n"], *, norm: str, heads: int, 
     return H @ params["unembed"], stats
 
 
-def lm_loss(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int, taps=None):
+def lm_loss(
+    params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int, taps=None
+):
     """Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
     ``tokens[:, 1:]``): ``L = -mean_{b,i} log softmax(logits_b)_i[tokens[b, i + 1]]``.
 
@@ -769,7 +786,7 @@ def lm_loss(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int, 
     return jnp.mean(ce), jax.tree_util.tree_map(lambda s: jnp.mean(s, axis=0), stats)
 
 
-def lm_diagnostics(params: dict, tokens: Int[Array, "B n1"], *, norm: str, heads: int):
+def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int):
     """Loss, gradients and per-layer diagnostics of one batch.
 
     Returns ``(loss, grads, diag)`` with ``diag`` entries ``(depth,)`` (or scalars):
@@ -871,7 +888,9 @@ def _train(params, data, lr_peak, *, norm, heads, warmup):
     return params, hist
 
 
-def train_lm(params: dict, data: Int[Array, "steps B n1"], lr_peak, *, norm: str, heads: int, warmup: int):
+def train_lm(
+    params: dict, data: Int[Array | np.ndarray, "..."], lr_peak, *, norm: str, heads: int, warmup
+):
     """Train a decoder LM for ``data.shape[0]`` AdamW steps, one batch ``data[t]`` per step.
 
     The loss and all diagnostics of :func:`lm_diagnostics` are recorded at every

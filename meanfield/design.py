@@ -29,11 +29,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import sphere
-from ._checks import check_int, check_nonnegative, check_plane, check_positive
-from .kernels import USA, Kernel, GaugeKernel
+from ._checks import RealScalarLike, check_int, check_nonnegative, check_plane, check_positive
+from .kernels import USA, GaugeKernel, Kernel
 
 __all__ = [
     "rotation_to",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 
-def rotation_to(t: Float[Array, " d"], u: Float[Array, " d"]) -> Float[Array, "d d"]:
+def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[Array, "d d"]:
     """The rotation ``R`` (``det R = 1``) in the plane ``span(t, u)`` with ``R t = u``.
 
     With ``c = <t, u>``, ``v = u - c t``, ``s = ||v||``, ``e = v / s``::
@@ -97,7 +97,7 @@ def rotation_to(t: Float[Array, " d"], u: Float[Array, " d"]) -> Float[Array, "d
     return R
 
 
-def prompt_gauges(targets: Float[Array, "K d"], u: Float[Array, " d"]) -> Float[Array, "K d d"]:
+def prompt_gauges(targets: ArrayLike, u: ArrayLike) -> Float[Array, "K d d"]:
     """Gauges ``Psi_k`` (orthogonal, ``det = 1``) with ``Psi_k @ targets[k] == u``.
 
     For ``mf.kernels.Prompt(beta, prompt_gauges(targets, u))`` the configuration
@@ -138,7 +138,9 @@ def prompt_gauges(targets: Float[Array, "K d"], u: Float[Array, " d"]) -> Float[
 # ----------------------------------------------------------------------------
 
 
-def orbit_angles(x: Float[Array, "n d"], u: Float[Array, " d"], plane: tuple[int, int] = (0, 1)) -> Float[Array, " n"]:
+def orbit_angles(
+    x: Float[ArrayLike, "n d"], u: Float[ArrayLike, " d"], plane=(0, 1)
+) -> Float[Array, " n"]:
     """Angle ``alpha_i in [0, 2 pi)`` of each point relative to ``u`` in ``plane = (a, b)``.
 
     ``alpha_i = atan2(x_ib, x_ia) - atan2(u_b, u_a) mod 2 pi``: for a point ``R_alpha u``
@@ -165,7 +167,7 @@ def orbit_angles(x: Float[Array, "n d"], u: Float[Array, " d"], plane: tuple[int
     return jnp.mod(ang, 2 * jnp.pi)
 
 
-def quantile_from_density(density: Callable, num: int = 4096) -> Callable:
+def quantile_from_density(density, num=4096) -> Callable:
     """Quantile function ``Q: (0, 1] -> [0, 2 pi)`` of the angle law with (unnormalised) ``density``.
 
     ``F(alpha) = int_0^alpha rho / int_0^{2 pi} rho`` tabulated by the midpoint rule on ``num``
@@ -282,10 +284,10 @@ class Anchored(Kernel):
     """
 
     base: Kernel
-    u: Array
-    mass: Array | float
+    u: Float[Array, " d"]
+    mass: ArrayLike
 
-    def __init__(self, base: Kernel, u, mass=1.0):
+    def __init__(self, base, u, mass=1.0):
         if not isinstance(base, (USA, GaugeKernel)):
             raise TypeError(
                 f"Anchored needs a USA or exp-gauge kernel (RoPE, PhaseField, Gauge, Prompt), got {type(base).__name__}"
@@ -358,11 +360,11 @@ class Anchored(Kernel):
 
     def check_config(self, x, aux) -> None:
         self.base.check_config(x, aux)
+        if self.u.shape[0] != np.shape(x)[-1]:
+            raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
 
     def check_traced(self, x, aux):
         return self.base.check_traced(x, aux)
-        if self.u.shape[0] != np.shape(x)[-1]:
-            raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
 
     def max_energy(self):
         """``E_w`` at the designed configuration: ``(1/2 + w) e^beta / beta`` (``e^{-beta}`` times if rescaled).
@@ -412,7 +414,7 @@ def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
 # ----------------------------------------------------------------------------
 
 
-def vmf_mixture(key, n: int, means, kappas, weights=None, dtype=jnp.float32) -> Float[Array, "n 3"]:
+def vmf_mixture(key, n, means, kappas, weights=None, dtype=jnp.float32) -> Float[Array, "n 3"]:
     """``n`` i.i.d. samples of ``sum_k w_k vMF(mu_k, kappa_k)`` on ``S^2`` (exact sampler).
 
     The component is drawn with probabilities ``w``; the cosine ``t = <x, mu>`` of a vMF on
@@ -489,7 +491,7 @@ def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
 # ----------------------------------------------------------------------------
 
 
-def curve_points(theta: Float[Array, "m d"], s: Float[Array, " n"]) -> Float[Array, "n d"]:
+def curve_points(theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"]) -> Float[Array, "n d"]:
     """``p_theta(s) = normalize(c_0 + sum_{k=1}^M a_k cos(2 pi k s) + b_k sin(2 pi k s))``.
 
     Args:
@@ -565,7 +567,9 @@ def curve_gauge(theta, u) -> Callable:
     return psi
 
 
-def init_curve(key, num_modes: int, d: int = 3, scale: float = 0.1, dtype=jnp.float32) -> Float[Array, "m d"]:
+def init_curve(
+    key, num_modes, d: int = 3, scale: float = 0.1, dtype=jnp.float32
+) -> Float[Array, "m d"]:
     """Initial ``theta``: the great circle ``cos(2 pi s) e_1 + sin(2 pi s) e_2`` plus ``N(0, scale^2)`` noise.
 
     Args:
@@ -590,13 +594,13 @@ def init_curve(key, num_modes: int, d: int = 3, scale: float = 0.1, dtype=jnp.fl
 
 def fit_curve(
     key,
-    target: Float[Array, "m d"],
+    target: Float[ArrayLike, "m d"],
     *,
-    num_modes: int = 6,
-    n: int = 256,
-    steps: int = 400,
-    learning_rate: float = 0.03,
-    bandwidth: float = 0.3,
+    num_modes=6,
+    n=256,
+    steps=400,
+    learning_rate: RealScalarLike = 0.03,
+    bandwidth: RealScalarLike = 0.3,
     theta0=None,
 ):
     """Fit ``theta`` so that the maximiser's marginal ``(p_theta)_# ds`` matches ``target`` samples.

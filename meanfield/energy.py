@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import sphere
 from ._checks import check_choice, check_int, traced_states
@@ -82,7 +82,9 @@ def _states(model, x, aux, name: str = "x"):
     return x, aux
 
 
-def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
+def field(
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+) -> Float[Array, "n d"]:
     """Unprojected mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``.
 
     Args:
@@ -114,7 +116,9 @@ def field(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", bloc
         return model.field(x, aux, block_size=_block(block_size))
 
 
-def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
+def velocity(
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+) -> Float[Array, "n d"]:
     """Velocity of the particle flow ``v_i = P_{x_i} F_i``, shape ``(n, d)``.
 
     Args:
@@ -139,7 +143,9 @@ def velocity(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", b
     return sphere.project(jnp.asarray(x), F)
 
 
-def energy(model, x: Float[Array, "n d"], aux=None, *, method: str = "auto", block_size=None, backend=None):
+def energy(
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+) -> Float[Array, ""]:
     """Interaction energy ``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
 
     Raises ``TypeError`` for models without a pair energy (``mf.models.SelfAttention``).

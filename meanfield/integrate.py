@@ -20,7 +20,7 @@ passes silently.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
 import diffrax
@@ -28,14 +28,21 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float
 
 from . import metrics, sphere
-from ._checks import check_choice, check_int, check_positive, is_concrete, traced_states
+from ._checks import (
+    RealScalarLike,
+    check_choice,
+    check_int,
+    check_positive,
+    is_concrete,
+    traced_states,
+)
 from .energy import resolve_aux
 from .kernels import Kernel, backend_scope
 
-__all__ = ["simulate", "Trajectory", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
+__all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
 ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
@@ -285,20 +292,20 @@ def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
 
 def simulate(
     model,
-    x0: Float[Array, "n d"],
+    x0: ArrayLike,
     aux=None,
     *,
-    t1: float,
-    dt: float | None = 1e-2,
+    t1: RealScalarLike,
+    dt: RealScalarLike | None = 1e-2,
     solver: str = "rk2",
     ts=None,
-    rtol: float | None = None,
-    atol: float | None = None,
-    observables: dict[str, Callable] | None = None,
+    rtol: RealScalarLike | None = None,
+    atol: RealScalarLike | None = None,
+    observables: Mapping[str, Any] | None = None,
     save_states: bool = True,
-    early_stop: float | None = None,
-    max_steps: int | None = None,
-    block_size: int | None = None,
+    early_stop: RealScalarLike | None = None,
+    max_steps=None,
+    block_size=None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
 ) -> Trajectory:
@@ -350,7 +357,7 @@ def simulate(
     if not jnp.issubdtype(x0.dtype, jnp.floating):
         x0 = x0.astype(jnp.result_type(float))
     model.check_config(x0, aux)
-    x0 = model.check_traced(traced_states(x0, "x0"), aux)
+    x0 = cast(Array, model.check_traced(traced_states(x0, "x0"), aux))
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
     if block_size is not None:

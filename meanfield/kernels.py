@@ -47,6 +47,7 @@ from jaxtyping import Array, Float
 
 from . import _native, sphere, theory
 from ._checks import (
+    RealScalarLike,
     check_finite,
     check_int,
     check_nonnegative,
@@ -140,7 +141,7 @@ _NATIVE = _native_state()
 BACKENDS = ("native", "xla")
 
 
-def set_native(enabled: bool) -> bool:
+def set_native(enabled) -> bool:
     """Use (``True``, the default) or not the fused C kernel for exp-kernel fields on the CPU.
 
     With it, the field and energy of ``USA`` and of the exp-gauge kernels (``RoPE``,
@@ -172,7 +173,7 @@ def set_native(enabled: bool) -> bool:
     return previous
 
 
-def native(enabled: bool):
+def native(enabled):
     """Context manager: the native-kernel setting (``set_native``) for the code inside only
     (thread-local; part of ``jit``'s cache key).
 
@@ -600,7 +601,7 @@ def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
 class _ExpKernel(Kernel):
     """Shared machinery of kernels ``b(xi, zeta) exp(beta <A x, B y>) / beta``."""
 
-    beta: Array | float
+    beta: RealScalarLike
     rescaled: bool = eqx.field(static=True, kw_only=True, default=False)
 
     def __check_init__(self):
@@ -680,7 +681,7 @@ class DistanceBias(_ExpKernel):
         1.0
     """
 
-    lam: Array | float = 0.0
+    lam: RealScalarLike = 0.0
 
     def __init__(self, beta, lam, *, rescaled: bool = False):
         self.beta, self.lam, self.rescaled = beta, lam, rescaled
@@ -728,7 +729,7 @@ class Toeplitz(Kernel):
         0.25
     """
 
-    m: Array | int = 1
+    m: RealScalarLike = 1
 
     def __check_init__(self):
         check_positive("m", self.m)
@@ -890,7 +891,7 @@ class RoPE(GaugeKernel):
         (2.7183, 1.0)
     """
 
-    omega: Array | float = 2 * np.pi
+    omega: RealScalarLike = 2 * np.pi
     plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
 
     def __init__(self, beta, omega, plane=(0, 1), *, rescaled: bool = False):
@@ -943,8 +944,8 @@ class FourierPhase(eqx.Module):
         2.5708
     """
 
-    omega: Array | float = 2 * math.pi
-    amplitude: Array | float = 1.0
+    omega: RealScalarLike = 2 * math.pi
+    amplitude: RealScalarLike = 1.0
     frequency: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
@@ -974,7 +975,7 @@ class WavyGauge(eqx.Module):
         ((3, 3), True)
     """
 
-    amplitude: Array | float = 0.6
+    amplitude: RealScalarLike = 0.6
     k: int = eqx.field(static=True, default=3)
 
     def __check_init__(self):
@@ -1182,7 +1183,7 @@ def default_phase(s):
     return FourierPhase()(s)
 
 
-def wavy_gauge(amplitude: float = 0.6, k: int = 3) -> WavyGauge:
+def wavy_gauge(amplitude: RealScalarLike = 0.6, k: int = 3) -> WavyGauge:
     """The generalised RoPE gauge ``WavyGauge(amplitude, k)`` (for ``Gauge``).
 
     Args:
@@ -1407,7 +1408,7 @@ MODELS: dict[str, ModelEntry] = {
 MODEL_NAMES = tuple(name for name, e in MODELS.items() if e.simulated)
 
 
-def model_entry(name: str) -> ModelEntry:
+def model_entry(name) -> ModelEntry:
     """The registry entry of ``name`` (``ValueError`` listing the accepted names).
 
     Example:
@@ -1420,7 +1421,7 @@ def model_entry(name: str) -> ModelEntry:
     return MODELS[name]
 
 
-def build(name: str, params: dict, *, d: int, dtype=None) -> Model:
+def build(name, params: dict, *, d, dtype=None) -> Model:
     """The model ``name`` from a dict of its parameters (defaults for the missing ones).
 
     What ``make`` does with keywords; the sweep engine calls it with traced values.
@@ -1442,7 +1443,7 @@ def build(name: str, params: dict, *, d: int, dtype=None) -> Model:
     return entry.build(P, d, jnp.dtype(dtype) if dtype is not None else jnp.result_type(float))
 
 
-def make(name: str, *, d: int = 3, dtype=None, **params) -> Model:
+def make(name, *, d=3, dtype=None, **params) -> Model:
     """Build a registered model by name with its parameters as keywords (``MODELS``).
 
     ``usa``, ``distance-bias`` (``lam``), ``toeplitz`` (``m``), ``rope`` (``omega``, ``plane``),

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
-from ._checks import check_positive
+from ._checks import RealScalarLike, check_positive
 
 __all__ = ["collapse_gap", "token_similarity", "num_clusters", "mmd", "gram_rank"]
 
 
-def collapse_gap(x: Float[Array, "n d"]) -> Float[Array, ""]:
+def collapse_gap(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
     """Collapse gap (USA-AV Sec. 6.1).
 
     ``G_x = 1 - 1/(n(n-1)) sum_{i != j} <x_i, x_j>``. For unit rows
@@ -40,7 +41,7 @@ def collapse_gap(x: Float[Array, "n d"]) -> Float[Array, ""]:
     return jnp.sum((x - xbar) ** 2) / (n - 1.0)
 
 
-def token_similarity(X: Float[Array, "n m"]) -> Float[Array, ""]:
+def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
     """Token similarity (post-norm rank collapse, MATH.md Sec. 3).
 
     ``t_sim(X) = ||Pi X||_F^2 / ||X||_F^2`` with ``Pi = (1/n) 1 1^T``: the
@@ -66,7 +67,7 @@ def token_similarity(X: Float[Array, "n m"]) -> Float[Array, ""]:
     return n * jnp.sum(mean * mean) / jnp.sum(X * X)
 
 
-def num_clusters(x: Float[Array, "n d"], threshold: float = 0.1) -> Array:
+def num_clusters(x: Float[Array | np.ndarray, "n d"], threshold: RealScalarLike = 0.1) -> Array:
     """Number of clusters: connected components of the graph joining particles
     at angular distance ``arccos <x_i, x_j> < threshold`` (radians).
 
@@ -103,7 +104,11 @@ def num_clusters(x: Float[Array, "n d"], threshold: float = 0.1) -> Array:
     return jnp.sum(labels == labels0)
 
 
-def mmd(x: Float[Array, "n d"], y: Float[Array, "m d"], bandwidth: float = 0.5) -> Float[Array, ""]:
+def mmd(
+    x: Float[Array | np.ndarray, "n d"],
+    y: Float[Array | np.ndarray, "m d"],
+    bandwidth: RealScalarLike = 0.5,
+) -> Float[Array, ""]:
     """Maximum mean discrepancy between the empirical laws of ``x`` and ``y``.
 
     ``MMD^2 = mean k(x,x') + mean k(y,y') - 2 mean k(x,y)`` (V-statistic) with
@@ -134,7 +139,7 @@ def mmd(x: Float[Array, "n d"], y: Float[Array, "m d"], bandwidth: float = 0.5) 
     return jnp.sqrt(jnp.maximum(val, 0.0))
 
 
-def gram_rank(x: Float[Array, "n d"], rtol: float = 1e-3) -> Array:
+def gram_rank(x: Float[Array | np.ndarray, "n d"], rtol: float = 1e-3) -> Array:
     """Numerical rank of the configuration: ``#{k : sigma_k(x) > rtol * sigma_1(x)}``
     (a great circle has rank 2, a Dirac rank 1).
 

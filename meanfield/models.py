@@ -16,9 +16,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
-from ._checks import check_positive, is_concrete, traced_positive
+from ._checks import RealScalarLike, check_positive, is_concrete, traced_positive
 
 __all__ = ["Model", "SelfAttention", "positions"]
 
@@ -134,10 +134,10 @@ class SelfAttention(Model):
         (8, 3)
     """
 
-    beta: Array | float
-    Q: Array | None = None
-    K: Array | None = None
-    V: Array | None = None
+    beta: RealScalarLike
+    Q: ArrayLike | None = None
+    K: ArrayLike | None = None
+    V: ArrayLike | None = None
     normalized: bool = eqx.field(static=True, default=True)
     rescaled: bool = eqx.field(static=True, default=False)
 
@@ -151,7 +151,9 @@ class SelfAttention(Model):
     def _apply(self, M, x):
         return x if M is None else x @ jnp.asarray(M, x.dtype).T
 
-    def field(self, x: Float[Array, "n d"], aux=None, *, block_size=None) -> Float[Array, "n d"]:
+    def field(
+        self, x: Float[Array | np.ndarray, "n d"], aux=None, *, block_size=None
+    ) -> Float[Array, "n d"]:
         """Unprojected field ``F_i = sum_j A_ij V x_j`` (rows of ``A`` softmax-normalised or ``exp/n``), ``(n, d)``.
 
         Example:

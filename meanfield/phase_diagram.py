@@ -88,7 +88,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from . import _native, kernels, sphere
-from ._checks import check_int, check_positive
+from ._checks import RealScalarLike, check_int, check_positive
 
 __all__ = [
     "sa_phase_diagram",
@@ -99,6 +99,8 @@ __all__ = [
     "clustering_fraction",
     "euler_step",
     "PhaseDiagram",
+    "BACKENDS",
+    "CPU_COMPILER_OPTIONS",
 ]
 
 #: number of times the sweep kernel has been traced, by shape (used by tests: compile-once proof)
@@ -134,7 +136,7 @@ class PhaseDiagram(NamedTuple):
 # ----------------------------------------------------------------------------
 
 
-def clustering_fraction(x: Float[Array, "n d"], threshold=0.999) -> Float[Array, ""]:
+def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) -> Float[Array, ""]:
     """``c = #{(i, j): i != j, <x_i, x_j> > threshold} / (n (n - 1))`` (dense reference).
 
     Args:
@@ -156,7 +158,9 @@ def clustering_fraction(x: Float[Array, "n d"], threshold=0.999) -> Float[Array,
     return jnp.sum((G > threshold) & off) / (n * (n - 1))
 
 
-def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> Float[Array, "n d"]:
+def euler_step(
+    x: Float[Array | np.ndarray, "n d"], beta, h, *, normalized: bool = True
+) -> Float[Array, "n d"]:
     """One projected Euler step ``normalize(x + h P_x F(x))`` (dense reference, all ``n^2`` exponentials).
 
     ``F_i = sum_j e^{beta <x_i, x_j>} x_j / sum_j e^{beta <x_i, x_j>}`` (SA) or
@@ -189,7 +193,7 @@ def euler_step(x: Float[Array, "n d"], beta, h, *, normalized: bool = True) -> F
 # ----------------------------------------------------------------------------
 
 
-def usa_step_size(beta, base_dt: float = 0.1):
+def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
     """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``.
 
     Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``).
@@ -212,7 +216,7 @@ def usa_step_size(beta, base_dt: float = 0.1):
     return base_dt / np.maximum(np.sqrt(beta) * np.exp(beta - 0.5), 1.0)
 
 
-def checkpoint_times(t1: float, checkpoints: int) -> np.ndarray:
+def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
     """``checkpoints`` equally spaced times ``t_k = k t1 / (checkpoints - 1)`` (``linspace(0, t1, checkpoints)``).
 
     Args:
@@ -229,7 +233,9 @@ def checkpoint_times(t1: float, checkpoints: int) -> np.ndarray:
     return np.linspace(0.0, float(t1), int(checkpoints))
 
 
-def checkpoint_steps(t1: float, dt: float, checkpoints: int) -> tuple[int, float, np.ndarray]:
+def checkpoint_steps(
+    t1: RealScalarLike, dt: RealScalarLike, checkpoints: int
+) -> tuple[int, float, np.ndarray]:
     """Step grid of a run to ``t1`` with steps of at most ``dt``.
 
     Returns ``(N, h, idx)``: ``N = ceil(t1 / dt)`` steps of the uniform step
@@ -519,6 +525,7 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
     return (per_seed, np.stack(finals)) if states else per_seed
 
 
+#: Accepted ``backend=`` values of the sweeps (``sa_phase_diagram``, ``usa_phase_diagram``).
 BACKENDS = ("auto", "native", "xla")
 
 
@@ -592,20 +599,20 @@ def sa_phase_diagram(
     key,
     betas,
     *,
-    n: int = 32,
-    d: int = 2,
-    seeds: int = 2048,
-    dt: float = 0.1,
-    t1: float = 10.0,
-    checkpoints: int = 200,
-    threshold: float = 0.999,
+    n=32,
+    d=2,
+    seeds=2048,
+    dt: RealScalarLike = 0.1,
+    t1: RealScalarLike = 10.0,
+    checkpoints=200,
+    threshold: RealScalarLike = 0.999,
     normalized: bool = True,
     x0=None,
     dtype=None,
     per_seed: bool = False,
-    seed_chunk: int | None = None,
+    seed_chunk=None,
     packed: bool = False,
-    backend: str = "auto",
+    backend="auto",
 ):
     """Clustering fraction ``c(beta, t_k)`` of the Euler-discretised SA flow, averaged over seeds.
 
@@ -669,19 +676,19 @@ def usa_phase_diagram(
     key,
     betas,
     *,
-    n: int = 32,
-    d: int = 2,
-    seeds: int = 256,
-    t1: float = 0.25,
-    base_dt: float = 0.1,
-    checkpoints: int = 200,
-    threshold: float = 0.999,
+    n=32,
+    d=2,
+    seeds=256,
+    t1: RealScalarLike = 0.25,
+    base_dt: RealScalarLike = 0.1,
+    checkpoints=200,
+    threshold: RealScalarLike = 0.999,
     x0=None,
     dtype=None,
     per_seed: bool = False,
-    seed_chunk: int | None = None,
+    seed_chunk=None,
     packed: bool = False,
-    backend: str = "auto",
+    backend="auto",
 ):
     """Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
 

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
-from ._checks import check_choice, check_int, check_positive, is_concrete
+from ._checks import RealScalarLike, check_choice, check_int, check_positive, is_concrete
 
 __all__ = [
     "assign",
@@ -114,7 +114,9 @@ def _check_q(q) -> None:
 # assignment and the exact decomposition (MATH.md Sec. 4)
 
 
-def squared_distances(z: Float[Array, "T m"], prototypes: Float[Array, "K m"]) -> Float[Array, "T K"]:
+def squared_distances(
+    z: Float[Array | np.ndarray, "T m"], prototypes: Float[Array | np.ndarray, "K m"]
+) -> Float[Array, "T K"]:
     """``d_tk = ||z_t - p_k||^2``, from the differences (no ``|z|^2 + |p|^2 - 2 z.p``
     cancellation, so each entry is accurate relative to itself).
 
@@ -133,9 +135,7 @@ def squared_distances(z: Float[Array, "T m"], prototypes: Float[Array, "K m"]) -
     return jnp.sum(diff * diff, axis=-1)
 
 
-def assign(
-    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
-) -> Float[Array, "T K"]:
+def assign(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T K"]:
     """Soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / temperature)``.
 
     The softmax is taken of ``-(d_tk - min_j d_tj) / temperature`` (shifted by the
@@ -176,9 +176,7 @@ def _softmin(d, temperature):
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def reconstruct(
-    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
-) -> Float[Array, "T m"]:
+def reconstruct(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T m"]:
     """Soft reconstruction ``zhat_t = sum_k q_tk p_k`` (the soft centroid of ``z_t``).
 
     Args:
@@ -200,7 +198,7 @@ def reconstruct(
 
 
 def loss_terms(
-    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature
+    z: ArrayLike, prototypes: ArrayLike, temperature
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
     """The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
 
@@ -268,7 +266,7 @@ def decomposition_error(L_q, L_ols, V) -> Array:
 # hard vector quantisation (VQ-VAE baseline)
 
 
-def hard_assign(z: Float[Array, "T m"], codebook: Float[Array, "K m"]) -> Int[Array, " T"]:
+def hard_assign(z: Array | np.ndarray, codebook: Array | np.ndarray) -> Int[Array, " T"]:
     """Nearest code ``k*_t = argmin_k ||z_t - e_k||^2``.
 
     Args:
@@ -306,7 +304,7 @@ def straight_through(z: Float[Array, "T m"], zq: Float[Array, "T m"]) -> Float[A
 
 
 def vq_losses(
-    z: Float[Array, "T m"], codebook: Float[Array, "K m"]
+    z: Array | np.ndarray, codebook: Array | np.ndarray
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
     """VQ-VAE codebook and commitment losses for the nearest code ``e_t = e_{k*_t}``.
 
@@ -393,16 +391,16 @@ class PrototypeReadout(eqx.Module):
 
     def __init__(
         self,
-        d: int,
-        m: int,
-        K: int,
-        temperature: float,
+        d,
+        m,
+        K,
+        temperature: RealScalarLike,
         *,
         key,
         width: int | None = None,
-        depth: int = 0,
+        depth=0,
         normalize: bool = False,
-        prototype_scale: float = 1.0,
+        prototype_scale: RealScalarLike = 1.0,
     ):
         d = check_int("d", d, minimum=1)
         m = check_int("m", m, minimum=1)
@@ -427,24 +425,24 @@ class PrototypeReadout(eqx.Module):
         proj = self.projection
         return cast(int, proj.in_features if isinstance(proj, eqx.nn.Linear) else proj.in_size)
 
-    def tokens(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+    def tokens(self, x: ArrayLike) -> Float[Array, "T m"]:
         """``z_t = f(x_t)`` (unit-normalised when ``normalize``)."""
         self._check_x(x)
-        return _maybe_normalize(jax.vmap(self.projection)(x), self.normalize)
+        return _maybe_normalize(jax.vmap(self.projection)(jnp.asarray(x)), self.normalize)
 
-    def assign(self, x: Float[Array, "T d"]) -> Float[Array, "T K"]:
+    def assign(self, x: ArrayLike) -> Float[Array, "T K"]:
         """``q_tk`` for the tokens of ``x``."""
         return _assign(self.tokens(x), self.prototypes, self.temperature)
 
-    def reconstruct(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+    def reconstruct(self, x: ArrayLike) -> Float[Array, "T m"]:
         """``zhat_t = sum_k q_tk p_k``."""
         return self.assign(x) @ self.prototypes
 
-    def loss_terms(self, x: Float[Array, "T d"]):
+    def loss_terms(self, x: ArrayLike):
         """``(L_q, L_OLS, V)`` of the tokens of ``x`` (see :func:`loss_terms`)."""
         return _loss_terms(self.tokens(x), self.prototypes, self.temperature)
 
-    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K"]:
+    def __call__(self, x: ArrayLike) -> Float[Array, " K"]:
         """Soft summary ``s_k = mean_t q_tk`` (a point of the ``K``-simplex)."""
         return jnp.mean(self.assign(x), axis=0)
 
@@ -478,15 +476,15 @@ class HardVQ(eqx.Module):
 
     def __init__(
         self,
-        d: int,
-        m: int,
-        K: int,
+        d,
+        m,
+        K,
         *,
         key,
         width: int | None = None,
-        depth: int = 0,
+        depth=0,
         normalize: bool = False,
-        prototype_scale: float = 1.0,
+        prototype_scale: RealScalarLike = 1.0,
     ):
         soft = PrototypeReadout(
             d, m, K, 1.0, key=key, width=width, depth=depth, normalize=normalize,
@@ -496,22 +494,22 @@ class HardVQ(eqx.Module):
         self.prototypes = soft.prototypes
         self.normalize = soft.normalize
 
-    def tokens(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
-        return _maybe_normalize(jax.vmap(self.projection)(x), self.normalize)
+    def tokens(self, x: Float[ArrayLike, "T d"]) -> Float[Array, "T m"]:
+        return _maybe_normalize(jax.vmap(self.projection)(jnp.asarray(x)), self.normalize)
 
-    def codes(self, x: Float[Array, "T d"]) -> Int[Array, " T"]:
+    def codes(self, x: Float[ArrayLike, "T d"]) -> Int[Array, " T"]:
         return jnp.argmin(squared_distances(self.tokens(x), self.prototypes), axis=-1)
 
-    def assign(self, x: Float[Array, "T d"]) -> Float[Array, "T K"]:
+    def assign(self, x: Float[ArrayLike, "T d"]) -> Float[Array, "T K"]:
         """One-hot assignments (the hard analogue of ``q``)."""
         return jax.nn.one_hot(self.codes(x), self.prototypes.shape[0], dtype=self.prototypes.dtype)
 
-    def reconstruct(self, x: Float[Array, "T d"]) -> Float[Array, "T m"]:
+    def reconstruct(self, x: Float[ArrayLike, "T d"]) -> Float[Array, "T m"]:
         """Straight-through quantised tokens ``z + sg(e_{k*} - z)``."""
         z = self.tokens(x)
         return straight_through(z, self.prototypes[self.codes(x)])
 
-    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K"]:
+    def __call__(self, x: Float[ArrayLike, "T d"]) -> Float[Array, " K"]:
         return jnp.mean(self.assign(x), axis=0)
 
 
@@ -553,7 +551,12 @@ class VQAutoencoder(eqx.Module):
         self.decoder = _projection(m, d, width, depth, key)
 
     def loss(
-        self, x: Float[Array, "T d"], *, lam: float = 0.5, beta: float = 0.25, decode: str = "quantized"
+        self,
+        x: ArrayLike,
+        *,
+        lam: RealScalarLike = 0.5,
+        beta: RealScalarLike = 0.25,
+        decode: str = "quantized",
     ):
         """Training loss and a dict of its parts (see the class docstring).
 
@@ -609,7 +612,9 @@ class HierarchicalReadout(eqx.Module):
     prototypes2: Float[Array, "K2 K1"]
     temperature2: Float[Array, ""]
 
-    def __init__(self, d: int, m: int, K1: int, K2: int, temperature1: float, temperature2: float, *, key, **kw):
+    def __init__(
+        self, d, m, K1, K2, temperature1: RealScalarLike, temperature2: RealScalarLike, *, key, **kw
+    ):
         K2 = check_int("K2", K2, minimum=1)
         check_positive("temperature2", temperature2)
         k1, k2 = jax.random.split(key)
@@ -619,15 +624,15 @@ class HierarchicalReadout(eqx.Module):
         self.prototypes2 = 1.0 / K1 + 0.1 / K1 * jax.random.normal(k2, (K2, K1))
         self.temperature2 = jnp.asarray(temperature2, dtype=self.prototypes2.dtype)
 
-    def summaries(self, xs: Float[Array, "N T d"]) -> Float[Array, "N K1"]:
+    def summaries(self, xs: ArrayLike) -> Float[Array, "N K1"]:
         return jax.vmap(self.level1)(xs)
 
-    def __call__(self, x: Float[Array, "T d"]) -> Float[Array, " K2"]:
+    def __call__(self, x: ArrayLike) -> Float[Array, " K2"]:
         """Level-2 assignment of one sequence."""
         s = self.level1(x)[None, :]
         return _assign(s, self.prototypes2, self.temperature2)[0]
 
-    def level_terms(self, xs: Float[Array, "N T d"]):
+    def level_terms(self, xs: Array | np.ndarray):
         """``((L_q, L_OLS, V) at level 1 over all tokens, (L_q, L_OLS, V) at level 2)``."""
         if jnp.ndim(xs) != 3:
             raise ValueError(f"xs must be a (N, T, d) batch of sequences, got shape {jnp.shape(xs)}")
@@ -643,7 +648,7 @@ class HierarchicalReadout(eqx.Module):
 # metrics
 
 
-def utilization(q: Float[Array, "T K"], threshold: float = 0.01) -> Float[Array, ""]:
+def utilization(q: ArrayLike, threshold: RealScalarLike = 0.01) -> Float[Array, ""]:
     """Codebook utilisation: fraction of prototypes with mean assignment ``mean_t q_tk > threshold``.
 
     ``q`` may be soft (rows on the simplex) or one-hot (hard VQ).
@@ -663,7 +668,7 @@ def utilization(q: Float[Array, "T K"], threshold: float = 0.01) -> Float[Array,
     return jnp.mean((jnp.mean(q, axis=0) > threshold).astype(jnp.result_type(q)))
 
 
-def separation(prototypes: Float[Array, "K m"]) -> tuple[Float[Array, ""], Float[Array, ""]]:
+def separation(prototypes: ArrayLike) -> tuple[Float[Array, ""], Float[Array, ""]]:
     """Prototype separation ``S(P)``: ``(min, mean)`` of ``||p_j - p_k||`` over pairs ``j < k``.
 
     Args:
@@ -692,7 +697,7 @@ def _separation(prototypes):
     return jnp.min(dist), jnp.mean(dist)
 
 
-def assignment_entropy(q: Float[Array, "T K"]) -> Float[Array, ""]:
+def assignment_entropy(q: ArrayLike) -> Float[Array, ""]:
     """Mean assignment entropy ``H(Q) = -mean_t sum_k q_tk log q_tk`` (nats, ``0 <= H <= log K``).
 
     Args:
@@ -886,8 +891,8 @@ def train(
     key,
     eta_theta,
     eta_P,
-    epochs: int,
-    batch_size: int,
+    epochs,
+    batch_size,
     record: Callable | None = None,
     optimizer: str = "adam",
 ):
@@ -993,14 +998,14 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
 def gaussian_mixture_tokens(
     key,
-    n_sequences: int,
-    seq_len: int,
-    d: int,
+    n_sequences,
+    seq_len,
+    d,
     *,
-    n_classes: int = 4,
-    components_per_class: int = 4,
-    spread: float = 3.0,
-    noise: float = 0.5,
+    n_classes=4,
+    components_per_class=4,
+    spread: RealScalarLike = 3.0,
+    noise: RealScalarLike = 0.5,
     dtype=jnp.float32,
 ):
     """Seeded Gaussian-mixture token set.

@@ -21,18 +21,18 @@ their empirical laws at fixed times; ``fit_rate`` fits the exponent (theory ``-1
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import metrics, sphere
-from ._checks import check_choice, check_int, check_positive
+from ._checks import RealScalarLike, check_choice, check_int, check_positive
 from .energy import resolve_aux
-from .kernels import USA, Kernel, GaugeKernel
+from .kernels import USA, GaugeKernel, Kernel
 
 __all__ = [
     "random_batch_field",
@@ -41,8 +41,10 @@ __all__ = [
     "RandomBatchRun",
     "meanfield_distances",
     "fit_rate",
+    "MODES",
 ]
 
+#: Accepted ``mode=`` values: a random partition into batches or i.i.d. partners.
 MODES = ("batch", "sample")
 
 
@@ -75,7 +77,9 @@ def _pair_grads_exp(usa: USA, yi, yj):
     return usa._exp(dot)[..., None] * yj
 
 
-def random_batch_field(kernel: Kernel, x: Float[Array, "n d"], aux=None, *, key, p: int, mode: str = "batch"):
+def random_batch_field(
+    kernel: Kernel, x: ArrayLike, aux=None, *, key, p, mode: str = "batch"
+) -> Float[Array, "n d"]:
     """Unbiased random-batch estimate ``F^`` of the mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``.
 
     Args:
@@ -204,16 +208,16 @@ class RandomBatchRun(eqx.Module):
 
 def simulate_random_batch(
     kernel: Kernel,
-    x0: Float[Array, "n d"],
+    x0: ArrayLike,
     aux=None,
     *,
     key,
-    p: int,
-    t1: float,
-    dt: float,
-    num_saves: int = 11,
+    p,
+    t1: RealScalarLike,
+    dt: RealScalarLike,
+    num_saves=11,
     mode: str = "batch",
-    observables: dict[str, Callable] | None = None,
+    observables: Mapping[str, Callable] | None = None,
 ) -> RandomBatchRun:
     """Random-batch projected Heun from ``x0`` to ``t1`` (``round(t1 / dt)`` steps, ``O(n p d)`` each).
 
@@ -300,8 +304,8 @@ def meanfield_distances(
     key,
     ts,
     repeats: int = 8,
-    dt: float = 0.05,
-    bandwidth: float = 0.5,
+    dt: RealScalarLike = 0.05,
+    bandwidth: RealScalarLike = 0.5,
 ) -> np.ndarray:
     """``MMD(mu_n(t), mu_{2n}(t))`` for each ``n`` in ``ns``, save time and repeat: ``(len(ns), len(ts), repeats)``.
 

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-def uniform(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
+def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
     """``n`` i.i.d. points uniform on ``S^{d-1}``.
 
     ``x_i = g_i / ||g_i||`` with ``g_i ~ N(0, I_d)`` (rotation invariance of the
@@ -50,7 +50,7 @@ def uniform(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
     return normalize(g)
 
 
-def normalize(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+def normalize(x: Float[Array | np.ndarray, "... d"]) -> Float[Array, "... d"]:
     """Radial projection ``x / ||x||`` of each row onto the sphere.
 
     Args:
@@ -67,7 +67,7 @@ def normalize(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def project(x: Float[Array, " d"], v: Float[Array, " d"]) -> Float[Array, " d"]:
+def project(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float[Array, "... d"]:
     """Tangent projection ``P_x v = v - <x, v> x`` (``x`` a unit vector).
 
     Works row-wise on ``(n, d)`` arrays as well.
@@ -87,7 +87,7 @@ def project(x: Float[Array, " d"], v: Float[Array, " d"]) -> Float[Array, " d"]:
     return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
 
 
-def rotation(theta, d: int, plane: tuple[int, int] = (0, 1)) -> Float[Array, "d d"]:
+def rotation(theta, d, plane=(0, 1)) -> Float[Array, "d d"]:
     """Rotation ``R_theta`` by angle ``theta`` in ``span(e_a, e_b)``, identity elsewhere.
 
     ``R e_a = cos(theta) e_a + sin(theta) e_b``, ``R e_b = -sin(theta) e_a + cos(theta) e_b``.
@@ -119,7 +119,7 @@ def rotation(theta, d: int, plane: tuple[int, int] = (0, 1)) -> Float[Array, "d 
     return R
 
 
-def tangent_basis(x: Float[Array, " d"]) -> Float[Array, "d d-1"]:
+def tangent_basis(x: Float[Array | np.ndarray, " d"]) -> Float[Array, "d d-1"]:
     """An orthonormal basis ``B`` of the tangent space ``x^perp`` (columns): ``B^T B = I_{d-1}``, ``B^T x = 0``.
 
     Built from a Householder reflection mapping ``e_k`` to ``x`` (``k`` the
@@ -193,13 +193,13 @@ def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
 
 def sample_density(
     key,
-    n: int,
-    d: int,
+    n,
+    d,
     log_density,
     *,
     log_bound,
-    batch: int | None = None,
-    max_rounds: int = 10_000,
+    batch=None,
+    max_rounds=10_000,
     dtype=jnp.float32,
 ) -> Float[Array, "n d"]:
     """``n`` i.i.d. points from ``rho propto exp(log_density)`` on ``S^{d-1}`` (rejection sampling).

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammainc, gammaincc
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from ._checks import check_finite, check_int, check_nonnegative, check_plane, check_positive
 
@@ -68,7 +68,7 @@ def max_energy(beta, *, rescaled: bool = False):
     return jnp.exp(beta) / (2.0 * beta)
 
 
-def great_circle_gap(n: int):
+def great_circle_gap(n):
     """``G_x`` of ``n`` equally spaced points on a great circle: ``1 + 1/(n-1)``.
 
     (``sum_{i,j} <x_i, x_j> = 0`` so ``G_x = 1 + n/(n(n-1))``.)
@@ -88,7 +88,7 @@ def great_circle_gap(n: int):
     return 1.0 + 1.0 / (n - 1)
 
 
-def great_circle_energy(m: int = 1):
+def great_circle_energy(m=1):
     """Maximal energy of the Toeplitz kernel ``cos(2 pi m (t-s)) <x,y>``: 1/4.
 
     Attained by ``x(s) = cos(2 pi m s) a + sin(2 pi m s) b`` (uniform great circle
@@ -109,7 +109,7 @@ def great_circle_energy(m: int = 1):
     return 0.25
 
 
-def latitude_height(u, plane: tuple[int, int] = (0, 1)):
+def latitude_height(u, plane=(0, 1)):
     """Height of the RoPE latitude circle ``x(s) = R_{-omega s} u``: ``||P_{E^perp} u||``, ``E = span(e_a, e_b)``.
 
     A rotation in ``span(e_a, e_b)`` fixes the orthogonal complement, so the
@@ -142,7 +142,7 @@ def latitude_height(u, plane: tuple[int, int] = (0, 1)):
 # P(T < t) ~ C(q) t^{1/alpha}, alpha = 2 / (d - 1).
 
 
-def attention_alpha(d: int) -> float:
+def attention_alpha(d) -> float:
     """Tail exponent ``alpha = 2 / (d - 1)`` of ``P(T < t) ~ C t^{1/alpha}`` on ``S^{d-1}``.
 
     Args:
@@ -160,7 +160,7 @@ def attention_alpha(d: int) -> float:
     return 2.0 / (d - 1)
 
 
-def critical_beta(n, d: int):
+def critical_beta(n, d):
     """Critical inverse temperature ``beta*_n = n^alpha = n^{2/(d-1)}``.
 
     Below it (``beta << n^alpha``) the softmax averages over a diverging window,
@@ -184,7 +184,7 @@ def critical_beta(n, d: int):
     return jnp.asarray(n, dtype=jnp.result_type(float)) ** alpha
 
 
-def tail_constant(d: int, density=None):
+def tail_constant(d, density=None):
     """Tail constant ``C(q)`` of ``P(T < t) ~ C(q) t^{1/alpha}``.
 
     ``C(q) = rho(q) omega_{d-1} 2^{(d-1)/2}``, ``omega_{d-1} = pi^{(d-1)/2} / Gamma((d+1)/2)``
@@ -213,7 +213,7 @@ def tail_constant(d: int, density=None):
     return jnp.asarray(density) * factor
 
 
-def window_size(n, beta, d: int, density=None):
+def window_size(n, beta, d, density=None):
     """Active softmax window ``m_n(q) = C(q) n beta^{-1/alpha}``.
 
     The expected number of keys with ``T_j < 1/beta`` (up to ``Gamma`` factors):
@@ -242,7 +242,7 @@ def window_size(n, beta, d: int, density=None):
     )
 
 
-def subcritical_profile(x, d: int):
+def subcritical_profile(x, d):
     """Subcritical ordered-weight profile ``A_(k) / A_(1) -> exp(-x^alpha)``, ``x = k / m_n``.
 
     Args:
@@ -262,7 +262,7 @@ def subcritical_profile(x, d: int):
     return jnp.exp(-(jnp.asarray(x, dtype=jnp.result_type(float)) ** alpha))
 
 
-def cumulative_profile(x, d: int):
+def cumulative_profile(x, d):
     """Subcritical cumulative weight ``sum_{i <= x m_n} A_(i) -> P(1/alpha, x^alpha)``.
 
     ``P`` is the regularised lower incomplete gamma function; it is the
@@ -287,7 +287,7 @@ def cumulative_profile(x, d: int):
     return gammainc(1.0 / alpha, x**alpha)
 
 
-def partition_function(n, beta, d: int, density=None):
+def partition_function(n, beta, d, density=None):
     """Subcritical mean partition function ``E[Z_n] ~ C n beta^{-1/alpha} Gamma(1/alpha + 1)``.
 
     ``Z_n = sum_j exp(-beta T_j)``; the asymptotic holds for ``beta -> infinity``
@@ -312,7 +312,7 @@ def partition_function(n, beta, d: int, density=None):
     return window_size(n, beta, d, density) * math.gamma(1.0 / alpha + 1.0)
 
 
-def partition_function_uniform(n, beta, d: int) -> np.ndarray:
+def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
     """Exact ``E[Z_n] = n E[exp(-beta T)]`` for keys uniform on ``S^{d-1}``.
 
     ``<q, x>`` has density ``propto (1 - u^2)^{(d-3)/2}`` on ``[-1, 1]``, so
@@ -327,7 +327,8 @@ def partition_function_uniform(n, beta, d: int) -> np.ndarray:
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        NumPy array ``E[Z_n]``, broadcast shape of ``n`` and ``beta``.
+        NumPy array ``E[Z_n]``, broadcast shape of ``n`` and ``beta`` (a ``np.float64`` for
+        scalar arguments).
 
     Example:
         >>> import meanfield as mf
@@ -351,7 +352,7 @@ def partition_function_uniform(n, beta, d: int) -> np.ndarray:
 
 
 def critical_weights(
-    key, gamma, d: int, k: int, num: int, *, density=None, terms: int = 512, batch_size: int = 1024
+    key, gamma, d, k, num, *, density=None, terms=512, batch_size=1024
 ) -> Float[Array, "num k"]:
     """Samples of the critical limit law ``(W_1, ..., W_k)`` of the ordered weights.
 
@@ -421,7 +422,7 @@ def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
     return jax.lax.map(one, keys, batch_size=batch_size)
 
 
-def drift(q: Float[Array, " d"], log_density) -> Float[Array, " d"]:
+def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
     """Subcritical drift ``Y(q) = grad_S log rho(q) - (d-1)/2 q`` (paper Thm 4.3).
 
     ``beta Y_n(q) -> Y(q)`` when ``beta^{1+alpha} n^{-alpha} -> 0``. The

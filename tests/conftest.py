@@ -2,10 +2,25 @@
 
 Float64 tests use ``jax.enable_x64(True)`` as a context manager (or the ``x64``
 fixture below), so double precision never leaks into other tests.
+
+Every meanfield module is imported here under jaxtyping's import hook with beartype, so
+the shape and dtype annotations of the package (``Float[Array, "n d"]``, ...) are checked
+at run time in the whole suite (STYLE: jaxtyping annotations carry shapes).
 """
+
+import importlib
+import pkgutil
 
 import jax
 import pytest
+from jaxtyping import install_import_hook
+
+with install_import_hook("meanfield", "beartype.beartype"):
+    import meanfield
+
+    for _mod in pkgutil.walk_packages(meanfield.__path__, "meanfield."):
+        if not _mod.name.endswith("__main__"):
+            importlib.import_module(_mod.name)
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ import numpy as np
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
            "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
            "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "prepare",
-           "build_exp", "build_phase"]
+           "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
 LANES = {"float64": 8, "float32": 16}

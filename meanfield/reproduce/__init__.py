@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+__all__ = ["EXPERIMENTS", "PAPERS", "get"]
+
 EXPERIMENTS: dict[str, str] = {
     "usa-av": "meanfield.reproduce.usa_av",
     "attention": "meanfield.reproduce.attention",

@@ -19,12 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import RealScalarLike
+
+__all__ = ["check", "write_summary", "Timer"]
+
 
 def check(
     name: str,
     measured,
     theory=None,
-    tolerance: float = 0.0,
+    tolerance: RealScalarLike = 0.0,
     note: str = "",
     *,
     relative: bool = False,

@@ -34,14 +34,16 @@ from tqdm.auto import tqdm
 from .. import attention, sphere, theory
 from ._common import Timer, check, write_summary
 
-NAME = "attention"
+__all__ = ["run"]
+
+_NAME = "attention"
 
 # rho(x) propto exp(x_1 x_2) on S^2 (paper Sec. 5, Fig. 2); max of x_1 x_2 on the sphere is 1/2.
-LOG_BOUND = 0.5
-CHART_CENTRE = np.ones(3) / np.sqrt(3.0)
+_LOG_BOUND = 0.5
+_CHART_CENTRE = np.ones(3) / np.sqrt(3.0)
 
 
-def log_rho(x):
+def _log_rho(x):
     """Unnormalised log-density ``x_1 x_2`` of the Fig. 2 key law on ``S^2``."""
     return x[0] * x[1]
 
@@ -121,7 +123,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}; accepted: {', '.join(sorted(settings))}")
     settings.update(options)
-    out = Path(out_dir) / NAME
+    out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(settings["seed"])
     k_grid, k_cross, k_crit, k_lim, k_sub, k_part, k_drift, k_fig2, k_res = jax.random.split(key, 9)
@@ -315,12 +317,12 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         n_d = settings["drift_n"]
         beta_d = n_d**0.25  # d = 3: alpha = 1; drift-dominated needs beta^2 / n -> 0
         Q = sphere.uniform(jax.random.fold_in(k_drift, 0), settings["drift_queries"], 3)
-        g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, log_rho))(Q), dtype=np.float64)
+        g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, _log_rho))(Q), dtype=np.float64)
         Pg = g - np.sum(g * np.asarray(Q), 1, keepdims=True) * np.asarray(Q)
         field_list: list[np.ndarray] = []
         radial: list[Any] = []
         for c in range(settings["drift_contexts"]):
-            keys = sphere.sample_density(jax.random.fold_in(k_drift, c + 1), n_d, 3, log_rho, log_bound=LOG_BOUND)
+            keys = sphere.sample_density(jax.random.fold_in(k_drift, c + 1), n_d, 3, _log_rho, log_bound=_LOG_BOUND)
             Y = jax.jit(jax.vmap(lambda qq, keys=keys: attention.context_stats(qq, keys, beta_d).displacement))(Q)
             Y = beta_d * np.asarray(Y, dtype=np.float64)
             radial.append(np.mean(np.sum(Y * np.asarray(Q), 1)))
@@ -393,7 +395,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         check(
             "residual_ascent",
             height,
-            LOG_BOUND,
+            _LOG_BOUND,
             0.05,
             f"mean log rho = x1 x2 of {settings['residual_queries']} queries after {settings['residual_steps']} "
             f"residual updates (n = {settings['residual_n']}, beta = n^(1/4), gamma = {settings['residual_gamma']}); "
@@ -438,7 +440,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         drift_error="aggregate relative L2 error over queries of the tangent field, averaged over contexts",
         dtype="float32 (probabilities and fields accumulated in float64 on the host)",
     )
-    return write_summary(out, NAME, quick=quick, settings=settings_out, checks=checks, timings=timings,
+    return write_summary(out, _NAME, quick=quick, settings=settings_out, checks=checks, timings=timings,
                          figures=figures)
 
 
@@ -524,7 +526,7 @@ def _basis(q):
 
 
 def _chart_basis():
-    c = CHART_CENTRE
+    c = _CHART_CENTRE
     e1 = np.array([1.0, -1.0, 0.0]) / np.sqrt(2.0)
     e2 = np.cross(c, e1)
     return c, e1, e2
@@ -570,7 +572,7 @@ def _fig2_data(key, n, m):
     A = np.stack(np.meshgrid(a, a, indexing="xy"), -1).reshape(-1, 2)
     Qn = _chart_inverse(A)
     Q = jnp.asarray(Qn, jnp.float32)
-    keys = sphere.sample_density(key, n, 3, log_rho, log_bound=LOG_BOUND)
+    keys = sphere.sample_density(key, n, 3, _log_rho, log_bound=_LOG_BOUND)
     alpha = 1.0  # d = 3
     Zr = _rho_normaliser()
     rho_q = np.exp(Qn[:, 0] * Qn[:, 1]) / Zr
@@ -596,7 +598,7 @@ def _fig2_data(key, n, m):
         V = V - np.sum(V * Qn, 1, keepdims=True) * Qn
         fields.append(_chart_push(Qn, V))
         labels.append(f"beta = {name}\n{lab}")
-    g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, log_rho))(Q), dtype=np.float64)
+    g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, _log_rho))(Q), dtype=np.float64)
     g = g - np.sum(g * Qn, 1, keepdims=True) * Qn
     fields.append(_chart_push(Qn, g))
     labels.append("drift field\nP_q Y(q) = grad_S log rho")
@@ -608,7 +610,7 @@ def _residual_data(key, settings):
     n = settings["residual_n"]
     beta = n**0.25
     k1, k2 = jax.random.split(key)
-    keys = sphere.sample_density(k1, n, 3, log_rho, log_bound=LOG_BOUND)
+    keys = sphere.sample_density(k1, n, 3, _log_rho, log_bound=_LOG_BOUND)
     q0 = sphere.uniform(k2, settings["residual_queries"], 3)
     gamma = settings["residual_gamma"]
     upd = jax.vmap(lambda qq: attention.residual_update(qq, keys, beta, gamma))

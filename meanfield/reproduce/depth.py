@@ -56,9 +56,11 @@ from tqdm.auto import tqdm
 from .. import depth as D
 from ._common import Timer, check, write_summary
 
-EXPERIMENT = "depth"
+__all__ = ["run"]
 
-QUICK = {
+_NAME = "depth"
+
+_QUICK = {
     "seed": 0,
     "init_depth": 24, "init_n": 64, "init_d": 64, "init_d_ff": 192, "init_heads": 4,
     "init_seeds": 8, "sigma_scales": [0.5, 1.0, 1.5], "alphas": [0.0, 0.25, 0.5, 0.75, 1.0],
@@ -67,10 +69,10 @@ QUICK = {
     "steps": 300, "warmup": 30, "lm_sigma_w": 0.1, "lrs": [2e-2, 3e-2, 5e-2],
     "collapse_tsim": 0.9,
 }
-DEFAULT = {**QUICK, "init_depth": 48, "init_seeds": 16, "steps": 600, "warmup": 60,
+_DEFAULT = {**_QUICK, "init_depth": 48, "init_seeds": 16, "steps": 600, "warmup": 60,
            "lrs": [1e-2, 2e-2, 3e-2, 5e-2]}
-FULL = {
-    **QUICK, "init_depth": 48, "init_n": 128, "init_d": 128, "init_d_ff": 384, "init_seeds": 32,
+_FULL = {
+    **_QUICK, "init_depth": 48, "init_n": 128, "init_d": 128, "init_d_ff": 384, "init_seeds": 32,
     "steps": 1500, "warmup": 150, "lrs": [5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2],
 }
 
@@ -79,12 +81,12 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, full: bool = False
     """Run the three experiments, write figures, data and ``summary.json`` under ``out_dir/depth``."""
     if quick and full:
         raise ValueError("choose at most one of quick=True and full=True")
-    base = QUICK if quick else FULL if full else DEFAULT
+    base = _QUICK if quick else _FULL if full else _DEFAULT
     unknown = set(options) - set(base)
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)}; accepted: {sorted(base)}")
     cfg = {**base, **options}
-    out = Path(out_dir) / EXPERIMENT
+    out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     timings: dict = {}
     t_start = time.perf_counter()
@@ -116,7 +118,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, full: bool = False
                 "positional_encoding": "none (causal mask only)",
                 "collapsed_run": tr["collapsed"], "matched_runs": tr["matched"],
                 "full_setting": "run(out, full=True) / --full: see module docstring; wall time in timings.total"}
-    return write_summary(out, EXPERIMENT, quick=quick, settings=settings, checks=checks,
+    return write_summary(out, _NAME, quick=quick, settings=settings, checks=checks,
                          timings=timings, figures=figures)
 
 

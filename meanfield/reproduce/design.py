@@ -38,7 +38,9 @@ from ..energy import energy, velocity
 from ..integrate import simulate
 from ._common import Timer, check, write_summary
 
-NAME = "design"
+__all__ = ["run", "settings_for"]
+
+_NAME = "design"
 
 
 def settings_for(quick: bool) -> dict:
@@ -539,7 +541,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         if k not in S:
             raise ValueError(f"unknown option {k!r} for reproduce design; accepted: {', '.join(sorted(S))}")
         S[k] = v
-    out = Path(out_dir) / NAME
+    out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(S["seed"])
     keys = dict(zip(["anchor", "learned", "classify", "escape", "rb", "mf"], jax.random.split(key, 6), strict=True))
@@ -667,4 +669,4 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     )
     S_out = dict(S)
     S_out["classification"] = {k: [{kk: vv for kk, vv in r.items() if kk != "spectrum"} for r in rows] for k, rows in C.items()}
-    return write_summary(out, NAME, quick=quick, settings=S_out, checks=checks, timings=timings, figures=figures)
+    return write_summary(out, _NAME, quick=quick, settings=S_out, checks=checks, timings=timings, figures=figures)

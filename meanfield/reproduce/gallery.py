@@ -11,6 +11,8 @@ from pathlib import Path
 
 from PIL import Image
 
+__all__ = ["FIGURES", "make_gallery", "main"]
+
 #: (experiment, figure) pairs shown in the README, in order.
 FIGURES = [
     ("usa-av", "fig2_collapse_gap.png"),

@@ -38,7 +38,9 @@ from tqdm.auto import tqdm
 from .. import prototypes as P
 from ._common import Timer, check, write_summary
 
-NAME = "prototypes"
+__all__ = ["run"]
+
+_NAME = "prototypes"
 
 
 def _settings(quick: bool, options: dict) -> dict:
@@ -406,7 +408,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     ``_settings``), e.g. ``eps=[0.05, 1.0]`` or ``digits_epochs=100``.
     """
     cfg = _settings(quick, options)
-    out = Path(out_dir) / NAME
+    out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     timings: dict = {}
     key = jax.random.key(cfg["seed"])
@@ -540,5 +542,5 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         hier_model="linear projection d->m, level-1 K1 prototypes, level-2 on the K1-dim sequence "
                    "summaries, loss = recon + lam (L_q1 + L_q2)",
     )
-    return write_summary(out, NAME, quick=quick, settings=settings, checks=checks, timings=timings,
+    return write_summary(out, _NAME, quick=quick, settings=settings, checks=checks, timings=timings,
                          figures=figures)

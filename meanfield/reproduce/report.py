@@ -13,7 +13,9 @@ import json
 import platform
 from pathlib import Path
 
-CLAIMS = {
+__all__ = ["write_report"]
+
+_CLAIMS = {
     "usa-av": (
         "Mean-field self-attention on the sphere (USA-AV)",
         "Without auxiliary variables the attractive USA dynamics collapses to a Dirac mass; "
@@ -67,7 +69,7 @@ def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
         md.append(f"All {total} checks pass.")
     md.append("")
     for name, s in summaries.items():
-        title, claim = CLAIMS.get(name, (name, ""))
+        title, claim = _CLAIMS.get(name, (name, ""))
         md += [f"## {title} (`{name}`)", "", claim, ""]
         timings = s.get("timings", {})
         md.append("Time: " + ", ".join(f"{k} {v:g} s" for k, v in timings.items() if isinstance(v, (int, float))))
@@ -103,7 +105,7 @@ def _html(out: Path, summaries, quick, failing, total) -> str:
     else:
         parts.append(f"<p>All {total} checks pass.</p>")
     for name, s in summaries.items():
-        title, claim = CLAIMS.get(name, (name, ""))
+        title, claim = _CLAIMS.get(name, (name, ""))
         parts.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(claim)}</p>")
         for fig in s.get("figures", []):
             p = out / name / fig

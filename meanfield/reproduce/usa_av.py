@@ -32,7 +32,9 @@ from .. import kernels, metrics, sphere, theory
 from ..integrate import simulate
 from ._common import Timer, check, write_summary
 
-NAME = "usa-av"
+__all__ = ["run", "settings_for"]
+
+_NAME = "usa-av"
 
 
 def settings_for(quick: bool) -> dict:
@@ -103,7 +105,7 @@ def _gauge_limit_point(kernel, x, aux):
 
 def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
     """Run the USA-AV reproduction; write figures, data and ``summary.json``; return the summary."""
-    out = Path(out_dir) / NAME
+    out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     S = settings_for(quick)
     S.update({k: v for k, v in options.items() if k in S})
@@ -284,7 +286,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         **{f"fig3/{name}": v["stop_time"] for name, v in fig3.items()},
     }
     S["fig2_wall_s"] = {f"{m}/n={n}": round(v["wall_s"], 2) for (m, n), v in fig2.items()}
-    return write_summary(out, NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
+    return write_summary(out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
 
 
 def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):

@@ -35,7 +35,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 #: Descriptions of the data variables of a store.
-DESCRIPTIONS = {
+_DESCRIPTIONS = {
     "collapse_gap": "collapse gap G_x = 1 - 1/(n(n-1)) sum_{i!=j} <x_i, x_j>",
     "energy": "interaction energy E = 1/(2 n^2) sum h (times e^-beta when rescaled)",
     "clusters": "number of clusters (angular threshold cluster_threshold)",
@@ -355,7 +355,7 @@ def store_layout(plan: Plan) -> dict:
         name: {
             "dims": list(trailing),
             "dtype": "int32" if name == "num_steps" else spec.dtype,
-            "description": DESCRIPTIONS.get(name, name),
+            "description": _DESCRIPTIONS.get(name, name),
         }
         for name, trailing in layout.items()
     }

@@ -70,13 +70,13 @@ SIM_OBSERVABLES = ("collapse_gap", "energy", "clusters", "token_similarity")
 ATTENTION_OBSERVABLES = ("top_weight", "top_weights", "ratios", "cumulative", "log_partition")
 OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
 
-TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
-GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
-TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule")
-STEP_RULES = ("fixed", "reference")
-OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
-BETA_RULE_KEYS = ("critical", "c", "p")
-DTYPES = ("float32", "float64")
+_TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
+_GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
+_TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule")
+_STEP_RULES = ("fixed", "reference")
+_OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
+_BETA_RULE_KEYS = ("critical", "c", "p")
+_DTYPES = ("float32", "float64")
 
 #: Where two normalised specs differ (dotted keys); the store uses the same helper.
 spec_differences = key_differences
@@ -286,7 +286,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         {'amplitude': [0.3, 0.6], 'k': 3, 'rescaled': False}
     """
     raw = tomllib.loads(text)
-    _unknown("", raw, TOP_KEYS)
+    _unknown("", raw, _TOP_KEYS)
     for table in ("model", "grid", "time", "output"):
         if table in raw and not isinstance(raw[table], dict):
             raise TypeError(f"[{table}] must be a table, got {raw[table]!r}")
@@ -297,7 +297,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     if not isinstance(description, str):
         raise TypeError(f"description must be a string, got {description!r}")
     dtype = raw.get("dtype", "float32")
-    check_choice("dtype", dtype, DTYPES)
+    check_choice("dtype", dtype, _DTYPES)
 
     # model kinds --------------------------------------------------------------
     names = tuple(kernels.MODELS)
@@ -323,7 +323,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
 
     # grid -------------------------------------------------------------------
     grid = dict(raw.get("grid", {}))
-    _unknown("grid", grid, GRID_KEYS)
+    _unknown("grid", grid, _GRID_KEYS)
     for key in ("n", "seeds"):
         if key not in grid:
             raise ValueError(f"[grid] needs {key}")
@@ -359,7 +359,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     elif beta is None:
         raise ValueError(f"[grid] needs beta for kind {kind!r}: a list, {{critical = [f, ...]}} or {{c = [...], p = ...}}")
     elif isinstance(beta, dict):
-        _unknown("grid.beta", beta, BETA_RULE_KEYS)
+        _unknown("grid.beta", beta, _BETA_RULE_KEYS)
         if "critical" in beta:
             if "c" in beta or "p" in beta:
                 raise ValueError("grid.beta: give either critical = [f, ...] or c = [...] with p, not both")
@@ -386,7 +386,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     else:
         if tsec is None:
             raise ValueError("[time] with t1 is required for a simulated model")
-        _unknown("time", tsec, TIME_KEYS)
+        _unknown("time", tsec, _TIME_KEYS)
         if "t1" not in tsec:
             raise ValueError("[time] needs t1")
         t1 = _float("time.t1", tsec["t1"], "float>0")
@@ -420,7 +420,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         if "max_steps" in tsec:
             time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1)
         rule = tsec.get("step_rule", "fixed")
-        check_choice("time.step_rule", rule, STEP_RULES)
+        check_choice("time.step_rule", rule, _STEP_RULES)
         if rule == "reference":  # recorded only when set: specs without it keep their hash
             if solver not in FIXED_STEP_SOLVERS:
                 raise ValueError(
@@ -437,7 +437,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
 
     # output -----------------------------------------------------------------
     out = dict(raw.get("output", {}))
-    _unknown("output", out, OUTPUT_KEYS)
+    _unknown("output", out, _OUTPUT_KEYS)
     valid: tuple[str, ...]
     if not simulated:
         valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
