@@ -17,9 +17,13 @@ in the frame ``y_i = Psi(xi_i) x_i``), rank 2 in the positions for Toeplitz.
 
 On the CPU the exp-kernel fields and energies (USA and the exp-gauge kernels in their gauge
 frame) run by default through a fused C kernel called from XLA (``meanfield._native``,
-compiled at first use: half the exponentials, no ``n x n`` array); derivatives are those of
-the XLA formulation, which is also what accelerators run and what ``set_native(False)``
-(or ``MEANFIELD_NATIVE=0``) selects. BENCHMARKS.md has the measured speed of both.
+compiled when this module is first imported on a machine and cached: half the exponentials, no
+``n x n`` array); derivatives are those of the XLA formulation, which is also what accelerators
+run and what ``backend="xla"``, ``native(False)``, ``set_native(False)`` (all part of what JAX
+traces) or ``MEANFIELD_NATIVE=0`` select. BENCHMARKS.md has the measured speed of both.
+
+Models are named in one registry, ``MODELS`` (``make``, ``build``): the CLI flags, sweep spec
+keys and reproductions derive from it.
 
 Large ``beta``: ``exp(beta <x, y>)`` overflows float32 past ``beta ~ 88``. With
 ``rescaled=True`` an exp kernel is multiplied by ``e^{-beta}``:
