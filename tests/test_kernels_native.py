@@ -328,8 +328,9 @@ def test_exp_field_with_gauges_against_formula(shared, x64):
 
 
 def test_set_native_applies_to_functions_traced_before():
-    """A toggle clears JAX's caches: the same jitted function (meanfield's own included) retraces
-    with the new path instead of keeping the one it was compiled with."""
+    """The setting is in jit's cache key: the same jitted function (meanfield's own included)
+    traces the new path after a toggle instead of keeping the one it was compiled with (no cache
+    is cleared: tests/test_registry.py shows that switching back does not retrace)."""
     x = _xs(1, 12, 3, dtype=jnp.float32)[0]
     f = jax.jit(lambda x: mf.velocity(K.USA(1.0), x))
     assert "meanfield_exp" in f.lower(x).as_text()

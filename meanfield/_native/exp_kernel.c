@@ -28,7 +28,8 @@
  * and one double FD per thread, summed at the end). Gauge matrices G (optional): the system is
  * loaded as y_i = G_i x_i and the field stored as G_i^T F_i.
  *
- * Built at first use by meanfield/_native/__init__.py with the system C compiler and the
+ * Built when meanfield.kernels is first imported on a machine (cached), by
+ * meanfield/_native/__init__.py with the system C compiler and the
  * FFI headers that jaxlib ships (jax.ffi.include_dir()); without them, meanfield uses the
  * XLA formulation, which stays the reference this kernel is tested against.
  */
