@@ -1,4 +1,4 @@
-"""Stability of critical points: the Riemannian Hessian of the energy on ``(S^{d-1})^n``."""
+"""Stability of critical points: the Riemannian Hessian of the energy on $(S^{d-1})^n$."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ __all__ = [
 
 
 def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"]:
-    """Orthonormal tangent bases ``B_i`` (columns span ``x_i^perp``), one per particle.
+    r"""Orthonormal tangent bases $B_i$ (columns span $x_i^\perp$), one per particle.
 
     Args:
         x: ``(n, d)`` unit rows.
@@ -47,18 +47,18 @@ def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"
 
 
 def tangent_hessian(kernel, x: ArrayLike, aux=None) -> Float[Array, "m m"]:
-    """Riemannian Hessian of ``E = mf.energy(kernel, x, aux)`` on ``(S^{d-1})^n`` at ``x``.
+    r"""Riemannian Hessian of $E$ (``mf.energy(kernel, x, aux)``) on $(S^{d-1})^n$ at $x$.
 
-    In the orthonormal tangent basis ``B = diag(B_1, .., B_n)`` (``m = n (d - 1)``)::
+    In the orthonormal tangent basis $B = \operatorname{diag}(B_1, \dots, B_n)$ ($m = n (d - 1)$):
 
-        H = B^T (nabla^2 E) B - diag_i(<x_i, nabla_{x_i} E> I_{d-1})
+    $$H = B^\top (\nabla^2 E) B - \operatorname{diag}_i\big(\langle x_i, \nabla_{x_i} E\rangle I_{d-1}\big),$$
 
     the Euclidean Hessian projected on the tangent space plus the curvature (Weingarten)
     term of the sphere constraint. Symmetric. At a collapsed USA state the prediction is
-    ``d - 1`` zero modes (the global rotations moving the collapse point) and the eigenvalue
-    ``-e^beta / n`` with multiplicity ``(n - 1)(d - 1)``: from
-    ``<x_i, x_j> = 1 - ||xi_i - xi_j||^2 / 2 + O(3)`` the quadratic form is
-    ``-(e^beta / (2n)) sum_i ||xi_i - mean xi||^2``.
+    $d - 1$ zero modes (the global rotations moving the collapse point) and the eigenvalue
+    $-e^\beta / n$ with multiplicity $(n - 1)(d - 1)$: from
+    $\langle x_i, x_j\rangle = 1 - \|\xi_i - \xi_j\|^2 / 2 + O(\|\xi\|^3)$ the quadratic form is
+    $-\frac{e^\beta}{2n} \sum_i \|\xi_i - \bar\xi\|^2$.
 
     Args:
         kernel: a ``Kernel`` with an energy.
@@ -97,9 +97,9 @@ _tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
 def classify(
     H: Float[Array | np.ndarray, "m m"], *, num_zero_modes: int, rtol: float = 1e-6
 ) -> dict:
-    """Classify a critical point from its tangent Hessian.
+    r"""Classify a critical point from its tangent Hessian.
 
-    With ``lambda = eigvalsh(H)``, eigenvalues with ``|lambda| <= rtol * max|lambda|`` are zero
+    With $\lambda = \operatorname{eigvalsh}(H)$, eigenvalues with $|\lambda| \le \text{rtol} \cdot \max|\lambda|$ are zero
     modes. A local maximiser has no positive eigenvalue and exactly the ``num_zero_modes``
     symmetry zero modes; a saddle has positive ones.
 
@@ -129,10 +129,10 @@ def classify(
 
 
 def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
-    """Rates of the linearised flow at ``x``: ``n * eigvalsh(tangent_hessian)`` (ascending).
+    r"""Rates of the linearised flow at $x$: $n \cdot \operatorname{eigvalsh}(H)$ (ascending).
 
-    The velocity is ``n P grad E``, so near a critical point the tangent perturbation obeys
-    ``d xi / dt = n H xi``: a positive eigenvalue ``lambda`` of ``H`` grows like ``e^{n lambda t}``.
+    The velocity is $n P \nabla E$, so near a critical point the tangent perturbation obeys
+    $d\xi / dt = n H \xi$: a positive eigenvalue $\lambda$ of $H$ grows like $e^{n \lambda t}$.
 
     Args:
         kernel: a ``Kernel`` with an energy.
@@ -154,9 +154,9 @@ def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
 
 
 def collapsed_spectrum(beta, n: int, d: int) -> dict:
-    """Predicted tangent-Hessian spectrum of USA at a collapsed state.
+    r"""Predicted tangent-Hessian spectrum of USA at a collapsed state.
 
-    ``d - 1`` zero modes (global rotations) and ``-e^beta / n`` with multiplicity ``(n - 1)(d - 1)``.
+    $d - 1$ zero modes (global rotations) and $-e^\beta / n$ with multiplicity $(n - 1)(d - 1)$.
 
     Args:
         beta: inverse temperature.
@@ -176,14 +176,14 @@ def collapsed_spectrum(beta, n: int, d: int) -> dict:
 
 
 def antipodal_spectrum(beta, n: int, d: int) -> dict:
-    """Predicted spectrum of USA at two antipodal clusters of ``n / 2`` tokens (a saddle).
+    r"""Predicted spectrum of USA at two antipodal clusters of $n / 2$ tokens (a saddle).
 
-    Linearising ``dx_i/dt = P F_i`` with clusters of mass ``1/2`` at ``+-e``: a rigid
-    displacement ``xi`` of one cluster and ``eta`` of the other obey
-    ``xi' = eta' = e^{-beta} (xi + eta) / 2``, so the relative mode ``xi = eta`` grows at rate
-    ``e^{-beta}`` (multiplicity ``d - 1``) and the common rotation ``xi = -eta`` is a zero mode
-    (``d - 1``); a token's deviation from its cluster decays at rate ``(e^beta - e^{-beta}) / 2``
-    (multiplicity ``(n - 2)(d - 1)``). Eigenvalues of ``H`` are these rates divided by ``n``.
+    Linearising $dx_i/dt = P F_i$ with clusters of mass $1/2$ at $\pm e$: a rigid
+    displacement $\xi$ of one cluster and $\eta$ of the other obey
+    $\xi' = \eta' = e^{-\beta} (\xi + \eta) / 2$, so the relative mode $\xi = \eta$ grows at rate
+    $e^{-\beta}$ (multiplicity $d - 1$) and the common rotation $\xi = -\eta$ is a zero mode
+    ($d - 1$); a token's deviation from its cluster decays at rate $(e^\beta - e^{-\beta}) / 2$
+    (multiplicity $(n - 2)(d - 1)$). Eigenvalues of $H$ are these rates divided by $n$.
 
     Args:
         beta: inverse temperature.
@@ -213,8 +213,8 @@ def antipodal_spectrum(beta, n: int, d: int) -> dict:
 def cluster_state(
     n: SupportsInt, k: SupportsInt, d: int = 3, dtype=jnp.float32
 ) -> Float[Array, "n d"]:
-    """``k`` clusters of ``n / k`` tokens at the vertices of a regular ``k``-gon on the great
-    circle of ``(e_1, e_2)``: ``x_i = cos(a_i) e_1 + sin(a_i) e_2``, ``a_i = 2 pi floor(i k / n) / k``.
+    r"""$k$ clusters of $n / k$ tokens at the vertices of a regular $k$-gon on the great
+    circle of $(e_1, e_2)$: $x_i = \cos(a_i) e_1 + \sin(a_i) e_2$, $a_i = 2 \pi \lfloor i k / n \rfloor / k$.
 
     A critical point of every rotation-invariant energy (by symmetry). ``k = 2`` is the
     antipodal pair, ``k = 1`` the collapsed state.
@@ -252,9 +252,9 @@ def classify_state(
     critical_tol: float = 1e-4,
     threshold: RealScalarLike = 0.1,
 ) -> dict:
-    """What a run reached: ``classify`` of the tangent Hessian plus speed and cluster count.
+    r"""What a run reached: ``classify`` of the tangent Hessian plus speed and cluster count.
 
-    With ``speed = max_i ||P_{x_i} F_i|| / max_i ||F_i||`` (relative tangent speed) and
+    With $\text{speed} = \max_i \|P_{x_i} F_i\| / \max_i \|F_i\|$ (relative tangent speed) and
     ``clusters = mf.metrics.num_clusters(x, threshold)``, ``kind`` is
 
     * ``"maximiser"``: no positive eigenvalue and exactly ``d - 1`` zero modes (within ``rtol``);
@@ -263,7 +263,7 @@ def classify_state(
       multi-cluster states of large ``beta``; ``rate`` is then the escape rate of the linearisation;
     * ``"degenerate"`` / ``"transient"`` otherwise.
 
-    ``rate = n * largest eigenvalue`` (growth rate of the linearised flow, see ``growth_rates``).
+    $\text{rate} = n \lambda_{\max}$ (growth rate of the linearised flow, see ``growth_rates``).
 
     Args:
         kernel: a ``Kernel`` with an energy.
@@ -317,7 +317,7 @@ def escape_time(
     t_max: RealScalarLike,
     fraction: RealScalarLike = 0.5,
 ) -> Float[Array, ""]:
-    """First time ``t`` with ``G_x(t) <= fraction * G_x(0)`` (projected Heun, step ``dt``).
+    r"""First time $t$ with $G_x(t) \le \text{fraction} \cdot G_x(0)$ (projected Heun, step ``dt``).
 
     A ``lax.while_loop`` without saves, for the long runs near saddles.
 

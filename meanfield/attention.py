@@ -1,16 +1,16 @@
-"""Fixed-query long-context attention (paper: long-context attention scaling limits; MATH.md Sec. 2).
+r"""Fixed-query long-context attention (paper: long-context attention scaling limits; MATH.md Sec. 2).
 
-One query ``q in S^{d-1}``, a context of keys ``x_1..x_n`` (rows of ``keys``),
-distances to the query ``T_j = 1 - <q, x_j>`` and weights
+One query $q \in S^{d-1}$, a context of keys $x_1, \dots, x_n$ (rows of ``keys``),
+distances to the query $T_j = 1 - \langle q, x_j\rangle$ and weights
 
-    A_j = exp(-beta T_j) / Z_n,   Z_n = sum_j exp(-beta T_j)
+$$A_j = \frac{e^{-\beta T_j}}{Z_n}, \qquad Z_n = \sum_j e^{-\beta T_j}$$
 
-(the softmax of ``beta <q, x_j>``). Every public function acts on ONE query and
+(the softmax of $\beta \langle q, x_j\rangle$). Every public function acts on ONE query and
 ONE context; trials, queries and grid cells are ``jax.vmap`` axes.
 
 Dense functions (``weights``, ``ordered_weights``, ``displacement``,
 ``residual_update``, ``log_partition``, ``top_weights``) hold the whole
-``(n,)`` weight vector. For huge contexts (``n ~ 10^6`` and beyond, or many
+``(n,)`` weight vector. For huge contexts ($n \sim 10^6$ and beyond, or many
 contexts vmapped at once) the streaming functions make one pass over the keys
 in chunks with an online log-sum-exp (running minimum distance, rescaled
 partial sums, running top-k): ``context_stats`` reads the keys from an array,
@@ -92,10 +92,10 @@ def _shifted_logits(q, keys, beta):
 
 
 def weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
-    """Attention weights ``A_j = exp(-beta T_j) / sum_l exp(-beta T_l)``, ``T_j = 1 - <q, x_j>``.
+    r"""Attention weights $A_j = e^{-\beta T_j} / \sum_l e^{-\beta T_l}$, $T_j = 1 - \langle q, x_j\rangle$.
 
-    Shift-stabilised (``T_j - T_(1)`` in the exponent): finite for ``beta`` up to
-    ``1e6`` and beyond, sums to one.
+    Shift-stabilised ($T_j - T_{(1)}$ in the exponent): finite for $\beta$ up to
+    $10^6$ and beyond, sums to one.
 
     Args:
         q: query, shape ``(d,)`` (a unit vector in the paper's model).
@@ -117,7 +117,7 @@ def weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
 
 
 def ordered_weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
-    """Ordered weights ``A_(1) >= A_(2) >= ... >= A_(n)`` (``weights`` sorted decreasingly).
+    r"""Ordered weights $A_{(1)} \ge A_{(2)} \ge \dots \ge A_{(n)}$ (``weights`` sorted decreasingly).
 
     Args:
         q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
@@ -136,7 +136,7 @@ def ordered_weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
 
 
 def top_weights(q: ArrayLike, keys: ArrayLike, beta, k) -> Float[Array, " k"]:
-    """The ``k`` largest weights ``A_(1..k)`` (``lax.top_k``; no full sort).
+    r"""The $k$ largest weights $A_{(1)}, \dots, A_{(k)}$ (``lax.top_k``; no full sort).
 
     Args:
         q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
@@ -159,9 +159,9 @@ def top_weights(q: ArrayLike, keys: ArrayLike, beta, k) -> Float[Array, " k"]:
 
 
 def log_partition(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, ""]:
-    """``log Z_n = log sum_j exp(-beta T_j)`` (log-sum-exp; finite for any ``beta``).
+    r"""$\log Z_n = \log \sum_j e^{-\beta T_j}$ (log-sum-exp; finite for any $\beta$).
 
-    ``T_j = 1 - <q, x_j>`` is the distance of key ``j`` to the query.
+    $T_j = 1 - \langle q, x_j\rangle$ is the distance of key $j$ to the query.
 
     Args:
         q: query ``(d,)``; keys: ``(n, d)``; beta: inverse temperature ``>= 0``.
@@ -184,10 +184,10 @@ def log_partition(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, ""]:
 def displacement(
     q: ArrayLike, keys: ArrayLike, beta, V: ArrayLike | None = None
 ) -> Float[Array, " d"]:
-    """Output displacement ``Y_n(q) = V sum_j A_j (x_j - q)`` (attention output minus ``V q``).
+    r"""Output displacement $Y_n(q) = V \sum_j A_j (x_j - q)$ (attention output minus $V q$).
 
-    Summed as ``sum_j A_j (x_j - q)`` (not ``sum_j A_j x_j - q``) so that small
-    displacements (large ``beta``) keep their relative precision.
+    Summed as $\sum_j A_j (x_j - q)$ (not $\sum_j A_j x_j - q$) so that small
+    displacements (large $\beta$) keep their relative precision.
 
     Args:
         q: query ``(d,)``; keys: ``(n, d)``; beta: ``>= 0``.
@@ -213,13 +213,13 @@ def displacement(
 def residual_update(
     q: ArrayLike, keys: ArrayLike, beta, gamma, V: ArrayLike | None = None
 ) -> Float[Array, " d"]:
-    """One residual attention step ``q' = (q + gamma Y_n(q)) / ||q + gamma Y_n(q)||``.
+    r"""One residual attention step $q' = (q + \gamma Y_n(q)) / \|q + \gamma Y_n(q)\|$.
 
-    In the drift-dominated regime ``q' ~ q + (gamma / beta) grad_S log rho(q)``:
+    In the drift-dominated regime $q' \approx q + (\gamma / \beta) \nabla_S \log \rho(q)$:
     iterating moves queries up the key density (backward heat flow, paper Prop. 4.4).
 
     Args:
-        q, keys, beta, V: as in :func:`displacement`.
+        q, keys, beta, V: as in ``displacement``.
         gamma: residual step size (finite, traceable scalar).
 
     Returns:
@@ -242,16 +242,16 @@ def residual_update(
 
 
 class ContextStats(NamedTuple):
-    """One pass over a context: the partition function, the top weights, the output.
+    r"""One pass over a context: the partition function, the top weights, the output.
 
     Attributes:
-        log_partition: ``log Z_n = log sum_j exp(-beta T_j)``, shape ``()``.
-        top_distances: ``T_(1) <= ... <= T_(k)``, shape ``(k,)``.
-        top_weights: ``A_(1) >= ... >= A_(k)``, shape ``(k,)``.
-        displacement: ``Y_n(q) = sum_j A_j (x_j - q)`` (``V = I``), shape ``(d,)``.
+        log_partition: $\log Z_n = \log \sum_j e^{-\beta T_j}$, shape ``()``.
+        top_distances: $T_{(1)} \le \dots \le T_{(k)}$, shape ``(k,)``.
+        top_weights: $A_{(1)} \ge \dots \ge A_{(k)}$, shape ``(k,)``.
+        displacement: $Y_n(q) = \sum_j A_j (x_j - q)$ ($V = I$), shape ``(d,)``.
 
-    Returned by :func:`context_stats`, :func:`sampled_context_stats` and
-    :func:`sampled_distance_stats`.
+    Returned by ``context_stats``, ``sampled_context_stats`` and
+    ``sampled_distance_stats``.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -327,12 +327,12 @@ def _check_chunk(chunk):
 
 
 def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> ContextStats:
-    """Streaming ``log Z_n``, ``A_(1..k)``, ``Y_n(q)`` over ``keys`` in chunks of ``chunk`` rows.
+    r"""Streaming $\log Z_n$, $A_{(1..k)}$, $Y_n(q)$ over ``keys`` in chunks of ``chunk`` rows.
 
     Same numbers as the dense functions (to rounding) with memory ``O(chunk d)``
     instead of ``O(n)`` per beta/query: keys are read with ``dynamic_slice`` in
     a ``lax.fori_loop`` and merged with an online log-sum-exp (running
-    ``T_(1)``; partial sums rescaled by ``exp(-beta (T_old - T_new))``) and a
+    $T_{(1)}$; partial sums rescaled by $e^{-\beta (T_{\text{old}} - T_{\text{new}})}$) and a
     running top-k of the distances. vmap over ``beta`` or queries is cheap: the
     keys are not copied per batch element.
 
@@ -342,7 +342,7 @@ def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> 
         chunk: rows per chunk (clipped to ``n``).
 
     Returns:
-        :class:`ContextStats`.
+        ``ContextStats``.
 
     Example:
         >>> import jax, meanfield as mf
@@ -383,7 +383,7 @@ def sampled_context_stats(
     k=1,
     chunk=65_536,
 ) -> ContextStats:
-    """:func:`context_stats` of a context drawn chunk by chunk, never materialised.
+    """``context_stats`` of a context drawn chunk by chunk, never materialised.
 
     Chunk ``i`` holds ``sampler(fold_in(key, i), chunk)`` (the last chunk's
     rows past ``n`` are masked), so memory is ``O(chunk d)`` for any ``n`` and
@@ -398,10 +398,10 @@ def sampled_context_stats(
         n: context length (static int).
         sampler: ``(key, m) -> (m, d)`` i.i.d. keys; default uniform on ``S^{d-1}``
             (e.g. ``lambda k, m: mf.sphere.sample_density(k, m, d, f, log_bound=b)``).
-        k, chunk: as in :func:`context_stats`.
+        k, chunk: as in ``context_stats``.
 
     Returns:
-        :class:`ContextStats` of the drawn context.
+        ``ContextStats`` of the drawn context.
 
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -449,13 +449,13 @@ def _default_query(d, dtype):
 
 
 def uniform_distances(key, m, d, dtype=jnp.float32) -> Float[Array, " m"]:
-    """``m`` i.i.d. distances ``T = 1 - <q, x>`` of keys ``x`` uniform on ``S^{d-1}`` (any fixed ``q``).
+    r"""$m$ i.i.d. distances $T = 1 - \langle q, x\rangle$ of keys $x$ uniform on $S^{d-1}$ (any fixed $q$).
 
-    ``<q, x>`` has density ``propto (1 - u^2)^{(d-3)/2}``, i.e. ``T / 2 ~ Beta(a, a)``,
-    ``a = (d - 1)/2``. Sampled by inversion where the CDF inverts in closed form
-    (``d = 3``: ``T = 2 U``; ``d = 5``: Beta(2, 2) quantile
-    ``1/2 - sin(arcsin(1 - 2U)/3)``), else with ``jax.random.beta``. One uniform
-    per key instead of ``d`` normals: the weights' law only needs ``T``.
+    $\langle q, x\rangle$ has density $\propto (1 - u^2)^{(d-3)/2}$, i.e. $T / 2 \sim \mathrm{Beta}(a, a)$,
+    $a = (d - 1)/2$. Sampled by inversion where the CDF inverts in closed form
+    ($d = 3$: $T = 2 U$; $d = 5$: the Beta(2, 2) quantile
+    $\frac12 - \sin(\arcsin(1 - 2U)/3)$), else with ``jax.random.beta``. One uniform
+    per key instead of $d$ normals: the weights' law only needs $T$.
 
     Args:
         key: PRNG key; m: number of distances; d: sphere dimension ``>= 2``; dtype: float dtype.
@@ -481,19 +481,19 @@ def uniform_distances(key, m, d, dtype=jnp.float32) -> Float[Array, " m"]:
 
 
 def sampled_distance_stats(key, beta, n, d, *, k=1, chunk=65_536) -> ContextStats:
-    """:func:`sampled_context_stats` for uniform keys, drawing only the distances ``T_j``.
+    r"""``sampled_context_stats`` for uniform keys, drawing only the distances $T_j$.
 
-    ``log Z_n``, ``T_(1..k)`` and ``A_(1..k)`` have the same law as for a uniform
-    context on ``S^{d-1}`` (they depend on the keys only through ``T``), at a
+    $\log Z_n$, $T_{(1..k)}$ and $A_{(1..k)}$ have the same law as for a uniform
+    context on $S^{d-1}$ (they depend on the keys only through ``T``), at a
     fraction of the cost; ``displacement`` is not available (returned as zeros).
 
     Args:
         key: PRNG key (one context); beta: inverse temperature ``>= 0``.
         n: context length; d: sphere dimension ``>= 2``.
-        k, chunk: as in :func:`context_stats`.
+        k, chunk: as in ``context_stats``.
 
     Returns:
-        :class:`ContextStats` (``displacement``: zeros of shape ``(d,)``).
+        ``ContextStats`` (``displacement``: zeros of shape ``(d,)``).
 
     Example:
         >>> import jax, meanfield as mf
@@ -539,16 +539,16 @@ def sample_top_weights(
     batch_size=None,
     memory: int = 2**24,
 ) -> Float[Array, "trials b k"]:
-    """``A_(1..k)`` for ``trials`` independent contexts of ``n`` keys and every ``beta`` in ``betas``.
+    r"""$A_{(1..k)}$ for ``trials`` independent contexts of $n$ keys and every $\beta$ in ``betas``.
 
     Trial ``t`` uses the context ``sampled_context_stats(split(key, trials)[t], ...)``
     (uniform keys on ``S^{d-1}`` unless ``sampler``); all betas see the same
     keys. With ``sampler=None`` and ``q=None`` (uniform keys) only the distances
-    ``T_j`` are drawn (:func:`uniform_distances`; same law of the weights, several
+    $T_j$ are drawn (``uniform_distances``; same law of the weights, several
     times faster), so a context is a stream of ``T``'s rather than keys. Trials
     run through ``lax.map`` in batches of ``batch_size``, each batch
     vmapped over trials and betas with keys streamed in chunks, so that at most
-    about ``memory`` floats are live (default ``2^24``: 64 MB in float32).
+    about ``memory`` floats are live (default $2^{24}$: 64 MB in float32).
 
     Args:
         key: a ``jax.random`` key.
@@ -625,20 +625,20 @@ def mean_top_weight_grid(
     memory: int = 2**24,
     progress: Callable | None = None,
 ):
-    """Mean and standard error of ``A_(1)`` over an ``(n, beta)`` grid, ``trials`` contexts per cell.
+    r"""Mean and standard error of $A_{(1)}$ over an $(n, \beta)$ grid, ``trials`` contexts per cell.
 
     ``betas`` is either a ``(b,)`` array shared by all ``n`` or a ``(len(ns), b)``
-    array (one beta row per ``n``, e.g. a grid in ``beta / n^alpha``). Each ``n``
+    array (one beta row per ``n``, e.g. a grid in $\beta / n^\alpha$). Each ``n``
     compiles once (shape-static); cells of one ``n`` share the contexts
     (common random numbers across beta). Context ``i`` of row ``n`` is drawn
     from ``fold_in(key, n)``.
 
-    ``mean = (1/trials) sum_i A_(1)^{(i)}``, ``stderr = std(A_(1)) / sqrt(trials)`` per cell.
+    $\text{mean} = \frac{1}{\text{trials}} \sum_i A_{(1)}^{(i)}$, $\text{stderr} = \operatorname{std}(A_{(1)}) / \sqrt{\text{trials}}$ per cell.
 
     Args:
         key: PRNG key; ns: context lengths; betas: ``(b,)`` or ``(len(ns), b)``.
         d: sphere dimension; trials: contexts per cell.
-        q: query ``(d,)`` (default ``e_1``); sampler: as in :func:`sampled_context_stats`.
+        q: query ``(d,)`` (default ``e_1``); sampler: as in ``sampled_context_stats``.
         memory: element budget that sets the chunk and batch sizes.
         progress: optional callback, called with ``1`` after each ``n``.
 

@@ -1,28 +1,28 @@
-"""Rank collapse through depth: Post-Norm versus Pre-Norm decoder stacks.
+r"""Rank collapse through depth: Post-Norm versus Pre-Norm decoder stacks.
 
 Implements MATH.md Sec. 3 (papers/post-norm-rank-collapse.txt). A Llama-style
 decoder block (causal multi-head attention with logits scaled by
-``1/sqrt(d/heads)``, SwiGLU FFN, RMSNorm) is written as pure functions of a
+$1/\sqrt{d/\text{heads}}$, SwiGLU FFN, RMSNorm) is written as pure functions of a
 parameter PyTree (a dict of arrays) acting on ONE sequence ``X: (n, d)``;
 batches are ``jax.vmap``-ed, depth is a ``lax.scan`` over layer parameters
 stacked on a leading ``(depth, ...)`` axis.
 
-* Post-Norm: ``X2 = RMSNorm(X1 + Attn(X1))``, ``X1' = RMSNorm(X2 + FFN(X2))``.
-* Pre-Norm:  ``X2 = X1 + Attn(RMSNorm(X1))``, ``X1' = X2 + FFN(RMSNorm(X2))``.
-* Token similarity ``t_sim(X) = ||Pi X||_F^2 / ||X||_F^2``
-  (:func:`meanfield.metrics.token_similarity`).
-* Prefix-averaging ablation: every causal attention matrix ``P`` is replaced by
-  ``P - alpha C_n`` with ``(C_n)_{ij} = 1/i`` for ``j <= i`` (1-based).
-* RMSNorm factor ``sqrt(d)/||y||_2`` per row and the gradient contribution
-  factor ``alpha_k = ||dL/dX_k||_F / ||dL/dY_k||_F`` of sublayer ``k`` (the
-  factor by which the residual branch ``Y_k = X_k + F_k(X_k)`` changes the
+* Post-Norm: $X_2 = \operatorname{RMSNorm}(X_1 + \operatorname{Attn}(X_1))$, $X_1' = \operatorname{RMSNorm}(X_2 + \operatorname{FFN}(X_2))$.
+* Pre-Norm: $X_2 = X_1 + \operatorname{Attn}(\operatorname{RMSNorm}(X_1))$, $X_1' = X_2 + \operatorname{FFN}(\operatorname{RMSNorm}(X_2))$.
+* Token similarity $t_{\text{sim}}(X) = \|\Pi X\|_F^2 / \|X\|_F^2$
+  (``meanfield.metrics.token_similarity``).
+* Prefix-averaging ablation: every causal attention matrix $P$ is replaced by
+  $P - \alpha C_n$ with $(C_n)_{ij} = 1/i$ for $j \le i$ (1-based).
+* RMSNorm factor $\sqrt d / \|y\|_2$ per row and the gradient contribution
+  factor $\alpha_k = \|\partial L/\partial X_k\|_F / \|\partial L/\partial Y_k\|_F$ of sublayer $k$ (the
+  factor by which the residual branch $Y_k = X_k + F_k(X_k)$ changes the
   backward gradient norm); their product is the contraction
-  ``c = alpha sqrt(d)/||y||`` of Theorem 3.6. (The extracted paper lost the
-  displayed definition of ``alpha``; this is the reconstruction used here,
+  $c = \alpha \sqrt d / \|y\|$ of Theorem 3.6. (The extracted paper lost the
+  displayed definition of $\alpha$; this is the reconstruction used here,
   measured on whole matrices, the RMSNorm factor averaged over rows.)
 * Frequency loss: a collapsed network outputs one distribution at every
-  position; the best one is the label frequency ``p_freq`` and the loss is the
-  entropy ``H(p_freq)`` (Theorem 3.8).
+  position; the best one is the label frequency $p_{\text{freq}}$ and the loss is the
+  entropy $H(p_{\text{freq}})$ (Theorem 3.8).
 
 Training utilities: a small decoder LM (embedding + blocks + unembedding), a
 seeded synthetic Zipf-Markov token source (no downloads) and an optax AdamW
@@ -123,10 +123,10 @@ def _sigma(sigma_w, d):
 
 
 def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
-    """Parameters of one block, every weight entry ``N(0, sigma_w^2)``, RMSNorm gains 1.
+    r"""Parameters of one block, every weight entry $N(0, \sigma_w^2)$, RMSNorm gains 1.
 
     Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
-    ``w2: (d_ff, d)``; ``g_attn, g_ffn: (d,)``. ``sigma_w=None`` means ``1/sqrt(d)``.
+    ``w2: (d_ff, d)``; ``g_attn, g_ffn: (d,)``. ``sigma_w=None`` means $1/\sqrt d$.
 
     Args:
         key: PRNG key.
@@ -157,11 +157,11 @@ def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
 def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
     """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis.
 
-    Block ``l`` is :func:`init_block_params` of the ``l``-th key of ``split(key, depth)``.
+    Block ``l`` is ``init_block_params`` of the ``l``-th key of ``split(key, depth)``.
 
     Args:
         key: PRNG key.
-        depth: number of blocks; d, d_ff, heads, sigma_w, dtype: as in :func:`init_block_params`.
+        depth: number of blocks; d, d_ff, heads, sigma_w, dtype: as in ``init_block_params``.
 
     Returns:
         dict of ``(depth, ...)`` arrays (e.g. ``wq: (depth, d, d)``).
@@ -182,7 +182,7 @@ def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
 
 
 def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS) -> Float[Array, " d"]:
-    """``RMSNorm(y) = g * y / sqrt(mean(y^2) + eps)`` for one row (``~ g y sqrt(d)/||y||``).
+    r"""$\operatorname{RMSNorm}(y) = g \odot y / \sqrt{\operatorname{mean}(y^2) + \epsilon}$ for one row ($\approx g\, y \sqrt d / \|y\|$).
 
     Args:
         y: ``(d,)`` row; g: ``(d,)`` gain; eps: stabiliser inside the mean square.
@@ -200,7 +200,7 @@ def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS)
 
 
 def rms_factor(Y: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
-    """RMSNorm scale averaged over rows: ``(1/n) sum_i sqrt(d)/||y_i||_2`` for ``Y: (n, d)``.
+    r"""RMSNorm scale averaged over rows: $\frac1n \sum_i \sqrt d / \|y_i\|_2$ for ``Y: (n, d)``.
 
     Args:
         Y: ``(n, d)`` inputs of an RMSNorm.
@@ -222,10 +222,10 @@ def _rms_rows(Y, g):
 
 
 def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
-    """Causal prefix-averaging matrix ``(C_n)_{ij} = 1/i`` for ``j <= i`` (1-based), else 0.
+    r"""Causal prefix-averaging matrix $(C_n)_{ij} = 1/i$ for $j \le i$ (1-based), else 0.
 
-    Row-stochastic and lower-triangular: ``C_n X`` replaces token ``i`` by the
-    mean of tokens ``1..i`` (MATH.md Sec. 3).
+    Row-stochastic and lower-triangular: $C_n X$ replaces token $i$ by the
+    mean of tokens $1, \dots, i$ (MATH.md Sec. 3).
 
     Args:
         n: sequence length; dtype: float dtype.
@@ -246,13 +246,13 @@ def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
 def causal_attention_matrix(
     p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
 ) -> Float[Array, "heads n n"]:
-    """``P_h = softmax(mask(Q_h K_h^T / sqrt(d/heads))) - alpha C_n`` for each head ``h``.
+    r"""$P_h = \operatorname{softmax}\big(\operatorname{mask}(Q_h K_h^\top / \sqrt{d/\text{heads}})\big) - \alpha C_n$ for each head $h$.
 
-    ``Q = X W_Q``, ``K = X W_K`` split into ``heads`` column blocks of width ``d/heads``;
-    the mask sets entries ``j > i`` to ``-inf`` (causal).
+    $Q = X W_Q$, $K = X W_K$ split into ``heads`` column blocks of width $d/\text{heads}$;
+    the mask sets entries $j > i$ to $-\infty$ (causal).
 
     Args:
-        p: block parameters (:func:`init_block_params`).
+        p: block parameters (``init_block_params``).
         X: ``(n, d)`` one sequence.
         heads: number of heads (divides ``d``).
         alpha_prefix: prefix-averaging ablation strength ``alpha`` (may be traced).
@@ -282,10 +282,10 @@ def causal_attention_matrix(
 def attention(
     p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
 ) -> Float[Array, "n d"]:
-    """Causal multi-head attention ``concat_h(P_h X W_V^h) W_O`` (no biases, no positional encoding).
+    r"""Causal multi-head attention $\operatorname{concat}_h(P_h X W_V^h)\, W_O$ (no biases, no positional encoding).
 
     Args:
-        p, X, heads, alpha_prefix: as in :func:`causal_attention_matrix` (``X: (n, d)``).
+        p, X, heads, alpha_prefix: as in ``causal_attention_matrix`` (``X: (n, d)``).
 
     Returns:
         ``(n, d)``.
@@ -304,7 +304,7 @@ def attention(
 
 
 def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
-    """SwiGLU FFN ``(silu(X W_1) * (X W_3)) W_2``, ``silu(u) = u sigmoid(u)``.
+    r"""SwiGLU FFN $(\operatorname{silu}(X W_1) \odot X W_3)\, W_2$, $\operatorname{silu}(u) = u\, \sigma(u)$.
 
     Args:
         p: block parameters (``w1, w3: (d, d_ff)``, ``w2: (d_ff, d)``); X: ``(n, d)``.
@@ -325,7 +325,7 @@ def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
 def block(
     p: dict, X: Float[Array | np.ndarray, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
-    """One decoder block on one sequence; returns ``(X_out, states)``.
+    r"""One decoder block on one sequence; returns ``(X_out, states)``.
 
     ``states`` holds the four residual-stream states ``X1`` (block input),
     ``Y1 = X1 + Attn(.)``, ``X2`` (FFN-sublayer input: ``RMSNorm(Y1)`` in
@@ -334,13 +334,13 @@ def block(
     ``taps`` (optional, shape ``(4, n, d)``) are added to ``X1, Y1, X2, Y2``:
     differentiating at ``taps = 0`` gives ``dL/dX1, dL/dY1, dL/dX2, dL/dY2``.
 
-    Post-Norm: ``X_out = RMSNorm(Y2)``, ``Y2 = X2 + FFN(X2)``, ``X2 = RMSNorm(X1 + Attn(X1))``;
-    Pre-Norm: ``X_out = Y2 = X2 + FFN(RMSNorm(X2))``, ``X2 = X1 + Attn(RMSNorm(X1))``.
+    Post-Norm: $X_{\text{out}} = \operatorname{RMSNorm}(Y_2)$, $Y_2 = X_2 + \operatorname{FFN}(X_2)$, $X_2 = \operatorname{RMSNorm}(X_1 + \operatorname{Attn}(X_1))$;
+    Pre-Norm: $X_{\text{out}} = Y_2 = X_2 + \operatorname{FFN}(\operatorname{RMSNorm}(X_2))$, $X_2 = X_1 + \operatorname{Attn}(\operatorname{RMSNorm}(X_1))$.
 
     Args:
         p: block parameters; X: ``(n, d)`` one sequence.
         norm: ``"post"`` or ``"pre"``; heads: number of heads.
-        alpha_prefix: prefix-averaging strength (see :func:`causal_attention_matrix`).
+        alpha_prefix: prefix-averaging strength (see ``causal_attention_matrix``).
         taps: optional ``(4, n, d)`` additive taps.
 
     Returns:
@@ -388,21 +388,21 @@ def _layer_stats(states, out):
 def forward(
     blocks: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
-    """Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``.
+    r"""Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``.
 
     Returns the final residual stream and per-layer statistics, each ``(depth,)``:
     ``t_x1, t_y1, t_x2, t_y2, t_out`` (token similarity of the block input, after the
     attention residual addition, of the FFN-sublayer input, after the FFN residual
     addition, of the block output), ``rms_attn, rms_ffn`` (RMSNorm factors
     ``sqrt(d)/||y||`` averaged over rows) and ``norm_out`` (output RMS).
-    ``taps``: optional ``(depth, 4, n, d)`` zeros to differentiate at (see :func:`block`).
+    ``taps``: optional ``(depth, 4, n, d)`` zeros to differentiate at (see ``block``).
 
-    ``X^l = block(p_l, X^{l-1})``, ``l = 1..depth``, ``X^0 = X``.
+    $X^l = \operatorname{block}(p_l, X^{l-1})$, $l = 1, \dots, \text{depth}$, $X^0 = X$.
 
     Args:
-        blocks: stacked parameters (:func:`init_stack`).
+        blocks: stacked parameters (``init_stack``).
         X: ``(n, d)`` one sequence.
-        norm, heads, alpha_prefix, taps: as in :func:`block`.
+        norm, heads, alpha_prefix, taps: as in ``block``.
 
     Example:
         >>> import jax, meanfield as mf
@@ -429,7 +429,7 @@ def forward(
 
 
 def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
-    """``n`` i.i.d. Gaussian tokens with RMS-normalised rows: ``x_i = sqrt(d) g_i / ||g_i||``, ``g_i ~ N(0, I_d)``.
+    r"""$n$ i.i.d. Gaussian tokens with RMS-normalised rows: $x_i = \sqrt d\, g_i / \|g_i\|$, $g_i \sim N(0, I_d)$.
 
     Args:
         key: PRNG key; n: number of tokens; d: dimension; dtype: float dtype.
@@ -460,16 +460,16 @@ def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
 def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0) -> dict:
     """Per-layer statistics of a freshly initialised stack on Gaussian tokens.
 
-    Same inputs as :func:`similarity_profile`; returns the dict of
-    :func:`forward` (each entry ``(depth,)``) plus ``t_input`` (a scalar).
+    Same inputs as ``similarity_profile``; returns the dict of
+    ``forward`` (each entry ``(depth,)``) plus ``t_input`` (a scalar).
     ``sigma_w`` and ``alpha_prefix`` may be traced (vmap over a sweep compiles once).
 
-    ``X^0``: ``n`` Gaussian tokens with ``||x_i|| = sqrt(d)``; ``X^l`` as in :func:`forward`
+    ``X^0``: ``n`` Gaussian tokens with ``||x_i|| = sqrt(d)``; ``X^l`` as in ``forward``
     with weights ``N(0, sigma_w^2)``.
 
     Args:
         key: PRNG key (inputs and weights).
-        depth, n, d, d_ff, heads, norm, sigma_w, alpha_prefix: as in :func:`similarity_profile`.
+        depth, n, d, d_ff, heads, norm, sigma_w, alpha_prefix: as in ``similarity_profile``.
 
     Returns:
         dict of ``(depth,)`` arrays and the scalar ``t_input``.
@@ -491,12 +491,12 @@ def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alph
 def similarity_profile(
     key, *, depth, n, d, d_ff, heads, norm: str = "post", sigma_w=None, alpha_prefix=0.0
 ) -> Float[Array, " depth"]:
-    """Token similarity of the residual stream after each block, at initialisation.
+    r"""Token similarity of the residual stream after each block, at initialisation.
 
-    ``t_l = t_sim(X^l)``, ``l = 1..depth``, where ``X^0`` are ``n`` i.i.d. Gaussian
-    tokens with RMS-normalised rows and every weight is ``N(0, sigma_w^2)``
-    (``sigma_w=None``: ``1/sqrt(d)``), RMSNorm gains 1; ``alpha_prefix`` replaces
-    each attention matrix ``P`` by ``P - alpha C_n``.
+    $t_l = t_{\text{sim}}(X^l)$, $l = 1, \dots, \text{depth}$, where $X^0$ are $n$ i.i.d. Gaussian
+    tokens with RMS-normalised rows and every weight is $N(0, \sigma_w^2)$
+    (``sigma_w=None``: $1/\sqrt d$), RMSNorm gains 1; ``alpha_prefix`` replaces
+    each attention matrix $P$ by $P - \alpha C_n$.
 
     Args:
         key: PRNG key (inputs and weights are both drawn from it).
@@ -516,15 +516,15 @@ def similarity_profile(
 
 
 def sublayer_increments(key, **kwargs) -> dict:
-    """One-step token-similarity increments of each sublayer at initialisation (paper Fig. 1).
+    r"""One-step token-similarity increments of each sublayer at initialisation (paper Fig. 1).
 
-    ``attn_l = t_sim(Y1^l) - t_sim(X1^l)`` and ``ffn_l = t_sim(Y2^l) - t_sim(X2^l)``:
+    $\text{attn}_l = t_{\text{sim}}(Y_1^l) - t_{\text{sim}}(X_1^l)$ and $\text{ffn}_l = t_{\text{sim}}(Y_2^l) - t_{\text{sim}}(X_2^l)$:
     the change made by the residual update ``Y = X + F(.)`` itself, before any
     Post-Norm RMSNorm (whose own effect is ``rms_l``, the remaining change of the
     block).
 
     Args:
-        key: PRNG key; keyword arguments as :func:`similarity_profile`.
+        key: PRNG key; keyword arguments as ``similarity_profile``.
 
     Returns:
         dict of ``(depth,)`` arrays ``attn, ffn, rms, t_out``, with
@@ -547,7 +547,7 @@ def sublayer_increments(key, **kwargs) -> dict:
 
 
 def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
-    """Label frequencies ``p_freq(v) = #{labels == v} / #labels`` over the whole collection.
+    r"""Label frequencies $p_{\text{freq}}(v) = \#\{\text{labels} = v\} / \#\text{labels}$ over the whole collection.
 
     Args:
         labels: integer array of any shape, values in ``[0, vocab)``.
@@ -574,7 +574,7 @@ def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
 
 
 def frequency_loss(labels: ArrayLike, vocab) -> Float[Array, ""]:
-    """Entropy of the label frequencies ``H(p_freq) = -sum_v p_freq(v) log p_freq(v)`` (Thm 3.8).
+    r"""Entropy of the label frequencies $H(p_{\text{freq}}) = -\sum_v p_{\text{freq}}(v) \log p_{\text{freq}}(v)$ (Thm 3.8).
 
     The smallest cross-entropy a network with one output distribution at every
     position can reach on ``labels`` (all positions of all sequences aggregated).
@@ -597,7 +597,7 @@ def frequency_loss(labels: ArrayLike, vocab) -> Float[Array, ""]:
 def collapsed_cross_entropy(
     logits: Float[ArrayLike, " vocab"], labels: Int[ArrayLike, "..."]
 ) -> Float[Array, ""]:
-    """Cross-entropy ``-mean_i log softmax(logits)[y_i]`` of ONE distribution used at every position.
+    r"""Cross-entropy $-\operatorname{mean}_i \log \operatorname{softmax}(\text{logits})_{y_i}$ of ONE distribution used at every position.
 
     Args:
         logits: ``(vocab,)`` logits shared by all positions; labels: integer array of any shape.
@@ -618,11 +618,11 @@ def collapsed_cross_entropy(
 
 
 def zipf_markov_source(key, *, vocab, exponent: RealScalarLike = 1.1, mix: RealScalarLike = 0.5):
-    """A seeded first-order Markov token source with Zipf-shaped rows.
+    r"""A seeded first-order Markov token source with Zipf-shaped rows.
 
-    Row ``s`` of the transition matrix is ``T_s = (1 - mix) z + mix z o pi_s``,
-    where ``z_k propto k^-exponent`` is a Zipf law over the vocabulary and
-    ``pi_s`` a random permutation per state (so the marginal frequencies are
+    Row $s$ of the transition matrix is $T_s = (1 - \text{mix})\, z + \text{mix}\; z \circ \pi_s$,
+    where $z_k \propto k^{-\text{exponent}}$ is a Zipf law over the vocabulary and
+    $\pi_s$ a random permutation per state (so the marginal frequencies are
     Zipf-like and the next token depends on the current one).
 
     Args:
@@ -652,9 +652,9 @@ def zipf_markov_source(key, *, vocab, exponent: RealScalarLike = 1.1, mix: RealS
 def sample_tokens(
     key, T: Float[ArrayLike, "V V"], p0: Float[ArrayLike, " V"], *, batch, length
 ) -> Int[Array, "batch length"]:
-    """``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``.
+    r"""``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``.
 
-    ``x_0 ~ p0``, ``x_{t+1} ~ T[x_t]``, independently per sequence.
+    $x_0 \sim p_0$, $x_{t+1} \sim T_{x_t}$, independently per sequence.
 
     Args:
         key: PRNG key; T: ``(V, V)`` transition matrix; p0: ``(V,)`` initial law.
@@ -694,13 +694,13 @@ def _sample_tokens(key, T, p0, *, batch, length):
 
 def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
     """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
-    vectors, as the inputs of :func:`similarity_profile`), ``blocks`` (stacked),
+    vectors, as the inputs of ``similarity_profile``), ``blocks`` (stacked),
     ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
     ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries.
 
     Args:
         key: PRNG key; vocab: vocabulary size.
-        depth, d, d_ff, heads, sigma_w: as in :func:`init_stack`.
+        depth, d, d_ff, heads, sigma_w: as in ``init_stack``.
 
     Returns:
         dict with keys ``embed, blocks, final_gain, unembed``.
@@ -726,13 +726,13 @@ def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
 def lm_logits(
     params: dict, tokens: Int[Array | np.ndarray, " n"], *, norm: str, heads: int, taps=None
 ):
-    """Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of :func:`forward`.
+    r"""Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of ``forward``.
 
-    ``logits = H W_U``, ``H = forward(E[tokens])`` (then the final RMSNorm for Pre-Norm).
+    $\text{logits} = H W_U$, $H = \operatorname{forward}(E_{\text{tokens}})$ (then the final RMSNorm for Pre-Norm).
 
     Args:
-        params: :func:`init_lm` parameters; tokens: ``(n,)`` int ids.
-        norm, heads, taps: as in :func:`forward`.
+        params: ``init_lm`` parameters; tokens: ``(n,)`` int ids.
+        norm, heads, taps: as in ``forward``.
 
     Returns:
         ``(logits: (n, vocab), stats)``; ``stats`` adds ``t_final`` (token similarity of ``H``).
@@ -755,12 +755,12 @@ def lm_logits(
 def lm_loss(
     params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int, taps=None
 ):
-    """Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
-    ``tokens[:, 1:]``): ``L = -mean_{b,i} log softmax(logits_b)_i[tokens[b, i + 1]]``.
+    r"""Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
+    ``tokens[:, 1:]``): $L = -\operatorname{mean}_{b,i} \log \operatorname{softmax}(\text{logits}_{b,i})_{\text{tokens}_{b, i + 1}}$.
 
     Args:
-        params: :func:`init_lm` parameters; tokens: ``(B, n + 1)`` int ids.
-        norm, heads: as in :func:`forward`; taps: optional ``(B, depth, 4, n, d)``.
+        params: ``init_lm`` parameters; tokens: ``(B, n + 1)`` int ids.
+        norm, heads: as in ``forward``; taps: optional ``(B, depth, 4, n, d)``.
 
     Returns:
         ``(loss: (), stats)``, statistics averaged over the batch.
@@ -797,8 +797,8 @@ def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, nor
     and ``grad_norm_total``.
 
     Args:
-        params: :func:`init_lm` parameters; tokens: ``(B, n + 1)`` int ids.
-        norm, heads: as in :func:`forward`.
+        params: ``init_lm`` parameters; tokens: ``(B, n + 1)`` int ids.
+        norm, heads: as in ``forward``.
 
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -837,11 +837,11 @@ def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, nor
 
 
 def make_optimizer(lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
-    """AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
+    r"""AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
     ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced.
 
-    ``lr(t) = lr_peak t / warmup`` for ``t < warmup``, then
-    ``lr_peak (0.1 + 0.9 (1 + cos(pi (t - warmup) / (steps - warmup))) / 2)``.
+    $\text{lr}(t) = \text{lr}_{\text{peak}}\, t / \text{warmup}$ for $t < \text{warmup}$, then
+    $\text{lr}_{\text{peak}} \big(0.1 + 0.9\, (1 + \cos(\pi (t - \text{warmup}) / (\text{steps} - \text{warmup}))) / 2\big)$.
 
     Args:
         lr_peak: peak learning rate; steps, warmup: schedule lengths;
@@ -893,15 +893,15 @@ def train_lm(
 ):
     """Train a decoder LM for ``data.shape[0]`` AdamW steps, one batch ``data[t]`` per step.
 
-    The loss and all diagnostics of :func:`lm_diagnostics` are recorded at every
+    The loss and all diagnostics of ``lm_diagnostics`` are recorded at every
     step (before that step's update). ``lr_peak`` may be a traced scalar, so
     ``jax.vmap(lambda lr: train_lm(p, data, lr, ...))(lrs)`` sweeps rates in one
     compilation. Returns ``(final_params, history)`` with history leaves ``(steps, ...)``.
 
     Args:
-        params: :func:`init_lm` parameters.
+        params: ``init_lm`` parameters.
         data: ``(steps, B, n + 1)`` token ids.
-        lr_peak: peak rate of :func:`make_optimizer`; norm, heads: as in :func:`forward`;
+        lr_peak: peak rate of ``make_optimizer``; norm, heads: as in ``forward``;
         warmup: warmup steps.
 
     Example (the training call is ``+SKIP``: compiling the step takes ~10 s on a 2-core CPU):

@@ -1,24 +1,24 @@
-"""Inverse design: gauges and phase fields whose maximisers realise a target law (USA-AV Thms. 2 and 4).
+r"""Inverse design: gauges and phase fields whose maximisers realise a target law (USA-AV Thms. 2 and 4).
 
-For a gauge kernel ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta`` every configuration
-``x(xi) = Psi(xi)^T u`` attains the maximal energy ``e^beta / (2 beta)`` (MATH.md). Choosing
-``Psi`` so that ``Psi(xi)^T u`` is a prescribed point per label realises any target law.
+For a gauge kernel $h = e^{\beta \langle \Psi(\xi) x, \Psi(\zeta) y\rangle} / \beta$ every configuration
+$x(\xi) = \Psi(\xi)^\top u$ attains the maximal energy $e^\beta / (2 \beta)$ (MATH.md). Choosing
+$\Psi$ so that $\Psi(\xi)^\top u$ is a prescribed point per label realises any target law.
 
 Beyond the constructions of the paper this module offers:
 
 * ``quantile_phase``: the positional counterpart (Thm. 2 ii). A phase field whose maximiser
-  ``x(s) = R_{-phi(s)} u`` has, for uniform positions ``s``, a prescribed law on the orbit of
-  ``u``: ``phi(s) = -Q(s)`` with ``Q`` the quantile function of the target angle law.
+  $x(s) = R_{-\varphi(s)} u$ has, for uniform positions $s$, a prescribed law on the orbit of
+  $u$: $\varphi(s) = -Q(s)$ with $Q$ the quantile function of the target angle law.
 * ``Anchored``: a frozen anchor token attending at ``u`` in the gauge frame. The dynamics of a
-  gauge kernel pick the collapse point ``u'`` of the gauge frame from the initial state, so they
-  realise ``Psi(xi)^T u'`` rather than the design ``Psi(xi)^T u``; the anchor makes the design
+  gauge kernel pick the collapse point $u'$ of the gauge frame from the initial state, so they
+  realise $\Psi(\xi)^\top u'$ rather than the design $\Psi(\xi)^\top u$; the anchor makes the design
   the unique global maximiser, and random initial states land on it.
 * ``curve_points`` / ``curve_gauges`` / ``fit_curve``: a learned design. A smooth map
-  ``p_theta: (0, 1] -> S^{d-1}`` (truncated Fourier series, normalised) defines the gauge
-  ``Psi(s) = rotation_to(p_theta(s), u)``; ``theta`` is fitted with optax so that the maximiser's
-  marginal ``(p_theta)_# ds`` matches a target law given only by samples (squared MMD).
+  $p_\theta: (0, 1] \to S^{d-1}$ (truncated Fourier series, normalised) defines the gauge
+  $\Psi(s) = \operatorname{rotation\_to}(p_\theta(s), u)$; $\theta$ is fitted with optax so that the maximiser's
+  marginal $(p_\theta)_\# ds$ matches a target law given only by samples (squared MMD).
 * ``vmf_mixture`` / ``seam_curve``: target laws (a mixture of von Mises--Fisher laws on ``S^2``,
-  a closed curve on ``S^2``) to design for.
+  a closed curve on $S^2$) to design for.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ __all__ = [
 
 
 def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[Array, "d d"]:
-    """The rotation ``R`` (``det R = 1``) in the plane ``span(t, u)`` with ``R t = u``.
+    r"""The rotation $R$ ($\det R = 1$) in the plane $\operatorname{span}(t, u)$ with $R t = u$.
 
-    With ``c = <t, u>``, ``v = u - c t``, ``s = ||v||``, ``e = v / s``::
+    With $c = \langle t, u\rangle$, $v = u - c t$, $s = \|v\|$, $e = v / s$:
 
-        R = I + (c - 1)(t t^T + e e^T) + s (e t^T - t e^T)
+    $$R = I + (c - 1)(t t^\top + e e^\top) + s (e t^\top - t e^\top),$$
 
-    identity on ``span(t, u)^perp``. ``t = u`` gives ``I``; ``t = -u`` a half-turn in a
-    plane containing ``t``.
+    the identity on $\operatorname{span}(t, u)^\perp$. $t = u$ gives $I$; $t = -u$ a half-turn in a
+    plane containing $t$.
 
     Args:
         t: ``(d,)`` unit vector.
@@ -98,12 +98,12 @@ def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[A
 
 
 def prompt_gauges(targets: ArrayLike, u: ArrayLike) -> Float[Array, "K d d"]:
-    """Gauges ``Psi_k`` (orthogonal, ``det = 1``) with ``Psi_k @ targets[k] == u``.
+    r"""Gauges $\Psi_k$ (orthogonal, $\det = 1$) with $\Psi_k\, \text{targets}_k = u$.
 
     For ``mf.kernels.Prompt(beta, prompt_gauges(targets, u))`` the configuration
-    ``x(z) = Psi_z^T u = targets[z]`` is a global maximiser (energy ``e^beta / (2 beta)``):
+    $x(z) = \Psi_z^\top u = \text{targets}_z$ is a global maximiser (energy $e^\beta / (2 \beta)$):
     the prompt-conditional laws are Diracs at the targets, so the marginal is the target
-    law ``sum_k w_k delta_{targets[k]}`` (``w_k`` the label frequencies).
+    law $\sum_k w_k \delta_{\text{targets}_k}$ ($w_k$ the label frequencies).
 
     Args:
         targets: ``(K, d)`` unit vectors.
@@ -141,10 +141,10 @@ def prompt_gauges(targets: ArrayLike, u: ArrayLike) -> Float[Array, "K d d"]:
 def orbit_angles(
     x: Float[ArrayLike, "n d"], u: Float[ArrayLike, " d"], plane=(0, 1)
 ) -> Float[Array, " n"]:
-    """Angle ``alpha_i in [0, 2 pi)`` of each point relative to ``u`` in ``plane = (a, b)``.
+    r"""Angle $\alpha_i \in [0, 2 \pi)$ of each point relative to $u$ in ``plane = (a, b)``.
 
-    ``alpha_i = atan2(x_ib, x_ia) - atan2(u_b, u_a) mod 2 pi``: for a point ``R_alpha u``
-    of the orbit of ``u`` this is ``alpha`` (``R_alpha`` rotates ``e_a`` towards ``e_b``).
+    $\alpha_i = \operatorname{atan2}(x_{ib}, x_{ia}) - \operatorname{atan2}(u_b, u_a) \bmod 2 \pi$: for a point $R_\alpha u$
+    of the orbit of $u$ this is $\alpha$ ($R_\alpha$ rotates $e_a$ towards $e_b$).
 
     Args:
         x: ``(n, d)`` points.
@@ -168,10 +168,10 @@ def orbit_angles(
 
 
 def quantile_from_density(density, num=4096) -> Callable:
-    """Quantile function ``Q: (0, 1] -> [0, 2 pi)`` of the angle law with (unnormalised) ``density``.
+    r"""Quantile function $Q: (0, 1] \to [0, 2 \pi)$ of the angle law with (unnormalised) ``density`` $\rho$.
 
-    ``F(alpha) = int_0^alpha rho / int_0^{2 pi} rho`` tabulated by the midpoint rule on ``num``
-    cells, ``Q = F^{-1}`` by linear interpolation (error ``O(1/num^2)`` for smooth ``rho``).
+    $F(\alpha) = \int_0^\alpha \rho \,/ \int_0^{2 \pi} \rho$ tabulated by the midpoint rule on ``num``
+    cells, $Q = F^{-1}$ by linear interpolation (error $O(1/\text{num}^2)$ for smooth $\rho$).
 
     Args:
         density: callable ``alpha -> rho(alpha) >= 0`` (jax-traceable), not identically 0.
@@ -207,12 +207,12 @@ def quantile_from_density(density, num=4096) -> Callable:
 
 
 def quantile_phase(quantile) -> Callable:
-    """Phase field ``phi(s) = -Q(s)`` realising a target law on the orbit of ``u`` (Thm. 2 ii).
+    r"""Phase field $\varphi(s) = -Q(s)$ realising a target law on the orbit of $u$ (Thm. 2 ii).
 
-    For ``mf.kernels.PhaseField(beta, phi, plane)`` the maximiser is ``x(s) = R_{-phi(s)} u =
-    R_{Q(s)} u``; with ``s ~ U(0, 1]`` its angle ``Q(s)`` has the law whose quantile function is
-    ``Q`` (inverse-CDF sampling), so the marginal ``(x)_# ds`` is the target law on the orbit
-    ``{R_alpha u}`` (the paper's ``psi(s) = 2 pi F^{-1}(s)`` with ``F`` on ``[0, 1)``).
+    For ``mf.kernels.PhaseField(beta, phi, plane)`` the maximiser is $x(s) = R_{-\varphi(s)} u =
+    R_{Q(s)} u$; with $s \sim U(0, 1]$ its angle $Q(s)$ has the law whose quantile function is
+    $Q$ (inverse-CDF sampling), so the marginal $x_\# ds$ is the target law on the orbit
+    $\{R_\alpha u\}$ (the paper's $\psi(s) = 2 \pi F^{-1}(s)$ with $F$ on $[0, 1)$).
 
     Args:
         quantile: the target as a quantile function ``Q: (0, 1] -> angle`` (jax-traceable), or a
@@ -254,20 +254,20 @@ def quantile_phase(quantile) -> Callable:
 
 
 class Anchored(Kernel):
-    """A USA or exp-gauge kernel plus a frozen anchor token attending at ``u`` in the gauge frame.
+    r"""A USA or exp-gauge kernel plus a frozen anchor token attending at $u$ in the gauge frame.
 
-    With ``y_i = Psi(xi_i) x_i`` (``Psi = I`` for USA) and anchor mass ``w >= 0``::
+    With $y_i = \Psi(\xi_i) x_i$ ($\Psi = I$ for USA) and anchor mass $w \ge 0$:
 
-        h_w(z, z') = h(z, z') + w (a(z) + a(z')),   a(x, xi) = exp(beta <Psi(xi) x, u>) / beta
-        F_i = F_i^h + w exp(beta <y_i, u>) Psi(xi_i)^T u
-        E_w = E^h + (w / n) sum_i a(x_i, xi_i)
+    $$h_w(z, z') = h(z, z') + w\, (a(z) + a(z')), \qquad a(x, \xi) = e^{\beta \langle \Psi(\xi) x, u\rangle} / \beta,$$
 
-    a symmetric pair kernel, so the flow is still the ascent flow of ``E_w`` (the velocity is
-    ``n P grad E_w``). ``E_w <= e^beta (1/2 + w) / beta`` with equality iff ``y_i = u`` for all
-    ``i``: the designed configuration ``x_i = Psi(xi_i)^T u`` is the unique global maximiser.
-    The anchor is one extra frozen token of mass ``w`` (an ordinary token has ``1/n``); in the
-    gauge frame it is USA with a fixed point at ``u``, so a cluster at ``y`` drifts to ``u`` at
-    rate ``~ w e^{beta <y, u>}``. ``rescaled`` kernels keep their ``e^{-beta}`` factor.
+    $$F_i = F_i^h + w\, e^{\beta \langle y_i, u\rangle} \Psi(\xi_i)^\top u, \qquad E_w = E^h + \frac{w}{n} \sum_i a(x_i, \xi_i),$$
+
+    a symmetric pair kernel, so the flow is still the ascent flow of $E_w$ (the velocity is
+    $n P \nabla E_w$). $E_w \le e^\beta (1/2 + w) / \beta$ with equality iff $y_i = u$ for all
+    $i$: the designed configuration $x_i = \Psi(\xi_i)^\top u$ is the unique global maximiser.
+    The anchor is one extra frozen token of mass $w$ (an ordinary token has $1/n$); in the
+    gauge frame it is USA with a fixed point at $u$, so a cluster at $y$ drifts to $u$ at
+    rate $\sim w\, e^{\beta \langle y, u\rangle}$. ``rescaled`` kernels keep their $e^{-\beta}$ factor.
 
     Args:
         base: a ``USA`` or exp-gauge kernel.
@@ -319,7 +319,7 @@ class Anchored(Kernel):
         return jnp.eye(d, dtype=dtype)
 
     def anchor_term(self, x, xi):
-        """``a(x, xi) = exp(beta <Psi(xi) x, u>) / beta`` (times ``e^{-beta}`` when rescaled); scalar.
+        r"""$a(x, \xi) = e^{\beta \langle \Psi(\xi) x, u\rangle} / \beta$ (times $e^{-\beta}$ when rescaled); scalar.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -367,7 +367,7 @@ class Anchored(Kernel):
         return self.base.check_traced(x, aux)
 
     def max_energy(self):
-        """``E_w`` at the designed configuration: ``(1/2 + w) e^beta / beta`` (``e^{-beta}`` times if rescaled).
+        r"""$E_w$ at the designed configuration: $(1/2 + w)\, e^\beta / \beta$ ($e^{-\beta}$ times if rescaled).
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -381,7 +381,7 @@ class Anchored(Kernel):
 
 
 def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
-    """The designed maximiser ``x_i = Psi(xi_i)^T u`` of a USA/gauge kernel (or an ``Anchored`` one).
+    r"""The designed maximiser $x_i = \Psi(\xi_i)^\top u$ of a USA/gauge kernel (or an ``Anchored`` one).
 
     Args:
         kernel: ``USA``, an exp-gauge kernel, or ``Anchored`` around one.
@@ -415,11 +415,11 @@ def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
 
 
 def vmf_mixture(key, n, means, kappas, weights=None, dtype=jnp.float32) -> Float[Array, "n 3"]:
-    """``n`` i.i.d. samples of ``sum_k w_k vMF(mu_k, kappa_k)`` on ``S^2`` (exact sampler).
+    r"""$n$ i.i.d. samples of $\sum_k w_k \operatorname{vMF}(\mu_k, \kappa_k)$ on $S^2$ (exact sampler).
 
-    The component is drawn with probabilities ``w``; the cosine ``t = <x, mu>`` of a vMF on
-    ``S^2`` has density ``propto e^{kappa t}`` on ``[-1, 1]``, sampled by inversion:
-    ``t = 1 + log(U + (1 - U) e^{-2 kappa}) / kappa``; the tangent direction is uniform.
+    The component is drawn with probabilities $w$; the cosine $t = \langle x, \mu\rangle$ of a vMF on
+    $S^2$ has density $\propto e^{\kappa t}$ on $[-1, 1]$, sampled by inversion:
+    $t = 1 + \log(U + (1 - U) e^{-2 \kappa}) / \kappa$; the tangent direction is uniform.
 
     Args:
         key: a ``jax.random`` key.
@@ -461,9 +461,9 @@ def vmf_mixture(key, n, means, kappas, weights=None, dtype=jnp.float32) -> Float
 
 
 def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
-    """The tennis-ball seam on ``S^2``: ``(a cos t + b cos 3t, a sin t - b sin 3t, 2 sqrt(ab) sin 2t)``, ``a = 1 - b``.
+    r"""The tennis-ball seam on $S^2$: $(a \cos t + b \cos 3t,\ a \sin t - b \sin 3t,\ 2 \sqrt{ab} \sin 2t)$, $a = 1 - b$.
 
-    ``|x|^2 = a^2 + b^2 + 2ab cos 4t + 2ab (1 - cos 4t) = (a + b)^2 = 1``. ``t`` in radians.
+    $|x|^2 = a^2 + b^2 + 2ab \cos 4t + 2ab (1 - \cos 4t) = (a + b)^2 = 1$. $t$ in radians.
 
     Args:
         t: angle(s), any shape.
@@ -492,7 +492,7 @@ def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
 
 
 def curve_points(theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"]) -> Float[Array, "n d"]:
-    """``p_theta(s) = normalize(c_0 + sum_{k=1}^M a_k cos(2 pi k s) + b_k sin(2 pi k s))``.
+    r"""$p_\theta(s) = \operatorname{normalize}\big(c_0 + \sum_{k=1}^M a_k \cos(2 \pi k s) + b_k \sin(2 \pi k s)\big)$.
 
     Args:
         theta: ``(2M + 1, d)`` stacking ``[c_0; a_1..a_M; b_1..b_M]``.
@@ -518,9 +518,9 @@ def curve_points(theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"]) -> F
 
 
 def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
-    """Gauges ``Psi(s_i) = rotation_to(p_theta(s_i), u)`` (so ``Psi(s_i)^T u = p_theta(s_i)``).
+    r"""Gauges $\Psi(s_i) = \operatorname{rotation\_to}(p_\theta(s_i), u)$ (so $\Psi(s_i)^\top u = p_\theta(s_i)$).
 
-    Differentiable in ``theta``. Use with ``mf.kernels.Prompt(beta, gauges)`` and labels
+    Differentiable in $\theta$. Use with ``mf.kernels.Prompt(beta, gauges)`` and labels
     ``arange(n)`` (one gauge per token), or ``curve_gauge`` with ``mf.kernels.Gauge``.
 
     Args:
@@ -543,7 +543,7 @@ def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
 
 
 def curve_gauge(theta, u) -> Callable:
-    """The gauge ``Psi(s) = rotation_to(p_theta(s), u)`` as a callable for ``mf.kernels.Gauge``.
+    r"""The gauge $\Psi(s) = \operatorname{rotation\_to}(p_\theta(s), u)$ as a callable for ``mf.kernels.Gauge``.
 
     Args:
         theta: ``(2M + 1, d)`` Fourier coefficients (see ``curve_points``).
@@ -570,7 +570,7 @@ def curve_gauge(theta, u) -> Callable:
 def init_curve(
     key, num_modes, d: int = 3, scale: float = 0.1, dtype=jnp.float32
 ) -> Float[Array, "m d"]:
-    """Initial ``theta``: the great circle ``cos(2 pi s) e_1 + sin(2 pi s) e_2`` plus ``N(0, scale^2)`` noise.
+    r"""Initial $\theta$: the great circle $\cos(2 \pi s) e_1 + \sin(2 \pi s) e_2$ plus $N(0, \text{scale}^2)$ noise.
 
     Args:
         key: a ``jax.random`` key.
@@ -603,12 +603,12 @@ def fit_curve(
     bandwidth: RealScalarLike = 0.3,
     theta0=None,
 ):
-    """Fit ``theta`` so that the maximiser's marginal ``(p_theta)_# ds`` matches ``target`` samples.
+    r"""Fit $\theta$ so that the maximiser's marginal $(p_\theta)_\# ds$ matches ``target`` samples.
 
-    Loss: ``MMD^2(p_theta(s), target)`` (``mf.metrics.mmd``, Gaussian kernel of ``bandwidth``)
-    over stratified positions ``s_i = (i + U_i) / n`` redrawn every step, minimised by
+    Loss: $\mathrm{MMD}^2(p_\theta(s), \text{target})$ (``mf.metrics.mmd``, Gaussian kernel of ``bandwidth``)
+    over stratified positions $s_i = (i + U_i) / n$ redrawn every step, minimised by
     ``optax.adam``. This differentiates through the maximiser characterisation: for the gauge
-    ``Psi(s) = rotation_to(p_theta(s), u)`` the maximiser is ``x(s) = p_theta(s)`` for every ``u``.
+    $\Psi(s) = \operatorname{rotation\_to}(p_\theta(s), u)$ the maximiser is $x(s) = p_\theta(s)$ for every $u$.
 
     Args:
         key: a ``jax.random`` key.

@@ -1,20 +1,19 @@
-"""Fast phase-diagram sweeps of self-attention dynamics (clustering fraction over ``(beta, t)``).
+r"""Fast phase-diagram sweeps of self-attention dynamics (clustering fraction over $(\beta, t)$).
 
-For a grid of ``beta`` and many seeds, run the particle flow on ``S^{d-1}`` with
-``Q = K = V = I`` by projected Euler steps,
+For a grid of $\beta$ and many seeds, run the particle flow on $S^{d-1}$ with
+$Q = K = V = I$ by projected Euler steps,
 
-    x_i <- normalize(x_i + h P_{x_i} F_i),
-    F_i = sum_j W_ij x_j / sum_j W_ij          (SA, normalised, ``normalized=True``)
-    F_i = (1/n) sum_j W_ij x_j                 (USA, unnormalised)
-    W_ij = exp(beta <x_i, x_j>),
+$$x_i \leftarrow \frac{x_i + h P_{x_i} F_i}{\|x_i + h P_{x_i} F_i\|}, \qquad W_{ij} = e^{\beta \langle x_i, x_j\rangle},$$
+
+$$F_i = \frac{\sum_j W_{ij} x_j}{\sum_j W_{ij}} \ \text{(SA, normalised: normalized=True)}, \qquad F_i = \frac1n \sum_j W_{ij} x_j \ \text{(USA)},$$
 
 and record at checkpoint times the clustering fraction
 
-    c(t) = #{(i, j): i != j, <x_i(t), x_j(t)> > threshold} / (n (n - 1)),
+$$c(t) = \frac{\#\{(i, j): i \ne j,\ \langle x_i(t), x_j(t)\rangle > \text{threshold}\}}{n (n - 1)},$$
 
 averaged over seeds. This is the phase diagram of Geshkovski, Letrouit,
-Polyanskiy and Rigollet (SA: ``dt = 0.1`` to ``t = 10``; USA: the reference
-code's beta-dependent step ``0.1 / max(sqrt(beta) e^{beta - 1/2}, 1)`` to ``t = 0.25``).
+Polyanskiy and Rigollet (SA: $dt = 0.1$ to $t = 10$; USA: the reference
+code's beta-dependent step $0.1 / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$ to $t = 0.25$).
 
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
@@ -137,7 +136,7 @@ class PhaseDiagram(NamedTuple):
 
 
 def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) -> Float[Array, ""]:
-    """``c = #{(i, j): i != j, <x_i, x_j> > threshold} / (n (n - 1))`` (dense reference).
+    r"""$c = \#\{(i, j): i \ne j,\ \langle x_i, x_j\rangle > \text{threshold}\} / (n (n - 1))$ (dense reference).
 
     Args:
         x: ``(n, d)`` points on the sphere; threshold: on ``<x_i, x_j>``.
@@ -161,10 +160,10 @@ def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) ->
 def euler_step(
     x: Float[Array | np.ndarray, "n d"], beta, h, *, normalized: bool = True
 ) -> Float[Array, "n d"]:
-    """One projected Euler step ``normalize(x + h P_x F(x))`` (dense reference, all ``n^2`` exponentials).
+    r"""One projected Euler step $x \leftarrow \operatorname{normalize}(x + h P_x F(x))$ (dense reference, all $n^2$ exponentials).
 
-    ``F_i = sum_j e^{beta <x_i, x_j>} x_j / sum_j e^{beta <x_i, x_j>}`` (SA) or
-    ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` (USA); ``P_x v = v - <v, x> x`` per row.
+    $F_i = \sum_j e^{\beta \langle x_i, x_j\rangle} x_j / \sum_j e^{\beta \langle x_i, x_j\rangle}$ (SA) or
+    $\frac1n \sum_j e^{\beta \langle x_i, x_j\rangle} x_j$ (USA); $P_x v = v - \langle v, x\rangle x$ per row.
 
     Args:
         x: ``(n, d)`` points on ``S^{d-1}``; beta: inverse temperature; h: step.
@@ -194,7 +193,7 @@ def euler_step(
 
 
 def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
-    """Reference code's USA step ``h(beta) = base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)``.
+    r"""Reference code's USA step $h(\beta) = \text{base\_dt} / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$.
 
     Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``).
 
@@ -217,7 +216,7 @@ def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
 
 
 def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
-    """``checkpoints`` equally spaced times ``t_k = k t1 / (checkpoints - 1)`` (``linspace(0, t1, checkpoints)``).
+    r"""``checkpoints`` equally spaced times $t_k = k\, t_1 / (\text{checkpoints} - 1)$ (``linspace(0, t1, checkpoints)``).
 
     Args:
         t1: final time; checkpoints: number of times.
@@ -236,11 +235,11 @@ def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
 def checkpoint_steps(
     t1: RealScalarLike, dt: RealScalarLike, checkpoints: int
 ) -> tuple[int, float, np.ndarray]:
-    """Step grid of a run to ``t1`` with steps of at most ``dt``.
+    r"""Step grid of a run to ``t1`` with steps of at most ``dt``.
 
-    Returns ``(N, h, idx)``: ``N = ceil(t1 / dt)`` steps of the uniform step
-    ``h = t1 / N`` (``= dt`` when ``dt`` divides ``t1``), and for each checkpoint
-    time ``t_k`` the step index ``round(t_k / h)`` whose state is recorded.
+    Returns ``(N, h, idx)``: $N = \lceil t_1 / dt \rceil$ steps of the uniform step
+    $h = t_1 / N$ ($= dt$ when $dt$ divides $t_1$), and for each checkpoint
+    time $t_k$ the step index $\operatorname{round}(t_k / h)$ whose state is recorded.
 
     Args:
         t1: final time; dt: largest allowed step; checkpoints: number of checkpoint times.
@@ -614,13 +613,13 @@ def sa_phase_diagram(
     packed: bool = False,
     backend="auto",
 ):
-    """Clustering fraction ``c(beta, t_k)`` of the Euler-discretised SA flow, averaged over seeds.
+    r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
-    ``x <- normalize(x + h P_x F)``, ``F_i = sum_j softmax_j(beta <x_i, x_j>) x_j``
-    (``normalized=True``; ``(1/n) sum_j e^{beta <x_i, x_j>} x_j`` otherwise), with
-    ``N = ceil(t1 / dt)`` steps of ``h = t1 / N``, and
-    ``c = #{i != j: <x_i, x_j> > threshold} / (n (n - 1))`` at the checkpoint
-    times ``linspace(0, t1, checkpoints)`` (state of step ``round(t_k / h)``).
+    $x \leftarrow \operatorname{normalize}(x + h P_x F)$, $F_i = \sum_j \operatorname{softmax}_j(\beta \langle x_i, x_j\rangle)\, x_j$
+    (``normalized=True``; $\frac1n \sum_j e^{\beta \langle x_i, x_j\rangle} x_j$ otherwise), with
+    $N = \lceil t_1 / dt \rceil$ steps of $h = t_1 / N$, and
+    $c = \#\{i \ne j: \langle x_i, x_j\rangle > \text{threshold}\} / (n (n - 1))$ at the checkpoint
+    times ``linspace(0, t1, checkpoints)`` (state of step $\operatorname{round}(t_k / h)$).
 
     Args:
         key: PRNG key for the initial states (i.i.d. uniform on ``S^{d-1}``, the
@@ -690,20 +689,20 @@ def usa_phase_diagram(
     packed: bool = False,
     backend="auto",
 ):
-    """Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
+    r"""Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
 
-    ``x <- normalize(x + h_beta P_x F)``, ``F_i = (1/n) sum_j e^{beta <x_i, x_j>} x_j``,
-    ``h_beta <= base_dt / max(sqrt(beta) e^{beta - 1/2}, 1)`` (``usa_step_size``): each
-    ``beta`` runs its own ``N_beta = ceil(t1 / h_beta)`` steps (bucketed by step count, no
-    padding to the largest ``N``), in the time-rescaled form ``exp(beta (<x_i, x_j> - 1))``
-    with step ``e^beta h_beta`` (the same iterates, no overflow). Checkpoints and
-    metric as in ``sa_phase_diagram``.
+    $x \leftarrow \operatorname{normalize}(x + h_\beta P_x F)$, $F_i = \frac1n \sum_j e^{\beta \langle x_i, x_j\rangle} x_j$,
+    $h_\beta \le \text{base\_dt} / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$ (``usa_step_size``): each
+    $\beta$ runs its own $N_\beta = \lceil t_1 / h_\beta \rceil$ steps (bucketed by step count, no
+    padding to the largest $N$), in the time-rescaled form $e^{\beta (\langle x_i, x_j\rangle - 1)}$
+    with step $e^\beta h_\beta$ (the same iterates, no overflow). Checkpoints and
+    metric as in ``sa_phase_diagram``; the arguments ``key``, ``betas``, ``n``, ``d``, ``seeds``,
+    ``checkpoints``, ``threshold``, ``x0``, ``dtype``, ``per_seed``, ``seed_chunk``, ``packed`` and
+    ``backend`` too.
 
     Args:
-        key, betas, n, d, seeds, checkpoints, threshold, x0, dtype, per_seed, seed_chunk,
-            packed, backend: as in ``sa_phase_diagram``.
         t1: final time (default 0.25).
-        base_dt: the step for ``beta`` with ``sqrt(beta) e^{beta - 1/2} <= 1`` (default 0.1).
+        base_dt: the step for $\beta$ with $\sqrt\beta\, e^{\beta - 1/2} \le 1$ (default 0.1).
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``, whose

@@ -1,4 +1,9 @@
-"""Matplotlib figures from results (an edge module: the core never imports it)."""
+r"""Matplotlib figures from results (an edge module: the core never imports it).
+
+Sphere views of configurations $x \in (S^{d-1})^n$, curves such as the collapse gap $G_x(t)$
+with bands, and saving. Nothing here selects a matplotlib backend: figures go where the
+caller's backend sends them (inline in a notebook, a file with ``savefig``).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ def plot_configuration(ax, x, *, color=None, overlay=None, title: str | None = N
 
     ``d = 3``: on a sphere view (``ax`` must be 3D). Otherwise the first two
     principal directions of ``x`` (a projection). ``color``: per-point values
-    (e.g. positions ``s_i``). ``overlay``: (m, d) points of the theory's orbit,
+    (e.g. positions $s_i$). ``overlay``: (m, d) points of the theory's orbit,
     drawn as a dashed line.
     """
     x = np.asarray(x)
@@ -70,6 +75,7 @@ def plot_curves(ax, t, ys, *, label=None, band=None, color=None, logy=False):
 
 
 def savefig(fig, path, dpi: int = 110):
+    """Lay out ``fig`` (``tight_layout``), write it to ``path`` at ``dpi``, close it; return the path as a string."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)

@@ -1,27 +1,27 @@
-"""Prototype readout: soft assignment, the exact loss decomposition, two-timescale training.
+r"""Prototype readout: soft assignment, the exact loss decomposition, two-timescale training.
 
 MATH.md Sec. 4 (DDCL-Attention, papers/ddcl-prototype-readout.txt). Tokens
-``z_t in R^m`` (``t = 1..T``), prototypes ``p_1..p_K``, temperature ``tau > 0``:
+$z_t \in \mathbb{R}^m$ ($t = 1, \dots, T$), prototypes $p_1, \dots, p_K$, temperature $\tau > 0$:
 
-* soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / tau)``;
-* soft reconstruction ``zhat_t = sum_k q_tk p_k``;
-* exact decomposition of the soft quantisation loss::
+* soft assignment $q_{tk} = \operatorname{softmax}_k(-\|z_t - p_k\|^2 / \tau)$;
+* soft reconstruction $\hat z_t = \sum_k q_{tk} p_k$;
+* exact decomposition of the soft quantisation loss:
 
-      L_q   = mean_t sum_k q_tk ||z_t - p_k||^2
-            = L_OLS + V,
-      L_OLS = mean_t ||z_t - zhat_t||^2                  (reconstruction),
-      V     = mean_t sum_k q_tk ||p_k - zhat_t||^2 >= 0   (prototype variance).
+    $$L_q = \operatorname{mean}_t \sum_k q_{tk} \|z_t - p_k\|^2 = L_{\text{OLS}} + V,$$
 
-  (``||z - p_k||^2 = ||z - zhat||^2 + ||zhat - p_k||^2 + 2 <z - zhat, zhat - p_k>``
-  and the cross term vanishes after weighting by ``q_tk`` because
-  ``sum_k q_tk (zhat_t - p_k) = 0``.)
+    $$L_{\text{OLS}} = \operatorname{mean}_t \|z_t - \hat z_t\|^2 \ \text{(reconstruction)}, \qquad
+    V = \operatorname{mean}_t \sum_k q_{tk} \|p_k - \hat z_t\|^2 \ge 0 \ \text{(prototype variance)}.$$
+
+    ($\|z - p_k\|^2 = \|z - \hat z\|^2 + \|\hat z - p_k\|^2 + 2 \langle z - \hat z, \hat z - p_k\rangle$
+    and the cross term vanishes after weighting by $q_{tk}$ because
+    $\sum_k q_{tk} (\hat z_t - p_k) = 0$.)
 
 The module also holds the models built on it (a readout layer, a hard
 vector-quantisation baseline with the straight-through estimator, a
 two-level hierarchical readout, a small VQ autoencoder), the clustering
 metrics used to judge them, the two-timescale trainer (``optax.multi_transform``:
-encoder/projection at ``eta_theta``, prototypes at ``eta_P``,
-``eps = eta_theta / eta_P``) and two datasets that need no download.
+encoder/projection at $\eta_\theta$, prototypes at $\eta_P$,
+$\varepsilon = \eta_\theta / \eta_P$) and two datasets that need no download.
 
 Single-sequence functions act on one ``(T, m)`` array; batch with ``jax.vmap``.
 """
@@ -117,7 +117,7 @@ def _check_q(q) -> None:
 def squared_distances(
     z: Float[Array | np.ndarray, "T m"], prototypes: Float[Array | np.ndarray, "K m"]
 ) -> Float[Array, "T K"]:
-    """``d_tk = ||z_t - p_k||^2``, from the differences (no ``|z|^2 + |p|^2 - 2 z.p``
+    r"""$d_{tk} = \|z_t - p_k\|^2$, from the differences (no $|z|^2 + |p|^2 - 2 z \cdot p$
     cancellation, so each entry is accurate relative to itself).
 
     Args:
@@ -136,9 +136,9 @@ def squared_distances(
 
 
 def assign(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T K"]:
-    """Soft assignment ``q_tk = softmax_k(-||z_t - p_k||^2 / temperature)``.
+    r"""Soft assignment $q_{tk} = \operatorname{softmax}_k(-\|z_t - p_k\|^2 / \tau)$, $\tau$ the ``temperature``.
 
-    The softmax is taken of ``-(d_tk - min_j d_tj) / temperature`` (shifted by the
+    The softmax is taken of $-(d_{tk} - \min_j d_{tj}) / \tau$ (shifted by the
     row minimum distance before the division, so the largest logit is exactly 0
     and distant tokens neither underflow nor give NaN); each row is a probability
     vector over prototypes.
@@ -177,7 +177,7 @@ def _softmin(d, temperature):
 
 
 def reconstruct(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T m"]:
-    """Soft reconstruction ``zhat_t = sum_k q_tk p_k`` (the soft centroid of ``z_t``).
+    r"""Soft reconstruction $\hat z_t = \sum_k q_{tk} p_k$ (the soft centroid of $z_t$).
 
     Args:
         z: ``(T, m)`` tokens; prototypes: ``(K, m)``; temperature: scalar ``> 0``.
@@ -200,16 +200,16 @@ def reconstruct(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array
 def loss_terms(
     z: ArrayLike, prototypes: ArrayLike, temperature
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
-    """The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
+    r"""The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
 
-    ``L_q = mean_t sum_k q_tk ||z_t - p_k||^2``,
-    ``L_OLS = mean_t ||z_t - zhat_t||^2``,
-    ``V = mean_t sum_k q_tk ||p_k - zhat_t||^2``, with ``L_q = L_OLS + V``.
+    $L_q = \operatorname{mean}_t \sum_k q_{tk} \|z_t - p_k\|^2$,
+    $L_{\text{OLS}} = \operatorname{mean}_t \|z_t - \hat z_t\|^2$,
+    $V = \operatorname{mean}_t \sum_k q_{tk} \|p_k - \hat z_t\|^2$, with $L_q = L_{\text{OLS}} + V$.
 
     The three terms are computed independently (none is defined as a
-    difference of the others). ``zhat_t`` is formed with the row-renormalised
-    ``q`` so that ``sum_k q_tk (zhat_t - p_k) = 0`` to rounding; the identity
-    then holds to a few ulps relative to ``L_q``.
+    difference of the others). $\hat z_t$ is formed with the row-renormalised
+    $q$ so that $\sum_k q_{tk} (\hat z_t - p_k) = 0$ to rounding; the identity
+    then holds to a few ulps relative to $L_q$.
 
     Args:
         z: ``(T, m)`` tokens.
@@ -246,10 +246,10 @@ def _loss_terms(z, prototypes, temperature):
 
 
 def decomposition_error(L_q, L_ols, V) -> Array:
-    """Relative violation ``|L_q - L_OLS - V| / L_q`` of the decomposition (0 when exact).
+    r"""Relative violation $|L_q - L_{\text{OLS}} - V| / L_q$ of the decomposition (0 when exact).
 
     Args:
-        L_q, L_ols, V: scalars (e.g. from :func:`loss_terms`).
+        L_q, L_ols, V: scalars (e.g. from ``loss_terms``).
 
     Returns:
         scalar ``()``.
@@ -267,7 +267,7 @@ def decomposition_error(L_q, L_ols, V) -> Array:
 
 
 def hard_assign(z: Array | np.ndarray, codebook: Array | np.ndarray) -> Int[Array, " T"]:
-    """Nearest code ``k*_t = argmin_k ||z_t - e_k||^2``.
+    r"""Nearest code $k^*_t = \operatorname{argmin}_k \|z_t - e_k\|^2$.
 
     Args:
         z: ``(T, m)`` tokens; codebook: ``(K, m)`` codes ``e_k``.
@@ -285,7 +285,7 @@ def hard_assign(z: Array | np.ndarray, codebook: Array | np.ndarray) -> Int[Arra
 
 
 def straight_through(z: Float[Array, "T m"], zq: Float[Array, "T m"]) -> Float[Array, "T m"]:
-    """Straight-through estimator ``z + sg(zq - z)``: value ``zq``, gradient of ``z``.
+    r"""Straight-through estimator $z + \operatorname{sg}(z_q - z)$: value $z_q$, gradient of $z$.
 
     Args:
         z: ``(T, m)`` tokens; zq: ``(T, m)`` quantised tokens.
@@ -306,10 +306,10 @@ def straight_through(z: Float[Array, "T m"], zq: Float[Array, "T m"]) -> Float[A
 def vq_losses(
     z: Array | np.ndarray, codebook: Array | np.ndarray
 ) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """VQ-VAE codebook and commitment losses for the nearest code ``e_t = e_{k*_t}``.
+    r"""VQ-VAE codebook and commitment losses for the nearest code $e_t = e_{k^*_t}$.
 
-    ``codebook = mean_t ||sg(z_t) - e_t||^2`` (moves codes),
-    ``commitment = mean_t ||z_t - sg(e_t)||^2`` (moves the encoder). Only the
+    $\text{codebook} = \operatorname{mean}_t \|\operatorname{sg}(z_t) - e_t\|^2$ (moves codes),
+    $\text{commitment} = \operatorname{mean}_t \|z_t - \operatorname{sg}(e_t)\|^2$ (moves the encoder). Only the
     winning code of each token receives a gradient: codes that win no token
     never move (dead codes).
 
@@ -349,13 +349,13 @@ def _maybe_normalize(z, normalize: bool):
 
 
 class PrototypeReadout(eqx.Module):
-    """Soft prototype readout (DDCL-Attention final readout).
+    r"""Soft prototype readout (DDCL-Attention final readout).
 
-    A sequence ``x`` of ``T`` encoder outputs in ``R^d`` is projected to tokens
-    ``z_t = f(x_t) in R^m`` (a linear map, or an MLP when ``depth > 0``; on the
-    unit sphere when ``normalize``), softly assigned to ``K`` global prototypes
-    and summarised by the ``K``-dimensional soft histogram
-    ``s_k = mean_t q_tk`` (linear cost ``O(T K m)``).
+    A sequence $x$ of $T$ encoder outputs in $\mathbb{R}^d$ is projected to tokens
+    $z_t = f(x_t) \in \mathbb{R}^m$ (a linear map, or an MLP when ``depth > 0``; on the
+    unit sphere when ``normalize``), softly assigned to $K$ global prototypes
+    and summarised by the $K$-dimensional soft histogram
+    $s_k = \operatorname{mean}_t q_{tk}$ (linear cost $O(T K m)$).
 
     Fields: ``projection`` (encoder, rate ``eta_theta``), ``prototypes``
     ``(K, m)`` (rate ``eta_P``), ``temperature`` (a fixed scalar leaf, never
@@ -439,7 +439,7 @@ class PrototypeReadout(eqx.Module):
         return self.assign(x) @ self.prototypes
 
     def loss_terms(self, x: ArrayLike):
-        """``(L_q, L_OLS, V)`` of the tokens of ``x`` (see :func:`loss_terms`)."""
+        """``(L_q, L_OLS, V)`` of the tokens of ``x`` (see ``loss_terms``)."""
         return _loss_terms(self.tokens(x), self.prototypes, self.temperature)
 
     def __call__(self, x: ArrayLike) -> Float[Array, " K"]:
@@ -448,16 +448,16 @@ class PrototypeReadout(eqx.Module):
 
 
 class HardVQ(eqx.Module):
-    """Hard vector quantisation (VQ-VAE) with the straight-through estimator.
+    r"""Hard vector quantisation (VQ-VAE) with the straight-through estimator.
 
-    ``z_t = f(x_t)``, ``k*_t = argmin_k ||z_t - e_k||^2``, quantised output
-    ``z_t + sg(e_{k*_t} - z_t)``. Same fields and initialisation as
-    :class:`PrototypeReadout` (``prototypes`` is the codebook), so the two are
+    $z_t = f(x_t)$, $k^*_t = \operatorname{argmin}_k \|z_t - e_k\|^2$, quantised output
+    $z_t + \operatorname{sg}(e_{k^*_t} - z_t)$. Same fields and initialisation as
+    ``PrototypeReadout`` (``prototypes`` is the codebook), so the two are
     compared at equal ``K``, ``m`` and budget.
 
     Args:
         d, m, K, key, width, depth, normalize, prototype_scale: as in
-            :class:`PrototypeReadout` (no temperature).
+            ``PrototypeReadout`` (no temperature).
 
     Returns:
         (``__call__``) the ``(K,)`` code histogram ``mean_t onehot(k*_t)`` of one sequence.
@@ -514,15 +514,15 @@ class HardVQ(eqx.Module):
 
 
 class VQAutoencoder(eqx.Module):
-    """Encoder -> quantiser -> decoder (DDCL paradigm 4 against VQ-VAE).
+    r"""Encoder -> quantiser -> decoder (DDCL paradigm 4 against VQ-VAE).
 
-    Soft (``quantizer`` a :class:`PrototypeReadout`):
-    ``loss = mean_t ||x_t - g(zhat_t)||^2 + lam * L_q``.
-    Hard (``quantizer`` a :class:`HardVQ`):
-    ``loss = mean_t ||x_t - g(z_t + sg(e_t - z_t))||^2 + codebook + beta * commitment``.
+    Soft (``quantizer`` a ``PrototypeReadout``):
+    $\text{loss} = \operatorname{mean}_t \|x_t - g(\hat z_t)\|^2 + \lambda L_q$.
+    Hard (``quantizer`` a ``HardVQ``):
+    $\text{loss} = \operatorname{mean}_t \|x_t - g(z_t + \operatorname{sg}(e_t - z_t))\|^2 + \text{codebook} + \beta\, \text{commitment}$.
 
     Args:
-        quantizer: a :class:`PrototypeReadout` or :class:`HardVQ` (its projection is the encoder ``f``).
+        quantizer: a ``PrototypeReadout`` or ``HardVQ`` (its projection is the encoder ``f``).
         key: PRNG key of the decoder ``g: R^m -> R^d``.
         width, depth: decoder MLP size (``depth = 0``: linear).
 
@@ -584,18 +584,18 @@ class VQAutoencoder(eqx.Module):
 
 
 class HierarchicalReadout(eqx.Module):
-    """Two-level readout (DDCL paradigm 5): level-1 prototypes feed level 2.
+    r"""Two-level readout (DDCL paradigm 5): level-1 prototypes feed level 2.
 
     Level 1: tokens ``z_t = f(x_t)`` of each sequence against prototypes
     ``P1`` ``(K1, m)`` give ``q1`` and the sequence summary
-    ``s = mean_t q1_t in R^{K1}``. Level 2: the summaries ``s_n`` of the
+    $s = \operatorname{mean}_t q^{(1)}_t \in \mathbb{R}^{K_1}$. Level 2: the summaries ``s_n`` of the
     sequences of a batch are the tokens of a second readout against ``P2``
-    ``(K2, K1)``. The decomposition ``L_q = L_OLS + V`` holds at each level.
+    ``(K2, K1)``. The decomposition $L_q = L_{\text{OLS}} + V$ holds at each level.
 
     Args:
         d, m, K1: input, latent and level-1 prototype counts; K2: level-2 prototypes.
         temperature1, temperature2: the two soft-assignment temperatures.
-        key: PRNG key; **kw: passed to the level-1 :class:`PrototypeReadout`.
+        key: PRNG key; **kw: passed to the level-1 ``PrototypeReadout``.
 
     Returns:
         (``__call__``) the ``(K2,)`` level-2 assignment of one ``(T, d)`` sequence.
@@ -649,7 +649,7 @@ class HierarchicalReadout(eqx.Module):
 
 
 def utilization(q: ArrayLike, threshold: RealScalarLike = 0.01) -> Float[Array, ""]:
-    """Codebook utilisation: fraction of prototypes with mean assignment ``mean_t q_tk > threshold``.
+    r"""Codebook utilisation: fraction of prototypes with mean assignment $\operatorname{mean}_t q_{tk} > \text{threshold}$.
 
     ``q`` may be soft (rows on the simplex) or one-hot (hard VQ).
 
@@ -669,7 +669,7 @@ def utilization(q: ArrayLike, threshold: RealScalarLike = 0.01) -> Float[Array, 
 
 
 def separation(prototypes: ArrayLike) -> tuple[Float[Array, ""], Float[Array, ""]]:
-    """Prototype separation ``S(P)``: ``(min, mean)`` of ``||p_j - p_k||`` over pairs ``j < k``.
+    r"""Prototype separation $S(P)$: ``(min, mean)`` of $\|p_j - p_k\|$ over pairs $j < k$.
 
     Args:
         prototypes: ``(K, m)``, ``K >= 2``.
@@ -698,7 +698,7 @@ def _separation(prototypes):
 
 
 def assignment_entropy(q: ArrayLike) -> Float[Array, ""]:
-    """Mean assignment entropy ``H(Q) = -mean_t sum_k q_tk log q_tk`` (nats, ``0 <= H <= log K``).
+    r"""Mean assignment entropy $H(Q) = -\operatorname{mean}_t \sum_k q_{tk} \log q_{tk}$ (nats, $0 \le H \le \log K$).
 
     Args:
         q: ``(T, K)`` assignments (rows on the simplex).
@@ -734,8 +734,8 @@ def _pair(labels_true, labels_pred):
 
 
 def clustering_accuracy(labels_true, labels_pred) -> float:
-    """Clustering accuracy ``max_sigma (1/N) sum_n 1[y_n = sigma(c_n)]`` over one-to-one
-    maps ``sigma`` from clusters to classes (Hungarian matching,
+    r"""Clustering accuracy $\max_\sigma \frac1N \sum_n \mathbf{1}[y_n = \sigma(c_n)]$ over one-to-one
+    maps $\sigma$ from clusters to classes (Hungarian matching,
     ``scipy.optimize.linear_sum_assignment``; unmatched clusters count as errors).
 
     Args:
@@ -761,7 +761,7 @@ def clustering_accuracy(labels_true, labels_pred) -> float:
 
 
 def nmi(labels_true, labels_pred) -> float:
-    """Normalised mutual information ``NMI = I(y; c) / ((H(y) + H(c)) / 2)``
+    r"""Normalised mutual information $\mathrm{NMI} = I(y; c) / ((H(y) + H(c)) / 2)$
     (``sklearn.metrics.normalized_mutual_info_score``, arithmetic normalisation).
 
     Args:
@@ -782,7 +782,7 @@ def nmi(labels_true, labels_pred) -> float:
 
 
 def ari(labels_true, labels_pred) -> float:
-    """Adjusted Rand index ``ARI = (RI - E[RI]) / (max RI - E[RI])`` (``sklearn.metrics.adjusted_rand_score``).
+    r"""Adjusted Rand index $\mathrm{ARI} = (\mathrm{RI} - E[\mathrm{RI}]) / (\max \mathrm{RI} - E[\mathrm{RI}])$ (``sklearn.metrics.adjusted_rand_score``).
 
     Args:
         labels_true, labels_pred: ``(N,)`` integer labels.
@@ -815,7 +815,7 @@ def param_labels(model) -> object:
     temperatures, ``"theta"`` for every other array (encoder, projection, decoder).
 
     Args:
-        model: an equinox model (e.g. :class:`PrototypeReadout`).
+        model: an equinox model (e.g. ``PrototypeReadout``).
 
     Returns:
         a PyTree of strings matching ``eqx.filter(model, eqx.is_inexact_array)``.
@@ -841,17 +841,17 @@ def param_labels(model) -> object:
 
 
 def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam"):
-    """``optax.multi_transform`` with rate ``eta_theta`` on the encoder/projection
+    r"""``optax.multi_transform`` with rate ``eta_theta`` on the encoder/projection
     and ``eta_P`` on the prototypes (``eps = eta_theta / eta_P``); temperatures frozen.
 
     ``optimizer`` is ``"adam"`` or ``"sgd"``. The rates may be traced (a sweep
     over ``eps`` is one ``vmap``).
 
-    SGD: ``theta <- theta - eta_theta g_theta``, ``P <- P - eta_P g_P``; Adam scales each
+    SGD: $\theta \leftarrow \theta - \eta_\theta g_\theta$, $P \leftarrow P - \eta_P g_P$; Adam scales each
     gradient by Adam's moments first.
 
     Args:
-        model: the model whose parameters are labelled (:func:`param_labels`).
+        model: the model whose parameters are labelled (``param_labels``).
         eta_theta, eta_P: the two rates ``> 0``; optimizer: ``"adam"`` or ``"sgd"``.
 
     Returns:
@@ -901,14 +901,14 @@ def train(
     Each epoch shuffles the ``N`` examples of ``data`` (a PyTree of arrays with
     leading axis ``N``), takes ``floor(N / batch_size)`` steps of
     ``loss_fn(model, batch) -> scalar`` (or ``(scalar, aux)``) with
-    :func:`two_timescale_optimizer`, then evaluates ``record(model)`` (a dict
+    ``two_timescale_optimizer``, then evaluates ``record(model)`` (a dict
     of arrays). One ``lax.scan`` over epochs; jit- and vmap-compatible
     (``key``, ``eta_theta``, ``eta_P`` may be batched).
 
     Args:
         model: an equinox model; loss_fn: ``(model, batch) -> scalar`` or ``(scalar, aux)``.
         data: PyTree of arrays with leading axis ``N``; key: PRNG key (shuffles).
-        eta_theta, eta_P, optimizer: as in :func:`two_timescale_optimizer`.
+        eta_theta, eta_P, optimizer: as in ``two_timescale_optimizer``.
         epochs, batch_size: loop sizes (``batch_size <= N``).
         record: ``model -> dict`` of arrays evaluated before training and after each epoch.
 

@@ -1,22 +1,22 @@
-"""Past O(n^2): the random-batch integrator (Jin, Li and Liu 2020) and the mean-field limit.
+r"""Past $O(n^2)$: the random-batch integrator (Jin, Li and Liu 2020) and the mean-field limit.
 
 Random-batch field (``mode="batch"``, the RBM-1 of Jin--Li--Liu): every step the tokens are
-split by a uniformly random permutation into ``n / p`` batches of ``p`` tokens and each token
-only interacts inside its batch::
+split by a uniformly random permutation into $n / p$ batches of $p$ tokens and each token
+only interacts inside its batch $B(i)$:
 
-    F^_i = (1/n) g(z_i, z_i) + (n - 1) / (n (p - 1)) sum_{j in B(i), j != i} g(z_i, z_j),
+$$\hat F_i = \frac1n g(z_i, z_i) + \frac{n - 1}{n (p - 1)} \sum_{j \in B(i),\, j \ne i} g(z_i, z_j),$$
 
-``g = grad_x h``. A given ``j != i`` shares the batch of ``i`` with probability
-``(p - 1)/(n - 1)``, so ``E F^_i = F_i`` (unbiased) and the cost is ``O(n p d)``.
-``mode="sample"``: ``p`` partners drawn i.i.d. uniformly (with replacement, self included),
-``F^_i = (1/p) sum_k g(z_i, z_{J_ik})``, also unbiased; ``p`` need not divide ``n``.
+$g = \nabla_x h$. A given $j \ne i$ shares the batch of $i$ with probability
+$(p - 1)/(n - 1)$, so $E \hat F_i = F_i$ (unbiased) and the cost is $O(n p d)$.
+``mode="sample"``: $p$ partners drawn i.i.d. uniformly (with replacement, self included),
+$\hat F_i = \frac1p \sum_k g(z_i, z_{J_{ik}})$, also unbiased; $p$ need not divide $n$.
 
 The integrator is projected Heun (the engine's ``rk2``) with the batch frozen during a step
 (both stages use the same batches), renormalised after each step.
 
 Mean-field convergence (USA-AV Prop. 4, App. D.4, Dobrushin): ``meanfield_distances`` runs
-``n`` and ``2n`` tokens from independent samples of one initial law and measures the MMD of
-their empirical laws at fixed times; ``fit_rate`` fits the exponent (theory ``-1/2``).
+$n$ and $2n$ tokens from independent samples of one initial law and measures the MMD of
+their empirical laws at fixed times; ``fit_rate`` fits the exponent (theory $-1/2$).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _pair_grads_exp(usa: USA, yi, yj):
 def random_batch_field(
     kernel: Kernel, x: ArrayLike, aux=None, *, key, p, mode: str = "batch"
 ) -> Float[Array, "n d"]:
-    """Unbiased random-batch estimate ``F^`` of the mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``.
+    r"""Unbiased random-batch estimate $\hat F$ of the mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$.
 
     Args:
         kernel: a kernel from ``mf.kernels`` (USA and exp-gauge kernels use the gauge frame;
@@ -143,11 +143,11 @@ _rb_field_jit = jax.jit(_rb_field, static_argnames=("p", "mode"))
 
 
 def field_errors(kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mode: str = "batch") -> np.ndarray:
-    """Relative field error ``||F^ - F||_F / ||F||_F`` for each ``p`` in ``ps`` and each draw.
+    r"""Relative field error $\|\hat F - F\|_F / \|F\|_F$ for each $p$ in ``ps`` and each draw.
 
-    For ``mode="sample"`` the mean-square error is exactly ``tr Cov(g(z_i, z_J)) / p`` per token,
-    so the relative error decays like ``p^{-1/2}``; for ``"batch"`` with the finite-population
-    factor ``(n - p) / (n - 1)``, also ``~ p^{-1/2}`` for ``p << n``.
+    For ``mode="sample"`` the mean-square error is exactly $\operatorname{tr} \operatorname{Cov}(g(z_i, z_J)) / p$ per token,
+    so the relative error decays like $p^{-1/2}$; for ``"batch"`` with the finite-population
+    factor $(n - p) / (n - 1)$, also $\sim p^{-1/2}$ for $p \ll n$.
 
     Args:
         kernel: a ``Kernel``.
@@ -183,11 +183,11 @@ def field_errors(kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mo
 
 
 class RandomBatchRun(eqx.Module):
-    """Result of ``simulate_random_batch``: save times, ``G_x`` and observables there, final state.
+    """Result of ``simulate_random_batch``: save times, $G_x$ and observables there, final state.
 
     Attributes:
         ts: ``(T,)`` save times.
-        collapse_gap: ``(T,)`` ``G_x`` at ``ts``.
+        collapse_gap: ``(T,)`` $G_x$ at ``ts``.
         observables: dict name -> ``(T, ...)`` values at ``ts``.
         x_final: ``(n, d)`` final state.
 
@@ -219,10 +219,10 @@ def simulate_random_batch(
     mode: str = "batch",
     observables: Mapping[str, Callable] | None = None,
 ) -> RandomBatchRun:
-    """Random-batch projected Heun from ``x0`` to ``t1`` (``round(t1 / dt)`` steps, ``O(n p d)`` each).
+    """Random-batch projected Heun from ``x0`` to ``t1`` (``round(t1 / dt)`` steps, $O(n p d)$ each).
 
     A fresh random batch per step, shared by the two Heun stages; rows renormalised after each
-    step. ``G_x`` and ``observables`` (``f(x) -> array``) are recorded at ``num_saves`` equally
+    step. $G_x$ and ``observables`` (``f(x) -> array``) are recorded at ``num_saves`` equally
     spaced times ``0, .., t1`` (``round(t1/dt)`` must be a multiple of ``num_saves - 1``).
 
     Args:
@@ -307,13 +307,13 @@ def meanfield_distances(
     dt: RealScalarLike = 0.05,
     bandwidth: RealScalarLike = 0.5,
 ) -> np.ndarray:
-    """``MMD(mu_n(t), mu_{2n}(t))`` for each ``n`` in ``ns``, save time and repeat: ``(len(ns), len(ts), repeats)``.
+    r"""$\mathrm{MMD}(\mu_n(t), \mu_{2n}(t))$ for each $n$ in ``ns``, save time and repeat: ``(len(ns), len(ts), repeats)``.
 
-    ``mu_n`` and ``mu_{2n}`` are the empirical laws of two exact runs (``mf.simulate``,
+    $\mu_n$ and $\mu_{2n}$ are the empirical laws of two exact runs (``mf.simulate``,
     projected RK2, step ``dt``) from independent i.i.d. samples ``sample_init(key, m)`` of the
     same initial law. By propagation of chaos (Dobrushin, USA-AV Prop. 4) both are within
-    ``O(m^{-1/2})`` of the mean-field law, so the distance decays like ``n^{-1/2}`` at fixed ``t``
-    (exactly so at ``t = 0``, where ``E MMD^2 = (3 / 2n) (E k(x, x) - E k(x, x'))``).
+    $O(m^{-1/2})$ of the mean-field law, so the distance decays like $n^{-1/2}$ at fixed $t$
+    (exactly so at $t = 0$, where $E\, \mathrm{MMD}^2 = \frac{3}{2n} (E\, k(x, x) - E\, k(x, x'))$).
 
     Args:
         kernel: a ``Kernel``.
@@ -358,7 +358,7 @@ def meanfield_distances(
 
 
 def fit_rate(ns, dist) -> tuple[float, float]:
-    """Least-squares exponent ``a`` of ``dist ~ C n^a``: fit ``log dist = a log n + log C``.
+    r"""Least-squares exponent $a$ of $\text{dist} \sim C n^a$: fit $\log \text{dist} = a \log n + \log C$.
 
     Args:
         ns: ``(k,)`` particle numbers (``k >= 2``).

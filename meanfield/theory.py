@@ -1,7 +1,11 @@
-"""Closed forms and limit laws from the papers (MATH.md).
+r"""Closed forms and limit laws from the papers (MATH.md).
 
-Section 1 (USA-AV particle dynamics) first; the long-context attention laws
-(MATH.md Sec. 2) follow below.
+Section 1 (USA-AV particle dynamics) first: the maximal energy $e^\beta / (2\beta)$ of the
+exp-gauge kernels, the great circle, the RoPE latitude circle. The long-context attention laws
+(MATH.md Sec. 2) follow: a fixed query $q$, keys $x_j$ i.i.d. with density $\rho$ on
+$S^{d-1}$, distances $T_j = 1 - \langle q, x_j\rangle$, weights
+$A_j = e^{-\beta T_j} / Z_n$, governed by the small-$T$ tail
+$P(T < t) \sim C(q)\, t^{1/\alpha}$ with $\alpha = 2/(d-1)$.
 """
 
 from __future__ import annotations
@@ -42,19 +46,18 @@ __all__ = [
 
 
 def max_energy(beta, *, rescaled: bool = False):
-    """Maximal energy of every exp-gauge kernel (USA, RoPE, phase field, gauge, prompt).
+    r"""Maximal energy of every exp-gauge kernel (USA, RoPE, phase field, gauge, prompt).
 
-    ``h <= e^beta / beta`` so ``E = 1/(2 n^2) sum h <= e^beta / (2 beta)``, attained
-    by the maximisers (Dirac in the gauge frame), for any finite ``n``.
-    With ``rescaled=True`` (the time-rescaled kernels, ``h e^{-beta}``) it is
-    ``1 / (2 beta)``.
+    $h \le e^\beta / \beta$, so $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j) \le e^\beta / (2 \beta)$,
+    attained by the maximisers (Dirac in the gauge frame), for any finite $n$.
+    With ``rescaled=True`` (the time-rescaled kernels, $h e^{-\beta}$) it is $1 / (2 \beta)$.
 
     Args:
         beta: inverse temperature, ``> 0`` (scalar or array).
         rescaled: the ``e^{-beta}``-rescaled kernels.
 
     Returns:
-        ``E_max``, same shape as ``beta``.
+        $E_{\max}$, same shape as ``beta``.
 
     Example:
         >>> import meanfield as mf
@@ -69,15 +72,15 @@ def max_energy(beta, *, rescaled: bool = False):
 
 
 def great_circle_gap(n):
-    """``G_x`` of ``n`` equally spaced points on a great circle: ``1 + 1/(n-1)``.
+    r"""$G_x$ of $n$ equally spaced points on a great circle: $1 + 1/(n-1)$.
 
-    (``sum_{i,j} <x_i, x_j> = 0`` so ``G_x = 1 + n/(n(n-1))``.)
+    ($\sum_{i,j} \langle x_i, x_j\rangle = 0$, so $G_x = 1 + n/(n(n-1))$.)
 
     Args:
         n: number of points, ``n >= 2``.
 
     Returns:
-        float ``1 + 1/(n-1)``.
+        float $1 + 1/(n-1)$.
 
     Example:
         >>> import meanfield as mf
@@ -89,10 +92,10 @@ def great_circle_gap(n):
 
 
 def great_circle_energy(m=1):
-    """Maximal energy of the Toeplitz kernel ``cos(2 pi m (t-s)) <x,y>``: 1/4.
+    r"""Maximal energy of the Toeplitz kernel $\cos(2 \pi m (t-s)) \langle x, y\rangle$: $1/4$.
 
-    Attained by ``x(s) = cos(2 pi m s) a + sin(2 pi m s) b`` (uniform great circle
-    traversed ``m`` times): ``E = 1/2 * mean_{s,t} cos^2(2 pi m (t-s)) = 1/4``.
+    Attained by $x(s) = \cos(2 \pi m s)\, a + \sin(2 \pi m s)\, b$ (the uniform great circle
+    traversed $m$ times): $E = \frac12 \operatorname{mean}_{s,t} \cos^2(2 \pi m (t-s)) = 1/4$.
 
     Args:
         m: the Toeplitz frequency, ``m >= 1``.
@@ -110,11 +113,11 @@ def great_circle_energy(m=1):
 
 
 def latitude_height(u, plane=(0, 1)):
-    """Height of the RoPE latitude circle ``x(s) = R_{-omega s} u``: ``||P_{E^perp} u||``, ``E = span(e_a, e_b)``.
+    r"""Height of the RoPE latitude circle $x(s) = R_{-\omega s} u$: $\|P_{E^\perp} u\|$, $E = \operatorname{span}(e_a, e_b)$.
 
-    A rotation in ``span(e_a, e_b)`` fixes the orthogonal complement, so the
-    circle lies at ``||P_{E^perp} u||`` from the plane ``E``: the norm of the
-    components of ``u`` outside ``plane``.
+    A rotation in $\operatorname{span}(e_a, e_b)$ fixes the orthogonal complement, so the
+    circle lies at $\|P_{E^\perp} u\|$ from the plane $E$: the norm of the
+    components of $u$ outside ``plane``.
 
     Args:
         u: ``(..., d)`` unit vector(s).
@@ -143,13 +146,13 @@ def latitude_height(u, plane=(0, 1)):
 
 
 def attention_alpha(d) -> float:
-    """Tail exponent ``alpha = 2 / (d - 1)`` of ``P(T < t) ~ C t^{1/alpha}`` on ``S^{d-1}``.
+    r"""Tail exponent $\alpha = 2 / (d - 1)$ of $P(T < t) \sim C t^{1/\alpha}$ on $S^{d-1}$.
 
     Args:
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        ``alpha`` as a float.
+        $\alpha$ as a float.
 
     Example:
         >>> import meanfield as mf
@@ -161,9 +164,9 @@ def attention_alpha(d) -> float:
 
 
 def critical_beta(n, d):
-    """Critical inverse temperature ``beta*_n = n^alpha = n^{2/(d-1)}``.
+    r"""Critical inverse temperature $\beta^*_n = n^\alpha = n^{2/(d-1)}$.
 
-    Below it (``beta << n^alpha``) the softmax averages over a diverging window,
+    Below it ($\beta \ll n^\alpha$) the softmax averages over a diverging window,
     at it finitely many keys share the mass (Poisson limit), above it the
     nearest key takes everything (paper Sec. 3).
 
@@ -172,7 +175,7 @@ def critical_beta(n, d):
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        ``n^alpha``, same shape as ``n``.
+        $n^\alpha$, same shape as ``n``.
 
     Example:
         >>> import meanfield as mf
@@ -185,19 +188,19 @@ def critical_beta(n, d):
 
 
 def tail_constant(d, density=None):
-    """Tail constant ``C(q)`` of ``P(T < t) ~ C(q) t^{1/alpha}``.
+    r"""Tail constant $C(q)$ of $P(T < t) \sim C(q)\, t^{1/\alpha}$.
 
-    ``C(q) = rho(q) omega_{d-1} 2^{(d-1)/2}``, ``omega_{d-1} = pi^{(d-1)/2} / Gamma((d+1)/2)``
-    the volume of the unit ``(d-1)``-ball. With ``density=None`` the keys are
-    uniform: ``rho = 1 / |S^{d-1}| = Gamma(d/2) / (2 pi^{d/2})`` (``d = 5``: ``C = 0.75``).
+    $C(q) = \rho(q)\, \omega_{d-1}\, 2^{(d-1)/2}$, with $\omega_{d-1} = \pi^{(d-1)/2} / \Gamma((d+1)/2)$
+    the volume of the unit $(d-1)$-ball. With ``density=None`` the keys are
+    uniform: $\rho = 1 / |S^{d-1}| = \Gamma(d/2) / (2 \pi^{d/2})$ ($d = 5$: $C = 0.75$).
 
     Args:
         d: ambient dimension, ``d >= 2``.
-        density: optional value ``rho(q) > 0`` of the key density (w.r.t. surface
+        density: optional value $\rho(q) > 0$ of the key density (w.r.t. surface
             measure) at the query; scalar or array.
 
     Returns:
-        ``C(q)`` (a float for uniform keys, an array otherwise).
+        $C(q)$ (a float for uniform keys, an array otherwise).
 
     Example:
         >>> import meanfield as mf
@@ -214,9 +217,9 @@ def tail_constant(d, density=None):
 
 
 def window_size(n, beta, d, density=None):
-    """Active softmax window ``m_n(q) = C(q) n beta^{-1/alpha}``.
+    r"""Active softmax window $m_n(q) = C(q)\, n\, \beta^{-1/\alpha}$.
 
-    The expected number of keys with ``T_j < 1/beta`` (up to ``Gamma`` factors):
+    The expected number of keys with $T_j < 1/\beta$ (up to $\Gamma$ factors):
     the number of keys sharing the attention mass in the subcritical regime.
 
     Args:
@@ -226,7 +229,7 @@ def window_size(n, beta, d, density=None):
         density: optional key density ``rho(q)`` at the query (default uniform).
 
     Returns:
-        ``m_n(q)``, broadcast shape of ``n``, ``beta`` and ``density``.
+        $m_n(q)$, broadcast shape of ``n``, ``beta`` and ``density``.
 
     Example:
         >>> import meanfield as mf
@@ -243,14 +246,14 @@ def window_size(n, beta, d, density=None):
 
 
 def subcritical_profile(x, d):
-    """Subcritical ordered-weight profile ``A_(k) / A_(1) -> exp(-x^alpha)``, ``x = k / m_n``.
+    r"""Subcritical ordered-weight profile $A_{(k)} / A_{(1)} \to e^{-x^\alpha}$, $x = k / m_n$.
 
     Args:
         x: rank(s) in window units, ``>= 0``.
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        ``exp(-x^alpha)``, same shape as ``x``.
+        $e^{-x^\alpha}$, same shape as ``x``.
 
     Example:
         >>> import meanfield as mf
@@ -263,18 +266,18 @@ def subcritical_profile(x, d):
 
 
 def cumulative_profile(x, d):
-    """Subcritical cumulative weight ``sum_{i <= x m_n} A_(i) -> P(1/alpha, x^alpha)``.
+    r"""Subcritical cumulative weight $\sum_{i \le x m_n} A_{(i)} \to P(1/\alpha, x^\alpha)$.
 
-    ``P`` is the regularised lower incomplete gamma function; it is the
-    normalised integral of ``exp(-y^alpha)`` (``int_0^x exp(-y^alpha) dy /
-    Gamma(1/alpha + 1)``).
+    $P$ is the regularised lower incomplete gamma function; it is the
+    normalised integral of $e^{-y^\alpha}$:
+    $\int_0^x e^{-y^\alpha}\, dy \,/\, \Gamma(1/\alpha + 1)$.
 
     Args:
         x: rank(s) in window units, ``>= 0``.
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        ``P(1/alpha, x^alpha)`` in ``[0, 1]``, same shape as ``x``.
+        $P(1/\alpha, x^\alpha)$ in $[0, 1]$, same shape as ``x``.
 
     Example:
         >>> import meanfield as mf
@@ -288,10 +291,10 @@ def cumulative_profile(x, d):
 
 
 def partition_function(n, beta, d, density=None):
-    """Subcritical mean partition function ``E[Z_n] ~ C n beta^{-1/alpha} Gamma(1/alpha + 1)``.
+    r"""Subcritical mean partition function $E[Z_n] \sim C\, n\, \beta^{-1/\alpha}\, \Gamma(1/\alpha + 1)$.
 
-    ``Z_n = sum_j exp(-beta T_j)``; the asymptotic holds for ``beta -> infinity``
-    (relative corrections ``O(1/beta)``; see :func:`partition_function_uniform`
+    $Z_n = \sum_j e^{-\beta T_j}$; the asymptotic holds for $\beta \to \infty$
+    (relative corrections $O(1/\beta)$; see ``partition_function_uniform``
     for the exact mean under uniform keys).
 
     Args:
@@ -301,7 +304,7 @@ def partition_function(n, beta, d, density=None):
         density: optional key density ``rho(q)`` at the query (default uniform).
 
     Returns:
-        the asymptotic ``E[Z_n]``, broadcast shape of the arguments.
+        the asymptotic $E[Z_n]$, broadcast shape of the arguments.
 
     Example:
         >>> import meanfield as mf
@@ -313,13 +316,15 @@ def partition_function(n, beta, d, density=None):
 
 
 def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
-    """Exact ``E[Z_n] = n E[exp(-beta T)]`` for keys uniform on ``S^{d-1}``.
+    r"""Exact $E[Z_n] = n\, E[e^{-\beta T}]$ for keys uniform on $S^{d-1}$.
 
-    ``<q, x>`` has density ``propto (1 - u^2)^{(d-3)/2}`` on ``[-1, 1]``, so
-    ``E[exp(-beta T)] = e^{-beta} Gamma(d/2) (2/beta)^{d/2 - 1} I_{d/2-1}(beta)``
-    (modified Bessel function), evaluated with the exponentially scaled
-    ``scipy.special.ive`` so that large ``beta`` does not overflow. Not traceable
-    (NumPy/SciPy); ``beta = 0`` gives ``n``.
+    $\langle q, x\rangle$ has density $\propto (1 - u^2)^{(d-3)/2}$ on $[-1, 1]$, so
+
+    $$E[e^{-\beta T}] = e^{-\beta}\, \Gamma(d/2)\, (2/\beta)^{d/2 - 1} I_{d/2-1}(\beta)$$
+
+    ($I_\nu$ the modified Bessel function), evaluated with the exponentially scaled
+    ``scipy.special.ive`` so that large $\beta$ does not overflow. Not traceable
+    (NumPy/SciPy); $\beta = 0$ gives $n$.
 
     Args:
         n: context length(s), ``> 0``.
@@ -327,7 +332,7 @@ def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
         d: ambient dimension, ``d >= 2``.
 
     Returns:
-        NumPy array ``E[Z_n]``, broadcast shape of ``n`` and ``beta`` (a ``np.float64`` for
+        NumPy array $E[Z_n]$, broadcast shape of ``n`` and ``beta`` (a ``np.float64`` for
         scalar arguments).
 
     Example:
@@ -354,30 +359,30 @@ def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
 def critical_weights(
     key, gamma, d, k, num, *, density=None, terms=512, batch_size=1024
 ) -> Float[Array, "num k"]:
-    """Samples of the critical limit law ``(W_1, ..., W_k)`` of the ordered weights.
+    r"""Samples of the critical limit law $(W_1, \dots, W_k)$ of the ordered weights.
 
-    At ``beta = gamma n^alpha`` the rescaled D2Qs ``beta T_(l)`` converge to a
-    Poisson process with mean measure ``c y^{1/alpha}``, ``c = C gamma^{-1/alpha}``:
-    ``y_l = (Gamma_l / c)^alpha`` with ``Gamma_l`` partial sums of i.i.d. Exp(1),
-    and ``W_k = exp(-y_k) / sum_l exp(-y_l)`` (paper Thm 3.2, MATH.md Sec. 2).
+    At $\beta = \gamma n^\alpha$ the rescaled distances $\beta T_{(l)}$ converge to a
+    Poisson process with mean measure $c\, y^{1/\alpha}$, $c = C \gamma^{-1/\alpha}$:
+    $y_l = (\Gamma_l / c)^\alpha$ with $\Gamma_l$ partial sums of i.i.d. Exp(1),
+    and $W_k = e^{-y_k} / \sum_l e^{-y_l}$ (paper Thm 3.2, MATH.md Sec. 2).
 
     The first ``terms`` points are sampled exactly; the rest of the denominator
-    is replaced by its conditional mean ``sum_{y > y_L} e^{-y} ->
-    c Gamma(1/alpha + 1) Q(1/alpha, y_L)`` (``Q`` the regularised upper
-    incomplete gamma), whose relative fluctuation is below 1% for the defaults.
+    is replaced by its conditional mean
+    $\sum_{y > y_L} e^{-y} \to c\, \Gamma(1/\alpha + 1)\, Q(1/\alpha, y_L)$ ($Q$ the regularised
+    upper incomplete gamma), whose relative fluctuation is below 1% for the defaults.
 
     Args:
         key: a ``jax.random`` key.
-        gamma: critical ratio ``beta / n^alpha > 0`` (traceable scalar).
+        gamma: critical ratio $\beta / n^\alpha > 0$ (traceable scalar).
         d: ambient dimension, ``d >= 2``.
         k: number of leading weights returned, ``1 <= k <= terms``.
         num: number of samples.
-        density: optional key density ``rho(q)`` at the query (uniform if None).
+        density: optional key density $\rho(q)$ at the query (uniform if None).
         terms: number of Poisson points sampled exactly.
         batch_size: samples drawn per vectorised batch (bounds memory).
 
     Returns:
-        ``(num, k)`` array, rows decreasing, ``W_1 + ... + W_k <= 1``.
+        ``(num, k)`` array, rows decreasing, $W_1 + \dots + W_k \le 1$.
 
     Example:
         >>> import jax, meanfield as mf
@@ -423,10 +428,10 @@ def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
 
 
 def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
-    """Subcritical drift ``Y(q) = grad_S log rho(q) - (d-1)/2 q`` (paper Thm 4.3).
+    r"""Subcritical drift $Y(q) = \nabla_S \log \rho(q) - \frac{d-1}{2} q$ (paper Thm 4.3).
 
-    ``beta Y_n(q) -> Y(q)`` when ``beta^{1+alpha} n^{-alpha} -> 0``. The
-    spherical gradient is the tangent projection ``P_q grad log rho(q)`` of the
+    $\beta Y_n(q) \to Y(q)$ when $\beta^{1+\alpha} n^{-\alpha} \to 0$. The
+    spherical gradient is the tangent projection $P_q \nabla \log \rho(q)$ of the
     ambient gradient of ``log_density`` (computed by autodiff); an unnormalised
     log-density is fine.
 
@@ -435,8 +440,8 @@ def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
         log_density: ``x (d,) -> log rho(x)`` (scalar), differentiable.
 
     Returns:
-        ``(d,)`` drift; its tangent part is ``grad_S log rho(q)`` and
-        ``<Y(q), q> = -(d-1)/2``.
+        ``(d,)`` drift; its tangent part is $\nabla_S \log \rho(q)$ and
+        $\langle Y(q), q\rangle = -(d-1)/2$.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
