@@ -1,7 +1,18 @@
 """``meanfield`` command line: simulate, reproduce, sweep, plot, info.
 
-User mistakes (bad arguments, invalid values, missing files) print ONE line on
-stderr and exit with status 2, without a traceback.
+Exit status: 0 success; 1 ``simulate`` ran but the run failed (a non-finite state, energy
+or observable: its outputs are written with ``failed: true`` and the reason in
+``summary.json``, one warning line on stderr); 2 a user mistake (bad arguments, invalid
+values, an ``--out`` that cannot be written, a run past the resource limits), reported as
+ONE line on stderr without a traceback; 130 interrupted.
+
+Before anything is allocated ``simulate`` estimates the run's steps, saves, memory and
+arithmetic (``meanfield._resources.run_cost``) and refuses past the machine's memory or the
+work bound with the estimate (``--force`` runs past the available memory or the work bound,
+never past the machine's total memory). It warns when the fixed step is long for the
+interaction rate (the sweep plan's rule, ``_resources.step_warning``) and when the energy,
+which the exact flow never decreases, falls between two saves (``energy_decreases`` in the
+summary). JSON outputs are strict: non-finite numbers are written as ``null``.
 
 ``meanfield simulate``'s model flags come from the model registry
 (``mf.kernels.MODELS``): ``--kernel NAME`` and one flag per parameter (``--beta``,
@@ -24,57 +35,86 @@ from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
-_USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, tomllib.TOMLDecodeError)
+_USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecodeError)
+
+#: Largest magnitude of a model parameter from the command line: beyond ``2^24`` a float32
+#: no longer resolves the parameter's units (a phase ``2 pi m s`` keeps no digit).
+PARAM_LIMIT = 2**24
+#: Seeds are 32-bit (``jax.random.key`` without x64): larger ones would repeat smaller ones.
+SEED_LIMIT = 2**32 - 1
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit status 2)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are ONE line on stderr (``prog: error: message``, no usage dump)
+    and exit status 2; ``meanfield.cli.main`` turns the exit into its return value."""
 
-    def error(self, message):  # pragma: no cover - exercised through the CLI tests
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    def error(self, message):  # type: ignore[override]
+        first = str(message).strip().splitlines()[0] if str(message).strip() else "invalid arguments"
+        self.exit(2, f"{self.prog}: error: {first}\n")
+
+
+_Parser = OneLineParser
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    v = _number(text)
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
 
 
 def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    v = _number(text)
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return v
 
 
-def _int_at_least(k: int):
+def _int_at_least(k: int, most: int | None = None):
+    """An integer ``>= k`` (and ``<= most``); integral floats such as ``1e5`` are accepted."""
+
     def parse(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if v < k:
-            raise argparse.ArgumentTypeError(f"must be >= {k}, got {v}")
+            f = _number(text) if text.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity") else math.nan
+            if not (math.isfinite(f) and f.is_integer()):
+                raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            v = int(f)
+        if v < k or (most is not None and v > most):
+            accepted = f">= {k}" if most is None else f"in [{k}, {most}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {accepted}, got {text}")
         return v
 
     return parse
 
 
 def _finite_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    v = _number(text)
     if not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"must be finite, got {text}")
     return v
+
+
+def _limited(parse):
+    """``parse`` with ``|value| <= PARAM_LIMIT``."""
+
+    def limited(text: str) -> float:
+        v = parse(text)
+        if abs(v) > PARAM_LIMIT:
+            raise argparse.ArgumentTypeError(
+                f"must be at most 2^24 = {PARAM_LIMIT} in magnitude (float32 resolves no unit beyond), got {text}"
+            )
+        return v
+
+    return limited
 
 
 def _plane(text: str) -> tuple[int, int]:
@@ -101,8 +141,9 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
         if entry.simulated:
             for p in entry.params:
                 seen.setdefault(p.name, []).append((entry.name, p))
-    types = {"float>0": _positive_float, "float>=0": _nonneg_float, "float": _finite_float,
-             "int>=1": _int_at_least(1), "int>=0": _int_at_least(0), "plane": _plane}
+    types = {"float>0": _limited(_positive_float), "float>=0": _limited(_nonneg_float),
+             "float": _limited(_finite_float), "int>=1": _int_at_least(1, PARAM_LIMIT),
+             "int>=0": _int_at_least(0, PARAM_LIMIT), "plane": _plane}
     for name, uses in seen.items():
         p = uses[0][1]
         if len({(q.doc, _show_default(q.default)) for _, q in uses}) == 1:
@@ -114,6 +155,8 @@ def _add_model_flags(parser: argparse.ArgumentParser) -> None:
             kw["action"] = argparse.BooleanOptionalAction
         elif p.kind == "choice":
             kw["choices"] = p.choices
+        elif name.endswith("seed"):
+            kw["type"] = _int_at_least(0, SEED_LIMIT)
         else:
             kw["type"] = types[p.kind]
         parser.add_argument(_flag(name), **kw)
@@ -135,7 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="meanfield", description="JAX engine for the mathematics of collapse in transformers.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    s = sub.add_parser("simulate", help="simulate one particle system and write figures and observables")
+    s = sub.add_parser(
+        "simulate", help="simulate one particle system and write figures and observables",
+        epilog="exit status: 0 success; 1 the run failed (non-finite state, energy or observable: outputs "
+               "written with failed = true and the reason); 2 bad arguments, unwritable --out, or a run "
+               "past the resource limits (one line on stderr)",
+    )
     s.add_argument("--kernel", default="usa", choices=MODEL_NAMES,
                    help="model name from the registry (mf.kernels.MODELS; default usa)")
     s.add_argument("--n", type=_int_at_least(2), default=256, help="number of particles (default 256)")
@@ -148,8 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--atol", type=_positive_float, default=None, help="adaptive solvers: absolute tolerance")
     s.add_argument("--saves", type=_int_at_least(2), default=101, help="number of save times (default 101)")
     s.add_argument("--early-stop", type=_positive_float, default=None, help="paper's early-stop tolerance (e.g. 1e-8)")
-    s.add_argument("--seed", type=_int_at_least(0), default=0, help="random seed (default 0)")
+    s.add_argument("--seed", type=_int_at_least(0, SEED_LIMIT), default=0,
+                   help=f"random seed in [0, {SEED_LIMIT}] (default 0)")
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
+    s.add_argument("--force", action="store_true",
+                   help="run past the available memory or the work bound (never past the machine's total memory)")
 
     r = sub.add_parser("reproduce", help="reproduce the papers' experiments (all of them when no name is given)")
     r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: the four papers)")
@@ -195,9 +246,14 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "reproduce":
             return _reproduce(args)
+    except SystemExit as e:  # a sub-command's parser (its one-line error or --help)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except MemoryError:
+        print("meanfield: error: out of memory (the estimate was too low: reduce --n, --t1, --saves or lengthen --dt)",
+              file=sys.stderr)
+        return 2
     except _USER_ERRORS as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"meanfield: error: {msg}", file=sys.stderr)
+        print(f"meanfield: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         print("meanfield: interrupted", file=sys.stderr)
@@ -205,12 +261,63 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: ``reason: path`` for an ``OSError`` on a file."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _output_dir(path: str) -> Path:
+    """``path`` created if needed and checked writable (a probe file), before any work is done."""
+    import tempfile
+
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".meanfield-probe-"):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ValueError(f"--out {path} is not a writable directory ({reason})") from None
+    return out
+
+
+def _json_safe(obj):
+    """``obj`` with non-finite floats as ``None`` (strict JSON: no ``NaN``/``Infinity``)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _dumps(obj, **kw) -> str:
+    return json.dumps(_json_safe(obj), allow_nan=False, **kw)
+
+
+def _simulate_cost(args, entry, params):
+    """The run's estimate (``_resources.run_cost``) from the arguments alone."""
+    import jax.numpy as jnp
+
+    from . import _resources
+
+    return _resources.run_cost(
+        n=args.n, d=args.d, t1=args.t1, dt=args.dt, saves=args.saves,
+        itemsize=jnp.dtype(jnp.result_type(float)).itemsize, solver=args.solver, kind=entry.name,
+        observables=3, clusters=True, save_states=True,
+    )
+
+
 def _simulate(args) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from . import kernels, metrics, sphere
+    from . import _resources, kernels, metrics, sphere
     from .integrate import simulate
 
     entry = kernels.model_entry(args.kernel)
@@ -220,10 +327,23 @@ def _simulate(args) -> int:
             accepted = " ".join(_flag(p.name) for p in entry.params) or "none"
             raise ValueError(f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})")
     params = entry.resolve(given, where="--")
+    if "prompts" in params and params["prompts"] > args.n:
+        raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {params['prompts']}")
+    # the estimate first: nothing of the run's size is allocated before it is accepted
+    cost = _simulate_cost(args, entry, params)
+    _resources.check_cost(cost, force=args.force, what="simulate")
+    out = _output_dir(args.out)
     model = kernels.make(args.kernel, d=args.d, **params)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
+    aux = model.default_aux(args.n)
+    model.check_config(x0, aux)  # the model's own refusals (e.g. beta overflow) before any warning
+    warning = _resources.step_warning(
+        args.kernel, params.get("beta", 1.0), args.dt, solver=args.solver,
+        rescaled=bool(params.get("rescaled", False)), normalized=bool(params.get("normalized", True)),
+        dt_name="--dt", rescaled_hint="--rescaled",
+    )
+    if warning:
+        print(f"meanfield: {warning}", file=sys.stderr)
     ts = np.linspace(0.0, args.t1, args.saves)
     t0 = time.perf_counter()
     traj = simulate(
@@ -234,45 +354,109 @@ def _simulate(args) -> int:
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
     e_max = entry.max_energy(params) if entry.max_energy is not None else None
-    aux = model.default_aux(args.n)
+    gap = np.asarray(traj.collapse_gap, np.float64)
+    energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else None
+    clusters = np.asarray(traj.observables["clusters"], np.float64)
+    xs = np.asarray(traj.xs)
+    reasons = _failure_reasons(traj, gap, energy, clusters, xs)
+    failed = bool(reasons)
+    decreases = _energy_decreases(energy, np.dtype(xs.dtype)) if energy is not None else None
+    warnings_ = [warning] if warning else []
+    if decreases:
+        warnings_.append(
+            f"warning: the energy decreased in {decreases} of {len(ts) - 1} save intervals (the exact "
+            f"flow never decreases it): the step is too long; use a smaller --dt"
+        )
     result = {
         "kernel": args.kernel, "n": args.n, "d": args.d,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
         "t1": args.t1, "dt": args.dt, "solver": args.solver, "seed": args.seed,
-        "final_collapse_gap": float(traj.collapse_gap[-1]),
-        "final_energy": float(traj.energy[-1]) if traj.energy is not None else None,
+        "final_collapse_gap": float(gap[-1]),
+        "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,
-        "final_clusters": int(traj.observables["clusters"][-1]),
-        "stop_time": float(traj.stop_time), "stopped": bool(traj.stopped), "failed": bool(traj.failed),
+        "final_clusters": int(clusters[-1]) if np.isfinite(clusters[-1]) else None,
+        "stop_time": float(traj.stop_time), "stopped": bool(traj.stopped), "failed": failed,
+        "failure": "; ".join(reasons) if reasons else None,
+        "energy_decreases": decreases,
+        "warnings": warnings_,
         "num_steps": int(traj.num_steps), "wall_time_s": round(wall, 3),
+        "estimate": cost.describe(),
     }
     np.savez_compressed(
-        out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=np.asarray(traj.collapse_gap),
-        energy=np.asarray(traj.energy) if traj.energy is not None else np.full(len(ts), np.nan),
-        clusters=np.asarray(traj.observables["clusters"]), x_final=np.asarray(traj.xs)[-1],
-        x0=np.asarray(x0), aux=np.asarray(aux),
+        out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=gap,
+        energy=energy if energy is not None else np.full(len(ts), np.nan),
+        clusters=clusters, x_final=xs[-1], x0=np.asarray(x0), aux=np.asarray(aux),
     )
-    (out / "summary.json").write_text(json.dumps(result, indent=2))
+    (out / "summary.json").write_text(_dumps(result, indent=2))
     _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
-    print(json.dumps(result))
-    if traj.failed:
-        print("meanfield: warning: the state went non-finite (failed = true); try --rescaled or a smaller --dt", file=sys.stderr)
+    print(_dumps(result))
+    if decreases:
+        print(f"meanfield: {warnings_[-1]}", file=sys.stderr)
+    if failed:
+        print(f"meanfield: warning: the run failed ({result['failure']}); outputs written with failed = true "
+              f"to {out}; try --rescaled or a smaller --dt", file=sys.stderr)
+        return 1
     return 0
 
 
+def _failure_reasons(traj, gap, energy, clusters, xs) -> list[str]:
+    """Why a run failed, or ``[]``: the engine's flag, or any non-finite state, energy or
+    observable (never trust only the flag)."""
+    import numpy as np
+
+    reasons = []
+    if bool(traj.failed) or not np.all(np.isfinite(xs)):
+        t = float(traj.stop_time)
+        reasons.append(f"non-finite state at t = {t:g}" if math.isfinite(t) else "non-finite state")
+    if energy is not None and not np.all(np.isfinite(energy)):
+        reasons.append("non-finite energy")
+    if not np.all(np.isfinite(gap)):
+        reasons.append("non-finite collapse gap")
+    if not np.all(np.isfinite(clusters)):
+        reasons.append("non-finite clusters")
+    return reasons
+
+
+def _energy_decreases(energy, dtype) -> int:
+    """Save intervals over which the energy fell by more than rounding (``1000 eps max|E|``),
+    counted over its finite prefix. The exact flow is a gradient ascent of the energy: a
+    decrease means the fixed step overshoots."""
+    import numpy as np
+
+    finite = np.isfinite(energy)
+    k = int(np.argmin(finite)) if not finite.all() else len(energy)
+    E = energy[:k]
+    if len(E) < 2:
+        return 0
+    tol = 1000.0 * float(np.finfo(dtype).eps) * float(np.max(np.abs(E)))
+    return int(np.sum(np.diff(E) < -tol))
+
+
 def _simulate_figures(out, args, traj, aux, e_max, jnp):
+    import warnings
+
     import matplotlib.pyplot as plt
     import numpy as np
 
+    with warnings.catch_warnings():  # a failed run's NaN must not add lines to stderr
+        warnings.simplefilter("ignore")
+        _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np)
+
+
+def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
     from . import plotting
 
-    x = np.asarray(traj.xs[-1])
+    xs = np.asarray(traj.xs)
+    finite = [i for i in range(len(xs)) if np.all(np.isfinite(xs[i]))]
+    last = finite[-1] if finite else None  # a failed run: its last finite state
+    x = xs[last] if last is not None else np.zeros_like(xs[0])
+    t_shown = float(np.asarray(traj.ts)[last]) if last is not None else float("nan")
     fig = plt.figure(figsize=(4.5, 4.5))
     ax = fig.add_subplot(projection="3d") if args.d == 3 else fig.add_subplot()
     color = aux if args.kernel != "prompt" else aux.astype(float)
     plotting.plot_configuration(
         ax, x, color=color,
-        title=f"{args.kernel}, n={args.n}, d={args.d}, t={float(traj.stop_time):g}",
+        title=f"{args.kernel}, n={args.n}, d={args.d}, t={t_shown:g}",
     )
     plotting.savefig(fig, out / "configuration.png")
 
@@ -307,8 +491,7 @@ def _reproduce(args) -> int:
     if args.quick and args.full:
         raise ValueError("--quick and --full exclude each other; pass at most one")
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _output_dir(args.out)
     summaries = {}
     for i, name in enumerate(names, 1):
         mod = reproduce.get(name)

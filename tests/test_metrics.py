@@ -132,6 +132,115 @@ def test_num_clusters_is_transitive_along_chains():
     np.testing.assert_array_equal(counts, [20, 1])
 
 
+@jax.jit
+def _dense_labels(x, threshold):
+    n = x.shape[0]
+    adj = jnp.clip(x @ x.T, -1.0, 1.0) > jnp.cos(threshold)
+    labels0 = jnp.arange(n)
+
+    def body(state):
+        labels, _ = state
+        new = jnp.minimum(jnp.min(jnp.where(adj, labels[None, :], n), axis=1), labels)
+        return new, jnp.any(new != labels)
+
+    labels, _ = jax.lax.while_loop(lambda s: s[1], body, (labels0, jnp.array(True)))
+    return jnp.sum(labels == labels0)
+
+
+def _dense_num_clusters(x, threshold):
+    """The former definition (an n x n adjacency, plain min-label propagation): the reference."""
+    return int(_dense_labels(x, threshold))
+
+
+_blocked = jax.jit(M.num_clusters, static_argnames="block_size")
+
+
+def _clustered(rng, n, d, k, spread):
+    c = rng.standard_normal((k, d))
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    x = c[rng.integers(0, k, n)] + spread * rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("n, d", [(2, 3), (7, 2), (100, 3), (257, 5)])
+def test_num_clusters_equals_the_dense_definition(n, d):
+    # random clustered configurations, thresholds and tile sizes (tiles of 3 or 16 rows make
+    # many tiles, skipped and visited): the same count as the dense n x n definition
+    rng = np.random.default_rng(n)
+    for _ in range(5):
+        k, spread = int(rng.integers(1, 25)), float(rng.choice([0.01, 0.05, 0.2]))
+        x = jnp.asarray(_clustered(rng, n, d, k, spread), jnp.float32)
+        for th in (0.05, 0.3, 1.5):
+            want = _dense_num_clusters(x, th)
+            for bs in (None, 3, 16):
+                assert int(_blocked(x, th, block_size=bs)) == want, (n, d, k, spread, th, bs)
+
+
+def test_num_clusters_edge_cases():
+    x = great_circle(12).astype(jnp.float32)
+    assert int(M.num_clusters(x[:1], 0.1)) == 1
+    # non-finite rows join nothing (as in the dense definition); the others are unaffected
+    bad = x.at[3].set(jnp.nan).at[7].set(jnp.inf)
+    assert int(M.num_clusters(bad, 0.1)) == _dense_num_clusters(bad, 0.1) == 12
+    assert int(M.num_clusters(bad, 1.0)) == _dense_num_clusters(bad, 1.0)
+    # threshold above pi: everything joined; float64 states
+    assert int(M.num_clusters(x, 3.5)) == 1
+    # rows that are not unit: the skip bound uses the largest norm, so nothing is missed
+    y = jnp.asarray(_clustered(np.random.default_rng(3), 200, 3, 4, 0.05), jnp.float32) * 1.3
+    assert int(M.num_clusters(y, 0.6, block_size=8)) == _dense_num_clusters(y, 0.6)
+    with pytest.raises(ValueError, match="block_size"):
+        M.num_clusters(x, 0.1, block_size=0)
+
+
+def test_num_clusters_jit_and_vmap_over_states_and_thresholds():
+    rng = np.random.default_rng(4)
+    xs = jnp.asarray(np.stack([_clustered(rng, 300, 3, k, 0.01) for k in (2, 5, 9)]), jnp.float32)
+    want = [_dense_num_clusters(x, 0.1) for x in xs]
+    got = jax.jit(jax.vmap(lambda x: M.num_clusters(x, 0.1, block_size=32)))(xs)
+    np.testing.assert_array_equal(got, want)
+    ths = jnp.array([0.01, 0.1, 1.0])
+    got = jax.vmap(lambda t: M.num_clusters(xs[1], t, block_size=32))(ths)
+    np.testing.assert_array_equal(got, [_dense_num_clusters(xs[1], float(t)) for t in ths])
+
+
+def test_num_clusters_never_forms_an_n_by_n_matrix():
+    # n = 300000 (the issue's --n 300000): compiled, not run; an n x n float32 adjacency
+    # would take 360 GB, the compiled program's temporaries stay below 64 MB
+    n = 300_000
+    compiled = jax.jit(M.num_clusters).lower(jax.ShapeDtypeStruct((n, 3), jnp.float32)).compile()
+    mem = compiled.memory_analysis()
+    assert mem is not None and mem.temp_size_in_bytes < 64 * 2**20, mem.temp_size_in_bytes
+    # and no value in the traced program has more than a tile's entries
+    jaxpr = jax.make_jaxpr(M.num_clusters)(jax.ShapeDtypeStruct((n, 3), jnp.float32))
+
+    def sizes(jx):
+        for eqn in jx.eqns:
+            for v in eqn.outvars:
+                yield int(np.prod(v.aval.shape)) if hasattr(v.aval, "shape") else 0
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (list, tuple)) else [p]):
+                    inner = getattr(sub, "jaxpr", None)
+                    if inner is not None:
+                        yield from sizes(getattr(inner, "jaxpr", inner))
+
+    biggest = max(sizes(jaxpr.jaxpr))
+    assert biggest <= max(3 * n + 3 * M.CLUSTER_BLOCK, M.CLUSTER_BLOCK * 2 * M.CLUSTER_BLOCK), biggest
+
+
+@pytest.mark.slow
+def test_num_clusters_n_300000_runs():
+    # 300 well separated clusters (a Fibonacci lattice, spacing ~0.2 rad) of 1000 particles
+    n, K = 300_000, 300
+    i = np.arange(K) + 0.5
+    phi, th = np.arccos(1 - 2 * i / K), np.pi * (1 + 5**0.5) * i
+    cen = np.stack([np.cos(th) * np.sin(phi), np.sin(th) * np.sin(phi), np.cos(phi)], 1)
+    rng = np.random.default_rng(0)
+    x = cen[np.repeat(np.arange(K), n // K)] + 1e-3 * rng.standard_normal((n, 3))
+    x = jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True), jnp.float32)
+    assert int(M.num_clusters(x, 0.1)) == K
+    assert int(M.num_clusters(x[::-1], 0.1)) == K  # order free
+
+
 # ------------------------------------------------------------------------- mmd
 
 
