@@ -9,12 +9,15 @@ Data flows ``spec -> plan -> run -> store -> plot``:
   bounded by a memory budget, the store's layout (``Plan``, ``make_plan``);
 * ``meanfield.sweep.run``: the per-point programs (the model from ``mf.kernels.build``),
   sharded over ``jax.devices()``, executed chunk by chunk (``run_sweep``);
-* ``meanfield.sweep.store``: the zarr store (xarray Dataset), resumable; it imports nothing
-  from spec, plan or run: what it needs is written into the store at creation;
+* ``meanfield.sweep.store``: the zarr store (xarray Dataset), resumable, created atomically,
+  checksummed (crc32c) and verified by its readers, filled under per-chunk claims (several
+  writers at once); it imports nothing from spec, plan or run: what it needs is written
+  into the store at creation;
 * ``meanfield.sweep.plot``: the standard figures of a store.
 
-CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--quiet]``
-and ``meanfield plot STORE.zarr [--out DIR]`` (also ``python -m meanfield.sweep ...``).
+CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--force] [--quiet]``,
+``meanfield sweep --verify STORE.zarr`` and ``meanfield plot STORE.zarr [--out DIR] [--no-verify]``
+(also ``python -m meanfield.sweep ...``).
 See docs/sweeps.md.
 """
 
@@ -23,7 +26,16 @@ from .plan import Group, Plan, make_plan, parse_memory
 from .plot import plot_store
 from .run import run_sweep
 from .spec import OBSERVABLES, Spec, load_spec, parse_spec, spec_differences, spec_hash
-from .store import FAILED, OK, PENDING, load
+from .store import (
+    FAILED,
+    OK,
+    PENDING,
+    StoreDamagedError,
+    StoreError,
+    StoreFormatError,
+    load,
+    verify,
+)
 
 __all__ = [
     "Spec",
@@ -37,6 +49,10 @@ __all__ = [
     "parse_memory",
     "run_sweep",
     "load",
+    "verify",
+    "StoreError",
+    "StoreDamagedError",
+    "StoreFormatError",
     "plot_store",
     "main",
     "plot_main",

@@ -14,10 +14,14 @@ import dataclasses
 import json
 import math
 import re
+import shutil
+from pathlib import Path
 from typing import cast
 
 import numpy as np
 
+from .. import _resources
+from .._resources import Cost, ResourceLimitError, check_cost, format_bytes, run_cost
 from .spec import Spec, _is_num
 
 __all__ = [
@@ -29,7 +33,18 @@ __all__ = [
     "grid_dims",
     "output_layout",
     "store_layout",
+    "ResourceLimitError",
+    "MAX_CHUNKS",
+    "MAX_STEPS",
 ]
+
+#: Chunks past which a plan is refused without ``force`` (each chunk is a completion mark
+#: and a lock file in the store, and one dispatch).
+MAX_CHUNKS = 10**6
+
+#: Steps per point past which a plan is refused even with ``force``: the step count is an
+#: int32 (``num_steps``, the solver's ``max_steps``).
+MAX_STEPS = 2**31 - 1
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -63,12 +78,12 @@ def parse_memory(size) -> int:
     if _is_num(size):
         value = float(size)
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
+        m = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
         if not m or m.group(2).lower() not in _UNITS:
             raise ValueError(f"memory must be a size like 2GB, 512MB, 1GiB or a number of bytes, got {size!r}")
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"memory must be > 0, got {size!r}")
+        raise ValueError(f"memory must be > 0 and finite, got {size!r}")
     return int(value)
 
 
@@ -84,7 +99,9 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
 
     Simulation: the dense ``n x n`` logits and weights of the field (tiled rows of
     1024 above 2^24 pairs), a few copies per Runge--Kutta stage of the ``(n, d)``
-    state, the saved observables; cluster counting adds an ``n x n`` adjacency.
+    state, the saved observables; cluster counting adds an adjacency of the same rows.
+    This is the estimate the chunking uses (tested against XLA's own peak); the limits
+    (``Plan.check``) use ``meanfield._resources.run_cost``, shared with ``meanfield simulate``.
     Attention: the ``(n, d)`` keys with their Gaussian draws and a few ``(n,)`` vectors.
     """
     b = 8 if spec.dtype == "float64" else 4
@@ -95,7 +112,7 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
     stages = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}[T["solver"]]
     pairs = 3 * rows * n
     if "clusters" in spec.observables:
-        pairs += 2 * n * n
+        pairs += 2 * rows * n
     if kind in _GAUGED:
         pairs += n * d * d  # the gauge matrices
     states = (2 * stages + 6) * n * d
@@ -112,6 +129,10 @@ class Group:
     d: int
     block: tuple  # points per chunk along each traced axis (then seed)
     point_bytes: int
+
+    def num_chunks(self, shape) -> int:
+        """Chunks of this group over the batch ``shape`` (without listing them)."""
+        return math.prod(-(-s // b) for s, b in zip(shape, self.block))
 
     def chunk_slices(self, shape) -> list[tuple]:
         ranges = [range(0, s, b) for s, b in zip(shape, self.block)]
@@ -135,8 +156,15 @@ class Plan:
     memory: int
 
     @property
+    def num_chunks(self) -> int:
+        """Number of chunks (computed, not listed: safe for any grid)."""
+        return sum(g.num_chunks(self.batch_shape) for g in self.groups)
+
+    @property
     def chunks(self) -> list[tuple[int, int, tuple]]:
-        """``(chunk id, group index, slices over batch_shape)`` for every chunk, in order."""
+        """``(chunk id, group index, slices over batch_shape)`` for every chunk, in order.
+
+        Lists every chunk: call ``check`` first (it refuses more than ``MAX_CHUNKS``)."""
         out, cid = [], 0
         for gi, g in enumerate(self.groups):
             for sl in g.chunk_slices(self.batch_shape):
@@ -157,9 +185,114 @@ class Plan:
             idx.append(spec.d.index(g.d))
         return tuple(idx)
 
+    # ------------------------------------------------------------------ estimates
+
+    @property
+    def points_per_group(self) -> int:
+        return math.prod(self.batch_shape)
+
+    def cost(self, g: Group, batch: int) -> Cost:
+        """Estimated cost of ``batch`` points of group ``g`` run together
+        (``meanfield._resources.run_cost``, the estimate of ``meanfield simulate``).
+
+        Simulated models: steps ``floor(t1 / dt) + saves + 1`` (``dt`` the smallest step of
+        the reference rule), the host step grid of a concrete fixed step, the states, the
+        saved observables and the pairwise working set per point, ``(4 d + 8)`` flop a pair
+        and a field evaluation. Attention: ``point_memory`` per point and ``n (2 d + 10)``
+        flop per point (one context, no steps).
+        """
+        spec = self.spec
+        if not spec.simulated:
+            return Cost(steps=0, saves=0, bytes=g.point_bytes * batch, work=float(batch) * g.n * (2.0 * g.d + 10.0),
+                        batch=batch)
+        T = cast(dict, spec.time)
+        reference = spec.step_rule == "reference"
+        dt = T["dt"]
+        if reference:
+            b = np.asarray(spec.beta_values(g.n, g.d), dtype=np.float64)
+            with np.errstate(over="ignore"):
+                dt = float(np.min(T["dt"] / np.maximum(np.sqrt(b) * np.exp(b - 0.5), 1.0)))
+        return run_cost(
+            n=g.n, d=g.d, t1=T["t1"], dt=dt, saves=len(cast(np.ndarray, spec.ts)),
+            itemsize=8 if spec.dtype == "float64" else 4, batch=batch, solver=T["solver"], kind=g.kind,
+            save_states=False, observables=len(spec.observables) + 2, clusters="clusters" in spec.observables,
+            step_grid=not reference, max_steps=T.get("max_steps"),
+        )
+
+    def store_bytes(self) -> int:
+        """Bytes of the store's data (uncompressed): every point's saved values."""
+        spec = self.spec
+        b = 8 if spec.dtype == "float64" else 4
+        if spec.simulated:
+            per = len(cast(np.ndarray, spec.ts)) * len(spec.observables) * b + 2 * b + 1
+        else:
+            per = sum(spec.top_k if o in ("top_weights", "ratios", "cumulative") else 1 for o in spec.observables) * b + 1
+        return spec.grid_size * per
+
+    def check(self, *, force: bool = False, out=None, device_memory: tuple[int, int] | None = None) -> None:
+        """Refuse, before anything is allocated, a sweep past this machine's limits
+        (``ResourceLimitError``, a ``ValueError``, one line with the estimate).
+
+        * steps per point past ``MAX_STEPS`` (int32 step counts): refused even with ``force``;
+        * one chunk (per device) needing more memory than the device has in total: refused
+          even with ``force``; more than is available now: refused unless ``force``
+          (``meanfield._resources.check_cost``);
+        * the whole sweep's arithmetic past ``_resources.WORK_LIMIT``, more than ``MAX_CHUNKS``
+          chunks, or a store larger than the free space of ``out``'s file system: refused
+          unless ``force``.
+
+        ``device_memory``: ``(available, total)`` bytes of one device (default: this
+        machine's memory, ``machine_memory``; accelerators pass their own).
+        """
+        avail, total = device_memory if device_memory is not None else (None, None)
+        spec = self.spec
+        hint = " (pass --force to run anyway)"
+        work = 0.0
+        for g in self.groups:
+            per_device = -(-self.padded_size(g) // self.devices)
+            chunk = self.cost(g, per_device)
+            where = f"{g.kind} n={g.n} d={g.d}"
+            if chunk.steps > MAX_STEPS:
+                raise ResourceLimitError(
+                    f"sweep {spec.name!r} needs {float(chunk.steps):.3g} steps per point ({where}: t1 / dt), more "
+                    f"than {MAX_STEPS} (int32 step counts); lengthen time.dt or shorten time.t1"
+                )
+            check_cost(chunk, force=force, what=f"sweep {spec.name!r}: one chunk of {where} ({per_device} point(s) per device)",
+                       memory=avail, total=total, max_work=math.inf)  # memory here; the work of all below
+            work += self.cost(g, self.points_per_group).work
+        if not force and not work <= _resources.WORK_LIMIT:
+            raise ResourceLimitError(
+                f"sweep {spec.name!r} needs ~{work:.2g} flop for {spec.grid_size:.3g} points "
+                f"({self._cost_line()}), more than the limit {_resources.WORK_LIMIT:.2g} (hours on a CPU){hint}"
+            )
+        chunks = self.num_chunks
+        if not force and chunks > MAX_CHUNKS:
+            raise ResourceLimitError(
+                f"sweep {spec.name!r} cuts into {chunks:.3g} chunks, more than {MAX_CHUNKS} (a file each in the "
+                f"store); raise --memory{hint}"
+            )
+        if out is not None and not force:
+            size = self.store_bytes()
+            free = _free_space(Path(out))
+            if free is not None and size > free:
+                raise ResourceLimitError(
+                    f"sweep {spec.name!r} writes ~{format_bytes(size)} (uncompressed) into {out}, more than the "
+                    f"{format_bytes(free)} free there{hint}"
+                )
+
+    def _cost_line(self) -> str:
+        """Steps and saves per point, the largest point (``run_cost``), the work in all."""
+        costs = [self.cost(g, 1) for g in self.groups]
+        worst = max(costs, key=lambda c: c.bytes)
+        steps = max(c.steps for c in costs)
+        return (
+            f"{_count(steps)} steps and {_count(worst.saves)} saves per point, "
+            f"up to {format_bytes(worst.bytes)} per point"
+        )
+
     def describe(self) -> str:
         spec = self.spec
-        chunks = self.chunks
+        nchunks = self.num_chunks
         axes = ([f"model={len(spec.kinds)}"] if spec.kinds_axis else []) + [f"n={len(spec.n)}"] + ([f"d={len(spec.d)}"] if spec.d_axis else [])
         axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + [f"seed={len(spec.seeds)}"]
         if spec.simulated:
@@ -167,22 +300,27 @@ class Plan:
         lines = [
             f"sweep {spec.name!r}: model {', '.join(spec.kinds)}, {spec.grid_size} points ({' x '.join(axes)})",
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
-            f"compilations: {len(self.groups)} (one per model and static shape (n, d)); chunks: {len(chunks)}",
+            f"compilations: {len(self.groups)} (one per model and static shape (n, d)); chunks: {nchunks}",
         ]
         if spec.step_rule == "reference":
             lines.append(
                 f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
                 f"'reference'), one beta per chunk so a chunk runs its own step count"
             )
-        for g in self.groups:
-            nchunks = len(g.chunk_slices(self.batch_shape))
+        shown = self.groups if len(self.groups) <= 20 else self.groups[:20]
+        for g in shown:
             pts = int(np.prod(g.block))
             pad = self.padded_size(g)
             lines.append(
-                f"  {g.kind} n={g.n} d={g.d}: {int(np.prod(self.batch_shape))} points in {nchunks} chunk(s) of "
+                f"  {g.kind} n={g.n} d={g.d}: {self.points_per_group} points in {g.num_chunks(self.batch_shape)} chunk(s) of "
                 f"{pts} (padded to {pad}), ~{_fmt_bytes(g.point_bytes)} per point, "
                 f"~{_fmt_bytes(g.point_bytes * pad / self.devices)} per chunk per device"
             )
+        if len(shown) < len(self.groups):
+            lines.append(f"  ... and {len(self.groups) - len(shown)} more groups")
+        work = sum(self.cost(g, self.points_per_group).work for g in self.groups)
+        lines.append(f"estimate: {self._cost_line()}; ~{work:.2g} flop in all; store ~{format_bytes(self.store_bytes())} "
+                     "uncompressed")
         worst = max(g.point_bytes for g in self.groups)
         if worst > self.memory:
             lines.append(
@@ -206,37 +344,47 @@ class Plan:
 
     def _step_warnings(self) -> list[str]:
         """Fixed explicit steps much longer than the interaction time scale overshoot (the energy
-        then decreases along a run). Rate of an exp kernel: ``sqrt(beta) e^(beta - 1/2)`` (the
-        reference code's step rule ``dt <= 0.1 / max(sqrt(beta) e^(beta - 1/2), 1)``),
-        ``sqrt(beta) e^(-1/2)`` when rescaled; normalised self-attention: ``beta``. Warns when
-        ``dt x rate > 1`` (10x the reference rule; measured: projected RK2 at dt = 0.05, beta = 4,
-        USA, dt x rate = 3.3, lost energy)."""
+        then decreases along a run): the rule of ``meanfield simulate``
+        (``meanfield._resources.step_ratios``: ``dt x rate > 1``, rate ``sqrt(beta) e^(beta - 1/2)``
+        for exp kernels, ``sqrt(beta) e^(-1/2)`` rescaled, ``beta`` for normalised
+        self-attention; measured: projected RK2 at dt = 0.05, beta = 4, USA, dt x rate = 3.3,
+        lost energy), over every (shape, beta) pair of the grid."""
         spec = self.spec
-        if not spec.simulated or cast(dict, spec.time)["solver"] not in ("euler", "rk2", "rk4"):
-            return []
-        if spec.step_rule == "reference":
-            return []  # dt x rate <= dt by construction
-        dt, rescaled = cast(dict, spec.time)["dt"], bool(spec.params.get("rescaled", False))
-        worst, count = 0.0, 0
-        for g in self.groups:
-            if g.kind == "toeplitz":
-                continue
-            b = np.asarray(spec.beta_values(g.n, g.d), dtype=np.float64)
-            if g.kind == "sa" and spec.params.get("normalized", True):
-                rate = b
-            else:
-                rate = np.sqrt(b) * np.exp((0.0 if rescaled else b) - 0.5)
-            r = dt * rate
-            count += int(np.sum(r > 1.0))
-            worst = max(worst, float(r.max()))
-        if not count:
-            return []
-        return [
-            f"warning: time.dt = {dt:g} is long for {count} (shape, beta) pair(s) (dt x rate up to {worst:.3g} > 1; "
-            f"rate sqrt(beta) e^(beta - 1/2) for exp kernels): fixed explicit steps may overshoot and lose "
-            f"energy; use dt <= {dt / worst:.3g} or model.rescaled = true"
+        if not spec.simulated or spec.step_rule == "reference":
+            return []  # reference rule: dt x rate <= dt by construction
+        T = cast(dict, spec.time)
+        rescaled = bool(spec.params.get("rescaled", False))
+        normalized = bool(spec.params.get("normalized", True))
+        ratios = [
+            _resources.step_ratios(g.kind, spec.beta_values(g.n, g.d), T["dt"], solver=T["solver"],
+                                   rescaled=rescaled, normalized=normalized)
+            for g in self.groups
+            if g.kind != "toeplitz"
         ]
+        if not ratios:
+            return []
+        text = _resources.step_warning_text(
+            np.concatenate([np.ravel(r) for r in ratios]), T["dt"], dt_name="time.dt",
+            rescaled_hint="model.rescaled = true",
+        )
+        return [text] if text else []
 
+
+def _count(k: int) -> str:
+    return str(k) if k < 10**6 else f"{float(k):.3g}"
+
+
+def _free_space(path: Path) -> int | None:
+    """Free bytes of the file system that would hold ``path`` (its nearest existing ancestor)."""
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        if not p.is_dir():
+            return None  # a file in the way: the creation reports it
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
 
 def _block_for(capacity: int, shape: tuple) -> tuple:
     """Largest block ``(1, .., 1, r, full, .., full)`` over ``shape`` with at most ``capacity`` points."""
@@ -379,5 +527,5 @@ def store_layout(plan: Plan) -> dict:
         "chunks": [1] * (len(dims) - len(plan.zarr_block)) + list(plan.zarr_block),
         "attrs": attrs,
         "blocks": [list(g.block) for g in plan.groups],
-        "chunks_total": len(plan.chunks),
+        "chunks_total": plan.num_chunks,
     }

@@ -26,7 +26,7 @@ def _label(v) -> str:
     return f"{v:.3g}" if np.asarray(v).dtype.kind in "fi" else str(v)
 
 
-def plot_store(store, out_dir=None) -> list[Path]:
+def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
     """Draw the standard views of a sweep store into ``out_dir`` (PNG files); return their paths.
 
     * curves against time: mean over seeds with a band of +- one standard error,
@@ -37,12 +37,18 @@ def plot_store(store, out_dir=None) -> list[Path]:
     Other axes are held at their first value (named in the titles). Failed and
     pending points are left out of the means. ``out_dir`` defaults to ``STORE_plots``
     next to the store.
+
+    The store is verified first (``load(store, verify=verify)``): a damaged chunk raises
+    ``StoreDamagedError`` naming it before anything is drawn.
     """
     from matplotlib.figure import Figure
 
-    ds = load(store)
+    ds = load(store, verify=verify)
     out_dir = Path(out_dir) if out_dir is not None else Path(str(Path(store)).rstrip("/").removesuffix(".zarr") + "_plots")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise type(e)(f"cannot write the plots to {out_dir}: {e.strerror or e} ({e.filename or out_dir})") from None
     ok = ds["status"] == OK
     axes_order = [d for d in ds["status"].dims if d != "seed"]
     multi = [d for d in axes_order if ds.sizes[d] > 1]

@@ -2,7 +2,9 @@
 devices, executed chunk by chunk into the store (``run_sweep``).
 
 Point ``(n, d, params, seed)`` starts from ``x0 = mf.sphere.uniform(jax.random.key(seed), n, d)``
-whatever the chunking or device count, so results do not depend on either, and its
+whatever the chunking or device count, so results depend on either only through the
+rounding of XLA's batched programs (measured bound in docs/sweeps.md, "Chunking and
+rounding"; a fixed chunking, as kept by ``--resume``, is bit-reproducible), and its
 model is ``mf.kernels.build(kind, params, d=d, dtype=dtype)``: the registry's constructor,
 the same as ``mf.kernels.make`` and ``meanfield simulate``, with the swept parameters as
 traced values. Each chunk is laid out over ``jax.devices()`` with a ``Mesh`` over the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, cast
 
@@ -134,6 +137,24 @@ def chunk_inputs(spec: Spec, g: Group, sl: tuple, size: int) -> tuple[dict, np.n
     return {k: v.astype(dt) for k, v in params.items()}, seeds.astype(np.int32)
 
 
+_PROGRAMS: OrderedDict[tuple, Any] = OrderedDict()
+_PROGRAMS_MAX = 32
+
+
+def _batched_program(spec: Spec, g: Group, sharding: NamedSharding):
+    """The jitted, sharded ``vmap`` of ``point_program`` for group ``g``, memoised by the spec's
+    hash, the model, the shape and the devices: running the same sweep again in this process
+    (a resume, a second store) reuses its compilation. At most ``_PROGRAMS_MAX`` are kept."""
+    key = (spec.hash, g.kind, g.n, g.d, tuple(int(d.id) for d in sharding.mesh.devices.flat))
+    fn = _PROGRAMS.get(key)
+    if fn is None:
+        fn = jax.jit(jax.vmap(point_program(spec, g.kind, g.n, g.d)), in_shardings=sharding, out_shardings=sharding)
+        _PROGRAMS[key] = fn
+        while len(_PROGRAMS) > _PROGRAMS_MAX:
+            _PROGRAMS.popitem(last=False)
+    return fn
+
+
 class Runner:
     """Compiled, sharded batch function per group, built lazily: ``runner(gi, params, seeds)``
     runs one chunk of group ``gi`` (inputs from ``chunk_inputs``) and returns host arrays."""
@@ -149,8 +170,7 @@ class Runner:
     def __call__(self, gi: int, params: dict, seeds: np.ndarray) -> dict:
         g = self.plan.groups[gi]
         if gi not in self.fns:
-            fn = jax.vmap(point_program(self.plan.spec, g.kind, g.n, g.d))
-            self.fns[gi] = jax.jit(fn, in_shardings=self.sharding, out_shardings=self.sharding)
+            self.fns[gi] = _batched_program(self.plan.spec, g, self.sharding)
         # global arrays built from the (identical) host copies: works on one host and on several
         put = lambda v: jax.make_array_from_callback(v.shape, self.sharding, lambda idx: v[idx])  # noqa: E731
         dev_params = {k: put(v) for k, v in params.items()}
@@ -190,21 +210,49 @@ def _as_spec(spec) -> Spec:
     raise TypeError(f"spec must be a Spec, a path to a TOML file or TOML text, got {type(spec).__name__}")
 
 
-def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = False, quiet: bool = False) -> Plan:
+def run_sweep(
+    spec,
+    out,
+    *,
+    resume: bool = False,
+    memory="2GB",
+    dry_run: bool = False,
+    quiet: bool = False,
+    force: bool = False,
+) -> Plan:
     """Run a sweep into a zarr store; return the ``Plan`` (with ``dry_run``, only the plan).
+
+    Before anything is allocated the plan's estimates (steps, saves, memory per point and
+    per chunk, total work, store size) are checked against this machine (``Plan.check``):
+    past its memory or the work bound the sweep is refused with the estimate
+    (``ResourceLimitError``), unless ``force`` where running anyway can make sense.
+
+    The store is created atomically (a second writer on the same new path gets
+    ``FileExistsError``; with ``resume`` it joins the sweep instead). With ``resume``, every
+    chunk marked done is verified first (``store.verify``); a damaged one is reported (one
+    line on stderr per chunk) and recomputed. Chunks are computed under per-chunk claims
+    (``store.claim``): several processes resuming one store at once share its chunks, and
+    each returns once every chunk is done.
 
     Args:
         spec: a ``Spec``, a path to a TOML file, or TOML text.
         out: path of the zarr store (a directory, conventionally ``*.zarr``).
         resume: continue an interrupted sweep of the same spec in ``out`` (only
-            missing chunks run; the chunking stored in ``out`` is kept).
+            missing or damaged chunks run; the chunking stored in ``out`` is kept).
         memory: budget per device for one chunk, e.g. ``"2GB"``.
-        dry_run: print the plan (to stdout, also with ``quiet``) and stop.
+        dry_run: print the plan (to stdout, also with ``quiet``), check it, and stop: nothing
+            is allocated or written.
         quiet: no plan or progress output while running.
+        force: run past the work bound, the available (not the total) memory, the chunk
+            count bound and the free disk space.
 
     Raises:
-        FileExistsError: ``out`` exists and ``resume`` is False.
-        ValueError: ``resume`` into a store of a different spec (naming the keys).
+        FileExistsError: ``out`` exists (or was created meanwhile by another process) and
+            ``resume`` is False.
+        ValueError: ``resume`` into a store of a different spec (naming the keys), or of an
+            earlier format (``store.StoreFormatError``).
+        ResourceLimitError: the estimates exceed this machine (a ``ValueError``).
+        OSError: ``out`` cannot be written (a file in its path, permissions, read-only).
 
     Example:
         >>> run_sweep("sweeps/smoke.toml", "/tmp/smoke.zarr", quiet=True)   # doctest: +SKIP
@@ -216,12 +264,12 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
 
     multi = jax.process_count() > 1
     writer = jax.process_index() == 0
-    blocks = None
+    info = None
     if writer and out.exists():
         if not resume:
             raise FileExistsError(f"store {out} already exists; use --resume or another path")
-        blocks = store.check_resumable(out, sp.data)
-    plan = make_plan(sp, memory_b, blocks=blocks)
+        info = store.check_resumable(out, sp.data)
+    plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)
     if multi:  # pragma: no cover - several hosts: every process follows process 0's plan
         from jax.experimental import multihost_utils
 
@@ -230,15 +278,28 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
     if dry_run:
         if writer:
             print(plan.describe())
+        plan.check(force=force, device_memory=_device_memory())
         return plan
-    if not quiet and writer:
-        print(plan.describe(), file=sys.stderr)
+    plan.check(force=force, out=out if info is None else None, device_memory=_device_memory())
 
-    if writer:
+    if writer and info is None:
         layout = store_layout(plan)
         layout["attrs"].update(_versions())
-        store.create(out, layout)
+        try:
+            store.create(out, layout)
+        except FileExistsError:
+            if not resume:
+                raise FileExistsError(
+                    f"store {out} was created by another process meanwhile; use --resume to join it or another path"
+                ) from None
+            info = store.check_resumable(out, sp.data)  # join the other writer: its chunking
+            if info is not None:
+                plan = make_plan(sp, memory_b, blocks=info["blocks"])
+    if not quiet and writer:  # after the creation: a path that cannot be written is the one line
+        print(plan.describe(), file=sys.stderr)
     done = store.done_chunks(out) if writer else set()
+    if writer and info is not None and done:
+        done -= _report_damage(out, store.verify(out))
     if multi:  # pragma: no cover
         flags = np.asarray([c[0] in done for c in plan.chunks], np.int32)
         flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
@@ -246,21 +307,56 @@ def run_sweep(spec, out, *, resume: bool = False, memory="2GB", dry_run: bool = 
     todo = [c for c in plan.chunks if c[0] not in done]
     if sp.dtype == "float64":
         with jax.enable_x64(True):  # scoped: x64 is not switched on for the caller
-            _execute(plan, out, todo, writer, quiet)
+            _execute(plan, out, todo, writer, quiet, claims=not multi)
     else:
-        _execute(plan, out, todo, writer, quiet)
+        _execute(plan, out, todo, writer, quiet, claims=not multi)
     return plan
 
 
-def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool) -> None:
+def _device_memory() -> tuple[int, int] | None:
+    """``(available, total)`` bytes of one accelerator (``memory_stats``); None on CPU
+    (the limits then use this machine's memory)."""
+    dev = jax.devices()[0]
+    if dev.platform == "cpu":
+        return None
+    stats = getattr(dev, "memory_stats", lambda: None)() or {}
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return None
+    return int(limit) - int(stats.get("bytes_in_use", 0)), int(limit)
+
+
+def _report_damage(out: Path, damages: list) -> set[int]:
+    """One line on stderr per damaged chunk (the first ten, then a count); their ids."""
+    by_chunk: dict[int, list] = {}
+    for d in damages:
+        if d.chunk is None:
+            raise store.StoreDamagedError(out, [d])  # coordinates or metadata: not recomputable
+        by_chunk.setdefault(d.chunk, []).append(d)
+    for i, (cid, ds) in enumerate(sorted(by_chunk.items())):
+        if i == 10:
+            print(f"warning: {len(by_chunk) - 10} more damaged chunks of {out}: recomputing them", file=sys.stderr)
+            break
+        more = f" (and {len(ds) - 1} more file(s))" if len(ds) > 1 else ""
+        print(f"warning: chunk {cid} of {out} is damaged ({ds[0].path}: {ds[0].reason}{more}): recomputing it",
+              file=sys.stderr)
+    return set(by_chunk)
+
+
+def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, claims: bool = True) -> None:
+    """Compute the chunks of ``todo``. With ``claims`` (one process), each chunk runs under its
+    claim and is skipped when another writer holds it or has completed it soundly; the chunks
+    held by others are waited for at the end, so every chunk is done on return."""
     from tqdm.auto import tqdm
 
     sp = plan.spec
     runner = Runner(plan)
-    bar = tqdm(total=len(plan.chunks), initial=len(plan.chunks) - len(todo), unit="chunk",
+    bar = tqdm(total=plan.num_chunks, initial=plan.num_chunks - len(todo), unit="chunk",
                disable=quiet, desc=sp.name, file=sys.stderr)
     points, t_start = 0, time.perf_counter()
-    for cid, gi, sl in todo:
+
+    def compute(cid: int, gi: int, sl: tuple) -> None:
+        nonlocal points
         g = plan.groups[gi]
         params, seeds = chunk_inputs(sp, g, sl, plan.padded_size(g))
         count = int(np.prod([s.stop - s.start for s in sl]))
@@ -270,5 +366,26 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool) -> No
         points += count
         rate = points / max(time.perf_counter() - t_start, 1e-9)
         bar.set_postfix_str(f"{rate:.3g} points/s", refresh=False)
+
+    def claimed(chunk: tuple, wait: bool) -> bool:
+        cid = chunk[0]
+        with store.claim(out, cid, wait=wait) as got:
+            if not got:
+                return False
+            if not (store.is_done(out, cid) and not store.verify(out, [cid])):  # not done soundly by another
+                store.discard(out, cid)
+                compute(*chunk)
+        return True
+
+    deferred = []
+    for chunk in todo:
+        if not (writer and claims):  # pragma: no cover - several hosts: every process runs every chunk
+            compute(*chunk)
+        elif not claimed(chunk, wait=False):
+            deferred.append(chunk)
+            continue
+        bar.update(1)
+    for chunk in deferred:  # held by another writer: wait for it, then check its result
+        claimed(chunk, wait=True)
         bar.update(1)
     bar.close()

@@ -64,6 +64,10 @@ __all__ = [
     "OBSERVABLES",
     "SIM_OBSERVABLES",
     "ATTENTION_OBSERVABLES",
+    "MAX_DIM",
+    "MAX_SEED",
+    "MAX_SEEDS",
+    "MAX_SAVES",
 ]
 
 SIM_OBSERVABLES = ("collapse_gap", "energy", "clusters", "token_similarity")
@@ -77,6 +81,14 @@ _STEP_RULES = ("fixed", "reference")
 _OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
 _BETA_RULE_KEYS = ("critical", "c", "p")
 _DTYPES = ("float32", "float64")
+
+#: Largest ``n`` and ``d`` (array dimensions) and largest seed (seeds are int32 PRNG keys).
+MAX_DIM = 2**31 - 1
+MAX_SEED = 2**31 - 1
+#: Most seeds and save times a spec may ask for: every value is a coordinate of the store
+#: (and the save times are part of the normalised spec); split larger sweeps.
+MAX_SEEDS = 10**7
+MAX_SAVES = 10**6
 
 #: Where two normalised specs differ (dotted keys); the store uses the same helper.
 spec_differences = key_differences
@@ -114,11 +126,14 @@ def _float(name: str, v, kind: str = "float") -> float:
     return v
 
 
-def _int(name: str, v, minimum: int | None = None) -> int:
+def _int(name: str, v, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an integer, got {v!r}")
+        hint = " (write it without a decimal point or exponent)" if isinstance(v, float) and v.is_integer() else ""
+        raise TypeError(f"{name} must be an integer{hint}, got {v!r}")
     if minimum is not None and v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {v}")
     return int(v)
 
 
@@ -186,6 +201,24 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
+
+
+def _check_beta_rule(rule: str, power: float | None, factors: np.ndarray, ns: tuple, ds: tuple, dtype: str) -> None:
+    """Every ``beta = f n^p`` of the grid is a positive finite number of ``dtype`` (computed in
+    logarithms: ``p = 1000`` must not overflow before it is refused)."""
+    top = math.log(float(np.finfo(dtype).max))
+    low = math.log(float(np.finfo(dtype).tiny))
+    for n in ns:
+        for d in ds:
+            p = 2.0 / (d - 1) if rule == "critical" else cast(float, power)
+            for f in factors:
+                log_beta = math.log(float(f)) + p * math.log(n)
+                if not low <= log_beta <= top:
+                    what = "critical = f" if rule == "critical" else "c"
+                    raise ValueError(
+                        f"grid.beta: {what} n^{p:g} = {float(f):g} x {n}^{p:g} = 10^{log_beta / math.log(10):.4g} "
+                        f"for n = {n}, d = {d} is not a finite positive {dtype}; use a smaller |p| or other n"
+                    )
 
 
 # ----------------------------------------------------------------------------
@@ -330,7 +363,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     n_raw = grid["n"] if isinstance(grid["n"], list) else [grid["n"]]
     if not n_raw:
         raise ValueError("grid.n must be a non-empty list of integers >= 2, got []")
-    ns = tuple(_int(f"grid.n[{i}]", v, 2) for i, v in enumerate(n_raw))
+    ns = tuple(_int(f"grid.n[{i}]", v, 2, MAX_DIM) for i, v in enumerate(n_raw))
     if len(set(ns)) != len(ns):
         raise ValueError(f"grid.n values must be distinct, got {list(ns)}")
     d_given = grid.get("d", 3)
@@ -338,11 +371,15 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     d_raw = d_given if d_axis else [d_given]
     if not d_raw:
         raise ValueError("grid.d must be an integer >= 2 or a non-empty list, got []")
-    ds = tuple(_int("grid.d", v, 2) for v in d_raw)
+    ds = tuple(_int("grid.d", v, 2, MAX_DIM) for v in d_raw)
     if len(set(ds)) != len(ds):
         raise ValueError(f"grid.d values must be distinct, got {list(ds)}")
-    seeds_n = _int("grid.seeds", grid["seeds"], 1)
-    seed0 = _int("grid.seed", grid.get("seed", 0), 0)
+    seeds_n = _int("grid.seeds", grid["seeds"], 1, MAX_SEEDS)
+    seed0 = _int("grid.seed", grid.get("seed", 0), 0, MAX_SEED)
+    if seed0 + seeds_n - 1 > MAX_SEED:
+        raise ValueError(
+            f"grid.seed + grid.seeds - 1 = {seed0 + seeds_n - 1} must be <= {MAX_SEED} (seeds are int32 PRNG keys)"
+        )
 
     # model parameters (the registry's) ------------------------------------------
     params, accepted = _model_params(kinds, model, ds)
@@ -373,9 +410,17 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
             raise ValueError("grid.beta rule needs critical = [f, ...] (beta = f n^(2/(d-1))) or both c = [...] and p (beta = c n^p)")
     else:
         axes["beta"] = np.asarray(_float_list("grid.beta", beta, "float>0"))
+    if beta_rule is not None:
+        _check_beta_rule(beta_rule, beta_power, axes["beta_factor"], ns, ds, dtype)
     for pname, p in accepted.items():
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
+    top = float(np.finfo(dtype).max)
+    for where, value in [("grid.beta", axes.get("beta"))] + [(f"model.{k}", v) for k, v in params.items()]:
+        vals: list = [] if value is None else list(np.atleast_1d(np.asarray(value, dtype=object)))
+        for x in vals:
+            if _is_num(x) and not isinstance(x, bool) and abs(float(x)) > top:
+                raise ValueError(f"{where} = {float(x):g} is beyond the range of {dtype} (max {top:.3g})")
 
     # time -------------------------------------------------------------------
     tsec = raw.get("time")
@@ -406,11 +451,13 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
             raise ValueError(f"time.rtol/atol apply to the adaptive solvers {adaptive}, not {solver!r}")
         save = tsec.get("save", 21)
         if isinstance(save, list):
+            if len(save) > MAX_SAVES:
+                raise ValueError(f"time.save lists {len(save)} times, more than {MAX_SAVES}")
             ts = np.asarray([_float(f"time.save[{i}]", v, "float>=0") for i, v in enumerate(save)])
             if ts.size == 0 or np.any(np.diff(ts) <= 0) or ts.max() > t1:
                 raise ValueError(f"time.save must be increasing times in [0, t1 = {t1:g}], got {save!r}")
         else:
-            ts = np.linspace(0.0, t1, _int("time.save", save, 2))
+            ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
         time_spec["save"] = ts.tolist()
         if "early_stop" in tsec:
             no_energy = [k for k in kinds if not kernels.MODELS[k].has_energy]
@@ -418,7 +465,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
                 raise ValueError(f"time.early_stop needs an energy; kind {no_energy[0]!r} has none")
             time_spec["early_stop"] = _float("time.early_stop", tsec["early_stop"], "float>0")
         if "max_steps" in tsec:
-            time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1)
+            time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1, 2**31 - 1)
         rule = tsec.get("step_rule", "fixed")
         check_choice("time.step_rule", rule, _STEP_RULES)
         if rule == "reference":  # recorded only when set: specs without it keep their hash

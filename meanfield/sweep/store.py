@@ -1,24 +1,42 @@
-"""On-disk store of a sweep: an xarray Dataset in a zarr store, filled chunk by chunk, resumable.
+"""On-disk store of a sweep: an xarray Dataset in a zarr store, filled chunk by chunk,
+resumable, checksummed, safe for several writers.
 
 The store knows nothing of specs and plans: ``create`` receives the layout as plain data
 (``meanfield.sweep.plan.store_layout``) and writes everything later readers need into
 the store itself (the spec's text, normalised JSON and hash in the attributes; the
-chunking and the chunk count in ``_sweep/initialized``).
+chunking, the chunk count and the variables in ``_sweep/initialized``).
 
 Layout of ``STORE.zarr``::
 
     zarr.json, <variables>/, <coordinates>/    the Dataset (xarray, zarr format 3)
     _sweep/zarr.json                            a zarr group holding the bookkeeping:
-    _sweep/initialized                          the chunking (blocks per group), written last at creation
-    _sweep/done/000017                          completion mark of chunk 17
+    _sweep/initialized                          format, chunking, chunk count, variables
+    _sweep/done/000017                          completion mark of chunk 17 (its region, JSON)
+    _sweep/claims/000017                        lock file of chunk 17 (``fcntl.flock``)
 
-Each sweep chunk covers whole zarr chunks of every variable (the zarr chunking is
-the smallest chunk block; larger blocks are unions of it), and zarr writes each
-chunk file atomically (temporary file and rename). A chunk's completion mark is
-written (atomically, by rename) after all its data. A sweep killed at any moment
-(SIGKILL included) therefore leaves complete chunks marked and the rest unmarked;
-``--resume`` recomputes exactly the unmarked chunks and overwrites any partial
-files they left, so the store ends with the data of an uninterrupted run.
+Creation is atomic and exclusive: the whole skeleton (every point pending) is built in a
+hidden directory beside ``STORE.zarr`` and renamed into place; the rename fails when the
+path exists and is not empty, so of two writers creating the same new store exactly one
+succeeds and the other gets ``FileExistsError`` (nobody overwrites another's store).
+
+Every array carries zarr's ``crc32c`` codec (after ``zstd``): a truncated, overwritten or
+bit-flipped chunk file fails its checksum when read. ``verify`` checks every chunk marked
+done: each of its zarr chunk files exists (a missing file would read back as the fill
+value, NaN or ``PENDING``), decodes with a matching checksum, and no point of it is
+``PENDING``. ``load`` verifies by default and raises ``StoreDamagedError`` (the chunk and
+the file) on the first damage.
+
+Writers: each sweep chunk covers whole zarr chunks of every variable (the zarr chunking is
+the smallest chunk block; larger blocks are unions of it) and zarr writes each chunk file
+atomically (temporary file and rename). A chunk's completion mark is written (atomically,
+by rename) after all its data. A writer computes a chunk only while it holds the chunk's
+claim, an exclusive ``fcntl.flock`` on ``_sweep/claims/<chunk>`` (``claim``): no lock is
+held for a whole run, so several processes fill disjoint chunks of one store at once, and
+a claim dies with its process (``SIGKILL`` included), so a crashed writer never blocks the
+others. A sweep killed at any moment therefore leaves complete chunks marked and the rest
+unmarked; ``--resume`` recomputes exactly the unmarked (and the damaged) chunks and
+overwrites any partial files they left, so the store ends with the data of an
+uninterrupted run.
 
 Dimensions: ``model`` (when ``kind`` is a list), ``n``, ``d`` (when a list),
 ``beta`` or ``beta_factor`` (then ``beta`` is a coordinate over ``(n, [d], beta_factor)``),
@@ -28,22 +46,98 @@ swept model parameters, ``seed``, and ``time`` or ``rank``. ``status``: ``PENDIN
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import fcntl
 import json
+import math
 import os
+import shutil
 import time
+import uuid
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
 from ._diff import key_differences
 
-__all__ = ["create", "check_resumable", "done_chunks", "write_chunk", "load", "PENDING", "OK", "FAILED"]
+__all__ = [
+    "create",
+    "check_resumable",
+    "done_chunks",
+    "is_done",
+    "write_chunk",
+    "discard",
+    "claim",
+    "verify",
+    "load",
+    "Damage",
+    "StoreError",
+    "StoreFormatError",
+    "StoreDamagedError",
+    "FORMAT",
+    "PENDING",
+    "OK",
+    "FAILED",
+]
 
 #: Values of the ``status`` variable (CF ``flag_values``/``flag_meanings``).
 PENDING, OK, FAILED = 0, 1, 2
 
+#: Format of the store (``_sweep/initialized["format"]``): 2 = checksummed chunks and
+#: completion marks that record their region. Stores without it were written by meanfield
+#: before checksums (format 1).
+FORMAT = 2
+
 _META = "_sweep"
+
+
+class StoreError(ValueError):
+    """A path that is not a usable sweep store (a ``ValueError``: the CLI reports one line)."""
+
+
+class StoreFormatError(StoreError):
+    """A store written by an earlier meanfield version (no checksums): it cannot be verified
+    or resumed; ``load(store, verify=False)`` still reads it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """One damaged piece of a store: sweep chunk ``chunk`` (``None``: a coordinate or the
+    metadata), the file and what is wrong with it."""
+
+    chunk: int | None
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"chunk {self.chunk}" if self.chunk is not None else "metadata"
+        return f"{where}: {self.path}: {self.reason}"
+
+
+class StoreDamagedError(StoreError):
+    """A store with damaged chunks (``damages``; ``chunk`` and ``path`` of the first).
+
+    The message is one line naming the first damaged chunk and file and how many more.
+    """
+
+    def __init__(self, store, damages: Iterable[Damage]):
+        self.store = Path(store)
+        self.damages = tuple(damages)
+        first = self.damages[0]
+        self.chunk, self.path = first.chunk, first.path
+        chunks = {d.chunk for d in self.damages}
+        more = f" ({len(chunks)} damaged chunks in all)" if len(chunks) > 1 else ""
+        repair = (
+            "`meanfield sweep SPEC --out STORE --resume` recomputes it"
+            if all(d.chunk is not None for d in self.damages)
+            else "a damaged coordinate or metadata file cannot be recomputed: run the sweep into a new store"
+        )
+        super().__init__(f"store {self.store} is damaged: {first}{more}; {repair}")
 
 
 def _quiet_zarr():
@@ -56,12 +150,17 @@ def _quiet_zarr():
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` through a uniquely named temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _coord(value):
@@ -71,6 +170,13 @@ def _coord(value):
         return (list(dims), _coord(vals))
     arr = np.asarray(value)
     return arr.astype(object) if arr.dtype.kind == "U" else arr
+
+
+def _codecs() -> list:
+    """Bytes-to-bytes codecs of every array: zstd, then the crc32c checksum of the result."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return [ZstdCodec(), Crc32cCodec()]
 
 
 def _skeleton(layout: dict):
@@ -90,50 +196,115 @@ def _skeleton(layout: dict):
         trailing = list(var["dims"])
         shape = grid_shape + tuple(sizes[t] for t in trailing)
         dtype = np.dtype(var["dtype"])
-        arr = np.full(shape, np.nan if dtype.kind == "f" else PENDING, dtype)
+        # broadcast views: the skeleton's chunks are all fill values, which zarr does not write
+        arr = np.broadcast_to(np.asarray(np.nan if dtype.kind == "f" else PENDING, dtype), shape)
         attrs = {"description": var["description"]}
         if name == "status":
             attrs.update(flag_values=[PENDING, OK, FAILED], flag_meanings="pending ok failed")
         data_vars[name] = (dims + trailing, arr, attrs)
-        encoding[name] = {"chunks": zblock + tuple(shape[len(dims):])}
+        encoding[name] = {"chunks": zblock + tuple(shape[len(dims):]), "compressors": _codecs()}
+    for name in coords:
+        encoding[name] = {"compressors": _codecs()}
     attrs = {**layout["attrs"], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return xr.Dataset(data_vars, coords=coords, attrs=attrs), encoding
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs), encoding, list(variables)
 
 
 def create(out, layout: dict) -> None:
-    """Create the store (all points pending) unless it was fully initialised before.
+    """Create the store (all points pending), atomically and exclusively.
+
+    The skeleton is built in a hidden directory beside ``out`` and renamed to ``out``: a
+    concurrent reader sees either no store or a complete one, and when ``out`` already
+    exists (and is not an empty directory) nothing is written and ``FileExistsError`` is
+    raised, also when another process created it in the meantime.
 
     ``layout`` is plain data (``meanfield.sweep.plan.store_layout``): ``dims``, ``coords``,
     ``variables``, ``chunks``, ``attrs`` (with ``spec_json`` and ``spec_hash``), ``blocks``
-    and ``chunks_total``.
+    and ``chunks_total``. Other file system errors (a parent that is a file, no write
+    permission, a read-only file system) propagate as ``OSError``.
     """
     out = Path(out)
-    if (out / _META / "initialized").exists():
-        return
-    ds, encoding = _skeleton(layout)
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise NotADirectoryError(f"cannot create store {out}: {above} is a file, not a directory")
+    tmp = out.parent / f".{out.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(tmp)
+    except OSError as e:
+        raise type(e)(f"cannot create store {out}: {e.strerror or e} ({e.filename or out.parent})") from None
+    try:
+        _build(tmp, layout)
+        try:
+            os.rename(tmp, out)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise FileExistsError(f"store {out} already exists (created by another process)") from None
+            if e.errno == errno.ENOTDIR:
+                raise FileExistsError(f"{out} exists and is not a directory (a zarr store); use another path") from None
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build(path: Path, layout: dict) -> None:
+    import zarr
+
+    ds, encoding, variables = _skeleton(layout)
     ctx = _quiet_zarr()
     try:
-        import zarr
-
-        ds.to_zarr(out, mode="w", encoding=encoding, consolidated=True)
-        zarr.open_group(out / _META, mode="w")
+        ds.to_zarr(path, mode="w-", encoding=encoding, consolidated=True)
+        zarr.open_group(path / _META, mode="w")
     finally:
         ctx.__exit__(None, None, None)
-    (out / _META / "done").mkdir(parents=True, exist_ok=True)
+    (path / _META / "done").mkdir(parents=True, exist_ok=True)
+    (path / _META / "claims").mkdir(parents=True, exist_ok=True)
     info = {
+        "format": FORMAT,
         "blocks": [list(b) for b in layout["blocks"]],
         "zarr_block": list(layout["chunks"]),
         "spec_hash": layout["attrs"]["spec_hash"],
         "chunks_total": int(layout["chunks_total"]),
+        "grid_ndim": len(layout["dims"]),
+        "variables": variables,
     }
-    _atomic_write(out / _META / "initialized", json.dumps(info))
+    _atomic_write(path / _META / "initialized", json.dumps(info))
 
 
-def check_resumable(out, spec_json: dict):
-    """Check that ``out`` is a store of the normalised spec ``spec_json``; return its stored
-    blocks (None: not initialised).
+def _info(out: Path, *, legacy_ok: bool = False) -> dict:
+    """``_sweep/initialized`` of a store (``StoreError`` when absent or unreadable,
+    ``StoreFormatError`` for a store of format 1 unless ``legacy_ok``)."""
+    mark = out / _META / "initialized"
+    try:
+        info = json.loads(mark.read_text())
+        if not isinstance(info, dict) or "blocks" not in info:
+            raise ValueError("no chunking")
+    except FileNotFoundError:
+        raise StoreError(
+            f"{out} is not a complete sweep store (no {_META}/initialized: its creation was interrupted "
+            "by an earlier meanfield version); remove it or use another path"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{out}: {mark} is unreadable ({e}); the store cannot be used") from None
+    if info.get("format") != FORMAT and not legacy_ok:
+        raise StoreFormatError(
+            f"store {out} was written by an earlier meanfield version (no checksums): it cannot be "
+            "verified or resumed; run the sweep into a new store (it still reads with "
+            "sweep.load(store, verify=False) or `meanfield plot --no-verify`)"
+        )
+    return info
 
-    Raises ``ValueError`` naming the differing keys when the spec differs.
+
+def check_resumable(out, spec_json: dict) -> dict | None:
+    """Check that ``out`` is a store of the normalised spec ``spec_json``; return its
+    bookkeeping (``blocks``: the stored chunking, ``chunks_total``, ...), or None for an
+    empty directory (the store is still to be created).
+
+    Raises ``StoreError`` (a ``ValueError``) naming the differing keys when the spec
+    differs, for a directory that is not a sweep store and for a store of an earlier
+    format; ``FileExistsError`` when ``out`` is not a directory.
     """
     out = Path(out)
     if not out.is_dir():
@@ -141,28 +312,24 @@ def check_resumable(out, spec_json: dict):
     root = out / "zarr.json"
     if not root.exists():
         if any(out.iterdir()):
-            raise ValueError(f"{out} is not a sweep store (no zarr.json); use another path")
+            raise StoreError(f"{out} is not a sweep store (no zarr.json); use another path")
         return None
     try:
         attrs = json.loads(root.read_text()).get("attributes", {})
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, AttributeError):
         attrs = {}
     if "spec_json" not in attrs:
-        if (out / _META / "initialized").exists():
-            raise ValueError(f"{out} is not a sweep store (no spec in its attributes)")
-        return None  # killed while being created: it will be created again
+        raise StoreError(f"{out} is not a sweep store (no spec in its attributes); use another path")
+    info = _info(out)
     stored = json.loads(attrs["spec_json"])
     given = json.loads(json.dumps(spec_json, sort_keys=True))  # as it would be stored
     if stored != given:
         diffs = key_differences(stored, given)
-        raise ValueError(
+        raise StoreError(
             f"cannot resume: store {out} was made from a different spec (differing keys: "
             f"{', '.join(diffs)}); use the same spec or another path"
         )
-    mark = out / _META / "initialized"
-    if not mark.exists():
-        return None
-    return json.loads(mark.read_text())["blocks"]
+    return info
 
 
 def done_chunks(out) -> set[int]:
@@ -173,12 +340,46 @@ def done_chunks(out) -> set[int]:
     return {int(p.name) for p in d.iterdir() if p.name.isdigit()}
 
 
+def _mark(out: Path, cid: int) -> Path:
+    return out / _META / "done" / f"{cid:06d}"
+
+
+def is_done(out, cid: int) -> bool:
+    """Whether chunk ``cid`` carries its completion mark."""
+    return _mark(Path(out), cid).exists()
+
+
+@contextlib.contextmanager
+def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
+    """Hold the claim of chunk ``cid`` (an exclusive ``fcntl.flock`` on its lock file).
+
+    Yields True when the claim is held (with ``wait``, after the current holder, if any,
+    releases it), False when another writer holds it (``wait=False``). The claim is
+    released on exit and when the process dies. Lock files are never deleted (deleting a
+    lock file others may be waiting on would let two writers hold "the" claim).
+    """
+    path = Path(out) / _META / "claims" / f"{cid:06d}"
+    path.parent.mkdir(exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            got = True
+        except BlockingIOError:
+            got = False
+        yield got
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> None:
-    """Write one chunk's results then its completion mark.
+    """Write one chunk's results then its completion mark (the chunk's region, JSON).
 
     ``index``: integer positions along the leading grid dimensions (model, n, d);
     ``slices``: the chunk's block along the remaining grid dimensions; ``results``:
     name -> array flat over the block (row-major), with the variable's trailing axes.
+    Every zarr chunk file of the region is written, fill values included (a missing file
+    then always means damage). Call it while holding ``claim(out, cid)``.
     """
     import zarr
 
@@ -188,34 +389,175 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
     try:
         root = zarr.open_group(out, mode="r+", use_consolidated=False)
         for name, value in results.items():
+            arr = root[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
             trailing = value.shape[1:]
             region = tuple(index) + tuple(slices) + tuple(slice(None) for _ in trailing)
-            root[name][region] = np.asarray(value).reshape(block_shape + trailing)  # type: ignore[index]
+            arr[region] = np.asarray(value).reshape(block_shape + trailing)
     finally:
         ctx.__exit__(None, None, None)
-    _atomic_write(out / _META / "done" / f"{cid:06d}", "")
+    record = {"index": [int(i) for i in index], "slices": [[int(s.start), int(s.stop)] for s in slices]}
+    _atomic_write(_mark(out, cid), json.dumps(record))
 
 
-def load(store):
-    """Open a sweep store as an ``xarray.Dataset`` (lazy arrays).
+def discard(out, cid: int) -> None:
+    """Remove the completion mark of chunk ``cid`` (it will be recomputed)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_mark(Path(out), cid))
+
+
+def _block_coords(shape: tuple, chunks: tuple, region: list[tuple[int, int]]) -> Iterator[tuple]:
+    """Coordinates of the zarr chunks (of shape ``chunks``) that the region touches."""
+    ranges = [range(lo // c, math.ceil(hi / c)) for (lo, hi), c in zip(region, chunks)]
+    ranges += [range(math.ceil(s / c)) for s, c in zip(shape[len(region):], chunks[len(region):])]
+    yield from (tuple(int(r[i]) for r, i in zip(ranges, idx)) for idx in np.ndindex(*[len(r) for r in ranges]))
+
+
+def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
+    """Check the chunks marked done (all of them, or those of ``chunks`` that are marked);
+    return what is damaged (empty: sound).
+
+    A done chunk is sound when its completion mark is readable and, for every variable,
+    each zarr chunk file of its region exists and ends with the ``crc32c`` checksum of the
+    rest (the file is read, not decoded), and no point of its ``status`` is ``PENDING``. With ``chunks=None`` the coordinates and
+    the metadata are read too. Raises ``StoreError`` when ``out`` is not a sweep store of
+    this format.
+    """
+    import zarr
+
+    out = Path(out)
+    info = _info(out)
+    full = chunks is None
+    marked = done_chunks(out)
+    ids = sorted(marked if chunks is None else set(chunks) & marked)
+    damages: list[Damage] = []
+    ctx = _quiet_zarr()
+    try:
+        try:
+            root = zarr.open_group(out, mode="r", use_consolidated=False)
+            arrays: dict[str, Any] = {name: root[name] for name in info["variables"]}
+        except Exception as e:  # noqa: BLE001 - any failure to open the metadata is damage
+            return [Damage(None, out / "zarr.json", f"metadata unreadable: {_reason(e)}")]
+        if full:
+            for name in sorted(set(root.array_keys()) - set(arrays)):
+                try:
+                    cast(Any, root[name])[...]  # coordinates: small, read whole
+                except Exception as e:  # noqa: BLE001 - any decoding failure is damage
+                    damages.append(Damage(None, out / name, f"coordinate unreadable: {_reason(e)}"))
+        ndim = int(info["grid_ndim"])
+        status = None
+        if len(ids) > 8:  # one read of the whole status array instead of one per chunk
+            try:
+                status = np.asarray(arrays["status"][...])
+            except Exception:  # noqa: BLE001 - a damaged status file: read per chunk, the files tell
+                status = None
+        for cid in ids:
+            damages += _verify_chunk(out, cid, arrays, ndim, status)
+    finally:
+        ctx.__exit__(None, None, None)
+    return damages
+
+
+_verify_store = verify  # ``load``'s argument ``verify`` shadows the function
+
+
+def _reason(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _file_damage(path: Path) -> str | None:
+    """What is wrong with one chunk file, or None: the file holds the encoded chunk followed by
+    the little-endian crc32c of it (zarr's ``crc32c`` codec, the last of the pipeline), so
+    checking the trailer checks the file without decoding it."""
+    import google_crc32c  # zarr's own dependency, the implementation of its crc32c codec
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return "chunk file missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if len(data) < 5:
+        return f"truncated ({len(data)} bytes)"
+    if google_crc32c.value(data[:-4]).to_bytes(4, "little") != data[-4:]:
+        return "checksum mismatch (crc32c): the file was truncated, overwritten or altered"
+    return None
+
+
+def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, status) -> list[Damage]:
+    mark = _mark(out, cid)
+    try:
+        rec = json.loads(mark.read_text())
+        region = [(int(i), int(i) + 1) for i in rec["index"]] + [(int(a), int(b)) for a, b in rec["slices"]]
+        if len(region) != ndim:
+            raise ValueError(f"{len(region)} dimensions, the grid has {ndim}")
+    except FileNotFoundError:
+        return []  # unmarked meanwhile (being recomputed): not done, nothing to verify
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [Damage(cid, mark, f"completion mark unreadable ({e})")]
+    found = []
+    for name, arr in arrays.items():
+        bad = []
+        for c in _block_coords(arr.shape, arr.chunks, region):
+            path = out / name / arr.metadata.encode_chunk_key(c)
+            reason = _file_damage(path)
+            if reason:
+                bad.append(Damage(cid, path, reason))
+        found += bad
+        if name == "status" and not bad:
+            sel = tuple(slice(a, b) for a, b in region)
+            try:
+                values = status[sel] if status is not None else arr[sel]
+            except Exception as e:  # noqa: BLE001 - a chunk that passes its checksum yet fails to decode
+                found.append(Damage(cid, out / name, _reason(e)))
+                continue
+            if np.any(np.asarray(values) == PENDING):
+                found.append(Damage(cid, out / name, "points still pending in a chunk marked done"))
+    return found
+
+
+def load(store, *, verify: bool = True):
+    """Open a sweep store as an ``xarray.Dataset`` (lazy arrays), verified first.
 
     ``attrs["chunks_done"]``/``attrs["chunks_total"]`` say how complete it is;
     ``status`` marks pending (0), ok (1) and failed (2) points.
+
+    Args:
+        store: path of the store.
+        verify: read every chunk marked done and check it (``verify``) before opening;
+            ``False`` opens lazily without reading (a large store, or one written by an
+            earlier meanfield version without checksums).
+
+    Raises:
+        FileNotFoundError: no store at ``store``.
+        StoreDamagedError: a damaged chunk (``.chunk``, ``.path``; ``--resume`` recomputes it).
+        StoreFormatError: with ``verify``, a store of an earlier format (no checksums).
+        StoreError: not a sweep store.
     """
     import xarray as xr
 
     store = Path(store)
     if not (store / "zarr.json").exists():
         raise FileNotFoundError(f"sweep store not found: {store}")
+    info: dict | None
+    if verify:
+        info = _info(store)
+        damages = _verify_store(store)
+        if damages:
+            raise StoreDamagedError(store, damages)
+    else:
+        try:
+            info = _info(store, legacy_ok=True)
+        except StoreError:
+            info = None
     ctx = _quiet_zarr()
     try:
         ds = xr.open_zarr(store, consolidated=True)
+    except Exception as e:  # noqa: BLE001 - unreadable metadata: one typed error
+        raise StoreError(f"{store} cannot be opened as a sweep store ({_reason(e)})") from None
     finally:
         ctx.__exit__(None, None, None)
-    mark = store / _META / "initialized"
-    if mark.exists():
-        info = json.loads(mark.read_text())
-        if "chunks_total" in info:
-            ds.attrs["chunks_total"] = info["chunks_total"]
+    if info is not None and "chunks_total" in info:
+        ds.attrs["chunks_total"] = info["chunks_total"]
     ds.attrs["chunks_done"] = len(done_chunks(store))
     return ds
