@@ -3,9 +3,15 @@
 One report: meanfield's and its dependencies' versions, JAX's default backend and devices,
 whether x64 is enabled, and for each fused CPU kernel of ``meanfield._native`` (the exp-kernel
 field, ``exp_kernel.c``; the phase-diagram sweep, ``phase_kernel.c``) whether it is built and
-usable and, if not, why (no compiler, ``MEANFIELD_NATIVE=0``, a compiler error), with the
-compiler, the cache directory and the threads. ``meanfield info --rebuild-native`` compiles
-both kernels again (after installing a compiler, or to clear a remembered failure).
+usable and, if not, why (no compiler, ``MEANFIELD_NATIVE=0``, a compiler error recorded with
+the compiler's identity, a damaged library, a cache directory or library refused because others
+can write it), with the compiler, the cache directory and whether it is private, and the
+threads (the most per call, and what a call would use now on this machine's load).
+``meanfield info --rebuild-native`` compiles both kernels again (after installing a compiler,
+or to clear a recorded failure).
+
+Environment: ``MEANFIELD_CACHE_DIR`` (the cache directory), ``MEANFIELD_NATIVE=0`` (no native
+kernels), ``MEANFIELD_NATIVE_QUIET=1`` (no line on stderr when they are unavailable), ``CC``.
 
 An edge module: nothing in the core imports it. ``summary()`` initialises JAX's backend (it
 lists the devices), which an ordinary ``import meanfield`` never does.
@@ -13,7 +19,6 @@ lists the devices), which an ordinary ``import meanfield`` never does.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import platform
@@ -62,15 +67,27 @@ def _libraries(source, include: list[str]) -> list[str]:
     return found
 
 
+def _cache_problem() -> str | None:
+    """Why the cache directory is refused (or missing), ``None`` when it is private to this user."""
+    try:
+        _native._private_dir(create=False)
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def summary() -> dict[str, Any]:
     """The installation as a dictionary (JSON-serialisable).
 
     Keys: ``meanfield`` (version), ``python``, ``platform``, ``packages`` (``{name: version}``
     for ``PACKAGES``), ``jax`` (``backend``, ``devices``, ``x64``) and ``native``: ``enabled``
     (``meanfield.kernels.native_enabled()``: fields traced now use the fused C kernel on the
-    CPU), ``setting`` (``meanfield.kernels.set_native``), ``cache_dir``, ``compiler`` and
-    ``compiler_version`` (``None`` when there is none), ``threads`` (of the phase kernel) and
-    ``exp_threads`` (of one exp-kernel call; ``None`` when unavailable), and ``exp_kernel`` and
+    CPU), ``setting`` (``meanfield.kernels.set_native``), ``cache_dir``, ``cache_problem`` (why
+    the directory is refused or missing; ``None`` when it is private to this user), ``quiet``
+    (``MEANFIELD_NATIVE_QUIET``), ``compiler`` and ``compiler_version`` (``None`` when there is
+    none), ``threads`` (of the phase kernel), ``exp_threads`` (the most of one exp-kernel call)
+    and ``exp_threads_now`` (what a call on one system of 2048 x 3 would use on the load now; both
+    ``None`` when unavailable), and ``exp_kernel`` and
     ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
     available; ``libraries`` are the cached shared libraries).
 
@@ -112,10 +129,13 @@ def summary() -> dict[str, Any]:
             "enabled": kernels.native_enabled(),
             "setting": bool(getattr(jax.config, "meanfield_native_kernels", False)),
             "cache_dir": str(_native._cache_dir()),
+            "cache_problem": _cache_problem(),
+            "quiet": _native._quiet(),
             "compiler": cc,
             "compiler_version": cc_version,
             "threads": _native.default_threads(),
             "exp_threads": _native.exp_threads() if exp_ok else None,
+            "exp_threads_now": _native.exp_threads_now() if exp_ok else None,
             "exp_kernel": {"available": exp_ok, "reason": _native.exp_unavailable_reason(),
                            "libraries": _libraries(_native.EXP_SOURCE, include)},
             "phase_kernel": {"available": phase_ok, "reason": _native.unavailable_reason(),
@@ -147,9 +167,11 @@ def format_summary(d: dict[str, Any]) -> str:
                                                   else "switched off: set_native(False) or MEANFIELD_NATIVE=0") + ")"),
         f"  compiler: {nat['compiler'] or '(none found)'}"
         + (f" ({nat['compiler_version']})" if nat["compiler_version"] else ""),
-        f"  cache: {nat['cache_dir']}",
+        f"  cache: {nat['cache_dir']}" + (f" ({nat['cache_problem']})" if nat.get("cache_problem") else ""),
         f"  threads: {nat['threads']}"
-        + (f" (exp kernel: {nat['exp_threads']} per call)" if nat["exp_threads"] is not None else ""),
+        + (f" (exp kernel: at most {nat['exp_threads']} per call; {nat.get('exp_threads_now')} for a 2048 x 3 system "
+           "on the load now)"
+           if nat["exp_threads"] is not None else ""),
     ]
     for key, name in (("exp_kernel", "exp kernel"), ("phase_kernel", "phase kernel")):
         k = nat[key]
@@ -176,8 +198,8 @@ def _rebuild() -> dict[str, str | None]:
 def main(argv: list[str] | None = None) -> int:
     """``meanfield info [--json] [--rebuild-native]``: print ``summary()`` (readable, or JSON).
 
-    ``--rebuild-native`` first removes the cached libraries and failure marks of both kernels
-    (for this source and compiler) and compiles them again. Returns 0, or 1 when a rebuild
+    ``--rebuild-native`` first removes the cached libraries, manifests and recorded failures of
+    both kernels (for this source and compiler) and compiles them again. Returns 0, or 1 when a rebuild
     was asked for and a kernel is not built (disabled, no compiler, or a compiler error).
 
     Example:
@@ -189,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         >>> status, sorted(json.loads(out.getvalue()))
         (0, ['jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
     """
-    p = argparse.ArgumentParser(prog="meanfield info",
-                                description="versions, devices, and the native CPU kernels: built or not, and why")
+    from .cli import OneLineParser  # one-line argparse errors, as every meanfield command
+
+    p = OneLineParser(prog="meanfield info",
+                      description="versions, devices, and the native CPU kernels: built or not, and why")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--rebuild-native", action="store_true",
-                   help="remove the cached native kernels (and remembered failures) and compile them again")
+                   help="remove the cached native kernels (and recorded build failures) and compile them again")
     args = p.parse_args(argv)
     failed = False
     if args.rebuild_native:

@@ -192,17 +192,21 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
     cache.mkdir()
     env = {"MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "0" if disabled else "1"}
     if not disabled:
-        # every flag set of both kernels marked as rejected by this compiler: no process builds
+        # every flag set of both kernels recorded as rejected by this compiler: no process builds
         monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(cache))
         cc, version = _native._toolchain()
         for source, include in ((_native.EXP_SOURCE, [_native._exp_include()]), (_native.SOURCE, [])):
+            digest = _native._source_digest(source, include)
             for _, defines, _, _ in _native._BUILDS:
-                for _, path in _native._library_paths(cc, version, source, defines, include):
-                    path.with_suffix(".failed").write_text("stale failure")
+                for flags, path in _native._library_paths(cc, version, source, defines, include):
+                    record = {"identity": _native._identity(cc, version, flags, digest), "error": "stale failure"}
+                    path.with_suffix(".failed").write_text(json.dumps(record))
         code = "from meanfield import _native; print(_native.exp_available(), _native.exp_unavailable_reason())"
         r = _run(code, env=env)
         assert r.returncode == 0 and r.stdout.startswith("False") and "stale failure" in r.stdout, r.stderr
-        assert "meanfield: " not in r.stderr and not list(cache.glob("*.so"))
+        said = [ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: ")]
+        assert len(said) == 1 and "stale failure" in said[0] and "--rebuild-native" in said[0], r.stderr
+        assert not list(cache.glob("*.so"))
     r = _run(_REBUILD, env=env)
     assert r.returncode == (1 if disabled else 0), r.stderr
     nat = json.loads(r.stdout)["native"]
@@ -213,6 +217,7 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
     assert nat["enabled"] and nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"]
     assert sorted(p.name.split("-")[0] for p in cache.glob("*.so")) == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
     assert not list(cache.glob("*.failed"))
+    assert len(list(cache.glob("*.json"))) == 4  # a manifest per library
     assert "building the native CPU kernels" in r.stderr and "building the native phase-diagram kernel" in r.stderr
 
 

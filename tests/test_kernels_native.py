@@ -176,10 +176,10 @@ def test_thread_count_changes_nothing_per_system_and_little_across_rows(x64):
     xs = np.asarray(_xs(4, 150, 3, seed=11))
     big = np.asarray(_xs(1, 700, 5, seed=12))
     beta4, beta1 = np.full(4, 1.5), np.full(1, 1.5)
-    try:
-        _native.set_exp_threads(1)
+    try:  # fixed thread counts (adaptive=False): the load of the machine must not pick the branch
+        _native.set_exp_threads(1, adaptive=False)
         one = _native.exp_field(xs, beta4), _native.exp_field(big, beta1)
-        _native.set_exp_threads(3)
+        _native.set_exp_threads(3, adaptive=False)
         three = _native.exp_field(xs, beta4), _native.exp_field(big, beta1)
     finally:
         _native.set_exp_threads()
@@ -207,6 +207,8 @@ def test_fallbacks_and_errors(xla_path):
         _native.exp_field(np.ones((2, 3, 2)), [1.0])
     with pytest.raises(ValueError, match="threads"):
         _native.set_exp_threads(0)
+    with pytest.raises(TypeError, match="adaptive"):
+        _native.set_exp_threads(2, adaptive=1)
 
 
 def test_the_jaxpr_keeps_the_xla_path_for_other_platforms():
@@ -262,7 +264,7 @@ def test_float32_keeps_float32_accuracy_at_large_n(B):
     x = np.asarray(_xs(B, n, d, seed=21, dtype=jnp.float32))
     beta = np.linspace(0.5, 4.0, B).astype(np.float32)
     try:
-        _native.set_exp_threads(2)
+        _native.set_exp_threads(2, adaptive=False)
         F, S = _native.exp_field(x, beta)
     finally:
         _native.set_exp_threads()

@@ -29,13 +29,42 @@ Each source is compiled once per machine and dtype (float64; float32 with ``-DMF
 with the system C compiler (``$CC``, else ``cc``/``gcc``/``clang``):
 ``-O3 -march=native -ffast-math -fopenmp`` (vectorised exponentials from glibc's libmvec;
 no OpenMP: one thread), then linked without ``-ffast-math`` (GCC's ``crtfastmath.o`` would set
-flush-to-zero for the whole process when the library loads), into a cache directory (``$MEANFIELD_CACHE_DIR``, else
-``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``) under a name hashing the source,
-the flags, the compiler's version and the CPU. The build is atomic (a temporary file
-renamed), so concurrent processes are safe. Without a compiler, or with
-``MEANFIELD_NATIVE=0``, ``available()`` and ``exp_available()`` are ``False``:
-``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``) and ``meanfield.kernels``
-the XLA formulation of the fields.
+flush-to-zero for the whole process when the library loads), into a cache directory
+(``$MEANFIELD_CACHE_DIR``, else ``$XDG_CACHE_HOME/meanfield`` or ``~/.cache/meanfield``) under a
+name hashing the source, the flags, the compiler's version, the CPU and ``BUILD_RECIPE``.
+Without a compiler, or with ``MEANFIELD_NATIVE=0``, ``available()`` and ``exp_available()`` are
+``False``: ``meanfield.phase_diagram`` uses its XLA kernel (``backend="auto"``) and
+``meanfield.kernels`` the XLA formulation of the fields.
+
+The cache is code this process runs, so (``tests/test_native_cache.py``):
+
+- a library is written atomically (compiled into a temporary file in the cache directory, then
+  renamed) with a manifest beside it (``NAME.json``: its size and sha256, written the same way),
+  under a per-library lock (``flock``), so that concurrent first imports compile once;
+- before every ``ctypes.CDLL`` the library is checked against its manifest: a truncated or
+  overwritten library, or a missing manifest, is rebuilt once (one line on stderr saying so),
+  never loaded (a truncated library crashes the process inside ``dlopen``);
+- only the cache directory (symbolic links resolved, created with mode 0700) and files in it
+  that are owned by this user and not writable by group or others are used; otherwise the
+  kernel is refused (``RefusedPath``: the path and the fix, ``chmod go-w PATH`` or remove it) and
+  the XLA path runs; a symbolic link in place of a library or manifest is refused, not followed;
+- a failed build is recorded (``NAME.failed``: the compiler's path and ``--version``, the flags,
+  the source's sha256 and the error) and retried when any of these changes, and by
+  ``meanfield info --rebuild-native``; a killed compiler, a timeout or a full disk is not
+  recorded (the next import tries again);
+- when a kernel is unavailable for any reason but ``MEANFIELD_NATIVE=0``, one line on stderr,
+  once per process, says why and that the XLA path runs; ``MEANFIELD_NATIVE_QUIET=1`` silences
+  it (``meanfield info`` always shows the reason).
+
+Threads: at most ``exp_default_threads()`` per exp-kernel call (``set_exp_threads``); each call
+with more than one system or more than 512 particles takes no more threads than the CPUs of
+this process that other processes left idle (``exp_threads_now``: the non-idle time of those
+CPUs in ``/proc/stat`` minus this process's own CPU time, over the last >= 100 ms). On a loaded
+machine a team of threads waits at the end of a call for its member that waits for a CPU, and
+fewer threads finish sooner (BENCHMARKS.md, contention); work is handed out dynamically, one
+system or 128 rows at a time. A long call (about 8 ms of one CPU or more) takes all its threads:
+a late thread then delays its end by one chunk, and each thread is a share of a loaded machine. The phase kernel does the same per call (``threads_now``). No
+library call sets an environment variable (``OMP_*`` included).
 
 When the compiler runs: the exp kernel at ``import meanfield.kernels`` (``prepare()``:
 ``build_exp()`` if it is not cached, then load and register the FFI targets, with one line on
@@ -56,24 +85,37 @@ d = 2, 3, 5); in float32 the states agree to float32 rounding amplified by the d
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock between processes (the builds stay atomic)
+    fcntl = None  # type: ignore[assignment]
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
            "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
-           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "prepare",
+           "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "exp_threads_now",
+           "threads_now", "prepare", "RefusedPath",
            "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
@@ -90,11 +132,28 @@ FLAGS = (
     ["-O3", "-march=native", "-ffast-math", "-fPIC", "-shared"],
 )
 
-#: how a library is built (part of its cache name): compile, then link without -ffast-math
-BUILD_RECIPE = "compile -c, link -shared without -ffast-math"
+#: how a library is built and cached (part of its cache name): compile, then link without
+#: -ffast-math; a manifest (size, sha256) beside each library
+BUILD_RECIPE = "compile -c, link -shared without -ffast-math; manifest v1"
 
 _state: dict = {"lib": None, "error": None, "tried": False}
 _lock = threading.RLock()
+#: whether this process printed its line about the native path being unavailable
+_warned: list[str] = []
+
+
+class RefusedPath(RuntimeError):
+    """A cache directory or library that is not private to this user: never loaded (its message
+    names the path and the fix)."""
+
+
+class BuildFailed(RuntimeError):
+    """The C compiler failed for every flag set: the message has each error; ``summary`` is one
+    line (the compiler, the first error, whether the failure is recorded)."""
+
+    def __init__(self, message: str, summary: str):
+        super().__init__(message)
+        self.summary = summary
 
 
 def _cache_dir() -> Path:
@@ -102,6 +161,44 @@ def _cache_dir() -> Path:
         return Path(os.environ["MEANFIELD_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "meanfield"
+
+
+def _check_private(path: Path, st: os.stat_result, what: str) -> None:
+    """``RefusedPath`` unless ``st`` (of ``path``) is owned by this user and not writable by group
+    or others: anyone who can write there could make this process run their code."""
+    if not hasattr(os, "geteuid"):  # not POSIX: no owners to check
+        return
+    uid = os.geteuid()
+    hint = ", or set MEANFIELD_CACHE_DIR to a private directory" if what == "cache directory" else ""
+    if st.st_uid != uid:
+        raise RefusedPath(f"refused the native kernel {what} {path}: owned by uid {st.st_uid}, not by this user "
+                          f"(uid {uid}); fix: remove it{hint}")
+    if st.st_mode & 0o022:
+        raise RefusedPath(f"refused the native kernel {what} {path}: writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):o}); fix: chmod go-w {path}{hint}")
+
+
+def _private_dir(create: bool) -> Path:
+    """The cache directory, symbolic links resolved (what is checked is what is loaded from):
+    created with mode 0700 if missing and ``create``; ``RefusedPath`` unless it is a directory
+    owned by this user and not writable by group or others; RuntimeError if it is missing."""
+    path = Path(os.path.realpath(_cache_dir()))
+    if create:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"cannot create the native kernel cache directory {path}: {e.strerror} "
+                               "(set MEANFIELD_CACHE_DIR to a writable private directory)") from None
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise RuntimeError(f"not built (no cache directory {path}; meanfield.kernels builds the kernels "
+                           "at import, `meanfield info --rebuild-native` too)") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RefusedPath(f"refused the native kernel cache directory {path}: not a directory; "
+                          "fix: remove it, or set MEANFIELD_CACHE_DIR to a private directory")
+    _check_private(path, st, "cache directory")
+    return path
 
 
 def _compiler() -> str | None:
@@ -129,6 +226,23 @@ def _disabled() -> bool:
     return os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
+def _quiet() -> bool:
+    return os.environ.get("MEANFIELD_NATIVE_QUIET", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _warn_unavailable(reason: str) -> None:
+    """One line on stderr, once per process, when a native kernel is unavailable and the XLA path
+    runs instead: why. Not when the user switched the kernels off (``MEANFIELD_NATIVE=0``) or
+    silenced the line (``MEANFIELD_NATIVE_QUIET=1``); ``meanfield info`` always says why."""
+    if _warned or _disabled() or _quiet():
+        return
+    _warned.append(reason)
+    text = " ".join(reason.split())
+    text = text if len(text) <= 500 else text[:497] + "..."
+    print(f"meanfield: native CPU kernels unavailable, the XLA path runs instead: {text} "
+          "(`meanfield info` for details; MEANFIELD_NATIVE_QUIET=1 silences this line)", file=sys.stderr, flush=True)
+
+
 @functools.cache
 def _compiler_version(cc: str) -> str:
     """``cc --version`` (part of every cache name): run once per compiler and process."""
@@ -145,6 +259,12 @@ def _toolchain() -> tuple[str, str]:
     return cc, _compiler_version(cc)
 
 
+def _source_digest(source_path: Path, include: tuple[str, ...] | list[str]) -> bytes:
+    """The bytes a build depends on besides the flags: the source and the FFI headers it includes."""
+    headers = b"".join(sorted(p.read_bytes() for d in include for p in Path(d).rglob("c_api.h")))
+    return hashlib.sha256(source_path.read_bytes() + b"\0" + headers).digest()
+
+
 def _library_paths(cc: str, version: str, source_path: Path, defines: list[str],
                    include: tuple[str, ...] | list[str] = ()) -> list[tuple[list[str], Path]]:
     """``(flags, cached library)`` of each flag set of ``FLAGS``, in the order they are tried.
@@ -158,56 +278,210 @@ def _library_paths(cc: str, version: str, source_path: Path, defines: list[str],
         flags = [*flags, *defines, *(f"-I{d}" for d in include)]
         tag = hashlib.sha256(b"\0".join([source, headers, " ".join(flags).encode(), version.encode(),
                                          _cpu_tag().encode(), BUILD_RECIPE.encode()])).hexdigest()[:16]
-        out.append((flags, _cache_dir() / f"{source_path.stem}-{tag}.so"))
+        out.append((flags, Path(os.path.realpath(_cache_dir())) / f"{source_path.stem}-{tag}.so"))
     return out
+
+
+def _manifest(target: Path) -> Path:
+    """The sidecar of a cached library: its size and sha256, written with it."""
+    return target.with_suffix(".json")
+
+
+@contextlib.contextmanager
+def _file_lock(target: Path):
+    """An exclusive lock (``flock``) of one cached library across processes: a library is checked,
+    built and loaded by one process at a time, so that no process reads a half-written pair of
+    library and manifest, and concurrent first imports compile once."""
+    fd = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | _O_NOFOLLOW, 0o600)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_private(path: Path, what: str) -> bytes | None:
+    """The bytes of a regular file owned by this user and not writable by group or others
+    (``RefusedPath`` otherwise; a symbolic link is refused, not followed); ``None`` if missing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if os.path.islink(path):
+            raise RefusedPath(f"refused the native kernel {what} {path}: a symbolic link; fix: remove it") from None
+        raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedPath(f"refused the native kernel {what} {path}: not a regular file; fix: remove it")
+        _check_private(path, st, what)
+        return f.read()
+
+
+def _damage(target: Path) -> str | None:
+    """Why the cached library ``target`` must not be loaded (``"missing"``, or how it differs
+    from its manifest), or ``None`` when it is intact: the size and sha256 recorded when it was
+    built. ``RefusedPath`` for a library or manifest that is not private to this user.
+    Checked before every ``ctypes.CDLL``: a truncated library would crash the process there."""
+    data = _read_private(target, "library")
+    if data is None:
+        return "missing"
+    raw = _read_private(_manifest(target), "manifest")
+    if raw is None:
+        return f"no manifest {_manifest(target).name}"
+    try:
+        record = json.loads(raw)
+        size, digest = int(record["size"]), str(record["sha256"])
+    except (ValueError, KeyError, TypeError):
+        return f"unreadable manifest {_manifest(target).name}"
+    if len(data) != size:
+        return f"{len(data)} bytes, {size} recorded"
+    if hashlib.sha256(data).hexdigest() != digest:
+        return "sha256 differs from the one recorded"
+    return None
+
+
+def _load_library(target: Path) -> ctypes.CDLL:
+    """``ctypes.CDLL`` of a cached library, after checking (under its lock) that it and the cache
+    directory are private to this user and that it matches its manifest."""
+    with _file_lock(target):
+        damage = _damage(target)
+        if damage is not None:
+            raise RuntimeError(f"the cached library {target} is {'missing' if damage == 'missing' else 'damaged'}"
+                               f"{'' if damage == 'missing' else f' ({damage})'}; it is rebuilt at the next "
+                               "import of meanfield.kernels, or run `meanfield info --rebuild-native`")
+        return ctypes.CDLL(str(target))
+
+
+def _identity(cc: str, version: str, flags: list[str], digest: bytes) -> dict[str, Any]:
+    """What a failed build is recorded with: the compiler (path and ``--version``), the flags and
+    the source's hash. A recorded failure whose identity differs from the current one is retried."""
+    return {"compiler": cc, "version": version, "flags": flags, "source_sha256": digest.hex()}
+
+
+#: compiler messages of a failure that says nothing about the source or the flags (a killed
+#: compiler, a full disk, no memory): never recorded, the next import tries again
+_TRANSIENT = re.compile(r"signal terminated program|unable to execute command|\bkilled\b|no space left on device|"
+                        r"cannot allocate memory|out of memory|resource temporarily unavailable", re.IGNORECASE)
+
+
+def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
+    """The error of a failed build recorded in ``marker`` for this ``identity``; ``None`` when there
+    is none. A record of another compiler identity (or an unreadable one) is removed: that build
+    is tried again."""
+    try:
+        raw = marker.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        raw = ""
+    try:
+        record = json.loads(raw)
+        same = isinstance(record, dict) and record.get("identity") == identity
+    except ValueError:
+        same = False
+    if not same:
+        marker.unlink(missing_ok=True)
+        return None
+    return str(record.get("error", ""))
 
 
 def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
                include: tuple[str, ...] | list[str] = (), *, force: bool = False, announce=None,
                may_compile: bool = True) -> Path:
     """The cached library of one build of a source, compiled (``_compile``) with the first flag
-    set that works if it is not in the cache. A flag set the compiler rejected is marked
-    (``.failed``) and not tried again; ``force`` removes the libraries and marks first.
-    ``may_compile=False`` only looks in the cache. ``announce()`` is called before compiling."""
+    set that works if it is not in the cache (or is damaged: then rebuilt, with one line on
+    stderr). A flag set the compiler rejected is recorded (``.failed``, with the compiler
+    identity) and not tried again by this compiler; ``force`` removes the libraries and records
+    first. ``may_compile=False`` only looks in the cache. ``announce(message=None)`` is called
+    before compiling. ``RefusedPath`` for a cache directory or library not private to this user."""
+    _private_dir(create=may_compile)
     paths = _library_paths(cc, version, source_path, defines, include)
+    digest = _source_digest(source_path, include)
     if force:
         for _, target in paths:
-            for stale in (target, target.with_suffix(".failed")):
-                stale.unlink(missing_ok=True)
-    errors = []
+            with _file_lock(target):
+                for stale in (target, _manifest(target), target.with_suffix(".failed")):
+                    stale.unlink(missing_ok=True)
+    errors: list[str] = []
+    recorded_any = False
     for flags, target in paths:
-        failed = target.with_suffix(".failed")  # a flag set this compiler rejected: not retried
-        if failed.exists():
-            errors.append(f"{' '.join(flags)}: {failed.read_text()[-500:]}")
-            continue
-        if not target.exists():
-            if not may_compile:
-                raise RuntimeError(f"not built ({target.name} is not in {target.parent}; "
-                                   "meanfield.kernels builds it at import, `meanfield info --rebuild-native` too)")
-            if announce is not None:
-                announce()
-            error = _compile(cc, flags, source_path, target)
-            if error is not None:
-                errors.append(f"{' '.join(flags)}: {error[-500:]}")
-                failed.parent.mkdir(parents=True, exist_ok=True)
-                failed.write_text(error)
+        identity = _identity(cc, version, flags, digest)
+        marker = target.with_suffix(".failed")
+        with _file_lock(target):
+            recorded = _recorded_failure(marker, identity)
+            if recorded is not None:
+                errors.append(f"{' '.join(flags)}: {recorded[-500:]} (recorded in {marker})")
+                recorded_any = True
                 continue
-        return target
-    raise RuntimeError("the C compiler failed: " + " | ".join(errors))
+            damage = _damage(target)
+            if damage is None:
+                return target
+            if not may_compile:
+                raise RuntimeError(f"not built ({target.name} is {damage} in {target.parent}; meanfield.kernels "
+                                   "builds it at import, `meanfield info --rebuild-native` too)" if damage == "missing"
+                                   else f"the cached library {target} is damaged ({damage}); it is rebuilt at "
+                                   "the next import of meanfield.kernels, or run `meanfield info --rebuild-native`")
+            if announce is not None:
+                announce(None if damage == "missing"
+                         else f"meanfield: the cached native library {target} is damaged ({damage}); rebuilding it")
+            error, transient = _compile(cc, flags, source_path, target)
+            if error is None:
+                return target
+            errors.append(f"{' '.join(flags)}: {error[-500:]}")
+            if not transient:
+                _write_atomic(marker, json.dumps({"identity": identity, "error": error}).encode())
+                recorded_any = True
+    head = f"the C compiler failed ({cc}, {version.strip().splitlines()[0] if version.strip() else 'no --version'})"
+    tail = ("recorded with the compiler's identity: retried when it changes, or run `meanfield info --rebuild-native`"
+            if recorded_any else "not recorded (a killed compiler, a timeout or a full disk): the next import retries")
+    first = next((ln.strip() for e in errors for ln in e.split(": ", 1)[-1].splitlines() if ln.strip()), "")
+    first = first if len(first) <= 160 else first[:157] + "..."
+    raise BuildFailed(f"{head}; {tail}: " + " | ".join(errors), f"{head}: {first}; {tail}")
 
 
-def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> str | None:
+def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """``path`` holds ``data`` or what it held before, never a part: a temporary file in the same
+    directory, flushed, then renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tuple[str | None, bool]:
     """Run the C compiler: ``source_path`` with ``flags`` into ``target``, atomically (a temporary
-    file renamed, so concurrent processes are safe). Returns ``None``, or the compiler's error."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    file in the cache directory renamed, then its manifest, written the same way: size and
+    sha256). Returns ``(None, False)``, or the compiler's error and whether it is transient (a
+    killed compiler, a timeout: not recorded)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        r = _compile_and_link(cc, flags, source_path, tmp)
+        try:
+            r = _compile_and_link(cc, flags, source_path, tmp)
+        except subprocess.TimeoutExpired as e:
+            return f"the compiler ran past {e.timeout:.0f} s", True
+        except OSError as e:
+            return f"cannot run the compiler: {e}", False
         if r.returncode != 0:
-            return r.stderr.strip() or f"exit status {r.returncode}"
+            error = r.stderr.strip() or f"exit status {r.returncode}"
+            return error, r.returncode < 0 or bool(_TRANSIENT.search(error))
+        with open(tmp, "rb") as f:
+            data = f.read()
+        os.chmod(tmp, 0o700)
         os.replace(tmp, target)
-        return None
+        _write_atomic(_manifest(target), json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                                     "compiler": cc, "flags": flags}).encode())
+        return None, False
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -233,29 +507,28 @@ def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str) ->
 
 
 def _build_all(what: str, source_path: Path, include: list[str], force: bool) -> dict[str, Path]:
-    """Every dtype of ``_BUILDS`` of one source; one line on stderr when the compiler runs (and
-    one more if it fails: the fields then run the XLA formulation, ``meanfield info`` says why)."""
+    """Every dtype of ``_BUILDS`` of one source; one line on stderr when the compiler runs (the
+    reason for a rebuild, or that it builds)."""
     cc, version = _toolchain()
     said: list[bool] = []
 
-    def announce() -> None:
+    def announce(message: str | None = None) -> None:
         if not said:
             said.append(True)
-            print(f"meanfield: building the native {what} (once, cached in {_cache_dir()}) ...",
+            print(message or f"meanfield: building the native {what} (once, cached in {_cache_dir()}) ...",
                   file=sys.stderr, flush=True)
 
-    try:
-        return {name: _build_one(cc, version, source_path, defines, include, force=force, announce=announce)
-                for name, defines, _, _ in _BUILDS}
-    except RuntimeError:
-        if said:
-            print(f"meanfield: the native {what} could not be built (`meanfield info` says why); "
-                  "the XLA path runs instead", file=sys.stderr, flush=True)
-        raise
+    return {name: _build_one(cc, version, source_path, defines, include, force=force, announce=announce)
+            for name, defines, _, _ in _BUILDS}
 
 
 def _reason(e: Exception) -> str:
     return str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+
+
+def _summary(e: Exception) -> str:
+    """``_reason(e)`` in one line (a build failure: its summary)."""
+    return e.summary if isinstance(e, BuildFailed) else _reason(e)
 
 
 #: the builds of each source: (dtype, -D flags, suffix of the entry points, C type of the reals)
@@ -274,8 +547,9 @@ def build_phase(force: bool = False) -> dict[str, Path]:
         ``{dtype name: path of the shared library}``.
 
     Raises:
-        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, or the compiler failed
-        (the message says which).
+        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, the compiler failed
+        (``BuildFailed``), or the cache directory or a library in it is refused because others
+        can write it (``RefusedPath``); the message says which.
     """
     return _build_all("phase-diagram kernel", SOURCE, [], force)
 
@@ -287,7 +561,7 @@ def _build() -> dict:
     ip = ctypes.POINTER(ctypes.c_int)
     dp = ctypes.POINTER(ctypes.c_double)
     for name, _, suffix, ctype in _BUILDS:
-        lib = ctypes.CDLL(str(paths[name]))
+        lib = _load_library(paths[name])
         fn = getattr(lib, "mf_phase_run" if name == "float64" else f"mf_phase_run{suffix}")
         rp = ctypes.POINTER(ctype)
         fn.argtypes = [rp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
@@ -314,6 +588,7 @@ def _once(state: dict, build) -> dict | None:
                 state["lib"] = build()
             except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
                 state["error"] = _reason(e)
+                _warn_unavailable(f"phase-diagram kernel: {_summary(e)}")
         return state["lib"]
 
 
@@ -332,6 +607,70 @@ def unavailable_reason() -> str | None:
     """Why ``available()`` is ``False`` (``None`` when it is available)."""
     _library()
     return _state["error"]
+
+
+#: the last sample of the load (``threads_now``): wall time, busy and own CPU seconds, CPUs, estimate
+_load: dict = {"wall": None, "busy": 0.0, "own": 0.0, "cpus": 0, "idle": None}
+
+
+def _busy_seconds() -> tuple[float, int] | None:
+    """Non-idle seconds since boot of the CPUs this process may run on (``/proc/stat``), and how
+    many CPUs; ``None`` where unknown."""
+    try:
+        cpus = os.sched_getaffinity(0)
+        hz = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            lines = [ln.split() for ln in f if ln.startswith("cpu") and ln[3:4].isdigit()]
+    except (OSError, AttributeError, ValueError):
+        return None
+    busy, seen = 0, 0
+    for fields in lines:
+        if int(fields[0][3:]) in cpus:
+            v = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+            busy += sum(v) - v[3] - v[4]
+            seen += 1
+    return (busy / hz, len(cpus)) if seen == len(cpus) and hz > 0 else None
+
+
+def threads_now(most: int) -> int:
+    """At most ``most`` threads, no more than the CPUs of this process that other processes left
+    idle (at least 1): the non-idle time of those CPUs (``/proc/stat``) minus this process's own
+    CPU time, over the time since the previous sample (taken at most every 100 ms), rounded.
+    ``most`` until a first interval is measured, or where ``/proc/stat`` is missing. What the
+    phase kernel runs with unless told; the exp kernel does the same in C at each call.
+
+    Example:
+        >>> from meanfield import _native
+        >>> 1 <= _native.threads_now(4) <= 4
+        True
+    """
+    if most <= 1:
+        return max(1, most)
+    now = time.monotonic()
+    with _lock:
+        if _load["wall"] is None or now - _load["wall"] >= 0.1:
+            sample, own = _busy_seconds(), time.process_time()
+            if sample is None:
+                _load.update(wall=now, idle=None)
+            else:
+                busy, cpus = sample
+                if _load["wall"] is not None and cpus == _load["cpus"]:
+                    others = max(0.0, (busy - _load["busy"] - (own - _load["own"])) / (now - _load["wall"]))
+                    _load["idle"] = max(1, int(cpus - others + 0.5))
+                _load.update(wall=now, busy=busy, own=own, cpus=cpus)
+        idle = _load["idle"]
+    return most if idle is None else min(most, idle)
+
+
+def _phase_threads(S: int, n: int, d: int, nsteps: int) -> int:
+    """The phase kernel's threads: all (``default_threads()``) for a long run, else ``threads_now``."""
+    work = float(S) * n * (n + 1) / 2 * (2 * d + 4) * max(1, nsteps)
+    return default_threads() if work > LONG_CALL else threads_now(default_threads())
+
+
+#: work (pairs x (2 d + 4)) above which a call takes all its threads whatever the load: about
+#: 8 ms of one CPU (``exp_kernel.c``'s ``LONG_CALL``)
+LONG_CALL = 1.2e8
 
 
 def default_threads() -> int:
@@ -356,7 +695,9 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
         nsteps: number of steps; ckpt: distinct sorted step indices in ``[0, nsteps]`` whose
             state's clustering fraction is returned; threshold: on ``<x_i, x_j>``.
         normalized: SA (row-normalised) or USA (``1/n``) field.
-        threads: OpenMP threads (default ``default_threads()``).
+        threads: OpenMP threads (default ``default_threads()``; for a short run, under about
+            8 ms of one CPU, ``threads_now(default_threads())``: fewer on a machine loaded by
+            other processes). The results do not depend on it.
 
     Returns:
         ``(fractions (S, len(ckpt)), final states (S, n, d))``: NumPy arrays, float64 fractions,
@@ -397,7 +738,7 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
         xp.ctypes.data_as(rp), Sp, n, d, float(beta), float(shift), float(step), int(nsteps),
         ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), ck.size, float(threshold), int(bool(normalized)),
         frac.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), xout.ctypes.data_as(rp),
-        int(threads or default_threads()),
+        int(threads or _phase_threads(Sp, n, d, nsteps)),
     )
     if rc != 0:
         raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")
@@ -418,7 +759,8 @@ EXP_LANES = {"float64": 8, "float32": 16}
 #: largest dimension the exp kernel accepts
 EXP_MAX_D = 64
 
-_exp_state: dict = {"lib": None, "error": None, "prepared": False, "tested": False, "threads": None}
+_exp_state: dict = {"lib": None, "error": None, "prepared": False, "tested": False, "threads": None,
+                    "adaptive": True}
 
 
 def _exp_include() -> str:
@@ -440,8 +782,9 @@ def build_exp(force: bool = False) -> dict[str, Path]:
         ``{dtype name: path of the shared library}``.
 
     Raises:
-        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, or the compiler failed
-        (the message says which).
+        RuntimeError: disabled (``MEANFIELD_NATIVE=0``), no compiler, the compiler failed
+        (``BuildFailed``), or the cache directory or a library in it is refused because others
+        can write it (``RefusedPath``); the message says which.
 
     Example:
         >>> from meanfield import _native
@@ -464,7 +807,7 @@ def _load_exp(paths: dict[str, Path]) -> dict:
 
     libs = {}
     for name, _, suffix, ctype in _BUILDS:
-        lib = ctypes.CDLL(str(paths[name]))
+        lib = _load_library(paths[name])
         lanes = int(getattr(lib, f"mf_exp_lanes{suffix}")())
         if lanes != EXP_LANES[name]:
             raise RuntimeError(f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}")
@@ -474,7 +817,11 @@ def _load_exp(paths: dict[str, Path]) -> dict:
         fn.restype = ctypes.c_int
         threads = getattr(lib, f"mf_exp_set_threads{suffix}")
         threads.argtypes = [ctypes.c_int]
-        libs[name] = (lib, fn, rp, threads)
+        adaptive = getattr(lib, f"mf_exp_set_adaptive{suffix}")
+        adaptive.argtypes = [ctypes.c_int]
+        now = getattr(lib, f"mf_exp_threads_now{suffix}")
+        now.argtypes, now.restype = [ctypes.c_double], ctypes.c_int
+        libs[name] = (lib, fn, rp, (threads, adaptive, now))
     for name, (lib, *_) in libs.items():
         for target in EXP_TARGETS[name]:
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
@@ -495,6 +842,7 @@ def _prepare(may_compile: bool) -> bool:
                 _exp_state["lib"] = _load_exp(paths)
             except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
                 _exp_state["error"] = _reason(e)
+                _warn_unavailable(_summary(e))
         return _exp_state["lib"] is not None
 
 
@@ -562,17 +910,19 @@ def _exp_library() -> dict | None:
         if _exp_state["lib"] is not None and not _exp_state["tested"]:
             _exp_state["tested"] = True
             try:
-                _set_threads(_exp_state["lib"], exp_default_threads())
+                _set_threads(_exp_state["lib"], exp_default_threads(), adaptive=True)
                 _self_test()
             except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
                 _exp_state["lib"], _exp_state["error"] = None, _reason(e)
+                _warn_unavailable(_summary(e))
         return _exp_state["lib"]
 
 
-def _set_threads(libs: dict, threads: int) -> None:
-    for _, _, set_threads in libs.values():
+def _set_threads(libs: dict, threads: int, adaptive: bool) -> None:
+    for _, _, (set_threads, set_adaptive, _) in libs.values():
         set_threads(threads)
-    _exp_state["threads"] = threads
+        set_adaptive(int(adaptive))
+    _exp_state["threads"], _exp_state["adaptive"] = threads, adaptive
 
 
 def exp_available() -> bool:
@@ -622,20 +972,47 @@ def exp_default_threads() -> int:
 
 
 def exp_threads() -> int:
-    """The threads later exp-kernel calls use (``set_exp_threads``)."""
+    """The most threads of later exp-kernel calls (``set_exp_threads``)."""
     if _exp_library() is None:
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
     return int(_exp_state["threads"])
 
 
-def set_exp_threads(threads: int | None = None) -> None:
-    """Threads of later exp-kernel calls (default ``exp_default_threads()``)."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+def exp_threads_now(B: int = 1, n: int = 2048, d: int = 3) -> int:
+    """The threads an exp-kernel call on ``B`` systems of ``n`` particles in dimension ``d`` would
+    use now: ``exp_threads()``, or fewer on a loaded machine while adaptive (``set_exp_threads``):
+    no more than the CPUs of this process that other processes left idle over the last >= 100 ms
+    (``threads_now``, computed in C), at least 1; a long call (``B n (n + 1) / 2 (2 d + 4)`` above
+    1.2e8, about 8 ms of one CPU) takes them all."""
     libs = _exp_library()
     if libs is None:
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
-    _set_threads(libs, int(threads or exp_default_threads()))
+    if B <= 1 and n <= 512:
+        return 1  # one small system: one thread, whatever the setting
+    return int(next(iter(libs.values()))[2][2](float(B) * n * (n + 1) / 2 * (2 * d + 4)))
+
+
+def set_exp_threads(threads: int | None = None, *, adaptive: bool = True) -> None:
+    """Threads of later exp-kernel calls: at most ``threads`` (default ``exp_default_threads()``).
+
+    ``adaptive`` (default): each call that runs more than one system, or one system of more than
+    512 particles, takes no more threads than the CPUs of this process that other processes left
+    idle over the last >= 100 ms (``exp_threads_now``): on a machine loaded by other processes a
+    team of threads waits for its slowest member, and one thread finishes sooner (BENCHMARKS.md,
+    contention); a long call (about 8 ms of one CPU or more) takes them all (each thread is a
+    share of a loaded machine, and a late one delays the end by one chunk of work).
+    ``adaptive=False``: always ``threads``. Batches run whole systems per thread
+    (bit-identical for any thread count); one large system split over threads sums its rows in
+    another order (rounding, ``tests/test_kernels_native.py``). Sets no environment variable.
+    """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    if not isinstance(adaptive, bool):
+        raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
+    libs = _exp_library()
+    if libs is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    _set_threads(libs, int(threads or exp_default_threads()), adaptive)
 
 
 def exp_field(x, beta, field: bool = True, gauge=None):

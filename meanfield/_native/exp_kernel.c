@@ -25,18 +25,27 @@
  * rows, then continue in double (float32 results stay at float32 rounding for large n).
  * Parallel (OpenMP) over the systems of the batch; a batch smaller than the thread count with
  * n > 4 FLUSH runs each system's windows of FLUSH rows in parallel (dynamic schedule, one Ft
- * and one double FD per thread, summed at the end). Gauge matrices G (optional): the system is
- * loaded as y_i = G_i x_i and the field stored as G_i^T F_i.
+ * and one double FD per thread, summed at the end). The thread count of each call adapts to
+ * the machine's load (threads_now: no more threads than the CPUs other processes leave idle).
+ * Gauge matrices G (optional): the system is loaded as y_i = G_i x_i and the field stored as
+ * G_i^T F_i.
  *
  * Built when meanfield.kernels is first imported on a machine (cached), by
  * meanfield/_native/__init__.py with the system C compiler and the
  * FFI headers that jaxlib ships (jax.ffi.include_dir()); without them, meanfield uses the
  * XLA formulation, which stays the reference this kernel is tested against.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "xla/ffi/api/c_api.h"
 #ifdef _OPENMP
@@ -69,9 +78,121 @@ typedef real vr __attribute__((vector_size(LANES * sizeof(real)), aligned(LANES 
 typedef ireal vi __attribute__((vector_size(LANES * sizeof(ireal)), aligned(LANES * sizeof(ireal))));
 
 static int n_threads = 1;
+static int adaptive = 1;
 
-/* threads of later calls (the loader sets OMP_NUM_THREADS or the CPUs of the process) */
-void SUFFIX(mf_exp_set_threads)(int t) { __atomic_store_n(&n_threads, t > 0 ? t : 1, __ATOMIC_RELAXED); }
+/* ---- threads of a call on a loaded machine -------------------------------------------------
+ * On a machine whose CPUs other processes keep busy, a team of threads waits at the end of a
+ * call for its member that waits for a CPU (a scheduler time slice, milliseconds): 2 threads
+ * took 8-11 ms where 1 thread took 1.7 ms (n = 2048, 2 cores, 2 busy processes). So each call
+ * takes no more threads than the CPUs of this process that other processes left idle: measured
+ * over the last >= 100 ms as the non-idle time of those CPUs (/proc/stat) minus this process's
+ * own CPU time (its threads, spinning OpenMP workers and XLA's included), at least 1.
+ * A long call (more than LONG_CALL units of work, pairs x (2 d + 4): about 8 ms of one CPU) takes
+ * all its threads whatever the load: dynamic scheduling keeps them busy, a late thread delays
+ * the end by one system or 128 rows, and on a loaded machine each thread is a share of the CPUs
+ * (n = 4096, d = 16 on 2 loaded cores: 2 threads 98 ms, 1 thread 139 ms). */
+#define LONG_CALL 1.2e8
+
+static int load_estimate = -1;    /* CPUs left idle for this process, -1: unknown */
+static int sampling = 0;          /* a sample is being taken (try-lock) */
+static long long prev_wall = 0; /* ns, CLOCK_MONOTONIC; 0: no sample yet */
+static double prev_busy = 0, prev_own = 0;
+static int prev_cpus = 0;
+
+static long long nanoseconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#ifdef __linux__
+/* non-idle seconds of the CPUs of this process since boot (/proc/stat), and how many CPUs; -1 if unknown */
+static double busy_seconds(int *cpus) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return -1;
+    *cpus = CPU_COUNT(&set);
+    const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (ssize_t r; buf; len += (size_t)r) {
+        if (len == cap) {
+            char *more = cap < (1 << 24) ? realloc(buf, 2 * cap + 1) : NULL;
+            if (!more) break;
+            buf = more, cap *= 2;
+        }
+        r = read(fd, buf + len, cap - len);
+        if (r <= 0) break;
+    }
+    close(fd);
+    if (!buf) return -1;
+    buf[len] = 0;
+    const long hz = sysconf(_SC_CLK_TCK);
+    double busy = 0;
+    int seen = 0;
+    for (char *line = buf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "cpu", 3) != 0 || line[3] < '0' || line[3] > '9') continue;
+        char *p = line + 3;
+        const long id = strtol(p, &p, 10);
+        if (id < 0 || id >= CPU_SETSIZE || !CPU_ISSET(id, &set)) continue;
+        /* user nice system idle iowait irq softirq steal */
+        unsigned long long v[8] = {0};
+        for (int k = 0; k < 8; k++) v[k] = strtoull(p, &p, 10);
+        busy += (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+        seen++;
+    }
+    free(buf);
+    return seen == *cpus && hz > 0 ? busy / (double)hz : -1;
+}
+#else
+static double busy_seconds(int *cpus) {
+    *cpus = 0;
+    return -1;
+}
+#endif
+
+/* a new sample if the last one is at least 100 ms old (one thread at a time; the others keep the estimate) */
+static void sample_load(void) {
+    const long long now = nanoseconds(CLOCK_MONOTONIC);
+    const long long last = __atomic_load_n(&prev_wall, __ATOMIC_RELAXED);
+    if (last > 0 && now - last < 100000000LL) return;
+    if (__atomic_exchange_n(&sampling, 1, __ATOMIC_ACQUIRE)) return;
+    int cpus = 0;
+    const double busy = busy_seconds(&cpus), own = 1e-9 * (double)nanoseconds(CLOCK_PROCESS_CPUTIME_ID);
+    if (busy < 0) {
+        __atomic_store_n(&load_estimate, -1, __ATOMIC_RELAXED);
+    } else if (prev_wall > 0 && cpus == prev_cpus && now > prev_wall) {
+        double others = (busy - prev_busy - (own - prev_own)) / (1e-9 * (double)(now - prev_wall));
+        if (others < 0) others = 0;
+        const int idle = (int)((double)cpus - others + 0.5);
+        __atomic_store_n(&load_estimate, idle < 1 ? 1 : idle, __ATOMIC_RELAXED);
+    }
+    prev_busy = busy, prev_own = own, prev_cpus = cpus;
+    __atomic_store_n(&prev_wall, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&sampling, 0, __ATOMIC_RELEASE);
+}
+
+/* most threads of later calls (the loader passes OMP_NUM_THREADS, or the CPUs of the process
+ * divided by its CPU devices); takes a first sample of the load */
+void SUFFIX(mf_exp_set_threads)(int t) {
+    __atomic_store_n(&n_threads, t > 0 ? t : 1, __ATOMIC_RELAXED);
+    sample_load();
+}
+
+/* adapt the threads of each call to the machine's load (1, the default) or use them all (0) */
+void SUFFIX(mf_exp_set_adaptive)(int on) { __atomic_store_n(&adaptive, on != 0, __ATOMIC_RELAXED); }
+
+/* the threads of a call of `work` units: n_threads, or fewer while adaptive (see above) */
+static int threads_now(double work) {
+    const int most = __atomic_load_n(&n_threads, __ATOMIC_RELAXED);
+    if (most <= 1 || !__atomic_load_n(&adaptive, __ATOMIC_RELAXED) || work > LONG_CALL) return most;
+    sample_load();
+    const int idle = __atomic_load_n(&load_estimate, __ATOMIC_RELAXED);
+    return idle < 1 || idle >= most ? most : idle;
+}
+
+/* the threads a call of `work` units (pairs x (2 d + 4)) would use now (meanfield.info, tests) */
+int SUFFIX(mf_exp_threads_now)(double work) { return threads_now(work); }
 
 int SUFFIX(mf_exp_lanes)(void) { return LANES; }
 
@@ -289,7 +410,8 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gsh
     const row_block_fn rows = pick(d);
     /* per system or thread: xt, Ft, P (vectors) and FD (doubles) */
     const size_t per = sizeof(vr) * (size_t)(2 * d + RB) * nv + sizeof(double) * (size_t)d * np;
-    const int threads = __atomic_load_n(&n_threads, __ATOMIC_RELAXED);
+    /* one thread for one small system: no need to look at the load */
+    const int threads = B > 1 || n > 4 * FLUSH ? threads_now((double)B * n * (n + 1) / 2 * (2 * d + 4)) : 1;
     int failed = 0;
     if (B >= threads || n <= 4 * FLUSH) {
         const int team = B < threads ? (B > 1 ? (int)B : 1) : threads;
