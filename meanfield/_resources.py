@@ -1,4 +1,4 @@
-"""What a run costs and what this machine allows: one definition for ``meanfield simulate``
+r"""What a run costs and what this machine allows: one definition for ``meanfield simulate``
 and the sweep plan.
 
 ``run_cost`` estimates, in plain Python numbers and before anything is allocated, the step
@@ -8,21 +8,21 @@ allocates (``meanfield.integrate.simulate`` and the field evaluations of
 ``meanfield.kernels``):
 
 * the host step grid of a fixed-step run with a concrete ``dt`` (``integrate._step_grid``):
-  ``floor(t1 / dt) + saves + 1`` times, held as NumPy arrays, a tuple of Python floats (the
+  $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ times, held as NumPy arrays, a tuple of Python floats (the
   compiled program's static argument) and a device constant, ``GRID_BYTES_PER_STEP`` bytes a
   step in all;
-* per system: the ``(n, d)`` state and the Runge--Kutta stage copies (``2 stages + 6``
+* per system: the ``(n, d)`` state and the Runge--Kutta stage copies ($2\, \text{stages} + 6$
   arrays, as the sweep plan counts them), the per-particle gauge matrices of the gauge
-  kernels (``n d^2``), the saved trajectory (``saves x n x d`` states when they are saved,
+  kernels ($n d^2$), the saved trajectory ($\text{saves} \times n \times d$ states when they are saved,
   one number per scalar observable and save), and the pairwise working set of one field
-  evaluation: three ``n x n`` arrays (logits, weights, a select) when the field is dense
+  evaluation: three $n \times n$ arrays (logits, weights, a select) when the field is dense
   (``n <= kernels.DENSE_MAX`` or ``block_size >= n``; always for ``sa``), otherwise three
-  ``block x 2 block`` tiles (four with the distance bias), ``O(n)`` for ``toeplitz``; the
+  $\text{block} \times 2\, \text{block}$ tiles (four with the distance bias), $O(n)$ for ``toeplitz``; the
   clusters observable adds its own tile (``metrics.num_clusters``).
 
-Arithmetic is counted in floating-point operations: ``4 d + 8`` a pair and a field
+Arithmetic is counted in floating-point operations: $4 d + 8$ a pair and a field
 evaluation (the dot product, the exponential, the weighted sum), times ``stages`` a step,
-plus one energy and one clusters pass (``n^2`` pairs) at every save, plus the loop's
+plus one energy and one clusters pass ($n^2$ pairs) at every save, plus the loop's
 overhead of ``STEP_OVERHEAD_FLOP`` a step.
 
 Every quantity is computed with Python integers and floats so that absurd inputs
@@ -244,13 +244,21 @@ def run_cost(
     step_grid: bool = True,
     max_steps: int | None = None,
 ) -> Cost:
-    """Estimated steps, saves, peak bytes and flop of ``batch`` runs of ``n`` particles in ``R^d``.
+    r"""Estimated steps, saves, peak bytes and flop of ``batch`` runs of ``n`` particles in $\mathbb R^d$.
 
-    ``steps = floor(t1 / dt) + saves + 1`` for the fixed-step solvers (the grid ``k dt`` merged
-    with the save times), ``max_steps`` (default 100000) for the adaptive ones;
-    ``bytes = GRID_BYTES_PER_STEP steps [step_grid] + batch (state + trajectory + pairwise
-    working set) + 1 MiB``; ``work = batch (steps stages pairs + saves (pairs + n^2 [clusters]))
-    (4 d + 8) + STEP_OVERHEAD_FLOP steps`` with ``pairs = n^2`` (``n`` for ``toeplitz``). See the module docstring for what each term counts.
+    $\text{steps} = \lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ for the fixed-step solvers
+    (the grid $k\, \mathrm{dt}$ merged with the save times), ``max_steps`` (default 100000) for the
+    adaptive ones;
+
+    $$\text{bytes} = \text{GRID\_BYTES\_PER\_STEP} \cdot \text{steps}\, [\text{step\_grid}]
+    + \text{batch}\, (\text{state} + \text{trajectory} + \text{pairwise working set}) + 1\,\text{MiB},$$
+
+    $$\text{work} = \text{batch}\, \big(\text{steps} \cdot \text{stages} \cdot \text{pairs}
+    + \text{saves}\, (\text{pairs} + n^2\, [\text{clusters}])\big)\, (4 d + 8)
+    + \text{STEP\_OVERHEAD\_FLOP} \cdot \text{steps}$$
+
+    with $\text{pairs} = n^2$ ($n$ for ``toeplitz``); $[\cdot]$ is 1 when the option is on, else 0.
+    See the module docstring for what each term counts.
 
     Args:
         n, d: particles and dimension (``>= 0``; huge values give huge estimates).
@@ -376,12 +384,12 @@ def check_cost(
 
 
 def interaction_rate(kind: str, beta, *, rescaled: bool = False, normalized: bool = True) -> np.ndarray:
-    """Rate of the interaction (inverse time scale) of model ``kind`` at inverse temperature ``beta``.
+    r"""Rate of the interaction (inverse time scale) of model ``kind`` at inverse temperature ``beta``.
 
     Exp kernels (``usa``, ``distance-bias``, ``rope``, ``phase-field``, ``gauge``, ``prompt``
-    and the unnormalised ``sa``): ``sqrt(beta) e^(beta - 1/2)`` (the reference code's step
-    rule ``dt <= 0.1 / max(sqrt(beta) e^(beta - 1/2), 1)``), ``sqrt(beta) e^(-1/2)`` when
-    rescaled; normalised self-attention: ``beta``; ``toeplitz``: 0 (no rule).
+    and the unnormalised ``sa``): $\sqrt\beta\, e^{\beta - 1/2}$ (the reference code's step
+    rule $\mathrm{dt} \le 0.1 / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$), $\sqrt\beta\, e^{-1/2}$ when
+    rescaled; normalised self-attention: $\beta$; ``toeplitz``: 0 (no rule).
 
     Example:
         >>> round(float(interaction_rate("usa", 1.0)), 4)   # e^(1/2)

@@ -418,7 +418,7 @@ def _failure_reasons(traj, gap, energy, clusters, xs) -> list[str]:
 
 
 def _energy_decreases(energy, dtype) -> int:
-    """Save intervals over which the energy fell by more than rounding (``1000 eps max|E|``),
+    r"""Save intervals over which the energy fell by more than rounding ($1000\, \varepsilon \max|E|$),
     counted over its finite prefix. The exact flow is a gradient ascent of the energy: a
     decrease means the fixed step overshoots."""
     import numpy as np

@@ -21,14 +21,14 @@ CLUSTER_BLOCK = 512
 
 
 def collapse_gap(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
-    """Collapse gap (USA-AV Sec. 6.1).
+    r"""Collapse gap (USA-AV Sec. 6.1).
 
-    ``G_x = 1 - 1/(n(n-1)) sum_{i != j} <x_i, x_j>``. For unit rows
-    ``sum_{i != j} (1 - <x_i, x_j>) = n sum_i ||x_i - xbar||^2``, so it is computed as
-    ``G_x = sum_i ||x_i - xbar||^2 / (n - 1)``: O(n d), ``>= 0``, and without the
-    cancellation of ``1 - (mean of inner products)`` near collapse (relative accuracy
-    is kept on the log scale of Fig. 2). ``G_x = 0`` iff all particles coincide; a
-    uniform great circle gives ``1 + 1/(n-1)``; ``G_x <= n/(n-1)``.
+    $G_x = 1 - \frac{1}{n(n-1)} \sum_{i \ne j} \langle x_i, x_j\rangle$. For unit rows
+    $\sum_{i \ne j} (1 - \langle x_i, x_j\rangle) = n \sum_i \|x_i - \bar x\|^2$, so it is computed as
+    $G_x = \sum_i \|x_i - \bar x\|^2 / (n - 1)$: $O(n d)$, $\ge 0$, and without the
+    cancellation of $1 - (\text{mean of inner products})$ near collapse (relative accuracy
+    is kept on the log scale of Fig. 2). $G_x = 0$ iff all particles coincide; a
+    uniform great circle gives $1 + 1/(n-1)$; $G_x \le n/(n-1)$.
 
     Args:
         x: ``(n, d)`` unit rows, ``n >= 2``.
@@ -47,10 +47,10 @@ def collapse_gap(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
 
 
 def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
-    """Token similarity (post-norm rank collapse, MATH.md Sec. 3).
+    r"""Token similarity (post-norm rank collapse, MATH.md Sec. 3).
 
-    ``t_sim(X) = ||Pi X||_F^2 / ||X||_F^2`` with ``Pi = (1/n) 1 1^T``: the
-    energy of the mean row, ``n ||mean_i X_i||^2``, over the total energy.
+    $t_\text{sim}(X) = \|\Pi X\|_F^2 / \|X\|_F^2$ with $\Pi = \frac1n \mathbf 1 \mathbf 1^\top$: the
+    energy of the mean row, $n \|\operatorname{mean}_i X_i\|^2$, over the total energy.
     Equal to 1 iff all rows are equal; invariant under scaling ``X`` and
     under right-multiplication by an orthogonal matrix.
 
@@ -75,18 +75,18 @@ def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
 def num_clusters(
     x: Float[Array | np.ndarray, "n d"], threshold: RealScalarLike = 0.1, *, block_size: int | None = None
 ) -> Array:
-    """Number of clusters: connected components of the graph joining particles
-    at angular distance ``arccos <x_i, x_j> < threshold`` (radians).
+    r"""Number of clusters: connected components of the graph joining particles
+    at angular distance $\arccos \langle x_i, x_j\rangle <$ ``threshold`` (radians).
 
-    Edges are ``clip(<x_i, x_j>, -1, 1) > cos(threshold)``. The ``n x n`` adjacency is never
+    Edges are ``clip(<x_i, x_j>, -1, 1) > cos(threshold)``. The $n \times n$ adjacency is never
     formed: the rows are sorted by their first coordinate and the pairs are visited in tiles of
     ``block_size x 2 block_size`` (default ``CLUSTER_BLOCK``), skipping a pair of tiles whose
     bounding boxes are farther apart than the largest chord of an edge,
-    ``sqrt(2 max|x|^2 - 2 cos(threshold))``. Components are found by min-label propagation
+    $\sqrt{2 \max_i \|x_i\|^2 - 2 \cos\theta}$ with $\theta$ = ``threshold``. Components are found by min-label propagation
     with hooking and pointer jumping: each round gives every particle the smallest label
     among its neighbours, hooks the root of its tree to it and compresses the trees, until
     nothing changes (a few rounds where the diameter of a component would take as many in
-    plain propagation). Memory ``O(n d + block^2)``; jit- and vmap-compatible (under ``vmap``
+    plain propagation). Memory $O(n d + \text{block}^2)$; jit- and vmap-compatible (under ``vmap``
     the skipped tiles are computed and masked).
 
     Args:
@@ -146,7 +146,7 @@ def _num_clusters(x, threshold, *, block_size):
     sentinel = jnp.asarray(n, jnp.int32)
 
     def neighbour_min(L):
-        """``m_i = min_{j ~ i} L_j`` (``n`` where ``i`` has no neighbour), tile by tile."""
+        r"""$m_i = \min_{j \sim i} L_j$ (``n`` where ``i`` has no neighbour), tile by tile."""
         Lc = jnp.concatenate([L, jnp.full((K - n,), n, L.dtype)]).reshape(K // C, C)
 
         def rows(args):
@@ -195,11 +195,11 @@ def mmd(
     y: Float[Array | np.ndarray, "m d"],
     bandwidth: RealScalarLike = 0.5,
 ) -> Float[Array, ""]:
-    """Maximum mean discrepancy between the empirical laws of ``x`` and ``y``.
+    r"""Maximum mean discrepancy between the empirical laws of ``x`` and ``y``.
 
-    ``MMD^2 = mean k(x,x') + mean k(y,y') - 2 mean k(x,y)`` (V-statistic) with
-    the Gaussian kernel ``k(a,b) = exp(-||a-b||^2 / (2 bandwidth^2))``, which
-    on the sphere is ``exp((<a,b> - 1) / bandwidth^2)``, characteristic.
+    $\text{MMD}^2 = \operatorname{mean} k(x,x') + \operatorname{mean} k(y,y') - 2 \operatorname{mean} k(x,y)$
+    (V-statistic) with the Gaussian kernel $k(a,b) = \exp(-\|a-b\|^2 / (2 \sigma^2))$, $\sigma$ =
+    ``bandwidth``, which on the sphere is $\exp((\langle a,b\rangle - 1) / \sigma^2)$, characteristic.
 
     Args:
         x: ``(n, d)`` unit rows.
@@ -226,7 +226,7 @@ def mmd(
 
 
 def gram_rank(x: Float[Array | np.ndarray, "n d"], rtol: float = 1e-3) -> Array:
-    """Numerical rank of the configuration: ``#{k : sigma_k(x) > rtol * sigma_1(x)}``
+    r"""Numerical rank of the configuration: $\#\{k : \sigma_k(x) > \text{rtol} \cdot \sigma_1(x)\}$
     (a great circle has rank 2, a Dirac rank 1).
 
     Args:

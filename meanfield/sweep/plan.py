@@ -69,7 +69,7 @@ _GAUGED = ("rope", "phase-field", "gauge", "prompt")
 
 
 def parse_memory(size) -> int:
-    """Bytes of a size like ``"2GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5gb"`` or an int.
+    """Bytes of a size like ``"2GB"`` ($10^9$), ``"512MiB"`` ($2^{20}$), ``"1.5gb"`` or an int.
 
     Example:
         >>> parse_memory("2GB"), parse_memory("1KiB")
@@ -95,10 +95,10 @@ def _fmt_bytes(b: int | float) -> str:
 
 
 def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
-    """Estimated peak bytes of one grid point of shape ``(n, d)`` inside a vmapped chunk.
+    r"""Estimated peak bytes of one grid point of shape ``(n, d)`` inside a vmapped chunk.
 
-    Simulation: the dense ``n x n`` logits and weights of the field (tiled rows of
-    1024 above 2^24 pairs), a few copies per Runge--Kutta stage of the ``(n, d)``
+    Simulation: the dense $n \times n$ logits and weights of the field (tiled rows of
+    1024 above $2^{24}$ pairs), a few copies per Runge--Kutta stage of the ``(n, d)``
     state, the saved observables; cluster counting adds an adjacency of the same rows.
     This is the estimate the chunking uses (tested against XLA's own peak); the limits
     (``Plan.check``) use ``meanfield._resources.run_cost``, shared with ``meanfield simulate``.
@@ -192,13 +192,13 @@ class Plan:
         return math.prod(self.batch_shape)
 
     def cost(self, g: Group, batch: int) -> Cost:
-        """Estimated cost of ``batch`` points of group ``g`` run together
+        r"""Estimated cost of ``batch`` points of group ``g`` run together
         (``meanfield._resources.run_cost``, the estimate of ``meanfield simulate``).
 
-        Simulated models: steps ``floor(t1 / dt) + saves + 1`` (``dt`` the smallest step of
+        Simulated models: steps $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ (``dt`` the smallest step of
         the reference rule), the host step grid of a concrete fixed step, the states, the
-        saved observables and the pairwise working set per point, ``(4 d + 8)`` flop a pair
-        and a field evaluation. Attention: ``point_memory`` per point and ``n (2 d + 10)``
+        saved observables and the pairwise working set per point, $4 d + 8$ flop a pair
+        and a field evaluation. Attention: ``point_memory`` per point and $n (2 d + 10)$
         flop per point (one context, no steps).
         """
         spec = self.spec
@@ -343,10 +343,10 @@ class Plan:
         return "\n".join(lines)
 
     def _step_warnings(self) -> list[str]:
-        """Fixed explicit steps much longer than the interaction time scale overshoot (the energy
+        r"""Fixed explicit steps much longer than the interaction time scale overshoot (the energy
         then decreases along a run): the rule of ``meanfield simulate``
-        (``meanfield._resources.step_ratios``: ``dt x rate > 1``, rate ``sqrt(beta) e^(beta - 1/2)``
-        for exp kernels, ``sqrt(beta) e^(-1/2)`` rescaled, ``beta`` for normalised
+        (``meanfield._resources.step_ratios``: $\mathrm{dt} \times \text{rate} > 1$, rate $\sqrt\beta\, e^{\beta - 1/2}$
+        for exp kernels, $\sqrt\beta\, e^{-1/2}$ rescaled, $\beta$ for normalised
         self-attention; measured: projected RK2 at dt = 0.05, beta = 4, USA, dt x rate = 3.3,
         lost energy), over every (shape, beta) pair of the grid."""
         spec = self.spec

@@ -27,9 +27,9 @@ def _label(v) -> str:
 
 
 def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
-    """Draw the standard views of a sweep store into ``out_dir`` (PNG files); return their paths.
+    r"""Draw the standard views of a sweep store into ``out_dir`` (PNG files); return their paths.
 
-    * curves against time: mean over seeds with a band of +- one standard error,
+    * curves against time: mean over seeds with a band of $\pm$ one standard error,
       one panel per ``n``, one curve per value of the first swept axis;
     * heatmaps: final-time (or scalar) mean over seeds over the first two axes
       with several values (``n`` and ``beta``/``beta_factor`` typically).

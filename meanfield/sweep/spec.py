@@ -204,7 +204,7 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
 
 
 def _check_beta_rule(rule: str, power: float | None, factors: np.ndarray, ns: tuple, ds: tuple, dtype: str) -> None:
-    """Every ``beta = f n^p`` of the grid is a positive finite number of ``dtype`` (computed in
+    r"""Every $\beta = f n^p$ of the grid is a positive finite number of ``dtype`` (computed in
     logarithms: ``p = 1000`` must not overflow before it is refused)."""
     top = math.log(float(np.finfo(dtype).max))
     low = math.log(float(np.finfo(dtype).tiny))
