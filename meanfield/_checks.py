@@ -1,7 +1,9 @@
 """Input validation shared by the package: one clear error, raised before compilation.
 
 The ``check_*`` functions inspect *concrete* values and raise ``ValueError``/``TypeError``
-before tracing; traced values (inside ``jit`` or ``vmap``) pass through them. The
+before tracing; traced values (inside ``jit`` or ``vmap``) pass through them (except
+``check_scalar``, which reads the shape, known at trace time). Bools are not numbers here
+(``True`` is not a ``beta``), nor are strings, complex numbers or object arrays. The
 ``traced_*`` functions are their in-program counterparts: for a traced value they attach
 the check to the program with ``equinox.error_if`` (which works under ``jit`` and ``vmap``)
 and return the array they were given, to be used downstream so that the check runs.
@@ -30,6 +32,8 @@ __all__ = [
     "check_positive",
     "check_nonnegative",
     "check_finite",
+    "check_scalar",
+    "check_flag",
     "check_int",
     "check_plane",
     "check_choice",
@@ -38,6 +42,9 @@ __all__ = [
     "sphere_atol",
     "traced_positive",
     "traced_states",
+    "traced_finite",
+    "check_fits_dtype",
+    "POSITIVE_PARAMS",
     "traced_labels",
 ]
 
@@ -54,10 +61,15 @@ def is_concrete(value) -> bool:
 
 
 def _as_float_array(name: str, value):
-    if isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.dtype.kind in "USO"):
+    """``value`` as a float64 NumPy array; ``TypeError`` for strings, bools, complex and objects."""
+    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or (
+        isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in "USObc"
+    ):
         raise TypeError(f"{name} must be a real number or array of numbers, got {value!r}")
     try:
         return np.asarray(value, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an integer too large for a float: {value!r}") from None
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a real number or array of numbers, got {value!r}") from None
 
@@ -88,6 +100,33 @@ def check_finite(name: str, value) -> None:
         raise ValueError(f"{name} must be finite, got {_show(value)}")
 
 
+def check_scalar(name: str, value) -> None:
+    """A real scalar: a number or a 0-d array, concrete or traced (``TypeError``/``ValueError``).
+
+    A model holds one value per parameter; a tracer's shape is known at trace time, so a
+    vector under ``vmap`` (a scalar per example) passes and a vector leaf does not.
+    """
+    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or value is None:
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    shape = np.shape(value) if is_concrete(value) else jnp.shape(value)
+    if shape != ():
+        raise ValueError(
+            f"{name} must be a scalar (one value per model), got shape {shape}; to sweep it, "
+            f"jax.vmap a function that builds the model from a scalar {name}"
+        )
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind not in "iuf":
+        raise TypeError(f"{name} must be a real number, got {value!r} of dtype {dtype}")
+
+
+def check_flag(name: str, value) -> bool:
+    """A bool (Python or NumPy), returned as a Python bool; ``TypeError`` otherwise (``1`` or
+    ``"yes"`` are not flags)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+    return bool(value)
+
+
 def check_int(name: str, value, *, minimum: int | None = None) -> int:
     """A Python integer (not bool) with an optional lower bound."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -101,12 +140,19 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     return value
 
 
-def check_plane(plane, d: int) -> tuple[int, int]:
-    """A pair of distinct coordinate indices in ``range(d)``."""
+def check_plane(plane, d: int | None) -> tuple[int, int]:
+    """A pair of distinct coordinate indices in ``range(d)`` (``d=None``: any ``>= 0``)."""
     try:
-        a, b = (int(i) for i in plane)
-    except (TypeError, ValueError):
-        raise TypeError(f"plane must be a pair of ints (a, b), got {plane!r}") from None
+        items = tuple(plane)
+    except TypeError:
+        items = ()
+    if len(items) != 2 or not all(isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_)) for i in items):
+        raise TypeError(f"plane must be a pair of ints (a, b), got {plane!r}")
+    a, b = int(items[0]), int(items[1])
+    if d is None:
+        if a < 0 or b < 0 or a == b:
+            raise ValueError(f"plane must be two distinct indices >= 0, got {plane!r}")
+        return a, b
     if not (0 <= a < d and 0 <= b < d) or a == b:
         raise ValueError(f"plane must be two distinct indices in [0, {d - 1}] for d = {d}, got {plane!r}")
     return a, b
@@ -170,6 +216,51 @@ def traced_positive(x, name: str, value):
     v = jnp.asarray(value)
     bad = ~jnp.all(jnp.isfinite(v) & (v > 0))
     return _error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
+
+
+def traced_finite(x, name: str, value):
+    """``x``, with every entry of ``value`` finite checked in the program when ``value`` is traced."""
+    if is_concrete(value):
+        return x
+    bad = ~jnp.all(jnp.isfinite(jnp.asarray(value)))
+    return _error_if(x, bad, f"{name} must be finite; a traced {name} was not")
+
+
+#: Parameters whose contract is ``> 0``: one that rounds to 0 in the dtype of the states is
+#: an error (``beta = 1e-300`` is 0 in float32, and the energy ``e^beta / (2 beta)`` infinite).
+POSITIVE_PARAMS = ("beta", "m")
+
+
+def check_fits_dtype(tree, dtype) -> None:
+    """Every concrete real leaf of ``tree`` (a model's parameters) is representable in ``dtype``.
+
+    ``ValueError`` naming the leaf (its path, e.g. ``phase.omega``) when ``|value|`` exceeds
+    the largest finite number of ``dtype`` (it would become inf: ``lam = 1e300`` in float32
+    gives ``inf * 0 = NaN`` on the diagonal), or when a positive parameter (``POSITIVE_PARAMS``)
+    is below the smallest normal number (it would become 0). Traced leaves are not inspected.
+    """
+    info = jnp.finfo(dtype)
+    big, tiny = float(info.max), float(info.tiny)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(leaf, (bool, np.bool_)) or not is_concrete(leaf):
+            continue
+        if not isinstance(leaf, (int, float, np.number, np.ndarray, jax.Array)):
+            continue
+        if np.dtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype).kind not in "iuf":
+            continue
+        name = jax.tree_util.keystr(path).lstrip(".") or "parameter"
+        arr = _as_float_array(name, leaf)
+        finite = arr[np.isfinite(arr)]
+        if finite.size and np.max(np.abs(finite)) > big:
+            raise ValueError(
+                f"{name} = {_show(leaf)} is not representable in {np.dtype(dtype).name} (largest "
+                f"finite value {big:.4g}); use a smaller value or float64 states"
+            )
+        if name.rsplit(".", 1)[-1] in POSITIVE_PARAMS and finite.size and np.min(np.abs(finite)) < tiny:
+            raise ValueError(
+                f"{name} = {_show(leaf)} rounds to 0 in {np.dtype(dtype).name} (smallest normal "
+                f"value {tiny:.4g}); use a larger value or float64 states"
+            )
 
 
 def traced_states(x, name: str = "x"):

@@ -14,12 +14,17 @@ Early stop (App. B.1): with ``early_stop=tol`` the run stops at the first time
 ``t`` (checked every time unit) where ``|E(t) - E(t - 1)| <= tol |E(t)|``. Saved
 values after the stop repeat the final state (the flow is stationary to ``tol``).
 
-A non-finite state stops the run and sets ``Trajectory.failed``; it never
-passes silently.
+Failures never pass silently: ``Trajectory.failed`` is true when the state went non-finite
+(the run stops there: saved values after ``stop_time`` are NaN), when the solver failed
+(``max_steps`` exhausted: likewise), or when any saved value -- the energy, the collapse gap,
+an observable -- is NaN or infinite (e.g. ``beta`` so small that ``e^beta / (2 beta)``
+overflows while the states stay finite; the run is not stopped then, and the saved values
+are kept as computed so that the failure can be located).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
@@ -34,12 +39,13 @@ from . import metrics, sphere
 from ._checks import (
     RealScalarLike,
     check_choice,
+    check_flag,
     check_int,
     check_positive,
+    check_scalar,
     is_concrete,
-    traced_states,
 )
-from .energy import resolve_aux
+from .energy import check_states
 from .kernels import Kernel, backend_scope
 
 __all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
@@ -192,8 +198,11 @@ class Trajectory(eqx.Module):
         collapse_gap: ``(T,)`` ``G_x`` at ``ts``.
         observables: dict name -> ``(T, ...)`` user observables at ``ts``.
         stop_time: time at which the run ended (``t1`` unless stopped early or failed).
-        stopped: the early-stop rule fired.
-        failed: the state went non-finite (values after ``stop_time`` are then NaN).
+        stopped: the early-stop rule fired (saved values after ``stop_time`` repeat the
+            final state's).
+        failed: the state went non-finite or the solver failed (the run ends at
+            ``stop_time``; saved values after it are NaN), or a saved energy, collapse gap or
+            observable is NaN or infinite (the values are kept as computed).
         num_steps: number of accepted steps.
 
     Example:
@@ -216,7 +225,15 @@ class Trajectory(eqx.Module):
 
 
 def _check_times(t1, dt, ts, solver):
+    check_scalar("t1", t1)
+    if not is_concrete(t1):
+        raise TypeError(
+            "t1 must be concrete (a Python float: the save and step grids depend on it), not a "
+            "traced value; inside jit/vmap pass it as a static argument (a traced dt is accepted)"
+        )
     check_positive("t1", t1)
+    if dt is not None:
+        check_scalar("dt", dt)
     if dt is not None and not is_concrete(dt):
         if solver not in FIXED_STEP_SOLVERS:
             raise TypeError(f"a traced dt needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}")
@@ -313,7 +330,9 @@ def simulate(
 
     Args:
         model: a kernel (``mf.kernels``) or a model (``mf.models.SelfAttention``).
-        x0: ``(n, d)`` initial state with unit rows (checked within 1e-3).
+        x0: ``(n, d)`` floating initial state with unit rows, validated like the states of
+            ``mf.energy`` (``from meanfield.energy import check_states``: finite, rows within 1e-3
+            of the sphere).
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         t1: final time (``> 0``).
         dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones. A
@@ -327,7 +346,9 @@ def simulate(
         save_states: store ``xs`` (``(T, n, d)``); ``False`` keeps only observables.
         early_stop: tolerance of the paper's rule (relative energy increment over a
             window of length 1, App. B.1), e.g. ``1e-8``; ``None`` (default) is off.
-        max_steps: cap on steps (default: the grid length for fixed steps, 100000 adaptive).
+        max_steps: cap on steps, an int ``>= 1``; ``None`` (the default) means the grid length
+            for fixed steps, 100000 for adaptive ones (``0`` is an error, not the default). A
+            run that needs more steps ends early with ``failed`` set.
         block_size: row tile of the field evaluation for large ``n``.
         adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
         backend: the field evaluation: ``"native"`` (the fused C kernel on the CPU where
@@ -339,7 +360,8 @@ def simulate(
 
     jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
     ``vmap`` over seeds and ``beta`` compiles once. Concrete bad values raise ``ValueError``
-    before tracing; traced ones (states off the sphere or non-finite, ``beta <= 0``, prompt
+    or ``TypeError`` (wrong types: a bool ``t1``, a vector ``dt``, ``save_states=1``) before
+    tracing; traced ones (states off the sphere or non-finite, ``beta <= 0``, prompt
     labels out of range) stop the program with an ``equinox.error_if`` error naming them.
 
     Example:
@@ -351,19 +373,15 @@ def simulate(
     """
     check_choice("solver", solver, SOLVERS)
     ts_np = _check_times(t1, dt, ts, solver)
-    aux = resolve_aux(model, x0, aux)
-    sphere.check_on_sphere(x0, "x0")
-    x0 = jnp.asarray(x0)
-    if not jnp.issubdtype(x0.dtype, jnp.floating):
-        x0 = x0.astype(jnp.result_type(float))
-    model.check_config(x0, aux)
-    x0 = cast(Array, model.check_traced(traced_states(x0, "x0"), aux))
+    x0, aux = check_states(model, x0, aux, "x0")
+    save_states = check_flag("save_states", save_states)
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
     if block_size is not None:
         block_size = check_int("block_size", block_size, minimum=1)
     has_energy = isinstance(model, Kernel)
     if early_stop is not None:
+        check_scalar("early_stop", early_stop)
         check_positive("early_stop", early_stop)
         if not has_energy:
             raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
@@ -371,10 +389,17 @@ def simulate(
     if adaptive and (rtol is None or atol is None):
         raise ValueError(f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)")
     if adaptive:
-        check_positive("rtol", rtol)
-        check_positive("atol", atol)
+        for name, tol in (("rtol", rtol), ("atol", atol)):
+            check_scalar(name, tol)
+            check_positive(name, tol)
+    if observables is not None and not isinstance(observables, Mapping):
+        raise TypeError(f"observables must be a dict name -> callable x -> array, got {observables!r}")
+    if adjoint is not None and not isinstance(adjoint, diffrax.AbstractAdjoint):
+        raise TypeError(f"adjoint must be a diffrax adjoint (e.g. diffrax.RecursiveCheckpointAdjoint()), got {adjoint!r}")
     observables = dict(observables or {})
     for name, fn in observables.items():
+        if not isinstance(name, str):
+            raise TypeError(f"observable names must be strings, got {name!r}")
         if not callable(fn):
             raise TypeError(f"observable {name!r} must be a callable x -> array, got {fn!r}")
 
@@ -414,7 +439,7 @@ def simulate(
             rtol=rtol,
             atol=atol,
             observables=tuple(sorted(observables.items())),
-            save_states=bool(save_states),
+            save_states=save_states,
             early_stop=early_stop is not None,
             max_steps=steps,
             block_size=block_size,
@@ -512,7 +537,9 @@ def _simulate(
         saved,
         fill,
     )
-    failed = failed | ~jnp.all(jnp.isfinite(ys["collapse_gap"]))
+    # a non-finite saved value (energy, gap, observable, state) is a failed run, never a result
+    nonfinite = [~jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(ys) if jnp.issubdtype(v.dtype, jnp.inexact)]
+    failed = failed | functools.reduce(jnp.logical_or, nonfinite)
     return Trajectory(
         ts=ts_arr,
         xs=ys.get("xs"),

@@ -40,7 +40,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -53,11 +53,13 @@ from . import _native, sphere, theory
 from ._checks import (
     RealScalarLike,
     check_finite,
+    check_flag,
     check_int,
     check_nonnegative,
     check_orthogonal,
     check_plane,
     check_positive,
+    check_scalar,
     is_concrete,
     traced_labels,
 )
@@ -609,7 +611,10 @@ class _ExpKernel(Kernel):
     rescaled: bool = eqx.field(static=True, kw_only=True, default=False)
 
     def __check_init__(self):
+        # equinox runs the __check_init__ of every class in the MRO: subclasses inherit these
+        check_scalar("beta", self.beta)
         check_positive("beta", self.beta)
+        check_flag("rescaled", self.rescaled)
 
     def _shift(self, dtype):
         beta = jnp.asarray(self.beta, dtype)
@@ -691,7 +696,9 @@ class DistanceBias(_ExpKernel):
         self.beta, self.lam, self.rescaled = beta, lam, rescaled
 
     def __check_init__(self):
+        check_scalar("beta", self.beta)
         check_positive("beta", self.beta)
+        check_scalar("lam", self.lam)
         check_nonnegative("lam", self.lam)
 
     def __call__(self, x, xi, y, zeta):
@@ -736,6 +743,7 @@ class Toeplitz(Kernel):
     m: RealScalarLike = 1
 
     def __check_init__(self):
+        check_scalar("m", self.m)
         check_positive("m", self.m)
 
     def __call__(self, x, xi, y, zeta):
@@ -902,10 +910,11 @@ class RoPE(GaugeKernel):
         self.beta, self.omega, self.plane, self.rescaled = beta, omega, tuple(plane), rescaled
 
     def __check_init__(self):
+        check_scalar("beta", self.beta)
         check_positive("beta", self.beta)
-        if is_concrete(self.omega) and not np.all(np.isfinite(np.asarray(self.omega, float))):
-            raise ValueError(f"omega must be finite, got {self.omega!r}")
-        check_plane(self.plane, max(self.plane) + 1)
+        check_scalar("omega", self.omega)
+        check_finite("omega", self.omega)
+        check_plane(self.plane, None)
 
     def gauge_matrix(self, label, d):
         check_plane(self.plane, d)
@@ -953,7 +962,9 @@ class FourierPhase(eqx.Module):
     frequency: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
+        check_scalar("omega", self.omega)
         check_finite("omega", self.omega)
+        check_scalar("amplitude", self.amplitude)
         check_finite("amplitude", self.amplitude)
         check_int("frequency", self.frequency, minimum=1)
 
@@ -983,6 +994,7 @@ class WavyGauge(eqx.Module):
     k: int = eqx.field(static=True, default=3)
 
     def __check_init__(self):
+        check_scalar("amplitude", self.amplitude)
         check_finite("amplitude", self.amplitude)
         check_int("k", self.k, minimum=1)
 
@@ -1026,8 +1038,9 @@ class PhaseField(GaugeKernel):
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
     def __check_init__(self):
+        check_scalar("beta", self.beta)
         check_positive("beta", self.beta)
-        check_plane(self.plane, max(self.plane) + 1)
+        check_plane(self.plane, None)
 
     def gauge_matrix(self, label, d):
         check_plane(self.plane, d)
@@ -1095,9 +1108,12 @@ class Prompt(GaugeKernel):
     integer_labels: ClassVar[bool] = True
 
     def __init__(self, beta, gauges, *, rescaled: bool = False):
+        dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
+        if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
+            raise TypeError(f"gauges must be a real (K, d, d) array of orthogonal matrices, got {gauges!r}")
         G = jnp.asarray(gauges)
-        if G.ndim != 3 or G.shape[1] != G.shape[2]:
-            raise ValueError(f"gauges must have shape (K, d, d), got {G.shape}")
+        if G.ndim != 3 or G.shape[1] != G.shape[2] or G.shape[0] < 1:
+            raise ValueError(f"gauges must have shape (K, d, d) with K >= 1, got {G.shape}")
         check_orthogonal("Prompt gauges", G)
         self.beta, self.gauges, self.rescaled = beta, G, rescaled
 
@@ -1164,6 +1180,8 @@ def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d
         >>> G.shape, bool(jnp.allclose(G[0] @ G[0].T, jnp.eye(3), atol=1e-5))
         ((2, 3, 3), True)
     """
+    K = check_int("K", K, minimum=1)
+    d = check_int("d", d, minimum=1)
     g = jax.random.normal(key, (K, d, d), dtype=dtype)
     q, r = jnp.linalg.qr(g)
     return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
@@ -1323,7 +1341,7 @@ class ModelEntry:
         """``{name: default}`` of every parameter."""
         return {p.name: p.default for p in self.params}
 
-    def resolve(self, params: dict, *, where: str = "") -> dict:
+    def resolve(self, params: Mapping[str, Any], *, where: str = "") -> dict:
         """Defaults filled in and every given value validated (unknown names: ``ValueError``)."""
         out = self.defaults()
         for name, value in params.items():
@@ -1425,7 +1443,7 @@ def model_entry(name) -> ModelEntry:
     return MODELS[name]
 
 
-def build(name, params: dict, *, d, dtype=None) -> Model:
+def build(name, params, *, d, dtype=None) -> Model:
     """The model ``name`` from a dict of its parameters (defaults for the missing ones).
 
     What ``make`` does with keywords; the sweep engine calls it with traced values.
@@ -1436,6 +1454,8 @@ def build(name, params: dict, *, d, dtype=None) -> Model:
         'FourierPhase'
     """
     entry = model_entry(name)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a dict of parameter values, got {params!r}")
     if entry.build is None:
         raise ValueError(f"model {name!r} has no dynamics (it is swept only); accepted: {', '.join(MODEL_NAMES)}")
     d = check_int("d", d, minimum=2)

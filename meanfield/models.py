@@ -18,7 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._checks import RealScalarLike, check_positive, is_concrete, traced_positive
+from ._checks import (
+    RealScalarLike,
+    _as_float_array,
+    check_flag,
+    check_positive,
+    check_scalar,
+    is_concrete,
+    traced_positive,
+)
 
 __all__ = ["Model", "SelfAttention", "positions"]
 
@@ -142,11 +150,23 @@ class SelfAttention(Model):
     rescaled: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
+        check_scalar("beta", self.beta)
         check_positive("beta", self.beta)
+        check_flag("normalized", self.normalized)
+        check_flag("rescaled", self.rescaled)
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
-            if M is not None and (np.ndim(M) != 2 or np.shape(M)[0] != np.shape(M)[1]):
-                raise ValueError(f"{name} must be a square (d, d) matrix, got shape {np.shape(M)}")
+            if M is None:
+                continue
+            if not is_concrete(M):
+                if jnp.ndim(M) != 2 or jnp.shape(M)[0] != jnp.shape(M)[1]:
+                    raise ValueError(f"{name} must be a square (d, d) matrix, got shape {jnp.shape(M)}")
+                continue
+            arr = _as_float_array(name, M)
+            if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+                raise ValueError(f"{name} must be a square (d, d) matrix, got shape {arr.shape}")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"{name} contains NaN or inf; every entry must be finite")
 
     def _apply(self, M, x):
         return x if M is None else x @ jnp.asarray(M, x.dtype).T
@@ -179,6 +199,11 @@ class SelfAttention(Model):
         )
 
     def check_config(self, x, aux) -> None:
+        d = np.shape(x)[-1]
+        for name in ("Q", "K", "V"):
+            M = getattr(self, name)
+            if M is not None and tuple(jnp.shape(M)) != (d, d):
+                raise ValueError(f"{name} is {jnp.shape(M)[0]}x{jnp.shape(M)[1]} but the states have d = {d}; pass ({d}, {d}) matrices")
         if self.normalized or self.rescaled or not is_concrete(self.beta):
             return
         dtype = jnp.asarray(x).dtype

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float
 from ._checks import check_finite, check_int, check_plane
 
 __all__ = [
+    "DRAW_DTYPE",
     "uniform",
     "rotation",
     "normalize",
@@ -24,11 +25,45 @@ __all__ = [
 ]
 
 
+#: Precision in which the samplers draw, whatever the requested dtype (see ``uniform``).
+DRAW_DTYPE = jnp.float32
+
+
+def _in_dtype(x, dtype):
+    """Unit rows ``x`` drawn in ``DRAW_DTYPE``, cast to ``dtype`` and renormalised there."""
+    dtype = _float_dtype(dtype)
+    if dtype == jnp.dtype(DRAW_DTYPE):
+        return x
+    return normalize(x.astype(dtype))
+
+
+def _check_key(key) -> None:
+    if isinstance(key, (int, float, np.integer, np.floating, str)) or key is None:
+        raise TypeError(f"key must be a JAX PRNG key such as jax.random.key(0), got {key!r}")
+
+
+def _float_dtype(dtype):
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a floating dtype (float32, float64, ...), got {dtype!r}") from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(f"dtype must be a floating dtype (float32, float64, ...), got {dt}")
+    return dt
+
+
 def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
     """``n`` i.i.d. points uniform on ``S^{d-1}``.
 
     ``x_i = g_i / ||g_i||`` with ``g_i ~ N(0, I_d)`` (rotation invariance of the
     Gaussian).
+
+    Reproducible across precisions: the Gaussians are drawn in float32 (``DRAW_DTYPE``, the
+    default precision, available without ``jax_enable_x64``) whatever ``dtype`` is, then cast
+    to ``dtype`` and renormalised there. The same key gives the same particles in float32 and
+    float64: the float64 rows differ from the float32 ones by the float32 rounding of the
+    normalisation only (``|difference| <= 2^-22 ~ 2.4e-7`` per coordinate; at most 1.6e-7
+    measured over 3e5 rows in ``d = 3``) and are unit to float64 rounding.
 
     Args:
         key: a ``jax.random`` key.
@@ -40,14 +75,20 @@ def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
         ``(n, d)`` array with unit rows.
 
     Example:
-        >>> import jax, meanfield as mf
-        >>> mf.sphere.uniform(jax.random.key(0), 4, 3).shape
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> x = mf.sphere.uniform(jax.random.key(0), 4, 3)
+        >>> x.shape
         (4, 3)
+        >>> y = mf.sphere.uniform(jax.random.key(0), 4, 3, jnp.bfloat16)   # the same points, rounded
+        >>> bool(jnp.allclose(y.astype(jnp.float32), x, atol=1e-2))
+        True
     """
     check_int("n", n, minimum=1)
     check_int("d", d, minimum=2)
-    g = jax.random.normal(key, (n, d), dtype=dtype)
-    return normalize(g)
+    _check_key(key)
+    dtype = _float_dtype(dtype)
+    g = jax.random.normal(key, (n, d), dtype=DRAW_DTYPE)
+    return _in_dtype(normalize(g), dtype)
 
 
 def normalize(x: Float[Array | np.ndarray, "... d"]) -> Float[Array, "... d"]:
@@ -213,6 +254,10 @@ def sample_density(
     The expected number of rounds is ``n / (batch * acceptance)``, acceptance
     ``= E_uniform[exp(log_density - log_bound)]``.
 
+    Like ``uniform``, the sampler runs in float32 (``DRAW_DTYPE``: proposals, uniforms and
+    ``log_density`` evaluations) whatever ``dtype`` is; the accepted points are then cast to
+    ``dtype`` and renormalised, so the same key gives the same points in every precision.
+
     Args:
         key: a ``jax.random`` key.
         n: number of points, ``n >= 1``.
@@ -241,13 +286,16 @@ def sample_density(
     n = check_int("n", n, minimum=1)
     d = check_int("d", d, minimum=2)
     max_rounds = check_int("max_rounds", max_rounds, minimum=1)
+    _check_key(key)
     batch = max(n, 256) if batch is None else check_int("batch", batch, minimum=1)
     if not callable(log_density):
         raise TypeError(f"log_density must be a callable x (d,) -> log rho(x), got {log_density!r}")
     if isinstance(log_bound, bool) or np.ndim(log_bound) != 0:
         raise TypeError(f"log_bound must be a real scalar, got {log_bound!r}")
     check_finite("log_bound", log_bound)
-    return _sample_density(key, jnp.asarray(log_bound, dtype), n, d, log_density, batch, max_rounds, jnp.dtype(dtype))
+    dtype = _float_dtype(dtype)
+    out = _sample_density(key, jnp.asarray(log_bound, DRAW_DTYPE), n, d, log_density, batch, max_rounds, jnp.dtype(DRAW_DTYPE))
+    return _in_dtype(out, dtype)
 
 
 @eqx.filter_jit

@@ -10,6 +10,7 @@ import pytest
 
 import meanfield as mf
 from meanfield import integrate
+from meanfield._checks import check_flag
 
 K = mf.kernels
 
@@ -248,3 +249,244 @@ def test_prompt_dimension_mismatch_before_tracing(no_compile):
     x = np.asarray(mf.sphere.uniform(jax.random.key(0), 6, 4))
     with pytest.raises(ValueError, match=r"3x3.*d = 4"):
         mf.simulate(K.Prompt(1.0, G3()), x, t1=1.0)
+
+
+# ------------------------------------------- issue 17: the Python API, tried as a new user
+
+
+_STATE_FNS = ["energy", "velocity", "field"]
+
+
+def _call(fn, model, x, aux=None, **kw):
+    if fn == "simulate":
+        return mf.simulate(model, x, aux, t1=0.1, dt=0.05, **kw)
+    return getattr(mf, fn)(model, x, aux, **kw)
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
+def test_states_off_the_sphere_nan_and_zero_rows(fn, x0, no_compile):
+    """energy / velocity / field validate states exactly like simulate (2x gave E = 6.93 vs 0.74)."""
+    name = "x0" if fn == "simulate" else "x"
+    kernel = K.USA(1.0)
+    with pytest.raises(ValueError, match=rf"rows of {name} must have unit norm within 0\.001, got a row of norm 2"):
+        _call(fn, kernel, 2 * x0)
+    x = x0.copy()
+    x[1, 2] = np.nan
+    with pytest.raises(ValueError, match=rf"{name} contains NaN or inf"):
+        _call(fn, kernel, x)
+    x = x0.copy()
+    x[4] = 0.0
+    with pytest.raises(ValueError, match=r"unit norm.*norm 0;"):
+        _call(fn, kernel, x)
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS)
+def test_traced_states_off_the_sphere_stop_the_program(fn, x0):
+    kernel = K.USA(1.0)
+    run = jax.jit(lambda y: getattr(mf, fn)(kernel, y))
+    with pytest.raises(RuntimeError, match="x must be finite with unit rows"):
+        jax.block_until_ready(run(2 * jnp.asarray(x0)))
+    with pytest.raises(RuntimeError, match="x must be finite with unit rows"):
+        jax.block_until_ready(run(jnp.asarray(x0).at[0, 0].set(jnp.nan)))
+    np.testing.assert_allclose(run(jnp.asarray(x0)), getattr(mf, fn)(kernel, x0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_, np.complex64])
+def test_states_need_a_floating_dtype(fn, dtype, no_compile):
+    x = np.eye(3).astype(dtype)
+    with pytest.raises(TypeError, match=rf"must be a floating-point array .*got dtype {np.dtype(dtype).name}"):
+        _call(fn, K.USA(1.0), x)
+    with pytest.raises(TypeError, match=r"must be a floating-point array .*got dtype (int|bool|complex)"):
+        _call(fn, K.USA(1.0), jnp.asarray(x))  # JAX's own integer arrays too
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
+def test_states_of_wrong_type_and_labels(fn, x0, no_compile):
+    kernel = K.DistanceBias(1.0, 1.0)
+    with pytest.raises(TypeError, match="floating-point array"):
+        _call(fn, kernel, np.array([["a", "b"], ["c", "d"]]))
+    with pytest.raises(ValueError, match=r"\(n, d\).*\(6, 3, 1\)"):
+        _call(fn, kernel, x0[..., None])
+    with pytest.raises(ValueError, match=r"aux.*n = 6.*\(4,\)"):
+        _call(fn, kernel, x0, np.linspace(0.1, 1.0, 4))
+    with pytest.raises(ValueError, match="aux contains NaN or inf"):
+        _call(fn, kernel, x0, np.full(6, np.nan))
+    with pytest.raises(TypeError, match="aux must be an array of real numbers"):
+        _call(fn, kernel, x0, "abcdef")
+
+
+def test_traced_labels_non_finite_stop_the_program(x0):
+    kernel = K.DistanceBias(1.0, 1.0)
+    run = jax.jit(lambda a: mf.energy(kernel, x0, a))
+    with pytest.raises(RuntimeError, match="aux must be finite"):
+        jax.block_until_ready(run(jnp.full(6, jnp.nan)))
+    np.testing.assert_allclose(run(mf.positions(6)), mf.energy(kernel, x0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "build, name",
+    [
+        (lambda v: K.USA(v), "beta"),
+        (lambda v: K.USA(1.0, rescaled=False).__class__(v), "beta"),
+        (lambda v: K.DistanceBias(1.0, v), "lam"),
+        (lambda v: K.Toeplitz(v), "m"),
+        (lambda v: K.RoPE(1.0, v), "omega"),
+        (lambda v: K.PhaseField(v, K.FourierPhase()), "beta"),
+        (lambda v: K.FourierPhase(v, 1.0), "omega"),
+        (lambda v: K.FourierPhase(1.0, v), "amplitude"),
+        (lambda v: K.WavyGauge(v), "amplitude"),
+        (lambda v: K.Gauge(v, K.WavyGauge()), "beta"),
+        (lambda v: K.Prompt(v, G3()), "beta"),
+        (lambda v: mf.models.SelfAttention(v), "beta"),
+    ],
+)
+@pytest.mark.parametrize("bad", [True, np.array(True), np.array("1"), np.array(1 + 1j), jnp.array(1 + 1j)])
+def test_parameter_types_at_construction(build, name, bad):
+    """USA('1') was accepted and failed later: a TypeError naming the parameter, at once.
+    (These values pass the annotations, so the constructor's own message is what is seen
+    with or without the test suite's run-time type checks.)"""
+    with pytest.raises(TypeError, match=rf"^{name} must be a real number, got "):
+        build(bad)
+    for other in ("1", None, 1 + 1j):  # rejected by the annotation under the test hook, else by the check
+        with pytest.raises(TypeError, match=name):
+            build(other)
+
+
+@pytest.mark.parametrize("vector", [np.array([1.0, 2.0]), jnp.array([1.0, 2.0]), np.ones((1, 1))])
+def test_vector_parameter_is_not_a_scalar(vector, x0):
+    with pytest.raises(ValueError, match=r"beta must be a scalar .*got shape \(\d.*jax.vmap"):
+        K.USA(vector)
+    with pytest.raises(ValueError, match=r"lam must be a scalar"):
+        K.DistanceBias(1.0, vector)
+    with pytest.raises(ValueError, match=r"beta must be a scalar"):
+        mf.models.SelfAttention(vector)
+    # the supported way: a function of a scalar beta, vmapped
+    E = jax.vmap(lambda b: mf.energy(K.USA(b), x0))(jnp.array([1.0, 2.0]))
+    np.testing.assert_allclose(E, [mf.energy(K.USA(1.0), x0), mf.energy(K.USA(2.0), x0)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_flags_must_be_bools(bad, x0, no_compile):
+    # the annotation (bool) rejects these under the test hook; without it, check_flag does:
+    # either way a TypeError naming the flag
+    with pytest.raises(TypeError, match="rescaled"):
+        K.USA(1.0, rescaled=bad)
+    with pytest.raises(TypeError, match="normalized"):
+        mf.models.SelfAttention(1.0, normalized=bad)
+    with pytest.raises(TypeError, match="save_states"):
+        mf.simulate(K.USA(1.0), x0, t1=1.0, save_states=bad)
+    with pytest.raises(TypeError, match=r"^rescaled must be True or False, got 1 of type int"):
+        check_flag("rescaled", bad if bad == 1 else 1)
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (0, ValueError, "block_size must be >= 1, got 0"),
+        (-3, ValueError, "block_size must be >= 1, got -3"),
+        (2.5, TypeError, "block_size must be an int, got 2.5 of type float"),
+        (True, TypeError, "block_size must be an int, got True of type bool"),
+        ("4", TypeError, "block_size must be an int, got '4' of type str"),
+    ],
+)
+def test_bad_block_size(fn, bad, error, message, x0, no_compile):
+    with pytest.raises(error, match=re.escape(message)):
+        _call(fn, K.USA(1.0), x0, block_size=bad)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (0, ValueError, "max_steps must be >= 1, got 0"),
+        (-5, ValueError, "max_steps must be >= 1, got -5"),
+        (2.5, TypeError, "max_steps must be an int, got 2.5"),
+        (True, TypeError, "max_steps must be an int, got True"),
+    ],
+)
+def test_bad_max_steps(bad, error, message, x0, no_compile):
+    """max_steps=0 no longer means the default (None does); -5 is not a math domain error."""
+    with pytest.raises(error, match=re.escape(message)):
+        mf.simulate(K.USA(1.0), x0, t1=1.0, max_steps=bad)
+
+
+@pytest.mark.parametrize("name", ["t1", "dt", "early_stop"])
+@pytest.mark.parametrize(
+    "bad, error", [(True, TypeError), (np.array("1"), TypeError), (np.array([0.1, 0.2]), ValueError)]
+)
+def test_bad_time_options(name, bad, error, x0, no_compile):
+    kw = {"t1": 1.0, name: bad}
+    with pytest.raises(error, match=rf"^{name} must be a"):
+        mf.simulate(K.USA(1.0), x0, **kw)
+
+
+@pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
+def test_parameters_that_do_not_fit_the_dtype(fn, x0, no_compile):
+    """beta = 1e-300 is 0 in float32 (the CLI wrote final_energy: Infinity, failed: false);
+    lam = 1e300 is inf (NaN on the diagonal). Both are rejected with the dtype named."""
+    with pytest.raises(ValueError, match=r"beta = 1e-300 rounds to 0 in float32"):
+        _call(fn, K.USA(1e-300), x0)
+    with pytest.raises(ValueError, match=r"lam = 1e\+300 is not representable in float32"):
+        _call(fn, K.DistanceBias(1.0, 1e300), x0)
+    with pytest.raises(ValueError, match=r"phase\.omega = 1e\+300 is not representable in float32"):
+        _call(fn, K.PhaseField(1.0, K.FourierPhase(1e300, 0.5)), x0)
+
+
+def test_tiny_beta_is_fine_in_float64(x0):
+    with jax.enable_x64(True):
+        x = jnp.asarray(x0, jnp.float64)
+        E = float(mf.energy(K.USA(1e-300), x))
+        # E = (1/(2 beta n^2)) sum_ij exp(beta <x_i, x_j>) = 1 / (2 beta) to relative 1e-300
+        assert E == pytest.approx(0.5e300, rel=1e-12)
+
+
+def test_beta_zero_or_tiny_under_jit_is_a_failed_run(x0):
+    """beta = 0 under jit: the in-program check stops it; a subnormal beta (> 0, so it passes)
+    gives an infinite energy with finite states: Trajectory.failed is true."""
+    run = jax.jit(lambda b: mf.simulate(K.USA(b), x0, t1=0.2, dt=0.1))
+    with pytest.raises(RuntimeError, match="beta must be > 0"):
+        jax.block_until_ready(run(jnp.float32(0.0)))
+    tiny = run(jnp.float32(1e-39))
+    assert bool(jnp.all(jnp.isfinite(tiny.xs))) and not bool(jnp.all(jnp.isfinite(tiny.energy)))
+    assert bool(tiny.failed)
+    ok = run(jnp.float32(1.0))
+    assert not bool(ok.failed) and bool(jnp.all(jnp.isfinite(ok.energy)))
+
+
+def test_traced_t1_is_a_clear_error(x0):
+    with pytest.raises(TypeError, match="t1 must be concrete"):
+        jax.jit(lambda t: mf.simulate(K.USA(1.0), x0, t1=t).energy)(1.0)
+
+
+def test_more_constructor_and_option_types(x0, no_compile):
+    """The rest of the new-user tour: one clear error each (these raised AttributeError,
+    'can only concatenate str', a zero-size reduction, or returned NaN)."""
+    with pytest.raises(TypeError, match=r"plane must be a pair of ints \(a, b\), got \('a', 'b'\)"):
+        K.RoPE(1.0, 1.0, plane="ab")
+    with pytest.raises(TypeError, match=r"plane must be a pair of ints"):
+        K.PhaseField(1.0, K.FourierPhase(), plane=(0.5, 1))
+    with pytest.raises(ValueError, match=r"plane must be two distinct indices >= 0, got \(-1, 0\)"):
+        K.RoPE(1.0, 1.0, plane=(-1, 0))
+    with pytest.raises(TypeError, match=r"gauges must be a real \(K, d, d\) array"):
+        K.Prompt(1.0, np.array("abc"))
+    with pytest.raises(ValueError, match=r"K >= 1, got \(0, 3, 3\)"):
+        K.Prompt(1.0, np.zeros((0, 3, 3)))
+    with pytest.raises(ValueError, match="K must be >= 1, got 0"):
+        K.random_gauges(jax.random.key(0), 0, 3)
+    with pytest.raises(ValueError, match="Q contains NaN or inf"):
+        mf.models.SelfAttention(1.0, Q=np.full((3, 3), np.nan))
+    with pytest.raises(ValueError, match=r"Q is 4x4 but the states have d = 3"):
+        mf.simulate(mf.models.SelfAttention(1.0, Q=np.eye(4)), x0, t1=1.0)
+    with pytest.raises(TypeError, match=r"params must be a dict of parameter values, got \[\('beta', 1.0\)\]"):
+        K.build("usa", [("beta", 1.0)], d=3)
+    with pytest.raises(TypeError, match=r"key must be a JAX PRNG key such as jax.random.key\(0\), got 0"):
+        mf.sphere.uniform(0, 4, 3)
+    with pytest.raises(TypeError, match="observables"):  # the annotation under the test hook
+        mf.simulate(K.USA(1.0), x0, t1=1.0, observables=[mf.metrics.collapse_gap])
+    with pytest.raises(TypeError, match="observable"):  # names must be strings
+        mf.simulate(K.USA(1.0), x0, t1=1.0, observables={1: mf.metrics.collapse_gap})
+    with pytest.raises(TypeError, match="got the class USA; pass an instance, e.g. USA"):
+        mf.energy(K.USA, x0)
+    with pytest.raises(TypeError, match="got the class USA"):
+        mf.velocity(K.USA, x0)

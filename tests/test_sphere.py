@@ -136,3 +136,43 @@ def test_sample_density_von_mises_fisher_mean():
     assert abs(x[:, 2].mean() - mean) < 5 * se
     # symmetric in the orthogonal directions
     assert np.all(np.abs(x[:, :2].mean(0)) < 5 * np.sqrt(0.5 * (1 - second) / n))
+
+
+@pytest.mark.parametrize("n, d", [(8, 3), (5000, 4)])
+def test_uniform_same_particles_in_float32_and_float64(n, d):
+    """Issue 17: the same seed gives the same particles in every precision (drawn in float32,
+    cast, renormalised): float64 rows are the float32 ones to float32 rounding of the
+    normalisation, and unit to float64 rounding; float32 draws do not depend on x64."""
+    key = jax.random.key(11)
+    x32 = np.asarray(mf.sphere.uniform(key, n, d))
+    with jax.enable_x64(True):
+        x64 = mf.sphere.uniform(key, n, d, jnp.float64)
+        again32 = mf.sphere.uniform(key, n, d, jnp.float32)
+    assert x64.dtype == jnp.float64
+    x64 = np.asarray(x64)
+    np.testing.assert_array_equal(np.asarray(again32), x32)
+    # |x64 - x32| <= 2^-22 (two float32 ulps at 1): the float32 rounding of x / ||x|| only
+    assert np.max(np.abs(x64 - x32.astype(np.float64))) <= 2.0**-22
+    np.testing.assert_allclose(np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps)
+    # lower precisions get the same particles too
+    x16 = np.asarray(mf.sphere.uniform(key, n, d, jnp.bfloat16), np.float64)
+    assert np.max(np.abs(x16 - x32)) <= 2.0**-7
+
+
+def test_sample_density_same_points_in_float32_and_float64():
+    f = lambda y: 2.0 * y[2]  # noqa: E731
+    x32 = np.asarray(mf.sphere.sample_density(jax.random.key(2), 64, 3, f, log_bound=2.0))
+    with jax.enable_x64(True):
+        x64 = mf.sphere.sample_density(jax.random.key(2), 64, 3, f, log_bound=2.0, dtype=jnp.float64)
+    assert x64.dtype == jnp.float64
+    x64 = np.asarray(x64)
+    assert np.max(np.abs(x64 - x32.astype(np.float64))) <= 2.0**-22
+    np.testing.assert_allclose(np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps)
+
+
+@pytest.mark.parametrize("bad", [jnp.int32, "int8", np.complex64, "no-such-dtype"])
+def test_samplers_need_a_floating_dtype(bad):
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        mf.sphere.uniform(jax.random.key(0), 4, 3, bad)
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        mf.sphere.sample_density(jax.random.key(0), 4, 3, lambda y: y[0], log_bound=1.0, dtype=bad)
