@@ -33,7 +33,9 @@ import time
 import tomllib
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+from ._argparse import OneLineParser
+
+__all__ = ["main", "build_parser", "PARAM_LIMIT", "SEED_LIMIT"]
 
 _USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecodeError)
 
@@ -44,16 +46,7 @@ PARAM_LIMIT = 2**24
 SEED_LIMIT = 2**32 - 1
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are ONE line on stderr (``prog: error: message``, no usage dump)
-    and exit status 2; ``meanfield.cli.main`` turns the exit into its return value."""
-
-    def error(self, message):  # type: ignore[override]
-        first = str(message).strip().splitlines()[0] if str(message).strip() else "invalid arguments"
-        self.exit(2, f"{self.prog}: error: {first}\n")
-
-
-_Parser = OneLineParser
+_Parser = OneLineParser  # meanfield._argparse: shared with meanfield info
 
 
 def _number(text: str) -> float:

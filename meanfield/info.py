@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> status, sorted(json.loads(out.getvalue()))
         (0, ['jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
     """
-    from .cli import OneLineParser  # one-line argparse errors, as every meanfield command
+    from ._argparse import OneLineParser  # one-line argparse errors, as every meanfield command
 
     p = OneLineParser(prog="meanfield info",
                       description="versions, devices, and the native CPU kernels: built or not, and why")

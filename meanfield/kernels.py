@@ -88,6 +88,7 @@ __all__ = [
     "DENSE_LIMIT",
     "DEFAULT_BLOCK",
     "BATCH_BYTES",
+    "NATIVE_MAX_D",
     "ACCELERATOR_BATCH_BYTES",
     "BACKENDS",
     "set_native",
@@ -120,6 +121,12 @@ DEFAULT_BLOCK = 512
 #: (dense) or the ``block x 2 block`` tile, instead of materialising a ``(seeds, n, n)``
 #: array. Measured (float32, 2-core CPU): 100 x 512 x 3 vmapped, 15 ms materialised vs
 #: 6.6 ms in chunks; larger budgets cost fresh pages (minor faults) on every call.
+# The fused C kernel serves the exp kernels up to this dimension; above it the XLA path runs.
+# Measured (BENCHMARKS.md, contention table): per call the C kernel needs 3.6x less CPU time than
+# XLA's GEMM formulation at d = 3, about the same at d = 8, and 1.25-1.3x more at d >= 12
+# (2048 x 12, 4096 x 16), so on a loaded machine it would be the slower path there.
+NATIVE_MAX_D = 8
+
 BATCH_BYTES = 2**23
 #: The same budget on accelerators (GPU/TPU), where larger kernels keep the device busy and
 #: the bound only guards memory (not measured: no accelerator was available).
@@ -479,7 +486,7 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
 
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):
-        native_ok = (xs.dtype in (jnp.float32, jnp.float64) and xs.shape[-1] <= _native.EXP_MAX_D
+        native_ok = (xs.dtype in (jnp.float32, jnp.float64) and xs.shape[-1] <= NATIVE_MAX_D
                      and native_enabled())
         if native_ok:
             args = (xs, betas, *gauges)

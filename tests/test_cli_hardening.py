@@ -154,6 +154,7 @@ def test_values_out_of_range_one_line(args, needle, tmp_path, capsys):
         (["reproduce", "--out"], "--out"),
         (["simulate", "--kernel"], "--kernel"),
         (["nope"], "nope"),
+        (["info", "--bogus"], "--bogus"),
     ],
 )
 def test_argparse_errors_one_line_no_usage(argv, needle, capsys):

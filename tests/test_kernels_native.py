@@ -102,7 +102,7 @@ def test_exp_field_numpy_against_formula(n, d, x64):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("S,n,d", [(7, 10, 3), (3, 33, 8), (1, 300, 3), (2, 520, 16), (4, 21, 6)])
+@pytest.mark.parametrize("S,n,d", [(7, 10, 3), (3, 33, 8), (1, 300, 3), (2, 520, 8), (4, 21, 6)])
 def test_velocity_and_energy_native_equal_xla(dtype, S, n, d, x64):
     """Every exp kernel (USA, rescaled USA, RoPE, Prompt, Gauge) vmapped over seeds: field and
     energy through the native kernel equal the XLA formulation to rounding."""

@@ -115,7 +115,7 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
            "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
            "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "exp_threads_now",
-           "threads_now", "prepare", "RefusedPath",
+           "threads_now", "prepare", "RefusedPath", "BuildFailed", "LONG_CALL",
            "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
