@@ -6,7 +6,7 @@ Public API (see README.md for a tour)::
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
-    mf.phase_diagram, mf.random_batch
+    mf.phase_diagram, mf.random_batch, mf.continuum
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -21,6 +21,7 @@ from importlib.metadata import version as _version
 from . import (
     analysis,
     attention,
+    continuum,
     depth,
     design,
     kernels,
@@ -45,6 +46,7 @@ __all__ = [
     "__version__",
     "analysis",
     "attention",
+    "continuum",
     "depth",
     "design",
     "energy",

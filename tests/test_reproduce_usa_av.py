@@ -62,6 +62,6 @@ def test_settings_quick_vs_full():
     assert f["dt"] == 1e-2 and f["early_stop"] == 1e-8 and f["solver"] == "rk2"
     from meanfield.reproduce import EXPERIMENTS, PAPERS
 
-    assert PAPERS == ("usa-av", "attention", "depth", "prototypes")
+    assert PAPERS == ("usa-av", "attention", "depth", "prototypes", "continuum")
     assert set(PAPERS) <= set(EXPERIMENTS)
     assert mf.theory.max_energy(1.0) == pytest.approx(np.e / 2)

@@ -16,10 +16,12 @@ EXPERIMENTS: dict[str, str] = {
     "depth": "meanfield.reproduce.depth",
     "prototypes": "meanfield.reproduce.prototypes",
     "design": "meanfield.reproduce.design",
+    "continuum": "meanfield.reproduce.continuum",
 }
 
-#: The four paper reproductions that ``meanfield reproduce`` (no name) runs and reports.
-PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes")
+#: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers and
+#: the mean-field limit they share (``continuum``, MATH.md Sec. 5).
+PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum")
 
 
 def get(name: str):

@@ -42,6 +42,14 @@ _CLAIMS = {
         "variance that pushes prototypes apart; with two-timescale training (eps = eta_theta/eta_P "
         "small) soft prototypes keep the whole codebook in use, unlike hard vector quantisation.",
     ),
+    "continuum": (
+        "The mean-field limit: dispersion relation and metastable clusters",
+        "As n -> infinity the particles' law solves a continuity equation on the sphere. Around the uniform "
+        "law the degree-l harmonic grows at the rate lambda_l = l(l+d-2) Gamma(d/2) 2^{d/2-1} beta^{-d/2} "
+        "I_{l+d/2-1}(beta) (Funk-Hecke), measured here from a spectral density solver and from particles; the "
+        "fastest mode k* ~ sqrt(2 beta) predicts how many clusters form before the slow merging phase, and the "
+        "particles converge to the density at the rate n^{-1/2}.",
+    ),
 }
 
 
