@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run past the available memory or the work bound (never past the machine's total memory)")
 
     r = sub.add_parser("reproduce", help="reproduce the papers' experiments (all of them when no name is given)")
-    r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: the four papers)")
+    r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers and the mean-field limit)")
     r.add_argument("--quick", action="store_true", help="small sizes (minutes on a laptop)")
     r.add_argument("--full", action="store_true", help="the papers' full sizes (where an experiment has them)")
     r.add_argument("--out", default="out/reproduce", help="output directory (default out/reproduce)")

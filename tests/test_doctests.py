@@ -11,6 +11,9 @@ import importlib
 import pytest
 
 MODULES = [
+    "continuum",
+    "notebooks",
+    "_resources",
     "sphere",
     "kernels",
     "metrics",
