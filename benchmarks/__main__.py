@@ -130,13 +130,17 @@ def main(argv=None) -> int:
     ]
     for r in results:
         lines += _table(r)
-    sweep_notes = root / "docs" / "sweep_benchmarks.md"
-    if sweep_notes.exists() and not args.quick:
-        # the sweep engine's measurements (padding vs per-n compiles, throughput) are taken by
-        # its own scripts; include them so that BENCHMARKS.md holds every number
-        body = sweep_notes.read_text().split("\n", 1)[1]
-        lines += ["", "## Sweep engine (from docs/sweep_benchmarks.md, measured separately)", "",
-                  body.replace("\n## ", "\n### ")]
+    # measurements taken by their own scripts (the sweep engine's padding and throughput,
+    # benchmarks/contention.py, benchmarks/continuum.py); included so that BENCHMARKS.md holds
+    # every number
+    for notes, title in (("sweep_benchmarks.md", "Sweep engine"),
+                         ("contention_benchmarks.md", "Native kernel under CPU contention"),
+                         ("continuum_benchmarks.md", "The mean-field density solver")):
+        path = root / "docs" / notes
+        if path.exists() and not args.quick:
+            body = path.read_text().split("\n", 1)[1]
+            lines += ["", f"## {title} (from docs/{notes}, measured separately)", "",
+                      body.replace("\n## ", "\n### ")]
     out.write_text("\n".join(lines))
     log(f"wrote {out}")
     return 0
