@@ -164,7 +164,7 @@ def check_choice(name: str, value, accepted) -> None:
 
 
 def check_orthogonal(name: str, Q, atol: float = 1e-4) -> None:
-    """Every trailing ``(d, d)`` matrix of ``Q`` satisfies ``Q^T Q = I`` within ``atol``."""
+    r"""Every trailing ``(d, d)`` matrix of ``Q`` satisfies $Q^\top Q = I$ within ``atol``."""
     if not is_concrete(Q):
         return
     arr = np.asarray(Q, dtype=np.float64)

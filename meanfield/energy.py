@@ -1,9 +1,9 @@
-"""Energy and velocity of the particle system (MATH.md Sec. 1).
+r"""Energy and velocity of the particle system (MATH.md Sec. 1).
 
-``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` and
-``v_i = P_{x_i} F_i``, ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``.
-Because ``h`` is symmetric, ``grad_{x_i} E = F_i / n``: the velocity is
-``n P_{x_i} grad_{x_i} E`` (tested against ``jax.grad``).
+$E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ and
+$v_i = P_{x_i} F_i$, $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$.
+Because $h$ is symmetric, $\nabla_{x_i} E = F_i / n$: the velocity is
+$n P_{x_i} \nabla_{x_i} E$ (tested against ``jax.grad``).
 
 The entry points validate what they are given, exactly as ``mf.simulate`` does
 (``check_states``): concrete states must be finite floating ``(n, d)`` arrays of unit rows,
@@ -42,7 +42,7 @@ METHODS = ("auto", "pairwise")
 def resolve_aux(model, x, aux):
     """Validate the shape of ``x`` (``(n, d)``, ``n >= 2``, ``d >= 2``) and return the labels.
 
-    ``aux=None`` gives ``model.default_aux(n)`` (positions ``i/n``; prompt blocks
+    ``aux=None`` gives ``model.default_aux(n)`` (positions $i/n$; prompt blocks
     for ``Prompt``). A given ``aux`` must be a real ``(n,)`` array; concrete labels must be
     finite (``ValueError``), traced ones are checked in the program (``equinox.error_if``,
     attached by ``check_states``).
@@ -165,7 +165,7 @@ def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
 def field(
     model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
 ) -> Float[Array, "n d"]:
-    """Unprojected mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``.
+    r"""Unprojected mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``.
 
     Args:
         model: a kernel (``mf.kernels``) or model (``mf.models``).
@@ -200,14 +200,14 @@ def field(
 def velocity(
     model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
 ) -> Float[Array, "n d"]:
-    """Velocity of the particle flow ``v_i = P_{x_i} F_i``, shape ``(n, d)``.
+    """Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
 
     Args:
         model: a kernel (``mf.kernels``) or model (``mf.models``).
         x: ``(n, d)`` states (unit rows).
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
-        block_size: row-tile size for large ``n`` (``None``: dense up to ``2^24`` pairs, else tiles).
+        block_size: row-tile size for large ``n`` (``None``: dense up to $2^{24}$ pairs, else tiles).
         backend: ``"native"``, ``"xla"`` or ``None`` (the setting), as for ``field``.
 
     Returns:
@@ -227,7 +227,7 @@ def velocity(
 def energy(
     model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
 ) -> Float[Array, ""]:
-    """Interaction energy ``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
+    r"""Interaction energy $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
 
     Raises ``TypeError`` for models without a pair energy (``mf.models.SelfAttention``).
 

@@ -77,7 +77,7 @@ def _cache_problem() -> str | None:
 
 
 def summary() -> dict[str, Any]:
-    """The installation as a dictionary (JSON-serialisable).
+    r"""The installation as a dictionary (JSON-serialisable).
 
     Keys: ``meanfield`` (version), ``python``, ``platform``, ``packages`` (``{name: version}``
     for ``PACKAGES``), ``jax`` (``backend``, ``devices``, ``x64``) and ``native``: ``enabled``
@@ -86,7 +86,7 @@ def summary() -> dict[str, Any]:
     the directory is refused or missing; ``None`` when it is private to this user), ``quiet``
     (``MEANFIELD_NATIVE_QUIET``), ``compiler`` and ``compiler_version`` (``None`` when there is
     none), ``threads`` (of the phase kernel), ``exp_threads`` (the most of one exp-kernel call)
-    and ``exp_threads_now`` (what a call on one system of 2048 x 3 would use on the load now; both
+    and ``exp_threads_now`` (what a call on one system of $2048 \times 3$ would use on the load now; both
     ``None`` when unavailable), and ``exp_kernel`` and
     ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
     available; ``libraries`` are the cached shared libraries).

@@ -1,23 +1,23 @@
-"""Simulation of the particle flow on ``(S^{d-1})^n`` with diffrax (MATH.md Sec. 1, App. B.1).
+r"""Simulation of the particle flow on $(S^{d-1})^n$ with diffrax (MATH.md Sec. 1, App. B.1).
 
 Fixed-step solvers ``"euler"``, ``"rk2"`` (projected Heun, the paper's scheme) and
 ``"rk4"`` are diffrax Runge--Kutta solvers wrapped so that every step ends with
-the radial projection ``x <- x / ||x||`` (the construction recommended by the
+the radial projection $x \leftarrow x / \|x\|$ (the construction recommended by the
 diffrax maintainer for manifolds, diffrax issues 277 and 462). Adaptive
-``"tsit5"`` and ``"dopri5"`` integrate the tangent field ``P_x F(x)`` with
+``"tsit5"`` and ``"dopri5"`` integrate the tangent field $P_x F(x)$ with
 required ``rtol``/``atol``; saved states are renormalised.
 
 Observables are computed at the save times by ``SaveAt(fn=...)``: states are
 only stored when ``save_states=True`` (the default, ``Trajectory.xs``).
 
 Early stop (App. B.1): with ``early_stop=tol`` the run stops at the first time
-``t`` (checked every time unit) where ``|E(t) - E(t - 1)| <= tol |E(t)|``. Saved
+$t$ (checked every time unit) where $|E(t) - E(t - 1)| \le \text{tol}\, |E(t)|$. Saved
 values after the stop repeat the final state (the flow is stationary to ``tol``).
 
 Failures never pass silently: ``Trajectory.failed`` is true when the state went non-finite
 (the run stops there: saved values after ``stop_time`` are NaN), when the solver failed
 (``max_steps`` exhausted: likewise), or when any saved value -- the energy, the collapse gap,
-an observable -- is NaN or infinite (e.g. ``beta`` so small that ``e^beta / (2 beta)``
+an observable -- is NaN or infinite (e.g. ``beta`` so small that $e^\beta / (2 \beta)$
 overflows while the states stay finite; the run is not stopped then, and the saved values
 are kept as computed so that the failure can be located).
 """
@@ -65,8 +65,8 @@ _rk4_tableau = diffrax.ButcherTableau(
 class RK4(diffrax.AbstractERK):
     """Classical 4th-order Runge--Kutta (diffrax has none built in).
 
-    ``k_1 = f(y)``, ``k_2 = f(y + h k_1 / 2)``, ``k_3 = f(y + h k_2 / 2)``, ``k_4 = f(y + h k_3)``,
-    ``y' = y + h (k_1 + 2 k_2 + 2 k_3 + k_4) / 6``; selected by ``simulate(..., solver="rk4")``.
+    $k_1 = f(y)$, $k_2 = f(y + h k_1 / 2)$, $k_3 = f(y + h k_2 / 2)$, $k_4 = f(y + h k_3)$,
+    $y' = y + h (k_1 + 2 k_2 + 2 k_3 + k_4) / 6$; selected by ``simulate(..., solver="rk4")``.
 
     Example:
         >>> from meanfield.integrate import RK4
@@ -195,7 +195,7 @@ class Trajectory(eqx.Module):
         ts: ``(T,)`` save times.
         xs: ``(T, n, d)`` states at ``ts`` (``None`` when ``save_states=False``).
         energy: ``(T,)`` energy at ``ts`` (``None`` for models without an energy).
-        collapse_gap: ``(T,)`` ``G_x`` at ``ts``.
+        collapse_gap: ``(T,)`` $G_x$ at ``ts``.
         observables: dict name -> ``(T, ...)`` user observables at ``ts``.
         stop_time: time at which the run ended (``t1`` unless stopped early or failed).
         stopped: the early-stop rule fired (saved values after ``stop_time`` repeat the
@@ -326,7 +326,7 @@ def simulate(
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
 ) -> Trajectory:
-    """Integrate ``dx_i/dt = P_{x_i} F_i`` on ``(S^{d-1})^n`` from ``x0``.
+    """Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
     Args:
         model: a kernel (``mf.kernels``) or a model (``mf.models.SelfAttention``).

@@ -1,35 +1,35 @@
-"""Interaction kernels ``h((x, xi), (y, zeta))`` of the USA-AV particle model (MATH.md Sec. 1).
+r"""Interaction kernels $h((x, \xi), (y, \zeta))$ of the USA-AV particle model (MATH.md Sec. 1).
 
 Every kernel is a frozen ``equinox.Module`` whose ``__call__`` evaluates ONE pair::
 
     kernel(x, xi, y, zeta) -> scalar
 
-with ``x, y`` unit vectors in ``R^d`` and ``xi, zeta`` their auxiliary labels
-(positions ``s in (0, 1]`` or prompt ids). Swept parameters (``beta``, ``lam``,
+with ``x, y`` unit vectors in $\mathbb R^d$ and ``xi, zeta`` their auxiliary labels
+(positions $s \in (0, 1]$ or prompt ids). Swept parameters (``beta``, ``lam``,
 ``omega``) are traced leaves, so a ``vmap`` over them compiles once; shape or
 branch settings (``plane``, ``rescaled``) are static.
 
 Besides the single-pair definition (the reference), each kernel offers a
-structured evaluation of the whole mean field ``F_i = (1/n) sum_j grad_x h(z_i, z_j)``
+structured evaluation of the whole mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$
 and of the energy: dense exponentials in row tiles for the exp kernels, the
 gauge frame for every exp-gauge kernel (RoPE, phase field, gauge, prompt: USA
-in the frame ``y_i = Psi(xi_i) x_i``), rank 2 in the positions for Toeplitz.
+in the frame $y_i = \Psi(\xi_i) x_i$), rank 2 in the positions for Toeplitz.
 
 On the CPU the exp-kernel fields and energies (USA and the exp-gauge kernels in their gauge
 frame) run by default through a fused C kernel called from XLA (``meanfield._native``,
 compiled when this module is first imported on a machine and cached: half the exponentials, no
-``n x n`` array); derivatives are those of the XLA formulation, which is also what accelerators
+$n \times n$ array); derivatives are those of the XLA formulation, which is also what accelerators
 run and what ``backend="xla"``, ``native(False)``, ``set_native(False)`` (all part of what JAX
 traces) or ``MEANFIELD_NATIVE=0`` select. BENCHMARKS.md has the measured speed of both.
 
 Models are named in one registry, ``MODELS`` (``make``, ``build``): the CLI flags, sweep spec
 keys and reproductions derive from it.
 
-Large ``beta``: ``exp(beta <x, y>)`` overflows float32 past ``beta ~ 88``. With
-``rescaled=True`` an exp kernel is multiplied by ``e^{-beta}``:
-``h = exp(beta (<x, y> - 1)) / beta``. This is an exact change of time scale:
-the rescaled flow at time ``s`` is the original flow at time ``t = e^{-beta} s``
-(``mf.kernels.original_time``), energies are ``e^{-beta}`` times the original.
+Large ``beta``: $e^{\beta \langle x, y\rangle}$ overflows float32 past $\beta \approx 88$. With
+``rescaled=True`` an exp kernel is multiplied by $e^{-\beta}$:
+$h = e^{\beta (\langle x, y\rangle - 1)} / \beta$. This is an exact change of time scale:
+the rescaled flow at time $s$ is the original flow at time $t = e^{-\beta} s$
+(``mf.kernels.original_time``), energies are $e^{-\beta}$ times the original.
 """
 
 from __future__ import annotations
@@ -155,11 +155,11 @@ BACKENDS = ("native", "xla")
 
 
 def set_native(enabled) -> bool:
-    """Use (``True``, the default) or not the fused C kernel for exp-kernel fields on the CPU.
+    r"""Use (``True``, the default) or not the fused C kernel for exp-kernel fields on the CPU.
 
     With it, the field and energy of ``USA`` and of the exp-gauge kernels (``RoPE``,
     ``PhaseField``, ``Gauge``, ``Prompt``, in the gauge frame) run on the CPU as one XLA FFI
-    call (``meanfield._native.exp_field_xla``: half the exponentials, no ``n x n`` array, see
+    call (``meanfield._native.exp_field_xla``: half the exponentials, no $n \times n$ array, see
     ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
     ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
     The numbers agree to rounding (tests/test_kernels_native.py). Derivatives are always those
@@ -226,14 +226,14 @@ def native_enabled() -> bool:
 
 
 def original_time(s, beta):
-    """Original time ``t = e^{-beta} s`` of rescaled time ``s`` (``rescaled=True`` kernels).
+    r"""Original time $t = e^{-\beta} s$ of rescaled time ``s`` (``rescaled=True`` kernels).
 
     Args:
         s: rescaled time (scalar or array).
         beta: inverse temperature of the kernel.
 
     Returns:
-        ``t``, broadcast shape of ``s`` and ``beta``.
+        $t$, broadcast shape of ``s`` and ``beta``.
 
     Example:
         >>> import meanfield as mf
@@ -244,14 +244,14 @@ def original_time(s, beta):
 
 
 def rescaled_time(t, beta):
-    """Rescaled time ``s = e^{beta} t`` of original time ``t`` (inverse of ``original_time``).
+    r"""Rescaled time $s = e^\beta t$ of original time ``t`` (inverse of ``original_time``).
 
     Args:
         t: original time (scalar or array).
         beta: inverse temperature of the kernel.
 
     Returns:
-        ``s``, broadcast shape of ``t`` and ``beta``.
+        $s$, broadcast shape of ``t`` and ``beta``.
 
     Example:
         >>> import meanfield as mf
@@ -262,13 +262,13 @@ def rescaled_time(t, beta):
 
 
 class Kernel(Model):
-    """Abstract base of the pair kernels: a symmetric interaction ``h((x, xi), (y, zeta))``.
+    r"""Abstract base of the pair kernels: a symmetric interaction $h((x, \xi), (y, \zeta))$.
 
     Subclasses define ``__call__`` (one pair: ``x, y`` of shape ``(d,)``, scalar labels,
     scalar result; ``abc.abstractmethod``). ``grad_x`` defaults to autodiff of ``__call__``;
-    ``field`` (``F_i = (1/n) sum_j grad_x h(z_i, z_j)``, ``(n, d)``) and ``energy``
-    (``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)``, scalar) default to the pairwise reference
-    (O(n^2) pairs through ``vmap``), overridden by structured evaluations. A kernel is a
+    ``field`` ($F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``) and ``energy``
+    ($E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$, scalar) default to the pairwise reference
+    ($O(n^2)$ pairs through ``vmap``), overridden by structured evaluations. A kernel is a
     ``mf.models.Model`` with a pair energy (``has_energy``).
 
     Example:
@@ -285,10 +285,10 @@ class Kernel(Model):
 
     @abc.abstractmethod
     def __call__(self, x, xi, y, zeta):
-        """``h((x, xi), (y, zeta))`` of one pair (scalar)."""
+        r"""$h((x, \xi), (y, \zeta))$ of one pair (scalar)."""
 
     def grad_x(self, x, xi, y, zeta):
-        """``grad_x h((x, xi), (y, zeta))`` (Euclidean gradient in ``R^d``, shape ``(d,)``).
+        r"""$\nabla_x h((x, \xi), (y, \zeta))$ (Euclidean gradient in $\mathbb R^d$, shape ``(d,)``).
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -300,7 +300,7 @@ class Kernel(Model):
 
     # structured evaluations (overridden) --------------------------------
     def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
-        """``F_i = (1/n) sum_j grad_x h(z_i, z_j)`` for all ``i`` (unprojected), ``(n, d)``.
+        r"""$F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$ for all $i$ (unprojected), ``(n, d)``.
 
         Args:
             x: ``(n, d)`` unit rows.
@@ -316,7 +316,7 @@ class Kernel(Model):
         return pairwise_field(self, x, aux)
 
     def energy(self, x, aux, *, block_size=None) -> Float[Array, ""]:
-        """``E = 1/(2 n^2) sum_{i,j} h(z_i, z_j)`` (scalar).
+        r"""$E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
 
         Args:
             x: ``(n, d)`` unit rows.
@@ -333,7 +333,7 @@ class Kernel(Model):
 
 
 def pairwise_field(kernel: Kernel, x, aux):
-    """Reference ``F_i = (1/n) sum_j kernel.grad_x(x_i, xi_i, x_j, xi_j)`` by two vmaps.
+    r"""Reference $F_i = \frac1n \sum_j \nabla_x h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel.grad_x``) by two vmaps.
 
     Args:
         kernel: a ``Kernel``.
@@ -354,7 +354,7 @@ def pairwise_field(kernel: Kernel, x, aux):
 
 
 def pairwise_energy(kernel: Kernel, x, aux):
-    """Reference ``E = 1/(2 n^2) sum_{i,j} kernel(x_i, xi_i, x_j, xi_j)`` by two vmaps.
+    r"""Reference $E = \frac{1}{2 n^2} \sum_{i,j} h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel``) by two vmaps.
 
     Args:
         kernel: a ``Kernel``.
@@ -647,13 +647,13 @@ class _ExpKernel(Kernel):
 
 
 class USA(_ExpKernel):
-    """Unbiased self-attention kernel ``h(x, y) = exp(beta <x, y>) / beta`` (labels ignored).
+    r"""Unbiased self-attention kernel $h(x, y) = e^{\beta \langle x, y\rangle} / \beta$ (labels ignored).
 
-    ``grad_x h = exp(beta <x, y>) y``. Maximiser: a Dirac mass (collapse), ``E_max = e^beta / (2 beta)``.
+    $\nabla_x h = e^{\beta \langle x, y\rangle} y$. Maximiser: a Dirac mass (collapse), $E_{\max} = e^\beta / (2 \beta)$.
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
-        rescaled: multiply by ``e^{-beta}`` (time change, see module docstring).
+        rescaled: multiply by $e^{-\beta}$ (time change, see module docstring).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -679,7 +679,7 @@ class USA(_ExpKernel):
 
 
 class DistanceBias(_ExpKernel):
-    """Distance-bias kernel ``h = exp(-lam |s - t|) exp(beta <x, y>) / beta`` (USA-AV Sec. 5).
+    r"""Distance-bias kernel $h = e^{-\lambda |s - t|} e^{\beta \langle x, y\rangle} / \beta$ (USA-AV Sec. 5).
 
     ``lam >= 0``. Its long-time law is still a Dirac mass (Prop. 11): the bias
     reweights interactions but does not prevent collapse.
@@ -687,7 +687,7 @@ class DistanceBias(_ExpKernel):
     Args:
         beta: inverse temperature, ``> 0`` (traced).
         lam: bias rate, ``>= 0`` (traced).
-        rescaled: multiply by ``e^{-beta}`` (time change, see module docstring).
+        rescaled: multiply by $e^{-\beta}$ (time change, see module docstring).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -730,11 +730,11 @@ class DistanceBias(_ExpKernel):
 
 
 class Toeplitz(Kernel):
-    """Toeplitz kernel ``h = cos(2 pi m (t - s)) <x, y>``.
+    r"""Toeplitz kernel $h = \cos(2 \pi m (t - s)) \langle x, y\rangle$.
 
-    Maximiser: the uniform great circle traversed ``m`` times, ``E_max = 1/4``.
-    Rank 2 in the positions (``cos(a - b) = cos a cos b + sin a sin b``), so the
-    field costs O(n d): ``F_i = (1/n)(c_i sum_j c_j x_j + s_i sum_j s_j x_j)``.
+    Maximiser: the uniform great circle traversed ``m`` times, $E_{\max} = 1/4$.
+    Rank 2 in the positions ($\cos(a - b) = \cos a \cos b + \sin a \sin b$), so the
+    field costs $O(n d)$: $F_i = \frac1n (c_i \sum_j c_j x_j + s_i \sum_j s_j x_j)$.
 
     Args:
         m: integer frequency, ``m >= 1``.
@@ -780,17 +780,17 @@ class Toeplitz(Kernel):
 
 
 class GaugeKernel(_ExpKernel):
-    """Abstract base of the exp-gauge kernels ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta``:
+    r"""Abstract base of the exp-gauge kernels $h = e^{\beta \langle \Psi(\xi) x, \Psi(\zeta) y\rangle} / \beta$:
     USA in a label-dependent frame. Subclasses define ``gauge_matrix(label, d)``
     (``abc.abstractmethod``) and get the single-pair definition, the gauge-frame fast path
     (the fused C kernel on the CPU), the maximiser frame and the orthogonality check.
 
     Field and energy use the gauge frame (MATH.md, gauge equivalence):
-    ``y_i = Psi_i x_i``, ``F_i = Psi_i^T F^USA(y)_i``, ``E = E^USA(y)``: O(n^2 d).
+    $y_i = \Psi_i x_i$, $F_i = \Psi_i^\top F^\text{USA}(y)_i$, $E = E^\text{USA}(y)$: $O(n^2 d)$.
 
     Args (of every subclass, besides its own fields):
         beta: inverse temperature, ``> 0`` (traced).
-        rescaled: multiply by ``e^{-beta}`` (time change, keyword-only).
+        rescaled: multiply by $e^{-\beta}$ (time change, keyword-only).
 
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -804,7 +804,7 @@ class GaugeKernel(_ExpKernel):
 
     @abc.abstractmethod
     def gauge_matrix(self, label, d: int):
-        """The gauge ``Psi(label)``: a ``(d, d)`` orthogonal matrix (defined by each subclass).
+        r"""The gauge $\Psi(\text{label})$: a ``(d, d)`` orthogonal matrix (defined by each subclass).
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -814,7 +814,7 @@ class GaugeKernel(_ExpKernel):
         """
 
     def gauge_matrices(self, aux, d: int) -> Float[Array, "n d d"]:
-        """``Psi(xi_i)`` for every label: ``(n, d, d)``.
+        r"""$\Psi(\xi_i)$ for every label: ``(n, d, d)``.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -824,7 +824,7 @@ class GaugeKernel(_ExpKernel):
         return jax.vmap(lambda a: self.gauge_matrix(a, d))(aux)
 
     def to_gauge_frame(self, x, aux):
-        """``y_i = Psi(xi_i) x_i``: the configuration in which the dynamics is USA, ``(n, d)``.
+        r"""$y_i = \Psi(\xi_i) x_i$: the configuration in which the dynamics is USA, ``(n, d)``.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -836,7 +836,7 @@ class GaugeKernel(_ExpKernel):
         return _apply_gauge(self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype), x)
 
     def from_gauge_frame(self, y, aux):
-        """``x_i = Psi(xi_i)^T y_i`` (inverse of ``to_gauge_frame``), ``(n, d)``.
+        r"""$x_i = \Psi(\xi_i)^\top y_i$ (inverse of ``to_gauge_frame``), ``(n, d)``.
 
         Example:
             >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -848,7 +848,7 @@ class GaugeKernel(_ExpKernel):
         return _apply_gauge_transpose(self.gauge_matrices(aux, y.shape[-1]).astype(y.dtype), y)
 
     def usa(self) -> USA:
-        """The USA kernel ``exp(beta <y, y'>) / beta`` this kernel is in its gauge frame.
+        r"""The USA kernel $e^{\beta \langle y, y'\rangle} / \beta$ this kernel is in its gauge frame.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -891,16 +891,16 @@ class GaugeKernel(_ExpKernel):
 
 
 class RoPE(GaugeKernel):
-    """Rotary positional kernel ``h = exp(beta <x, R_{omega (t - s)} y>) / beta``.
+    r"""Rotary positional kernel $h = e^{\beta \langle x, R_{\omega (t - s)} y\rangle} / \beta$.
 
-    The gauge ``Psi(s) = R_{omega s}`` in ``plane``. Maximiser ``x(s) = R_{-omega s} u``:
-    for ``omega = 2 pi m`` a latitude circle (height ``||P_{E^perp} u||``).
+    The gauge $\Psi(s) = R_{\omega s}$ in ``plane``. Maximiser $x(s) = R_{-\omega s} u$:
+    for $\omega = 2 \pi m$ a latitude circle (height $\|P_{E^\perp} u\|$).
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
         omega: rotation frequency (traced, finite).
         plane: the rotation plane ``(a, b)`` (static).
-        rescaled: multiply by ``e^{-beta}`` (time change).
+        rescaled: multiply by $e^{-\beta}$ (time change).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -947,14 +947,14 @@ def _as_module(fn, what: str):
 
 
 class FourierPhase(eqx.Module):
-    """Phase ``phi(s) = omega s + amplitude sin(2 pi frequency s)`` with traced ``omega`` and
+    r"""Phase $\varphi(s) = \omega s + \text{amplitude} \cdot \sin(2 \pi \cdot \text{frequency} \cdot s)$ with traced ``omega`` and
     ``amplitude`` (a PyTree: a jitted function of them compiles once for any values).
 
-    ``FourierPhase()`` is ``default_phase``: ``2 pi s + sin(2 pi s)``; ``amplitude = 0`` gives
+    ``FourierPhase()`` is ``default_phase``: $2 \pi s + \sin(2 \pi s)$; ``amplitude = 0`` gives
     RoPE's linear phase.
 
     Args:
-        omega: the linear rate (traced, finite; default ``2 pi``).
+        omega: the linear rate (traced, finite; default $2 \pi$).
         amplitude: the sine amplitude (traced, finite; default 1).
         frequency: the sine frequency, an int ``>= 1`` (static; default 1).
 
@@ -980,10 +980,10 @@ class FourierPhase(eqx.Module):
 
 
 class WavyGauge(eqx.Module):
-    """Generalised RoPE gauge ``Psi(s) = R_{12}(2 pi s) R_{23}(a sin(2 pi k s))`` on ``R^3``
+    r"""Generalised RoPE gauge $\Psi(s) = R_{12}(2 \pi s)\, R_{23}(a \sin(2 \pi k s))$ on $\mathbb R^3$
     (MATH.md, Fig. 3 v), with traced amplitude ``a`` (a PyTree: one compilation for any ``a``).
 
-    Its maximiser ``x(s) = Psi(s)^T u`` is a wavy closed curve, which a single fixed-plane
+    Its maximiser $x(s) = \Psi(s)^\top u$ is a wavy closed curve, which a single fixed-plane
     phase field cannot produce (those stay on a latitude circle).
 
     Args:
@@ -1012,10 +1012,10 @@ class WavyGauge(eqx.Module):
 
 
 class PhaseField(GaugeKernel):
-    """Phase-field kernel ``h = exp(beta <x, R_{phi(t) - phi(s)} y>) / beta``.
+    r"""Phase-field kernel $h = e^{\beta \langle x, R_{\varphi(t) - \varphi(s)} y\rangle} / \beta$.
 
-    ``phase`` maps ``s -> angle`` (jax-traceable). Gauge ``Psi(s) = R_{phi(s)}``;
-    maximiser ``x(s) = R_{-phi(s)} u``. In a single fixed plane the maximiser stays
+    ``phase`` maps $s \mapsto$ angle $\varphi(s)$ (jax-traceable). Gauge $\Psi(s) = R_{\varphi(s)}$;
+    maximiser $x(s) = R_{-\varphi(s)} u$. In a single fixed plane the maximiser stays
     on a latitude circle (only its parametrisation changes).
 
     A parametrised phase that is an ``equinox.Module`` (``FourierPhase``, or your own) is part
@@ -1025,9 +1025,9 @@ class PhaseField(GaugeKernel):
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
-        phase: ``s -> phi(s)``: an ``equinox.Module`` (traced leaves) or a plain callable.
+        phase: $s \mapsto \varphi(s)$: an ``equinox.Module`` (traced leaves) or a plain callable.
         plane: the rotation plane ``(a, b)`` (static).
-        rescaled: multiply by ``e^{-beta}`` (time change).
+        rescaled: multiply by $e^{-\beta}$ (time change).
 
     Example:
         >>> import jax, meanfield as mf
@@ -1055,17 +1055,17 @@ class PhaseField(GaugeKernel):
 
 
 class Gauge(GaugeKernel):
-    """General gauge kernel ``h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta``.
+    r"""General gauge kernel $h = e^{\beta \langle \Psi(\xi) x, \Psi(\zeta) y\rangle} / \beta$.
 
     ``gauge`` maps ``label -> (d, d)`` orthogonal matrix (jax-traceable); its orthogonality
-    is checked on the labels of a concrete run. Maximiser ``x(xi) = Psi(xi)^T u``. As for
+    is checked on the labels of a concrete run. Maximiser $x(\xi) = \Psi(\xi)^\top u$. As for
     ``PhaseField``, an ``equinox.Module`` gauge (``WavyGauge``) has traced parameters; a plain
     callable is static (a new callable object is a new compilation).
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
         gauge: ``label -> (d, d)`` orthogonal matrix: an ``equinox.Module`` or a plain callable.
-        rescaled: multiply by ``e^{-beta}`` (time change).
+        rescaled: multiply by $e^{-\beta}$ (time change).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -1090,17 +1090,17 @@ class Gauge(GaugeKernel):
 
 
 class Prompt(GaugeKernel):
-    """Prompt kernel: the gauge kernel over integer prompt ids ``xi in {0..K-1}``.
+    r"""Prompt kernel: the gauge kernel over integer prompt ids $\xi \in \{0, \dots, K-1\}$.
 
-    ``h = exp(beta <Psi_xi x, Psi_zeta y>) / beta`` with ``gauges`` a ``(K, d, d)``
+    $h = e^{\beta \langle \Psi_\xi x, \Psi_\zeta y\rangle} / \beta$ with ``gauges`` a ``(K, d, d)``
     array of orthogonal matrices (reconstruction of the paper's lost kernel (10),
-    MATH.md). Maximiser: ``K`` Dirac masses at ``Psi_k^T u``. Default labels when
-    ``aux=None``: contiguous prefix blocks, ``xi_i = floor(K i / n)``.
+    MATH.md). Maximiser: $K$ Dirac masses at $\Psi_k^\top u$. Default labels when
+    ``aux=None``: contiguous prefix blocks, $\xi_i = \lfloor K i / n \rfloor$.
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
         gauges: ``(K, d, d)`` orthogonal matrices.
-        rescaled: multiply by ``e^{-beta}`` (time change).
+        rescaled: multiply by $e^{-\beta}$ (time change).
 
     Example:
         >>> import jax, meanfield as mf
@@ -1126,7 +1126,7 @@ class Prompt(GaugeKernel):
 
     @property
     def num_prompts(self) -> int:
-        """Number of prompts ``K = gauges.shape[0]``.
+        """Number of prompts $K$ = ``gauges.shape[0]``.
 
         Example:
             >>> import jax, meanfield as mf
@@ -1170,7 +1170,7 @@ class Prompt(GaugeKernel):
 
 
 def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d"]:
-    """``K`` Haar-random orthogonal ``(d, d)`` matrices: ``Q R = G``, ``G`` Gaussian, ``Q diag(sign(diag R))``.
+    r"""``K`` Haar-random orthogonal ``(d, d)`` matrices: $Q R = G$, $G$ Gaussian, $Q \operatorname{diag}(\operatorname{sign}(\operatorname{diag} R))$.
 
     Args:
         key: a ``jax.random`` key.
@@ -1195,14 +1195,14 @@ def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d
 
 
 def default_phase(s):
-    """Default phase field ``phi(s) = 2 pi s + sin(2 pi s)`` (a non-uniform traversal):
+    r"""Default phase field $\varphi(s) = 2 \pi s + \sin(2 \pi s)$ (a non-uniform traversal):
     ``FourierPhase()`` as a plain function.
 
     Args:
         s: position(s), scalar or array.
 
     Returns:
-        ``phi(s)``, same shape as ``s``.
+        $\varphi(s)$, same shape as ``s``.
 
     Example:
         >>> import meanfield as mf

@@ -32,13 +32,13 @@ __all__ = ["Model", "SelfAttention", "positions"]
 
 
 def positions(n: int) -> Float[Array, " n"]:
-    """Default positional labels ``s_i = i / n``, ``i = 1..n`` (MATH.md notation).
+    r"""Default positional labels $s_i = i / n$, $i = 1, \dots, n$ (MATH.md notation).
 
     Args:
         n: number of tokens.
 
     Returns:
-        ``(n,)`` float array ``(1/n, 2/n, .., 1)``.
+        ``(n,)`` float array $(1/n, 2/n, \dots, 1)$.
 
     Example:
         >>> import meanfield as mf
@@ -49,10 +49,10 @@ def positions(n: int) -> Float[Array, " n"]:
 
 
 class Model(eqx.Module):
-    """Abstract base of the particle models: a mean field ``F_i`` on ``(n, d)`` states.
+    """Abstract base of the particle models: a mean field $F_i$ on ``(n, d)`` states.
 
-    Subclasses define ``field`` (the unprojected field ``F_i``, ``(n, d)``); the velocity
-    is ``P_{x_i} F_i``. ``default_aux`` gives the labels used when ``aux=None``;
+    Subclasses define ``field`` (the unprojected field $F_i$, ``(n, d)``); the velocity
+    is $P_{x_i} F_i$. ``default_aux`` gives the labels used when ``aux=None``;
     ``check_config`` raises ``ValueError``/``TypeError`` on concrete values before tracing;
     ``check_traced`` attaches the same checks to the program (``equinox.error_if``) for
     values that are traced (inside ``jit``/``vmap``). ``has_energy`` tells whether the
@@ -71,10 +71,10 @@ class Model(eqx.Module):
 
     @abc.abstractmethod
     def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
-        """Unprojected mean field ``F_i``, ``(n, d)``, of unit rows ``x`` with labels ``aux``."""
+        """Unprojected mean field $F_i$, ``(n, d)``, of unit rows ``x`` with labels ``aux``."""
 
     def default_aux(self, n: int):
-        """Labels used when ``aux=None``: the positions ``s_i = i / n``, shape ``(n,)``.
+        """Labels used when ``aux=None``: the positions $s_i = i / n$, shape ``(n,)``.
 
         Example:
             >>> import meanfield as mf
@@ -114,26 +114,26 @@ class Model(eqx.Module):
 
 
 class SelfAttention(Model):
-    """Self-attention particle dynamics on the sphere.
+    r"""Self-attention particle dynamics on the sphere.
 
-    Normalised (``normalized=True``, the SA model)::
+    Normalised (``normalized=True``, the SA model):
 
-        dx_i/dt = P_{x_i} sum_j softmax_j(beta <Q x_i, K x_j>) V x_j
+    $$\frac{d x_i}{dt} = P_{x_i} \sum_j \operatorname{softmax}_j(\beta \langle Q x_i, K x_j\rangle)\, V x_j$$
 
-    Unnormalised (``normalized=False``)::
+    Unnormalised (``normalized=False``):
 
-        dx_i/dt = P_{x_i} (1/n) sum_j exp(beta <Q x_i, K x_j>) V x_j
+    $$\frac{d x_i}{dt} = P_{x_i} \frac1n \sum_j e^{\beta \langle Q x_i, K x_j\rangle}\, V x_j$$
 
-    ``Q, K, V`` are ``(d, d)`` matrices, identity when ``None``. With ``Q = K = V = I``
+    ``Q, K, V`` are ``(d, d)`` matrices, identity when ``None``. With $Q = K = V = I$
     the unnormalised model is the USA flow. ``rescaled=True`` multiplies the
-    unnormalised field by ``e^{-beta ||Q|| ||K||}``-free factor ``e^{-beta}`` (time
+    unnormalised field by the ($\|Q\| \|K\|$-free) factor $e^{-\beta}$ (time
     change, as for the kernels); the normalised field is shift-invariant already.
 
     Args:
         beta: inverse temperature (traced).
         Q, K, V: ``(d, d)`` query, key and value matrices (``None``: identity).
         normalized: softmax (``True``, SA) or the unnormalised ``1/n`` average (static).
-        rescaled: multiply the unnormalised field by ``e^{-beta}`` (static).
+        rescaled: multiply the unnormalised field by $e^{-\beta}$ (static).
 
     Example:
         >>> import jax, meanfield as mf
@@ -174,7 +174,7 @@ class SelfAttention(Model):
     def field(
         self, x: Float[Array | np.ndarray, "n d"], aux=None, *, block_size=None
     ) -> Float[Array, "n d"]:
-        """Unprojected field ``F_i = sum_j A_ij V x_j`` (rows of ``A`` softmax-normalised or ``exp/n``), ``(n, d)``.
+        r"""Unprojected field $F_i = \sum_j A_{ij} V x_j$ (rows of $A$ softmax-normalised or $e^{\cdots}/n$), ``(n, d)``.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf

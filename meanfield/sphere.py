@@ -1,4 +1,4 @@
-"""Geometry of the unit sphere ``S^{d-1}``: sampling, tangent projections, rotations.
+"""Geometry of the unit sphere $S^{d-1}$: sampling, tangent projections, rotations.
 
 Everything acts on single arrays; batch with ``jax.vmap``.
 """
@@ -53,16 +53,16 @@ def _float_dtype(dtype):
 
 
 def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
-    """``n`` i.i.d. points uniform on ``S^{d-1}``.
+    r"""``n`` i.i.d. points uniform on $S^{d-1}$.
 
-    ``x_i = g_i / ||g_i||`` with ``g_i ~ N(0, I_d)`` (rotation invariance of the
+    $x_i = g_i / \|g_i\|$ with $g_i \sim N(0, I_d)$ (rotation invariance of the
     Gaussian).
 
     Reproducible across precisions: the Gaussians are drawn in float32 (``DRAW_DTYPE``, the
     default precision, available without ``jax_enable_x64``) whatever ``dtype`` is, then cast
     to ``dtype`` and normalised there. The same key gives the same particles in float32 and
     float64: the float64 rows differ from the float32 ones by the float32 rounding of the
-    normalisation only (``|difference| <= 2^-22 ~ 2.4e-7`` per coordinate; at most 1.6e-7
+    normalisation only ($|\text{difference}| \le 2^{-22} \approx 2.4 \cdot 10^{-7}$ per coordinate; at most 1.6e-7
     measured over 3e5 rows in ``d = 3``) and are unit to float64 rounding.
 
     Args:
@@ -94,7 +94,7 @@ def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
 
 
 def normalize(x: Float[Array | np.ndarray, "... d"]) -> Float[Array, "... d"]:
-    """Radial projection ``x / ||x||`` of each row onto the sphere.
+    r"""Radial projection $x / \|x\|$ of each row onto the sphere.
 
     Args:
         x: ``(..., d)`` array of nonzero vectors.
@@ -111,7 +111,7 @@ def normalize(x: Float[Array | np.ndarray, "... d"]) -> Float[Array, "... d"]:
 
 
 def project(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float[Array, "... d"]:
-    """Tangent projection ``P_x v = v - <x, v> x`` (``x`` a unit vector).
+    r"""Tangent projection $P_x v = v - \langle x, v\rangle x$ (``x`` a unit vector).
 
     Works row-wise on ``(n, d)`` arrays as well.
 
@@ -120,7 +120,7 @@ def project(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float[Array, 
         v: ``(d,)`` (or ``(n, d)``) vector(s) to project.
 
     Returns:
-        ``P_x v``, same shape as ``v``; orthogonal to ``x``.
+        $P_x v$, same shape as ``v``; orthogonal to ``x``.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -131,9 +131,9 @@ def project(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float[Array, 
 
 
 def rotation(theta, d, plane=(0, 1)) -> Float[Array, "d d"]:
-    """Rotation ``R_theta`` by angle ``theta`` in ``span(e_a, e_b)``, identity elsewhere.
+    r"""Rotation $R_\theta$ by angle ``theta`` in $\operatorname{span}(e_a, e_b)$, identity elsewhere.
 
-    ``R e_a = cos(theta) e_a + sin(theta) e_b``, ``R e_b = -sin(theta) e_a + cos(theta) e_b``.
+    $R e_a = \cos\theta\, e_a + \sin\theta\, e_b$, $R e_b = -\sin\theta\, e_a + \cos\theta\, e_b$.
     ``theta`` may be traced (the result is differentiable in it); ``d`` and
     ``plane`` are static.
 
@@ -143,7 +143,7 @@ def rotation(theta, d, plane=(0, 1)) -> Float[Array, "d d"]:
         plane: the pair ``(a, b)`` of distinct coordinate indices in ``[0, d)``.
 
     Returns:
-        ``(d, d)`` orthogonal matrix with ``det = 1``.
+        ``(d, d)`` orthogonal matrix with $\det R = 1$.
 
     Example:
         >>> import meanfield as mf
@@ -163,11 +163,11 @@ def rotation(theta, d, plane=(0, 1)) -> Float[Array, "d d"]:
 
 
 def tangent_basis(x: Float[Array | np.ndarray, " d"]) -> Float[Array, "d d-1"]:
-    """An orthonormal basis ``B`` of the tangent space ``x^perp`` (columns): ``B^T B = I_{d-1}``, ``B^T x = 0``.
+    r"""An orthonormal basis $B$ of the tangent space $x^\perp$ (columns): $B^\top B = I_{d-1}$, $B^\top x = 0$.
 
-    Built from a Householder reflection mapping ``e_k`` to ``x`` (``k`` the
-    coordinate where ``|x_k|`` is largest, for stability); the remaining
-    columns span ``x^perp``.
+    Built from a Householder reflection mapping $e_k$ to $x$ ($k$ the
+    coordinate where $|x_k|$ is largest, for stability); the remaining
+    columns span $x^\perp$.
 
     Args:
         x: ``(d,)`` unit vector.
@@ -197,7 +197,7 @@ def tangent_basis(x: Float[Array | np.ndarray, " d"]) -> Float[Array, "d d-1"]:
 
 
 def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
-    """Raise ``ValueError`` unless ``x`` is a finite ``(n, d)`` array of unit rows: ``max_i | ||x_i|| - 1 | <= atol``.
+    r"""Raise ``ValueError`` unless ``x`` is a finite ``(n, d)`` array of unit rows: $\max_i \bigl| \|x_i\| - 1 \bigr| \le$ ``atol``.
 
     Only concrete arrays are checked (traced values pass through).
 
@@ -245,11 +245,11 @@ def sample_density(
     max_rounds=10_000,
     dtype=jnp.float32,
 ) -> Float[Array, "n d"]:
-    """``n`` i.i.d. points from ``rho propto exp(log_density)`` on ``S^{d-1}`` (rejection sampling).
+    r"""``n`` i.i.d. points from $\rho \propto \exp(\text{log\_density})$ on $S^{d-1}$ (rejection sampling).
 
-    Proposals ``x ~ uniform(S^{d-1})`` are accepted with probability
+    Proposals $x \sim \operatorname{uniform}(S^{d-1})$ are accepted with probability
     ``exp(log_density(x) - log_bound)``; accepted points have density
-    ``propto exp(log_density)`` w.r.t. surface measure provided
+    $\propto \exp(\text{log\_density})$ w.r.t. surface measure provided
     ``log_density <= log_bound`` everywhere. Rounds of ``batch`` proposals run
     in a ``lax.while_loop`` that writes accepted points into a fixed ``(n, d)``
     buffer, so the function is jit/vmap friendly and the output shape is static.
@@ -264,7 +264,7 @@ def sample_density(
         key: a ``jax.random`` key.
         n: number of points, ``n >= 1``.
         d: ambient dimension, ``d >= 2``.
-        log_density: ``x (d,) -> log rho(x)`` up to an additive constant (scalar).
+        log_density: $x \mapsto \log \rho(x)$ (``x`` of shape ``(d,)``) up to an additive constant (scalar).
         log_bound: an upper bound of ``log_density`` on the sphere (finite).
         batch: proposals per round (default ``max(n, 256)``).
         max_rounds: the loop stops after this many rounds; if fewer than ``n``
