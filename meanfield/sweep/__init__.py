@@ -13,7 +13,9 @@ Data flows ``spec -> plan -> run -> store -> plot``:
   checksummed (crc32c) and verified by its readers, filled under per-chunk claims (several
   writers at once); it imports nothing from spec, plan or run: what it needs is written
   into the store at creation;
-* ``meanfield.sweep.plot``: the standard figures of a store.
+* ``meanfield.sweep.plot``: the standard figures of a store;
+* ``meanfield.sweep._continuum``: the kind ``"continuum"``, the mean-field density solver
+  (``mf.continuum.solve``) over ``(beta, mode, eps)``: measured against theoretical growth rates.
 
 CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--force] [--quiet]``,
 ``meanfield sweep --verify STORE.zarr`` and ``meanfield plot STORE.zarr [--out DIR] [--no-verify]``

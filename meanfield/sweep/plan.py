@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import _resources
 from .._resources import Cost, ResourceLimitError, check_cost, format_bytes, run_cost
+from . import _continuum
 from .spec import Spec, _is_num
 
 __all__ = [
@@ -103,7 +104,10 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
     This is the estimate the chunking uses (tested against XLA's own peak); the limits
     (``Plan.check``) use ``meanfield._resources.run_cost``, shared with ``meanfield simulate``.
     Attention: the ``(n, d)`` keys with their Gaussian draws and a few ``(n,)`` vectors.
+    Continuum (``n`` holds the band-limit ``L``): ``_continuum.point_memory``.
     """
+    if spec.continuum:
+        return _continuum.point_memory(spec, n, d)
     b = 8 if spec.dtype == "float64" else 4
     if not spec.simulated:
         return b * (3 * n * d + 6 * n + 4 * spec.top_k) + 256
@@ -199,9 +203,11 @@ class Plan:
         the reference rule), the host step grid of a concrete fixed step, the states, the
         saved observables and the pairwise working set per point, $4 d + 8$ flop a pair
         and a field evaluation. Attention: ``point_memory`` per point and $n (2 d + 10)$
-        flop per point (one context, no steps).
+        flop per point (one context, no steps). Continuum: ``_continuum.cost``.
         """
         spec = self.spec
+        if spec.continuum:
+            return _continuum.cost(spec, g.n, g.d, batch, g.point_bytes)
         if not spec.simulated:
             return Cost(steps=0, saves=0, bytes=g.point_bytes * batch, work=float(batch) * g.n * (2.0 * g.d + 10.0),
                         batch=batch)
@@ -223,7 +229,10 @@ class Plan:
         """Bytes of the store's data (uncompressed): every point's saved values."""
         spec = self.spec
         b = 8 if spec.dtype == "float64" else 4
-        if spec.simulated:
+        if spec.continuum:
+            layout = output_layout(spec)
+            per = sum(len(cast(np.ndarray, spec.ts)) if t else 1 for t in layout.values()) * b + 1
+        elif spec.simulated:
             per = len(cast(np.ndarray, spec.ts)) * len(spec.observables) * b + 2 * b + 1
         else:
             per = sum(spec.top_k if o in ("top_weights", "ratios", "cumulative") else 1 for o in spec.observables) * b + 1
@@ -251,7 +260,7 @@ class Plan:
         for g in self.groups:
             per_device = -(-self.padded_size(g) // self.devices)
             chunk = self.cost(g, per_device)
-            where = f"{g.kind} n={g.n} d={g.d}"
+            where = f"{g.kind} {spec.static_name}={g.n} d={g.d}"
             if chunk.steps > MAX_STEPS:
                 raise ResourceLimitError(
                     f"sweep {spec.name!r} needs {float(chunk.steps):.3g} steps per point ({where}: t1 / dt), more "
@@ -293,14 +302,15 @@ class Plan:
     def describe(self) -> str:
         spec = self.spec
         nchunks = self.num_chunks
-        axes = ([f"model={len(spec.kinds)}"] if spec.kinds_axis else []) + [f"n={len(spec.n)}"] + ([f"d={len(spec.d)}"] if spec.d_axis else [])
-        axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + [f"seed={len(spec.seeds)}"]
+        sn = spec.static_name
+        axes = ([f"model={len(spec.kinds)}"] if spec.kinds_axis else []) + [f"{sn}={len(spec.n)}"] + ([f"d={len(spec.d)}"] if spec.d_axis else [])
+        axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + ([f"seed={len(spec.seeds)}"] if spec.seeded else [])
         if spec.simulated:
             axes.append(f"time={len(cast(np.ndarray, spec.ts))}")
         lines = [
             f"sweep {spec.name!r}: model {', '.join(spec.kinds)}, {spec.grid_size} points ({' x '.join(axes)})",
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
-            f"compilations: {len(self.groups)} (one per model and static shape (n, d)); chunks: {nchunks}",
+            f"compilations: {len(self.groups)} (one per model and static shape ({sn}, d)); chunks: {nchunks}",
         ]
         if spec.step_rule == "reference":
             lines.append(
@@ -312,7 +322,7 @@ class Plan:
             pts = int(np.prod(g.block))
             pad = self.padded_size(g)
             lines.append(
-                f"  {g.kind} n={g.n} d={g.d}: {self.points_per_group} points in {g.num_chunks(self.batch_shape)} chunk(s) of "
+                f"  {g.kind} {sn}={g.n} d={g.d}: {self.points_per_group} points in {g.num_chunks(self.batch_shape)} chunk(s) of "
                 f"{pts} (padded to {pad}), ~{_fmt_bytes(g.point_bytes)} per point, "
                 f"~{_fmt_bytes(g.point_bytes * pad / self.devices)} per chunk per device"
             )
@@ -327,7 +337,7 @@ class Plan:
                 f"warning: one point needs ~{_fmt_bytes(worst)}, more than the budget "
                 f"{_fmt_bytes(self.memory)}: chunks hold one point per device"
             )
-        if spec.simulated and not spec.params.get("rescaled", False):
+        if spec.simulated and not spec.continuum and not spec.params.get("rescaled", False):
             limit = float(np.log(np.finfo(spec.dtype).max))
             over = sum(
                 int(np.sum(cast(np.ndarray, spec.beta_values(g.n, g.d)) >= limit))
@@ -350,7 +360,7 @@ class Plan:
         self-attention; measured: projected RK2 at dt = 0.05, beta = 4, USA, dt x rate = 3.3,
         lost energy), over every (shape, beta) pair of the grid."""
         spec = self.spec
-        if not spec.simulated or spec.step_rule == "reference":
+        if not spec.simulated or spec.continuum or spec.step_rule == "reference":
             return []  # reference rule: dt x rate <= dt by construction
         T = cast(dict, spec.time)
         rescaled = bool(spec.params.get("rescaled", False))
@@ -447,18 +457,20 @@ def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: l
 
 
 def grid_dims(spec: Spec) -> list[str]:
-    """The grid dimensions of the store: ``model`` (a list of kinds), ``n``, ``d`` (a list),
-    the traced axes, ``seed``."""
+    """The grid dimensions of the store: ``model`` (a list of kinds), ``n`` (``resolution`` for
+    ``continuum``), ``d`` (a list), the traced axes, ``seed`` (not for ``continuum``)."""
     dims = ["model"] if spec.kinds_axis else []
-    dims.append("n")
+    dims.append(spec.static_name)
     if spec.d_axis:
         dims.append("d")
-    return dims + list(spec.axes) + ["seed"]
+    return dims + list(spec.axes) + (["seed"] if spec.seeded else [])
 
 
 def output_layout(spec: Spec) -> dict[str, tuple[str, ...]]:
     """Data variable -> its dimensions after the grid dimensions (``time``, ``rank`` or none)."""
     out: dict[str, tuple[str, ...]]
+    if spec.continuum:
+        return _continuum.output_layout(spec)
     if spec.simulated:
         out = {o: ("time",) for o in spec.observables}
         out["stop_time"] = ()
@@ -482,14 +494,15 @@ def store_layout(plan: Plan) -> dict:
     coords: dict = {}
     if spec.kinds_axis:
         coords["model"] = list(spec.kinds)
-    coords["n"] = np.asarray(spec.n, np.int64)
+    coords[spec.static_name] = np.asarray(spec.n, np.int64)
     if spec.d_axis:
         coords["d"] = np.asarray(spec.d, np.int64)
     for k, v in spec.axes.items():
         coords[k] = np.asarray(v)
-    coords["seed"] = spec.seeds.astype(np.int64)
+    if spec.seeded:
+        coords["seed"] = spec.seeds.astype(np.int64)
     layout = output_layout(spec)
-    if spec.simulated:
+    if spec.simulated:  # continuum too: the save times
         coords["time"] = np.asarray(spec.ts)
     if any(t == ("rank",) for t in layout.values()):
         coords["rank"] = np.arange(1, spec.top_k + 1)
@@ -499,11 +512,13 @@ def store_layout(plan: Plan) -> dict:
         if not spec.d_axis:
             vals = vals[:, 0]
         coords["beta"] = (bdims, vals)
+    int_vars = {"num_steps": "int32", "solver_status": "int8"}
+    descriptions = _continuum.DESCRIPTIONS if spec.continuum else _DESCRIPTIONS
     variables = {
         name: {
             "dims": list(trailing),
-            "dtype": "int32" if name == "num_steps" else spec.dtype,
-            "description": _DESCRIPTIONS.get(name, name),
+            "dtype": int_vars.get(name, spec.dtype),
+            "description": descriptions.get(name, name),
         }
         for name, trailing in layout.items()
     }
@@ -519,12 +534,14 @@ def store_layout(plan: Plan) -> dict:
         attrs["d"] = spec.d[0]
     for k, v in spec.params.items():
         if k not in spec.axes:
-            attrs[f"model.{k}"] = v if not isinstance(v, bool) else int(v)
+            prefix = "grid" if spec.continuum and k == "eps" else "model"
+            attrs[f"{prefix}.{k}"] = v if not isinstance(v, bool) else int(v)
+    zblock = list(plan.zarr_block) if spec.seeded else list(plan.zarr_block)[:-1]  # no seed dimension
     return {
         "dims": dims,
         "coords": coords,
         "variables": variables,
-        "chunks": [1] * (len(dims) - len(plan.zarr_block)) + list(plan.zarr_block),
+        "chunks": [1] * (len(dims) - len(zblock)) + zblock,
         "attrs": attrs,
         "blocks": [list(g.block) for g in plan.groups],
         "chunks_total": plan.num_chunks,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _continuum
 from .store import OK, load
 
 __all__ = ["plot_store"]
@@ -34,6 +35,9 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
     * heatmaps: final-time (or scalar) mean over seeds over the first two axes
       with several values (``n`` and ``beta``/``beta_factor`` typically).
 
+    A ``continuum`` store (the density solver) gets its own figure: the measured growth rate,
+    the theory and their ratio over ``(beta, mode)`` (``_continuum.plot``).
+
     Other axes are held at their first value (named in the titles). Failed and
     pending points are left out of the means. ``out_dir`` defaults to ``STORE_plots``
     next to the store.
@@ -49,6 +53,8 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise type(e)(f"cannot write the plots to {out_dir}: {e.strerror or e} ({e.filename or out_dir})") from None
+    if ds.attrs.get("model") == _continuum.KIND:
+        return _continuum.plot(ds, out_dir)
     ok = ds["status"] == OK
     axes_order = [d for d in ds["status"].dims if d != "seed"]
     multi = [d for d in axes_order if ds.sizes[d] > 1]

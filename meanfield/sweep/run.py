@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import attention, integrate, kernels, metrics, sphere
 from ..phase_diagram import usa_step_size
-from . import store
+from . import _continuum, store
 from .plan import Group, Plan, make_plan, parse_memory, store_layout
 from .spec import Spec, load_spec, parse_spec
 
@@ -37,7 +37,10 @@ __all__ = ["run_sweep", "point_program", "chunk_inputs", "Runner"]
 def point_program(spec: Spec, kind: str, n: int, d: int):
     """``f(params: dict of scalars, seed) -> dict of outputs`` for one point of model ``kind``
     and static shape ``(n, d)``; ``params`` holds the traced axes of the point (``beta`` and
-    the swept model parameters), ``status`` is ``store.OK`` or ``store.FAILED``."""
+    the swept model parameters), ``status`` is ``store.OK`` or ``store.FAILED``. Kind
+    ``continuum``: ``_continuum.point_program`` (``n`` is the band-limit; the seed is unused)."""
+    if spec.continuum:
+        return _continuum.point_program(spec, n, d)
     dtype = jnp.dtype(spec.dtype)
 
     if not kernels.MODELS[kind].simulated:
@@ -362,7 +365,8 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, cl
         count = int(np.prod([s.stop - s.start for s in sl]))
         res = runner(gi, params, seeds)
         if writer:
-            store.write_chunk(out, cid, plan.group_index(gi), sl, {k: v[:count] for k, v in res.items()})
+            region = sl if sp.seeded else sl[:-1]  # continuum: no seed dimension in the store
+            store.write_chunk(out, cid, plan.group_index(gi), region, {k: v[:count] for k, v in res.items()})
         points += count
         rate = points / max(time.perf_counter() - t_start, 1e-9)
         bar.set_postfix_str(f"{rate:.3g} points/s", refresh=False)

@@ -8,7 +8,9 @@ A sweep is a TOML file (read with ``tomllib``)::
     [model]
     kind = "usa"                       # any name of mf.kernels.MODELS (the registry): usa,
                                        # distance-bias, toeplitz, rope, phase-field, gauge, prompt,
-                                       # sa, attention; a list of names is a grid axis "model"
+                                       # sa, attention; a list of names is a grid axis "model";
+                                       # or "continuum": the density solver (``_continuum``,
+                                       # its own schema: grid over beta, mode, eps; no seeds)
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
     # numbers is a grid axis (traced parameters only); static ones take one value
 
@@ -53,6 +55,8 @@ import numpy as np
 from .. import kernels
 from .._checks import check_choice
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS
+from . import _continuum
+from ._continuum import KIND as CONTINUUM
 from ._diff import key_differences
 
 __all__ = [
@@ -68,6 +72,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_SEEDS",
     "MAX_SAVES",
+    "CONTINUUM",
 ]
 
 SIM_OBSERVABLES = ("collapse_gap", "energy", "clusters", "token_similarity")
@@ -232,7 +237,9 @@ class Spec:
 
     ``axes`` maps each traced grid axis (``beta`` or ``beta_factor``, then swept
     model parameters) to its values; ``n`` and ``d`` are static axes, ``seed``
-    the innermost axis. ``params`` holds every ``[model]`` parameter of the kinds
+    the innermost axis. Kind ``continuum`` (``_continuum.parse``): ``n`` holds the
+    band-limits ``resolution``, ``axes`` are ``beta``, ``mode`` and (when a list) ``eps``,
+    ``seeds`` is one placeholder (no ``seed`` dimension in the store). ``params`` holds every ``[model]`` parameter of the kinds
     (registry defaults filled in; a list for a swept one). ``data`` is the
     normalised dictionary (JSON-serialisable) whose canonical JSON gives ``hash``.
     """
@@ -267,9 +274,26 @@ class Spec:
         return self.kinds[0]
 
     @property
+    def continuum(self) -> bool:
+        """Whether this is a sweep of the density solver (``kind = "continuum"``, ``_continuum``)."""
+        return self.kinds[0] == CONTINUUM
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the points have seeds (a ``seed`` dimension): all kinds but ``continuum``
+        (deterministic; its batch keeps one placeholder seed internally)."""
+        return not self.continuum
+
+    @property
+    def static_name(self) -> str:
+        """Name of the static size axis: ``n`` (particles) or ``resolution`` (``continuum``: the
+        band-limit ``L``, held in ``Spec.n``)."""
+        return "resolution" if self.continuum else "n"
+
+    @property
     def simulated(self) -> bool:
         """Whether the models have dynamics (all but ``attention``: one context per point)."""
-        return kernels.MODELS[self.kinds[0]].simulated
+        return self.continuum or kernels.MODELS[self.kinds[0]].simulated
 
     @property
     def step_rule(self) -> str:
@@ -345,7 +369,11 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     for k in kinds:
         if not isinstance(k, str):
             raise TypeError(f"model.kind must be a string or a list of strings, got {kind_raw!r}")
-        check_choice("model kind", k, names)
+        if k == CONTINUUM:
+            if kinds_axis:
+                raise ValueError("model.kind 'continuum' (the density solver) cannot share a sweep with other kinds")
+            return _continuum.parse(raw, name=name, description=description, dtype=dtype, text=text)
+        check_choice("model kind", k, names + (CONTINUUM,))
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"model.kind values must be distinct, got {kind_raw!r}")
     static_only = [k for k in kinds if not kernels.MODELS[k].simulated]
