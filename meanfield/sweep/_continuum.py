@@ -40,6 +40,7 @@ __all__ = [
     "cost",
     "output_layout",
     "plot",
+    "DESCRIPTIONS",
 ]
 
 #: The model kind of the density solver in a spec (``[model] kind = "continuum"``).
@@ -70,13 +71,14 @@ _MAX_SAVES = 10**6
 _MAX_RESOLUTION = 4096
 
 
-def parse(raw: dict, *, name: str, description: str, dtype: str, text: str):
+def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec_type):
     """The ``Spec`` of a continuum sweep from the TOML dictionary ``raw`` (schema in docs/sweeps.md).
 
     Raises ``ValueError``/``TypeError`` (one line) for unknown keys (listing the accepted ones),
-    keys of particle sweeps (``n``, ``seeds``, ``solver``, ...) and invalid values.
+    keys of particle sweeps (``n``, ``seeds``, ``solver``, ...) and invalid values. ``spec_type``
+    is ``spec.Spec`` (passed in, so that this module does not import ``spec``).
     """
-    from .spec import Spec, _float, _int, _unknown
+    from ._values import _float, _int, _unknown
 
     model = dict(raw.get("model", {}))
     _unknown("model", model, _MODEL_KEYS)
@@ -222,7 +224,7 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str):
         "time": time_spec,
         "output": {"observables": list(obs)},
     }
-    return Spec(
+    return spec_type(
         text=text, data=data, name=name, kinds=(KIND,), kinds_axis=False, dtype=dtype, params=params,
         n=tuple(resolutions), d=tuple(ds), d_axis=d_axis, beta_rule=None, beta_power=None, axes=axes,
         seeds=np.arange(1), time=time_spec, ts=ts, observables=tuple(obs), cluster_threshold=0.1, top_k=1,

@@ -58,6 +58,7 @@ from ..integrate import FIXED_STEP_SOLVERS, SOLVERS
 from . import _continuum
 from ._continuum import KIND as CONTINUUM
 from ._diff import key_differences
+from ._values import _float, _int, _is_num, _unknown
 
 __all__ = [
     "Spec",
@@ -102,44 +103,6 @@ spec_differences = key_differences
 # ----------------------------------------------------------------------------
 # value checks
 # ----------------------------------------------------------------------------
-
-
-def _unknown(table: str, got: dict, accepted) -> None:
-    bad = sorted(set(got) - set(accepted))
-    if bad:
-        where = f"[{table}]" if table else "top level"
-        raise ValueError(
-            f"unknown key{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} in {where}; "
-            f"accepted keys: {', '.join(accepted)}"
-        )
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _float(name: str, v, kind: str = "float") -> float:
-    if not _is_num(v):
-        raise TypeError(f"{name} must be a number, got {v!r}")
-    v = float(v)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v!r}")
-    if kind == "float>0" and v <= 0:
-        raise ValueError(f"{name} must be > 0, got {v!r}")
-    if kind == "float>=0" and v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v!r}")
-    return v
-
-
-def _int(name: str, v, minimum: int | None = None, maximum: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        hint = " (write it without a decimal point or exponent)" if isinstance(v, float) and v.is_integer() else ""
-        raise TypeError(f"{name} must be an integer{hint}, got {v!r}")
-    if minimum is not None and v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    if maximum is not None and v > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {v}")
-    return int(v)
 
 
 def _float_list(name: str, v, kind: str) -> list[float]:
@@ -372,7 +335,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         if k == CONTINUUM:
             if kinds_axis:
                 raise ValueError("model.kind 'continuum' (the density solver) cannot share a sweep with other kinds")
-            return _continuum.parse(raw, name=name, description=description, dtype=dtype, text=text)
+            return _continuum.parse(raw, name=name, description=description, dtype=dtype, text=text, spec_type=Spec)
         check_choice("model kind", k, names + (CONTINUUM,))
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"model.kind values must be distinct, got {kind_raw!r}")
