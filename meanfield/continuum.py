@@ -1,97 +1,98 @@
-"""The mean-field limit: dispersion relation around the uniform law, density solver on
-S^1 and S^2, particles against the limit (MATH.md Sec. 5).
+r"""The mean-field limit: dispersion relation around the uniform law, density solver on
+$S^1$ and $S^2$, particles against the limit (MATH.md Sec. 5).
 
-As ``n -> infinity`` the empirical law of the particles (MATH.md Sec. 1) has a density
-``rho(t, x)`` with respect to the surface measure ``sigma`` of ``S^{d-1}`` that solves the
-continuity equation::
+As $n \to \infty$ the empirical law of the particles (MATH.md Sec. 1) has a density
+$\rho(t, x)$ with respect to the surface measure $\sigma$ of $S^{d-1}$ that solves the
+continuity equation
 
-    d/dt rho + div_S(rho X[rho]) = 0,
+$$\partial_t \rho + \operatorname{div}_S(\rho\, X[\rho]) = 0,$$
 
-    "usa":  X[rho](x) = grad_S (K * rho)(x),   (K * rho)(x) = int h(<x, y>) rho(y) dsigma(y),
-            h(t) = e^{beta t} / beta                      (the USA kernel, ``mf.kernels.USA``),
-    "sa":   X[rho](x) = int e^{beta <x,y>} P_x y rho(y) dsigma(y) / int e^{beta <x,y>} rho(y) dsigma(y)
-                      = grad_S log Z[rho](x) / beta,  Z[rho] = int e^{beta <x, y>} rho(y) dsigma(y)
-            (normalised self-attention, ``mf.models.SelfAttention``: the softmax over the tokens
-            becomes the ratio of the two integrals).
+with, for ``"usa"`` (the USA kernel, ``mf.kernels.USA``),
 
-Dispersion relation (``growth_rates``). A zonal kernel ``k(<x, y>)`` acts on the degree-``l``
-spherical harmonics of ``S^{d-1}`` by its Funk-Hecke eigenvalue::
+$$X[\rho](x) = \nabla_S (K * \rho)(x), \qquad (K * \rho)(x) = \int h(\langle x, y\rangle)\, \rho(y)\, d\sigma(y), \qquad h(t) = e^{\beta t} / \beta,$$
 
-    mu_l[k] = |S^{d-2}| int_{-1}^{1} k(t) P_l^{(d)}(t) (1 - t^2)^{(d-3)/2} dt,
-    P_l^{(d)} = C_l^{(d-2)/2} / C_l^{(d-2)/2}(1)      (Gegenbauer; Chebyshev T_l for d = 2),
+and for ``"sa"`` (normalised self-attention, ``mf.models.SelfAttention``: the softmax over the
+tokens becomes the ratio of the two integrals)
 
-and ``-Delta_S Y_l = l (l + d - 2) Y_l``. For ``k(t) = e^{beta t}`` the generating function of the
-Gegenbauer polynomials, ``e^{beta t} = Gamma(a) (beta/2)^{-a} sum_l (l + a) I_{l+a}(beta) C_l^a(t)``
-with ``a = d/2 - 1``, and the orthogonality ``int (C_l^a)^2 (1-t^2)^{a-1/2} = pi 2^{1-2a}
-Gamma(l+2a) / (l! (l+a) Gamma(a)^2)`` give::
+$$X[\rho](x) = \frac{\int e^{\beta \langle x, y\rangle} P_x y\, \rho(y)\, d\sigma(y)}{\int e^{\beta \langle x, y\rangle} \rho(y)\, d\sigma(y)} = \frac{\nabla_S \log Z[\rho](x)}{\beta}, \qquad Z[\rho](x) = \int e^{\beta \langle x, y\rangle} \rho(y)\, d\sigma(y).$$
 
-    mu_l[e^{beta t}] = (2 pi)^{d/2} beta^{1 - d/2} I_{l + d/2 - 1}(beta)     (I: modified Bessel).
+Dispersion relation (``growth_rates``). A zonal kernel $k(\langle x, y\rangle)$ acts on the
+degree-$l$ spherical harmonics of $S^{d-1}$ by its Funk-Hecke eigenvalue
 
-Linearise at the uniform law ``rho_0 = 1/|S^{d-1}|``: ``rho = rho_0 + eps Y_l``.
+$$\mu_l[k] = |S^{d-2}| \int_{-1}^{1} k(t)\, P_l^{(d)}(t)\, (1 - t^2)^{(d-3)/2}\, dt, \qquad P_l^{(d)} = C_l^{(d-2)/2} / C_l^{(d-2)/2}(1)$$
 
-* ``"usa"``: ``X = grad_S (K * rho) = eps mu_l[h] grad_S Y_l`` and
-  ``d/dt eps Y_l = -rho_0 div_S X = rho_0 l (l + d - 2) mu_l[h] eps Y_l``, so, with
-  ``rho_0 = Gamma(d/2) / (2 pi^{d/2})``::
+(Gegenbauer; Chebyshev $T_l$ for $d = 2$), and $-\Delta_S Y_l = l (l + d - 2) Y_l$. For
+$k(t) = e^{\beta t}$ the generating function of the Gegenbauer polynomials,
+$e^{\beta t} = \Gamma(a) (\beta/2)^{-a} \sum_l (l + a) I_{l+a}(\beta) C_l^a(t)$ with
+$a = d/2 - 1$, and the orthogonality
+$\int (C_l^a)^2 (1-t^2)^{a-1/2} = \pi 2^{1-2a} \Gamma(l+2a) / (l! (l+a) \Gamma(a)^2)$ give
 
-      lambda_l = rho_0 l (l + d - 2) mu_l[h]
-               = l (l + d - 2) Gamma(d/2) 2^{d/2 - 1} beta^{-d/2} I_{l + d/2 - 1}(beta).
+$$\mu_l[e^{\beta t}] = (2 \pi)^{d/2} \beta^{1 - d/2} I_{l + d/2 - 1}(\beta) \qquad (I_\nu \text{: modified Bessel}).$$
 
-  d = 2: ``lambda_k = k^2 I_k(beta) / beta``; d = 3: ``lambda_l = l (l+1) i_l(beta) / beta`` with
-  ``i_l(b) = sqrt(pi / (2 b)) I_{l+1/2}(b)`` (MATH.md Sec. 5).
-* ``"sa"``: ``Z = Z_0 + eps mu_l[e^{beta t}] Y_l`` with the uniform law's normaliser
-  ``Z_0 = rho_0 mu_0[e^{beta t}] = Gamma(d/2) (2/beta)^{d/2 - 1} I_{d/2 - 1}(beta)``, so
-  ``X = eps mu_l[e^{beta t}] grad_S Y_l / (beta Z_0)`` and::
+Linearise at the uniform law $\rho_0 = 1/|S^{d-1}| = \Gamma(d/2) / (2 \pi^{d/2})$:
+$\rho = \rho_0 + \varepsilon Y_l$.
 
-      lambda_l^{sa} = l (l + d - 2) mu_l[e^{beta t}] / (beta mu_0[e^{beta t}])
-                    = l (l + d - 2) I_{l + d/2 - 1}(beta) / (beta I_{d/2 - 1}(beta))
-                    = lambda_l^{usa} / Z_0.
+For ``"usa"``, $X = \nabla_S (K * \rho) = \varepsilon \mu_l[h] \nabla_S Y_l$ and
+$\partial_t (\varepsilon Y_l) = -\rho_0 \operatorname{div}_S X = \rho_0\, l (l + d - 2)\, \mu_l[h]\, \varepsilon Y_l$,
+so
 
-  d = 2: ``k^2 I_k(beta) / (beta I_0(beta))``; d = 3: ``l (l+1) i_l(beta) / (beta i_0(beta))``.
-  The normalised field is invariant under a rescaling of the kernel, so its rates need no
-  change of time at large ``beta``.
+$$\lambda_l = \rho_0\, l (l + d - 2)\, \mu_l[h] = l (l + d - 2)\, \Gamma(d/2)\, 2^{d/2 - 1} \beta^{-d/2} I_{l + d/2 - 1}(\beta).$$
 
-Large ``beta`` (``growth_rates``, ``solve``): ``h`` overflows float32 past ``beta ~ 88``. With
-``rescaled=True`` (``"usa"`` only) the kernel is ``e^{-beta} h = e^{beta (t - 1)} / beta``, as for
-``mf.kernels.USA(beta, rescaled=True)``: the rescaled flow at time ``s`` is the original flow at time
-``t = e^{-beta} s`` (``mf.kernels.original_time``); the rates returned are ``e^{-beta} lambda_l``
-(per unit of ``s``) and the solver's times are ``s``.
+$d = 2$: $\lambda_k = k^2 I_k(\beta) / \beta$; $d = 3$: $\lambda_l = l (l+1)\, i_l(\beta) / \beta$ with
+$i_l(b) = \sqrt{\pi / (2 b)}\, I_{l+1/2}(b)$ (MATH.md Sec. 5).
+
+For ``"sa"``, $Z = Z_0 + \varepsilon \mu_l[e^{\beta t}] Y_l$ with the uniform law's normaliser
+$Z_0 = \rho_0 \mu_0[e^{\beta t}] = \Gamma(d/2) (2/\beta)^{d/2 - 1} I_{d/2 - 1}(\beta)$, so
+$X = \varepsilon \mu_l[e^{\beta t}] \nabla_S Y_l / (\beta Z_0)$ and
+
+$$\lambda_l^\text{sa} = \frac{l (l + d - 2)\, \mu_l[e^{\beta t}]}{\beta\, \mu_0[e^{\beta t}]} = \frac{l (l + d - 2)\, I_{l + d/2 - 1}(\beta)}{\beta\, I_{d/2 - 1}(\beta)} = \lambda_l^\text{usa} / Z_0.$$
+
+$d = 2$: $k^2 I_k(\beta) / (\beta I_0(\beta))$; $d = 3$: $l (l+1)\, i_l(\beta) / (\beta\, i_0(\beta))$.
+The normalised field is invariant under a rescaling of the kernel, so its rates need no
+change of time at large $\beta$.
+
+Large $\beta$ (``growth_rates``, ``solve``): $h$ overflows float32 past $\beta \approx 88$. With
+``rescaled=True`` (``"usa"`` only) the kernel is $e^{-\beta} h = e^{\beta (t - 1)} / \beta$, as for
+``mf.kernels.USA(beta, rescaled=True)``: the rescaled flow at time $s$ is the original flow at time
+$t = e^{-\beta} s$ (``mf.kernels.original_time``); the rates returned are $e^{-\beta} \lambda_l$
+(per unit of $s$) and the solver's times are $s$.
 
 Density solver (``solve``): a pseudo-spectral method of lines.
 
-* d = 2 (the circle): ``rho`` on ``N = 3 L`` equispaced angles; Fourier modes ``|k| < L`` are
-  evolved; ``K * rho`` is the multiplier ``mu_k = int h(cos phi) e^{-i k phi} dphi`` (computed by an
-  FFT of ``h`` on ``8 L`` points: the aliasing error ``~ e^{-(7 L)^2 / (2 beta)}`` is below
-  rounding while ``beta < L^2 / 2``) and
-  the flux ``rho X`` is formed on the grid, dealiased by the 2/3 rule (``L - 1 <= (N - 1)/3``).
-* d = 3 (the sphere): ``rho`` on the Gauss-Legendre x equiangular grid of band-limit ``L``
-  (``L x (2 L - 1)`` nodes, degrees ``l < L`` evolved), transformed with ``s2fft``'s
+* $d = 2$ (the circle): $\rho$ on $N = 3 L$ equispaced angles; Fourier modes $|k| < L$ are
+  evolved; $K * \rho$ is the multiplier $\mu_k = \int h(\cos \varphi) e^{-i k \varphi}\, d\varphi$
+  (computed by an FFT of $h$ on $8 L$ points: the aliasing error $\sim e^{-(7 L)^2 / (2 \beta)}$
+  is below rounding while $\beta < L^2 / 2$) and the flux $\rho X$ is formed on the grid,
+  dealiased by the 2/3 rule ($L - 1 \le (N - 1)/3$).
+* $d = 3$ (the sphere): $\rho$ on the Gauss-Legendre x equiangular grid of band-limit $L$
+  ($L \times (2 L - 1)$ nodes, degrees $l < L$ evolved), transformed with ``s2fft``'s
   precomputed-kernel spherical harmonic transform (``s2fft.precompute_transforms``, imported
   lazily on first use). The divergence is formed with the identity
-  ``div(rho grad U) = (Delta(rho U) + rho Delta U - U Delta rho) / 2``, every Laplacian spectral,
-  products on the grid of band-limit ``ceil(3 L / 2)`` (exact Gauss-Legendre quadrature of the
-  quadratic terms: no aliasing into the evolved degrees). ``mu_l = 2 pi int h(t) P_l(t) dt`` by
-  Gauss-Legendre quadrature on ``max(4 L, 128)`` nodes.
+  $\operatorname{div}(\rho \nabla U) = (\Delta(\rho U) + \rho \Delta U - U \Delta \rho) / 2$, every
+  Laplacian spectral, products on the grid of band-limit $\lceil 3 L / 2 \rceil$ (exact
+  Gauss-Legendre quadrature of the quadratic terms: no aliasing into the evolved degrees).
+  $\mu_l = 2 \pi \int h(t) P_l(t)\, dt$ by Gauss-Legendre quadrature on $\max(4 L, 128)$ nodes.
 * Time stepping: ``diffrax.Tsit5`` (explicit, 5th order) with a PID step-size controller
   (``rtol``/``atol``) or a fixed step ``dt``. The equation has no diffusion, so the semi-discrete
-  system is not stiff: its linearisation has the real growth rates ``lambda_l`` (moderate, computed
-  above) and transport eigenvalues ``i k X`` on the imaginary axis, which Tsit5's stability region
-  covers (Euler and Heun do not); the adaptive step follows the velocity ``max |X|``, which grows as
+  system is not stiff: its linearisation has the real growth rates $\lambda_l$ (moderate, computed
+  above) and transport eigenvalues $i k X$ on the imaginary axis, which Tsit5's stability region
+  covers (Euler and Heun do not); the adaptive step follows the velocity $\max |X|$, which grows as
   clusters sharpen. An exponential integrator would gain nothing: the continuity equation has no
   stiff linear part to integrate exactly.
-* The mass ``int rho`` is conserved to rounding: the mode ``k = 0`` (degree 0) of the right-hand
+* The mass $\int \rho$ is conserved to rounding: the mode $k = 0$ (degree 0) of the right-hand
   side is zero exactly.
 * Resolution loss: as clusters sharpen the density leaves every fixed band-limit and the
   truncated solution starts to oscillate. The solver measures after every step the spectral
-  tail ``tail = ||top third of the evolved modes|| / |mode 0|`` (L2 norms of the coefficients) and
-  stops, with ``status = RESOLUTION_LOST`` and ``t_stop`` the time it was detected, when it exceeds
-  ``tail_tol``; saved values after ``t_stop``, or whose own tail exceeds ``tail_tol`` (save times
-  inside the last step), are NaN.
+  tail $\|\text{top third of the evolved modes}\| / |\text{mode } 0|$ ($L^2$ norms of the
+  coefficients) and stops, with ``status = RESOLUTION_LOST`` and ``t_stop`` the time it was
+  detected, when it exceeds ``tail_tol``; saved values after ``t_stop``, or whose own tail exceeds
+  ``tail_tol`` (save times inside the last step), are NaN.
 
 Particles against the limit: ``sample_perturbation`` draws particles (i.i.d. or on a lattice)
 from the density of a mode perturbation, ``mode_perturbation`` evaluates that density on the grid,
-``project_particles`` is the band-limited L2 projection of an empirical law onto the grid,
-``w1_circle`` is the exact W1 distance on the circle (through CDFs) and ``mmd_sphere`` the maximum
-mean discrepancy with the USA kernel.
+``project_particles`` is the band-limited $L^2$ projection of an empirical law onto the grid,
+``w1_circle`` is the exact $W_1$ distance on the circle (through CDFs) and ``mmd_sphere`` the
+maximum mean discrepancy with the USA kernel.
 """
 
 from __future__ import annotations
@@ -226,22 +227,21 @@ def _ive_jvp(shift, primals, tangents):
 def growth_rates(
     beta: RealScalarLike, d: int, ell, *, model: str = "usa", rescaled: bool = False
 ) -> Float[Array, "..."]:
-    """Growth rate ``lambda_l`` of the degree-``ell`` harmonic perturbation of the uniform law on
-    ``S^{d-1}`` (MATH.md Sec. 5; derivation in the module docstring)::
+    r"""Growth rate $\lambda_l$ of the degree-``ell`` harmonic perturbation of the uniform law on
+    $S^{d-1}$ (MATH.md Sec. 5; derivation in the module docstring):
 
-        "usa": lambda_l = l (l + d - 2) Gamma(d/2) 2^{d/2 - 1} beta^{-d/2} I_{l + d/2 - 1}(beta)
-        "sa":  lambda_l = l (l + d - 2) I_{l + d/2 - 1}(beta) / (beta I_{d/2 - 1}(beta))
+    $$\lambda_l^\text{usa} = l (l + d - 2)\, \Gamma(d/2)\, 2^{d/2 - 1} \beta^{-d/2} I_{l + d/2 - 1}(\beta), \qquad \lambda_l^\text{sa} = \frac{l (l + d - 2)\, I_{l + d/2 - 1}(\beta)}{\beta\, I_{d/2 - 1}(\beta)}.$$
 
-    d = 2: ``k^2 I_k(beta) / beta`` (usa); d = 3: ``l (l + 1) i_l(beta) / beta`` (usa). ``ell = 0``
-    (the mass) has rate 0. ``rescaled=True`` (usa only) returns ``e^{-beta} lambda_l``, the rate
-    per unit of the rescaled time ``s = e^{beta} t``, finite for every ``beta``.
+    $d = 2$: $k^2 I_k(\beta) / \beta$ (usa); $d = 3$: $l (l + 1)\, i_l(\beta) / \beta$ (usa). ``ell = 0``
+    (the mass) has rate 0. ``rescaled=True`` (usa only) returns $e^{-\beta} \lambda_l$, the rate
+    per unit of the rescaled time $s = e^\beta t$, finite for every $\beta$.
 
     Args:
         beta: inverse temperature ``> 0`` (traced or concrete; broadcasts against ``ell``).
         d: ambient dimension ``>= 2`` (static).
         ell: degrees ``>= 0`` (int array, traced or concrete).
         model: ``"usa"`` or ``"sa"``.
-        rescaled: rates per unit of ``s = e^{beta} t`` (usa only).
+        rescaled: rates per unit of $s = e^\beta t$ (usa only).
 
     Returns:
         rates, broadcast shape of ``beta`` and ``ell``, in ``beta``'s float dtype (default float).
@@ -279,21 +279,21 @@ def growth_rates(
 def most_unstable_mode(
     beta: RealScalarLike, d: int, *, model: str = "usa", max_mode: int | None = None
 ) -> Int[Array, ""]:
-    """The degree ``l* = argmax_{1 <= l <= max_mode} lambda_l`` of the fastest-growing harmonic.
+    r"""The degree $l^* = \operatorname{argmax}_{1 \le l \le \text{max\_mode}} \lambda_l$ of the fastest-growing harmonic.
 
-    On the circle the ``k*``-th mode has ``k*`` maxima: the number of clusters that form first
-    from a near-uniform start. Large ``beta``: ``I_k(beta) ~ e^beta e^{-k^2/(2 beta)} / sqrt(2 pi beta)``
-    so ``l* ~ sqrt(2 beta)`` (MATH.md Sec. 5).
+    On the circle the $k^*$-th mode has $k^*$ maxima: the number of clusters that form first
+    from a near-uniform start. Large $\beta$: $I_k(\beta) \sim e^\beta e^{-k^2/(2 \beta)} / \sqrt{2 \pi \beta}$
+    so $l^* \sim \sqrt{2 \beta}$ (MATH.md Sec. 5).
 
     Args:
         beta: inverse temperature ``> 0`` (scalar).
         d: ambient dimension ``>= 2``.
         model: ``"usa"`` or ``"sa"``.
-        max_mode: largest degree searched (static); ``None``: ``4 ceil(sqrt(2 beta)) + 8`` from a
+        max_mode: largest degree searched (static); ``None``: $4 \lceil \sqrt{2 \beta} \rceil + 8$ from a
             concrete ``beta`` (required when ``beta`` is traced).
 
     Returns:
-        int32 scalar ``l*``.
+        int32 scalar $l^*$.
 
     Example:
         >>> import meanfield as mf
@@ -316,17 +316,17 @@ def most_unstable_mode(
 
 
 class Grid(eqx.Module):
-    """The solver's grid on ``S^{d-1}`` at band-limit ``L`` (``resolution``).
+    r"""The solver's grid on $S^{d-1}$ at band-limit $L$ (``resolution``).
 
-    d = 2: ``N = 3 L`` angles ``theta_j = 2 pi j / N``, ``shape = (N,)``, weights ``2 pi / N``.
-    d = 3: the Gauss-Legendre x equiangular grid of ``s2fft`` (``sampling="gl"``): colatitudes
-    ``theta_t = arccos(x_t)`` (Gauss-Legendre nodes ``x_t``, decreasing), longitudes
-    ``phi_p = 2 pi p / (2 L - 1)``, ``shape = (L, 2 L - 1)``, weights ``w_t 2 pi / (2 L - 1)``.
-    ``sum(weights * f) = int f dsigma`` exactly for ``f`` of degree ``< 2 L`` (d = 3) or of
-    modes ``|k| < N`` (d = 2).
+    $d = 2$: $N = 3 L$ angles $\theta_j = 2 \pi j / N$, ``shape = (N,)``, weights $2 \pi / N$.
+    $d = 3$: the Gauss-Legendre x equiangular grid of ``s2fft`` (``sampling="gl"``): colatitudes
+    $\theta_t = \arccos(x_t)$ (Gauss-Legendre nodes $x_t$, decreasing), longitudes
+    $\varphi_p = 2 \pi p / (2 L - 1)$, ``shape = (L, 2 L - 1)``, weights $w_t\, 2 \pi / (2 L - 1)$.
+    ``sum(weights * f)`` $= \int f\, d\sigma$ exactly for $f$ of degree $< 2 L$ ($d = 3$) or of
+    modes $|k| < N$ ($d = 2$).
 
     Attributes:
-        d, resolution: dimension and band-limit ``L`` (static).
+        d, resolution: dimension and band-limit $L$ (static).
         points: unit vectors at the nodes, ``shape + (d,)``.
         weights: quadrature weights, ``shape``.
         theta: angles (d = 2) or colatitudes (d = 3) of the nodes along the first axis.
@@ -402,7 +402,7 @@ def _sphere_nodes(L: int):
 
 
 def uniform_density(d: int) -> float:
-    """``rho_0 = 1 / |S^{d-1}| = Gamma(d/2) / (2 pi^{d/2})``.
+    r"""$\rho_0 = 1 / |S^{d-1}| = \Gamma(d/2) / (2 \pi^{d/2})$.
 
     Example:
         >>> import meanfield as mf
@@ -596,16 +596,16 @@ def _discretisation(d: int, L: int, model: str):
 
 
 class Solution(eqx.Module):
-    """Result of ``solve``.
+    r"""Result of ``solve``.
 
     Attributes:
-        ts: save times ``(T,)`` (rescaled time ``s = e^{beta} t`` when ``rescaled=True``).
-        densities: ``rho`` on the grid at the save times, ``(T,) + grid.shape``; NaN after ``t_stop``
+        ts: save times ``(T,)`` (rescaled time $s = e^\beta t$ when ``rescaled=True``).
+        densities: $\rho$ on the grid at the save times, ``(T,) + grid.shape``; NaN after ``t_stop``
             and where the saved density's own tail exceeds ``tail_tol``.
         grid: the ``Grid``.
-        mass: ``int rho dsigma`` at the save times (conserved to rounding).
-        min_density: ``min rho`` over the grid at the save times.
-        tail: spectral tail ``||top third of the evolved modes|| / |mode 0|`` at the save times.
+        mass: $\int \rho\, d\sigma$ at the save times (conserved to rounding).
+        min_density: $\min \rho$ over the grid at the save times.
+        tail: spectral tail $\|\text{top third of the evolved modes}\| / |\text{mode } 0|$ at the save times.
         status: ``OK`` (0, reached ``t1``), ``RESOLUTION_LOST`` (1: ``tail > tail_tol`` after a step),
             ``FAILED`` (2: non-finite state or ``max_steps`` exhausted); ``STATUS[status]`` names it.
         t_stop: time the run ended (``t1`` when ``status == OK``; the detection time otherwise).
@@ -653,13 +653,13 @@ def solve(
     tail_tol: RealScalarLike = 1e-4,
     max_steps: int = 20_000,
 ) -> Solution:
-    """Solve the continuity equation of the mean-field limit on ``S^{d-1}`` (d = 2 or 3) from ``rho0``::
+    r"""Solve the continuity equation of the mean-field limit on $S^{d-1}$ ($d = 2$ or 3) from ``rho0``:
 
-        d/dt rho + div_S(rho X[rho]) = 0,
-        usa: X = grad_S int h(<x, y>) rho(y) dsigma(y),  h(t) = e^{beta t} / beta,
-        sa:  X = grad_S log int e^{beta <x, y>} rho(y) dsigma(y) / beta.
+    $$\partial_t \rho + \operatorname{div}_S(\rho\, X[\rho]) = 0,$$
 
-    Fourier pseudo-spectral on the circle, ``s2fft`` spherical harmonics on S^2, ``diffrax.Tsit5``
+    $$\text{usa: } X = \nabla_S \int h(\langle x, y\rangle)\, \rho(y)\, d\sigma(y), \quad h(t) = e^{\beta t} / \beta; \qquad \text{sa: } X = \frac{1}{\beta} \nabla_S \log \int e^{\beta \langle x, y\rangle} \rho(y)\, d\sigma(y).$$
+
+    Fourier pseudo-spectral on the circle, ``s2fft`` spherical harmonics on $S^2$, ``diffrax.Tsit5``
     in time; mass conserved to rounding; stops with ``status = RESOLUTION_LOST`` when the
     spectral tail exceeds ``tail_tol`` (module docstring). A pure function of ``beta``, ``rho0``,
     ``t1`` and ``ts``: ``jit``, ``vmap`` (e.g. over ``beta`` and initial perturbations) and
@@ -667,21 +667,21 @@ def solve(
 
     Args:
         beta: inverse temperature ``> 0`` (traced or concrete).
-        rho0: initial density w.r.t. ``sigma`` on ``grid(d, L)``, shape ``grid.shape``
+        rho0: initial density w.r.t. $\sigma$ on ``grid(d, L)``, shape ``grid.shape``
             (``(3 L,)`` for d = 2, ``(L, 2 L - 1)`` for d = 3); mass 1 for a probability law.
             Its float dtype is the solver's (float32 default; float64 under ``jax.enable_x64``).
             Projected on the evolved modes first.
         d: 2 or 3 (static).
-        t1: final time ``> 0`` (rescaled time ``s`` when ``rescaled``).
+        t1: final time ``> 0`` (rescaled time $s$ when ``rescaled``).
         ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``).
         model: ``"usa"`` or ``"sa"``.
-        resolution: band-limit ``L`` (static); ``None``: read from ``rho0``'s shape.
-        rescaled: kernel ``e^{beta (t - 1)} / beta`` (usa only): times are ``s = e^{beta} t``.
+        resolution: band-limit $L$ (static); ``None``: read from ``rho0``'s shape.
+        rescaled: kernel $e^{\beta (t - 1)} / \beta$ (usa only): times are $s = e^\beta t$.
         rtol, atol: tolerances of the adaptive step (unused with ``dt``).
         dt: fixed step (``None``: adaptive).
         tail_tol: spectral-tail threshold of the resolution-loss stop. In float32 the tail has a
-            rounding floor (about ``1e-7 L``, slowly growing with the number of steps), so long
-            float32 runs at a large ``L`` can stop early: use float64 for those.
+            rounding floor (about $10^{-7} L$, slowly growing with the number of steps), so long
+            float32 runs at a large $L$ can stop early: use float64 for those.
         max_steps: cap on the number of steps (static).
 
     Returns:
@@ -809,11 +809,11 @@ def _mode_function(g: Grid, ell, phase):
 def mode_perturbation(
     g: Grid, ell: ArrayLike, eps: RealScalarLike, *, phase: RealScalarLike = 0.0
 ) -> Float[Array, "..."]:
-    """Density ``rho_0 (1 + eps Y_ell)`` of a mode perturbation of the uniform law, on the grid ``g``.
+    r"""Density $\rho_0 (1 + \varepsilon Y_\ell)$ of a mode perturbation of the uniform law, on the grid ``g``.
 
-    ``Y_ell = cos(ell (theta - phase))`` on the circle; the zonal Legendre polynomial
-    ``P_ell(x_3)`` on S^2 (``phase`` unused). ``|Y_ell| <= 1``, so the density is positive for
-    ``|eps| < 1``, and its mass is 1 for ``ell >= 1``.
+    $Y_\ell = \cos(\ell (\theta - \text{phase}))$ on the circle; the zonal Legendre polynomial
+    $P_\ell(x_3)$ on $S^2$ (``phase`` unused). $|Y_\ell| \le 1$, so the density is positive for
+    $|\varepsilon| < 1$, and its mass is 1 for $\ell \ge 1$.
 
     Args:
         g: the grid (``grid(d, L)``).
@@ -843,11 +843,11 @@ def mode_perturbation(
 
 
 def mode_amplitude(density: ArrayLike, d: int, ell) -> Float[Array, ""]:
-    """Relative amplitude of the degree-``ell`` mode of a grid density: ``|rho_hat_ell| / rho_hat_0``
-    times 2 on the circle (so ``mode_perturbation(g, ell, eps)`` gives ``|eps|``), and the zonal
-    coefficient ratio ``|rho_{ell,0}| / rho_{0,0}`` on S^2 (``sqrt(2 ell + 1) |eps|`` for
+    r"""Relative amplitude of the degree-``ell`` mode of a grid density: $|\hat\rho_\ell| / \hat\rho_0$
+    times 2 on the circle (so ``mode_perturbation(g, ell, eps)`` gives $|\varepsilon|$), and the zonal
+    coefficient ratio $|\rho_{\ell,0}| / \rho_{0,0}$ on $S^2$ ($\sqrt{2 \ell + 1}\, |\varepsilon|$ for
     ``mode_perturbation``; the ratio is what the growth rate multiplies). ``ell`` may be traced
-    (a vmapped mode): ``log(a(t1) / a(0)) / t1`` is then a growth-rate map in one program.
+    (a vmapped mode): $\log(a(t_1) / a(0)) / t_1$ is then a growth-rate map in one program.
 
     Example:
         >>> import meanfield as mf
@@ -882,13 +882,13 @@ def _inverse_cdf(F, u, lo, hi, iters: int = 60):
 def sample_perturbation(
     key: Array | None, n: int, d: int, ell: int, eps: RealScalarLike, *, lattice: bool = False, dtype=None
 ) -> Float[Array, "n d"]:
-    """``n`` points on ``S^{d-1}`` (d = 2, 3) distributed as ``rho_0 (1 + eps Y_ell)`` (``mode_perturbation``).
+    r"""``n`` points on $S^{d-1}$ ($d = 2, 3$) distributed as $\rho_0 (1 + \varepsilon Y_\ell)$ (``mode_perturbation``).
 
-    Exact inverse-CDF sampling: on the circle ``F(theta) = (theta + (eps/ell) sin(ell theta)) / (2 pi)``;
-    on S^2 the height ``z = x_3`` has ``F(z) = (z + 1)/2 + eps (P_{ell+1}(z) - P_{ell-1}(z)) / (2 (2 ell + 1))``
+    Exact inverse-CDF sampling: on the circle $F(\theta) = (\theta + (\varepsilon/\ell) \sin(\ell \theta)) / (2 \pi)$;
+    on $S^2$ the height $z = x_3$ has $F(z) = (z + 1)/2 + \varepsilon (P_{\ell+1}(z) - P_{\ell-1}(z)) / (2 (2 \ell + 1))$
     and the longitude is uniform. ``lattice=False``: i.i.d. uniforms from ``key``; ``lattice=True``:
-    the quasi-uniform lattice ``u_i = (i + 1/2)/n`` (and golden-angle longitudes on S^2, a Fibonacci
-    lattice), whose empirical law approximates the density with error ``O(1/n)`` instead of ``n^{-1/2}``.
+    the quasi-uniform lattice $u_i = (i + 1/2)/n$ (and golden-angle longitudes on $S^2$, a Fibonacci
+    lattice), whose empirical law approximates the density with error $O(1/n)$ instead of $n^{-1/2}$.
 
     Args:
         key: PRNG key (``None`` only with ``lattice=True``).
@@ -955,13 +955,12 @@ def _legendre(ell: int, z):
 
 
 def project_particles(x: Float[Array | np.ndarray, "n d"], g: Grid) -> Float[Array, "..."]:
-    """The band-limited L2 projection of the empirical law ``(1/n) sum_i delta_{x_i}`` onto the
-    grid's evolved modes, evaluated on the grid::
+    r"""The band-limited $L^2$ projection of the empirical law $\frac1n \sum_i \delta_{x_i}$ onto the
+    grid's evolved modes, evaluated on the grid:
 
-        circle: rho(theta) = sum_{|k| < L} c_k e^{i k theta},  c_k = (1/(2 pi n)) sum_i e^{-i k theta_i}
-        S^2:    rho = sum_{l < L} sum_m f_lm Y_lm,            f_lm = (1/n) sum_i conj(Y_lm(x_i))
+    $$\text{circle: } \rho(\theta) = \sum_{|k| < L} c_k e^{i k \theta}, \quad c_k = \frac{1}{2 \pi n} \sum_i e^{-i k \theta_i}; \qquad S^2\text{: } \rho = \sum_{l < L} \sum_m f_{lm} Y_{lm}, \quad f_{lm} = \frac1n \sum_i \overline{Y_{lm}(x_i)}$$
 
-    (``Y_lm`` as in ``s2fft`` and ``jax.scipy.special.sph_harm_y``). Its mass is 1; it may be
+    ($Y_{lm}$ as in ``s2fft`` and ``jax.scipy.special.sph_harm_y``). Its mass is 1; it may be
     negative (Gibbs oscillations of the truncated Dirac masses). Compare it to a solution with a
     distance on the particles themselves (``w1_circle``, ``mmd_sphere``), or through the modes it
     shares with the density.
@@ -1005,14 +1004,14 @@ def _particle_coeffs(x, L: int):
 
 
 def w1_circle(x: Float[Array | np.ndarray, "n 2"], density: ArrayLike, *, points: int = 4096) -> Float[Array, ""]:
-    """Wasserstein-1 distance on the circle (arc length) between the empirical law of ``x`` and a
-    grid density (``grid(2, L)``, normalised to mass 1), through their CDFs::
+    r"""Wasserstein-1 distance on the circle (arc length) between the empirical law of ``x`` and a
+    grid density (``grid(2, L)``, normalised to mass 1), through their CDFs:
 
-        W1 = min_c int_0^{2 pi} |F(theta) - G(theta) - c| dtheta     (c: the median of F - G)
+    $$W_1 = \min_c \int_0^{2 \pi} |F(\theta) - G(\theta) - c|\, d\theta \qquad (c\text{: the median of } F - G)$$
 
-    ``F`` is the empirical CDF, ``G`` the exact integral of the density's trigonometric
+    $F$ is the empirical CDF, $G$ the exact integral of the density's trigonometric
     interpolant; the outer integral is the midpoint rule on ``points`` angles (error
-    ``O(1/points)``, far below the ``n^{-1/2}`` of a sample).
+    $O(1/\text{points})$, far below the $n^{-1/2}$ of a sample).
 
     Example:
         >>> import meanfield as mf
@@ -1053,16 +1052,15 @@ def _circle_cdf(rho, th):
 def mmd_sphere(
     x: Float[Array | np.ndarray, "n 3"], density: ArrayLike, g: Grid, *, beta: RealScalarLike = 1.0
 ) -> Float[Array, ""]:
-    """Maximum mean discrepancy between the empirical law of ``x`` and a grid density on S^2 (mass
-    normalised to 1), with the USA kernel ``k(x, y) = e^{beta (<x, y> - 1)} / beta``
-    (``mf.kernels.USA(beta, rescaled=True)``), in its spectral form (Funk-Hecke)::
+    r"""Maximum mean discrepancy between the empirical law of ``x`` and a grid density on $S^2$ (mass
+    normalised to 1), with the USA kernel $k(x, y) = e^{\beta (\langle x, y\rangle - 1)} / \beta$
+    (``mf.kernels.USA(beta, rescaled=True)``), in its spectral form (Funk-Hecke):
 
-        MMD^2 = (1/n^2) sum_ij k(x_i, x_j) - 2 (1/n) sum_i int k(x_i, y) rho(y) + int int k(y, y') rho(y) rho(y')
-              = sum_l mu_l sum_m |a_lm - rho_lm|^2,   mu_l = 4 pi e^{-beta} i_l(beta) / beta > 0,
+    $$\text{MMD}^2 = \frac{1}{n^2} \sum_{i,j} k(x_i, x_j) - \frac2n \sum_i \int k(x_i, y) \rho(y) + \iint k(y, y') \rho(y) \rho(y') = \sum_l \mu_l \sum_m |a_{lm} - \rho_{lm}|^2, \qquad \mu_l = 4 \pi e^{-\beta} i_l(\beta) / \beta > 0,$$
 
-    ``a_lm = (1/n) sum_i conj(Y_lm(x_i))``, ``rho_lm`` the density's coefficients; summed over the
-    grid's degrees ``l < L`` (the rest weighs ``mu_L / mu_0``, below ``1e-12`` for ``beta = 1``,
-    ``L >= 12``). A sum of positive terms: no float32 cancellation between the three integrals.
+    $a_{lm} = \frac1n \sum_i \overline{Y_{lm}(x_i)}$, $\rho_{lm}$ the density's coefficients; summed over the
+    grid's degrees $l < L$ (the rest weighs $\mu_L / \mu_0$, below $10^{-12}$ for $\beta = 1$,
+    $L \ge 12$). A sum of positive terms: no float32 cancellation between the three integrals.
 
     Example:
         >>> import jax, meanfield as mf

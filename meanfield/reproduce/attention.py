@@ -1,19 +1,19 @@
-"""``meanfield reproduce attention``: scaling limits of long-context softmax attention.
+r"""``meanfield reproduce attention``: scaling limits of long-context softmax attention.
 
 Paper: papers/long-context-attention-scaling-limits.txt; formulas: MATH.md Sec. 2.
 Writes ``DIR/attention/``:
 
 * ``fig3_ordered_weights.png`` (+ ``fig3_grid.npz``, ``subcritical.npz``): mean
-  ``A_(1)`` over a log ``(n, beta)`` grid (d = 5) with the dashed critical curve
-  ``beta = 2 n^alpha`` and the fitted ``A_(1) = 1/2`` crossing curve; right,
-  ``A_(k)/A_(1)`` against ``k/m_n`` with ``exp(-x^alpha)``.
-* ``critical_weights.png`` (+ ``critical.npz``): finite-n ``A_(1)``, ``A_(2)``
-  at ``beta = gamma n^alpha`` against samples of the Poisson limit.
-* ``fig2_displacement.png`` (+ ``fig2.npz``): displacement fields on S^2 for
-  ``rho propto exp(x_1 x_2)``, each regime with its scaling, and the drift field,
-  in a geodesic chart centred at ``(1,1,1)/sqrt 3``.
+  $A_{(1)}$ over a log $(n, \beta)$ grid ($d = 5$) with the dashed critical curve
+  $\beta = 2 n^\alpha$ and the fitted $A_{(1)} = 1/2$ crossing curve; right,
+  $A_{(k)}/A_{(1)}$ against $k/m_n$ with $\exp(-x^\alpha)$.
+* ``critical_weights.png`` (+ ``critical.npz``): finite-$n$ $A_{(1)}$, $A_{(2)}$
+  at $\beta = \gamma n^\alpha$ against samples of the Poisson limit.
+* ``fig2_displacement.png`` (+ ``fig2.npz``): displacement fields on $S^2$ for
+  $\rho \propto \exp(x_1 x_2)$, each regime with its scaling, and the drift field,
+  in a geodesic chart centred at $(1,1,1)/\sqrt 3$.
 * ``residual_dynamics.png`` (+ ``residual.npz``): queries iterated with
-  ``residual_update`` climb to the maxima of ``rho``.
+  ``residual_update`` climb to the maxima of $\rho$.
 * ``summary.json``: every measured number beside its theory value.
 """
 

@@ -1,30 +1,30 @@
-"""Reproduce the mean-field limit (MATH.md Sec. 5): the dispersion relation of the uniform law,
+r"""Reproduce the mean-field limit (MATH.md Sec. 5): the dispersion relation of the uniform law,
 measured from the density solver and from particles, the metastable cluster count it predicts,
 and the particles' convergence to the density (``meanfield reproduce continuum``).
 
 Checks (``summary.json``, the common schema):
 
 * ``dispersion_relation``: growth rates of the modes 1..6 measured from the density solver
-  (``mf.continuum.solve``, float64, a mode perturbation ``eps = 1e-5`` of the uniform law) against
-  ``mf.continuum.growth_rates``; d = 2 and 3, beta in {1, 4, 9}; max relative error.
+  (``mf.continuum.solve``, float64, a mode perturbation $\varepsilon = 10^{-5}$ of the uniform law) against
+  ``mf.continuum.growth_rates``; $d = 2$ and 3, $\beta \in \{1, 4, 9\}$; max relative error.
 * ``particle_dispersion``: the same rates from particle simulations (``mf.simulate`` with
   ``mf.kernels.make("usa", ..., rescaled=True)``; ``n >= 2000`` on a quasi-uniform lattice displaced
-  by a mode perturbation ``eps = 3e-2``; the amplitude of the mode fitted log-linearly in time).
+  by a mode perturbation $\varepsilon = 3 \cdot 10^{-2}$; the amplitude of the mode fitted log-linearly in time).
 * ``cluster_count``: from i.i.d. uniform starts on the circle (``n = 1000``, several seeds), the
-  number of clusters at the first plateau against ``mf.continuum.most_unstable_mode``, per beta.
-  The collapse gap ``G_x`` is ``~1`` for ``k >= 2`` evenly spread clusters on the circle, so the
+  number of clusters at the first plateau against ``mf.continuum.most_unstable_mode``, per $\beta$.
+  The collapse gap $G_x$ is $\approx 1$ for $k \ge 2$ evenly spread clusters on the circle, so the
   plateau is detected on the cluster count itself: the first time after the fragmentation peak
   from which the count stays constant over ``plateau_saves`` consecutive save times (a factor
-  ``~1.5`` in time); clusters are arcs separated by gaps ``> cluster_gap_rad``.
-* ``particle_to_density``: W1 on the circle (``mf.continuum.w1_circle``) between the particles
+  $\approx 1.5$ in time); clusters are arcs separated by gaps ``> cluster_gap_rad``.
+* ``particle_to_density``: $W_1$ on the circle (``mf.continuum.w1_circle``) between the particles
   (i.i.d. from the initial density) and the density solution at a fixed time before resolution
-  loss, for ``n`` over a decade and a half; the fitted exponent against ``-1/2``.
-* ``mass_and_positivity``: mass drift and minimum density over the nonlinear runs (d = 2 and 3,
+  loss, for $n$ over a decade and a half; the fitted exponent against $-1/2$.
+* ``mass_and_positivity``: mass drift and minimum density over the nonlinear runs ($d = 2$ and 3,
   until resolution loss).
 
 Figures: ``growth_rates.png`` (rate against mode, theory line, solver and particle points, one
 panel per d), ``circle_density.png`` (the circle density over time as a heatmap, the particle
-histogram beside it), ``cluster_count.png`` (cluster count against beta with the predicted curve).
+histogram beside it), ``cluster_count.png`` (cluster count against $\beta$ with the predicted curve).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``meanfield reproduce depth``: rank collapse in Post-Norm versus Pre-Norm transformers.
+r"""``meanfield reproduce depth``: rank collapse in Post-Norm versus Pre-Norm transformers.
 
 Reproduces papers/post-norm-rank-collapse.txt (MATH.md Sec. 3) at laptop scale:
 
@@ -6,13 +6,13 @@ Reproduces papers/post-norm-rank-collapse.txt (MATH.md Sec. 3) at laptop scale:
    of the attention and FFN sublayers across depth, Post-Norm and Pre-Norm, for
    a sweep of ``sigma_w``; seeds are a vmapped axis of keys.
 2. Prefix-averaging ablation (Fig. 2): similarity through depth when every
-   attention matrix ``P`` is replaced by ``P - alpha C_n``, ``alpha in {0, .25, .5, .75, 1}``.
+   attention matrix $P$ is replaced by $P - \alpha C_n$, $\alpha \in \{0, .25, .5, .75, 1\}$.
 3. Training (Figs. 3-6): a small decoder LM trained with AdamW (0.9, 0.95, wd
    0.1, warmup + cosine decay, clip 1.0) on a seeded synthetic Zipf-Markov
    corpus, Post-Norm and Pre-Norm at matched settings over a learning-rate
    sweep (rates vmapped: one compilation per placement). Per layer and step:
-   token similarity, RMSNorm factor ``sqrt(d)/||y||``, gradient contribution
-   factors ``alpha_k``, contraction ``c = alpha sqrt(d)/||y||``, gradient norms.
+   token similarity, RMSNorm factor $\sqrt{d} / \|y\|$, gradient contribution
+   factors $\alpha_k$, contraction $c = \alpha \sqrt{d} / \|y\|$, gradient norms.
 
 Sizes (found by a search on 2 CPU cores; see ``settings`` in the summary):
 

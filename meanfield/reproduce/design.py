@@ -1,4 +1,4 @@
-"""Beyond the papers: inverse design, stability of critical points, the mean-field limit and large n.
+r"""Beyond the papers: inverse design, stability of critical points, the mean-field limit and large n.
 
 ``meanfield reproduce design [--quick] --out DIR`` writes ``DIR/design/``:
 
@@ -8,15 +8,15 @@
 * ``design_quantile.png``: the quantile phase field (Thm. 2 ii): angle histogram of the
   maximiser on the orbit against the target density.
 * ``design_learned.png``: learned gauges (optax, through the maximiser characterisation) for
-  a curve on ``S^2`` and a vMF mixture: target samples, fitted maximiser, simulated final state.
+  a curve on $S^2$ and a vMF mixture: target samples, fitted maximiser, simulated final state.
 * ``hessian.png``: tangent-Hessian spectra at a collapsed state and at the antipodal saddle with
-  the closed forms; the classification of long runs at small and large ``beta``.
-* ``escape.png``: escape time from the antipodal saddle against the predicted ``1 / (n lambda_max)``.
-* ``random_batch.png``: random-batch field error against ``p``; ``G_x(t)`` exact vs random batch;
-  an ``n = 10^6`` run.
-* ``meanfield.png``: ``MMD(mu_n(t), mu_2n(t))`` against ``n`` at fixed times with the fitted rates.
+  the closed forms; the classification of long runs at small and large $\beta$.
+* ``escape.png``: escape time from the antipodal saddle against the predicted $1 / (n \lambda_{\max})$.
+* ``random_batch.png``: random-batch field error against ``p``; $G_x(t)$ exact vs random batch;
+  an $n = 10^6$ run.
+* ``meanfield.png``: $\text{MMD}(\mu_n(t), \mu_{2n}(t))$ against $n$ at fixed times with the fitted rates.
 
-Distances between laws are ``mf.metrics.mmd`` (Gaussian kernel on ``R^3``, bandwidth
+Distances between laws are ``mf.metrics.mmd`` (Gaussian kernel on $\mathbb R^3$, bandwidth
 ``settings["mmd_bandwidth"]``), the square root of the V-statistic.
 """
 

@@ -1,25 +1,25 @@
-"""``meanfield reproduce prototypes``: the DDCL prototype readout (MATH.md Sec. 4).
+r"""``meanfield reproduce prototypes``: the DDCL prototype readout (MATH.md Sec. 4).
 
 Three experiments, all on data that needs no download:
 
 1. **Stability ablation on the 8x8 digits** (paper Fig. 6): a small MLP
-   autoencoder (64 -> 64 -> m) is pre-trained on reconstruction, ``K = 10``
-   prototypes are initialised at the tokens of ``K`` random images, then the
-   clustering autoencoder ``||x - g(z)||^2 + lam * L_q`` is trained with two
-   rates, ``eta_P`` on the prototypes and ``eta_theta = eps * eta_P`` on the
-   encoder/decoder, for a sweep of ``eps`` (one ``vmap``). The reconstruction
+   autoencoder (64 -> 64 -> m) is pre-trained on reconstruction, $K = 10$
+   prototypes are initialised at the tokens of $K$ random images, then the
+   clustering autoencoder $\|x - g(z)\|^2 + \lambda L_q$ is trained with two
+   rates, $\eta_P$ on the prototypes and $\eta_\theta = \varepsilon\, \eta_P$ on the
+   encoder/decoder, for a sweep of $\varepsilon$ (one ``vmap``). The reconstruction
    keeps the encoder from the trivial collapse of every token onto one point,
-   which plain ``L_q`` rewards. Recorded per epoch: ``L_q, L_OLS, V``, the
-   prototype separation ``S(P)`` (min and mean pairwise distance), entropy,
-   utilisation and ACC/NMI/ARI of the hard labels ``argmax_k q_tk``.
+   which plain $L_q$ rewards. Recorded per epoch: $L_q$, $L_\text{OLS}$, $V$, the
+   prototype separation $S(P)$ (min and mean pairwise distance), entropy,
+   utilisation and ACC/NMI/ARI of the hard labels $\operatorname{argmax}_k q_{tk}$.
 2. **Soft against hard vector quantisation** (paper Table 5 / Fig. 4): the same
    linear autoencoder on a seeded Gaussian-mixture token set, quantised either
-   softly (decoder reads ``zhat``; loss ``recon + lam L_q``) or by nearest
-   code with the straight-through estimator (``recon + codebook + beta
-   commitment``), equal ``K``, init, rates and budget; codebook utilisation
+   softly (decoder reads $\hat z$; loss $\text{recon} + \lambda L_q$) or by nearest
+   code with the straight-through estimator
+   ($\text{recon} + \text{codebook} + \beta\, \text{commitment}$), equal $K$, init, rates and budget; codebook utilisation
    per epoch.
 3. **Hierarchical readout** (paper paradigm 5): level-1 soft summaries of the
-   token sequences are the tokens of level 2; ``L_q = L_OLS + V`` is checked at
+   token sequences are the tokens of level 2; $L_q = L_\text{OLS} + V$ is checked at
    both levels through training.
 """
 

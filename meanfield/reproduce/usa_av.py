@@ -1,20 +1,20 @@
-"""Reproduce the USA-AV paper (Sections 3-6, App. B): collapse over time, six kernels
+r"""Reproduce the USA-AV paper (Sections 3-6, App. B): collapse over time, six kernels
 on the sphere, theory beside every number.
 
 Figures (in ``DIR/usa-av/``):
 
-* ``fig2_collapse_gap.png``: ``G_x(tau)`` to ``tau = 20`` for the USA baseline, RoPE and
+* ``fig2_collapse_gap.png``: $G_x(\tau)$ to $\tau = 20$ for the USA baseline, RoPE and
   the prompt model, several ``n``, mean over seeds with a one-standard-error band.
-* ``fig3_configurations.png``: final configurations of six models (``n = 256``, ``d = 3``)
+* ``fig3_configurations.png``: final configurations of six models ($n = 256$, $d = 3$)
   on a common sphere view with the theory's orbit or points overlaid.
 * ``energy.png``: energy against time for each model with the theory's maximal energy.
 
 The paper's Fig. 2 settings (its App. B.2) were lost in extraction; the choices
 made here are recorded in ``summary.json["settings"]`` and in the captions:
-``d = 3``, ``beta = 1``, RoPE ``omega = 2 pi`` in the plane ``(e_1, e_2)``, ``K = 3``
+$d = 3$, $\beta = 1$, RoPE $\omega = 2 \pi$ in the plane $(e_1, e_2)$, $K = 3$
 prompts with Haar-random gauges (contiguous prefix blocks of labels), initial states
 i.i.d. uniform, projected RK2 with ``dt = 1e-2`` and the paper's early-stop rule
-(relative energy increment over a window of length 1 below ``1e-8``).
+(relative energy increment over a window of length 1 below $10^{-8}$).
 """
 
 from __future__ import annotations
