@@ -33,6 +33,15 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit status of ``--help`` (errors raise ``_UsageError``)."""
+    known = {s for a in parser._actions for s in a.option_strings}
+    try:
+        return parser.parse_args(_attach_values(argv, known))
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+
+
 _VALUE_FLAGS = ("--out", "--memory", "--verify")
 
 
@@ -107,11 +116,9 @@ def main(argv=None) -> int:
     parser = _sweep_parser()
 
     def run() -> int:
-        known = {s for a in parser._actions for s in a.option_strings}
-        try:
-            args = parser.parse_args(_attach_values(argv, known))
-        except SystemExit as e:  # --help
-            return int(e.code or 0)
+        args = _parse(parser, argv)
+        if isinstance(args, int):  # --help
+            return args
         if args.verify is not None:
             if args.spec is not None or args.out is not None or args.resume or args.dry_run:
                 raise _UsageError("--verify STORE takes no spec, --out, --resume or --dry-run")
@@ -165,11 +172,9 @@ def plot_main(argv=None) -> int:
                         help="do not check the store's chunks first (large stores, stores of earlier versions)")
 
     def run() -> int:
-        known = {s for a in parser._actions for s in a.option_strings}
-        try:
-            args = parser.parse_args(_attach_values(argv, known))
-        except SystemExit as e:  # --help
-            return int(e.code or 0)
+        args = _parse(parser, argv)
+        if isinstance(args, int):  # --help
+            return args
         for p in plot_store(args.store, args.out, verify=not args.no_verify):
             print(p)
         return 0
