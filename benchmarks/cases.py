@@ -439,6 +439,7 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     n, d, dt, t1, C, thr = 32, 2, 0.1, 10.0, 200, 0.999
     betas = np.linspace(0.1, 9.0, B)
     N, h, idx = pd.checkpoint_steps(t1, dt, C)
+    Nq, hq, idxq = pd.published_checkpoint_steps(t1, dt, C)  # the published code's time grid
     x0 = _x0_64(S, n, d)
     reps = 1 if quick else 3
     torch_betas = [0, B - 1]  # the torch reference costs the same for every beta (fixed steps)
@@ -491,6 +492,15 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         t_plain = time.perf_counter() - t0  # includes its single compile
         plain_diff = float(np.abs(plain - mine).max())
         log(f"SA plain jax {t_plain:.2f}")
+
+        def published():  # the published update and time grid (XLA kernel: backend="auto" picks it)
+            return pd.sa_phase_diagram(None, betas, x0=x0j, dt=dt, t1=t1, checkpoints=C, threshold=thr,
+                                       per_seed=True, step="renormalize", schedule="published").per_seed
+
+        t_pub, _ = timeit(published, 1, warmup=1)
+        pub = published()
+        pub_gap = np.abs(pub.mean(1) - mine.mean(1))  # seed-mean fraction: published vs projected default
+        log(f"SA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}")
     # float32 (JAX's default dtype): the same sweep through both kernels
     x0f = jnp.asarray(x0, jnp.float32)
 
@@ -509,10 +519,10 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     for k in [k_t] + [k for k in THREADS if k != k_t]:  # the faster setting first, then the others
         torch.set_num_threads(k)
         t0 = time.perf_counter()
-        tr = ref.phase_diagram_torch(xt, tb, [h] * 2, [N] * 2, [idx] * 2, threshold=thr)
+        tr = ref.phase_diagram_torch(xt, tb, [hq] * 2, [Nq] * 2, [idxq] * 2, threshold=thr)
         t_torch_k[k] = time.perf_counter() - t0
         if k == k_t:
-            torch_diff = float(np.abs(tr - mine[torch_betas]).max())
+            torch_diff = float(np.abs(tr - pub[torch_betas]).max())
         log(f"SA torch ({k} threads) {t_torch_k[k]:.2f} s for {len(tb)} betas")
     torch.set_num_threads(k_t)
     k_t = min(t_torch_k, key=t_torch_k.get)  # the faster over the whole 2-beta run
@@ -545,18 +555,26 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
          f"{packed_diff:.1e}", "RFP-packed symmetric kernel; one run"],
         ["plain JAX port (vmap seeds, scan steps, full exp)", fmt_t(t_plain), fmt_r(t_plain / t_fast),
          f"{plain_diff:.1e}", "one run incl. its compile"],
-        ["PyTorch reference shape (loop beta/steps, bmm, mask)", fmt_t(t_torch), fmt_r(t_torch / t_fast),
+        ["meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
+         "XLA kernel)", fmt_t(t_pub), fmt_r(t_pub / t_fast), "-",
+         f"one run; {Nq} steps; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
+         f"mean {pub_gap.mean():.4f} (two consistent discretisations, O(h^2) apart per step)"],
+        ["PyTorch: our re-implementation of the published loop, with the published step "
+         "(loop beta/steps, bmm, softmax, x + h F then normalise, mask)", fmt_t(t_torch), fmt_r(t_torch / t_fast),
          f"{torch_diff:.1e}",
-         f"measured on {len(tb)} of {B} betas ({fmt_t(t_torch_part)}), x{B / len(tb):g} (cost is the same "
-         f"for every beta); torch threads {k_t}, the faster of {THREADS}"],
+         f"diff vs meanfield `step='renormalize'`, `schedule='published'`; measured on {len(tb)} of {B} betas "
+         f"({fmt_t(t_torch_part)}), x{B / len(tb):g} (cost is the same for every beta); torch threads {k_t}, "
+         f"the faster of {THREADS}"],
     ]
     for k, tk in t_torch_k.items():
         if k != k_t:
-            res.rows.append([f"PyTorch reference shape, {k} thread{'s' if k > 1 else ''}", fmt_t(tk * B / len(tb)),
+            res.rows.append([f"PyTorch re-implementation of the published loop, {k} thread{'s' if k > 1 else ''}",
+                             fmt_t(tk * B / len(tb)),
                              fmt_r(tk * B / len(tb) / t_fast), "-", f"measured on {len(tb)} betas, x{B / len(tb):g}"])
     res.data = dict(fast=t_fast, backend=backend, one_thread=t_one, xla=t_xla, float32=t_f32, packed=t_packed,
                     plain=t_plain,
-                    torch=t_torch, torch_part=t_torch_part,
+                    torch=t_torch, torch_part=t_torch_part, published=t_pub,
+                    published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
                     torch_by_threads=t_torch_k, chunk256=t_256, default_fusions=t_default,
                     diffs=dict(xla=xla_diff, packed=packed_diff, plain=plain_diff, torch=torch_diff),
                     final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
@@ -566,7 +584,7 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         f"Pair interactions: {pairs:.3g} ({pairs / t_fast:.3g} pairs/s for meanfield, "
         f"{pairs / t_xla:.3g} with the XLA kernel"
         + (f"; the XLA kernel evaluates one exponential per pair: {pairs / t_xla / limits['exp_float64']:.0%} of "
-           f"the measured float64 exp throughput; 10x the PyTorch reference would need "
+           f"the measured float64 exp throughput; 10x the PyTorch re-implementation of the published loop would need "
            f"{10 * pairs / t_torch:.3g} pairs/s, {10 * pairs / t_torch / limits['exp_float64']:.0%} of it, "
            f"at one exponential per pair. The native kernel evaluates n (n + 1) / 2 per system and step "
            f"({exps:.3g} in all): {exps / t_fast:.3g} exp/s, {exps / t_fast / limits['exp_float64']:.0%} of "
@@ -613,6 +631,9 @@ def usa_sweep(quick: bool, log) -> Result:
         betas = np.linspace(0.1, 5.0, B)
     grids = [pd.checkpoint_steps(t1, float(pd.usa_step_size(b)), C) for b in betas]
     Ns, hs, idxs = (list(v) for v in zip(*grids))
+    # the published code's time grid (steps of exactly h_beta): the PyTorch re-implementation
+    pub_grids = [pd.published_checkpoint_steps(t1, float(pd.usa_step_size(b)), C) for b in betas]
+    Nq, hq, idxq = (list(v) for v in zip(*pub_grids))
     x0 = _x0_64(S, n, d, seed=1)
     cap = 400 if quick else 1000  # reference runs longer than this are timed on a prefix and scaled
     res = Result(
@@ -626,10 +647,11 @@ def usa_sweep(quick: bool, log) -> Result:
         # warm-up: compile both metric modes once (same shapes): the smallest beta (few steps,
         # every step a checkpoint) and the largest beta on a short run (sparse checkpoints)
         backend = pd._resolve_backend("auto", x0j, False)
-        for be in ("auto", "xla"):
-            pd.usa_phase_diagram(None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr, backend=be)
+        for be, rule in (("auto", "projected"), ("xla", "projected"), ("auto", "renormalize")):
+            pd.usa_phase_diagram(None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr, backend=be,
+                                 step=rule)
             pd.usa_phase_diagram(None, betas[-1:], x0=x0j, t1=t1 * min(1.0, (2 * C + 10) / Ns[-1]),
-                                 checkpoints=C, threshold=thr, backend=be)
+                                 checkpoints=C, threshold=thr, backend=be, step=rule)
         t0 = time.perf_counter()
         out = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True)
         t_fast = time.perf_counter() - t0
@@ -648,18 +670,30 @@ def usa_sweep(quick: bool, log) -> Result:
         t0 = time.perf_counter()
         plain = ref.phase_diagram_jax_plain(x0j, betas, hs, Np, ip, threshold=thr, normalized=False)
         t_plain_part = time.perf_counter() - t0
+        # the published update and time grid (XLA kernel: backend="auto" picks it), one run after
+        # the same warm-up shapes
+        t0 = time.perf_counter()
+        pub = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True,
+                                   step="renormalize", schedule="published").per_seed
+        t_pub = time.perf_counter() - t0
+        pub_gap = np.abs(pub.mean(1) - mine.mean(1))
+        log(f"USA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}")
     scale = sum(Ns) / sum(Np)
     full = [i for i, (a, b) in enumerate(zip(Ns, Np)) if a == b]
     plain_diff = float(np.abs(plain[full] - mine[full]).max()) if full else float("nan")
     xt = torch.from_numpy(x0.copy())
     k_t = pick_torch_threads(lambda: ref.phase_diagram_torch(
-        xt, betas[-1:], hs[-1:], [20], [np.minimum(idxs[-1], 20)], threshold=thr, normalized=False))
+        xt, betas[-1:], hq[-1:], [20], [np.minimum(idxq[-1], 20)], threshold=thr, normalized=False))
+    Nqp = [min(N, cap) for N in Nq]
+    iqp = [np.minimum(i, m) for i, m in zip(idxq, Nqp)]
+    full_q = [i for i, (a, b) in enumerate(zip(Nq, Nqp)) if a == b]
     t0 = time.perf_counter()
-    tr = ref.phase_diagram_torch(xt, betas, hs, Np, ip, threshold=thr, normalized=False)
+    tr = ref.phase_diagram_torch(xt, betas, hq, Nqp, iqp, threshold=thr, normalized=False)
     t_torch_part = time.perf_counter() - t0
-    torch_diff = float(np.abs(tr[full] - mine[full]).max()) if full else float("nan")
+    torch_diff = float(np.abs(tr[full_q] - pub[full_q]).max()) if full_q else float("nan")
+    scale_q = sum(Nq) / sum(Nqp)
     log(f"USA torch part {t_torch_part:.2f} plain part {t_plain_part:.2f}")
-    t_torch, t_plain = t_torch_part * scale, t_plain_part * scale
+    t_torch, t_plain = t_torch_part * scale_q, t_plain_part * scale
     note_scale = (
         f"betas with more than {cap} steps run their first {cap} steps; time scaled by total steps "
         f"({sum(Ns)} / {sum(Np)} = {scale:.2f}); measured {{}}"
@@ -684,27 +718,36 @@ def usa_sweep(quick: bool, log) -> Result:
         log(f"USA on {info['devices']} devices {t_dev:.2f}")
         dev_row = [[f"meanfield, `backend='xla'`, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, "
                     "fresh process)", fmt_t(t_dev), fmt_r(t_dev / t_fast), f"{dev_diff:.1e}",
-                    f"XLA tasks spread over the devices; PyTorch reference / this: {fmt_r(t_torch / t_dev)}"]]
+                    f"XLA tasks spread over the devices; PyTorch re-implementation / this: {fmt_r(t_torch / t_dev)}"]]
         res.data["devices"] = dict(t=t_dev, n=info["devices"], diff=dev_diff)
     res.rows += [
         [f"meanfield `usa_phase_diagram` (default: `backend='{backend}'`; per-beta step counts, rescaled time)",
          fmt_t(t_fast), "1.00x", "0", "one run after a warm-up"],
         ["meanfield, `backend='xla'` (one CPU device)", fmt_t(t_xla), fmt_r(t_xla / t_fast), f"{xla_diff:.1e}",
-         f"one run after a compile-only warm-up; PyTorch reference / this: {fmt_r(t_torch / t_xla)}"],
+         f"one run after a compile-only warm-up; PyTorch re-implementation / this: {fmt_r(t_torch / t_xla)}"],
         *dev_row,
         ["XLA kernel, beta vmapped and padded to max N (estimate)", fmt_t(t_pad), fmt_r(t_pad / t_fast), "-",
          f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work of the XLA row"],
         ["plain JAX port (vmap seeds, scan steps)", fmt_t(t_plain), fmt_r(t_plain / t_fast), f"{plain_diff:.1e}",
          note_scale.format(fmt_t(t_plain_part)) + " incl. one compile per distinct N"],
-        ["PyTorch reference shape", fmt_t(t_torch), fmt_r(t_torch / t_fast), f"{torch_diff:.1e}",
-         note_scale.format(fmt_t(t_torch_part)) + f"; torch threads {k_t}"],
+        ["meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
+         "XLA kernel)", fmt_t(t_pub), fmt_r(t_pub / t_fast), "-",
+         f"one run; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
+         f"mean {pub_gap.mean():.4f}"],
+        ["PyTorch: our re-implementation of the published loop, with the published step", fmt_t(t_torch),
+         fmt_r(t_torch / t_fast), f"{torch_diff:.1e}",
+         f"diff vs meanfield `step='renormalize'`, `schedule='published'` on the {len(full_q)} betas run to the "
+         f"end; betas with more than {cap} steps run their first {cap}, time scaled by total steps "
+         f"({sum(Nq)} / {sum(Nqp)} = {scale_q:.2f}); measured {fmt_t(t_torch_part)}; torch threads {k_t}"],
     ]
     res.data.update(fast=t_fast, backend=backend, xla=t_xla, plain=t_plain, torch=t_torch, steps=Ns,
+                    published=t_pub, published_steps=Nq,
+                    published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
                     diffs=dict(xla=xla_diff, plain=plain_diff, torch=torch_diff),
                     final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
     res.notes.append(
         "Differences are compared on the betas run to the end by the references "
-        f"({len(full)} of {B}). Final clustering fraction by beta (meanfield): "
+        f"({len(full)} of {B}; PyTorch: {len(full_q)}). Final clustering fraction by beta (meanfield): "
         + ", ".join(f"{b:.2f}: {f:.3f}" for b, f in zip(betas, mine.mean(1)[:, -1]))
     )
     return res

@@ -1,11 +1,13 @@
 """Reference implementations the benchmarks measure meanfield against.
 
 Plain NumPy, plain JAX (the obvious ``exp(beta X X^T) X`` formulation, vmapped
-over seeds, jit-compiled) and PyTorch on the CPU. The phase-diagram references
-follow the shape of the published reference code of the SA phase diagram
-(Geshkovski, Letrouit, Polyanskiy, Rigollet): a Python loop over ``beta`` and
-over time steps, batched matrix products over seeds, and the clustering metric
-by boolean masking at the checkpoint steps.
+over seeds, jit-compiled) and PyTorch on the CPU. ``phase_diagram_torch`` is our
+re-implementation of the published simulation loop of the phase diagrams
+(Geshkovski, Letrouit, Polyanskiy, Rigollet; github.com/borjanG/2023-transformers-rotf,
+``phase-diagrams.py``), with the published step: a Python loop over ``beta`` and over
+time steps, batched matrix products over seeds, ``softmax`` rows (SA) or
+``exp(beta X X^T) / n`` (USA), ``X <- normalize(X + h A X)`` (no tangent projection),
+and the clustering metric by boolean masking at the checkpoint steps.
 
 Every function here computes the same numbers as its meanfield counterpart
 (checked by ``benchmarks.cases`` before timing).
@@ -55,17 +57,23 @@ def usa_velocity_torch(x, beta: float):
 # ----------------------------------------------------------------------------
 
 
-def phase_diagram_torch(x0, betas, steps_h, steps_n, ckpt, *, threshold=0.999, normalized=True):
+def phase_diagram_torch(x0, betas, steps_h, steps_n, ckpt, *, threshold=0.999, normalized=True,
+                        step="renormalize"):
     """Clustering fraction ``(B, S, C)`` by a Python loop over ``beta`` and steps.
 
-    For each ``beta``: ``N`` projected Euler steps of size ``h`` on the whole
-    batch of seeds (``x0``: ``(S, n, d)`` torch tensor), the weight matrix
-    ``exp(beta X X^T)`` by batched matmul (all ``n^2`` exponentials), row
-    normalisation for SA (``1/n`` for USA), and at the checkpoint steps the
-    fraction of pairs ``i != j`` with ``<x_i, x_j> > threshold`` by a boolean mask.
+    For each ``beta``: ``N`` Euler steps of size ``h`` on the whole batch of seeds
+    (``x0``: ``(S, n, d)`` torch tensor), the weight matrix by batched matmul (all ``n^2``
+    exponentials): ``softmax(beta X X^T)`` rows for SA (``torch.softmax``, as the published
+    code), ``exp(beta X X^T) / n`` for USA; the published step ``X <- normalize(X + h A X)``
+    (``step="renormalize"``, default; ``"projected"``: ``X + h P_X (A X)``, meanfield's default),
+    and at the checkpoint steps (the state after step ``idx``; ``meanfield.phase_diagram.
+    published_checkpoint_steps`` gives the published code's indices) the fraction of pairs
+    ``i != j`` with ``<x_i, x_j> > threshold`` by a boolean mask.
     """
     import torch
 
+    if step not in ("renormalize", "projected"):
+        raise ValueError(f"step must be 'renormalize' or 'projected', got {step!r}")
     S, n, _ = x0.shape
     eye = torch.eye(n, dtype=torch.bool)
     out = np.zeros((len(betas), S, len(ckpt[0])))
@@ -80,12 +88,12 @@ def phase_diagram_torch(x0, betas, steps_h, steps_n, ckpt, *, threshold=0.999, n
                 frac[step] = (mask.sum(dim=(1, 2)).double() / (n * (n - 1))).numpy()
             if step == N:
                 break
-            A = torch.exp(float(beta) * (x @ x.transpose(1, 2)))
-            A = A / A.sum(dim=-1, keepdim=True) if normalized else A / n
+            logits = float(beta) * (x @ x.transpose(1, 2))
+            A = torch.softmax(logits, dim=-1) if normalized else torch.exp(logits) / n
             F = A @ x
-            v = F - (F * x).sum(dim=-1, keepdim=True) * x
+            v = F - (F * x).sum(dim=-1, keepdim=True) * x if step == "projected" else F
             x = x + float(h) * v
-            x = x / x.norm(dim=-1, keepdim=True)
+            x = torch.nn.functional.normalize(x, dim=-1)
         out[bi] = np.stack([frac[int(i)] for i in idx], axis=1)
     return out
 

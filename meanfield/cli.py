@@ -164,7 +164,7 @@ def _show_default(v) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .integrate import SOLVERS
+    from .integrate import SOLVERS, STEPS
     from .kernels import MODEL_NAMES
     from .reproduce import EXPERIMENTS
 
@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--t1", type=_positive_float, default=20.0, help="final time (default 20)")
     s.add_argument("--dt", type=_positive_float, default=1e-2, help="time step (default 1e-2)")
     s.add_argument("--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)")
+    s.add_argument("--step", default="projected", choices=STEPS,
+                   help="Euler step rule: projected (x + dt P_x F, then normalise; default) or renormalize "
+                        "(x + dt F, then normalise: the published code's update; --solver euler only)")
     s.add_argument("--rtol", type=_positive_float, default=None, help="adaptive solvers: relative tolerance")
     s.add_argument("--atol", type=_positive_float, default=None, help="adaptive solvers: absolute tolerance")
     s.add_argument("--saves", type=_int_at_least(2), default=101, help="number of save times (default 101)")
@@ -322,6 +325,8 @@ def _simulate(args) -> int:
     params = entry.resolve(given, where="--")
     if "prompts" in params and params["prompts"] > args.n:
         raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {params['prompts']}")
+    if args.step == "renormalize" and args.solver != "euler":
+        raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
     # the estimate first: nothing of the run's size is allocated before it is accepted
     cost = _simulate_cost(args, entry, params)
     _resources.check_cost(cost, force=args.force, what="simulate")
@@ -340,8 +345,8 @@ def _simulate(args) -> int:
     ts = np.linspace(0.0, args.t1, args.saves)
     t0 = time.perf_counter()
     traj = simulate(
-        model, x0, t1=args.t1, dt=args.dt, solver=args.solver, ts=ts, rtol=args.rtol, atol=args.atol,
-        early_stop=args.early_stop,
+        model, x0, t1=args.t1, dt=args.dt, solver=args.solver, step=args.step, ts=ts, rtol=args.rtol,
+        atol=args.atol, early_stop=args.early_stop,
         observables={"clusters": lambda x: metrics.num_clusters(x, 0.1)},
     )
     jax.block_until_ready(traj.collapse_gap)
@@ -363,8 +368,8 @@ def _simulate(args) -> int:
     result = {
         "kernel": args.kernel, "n": args.n, "d": args.d,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
-        "t1": args.t1, "dt": args.dt, "solver": args.solver, "seed": args.seed,
-        "final_collapse_gap": float(gap[-1]),
+        "t1": args.t1, "dt": args.dt, "solver": args.solver, "step": args.step,
+        "seed": args.seed, "final_collapse_gap": float(gap[-1]),
         "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,
         "final_clusters": int(clusters[-1]) if np.isfinite(clusters[-1]) else None,

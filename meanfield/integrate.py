@@ -7,6 +7,13 @@ diffrax maintainer for manifolds, diffrax issues 277 and 462). Adaptive
 ``"tsit5"`` and ``"dopri5"`` integrate the tangent field $P_x F(x)$ with
 required ``rtol``/``atol``; saved states are renormalised.
 
+Step rule of ``"euler"`` (``step=``): ``"projected"`` (default) steps along the tangent field,
+$x \leftarrow \operatorname{normalize}(x + h P_x F(x))$; ``"renormalize"`` is the published
+simulation code's update (github.com/borjanG/2023-transformers-rotf), the unprojected field
+``model.field`` then the radial projection, $x \leftarrow \operatorname{normalize}(x + h F(x))$:
+the projected step of length $h / (1 + h \langle F_i, x_i\rangle)$ per particle, the same flow to
+first order ($O(h^2)$ apart per step), not the same numbers.
+
 Observables are computed at the save times by ``SaveAt(fn=...)``: states are
 only stored when ``save_states=True`` (the default, ``Trajectory.xs``).
 
@@ -48,11 +55,15 @@ from ._checks import (
 from .energy import check_states
 from .kernels import Kernel, backend_scope
 
-__all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS"]
+__all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS", "STEPS"]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
 ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
 SOLVERS = FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS
+#: Step rules (``simulate(step=)``, the phase-diagram sweeps, the sweep key ``time.step``):
+#: ``"projected"``: $x + h P_x F$ then normalise; ``"renormalize"``: $x + h F$ then normalise
+#: (the published code's update; Euler only).
+STEPS = ("projected", "renormalize")
 
 _rk4_tableau = diffrax.ButcherTableau(
     c=np.array([0.5, 0.5, 1.0]),
@@ -104,13 +115,14 @@ class _Args(eqx.Module):
     block_size: int | None = eqx.field(static=True)
     project: bool = eqx.field(static=True)
     early_stop: bool = eqx.field(static=True)
+    tangent: bool = eqx.field(static=True, default=True)  # False: step="renormalize" (unprojected F)
 
 
 def _vector_field(t, y, args: _Args):
     x, flags = y
     xh = sphere.normalize(x)
     F = args.model.field(xh, args.aux, block_size=args.block_size)
-    return sphere.project(xh, F), jnp.zeros_like(flags)
+    return (sphere.project(xh, F) if args.tangent else F), jnp.zeros_like(flags)
 
 
 def _energy(args: _Args, x):
@@ -325,8 +337,9 @@ def simulate(
     block_size=None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
+    step: str = "projected",
 ) -> Trajectory:
-    """Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
+    r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
     Args:
         model: a kernel (``mf.kernels``) or a model (``mf.models.SelfAttention``).
@@ -353,6 +366,9 @@ def simulate(
         adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
         backend: the field evaluation: ``"native"`` (the fused C kernel on the CPU where
             built), ``"xla"``, or ``None`` (the ``mf.kernels.set_native`` setting).
+        step: ``"projected"`` (default: every solver integrates the tangent field $P_x F$) or
+            ``"renormalize"`` (``solver="euler"`` only: $x \leftarrow \operatorname{normalize}(x + h F(x))$
+            with the unprojected ``model.field``, the published code's update; see the module docstring).
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -372,6 +388,12 @@ def simulate(
         ((2, 32, 3), True)
     """
     check_choice("solver", solver, SOLVERS)
+    check_choice("step", step, STEPS)
+    if step == "renormalize" and solver != "euler":
+        raise ValueError(
+            f"step='renormalize' is an Euler rule (x + h F(x), then normalise): use solver='euler', "
+            f"not solver={solver!r} (other solvers take step='projected')"
+        )
     ts_np = _check_times(t1, dt, ts, solver)
     x0, aux = check_states(model, x0, aux, "x0")
     save_states = check_flag("save_states", save_states)
@@ -404,7 +426,7 @@ def simulate(
             raise TypeError(f"observable {name!r} must be a callable x -> array, got {fn!r}")
 
     t1f = float(t1)
-    step = None  # traced fixed step (``_UniformSteps``)
+    h_traced = None  # traced fixed step (``_UniformSteps``)
     if adaptive:
         grid = None
         dt0 = float(dt) if dt is not None else None
@@ -412,7 +434,7 @@ def simulate(
     elif not is_concrete(dt):
         if max_steps is None:
             raise ValueError("a traced dt needs max_steps (a bound on t1 / dt + len(ts))")
-        grid, dt0, step = None, None, jnp.asarray(dt, x0.dtype)
+        grid, dt0, h_traced = None, None, jnp.asarray(dt, x0.dtype)
         steps = int(max_steps)
     else:
         grid = _step_grid(t1f, float(cast(float, dt)), ts_np)
@@ -430,7 +452,7 @@ def simulate(
             x0,
             aux,
             jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
-            step,
+            h_traced,
             solver=solver,
             t1=t1f,
             dt0=dt0,
@@ -445,6 +467,7 @@ def simulate(
             block_size=block_size,
             has_energy=has_energy,
             adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
+            tangent=step == "projected",
         )
 
 
@@ -454,7 +477,7 @@ def _simulate(
     x0,
     aux,
     tol,
-    step,
+    h_traced,
     *,
     solver,
     t1,
@@ -470,10 +493,11 @@ def _simulate(
     block_size,
     has_energy,
     adjoint,
+    tangent,
 ):
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
-    args = _Args(model, aux, tol, block_size, not adaptive, early_stop)
+    args = _Args(model, aux, tol, block_size, not adaptive, early_stop, tangent)
     E0 = model.energy(x0, aux, block_size=block_size).astype(dtype) if early_stop else jnp.zeros((), dtype)
     flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
@@ -496,8 +520,8 @@ def _simulate(
         controller = diffrax.ClipStepSizeController(
             diffrax.PIDController(rtol=rtol, atol=atol), step_ts=ts_arr
         )
-    elif step is not None:
-        controller = _UniformSteps(step, ts_arr, jnp.asarray(t1, dtype))
+    elif h_traced is not None:
+        controller = _UniformSteps(h_traced, ts_arr, jnp.asarray(t1, dtype))
     else:
         controller = diffrax.StepTo(ts=jnp.asarray(grid, dtype))
     event = diffrax.Event(lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5))

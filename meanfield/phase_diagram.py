@@ -15,6 +15,21 @@ averaged over seeds. This is the phase diagram of Geshkovski, Letrouit,
 Polyanskiy and Rigollet (SA: $dt = 0.1$ to $t = 10$; USA: the reference
 code's beta-dependent step $0.1 / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$ to $t = 0.25$).
 
+The published simulation code (github.com/borjanG/2023-transformers-rotf,
+``phase-diagrams.py``, ``simu_xform.step_1``) steps without the tangent projection:
+
+$$x_i \leftarrow \frac{x_i + h F_i}{\|x_i + h F_i\|} \qquad (\texttt{step="renormalize"}),$$
+
+which is the projected step with the effective step $h / (1 + h \langle F_i, x_i\rangle)$: both are
+consistent first-order discretisations of the same flow and differ by $O(h^2)$ per step, but
+not by rounding (at $n = 32$, $d = 2$, 2048 seeds x 20 $\beta$ the two SA diagrams differ by
+up to 0.08 in clustering fraction). ``step="renormalize"`` selects the published update and
+``schedule="published"`` its time grid: the step is exactly ``dt`` (SA) or ``usa_step_size``
+(USA), the time is accumulated step by step in float64 until it reaches ``t1``, and checkpoint
+$k$ records the state after the first step whose accumulated time is $\ge t_k$ (never the
+initial state; ``published_checkpoint_steps``). With both, the sweeps give the published
+clustering fractions from the same initial particles (tests/test_published_step.py).
+
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
 * On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
@@ -87,7 +102,12 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from . import _native, kernels, sphere
-from ._checks import RealScalarLike, check_int, check_positive
+from ._checks import RealScalarLike, check_choice, check_int, check_positive
+from .integrate import STEPS
+
+#: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
+#: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
+SCHEDULES = ("uniform", "published")
 
 __all__ = [
     "sa_phase_diagram",
@@ -97,7 +117,10 @@ __all__ = [
     "checkpoint_steps",
     "clustering_fraction",
     "euler_step",
+    "published_checkpoint_steps",
     "PhaseDiagram",
+    "STEPS",
+    "SCHEDULES",
     "BACKENDS",
     "CPU_COMPILER_OPTIONS",
 ]
@@ -158,16 +181,19 @@ def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) ->
 
 
 def euler_step(
-    x: Float[Array | np.ndarray, "n d"], beta, h, *, normalized: bool = True
+    x: Float[Array | np.ndarray, "n d"], beta, h, *, normalized: bool = True, step: str = "projected"
 ) -> Float[Array, "n d"]:
-    r"""One projected Euler step $x \leftarrow \operatorname{normalize}(x + h P_x F(x))$ (dense reference, all $n^2$ exponentials).
+    r"""One Euler step $x \leftarrow \operatorname{normalize}(x + h P_x F(x))$ (dense reference, all $n^2$ exponentials).
 
     $F_i = \sum_j e^{\beta \langle x_i, x_j\rangle} x_j / \sum_j e^{\beta \langle x_i, x_j\rangle}$ (SA) or
     $\frac1n \sum_j e^{\beta \langle x_i, x_j\rangle} x_j$ (USA); $P_x v = v - \langle v, x\rangle x$ per row.
+    ``step="renormalize"``: the published code's $x \leftarrow \operatorname{normalize}(x + h F(x))$
+    (no projection; the projected step of length $h / (1 + h \langle F_i, x_i\rangle)$ per row).
 
     Args:
         x: ``(n, d)`` points on ``S^{d-1}``; beta: inverse temperature; h: step.
         normalized: SA (``True``) or USA field.
+        step: ``"projected"`` (default) or ``"renormalize"`` (``STEPS``).
 
     Returns:
         ``(n, d)`` points on ``S^{d-1}``.
@@ -180,10 +206,11 @@ def euler_step(
         >>> y.shape, bool(jnp.allclose(jnp.linalg.norm(y, axis=1), 1.0, atol=1e-5))
         ((5, 3), True)
     """
+    check_choice("step", step, STEPS)
     W = jnp.exp(beta * (x @ x.T))
     F = W @ x
     F = F / jnp.sum(W, axis=1, keepdims=True) if normalized else F / x.shape[0]
-    v = F - jnp.sum(F * x, axis=1, keepdims=True) * x
+    v = F - jnp.sum(F * x, axis=1, keepdims=True) * x if step == "projected" else F
     return sphere.normalize(x + h * v)
 
 
@@ -254,6 +281,58 @@ def checkpoint_steps(
     h = float(t1) / N
     idx = np.rint(checkpoint_times(t1, checkpoints) / h).astype(np.int64)
     return N, h, np.clip(idx, 0, N)
+
+
+#: Most steps ``published_checkpoint_steps`` walks (a guard against a step far below ``t1``).
+MAX_PUBLISHED_STEPS = 10**8
+
+
+def published_checkpoint_steps(
+    t1: RealScalarLike, dt: RealScalarLike, checkpoints: int
+) -> tuple[int, float, np.ndarray]:
+    r"""Step grid of the published code (``do_single_beta``): steps of exactly ``dt``.
+
+    The time is accumulated in float64, $\tau_j = \operatorname{fl}(\tau_{j-1} + dt)$, $\tau_0 = 0$;
+    the run stops after the first step with $\tau_N \ge t_1$, and checkpoint $k$ (times
+    ``checkpoint_times(t1, checkpoints)``) records the state after the first step $j \ge 1$ with
+    $\tau_j \ge t_k$. Rounding makes $N$ one more than $t_1 / dt$ when the accumulated sum falls
+    short (``dt = 0.1``, ``t1 = 10``: $\tau_{100} = 9.99999999999998$, $N = 101$). The published code
+    takes its times from ``torch.linspace``, which can differ from NumPy's ``linspace`` in the last
+    bit: a checkpoint can then move by one step only where an accumulated time $\tau_j$ lies within
+    that bit of $t_k$ (at ``dt = 0.1``, ``t1 = 10``, 200 checkpoints only $t_0$ and $t_{199}$
+    are multiples of ``dt``, and both are exact in either).
+
+    Args:
+        t1: final time; dt: the step; checkpoints: number of checkpoint times.
+
+    Returns:
+        ``(N, dt, idx)`` as ``checkpoint_steps``: step count, step, ``(checkpoints,)`` step indices
+        (all ``>= 1``).
+
+    Example:
+        >>> from meanfield import phase_diagram
+        >>> N, h, idx = phase_diagram.published_checkpoint_steps(10.0, 0.1, 5)
+        >>> N, h, idx.tolist()
+        (101, 0.1, [1, 25, 51, 76, 101])
+    """
+    check_positive("t1", t1)
+    check_positive("dt", dt)
+    check_int("checkpoints", checkpoints, minimum=1)
+    t1, dt = float(t1), float(dt)
+    if t1 / dt > MAX_PUBLISHED_STEPS:
+        raise ValueError(f"t1 / dt = {t1 / dt:.3g} steps is more than {MAX_PUBLISHED_STEPS}: use a larger dt or smaller t1")
+    times = checkpoint_times(t1, checkpoints)
+    idx = np.empty(len(times), np.int64)
+    tau, j, k = 0.0, 0, 0
+    while True:
+        tau += dt  # the published loop: cur_time = s.step_1(cur_time) returns time + eta
+        j += 1
+        while k < len(times) and tau >= times[k]:
+            idx[k] = j
+            k += 1
+        if tau >= t1:
+            break
+    return j, dt, idx
 
 
 # ----------------------------------------------------------------------------
@@ -338,17 +417,19 @@ def _dense_field_w(x, W, normalized: bool):
 
 
 def _run_one_beta(
-    x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool, every_step: bool
+    x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool, every_step: bool,
+    project: bool = True,
 ):
     """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
 
     ``step`` is the step in the (time-rescaled, for USA) formulation. ``ckpt_steps``: the
     distinct checkpoint step indices, sorted, padded with a sentinel to length ``C``;
     ``ckpt_pos``: for each checkpoint its position in ``ckpt_steps``. Returns the ``(S, C)``
-    fractions and the ``(S, n, d)`` final states.
+    fractions and the ``(S, n, d)`` final states. ``project``: the tangent projection before the
+    step (``step="projected"``); ``False``: the published ``x + h F`` (``step="renormalize"``).
     """
     every_step = every_step and not packed
-    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, every_step, ckpt_pos.shape)] += 1
+    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, every_step, project, ckpt_pos.shape)] += 1
     S, n, d = x0.shape
     k = n // 2
     dtype = x0.dtype
@@ -395,7 +476,7 @@ def _run_one_beta(
         w = jax.vmap(weights)(jax.vmap(gram)(x))  # shared by the metric and the field (fused metric)
         buf = record(buf, i, w)
         F = jax.vmap(fieldf)(x, w)
-        v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x
+        v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
         x = x + step * v
         x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
         return x, buf
@@ -423,7 +504,7 @@ def _checkpoint_slots(idx, C):
 #: (once, for the process) if this jaxlib does not know the option.
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 
-_STATIC = ("normalized", "packed", "every_step")
+_STATIC = ("normalized", "packed", "every_step", "project")
 _run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=_STATIC)
 _run_one_beta_cpu = {"fn": jax.jit(_run_one_beta, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)}
 
@@ -449,15 +530,15 @@ def _auto_chunk(n: int, dtype) -> int:
 
 
 def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False,
-           backend="auto"):
+           backend="auto", project=True):
     """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
     ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
     asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
     core) run concurrently; one device runs them in order. ``backend`` (resolved by
     ``_resolve_backend``) "native": every ``beta`` runs all seeds in the fused C kernel
-    (threads over blocks of seeds) instead."""
+    (threads over blocks of seeds) instead. ``project=False``: ``step="renormalize"``."""
     x0 = jnp.asarray(x0)
-    if _resolve_backend(backend, x0, packed) == "native":
+    if _resolve_backend(backend, x0, packed, project) == "native":
         return _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states)
     S = x0.shape[0]
     chunk = min(_auto_chunk(x0.shape[1], x0.dtype) if seed_chunk is None else int(seed_chunk), S)
@@ -494,6 +575,7 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
             normalized=normalized,
             packed=packed,
             every_step=bool(every_step),
+            project=bool(project),
         )
     # gather on the host only after every task is dispatched
     per_seed = np.stack([
@@ -528,16 +610,19 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
 BACKENDS = ("auto", "native", "xla")
 
 
-def _resolve_backend(backend, x0, packed: bool) -> str:
+def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
     """``"native"`` or ``"xla"`` for ``backend`` in ``BACKENDS`` (see ``sa_phase_diagram``)."""
     _check_backend(backend)
     if backend == "xla":
         return "xla"
     dtype = np.dtype(x0.dtype)
     on_cpu = {dev.platform for dev in x0.devices()} == {"cpu"}
-    fits = dtype.name in _native.DTYPES and not packed and x0.shape[2] <= _native.MAX_D
+    fits = dtype.name in _native.DTYPES and not packed and x0.shape[2] <= _native.MAX_D and project
     if backend == "auto":
         return "native" if on_cpu and fits and _native.available() else "xla"
+    if not project:
+        raise ValueError("backend='native' runs step='projected' only; step='renormalize' (the published "
+                         "update) runs on backend='xla' (or 'auto', which picks it)")
     if dtype.name not in _native.DTYPES:
         raise ValueError(f"backend='native' runs float32 and float64, got dtype {dtype}: "
                          "use backend='xla'")
@@ -557,7 +642,10 @@ def _check_backend(backend) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto"):
+def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto",
+                  step="projected", schedule="uniform"):
+    check_choice("step", step, STEPS)
+    check_choice("schedule", schedule, SCHEDULES)
     betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
     if betas.ndim != 1 or betas.size == 0:
         raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
@@ -612,6 +700,8 @@ def sa_phase_diagram(
     seed_chunk=None,
     packed: bool = False,
     backend="auto",
+    step: str = "projected",
+    schedule: str = "uniform",
 ):
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
@@ -620,6 +710,7 @@ def sa_phase_diagram(
     $N = \lceil t_1 / dt \rceil$ steps of $h = t_1 / N$, and
     $c = \#\{i \ne j: \langle x_i, x_j\rangle > \text{threshold}\} / (n (n - 1))$ at the checkpoint
     times ``linspace(0, t1, checkpoints)`` (state of step $\operatorname{round}(t_k / h)$).
+    ``step="renormalize"`` with ``schedule="published"``: the published code's loop (module docstring).
 
     Args:
         key: PRNG key for the initial states (i.i.d. uniform on ``S^{d-1}``, the
@@ -645,7 +736,13 @@ def sa_phase_diagram(
             exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5-7.8x the
             XLA kernel on the full SA diagram, 5.3-5.5x on the USA one; BENCHMARKS.md); same iterates as
             ``"xla"`` to rounding (float64: states within ~1e-12 after 100 steps).
-            ``"xla"``: the jit-compiled JAX kernel (any dtype and device).
+            ``"xla"``: the jit-compiled JAX kernel (any dtype and device). ``step="renormalize"``
+            runs on ``"xla"`` (``"auto"`` picks it; ``"native"`` is an error).
+        step: ``"projected"`` (default, $x + h P_x F$ then normalise) or ``"renormalize"`` (the
+            published update $x + h F$ then normalise; ``STEPS``).
+        schedule: ``"uniform"`` (default: ``checkpoint_steps``) or ``"published"`` (steps of
+            exactly ``dt`` until the float64-accumulated time reaches ``t1``, checkpoint $k$ after
+            the first step at or past $t_k$: ``published_checkpoint_steps``; ``SCHEDULES``).
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
@@ -658,16 +755,18 @@ def sa_phase_diagram(
         >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
         ((2, 3), 0.0)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend,
+                                       step, schedule)
     check_positive("dt", dt)
     check_positive("t1", t1)
-    N, h, idx = checkpoint_steps(t1, dt, checkpoints)
+    grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
+    N, h, idx = grid(t1, dt, checkpoints)
     x0 = _initial(key, seeds, n, d, dtype, x0)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
     B = len(betas)
     per = _sweep(x0, betas, [h] * B, [N] * B, [idx] * B, threshold, normalized, packed, seed_chunk,
-                 backend=backend)
+                 backend=backend, project=step == "projected")
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
 
 
@@ -688,6 +787,8 @@ def usa_phase_diagram(
     seed_chunk=None,
     packed: bool = False,
     backend="auto",
+    step: str = "projected",
+    schedule: str = "uniform",
 ):
     r"""Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
 
@@ -697,8 +798,11 @@ def usa_phase_diagram(
     padding to the largest $N$), in the time-rescaled form $e^{\beta (\langle x_i, x_j\rangle - 1)}$
     with step $e^\beta h_\beta$ (the same iterates, no overflow). Checkpoints and
     metric as in ``sa_phase_diagram``; the arguments ``key``, ``betas``, ``n``, ``d``, ``seeds``,
-    ``checkpoints``, ``threshold``, ``x0``, ``dtype``, ``per_seed``, ``seed_chunk``, ``packed`` and
-    ``backend`` too.
+    ``checkpoints``, ``threshold``, ``x0``, ``dtype``, ``per_seed``, ``seed_chunk``, ``packed``,
+    ``backend``, ``step`` and ``schedule`` too (``schedule="published"``: steps of exactly
+    $h_\beta$ until the accumulated time reaches $t_1$; ``step="renormalize"``: $x + h_\beta F$
+    then normalise, the published update, in the rescaled form $x + e^\beta h_\beta F e^{-\beta}$,
+    equal to rounding).
 
     Args:
         t1: final time (default 0.25).
@@ -715,13 +819,16 @@ def usa_phase_diagram(
         ...                                 checkpoints=5).shape
         (2, 5)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend)
+    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend,
+                                       step, schedule)
     check_positive("t1", t1)
     check_positive("base_dt", base_dt)
     x0 = _initial(key, seeds, n, d, dtype, x0)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
-    grids = [checkpoint_steps(t1, float(usa_step_size(b, base_dt)), checkpoints) for b in betas]
+    grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
+    grids = [grid(t1, float(usa_step_size(b, base_dt)), checkpoints) for b in betas]
     Ns, hs, idxs = zip(*grids)
-    per = _sweep(x0, betas, hs, Ns, idxs, threshold, False, packed, seed_chunk, backend=backend)
+    per = _sweep(x0, betas, hs, Ns, idxs, threshold, False, packed, seed_chunk, backend=backend,
+                 project=step == "projected")
     return _finish(checkpoint_times(t1, checkpoints), per, Ns, per_seed)

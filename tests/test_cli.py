@@ -44,6 +44,26 @@ def test_simulate_projection_view_and_sa(tmp_path):
     assert s["final_energy"] is None and (tmp_path / "configuration.png").exists()
 
 
+def test_simulate_published_step_matches_the_api(tmp_path):
+    """``--step renormalize`` is ``mf.simulate(..., solver="euler", step="renormalize")``: same final gap."""
+    import jax
+
+    import meanfield as mf
+
+    p = run_cli("simulate", "--n", "12", "--d", "2", "--t1", "0.5", "--dt", "0.05", "--solver", "euler",
+                "--step", "renormalize", "--seed", "3", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["step"] == "renormalize"
+    x0 = mf.sphere.uniform(jax.random.key(3), 12, 2)
+    ts = np.linspace(0.0, 0.5, 101)
+    kw = dict(t1=0.5, dt=0.05, solver="euler", ts=ts)
+    ren = mf.simulate(mf.kernels.make("usa", d=2), x0, step="renormalize", **kw)
+    proj = mf.simulate(mf.kernels.make("usa", d=2), x0, **kw)
+    assert s["final_collapse_gap"] == pytest.approx(float(ren.collapse_gap[-1]), rel=1e-5)
+    assert abs(float(ren.collapse_gap[-1]) - float(proj.collapse_gap[-1])) > 1e-4  # a different rule
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -59,6 +79,8 @@ def test_simulate_projection_view_and_sa(tmp_path):
         (["simulate", "--kernel", "gauge", "--d", "4"], "d"),
         (["simulate", "--kernel", "usa", "--beta", "200", "--t1", "1"], "rescaled"),
         (["simulate", "--solver", "tsit5", "--t1", "1"], "rtol"),
+        (["simulate", "--step", "renormalize", "--t1", "1"], "--solver euler"),
+        (["simulate", "--step", "sideways"], "sideways"),
         (["reproduce", "nope"], "nope"),
         (["reproduce", "depth", "--quick", "--full"], "--full"),
         (["frobnicate"], "frobnicate"),

@@ -100,7 +100,8 @@ def test_grid_compiles_once():
     n, d, S, C = 6, 3, 7, 5
 
     def keys(normalized):
-        return {m: ("run", (3, n, d), "float32", normalized, False, m, (C,)) for m in (True, False)}
+        # (normalized, packed, every_step, project): project=True is step="projected"
+        return {m: ("run", (3, n, d), "float32", normalized, False, m, True, (C,)) for m in (True, False)}
 
     before = {k: pd._TRACES[k] for nz in (True, False) for k in keys(nz).values()}
     x0 = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(1), S))

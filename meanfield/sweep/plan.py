@@ -317,6 +317,9 @@ class Plan:
                 f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
                 f"'reference'), one beta per chunk so a chunk runs its own step count"
             )
+        if spec.simulated and not spec.continuum and spec.step != "projected":
+            lines.append(f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
+                         "time.step = 'renormalize')")
         shown = self.groups if len(self.groups) <= 20 else self.groups[:20]
         for g in shown:
             pts = int(np.prod(g.block))

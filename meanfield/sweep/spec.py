@@ -29,6 +29,8 @@ A sweep is a TOML file (read with ``tomllib``)::
     save = 11                          # number of equally spaced save times, or a list
     early_stop = 1e-8                  # optional (paper App. B.1)
     step_rule = "reference"            # optional: dt(beta) = dt / max(sqrt(beta) e^(beta - 1/2), 1)
+    step = "renormalize"               # optional, solver = "euler" only: x + dt F then normalise (the
+                                       # published code's update); default "projected": x + dt P_x F
 
     [output]
     observables = ["collapse_gap", "energy", "clusters"]
@@ -54,7 +56,7 @@ import numpy as np
 
 from .. import kernels
 from .._checks import check_choice
-from ..integrate import FIXED_STEP_SOLVERS, SOLVERS
+from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS
 from . import _continuum
 from ._continuum import KIND as CONTINUUM
 from ._diff import key_differences
@@ -82,7 +84,7 @@ OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
 
 _TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
 _GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
-_TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule")
+_TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule", "step")
 _STEP_RULES = ("fixed", "reference")
 _OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
 _BETA_RULE_KEYS = ("critical", "c", "p")
@@ -262,6 +264,11 @@ class Spec:
     def step_rule(self) -> str:
         """``"fixed"`` or ``"reference"`` (the beta-dependent step of the reference code)."""
         return (self.time or {}).get("step_rule", "fixed")
+
+    @property
+    def step(self) -> str:
+        """``"projected"`` or ``"renormalize"`` (``integrate.simulate(step=)``; ``time.step``)."""
+        return (self.time or {}).get("step", "projected")
 
     def beta_values(self, n: int, d: int) -> np.ndarray | None:
         """The ``beta`` axis for static shape ``(n, d)`` (rules evaluated), or None (toeplitz)."""
@@ -472,6 +479,17 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
                     "set model.rescaled = false"
                 )
             time_spec["step_rule"] = rule
+        step = tsec.get("step", "projected")
+        if not isinstance(step, str):
+            raise TypeError(f"time.step must be a string, one of {', '.join(STEPS)}; got {step!r}")
+        check_choice("time.step", step, STEPS)
+        if step != "projected":  # recorded only when set: specs without it keep their hash
+            if solver != "euler":
+                raise ValueError(
+                    f"time.step = {step!r} is an Euler rule (x + dt F, then normalise): it needs "
+                    f"time.solver = 'euler', not {solver!r}"
+                )
+            time_spec["step"] = step
 
     # output -----------------------------------------------------------------
     out = dict(raw.get("output", {}))
