@@ -121,6 +121,7 @@ __all__ = [
     "PhaseDiagram",
     "STEPS",
     "SCHEDULES",
+    "MAX_PUBLISHED_STEPS",
     "BACKENDS",
     "CPU_COMPILER_OPTIONS",
 ]
