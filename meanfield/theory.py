@@ -37,6 +37,16 @@ __all__ = [
     "partition_function_uniform",
     "critical_weights",
     "drift",
+    # Section 2: attention outputs (paper Sec. 4)
+    "supercritical_scale",
+    "supercritical_radial_cdf",
+    "sample_supercritical_output",
+    "sample_critical_output",
+    "fluctuation_constant",
+    "fluctuation_covariance",
+    "fluctuation_scale",
+    "fluctuation_beta",
+    "drift_fluctuation_tau",
 ]
 
 
@@ -458,3 +468,358 @@ def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
     g = jax.grad(lambda x: jnp.asarray(log_density(x)).astype(x.dtype))(q)
     d = q.shape[0]
     return g - jnp.dot(q, g) * q - 0.5 * (d - 1) * q
+
+
+# --------------------------------------------------------------------------
+# Section 2: attention outputs (paper Sec. 4, App. E)
+# --------------------------------------------------------------------------
+# Y_n(q) = V sum_j A_j (x_j - q). Near q a key is x = cos(r) q + sin(r) theta with theta a unit
+# tangent vector (the "mark", theta in S_q^{d-2}) and T = 1 - cos r, so that
+# x - q = -T q + sqrt(T (2 - T)) theta: the tangent part is sqrt(2 T) theta to leading order.
+# The formulas below take V = I; for a value matrix V apply z -> V z (covariances V Sigma V^T).
+
+
+def supercritical_scale(n, d, density=None):
+    r"""Supercritical scale $a_n = (C(q)\, n)^\alpha$ of the nearest distance (App. E.1).
+
+    $P(a_n T_{(1)} > y) = (1 - F(y / a_n))^n \to \exp(-y^{1/\alpha})$, with
+    $F(t) = P(T < t) \sim C(q)\, t^{1/\alpha}$: $a_n T_{(1)}$ converges to the first point
+    $R_1$ of a Poisson process with mean measure $y^{1/\alpha}$ (``supercritical_radial_cdf``).
+    The output displacement is of order $a_n^{-1/2} \asymp n^{-\alpha/2}$: $\sqrt{a_n}\, Y_n(q) \to \Phi$
+    (``sample_supercritical_output``).
+
+    Args:
+        n: context length(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+        density: optional key density $\rho(q)$ at the query (default uniform keys).
+
+    Returns:
+        $a_n$, broadcast shape of ``n`` and ``density``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.theory.supercritical_scale(10_000, 5)), 3)  # sqrt(0.75 * 1e4)
+        86.603
+    """
+    alpha = attention_alpha(d)
+    check_positive("n", n)
+    C = tail_constant(d, density)
+    return (C * jnp.asarray(n, dtype=jnp.result_type(float))) ** alpha
+
+
+def supercritical_radial_cdf(y, d):
+    r"""Limit law of the rescaled nearest distance: $P(R_1 \le y) = 1 - \exp(-y^{1/\alpha})$.
+
+    $R_1 = \lim a_n T_{(1)}$ (``supercritical_scale``) is Weibull with shape $1/\alpha = (d-1)/2$
+    and scale 1, i.e. $R_1 = E^\alpha$ with $E \sim \mathrm{Exp}(1)$ (paper Thm 4.1, App. E.2: the
+    mean measure of the limit point process is $\frac{1}{\alpha} y^{1/\alpha - 1}\, dy\, \nu_q(d\theta)$).
+    In the supercritical regime the output's tangent part satisfies
+    $\tfrac12 a_n \|P_q Y_n(q)\|^2 \to R_1$, so this is also the law of $\|\Phi\|^2 / 2$.
+
+    Args:
+        y: value(s) ``>= 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        the CDF, same shape as ``y``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.theory.supercritical_radial_cdf(1.0, 3)), 6)  # 1 - exp(-1)
+        0.632121
+    """
+    alpha = attention_alpha(d)
+    check_nonnegative("y", y)
+    y = jnp.asarray(y, dtype=jnp.result_type(float))
+    return -jnp.expm1(-(y ** (1.0 / alpha)))
+
+
+def sample_supercritical_output(key, d, num) -> Float[Array, "num tangent"]:
+    r"""Samples of the supercritical output limit $\Phi = \sqrt{2 R_1}\, \Theta$ (paper Thm 4.1).
+
+    For $\beta_n \gg n^\alpha$ all the mass sits on the nearest key
+    $x^\star = \cos r^\star\, q + \sin r^\star\, \Theta$, so
+    $Y_n(q) \approx x^\star - q = -T^\star q + \sqrt{T^\star (2 - T^\star)}\, \Theta$ and
+
+    $$\sqrt{a_n}\, Y_n(q) \to \Phi = \sqrt{2 R_1}\, \Theta, \qquad R_1 = E^\alpha,\ E \sim \mathrm{Exp}(1),$$
+
+    with the mark $\Theta$ uniform on the unit sphere of the tangent space $q^\perp$, independent of
+    $R_1$ (the key density is locally constant at the scale $a_n^{-1/2}$). The radial part
+    $\|\Phi\| = \sqrt{2 R_1}$ is Weibull with shape $d - 1$ and scale $\sqrt 2$.
+
+    Reconstruction: the extracted theorem reads $a_n Y_n(q) \to V\Phi$, but the same text says
+    $Y_n$ "scales as $n^{-\alpha/2}$" and App. E.2 works "at the finer scale $a_n^{-1/2}$"
+    ($a_n = (C n)^\alpha$), and $\|x^\star - q\| \approx \sqrt{2 T^\star} \asymp a_n^{-1/2}$: the scaling is
+    $\sqrt{a_n}$, and the radial coordinate $-T^\star q$ vanishes at that scale.
+
+    Args:
+        key: a ``jax.random`` key.
+        d: ambient dimension, ``d >= 2``.
+        num: number of samples.
+
+    Returns:
+        ``(num, d - 1)`` samples of $\Phi$ in an orthonormal basis of $q^\perp$ (the law is
+        rotation invariant, so any basis; ``Phi @ mf.sphere.tangent_basis(q).T`` gives ambient
+        vectors, and ``V`` applies after that).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> Phi = mf.theory.sample_supercritical_output(jax.random.key(0), 3, 20_000)
+        >>> bool(abs((Phi**2).sum(1).mean() / 2 - 1.0) < 0.03)  # E R_1 = Gamma(1 + alpha) = 1 (d = 3)
+        True
+    """
+    alpha = attention_alpha(d)
+    num = check_int("num", num, minimum=1)
+    dtype = jnp.result_type(float)
+    k_r, k_t = jax.random.split(key)
+    R = jax.random.exponential(k_r, (num,), dtype=dtype) ** alpha
+    return jnp.sqrt(2.0 * R)[:, None] * _unit_marks(k_t, (num,), d - 1, dtype)
+
+
+def _unit_marks(key, shape, m, dtype):
+    """Uniform unit vectors of ``R^m`` (normalised Gaussians; ``m = 1`` gives random signs)."""
+    g = jax.random.normal(key, (*shape, m), dtype=dtype)
+    return g / jnp.linalg.norm(g, axis=-1, keepdims=True)
+
+
+def _log_gammaincc(s: float, y):
+    """``log Q(s, y)``; for integer ``s`` the closed form ``Q = e^{-y} sum_{j<s} y^j / j!`` (no underflow)."""
+    if float(s).is_integer():
+        return jnp.log(sum(y**j / math.factorial(j) for j in range(int(s)))) - y
+    return jnp.log(gammaincc(s, y))
+
+
+def sample_critical_output(
+    key, gamma, d, num, *, density=None, terms=512, batch_size=1024
+) -> Float[Array, "num tangent"]:
+    r"""Samples of the critical output limit $\Xi$, the marked Poisson functional (paper Thm 4.2).
+
+    At $\beta_n = \gamma n^\alpha$ the marked points $(\beta_n T_j, \Theta_j)$ converge to a Poisson
+    process on $[0, \infty) \times S_q^{d-2}$ with mean measure $c\, d(y^{1/\alpha}) \otimes \nu_q$,
+    $c = C(q) \gamma^{-1/\alpha}$, $\nu_q$ the uniform law of the marks (App. E.1, E.3). Since
+    $\sqrt{\beta_n} (x_j - q) = -\sqrt{\beta_n} T_j q + \sqrt{\beta_n T_j (2 - T_j)}\, \Theta_j \approx \sqrt{2 y_j}\, \Theta_j$,
+
+    $$\sqrt{\beta_n}\, Y_n(q) = \frac{\sum_j e^{-\beta_n T_j} \sqrt{\beta_n} (x_j - q)}{\sum_j e^{-\beta_n T_j}}
+    \to \Xi = \frac{\sum_k e^{-y_k} \sqrt{2 y_k}\, \Theta_k}{\sum_k e^{-y_k}},$$
+
+    with $y_k = (\Gamma_k / c)^\alpha$ ($\Gamma_k$ partial sums of i.i.d. Exp(1), as in
+    ``critical_weights``) and i.i.d. uniform marks $\Theta_k$.
+
+    Reconstruction: the extraction prints the limit as $\beta_n Y_n(q) \to V \Xi$ and the numerator
+    functional as $e^{-y}\, 2 y\, \theta$; both lost a square root: $\|x_j - q\| \approx \sqrt{2 T_j}$, so
+    $\beta_n (x_j - q)$ diverges like $\sqrt{\beta_n}$ at $\beta_n T_j = O(1)$. The $\sqrt{\beta_n}$
+    scaling is the one that matches both neighbours: $\gamma \to \infty$ gives
+    $\Xi \sqrt{C^\alpha/\gamma} \to \Phi$ (``sample_supercritical_output``) and $\gamma \to 0$ gives
+    $\operatorname{Cov}(\Xi) \to 2^{-1/\alpha - 1} / (c\, \Gamma(1/\alpha + 1))\, I_{d-1}$, the subcritical
+    covariance $\beta_n \operatorname{Cov}(Y_n)$ of ``fluctuation_covariance`` at $\beta_n = \gamma n^\alpha$.
+
+    The first ``terms`` points are sampled exactly. Beyond them (given $y_L$, the rest is a Poisson
+    process on $(y_L, \infty)$) the denominator is replaced by its mean
+    $c\, \Gamma(1/\alpha + 1)\, Q(1/\alpha, y_L)$ (relative fluctuation below 1% for the defaults,
+    as in ``critical_weights``) and the numerator by a centred Gaussian with its exact covariance
+    $c\, 2^{-1/\alpha - 1}\, \Gamma(1/\alpha + 1)\, Q(1/\alpha + 1, 2 y_L)\, I_{d-1}$ (many small
+    independent terms; $Q$ the regularised upper incomplete gamma).
+
+    Args:
+        key: a ``jax.random`` key.
+        gamma: critical ratio $\beta / n^\alpha > 0$ (traceable scalar).
+        d: ambient dimension, ``d >= 2``.
+        num: number of samples.
+        density: optional key density $\rho(q)$ at the query (uniform if None).
+        terms: number of Poisson points sampled exactly, ``>= 1``.
+        batch_size: samples drawn per vectorised batch (bounds memory).
+
+    Returns:
+        ``(num, d - 1)`` samples of $\Xi$ in an orthonormal basis of $q^\perp$ (rotation-invariant
+        law; multiply by ``mf.sphere.tangent_basis(q).T`` for ambient vectors, then by ``V``).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> Xi = mf.theory.sample_critical_output(jax.random.key(0), 1.0, 5, 2000)
+        >>> Xi.shape
+        (2000, 4)
+    """
+    alpha = attention_alpha(d)
+    num = check_int("num", num, minimum=1)
+    terms = check_int("terms", terms, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    check_positive("gamma", gamma)
+    C = tail_constant(d, density)
+    batch_size = min(batch_size, num)
+    # sample i uses split(key, num)[i]; the key list is padded to whole batches (one compiled body, no remainder)
+    keys = jax.random.split(key, num)
+    pad = -num % batch_size
+    keys = jnp.concatenate([keys, keys[:pad]]) if pad else keys
+    return _critical_output(keys, jnp.asarray(gamma), jnp.asarray(C), alpha, terms, batch_size)[:num]
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _critical_output(keys, gamma, C, alpha, terms, batch_size):
+    dtype = jnp.result_type(float)
+    s = 1.0 / alpha  # = (d - 1) / 2
+    m = int(round(2.0 * s))  # d - 1, the tangent dimension
+    c = C.astype(dtype) * gamma.astype(dtype) ** (-s)
+    log_mean_scale = jnp.log(c) + math.lgamma(s + 1.0)  # denominator tail: c Gamma(s+1) Q(s, y_L)
+    log_var_scale = jnp.log(c) + math.lgamma(s + 1.0) - (s + 1.0) * math.log(2.0)  # numerator tail
+
+    def one(sample_key):
+        k_gap, k_mark, k_tail = jax.random.split(sample_key, 3)
+        y = (jnp.cumsum(jax.random.exponential(k_gap, (terms,), dtype=dtype)) / c) ** alpha
+        marks = _unit_marks(k_mark, (terms,), m, dtype)
+        # everything multiplied by e^{y_1}: no underflow of e^{-y} for large gamma
+        head = jnp.exp(-(y - y[0]))
+        num_head = (head * jnp.sqrt(2.0 * y)) @ marks
+        den_tail = jnp.exp(log_mean_scale + _log_gammaincc(s, y[-1]) + y[0])
+        tail_sd = jnp.exp(0.5 * (log_var_scale + _log_gammaincc(s + 1.0, 2.0 * y[-1])) + y[0])
+        num_tail = tail_sd * jax.random.normal(k_tail, (m,), dtype=dtype)
+        return (num_head + num_tail) / (jnp.sum(head) + den_tail)
+
+    return jax.lax.map(one, keys, batch_size=batch_size)
+
+
+def fluctuation_constant(d) -> float:
+    r"""Constant $c_d = 2^{-d} \pi^{-(d-1)/2}$ of the subcritical output covariance (paper Thm 4.3).
+
+    Derivation (App. E.4, E.5): with $X_j = (x_j - q) e^{-\beta T_j}$ the local moments are
+    $E[X X^\top] = C(q)\, \Gamma(1/\alpha + 1) (2\beta)^{-1/\alpha - 1} P_q (1 + o(1))$ and
+    $E[Z_n] = C(q)\, \Gamma(1/\alpha + 1)\, n \beta^{-1/\alpha} (1 + o(1))$, so
+    $\operatorname{Cov}(Y_n) \approx n \operatorname{Cov}(X) / E[Z_n]^2 = \frac{2^{-1/\alpha - 1} \beta^{1/\alpha - 1}}{n\, C(q)\, \Gamma(1/\alpha + 1)} P_q$;
+    with $C(q)\, \Gamma(1/\alpha + 1) = \rho(q) (2\pi)^{(d-1)/2}$ and $1/\alpha = (d-1)/2$ this is
+    $\frac{c_d}{\rho(q)} P_q / (n \beta^{1 - 1/\alpha})$.
+
+    Args:
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        $c_d$ as a float.
+
+    Example:
+        >>> import math, meanfield as mf
+        >>> mf.theory.fluctuation_constant(3) == 1 / (8 * math.pi)
+        True
+    """
+    d = check_int("d", d, minimum=2)
+    return 2.0**-d * math.pi ** (-(d - 1) / 2)
+
+
+def fluctuation_covariance(q: ArrayLike, density=None) -> Float[Array, "d d"]:
+    r"""Subcritical output covariance $\Sigma(q) = \frac{c_d}{\rho(q)} P_q$, $P_q = I - q q^\top$ (paper Thm 4.3).
+
+    The three subcritical output regimes, with $\tau_n = \beta_n^{1+\alpha} n^{-\alpha}$
+    (``drift_fluctuation_tau``), $r_n = \sqrt{n \beta_n^{1 - 1/\alpha}}$ (``fluctuation_scale``) and the
+    drift $Y(q)$ (``drift``), $V = I$:
+
+    * drift dominated ($\tau_n \to 0$): $\beta_n Y_n(q) \to Y(q)$ in probability;
+    * mixed ($\tau_n \to \tau$): $\beta_n Y_n(q) \Rightarrow \mathcal N(Y(q), \tau^{1/\alpha} \Sigma(q))$;
+    * fluctuation dominated ($\tau_n \to \infty$): $r_n Y_n(q) \Rightarrow \mathcal N(0, \Sigma(q))$.
+
+    Reconstruction: the extracted text keeps $\Sigma(q)$, $c_d$ and the mixed-regime covariance
+    $\tau^{1/\alpha} \Sigma(q)$; the fluctuation scale printed as $r_n = n \beta_n^{-1/\alpha + 1}$ lost
+    its square root ($r_n^2 \operatorname{Cov}(Y_n) \to \Sigma$ needs
+    $r_n^2 = n \beta_n^{1 - 1/\alpha}$, see ``fluctuation_constant``), which also makes the two
+    statements agree: $\beta_n^2 / r_n^2 = \tau_n^{1/\alpha}$. For a value matrix $V$ the covariance
+    is $V \Sigma V^\top$.
+
+    Args:
+        q: unit query, shape ``(d,)``.
+        density: $\rho(q) > 0$, the key density at the query w.r.t. surface measure (default:
+            uniform keys, $\rho = \Gamma(d/2) / (2 \pi^{d/2})$).
+
+    Returns:
+        ``(d, d)`` matrix $\Sigma(q)$.
+
+    Example:
+        >>> import math, jax.numpy as jnp, meanfield as mf
+        >>> S = mf.theory.fluctuation_covariance(jnp.array([0.0, 0.0, 1.0]))
+        >>> round(float(S[0, 0]), 6), float(S[2, 2])  # c_3 |S^2| = 4 pi / (8 pi) = 1/2
+        (0.5, 0.0)
+    """
+    q = jnp.asarray(q)
+    if q.ndim != 1 or q.shape[0] < 2:
+        raise ValueError(f"q must be one query of shape (d,) with d >= 2, got shape {q.shape}")
+    check_finite("q", q)
+    d = q.shape[0]
+    if density is None:
+        density = math.gamma(d / 2) / (2.0 * math.pi ** (d / 2))
+    else:
+        check_positive("density", density)
+    P = jnp.eye(d, dtype=q.dtype) - jnp.outer(q, q)
+    return (fluctuation_constant(d) / jnp.asarray(density, dtype=q.dtype)) * P
+
+
+def fluctuation_scale(n, beta, d):
+    r"""Fluctuation scale $r_n = \sqrt{n \beta^{1 - 1/\alpha}}$: $r_n Y_n(q) \Rightarrow \mathcal N(0, \Sigma(q))$ when $\tau_n \to \infty$.
+
+    See ``fluctuation_covariance`` (the square root is a reconstruction).
+
+    Args:
+        n: context length(s), ``> 0``.
+        beta: inverse temperature(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        $r_n$, broadcast shape of ``n`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.theory.fluctuation_scale(10_000, 100.0, 3))  # alpha = 1: sqrt(n)
+        100.0
+    """
+    alpha = attention_alpha(d)
+    check_positive("n", n)
+    check_positive("beta", beta)
+    dtype = jnp.result_type(float)
+    return jnp.sqrt(jnp.asarray(n, dtype) * jnp.asarray(beta, dtype) ** (1.0 - 1.0 / alpha))
+
+
+def fluctuation_beta(n, d):
+    r"""Output-level transition scale $\beta = n^{\alpha / (1 + \alpha)} = n^{2/(d+1)}$ ($\tau_n = 1$).
+
+    Below it the output is drift dominated ($\beta Y_n \to Y(q)$), above it (and below the critical
+    $n^\alpha$) Gaussian fluctuations swamp the drift (paper Thm 4.3).
+
+    Args:
+        n: context length(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        $n^{2/(d+1)}$, same shape as ``n``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.theory.fluctuation_beta(10_000, 3))
+        100.0
+    """
+    d = check_int("d", d, minimum=2)
+    check_positive("n", n)
+    return jnp.asarray(n, dtype=jnp.result_type(float)) ** (2.0 / (d + 1))
+
+
+def drift_fluctuation_tau(n, beta, d):
+    r"""Regime parameter $\tau_n = \beta^{1+\alpha} n^{-\alpha} = (\beta / n^{2/(d+1)})^{1+\alpha}$ (paper Thm 4.3).
+
+    In the mixed regime $\beta Y_n(q) \approx \mathcal N(Y(q), \tau^{1/\alpha} \Sigma(q))$, so the ratio
+    of the tangent drift to the fluctuation size is
+    $\|\nabla_S \log \rho(q)\| / \sqrt{\tau^{1/\alpha} \operatorname{tr} \Sigma(q)}
+    = \|\nabla_S \log \rho(q)\| \sqrt{\rho(q) / ((d-1) c_d)}\, \tau^{-1/(2\alpha)}$:
+    a function of $\tau$ alone, large for $\tau \ll 1$ (drift dominated), small for
+    $\tau \gg 1$ (fluctuation dominated).
+
+    Args:
+        n: context length(s), ``> 0``.
+        beta: inverse temperature(s), ``> 0``.
+        d: ambient dimension, ``d >= 2``.
+
+    Returns:
+        $\tau_n$, broadcast shape of ``n`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.theory.drift_fluctuation_tau(10_000, 100.0, 3))  # beta^2 / n
+        1.0
+    """
+    alpha = attention_alpha(d)
+    check_positive("n", n)
+    check_positive("beta", beta)
+    dtype = jnp.result_type(float)
+    return jnp.asarray(beta, dtype) ** (1.0 + alpha) * jnp.asarray(n, dtype) ** (-alpha)

@@ -273,4 +273,15 @@ def test_reproduce_attention_quick(tmp_path):
     assert checks["drift_field"]["measured"] < 0.35
     assert abs(checks["radial_drift"]["measured"] + 1.0) < 0.05
     assert checks["residual_ascent"]["measured"] > 0.45
+    # the output limits (Sec. 4): supercritical, critical, fluctuation regimes
+    for name in ["supercritical_output", "supercritical_output_mark", "critical_output",
+                 "critical_output_second_moment", "fluctuation_covariance", "output_regimes",
+                 "drift_fluctuation_ratio"]:
+        assert name in checks
+    for name in ["output_limits.png", "output_regimes.png"]:
+        assert (out / name).stat().st_size > 10_000
+    assert checks["supercritical_output"]["measured"] < 0.04
+    assert abs(checks["output_regimes"]["measured"] + 0.5) < 0.05
+    fc = checks["fluctuation_covariance"]
+    assert abs(fc["measured"] / fc["theory"] - 1) < 0.12
     assert all(c["pass"] for c in summary["checks"]), [c["name"] for c in summary["checks"] if not c["pass"]]

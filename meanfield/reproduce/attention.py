@@ -14,6 +14,14 @@ Writes ``DIR/attention/``:
   in a geodesic chart centred at $(1,1,1)/\sqrt 3$.
 * ``residual_dynamics.png`` (+ ``residual.npz``): queries iterated with
   ``residual_update`` climb to the maxima of $\rho$.
+* ``output_limits.png`` (+ ``output_limits.npz``): the output limits of paper Sec. 4
+  ($V = I$). Supercritical (Thm 4.1): $\frac12 a_n \|P_q Y_n(q)\|^2$ against the Weibull law
+  of $R_1$ and the mark angle against the uniform law ($\rho \propto \exp(x_1 x_2)$ on $S^2$);
+  critical (Thm 4.2): $\|\sqrt{\beta} P_q Y_n(q)\|$ against $\|\Xi\|$ from
+  ``theory.sample_critical_output`` at $\beta = \gamma n^\alpha$ (uniform keys, $d = 5$).
+* ``output_regimes.png``: the subcritical drift / mixed / fluctuation transition (Thm 4.3):
+  the ratio of drift to fluctuation size against $\beta$ and against
+  $\tau_n = \beta^{1+\alpha} n^{-\alpha}$, where the curves for different $n$ collapse.
 * ``summary.json``: every measured number beside its theory value.
 """
 
@@ -79,6 +87,18 @@ def _settings(quick: bool) -> dict:
             residual_queries=100,
             residual_steps=150,
             residual_gamma=1.0,
+            super_n=10_000,
+            super_gamma=1000.0,
+            super_queries=64,
+            super_contexts=32,
+            crit_out_n=10_000,
+            crit_out_gammas=[1 / 4, 1.0, 4.0, 16.0],
+            crit_out_contexts=100,
+            crit_out_limit_samples=20_000,
+            regime_ns=[10_000, 100_000],
+            regime_taus=np.geomspace(1 / 32, 32, 7).tolist(),
+            regime_queries=64,
+            regime_contexts=32,
         )
     return dict(
         seed=0,
@@ -109,6 +129,18 @@ def _settings(quick: bool) -> dict:
         residual_queries=300,
         residual_steps=300,
         residual_gamma=1.0,
+        super_n=10_000,
+        super_gamma=1000.0,
+        super_queries=64,
+        super_contexts=128,
+        crit_out_n=100_000,
+        crit_out_gammas=[1 / 16, 1 / 4, 1.0, 4.0, 16.0],
+        crit_out_contexts=500,
+        crit_out_limit_samples=100_000,
+        regime_ns=[10_000, 100_000, 1_000_000],
+        regime_taus=np.geomspace(1 / 32, 32, 13).tolist(),
+        regime_queries=64,
+        regime_contexts=64,
     )
 
 
@@ -131,7 +163,8 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     checks: list[dict] = []
     figures: list[str] = []
     t_start = time.perf_counter()
-    stages = ["grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual"]
+    stages = ["grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
+              "supercritical_output", "critical_output", "output_regimes"]
     bar = tqdm(total=len(stages), desc="attention", disable=quiet)
 
     def step(name):
@@ -412,6 +445,21 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         )
     )
     bar.update()
+
+    # ---- output limits (Sec. 4): supercritical (Thm 4.1), critical (Thm 4.2), subcritical regimes (Thm 4.3) ----
+    # keys folded from the root key: the draws of the stages above are unchanged
+    step("supercritical_output")
+    with Timer(timings, "supercritical_output"):
+        sup = _supercritical_output(jax.random.fold_in(key, 101), settings, checks)
+    bar.update()
+    step("critical_output")
+    with Timer(timings, "critical_output"):
+        cro = _critical_output(jax.random.fold_in(key, 102), settings, checks)
+    bar.update()
+    step("output_regimes")
+    with Timer(timings, "output_regimes"):
+        reg = _output_regimes(jax.random.fold_in(key, 103), settings, checks)
+    bar.update()
     bar.close()
 
     # ---- figures and data ----------------------------------------------------------------------
@@ -429,6 +477,10 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         figures.append(_plot_critical(out, cg, crit, lim, nc, d))
         figures.append(_plot_fig2(out, fig2))
         figures.append(_plot_residual(out, res))
+        np.savez(out / "output_limits.npz", **{f"supercritical_{k}": v for k, v in sup.items()},
+                 **{f"critical_{k}": v for k, v in cro.items()}, **{f"regimes_{k}": v for k, v in reg.items()})
+        figures.append(_plot_output_limits(out, sup, cro))
+        figures.append(_plot_output_regimes(out, reg))
     timings["total"] = round(time.perf_counter() - t_start, 3)
     settings_out = dict(
         settings,
@@ -439,6 +491,10 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         subcritical_average="A_(k)/A_(1) averaged over trials, then mean |.| over k with x <= sub_xmax",
         drift_error="aggregate relative L2 error over queries of the tangent field, averaged over contexts",
         dtype="float32 (probabilities and fields accumulated in float64 on the host)",
+        output_limits="V = I (values = keys). Supercritical and regime checks: rho propto exp(x1 x2) on S^2, "
+        "queries fixed across contexts, every context seen by every query; critical output: uniform keys on S^4, "
+        "queries +-e_i. Reconstructed scalings: sqrt(a_n) Y_n -> Phi, sqrt(beta) Y_n -> Xi, "
+        "r_n = sqrt(n beta^(1-1/alpha)) (see mf.theory)",
     )
     return write_summary(out, _NAME, quick=quick, settings=settings_out, checks=checks, timings=timings,
                          figures=figures)
@@ -507,13 +563,14 @@ def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):
     ws = 0.5 * smax * wts * np.exp(-beta * s)
     phi = 2 * np.pi * np.arange(n_phi) / n_phi
     out = np.zeros_like(Q)
+    r = np.sqrt(np.clip(s * (2 - s), 0, None))
+    cos, sin = np.cos(phi)[None, :, None], np.sin(phi)[None, :, None]
     for i, q in enumerate(Q):
         B = _basis(q)  # (3, 2) orthonormal basis of q^perp
-        r = np.sqrt(np.clip(s * (2 - s), 0, None))
         X = ((1 - s)[:, None, None] * q[None, None, :]
-             + r[:, None, None] * (np.cos(phi)[None, :, None] * B[:, 0] + np.sin(phi)[None, :, None] * B[:, 1]))
+             + r[:, None, None] * (cos * B[:, 0] + sin * B[:, 1]))
         w = ws[:, None] * np.exp(X[..., 0] * X[..., 1])
-        out[i] = np.einsum("ab,abk->k", w, X - q) / w.sum()
+        out[i] = np.tensordot(w, X - q, axes=([0, 1], [0, 1])) / w.sum()
     return out
 
 
@@ -583,10 +640,11 @@ def _fig2_data(key, n, m):
     disp = jax.jit(jax.vmap(lambda qq, b: attention.displacement(qq, keys, b), in_axes=(0, None)))
     for name, b in betas.items():
         Y = np.asarray(disp(Q, b), dtype=np.float64)
+        # output scales of Thm 4.1 / 4.2: sqrt(a_n) and sqrt(beta) (reconstructed; see mf.theory)
         if b > n**alpha:
-            scale, lab = a_n[:, None], "supercritical: a_n Y_n"
+            scale, lab = np.sqrt(a_n)[:, None], "supercritical: sqrt(a_n) Y_n"
         elif b == n**alpha:
-            scale, lab = b, "critical: beta Y_n"
+            scale, lab = math.sqrt(b), "critical: sqrt(beta) Y_n"
         elif b**(1 + alpha) / n**alpha > 1.5:
             r_n = math.sqrt(n * b ** (1 - 1 / alpha))
             scale, lab = r_n, "fluctuation: sqrt(n beta^(1-1/alpha)) Y_n"
@@ -622,6 +680,305 @@ def _residual_data(key, settings):
     _, traj = jax.jit(lambda q: jax.lax.scan(body, q, None, length=settings["residual_steps"]))(q0)
     traj = np.concatenate([np.asarray(q0)[None], np.asarray(traj)], 0)
     return dict(traj=traj, beta=beta, gamma=gamma, n=n)
+
+
+# ------------------------------------------------------------------------------------------------
+# output limits (paper Sec. 4: Thm 4.1 supercritical, Thm 4.2 critical, Thm 4.3 subcritical regimes)
+# ------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _query_outputs(key, queries, betas, n, contexts, sampler):
+    r"""Displacements $Y_n(q) = \sum_j A_j (x_j - q)$ ($V = I$) of ``contexts`` independent contexts.
+
+    Every context (``sampler(key_c, n)``, ``n`` keys) is seen by every query and every beta:
+    returns ``(contexts, queries, betas, d)``. The weights are ``attention.weights``;
+    the sum is ``A @ keys - q`` (one matmul for all queries, instead of an ``(n, d)`` copy
+    ``keys - q`` per query): rounding ``~1e-7`` against ``|Y_n| >= 1e-3`` here.
+    """
+
+    def one(kk):
+        keys = sampler(kk, n)
+
+        def per_query(q):
+            A = jax.vmap(lambda b: attention.weights(q, keys, b))(betas)  # (B, n)
+            return A @ keys - q
+
+        return jax.vmap(per_query)(queries)
+
+    return jax.lax.map(one, jax.random.split(key, contexts))
+
+
+def _density_keys(key, m):
+    r"""``m`` keys from the Fig. 2 law $\rho \propto \exp(x_1 x_2)$ on $S^2$."""
+    return sphere.sample_density(key, m, 3, _log_rho, log_bound=_LOG_BOUND)
+
+
+def _uniform_keys_d5(key, m):
+    return sphere.uniform(key, m, 5)
+
+
+def _tangent_part(Y, Q):
+    """``P_q Y`` for ``Y`` of shape ``(..., Q, d)`` and queries ``Q`` of shape ``(Q, d)``."""
+    return Y - np.sum(Y * Q, -1, keepdims=True) * Q
+
+
+def _grad_log_rho(Q):
+    r"""$\nabla_S \log \rho(q)$ for the Fig. 2 law, rows of ``Q`` (NumPy, float64)."""
+    g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, _log_rho))(jnp.asarray(Q, jnp.float32)), np.float64)
+    return _tangent_part(g, Q)
+
+
+def _ks_critical(a):
+    r"""Asymptotic Kolmogorov-Smirnov critical value factor $c(a) = \sqrt{-\ln(a/2)/2}$ (level ``a``)."""
+    return math.sqrt(-0.5 * math.log(a / 2))
+
+
+def _ks_one_sample(x, cdf):
+    x = np.sort(np.asarray(x, np.float64))
+    F = np.asarray(cdf(x), np.float64)
+    i = np.arange(1, x.size + 1)
+    return float(max(np.max(i / x.size - F), np.max(F - (i - 1) / x.size)))
+
+
+def _supercritical_output(key, settings, checks):
+    r"""Thm 4.1 on the Fig. 2 law ($d = 3$): $\frac12 a_n \|P_q Y_n\|^2 \to R_1 \sim \mathrm{Exp}(1)$, uniform mark."""
+    from scipy import stats  # local: scipy off the import path of the core
+
+    n, K = settings["super_n"], settings["super_contexts"]
+    d, alpha = 3, 1.0
+    cand = np.asarray(sphere.uniform(jax.random.fold_in(key, 0), 8 * settings["super_queries"], d), np.float64)
+    g = _grad_log_rho(cand)
+    keep = np.linalg.norm(g, axis=1) > 0.2  # the mark is measured against grad log rho: it must be defined
+    Q, g = cand[keep][: settings["super_queries"]], g[keep][: settings["super_queries"]]
+    betas = np.array([n**1.25, settings["super_gamma"] * n**alpha])  # the paper's Fig. 2 column, then gamma n^alpha
+    Y = np.asarray(_query_outputs(jax.random.fold_in(key, 1), jnp.asarray(Q, jnp.float32), jnp.asarray(betas),
+                                  n, K, _density_keys), np.float64)  # (K, Q, 2, 3)
+    rho = np.exp(Q[:, 0] * Q[:, 1]) / _rho_normaliser()
+    a_n = np.asarray(theory.supercritical_scale(n, d, rho), np.float64)  # (C(q) n)^alpha, per query
+    P = _tangent_part(Y, Q[:, None, :])
+    R = 0.5 * a_n[None, :, None] * np.sum(P**2, -1)  # (K, Q, 2)
+    cdf = lambda y: np.asarray(theory.supercritical_radial_cdf(y, d))  # noqa: E731
+    ks = [_ks_one_sample(R[..., j].ravel(), cdf) for j in range(2)]
+    N = R[..., 1].size
+    ks_tol = _ks_critical(0.01) / math.sqrt(N)
+    checks.append(
+        check(
+            "supercritical_output",
+            ks[1],
+            0.0,
+            ks_tol,
+            f"Kolmogorov-Smirnov distance between a_n |P_q Y_n(q)|^2 / 2 (a_n = (C(q) n)^alpha, C(q) = 2 pi rho(q)) and "
+            f"the limit law 1 - exp(-y^(1/alpha)) of R_1 (Weibull, shape (d-1)/2 = 1) for rho propto exp(x1 x2) on S^2, "
+            f"V = I, n = {n}, beta = {settings['super_gamma']:g} n^alpha, {Q.shape[0]} queries x {K} contexts = {N} "
+            f"samples; tolerance: the 1% KS critical value. The sqrt(a_n) output scale is a reconstruction (the "
+            f"extraction prints a_n). At the paper's Fig. 2 column beta = n^(5/4) (= {n**0.25:g} n^alpha) the "
+            f"second-nearest keys keep O(n^-alpha / beta) weight: KS {ks[0]:.3f}",
+        )
+    )
+    # the mark: direction of P_q Y_n in the frame (grad log rho, q x grad log rho), uniform on S^1 in the limit;
+    # a finite-n density tilt would point it along grad log rho (O(a_n^{-1/2}) bias, ~0.01 here)
+    gh = g / np.linalg.norm(g, axis=1, keepdims=True)
+    e2 = np.cross(Q, gh)
+    P1 = P[:, :, 1]
+    th = P1 / np.linalg.norm(P1, axis=-1, keepdims=True)
+    u = np.stack([np.sum(th * gh, -1), np.sum(th * e2, -1)], -1).reshape(-1, 2)
+    p = 2
+    rayleigh = p * N * float(np.sum(u.mean(0) ** 2))
+    T = u.T @ u / N
+    bingham = 0.5 * p * (p + 2) * N * float(np.trace(T @ T) - 1.0 / p)
+    dof = p + (p - 1) * (p + 2) // 2
+    stat = rayleigh + bingham
+    checks.append(
+        check(
+            "supercritical_output_mark",
+            stat,
+            float(dof),
+            float(stats.chi2.ppf(0.999, dof) - dof),
+            f"uniformity of the mark P_q Y_n / |P_q Y_n| on the tangent circle, measured as an angle from "
+            f"grad_S log rho(q) (same {N} samples): Rayleigh (first moment, {rayleigh:.2f}) + Bingham (second "
+            f"moment, {bingham:.2f}) statistic, chi^2 with {dof} degrees of freedom under uniformity (theory: its mean "
+            f"{dof}); tolerance: up to the 0.1% quantile {stats.chi2.ppf(0.999, dof):.2f}. Mean mark along the "
+            f"gradient {u[:, 0].mean():+.4f} (SE {math.sqrt(0.5 / N):.4f})",
+        )
+    )
+    return dict(R=R, u=u, betas=betas, n=n, a_n=a_n, ks=np.array(ks))
+
+
+def _critical_output(key, settings, checks):
+    r"""Thm 4.2: $\sqrt{\beta_n} Y_n(q) \to \Xi$ at $\beta_n = \gamma n^\alpha$, uniform keys on $S^4$."""
+    d = 5
+    alpha = theory.attention_alpha(d)
+    n, K = settings["crit_out_n"], settings["crit_out_contexts"]
+    gam = np.asarray(settings["crit_out_gammas"], np.float64)
+    betas = gam * n**alpha
+    Q = np.concatenate([np.eye(d), -np.eye(d)])  # +-e_i: 90 degrees apart, near-disjoint windows
+    Y = np.asarray(_query_outputs(jax.random.fold_in(key, 0), jnp.asarray(Q, jnp.float32), jnp.asarray(betas),
+                                  n, K, _uniform_keys_d5), np.float64)  # (K, 2d, G, d)
+    P = _tangent_part(Y, Q[:, None, :])
+    finite = np.sqrt(betas)[None, None, :] * np.linalg.norm(P, axis=-1)  # |sqrt(beta) P_q Y_n|
+    finite = finite.reshape(-1, gam.size)
+    lim = np.stack([
+        np.linalg.norm(np.asarray(theory.sample_critical_output(jax.random.fold_in(key, 1 + i), float(g), d,
+                                                                 settings["crit_out_limit_samples"]), np.float64), axis=1)
+        for i, g in enumerate(gam)
+    ], 1)
+    ks = np.array([_ks_distance(finite[:, i], lim[:, i]) for i in range(gam.size)])
+    N1, N2 = finite.shape[0], lim.shape[0]
+    level = 0.01 / gam.size
+    tol = _ks_critical(level) * math.sqrt(1 / N1 + 1 / N2)
+    checks.append(
+        check(
+            "critical_output",
+            float(ks.max()),
+            0.0,
+            tol,
+            f"largest two-sample KS distance between |sqrt(beta) P_q Y_n(q)| (uniform keys, d = {d}, n = {n}, V = I, "
+            f"{K} contexts x {Q.shape[0]} queries +-e_i = {N1} samples) and |Xi| from theory.sample_critical_output "
+            f"({N2} samples) at beta = gamma n^alpha, gamma = {', '.join(f'{g:g}' for g in gam)} (KS "
+            f"{', '.join(f'{v:.3f}' for v in ks)}); tolerance: the KS critical value at family-wise level 1% "
+            f"(Bonferroni over the {gam.size} gammas). The sqrt(beta) scaling and the sqrt(2y) mark weight are "
+            "reconstructions (the extraction prints beta_n and 2y)",
+        )
+    )
+    i1 = int(np.argmin(np.abs(gam - 1.0)))
+    a, w = finite[:, i1] ** 2, lim[:, i1] ** 2
+    se = math.sqrt(a.var(ddof=1) / a.size + w.var(ddof=1) / w.size)
+    checks.append(
+        check(
+            "critical_output_second_moment",
+            a.mean(),
+            w.mean(),
+            4 * se,
+            f"mean beta |P_q Y_n(q)|^2 at beta = n^alpha (gamma = {gam[i1]:g}), n = {n}, against E|Xi|^2 of the marked "
+            f"Poisson functional; tolerance 4 combined SE ({se:.2g})",
+        )
+    )
+    return dict(gammas=gam, finite=finite, limit=lim, n=n, ks=ks)
+
+
+def _output_regimes(key, settings, checks):
+    r"""Thm 4.3 on the Fig. 2 law ($d = 3$): drift / mixed / fluctuation across $\tau_n = \beta^{1+\alpha} n^{-\alpha}$."""
+    d = 3
+    alpha = theory.attention_alpha(d)
+    c_d = theory.fluctuation_constant(d)
+    ns, taus = np.asarray(settings["regime_ns"]), np.asarray(settings["regime_taus"], np.float64)
+    K = settings["regime_contexts"]
+    Q = np.asarray(sphere.uniform(jax.random.fold_in(key, 0), settings["regime_queries"], d), np.float64)
+    rho = np.exp(Q[:, 0] * Q[:, 1]) / _rho_normaliser()
+    g = _grad_log_rho(Q)
+    B = np.stack([np.asarray(sphere.tangent_basis(jnp.asarray(q))) for q in Q])  # (Q, 3, 2)
+    # theory: beta P_q Y_n ~ N(grad_S log rho(q), tau^{1/alpha} c_d / rho(q) P_q)
+    drift2 = float(np.mean(np.sum(g**2, 1)))
+    inv_rho = float(np.mean(1 / rho))
+    ratio_th = np.sqrt(drift2 / ((d - 1) * c_d * inv_rho)) * taus ** (-1 / (2 * alpha))
+    R = np.zeros((ns.size, taus.size))
+    R_se = np.zeros_like(R)
+    D = np.zeros_like(R)
+    F = np.zeros_like(R)
+    chat = np.zeros_like(R)
+    chat_se = np.zeros_like(R)
+    betas = np.zeros_like(R)
+    for i, n in enumerate(ns):
+        betas[i] = (taus * float(n) ** alpha) ** (1 / (1 + alpha))  # tau = beta^(1+alpha) n^(-alpha)
+        Y = np.asarray(_query_outputs(jax.random.fold_in(key, 1 + i), jnp.asarray(Q, jnp.float32),
+                                      jnp.asarray(betas[i]), int(n), K, _density_keys), np.float64)  # (K, Q, T, 3)
+        Z = betas[i][None, None, :, None] * np.einsum("kqtd,qdm->kqtm", Y, B)  # beta P_q Y_n, tangent coordinates
+        st = _regime_stats(Z, rho, taus, alpha, d)
+        R[i], D[i], F[i], chat[i] = st
+        # jackknife over contexts for the SEs of log R and of c_hat
+        jk = np.stack([np.stack(_regime_stats(np.delete(Z, k, 0), rho, taus, alpha, d)) for k in range(K)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lr = np.log(jk[:, 0])
+        R_se[i] = np.sqrt((K - 1) * np.nanvar(lr, axis=0)) * R[i]
+        chat_se[i] = np.sqrt((K - 1) * np.var(jk[:, 3], axis=0))
+    # systematic (non-statistical) offsets of each cell from the limit law, both computed, not fitted:
+    # drift: the n = infinity displacement at the same beta (tilted vMF quadrature) against grad_S log rho;
+    # fluctuation: the leading finite-window term of E|B_n / Z_n|^2, +kappa / m_n (delta method).
+    s = 1.0 / alpha
+    kappa = (3 * 2**-s - 2 * (2 / 3) ** (s + 1)) / math.gamma(s + 1)
+    m_n = np.array([[float(np.mean(theory.window_size(int(n), b, d, rho))) for b in row] for n, row in zip(ns, betas,
+                                                                                                          strict=True)])
+    j1 = int(np.argmin(np.abs(np.log(taus))))  # the tau = 1 column (beta = n^(2/(d+1)))
+    drift_inf = np.full(R.shape, np.nan)
+    for i in range(ns.size):
+        for j in {0, j1, taus.size - 1}:  # the cells whose offsets enter a tolerance (quadrature is not free)
+            Yinf = betas[i, j] * _vmf_tilted_displacement(Q, betas[i, j], n_s=200)
+            drift_inf[i, j] = math.sqrt(np.mean(np.sum(_tangent_part(Yinf, Q) ** 2, 1)) / drift2)
+    sys_ratio = drift_inf / np.sqrt(1 + kappa / m_n) - 1  # relative offset of the ratio
+    # fluctuation-dominated point: largest n, largest tau
+    i_f, j_f = ns.size - 1, taus.size - 1
+    n_f, b_f = int(ns[i_f]), float(betas[i_f, j_f])
+    bias = kappa / m_n[i_f, j_f]
+    checks.append(
+        check(
+            "fluctuation_covariance",
+            chat[i_f, j_f],
+            c_d,
+            4 * chat_se[i_f, j_f] + abs(bias) * c_d,
+            f"c_d from the covariance of r_n Y_n(q) (r_n = sqrt(n beta^(1-1/alpha)), V = I): "
+            f"mean over {Q.shape[0]} queries of rho(q) tr Cov / (d-1), covariance over {K} contexts per query, "
+            f"rho propto exp(x1 x2) on S^2, n = {n_f}, beta = {b_f:.0f} (tau = beta^(1+alpha)/n^alpha = {taus[j_f]:g}: "
+            f"fluctuation dominated), theory Sigma(q) = c_d / rho(q) P_q, c_d = 2^-d pi^(-(d-1)/2). Tolerance 4 "
+            f"jackknife SE ({chat_se[i_f, j_f]:.2g}) + the leading finite-window bias {bias:+.3f} c_d (delta method, "
+            f"mean window m_n = {m_n[i_f, j_f]:.0f}). r_n is a reconstruction (the extraction lost its square root)",
+        )
+    )
+    # slope of log(drift / fluctuation) against log tau, all (n, tau) cells: the collapse onto one line
+    ok = np.isfinite(R) & (R > 0) & np.isfinite(R_se) & (R_se > 0)
+    x, y, w = np.log(np.broadcast_to(taus, R.shape)[ok]), np.log(R[ok]), (R_se / R)[ok]
+    slope, intercept, slope_se = _weighted_line(x, y, w)
+    # end-point offsets of sizes e1, e2 tilt a line fitted over [log tau_min, log tau_max] by at most about this
+    sys_slope = (np.max(np.abs(sys_ratio[:, 0])) + np.max(np.abs(sys_ratio[:, -1]))) / math.log(taus[-1] / taus[0])
+    checks.append(
+        check(
+            "output_regimes",
+            slope,
+            -1 / (2 * alpha),
+            4 * slope_se + sys_slope,
+            f"slope of log(drift / fluctuation size) against log tau_n, tau_n = beta^(1+alpha) n^-alpha, over n = "
+            f"{', '.join(str(int(v)) for v in ns)} and tau = {taus.min():.3g}..{taus.max():.3g} (beta from "
+            f"{betas.min():.0f} to {betas.max():.0f}): drift = |E beta P_q Y_n| (unbiased over {K} contexts), "
+            f"fluctuation = sqrt(tr Cov beta P_q Y_n), each aggregated over {Q.shape[0]} queries, rho propto "
+            f"exp(x1 x2) on S^2, V = I. Mixed regime (Thm 4.3): ratio = |grad_S log rho| sqrt(rho / ((d-1) c_d)) "
+            f"tau^(-1/(2 alpha)), a function of tau alone: the transition sits at beta ~ n^(2/(d+1)). Tolerance 4 SE "
+            f"of the weighted fit ({slope_se:.2g}, jackknife over contexts) + {sys_slope:.3f}, the tilt the computed "
+            f"end-point offsets (finite-beta drift by quadrature, finite-window covariance) can cause",
+        )
+    )
+    i1 = ns.size - 1
+    checks.append(
+        check(
+            "drift_fluctuation_ratio",
+            R[i1, j1],
+            ratio_th[j1],
+            4 * R_se[i1, j1] + abs(sys_ratio[i1, j1]) * ratio_th[j1],
+            f"drift/fluctuation ratio at tau = {taus[j1]:.3g} (beta = {betas[i1, j1]:.0f} ~ n^(2/(d+1)), n = "
+            f"{int(ns[i1])}: the mixed regime) against |grad_S log rho| sqrt(rho/((d-1) c_d)) tau^(-1/(2 alpha)) "
+            f"aggregated over the queries; tolerance 4 jackknife SE ({R_se[i1, j1]:.2g}) + the computed finite-size "
+            f"offset {sys_ratio[i1, j1]:+.3f} (relative)",
+        )
+    )
+    return dict(ns=ns, taus=taus, betas=betas, R=R, R_se=R_se, D=D, F=F, chat=chat, chat_se=chat_se,
+                ratio_th=ratio_th, m_n=m_n, drift_inf=drift_inf, sys_ratio=sys_ratio, kappa=kappa, c_d=c_d, drift2=drift2, inv_rho=inv_rho, slope=slope, intercept=intercept)
+
+
+def _regime_stats(Z, rho, taus, alpha, d):
+    """Drift/fluctuation statistics of ``Z = beta P_q Y_n`` of shape ``(K, Q, T, d-1)``.
+
+    Returns ``(ratio, drift, fluctuation, c_hat)``, each ``(T,)``: ``drift^2 = mean_q |mean_k Z|^2 - tr Cov / K``
+    (unbiased for ``mean_q |E Z|^2``), ``fluctuation^2 = mean_q tr Cov``, and
+    ``c_hat = mean_q rho(q) tr Cov / ((d - 1) tau^{1/alpha})`` (the mixed-regime estimate of ``c_d``).
+    """
+    K = Z.shape[0]
+    mean = Z.mean(0)  # (Q, T, m)
+    var = Z.var(0, ddof=1).sum(-1)  # (Q, T): tr Cov
+    drift2 = np.mean(np.sum(mean**2, -1) - var / K, 0)
+    fluct2 = np.mean(var, 0)
+    chat = np.mean(rho[:, None] * var, 0) / ((d - 1) * taus ** (1 / alpha))
+    drift = np.sqrt(np.maximum(drift2, 0.0))
+    fluct = np.sqrt(fluct2)
+    return drift / fluct, drift, fluct, chat
 
 
 # ------------------------------------------------------------------------------------------------
@@ -733,6 +1090,95 @@ def _plot_residual(out, res):
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path = out / "residual_dynamics.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def _ecdf(x):
+    x = np.sort(np.asarray(x, np.float64).ravel())
+    return x, np.arange(1, x.size + 1) / x.size
+
+
+def _plot_output_limits(out, sup, cro):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    ax = axes[0]
+    y = np.linspace(0, 6, 300)
+    ax.plot(y, 1 - np.exp(-y), "k-", lw=2, label=r"limit $1 - e^{-y}$ ($R_1$, $d = 3$)")
+    n = int(sup["n"])
+    for j, (b, ks) in enumerate(zip(sup["betas"], sup["ks"], strict=True)):
+        xs, F = _ecdf(sup["R"][..., j])
+        ax.plot(xs, F, f"C{j}-", lw=1.2, label=rf"$\beta = {b / n:g}\,n$: KS {ks:.3f}")
+    ax.set(xlim=(0, 6), xlabel=r"$\frac{1}{2} a_n \|P_q Y_n(q)\|^2$", ylabel="CDF",
+           title=rf"supercritical (Thm 4.1): $\rho \propto e^{{x_1 x_2}}$ on $S^2$, n = {n}")
+    ax.legend(fontsize=8, loc="lower right")
+    ax = axes[1]
+    ang = np.arctan2(sup["u"][:, 1], sup["u"][:, 0])
+    ax.hist(ang, bins=24, range=(-np.pi, np.pi), density=True, color="C0", alpha=0.6,
+            label=f"{ang.size} samples")
+    ax.axhline(1 / (2 * np.pi), color="k", lw=2, label="uniform")
+    ax.set(xlabel=r"mark angle from $\nabla_S \log\rho(q)$", ylabel="density", ylim=(0, 0.3),
+           title=r"mark $\Theta = P_q Y_n / \|P_q Y_n\|$ (uniform in the limit)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax = axes[2]
+    for i, g in enumerate(cro["gammas"]):
+        xs, F = _ecdf(cro["limit"][:, i])
+        ax.plot(xs, F, "k--", lw=1)
+        xs, F = _ecdf(cro["finite"][:, i])
+        ax.plot(xs, F, f"C{i}-", lw=1.3, label=rf"$\gamma$ = {g:g} (KS {cro['ks'][i]:.3f})")
+    ax.set(xscale="log", xlabel=r"$\|\sqrt{\beta}\, P_q Y_n(q)\|$ and $\|\Xi\|$ (dashed)", ylabel="CDF",
+           title=rf"critical (Thm 4.2): $\beta = \gamma n^\alpha$, d = 5, n = {int(cro['n'])}")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path = out / "output_limits.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def _plot_output_regimes(out, reg):
+    ns, taus, betas, R, R_se = reg["ns"], reg["taus"], reg["betas"], reg["R"], reg["R_se"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    tt = np.geomspace(taus.min(), taus.max(), 100)
+    th = reg["ratio_th"][0] * (tt / taus[0]) ** (-0.5)  # d = 3: tau^(-1/(2 alpha)) = tau^(-1/2)
+    ax = axes[0]
+    for i, n in enumerate(ns):
+        ax.errorbar(betas[i], R[i], 2 * R_se[i], fmt="o", color=f"C{i}", ms=4, label=f"n = {int(n)}")
+        bb = np.geomspace(betas[i].min(), betas[i].max(), 100)
+        ax.plot(bb, reg["ratio_th"][0] * ((bb**2 / n) / taus[0]) ** (-0.5), f"C{i}-", lw=1)
+        ax.axvline(n**0.5, color=f"C{i}", ls=":", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel=r"$\beta$", ylabel="drift / fluctuation",
+           title=r"$|E\,\beta P_q Y_n| / \sqrt{\mathrm{tr\,Cov}\,\beta P_q Y_n}$; dotted: $\beta = n^{2/(d+1)}$")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for i, n in enumerate(ns):
+        ax.errorbar(taus, R[i], 2 * R_se[i], fmt="o", color=f"C{i}", ms=4, label=f"n = {int(n)}")
+    ax.plot(tt, th, "k-", lw=1.5, label=r"Thm 4.3: $\propto \tau^{-1/(2\alpha)}$")
+    ax.axvline(1.0, color="grey", ls="--", lw=1)
+    ax.axhline(1.0, color="grey", ls=":", lw=1)
+    bottom = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    ax.text(taus.min() * 1.3, 0.05, "drift\ndominated", fontsize=9, transform=bottom)
+    ax.text(1.15, 0.05, "mixed", fontsize=9, transform=bottom)
+    ax.text(taus.max() / 12, 0.85, "fluctuation\ndominated", fontsize=9, transform=bottom)
+    ax.set(xscale="log", yscale="log", xlabel=r"$\tau_n = \beta^{1+\alpha} n^{-\alpha}$",
+           title=rf"collapse onto $\tau_n$: fitted slope {float(reg['slope']):.3f} (theory -1/2)")
+    ax.legend(fontsize=8, loc="center left")
+    ax = axes[2]
+    for i, n in enumerate(ns):
+        ax.plot(taus, reg["D"][i] / math.sqrt(float(reg["drift2"])), "o-", color=f"C{i}", ms=4,
+                label=rf"drift / $|\nabla_S \log\rho|$, n = {int(n)}")
+        ax.errorbar(taus, reg["chat"][i] / reg["c_d"], 2 * reg["chat_se"][i] / reg["c_d"], fmt="s--", color=f"C{i}",
+                    ms=4, mfc="none", label=rf"$\hat c_d / c_d$, n = {int(n)}")
+        ok = np.isfinite(reg["drift_inf"][i])
+        ax.plot(taus[ok], reg["drift_inf"][i][ok], "x", color=f"C{i}", ms=9, mew=2,
+                label=rf"drift, $n = \infty$ at the same $\beta$ (quadrature), n = {int(n)}")
+    ax.axhline(1.0, color="k", lw=1)
+    ax.set(xscale="log", ylim=(0.5, 1.3), xlabel=r"$\tau_n$",
+           title=r"mixed regime: $\beta P_q Y_n \approx N(\nabla_S\log\rho,\ \tau^{1/\alpha} c_d/\rho\ P_q)$")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(r"subcritical output regimes, $\rho \propto e^{x_1 x_2}$ on $S^2$ (d = 3, $\alpha$ = 1), V = I")
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    path = out / "output_regimes.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path.name
