@@ -9,6 +9,7 @@ at run time in the whole suite (STYLE: jaxtyping annotations carry shapes).
 """
 
 import importlib
+import os
 import pkgutil
 
 import jax
@@ -28,3 +29,18 @@ def x64():
     """Run the test body with JAX x64 enabled; restored afterwards."""
     with jax.enable_x64(True):
         yield
+
+
+def _native_off() -> bool:
+    return os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
+    accelerators run), tests marked ``native`` test the C kernels themselves and are skipped."""
+    if not _native_off():
+        return
+    skip = pytest.mark.skip(reason="MEANFIELD_NATIVE=0: the native kernels are off")
+    for item in items:
+        if item.get_closest_marker("native") is not None:
+            item.add_marker(skip)

@@ -35,7 +35,7 @@ def _reference(x0, betas, hs, Ns, idxs, threshold, normalized):
     return np.stack(fr_all), np.stack(xs_all)
 
 
-BACKENDS = [(False, "xla"), (True, "xla"), (False, "native")]
+BACKENDS = [(False, "xla"), (True, "xla"), pytest.param(False, "native", marks=pytest.mark.native)]
 
 
 @pytest.mark.parametrize(("packed", "backend"), BACKENDS)
@@ -234,6 +234,7 @@ def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_native_kernel_builds():
     """The CI machine has a C compiler: the fused kernel must build there (the XLA
     fallback would hide a broken build)."""
@@ -243,6 +244,7 @@ def test_native_kernel_builds():
     assert _native.unavailable_reason() is None
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("normalized", [True, False])
 def test_native_generic_d_odd_n_ragged_seeds_equal_reference(normalized, x64):
     """d = 5 (the kernel's runtime-d path), odd n, 11 seeds (padded to blocks of 8)."""
@@ -261,6 +263,7 @@ def test_native_generic_d_odd_n_ragged_seeds_equal_reference(normalized, x64):
     assert 0 < ref_fr.mean() < 1 and np.unique(ref_fr).size > 3  # not a trivial comparison
 
 
+@pytest.mark.native
 def test_native_equals_xla_at_the_benchmark_shape(x64):
     """n = 32, d = 2, 100 SA steps with a checkpoint at every state (the benchmark's
     setting, 48 seeds): the same fractions, states equal to rounding; thread count does
@@ -283,6 +286,7 @@ def test_native_equals_xla_at_the_benchmark_shape(x64):
     np.testing.assert_allclose(x1, xx[0], rtol=0, atol=1e-11)
 
 
+@pytest.mark.native
 def test_backend_choice_and_errors(x64):
     x32 = np.asarray(_x0(3, 4, 2), dtype=np.float32)
     x64_ = _x0(3, 4, 2)
@@ -308,6 +312,7 @@ def test_backend_choice_and_errors(x64):
         _native.phase_run(np.asarray(x64_), 1.0, 0.0, 0.1, 3, [1], 0.9, True, threads=0)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("normalized", [True, False])
 def test_native_float32_matches_xla_float32(normalized):
     """float32 (JAX's default dtype): the native kernel (16 seeds per SIMD block) against the
