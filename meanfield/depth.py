@@ -68,6 +68,13 @@ __all__ = [
     "init_trace",
     "similarity_profile",
     "sublayer_increments",
+    "equal_correlation_matrix",
+    "value_output_variance",
+    "amount_of_attention",
+    "amount_of_attention_profile",
+    "one_step_attention",
+    "swiglu_correlation",
+    "one_step_ffn",
     "gaussian_tokens",
     "frequency_distribution",
     "frequency_loss",
@@ -385,6 +392,12 @@ def _layer_stats(states, out):
     }
 
 
+def _init_layer_stats(states, out):
+    # init_trace adds the residual-stream norms (kept out of forward so that the training
+    # program, and so its floating-point rounding, is unchanged)
+    return {**_layer_stats(states, out), "sq_x1": jnp.sum(states["X1"] ** 2), "sq_x2": jnp.sum(states["X2"] ** 2)}
+
+
 def forward(
     blocks: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
@@ -413,11 +426,14 @@ def forward(
         ((5, 8), (2,))
     """
     _check_norm(norm)
+    return _forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=taps, stats=_layer_stats)
 
+
+def _forward(blocks, X, *, norm, heads, alpha_prefix, taps, stats):
     def body(x, layer):
         p, tp = layer
         out, states = block(p, x, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=tp)
-        return out, _layer_stats(states, out)
+        return out, stats(states, out)
 
     depth = jax.tree_util.tree_leaves(blocks)[0].shape[0]
     if taps is None:
@@ -452,16 +468,19 @@ def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
     kx, kp = jax.random.split(key)
     X = gaussian_tokens(kx, n, d)
     blocks = init_stack(kp, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w)
-    _, stats = forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix)
+    _, stats = _forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=None,
+                        stats=_init_layer_stats)
     stats["t_input"] = metrics.token_similarity(X)
     return stats
 
 
 def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0) -> dict:
-    """Per-layer statistics of a freshly initialised stack on Gaussian tokens.
+    r"""Per-layer statistics of a freshly initialised stack on Gaussian tokens.
 
     Same inputs as ``similarity_profile``; returns the dict of
-    ``forward`` (each entry ``(depth,)``) plus ``t_input`` (a scalar).
+    ``forward`` (each entry ``(depth,)``) plus ``sq_x1, sq_x2`` (``(depth,)``: the squared
+    Frobenius norms $\|X_1^l\|_F^2$, $\|X_2^l\|_F^2$ of the two sublayer inputs, for
+    ``amount_of_attention``) and ``t_input`` (a scalar).
     ``sigma_w`` and ``alpha_prefix`` may be traced (vmap over a sweep compiles once).
 
     ``X^0``: ``n`` Gaussian tokens with ``||x_i|| = sqrt(d)``; ``X^l`` as in ``forward``
@@ -541,6 +560,326 @@ def sublayer_increments(key, **kwargs) -> dict:
     attn = s["t_y1"] - s["t_x1"]
     ffn = s["t_y2"] - s["t_x2"]
     return {"attn": attn, "ffn": ffn, "rms": block_total - attn - ffn, "t_out": s["t_out"]}
+
+
+# ----------------------------------------------------------------------------- forward closed forms (Sec. 3.1, App. C)
+
+
+def _check_t(t):
+    if is_concrete(t):
+        a = np.asarray(t, dtype=np.float64)
+        if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
+            raise ValueError(f"t (a token similarity) must lie in [0, 1], got {t!r}")
+
+
+def _harmonic(n: int) -> float:
+    return float(np.sum(1.0 / np.arange(1, n + 1, dtype=np.float64)))
+
+
+def equal_correlation_matrix(n, d, t) -> Float[Array, "n n"]:
+    r"""The equal-correlation closure $R_{\text{eq}}(t)$ of a token Gram matrix (Sec. 3.1, App. C.1 (iii)).
+
+    The symmetric $n \times n$ matrix in the span of $I$ and $\mathbf 1 \mathbf 1^\top$ with
+    diagonal $d$ (RMS-normalised rows) and $\operatorname{tr}(\Pi R) / \operatorname{tr}(R) = t$:
+
+    $$R_{\text{eq}}(t) = d\,\big[(1 - \rho)\, I + \rho\, \mathbf 1 \mathbf 1^\top\big], \qquad \rho = \frac{n t - 1}{n - 1}.$$
+
+    Derivation (reconstruction: the extraction lost the displayed formula, the text states its
+    two constraints): with $R = a I + b \mathbf 1 \mathbf 1^\top$, $\operatorname{tr} R = n d$ and
+    $\operatorname{tr}(\Pi R) = \mathbf 1^\top R \mathbf 1 / n = a + b n$, so $a + b = d$ and
+    $a + b n = n d t$, giving $b = d \rho$, $a = d (1 - \rho)$. $\rho$ is the common cosine
+    between tokens; it is $\ge -1/(n-1)$ for every $t \in [0, 1]$, and $R$ is positive
+    semi-definite there.
+
+    Args:
+        n: number of tokens (``>= 2``); d: row squared norm; t: token similarity in ``[0, 1]``.
+
+    Returns:
+        ``(n, n)`` float32 array.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.depth.equal_correlation_matrix(3, 2, 0.5).tolist()  # rho = 1/4
+        [[2.0, 0.5, 0.5], [0.5, 2.0, 0.5], [0.5, 0.5, 2.0]]
+    """
+    n = check_int("n", n, minimum=2)
+    check_positive("d", d)
+    _check_t(t)
+    rho = (n * t - 1.0) / (n - 1.0)
+    eye = jnp.eye(n, dtype=jnp.float32)
+    return d * ((1.0 - rho) * eye + rho * jnp.ones((n, n), jnp.float32))
+
+
+def value_output_variance(sigma_w, d):
+    r"""Entry variance $\sigma_W^2 = d\, \sigma_w^4$ of the merged value-output map $W = W_V W_O$.
+
+    The paper's attention sublayer is $Y = X + P X W$ with one $d \times d$ Gaussian matrix $W$
+    (App. C.1 (i)); this package's block has $W_V, W_O$ with $N(0, \sigma_w^2)$ entries and
+    heads of width $d_h$, with $\mathbb E[W_V^h W_O^h (W_V^h W_O^h)^\top] = d\, d_h\, \sigma_w^4 I$
+    per head and no cross-head terms, so for a common attention matrix
+    $\mathbb E[W W^\top] = d^2 \sigma_w^4 I = d\, \sigma_W^2 I$: the same second moments as one
+    matrix of entry variance $d \sigma_w^4$ (only second moments enter the one-step formulas).
+
+    Args:
+        sigma_w: per-matrix weight standard deviation; d: model dimension.
+
+    Returns:
+        $d\, \sigma_w^4$ (same type as the inputs).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.depth.value_output_variance(0.5, 4)  # sigma_w = 1/sqrt(d): sigma_W^2 = 1/d
+        0.25
+    """
+    check_positive("sigma_w", sigma_w)
+    check_positive("d", d)
+    return d * sigma_w**4
+
+
+def amount_of_attention(frob_sq, *, n, d, sigma_w):
+    r"""The amount of attention $s = n d^2 \sigma_W^2 / \|X\|_F^2$ of a sublayer (Sec. 3.1).
+
+    $\sigma_W^2 = d \sigma_w^4$ (``value_output_variance``). It is the factor in
+    $\mathbb E_W[Y Y^\top] = X X^\top + s\, P \tilde X \tilde X^\top P^\top\, \|X\|_F^2/(n d)$,
+    where $\tilde X$ is the attention input: $X$ itself in Post-Norm, whose rows have norm
+    $\sqrt d$ so $\|X\|_F^2 = n d$ and $s = d \sigma_W^2 = d^2 \sigma_w^4$ at every layer; the
+    RMS-normalised $X$ in Pre-Norm, whose residual norm grows with depth (roughly linearly),
+    so $s^l$ decays like $1/l$.
+
+    Args:
+        frob_sq: $\|X\|_F^2$ of the residual stream at the sublayer input (array or scalar, ``> 0``).
+        n, d: sequence length and model dimension; sigma_w: per-matrix weight standard deviation.
+
+    Returns:
+        $s$, shaped like ``frob_sq``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.depth.amount_of_attention(8 * 16, n=8, d=16, sigma_w=0.25))  # Post-Norm, sigma_w = 1/sqrt(d)
+        1.0
+    """
+    n = check_int("n", n, minimum=1)
+    check_positive("frob_sq", frob_sq)
+    return n * d**2 * value_output_variance(sigma_w, d) / jnp.asarray(frob_sq, jnp.float32)
+
+
+def one_step_attention(t, s, *, n, alpha_prefix=0.0):
+    r"""Expected one-step token-similarity change of an attention residual update (Thm 3.2, Cor. 3.3).
+
+    Model (App. C.1-C.2): $Y = X + (1 - \alpha) C_n \tilde X W$ with the causal attention
+    matrix replaced by its prefix-averaging surrogate $C_n$ (``alpha_prefix`` $= \alpha$ removes
+    $\alpha C_n$ as in Cor. 3.3), $X X^\top$ replaced by the closure $R_{\text{eq}}(t)$
+    (``equal_correlation_matrix``) and $t_{\text{sim}}(Y)$ by the ratio of expectations
+    $\mathbb E\|\Pi Y\|_F^2 / \mathbb E\|Y\|_F^2$ over the Gaussian $W$; $s$ is the amount of
+    attention (``amount_of_attention``). With $s' = (1 - \alpha)^2 s$,
+    $\mathbb E_W[Y Y^\top] \propto R + s' C_n R C_n^\top$, and with
+    $\operatorname{tr}(C_n C_n^\top) = H_n$ (harmonic number),
+    $\operatorname{tr}(\Pi C_n C_n^\top) = \frac1n \sum_j (H_n - H_{j-1})^2 = 2 - H_n/n$,
+    $C_n \mathbf 1 = \mathbf 1$:
+
+    $$\Delta t = \frac{t + s'\,[\rho + (1 - \rho)(2 - H_n/n)/n]}{1 + s'\,[\rho + (1 - \rho) H_n / n]} - t
+      = \frac{s' (1 - t)\,\big[(n - H_n)\, t + 1 - H_n/n\big]}{(n - 1) + s'\,\big[n t - 1 + (1 - t) H_n\big]},$$
+
+    $\rho = (nt - 1)/(n - 1)$. It is $> 0$ for $t < 1$ and $s' > 0$ (attention amplifies
+    similarity) and $0$ at $t = 1$. Reconstruction: the extraction lost the displayed
+    statement of Thm 3.2; this is the derivation of App. C from the assumptions it lists.
+
+    Args:
+        t: token similarity of the sublayer input, in ``[0, 1]`` (array or scalar).
+        s: amount of attention ``>= 0`` (broadcasts with ``t``).
+        n: sequence length (``>= 2``); alpha_prefix: ablation strength $\alpha$.
+
+    Returns:
+        $\Delta t$, broadcast shape of ``t`` and ``s``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.depth.one_step_attention(0.0, 1.0, n=2)), 6)  # (1 - 3/4) / (1 + 1/2), H_2 = 3/2
+        0.166667
+    """
+    n = check_int("n", n, minimum=2)
+    _check_t(t)
+    check_nonnegative("s", s)
+    _check_alpha(alpha_prefix)
+    return _one_step_attention(jnp.asarray(t, jnp.float32), jnp.asarray(s, jnp.float32),
+                               jnp.asarray(alpha_prefix, jnp.float32), n=n)
+
+
+@partial(jax.jit, static_argnames=("n",))
+def _one_step_attention(t, s, alpha_prefix, *, n):
+    # one compiled program per shape (the reproduction evaluates it at every layer and seed)
+    h = _harmonic(n)
+    sp = (1.0 - alpha_prefix) ** 2 * s
+    num = sp * (1.0 - t) * ((n - h) * t + 1.0 - h / n)
+    return num / ((n - 1.0) + sp * (n * t - 1.0 + (1.0 - t) * h))
+
+
+# Probabilists' Gauss-Hermite rule for E f(u), u ~ N(0, 1); 48 nodes integrate the smooth
+# silu products below to float32 rounding for tau <= 3 (checked against scipy.integrate in
+# tests/test_depth.py).
+_GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(48)
+_GH_W = _GH_W / _GH_W.sum()
+
+
+def swiglu_correlation(rho, tau2):
+    r"""$m(\rho) = \mathbb E[\operatorname{silu}(u) \operatorname{silu}(u')]$ for $(u, u')$ centred Gaussian, variances $\tau^2$, correlation $\rho$.
+
+    The SwiGLU moment of Thm 3.4 (App. C.4): for a SwiGLU input row pair of common cosine
+    $\rho$ and squared norm $d$, the gate pre-activations $u = x^\top w_1$, $u' = x'^\top w_1$
+    (entries of $W_1$ of variance $\sigma_w^2$) have variance $\tau^2 = d \sigma_w^2$ and
+    correlation $\rho$. Computed by a tensor Gauss-Hermite rule with
+    $u = \tau z_1$, $u' = \tau(\rho z_1 + \sqrt{1 - \rho^2}\, z_2)$. $m(0) = (\mathbb E \operatorname{silu} u)^2$,
+    $m(1) = \mathbb E \operatorname{silu}(u)^2$, and $m$ increases on $[0, 1]$. Identification
+    (reconstruction): the paper quotes $m(0) \approx 0.006$, $m(1) \approx 0.100$ "under the
+    current variance setting", which this $m$ gives at $\tau^2 = 1/3$ ($0.0060$, $0.0998$).
+
+    Args:
+        rho: correlation(s) in ``[-1, 1]``; tau2: pre-activation variance ``> 0`` (broadcasts).
+
+    Returns:
+        $m(\rho)$, broadcast shape of ``rho`` and ``tau2``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> [round(float(mf.depth.swiglu_correlation(r, 1 / 3)), 4) for r in (0.0, 1.0)]
+        [0.006, 0.0998]
+    """
+    if is_concrete(rho):
+        r = np.asarray(rho, dtype=np.float64)
+        if not np.all(np.isfinite(r)) or np.any(np.abs(r) > 1):
+            raise ValueError(f"rho must lie in [-1, 1], got {rho!r}")
+    check_positive("tau2", tau2)
+    return _swiglu_correlation(jnp.asarray(rho, jnp.float32), jnp.asarray(tau2, jnp.float32))
+
+
+@jax.jit
+def _swiglu_correlation(rho, tau2):
+    rho = rho[..., None, None]
+    tau = jnp.sqrt(tau2)[..., None, None]
+    z1 = jnp.asarray(_GH_X, jnp.float32)[:, None]
+    z2 = jnp.asarray(_GH_X, jnp.float32)[None, :]
+    w = jnp.asarray(np.outer(_GH_W, _GH_W), jnp.float32)
+    u = tau * z1
+    v = tau * (rho * z1 + jnp.sqrt(jnp.clip(1.0 - rho * rho, 0.0)) * z2)
+    return jnp.sum(w * jax.nn.silu(u) * jax.nn.silu(v), axis=(-2, -1))
+
+
+def one_step_ffn(t, *, n, d, d_ff, sigma_w, frob_sq=None):
+    r"""Expected one-step token-similarity change of a SwiGLU residual update (Thm 3.4).
+
+    Model (App. C.4): $Y = X + (\operatorname{silu}(\tilde X W_1) \odot \tilde X W_3) W_2$,
+    all weights $N(0, \sigma_w^2)$, $\tilde X$ with rows of norm $\sqrt d$ and Gram matrix
+    $R_{\text{eq}}(t)$, ratio of expectations. With $\tau^2 = d \sigma_w^2$, $m$ as in
+    ``swiglu_correlation``, $\mathbb E[h_i^\top h_j] = d_{ff}\, \tau^2 \rho_{ij}\, m(\rho_{ij})$ for
+    the hidden rows and $\mathbb E_{W_2}[y y'^\top] = d \sigma_w^2\, h^\top h'$, so the branch
+    adds $a = \frac{n d}{\|X\|_F^2}\, d_{ff}\, \sigma_w^2 \tau^2 m(1)$ times $\|X\|_F^2$ to the
+    denominator and
+
+    $$\Delta t = -\frac{a}{1 + a}\,\Big(t - \frac1n\Big)\Big(1 - \frac{m(\rho)}{m(1)}\Big), \qquad \rho = \frac{n t - 1}{n - 1}.$$
+
+    Only the numerator $\mathbb E\|\Pi Y\|_F^2$ sees $t$, as the paper says of its Eq. (6).
+    $\Delta t \le 0$ for $t \ge 1/n$ (damping; for $t < 1/n$ it pushes $t$ up to $1/n$), and $0$
+    at $t = 1/n$ and at $t = 1$.
+    ``frob_sq`` $= \|X\|_F^2$ of the residual stream (Pre-Norm; ``None``: $n d$, Post-Norm).
+    Reconstruction: the extraction lost the displayed statement of Thm 3.4.
+
+    Args:
+        t: input token similarity in ``[0, 1]``.
+        n, d, d_ff: sizes; sigma_w: weight standard deviation.
+        frob_sq: residual-stream $\|X\|_F^2$ (broadcasts with ``t``) or ``None``.
+
+    Returns:
+        $\Delta t$ (``<= 0``), broadcast shape of ``t`` and ``frob_sq``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> abs(float(mf.depth.one_step_ffn(1 / 8, n=8, d=16, d_ff=48, sigma_w=0.25)))  # t = 1/n: no change
+        0.0
+    """
+    n = check_int("n", n, minimum=2)
+    d = check_int("d", d, minimum=1)
+    d_ff = check_int("d_ff", d_ff, minimum=1)
+    _check_t(t)
+    check_positive("sigma_w", sigma_w)
+    if frob_sq is not None:
+        check_positive("frob_sq", frob_sq)
+    sq = jnp.asarray(n * d if frob_sq is None else frob_sq, jnp.float32)
+    return _one_step_ffn(jnp.asarray(t, jnp.float32), sq, jnp.asarray(sigma_w, jnp.float32), n=n, d=d, d_ff=d_ff)
+
+
+@partial(jax.jit, static_argnames=("n", "d", "d_ff"))
+def _one_step_ffn(t, frob_sq, sigma_w, *, n, d, d_ff):
+    tau2 = d * sigma_w**2
+    m1 = _swiglu_correlation(jnp.float32(1.0), tau2)
+    rho = jnp.clip((n * t - 1.0) / (n - 1.0), -1.0, 1.0)
+    a = n * d / frob_sq * d_ff * sigma_w**2 * tau2 * m1
+    return -a / (1.0 + a) * (t - 1.0 / n) * (1.0 - _swiglu_correlation(rho, tau2) / m1)
+
+
+def amount_of_attention_profile(
+    *, depth, n, d, d_ff, sigma_w, norm: str = "pre", attn_energy_factor: RealScalarLike = 1.0
+) -> Float[Array, " depth"]:
+    r"""Predicted amount of attention $s^l$ at the attention input of blocks $l = 1, \dots, \text{depth}$ (Sec. 3.1).
+
+    Post-Norm: every block input is RMS-normalised, $\|X_1^l\|_F^2 = n d$, so
+    $s^l = d\, \sigma_W^2 = d^2 \sigma_w^4$ at every layer. Pre-Norm: the residual stream is not
+    renormalised and its squared norm grows by the expected energy of each branch (the cross
+    terms vanish in expectation over the zero-mean output weights):
+
+    $$\|X_2^l\|_F^2 = \|X_1^l\|_F^2 + n d^2 \sigma_W^2 \big[\rho_l + (1 - \rho_l) H_n/n\big], \qquad
+      \|X_1^{l+1}\|_F^2 = \|X_2^l\|_F^2 + n d\; d_{ff}\, \sigma_w^2\, \tau^2 m(1),$$
+
+    ($\tau^2 = d \sigma_w^2$, $m$ = ``swiglu_correlation``, $H_n$ the harmonic number,
+    $\rho_l$ the closure correlation of the predicted similarity $t$), starting from
+    $\|X_1^1\|_F^2 = n d$, $t = 1/n$ (the mean similarity of $n$ i.i.d. isotropic tokens), $t$
+    advanced by ``one_step_attention`` and ``one_step_ffn``; then
+    $s^l = n d^2 \sigma_W^2 / \|X_1^l\|_F^2$. The growth per block is between two constants,
+    so $s^l \sim 1/l$. (Reconstruction from App. C's second moments; the paper cites the
+    linear norm growth of Xiong et al. 2020 instead.)
+
+    Args:
+        depth, n, d, d_ff: sizes; sigma_w: weight standard deviation; norm: ``"post"`` or ``"pre"``.
+        attn_energy_factor: multiplies the attention-branch energy (``1``: the formula above;
+            the surrogate $C_n$ is the least-energy causal averaging, so softmax attention adds
+            more, and ``2`` sizes that model error).
+
+    Returns:
+        ``(depth,)`` array of $s^l$.
+
+    Example:
+        >>> import meanfield as mf
+        >>> s = mf.depth.amount_of_attention_profile(depth=3, n=8, d=16, d_ff=48, sigma_w=0.25, norm="post")
+        >>> s.tolist()
+        [1.0, 1.0, 1.0]
+    """
+    depth = check_int("depth", depth, minimum=1)
+    n = check_int("n", n, minimum=2)
+    d = check_int("d", d, minimum=1)
+    d_ff = check_int("d_ff", d_ff, minimum=1)
+    check_positive("sigma_w", sigma_w)
+    check_nonnegative("attn_energy_factor", attn_energy_factor)
+    _check_norm(norm)
+    return jnp.asarray(_attention_amounts(depth, n, d, d_ff, float(sigma_w), norm, float(attn_energy_factor)),
+                       jnp.float32)
+
+
+def _attention_amounts(depth, n, d, d_ff, sigma_w, norm, attn_energy_factor) -> np.ndarray:
+    """``amount_of_attention_profile`` in float64 NumPy."""
+    attn_energy = n * d**2 * d * sigma_w**4  # n d^2 sigma_W^2, sigma_W^2 = d sigma_w^4
+    if norm == "post":
+        return np.full(depth, attn_energy / (n * d))
+    tau2 = d * sigma_w**2
+    ffn_energy = n * d * d_ff * sigma_w**2 * tau2 * float(swiglu_correlation(1.0, tau2))
+    h = _harmonic(n)
+    sq, t, out = float(n * d), 1.0 / n, []
+    for _ in range(depth):
+        out.append(attn_energy / sq)
+        rho = (n * t - 1.0) / (n - 1.0)
+        t = min(max(t + float(one_step_attention(t, out[-1], n=n)), 0.0), 1.0)
+        sq += attn_energy_factor * attn_energy * (rho + (1.0 - rho) * h / n)
+        t = min(max(t + float(one_step_ffn(t, n=n, d=d, d_ff=d_ff, sigma_w=sigma_w, frob_sq=sq)), 0.0), 1.0)
+        sq += ffn_energy
+    return np.asarray(out)
 
 
 # ----------------------------------------------------------------------------- frequency loss

@@ -1,14 +1,14 @@
-"""Tests for meanfield.depth (MATH.md Sec. 3) and ``meanfield reproduce depth``.
+"""Tests for meanfield.depth (MATH.md Sec. 3); ``meanfield reproduce depth`` is in test_reproduce_depth.py.
 
 Exact identities (row-constant fixed point, prefix-averaging matrix, frequency
 loss as the collapsed optimum, vanishing gradients at the collapsed optimum)
 are checked to float32 rounding; the Post > Pre comparison at initialisation
-is checked against its seed standard error.
+is checked against its seed standard error; the one-step closed forms of Sec. 3.1 against
+explicit float64 traces, scipy quadrature and Monte Carlo through the package's own sublayers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from functools import partial
 
@@ -296,32 +296,197 @@ def test_lm_diagnostics_taps_are_stream_gradients():
         D.train_lm(params, toks[None], 1e-3, norm="both", heads=2, warmup=1)
 
 
-# ----------------------------------------------------------------------------- reproduce
+# ----------------------------------------------------------------------------- forward closed forms (Sec. 3.1)
 
 
-@pytest.mark.slow
-def test_reproduce_depth_quick(tmp_path):
-    from meanfield.reproduce import depth as R
+def _equal_corr_tokens(key, n, d, t):
+    """``(n, d)`` tokens whose Gram matrix is exactly ``R_eq(t)`` (Cholesky factor, randomly rotated)."""
+    R = np.asarray(D.equal_correlation_matrix(n, d, t), np.float64)
+    L = np.linalg.cholesky(R + 1e-12 * np.eye(n))
+    Q, _ = np.linalg.qr(np.asarray(jax.random.normal(key, (d, d)), np.float64))
+    X = np.zeros((n, d))
+    X[:, :n] = L
+    return X @ Q.T
 
-    summary = R.run(tmp_path, quick=True, quiet=True)
-    on_disk = json.loads((tmp_path / "depth" / "summary.json").read_text())
-    assert on_disk["experiment"] == "depth" and on_disk["quick"] is True
-    checks = {c["name"]: c for c in on_disk["checks"]}
-    for name in ("post_vs_pre_similarity", "prefix_ablation", "frequency_loss"):
-        assert name in checks
-    assert checks["post_vs_pre_similarity"]["theory"] is None
-    assert checks["post_vs_pre_similarity"]["measured"] > 0.1
-    assert 0 <= checks["prefix_ablation"]["measured"] < 0.5
-    # a Post-Norm run collapsed and sits at the entropy of the label frequencies
-    assert checks["collapse_found"]["pass"]
-    fl = checks["frequency_loss"]
-    assert abs(fl["measured"] - fl["theory"]) < 0.05
-    assert 3.0 < fl["theory"] < math.log(64)
-    assert checks["matched_pre_beats_frequency_loss"]["measured"] < -0.3
-    for name in ("post_vs_pre_similarity", "prefix_ablation", "attention_increment_positive",
-                 "loss_jump", "backward_signal_after_collapse", "early_layer_gradient_after_collapse",
-                 "early_vs_last_layer_gradient"):
-        assert checks[name]["pass"], checks[name]
-    for fig in summary["figures"]:
-        assert (tmp_path / "depth" / fig).stat().st_size > 10_000
-    assert summary["timings"]["total"] > 0
+
+@pytest.mark.parametrize("t", [0.0, 0.1, 0.5, 1.0])
+def test_equal_correlation_matrix(t):
+    n, d = 7, 5
+    R = np.asarray(D.equal_correlation_matrix(n, d, t), np.float64)
+    np.testing.assert_allclose(np.diag(R), d, rtol=1e-6)
+    off = R[~np.eye(n, dtype=bool)]
+    np.testing.assert_allclose(off, off[0], rtol=1e-6)  # one common correlation
+    Pi = np.ones((n, n)) / n
+    np.testing.assert_allclose(np.trace(Pi @ R) / np.trace(R), t, atol=1e-6)
+    assert np.linalg.eigvalsh(R).min() > -1e-5  # a Gram matrix
+    with pytest.raises(ValueError, match="t .* must lie in"):
+        D.equal_correlation_matrix(n, d, 1.5)
+    with pytest.raises(ValueError, match="n must be"):
+        D.equal_correlation_matrix(1, d, t)
+
+
+def _attention_ratio_numpy(t, s, n, alpha):
+    """Independent float64 evaluation of the ratio of expectations with explicit matrices."""
+    R = np.asarray(D.equal_correlation_matrix(n, 1, t), np.float64)  # d scales out
+    C = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    Pi = np.ones((n, n)) / n
+    sp = (1 - alpha) ** 2 * s
+    num = np.trace(Pi @ R) + sp * np.trace(Pi @ C @ R @ C.T)
+    den = np.trace(R) + sp * np.trace(C @ R @ C.T)
+    return num / den - t
+
+
+@pytest.mark.parametrize(("t", "s", "n", "alpha"),
+                         [(1 / 16, 1.0, 16, 0.0), (0.3, 0.25, 16, 0.0), (0.9, 5.0, 40, 0.0),
+                          (0.2, 1.0, 9, 0.5), (0.0, 2.0, 2, 0.0), (1.0, 3.0, 12, 0.0)])
+def test_one_step_attention_matches_explicit_traces(t, s, n, alpha):
+    got = float(D.one_step_attention(t, s, n=n, alpha_prefix=alpha))
+    np.testing.assert_allclose(got, _attention_ratio_numpy(t, s, n, alpha), rtol=2e-5, atol=1e-7)
+    if t < 1:
+        assert got > 0  # Thm 3.2: attention raises similarity
+    else:
+        assert got == pytest.approx(0.0, abs=1e-7)
+    # Cor 3.3: removing the whole prefix average removes the increment
+    assert float(D.one_step_attention(t, s, n=n, alpha_prefix=1.0)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_one_step_attention_monte_carlo_through_the_block():
+    """The package's attention with W_Q = W_K = 0 (so P = C_n exactly) on tokens with Gram R_eq(t):
+    the Monte Carlo means of ||Pi Y||^2 and ||Y||^2 over W_V, W_O match the closed form's numerator
+    and denominator (value_output_variance maps the two matrices to the paper's single W)."""
+    n, d, heads, sw, t, alpha = 8, 16, 4, 0.3, 0.25, 0.25
+    X = jnp.asarray(_equal_corr_tokens(jax.random.key(30), n, d, t), jnp.float32)
+    base = D.init_block_params(jax.random.key(31), d=d, d_ff=8, heads=heads, sigma_w=sw)
+
+    def moments(key):
+        kv, ko = jax.random.split(key)
+        p = {**base, "wq": jnp.zeros((d, d)), "wk": jnp.zeros((d, d)),
+             "wv": sw * jax.random.normal(kv, (d, d)), "wo": sw * jax.random.normal(ko, (d, d))}
+        Y = X + D.attention(p, X, heads, alpha_prefix=alpha)
+        return jnp.array([jnp.sum(jnp.mean(Y, 0) ** 2) * n, jnp.sum(Y**2)])
+
+    samples = np.asarray(jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(32), 4000)), np.float64)
+    mean, se = samples.mean(0), samples.std(0, ddof=1) / math.sqrt(samples.shape[0])
+    s = float(D.amount_of_attention(n * d, n=n, d=d, sigma_w=sw))
+    np.testing.assert_allclose(s, n * d**2 * d * sw**4 / (n * d), rtol=1e-6)
+    C = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    R = np.asarray(D.equal_correlation_matrix(n, d, t), np.float64)
+    sp = (1 - alpha) ** 2 * s
+    expect = np.array([np.sum(R) / n + sp * np.sum(C @ R @ C.T) / n, n * d + sp * np.trace(C @ R @ C.T)])
+    assert np.all(np.abs(mean - expect) < 4 * se), (mean, expect, se)
+    np.testing.assert_allclose(mean[0] / mean[1] - t,
+                               float(D.one_step_attention(t, s, n=n, alpha_prefix=alpha)),
+                               atol=4 * float(se[0] / mean[1] + mean[0] * se[1] / mean[1] ** 2))
+
+
+def _silu(u):
+    return u / (1 + np.exp(-u))
+
+
+@pytest.mark.parametrize("tau2", [1 / 3, 1.0, 2.25])
+def test_swiglu_correlation_against_scipy(tau2):
+    from scipy import integrate, stats
+
+    tau = math.sqrt(tau2)
+    g = stats.norm(scale=tau).pdf
+    mean = integrate.quad(lambda u: _silu(u) * g(u), -12 * tau, 12 * tau)[0]
+    second = integrate.quad(lambda u: _silu(u) ** 2 * g(u), -12 * tau, 12 * tau)[0]
+    np.testing.assert_allclose(float(D.swiglu_correlation(0.0, tau2)), mean**2, rtol=1e-5)
+    np.testing.assert_allclose(float(D.swiglu_correlation(1.0, tau2)), second, rtol=1e-5)
+    rho = 0.6
+    pdf = stats.multivariate_normal(cov=tau2 * np.array([[1, rho], [rho, 1]])).pdf
+    val = integrate.dblquad(lambda v, u: _silu(u) * _silu(v) * pdf([u, v]), -8 * tau, 8 * tau,
+                            -8 * tau, 8 * tau, epsabs=1e-9)[0]
+    np.testing.assert_allclose(float(D.swiglu_correlation(rho, tau2)), val, rtol=1e-4)
+    m = np.asarray(D.swiglu_correlation(jnp.linspace(0, 1, 11), tau2))
+    assert np.all(np.diff(m) > 0)  # increasing on [0, 1] (paper App. C.4)
+
+
+def test_swiglu_correlation_paper_values():
+    # App. C.4 quotes m(0) ~ 0.006, m(1) ~ 0.100 "under the current variance setting"; the
+    # reconstruction gives these at tau^2 = 1/3 (the reproduction's paper initialisation)
+    assert float(D.swiglu_correlation(0.0, 1 / 3)) == pytest.approx(0.006, abs=5e-4)
+    assert float(D.swiglu_correlation(1.0, 1 / 3)) == pytest.approx(0.100, abs=2e-3)
+    with pytest.raises(ValueError, match="rho"):
+        D.swiglu_correlation(1.5, 1.0)
+
+
+@pytest.mark.parametrize("frob_scale", [1.0, 3.0])
+def test_one_step_ffn_monte_carlo_through_the_block(frob_scale):
+    """The package's SwiGLU on tokens with Gram R_eq(t): Monte Carlo means of ||Pi Y||^2 and ||Y||^2
+    over W_1, W_2, W_3 against Thm 3.4's numerator and denominator; ``frob_scale`` > 1 is a
+    Pre-Norm residual stream of norm^2 frob_scale * n d whose FFN sees the normalised tokens."""
+    n, d, d_ff, sw, t = 6, 16, 48, 0.3, 0.4
+    Xn = jnp.asarray(_equal_corr_tokens(jax.random.key(40), n, d, t), jnp.float32)
+    X = math.sqrt(frob_scale) * Xn
+
+    def moments(key):
+        p = D.init_block_params(key, d=d, d_ff=d_ff, heads=1, sigma_w=sw)
+        Y = X + D.swiglu(p, Xn)
+        return jnp.array([jnp.sum(jnp.mean(Y, 0) ** 2) * n, jnp.sum(Y**2)])
+
+    samples = np.asarray(jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(41), 4000)), np.float64)
+    mean, se = samples.mean(0), samples.std(0, ddof=1) / math.sqrt(samples.shape[0])
+    tau2 = d * sw**2
+    m1 = float(D.swiglu_correlation(1.0, tau2))
+    rho = (n * t - 1) / (n - 1)
+    mr = float(D.swiglu_correlation(rho, tau2))
+    energy = d * sw**2 * d_ff * tau2  # E||h W_2||^2 per unit m, per row
+    expect = np.array([frob_scale * n * d * t + energy * (m1 + (n - 1) * rho * mr),
+                       frob_scale * n * d + n * energy * m1])
+    assert np.all(np.abs(mean - expect) < 4 * se), (mean, expect, se)
+    got = float(D.one_step_ffn(t, n=n, d=d, d_ff=d_ff, sigma_w=sw, frob_sq=frob_scale * n * d))
+    np.testing.assert_allclose(got, expect[0] / expect[1] - t, rtol=1e-4)
+    assert got < 0  # damping
+
+
+def test_one_step_ffn_zeros_and_sign():
+    kw = {"n": 16, "d": 32, "d_ff": 96, "sigma_w": 1 / math.sqrt(32)}
+    assert float(D.one_step_ffn(1 / 16, **kw)) == pytest.approx(0.0, abs=1e-7)
+    assert float(D.one_step_ffn(1.0, **kw)) == pytest.approx(0.0, abs=1e-7)
+    ts = jnp.linspace(0.1, 0.95, 9)
+    assert np.all(np.asarray(D.one_step_ffn(ts, **kw)) < 0)
+    # the FFN damping is much smaller than the attention increment at small sigma_w and comparable
+    # at sigma_w = 1/sqrt(d): the ratio scales like sigma_w^2 m(1)/tau^2 for small sigma_w
+    def ratio(c):
+        sw = c / math.sqrt(32)
+        s = float(D.amount_of_attention(16 * 32, n=16, d=32, sigma_w=sw))
+        return float(D.one_step_ffn(0.3, **{**kw, "sigma_w": sw}) / D.one_step_attention(0.3, s, n=16))
+
+    assert -0.3 < ratio(0.5) < 0 and ratio(1.0) < -0.5
+    with pytest.raises(ValueError, match="frob_sq"):
+        D.one_step_ffn(0.3, **kw, frob_sq=-1.0)
+
+
+def test_amount_of_attention_profile():
+    kw = {"depth": 12, "n": 16, "d": 32, "d_ff": 96}
+    sw = 0.8 / math.sqrt(32)
+    post = np.asarray(D.amount_of_attention_profile(**kw, sigma_w=sw, norm="post"), np.float64)
+    np.testing.assert_allclose(post, 32**2 * sw**4, rtol=1e-6)
+    pre = np.asarray(D.amount_of_attention_profile(**kw, sigma_w=sw, norm="pre"), np.float64)
+    assert pre[0] == pytest.approx(post[0], rel=1e-6) and np.all(np.diff(pre) < 0)
+    # 1/s^l grows per block by (FFN energy + attention energy) / (n d^2 sigma_W^2), the attention
+    # energy between its closure bounds H_n/n and 1 (times n d^2 sigma_W^2)
+    from scipy import integrate, stats
+
+    n, d, dff = 16, 32, 96
+    tau2 = d * sw**2
+    m1 = integrate.quad(lambda u: _silu(u) ** 2 * stats.norm(scale=math.sqrt(tau2)).pdf(u), -15, 15)[0]
+    a_energy = n * d**2 * d * sw**4
+    f_step = n * d * dff * sw**2 * tau2 * m1 / a_energy
+    h = sum(1 / i for i in range(1, n + 1))
+    steps = np.diff(1 / pre)
+    assert np.all(steps >= f_step + h / n - 1e-4) and np.all(steps <= f_step + 1 + 1e-4), steps
+    # without the attention energy the growth is exactly affine: s^l = 1 / (1/s^1 + (l - 1) f_step)
+    only_ffn = np.asarray(D.amount_of_attention_profile(**kw, sigma_w=sw, norm="pre", attn_energy_factor=0.0))
+    np.testing.assert_allclose(only_ffn, 1 / (1 / pre[0] + np.arange(12) * f_step), rtol=1e-5)
+
+
+def test_measured_amount_of_attention(init_traces):
+    """Post-Norm: s^l measured from the residual stream equals d^2 sigma_w^4 at every layer."""
+    n, d = SMALL["n"], SMALL["d"]
+    sw = 1 / math.sqrt(d)
+    s_post = np.asarray(D.amount_of_attention(init_traces["post"]["sq_x1"][0], n=n, d=d, sigma_w=sw))
+    np.testing.assert_allclose(s_post, d**2 * sw**4, rtol=1e-4)
+    s_pre = np.asarray(D.amount_of_attention(init_traces["pre"]["sq_x1"][0], n=n, d=d, sigma_w=sw))
+    assert np.all(s_pre.mean(0)[1:] < 0.9 * s_pre.mean(0)[0])  # Pre-Norm: decays with depth
