@@ -17,14 +17,22 @@ partial sums, running top-k): ``context_stats`` reads the keys from an array,
 ``sampled_context_stats`` draws each chunk on the fly from a sampler so that a
 context is never materialised. ``sample_top_weights`` and
 ``mean_top_weight_grid`` lift them over trials and an ``(n, beta)`` grid.
+
+Beyond i.i.d. keys (paper Sec. 2 and App. F): a key process
+(``AbstractKeyProcess``) draws a context whose keys depend on each other or on
+their positions, chunk by chunk, and plugs into the same ``sampler``
+arguments: ``GaussianARKeys`` (stationary, mixing, anti-clustered: the i.i.d.
+limits persist), ``StickyKeys`` (clustered: they do not) and ``RoPEKeys``
+(rotary position encoding, ``rope_rotate``).
 """
 
 from __future__ import annotations
 
-import functools
+import abc
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,6 +55,12 @@ __all__ = [
     "sampled_distance_stats",
     "sample_top_weights",
     "mean_top_weight_grid",
+    "AbstractKeyProcess",
+    "GaussianARKeys",
+    "StickyKeys",
+    "RoPEKeys",
+    "rope_frequencies",
+    "rope_rotate",
 ]
 
 
@@ -387,7 +401,10 @@ def sampled_context_stats(
 
     Chunk ``i`` holds ``sampler(fold_in(key, i), chunk)`` (the last chunk's
     rows past ``n`` are masked), so memory is ``O(chunk d)`` for any ``n`` and
-    the keys are i.i.d. from the sampler's law. The context depends on ``key``
+    the keys are i.i.d. from the sampler's law. A key process
+    (``AbstractKeyProcess``) instead draws a dependent or position-dependent
+    sequence, carrying its state from chunk to chunk (``process.draw(key, n,
+    chunk=chunk)`` is the same context, materialised). The context depends on ``key``
     and ``chunk`` (not on ``beta``): vmapping over ``beta`` evaluates every
     beta on the same keys and draws them once.
 
@@ -397,7 +414,9 @@ def sampled_context_stats(
         beta: inverse temperature ``>= 0``.
         n: context length (static int).
         sampler: ``(key, m) -> (m, d)`` i.i.d. keys; default uniform on ``S^{d-1}``
-            (e.g. ``lambda k, m: mf.sphere.sample_density(k, m, d, f, log_bound=b)``).
+            (e.g. ``lambda k, m: mf.sphere.sample_density(k, m, d, f, log_bound=b)``);
+            or an ``AbstractKeyProcess`` (dependent or positional keys, e.g.
+            ``GaussianARKeys``, ``RoPEKeys``), whose state is carried from chunk to chunk.
         k, chunk: as in ``context_stats``.
 
     Returns:
@@ -418,14 +437,15 @@ def sampled_context_stats(
     if k > n:
         raise ValueError(f"k must be <= n = {n}, got {k}")
     check_nonnegative("beta", beta)
-    if sampler is not None and not callable(sampler):
-        raise TypeError(f"sampler must be a callable (key, m) -> (m, d) keys or None, got {sampler!r}")
+    _check_sampler(sampler, q.shape[0])
     chunk = min(_check_chunk(chunk), n)
     return _stream(key, q, beta, n, sampler, k, max(chunk, k))
 
 
 def _stream(key, q, beta, n, sampler, k, chunk) -> ContextStats:
     # n may be traced (one compilation for every context length); chunk, k static.
+    if isinstance(sampler, AbstractKeyProcess):
+        return _stream_process(key, q, beta, n, sampler, k, chunk)
     if sampler is None:
         d = q.shape[0]
 
@@ -442,6 +462,331 @@ def _stream(key, q, beta, n, sampler, k, chunk) -> ContextStats:
 
     state = jax.lax.fori_loop(0, num_chunks, body, _init_state(q, k))
     return _finish(state, beta)
+
+
+# --------------------------------------------------------------------------
+# key processes: dependent and position-dependent contexts, drawn chunk by chunk
+# --------------------------------------------------------------------------
+
+
+class AbstractKeyProcess(eqx.Module):
+    r"""A context $x_0, x_1, \dots$ drawn chunk by chunk, with a state carried between chunks.
+
+    The plain ``sampler`` of ``sampled_context_stats`` draws every chunk
+    independently, so the keys are i.i.d.; a process also sees the state left
+    by the previous chunk and the position ``start`` of the chunk's first key,
+    which is what a dependent sequence (``GaussianARKeys``) or a positional
+    encoding (``RoPEKeys``) needs. Chunk ``i`` of a context drawn from ``key``
+    is ``sample(state, fold_in(k_steps, i), i * chunk, chunk)`` with
+    ``k_init, k_steps = split(key)`` and ``state = init(k_init)`` before the first
+    chunk; ``draw`` materialises the same keys.
+
+    A subclass defines ``d`` (a static field), ``init`` and ``sample``; its
+    parameters are array leaves, so a sweep over them compiles once. Pass an
+    instance as ``sampler`` to ``sampled_context_stats``, ``sample_top_weights``
+    and ``mean_top_weight_grid``.
+    """
+
+    d: eqx.AbstractVar[int]
+
+    @abc.abstractmethod
+    def init(self, key: Array, dtype) -> Any:
+        """The state before position 0 (a PyTree), drawn from ``key``."""
+
+    @abc.abstractmethod
+    def sample(self, state: Any, key: Array, start, m: int, dtype) -> tuple[Any, Array]:
+        """``(new_state, keys)``: the ``(m, d)`` keys at positions ``start, ..., start + m - 1``."""
+
+    def draw(self, key, n, *, chunk=65_536, dtype=jnp.float32) -> Float[Array, "n d"]:
+        r"""The first $n$ keys, ``(n, d)``: exactly the context the streaming functions see for ``key`` and ``chunk``.
+
+        Args:
+            key: PRNG key (one context); n: number of keys ``>= 1``.
+            chunk: keys per chunk (clipped to ``n``), as in ``sampled_context_stats``.
+            dtype: floating dtype.
+
+        Returns:
+            ``(n, d)`` unit rows.
+
+        Example:
+            >>> import jax, meanfield as mf
+            >>> mf.attention.GaussianARKeys(3, 0.9).draw(jax.random.key(0), 10).shape
+            (10, 3)
+        """
+        n = check_int("n", n, minimum=1)
+        chunk = min(_check_chunk(chunk), n)
+        k_init, k_steps = jax.random.split(key)
+        state = self.init(k_init, dtype)
+        out = []
+        for i in range(-(-n // chunk)):
+            state, xs = self.sample(state, jax.random.fold_in(k_steps, i), i * chunk, chunk, dtype)
+            out.append(xs)
+        return jnp.concatenate(out)[:n]
+
+
+def _check_dim(d) -> int:
+    return check_int("d", d, minimum=2)
+
+
+class GaussianARKeys(AbstractKeyProcess):
+    r"""Stationary dependent keys: directions of a Gaussian AR(1) process, $x_j = g_j / \|g_j\|$.
+
+    $$g_j = \phi\, g_{j-1} + \sqrt{1 - \phi^2}\, \varepsilon_j, \qquad \varepsilon_j \sim N(0, I_d) \text{ i.i.d.}, \quad g_{-1} \sim N(0, I_d).$$
+
+    Every $g_j$ is $N(0, I_d)$, so every key is exactly uniform on $S^{d-1}$ and the
+    sequence is stationary. $(g_j)$ is a Gaussian Markov chain, geometrically
+    ($\beta$-)mixing at rate $|\phi|^l$ at lag $l$, and
+    $\operatorname{Cov}(g_j, g_{j+l}) = \phi^l I_d$, so
+    $E\langle x_j, x_{j+l}\rangle = \frac{2}{d} \frac{\Gamma((d+1)/2)^2}{\Gamma(d/2)^2}\, r\, {}_2F_1(\tfrac12, \tfrac12; \tfrac d2 + 1; r^2)$,
+    $r = \phi^l$. For $|\phi| < 1$ the pair $(x_j, x_{j+l})$ has a bounded joint
+    density on $S^{d-1} \times S^{d-1}$, so two keys fall within distance $t$ of the
+    query with probability $O(t^{2/\alpha})$: the anti-clustering condition $D'$
+    holds and the extremal index is 1 (paper Sec. 2: the same exponent and Poisson
+    limit as for i.i.d. keys). ``phi = 0`` gives i.i.d. uniform keys.
+
+    A chunk is one ``lax.scan`` of the recursion; the state carried between
+    chunks is the last $g$.
+
+    Attributes:
+        d: dimension (static).
+        phi: AR coefficient, $|\phi| < 1$ (array leaf: sweeps compile once).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x = mf.attention.GaussianARKeys(5, 0.9).draw(jax.random.key(0), 20_000)
+        >>> c = float((x[1:] * x[:-1]).sum(1).mean())  # lag-1 correlation, about 0.877
+        >>> bool(abs(c - 0.877) < 0.02)
+        True
+    """
+
+    d: int = eqx.field(static=True)
+    phi: Array
+
+    def __init__(self, d, phi):
+        self.d = _check_dim(d)
+        if isinstance(phi, bool) or np.ndim(phi) != 0:
+            raise TypeError(f"phi must be a real scalar in (-1, 1), got {phi!r}")
+        if not -1.0 < float(phi) < 1.0:
+            raise ValueError(f"phi must be in (-1, 1) (a stationary AR(1) process), got {phi!r}")
+        self.phi = jnp.asarray(phi, jnp.result_type(float))
+
+    def init(self, key, dtype):
+        return jax.random.normal(key, (self.d,), sphere.DRAW_DTYPE).astype(dtype)
+
+    def sample(self, state, key, start, m, dtype):
+        phi = self.phi.astype(dtype)
+        b = jnp.sqrt(1.0 - phi**2) * jax.random.normal(key, (m, self.d), sphere.DRAW_DTYPE).astype(dtype)
+
+        def step(g, b_j):
+            g = phi * g + b_j
+            return g, g
+
+        # a sequential scan: batched over contexts (vmap) it costs about as much as drawing the
+        # normals; an associative_scan was 2-3x slower on CPU
+        last, g = jax.lax.scan(step, state.astype(dtype), b)
+        return last, sphere.normalize(g)
+
+
+class StickyKeys(AbstractKeyProcess):
+    r"""Clustered stationary keys (anti-clustering fails): $x_j = x_{j-1}$ with probability ``stay``, else a fresh uniform key.
+
+    A stationary Markov chain with uniform marginal on $S^{d-1}$, geometrically
+    mixing (the chain forgets its past at the first refresh, rate ``stay``$^l$),
+    but every key is repeated a Geometric$(1 - \text{stay})$ number of times
+    (mean $1/(1 - \text{stay})$): the extremal index is $1 - \text{stay}$ and the
+    near-query points form a compound Poisson process (clusters of identical
+    weights) instead of a Poisson one. The counterexample to the dependent
+    extension of the critical limit: condition $D'$ is what rules it out.
+
+    Attributes:
+        d: dimension (static).
+        stay: repeat probability in ``[0, 1)`` (array leaf).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x = mf.attention.StickyKeys(3, 0.5).draw(jax.random.key(0), 10_000)
+        >>> bool(abs(float((x[1:] == x[:-1]).all(1).mean()) - 0.5) < 0.03)  # repeats at rate stay
+        True
+    """
+
+    d: int = eqx.field(static=True)
+    stay: Array
+
+    def __init__(self, d, stay):
+        self.d = _check_dim(d)
+        if isinstance(stay, bool) or np.ndim(stay) != 0:
+            raise TypeError(f"stay must be a real scalar in [0, 1), got {stay!r}")
+        if not 0.0 <= float(stay) < 1.0:
+            raise ValueError(f"stay must be in [0, 1) (the probability of repeating the previous key), got {stay!r}")
+        self.stay = jnp.asarray(stay, jnp.result_type(float))
+
+    def init(self, key, dtype):
+        return sphere.uniform(key, 1, self.d, dtype)[0]
+
+    def sample(self, state, key, start, m, dtype):
+        k_fresh, k_stay = jax.random.split(key)
+        fresh = sphere.uniform(k_fresh, m, self.d, dtype)
+        refresh = jax.random.uniform(k_stay, (m,)) >= self.stay
+        # index of the last refresh at or before j (-1: none in this chunk, keep the carried key)
+        last = jax.lax.cummax(jnp.where(refresh, jnp.arange(m), -1))
+        xs = jnp.where((last >= 0)[:, None], fresh[jnp.maximum(last, 0)], state)
+        return xs[-1], xs
+
+
+def rope_frequencies(d, base=10_000.0) -> Float[Array, " p"]:
+    r"""RoPE angular frequencies $\theta_i = b^{-2i/(2p)}$, $i = 0, \dots, p - 1$, $p = \lfloor d/2 \rfloor$.
+
+    The RoFormer schedule (Su et al. 2024): the coordinate plane $(2i, 2i+1)$ turns by
+    $\theta_i$ per position (for odd $d$ the last coordinate is not rotated).
+
+    Args:
+        d: dimension ``>= 2``; base: $b > 1$ (10000 in RoFormer).
+
+    Returns:
+        ``(d // 2,)`` frequencies, the first equal to 1.
+
+    Example:
+        >>> import meanfield as mf
+        >>> [round(float(t), 4) for t in mf.attention.rope_frequencies(5)]
+        [1.0, 0.01]
+    """
+    d = _check_dim(d)
+    check_finite("base", base)
+    if float(base) <= 1.0:
+        raise ValueError(f"base must be > 1, got {base!r}")
+    p = d // 2
+    return jnp.asarray(float(base) ** (-2.0 * np.arange(p) / (2 * p)), jnp.result_type(float))
+
+
+def rope_rotate(keys: Float[Array, "m d"], positions, thetas) -> Float[Array, "m d"]:
+    r"""Rotary position encoding $x_j \mapsto R(\theta\, p_j)\, x_j$: plane $(2i, 2i+1)$ turned by $\theta_i p_j$.
+
+    $$(x_{2i}, x_{2i+1}) \mapsto (\cos\phi\, x_{2i} - \sin\phi\, x_{2i+1},\ \sin\phi\, x_{2i} + \cos\phi\, x_{2i+1}), \quad \phi = \theta_i p_j$$
+
+    (``sphere.rotation``'s convention); an odd last coordinate is left alone. An
+    orthogonal map per key: norms are preserved. With a query at position $p_q$
+    rotated the same way, $\langle R(\theta p_q) q, R(\theta p_j) x_j\rangle
+    = \langle q, R(\theta (p_j - p_q)) x_j\rangle$: a fixed query sees the keys
+    rotated by their relative positions.
+
+    Args:
+        keys: ``(m, d)`` keys.
+        positions: ``(m,)`` positions (integers or floats).
+        thetas: ``(d // 2,)`` frequencies (e.g. ``rope_frequencies(d)``).
+
+    Returns:
+        ``(m, d)`` rotated keys.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = mf.attention.rope_rotate(jnp.array([[1.0, 0.0, 0.0]]), jnp.array([jnp.pi / 2]), jnp.array([1.0]))
+        >>> [round(abs(float(v)), 6) for v in x[0]]
+        [0.0, 1.0, 0.0]
+    """
+    keys = jnp.asarray(keys)
+    thetas = jnp.asarray(thetas)
+    if keys.ndim != 2:
+        raise ValueError(f"keys must have shape (m, d), got shape {keys.shape}")
+    m, d = keys.shape
+    p = d // 2
+    if thetas.shape != (p,):
+        raise ValueError(f"thetas must have shape (d // 2,) = ({p},), got shape {thetas.shape}")
+    positions = jnp.asarray(positions)
+    if positions.shape != (m,):
+        raise ValueError(f"positions must have shape (m,) = ({m},), got shape {positions.shape}")
+    phase = positions[:, None].astype(keys.dtype) * thetas[None, :].astype(keys.dtype)  # (m, p)
+    c, s = jnp.cos(phase), jnp.sin(phase)
+    even, odd = keys[:, 0 : 2 * p : 2], keys[:, 1 : 2 * p : 2]
+    pairs = jnp.stack([c * even - s * odd, s * even + c * odd], axis=-1).reshape(m, 2 * p)
+    return jnp.concatenate([pairs, keys[:, 2 * p :]], axis=1)
+
+
+class RoPEKeys(AbstractKeyProcess):
+    r"""RoPE-rotated keys $x_j = R(\theta\,(j + \text{offset}))\, k_j$ of a base context $k_0, k_1, \dots$ (``rope_rotate``).
+
+    The base is a key process or a plain sampler ``(key, m) -> (m, d)`` (i.i.d.
+    keys; default uniform on $S^{d-1}$). For uniform base keys the rotation changes
+    nothing in law. For a base density $\rho$ the rotated keys are independent but
+    not identically distributed: key $j$ has density $\rho(R(\theta j)^\top x)$, so
+    $P(T_j < t) \sim C_j t^{1/\alpha}$ with $C_j$ the tail constant of
+    $\rho(R(\theta j)^\top q)$. The count of near-query keys then has mean
+    $t^{1/\alpha} \sum_j C_j$, and the critical limit is the i.i.d. one with the
+    orbit-averaged density $\bar\rho(q) = \frac1n \sum_j \rho(R(\theta j)^\top q)$, which
+    tends to the Haar average over the closure of $\{R(\theta j)\}$ (Weyl
+    equidistribution; $\theta_i / 2\pi$ irrational). Reconstruction of the
+    paper's App. F, whose text is not in our copy.
+
+    Attributes:
+        base: the unrotated keys: an ``AbstractKeyProcess``, a callable sampler, or None (uniform).
+        thetas: ``(d // 2,)`` frequencies (default ``rope_frequencies(d)``).
+        offset: position of the first key relative to the query (static int).
+        d: dimension (static).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> x = mf.attention.RoPEKeys(5).draw(jax.random.key(0), 100)
+        >>> bool(jnp.allclose(jnp.linalg.norm(x, axis=1), 1.0, atol=1e-5))
+        True
+    """
+
+    base: Any
+    thetas: Array
+    d: int = eqx.field(static=True)
+    offset: int = eqx.field(static=True)
+
+    def __init__(self, d, base=None, thetas=None, *, offset=0):
+        self.d = _check_dim(d)
+        if isinstance(base, AbstractKeyProcess):
+            if base.d != self.d:
+                raise ValueError(f"base process has d = {base.d}, expected d = {self.d}")
+        elif base is not None and not callable(base):
+            raise TypeError(f"base must be a key process, a callable (key, m) -> (m, d) keys or None, got {base!r}")
+        self.base = base
+        th = rope_frequencies(self.d) if thetas is None else jnp.asarray(thetas, jnp.result_type(float))
+        if th.shape != (self.d // 2,):
+            raise ValueError(f"thetas must have shape (d // 2,) = ({self.d // 2},), got shape {th.shape}")
+        check_finite("thetas", th)
+        self.thetas = th
+        self.offset = check_int("offset", offset)
+
+    def init(self, key, dtype):
+        return self.base.init(key, dtype) if isinstance(self.base, AbstractKeyProcess) else ()
+
+    def sample(self, state, key, start, m, dtype):
+        if isinstance(self.base, AbstractKeyProcess):
+            state, ks = self.base.sample(state, key, start, m, dtype)
+        elif self.base is None:
+            ks = sphere.uniform(key, m, self.d, dtype)
+        else:
+            ks = jnp.asarray(self.base(key, m)).astype(dtype)
+        positions = start + self.offset + jnp.arange(m)
+        return state, rope_rotate(ks, positions, self.thetas)
+
+
+def _stream_process(key, q, beta, n, process, k, chunk) -> ContextStats:
+    # the process state rides in the loop carry next to the running sums (see AbstractKeyProcess)
+    num_chunks = (n + chunk - 1) // chunk
+    beta = jnp.asarray(beta, q.dtype)
+    k_init, k_steps = jax.random.split(key)
+
+    def body(i, carry):
+        state, pstate = carry
+        pstate, xs = process.sample(pstate, jax.random.fold_in(k_steps, i), i * chunk, chunk, q.dtype)
+        valid = i * chunk + jnp.arange(chunk) < n
+        return _absorb(state, q, xs.astype(q.dtype), valid, beta, k), pstate
+
+    state, _ = jax.lax.fori_loop(0, num_chunks, body, (_init_state(q, k), process.init(k_init, q.dtype)))
+    return _finish(state, beta)
+
+
+def _check_sampler(sampler, d) -> None:
+    if isinstance(sampler, AbstractKeyProcess):
+        if sampler.d != d:
+            raise ValueError(f"sampler is a key process in dimension d = {sampler.d}, but the query has d = {d}")
+    elif sampler is not None and not callable(sampler):
+        raise TypeError(
+            f"sampler must be a callable (key, m) -> (m, d) keys, an AbstractKeyProcess or None, got {sampler!r}"
+        )
 
 
 def _default_query(d, dtype):
@@ -534,7 +879,7 @@ def sample_top_weights(
     *,
     k=1,
     q=None,
-    sampler: Callable[[Array, int], Array] | None = None,
+    sampler: Callable[[Array, int], Array] | AbstractKeyProcess | None = None,
     chunk=None,
     batch_size=None,
     memory: int = 2**24,
@@ -558,7 +903,8 @@ def sample_top_weights(
         trials: number of independent contexts.
         k: number of ordered weights kept.
         q: query (default ``e_1``).
-        sampler: key sampler ``(key, m) -> (m, d)``.
+        sampler: key sampler ``(key, m) -> (m, d)`` or an ``AbstractKeyProcess``
+            (as in ``sampled_context_stats``).
         chunk, batch_size: override the automatic chunk/batch sizes.
         memory: float budget used to pick them.
 
@@ -585,6 +931,7 @@ def sample_top_weights(
     q = _default_query(d, betas.dtype) if q is None else jnp.asarray(q, betas.dtype)
     if q.shape != (d,):
         raise ValueError(f"q must have shape (d,) = ({d},), got {q.shape}")
+    _check_sampler(sampler, d)
     chunk, batch_size = _sizes(n, betas.shape[0], d, trials, k, chunk, batch_size, memory)
     return _top_weights_jit(key, betas, jnp.asarray(n), q, sampler, trials, k, chunk, batch_size, distances)
 
@@ -599,7 +946,7 @@ def _sizes(n, nb, d, trials, k, chunk, batch_size, memory):
     return chunk, min(check_int("batch_size", batch_size, minimum=1), trials)
 
 
-@functools.partial(jax.jit, static_argnums=(4, 5, 6, 7, 8, 9))
+@eqx.filter_jit
 def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size, distances):
     def one_trial(trial_key):
         def one_beta(beta):
@@ -621,9 +968,10 @@ def mean_top_weight_grid(
     trials,
     *,
     q=None,
-    sampler: Callable[[Array, int], Array] | None = None,
+    sampler: Callable[[Array, int], Array] | AbstractKeyProcess | None = None,
     memory: int = 2**24,
     progress: Callable | None = None,
+    samples: bool = False,
 ):
     r"""Mean and standard error of $A_{(1)}$ over an $(n, \beta)$ grid, ``trials`` contexts per cell.
 
@@ -641,9 +989,12 @@ def mean_top_weight_grid(
         q: query ``(d,)`` (default ``e_1``); sampler: as in ``sampled_context_stats``.
         memory: element budget that sets the chunk and batch sizes.
         progress: optional callback, called with ``1`` after each ``n``.
+        samples: also return the ``(len(ns), trials, b)`` array of the $A_{(1)}$ samples
+            (e.g. for the law of $A_{(1)}$ in some cells; no extra draws).
 
     Returns:
-        ``(mean, stderr)`` NumPy arrays of shape ``(len(ns), b)``.
+        ``(mean, stderr)`` NumPy arrays of shape ``(len(ns), b)``; ``(mean, stderr, A1)``
+        with ``samples=True``.
 
     Example:
         >>> import jax, meanfield as mf
@@ -659,6 +1010,8 @@ def mean_top_weight_grid(
         raise ValueError(f"betas must have shape (b,) or (len(ns), b) = ({len(ns)}, b), got {betas.shape}")
     means = np.zeros(betas.shape)
     errs = np.zeros(betas.shape)
+    trials = check_int("trials", trials, minimum=1)
+    draws = np.zeros((len(ns), trials, betas.shape[1])) if samples else None
     # n is traced, so one chunk size for every row means one compilation; chunk ~ max(n)/64
     # keeps the draws wasted on small n (one partly masked chunk) small next to the large n.
     cap, batch_size = _sizes(max(ns), betas.shape[1], d, trials, 1, None, None, memory)
@@ -678,6 +1031,8 @@ def mean_top_weight_grid(
         a1 = np.asarray(A1, dtype=np.float64)
         means[i] = a1.mean(axis=0)
         errs[i] = a1.std(axis=0, ddof=1) / np.sqrt(trials) if trials > 1 else np.nan
+        if draws is not None:
+            draws[i] = a1
         if progress is not None:
             progress(1)
-    return means, errs
+    return (means, errs) if draws is None else (means, errs, draws)

@@ -282,6 +282,12 @@ def test_reproduce_attention_quick(tmp_path):
         assert (out / name).stat().st_size > 10_000
     assert checks["supercritical_output"]["measured"] < 0.04
     assert abs(checks["output_regimes"]["measured"] + 0.5) < 0.05
+    # dependent and RoPE-rotated keys (meanfield.reproduce.attention_keys)
+    for name in ["dependent_tokens", "dependent_tokens_exponent", "rope_keys", "rope_keys_exponent"]:
+        assert name in checks
+    assert (out / "attention_keys.png").stat().st_size > 10_000
+    assert abs(checks["dependent_tokens_exponent"]["measured"] - 0.5) < 0.05
+    assert abs(checks["rope_keys_exponent"]["measured"] - 0.5) < 0.05
     fc = checks["fluctuation_covariance"]
     assert abs(fc["measured"] / fc["theory"] - 1) < 0.12
     assert all(c["pass"] for c in summary["checks"]), [c["name"] for c in summary["checks"] if not c["pass"]]

@@ -41,6 +41,8 @@ from tqdm.auto import tqdm
 
 from .. import attention, sphere, theory
 from ._common import Timer, check, write_summary
+from ._estimators import _crossing, _ks_distance, _weighted_line
+from .attention_keys import key_checks
 
 __all__ = ["run"]
 
@@ -164,7 +166,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     figures: list[str] = []
     t_start = time.perf_counter()
     stages = ["grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
-              "supercritical_output", "critical_output", "output_regimes"]
+              "supercritical_output", "critical_output", "output_regimes", "dependent_and_rope_keys"]
     bar = tqdm(total=len(stages), desc="attention", disable=quiet)
 
     def step(name):
@@ -460,6 +462,13 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     with Timer(timings, "output_regimes"):
         reg = _output_regimes(jax.random.fold_in(key, 103), settings, checks)
     bar.update()
+    # ---- dependent (stationary, anti-clustering) and RoPE-rotated keys (Sec. 1, App. F) --------
+    step("dependent_and_rope_keys")
+    kc, kf, kt = key_checks(quick=quick, out_dir=out, seed=settings["seed"], quiet=True)
+    checks.extend(kc)
+    figures.extend(kf)
+    timings.update(kt)
+    bar.update()
     bar.close()
 
     # ---- figures and data ----------------------------------------------------------------------
@@ -515,37 +524,6 @@ def _uniform_weights(key, q, beta, n, d, trials):
 def _ordered(w):
     """Rows of weights sorted decreasingly (NumPy, float64)."""
     return -np.sort(-np.asarray(w, dtype=np.float64), axis=-1)
-
-
-def _crossing(logb, mean, se):
-    """``log beta`` where ``mean`` (increasing in beta) crosses 1/2, and its delta-method SE."""
-    above = np.nonzero(mean >= 0.5)[0]
-    if above.size == 0 or above[0] == 0:
-        return float("nan"), float("nan")
-    j = above[0]
-    x0, x1, y0, y1 = logb[j - 1], logb[j], mean[j - 1], mean[j]
-    t = (0.5 - y0) / (y1 - y0)
-    root = x0 + t * (x1 - x0)
-    slope = (y1 - y0) / (x1 - x0)
-    s = (1 - t) * se[j - 1] + t * se[j]
-    return float(root), float(s / slope)
-
-
-def _weighted_line(x, y, s):
-    """Weighted least squares ``y = a + b x`` (weights ``1/s^2``): ``(b, a, se(b))``."""
-    ok = np.isfinite(y) & np.isfinite(s) & (s > 0)
-    x, y, s = x[ok], y[ok], s[ok]
-    w = 1.0 / s**2
-    X = np.stack([np.ones_like(x), x], 1)
-    cov = np.linalg.inv(X.T @ (w[:, None] * X))
-    a, b = cov @ (X.T @ (w * y))
-    return float(b), float(a), float(math.sqrt(cov[1, 1]))
-
-
-def _ks_distance(a, b):
-    a, b = np.sort(a), np.sort(b)
-    grid = np.concatenate([a, b])
-    return float(np.max(np.abs(np.searchsorted(a, grid, "right") / a.size - np.searchsorted(b, grid, "right") / b.size)))
 
 
 def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):

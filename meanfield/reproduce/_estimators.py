@@ -1,0 +1,41 @@
+"""Estimators shared by the long-context experiments (``reproduce.attention`` and
+``reproduce.attention_keys``): the same numbers for i.i.d., dependent and RoPE-rotated keys."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__: list[str] = []
+
+
+def _crossing(logb, mean, se):
+    """``log beta`` where ``mean`` (increasing in beta) crosses 1/2, and its delta-method SE."""
+    above = np.nonzero(mean >= 0.5)[0]
+    if above.size == 0 or above[0] == 0:
+        return float("nan"), float("nan")
+    j = above[0]
+    x0, x1, y0, y1 = logb[j - 1], logb[j], mean[j - 1], mean[j]
+    t = (0.5 - y0) / (y1 - y0)
+    root = x0 + t * (x1 - x0)
+    slope = (y1 - y0) / (x1 - x0)
+    s = (1 - t) * se[j - 1] + t * se[j]
+    return float(root), float(s / slope)
+
+
+def _weighted_line(x, y, s):
+    """Weighted least squares ``y = a + b x`` (weights ``1/s^2``): ``(b, a, se(b))``."""
+    ok = np.isfinite(y) & np.isfinite(s) & (s > 0)
+    x, y, s = x[ok], y[ok], s[ok]
+    w = 1.0 / s**2
+    X = np.stack([np.ones_like(x), x], 1)
+    cov = np.linalg.inv(X.T @ (w[:, None] * X))
+    a, b = cov @ (X.T @ (w * y))
+    return float(b), float(a), float(math.sqrt(cov[1, 1]))
+
+
+def _ks_distance(a, b):
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.max(np.abs(np.searchsorted(a, grid, "right") / a.size - np.searchsorted(b, grid, "right") / b.size)))
