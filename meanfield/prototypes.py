@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
 import equinox as eqx
 import jax
@@ -63,7 +63,12 @@ __all__ = [
     "param_labels",
     "two_timescale_optimizer",
     "train",
+    "TwoTimescaleBounds",
+    "stability_boundary",
+    "stability_certificate",
+    "two_timescale_radius",
     "load_digits",
+    "digit_patches",
     "gaussian_mixture_tokens",
 ]
 
@@ -973,6 +978,225 @@ def _train(model, opt, loss_fn, data, key, epochs, batch_size, record):
 
 
 # ---------------------------------------------------------------------------
+# two-timescale stability: the learning-rate conditions of Theorem 1 (reconstruction)
+
+
+class TwoTimescaleBounds(NamedTuple):
+    r"""Constants of the two-timescale stability conditions (see ``stability_boundary``).
+
+    ``eta_P_max`` $= 2/\lambda_{\max}(C)$ (condition (i)), ``eta_theta_max``
+    $= 2/\mu_{\max}(S)$ (condition (ii)), ``eps_star`` $= \mu_{\min}\lambda_{\min} /
+    (\beta\gamma + \mu_{\min}\delta)$ (condition (iv)); ``lambda_min``, ``lambda_max``: extreme
+    eigenvalues of the prototype block $C$; ``mu_min``, ``mu_max``: of the Schur complement $S$;
+    ``beta``, ``gamma``, ``delta``: the coupling norms.
+    """
+
+    eta_P_max: float
+    eta_theta_max: float
+    eps_star: float
+    lambda_min: float
+    lambda_max: float
+    mu_min: float
+    mu_max: float
+    beta: float
+    gamma: float
+    delta: float
+
+
+def _hessian_blocks(hessian, n_theta):
+    H = np.asarray(hessian, dtype=np.float64)
+    if H.ndim != 2 or H.shape[0] != H.shape[1]:
+        raise ValueError(f"hessian must be a square (n, n) matrix, got shape {H.shape}")
+    if not np.all(np.isfinite(H)):
+        raise ValueError("hessian must be finite")
+    n = H.shape[0]
+    if isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer)) or not 1 <= n_theta < n:
+        raise ValueError(
+            f"n_theta (the number of encoder parameters, listed first) must be an int in [1, {n - 1}], "
+            f"got {n_theta!r}"
+        )
+    scale = max(float(np.abs(H).max()), np.finfo(np.float64).tiny)
+    if float(np.abs(H - H.T).max()) > 1e-6 * scale:
+        raise ValueError(
+            f"hessian must be symmetric, got max |H - H^T| = {float(np.abs(H - H.T).max()):.3g} "
+            f"(max |H| = {scale:.3g})"
+        )
+    H = 0.5 * (H + H.T)
+    k = int(n_theta)
+    return H, H[:k, :k], H[:k, k:], H[k:, k:]
+
+
+def _rates(eta_theta, eta_P):
+    for name, v in (("eta_theta", eta_theta), ("eta_P", eta_P)):
+        a = np.asarray(v, dtype=np.float64)
+        if not np.all(np.isfinite(a)) or np.any(a <= 0):
+            raise ValueError(f"{name} must be > 0 and finite, got {v!r}")
+    return np.broadcast_arrays(np.asarray(eta_theta, np.float64), np.asarray(eta_P, np.float64))
+
+
+def stability_boundary(hessian: ArrayLike, n_theta: int) -> TwoTimescaleBounds:
+    r"""The explicit learning-rate conditions of two-timescale gradient descent (Thm. 1, reconstructed).
+
+    Reconstruction (the theorem's statement was lost in the extraction; the surviving text
+    names Tikhonov's singular perturbation theory, prototypes faster than the encoder,
+    explicit rate conditions and condition (iv) $\varepsilon \le 0.1$). Training is
+    $\theta \leftarrow \theta - \eta_\theta \nabla_\theta L$, $P \leftarrow P - \eta_P \nabla_P L$,
+    $\varepsilon = \eta_\theta / \eta_P$. Near a minimum $w^* = (\theta^*, P^*)$ with Hessian
+
+    $$H = \begin{pmatrix} A & B \\ B^\top & C \end{pmatrix}
+    \quad (A = \nabla^2_{\theta\theta} L,\ B = \nabla^2_{\theta P} L,\ C = \nabla^2_{PP} L)$$
+
+    the error obeys $e \leftarrow (I - D H) e$, $D = \operatorname{diag}(\eta_\theta I, \eta_P I)$.
+    The fast (boundary-layer) system is the prototype update at frozen $\theta$; its
+    equilibrium, the quasi-steady manifold, is $P^*(\theta) = P^* - C^{-1} B^\top (\theta - \theta^*)$
+    (the soft centroids of the frozen encoder). The reduced (slow) system is
+    $\theta \leftarrow \theta - \eta_\theta \nabla_\theta L(\theta, P^*(\theta))$, whose Hessian is
+    the Schur complement $S = A - B C^{-1} B^\top$. In the coordinates
+    $x = \theta - \theta^*$, $y = P - P^*(\theta)$ the linearised step is
+
+    $$x \leftarrow (I - \eta_\theta S)\, x - \eta_\theta B y, \qquad
+    y \leftarrow -\eta_\theta C^{-1} B^\top S\, x + (I - \eta_P C - \eta_\theta C^{-1} B^\top B)\, y .$$
+
+    With $\beta = \|B\|$, $\gamma = \|C^{-1} B^\top S\|$, $\delta = \|C^{-1} B^\top B\|$
+    (spectral norms), $a = \|I - \eta_\theta S\|$, $b = \|I - \eta_P C\|$, the block norms of
+    this map are dominated entrywise by
+    $N = \begin{pmatrix} a & \eta_\theta \beta \\ \eta_\theta \gamma & b + \eta_\theta \delta \end{pmatrix}$,
+    so the spectral radius of the step is at most $\rho(N)$ (``stability_certificate``).
+    The conditions are (i) $C \succ 0$ and $\eta_P < 2/\lambda_{\max}(C)$ (fast system stable);
+    (ii) $S \succ 0$ and $\eta_\theta < 2/\mu_{\max}(S)$ (reduced system stable); (iii) the
+    coupling constants $\beta, \gamma, \delta$ above are finite; (iv) $\rho(N) < 1$. In the
+    small-rate regime $\eta_P \le 2/(\lambda_{\min} + \lambda_{\max})$,
+    $\eta_\theta \le 2/(\mu_{\min} + \mu_{\max})$ one has $1 - a = \eta_\theta \mu_{\min}$,
+    $1 - b = \eta_P \lambda_{\min}$, and (iv) is exactly the timescale condition
+
+    $$\varepsilon = \frac{\eta_\theta}{\eta_P} < \varepsilon^* =
+    \frac{\mu_{\min} \lambda_{\min}}{\beta \gamma + \mu_{\min} \delta},$$
+
+    of the same form as the classical bound of the composite Lyapunov function for
+    singularly perturbed systems (Khalil, *Nonlinear Systems*, Thm. 11.3). The conditions are
+    sufficient, not necessary: for a gradient step the exact linear condition is
+    $\lambda_{\max}(D^{1/2} H D^{1/2}) < 2$ (``two_timescale_radius``).
+
+    Args:
+        hessian: ``(n, n)`` symmetric Hessian at the minimum, encoder parameters first.
+        n_theta: number of encoder parameters (the size of the $A$ block), ``1 <= n_theta < n``.
+
+    Returns:
+        ``TwoTimescaleBounds`` (floats; ``eps_star = inf`` when the blocks are uncoupled, $B = 0$).
+
+    Raises:
+        ValueError: if $C$ or $S$ is not positive definite (not a strict minimum).
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> H = np.array([[1.0, 0.5], [0.5, 2.0]])  # scalar theta and P: eps* = c^2 / (2 b^2)
+        >>> bd = mf.prototypes.stability_boundary(H, 1)
+        >>> bd.eta_P_max, round(bd.eta_theta_max, 6), round(bd.eps_star, 6)
+        (1.0, 2.285714, 8.0)
+    """
+    _, A, B, C = _hessian_blocks(hessian, n_theta)
+    lam = np.linalg.eigvalsh(C)
+    if lam[0] <= 0:
+        raise ValueError(
+            f"the prototype block C of the hessian must be positive definite (condition (i)), "
+            f"got smallest eigenvalue {lam[0]:.3g}"
+        )
+    CinvBt = np.linalg.solve(C, B.T)
+    S = A - B @ CinvBt
+    S = 0.5 * (S + S.T)
+    mu = np.linalg.eigvalsh(S)
+    if mu[0] <= 0:
+        raise ValueError(
+            f"the Schur complement S = A - B C^-1 B^T must be positive definite (condition (ii): "
+            f"the reduced system is at a strict minimum), got smallest eigenvalue {mu[0]:.3g}"
+        )
+    beta = float(np.linalg.norm(B, 2))
+    gamma = float(np.linalg.norm(CinvBt @ S, 2))
+    delta = float(np.linalg.norm(CinvBt @ B, 2))
+    denom = beta * gamma + mu[0] * delta
+    eps_star = float(mu[0] * lam[0] / denom) if denom > 0 else math.inf
+    return TwoTimescaleBounds(
+        eta_P_max=float(2.0 / lam[-1]), eta_theta_max=float(2.0 / mu[-1]), eps_star=eps_star,
+        lambda_min=float(lam[0]), lambda_max=float(lam[-1]), mu_min=float(mu[0]), mu_max=float(mu[-1]),
+        beta=beta, gamma=gamma, delta=delta,
+    )
+
+
+def stability_certificate(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) -> np.ndarray:
+    r"""Certified contraction factor $\rho(N)$ of two-timescale gradient descent (Thm. 1, reconstructed).
+
+    $N = \begin{pmatrix} a & \eta_\theta \beta \\ \eta_\theta \gamma & c \end{pmatrix}$ with
+    $a = \max_i |1 - \eta_\theta \mu_i(S)|$, $c = \max_j |1 - \eta_P \lambda_j(C)| + \eta_\theta \delta$
+    (``stability_boundary`` gives the derivation and the constants), and
+
+    $$\rho(N) = \frac{a + c}{2} + \sqrt{\Big(\frac{a - c}{2}\Big)^2 + \eta_\theta^2 \beta \gamma}
+    \ \ge\ \rho(I - D H).$$
+
+    The rates satisfy the theorem's conditions (i)-(iv) exactly when the value is ``< 1``;
+    then the linearised training is a contraction and the minimum is locally exponentially
+    stable. ``eta_theta`` and ``eta_P`` broadcast against each other.
+
+    Args:
+        hessian: ``(n, n)`` symmetric Hessian at the minimum, encoder parameters first.
+        n_theta: number of encoder parameters.
+        eta_theta, eta_P: rates ``> 0`` (scalars or arrays that broadcast).
+
+    Returns:
+        NumPy float64 array of the broadcast shape.
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> H = np.array([[1.0, 0.5], [0.5, 2.0]])
+        >>> cert = mf.prototypes.stability_certificate(H, 1, [0.05, 3.0], 0.5)
+        >>> (cert < 1).tolist()  # eta_theta = 3 > 2 / mu_max(S) = 2.29 breaks condition (ii)
+        [True, False]
+    """
+    bd = stability_boundary(hessian, n_theta)
+    et, ep = _rates(eta_theta, eta_P)
+    a = np.maximum(np.abs(1.0 - et * bd.mu_min), np.abs(1.0 - et * bd.mu_max))
+    b = np.maximum(np.abs(1.0 - ep * bd.lambda_min), np.abs(1.0 - ep * bd.lambda_max))
+    c = b + et * bd.delta
+    return np.asarray(0.5 * (a + c) + np.sqrt(0.25 * (a - c) ** 2 + et**2 * bd.beta * bd.gamma))
+
+
+def two_timescale_radius(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) -> np.ndarray:
+    r"""Exact spectral radius of the linearised two-timescale gradient step $e \leftarrow (I - D H) e$.
+
+    $D = \operatorname{diag}(\eta_\theta I_{n_\theta}, \eta_P I_{n - n_\theta})$. Since
+    $I - D H = D^{1/2} (I - D^{1/2} H D^{1/2}) D^{-1/2}$, its eigenvalues are
+    $1 - \nu_i$ with $\nu_i$ the (real) eigenvalues of the symmetric $D^{1/2} H D^{1/2}$:
+
+    $$\rho = \max_i |1 - \nu_i|, \qquad \rho < 1 \iff H \succ 0 \text{ and } \nu_{\max} < 2 .$$
+
+    No timescale condition appears: for an exact gradient step on a strict minimum the
+    conditions of ``stability_boundary`` are sufficient, not necessary. ``eta_theta`` and
+    ``eta_P`` broadcast against each other; ``hessian`` need not be definite.
+
+    Args:
+        hessian: ``(n, n)`` symmetric Hessian, encoder parameters first.
+        n_theta: number of encoder parameters.
+        eta_theta, eta_P: rates ``> 0``.
+
+    Returns:
+        NumPy float64 array of the broadcast shape.
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> H = np.diag([1.0, 4.0])  # uncoupled: stable iff eta_theta < 2 and eta_P < 0.5
+        >>> mf.prototypes.two_timescale_radius(H, 1, 1.0, [0.25, 0.75]).round(12).tolist()
+        [0.0, 2.0]
+    """
+    H, *_ = _hessian_blocks(hessian, n_theta)
+    et, ep = _rates(eta_theta, eta_P)
+    n = H.shape[0]
+    k = int(n_theta)
+    s = np.sqrt(np.concatenate([np.broadcast_to(et[..., None], (*et.shape, k)),
+                                np.broadcast_to(ep[..., None], (*ep.shape, n - k))], axis=-1))
+    nu = np.linalg.eigvalsh(s[..., :, None] * H * s[..., None, :])
+    return np.asarray(np.max(np.abs(1.0 - nu), axis=-1))
+
+
+# ---------------------------------------------------------------------------
 # datasets (no download)
 
 
@@ -994,6 +1218,37 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
 
     data = _ld()
     return (data.data / 16.0).astype(np.float32), data.target.astype(np.int32)
+
+
+def digit_patches(patch=4) -> tuple[np.ndarray, np.ndarray]:
+    """Non-overlapping ``patch x patch`` patches of the 8x8 digits (``load_digits``), one token per patch.
+
+    The image-patch tokens of a VQ-VAE at CPU scale: ``patch = 4`` cuts every
+    image into a 2x2 grid of 4x4 patches (a downsampling by 4, as a VQ-VAE's
+    encoder maps a 32x32 CIFAR-10 image to an 8x8 grid of latents). Patches
+    are flattened row-major; image ``n``'s patches are rows
+    ``n * (8 // patch)**2 ...`` of the result.
+
+    Args:
+        patch: patch side, a divisor of 8 (1, 2, 4 or 8).
+
+    Returns:
+        ``(tokens, image)``: ``(1797 (8/patch)^2, patch^2)`` float32 pixels in ``[0, 1]``
+        and the ``(1797 (8/patch)^2,)`` int32 index of each patch's image.
+
+    Example:
+        >>> import meanfield as mf
+        >>> X, img = mf.prototypes.digit_patches(4)
+        >>> X.shape, int(img[5]), bool((X[:4].reshape(2, 2, 4, 4).transpose(0, 2, 1, 3).reshape(64)
+        ...                            == mf.prototypes.load_digits()[0][0]).all())
+        ((7188, 16), 1, True)
+    """
+    patch = check_int("patch", patch, minimum=1)
+    check_choice("patch", patch, (1, 2, 4, 8))
+    X, _ = load_digits()
+    n, g = X.shape[0], 8 // patch
+    tokens = X.reshape(n, g, patch, g, patch).transpose(0, 1, 3, 2, 4).reshape(n * g * g, patch * patch)
+    return np.ascontiguousarray(tokens), np.repeat(np.arange(n, dtype=np.int32), g * g)
 
 
 def gaussian_mixture_tokens(
