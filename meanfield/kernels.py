@@ -18,9 +18,14 @@ in the frame $y_i = \Psi(\xi_i) x_i$), rank 2 in the positions for Toeplitz.
 On the CPU the exp-kernel fields and energies (USA and the exp-gauge kernels in their gauge
 frame) run by default through a fused C kernel called from XLA (``meanfield._native``,
 compiled when this module is first imported on a machine and cached: half the exponentials, no
-$n \times n$ array); derivatives are those of the XLA formulation, which is also what accelerators
-run and what ``backend="xla"``, ``native(False)``, ``set_native(False)`` (all part of what JAX
-traces) or ``MEANFIELD_NATIVE=0`` select. BENCHMARKS.md has the measured speed of both.
+$n \times n$ array). Their derivatives run there too: ``jax.grad`` of an energy needs only the
+field ($\nabla_{y_i} S = 2 \beta n F_i$), and the tangent of the field along $dy$ is again a
+symmetric pair sum evaluated by the same C kernel in one pass (``_exp_tangent``, a primitive
+that is its own transpose), so ``jax.jvp`` of the velocity, ``jax.grad``/``jax.vjp`` through
+``mf.simulate`` and Hessian-vector products (``mf.analysis``) use it. The XLA formulation is the
+reference and what accelerators run, and what ``backend="xla"``, ``native(False)``,
+``set_native(False)`` (all part of what JAX traces) or ``MEANFIELD_NATIVE=0`` select.
+BENCHMARKS.md has the measured speed of both.
 
 Models are named in one registry, ``MODELS`` (``make``, ``build``): the CLI flags, sweep spec
 keys and reproductions derive from it.
@@ -47,6 +52,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, Float
 
 from . import _native, sphere, theory
@@ -73,6 +81,7 @@ __all__ = [
     "USA",
     "DistanceBias",
     "Toeplitz",
+    "ToeplitzSeries",
     "RoPE",
     "PhaseField",
     "Gauge",
@@ -162,8 +171,8 @@ def set_native(enabled) -> bool:
     call (``meanfield._native.exp_field_xla``: half the exponentials, no $n \times n$ array, see
     ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
     ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
-    The numbers agree to rounding (tests/test_kernels_native.py). Derivatives are always those
-    of the XLA formulation.
+    The numbers agree to rounding (tests/test_kernels_native.py), and so do first and second
+    derivatives, which the C kernel evaluates too (tests/test_native_ad.py).
 
     The setting is part of what JAX traces: it is in ``jit``'s cache key, so a jitted function
     called after a change is traced again for the new setting, and its first compilation is
@@ -465,9 +474,10 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
     and the systems run in chunks of ``_batch_chunk`` (``lax.map`` of a ``vmap``), so
     at most ``BATCH_BYTES`` of weights are live: a plain ``vmap`` materialises a
     ``(seeds, n, n)`` array that leaves the cache and, past the allocator's threshold,
-    costs fresh pages on every call. Derivatives (``custom_jvp``) are those of the plain
-    formulas (``jax.jvp`` of ``_gauged_exp_unit``), so ``grad``, ``jvp`` and higher
-    orders work; a vmapped derivative is evaluated without chunking.
+    costs fresh pages on every call. Derivatives (``custom_jvp`` with symbolic zeros): with the
+    native kernel, ``_native_jvp`` (the tangent through the C kernel, ``_exp_tangent``); without
+    it, those of the plain formulas (``jax.jvp`` of ``_gauged_exp_unit``, evaluated without
+    chunking under ``vmap``). ``grad``, ``jvp`` and higher orders work on both.
     """
 
     def unit(args):
@@ -486,9 +496,7 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
 
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):
-        native_ok = (xs.dtype in (jnp.float32, jnp.float64) and xs.shape[-1] <= NATIVE_MAX_D
-                     and native_enabled())
-        if native_ok:
+        if _native_ok(xs):
             args = (xs, betas, *gauges)
             return jax.lax.platform_dependent(*args, cpu=_varying_as(native, args), default=_varying_as(xla, args))
         return xla(xs, betas, *gauges)
@@ -537,13 +545,159 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         F, S = batched(x[None], beta[None], *(g[None] for g in gauge))
         return F[0], S[0]
 
-    @op.defjvp
     def _jvp(primals, tangents):
+        if _native_ok(primals[0]):
+            return _native_jvp(block_size, parts, primals, tangents)
         out = op(*primals)
+        tangents = tuple(jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t for t in tangents)
         _, dout = jax.jvp(lambda *a: unit(a), primals, tangents)
         return out, dout
 
+    op.defjvp(_jvp, symbolic_zeros=True)
     return op
+
+
+def _native_ok(x) -> bool:
+    """Whether exp-kernel evaluations of states like ``x`` traced now take the fused C kernel on
+    the CPU (float32/float64, ``d <= NATIVE_MAX_D``, ``native_enabled()``)."""
+    return x.dtype in (jnp.float32, jnp.float64) and x.shape[-1] <= NATIVE_MAX_D and native_enabled()
+
+
+def _native_jvp(block_size, parts: str, primals, tangents):
+    r"""The JVP of ``_exp_op`` through the fused C kernel (``tangents``: ``SymbolicZero`` where zero).
+
+    In the frame $y_i = \Psi_i x_i$ (``y = x`` without gauge), with $F^y, S$ the unscaled field and
+    sum of ``y`` (one native call) and $dy_i = \Psi_i\, dx_i + d\Psi_i\, x_i$:
+
+    $$dS = 2 \beta n \sum_i \langle dy_i, F^y_i\rangle, \quad dF^y = T(y, dy), \quad dF_i = \Psi_i^\top dF^y_i + d\Psi_i^\top F^y_i,$$
+
+    since $\nabla_{y_i} S = 2 \beta n F^y_i$ ($T$: ``_exp_tangent``). A tangent of ``beta`` adds the XLA formulation's
+    (``jax.jvp`` of ``_tiled_exp_unit`` in ``beta``). Everything but $T$ is a few ``O(n d^2)``
+    operations; $T$ is linear in $dy$ with a declared transpose (itself), so ``jax.grad``,
+    ``jax.vjp`` and Hessian-vector products run the kernel too. The primal $F^y, S$ come from
+    the differentiable ``_exp_op`` of ``y``, so higher orders work."""
+    x, beta, *gauge = primals
+    tx, tbeta, *tgauge = tangents
+    zero = lambda t: isinstance(t, SymbolicZero)  # noqa: E731
+    G = gauge[0] if gauge else None
+    y = x if G is None else _apply_gauge(G, x)
+    Fy, S = _exp_op(block_size, False, "FS")(y, beta)
+    n = x.shape[0]
+    dy = None if zero(tx) else (tx if G is None else _apply_gauge(G, tx))
+    if gauge and not zero(tgauge[0]):
+        dG = _apply_gauge(tgauge[0], x)
+        dy = dG if dy is None else dy + dG
+    dFy = jnp.zeros_like(x)
+    dS = jnp.zeros((), x.dtype)
+    if dy is not None:
+        if "F" in parts:
+            dFy = _exp_tangent(y, dy, beta)
+        if "S" in parts:
+            dS = 2 * beta * n * jnp.sum(dy * Fy)
+    if not zero(tbeta):
+        _, (dFb, dSb) = jax.jvp(lambda b: _tiled_exp_unit(y, None, b, block_size, parts), (beta,), (tbeta,))
+        dFy, dS = dFy + dFb, dS + dSb
+    F, dF = Fy, dFy
+    if G is not None:
+        F, dF = _apply_gauge_transpose(G, Fy), _apply_gauge_transpose(G, dFy)
+        if not zero(tgauge[0]):
+            dF = dF + _apply_gauge_transpose(tgauge[0], Fy)
+    if "F" not in parts:
+        F, dF = jnp.zeros_like(x), jnp.zeros_like(x)
+    if "S" not in parts:
+        S, dS = jnp.zeros_like(S), jnp.zeros_like(S)
+    return (F, S), (dF, dS)
+
+
+def _exp_tangent(y, dy, beta):
+    r"""$T(y, dy)_i = \frac1n \sum_j [\beta w_{ij} (\langle dy_i, y_j\rangle + \langle y_i, dy_j\rangle) y_j + w_{ij}\, dy_j]$,
+    $w_{ij} = e^{\beta (\langle y_i, y_j\rangle - 1)}$: the derivative of the unscaled field of
+    ``y`` ``(..., n, d)`` along ``dy`` (``beta`` ``(...)``), one primitive: the fused C kernel on
+    the CPU (``_native.exp_tangent``), the XLA formulation on other platforms."""
+    return _exp_tangent_p.bind(y, dy, beta)
+
+
+def _tangent_xla(y, dy, beta):
+    """``_exp_tangent`` as XLA operations (the reference; other platforms): ``jax.jvp`` of the
+    unscaled field of each system."""
+    n, d = y.shape[-2:]
+    one = lambda a, da, b: jax.jvp(lambda z: _tiled_exp_unit(z, None, b, None, "F")[0], (a,), (da,))[1]  # noqa: E731
+    out = jax.vmap(one)(y.reshape(-1, n, d), dy.reshape(-1, n, d), beta.reshape(-1))
+    return out.reshape(y.shape)
+
+
+def _tangent_abstract(y, dy, beta):
+    if y.shape != dy.shape or y.dtype != dy.dtype or beta.shape != y.shape[:-2]:
+        raise ValueError(f"exp tangent: y and dy must be (..., n, d) of one dtype and beta (...), got "
+                         f"{y.shape} {y.dtype}, {dy.shape} {dy.dtype}, {beta.shape}")
+    return dy.update(weak_type=False)
+
+
+def _tangent_cpu_lowering(ctx, y, dy, beta):
+    """The FFI call, with a sharding rule (``_native._tangent_call``: a sharded batch stays
+    sharded) where JAX lowers it with its devices, else plain (``_TANGENT_PARTITIONED``)."""
+    name = np.dtype(ctx.avals_in[0].dtype).name
+    if not _TANGENT_PARTITIONED:
+        return jax.ffi.ffi_lowering(_native.EXP_TANGENT_TARGETS[name])(ctx, y, dy, beta)
+    call = _native._tangent_call(name)
+    return mlir.lower_fun(lambda *a: call(*a), multiple_results=False)(ctx, y, dy, beta)
+
+
+def _tangent_batch(args, dims):
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    lead = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+            for a, d in zip(args, dims, strict=True)]
+    return _exp_tangent_p.bind(*lead), 0
+
+
+def _tangent_jvp(primals, tangents):
+    """Linear in ``dy`` (the kernel again); the derivative in ``y`` and ``beta`` (third
+    derivatives of the energy) is the XLA formulation's."""
+    y, dy, beta = primals
+    ty, tdy, tbeta = tangents
+    out = _exp_tangent_p.bind(y, dy, beta)
+    tout = jnp.zeros_like(out)
+    if type(tdy) is not ad.Zero:
+        tout = tout + _exp_tangent_p.bind(y, tdy, beta)
+    if type(ty) is not ad.Zero or type(tbeta) is not ad.Zero:
+        ty, tbeta = ad.instantiate_zeros(ty), ad.instantiate_zeros(tbeta)
+        tout = tout + jax.jvp(lambda a, b: _tangent_xla(a, dy, b), (y, beta), (ty, tbeta))[1]
+    return out, tout
+
+
+def _tangent_transpose(ct, y, dy, beta):
+    """Symmetric (the Hessian of ``S / (2 beta n)`` in the frame): its own transpose in ``dy``."""
+    if ad.is_undefined_primal(y) or ad.is_undefined_primal(beta) or not ad.is_undefined_primal(dy):
+        raise NotImplementedError("the exp-kernel tangent is linear in dy only")
+    if type(ct) is ad.Zero:
+        return None, ad.Zero(dy.aval), None
+    return None, _exp_tangent_p.bind(y, ct, beta), None
+
+
+_exp_tangent_p = Primitive("meanfield_exp_tangent")
+_exp_tangent_p.def_impl(lambda y, dy, beta: jax.jit(_exp_tangent_p.bind)(y, dy, beta))
+_exp_tangent_p.def_abstract_eval(_tangent_abstract)
+mlir.register_lowering(_exp_tangent_p, _tangent_cpu_lowering, platform="cpu")
+mlir.register_lowering(_exp_tangent_p, mlir.lower_fun(_tangent_xla, multiple_results=False))
+batching.primitive_batchers[_exp_tangent_p] = _tangent_batch
+ad.primitive_jvps[_exp_tangent_p] = _tangent_jvp
+ad.primitive_transposes[_exp_tangent_p] = _tangent_transpose
+
+
+def _tangent_needs_devices() -> bool:
+    """Declare that the tangent's lowering needs the devices (its CPU lowering holds a
+    ``custom_partitioning`` call, which does): no public API declares it, so ``False`` (and the
+    call without a sharding rule) where this JAX lacks the table."""
+    try:
+        from jax._src import dispatch  # no public API: the set of primitives lowered with devices
+
+        dispatch.prim_requires_devices_during_lowering.add(_exp_tangent_p)
+        return True
+    except (ImportError, AttributeError):
+        return False
+
+
+_TANGENT_PARTITIONED = _tangent_needs_devices()
 
 
 def _varying_as(f, inputs):
@@ -772,6 +926,154 @@ class Toeplitz(Kernel):
         c, s = self._cs(x, aux)
         a, b = c @ x, s @ x
         return (jnp.sum(a * a) + jnp.sum(b * b)) / (2.0 * x.shape[0] ** 2)
+
+
+class ToeplitzSeries(Kernel):
+    r"""Toeplitz kernel with a finite Fourier series (USA-AV Prop. 10, App. G): $h = c(t - s) \langle x, y\rangle$,
+
+    $$c(\Delta) = \sum_{|m| \le M} \hat c(m) e^{2 \pi i m \Delta} = \hat c(0) + 2 \sum_{m=1}^{M} \hat c(m) \cos(2 \pi m \Delta),$$
+
+    an even real profile ($\hat c(-m) = \hat c(m)$), any signs. ``Toeplitz(m)`` is the series with
+    $\hat c(m) = 1/2$ alone. Rank $2M + 1$ in the positions, so the field costs $O(n M d)$.
+
+    Maximiser (Prop. 10; its statement was lost in extraction, reconstructed here from the
+    separated-kernel reduction of Sec. 3.2). Expand a path $x(s) = \sum_k \hat x(k) e^{2 \pi i k s}$:
+
+    $$\mathcal E[\Gamma[x]] = \frac12 \iint c(t - s) \langle x(s), x(t)\rangle\, ds\, dt = \frac12 \sum_{k \in \mathbb Z} \hat c(k) |\hat x(k)|^2, \qquad \sum_k |\hat x(k)|^2 = \int |x(s)|^2 ds = 1$$
+
+    (Parseval), so $\mathcal E \le \frac12 \max_k \hat c(k)$, with equality iff $\hat x$ lives on the
+    maximising frequencies. For a unique dominant mode $m^* = \arg\max_{m \ge 0} \hat c(m)$ (modes
+    $m > M$ have $\hat c = 0$) the maximiser is $x(s) = \cos(2 \pi m^* s) a + \sin(2 \pi m^* s) b$
+    ($a \perp b$ unit vectors): a great circle traversed $m^*$ times (winding number $m^*$), or a Dirac
+    mass if $m^* = 0$. The same holds exactly for $n$ particles at $s_i = i/n$ with the aliased
+    coefficients $\hat c_n(k) = \sum_{l \equiv k \ (\mathrm{mod}\ n)} \hat c(l)$, $k = 0, \dots, n - 1$
+    (discrete Parseval): $E_{\max} = \frac12 \max_k \hat c_n(k)$ (``max_energy(n)``).
+
+    Args:
+        c_hat: Fourier coefficients $\hat c(0), \dots, \hat c(M)$, shape ``(M + 1,)`` (traced).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> k = mf.kernels.ToeplitzSeries([0.0, 0.1, 0.4])   # dominant mode m* = 2
+        >>> k.dominant_mode(), round(float(k.max_energy()), 4)
+        (2, 0.2)
+        >>> x = k.maximiser(16)   # the great circle traversed twice
+        >>> round(float(mf.energy(k, x, mf.positions(16))), 4)
+        0.2
+    """
+
+    c_hat: Float[Array, " modes"]
+
+    def __init__(self, c_hat):
+        if is_concrete(c_hat):
+            try:
+                arr = np.asarray(c_hat)
+            except (TypeError, ValueError):
+                raise TypeError(f"c_hat must be a 1-d sequence of real Fourier coefficients, got {c_hat!r}") from None
+            if arr.dtype.kind not in "iuf":
+                raise TypeError(f"c_hat must be real Fourier coefficients c_hat(0..M), got {c_hat!r}")
+            c_hat = jnp.asarray(arr if arr.dtype.kind == "f" else arr.astype(np.float64))  # JAX's float width
+        self.c_hat = c_hat
+
+    def __check_init__(self):
+        shape = jnp.shape(self.c_hat)
+        if len(shape) != 1 or shape[0] < 1:
+            raise ValueError(
+                f"c_hat must be a 1-d array of the Fourier coefficients c_hat(0), ..., c_hat(M) (at least one), "
+                f"got shape {shape}"
+            )
+        check_finite("c_hat", self.c_hat)
+
+    def profile(self, delta):
+        r"""$c(\Delta) = \hat c(0) + 2 \sum_{m \ge 1} \hat c(m) \cos(2 \pi m \Delta)$ (any shape of ``delta``).
+
+        Example:
+            >>> import meanfield as mf
+            >>> float(mf.kernels.ToeplitzSeries([0.0, 0.5]).profile(0.5))   # cos(pi)
+            -1.0
+        """
+        delta = jnp.asarray(delta)
+        c = jnp.asarray(self.c_hat)
+        m = jnp.arange(c.shape[0], dtype=c.dtype)
+        w = jnp.concatenate([c[:1], 2 * c[1:]])
+        return jnp.sum(w * jnp.cos(2 * jnp.pi * m * delta[..., None]), axis=-1)
+
+    def __call__(self, x, xi, y, zeta):
+        return self.profile(zeta - xi) * jnp.dot(x, y)
+
+    def grad_x(self, x, xi, y, zeta):
+        return self.profile(zeta - xi) * y
+
+    def _modes(self, x, aux):
+        c = jnp.asarray(self.c_hat, x.dtype)
+        m = jnp.arange(c.shape[0], dtype=x.dtype)
+        theta = 2 * jnp.pi * jnp.asarray(aux, x.dtype)[:, None] * m[None, :]  # (n, M + 1)
+        w = jnp.concatenate([c[:1], 2 * c[1:]])  # c(D) = sum_m w_m (cos a_m cos b_m + sin a_m sin b_m)
+        C, S = jnp.cos(theta), jnp.sin(theta)
+        return w, C, S, C.T @ x, S.T @ x
+
+    def field(self, x, aux, *, block_size=None):
+        w, C, S, A, B = self._modes(x, aux)
+        return (C @ (w[:, None] * A) + S @ (w[:, None] * B)) / x.shape[0]
+
+    def energy(self, x, aux, *, block_size=None):
+        w, _, _, A, B = self._modes(x, aux)
+        return jnp.sum(w * (jnp.sum(A * A, axis=1) + jnp.sum(B * B, axis=1))) / (2.0 * x.shape[0] ** 2)
+
+    def _aliased(self, n: int | None):
+        """$\\hat c_n(k)$, $k = 0..n-1$ (``n=None``: $\\hat c(0..M)$ and one zero mode $M + 1$)."""
+        c = jnp.asarray(self.c_hat)
+        if n is None:
+            return jnp.concatenate([c, jnp.zeros((1,), c.dtype)])
+        n = check_int("n", n, minimum=1)
+        m = np.arange(c.shape[0])
+        return jnp.zeros((n,), c.dtype).at[m % n].add(c).at[(-m[1:]) % n].add(c[1:])
+
+    def max_energy(self, n: int | None = None) -> Float[Array, ""]:
+        r"""Largest energy, $\frac12 \max_{k \in \mathbb Z} \hat c(k)$ (mean-field limit, ``n=None``; modes
+        $|k| > M$ count with $\hat c = 0$), or $\frac12 \max_k \hat c_n(k)$ for $n$ particles at $s_i = i/n$
+        (aliased coefficients; the class docstring has the derivation). Traceable.
+
+        Example:
+            >>> import meanfield as mf
+            >>> k = mf.kernels.ToeplitzSeries([-1.0, -0.2])   # every mode repels: E_max = 0
+            >>> round(float(k.max_energy()), 4), round(float(k.max_energy(2)), 4)   # n = 2: c_2 = (-1, -0.4)
+            (0.0, -0.2)
+        """
+        return 0.5 * jnp.max(self._aliased(n))
+
+    def dominant_mode(self, n: int | None = None) -> int:
+        r"""The smallest frequency $m^* \ge 0$ with the largest $\hat c(m^*)$ (or $\hat c_n$, folded to
+        $\min(k, n - k)$); $M + 1$ when every $\hat c(m) < 0$ (``n=None``). Needs concrete coefficients.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.ToeplitzSeries([0.3, 0.1, 0.2]).dominant_mode()   # c_hat(0) wins: a Dirac
+            0
+        """
+        if not is_concrete(self.c_hat):
+            raise ValueError("dominant_mode needs concrete coefficients c_hat, got a traced array")
+        k = int(np.argmax(np.asarray(self._aliased(n))))
+        return k if n is None else min(k, n - k)
+
+    def maximiser(self, n: int, d: int = 3, dtype=None) -> Float[Array, "n d"]:
+        r"""A maximiser at the positions $s_i = i/n$: $x_i = \cos(2 \pi m^* s_i) e_1 + \sin(2 \pi m^* s_i) e_2$,
+        $m^*$ = ``dominant_mode(n)`` (a Dirac at $e_1$ if $m^* = 0$); its energy is ``max_energy(n)``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> k = mf.kernels.ToeplitzSeries([0.0, 0.1, -0.3, 0.25])   # m* = 3
+            >>> x = k.maximiser(32)
+            >>> round(float(mf.energy(k, x, mf.positions(32))), 4), round(float(k.max_energy(32)), 4)
+            (0.125, 0.125)
+        """
+        n = check_int("n", n, minimum=1)
+        d = check_int("d", d, minimum=2)
+        dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
+        theta = 2 * np.pi * self.dominant_mode(n) * np.asarray(positions(n), np.float64)
+        x = np.zeros((n, d))
+        x[:, 0], x[:, 1] = np.cos(theta), np.sin(theta)
+        return jnp.asarray(x, dtype)
 
 
 # ----------------------------------------------------------------------------

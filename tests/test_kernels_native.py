@@ -151,8 +151,9 @@ def test_nested_vmaps_shared_gauge_and_beta_grid(x64):
         np.testing.assert_allclose(native, xla, rtol=1e-12, atol=1e-14)
 
 
-def test_derivatives_use_the_xla_formulation(x64):
-    """grad, jvp, d/dbeta and the Hessian through the native primal equal those of the XLA path."""
+def test_derivatives_equal_the_xla_formulation(x64):
+    """grad, jvp, d/dbeta and the Hessian through the native kernel (its tangent:
+    tests/test_native_ad.py) equal those of the XLA path."""
     xs = _xs(3, 12, 3, seed=4)
     f = lambda b, x: mf.energy(K.USA(b), x)  # noqa: E731
     for fn in (lambda: jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0))(1.7, xs),

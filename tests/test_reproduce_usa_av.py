@@ -26,6 +26,8 @@ def test_reproduce_usa_av_quick(tmp_path):
     required = {
         "usa_collapse", "distance_bias_dirac", "rope_noncollapse", "prompt_noncollapse",
         "rope_max_energy", "toeplitz_great_circle", "gauge_equivalence", "prompt_clusters",
+        "dobrushin_stability", "nonatomic_prompt_mmd", "nonatomic_prompt_flow", "nonatomic_prompt_energy",
+        *(f"toeplitz_fourier_{m}_{q}" for m in ("m0", "m1", "m2", "m3", "sign") for q in ("energy", "winding")),
     }
     assert required <= set(checks)
     for c in checks.values():
@@ -45,7 +47,15 @@ def test_reproduce_usa_av_quick(tmp_path):
     assert checks["toeplitz_rank"]["measured"] == 2
     assert abs(checks["rope_latitude_gap"]["measured"] - checks["rope_latitude_gap"]["theory"]) < 1e-3
     assert all(c["pass"] for c in checks.values()), [c for c in checks.values() if not c["pass"]]
-    for fig in ("fig2_collapse_gap.png", "fig3_configurations.png", "energy.png"):
+    # Prop. 10: winding number = dominant mode, energy = max_k c_hat(k) / 2
+    for m, (wind, e) in {"m0": (0, 0.25), "m1": (1, 0.25), "m2": (2, 0.25), "m3": (3, 0.225), "sign": (2, 0.175)}.items():
+        assert checks[f"toeplitz_fourier_{m}_winding"]["measured"] == wind
+        assert checks[f"toeplitz_fourier_{m}_energy"]["measured"] == pytest.approx(e, rel=1e-4)
+    assert 0 < checks["dobrushin_stability"]["measured"] <= 1
+    assert checks["nonatomic_prompt_flow"]["measured"] < 1e-4
+    assert checks["nonatomic_prompt_mmd"]["theory"] == pytest.approx(0.783, abs=1e-3)
+    for fig in ("fig2_collapse_gap.png", "fig3_configurations.png", "energy.png", "toeplitz_fourier.png",
+                "dobrushin.png", "nonatomic_prompt.png"):
         assert (out / fig).stat().st_size > 10_000
     data = np.load(out / "fig2_data.npz")
     assert data["usa_n128_gap"].shape == (8, 41)
@@ -60,6 +70,8 @@ def test_settings_quick_vs_full():
     assert q["fig2_n"] == [64, 128] and q["fig2_seeds"] == 8
     assert f["fig2_n"] == [64, 128, 256, 512] and f["fig2_seeds"] == 100
     assert f["dt"] == 1e-2 and f["early_stop"] == 1e-8 and f["solver"] == "rk2"
+    assert q["toeplitz_fourier"]["kernels"] == f["toeplitz_fourier"]["kernels"]
+    assert q["nonatomic"]["replicates"] < f["nonatomic"]["replicates"]
     from meanfield.reproduce import EXPERIMENTS, PAPERS
 
     assert PAPERS == ("usa-av", "attention", "depth", "prototypes", "continuum")

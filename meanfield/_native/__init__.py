@@ -6,9 +6,11 @@ Exp-kernel field (``exp_field_xla``; ``exp_field`` is the same code on NumPy arr
 ``exp(beta X X^T) X`` as a matmul, an exponential pass over the ``n x n`` weights and a second
 matmul, with all ``n^2`` exponentials and an ``n x n`` temporary per system. ``exp_kernel.c``
 evaluates only the pairs ``i <= j`` (the weights are symmetric) in one pass over blocks of
-rows, memory O(n d) per thread. ``meanfield.kernels`` wraps it in a ``custom_jvp`` whose
-tangents are those of the XLA formulation, and in ``jax.lax.platform_dependent``, so that
-other platforms run the XLA formulation. It needs jaxlib's FFI headers
+rows, memory O(n d) per thread. Its tangent along ``dy`` (``exp_tangent``, FFI targets
+``EXP_TANGENT_TARGETS``) is again a symmetric pair sum, evaluated the same way; the map
+``dy -> dF`` is symmetric (a Hessian), so reverse mode runs the same kernel. ``meanfield.kernels``
+wraps the field in a ``custom_jvp`` whose tangents use it, and in ``jax.lax.platform_dependent``
+(the tangent: a primitive with a CPU lowering), so that other platforms run the XLA formulation. It needs jaxlib's FFI headers
 (``jax.ffi.include_dir()``), checked by a self-test call through XLA at first use.
 
 Phase-diagram sweep:
@@ -113,7 +115,8 @@ except ImportError:  # not POSIX: no lock between processes (the builds stay ato
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "LANES", "DTYPES", "MAX_D", "SOURCE",
-           "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "set_exp_threads", "EXP_SOURCE",
+           "exp_available", "exp_unavailable_reason", "exp_field", "exp_field_xla", "exp_tangent",
+           "EXP_TANGENT_TARGETS", "set_exp_threads", "EXP_SOURCE",
            "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "exp_threads_now",
            "threads_now", "prepare", "RefusedPath", "BuildFailed", "LONG_CALL",
            "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE"]
@@ -754,6 +757,8 @@ EXP_SOURCE = Path(__file__).with_name("exp_kernel.c")
 #: XLA FFI targets by dtype: (field and sum, sum only)
 EXP_TARGETS = {"float64": ("meanfield_exp_fs_f64", "meanfield_exp_s_f64"),
                "float32": ("meanfield_exp_fs_f32", "meanfield_exp_s_f32")}
+#: XLA FFI targets of the field's tangent (``exp_tangent``), by dtype
+EXP_TANGENT_TARGETS = {"float64": "meanfield_exp_t_f64", "float32": "meanfield_exp_t_f32"}
 #: columns per SIMD vector of the exp kernel, by dtype
 EXP_LANES = {"float64": 8, "float32": 16}
 #: largest dimension the exp kernel accepts
@@ -821,9 +826,12 @@ def _load_exp(paths: dict[str, Path]) -> dict:
         adaptive.argtypes = [ctypes.c_int]
         now = getattr(lib, f"mf_exp_threads_now{suffix}")
         now.argtypes, now.restype = [ctypes.c_double], ctypes.c_int
-        libs[name] = (lib, fn, rp, (threads, adaptive, now))
+        tangent = getattr(lib, f"mf_exp_tangent{suffix}")
+        tangent.argtypes = [rp, rp, rp, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp]
+        tangent.restype = ctypes.c_int
+        libs[name] = (lib, fn, rp, (threads, adaptive, now), tangent)
     for name, (lib, *_) in libs.items():
-        for target in EXP_TARGETS[name]:
+        for target in (*EXP_TARGETS[name], EXP_TANGENT_TARGETS[name]):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
     return {name: rest for name, (_, *rest) in libs.items()}
 
@@ -887,6 +895,9 @@ def _self_test_eager(jax) -> None:
     y = np.einsum("nac,nc->na", G, x[0])
     Wx, Wy = np.exp(beta[0] * (x[0] @ x[0].T - 1.0)), np.exp(beta[0] * (y @ y.T - 1.0))
     Fy = np.einsum("nac,na->nc", G, Wy @ y / 3)
+    dx = np.array([[[0.3, -0.2], [0.1, 0.5], [-0.4, 0.2]]])
+    C = beta[0] * Wx * (dx[0] @ x[0].T + x[0] @ dx[0].T)
+    dF = (C @ x[0] + Wx @ dx[0]) / 3
     for name in EXP_TARGETS:
         if name == "float64" and not jax.config.read("jax_enable_x64"):
             continue  # float64 arrays do not exist in this process (yet): float32 checks the handler
@@ -894,10 +905,12 @@ def _self_test_eager(jax) -> None:
         F, S = jax.jit(_partitioned_call(name, True, "none"))(xt, bt)
         S2 = jax.jit(_partitioned_call(name, False, "none"))(xt, bt)
         Fg, Sg = jax.jit(_partitioned_call(name, True, "shared"))(xt, bt, Gt)
+        t = jax.ffi.ffi_call(EXP_TANGENT_TARGETS[name], jax.ShapeDtypeStruct(xt.shape, xt.dtype))
+        dFt = jax.jit(t)(xt, dx.astype(name), bt)
         tol = 1e-5 if name == "float32" else 1e-12
         close = lambda a, b, t=tol: np.allclose(np.asarray(a), b, rtol=t, atol=t)  # noqa: E731
         if not (close(F[0], Wx @ x[0] / 3) and close(S, Wx.sum()) and close(S2, Wx.sum())
-                and close(Fg[0], Fy) and close(Sg, Wy.sum())):
+                and close(Fg[0], Fy) and close(Sg, Wy.sum()) and close(dFt[0], dF)):
             raise RuntimeError(f"the {name} exp kernel failed its self-test through XLA")
 
 
@@ -919,7 +932,7 @@ def _exp_library() -> dict | None:
 
 
 def _set_threads(libs: dict, threads: int, adaptive: bool) -> None:
-    for _, _, (set_threads, set_adaptive, _) in libs.values():
+    for _, _, (set_threads, set_adaptive, _), _ in libs.values():
         set_threads(threads)
         set_adaptive(int(adaptive))
     _exp_state["threads"], _exp_state["adaptive"] = threads, adaptive
@@ -1044,7 +1057,7 @@ def exp_field(x, beta, field: bool = True, gauge=None):
     beta = np.ascontiguousarray(beta, dtype=x.dtype)
     if beta.shape != x.shape[:1]:
         raise ValueError(f"beta must have shape {x.shape[:1]}, got {beta.shape}")
-    fn, rp, _ = libs[x.dtype.name]
+    fn, rp, _, _ = libs[x.dtype.name]
     B, n, d = x.shape
     G = None
     if gauge is not None:
@@ -1059,6 +1072,46 @@ def exp_field(x, beta, field: bool = True, gauge=None):
     if rc != 0:
         raise RuntimeError(f"the native exp kernel failed (B={B}, n={n}, d={d}, code {rc})")
     return F, S
+
+
+def exp_tangent(y, dy, beta):
+    r"""The tangent of the exp-kernel field along ``dy`` on NumPy arrays (through ctypes).
+
+    For every system of ``y``, ``dy`` ``(B, n, d)`` with ``beta`` ``(B,)``:
+
+    $$dF_i = \frac1n \sum_j \left[\beta w_{ij} (\langle dy_i, y_j\rangle + \langle y_i, dy_j\rangle) y_j + w_{ij}\, dy_j\right], \quad w_{ij} = e^{\beta (\langle y_i, y_j\rangle - 1)},$$
+
+    the derivative of ``exp_field``'s $F$ along ``dy`` (one pass over the pairs $i \le j$: both
+    weights are symmetric). The map $dy \mapsto dF$ is the Hessian of $S / (2 \beta n)$, so it is
+    symmetric: its own transpose. ``meanfield.kernels`` calls the same code through XLA's FFI
+    (``EXP_TANGENT_TARGETS``) for ``jax.jvp``, ``jax.grad`` and Hessian-vector products.
+
+    Example:
+        >>> import numpy as np
+        >>> from meanfield import _native
+        >>> y, dy = np.array([[[1.0, 0.0], [1.0, 0.0]]]), np.array([[[0.0, 1.0], [0.0, 0.0]]])
+        >>> _native.exp_tangent(y, dy, np.array([2.0]))[0].tolist()   # (dy_0 + dy_1) / 2 per row
+        [[0.0, 0.5], [0.0, 0.5]]
+    """
+    libs = _exp_library()
+    if libs is None:
+        raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
+    y, dy = np.ascontiguousarray(y), np.ascontiguousarray(dy)
+    if y.dtype.name not in EXP_TARGETS or dy.dtype != y.dtype:
+        raise ValueError(f"y and dy must be float64 or float32 arrays of one dtype, got {y.dtype} and {dy.dtype}")
+    if y.ndim != 3 or y.shape[1] < 1 or not 1 <= y.shape[2] <= EXP_MAX_D or dy.shape != y.shape:
+        raise ValueError(f"y and dy must have one shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, "
+                         f"got {y.shape} and {dy.shape}")
+    beta = np.ascontiguousarray(beta, dtype=y.dtype)
+    if beta.shape != y.shape[:1]:
+        raise ValueError(f"beta must have shape {y.shape[:1]}, got {beta.shape}")
+    _, rp, _, fn = libs[y.dtype.name]
+    B, n, d = y.shape
+    dF = np.empty_like(y)
+    rc = fn(y.ctypes.data_as(rp), dy.ctypes.data_as(rp), beta.ctypes.data_as(rp), B, n, d, dF.ctypes.data_as(rp))
+    if rc != 0:
+        raise RuntimeError(f"the native exp tangent failed (B={B}, n={n}, d={d}, code {rc})")
+    return dF
 
 
 def exp_field_xla(x, beta, field: bool = True, gauge=None):
@@ -1076,6 +1129,40 @@ def exp_field_xla(x, beta, field: bool = True, gauge=None):
     args = (x, beta) if gauge is None else (x, beta, gauge)
     out = _partitioned_call(np.dtype(x.dtype).name, bool(field), mode)(*args)
     return (out[0], out[1]) if field else (None, out)
+
+
+@functools.cache
+def _tangent_call(name: str):
+    """The FFI call of the tangent ``(y, dy, beta) -> dF`` with the sharding rule of
+    ``_partitioned_call``: batch axes as ``y``'s, ``n`` and ``d`` whole (a sharded batch runs
+    on each device's systems, no all-gather)."""
+    import jax
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def call(y, dy, beta):
+        return jax.ffi.ffi_call(EXP_TANGENT_TARGETS[name], jax.ShapeDtypeStruct(y.shape, y.dtype))(y, dy, beta)
+
+    def shardings(mesh, arg_shapes):
+        ys = arg_shapes[0]
+        batch_rank = len(ys.shape) - 2
+        sh = ys.sharding
+        spec = tuple(sh.spec)[:batch_rank] if isinstance(sh, NamedSharding) else ()
+        spec = spec + (None,) * (batch_rank - len(spec))
+        mesh = sh.mesh if isinstance(sh, NamedSharding) else mesh
+        return NamedSharding(mesh, PartitionSpec(*spec, None, None)), NamedSharding(mesh, PartitionSpec(*spec))
+
+    def infer(mesh, arg_shapes, result_shape):
+        return shardings(mesh, arg_shapes)[0]
+
+    def partition(mesh, arg_shapes, result_shape):
+        y_sh, b_sh = shardings(mesh, arg_shapes)
+        return mesh, call, y_sh, (y_sh, y_sh, b_sh)
+
+    wrapped = custom_partitioning(call)
+    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                          sharding_rule="... n d, ... n d, ... -> ... n d", need_replication_factors=("n", "d"))
+    return wrapped
 
 
 def _local_call(name: str, field: bool, *args):

@@ -8,7 +8,8 @@
  *
  * the unscaled results of kernels._tiled_exp_unit (the factor e^{beta - shift} is applied
  * in JAX). w is symmetric: only the pairs i <= j are evaluated (n (n + 1) / 2 exponentials),
- * each added to row i and to row j.
+ * each added to row i and to row j. The tangent of F along dy (mf_exp_tangent, FFI target
+ * meanfield_exp_t_*, for derivatives) is evaluated the same way (see its comment).
  *
  * What XLA:CPU does not generate: the Gram entries, the exponentials, the row sums and both
  * products with x in one pass over a block of rows, with memory O(n d) per thread (the
@@ -482,6 +483,226 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gsh
     return 0;
 }
 
+/* ---- the tangent of the field ----------------------------------------------------------------
+ * For y (B, n, d), a tangent dy (B, n, d) and beta (B):
+ *
+ *     dF_i = (1/n) sum_j [c_ij y_j + w_ij dy_j],   c_ij = beta w_ij (<dy_i, y_j> + <y_i, dy_j>),
+ *
+ * the derivative of F_i = (1/n) sum_j w_ij y_j along dy (unscaled, as mf_exp_field). Both w and
+ * c are symmetric in (i, j): one pass over the pairs i <= j, each added to row i (c y_j + w dy_j)
+ * and to row j (c y_i + w dy_i), with the layout, blocks and partial sums of row_block (two
+ * weights and two transposed arrays instead of one). The map dy -> dF is the Hessian of
+ * S / (2 beta n): symmetric, so it is its own transpose (reverse mode runs the same kernel). */
+static inline __attribute__((always_inline)) void tangent_block(const vr *restrict yt, const vr *restrict dyt,
+                                                                const int n, const int nv, const int d,
+                                                                const real beta, const int i0, const int hi,
+                                                                vr *restrict Ft, double *restrict FD,
+                                                                vr *restrict P, vr *restrict Q) {
+    const real *ys = (const real *)yt, *dys = (const real *)dyt;
+    const size_t np = (size_t)nv * LANES;
+    const vr zero = {0};
+    const vr vb = zero + beta;
+    const int v0 = i0 / LANES;
+    const int m = nv - v0;
+    real yi[RB][MAX_D], dyi[RB][MAX_D];
+    for (int r = 0; r < RB; r++)
+        for (int a = 0; a < d; a++) {
+            yi[r][a] = i0 + r < hi ? ys[(size_t)a * np + i0 + r] : 0;
+            dyi[r][a] = i0 + r < hi ? dys[(size_t)a * np + i0 + r] : 0;
+        }
+    /* (1) arguments of the exponentials and the brackets <dy_i, y_j> + <y_i, dy_j> */
+    for (int v = v0; v < nv; v++) {
+        vr dot[RB], br[RB];
+        for (int r = 0; r < RB; r++) dot[r] = br[r] = zero;
+        for (int a = 0; a < d; a++) {
+            const vr ya = yt[(size_t)a * nv + v], dya = dyt[(size_t)a * nv + v];
+            for (int r = 0; r < RB; r++) {
+                dot[r] += yi[r][a] * ya;
+                br[r] += dyi[r][a] * ya + yi[r][a] * dya;
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            P[(size_t)r * nv + v] = vb * dot[r] - vb;
+            Q[(size_t)r * nv + v] = vb * br[r];
+        }
+    }
+    /* (2) exponentials (libmvec) */
+    for (int r = 0; r < RB; r++) {
+        real *restrict p = (real *)(P + (size_t)r * nv + v0);
+        for (int k = 0; k < m * LANES; k++) p[k] = EXP(p[k]);
+    }
+    /* (3) zero the pairs j <= i, the padding j >= n and absent rows; c = w * beta * bracket */
+    vi lane;
+    for (int l = 0; l < LANES; l++) lane[l] = l;
+    const int vlast = (i0 + RB - 1) / LANES < nv ? (i0 + RB - 1) / LANES : nv - 1;
+    for (int r = 0; r < RB; r++) {
+        const vi i = (vi){0} + (ireal)(i0 + r < hi ? i0 + r : n);
+        for (int v = v0; v <= vlast; v++) {
+            const vi j = lane + (ireal)(v * LANES);
+            P[(size_t)r * nv + v] = (vr)((vi)P[(size_t)r * nv + v] & (j > i));
+        }
+        const vi j = lane + (ireal)((nv - 1) * LANES);
+        P[(size_t)r * nv + nv - 1] = (vr)((vi)P[(size_t)r * nv + nv - 1] & (j < (vi){0} + (ireal)n));
+        for (int v = v0; v < nv; v++) Q[(size_t)r * nv + v] *= P[(size_t)r * nv + v];
+    }
+    /* (4) products: row sums in registers, the symmetric half into Ft */
+    for (int a0 = 0; a0 < d; a0 += AC) {
+        double accd[RB][AC] = {{0}};
+        for (int c = v0; c < nv; c += VCH) {
+            const int ce = c + VCH < nv ? c + VCH : nv;
+            vr acc[RB][AC];
+            for (int r = 0; r < RB; r++)
+                for (int k = 0; k < AC; k++) acc[r][k] = zero;
+            for (int v = c; v < ce; v++) {
+                vr w[RB], cc[RB];
+                for (int r = 0; r < RB; r++) w[r] = P[(size_t)r * nv + v], cc[r] = Q[(size_t)r * nv + v];
+                for (int k = 0; k < AC; k++) {
+                    if (a0 + k >= d) break;
+                    const vr ya = yt[(size_t)(a0 + k) * nv + v], dya = dyt[(size_t)(a0 + k) * nv + v];
+                    vr f = Ft[(size_t)(a0 + k) * nv + v];
+                    for (int r = 0; r < RB; r++) {
+                        acc[r][k] += cc[r] * ya + w[r] * dya;
+                        f += cc[r] * yi[r][a0 + k] + w[r] * dyi[r][a0 + k];
+                    }
+                    Ft[(size_t)(a0 + k) * nv + v] = f;
+                }
+            }
+            for (int r = 0; r < RB; r++)
+                for (int k = 0; k < AC; k++) accd[r][k] += hsum(acc[r][k]);
+        }
+        for (int r = 0; r < RB && i0 + r < hi; r++)
+            for (int k = 0; k < AC && a0 + k < d; k++) FD[(size_t)(a0 + k) * np + i0 + r] += accd[r][k];
+    }
+}
+
+typedef void (*tangent_block_fn)(const vr *, const vr *, int, int, int, real, int, int, vr *, double *, vr *, vr *);
+
+#define SPECIALISE_T(D)                                                                                      \
+    static void tangent_block_##D(const vr *yt, const vr *dyt, int n, int nv, int d, real beta, int i0, int hi, \
+                                  vr *Ft, double *FD, vr *P, vr *Q) {                                       \
+        (void)d;                                                                                            \
+        tangent_block(yt, dyt, n, nv, D, beta, i0, hi, Ft, FD, P, Q);                                       \
+    }
+SPECIALISE_T(2)
+SPECIALISE_T(3)
+SPECIALISE_T(4)
+SPECIALISE_T(8)
+static void tangent_block_any(const vr *yt, const vr *dyt, int n, int nv, int d, real beta, int i0, int hi,
+                              vr *Ft, double *FD, vr *P, vr *Q) {
+    tangent_block(yt, dyt, n, nv, d, beta, i0, hi, Ft, FD, P, Q);
+}
+
+static tangent_block_fn pick_tangent(int d) {
+    switch (d) {
+        case 2: return tangent_block_2;
+        case 3: return tangent_block_3;
+        case 4: return tangent_block_4;
+        case 8: return tangent_block_8;
+        default: return tangent_block_any;
+    }
+}
+
+/* the diagonal terms of rows lo .. hi - 1: c_ii y_i + w_ii dy_i added to FD */
+static void tangent_diagonal(const vr *yt, const vr *dyt, int nv, int d, real beta, int lo, int hi, double *FD) {
+    const real *ys = (const real *)yt, *dys = (const real *)dyt;
+    const size_t np = (size_t)nv * LANES;
+    for (int i = lo; i < hi; i++) {
+        real g = 0, h = 0;
+        for (int a = 0; a < d; a++) {
+            g += ys[(size_t)a * np + i] * ys[(size_t)a * np + i];
+            h += dys[(size_t)a * np + i] * ys[(size_t)a * np + i];
+        }
+        const real w = EXP(beta * g - beta), c = 2 * beta * w * h;
+        for (int a = 0; a < d; a++)
+            FD[(size_t)a * np + i] += (double)c * ys[(size_t)a * np + i] + (double)w * dys[(size_t)a * np + i];
+    }
+}
+
+/* the rows f0 .. f1 - 1 of one system, flushing Ft every FLUSH rows */
+static void tangent_rows(tangent_block_fn rows, const vr *yt, const vr *dyt, int n, int nv, int d, real beta,
+                         vr *Ft, double *FD, vr *P, vr *Q, int i_lo, int i_hi) {
+    for (int f0 = i_lo; f0 < i_hi; f0 += FLUSH) {
+        const int f1 = f0 + FLUSH < i_hi ? f0 + FLUSH : i_hi;
+        for (int i0 = f0; i0 < f1; i0 += RB) rows(yt, dyt, n, nv, d, beta, i0, n, Ft, FD, P, Q);
+        flush(Ft, FD, nv, d, f0 / LANES);
+    }
+}
+
+/* dF (B, n, d) of the comment above for y, dy (B, n, d) and beta (B): threads over the systems of
+ * the batch, or over windows of FLUSH rows of each system when the batch is smaller than the
+ * thread count (as mf_exp_field). Returns 0, -1 on bad arguments, -2 when memory runs out. */
+int SUFFIX(mf_exp_tangent)(const real *y, const real *dy, const real *beta, int64_t B, int n, int d, real *dF) {
+    if (B < 0 || n < 1 || d < 1 || d > MAX_D) return -1;
+    const int nv = (n + LANES - 1) / LANES;
+    const size_t np = (size_t)nv * LANES;
+    const tangent_block_fn rows = pick_tangent(d);
+    /* per thread: Ft, P, Q (vectors) and FD (doubles); per system: yt and dyt */
+    const size_t thr = sizeof(vr) * (size_t)(d + 2 * RB) * nv + sizeof(double) * (size_t)d * np;
+    const size_t sys = sizeof(vr) * (size_t)(2 * d) * nv;
+    const int threads = B > 1 || n > 4 * FLUSH ? threads_now((double)B * n * (n + 1) / 2 * (4 * d + 6)) : 1;
+    int failed = 0;
+    if (B >= threads || n <= 4 * FLUSH) {
+        const int team = B < threads ? (B > 1 ? (int)B : 1) : threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) reduction(| : failed) if (B > 1)
+        for (int64_t b = 0; b < B; b++) {
+            vr *yt = aligned_alloc(64, sys + thr);
+            if (!yt) {
+                failed = 1;
+                continue;
+            }
+            vr *dyt = yt + (size_t)d * nv, *Ft = dyt + (size_t)d * nv, *P = Ft + (size_t)d * nv;
+            vr *Q = P + (size_t)RB * nv;
+            double *FD = (double *)(Q + (size_t)RB * nv);
+            load_transposed(y + (size_t)b * n * d, NULL, n, nv, d, yt);
+            load_transposed(dy + (size_t)b * n * d, NULL, n, nv, d, dyt);
+            memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
+            memset(FD, 0, sizeof(double) * (size_t)d * np);
+            tangent_diagonal(yt, dyt, nv, d, beta[b], 0, n, FD);
+            tangent_rows(rows, yt, dyt, n, nv, d, beta[b], Ft, FD, P, Q, 0, n);
+            store_field(FD, NULL, n, nv, d, dF + (size_t)b * n * d);
+            free(yt);
+        }
+        return failed ? -2 : 0;
+    }
+    const int T = threads;
+    vr *yt = aligned_alloc(64, sys);
+    char *work = aligned_alloc(64, thr * T);
+    if (!yt || !work) {
+        free(yt), free(work);
+        return -2;
+    }
+    vr *dyt = yt + (size_t)d * nv;
+    for (int64_t b = 0; b < B; b++) {
+        load_transposed(y + (size_t)b * n * d, NULL, n, nv, d, yt);
+        load_transposed(dy + (size_t)b * n * d, NULL, n, nv, d, dyt);
+        memset(work, 0, thr * T);
+#pragma omp parallel num_threads(T)
+        {
+#ifdef _OPENMP
+            const int tid = omp_get_thread_num();
+#else
+            const int tid = 0;
+#endif
+            vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv, *Q = P + (size_t)RB * nv;
+            double *FD = (double *)(Q + (size_t)RB * nv);
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int f0 = 0; f0 < n; f0 += FLUSH) {
+                const int f1 = f0 + FLUSH < n ? f0 + FLUSH : n;
+                tangent_rows(rows, yt, dyt, n, nv, d, beta[b], Ft, FD, P, Q, f0, f1);
+            }
+        }
+        double *FD0 = (double *)((vr *)work + (size_t)(d + 2 * RB) * nv);
+        tangent_diagonal(yt, dyt, nv, d, beta[b], 0, n, FD0);
+        for (int t = 1; t < T; t++) {
+            const double *src = (const double *)((vr *)(work + thr * t) + (size_t)(d + 2 * RB) * nv);
+            for (size_t k = 0; k < (size_t)d * np; k++) FD0[k] += src[k];
+        }
+        store_field(FD0, NULL, n, nv, d, dF + (size_t)b * n * d);
+    }
+    free(yt), free(work);
+    return 0;
+}
+
 /* ---- XLA FFI handlers: meanfield_exp_{fs,s}_{f32,f64} ----------------------------------
  * Arguments: x (..., n, d), beta (...) of the build's dtype, and optionally gauge matrices
  * G (n, d, d) (shared) or (..., n, d, d). Results: F (..., n, d) and S (...) ("fs"), or S
@@ -565,3 +786,41 @@ static XLA_FFI_Error *ffi_run(XLA_FFI_CallFrame *call_frame, int field) {
 
 XLA_FFI_Error *SUFFIX(meanfield_exp_fs)(XLA_FFI_CallFrame *call_frame) { return ffi_run(call_frame, 1); }
 XLA_FFI_Error *SUFFIX(meanfield_exp_s)(XLA_FFI_CallFrame *call_frame) { return ffi_run(call_frame, 0); }
+
+/* meanfield_exp_t_{f32,f64}: arguments y (..., n, d), dy (..., n, d), beta (...); result dF (..., n, d)
+ * (mf_exp_tangent) */
+XLA_FFI_Error *SUFFIX(meanfield_exp_t)(XLA_FFI_CallFrame *call_frame) {
+    if (call_frame->extension_start && call_frame->extension_start->type == XLA_FFI_Extension_Metadata)
+        return ffi_metadata(call_frame);
+    const XLA_FFI_Api *api = call_frame->api;
+    if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+    if (call_frame->args.size != 3 || call_frame->rets.size != 1)
+        return ffi_error(api, "meanfield exp tangent: expected arguments (y, dy, beta) and 1 result",
+                         XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    for (int k = 0; k < 3; k++)
+        if (call_frame->args.types[k] != XLA_FFI_ArgType_BUFFER)
+            return ffi_error(api, "meanfield exp tangent: arguments must be buffers", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    const XLA_FFI_Buffer *yb = (const XLA_FFI_Buffer *)call_frame->args.args[0];
+    const XLA_FFI_Buffer *db = (const XLA_FFI_Buffer *)call_frame->args.args[1];
+    const XLA_FFI_Buffer *bb = (const XLA_FFI_Buffer *)call_frame->args.args[2];
+    int ok = yb->dtype == FFI_DTYPE && db->dtype == FFI_DTYPE && bb->dtype == FFI_DTYPE && yb->rank >= 2 &&
+             db->rank == yb->rank && bb->rank == yb->rank - 2;
+    int64_t B = 1;
+    for (int64_t k = 0; ok && k < yb->rank; k++) ok = db->dims[k] == yb->dims[k];
+    for (int64_t k = 0; ok && k < bb->rank; k++) {
+        ok = bb->dims[k] == yb->dims[k];
+        B *= bb->dims[k];
+    }
+    if (!ok)
+        return ffi_error(api, "meanfield exp tangent: y and dy must be (..., n, d) and beta (...) of the kernel's dtype",
+                         XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    const int64_t n = yb->dims[yb->rank - 2], d = yb->dims[yb->rank - 1];
+    if (n < 1 || n > (1 << 30) || d < 1 || d > MAX_D)
+        return ffi_error(api, "meanfield exp tangent: needs n >= 1 and 1 <= d <= 64", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    real *dF = (real *)((XLA_FFI_Buffer *)call_frame->rets.rets[0])->data;
+    const int rc = SUFFIX(mf_exp_tangent)((const real *)yb->data, (const real *)db->data, (const real *)bb->data, B,
+                                          (int)n, (int)d, dF);
+    if (rc == -2) return ffi_error(api, "meanfield exp tangent: out of memory", XLA_FFI_Error_Code_RESOURCE_EXHAUSTED);
+    if (rc != 0) return ffi_error(api, "meanfield exp tangent: bad arguments", XLA_FFI_Error_Code_INVALID_ARGUMENT);
+    return NULL;
+}
