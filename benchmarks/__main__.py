@@ -135,7 +135,9 @@ def main(argv=None) -> int:
     # every number
     for notes, title in (("sweep_benchmarks.md", "Sweep engine"),
                          ("contention_benchmarks.md", "Native kernel under CPU contention"),
-                         ("continuum_benchmarks.md", "The mean-field density solver")):
+                         ("continuum_benchmarks.md", "The mean-field density solver"),
+                         ("derivative_benchmarks.md", "Derivatives through the native kernel"),
+                         ("scaleout_benchmarks.md", "Scale-out: processes and job arrays")):
         path = root / "docs" / notes
         if path.exists() and not args.quick:
             body = path.read_text().split("\n", 1)[1]

@@ -882,7 +882,7 @@ def _self_test() -> None:
 
     # may run while a caller's function is being traced, and on a machine whose default device
     # is an accelerator: evaluate now, on the CPU
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.local_devices(backend="cpu")[0]):
         _self_test_eager(jax)
 
 

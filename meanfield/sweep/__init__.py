@@ -17,16 +17,18 @@ Data flows ``spec -> plan -> run -> store -> plot``:
 * ``meanfield.sweep._continuum``: the kind ``"continuum"``, the mean-field density solver
   (``mf.continuum.solve``) over ``(beta, mode, eps)``: measured against theoretical growth rates.
 
-CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--force] [--quiet]``,
-``meanfield sweep --verify STORE.zarr`` and ``meanfield plot STORE.zarr [--out DIR] [--no-verify]``
-(also ``python -m meanfield.sweep ...``).
-See docs/sweeps.md.
+CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--force] [--quiet]``
+with ``--part I/N`` (one part of a job array) or ``--coordinator HOST:PORT --num-processes N
+--process-id I`` (one of N processes of ``jax.distributed``), ``meanfield sweep [SPEC] --out
+STORE.zarr --status``, ``meanfield sweep --verify STORE.zarr`` and ``meanfield plot STORE.zarr
+[--out DIR] [--no-verify]`` (also ``python -m meanfield.sweep ...``).
+See docs/sweeps.md ("Scaling out": one machine, ``jax.distributed``, job arrays).
 """
 
 from .cli import main, plot_main
 from .plan import Group, Plan, make_plan, parse_memory
 from .plot import plot_store
-from .run import run_sweep
+from .run import assign_parts, parse_part, run_sweep, sweep_status
 from .spec import OBSERVABLES, Spec, load_spec, parse_spec, spec_differences, spec_hash
 from .store import (
     FAILED,
@@ -50,6 +52,9 @@ __all__ = [
     "make_plan",
     "parse_memory",
     "run_sweep",
+    "sweep_status",
+    "assign_parts",
+    "parse_part",
     "load",
     "verify",
     "StoreError",

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable
 
 from .plot import plot_store
-from .run import run_sweep
+from .run import parse_part, run_sweep, sweep_status
 from .spec import load_spec
 from .store import Damage, load, verify
 
@@ -42,7 +42,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         return int(e.code or 0)
 
 
-_VALUE_FLAGS = ("--out", "--memory", "--verify")
+_VALUE_FLAGS = ("--out", "--memory", "--verify", "--part", "--num-processes", "--process-id", "--heartbeat-timeout")
 
 
 def _attach_values(argv: list[str], known: set[str]) -> list[str]:
@@ -102,15 +102,70 @@ def _sweep_parser() -> _Parser:
     parser.add_argument("--verify", metavar="STORE",
                         help="check every completed chunk of STORE (exit 0: sound, 1: one line per damaged chunk)")
     parser.add_argument("--quiet", action="store_true", help="no plan or progress bar")
+    jobs = parser.add_argument_group(
+        "job arrays", "independent jobs (e.g. a Slurm array) filling one shared store, each its share of the chunks")
+    jobs.add_argument("--part", metavar="I/N",
+                      help="run only part I of N (1-based: 1 <= I <= N) of the plan's chunks; the part creates the "
+                      "store or joins it (no --resume needed), verifies and completes its own chunks only")
+    jobs.add_argument("--status", action="store_true",
+                      help="print done / running / pending / damaged chunks and failed points per part of --out "
+                      "(SPEC optional: the stored spec) and exit (0; 1 when chunks are damaged)")
+    dist = parser.add_argument_group(
+        "several processes (jax.distributed)", "one sweep run by N cooperating processes over one Mesh of all "
+        "their devices; process 0 writes the store. Give all three of --coordinator, --num-processes, "
+        "--process-id, or --distributed")
+    dist.add_argument("--coordinator", metavar="HOST:PORT",
+                      help="address of process 0 (the coordinator), the same for every process")
+    dist.add_argument("--num-processes", metavar="N", type=int, help="number of processes")
+    dist.add_argument("--process-id", metavar="I", type=int, help="this process, 0 .. N-1 (0 writes the store)")
+    dist.add_argument("--distributed", action="store_true",
+                      help="jax.distributed.initialize() with the cluster's environment (Slurm srun, Open MPI, ...)")
+    dist.add_argument("--heartbeat-timeout", metavar="SECONDS", type=int, default=100,
+                      help="a process silent this long is taken for dead and every process stops (default 100)")
     return parser
 
 
-def main(argv=None) -> int:
-    """``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory SIZE] [--dry-run] [--force] [--quiet]``
-    or ``meanfield sweep --verify STORE.zarr``.
+def _distributed(args: argparse.Namespace) -> bool:
+    """Join ``jax.distributed`` when asked (before any JAX computation of this process: the
+    CLI's own process, never a library call); whether it was asked."""
+    given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
+    if not any(given) and not args.distributed:
+        return False
+    if any(given) and not all(given):
+        raise _UsageError("--coordinator, --num-processes and --process-id go together (or --distributed alone)")
+    if args.num_processes is not None:
+        if args.num_processes < 1:
+            raise _UsageError(f"--num-processes must be >= 1, got {args.num_processes}")
+        if not 0 <= args.process_id < args.num_processes:
+            raise _UsageError(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes "
+                              f"{args.num_processes}), got {args.process_id}")
+        host, sep, port = str(args.coordinator).rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise _UsageError(f"--coordinator must be HOST:PORT (e.g. localhost:12345), got {args.coordinator!r}")
+    if args.heartbeat_timeout < 1:
+        raise _UsageError(f"--heartbeat-timeout must be >= 1 second, got {args.heartbeat_timeout}")
+    import jax
 
-    Returns the exit status: 0 done, 1 ``--verify`` found damage, 2 a user error (one line
-    on stderr), 130 interrupted.
+    try:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
+        )
+    except (RuntimeError, ValueError) as e:
+        where = f" at {args.coordinator}" if args.coordinator else ""
+        raise ValueError(f"cannot join the distributed sweep{where}: {_one_line(e)}") from None
+    return True
+
+
+def main(argv=None) -> int:
+    """``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory SIZE] [--dry-run] [--force] [--quiet]
+    [--part I/N] [--coordinator HOST:PORT --num-processes N --process-id I | --distributed]``,
+    ``meanfield sweep [SPEC.toml] --out STORE.zarr --status`` or ``meanfield sweep --verify STORE.zarr``.
+
+    Returns the exit status: 0 done, 1 ``--verify`` or ``--status`` found damage, 2 a user
+    error (one line on stderr), 130 interrupted.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _sweep_parser()
@@ -119,17 +174,32 @@ def main(argv=None) -> int:
         args = _parse(parser, argv)
         if isinstance(args, int):  # --help
             return args
+        dist_flags = (args.coordinator, args.num_processes, args.process_id)
+        distributed = args.distributed or any(v is not None for v in dist_flags)
         if args.verify is not None:
-            if args.spec is not None or args.out is not None or args.resume or args.dry_run:
-                raise _UsageError("--verify STORE takes no spec, --out, --resume or --dry-run")
+            if args.spec is not None or args.out is not None or args.resume or args.dry_run or args.part \
+                    or args.status or distributed:
+                raise _UsageError("--verify STORE takes no spec, --out, --resume, --dry-run, --part, --status "
+                                  "or distributed flags")
             return _verify(args.verify)
+        if args.status:
+            if args.out is None:
+                raise _UsageError("--status needs --out STORE")
+            if args.resume or args.dry_run or args.force or args.part or distributed:
+                raise _UsageError("--status takes only SPEC (optional) and --out STORE")
+            return _status(args.spec, args.out)
         if args.spec is None:
             raise _UsageError("the following arguments are required: spec (or --verify STORE)")
         if args.out is None:
             raise _UsageError("the following arguments are required: --out")
+        part = parse_part(args.part) if args.part is not None else None
+        if part is not None and distributed:
+            raise _UsageError("--part runs one process of a job array; it does not combine with --coordinator, "
+                              "--num-processes, --process-id or --distributed")
         spec = load_spec(args.spec)
+        _distributed(args)
         run_sweep(spec, args.out, resume=args.resume, memory=args.memory, dry_run=args.dry_run,
-                  quiet=args.quiet, force=args.force)
+                  quiet=args.quiet, force=args.force, part=part)
         return 0
 
     return _guarded("meanfield sweep", run)
@@ -157,6 +227,25 @@ def _verify(path: str) -> int:
     done, total = ds.attrs["chunks_done"], ds.attrs.get("chunks_total", "?")
     pending = "" if done == total else f" ({total - done} not computed yet: resume to finish)"
     print(f"{store}: sound; {done} of {total} chunks done and verified{pending}")
+    return 0
+
+
+def _status(spec: str | None, out: str) -> int:
+    """``--status``: one summary line and a table of the parts on stdout; 1 when chunks are damaged."""
+    st = sweep_status(out, load_spec(spec) if spec is not None else None)
+    t = st["total"]
+    split = f"split into {st['parts']} parts" if st["parts"] else "not split into parts"
+    print(f"{out}: {split}; {t['done']} of {t['chunks']} chunks done, {t['running']} running, "
+          f"{t['pending']} pending, {t['damaged']} damaged; {t['failed_points']} failed points")
+    cols = ("part", "chunks", "done", "running", "pending", "damaged", "failed_points")
+    width = max(4, *(len(r["part"]) for r in st["rows"])) + 2
+    print(f"{cols[0]:<{width}}" + "  ".join(f"{c:>{len(c)}}" for c in cols[1:]))
+    for row in st["rows"]:
+        print(f"{row['part']:<{width}}" + "  ".join(f"{row[c]:>{len(c)}}" for c in cols[1:]))
+    if t["damaged"]:
+        print(f"{out}: {t['damaged']} damaged chunk(s): `--resume` (or the part's own run) recomputes them",
+              file=sys.stderr)
+        return 1
     return 0
 
 

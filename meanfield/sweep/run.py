@@ -8,11 +8,14 @@ rounding"; a fixed chunking, as kept by ``--resume``, is bit-reproducible), and 
 model is ``mf.kernels.build(kind, params, d=d, dtype=dtype)``: the registry's constructor,
 the same as ``mf.kernels.make`` and ``meanfield simulate``, with the swept parameters as
 traced values. Each chunk is laid out over ``jax.devices()`` with a ``Mesh`` over the
-batch axis (``NamedSharding``).
+batch axis (``NamedSharding``); under ``jax.distributed`` the mesh spans every process's
+devices and process 0 writes. A job array splits the chunks between independent processes
+(``run_sweep(..., part=(i, N))``, ``assign_parts``, ``sweep_status``).
 """
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 import time
@@ -31,7 +34,7 @@ from . import _continuum, store
 from .plan import Group, Plan, make_plan, parse_memory, store_layout
 from .spec import Spec, load_spec, parse_spec
 
-__all__ = ["run_sweep", "point_program", "chunk_inputs", "Runner"]
+__all__ = ["run_sweep", "sweep_status", "point_program", "chunk_inputs", "Runner", "assign_parts", "parse_part"]
 
 
 def point_program(spec: Spec, kind: str, n: int, d: int):
@@ -104,6 +107,7 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
             save_states=False,
             early_stop=T.get("early_stop"),
             max_steps=max_steps,
+            step=spec.step,
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         out = {o: vals[o] for o in spec.observables}
@@ -151,7 +155,12 @@ def _batched_program(spec: Spec, g: Group, sharding: NamedSharding):
     key = (spec.hash, g.kind, g.n, g.d, tuple(int(d.id) for d in sharding.mesh.devices.flat))
     fn = _PROGRAMS.get(key)
     if fn is None:
-        fn = jax.jit(jax.vmap(point_program(spec, g.kind, g.n, g.d)), in_shardings=sharding, out_shardings=sharding)
+        # shard_map: every device runs the vmapped program on its own points, its own solver loop
+        # included (a loop over a sharded batch would agree on its stopping test across all
+        # devices at every step: a collective per step, across processes under jax.distributed)
+        local = jax.shard_map(jax.vmap(point_program(spec, g.kind, g.n, g.d)), mesh=sharding.mesh,
+                              in_specs=(sharding.spec, sharding.spec), out_specs=sharding.spec, check_vma=False)
+        fn = jax.jit(local, in_shardings=sharding, out_shardings=sharding)
         _PROGRAMS[key] = fn
         while len(_PROGRAMS) > _PROGRAMS_MAX:
             _PROGRAMS.popitem(last=False)
@@ -213,6 +222,54 @@ def _as_spec(spec) -> Spec:
     raise TypeError(f"spec must be a Spec, a path to a TOML file or TOML text, got {type(spec).__name__}")
 
 
+def parse_part(part) -> tuple[int, int]:
+    """``(i, N)`` of a job-array part: ``"2/3"`` or a pair, 1-based (part ``i`` of ``N``,
+    ``1 <= i <= N``); ``ValueError`` naming the value otherwise.
+
+    Example:
+        >>> parse_part("2/3")
+        (2, 3)
+    """
+    if isinstance(part, str):
+        text = part.strip()
+        bits = text.split("/")
+        if len(bits) != 2 or not all(b.strip().isdigit() for b in bits):
+            raise ValueError(f"part must be I/N with integers 1 <= I <= N (e.g. 2/3), got {part!r}")
+        i, n = int(bits[0]), int(bits[1])
+    elif isinstance(part, tuple | list) and len(part) == 2 and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in part):
+        i, n = int(part[0]), int(part[1])
+    else:
+        raise TypeError(f"part must be 'I/N' or a pair (I, N) of integers, got {part!r}")
+    if not 1 <= i <= n:
+        raise ValueError(f"part {i}/{n}: I must be between 1 and N (parts are numbered from 1), got I = {i}, N = {n}")
+    return i, n
+
+
+def assign_parts(plan: Plan, parts: int) -> list[int]:
+    r"""The part (``1..parts``) of every chunk of ``plan.chunks``, for a job array of ``parts``.
+
+    Contiguous runs of chunks balanced by estimated work: chunk $k$ of work $w_k$ (points times
+    the group's flop per point, ``Plan.cost``) goes to part $\lfloor N (W_{k-1} + w_k / 2) / W
+    \rfloor + 1$, with $W_k$ the cumulative work and $W$ the total. Chunks are ordered by group,
+    so each part compiles few groups. Depends only on the spec and the chunking (stored in the
+    store), never on the devices or the machine: every part computes the same assignment.
+
+    Example:
+        >>> from meanfield.sweep import parse_spec, make_plan
+        >>> spec = parse_spec("[model]\nkind = 'usa'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 4\n[time]\nt1 = 0.5\ndt = 0.1")
+        >>> assign_parts(make_plan(spec, "1B", devices=1), 2)
+        [1, 1, 2, 2]
+    """
+    if not (isinstance(parts, int | np.integer) and parts >= 1):
+        raise ValueError(f"parts must be an integer >= 1, got {parts!r}")
+    per_point = [max(plan.cost(g, 1).work, 1.0) for g in plan.groups]
+    w = np.asarray([per_point[gi] * math.prod(s.stop - s.start for s in sl) for _, gi, sl in plan.chunks], np.float64)
+    if not w.size:
+        return []
+    mid = np.cumsum(w) - w / 2
+    return [int(p) for p in np.minimum(np.floor(parts * mid / w.sum()), parts - 1).astype(np.int64) + 1]
+
+
 def run_sweep(
     spec,
     out,
@@ -222,6 +279,7 @@ def run_sweep(
     dry_run: bool = False,
     quiet: bool = False,
     force: bool = False,
+    part=None,
 ) -> Plan:
     """Run a sweep into a zarr store; return the ``Plan`` (with ``dry_run``, only the plan).
 
@@ -237,6 +295,19 @@ def run_sweep(
     (``store.claim``): several processes resuming one store at once share its chunks, and
     each returns once every chunk is done.
 
+    With ``part = (i, N)`` (or ``"i/N"``, 1-based) only the chunks of part ``i`` of ``N``
+    run (``assign_parts``): independent jobs (a job array) fill one shared store, each its
+    share. A part creates the store or joins it (no ``resume`` needed: parts started at once
+    race safely on the creation), verifies its own completed chunks, recomputes its damaged
+    and missing ones, and never writes another part's chunks; the split ``N`` is recorded in
+    the store (``store.record_parts``) and another ``N`` is refused.
+
+    Under ``jax.distributed`` (``jax.process_count() > 1``) every process runs every chunk on
+    its devices of one ``Mesh``; process 0 plans, checks, creates and writes the store, and
+    sends the plan (its chunking) and the chunks to skip to the others. An error of process 0
+    before the first chunk (an existing store, another spec, a limit) stops every process
+    with that message.
+
     Args:
         spec: a ``Spec``, a path to a TOML file, or TOML text.
         out: path of the zarr store (a directory, conventionally ``*.zarr``).
@@ -248,44 +319,65 @@ def run_sweep(
         quiet: no plan or progress output while running.
         force: run past the work bound, the available (not the total) memory, the chunk
             count bound and the free disk space.
+        part: ``(i, N)`` or ``"i/N"``: run only part ``i`` of ``N`` (``parse_part``); not
+            with several processes of ``jax.distributed``.
 
     Raises:
         FileExistsError: ``out`` exists (or was created meanwhile by another process) and
             ``resume`` is False.
         ValueError: ``resume`` into a store of a different spec (naming the keys), or of an
-            earlier format (``store.StoreFormatError``).
+            earlier format (``store.StoreFormatError``); a bad ``part``, or a store split
+            into another number of parts.
         ResourceLimitError: the estimates exceed this machine (a ``ValueError``).
         OSError: ``out`` cannot be written (a file in its path, permissions, read-only).
 
     Example:
         >>> run_sweep("sweeps/smoke.toml", "/tmp/smoke.zarr", quiet=True)   # doctest: +SKIP
+        >>> run_sweep("sweeps/smoke.toml", "/tmp/smoke.zarr", part="2/3")   # doctest: +SKIP
         >>> ds = load("/tmp/smoke.zarr")                                     # doctest: +SKIP
     """
     sp = _as_spec(spec)
     out = Path(out)
     memory_b = parse_memory(memory)
-
+    share = parse_part(part) if part is not None else None
+    if jax.process_count() > 1:  # pragma: no cover - exercised by tests/test_distributed.py (subprocesses)
+        if share is not None:
+            raise ValueError("part: a job-array part runs as one process; under jax.distributed every process "
+                             "already shares every chunk (drop --part or the distributed flags)")
+        plan, todo = _setup_distributed(sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run,
+                                        quiet=quiet, force=force)
+        writer = jax.process_index() == 0
+    else:
+        plan, todo = _setup(sp, out, resume=resume or share is not None, memory_b=memory_b, dry_run=dry_run,
+                            quiet=quiet, force=force, share=share)
+        writer = True
+    if dry_run:
+        return plan
     multi = jax.process_count() > 1
-    writer = jax.process_index() == 0
+    if sp.dtype == "float64":
+        with jax.enable_x64(True):  # scoped: x64 is not switched on for the caller
+            _execute(plan, out, todo, writer, quiet, claims=not multi)
+    else:
+        _execute(plan, out, todo, writer, quiet, claims=not multi)
+    return plan
+
+
+def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool, force: bool,
+           share: tuple[int, int] | None = None) -> tuple[Plan, list]:
+    """Plan, check, create or join the store, verify what is done: ``(plan, chunks to run)``.
+    With ``share = (i, N)`` only part ``i``'s chunks are verified and returned."""
     info = None
-    if writer and out.exists():
+    if out.exists():
         if not resume:
             raise FileExistsError(f"store {out} already exists; use --resume or another path")
         info = store.check_resumable(out, sp.data)
     plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)
-    if multi:  # pragma: no cover - several hosts: every process follows process 0's plan
-        from jax.experimental import multihost_utils
-
-        arr = np.asarray([g.block for g in plan.groups], np.int64)
-        plan = make_plan(sp, memory_b, blocks=np.asarray(multihost_utils.broadcast_one_to_all(arr)).tolist())
     if dry_run:
-        if writer:
-            print(plan.describe())
+        print(plan.describe())
         plan.check(force=force, device_memory=_device_memory())
-        return plan
+        return plan, []
     plan.check(force=force, out=out if info is None else None, device_memory=_device_memory())
-
-    if writer and info is None:
+    if info is None:
         layout = store_layout(plan)
         layout["attrs"].update(_versions())
         try:
@@ -298,22 +390,137 @@ def run_sweep(
             info = store.check_resumable(out, sp.data)  # join the other writer: its chunking
             if info is not None:
                 plan = make_plan(sp, memory_b, blocks=info["blocks"])
-    if not quiet and writer:  # after the creation: a path that cannot be written is the one line
-        print(plan.describe(), file=sys.stderr)
-    done = store.done_chunks(out) if writer else set()
-    if writer and info is not None and done:
-        done -= _report_damage(out, store.verify(out))
-    if multi:  # pragma: no cover
-        flags = np.asarray([c[0] in done for c in plan.chunks], np.int32)
-        flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
-        done = {c[0] for c, f in zip(plan.chunks, flags) if f}
-    todo = [c for c in plan.chunks if c[0] not in done]
-    if sp.dtype == "float64":
-        with jax.enable_x64(True):  # scoped: x64 is not switched on for the caller
-            _execute(plan, out, todo, writer, quiet, claims=not multi)
+    chunks = plan.chunks
+    if share is not None:
+        store.record_parts(out, share[1])
+        owner = assign_parts(plan, share[1])
+        chunks = [c for c, p in zip(chunks, owner) if p == share[0]]
+    if not quiet:  # after the creation: a path that cannot be written is the one line
+        what = f" (part {share[0]}/{share[1]}: {len(chunks)} of {plan.num_chunks} chunks)" if share else ""
+        print(plan.describe() + what, file=sys.stderr)
+    mine = {c[0] for c in chunks}
+    done = store.done_chunks(out) & mine
+    if info is not None and done:
+        done -= _report_damage(out, store.verify(out, sorted(done) if share else None))
+    return plan, [c for c in chunks if c[0] not in done]
+
+
+def _setup_distributed(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool,
+                       force: bool) -> tuple[Plan, list]:  # pragma: no cover - several processes
+    """``_setup`` on process 0; the others receive its outcome (an error message, or the
+    chunking and which chunks are done) through ``broadcast_one_to_all``, so that every
+    process runs the same chunks in the same order, or every process stops."""
+    from jax.experimental import multihost_utils
+
+    writer = jax.process_index() == 0
+    plan = todo = None
+    error: BaseException | None = None
+    if writer:
+        try:
+            plan, todo = _setup(sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet,
+                                force=force)
+        except Exception as e:  # noqa: BLE001 - sent to the other processes, then raised here
+            error = e
+    message = np.zeros(_MESSAGE, np.int32)
+    if error is not None:
+        sent = f"{type(error).__name__}: {error}".encode()[: _MESSAGE - 1]
+        message[0] = 1 + len(sent)
+        message[1: 1 + len(sent)] = np.frombuffer(sent, np.uint8)
+    message = np.asarray(multihost_utils.broadcast_one_to_all(message))
+    if error is not None:
+        raise error
+    if message[0]:
+        text = bytes(message[1: int(message[0])].astype(np.uint8)).decode(errors="replace")
+        raise _ProcessZeroError(f"process 0 stopped the sweep: {text}")
+    if plan is None:  # the plan of process 0, with its chunking
+        plan = make_plan(sp, memory_b)
+    blocks = np.asarray([g.block for g in plan.groups], np.int32)
+    blocks = np.asarray(multihost_utils.broadcast_one_to_all(blocks))
+    if not writer:
+        plan = make_plan(sp, memory_b, blocks=blocks.tolist())
+    if dry_run:
+        return plan, []
+    pending = {c[0] for c in todo} if todo is not None else set()
+    flags = np.asarray([c[0] in pending for c in plan.chunks], np.int32)
+    flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
+    return plan, [c for c, f in zip(plan.chunks, flags) if f]
+
+
+def sweep_status(out, spec=None) -> dict:
+    """Progress of the store ``out`` per job-array part: what ``meanfield sweep --status`` prints.
+
+    The chunks are those of the stored chunking; the split is the one recorded by the parts
+    (``store.recorded_parts``; none recorded: one row for the whole store). Per part: chunks,
+    ``done`` (marked and sound), ``running`` (claimed by a live writer now), ``pending``
+    (neither), ``damaged`` (marked but failing ``store.verify``: ``--resume`` recomputes
+    them) and ``failed_points`` (status ``FAILED``, the state went non-finite, in done chunks).
+
+    Args:
+        out: the store.
+        spec: the spec it was made from (checked against the store, as ``--resume`` does), or
+            None: the spec text stored in the store.
+
+    Returns:
+        ``{"store", "parts", "rows": [{"part": "i/N" or "all", "chunks", "done", "running",
+        "pending", "damaged", "failed_points"}, ...], "total": {...}}``.
+
+    Raises:
+        FileNotFoundError: no store at ``out``.
+        ValueError: another spec, not a sweep store, or a store of an earlier format.
+    """
+    import json
+
+    out = Path(out)
+    if not (out / "zarr.json").exists():
+        raise FileNotFoundError(f"sweep store not found: {out}")
+    if spec is None:
+        try:
+            attrs = json.loads((out / "zarr.json").read_text()).get("attributes", {})
+            sp = parse_spec(attrs["spec"])
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise store.StoreError(f"{out} is not a sweep store (no readable spec in its attributes: {e})") from None
+        info = store.check_resumable(out, json.loads(attrs["spec_json"]))
     else:
-        _execute(plan, out, todo, writer, quiet, claims=not multi)
-    return plan
+        sp = _as_spec(spec)
+        info = store.check_resumable(out, sp.data)
+    if info is None:  # an empty directory
+        raise FileNotFoundError(f"sweep store not found: {out}")
+    plan = make_plan(sp, 1, devices=1, blocks=info["blocks"])
+    chunks = plan.chunks
+    parts = store.recorded_parts(out)
+    owner = assign_parts(plan, parts) if parts else [0] * len(chunks)
+    done = store.done_chunks(out)
+    damages = store.verify(out)
+    if any(d.chunk is None for d in damages):  # coordinates or metadata: the store is unusable
+        raise store.StoreDamagedError(out, [d for d in damages if d.chunk is None])
+    damaged = {d.chunk for d in damages}
+    failed = store.failed_points(out, done - damaged)
+    keys = ("chunks", "done", "running", "pending", "damaged", "failed_points")
+    rows = {p: dict.fromkeys(keys, 0) for p in (range(1, parts + 1) if parts else [0])}
+    for (cid, _, _), p in zip(chunks, owner):
+        row = rows[p]
+        row["chunks"] += 1
+        if cid in damaged:
+            row["damaged"] += 1
+        elif cid in done:
+            row["done"] += 1
+            row["failed_points"] += failed.get(cid, 0)
+        elif store.is_claimed(out, cid):
+            row["running"] += 1
+        else:
+            row["pending"] += 1
+    total = {k: sum(r[k] for r in rows.values()) for k in keys}
+    listed = [{"part": f"{p}/{parts}" if parts else "all", **r} for p, r in rows.items()]
+    return {"store": str(out), "parts": parts, "rows": listed, "total": total}
+
+
+#: Bytes of process 0's error message sent to the other processes.
+_MESSAGE = 1024
+
+
+class _ProcessZeroError(ValueError):
+    """Process 0 stopped a distributed sweep before its first chunk (its message; the CLI
+    reports one line)."""
 
 
 def _device_memory() -> tuple[int, int] | None:
@@ -354,8 +561,7 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, cl
 
     sp = plan.spec
     runner = Runner(plan)
-    bar = tqdm(total=plan.num_chunks, initial=plan.num_chunks - len(todo), unit="chunk",
-               disable=quiet, desc=sp.name, file=sys.stderr)
+    bar = tqdm(total=len(todo), unit="chunk", disable=quiet or not writer, desc=sp.name, file=sys.stderr)
     points, t_start = 0, time.perf_counter()
 
     def compute(cid: int, gi: int, sl: tuple) -> None:

@@ -13,6 +13,7 @@ Layout of ``STORE.zarr``::
     _sweep/initialized                          format, chunking, chunk count, variables
     _sweep/done/000017                          completion mark of chunk 17 (its region, JSON)
     _sweep/claims/000017                        lock file of chunk 17 (``fcntl.flock``)
+    _sweep/parts                                the split between job-array parts, if any (JSON)
 
 Creation is atomic and exclusive: the whole skeleton (every point pending) is built in a
 hidden directory beside ``STORE.zarr`` and renamed into place; the rename fails when the
@@ -73,6 +74,10 @@ __all__ = [
     "write_chunk",
     "discard",
     "claim",
+    "is_claimed",
+    "record_parts",
+    "recorded_parts",
+    "failed_points",
     "verify",
     "load",
     "Damage",
@@ -370,6 +375,88 @@ def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
         yield got
     finally:
         os.close(fd)  # releases the lock
+
+
+def is_claimed(out, cid: int) -> bool:
+    """Whether another writer holds the claim of chunk ``cid`` now (it is being computed).
+
+    Tests the lock without waiting (and releases it at once); a chunk never claimed has no
+    lock file and is not claimed.
+    """
+    path = Path(out) / _META / "claims" / f"{cid:06d}"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _parts_path(out: Path) -> Path:
+    return out / _META / "parts"
+
+
+def recorded_parts(out) -> int | None:
+    """The number of job-array parts the store is split into (``record_parts``), or None."""
+    try:
+        return int(json.loads(_parts_path(Path(out)).read_text())["parts"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{out}: {_parts_path(Path(out))} is unreadable ({e})") from None
+
+
+def record_parts(out, parts: int) -> None:
+    """Record that the store is split into ``parts`` job-array parts (the first part to run
+    records it: an exclusive hard link of a complete temporary file, so concurrent parts
+    race safely); ``StoreError`` when it was split another way."""
+    out = Path(out)
+    path = _parts_path(out)
+    if recorded_parts(out) is None:
+        tmp = path.with_name(f".parts.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps({"parts": int(parts)}))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # fails when another part recorded first: then compare
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    have = recorded_parts(out)
+    if have != int(parts):
+        raise StoreError(
+            f"store {out} is split into {have} parts (--part I/{have}), not {parts}: every part of "
+            f"one store uses the same N (or run `--resume` without --part to complete it all)"
+        )
+
+
+def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
+    """Points with status ``FAILED`` in each chunk of ``cids`` that is marked done (its region
+    from its completion mark; one read of the ``status`` array)."""
+    import zarr
+
+    out = Path(out)
+    ids = sorted(set(cids) & done_chunks(out))
+    if not ids:
+        return {}
+    ctx = _quiet_zarr()
+    try:
+        status = np.asarray(cast(Any, zarr.open_group(out, mode="r", use_consolidated=False)["status"])[...])
+    finally:
+        ctx.__exit__(None, None, None)
+    counts = {}
+    for cid in ids:
+        try:
+            rec = json.loads(_mark(out, cid).read_text())
+        except (OSError, ValueError):
+            continue  # unmarked meanwhile or unreadable (``verify`` reports the latter)
+        sel = tuple(slice(int(i), int(i) + 1) for i in rec["index"]) + tuple(slice(int(a), int(b)) for a, b in rec["slices"])
+        counts[cid] = int(np.count_nonzero(status[sel] == FAILED))
+    return counts
 
 
 def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> None:
