@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,9 +64,26 @@ def _assert_same(store, ref) -> None:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def _popen(cmd, env) -> subprocess.Popen:
+    """A subprocess whose output goes to unnamed temporary files, not pipes: a process that logs
+    more than a pipe holds (JAX's coordination service under load) never blocks on a full pipe."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True, env=env)
+    _ERR[p.pid] = err
+    return p
+
+
+_ERR: dict = {}
+
+
+def _stderr(p: subprocess.Popen) -> str:
+    f = _ERR[p.pid]
+    f.seek(0)
+    return f.read()
+
+
 def _sweep(*args, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meanfield", "sweep", *map(str, args)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return _popen([sys.executable, "-m", "meanfield", "sweep", *map(str, args)], env)
 
 
 def _group(spec, out, *extra, env, processes=2) -> list[subprocess.Popen]:
@@ -79,7 +97,11 @@ def _finish(procs, timeout=TIMEOUT) -> list[tuple[int, str]]:
     """Exit status and stderr of each process; all are killed if one overruns ``timeout``."""
     deadline = time.monotonic() + timeout
     try:
-        return [(p.wait(max(1.0, deadline - time.monotonic())), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+        try:
+            return [(p.wait(max(1.0, deadline - time.monotonic())), _stderr(p)) for p in procs]
+        except subprocess.TimeoutExpired:
+            tails = [_stderr(p)[-2000:] for p in procs]
+            raise AssertionError(f"a process overran {timeout} s; the stderr tails: {tails}") from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -143,7 +165,7 @@ def test_killed_process_then_resume(ref, tmp_path, env):
             if done.is_dir() and any(n.isdigit() for n in os.listdir(done)):
                 break
             time.sleep(0.005)
-        ended = [(p.returncode, p.stderr.read()) for p in procs if p.poll() is not None]  # type: ignore[union-attr]
+        ended = [(p.returncode, _stderr(p)) for p in procs if p.poll() is not None]
         assert not ended, f"the sweep ended before a process could be killed: {ended}"
         procs[1].send_signal(signal.SIGKILL)
         rc0 = procs[0].wait(120)  # the survivor notices (collective error or missed heartbeats) and stops
@@ -162,8 +184,7 @@ def test_killed_process_then_resume(ref, tmp_path, env):
     launcher.write_text(_launcher())
     port = _free_port()
     here = dict(env, PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))  # this checkout's meanfield
-    procs = [subprocess.Popen([sys.executable, str(launcher), f"localhost:{port}", "2", str(i), str(spec), str(out)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=here)
+    procs = [_popen([sys.executable, str(launcher), f"localhost:{port}", "2", str(i), str(spec), str(out)], here)
              for i in range(2)]
     outs = _finish(procs)
     assert [rc for rc, _ in outs] == [0, 0], outs

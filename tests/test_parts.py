@@ -77,7 +77,8 @@ def ref(tmp_path_factory, env):
     spec_path.write_text(SPEC)
     out = base / "ref.zarr"
     p = _cli(spec_path, "--out", out, "--memory", "1B", "--quiet", env=env)
-    assert p.wait(300) == 0, p.stderr.read()  # type: ignore[union-attr]
+    _, err = p.communicate(timeout=300)  # reads while waiting: a full pipe never blocks the process
+    assert p.returncode == 0, err
     assert sweep.load(out).attrs["chunks_total"] == CHUNKS
     return spec_path, out
 
@@ -288,7 +289,7 @@ def test_three_parts_at_once_equal_a_single_run(ref, tmp_path, env):
     procs = [_cli(spec_path, "--out", out, "--memory", "1B", "--part", f"{i}/3", "--quiet", env=env)
              for i in (1, 2, 3)]
     try:
-        outs = [(p.wait(300), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+        outs = [(p.returncode, err) for p in procs for _, err in [p.communicate(timeout=300)]]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -298,7 +299,7 @@ def test_three_parts_at_once_equal_a_single_run(ref, tmp_path, env):
     assert sweep_store.verify(out) == []
     _assert_same(out, ref_store)
     p = _cli("--out", out, "--status", env=env)
-    assert p.wait(300) == 0
-    text = p.stdout.read()  # type: ignore[union-attr]
+    text, _ = p.communicate(timeout=300)
+    assert p.returncode == 0
     assert f"{CHUNKS} of {CHUNKS} chunks done, 0 running, 0 pending, 0 damaged" in text
     shutil.rmtree(out)
