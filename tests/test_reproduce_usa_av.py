@@ -26,7 +26,7 @@ def test_reproduce_usa_av_quick(tmp_path):
     required = {
         "usa_collapse", "distance_bias_dirac", "rope_noncollapse", "prompt_noncollapse",
         "rope_max_energy", "toeplitz_great_circle", "gauge_equivalence", "prompt_clusters",
-        "dobrushin_stability", "nonatomic_prompt_mmd", "nonatomic_prompt_flow", "nonatomic_prompt_energy",
+        "dobrushin_stability", "nonatomic_prompt", "toeplitz_fourier", "nonatomic_prompt_flow", "nonatomic_prompt_energy",
         *(f"toeplitz_fourier_{m}_{q}" for m in ("m0", "m1", "m2", "m3", "sign") for q in ("energy", "winding")),
     }
     assert required <= set(checks)
@@ -53,7 +53,7 @@ def test_reproduce_usa_av_quick(tmp_path):
         assert checks[f"toeplitz_fourier_{m}_energy"]["measured"] == pytest.approx(e, rel=1e-4)
     assert 0 < checks["dobrushin_stability"]["measured"] <= 1
     assert checks["nonatomic_prompt_flow"]["measured"] < 1e-4
-    assert checks["nonatomic_prompt_mmd"]["theory"] == pytest.approx(0.783, abs=1e-3)
+    assert checks["nonatomic_prompt"]["theory"] == pytest.approx(0.783, abs=1e-3)
     for fig in ("fig2_collapse_gap.png", "fig3_configurations.png", "energy.png", "toeplitz_fourier.png",
                 "dobrushin.png", "nonatomic_prompt.png"):
         assert (out / fig).stat().st_size > 10_000

@@ -381,6 +381,15 @@ def _toeplitz_fourier(S, key, checks, timings):
             f"{r['m']} (great circle traversed m* times; 0 = Dirac); third singular value / sqrt(n) = "
             f"{r['planarity']:.2g}",
         ))
+    rows = {c["name"]: c for c in checks}
+    agree = sum(rows[f"toeplitz_fourier_{name}_energy"]["pass"] and rows[f"toeplitz_fourier_{name}_winding"]["pass"]
+                for name in res)
+    checks.append(check(
+        "toeplitz_fourier", agree, len(res), 0.0,
+        "number of Toeplitz-series kernels (dominant mode " + ", ".join(f"{k}: {r['m']}" for k, r in res.items())
+        + ") whose final path has both the maximal energy max_k c_hat(k)/2 and the winding number of the dominant "
+        "mode (the rows toeplitz_fourier_*_energy / _winding); Prop. 10, reconstruction",
+    ))
     return res
 
 
@@ -452,7 +461,7 @@ def _nonatomic(S, checks, timings):
     se = float(pooled.std(ddof=1) / np.sqrt(pooled.size))
     ns = ", ".join(str(n) for n in P["n"])
     checks.append(check(
-        "nonatomic_prompt_mmd", float(pooled.mean()), const, 3 * se,
+        "nonatomic_prompt", float(pooled.mean()), const, 3 * se,
         f"n MMD^2 between the maximiser's law (1/n) sum delta_G(z_i), z_i ~ Leb[0,1) i.i.d. (one prompt each), and "
         f"the target vMF(e_3, kappa={kappa:g}) (Gaussian kernel gamma={gamma:g}, exact integrals), pooled over "
         f"n in {{{ns}}} x {P['replicates']} draws, against 1 - kbar (E MMD^2 = (1 - kbar)/n: distance -> 0 as "
