@@ -10,8 +10,14 @@ threads (the most per call, and what a call would use now on this machine's load
 ``meanfield info --rebuild-native`` compiles both kernels again (after installing a compiler,
 or to clear a recorded failure).
 
+``--rebuild-native`` works whatever the cache holds: the import before it loads a cached library
+only if it matches its manifest (written after a child process loaded it) and its ELF headers
+are whole, so a truncated library cannot crash it; a damaged one is rebuilt.
+
 Environment: ``MEANFIELD_CACHE_DIR`` (the cache directory), ``MEANFIELD_NATIVE=0`` (no native
-kernels), ``MEANFIELD_NATIVE_QUIET=1`` (no line on stderr when they are unavailable), ``CC``.
+kernels), ``MEANFIELD_NATIVE_QUIET=1`` (no line on stderr when they are unavailable), ``CC``,
+``MEANFIELD_CC_TIMEOUT`` (seconds a build may take, default 120) and
+``MEANFIELD_CC_VERSION_TIMEOUT`` (seconds ``$CC --version`` may take, default 10).
 
 An edge module: nothing in the core imports it. ``summary()`` initialises JAX's backend (it
 lists the devices), which an ordinary ``import meanfield`` never does.
@@ -47,8 +53,8 @@ def _compiler() -> tuple[str | None, str | None]:
         return None, None
     try:
         lines = _native._compiler_version(cc).strip().splitlines()
-    except (OSError, ValueError) as e:  # not runnable
-        return cc, f"({type(e).__name__}: {e})"
+    except RuntimeError as e:  # not runnable, or its --version ran past its timeout
+        return cc, f"({e})"
     return cc, lines[0] if lines else ""
 
 

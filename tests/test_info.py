@@ -97,15 +97,19 @@ import meanfield as mf
 from meanfield import _native
 calls = []
 cc = _native._compiler()
-real_run = subprocess.run
+real_run, real_popen = subprocess.run, subprocess.Popen
 def run(args, *a, **k):
     if cc is not None and args and args[0] == cc:
         calls.append(args)
     return real_run(args, *a, **k)
+def popen(args, *a, **k):
+    if cc is not None and args and args[0] == cc:
+        calls.append(args)
+    return real_popen(args, *a, **k)
 def compile_(*a, **k):
     calls.append(a)
     raise AssertionError("the C compiler ran during a trace")
-subprocess.run, _native._compile = run, compile_
+subprocess.run, subprocess.Popen, _native._compile = run, popen, compile_
 assert not _native._exp_state["tested"]  # the first use is the trace below
 x = mf.sphere.uniform(jax.random.key(0), 16, 3)
 f = jax.jit(lambda x: mf.energy(mf.kernels.USA(1.0), x))

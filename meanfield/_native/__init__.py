@@ -43,17 +43,35 @@ The cache is code this process runs, so (``tests/test_native_cache.py``):
 - a library is written atomically (compiled into a temporary file in the cache directory, then
   renamed) with a manifest beside it (``NAME.json``: its size and sha256, written the same way),
   under a per-library lock (``flock``), so that concurrent first imports compile once;
-- before every ``ctypes.CDLL`` the library is checked against its manifest: a truncated or
-  overwritten library, or a missing manifest, is rebuilt once (one line on stderr saying so),
-  never loaded (a truncated library crashes the process inside ``dlopen``);
+- what the compiler wrote is validated before it gets a manifest: its ELF headers (magic, class,
+  byte order and machine of this interpreter, a shared object, every loadable segment and the
+  section headers inside the file), then a ``ctypes.CDLL`` of it in a child process (at most
+  ``LOAD_CHECK_TIMEOUT`` = 60 s); a compiler that exits 0 after writing a truncated or unloadable
+  library is a recorded failure, never a cached library;
+- before every ``ctypes.CDLL`` the library is checked against its manifest and its ELF headers: a
+  truncated or overwritten library, or a missing manifest, is rebuilt once (one line on stderr
+  saying so), never loaded (a truncated library crashes the process inside ``dlopen``), so
+  ``meanfield info --rebuild-native`` works whatever the cache holds;
 - only the cache directory (symbolic links resolved, created with mode 0700) and files in it
-  that are owned by this user and not writable by group or others are used; otherwise the
-  kernel is refused (``RefusedPath``: the path and the fix, ``chmod go-w PATH`` or remove it) and
-  the XLA path runs; a symbolic link in place of a library or manifest is refused, not followed;
+  that are owned by this user and not writable by group or others are used, in a directory
+  whose parents are not writable by others (unless sticky, as ``/tmp``); otherwise the kernel
+  is refused (``RefusedPath``: the path and the fix, ``chmod go-w PATH`` or remove it) and the
+  XLA path runs; a symbolic link, a FIFO, a directory or a device in place of a library,
+  manifest, lock or failure record is refused (naming its path), never followed or opened so
+  as to block;
+- a read-only cache directory holding an intact cache is used as it is (read only, no lock: no
+  process can write there); a library missing from it is an error naming the directory;
 - a failed build is recorded (``NAME.failed``: the compiler's path and ``--version``, the flags,
   the source's sha256 and the error) and retried when any of these changes, and by
-  ``meanfield info --rebuild-native``; a killed compiler, a timeout or a full disk is not
-  recorded (the next import tries again);
+  ``meanfield info --rebuild-native``; a killed compiler or a full disk is not recorded (the
+  next import tries again);
+- no wait on the compiler outlives its time limit: a build (compile and link of one library)
+  gets ``$MEANFIELD_CC_TIMEOUT`` seconds (default ``CC_TIMEOUT`` = 120), then the compiler and
+  every process it started are killed, and the timeout is recorded for the compiler's identity
+  (``compiler-HASH.failed``): no later build waits for it again until the compiler changes or
+  ``meanfield info --rebuild-native`` (which waits once); ``cc --version`` gets
+  ``$MEANFIELD_CC_VERSION_TIMEOUT`` seconds (default ``VERSION_TIMEOUT`` = 10), probed once per
+  compiler and process (a timeout leaves the XLA path for the process, with its line);
 - when a kernel is unavailable for any reason but ``MEANFIELD_NATIVE=0``, one line on stderr,
   once per process, says why and that the XLA path runs; ``MEANFIELD_NATIVE_QUIET=1`` silences
   it (``meanfield info`` always shows the reason).
@@ -89,6 +107,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import hashlib
 import json
@@ -96,7 +115,9 @@ import os
 import platform
 import re
 import shutil
+import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -137,7 +158,7 @@ FLAGS = (
 
 #: how a library is built and cached (part of its cache name): compile, then link without
 #: -ffast-math; a manifest (size, sha256) beside each library
-BUILD_RECIPE = "compile -c, link -shared without -ffast-math; manifest v1"
+BUILD_RECIPE = "compile -c, link -shared without -ffast-math; validated (ELF, child load); manifest v2"
 
 _state: dict = {"lib": None, "error": None, "tried": False}
 _lock = threading.RLock()
@@ -201,7 +222,27 @@ def _private_dir(create: bool) -> Path:
         raise RefusedPath(f"refused the native kernel cache directory {path}: not a directory; "
                           "fix: remove it, or set MEANFIELD_CACHE_DIR to a private directory")
     _check_private(path, st, "cache directory")
+    _check_parents(path)
     return path
+
+
+def _check_parents(path: Path) -> None:
+    """``RefusedPath`` when a directory above ``path`` is writable by others without the sticky
+    bit (``/tmp``'s mode 1777 is fine): whoever can write there can rename the cache directory
+    and put their own in its place. (A group-writable parent is allowed: on many systems a
+    home directory is writable by its owner's private group.)"""
+    if not hasattr(os, "geteuid"):
+        return
+    for parent in path.parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            continue
+        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            raise RefusedPath(f"refused the native kernel cache directory {path}: its parent {parent} is writable "
+                              f"by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o}), so anyone "
+                              f"can replace the cache; fix: chmod o-w {parent} (or chmod +t {parent}), "
+                              "or set MEANFIELD_CACHE_DIR to a private directory")
 
 
 def _compiler() -> str | None:
@@ -246,10 +287,91 @@ def _warn_unavailable(reason: str) -> None:
           "(`meanfield info` for details; MEANFIELD_NATIVE_QUIET=1 silences this line)", file=sys.stderr, flush=True)
 
 
-@functools.cache
+#: default seconds one build (compile and link of one library) may take: ``$MEANFIELD_CC_TIMEOUT``
+CC_TIMEOUT = 120.0
+#: default seconds ``cc --version`` may take: ``$MEANFIELD_CC_VERSION_TIMEOUT``
+VERSION_TIMEOUT = 10.0
+#: seconds the child process that loads a freshly built library may take
+LOAD_CHECK_TIMEOUT = 60.0
+
+
+def _timeout(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name`` (``default`` when unset); RuntimeError
+    naming the value when it is not a number > 0."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise RuntimeError(f"{name} must be a number of seconds > 0, got {raw!r}")
+    return value
+
+
+class _Timeout(Exception):
+    """A child process ran past its time and was killed with every process it started."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"ran past {seconds:g} s")
+        self.seconds = seconds
+
+
+def _run_bounded(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run(args)`` (output captured as text) in a session of its own, killed with
+    every process it started after ``timeout`` seconds (``_Timeout``): a grandchild that keeps
+    the pipes open (a compiler's ``cc1``, a ``sleep``) cannot make the wait outlive the timeout."""
+    group = hasattr(os, "killpg")
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=group)
+
+    def kill() -> None:  # the child and every process it started (its session's process group)
+        with contextlib.suppress(OSError):
+            if group:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.communicate(timeout=5)  # the pipes close once the whole group is gone
+        p.kill()
+        p.wait()
+
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill()
+        raise _Timeout(timeout) from None
+    except BaseException:  # KeyboardInterrupt: the compiler has its own session, so it is ended here
+        kill()
+        raise
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+
+#: ``cc --version`` by compiler, or the RuntimeError of its probe: one probe per compiler and process
+_versions: dict[str, str | RuntimeError] = {}
+
+
 def _compiler_version(cc: str) -> str:
-    """``cc --version`` (part of every cache name): run once per compiler and process."""
-    return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    """``cc --version`` (part of every cache name): probed once per compiler and process, within
+    ``$MEANFIELD_CC_VERSION_TIMEOUT`` seconds (default ``VERSION_TIMEOUT``); RuntimeError (kept for
+    the process: no second wait) when it runs past that or cannot run."""
+    with _lock:
+        if cc not in _versions:
+            try:
+                limit = _timeout("MEANFIELD_CC_VERSION_TIMEOUT", VERSION_TIMEOUT)
+                _versions[cc] = _run_bounded([cc, "--version"], limit).stdout
+            except _Timeout as e:
+                _versions[cc] = RuntimeError(f"the C compiler's version probe `{cc} --version` ran past {e.seconds:g} s "
+                                             "(killed; MEANFIELD_CC_VERSION_TIMEOUT sets the limit)")
+            except OSError as e:
+                _versions[cc] = RuntimeError(f"cannot run the C compiler {cc}: {e.strerror or e}")
+            except RuntimeError as e:
+                _versions[cc] = e
+        found = _versions[cc]
+    if isinstance(found, RuntimeError):
+        raise RuntimeError(str(found))
+    return found
 
 
 def _toolchain() -> tuple[str, str]:
@@ -290,37 +412,146 @@ def _manifest(target: Path) -> Path:
     return target.with_suffix(".json")
 
 
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 @contextlib.contextmanager
 def _file_lock(target: Path):
     """An exclusive lock (``flock``) of one cached library across processes: a library is checked,
     built and loaded by one process at a time, so that no process reads a half-written pair of
-    library and manifest, and concurrent first imports compile once."""
-    fd = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | _O_NOFOLLOW, 0o600)
+    library and manifest, and concurrent first imports compile once. Yields whether the cache
+    directory can be written: in a read-only one (no lock file can be created there, so no
+    other process can write it either) the library is only read, without a lock.
+    ``RefusedPath`` for a lock file that is not a regular file (never opened so as to block)."""
+    lock = target.with_suffix(".lock")
+    flags = os.O_CLOEXEC | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
     try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | flags, 0o600)
+    except OSError as e:
+        if os.path.islink(lock):
+            raise RefusedPath(f"refused the native kernel lock file {lock}: a symbolic link; fix: remove it") from None
+        if e.errno not in _READ_ONLY:
+            raise RuntimeError(f"cannot open the native kernel lock file {lock}: {e.strerror}") from None
+        yield False  # a read-only cache directory: read only
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RefusedPath(f"refused the native kernel lock file {lock}: not a regular file; fix: remove it")
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield os.access(target.parent, os.W_OK)
     finally:
         os.close(fd)  # releases the lock
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 def _read_private(path: Path, what: str) -> bytes | None:
     """The bytes of a regular file owned by this user and not writable by group or others
-    (``RefusedPath`` otherwise; a symbolic link is refused, not followed); ``None`` if missing."""
+    (``RefusedPath`` otherwise, naming the path: a symbolic link is refused, not followed, and a
+    FIFO, a directory or a device is refused without being opened so as to block); ``None`` if
+    missing."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RefusedPath(f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
+                          f"fix: remove it")
+    try:  # O_NONBLOCK: a FIFO put there after the lstat does not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
     except OSError as e:
         if os.path.islink(path):
             raise RefusedPath(f"refused the native kernel {what} {path}: a symbolic link; fix: remove it") from None
         raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise RefusedPath(f"refused the native kernel {what} {path}: not a regular file; fix: remove it")
+            raise RefusedPath(f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
+                              f"fix: remove it")
         _check_private(path, st, what)
-        return f.read()
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _host_elf() -> tuple[int, int, int] | None:
+    """``(class, byte order, machine)`` of this interpreter's ELF executable: what a library
+    loaded into this process must have; ``None`` where the executable is not ELF (macOS,
+    Windows: no structural check there, the load in a child process still runs)."""
+    try:
+        with open(os.path.realpath(sys.executable), "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    order = "<" if head[5] == 1 else ">"
+    return head[4], head[5], struct.unpack(order + "H", head[18:20])[0]
+
+
+def _elf_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a whole shared library for this machine (``None`` when it is): the
+    ELF magic, class, byte order, type (shared object) and machine of this interpreter, and
+    every loadable segment, the program headers and the section headers inside the file (a
+    truncated library maps pages past its end: the process dies by SIGBUS inside ``dlopen``)."""
+    host = _host_elf()
+    if host is None:
+        return None
+    if len(data) < 52 or data[:4] != b"\x7fELF":
+        return f"not an ELF file ({len(data)} bytes)"
+    cls, order_byte, machine = host
+    if (data[4], data[5]) != (cls, order_byte):
+        return f"ELF class {data[4]} byte order {data[5]}, this process has class {cls} byte order {order_byte}"
+    o = "<" if order_byte == 1 else ">"
+    wide = cls == 2
+    if wide and len(data) < 64:
+        return f"truncated ELF header ({len(data)} bytes)"
+    e_type, e_machine = struct.unpack_from(o + "HH", data, 16)
+    if e_type != 3:
+        return f"ELF type {e_type}, not a shared object (3)"
+    if e_machine != machine:
+        return f"ELF machine {e_machine}, this process runs on machine {machine}"
+    if wide:
+        phoff, shoff = struct.unpack_from(o + "QQ", data, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(o + "HHHH", data, 54)
+    else:
+        phoff, shoff = struct.unpack_from(o + "II", data, 28)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(o + "HHHH", data, 42)
+    size = len(data)
+    if phentsize < (56 if wide else 32):
+        return f"program header entries of {phentsize} bytes"
+    if phnum == 0 or phoff + phnum * phentsize > size:
+        return f"truncated: program headers end at byte {phoff + phnum * phentsize}, the file has {size}"
+    if shnum and shoff + shnum * shentsize > size:
+        return f"truncated: section headers end at byte {shoff + shnum * shentsize}, the file has {size}"
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        if wide:
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(o + "IIQQQQ", data, at)
+        else:
+            p_type, p_offset, _, _, p_filesz = struct.unpack_from(o + "IIIII", data, at)
+        if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD
+            return f"truncated: a loadable segment ends at byte {p_offset + p_filesz}, the file has {size}"
+    return None
 
 
 def _damage(target: Path) -> str | None:
@@ -343,6 +574,9 @@ def _damage(target: Path) -> str | None:
         return f"{len(data)} bytes, {size} recorded"
     if hashlib.sha256(data).hexdigest() != digest:
         return "sha256 differs from the one recorded"
+    problem = _elf_problem(data)
+    if problem is not None:
+        return f"not a valid shared library: {problem}"
     return None
 
 
@@ -350,7 +584,7 @@ def _load_library(target: Path) -> ctypes.CDLL:
     """``ctypes.CDLL`` of a cached library, after checking (under its lock) that it and the cache
     directory are private to this user and that it matches its manifest."""
     with _file_lock(target):
-        damage = _damage(target)
+        damage = _damage(target)  # the manifest is written only after a child process loaded it
         if damage is not None:
             raise RuntimeError(f"the cached library {target} is {'missing' if damage == 'missing' else 'damaged'}"
                                f"{'' if damage == 'missing' else f' ({damage})'}; it is rebuilt at the next "
@@ -375,18 +609,21 @@ def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
     is none. A record of another compiler identity (or an unreadable one) is removed: that build
     is tried again."""
     try:
-        raw = marker.read_text()
-    except FileNotFoundError:
+        data = _read_private(marker, "failure record")
+    except RefusedPath:
+        raise
+    except RuntimeError:
+        data = b""
+    if data is None:
         return None
-    except OSError:
-        raw = ""
     try:
-        record = json.loads(raw)
+        record = json.loads(data)
         same = isinstance(record, dict) and record.get("identity") == identity
     except ValueError:
         same = False
     if not same:
-        marker.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only cache directory: ignored all the same
+            marker.unlink(missing_ok=True)
         return None
     return str(record.get("error", ""))
 
@@ -399,21 +636,34 @@ def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
     stderr). A flag set the compiler rejected is recorded (``.failed``, with the compiler
     identity) and not tried again by this compiler; ``force`` removes the libraries and records
     first. ``may_compile=False`` only looks in the cache. ``announce(message=None)`` is called
-    before compiling. ``RefusedPath`` for a cache directory or library not private to this user."""
+    before compiling. ``RefusedPath`` for a cache directory or library not private to this user.
+
+    A compiler that runs past ``$MEANFIELD_CC_TIMEOUT`` seconds (``CC_TIMEOUT``) is killed and
+    recorded for its identity (``compiler-HASH.failed``): no other build of this process or of
+    later ones waits for it again, until the compiler changes or ``force`` (which waits once).
+    In a read-only cache directory an intact library is used as it is (no lock: nobody can
+    write there); a missing or damaged one is an error naming the directory."""
     _private_dir(create=may_compile)
     paths = _library_paths(cc, version, source_path, defines, include)
     digest = _source_digest(source_path, include)
     if force:
         for _, target in paths:
-            with _file_lock(target):
+            with _file_lock(target) as writable:
                 for stale in (target, _manifest(target), target.with_suffix(".failed")):
-                    stale.unlink(missing_ok=True)
+                    try:
+                        stale.unlink(missing_ok=True)
+                    except OSError as e:
+                        raise RuntimeError(f"cannot remove {stale} to rebuild it: {e.strerror}"
+                                           f"{'' if writable else ' (a read-only cache directory)'}; fix: make "
+                                           f"{target.parent} writable, or set MEANFIELD_CACHE_DIR to another "
+                                           "private directory") from None
     errors: list[str] = []
     recorded_any = False
+    head = f"the C compiler failed ({cc}, {version.strip().splitlines()[0] if version.strip() else 'no --version'})"
     for flags, target in paths:
         identity = _identity(cc, version, flags, digest)
         marker = target.with_suffix(".failed")
-        with _file_lock(target):
+        with _file_lock(target) as writable:
             recorded = _recorded_failure(marker, identity)
             if recorded is not None:
                 errors.append(f"{' '.join(flags)}: {recorded[-500:]} (recorded in {marker})")
@@ -427,22 +677,63 @@ def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
                                    "builds it at import, `meanfield info --rebuild-native` too)" if damage == "missing"
                                    else f"the cached library {target} is damaged ({damage}); it is rebuilt at "
                                    "the next import of meanfield.kernels, or run `meanfield info --rebuild-native`")
+            if not writable:
+                raise RuntimeError(f"the cache directory {target.parent} is read-only and {target.name} is "
+                                   f"{damage} there; fix: make it writable, or set MEANFIELD_CACHE_DIR to a "
+                                   "writable private directory")
+            _raise_if_timed_out(cc, version, target.parent, head, force)
             if announce is not None:
                 announce(None if damage == "missing"
                          else f"meanfield: the cached native library {target} is damaged ({damage}); rebuilding it")
-            error, transient = _compile(cc, flags, source_path, target)
+            error, kind = _compile(cc, flags, source_path, target)
             if error is None:
+                with contextlib.suppress(OSError):
+                    _compiler_record(cc, version, target.parent).unlink(missing_ok=True)
                 return target
+            if kind == "timeout":
+                _record_timeout(cc, version, target.parent, error)
+                _raise_if_timed_out(cc, version, target.parent, head, False)
             errors.append(f"{' '.join(flags)}: {error[-500:]}")
-            if not transient:
+            if kind == "recorded":
                 _write_atomic(marker, json.dumps({"identity": identity, "error": error}).encode())
                 recorded_any = True
-    head = f"the C compiler failed ({cc}, {version.strip().splitlines()[0] if version.strip() else 'no --version'})"
     tail = ("recorded with the compiler's identity: retried when it changes, or run `meanfield info --rebuild-native`"
-            if recorded_any else "not recorded (a killed compiler, a timeout or a full disk): the next import retries")
+            if recorded_any else "not recorded (a killed compiler or a full disk): the next import retries")
     first = next((ln.strip() for e in errors for ln in e.split(": ", 1)[-1].splitlines() if ln.strip()), "")
     first = first if len(first) <= 160 else first[:157] + "..."
     raise BuildFailed(f"{head}; {tail}: " + " | ".join(errors), f"{head}: {first}; {tail}")
+
+
+#: compilers that ran past their timeout in this process: ``{(compiler, version): error}``
+_timed_out: dict[tuple[str, str], str] = {}
+
+
+def _compiler_record(cc: str, version: str, directory: Path) -> Path:
+    """Where a compiler that ran past its timeout is recorded (one file per compiler identity)."""
+    tag = hashlib.sha256(cc.encode() + b"\0" + version.encode()).hexdigest()[:16]
+    return directory / f"compiler-{tag}.failed"
+
+
+def _record_timeout(cc: str, version: str, directory: Path, error: str) -> None:
+    with _lock:
+        _timed_out[(cc, version)] = error
+    with contextlib.suppress(OSError):
+        _write_atomic(_compiler_record(cc, version, directory),
+                      json.dumps({"identity": {"compiler": cc, "version": version}, "error": error}).encode())
+
+
+def _raise_if_timed_out(cc: str, version: str, directory: Path, head: str, force: bool) -> None:
+    """``BuildFailed`` without running the compiler when it ran past its timeout in this process,
+    or (unless ``force``) in an earlier one (its record in the cache directory)."""
+    error = _timed_out.get((cc, version))
+    marker = _compiler_record(cc, version, directory)
+    if error is None and not force:
+        error = _recorded_failure(marker, {"compiler": cc, "version": version})
+    if error is None:
+        return
+    tail = (f"recorded in {marker} with the compiler's identity: not run again until it changes, or run "
+            "`meanfield info --rebuild-native`")
+    raise BuildFailed(f"{head}: {error}; {tail}", f"{head}: {error}; {tail}")
 
 
 def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
@@ -461,48 +752,90 @@ def _write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
             os.unlink(tmp)
 
 
-def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tuple[str | None, bool]:
+def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tuple[str | None, str]:
     """Run the C compiler: ``source_path`` with ``flags`` into ``target``, atomically (a temporary
     file in the cache directory renamed, then its manifest, written the same way: size and
-    sha256). Returns ``(None, False)``, or the compiler's error and whether it is transient (a
-    killed compiler, a timeout: not recorded)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
+    sha256), after validating what it wrote (``_validate``: a compiler that exits 0 after
+    writing a truncated library must not get a manifest). Returns ``(None, "")``, or the error
+    and its kind: ``"recorded"`` (the source, the flags or the compiler's output),
+    ``"transient"`` (a killed compiler, a full disk: not recorded) or ``"timeout"``."""
+    limit = _timeout("MEANFIELD_CC_TIMEOUT", CC_TIMEOUT)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
+    except OSError as e:
+        raise RuntimeError(f"cannot write to the native kernel cache directory {target.parent}: {e.strerror}; "
+                           "fix: make it writable, or set MEANFIELD_CACHE_DIR to a writable private directory") from None
     os.close(fd)
     try:
         try:
-            r = _compile_and_link(cc, flags, source_path, tmp)
-        except subprocess.TimeoutExpired as e:
-            return f"the compiler ran past {e.timeout:.0f} s", True
+            r = _compile_and_link(cc, flags, source_path, tmp, limit)
+        except _Timeout:
+            return (f"the compiler ran past {limit:g} s (killed with the processes it started; "
+                    "MEANFIELD_CC_TIMEOUT sets the limit)"), "timeout"
         except OSError as e:
-            return f"cannot run the compiler: {e}", False
+            return f"cannot run the compiler: {e}", "recorded"
         if r.returncode != 0:
             error = r.stderr.strip() or f"exit status {r.returncode}"
-            return error, r.returncode < 0 or bool(_TRANSIENT.search(error))
+            return error, "transient" if r.returncode < 0 or _TRANSIENT.search(error) else "recorded"
         with open(tmp, "rb") as f:
             data = f.read()
+        problem = _validate(tmp, data)
+        if problem is not None:
+            return f"the compiler exited 0 but wrote no usable library: {problem}", "recorded"
         os.chmod(tmp, 0o700)
         os.replace(tmp, target)
         _write_atomic(_manifest(target), json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                                                     "compiler": cc, "flags": flags}).encode())
-        return None, False
+                                                     "compiler": cc, "flags": flags,
+                                                     "validated": "ELF headers, loaded in a child process"}).encode())
+        return None, ""
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str) -> subprocess.CompletedProcess:
+def _validate(path: str, data: bytes) -> str | None:
+    """Why the freshly built library ``path`` (holding ``data``) must not be recorded, or ``None``:
+    its ELF headers (``_elf_problem``), then a ``ctypes.CDLL`` of it in a child process (within
+    ``LOAD_CHECK_TIMEOUT`` seconds): a library that crashes or fails when loaded does so there,
+    never in this process."""
+    problem = _elf_problem(data)
+    if problem is not None:
+        return problem
+    if not sys.executable:
+        return None
+    try:
+        r = _run_bounded([sys.executable, "-I", "-S", "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", path],
+                         LOAD_CHECK_TIMEOUT)
+    except _Timeout as e:
+        return f"loading it in a child process ran past {e.seconds:g} s"
+    except OSError as e:
+        return f"cannot start a child process to load it: {e.strerror or e}"
+    if r.returncode < 0:
+        try:
+            name = signal.Signals(-r.returncode).name
+        except ValueError:
+            name = f"signal {-r.returncode}"
+        return f"loading it in a child process killed that process ({name})"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        return f"loading it in a child process failed: {last}"
+    return None
+
+
+def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str,
+                      limit: float) -> subprocess.CompletedProcess:
     """Compile with ``flags``, then link as a shared library WITHOUT ``-ffast-math``: linked
     with it, GCC adds ``crtfastmath.o``, whose constructor sets flush-to-zero for the whole
-    process when the library is loaded (every subnormal in NumPy/JAX would become 0)."""
+    process when the library is loaded (every subnormal in NumPy/JAX would become 0). Both
+    steps together within ``limit`` seconds (``_Timeout`` after)."""
     obj = out + ".o"
     compile_flags = [f for f in flags if f != "-shared"]
     link_flags = ["-shared", *(f for f in flags if f in ("-fopenmp", "-fPIC"))]
+    deadline = time.monotonic() + limit
     try:
-        r = subprocess.run([cc, *compile_flags, "-c", "-o", obj, str(source_path)], capture_output=True,
-                           text=True, timeout=300)
+        r = _run_bounded([cc, *compile_flags, "-c", "-o", obj, str(source_path)], limit)
         if r.returncode == 0:
-            r = subprocess.run([cc, *link_flags, "-o", out, obj, "-lm"], capture_output=True, text=True,
-                               timeout=300)
+            r = _run_bounded([cc, *link_flags, "-o", out, obj, "-lm"], max(0.001, deadline - time.monotonic()))
         return r
     finally:
         if os.path.exists(obj):
