@@ -100,6 +100,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 from typing import Any, ClassVar
 
 import diffrax
@@ -110,7 +111,15 @@ import numpy as np
 import scipy.special
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ._checks import RealScalarLike, check_choice, check_int, check_positive, is_concrete
+from ._checks import (
+    RealScalarLike,
+    _error_if,
+    check_choice,
+    check_int,
+    check_positive,
+    is_concrete,
+    traced_positive,
+)
 
 __all__ = [
     "MODELS",
@@ -127,6 +136,11 @@ __all__ = [
     "mode_perturbation",
     "mode_amplitude",
     "solve",
+    "solve_cost",
+    "MAX_DIMENSION",
+    "MAX_DEGREE",
+    "MAX_MODE",
+    "SHT_KERNEL_FLOP",
     "sample_perturbation",
     "project_particles",
     "w1_circle",
@@ -144,8 +158,19 @@ STATUS = ("ok", "resolution_lost", "failed")
 # --------------------------------------------------------------------------- checks
 
 
+#: Largest ambient dimension ``d`` of the dispersion relation (``growth_rates``, ``most_unstable_mode``).
+MAX_DIMENSION = 10**6
+#: Largest degree ``ell`` (degrees are int32 in the compiled programs).
+MAX_DEGREE = 2**31 - 1
+#: Most degrees ``most_unstable_mode`` evaluates on a grid (``max_mode``); a larger automatic search
+#: (``beta`` past about ``10^12``) runs as a search of the unimodal float64 log-rates on the host.
+MAX_MODE = 2**22
+
+
 def _check_d(d) -> int:
     d = check_int("d", d, minimum=2)
+    if d > MAX_DIMENSION:
+        raise ValueError(f"d must be <= {MAX_DIMENSION} (MAX_DIMENSION), got {d}")
     return d
 
 
@@ -174,6 +199,12 @@ def _check_beta(beta, *, model: str, rescaled: bool, dtype, scalar: bool = True)
     if isinstance(beta, (str, bytes, bool, np.bool_)) or (scalar and np.ndim(beta) != 0):
         raise TypeError(f"beta must be a real {'scalar' if scalar else 'number or array'}, got {beta!r}")
     check_positive("beta", beta)
+    tiny = float(np.finfo(dtype).tiny)
+    if float(np.min(beta)) < tiny:
+        raise ValueError(
+            f"beta = {float(np.min(beta)):g} rounds to 0 in {np.dtype(dtype).name} (smallest normal value "
+            f"{tiny:.4g}); use a larger beta or float64"
+        )
     if model == "usa" and not rescaled:
         limit = float(np.log(np.finfo(dtype).max)) - 1.0
         if float(np.max(beta)) >= limit:
@@ -192,19 +223,89 @@ def _float_dtype(x=None):
 # --------------------------------------------------------------------------- Bessel functions
 
 
-def _ive_host(nu, b):
-    return scipy.special.ive(np.asarray(nu, np.float64), np.asarray(b, np.float64))
+#: Debye coefficients u_k(p) of the uniform expansion I_nu(nu z) ~ e^{nu eta} / sqrt(2 pi nu) (1 + z^2)^{-1/4}
+#: sum_k u_k(p) / nu^k, p = (1 + z^2)^{-1/2} (DLMF 10.41.3, 10.41.10): polynomial coefficients in p, low to high.
+_DEBYE = (
+    (0, 3 / 24, 0, -5 / 24),
+    (0, 0, 81 / 1152, 0, -462 / 1152, 0, 385 / 1152),
+    (0, 0, 0, 30375 / 414720, 0, -369603 / 414720, 0, 765765 / 414720, 0, -425425 / 414720),
+    (0, 0, 0, 0, 4465125 / 39813120, 0, -94121676 / 39813120, 0, 349922430 / 39813120, 0,
+     -446185740 / 39813120, 0, 185910725 / 39813120),
+)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _ive(shift: float, ell, beta):
-    """``I_{ell + shift}(beta) e^{-beta}`` (scipy's ``ive`` through ``jax.pure_callback``);
-    differentiable in ``beta`` by ``d/db I_nu = (I_{nu-1} + I_{nu+1}) / 2``."""
+def _log_ive_host(nu, x):
+    r"""$\log(I_\nu(x) e^{-x})$ in float64 for $\nu \ge -1$, $x > 0$, finite where ``scipy.special.ive``
+    underflows (large $\nu$: ``growth_rates(2.0, 400, 1)``) or returns NaN (large $x$: ``ive(3, 1e10)``).
+
+    Regimes: the power series $\sum_k (x^2/4)^k / (k!\, \Gamma(\nu + k + 1))$ in log form where
+    $x^2 / 4 \le \nu + 1$ (40 terms, each ratio below $1/(k + 1)$: exact to rounding); the Debye
+    expansion (DLMF 10.41.3, four terms, error below $10^{-11}$ in the log) for $\nu \ge 50$ otherwise;
+    Hankel's large-argument expansion (DLMF 10.40.1, four terms) for $\nu < 50$, $x \ge 10^8$; ``scipy``'s
+    ``ive`` in between (moderate order and argument, where it is accurate). Orders $-1$ and $-1/2$ (the
+    Bessel recurrence of the JVP at degree 0) by $I_{-1} = I_1$ and $I_{-1/2}(x) = \sqrt{2 / (\pi x)} \cosh x$.
+    """
+    nu, x = np.broadcast_arrays(np.asarray(nu, np.float64), np.asarray(x, np.float64))
+    nu = np.where(nu == -1.0, 1.0, nu)  # I_{-1} = I_1
+    out = np.full(nu.shape, np.nan)
+    with np.errstate(all="ignore"):
+        half = nu == -0.5
+        out[half] = 0.5 * np.log(2 / (np.pi * x[half])) + np.log1p(np.exp(-2 * x[half])) - np.log(2.0)
+        y = x * x / 4
+        series = ~half & (y <= nu + 1) & (nu >= 0)
+        if np.any(series):
+            v, xs, ys = nu[series], x[series], y[series]
+            term, tot = np.ones_like(v), np.ones_like(v)
+            for k in range(40):
+                term = term * ys / ((k + 1) * (v + k + 1))
+                tot = tot + term
+            out[series] = v * np.log(xs / 2) - scipy.special.gammaln(v + 1) + np.log(tot) - xs
+        debye = ~half & ~series & (nu >= 50)
+        if np.any(debye):
+            v, xs = nu[debye], x[debye]
+            z = xs / v
+            r = np.sqrt(1 + z * z)
+            p = 1 / r
+            # nu (eta - z) = nu (sqrt(1 + z^2) - z - asinh(1 / z)), without the cancellation at large z
+            expo = v * (1 / (r + z) - np.arcsinh(1 / z))
+            tot = np.ones_like(v)
+            for k, coef in enumerate(_DEBYE, start=1):
+                tot = tot + np.polynomial.polynomial.polyval(p, coef) / v**k
+            out[debye] = expo - 0.5 * np.log(2 * np.pi * v) - 0.25 * np.log1p(z * z) + np.log(tot)
+        hankel = ~half & ~series & ~debye & (x >= 1e8)
+        if np.any(hankel):
+            mu, xs = 4 * nu[hankel] ** 2, x[hankel]
+            term, tot = np.ones_like(xs), np.ones_like(xs)
+            for k in range(1, 5):
+                term = -term * (mu - (2 * k - 1) ** 2) / (k * 8 * xs)
+                tot = tot + term
+            out[hankel] = -0.5 * np.log(2 * np.pi * xs) + np.log(tot)
+        rest = ~half & ~series & ~debye & ~hankel
+        if np.any(rest):
+            out[rest] = np.log(scipy.special.ive(nu[rest], x[rest]))
+    return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
+def _log_ive(shift: float, power: float, const: float, ell, beta):
+    """``const - power log(beta) + log(I_{ell + shift}(beta) e^{-beta})``, all in float64 on the host
+    (``_log_ive_host`` through ``jax.pure_callback``: the sum of large logs, e.g. ``lgamma(200)`` at
+    ``d = 400``, is not rounded to the dtype before it cancels); differentiable in ``beta`` by
+    ``d/db I_nu = (I_{nu-1} + I_{nu+1}) / 2``."""
     shape = jnp.broadcast_shapes(jnp.shape(ell), jnp.shape(beta))
     dtype = jnp.result_type(beta, float)
     out = jax.ShapeDtypeStruct(shape, dtype)
+
+    def host(e, b):
+        b = np.asarray(b, np.float64)
+        val = _log_ive_host(np.asarray(e, np.float64) + shift, b)
+        if power or const:
+            with np.errstate(invalid="ignore", divide="ignore"):  # beta <= 0: NaN, stopped by the traced check
+                val = const - power * np.log(b) + val
+        return val.astype(dtype)
+
     return jax.pure_callback(
-        lambda e, b: _ive_host(np.asarray(e) + shift, b).astype(dtype),
+        host,
         out,
         jnp.broadcast_to(ell, shape),
         jnp.broadcast_to(beta, shape).astype(dtype),
@@ -212,12 +313,15 @@ def _ive(shift: float, ell, beta):
     )
 
 
-@_ive.defjvp
-def _ive_jvp(shift, primals, tangents):
+@_log_ive.defjvp
+def _log_ive_jvp(shift, power, const, primals, tangents):
     ell, beta = primals
     _, dbeta = tangents
-    y = _ive(shift, ell, beta)
-    dy = 0.5 * (_ive(shift, ell - 1, beta) + _ive(shift, ell + 1, beta)) - y
+    y = _log_ive(shift, power, const, ell, beta)
+    y0 = _log_ive(shift, 0.0, 0.0, ell, beta)
+    # shift -+ 1, not ell -+ 1: ell may be the largest int32
+    down, up = _log_ive(shift - 1, 0.0, 0.0, ell, beta), _log_ive(shift + 1, 0.0, 0.0, ell, beta)
+    dy = 0.5 * (jnp.exp(down - y0) + jnp.exp(up - y0)) - 1 - power / beta
     return y, dy * dbeta
 
 
@@ -246,8 +350,16 @@ def growth_rates(
     Returns:
         rates, broadcast shape of ``beta`` and ``ell``, in ``beta``'s float dtype (default float).
 
-    Bessel functions come from ``scipy.special.ive`` through ``jax.pure_callback`` (jit, vmap),
-    differentiable in ``beta`` (a custom JVP from the Bessel recurrence).
+    Evaluated in log space: $\log(I_\nu(\beta) e^{-\beta})$ in float64 on the host (series, Debye and
+    Hankel expansions where ``scipy.special.ive`` under- or overflows: any $\beta$, $d$, $l$) through
+    ``jax.pure_callback`` (jit, vmap), differentiable in ``beta`` (a custom JVP from the Bessel
+    recurrence); the constant $\Gamma(d/2) 2^{d/2 - 1}$ as ``lgamma``.
+
+    Raises:
+        ValueError: concrete ``beta <= 0``, ``ell < 0`` or ``ell > MAX_DEGREE``, ``d`` outside
+            ``[2, MAX_DIMENSION]``, or a usa ``beta`` whose ``e^beta`` overflows the dtype without
+            ``rescaled``. Traced values out of range (``beta`` under ``jit``, a negative traced
+            ``ell``, the same overflow) stop the program with an error (``equinox.error_if``).
 
     Example:
         >>> import meanfield as mf
@@ -259,21 +371,56 @@ def growth_rates(
     dtype = _float_dtype(beta)
     _check_beta(beta, model=model, rescaled=rescaled, dtype=dtype, scalar=False)
     if is_concrete(ell):
-        ell_np = np.asarray(ell)
-        if ell_np.dtype.kind not in "iu" and not (ell_np.dtype.kind == "f" and np.all(ell_np == np.round(ell_np))):
+        try:
+            ell_np = np.asarray(ell)
+        except OverflowError:
+            raise ValueError(f"ell must be <= {MAX_DEGREE} (MAX_DEGREE), got {ell!r}") from None
+        if ell_np.dtype == object and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in ell_np.ravel()
+        ):  # Python ints past int64 (10**400)
+            big = [int(v) for v in ell_np.ravel() if not -1 < int(v) <= MAX_DEGREE]
+            if big:
+                raise ValueError(f"ell must be in [0, {MAX_DEGREE}] (MAX_DEGREE), got {big[0]}")
+        if ell_np.dtype.kind not in "iu" and not (
+            ell_np.dtype.kind == "f" and np.all(np.isfinite(ell_np)) and np.all(ell_np == np.round(ell_np))
+        ):
             raise TypeError(f"ell must be integer degrees, got {ell!r}")
         if np.any(ell_np < 0):
             raise ValueError(f"ell must be >= 0, got {ell!r}")
-    ell_a = jnp.asarray(ell).astype(jnp.int32)
+        if np.any(ell_np > MAX_DEGREE):
+            raise ValueError(f"ell must be <= {MAX_DEGREE} (MAX_DEGREE), got {ell!r}")
+        ell_a = jnp.asarray(ell_np.astype(np.int64).astype(np.int32))
+    else:
+        ell_a = jnp.asarray(ell).astype(jnp.int32)
     b = jnp.asarray(beta, dtype)
     a = d / 2 - 1
-    lap = (ell_a * (ell_a + d - 2)).astype(dtype)
-    ive = _ive(a, ell_a, b)
+    ellf = ell_a.astype(dtype)
+    lap = ellf * (ellf + (d - 2))  # in floats: ell (ell + d - 2) overflows int32 past ell ~ 46341
     if model == "sa":
-        return lap * ive / (b * _ive(a, jnp.zeros_like(ell_a), b))
-    const = math.gamma(d / 2) * 2.0 ** (d / 2 - 1)
-    rate = lap * const * b ** (-d / 2) * ive
-    return rate if rescaled else rate * jnp.exp(b)
+        log_ive = _log_ive(a, 0.0, 0.0, ell_a, b)
+        rate = lap * jnp.exp(log_ive - _log_ive(a, 0.0, 0.0, jnp.zeros_like(ell_a), b)) / b
+    else:
+        log_const = math.lgamma(d / 2) + (d / 2 - 1) * math.log(2.0)  # Gamma(d/2) 2^(d/2-1), no overflow
+        # degree 0 (lap = 0) has rate 0 exactly, also where its factor beta^-1 I_{d/2-1} overflows
+        rate = jnp.where(lap > 0, lap * jnp.exp(_log_ive(a, d / 2, log_const, ell_a, b)), 0)
+        if not rescaled:
+            rate = rate * jnp.exp(b)  # kept apart: e^beta of an exact beta keeps full precision
+    return _traced_rate_checks(rate, b, ell_a, model, rescaled)
+
+
+def _traced_rate_checks(rate, b, ell, model: str, rescaled: bool):
+    """``rate`` with the range checks of a traced ``beta`` / ``ell`` attached (``equinox.error_if``)."""
+    rate = traced_positive(rate, "beta", b)
+    if not is_concrete(ell):
+        rate = _error_if(rate, jnp.any(ell < 0), "ell must be >= 0; a traced ell was negative")
+    if model == "usa" and not rescaled and not is_concrete(b):
+        limit = float(np.log(np.finfo(b.dtype).max)) - 1.0
+        rate = _error_if(
+            rate, jnp.any(b >= limit),
+            f"beta overflows e^beta in {np.dtype(b.dtype).name} (limit about {limit:.0f}); a traced beta was "
+            "past it: pass rescaled=True",
+        )
+    return rate
 
 
 def most_unstable_mode(
@@ -289,8 +436,11 @@ def most_unstable_mode(
         beta: inverse temperature ``> 0`` (scalar).
         d: ambient dimension ``>= 2``.
         model: ``"usa"`` or ``"sa"``.
-        max_mode: largest degree searched (static); ``None``: $4 \lceil \sqrt{2 \beta} \rceil + 8$ from a
-            concrete ``beta`` (required when ``beta`` is traced).
+        max_mode: largest degree searched (static, at most ``MAX_MODE``), on a grid of degrees with the
+            rates of ``growth_rates`` (``jit``/``vmap``); ``None``: $4 \lceil \sqrt{2 \beta} \rceil + 8$
+            from a concrete ``beta`` (required when ``beta`` is traced), searched on the host in float64
+            log space (all degrees up to ``MAX_MODE``; past it, a ternary search of the log-rates, which
+            are concave in $l$: $\log l (l + d - 2)$ and $\log I_{l + a}(\beta)$ are).
 
     Returns:
         int32 scalar $l^*$.
@@ -304,12 +454,48 @@ def most_unstable_mode(
     if max_mode is None:
         if not is_concrete(beta):
             raise ValueError("most_unstable_mode: pass max_mode when beta is traced (jit/vmap)")
+        _check_model(model, False)
+        if isinstance(beta, (str, bytes, bool, np.bool_)) or np.ndim(beta) != 0:
+            raise TypeError(f"beta must be a real scalar, got {beta!r}")
         check_positive("beta", beta)
-        max_mode = 4 * math.ceil(math.sqrt(2 * float(beta))) + 8
+        b = float(beta)
+        top = 4 * math.ceil(math.sqrt(2 * b)) + 8
+        if top > MAX_DEGREE:
+            raise ValueError(
+                f"beta = {b:g}: the most unstable degree (about sqrt(2 beta) = {math.sqrt(2 * b):.3g}) is past "
+                f"the int32 degrees (MAX_DEGREE = {MAX_DEGREE})"
+            )
+        return jnp.asarray(_host_most_unstable(b, d, top), jnp.int32)
     max_mode = check_int("max_mode", max_mode, minimum=1)
+    if max_mode > MAX_MODE:
+        raise ValueError(f"max_mode must be <= {MAX_MODE} (MAX_MODE: a grid of rates), got {max_mode}; "
+                         "pass a concrete beta and max_mode=None for a search")
     ells = jnp.arange(1, max_mode + 1)
     rates = growth_rates(beta, d, ells, model=model, rescaled=model == "usa")
     return (jnp.argmax(rates) + 1).astype(jnp.int32)
+
+
+def _host_most_unstable(beta: float, d: int, top: int) -> int:
+    """``argmax_{1 <= l <= top}`` of the float64 log-rate ``log l (l + d - 2) + log I_{l + d/2 - 1}(beta)``
+    (the factors common to all degrees dropped; the same for usa and sa)."""
+
+    def f(ls):
+        ls = np.asarray(ls, np.float64)
+        return np.log(ls) + np.log(ls + (d - 2)) + _log_ive_host(ls + (d / 2 - 1), beta)
+
+    if top <= MAX_MODE:
+        return int(np.argmax(f(np.arange(1, top + 1)))) + 1
+    lo, hi = 1, top  # concave sequence: ternary search on integers
+    while hi - lo > 2:
+        m1 = lo + (hi - lo) // 3
+        m2 = hi - (hi - lo) // 3
+        v1, v2 = f([m1, m2])
+        if v1 < v2:
+            lo = m1 + 1
+        else:
+            hi = m2
+    ls = np.arange(lo, hi + 1)
+    return int(ls[int(np.argmax(f(ls)))])
 
 
 # --------------------------------------------------------------------------- grids
@@ -360,6 +546,80 @@ def _check_resolution(resolution) -> int:
     return check_int("resolution", resolution, minimum=4)
 
 
+def _grid_bytes(d: int, L: int, itemsize: int) -> int:
+    """Peak bytes of ``grid(d, L)``: the float64 host arrays and their temporaries (about 12 numbers a
+    node, and the ``L x L`` Gauss-Legendre companion matrix on S^2) and the device copies in the dtype."""
+    nodes = 3 * L if d == 2 else L * (2 * L - 1)
+    return 12 * 8 * nodes + 5 * itemsize * nodes + (0 if d == 2 else 3 * 8 * L * L)
+
+
+def _check_grid_memory(d: int, L: int, itemsize: int) -> None:
+    from ._resources import ResourceLimitError, format_bytes, machine_memory
+
+    need, avail = _grid_bytes(d, L, itemsize), machine_memory()
+    if need > avail:
+        raise ResourceLimitError(
+            f"grid(d = {d}, resolution = {L}) needs ~{format_bytes(need)} of memory, more than the "
+            f"{format_bytes(avail)} available; use a smaller resolution"
+        )
+
+
+#: Flop-equivalent cost of building ``s2fft``'s precomputed transform kernels at band-limit ``L``
+#: (``SHT_KERNEL_FLOP * L^3.5``): measured 16.5 s at ``L = 96`` on the 2-core reference machine,
+#: about ``L^3.5`` from ``L = 48`` to 96 (1e11 flop/s, the rate ``_resources.WORK_LIMIT`` assumes).
+SHT_KERNEL_FLOP = 2e5
+
+
+def _sht_kernel_work(d: int, L: int) -> float:
+    """Flop-equivalent of building the S^2 transform kernels at ``L`` and ``ceil(3 L / 2)`` (0 on the circle)."""
+    L2 = -(-3 * L // 2)
+    return 0.0 if d == 2 else SHT_KERNEL_FLOP * (float(L) ** 3.5 + float(L2) ** 3.5)
+
+
+def _sht_kernel_bytes(d: int, L: int, itemsize: int) -> int:
+    """Bytes of the S^2 transform kernels (float64 on the host, a copy in the dtype on the device)."""
+    L2 = -(-3 * L // 2)
+    return 0 if d == 2 else (2 * 8 + 2 * itemsize) * (L**3 + L2**3)
+
+
+def solve_cost(d: int, resolution: int, *, t1=None, dt=None, max_steps: int = 20_000, saves: int = 2,
+               itemsize: int = 4, batch: int = 1):
+    r"""Estimated cost of ``solve`` (a ``_resources.Cost``), before anything is built.
+
+    * steps: ``max_steps`` (the adaptive bound), or ``min(max_steps, ceil(t1 / dt))`` with a fixed ``dt``;
+    * work: ``7`` Tsit5 stages a step of a right-hand side of ``50 G log2 G`` flop (circle, FFTs on
+      ``G = 3 L`` points) or ``24 L_2^3`` (S^2: six ``s2fft`` transforms at the product band-limit
+      ``L_2 = ceil(3 L / 2)``, ``4 L_2^3`` each), times ``batch``; on S^2 plus building the transform
+      kernels at ``L`` and ``L_2`` (``SHT_KERNEL_FLOP * (L^3.5 + L_2^3.5)``, once);
+    * bytes: on S^2 the float64 kernels (``2 x 8 (L^3 + L_2^3)``) and their device copies in the
+      dtype; the Tsit5 stages of the ``2 x`` coefficient state, the transform work arrays and the
+      saved densities, times ``batch``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> c = mf.continuum.solve_cost(3, 512)
+        >>> c.work > 1e15   # past _resources.WORK_LIMIT: solve refuses it
+        True
+    """
+    from ._resources import Cost
+
+    L = int(resolution)
+    G = 3 * L if d == 2 else L * (2 * L - 1)
+    L2 = -(-3 * L // 2)
+    G2 = 3 * L if d == 2 else L2 * (2 * L2 - 1)
+    steps = int(max_steps)
+    if dt is not None and t1 is not None and is_concrete(dt) and is_concrete(t1):
+        ratio = float(t1) / float(dt)
+        steps = min(steps, int(math.ceil(ratio)) if math.isfinite(ratio) else steps)
+    rhs = 50.0 * G2 * math.log2(G2) if d == 2 else 24.0 * float(L2) ** 3 + 50.0 * G2
+    work = float(batch) * steps * 7.0 * rhs
+    point = itemsize * (2 * 16 * G + 2 * 8 * G2 + saves * (G + 8)) + 4096
+    total = batch * point + 2**20
+    work += _sht_kernel_work(d, L)
+    total += _sht_kernel_bytes(d, L, itemsize)
+    return Cost(steps=steps, saves=int(saves), bytes=int(total), work=work, batch=int(batch))
+
+
 def grid(d: int, resolution: int, *, dtype=None) -> Grid:
     """The solver's grid on ``S^{d-1}`` (d = 2 or 3) at band-limit ``resolution`` (see ``Grid``).
 
@@ -371,6 +631,10 @@ def grid(d: int, resolution: int, *, dtype=None) -> Grid:
     Returns:
         ``Grid``.
 
+    Raises:
+        ResourceLimitError: (a ``ValueError``) the grid's estimated memory exceeds what is available
+            (``grid(2, 10**8)`` would need about 30 GiB).
+
     Example:
         >>> import meanfield as mf
         >>> mf.continuum.grid(3, 8).points.shape
@@ -379,6 +643,7 @@ def grid(d: int, resolution: int, *, dtype=None) -> Grid:
     d = _check_solver_d(d)
     L = _check_resolution(resolution)
     dtype = jnp.result_type(float) if dtype is None else dtype
+    _check_grid_memory(d, L, np.dtype(dtype).itemsize)
     if d == 2:
         N = 3 * L
         th = 2 * np.pi * np.arange(N) / N
@@ -652,6 +917,7 @@ def solve(
     dt: RealScalarLike | None = None,
     tail_tol: RealScalarLike = 1e-4,
     max_steps: int = 20_000,
+    force=False,
 ) -> Solution:
     r"""Solve the continuity equation of the mean-field limit on $S^{d-1}$ ($d = 2$ or 3) from ``rho0``:
 
@@ -683,9 +949,19 @@ def solve(
             rounding floor (about $10^{-7} L$, slowly growing with the number of steps), so long
             float32 runs at a large $L$ can stop early: use float64 for those.
         max_steps: cap on the number of steps (static).
+        force: run even when the estimate (``solve_cost``) exceeds the work limit or the memory
+            available now (memory beyond the machine's total is refused regardless).
 
     Returns:
-        ``Solution``.
+        ``Solution``. A traced ``beta`` or ``t1`` that is not ``> 0`` and finite (or, for ``"usa"``
+        without ``rescaled``, a traced ``beta`` whose ``e^beta`` overflows the dtype) gives
+        ``status = FAILED`` and NaN densities, masses and tails (a sweep records the point as failed).
+
+    Raises:
+        TypeError: ``rho0`` not a real array (complex, string, ...).
+        ValueError: concrete arguments out of range; ``ResourceLimitError`` (a ``ValueError``) when
+            ``solve_cost`` exceeds ``_resources.WORK_LIMIT`` or the available memory (``d = 3`` at
+            ``L = 512``: about 3e16 flop, the transform kernels alone hours to build), naming the estimate.
 
     Example:
         >>> import meanfield as mf
@@ -696,9 +972,13 @@ def solve(
     """
     d = _check_solver_d(d)
     rescaled = _check_model(model, rescaled)
-    dtype = _float_dtype(rho0)
-    if isinstance(rho0, (str, bytes)) or not hasattr(jnp.asarray(rho0), "shape"):
+    if isinstance(rho0, (str, bytes)) or rho0 is None:
         raise TypeError(f"rho0 must be an array, got {rho0!r}")
+    own = getattr(rho0, "dtype", None)
+    own = np.dtype(own) if own is not None else np.asarray(rho0).dtype
+    if own.kind not in "iuf" and own != jnp.bfloat16:
+        raise TypeError(f"rho0 must be a real density (a float array), got dtype {own}")
+    dtype = _float_dtype(rho0)
     rho0 = jnp.asarray(rho0, dtype)
     if resolution is None:
         if d == 2:
@@ -736,6 +1016,13 @@ def solve(
             raise TypeError(f"{name} must be a concrete number (it selects the compiled program), got a traced value")
         check_positive(name, v)
     max_steps = check_int("max_steps", max_steps, minimum=1)
+    if not isinstance(force, (bool, np.bool_)):
+        raise TypeError(f"force must be True or False, got {force!r}")
+    from ._resources import check_cost
+
+    saves = int(np.shape(ts)[0]) if np.ndim(ts) == 1 else 2
+    est = solve_cost(d, L, t1=t1, dt=dt, max_steps=max_steps, saves=saves, itemsize=np.dtype(dtype).itemsize)
+    check_cost(est, force=bool(force), what=f"continuum.solve (d = {d}, resolution = {L})", force_hint="force=True")
     return _solve(
         jnp.asarray(beta, dtype), rho0, jnp.asarray(t1, dtype), jnp.asarray(ts, dtype),
         None if dt is None else jnp.asarray(dt, dtype), float(rtol), float(atol), float(tail_tol),
@@ -747,6 +1034,15 @@ def solve(
 def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescaled, max_steps):
     disc = _discretisation(d, L, model)
     dtype = rho0.dtype
+    # traced beta / t1 out of range (concrete ones were refused by solve): a recorded failure, the run
+    # itself made harmless (beta = 1, a run to t1 = 1e-3 saved at 0) so that diffrax sees valid input
+    bad_input = ~(jnp.isfinite(beta) & (beta > 0) & jnp.isfinite(t1) & (t1 > 0))
+    if model == "usa" and not rescaled:
+        bad_input = bad_input | (beta >= float(np.log(np.finfo(dtype).max)) - 1.0)
+    beta = jnp.where(bad_input, jnp.ones_like(beta), beta)
+    t1 = jnp.where(bad_input, jnp.asarray(1e-3, t1.dtype), t1)
+    ts = jnp.where(bad_input, jnp.zeros_like(ts), ts)
+    dt = None if dt is None else jnp.where(bad_input, jnp.asarray(1e-3, dt.dtype), dt)
     mu = _multipliers(beta, d, L, model, rescaled, dtype)
     y0 = _real(disc.from_grid(rho0))
 
@@ -768,12 +1064,12 @@ def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescale
         max_steps=max_steps, throw=False,
     )
     ys, y_end = sol.ys[0], sol.ys[1][0]
-    t_stop = sol.ts[1][0]
+    t_stop = jnp.where(bad_input, jnp.nan, sol.ts[1][0]).astype(sol.ts[1].dtype)
     event = sol.result == diffrax.RESULTS.event_occurred
     ok = sol.result == diffrax.RESULTS.successful
-    finite_end = jnp.all(jnp.isfinite(y_end))
+    finite_end = jnp.all(jnp.isfinite(y_end)) & ~bad_input
     status = jnp.where(ok & finite_end, OK, jnp.where(event & finite_end, RESOLUTION_LOST, FAILED)).astype(jnp.int32)
-    valid = jnp.all(jnp.isfinite(ys), axis=tuple(range(1, ys.ndim)))
+    valid = jnp.all(jnp.isfinite(ys), axis=tuple(range(1, ys.ndim))) & ~bad_input
     valid = valid & (ts <= t_stop)
     valid = valid & ((status == OK) | (ts < t_stop))
     coeffs = jax.vmap(_complex)(jnp.where(valid.reshape((-1,) + (1,) * (ys.ndim - 1)), ys, 0))

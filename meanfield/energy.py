@@ -257,6 +257,7 @@ def energy(
             f"mf.kernels (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt)"
         )
     x, aux = check_states(model, x, aux)
+    x = model.check_traced_energy(x, aux)
     with backend_scope(backend):
         if method == "pairwise":
             return pairwise_energy(model, x, aux)

@@ -60,6 +60,7 @@ from jaxtyping import Array, Float
 from . import _native, sphere, theory
 from ._checks import (
     RealScalarLike,
+    _error_if,
     check_finite,
     check_flag,
     check_int,
@@ -69,6 +70,7 @@ from ._checks import (
     check_positive,
     check_scalar,
     is_concrete,
+    traced_finite,
     traced_labels,
 )
 from .models import Model, SelfAttention, positions
@@ -339,6 +341,18 @@ class Kernel(Model):
             0.5
         """
         return pairwise_energy(self, x, aux)
+
+    def check_traced_energy(self, x, aux):
+        """``x`` with the in-program checks of ``mf.energy`` attached (``equinox.error_if``) for traced
+        parameters whose energy would not be finite; no-op by default (``_ExpKernel``: overflow).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.eye(3)
+            >>> bool(jnp.all(mf.kernels.USA(1.0).check_traced_energy(x, mf.positions(3)) == x))
+            True
+        """
+        return x
 
 
 def pairwise_field(kernel: Kernel, x, aux):
@@ -799,6 +813,22 @@ class _ExpKernel(Kernel):
                 f"see mf.kernels.original_time)"
             )
 
+    def check_traced_energy(self, x, aux):
+        """Unless ``rescaled``, the overflow bound of ``check_config`` on a traced ``beta``:
+        ``beta >= log(finfo(dtype).max)`` (88.7 in float32) stops ``mf.energy`` with an error
+        instead of returning ``inf``. (``mf.simulate`` does not call it: a run records the overflow
+        as a failed run, ``Trajectory.failed``.)"""
+        if self.rescaled or is_concrete(self.beta):
+            return x
+        dtype = jnp.asarray(x).dtype
+        limit = float(np.log(np.finfo(dtype).max))
+        bad = jnp.any(jnp.asarray(self.beta, dtype) >= limit)
+        return _error_if(
+            x, bad,
+            f"beta overflows exp(beta <x, y>) in {np.dtype(dtype).name} (limit about {limit:.1f}); a traced beta "
+            f"was past it: build the kernel with rescaled=True",
+        )
+
 
 class USA(_ExpKernel):
     r"""Unbiased self-attention kernel $h(x, y) = e^{\beta \langle x, y\rangle} / \beta$ (labels ignored).
@@ -983,6 +1013,28 @@ class ToeplitzSeries(Kernel):
                 f"got shape {shape}"
             )
         check_finite("c_hat", self.c_hat)
+
+    def check_traced(self, x, aux):
+        """``x`` with finite traced coefficients ``c_hat`` checked in the program (``equinox.error_if``)."""
+        return traced_finite(super().check_traced(x, aux), "c_hat", self.c_hat)
+
+    def check_config(self, x, aux) -> None:
+        """Refuse a field or energy whose ``(n, M + 1)`` mode tables do not fit in memory.
+
+        The structured evaluation forms ``cos`` and ``sin`` of ``2 pi m s_i`` for every particle and
+        mode (about four ``(n, M + 1)`` arrays at once); past ``_resources.machine_memory()`` that is a
+        ``ResourceLimitError`` (a ``ValueError``) naming the estimate, not an out-of-memory crash.
+        """
+        from ._resources import ResourceLimitError, format_bytes, machine_memory
+
+        n, modes = int(jnp.shape(x)[0]), int(jnp.shape(self.c_hat)[0])
+        need = 4 * n * modes * np.dtype(jnp.asarray(x).dtype).itemsize
+        avail = machine_memory()
+        if need > avail:
+            raise ResourceLimitError(
+                f"ToeplitzSeries with M + 1 = {modes} coefficients at n = {n} needs ~{format_bytes(need)} of mode "
+                f"tables (4 n (M + 1) floats), more than the {format_bytes(avail)} available; use fewer modes"
+            )
 
     def profile(self, delta):
         r"""$c(\Delta) = \hat c(0) + 2 \sum_{m \ge 1} \hat c(m) \cos(2 \pi m \Delta)$ (any shape of ``delta``).

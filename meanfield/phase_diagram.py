@@ -73,8 +73,17 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   and written to a scratch row otherwise; with sparse checkpoints (USA) it runs under
   ``lax.cond`` at checkpoint steps only. One row of a ``(checkpoints, seeds)`` buffer
   per checkpoint, no per-step select over all checkpoints.
-* The time-rescaled formulation ``W_ij = exp(beta (<x_i, x_j> - 1))`` with step
-  ``e^beta h`` (the same flow, no overflow) for USA; every ``beta`` runs its own
+* Weights ``W_ij = exp(beta (<x_i, x_j> - 1)) <= 1`` on every backend: the shifted softmax for SA
+  (the row normalisation cancels ``e^beta``, which overflows float32 past ``beta ~ 88``) and the
+  time-rescaled formulation with step ``e^beta h`` (the same flow, no overflow) for USA. The
+  clustering count masks the diagonal, so a fraction lies in ``[0, 1]`` by construction; a seed
+  whose final state is not finite is recorded as NaN (never as "no pair clustered").
+* Inputs are checked before anything runs: ``x0`` (shape, a float dtype, finite, unit rows within
+  ``_checks.sphere_atol``), the dtype (float32 or float64: the threshold 0.999 is within rounding
+  of 1 in 16-bit floats), and the step count (at most ``MAX_STEPS``; for USA the count
+  ``t1 / usa_step_size(beta)`` is computed in log space, so ``beta = 1000`` is a ``ValueError``,
+  not an overflow).
+* Every ``beta`` runs its own
   number of steps in a ``fori_loop`` with a traced trip count, so the large
   steps of small ``beta`` are not padded to the step count of the largest
   ``beta`` (vmapping over ``beta`` would run every point for the longest count).
@@ -102,7 +111,14 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from . import _native, kernels, sphere
-from ._checks import RealScalarLike, check_choice, check_int, check_positive
+from ._checks import (
+    RealScalarLike,
+    check_choice,
+    check_int,
+    check_positive,
+    sphere_atol,
+    traced_positive,
+)
 from .integrate import STEPS
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
@@ -122,6 +138,7 @@ __all__ = [
     "STEPS",
     "SCHEDULES",
     "MAX_PUBLISHED_STEPS",
+    "MAX_STEPS",
     "BACKENDS",
     "CPU_COMPILER_OPTIONS",
 ]
@@ -223,24 +240,33 @@ def euler_step(
 def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
     r"""Reference code's USA step $h(\beta) = \text{base\_dt} / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$.
 
-    Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``).
+    Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``). Evaluated as
+    $\text{base\_dt}\, e^{-\max(\log(\beta) / 2 + \beta - 1/2,\ 0)}$ (no overflow of $e^\beta$; the
+    step underflows to 0 past $\beta \approx 700$ in float64, where no run can reach a positive time).
 
     Args:
-        beta: scalar or array of inverse temperatures; base_dt: step for small ``beta``.
+        beta: scalar or array of inverse temperatures ``> 0``; base_dt: step for small ``beta``, ``> 0``.
 
     Returns:
         NumPy float64 array of the shape of ``beta``; a JAX array (same dtype) when
-        ``beta`` is one (e.g. a traced, vmapped ``beta``).
+        ``beta`` is one (e.g. a traced, vmapped ``beta``; a traced ``beta <= 0`` stops the
+        program with an error, ``equinox.error_if``).
+
+    Raises:
+        ValueError: a concrete ``beta`` or ``base_dt`` that is not ``> 0`` and finite.
 
     Example:
         >>> from meanfield import phase_diagram
         >>> [round(float(h), 5) for h in phase_diagram.usa_step_size([0.25, 2.0])]
         [0.1, 0.01578]
     """
+    check_positive("beta", beta)
+    check_positive("base_dt", base_dt)
     if isinstance(beta, jax.Array):
-        return base_dt / jnp.maximum(jnp.sqrt(beta) * jnp.exp(beta - 0.5), 1.0)
+        h = base_dt * jnp.exp(-jnp.maximum(0.5 * jnp.log(beta) + beta - 0.5, 0.0))
+        return traced_positive(traced_positive(h, "beta", beta), "base_dt", base_dt)
     beta = np.asarray(beta, dtype=np.float64)
-    return base_dt / np.maximum(np.sqrt(beta) * np.exp(beta - 0.5), 1.0)
+    return float(base_dt) * np.exp(-np.maximum(0.5 * np.log(beta) + beta - 0.5, 0.0))
 
 
 def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
@@ -260,6 +286,12 @@ def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
     return np.linspace(0.0, float(t1), int(checkpoints))
 
 
+#: Most Euler steps of one sweep run (``checkpoint_steps``, ``published_checkpoint_steps``): the step
+#: count is a 32-bit trip count in the kernels, and 1e8 steps of a single seed at ``n = 32`` already
+#: take minutes; a larger ``t1 / dt`` (e.g. ``t1 = 1e12``, ``dt = 1e-3``) is a ``ValueError``.
+MAX_STEPS = 10**8
+
+
 def checkpoint_steps(
     t1: RealScalarLike, dt: RealScalarLike, checkpoints: int
 ) -> tuple[int, float, np.ndarray]:
@@ -272,20 +304,31 @@ def checkpoint_steps(
     Args:
         t1: final time; dt: largest allowed step; checkpoints: number of checkpoint times.
 
+    Raises:
+        ValueError: ``t1`` or ``dt`` not ``> 0``, or ``t1 / dt > MAX_STEPS``.
+
     Example:
         >>> from meanfield import phase_diagram
         >>> N, h, idx = phase_diagram.checkpoint_steps(1.0, 0.3, 3)
         >>> N, h, idx.tolist()
         (4, 0.25, [0, 2, 4])
     """
-    N = max(int(np.ceil(float(t1) / float(dt) - 1e-9)), 1)
+    check_positive("t1", t1)
+    check_positive("dt", dt)
+    ratio = float(t1) / float(dt)
+    if not ratio <= MAX_STEPS:
+        raise ValueError(
+            f"t1 / dt = {float(t1):g} / {float(dt):g} = {ratio:.3g} steps is more than MAX_STEPS = {MAX_STEPS}: "
+            "use a larger dt or a smaller t1"
+        )
+    N = max(int(np.ceil(ratio - 1e-9)), 1)
     h = float(t1) / N
     idx = np.rint(checkpoint_times(t1, checkpoints) / h).astype(np.int64)
     return N, h, np.clip(idx, 0, N)
 
 
-#: Most steps ``published_checkpoint_steps`` walks (a guard against a step far below ``t1``).
-MAX_PUBLISHED_STEPS = 10**8
+#: Most steps ``published_checkpoint_steps`` walks (a guard against a step far below ``t1``): ``MAX_STEPS``.
+MAX_PUBLISHED_STEPS = MAX_STEPS
 
 
 def published_checkpoint_steps(
@@ -399,10 +442,12 @@ def _weight_count(W, beta, shift, threshold):
     rounding chain as ``W``; a pair can differ from ``G_ij > threshold`` only when
     ``beta G_ij`` and ``beta threshold`` round to the same exponential). Reading ``W``
     keeps the count in the fusion that forms the weights (a separate pass over ``G``
-    measured 60% of a whole Euler step at ``n = 32``). The diagonal (``G_ii = 1``) is
-    subtracted."""
+    measured 60% of a whole Euler step at ``n = 32``). The diagonal is masked out."""
     c = jnp.exp(beta * threshold - shift)
-    return jnp.sum(jnp.where(W > c, 1.0, 0.0).astype(W.dtype)) - W.shape[0]
+    # the diagonal is masked, not subtracted: the count lies in [0, n (n - 1)] by construction,
+    # whatever the weights (a NaN or an overflowed diagonal used to give a negative fraction)
+    off = ~np.eye(W.shape[0], dtype=bool)
+    return jnp.sum(jnp.where((W > c) & off, 1.0, 0.0).astype(W.dtype))
 
 
 def _dense_field_w(x, W, normalized: bool):
@@ -435,7 +480,9 @@ def _run_one_beta(
     k = n // 2
     dtype = x0.dtype
     C = ckpt_steps.shape[0]
-    shift = jnp.zeros((), dtype) if normalized else beta  # W = exp(beta (G - 1)) for USA
+    # W = exp(beta (G - 1)) <= 1: the shifted softmax for SA (the row normalisation cancels the
+    # factor e^beta, which overflows float32 past beta ~ 88), the time-rescaled form for USA
+    shift = beta
 
     def gram(x):
         return _packed_gram(x, k) if packed else _dense_gram(x)
@@ -583,13 +630,22 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
         np.concatenate([np.asarray(out[(bi, s0)][0])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
         for bi in range(len(betas))
     ])
-    if not states:
-        return per_seed
     finals = np.stack([
         np.concatenate([np.asarray(out[(bi, s0)][1])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
         for bi in range(len(betas))
     ])
-    return per_seed, finals
+    per_seed = _flag_failed(per_seed, finals)
+    return (per_seed, finals) if states else per_seed
+
+
+def _flag_failed(per_seed, finals):
+    """NaN fractions for the seeds whose final state is not finite (a failed run is recorded,
+    never counted as 'no pair clustered'): ``per_seed`` ``(B, S, C)``, ``finals`` ``(B, S, n, d)``."""
+    bad = ~np.all(np.isfinite(finals), axis=(2, 3))
+    if np.any(bad):
+        per_seed = np.array(per_seed, copy=True)
+        per_seed[bad] = np.nan
+    return per_seed
 
 
 def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states):
@@ -599,11 +655,12 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
     finals = []
     for bi, (b, h, N, idx) in enumerate(zip(betas, steps_h, steps_n, ckpt)):
         step = h if normalized else h * float(np.exp(b))  # rescaled time for USA, as the XLA kernel
-        shift = 0.0 if normalized else float(b)
+        shift = float(b)  # weights exp(beta (g - 1)) <= 1, as the XLA kernel
         u, pos = np.unique(np.asarray(idx), return_inverse=True)
         fr, xf = _native.phase_run(xs, float(b), shift, float(step), int(N), u, float(threshold), normalized)
         per_seed[bi] = fr[:, pos]
         finals.append(xf)
+    per_seed = _flag_failed(per_seed, np.stack(finals))
     return (per_seed, np.stack(finals)) if states else per_seed
 
 
@@ -668,12 +725,78 @@ def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=Non
     return betas, n, d, seeds
 
 
+def _state_dtype(dtype, x0) -> np.dtype:
+    """The float dtype of the states: ``dtype``, else ``x0``'s, else JAX's default float.
+
+    float16/bfloat16 are refused: the clustering threshold (0.999) lies within a few units of
+    rounding of 1 there (spacing 4.9e-4 below 1), so pairs flip in and out of the count by rounding
+    alone (the XLA kernel gave fractions of -0.036 at beta = 2)."""
+    if dtype is None:
+        if x0 is None:
+            return np.dtype(jnp.result_type(float))
+        dt = getattr(x0, "dtype", None)
+        if dt is None:
+            dt = np.asarray(x0).dtype
+        if np.dtype(dt).kind not in "f" and np.dtype(dt) != jnp.bfloat16:
+            raise TypeError(
+                f"x0 must be a floating-point (seeds, n, d) array (float32 or float64), got dtype {np.dtype(dt)}; "
+                "pass dtype= to convert it"
+            )
+        out = np.dtype(dt)
+    else:
+        try:
+            out = np.dtype(jnp.dtype(dtype))
+        except TypeError:
+            raise TypeError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}") from None
+    if out.kind != "f" and out != jnp.bfloat16:
+        raise TypeError(f"dtype must be a float dtype (float32 or float64), got {out}")
+    if out.itemsize < 4:
+        raise ValueError(
+            f"phase diagrams run in float32 and float64, got dtype {out}: the clustering threshold "
+            "is within rounding of 1 in a 16-bit float"
+        )
+    return out
+
+
+def _check_x0(x0, dtype) -> None:
+    """Finite unit rows (``_checks.sphere_atol`` of ``dtype``): one ``ValueError`` naming the worst row."""
+    own = getattr(x0, "dtype", None)
+    own = np.dtype(own) if own is not None else np.asarray(x0).dtype
+    if own.kind not in "iuf" and own != jnp.bfloat16:
+        raise TypeError(f"x0 must be a real (seeds, n, d) array, got dtype {own}")
+    arr = np.asarray(x0, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"x0 must be finite, got {int(np.sum(~np.isfinite(arr)))} NaN or inf entries")
+    atol = sphere_atol(dtype)
+    dev = np.abs(np.linalg.norm(arr, axis=-1) - 1.0)
+    if dev.size and float(dev.max()) > atol:
+        worst = float(np.linalg.norm(arr, axis=-1).ravel()[int(np.argmax(dev))])
+        raise ValueError(
+            f"x0 must have unit rows (| ||x_i|| - 1 | <= {atol:g} in {np.dtype(dtype).name}), got a row of norm "
+            f"{worst:.6g}; normalise it (mf.sphere.normalize)"
+        )
+
+
 def _initial(key, seeds, n, d, dtype, x0):
+    state_dtype = _state_dtype(dtype, x0)
     if x0 is not None:
-        return jnp.asarray(x0, dtype if dtype is not None else None)
+        _check_x0(x0, state_dtype)
+        return jnp.asarray(x0, dtype) if dtype is not None else jnp.asarray(x0)
     dtype = jnp.result_type(float) if dtype is None else dtype
     keys = jax.random.split(key, seeds)
     return jax.vmap(lambda k: sphere.uniform(k, n, d, dtype))(keys)
+
+
+def _check_usa_steps(betas, t1, base_dt) -> None:
+    """Refuse a ``beta`` whose USA step count ``t1 / usa_step_size(beta)`` exceeds ``MAX_STEPS``
+    (computed in log space: the step underflows to 0 in float64 past ``beta ~ 700``)."""
+    for b in np.asarray(betas, np.float64):
+        log_steps = np.log(float(t1)) - np.log(float(base_dt)) + max(0.5 * np.log(b) + b - 0.5, 0.0)
+        if log_steps > np.log(MAX_STEPS):
+            raise ValueError(
+                f"beta = {b:g} needs t1 / usa_step_size(beta) = 10^{log_steps / np.log(10):.1f} Euler steps (the "
+                f"step shrinks like e^-beta), more than MAX_STEPS = {MAX_STEPS}: use a smaller beta or t1"
+            )
 
 
 def _finish(times, per_seed, steps, return_per_seed):
@@ -824,6 +947,7 @@ def usa_phase_diagram(
                                        step, schedule)
     check_positive("t1", t1)
     check_positive("base_dt", base_dt)
+    _check_usa_steps(betas, t1, base_dt)
     x0 = _initial(key, seeds, n, d, dtype, x0)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")

@@ -25,7 +25,6 @@ program, estimates and figure.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import cast
 
@@ -262,7 +261,8 @@ def point_program(spec, L: int, d: int):
         eps = params["eps"].astype(dtype) if "eps" in params else jnp.asarray(spec.params["eps"], dtype)
         rho0 = mfc.mode_perturbation(g, ell, eps)
         sol = mfc.solve(beta, rho0, d=d, t1=t1, ts=ts, model=model, resolution=L, rescaled=rescaled,
-                        rtol=T["rtol"], atol=T["atol"], dt=step, tail_tol=T["tail_tol"], max_steps=T["max_steps"])
+                        rtol=T["rtol"], atol=T["atol"], dt=step, tail_tol=T["tail_tol"], max_steps=T["max_steps"],
+                        force=True)  # the plan has checked the cost of the whole sweep (_continuum.cost)
         amp = jax.vmap(lambda r: mfc.mode_amplitude(r, d, ell))(sol.densities)
         a0 = mfc.mode_amplitude(rho0, d, ell)
         valid = jnp.isfinite(amp) & (sol.ts > 0)
@@ -308,19 +308,19 @@ def point_memory(spec, L: int, d: int) -> int:
 
 
 def cost(spec, L: int, d: int, batch: int, point_bytes: int):
-    r"""``Cost`` of ``batch`` points: steps = ``max_steps`` (the adaptive bound) or ``t1 / dt``;
-    per step 7 stages of a right-hand side of about ``50 G log2 G`` flop (circle: FFTs) or
-    ``12 L^3`` (sphere: ``s2fft``'s precomputed transforms, ``O(L^3)`` each)."""
+    r"""``Cost`` of ``batch`` points: ``mf.continuum.solve_cost`` (steps = ``max_steps`` or ``t1 / dt``,
+    7 stages of the right-hand side a step, and on S^2 building ``s2fft``'s transform kernels once),
+    with the plan's ``point_bytes`` per point plus the shared transform kernels."""
+    from .. import continuum as mfc
     from .._resources import Cost
 
     T = cast(dict, spec.time)
-    steps = int(T["max_steps"])
-    if "dt" in T:
-        steps = min(steps, int(math.ceil(T["t1"] / T["dt"])))
-    G, G2 = _grid_points(L, d)
-    rhs = 50.0 * G2 * math.log2(G2) if d == 2 else 12.0 * L**3 + 50.0 * G2
     saves = len(cast(np.ndarray, spec.ts))
-    return Cost(steps=steps, saves=saves, bytes=point_bytes * batch, work=float(batch) * steps * 7.0 * rhs, batch=batch)
+    itemsize = 8 if spec.dtype == "float64" else 4
+    c = mfc.solve_cost(d, L, t1=T["t1"], dt=T.get("dt"), max_steps=int(T["max_steps"]), saves=saves,
+                       itemsize=itemsize, batch=batch)
+    kernels = mfc._sht_kernel_bytes(d, L, itemsize)
+    return Cost(steps=c.steps, saves=saves, bytes=point_bytes * batch + kernels, work=c.work, batch=batch)
 
 
 def output_layout(spec) -> dict[str, tuple[str, ...]]:
