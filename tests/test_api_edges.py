@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-from meanfield import _resources
+from meanfield import _machine, _resources
 
 K = mf.kernels
 X = mf.sphere.uniform(jax.random.key(0), 8, 3)
@@ -55,7 +55,7 @@ def test_traced_nan_toeplitz_series_coefficients_are_an_error():
 
 def test_toeplitz_series_past_memory_refused(monkeypatch):
     # M = 1e7 at n = 256 died with an XLA out-of-memory traceback (4 (n, M + 1) tables: ~38 GiB in float32)
-    monkeypatch.setattr(_resources, "machine_memory", lambda total=False: 16 * 2**30)
+    monkeypatch.setattr(_machine, "machine_memory", lambda total=False: 16 * 2**30)
     x = mf.sphere.uniform(jax.random.key(1), 256, 3)
     k = K.ToeplitzSeries(jnp.zeros(10**7 + 1, jnp.float32))
     for f in (mf.energy, mf.field):
