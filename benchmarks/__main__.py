@@ -137,7 +137,8 @@ def main(argv=None) -> int:
                          ("contention_benchmarks.md", "Native kernel under CPU contention"),
                          ("continuum_benchmarks.md", "The mean-field density solver"),
                          ("derivative_benchmarks.md", "Derivatives through the native kernel"),
-                         ("scaleout_benchmarks.md", "Scale-out: processes and job arrays")):
+                         ("scaleout_benchmarks.md", "Scale-out: processes and job arrays"),
+                         ("movie_benchmarks.md", "Movies of a run")):
         path = root / "docs" / notes
         if path.exists() and not args.quick:
             body = path.read_text().split("\n", 1)[1]

@@ -6,7 +6,7 @@ Public API (see README.md for a tour)::
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
-    mf.phase_diagram, mf.random_batch, mf.continuum
+    mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -25,6 +25,7 @@ from . import (
     depth,
     design,
     kernels,
+    metastability,
     metrics,
     models,
     phase_diagram,
@@ -52,6 +53,7 @@ __all__ = [
     "energy",
     "field",
     "kernels",
+    "metastability",
     "metrics",
     "models",
     "phase_diagram",

@@ -3,8 +3,12 @@
 Exit status: 0 success; 1 ``simulate`` ran but the run failed (a non-finite state, energy
 or observable: its outputs are written with ``failed: true`` and the reason in
 ``summary.json``, one warning line on stderr); 2 a user mistake (bad arguments, invalid
-values, an ``--out`` that cannot be written, a run past the resource limits), reported as
-ONE line on stderr without a traceback; 130 interrupted.
+values, an ``--out`` or ``--movie`` that cannot be written, ``--movie x.mp4`` without the
+``imageio-ffmpeg`` package, a run past the resource limits), reported as ONE line on stderr
+without a traceback; 130 interrupted.
+
+``simulate --movie PATH`` (``.mp4`` or ``.gif``) also writes a movie of the run, one frame per
+save (``mf.plotting.animate``); the path is checked before the run.
 
 Before anything is allocated ``simulate`` estimates the run's steps, saves, memory and
 arithmetic (``meanfield._resources.run_cost``) and refuses past the machine's memory or the
@@ -174,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "simulate", help="simulate one particle system and write figures and observables",
         epilog="exit status: 0 success; 1 the run failed (non-finite state, energy or observable: outputs "
-               "written with failed = true and the reason); 2 bad arguments, unwritable --out, or a run "
+               "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie, or a run "
                "past the resource limits (one line on stderr)",
     )
     s.add_argument("--kernel", default="usa", choices=MODEL_NAMES,
@@ -195,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_int_at_least(0, SEED_LIMIT), default=0,
                    help=f"random seed in [0, {SEED_LIMIT}] (default 0)")
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
+    s.add_argument("--movie", default=None, metavar="PATH",
+                   help="also write a movie of the run, one frame per save: PATH ending in .mp4 (needs the "
+                        "imageio-ffmpeg package) or .gif (Pillow); checked writable before the run")
     s.add_argument("--force", action="store_true",
                    help="run past the available memory or the work bound (never past the machine's total memory)")
 
@@ -331,6 +338,13 @@ def _simulate(args) -> int:
     cost = _simulate_cost(args, entry, params)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
+    if args.movie is not None:
+        from . import plotting
+
+        try:
+            plotting._movie_path(args.movie)
+        except ImportError as e:
+            raise ValueError(f"--movie: {e}") from None
     model = kernels.make(args.kernel, d=args.d, **params)
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
     aux = model.default_aux(args.n)
@@ -387,6 +401,10 @@ def _simulate(args) -> int:
     )
     (out / "summary.json").write_text(_dumps(result, indent=2))
     _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
+    if args.movie is not None:
+        from . import plotting
+
+        plotting.animate(traj, args.movie)
     print(_dumps(result))
     if decreases:
         print(f"meanfield: {warnings_[-1]}", file=sys.stderr)

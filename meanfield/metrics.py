@@ -115,6 +115,14 @@ def num_clusters(
 
 @functools.partial(jax.jit, static_argnames="block_size")
 def _num_clusters(x, threshold, *, block_size):
+    labels = _component_labels(x, threshold, block_size=block_size)
+    return jnp.sum(labels == jnp.arange(x.shape[0], dtype=labels.dtype))
+
+
+def _component_labels(x, threshold, *, block_size):
+    """Component label of every particle: the smallest particle index in its component
+    (so ``labels[i] == i`` exactly at one particle per component). Shared with
+    ``mf.metastability.clusters``."""
     n, d = x.shape
     B = min(n, CLUSTER_BLOCK if block_size is None else block_size)
     C = min(n, 2 * B)
@@ -187,7 +195,10 @@ def _num_clusters(x, threshold, *, block_size):
 
     L0 = jnp.arange(n, dtype=jnp.int32)
     L, _ = jax.lax.while_loop(lambda s: s[1], round_, (L0, jnp.array(True)))
-    return jnp.sum(L == L0)
+    # L holds roots in the sorted order: back to original indices, canonical = min index
+    orig = order.astype(jnp.int32)
+    canon = jax.ops.segment_min(orig, L, num_segments=n)
+    return jnp.zeros((n,), jnp.int32).at[orig].set(canon[L])
 
 
 def mmd(

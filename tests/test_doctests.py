@@ -12,6 +12,7 @@ import pytest
 
 MODULES = [
     "continuum",
+    "metastability",
     "notebooks",
     "_resources",
     "sphere",

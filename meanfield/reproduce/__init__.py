@@ -17,6 +17,7 @@ EXPERIMENTS: dict[str, str] = {
     "prototypes": "meanfield.reproduce.prototypes",
     "design": "meanfield.reproduce.design",
     "continuum": "meanfield.reproduce.continuum",
+    "metastability": "meanfield.reproduce.metastability",
 }
 
 #: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers and

@@ -14,6 +14,7 @@ import sys
 import tomllib
 from collections.abc import Callable
 
+from . import _distributed as _dist
 from .plot import plot_store
 from .run import parse_part, run_sweep, sweep_status
 from .spec import load_spec
@@ -42,7 +43,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         return int(e.code or 0)
 
 
-_VALUE_FLAGS = ("--out", "--memory", "--verify", "--part", "--num-processes", "--process-id", "--heartbeat-timeout")
+_VALUE_FLAGS = ("--out", "--memory", "--verify", "--part", "--num-processes", "--process-id", "--heartbeat-timeout",
+                "--join-timeout")
 
 
 def _attach_values(argv: list[str], known: set[str]) -> list[str]:
@@ -122,40 +124,28 @@ def _sweep_parser() -> _Parser:
                       help="jax.distributed.initialize() with the cluster's environment (Slurm srun, Open MPI, ...)")
     dist.add_argument("--heartbeat-timeout", metavar="SECONDS", type=int, default=100,
                       help="a process silent this long is taken for dead and every process stops (default 100)")
+    dist.add_argument("--join-timeout", metavar="SECONDS", type=int, default=120,
+                      help="a process that has not joined all the others this long after its start of the join "
+                      "stops with one line, exit status 2 (default 120)")
     return parser
 
 
 def _distributed(args: argparse.Namespace) -> bool:
     """Join ``jax.distributed`` when asked (before any JAX computation of this process: the
-    CLI's own process, never a library call); whether it was asked."""
+    CLI's own process, never a library call); whether it was asked. Bounded by
+    ``--join-timeout`` (``_distributed.join``: past it, one line and exit status 2)."""
     given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
     if not any(given) and not args.distributed:
         return False
     if any(given) and not all(given):
         raise _UsageError("--coordinator, --num-processes and --process-id go together (or --distributed alone)")
-    if args.num_processes is not None:
-        if args.num_processes < 1:
-            raise _UsageError(f"--num-processes must be >= 1, got {args.num_processes}")
-        if not 0 <= args.process_id < args.num_processes:
-            raise _UsageError(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes "
-                              f"{args.num_processes}), got {args.process_id}")
-        host, sep, port = str(args.coordinator).rpartition(":")
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise _UsageError(f"--coordinator must be HOST:PORT (e.g. localhost:12345), got {args.coordinator!r}")
-    if args.heartbeat_timeout < 1:
-        raise _UsageError(f"--heartbeat-timeout must be >= 1 second, got {args.heartbeat_timeout}")
-    import jax
-
     try:
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator,
-            num_processes=args.num_processes,
-            process_id=args.process_id,
-            heartbeat_timeout_seconds=args.heartbeat_timeout,
-        )
-    except (RuntimeError, ValueError) as e:
-        where = f" at {args.coordinator}" if args.coordinator else ""
-        raise ValueError(f"cannot join the distributed sweep{where}: {_one_line(e)}") from None
+        _dist.check_args(args.coordinator, args.num_processes, args.process_id, join_timeout=args.join_timeout,
+                         heartbeat_timeout=args.heartbeat_timeout)
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    _dist.join(args.coordinator, args.num_processes, args.process_id, join_timeout=args.join_timeout,
+               heartbeat_timeout=args.heartbeat_timeout)
     return True
 
 
@@ -174,6 +164,9 @@ def main(argv=None) -> int:
         args = _parse(parser, argv)
         if isinstance(args, int):  # --help
             return args
+        for flag, value in (("--out", args.out), ("--verify", args.verify), ("SPEC", args.spec)):
+            if value is not None and not value.strip():
+                raise _UsageError(f"{flag} must be a path, got {value!r}")
         dist_flags = (args.coordinator, args.num_processes, args.process_id)
         distributed = args.distributed or any(v is not None for v in dist_flags)
         if args.verify is not None:
@@ -218,10 +211,17 @@ def _verify(path: str) -> int:
         first: dict[int | None, Damage] = {}
         for d in damages:
             first.setdefault(d.chunk, d)
-        for d in first.values():
+        meta = [d for d in damages if d.chunk is None]
+        for d in meta + [d for c, d in first.items() if c is not None]:  # every metadata file, each chunk once
             print(f"damaged: {d}", file=sys.stderr)
-        fix = "resume the sweep to recompute them" if None not in first else "coordinates or metadata are damaged"
-        print(f"{store}: {len(first)} damaged chunk(s); {fix}", file=sys.stderr)
+        chunks = len(first) - (None in first)
+        if not meta:
+            print(f"{store}: {chunks} damaged chunk(s); resume the sweep to recompute them", file=sys.stderr)
+        elif all(d.repairable for d in meta):
+            print(f"{store}: {chunks} damaged chunk(s), {len(meta)} damaged bookkeeping or metadata file(s); "
+                  "resume the sweep to repair them", file=sys.stderr)
+        else:
+            print(f"{store}: {chunks} damaged chunk(s); coordinates or metadata are damaged", file=sys.stderr)
         return 1
     ds = load(store, verify=False)
     done, total = ds.attrs["chunks_done"], ds.attrs.get("chunks_total", "?")
@@ -242,11 +242,14 @@ def _status(spec: str | None, out: str) -> int:
     print(f"{cols[0]:<{width}}" + "  ".join(f"{c:>{len(c)}}" for c in cols[1:]))
     for row in st["rows"]:
         print(f"{row['part']:<{width}}" + "  ".join(f"{row[c]:>{len(c)}}" for c in cols[1:]))
+    for line in st["repairable"]:
+        print(f"damaged: {line}", file=sys.stderr)
+    if st["repairable"]:
+        print(f"{out}: damaged bookkeeping or metadata: `--resume` repairs it", file=sys.stderr)
     if t["damaged"]:
         print(f"{out}: {t['damaged']} damaged chunk(s): `--resume` (or the part's own run) recomputes them",
               file=sys.stderr)
-        return 1
-    return 0
+    return 1 if t["damaged"] or st["repairable"] else 0
 
 
 def plot_main(argv=None) -> int:
@@ -264,6 +267,9 @@ def plot_main(argv=None) -> int:
         args = _parse(parser, argv)
         if isinstance(args, int):  # --help
             return args
+        for flag, value in (("STORE", args.store), ("--out", args.out)):
+            if value is not None and not value.strip():
+                raise _UsageError(f"{flag} must be a path, got {value!r}")
         for p in plot_store(args.store, args.out, verify=not args.no_verify):
             print(p)
         return 0

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _resources
 from .._resources import Cost, ResourceLimitError, check_cost, format_bytes, run_cost
 from . import _continuum
-from .spec import Spec, _is_num
+from .spec import SCALAR_SIM_OBSERVABLES, Spec, _is_num
 
 __all__ = [
     "Plan",
@@ -55,6 +55,9 @@ _DESCRIPTIONS = {
     "collapse_gap": "collapse gap G_x = 1 - 1/(n(n-1)) sum_{i!=j} <x_i, x_j>",
     "energy": "interaction energy E = 1/(2 n^2) sum h (times e^-beta when rescaled)",
     "clusters": "number of clusters (angular threshold cluster_threshold)",
+    "first_merge_time": "first save time with fewer clusters than at t = 0 (inf: none before t1; mf.metastability)",
+    "num_plateaus": "number of energy plateaus (mf.metastability.num_plateaus, rel_tol 0.02, min_points 3)",
+    "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
     "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
     "top_weight": "largest attention weight A_(1)",
     "top_weights": "ordered attention weights A_(1..k)",
@@ -115,7 +118,7 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
     T, ts = cast(dict, spec.time), cast(np.ndarray, spec.ts)  # simulated: both set
     stages = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}[T["solver"]]
     pairs = 3 * rows * n
-    if "clusters" in spec.observables:
+    if any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters")):
         pairs += 2 * rows * n
     if kind in _GAUGED:
         pairs += n * d * d  # the gauge matrices
@@ -475,7 +478,7 @@ def output_layout(spec: Spec) -> dict[str, tuple[str, ...]]:
     if spec.continuum:
         return _continuum.output_layout(spec)
     if spec.simulated:
-        out = {o: ("time",) for o in spec.observables}
+        out = {o: (() if o in SCALAR_SIM_OBSERVABLES else ("time",)) for o in spec.observables}
         out["stop_time"] = ()
         out["num_steps"] = ()
     else:

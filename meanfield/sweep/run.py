@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 import sys
 import time
 from collections import OrderedDict
@@ -28,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import attention, integrate, kernels, metrics, sphere
+from .. import attention, integrate, kernels, metastability, metrics, sphere
 from ..phase_diagram import usa_step_size
 from . import _continuum, store
-from .plan import Group, Plan, make_plan, parse_memory, store_layout
+from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
 from .spec import Spec, load_spec, parse_spec
 
 __all__ = ["run_sweep", "sweep_status", "point_program", "chunk_inputs", "Runner", "assign_parts", "parse_part"]
@@ -71,7 +72,8 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
     T = cast(dict, spec.time)
     thr = spec.cluster_threshold
     extra = {}
-    if "clusters" in spec.observables:
+    counts = any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters"))
+    if counts:
         extra["clusters"] = lambda x: metrics.num_clusters(x, thr).astype(dtype)
     if "token_similarity" in spec.observables:
         extra["token_similarity"] = metrics.token_similarity
@@ -110,10 +112,19 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
             step=spec.step,
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
+        if counts:  # mf.metastability observables: one number per point
+            vals["first_merge_time"] = metastability.first_merge_time(traj.ts, vals["clusters"]).astype(dtype)
+            vals["final_clusters"] = vals["clusters"][-1]
+        if "num_plateaus" in spec.observables:
+            vals["num_plateaus"] = metastability.num_plateaus(traj.energy).astype(dtype)
         out = {o: vals[o] for o in spec.observables}
         out["stop_time"] = traj.stop_time.astype(dtype)
         out["num_steps"] = jnp.asarray(traj.num_steps, jnp.int32)
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(out[o])) for o in spec.observables]))
+        # +inf is a result in store.INFINITE_RESULTS (first_merge_time: nothing merged before t1)
+        finite = jnp.all(jnp.stack([
+            jnp.all((jnp.isfinite(out[o]) | (out[o] == jnp.inf)) if o in store.INFINITE_RESULTS else jnp.isfinite(out[o]))
+            for o in spec.observables
+        ]))
         out["status"] = jnp.where(traj.failed | ~finite, store.FAILED, store.OK).astype(jnp.int8)
         return out
 
@@ -223,8 +234,9 @@ def _as_spec(spec) -> Spec:
 
 
 def parse_part(part) -> tuple[int, int]:
-    """``(i, N)`` of a job-array part: ``"2/3"`` or a pair, 1-based (part ``i`` of ``N``,
-    ``1 <= i <= N``); ``ValueError`` naming the value otherwise.
+    """``(i, N)`` of a job-array part: ``"2/3"`` (ASCII digits) or a pair, 1-based (part ``i`` of
+    ``N``, ``1 <= i <= N <= MAX_CHUNKS``); ``ValueError`` naming the value otherwise. A sweep
+    refuses an ``N`` larger than its number of chunks (``run_sweep``).
 
     Example:
         >>> parse_part("2/3")
@@ -233,7 +245,7 @@ def parse_part(part) -> tuple[int, int]:
     if isinstance(part, str):
         text = part.strip()
         bits = text.split("/")
-        if len(bits) != 2 or not all(b.strip().isdigit() for b in bits):
+        if len(bits) != 2 or not all(re.fullmatch(r"[0-9]+", b.strip()) for b in bits):
             raise ValueError(f"part must be I/N with integers 1 <= I <= N (e.g. 2/3), got {part!r}")
         i, n = int(bits[0]), int(bits[1])
     elif isinstance(part, tuple | list) and len(part) == 2 and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in part):
@@ -242,6 +254,8 @@ def parse_part(part) -> tuple[int, int]:
         raise TypeError(f"part must be 'I/N' or a pair (I, N) of integers, got {part!r}")
     if not 1 <= i <= n:
         raise ValueError(f"part {i}/{n}: I must be between 1 and N (parts are numbered from 1), got I = {i}, N = {n}")
+    if n > MAX_CHUNKS:
+        raise ValueError(f"part {i}/{n}: N must be <= {MAX_CHUNKS} (a sweep has at most that many chunks), got N = {n}")
     return i, n
 
 
@@ -289,8 +303,9 @@ def run_sweep(
     (``ResourceLimitError``), unless ``force`` where running anyway can make sense.
 
     The store is created atomically (a second writer on the same new path gets
-    ``FileExistsError``; with ``resume`` it joins the sweep instead). With ``resume``, every
-    chunk marked done is verified first (``store.verify``); a damaged one is reported (one
+    ``FileExistsError``; with ``resume`` it joins the sweep instead). With ``resume``, damaged
+    bookkeeping and metadata are restored first (``store.repair``: one line on stderr each),
+    then every chunk marked done is verified (``store.verify``); a damaged one is reported (one
     line on stderr per chunk) and recomputed. Chunks are computed under per-chunk claims
     (``store.claim``): several processes resuming one store at once share its chunks, and
     each returns once every chunk is done.
@@ -304,9 +319,11 @@ def run_sweep(
 
     Under ``jax.distributed`` (``jax.process_count() > 1``) every process runs every chunk on
     its devices of one ``Mesh``; process 0 plans, checks, creates and writes the store, and
-    sends the plan (its chunking) and the chunks to skip to the others. An error of process 0
-    before the first chunk (an existing store, another spec, a limit) stops every process
-    with that message.
+    sends the plan (its chunking) and the chunks to skip to the others. A process started
+    with another spec (or grid) than process 0's, or another ``dry_run``, stops every process
+    before the store is touched (``ValueError`` naming the processes and spec hashes). An
+    error of process 0 before the first chunk (an existing store, another spec, a limit)
+    stops every process with that message.
 
     Args:
         spec: a ``Spec``, a path to a TOML file, or TOML text.
@@ -326,8 +343,9 @@ def run_sweep(
         FileExistsError: ``out`` exists (or was created meanwhile by another process) and
             ``resume`` is False.
         ValueError: ``resume`` into a store of a different spec (naming the keys), or of an
-            earlier format (``store.StoreFormatError``); a bad ``part``, or a store split
-            into another number of parts.
+            earlier format (``store.StoreFormatError``); a bad ``part`` (``N`` larger than the
+            number of chunks included), or a store split into another number of parts; an
+            empty ``out``.
         ResourceLimitError: the estimates exceed this machine (a ``ValueError``).
         OSError: ``out`` cannot be written (a file in its path, permissions, read-only).
 
@@ -336,6 +354,8 @@ def run_sweep(
         >>> run_sweep("sweeps/smoke.toml", "/tmp/smoke.zarr", part="2/3")   # doctest: +SKIP
         >>> ds = load("/tmp/smoke.zarr")                                     # doctest: +SKIP
     """
+    if isinstance(out, str) and not out.strip():  # Path("") is the current directory
+        raise ValueError(f"out must be the path of the store, got {out!r}")
     sp = _as_spec(spec)
     out = Path(out)
     memory_b = parse_memory(memory)
@@ -371,7 +391,13 @@ def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, q
         if not resume:
             raise FileExistsError(f"store {out} already exists; use --resume or another path")
         info = store.check_resumable(out, sp.data)
+        if info is not None and not dry_run:
+            for d in store.repair(out):  # bookkeeping and metadata: restored before anything reads them
+                print(f"warning: repaired {d}", file=sys.stderr)
     plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)
+    if share is not None and share[1] > plan.num_chunks:
+        raise ValueError(f"part {share[0]}/{share[1]}: N = {share[1]} is more than the {plan.num_chunks} chunk(s) of "
+                         f"this sweep; use N <= {plan.num_chunks}")
     if dry_run:
         print(plan.describe())
         plan.check(force=force, device_memory=_device_memory())
@@ -409,9 +435,16 @@ def _setup_distributed(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_
                        force: bool) -> tuple[Plan, list]:  # pragma: no cover - several processes
     """``_setup`` on process 0; the others receive its outcome (an error message, or the
     chunking and which chunks are done) through ``broadcast_one_to_all``, so that every
-    process runs the same chunks in the same order, or every process stops."""
+    process runs the same chunks in the same order, or every process stops. First, before
+    process 0 touches the store, every process checks that all run the same spec
+    (``_distributed.agree``: ``DisagreementError`` on every process otherwise)."""
     from jax.experimental import multihost_utils
 
+    from ._distributed import agree
+
+    # every process runs process 0's spec, or every process stops here: another grid would
+    # write its results under process 0's labels, another grid shape would break a collective
+    agree(sp.hash, sp.grid_size, dry_run)
     writer = jax.process_index() == 0
     plan = todo = None
     error: BaseException | None = None
@@ -462,7 +495,9 @@ def sweep_status(out, spec=None) -> dict:
 
     Returns:
         ``{"store", "parts", "rows": [{"part": "i/N" or "all", "chunks", "done", "running",
-        "pending", "damaged", "failed_points"}, ...], "total": {...}}``.
+        "pending", "damaged", "failed_points"}, ...], "total": {...}, "repairable": [...]}``;
+        ``repairable`` lists damaged bookkeeping or metadata (``store.repair``, run by
+        ``--resume``, restores it; its chunks are then checked).
 
     Raises:
         FileNotFoundError: no store at ``out``.
@@ -486,15 +521,20 @@ def sweep_status(out, spec=None) -> dict:
     if info is None:  # an empty directory
         raise FileNotFoundError(f"sweep store not found: {out}")
     plan = make_plan(sp, 1, devices=1, blocks=info["blocks"])
-    chunks = plan.chunks
     parts = store.recorded_parts(out)
+    if parts is not None and not 1 <= parts <= plan.num_chunks:
+        raise store.StoreError(f"{out}: the recorded split into {parts} parts is impossible for "
+                               f"{plan.num_chunks} chunk(s) (_sweep/parts was edited); remove that file")
+    chunks = plan.chunks
     owner = assign_parts(plan, parts) if parts else [0] * len(chunks)
-    done = store.done_chunks(out)
+    done = store.done_chunks(out, plan.num_chunks)
     damages = store.verify(out)
-    if any(d.chunk is None for d in damages):  # coordinates or metadata: the store is unusable
-        raise store.StoreDamagedError(out, [d for d in damages if d.chunk is None])
+    if any(d.chunk is None and not d.repairable for d in damages):  # coordinates: the store is unusable
+        raise store.StoreDamagedError(out, [d for d in damages if d.chunk is None and not d.repairable])
+    repairable = [str(d) for d in damages if d.chunk is None]
     damaged = {d.chunk for d in damages}
-    failed = store.failed_points(out, done - damaged)
+    metadata_damaged = any(d.path.name == "zarr.json" for d in damages)  # the data cannot be read until repaired
+    failed = store.failed_points(out, done - damaged) if not metadata_damaged else {}
     keys = ("chunks", "done", "running", "pending", "damaged", "failed_points")
     rows = {p: dict.fromkeys(keys, 0) for p in (range(1, parts + 1) if parts else [0])}
     for (cid, _, _), p in zip(chunks, owner):
@@ -511,7 +551,7 @@ def sweep_status(out, spec=None) -> dict:
             row["pending"] += 1
     total = {k: sum(r[k] for r in rows.values()) for k in keys}
     listed = [{"part": f"{p}/{parts}" if parts else "all", **r} for p, r in rows.items()]
-    return {"store": str(out), "parts": parts, "rows": listed, "total": total}
+    return {"store": str(out), "parts": parts, "rows": listed, "total": total, "repairable": repairable}
 
 
 #: Bytes of process 0's error message sent to the other processes.
@@ -541,6 +581,8 @@ def _report_damage(out: Path, damages: list) -> set[int]:
     by_chunk: dict[int, list] = {}
     for d in damages:
         if d.chunk is None:
+            if d.repairable:  # restored by ``store.repair`` meanwhile (another writer's damage)
+                continue
             raise store.StoreDamagedError(out, [d])  # coordinates or metadata: not recomputable
         by_chunk.setdefault(d.chunk, []).append(d)
     for i, (cid, ds) in enumerate(sorted(by_chunk.items())):

@@ -70,6 +70,7 @@ __all__ = [
     "spec_differences",
     "OBSERVABLES",
     "SIM_OBSERVABLES",
+    "SCALAR_SIM_OBSERVABLES",
     "ATTENTION_OBSERVABLES",
     "MAX_DIM",
     "MAX_SEED",
@@ -78,7 +79,13 @@ __all__ = [
     "CONTINUUM",
 ]
 
-SIM_OBSERVABLES = ("collapse_gap", "energy", "clusters", "token_similarity")
+SIM_OBSERVABLES = (
+    "collapse_gap", "energy", "clusters", "token_similarity", "first_merge_time", "num_plateaus", "final_clusters"
+)
+#: Simulation observables that are one number per point (the others: one per save time);
+#: ``num_plateaus`` needs an energy (``mf.metastability``).
+SCALAR_SIM_OBSERVABLES = ("first_merge_time", "num_plateaus", "final_clusters")
+_ENERGY_OBSERVABLES = ("energy", "num_plateaus")
 ATTENTION_OBSERVABLES = ("top_weight", "top_weights", "ratios", "cumulative", "log_partition")
 OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
 
@@ -291,6 +298,8 @@ def spec_hash(data: dict) -> str:
 def load_spec(path) -> Spec:
     """Read and validate a TOML spec file (``FileNotFoundError``, ``tomllib.TOMLDecodeError``, ``ValueError``)."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"sweep spec {path} is a directory, not a TOML file")
     if not path.is_file():
         raise FileNotFoundError(f"sweep spec not found: {path}")
     text = path.read_text()
@@ -413,12 +422,26 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     for pname, p in accepted.items():
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
+    if "prompts" in params and params["prompts"] > min(ns):  # as `meanfield simulate --prompts`
+        raise ValueError(f"model.prompts must be <= the smallest grid.n = {min(ns)} (one block of particles "
+                         f"per prompt), got {params['prompts']}")
     top = float(np.finfo(dtype).max)
     for where, value in [("grid.beta", axes.get("beta"))] + [(f"model.{k}", v) for k, v in params.items()]:
         vals: list = [] if value is None else list(np.atleast_1d(np.asarray(value, dtype=object)))
         for x in vals:
             if _is_num(x) and not isinstance(x, bool) and abs(float(x)) > top:
                 raise ValueError(f"{where} = {float(x):g} is beyond the range of {dtype} (max {top:.3g})")
+    for name, axis_vals in axes.items():  # the points are computed in ``dtype``: distinct there, not only as decimals
+        in_dtype = np.asarray(axis_vals, np.float64).astype(dtype)
+        for j in range(len(axis_vals)):
+            i = int(np.argmax(in_dtype == in_dtype[j]))
+            if i < j:
+                where = {"beta": "grid.beta", "beta_factor": "grid.beta factors"}.get(name, f"model.{name}")
+                raise ValueError(
+                    f"{where} values {float(axis_vals[i])!r} and {float(axis_vals[j])!r} are the same {dtype} number "
+                    f"({float(in_dtype[j])!r}): two identical points; give values that differ in {dtype} "
+                    f"(or dtype = \"float64\")"
+                )
 
     # time -------------------------------------------------------------------
     tsec = raw.get("time")
@@ -498,7 +521,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     if not simulated:
         valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
     elif any(not kernels.MODELS[k].has_energy for k in kinds):
-        valid, default = tuple(o for o in SIM_OBSERVABLES if o != "energy"), ["collapse_gap"]
+        valid, default = tuple(o for o in SIM_OBSERVABLES if o not in _ENERGY_OBSERVABLES), ["collapse_gap"]
     else:
         valid, default = SIM_OBSERVABLES, ["collapse_gap", "energy"]
     obs = out.get("observables", default)
@@ -506,7 +529,9 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
     for o in obs:
         if o not in valid:
-            owner = next((k for k in kinds if not kernels.MODELS[k].has_energy), kind) if o == "energy" else kind
+            owner = (
+                next((k for k in kinds if not kernels.MODELS[k].has_energy), kind) if o in _ENERGY_OBSERVABLES else kind
+            )
             raise ValueError(f"unknown observable {o!r} for kind {owner!r}; accepted: {', '.join(valid)}")
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")

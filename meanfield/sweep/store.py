@@ -10,8 +10,10 @@ Layout of ``STORE.zarr``::
 
     zarr.json, <variables>/, <coordinates>/    the Dataset (xarray, zarr format 3)
     _sweep/zarr.json                            a zarr group holding the bookkeeping:
-    _sweep/initialized                          format, chunking, chunk count, variables
-    _sweep/done/000017                          completion mark of chunk 17 (its region, JSON)
+    _sweep/initialized                          format, chunking, chunk count, variables, the
+                                                metadata as created (JSON)
+    _sweep/done/000017                          completion mark of chunk 17 (its region and the
+                                                digest of its data, JSON)
     _sweep/claims/000017                        lock file of chunk 17 (``fcntl.flock``)
     _sweep/parts                                the split between job-array parts, if any (JSON)
 
@@ -21,11 +23,17 @@ path exists and is not empty, so of two writers creating the same new store exac
 succeeds and the other gets ``FileExistsError`` (nobody overwrites another's store).
 
 Every array carries zarr's ``crc32c`` codec (after ``zstd``): a truncated, overwritten or
-bit-flipped chunk file fails its checksum when read. ``verify`` checks every chunk marked
-done: each of its zarr chunk files exists (a missing file would read back as the fill
-value, NaN or ``PENDING``), decodes with a matching checksum, and no point of it is
-``PENDING``. ``load`` verifies by default and raises ``StoreDamagedError`` (the chunk and
-the file) on the first damage.
+bit-flipped chunk file fails its checksum when read. A checksum detects corruption, not
+substitution (two valid chunk files swapped, values written through zarr later), so each
+completion mark also records a digest: sha256 over the spec's hash, the chunk's id, its
+region and every variable's values there (``write_chunk``, which also records a point
+holding NaN or inf as ``FAILED``). ``verify`` checks every chunk marked done: each of its
+zarr chunk files exists (a missing file would read back as the fill value, NaN or
+``PENDING``), has a matching checksum and decodes, the digest of the decoded values equals
+the mark's, and no point of it is ``PENDING``; marks of chunks that do not exist, missing
+bookkeeping directories and array metadata that differs from the copy recorded at creation
+are ``repairable`` damage that ``repair`` (run by ``--resume``) restores. ``load`` verifies
+by default and raises ``StoreDamagedError`` (the chunk and the file) on the first damage.
 
 Writers: each sweep chunk covers whole zarr chunks of every variable (the zarr chunking is
 the smallest chunk block; larger blocks are unions of it) and zarr writes each chunk file
@@ -51,6 +59,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -68,6 +77,7 @@ from ._diff import key_differences
 
 __all__ = [
     "create",
+    "INFINITE_RESULTS",
     "check_resumable",
     "done_chunks",
     "is_done",
@@ -79,6 +89,7 @@ __all__ = [
     "recorded_parts",
     "failed_points",
     "verify",
+    "repair",
     "load",
     "Damage",
     "StoreError",
@@ -90,13 +101,18 @@ __all__ = [
     "FAILED",
 ]
 
+#: Variables where ``+inf`` is a result, not a failure: ``first_merge_time`` is ``inf`` when
+#: nothing merged before ``t1`` (``mf.metastability.first_merge_time``). NaN is a failure everywhere.
+INFINITE_RESULTS = frozenset({"first_merge_time"})
+
 #: Values of the ``status`` variable (CF ``flag_values``/``flag_meanings``).
 PENDING, OK, FAILED = 0, 1, 2
 
-#: Format of the store (``_sweep/initialized["format"]``): 2 = checksummed chunks and
-#: completion marks that record their region. Stores without it were written by meanfield
-#: before checksums (format 1).
-FORMAT = 2
+#: Format of the store (``_sweep/initialized["format"]``): 3 = checksummed chunks, completion
+#: marks that record their region and a digest of their data bound to the chunk and the spec,
+#: and a copy of the array metadata. Format 2 (checksums without digests) and format 1 (no
+#: checksums) were written by earlier meanfield versions.
+FORMAT = 3
 
 _META = "_sweep"
 
@@ -113,11 +129,14 @@ class StoreFormatError(StoreError):
 @dataclasses.dataclass(frozen=True)
 class Damage:
     """One damaged piece of a store: sweep chunk ``chunk`` (``None``: a coordinate or the
-    metadata), the file and what is wrong with it."""
+    metadata), the file and what is wrong with it. ``repairable``: damage of the bookkeeping
+    or of the array metadata that ``repair`` (run by ``--resume``) restores; damage of a chunk
+    (``chunk`` not None) is repaired by recomputing the chunk."""
 
     chunk: int | None
     path: Path
     reason: str
+    repairable: bool = False
 
     def __str__(self) -> str:
         where = f"chunk {self.chunk}" if self.chunk is not None else "metadata"
@@ -140,6 +159,8 @@ class StoreDamagedError(StoreError):
         repair = (
             "`meanfield sweep SPEC --out STORE --resume` recomputes it"
             if all(d.chunk is not None for d in self.damages)
+            else "`meanfield sweep SPEC --out STORE --resume` repairs it"
+            if all(d.chunk is not None or d.repairable for d in self.damages)
             else "a damaged coordinate or metadata file cannot be recomputed: run the sweep into a new store"
         )
         super().__init__(f"store {self.store} is damaged: {first}{more}; {repair}")
@@ -274,8 +295,42 @@ def _build(path: Path, layout: dict) -> None:
         "chunks_total": int(layout["chunks_total"]),
         "grid_ndim": len(layout["dims"]),
         "variables": variables,
+        # the metadata as created: ``verify`` compares the store's with it, ``repair`` restores it
+        "metadata": {str(f.relative_to(path)): json.loads(f.read_text()) for f in _metadata_files(path)},
     }
     _atomic_write(path / _META / "initialized", json.dumps(info))
+
+
+def _metadata_files(path: Path) -> list[Path]:
+    """The zarr metadata of the Dataset: the root ``zarr.json`` (with the consolidated copy of
+    every array's) and each array's ``zarr.json``."""
+    return [path / "zarr.json"] + sorted(
+        f for f in path.glob("*/zarr.json") if f.parent.name != _META
+    )
+
+
+#: The fields of an array's metadata that decide how its chunk files are read.
+_ARRAY_FIELDS = ("node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs", "fill_value",
+                 "dimension_names")
+
+
+def _structure(meta) -> Any:
+    """What of a metadata document must not change after creation: an array's shape, dtype,
+    chunking and codecs; a group's consolidated copy of them and the spec it was made from."""
+    if not isinstance(meta, dict):
+        return meta
+    if meta.get("node_type") == "array":
+        return {k: meta.get(k) for k in _ARRAY_FIELDS}
+    consolidated = meta.get("consolidated_metadata")
+    arrays = consolidated.get("metadata") if isinstance(consolidated, dict) else consolidated
+    attrs = meta.get("attributes")
+    attrs = attrs if isinstance(attrs, dict) else {}
+    return {
+        "node_type": meta.get("node_type"),
+        "consolidated": {k: _structure(v) for k, v in arrays.items()} if isinstance(arrays, dict) else arrays,
+        "spec_hash": attrs.get("spec_hash"),
+        "spec_json": attrs.get("spec_json"),
+    }
 
 
 def _info(out: Path, *, legacy_ok: bool = False) -> dict:
@@ -294,8 +349,9 @@ def _info(out: Path, *, legacy_ok: bool = False) -> dict:
     except (OSError, ValueError) as e:
         raise StoreError(f"{out}: {mark} is unreadable ({e}); the store cannot be used") from None
     if info.get("format") != FORMAT and not legacy_ok:
+        what = "no checksums" if "format" not in info else f"format {info['format']}, this version reads format {FORMAT}"
         raise StoreFormatError(
-            f"store {out} was written by an earlier meanfield version (no checksums): it cannot be "
+            f"store {out} was written by an earlier meanfield version ({what}): it cannot be "
             "verified or resumed; run the sweep into a new store (it still reads with "
             "sweep.load(store, verify=False) or `meanfield plot --no-verify`)"
         )
@@ -337,12 +393,14 @@ def check_resumable(out, spec_json: dict) -> dict | None:
     return info
 
 
-def done_chunks(out) -> set[int]:
-    """Ids of the chunks whose completion mark exists."""
+def done_chunks(out, total: int | None = None) -> set[int]:
+    """Ids of the chunks whose completion mark exists (below ``total``, when given: a mark of a
+    chunk that does not exist is damage, reported by ``verify``, not a done chunk)."""
     d = Path(out) / _META / "done"
     if not d.is_dir():
         return set()
-    return {int(p.name) for p in d.iterdir() if p.name.isdigit()}
+    ids = {int(p.name) for p in d.iterdir() if p.name.isascii() and p.name.isdigit()}
+    return ids if total is None else {i for i in ids if i < total}
 
 
 def _mark(out: Path, cid: int) -> Path:
@@ -459,30 +517,73 @@ def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
     return counts
 
 
+def _digest(spec_hash: str, cid: int, region: list[tuple[int, int]], values: dict[str, np.ndarray]) -> str:
+    """sha256 over the spec's hash, the chunk's id and region, and each variable's values in the
+    region (name, dtype, shape, bytes; variables by name): the data of this chunk of this sweep.
+    A chunk file swapped with another's, or values written into the region afterwards, change it."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec_hash": spec_hash, "chunk": int(cid), "region": [list(r) for r in region]}).encode())
+    for name in sorted(values):
+        v = np.ascontiguousarray(values[name])
+        h.update(json.dumps([name, v.dtype.str, list(v.shape)]).encode())
+        h.update(v.tobytes())
+    return h.hexdigest()
+
+
+def _nonfinite_points(values: dict[str, np.ndarray], npoints_shape: tuple) -> np.ndarray:
+    """Points (over the grid region, shape ``npoints_shape``) where a floating variable is NaN or
+    infinite (``+inf`` is a result in the variables of ``INFINITE_RESULTS``)."""
+    bad = np.zeros(npoints_shape, bool)
+    k = len(npoints_shape)
+    for name, v in values.items():
+        if name != "status" and v.dtype.kind in "fc":
+            ok = (np.isfinite(v) | (v == np.inf)) if name in INFINITE_RESULTS else np.isfinite(v)
+            bad |= ~ok.reshape(v.shape[:k] + (-1,)).all(axis=-1)
+    return bad
+
+
 def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> None:
-    """Write one chunk's results then its completion mark (the chunk's region, JSON).
+    """Write one chunk's results then its completion mark (the chunk's region and a digest of
+    its data, JSON).
 
     ``index``: integer positions along the leading grid dimensions (model, n, d);
     ``slices``: the chunk's block along the remaining grid dimensions; ``results``:
-    name -> array flat over the block (row-major), with the variable's trailing axes.
-    Every zarr chunk file of the region is written, fill values included (a missing file
-    then always means damage). Call it while holding ``claim(out, cid)``.
+    name -> array flat over the block (row-major), with the variable's trailing axes, for
+    every variable of the store. A point with status ``OK`` whose values are not all finite is
+    recorded ``FAILED`` (a NaN is never stored as an ok result). Every zarr chunk file of the
+    region is written, fill values included (a missing file then always means damage). The
+    mark records ``digest``: sha256 of (the spec's hash, ``cid``, the region, every
+    variable's values), which ``verify`` recomputes from the decoded files. Call it while
+    holding ``claim(out, cid)``.
     """
     import zarr
 
     out = Path(out)
+    info = _info(out)
+    missing = sorted(set(info["variables"]) - set(results))
+    if missing:
+        raise ValueError(f"write_chunk: results of chunk {cid} lack the variable(s) {', '.join(missing)}")
     block_shape = tuple(s.stop - s.start for s in slices)
+    region = [(int(i), int(i) + 1) for i in index] + [(int(s.start), int(s.stop)) for s in slices]
+    lead = (1,) * len(index)
     ctx = _quiet_zarr()
     try:
         root = zarr.open_group(out, mode="r+", use_consolidated=False)
-        for name, value in results.items():
-            arr = root[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
-            trailing = value.shape[1:]
-            region = tuple(index) + tuple(slices) + tuple(slice(None) for _ in trailing)
-            arr[region] = np.asarray(value).reshape(block_shape + trailing)
+        arrays: dict[str, Any] = {name: root[name] for name in info["variables"]}
+        values = {}
+        for name in info["variables"]:
+            value = np.asarray(results[name])
+            values[name] = value.reshape(lead + block_shape + value.shape[1:]).astype(arrays[name].dtype)
+        bad = _nonfinite_points(values, lead + block_shape)
+        if bad.any():
+            values["status"] = np.where(bad & (values["status"] == OK), np.int8(FAILED), values["status"])
+        for name, value in values.items():
+            arr = arrays[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
+            arr[tuple(slice(a, b) for a, b in region)] = value
     finally:
         ctx.__exit__(None, None, None)
-    record = {"index": [int(i) for i in index], "slices": [[int(s.start), int(s.stop)] for s in slices]}
+    record = {"index": [int(i) for i in index], "slices": [[int(s.start), int(s.stop)] for s in slices],
+              "digest": _digest(info["spec_hash"], cid, region, values)}
     _atomic_write(_mark(out, cid), json.dumps(record))
 
 
@@ -499,31 +600,95 @@ def _block_coords(shape: tuple, chunks: tuple, region: list[tuple[int, int]]) ->
     yield from (tuple(int(r[i]) for r, i in zip(ranges, idx)) for idx in np.ndindex(*[len(r) for r in ranges]))
 
 
+def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
+    """Damage that ``repair`` restores: the bookkeeping directories, the array metadata (compared
+    with the copy recorded at creation) and, with ``marks``, completion marks of chunks that do
+    not exist."""
+    found = []
+    for sub in ("done", "claims"):
+        d = out / _META / sub
+        if not d.is_dir():
+            what = "missing" if not d.exists() else "not a directory"
+            lost = "; the completion marks are lost: every chunk is recomputed" if sub == "done" else ""
+            found.append(Damage(None, d, f"{_META}/{sub} is {what}{lost}", repairable=True))
+    recorded = info.get("metadata", {})
+    for rel, meta in recorded.items():
+        f = out / rel
+        try:
+            now = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            found.append(Damage(None, f, f"metadata unreadable ({_reason(e)})", repairable=True))
+            continue
+        if _structure(now) != _structure(meta):
+            diff = sorted(key_differences(_structure(meta), _structure(now)))
+            found.append(Damage(None, f, f"metadata differs from the store's creation ({', '.join(diff)})",
+                                repairable=True))
+    if marks and (out / _META / "done").is_dir():
+        total = int(info["chunks_total"])
+        for cid in sorted(done_chunks(out) - done_chunks(out, total)):
+            found.append(Damage(None, _mark(out, cid),
+                                f"completion mark of chunk {cid}, which does not exist (chunks 0 .. {total - 1})",
+                                repairable=True))
+    return found
+
+
+def repair(out) -> list[Damage]:
+    """Restore what ``verify`` reports ``repairable``: recreate ``_sweep/done`` and
+    ``_sweep/claims`` (a file in their place is removed), rewrite array metadata that differs
+    from the copy recorded at creation, remove completion marks of chunks that do not exist.
+    Returns what it repaired (chunk damage is left to recomputation: ``--resume``).
+
+    Idempotent and safe while other writers run: every restored file is written atomically
+    with the content it had at creation.
+    """
+    out = Path(out)
+    info = _info(out)
+    fixed = _bookkeeping_damage(out, info, marks=True)
+    recorded = info.get("metadata", {})
+    for d in fixed:
+        if d.path.parent == out / _META:  # done/ or claims/
+            if d.path.exists() and not d.path.is_dir():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(d.path)
+            d.path.mkdir(exist_ok=True)
+        elif d.path.parent == out / _META / "done":
+            discard(out, int(d.path.name))
+        else:
+            _atomic_write(d.path, json.dumps(recorded[str(d.path.relative_to(out))]))
+    return fixed
+
+
 def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
     """Check the chunks marked done (all of them, or those of ``chunks`` that are marked);
     return what is damaged (empty: sound).
 
-    A done chunk is sound when its completion mark is readable and, for every variable,
-    each zarr chunk file of its region exists and ends with the ``crc32c`` checksum of the
-    rest (the file is read, not decoded), and no point of its ``status`` is ``PENDING``. With ``chunks=None`` the coordinates and
-    the metadata are read too. Raises ``StoreError`` when ``out`` is not a sweep store of
-    this format.
+    A done chunk is sound when its completion mark is readable, every zarr chunk file of its
+    region exists and ends with the ``crc32c`` checksum of the rest, the region decodes, the
+    digest of the decoded values (bound to the chunk's id, region and the spec's hash:
+    ``write_chunk``) equals the mark's, no point of its ``status`` is ``PENDING`` and no point
+    with status ``OK`` holds a NaN or infinite value. The bookkeeping directories and the
+    array metadata (against the copy recorded at creation) are checked first (damage there is
+    ``repairable``; the chunks are checked once the metadata is sound). With ``chunks=None``
+    the coordinates are read too, and completion marks of chunks that do not exist are
+    reported. Raises ``StoreError`` when ``out`` is not a sweep store of this format.
     """
     import zarr
 
     out = Path(out)
     info = _info(out)
     full = chunks is None
-    marked = done_chunks(out)
+    damages = _bookkeeping_damage(out, info, marks=full)
+    if any(d.path.name == "zarr.json" for d in damages):
+        return damages  # the chunks read through the metadata: check them once it is restored
+    marked = done_chunks(out, int(info["chunks_total"]))
     ids = sorted(marked if chunks is None else set(chunks) & marked)
-    damages: list[Damage] = []
     ctx = _quiet_zarr()
     try:
         try:
             root = zarr.open_group(out, mode="r", use_consolidated=False)
             arrays: dict[str, Any] = {name: root[name] for name in info["variables"]}
         except Exception as e:  # noqa: BLE001 - any failure to open the metadata is damage
-            return [Damage(None, out / "zarr.json", f"metadata unreadable: {_reason(e)}")]
+            return damages + [Damage(None, out / "zarr.json", f"metadata unreadable: {_reason(e)}")]
         if full:
             for name in sorted(set(root.array_keys()) - set(arrays)):
                 try:
@@ -531,14 +696,9 @@ def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
                 except Exception as e:  # noqa: BLE001 - any decoding failure is damage
                     damages.append(Damage(None, out / name, f"coordinate unreadable: {_reason(e)}"))
         ndim = int(info["grid_ndim"])
-        status = None
-        if len(ids) > 8:  # one read of the whole status array instead of one per chunk
-            try:
-                status = np.asarray(arrays["status"][...])
-            except Exception:  # noqa: BLE001 - a damaged status file: read per chunk, the files tell
-                status = None
+        decoders = {name: _decoder(arr) for name, arr in arrays.items()}
         for cid in ids:
-            damages += _verify_chunk(out, cid, arrays, ndim, status)
+            damages += _verify_chunk(out, cid, arrays, ndim, decoders, info["spec_hash"])
     finally:
         ctx.__exit__(None, None, None)
     return damages
@@ -552,54 +712,117 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def _file_damage(path: Path) -> str | None:
-    """What is wrong with one chunk file, or None: the file holds the encoded chunk followed by
-    the little-endian crc32c of it (zarr's ``crc32c`` codec, the last of the pipeline), so
-    checking the trailer checks the file without decoding it."""
+def _file_bytes(path: Path) -> tuple[bytes | None, str | None]:
+    """The content of one chunk file and what is wrong with it (None: nothing): the file holds the
+    encoded chunk followed by the little-endian crc32c of it (zarr's ``crc32c`` codec, the last
+    of the pipeline)."""
     import google_crc32c  # zarr's own dependency, the implementation of its crc32c codec
 
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return "chunk file missing"
+        return None, "chunk file missing"
     except OSError as e:
-        return f"unreadable ({e.strerror or e})"
+        return None, f"unreadable ({e.strerror or e})"
     if len(data) < 5:
-        return f"truncated ({len(data)} bytes)"
+        return None, f"truncated ({len(data)} bytes)"
     if google_crc32c.value(data[:-4]).to_bytes(4, "little") != data[-4:]:
-        return "checksum mismatch (crc32c): the file was truncated, overwritten or altered"
-    return None
+        return None, "checksum mismatch (crc32c): the file was truncated, overwritten or altered"
+    return data, None
 
 
-def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, status) -> list[Damage]:
+def _file_damage(path: Path) -> str | None:
+    """What is wrong with one chunk file (its checksum), or None."""
+    return _file_bytes(path)[1]
+
+
+def _decoder(arr):
+    """``bytes -> array of the chunk's shape`` for the pipeline every store array has (little-endian
+    bytes, zstd, crc32c: ``_codecs``), or None for another pipeline (then zarr decodes)."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+
+    codecs = tuple(arr.metadata.codecs)
+    if len(codecs) != 3 or not (isinstance(codecs[0], BytesCodec) and isinstance(codecs[1], ZstdCodec)
+                                and isinstance(codecs[2], Crc32cCodec)):
+        return None
+    endian = getattr(codecs[0].endian, "value", codecs[0].endian)
+    dtype = np.dtype(arr.dtype).newbyteorder("<" if endian in (None, "little") else ">")
+    zstd, shape = codecs[1]._zstd_codec, tuple(arr.chunks)
+    size = math.prod(shape) * dtype.itemsize
+
+    def decode(data: bytes) -> np.ndarray:
+        raw = bytes(zstd.decode(data[:-4]))
+        if len(raw) != size:
+            raise ValueError(f"decodes to {len(raw)} bytes, a chunk of {shape} {dtype.name} has {size}")
+        return np.frombuffer(raw, dtype).reshape(shape).astype(arr.dtype)
+
+    return decode
+
+
+def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, spec_hash: str) -> list[Damage]:
     mark = _mark(out, cid)
     try:
         rec = json.loads(mark.read_text())
         region = [(int(i), int(i) + 1) for i in rec["index"]] + [(int(a), int(b)) for a, b in rec["slices"]]
         if len(region) != ndim:
             raise ValueError(f"{len(region)} dimensions, the grid has {ndim}")
+        shape = arrays["status"].shape
+        if any(not 0 <= a < b <= s for (a, b), s in zip(region, shape)):
+            raise ValueError(f"region {region} outside the grid {list(shape)}")
+        digest = rec["digest"]
+        if not isinstance(digest, str):
+            raise TypeError(f"digest {digest!r} is not a string")
     except FileNotFoundError:
         return []  # unmarked meanwhile (being recomputed): not done, nothing to verify
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [Damage(cid, mark, f"completion mark unreadable ({e})")]
     found = []
+    values = {}
     for name, arr in arrays.items():
-        bad = []
+        files, bad = {}, []
         for c in _block_coords(arr.shape, arr.chunks, region):
             path = out / name / arr.metadata.encode_chunk_key(c)
-            reason = _file_damage(path)
+            data, reason = _file_bytes(path)
             if reason:
                 bad.append(Damage(cid, path, reason))
+            files[c] = (path, data)
         found += bad
-        if name == "status" and not bad:
-            sel = tuple(slice(a, b) for a, b in region)
+        if bad:
+            continue
+        # decode: a file with a valid checksum over bytes that are no chunk fails here
+        full = region + [(0, s) for s in arr.shape[len(region):]]
+        decode = decoders.get(name)
+        if decode is None:
             try:
-                values = status[sel] if status is not None else arr[sel]
+                values[name] = np.asarray(arr[tuple(slice(a, b) for a, b in region)])
             except Exception as e:  # noqa: BLE001 - a chunk that passes its checksum yet fails to decode
-                found.append(Damage(cid, out / name, _reason(e)))
-                continue
-            if np.any(np.asarray(values) == PENDING):
-                found.append(Damage(cid, out / name, "points still pending in a chunk marked done"))
+                found.append(Damage(cid, out / name, f"chunk does not decode ({_reason(e)})"))
+            continue
+        result = np.empty([b - a for a, b in full], arr.dtype)
+        for c, (path, data) in files.items():
+            try:
+                block = decode(data)
+            except Exception as e:  # noqa: BLE001 - any decoding failure is damage
+                found.append(Damage(cid, path, f"chunk does not decode ({_reason(e)})"))
+                break
+            lo = [ci * ch for ci, ch in zip(c, arr.chunks)]
+            src = tuple(slice(max(a, l0) - l0, min(b, l0 + ch) - l0) for (a, b), l0, ch in zip(full, lo, arr.chunks))
+            dst = tuple(slice(max(a, l0) - a, min(b, l0 + ch) - a) for (a, b), l0, ch in zip(full, lo, arr.chunks))
+            result[dst] = block[src]
+        else:
+            values[name] = result
+    if found:
+        return found
+    status = values["status"]
+    if np.any(status == PENDING):
+        return [Damage(cid, out / "status", "points still pending in a chunk marked done")]
+    if _digest(spec_hash, cid, region, values) != digest:
+        return [Damage(cid, out / next(iter(arrays)),
+                       "data differ from the digest of its completion mark (chunk files swapped, replaced or "
+                       "written over, or the mark edited)")]
+    nonfinite = _nonfinite_points(values, status.shape) & (status == OK)
+    if nonfinite.any():  # only reachable with a forged digest: written data never hold these
+        return [Damage(cid, out / "status", f"{int(nonfinite.sum())} point(s) with status ok hold NaN or inf")]
     return found
 
 
@@ -644,7 +867,8 @@ def load(store, *, verify: bool = True):
         raise StoreError(f"{store} cannot be opened as a sweep store ({_reason(e)})") from None
     finally:
         ctx.__exit__(None, None, None)
-    if info is not None and "chunks_total" in info:
-        ds.attrs["chunks_total"] = info["chunks_total"]
-    ds.attrs["chunks_done"] = len(done_chunks(store))
+    total = int(info["chunks_total"]) if info is not None and "chunks_total" in info else None
+    if total is not None:
+        ds.attrs["chunks_total"] = total
+    ds.attrs["chunks_done"] = len(done_chunks(store, total))
     return ds

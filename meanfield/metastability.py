@@ -1,0 +1,944 @@
+r"""Metastability: clusters, merge events, energy plateaus and the staircase theory.
+
+Geshkovski, Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model"
+(arXiv 2410.06833; code github.com/HugoKoubbi/2024-transformers-dotm, ``staircase.py``): at large
+$\beta$ the particles of the USA flow gather in a few clusters within $O(1)$ time, sit there for
+times exponential in $\beta$, then merge pairwise; the energy climbs a staircase.
+
+Normalisation (MATH.md Sec. 1). meanfield's USA energy is
+$E = \frac{1}{2 n^2} \sum_{i,j} e^{\beta \langle x_i, x_j\rangle} / \beta$ (times $e^{-\beta}$ for
+``rescaled=True``). The papers plot
+
+$$\tilde E = \frac{1}{n^2} \sum_{i,j} e^{\beta (\langle x_i, x_j\rangle - 1)}
+= 2 \beta e^{-\beta} E \in (0, 1]$$
+
+(``normalized_energy``; dotm's ``energy_softmax``). For $K$ point clusters of weights $w_k$
+(fractions of the particles, $\sum_k w_k = 1$) at mutual angles $\theta_{kl}$,
+$\tilde E = \sum_k w_k^2 + \sum_{k \ne l} w_k w_l e^{-\beta (1 - \cos\theta_{kl})}$, and the
+cross terms vanish as $\beta \to \infty$ at fixed angles: a plateau sits at
+$\sum_k w_k^2$, and merging clusters $a, b$ raises it by $(w_a + w_b)^2 - w_a^2 - w_b^2 = 2 w_a w_b$
+(the staircase of the paper's last section; dotm's ``algo_traj_1/2``: level $1/n$ from $n$
+singletons, jumps $2 w_a w_b / M^2$ with integer weights). ``staircase`` computes it.
+
+Two point clusters (reduced ODE). In the rescaled USA flow
+$\dot x_i = P_{x_i} \frac1n \sum_j e^{\beta(\langle x_i,x_j\rangle - 1)} x_j$, a particle of a point
+cluster of weight $w_1$ is pulled by the other cluster (weight $w_2$, angle $\theta$) with speed
+$w_2 \sin\theta\, e^{\beta(\cos\theta - 1)}$ (its own cluster contributes a vector parallel to
+$x_i$, projected out), and symmetrically: the angle obeys
+$\dot\theta = -(w_1 + w_2) \sin\theta\, e^{-\beta(1-\cos\theta)}$, and the weighted mean angle
+is conserved. With $u = 1 - \cos\theta$ ($\sin^2\theta = u (2 - u)$) the time from $\theta_0$ to
+the cluster threshold $\theta_c$ is
+
+$$T = \frac{1}{w_1 + w_2} \int_{u_c}^{u_0} \frac{e^{\beta u}}{u (2 - u)}\, du
+\;\sim\; \frac{e^{\beta u_0}}{(w_1 + w_2)\, \beta\, u_0 (2 - u_0)} \quad (\beta \to \infty),$$
+
+so plateau lengths grow like $e^{\beta (1 - \cos\theta_0)}$ (``two_cluster_merge_time``).
+
+Long runs (``simulate_long``): the plateaus last $e^{\beta(1-\cos\theta)}$ time units, far past
+what fixed steps reach. The flow is integrated in the original (kernel) time with an embedded
+Bogacki--Shampine 3(2) pair on the tangent field, each step accepted when
+$\max_{i,a} |x^{(3)}_{ia} - x^{(2)}_{ia}| \le$ ``atol`` $+$ ``rtol`` $|x^{(3)}_{ia}|$ (the stated error
+control), so the step grows to the plateau's own time scale, landing on a logarithmic save grid;
+the memory is that of the saves, not of the steps. Particles closer than ``merge_tol`` radians
+are replaced by their (normalised) mean after every step: coincident particles stay coincident
+under the flow, so this removes the stiff intra-cluster modes that would otherwise cap an
+explicit step at $O(1)$ on a plateau of length $e^{\beta u}$, at the cost of a displacement at most
+``merge_tol``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+from jaxtyping import ArrayLike as _JaxArrayLike
+
+from . import metrics, sphere
+from ._checks import RealScalarLike, check_int, check_positive, check_scalar, is_concrete
+from .energy import check_states
+from .integrate import Trajectory
+from .kernels import USA, backend_scope
+
+__all__ = [
+    "Clusters",
+    "clusters",
+    "cluster_labels",
+    "MergeEvent",
+    "merge_events",
+    "first_merge_time",
+    "Plateaus",
+    "plateaus",
+    "num_plateaus",
+    "Staircase",
+    "staircase",
+    "two_cluster_merge_time",
+    "normalized_energy",
+    "log_time_grid",
+    "simulate_long",
+]
+
+
+#: Arrays, numbers or (nested) lists of numbers.
+_ArrayLike: TypeAlias = _JaxArrayLike | Sequence[Any]
+
+#: Row tile of ``simulate_long``'s pair sums (memory ``block x n x d``).
+_LONG_BLOCK = 128
+
+
+def _check_threshold(threshold) -> None:
+    check_scalar("threshold", threshold)
+    if is_concrete(threshold):
+        t = float(threshold)
+        if not (0.0 < t < math.pi):
+            raise ValueError(f"threshold must be an angle in (0, pi) radians, got {t!r}")
+
+
+# --------------------------------------------------------------------------- clusters
+
+
+class Clusters(eqx.Module):
+    """Clusters of one state (``clusters``).
+
+    Attributes:
+        labels: ``(n,)`` int32, the smallest particle index of each particle's cluster
+            (``labels[i] == i`` at exactly one particle per cluster).
+        weights: ``(n,)`` the fraction of particles in the cluster labelled ``r`` at index ``r``,
+            0 at indices that label no cluster (sums to 1).
+    """
+
+    labels: Int[Array, " n"]
+    weights: Float[Array, " n"]
+
+    @property
+    def num(self) -> Array:
+        """Number of clusters."""
+        return jnp.sum(self.weights > 0)
+
+
+def clusters(
+    x: Float[Array | np.ndarray, "n d"],
+    threshold: RealScalarLike = 0.1,
+    *,
+    block_size: int | None = None,
+) -> Clusters:
+    r"""Single-linkage clusters of a state at an angular threshold.
+
+    Particles $i, j$ are joined when $\arccos\langle x_i, x_j\rangle <$ ``threshold``; clusters are
+    the connected components (the graph of ``mf.metrics.num_clusters``: blocked, sorted tiles,
+    memory $O(n d + \text{block}^2)$, never an $n \times n$ matrix). Weight of a cluster: its
+    fraction of the particles. jit- and vmap-compatible.
+
+    Args:
+        x: ``(n, d)`` unit rows.
+        threshold: angle in $(0, \pi)$ radians.
+        block_size: row tile of the pair visit (``None``: ``mf.metrics.CLUSTER_BLOCK``).
+
+    Returns:
+        ``Clusters(labels, weights)``; ``.num`` is the count.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = jnp.array([[1.0, 0.0], [1.0, 0.01], [0.0, 1.0]])
+        >>> c = mf.metastability.clusters(x, 0.1)
+        >>> c.labels.tolist(), [round(w, 3) for w in c.weights.tolist()], int(c.num)
+        ([0, 0, 2], [0.667, 0.0, 0.333], 2)
+    """
+    _check_threshold(threshold)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
+    x = jnp.asarray(x)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"x must be a non-empty (n, d) array, got shape {x.shape}")
+    return _clusters(x, threshold, block_size=block_size)
+
+
+@eqx.filter_jit
+def _clusters(x, threshold, *, block_size):
+    n = x.shape[0]
+    labels = metrics._component_labels(x, jnp.asarray(threshold, x.dtype), block_size=block_size)
+    w = jax.ops.segment_sum(jnp.ones((n,), x.dtype), labels, num_segments=n) / n
+    return Clusters(labels=labels, weights=w)
+
+
+def cluster_labels(
+    threshold: RealScalarLike = 0.1, *, block_size: int | None = None
+) -> Callable[[Array], Array]:
+    """An observable ``x -> clusters(x, threshold).labels`` for ``simulate(observables=...)``.
+
+    Saved inside a run under the name ``"cluster_labels"``, it lets ``merge_events`` work on a
+    run with ``save_states=False`` (``n`` labels per save instead of ``n d`` coordinates).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> obs = {"cluster_labels": mf.metastability.cluster_labels(0.3)}
+        >>> traj = mf.simulate(mf.kernels.USA(1.0), x0, t1=0.5, dt=0.1, observables=obs, save_states=False)
+        >>> traj.observables["cluster_labels"].shape
+        (2, 8)
+    """
+    _check_threshold(threshold)
+
+    def labels(x):
+        return metrics._component_labels(x, jnp.asarray(threshold, x.dtype), block_size=block_size)
+
+    return labels
+
+
+# --------------------------------------------------------------------------- merges
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeEvent:
+    """One merge of two clusters (``merge_events``).
+
+    Clusters are named by their smallest particle index. ``time`` is the first save at which
+    the two are one cluster, ``time_before`` the last save at which they were apart (the merge
+    happened in ``(time_before, time]``).
+    """
+
+    time: float
+    time_before: float
+    left: int
+    right: int
+    w_left: float
+    w_right: float
+    merged: int
+    w_merged: float
+
+
+def _traj_labels(traj, threshold, block_size):
+    """``(ts, labels)`` from a Trajectory (states or a ``cluster_labels`` observable) or a pair."""
+    if isinstance(traj, tuple) and len(traj) == 2:
+        ts, xs = traj
+        obs_labels = None
+    else:
+        ts = getattr(traj, "ts", None)
+        xs = getattr(traj, "xs", None)
+        obs_labels = (getattr(traj, "observables", None) or {}).get("cluster_labels")
+        if ts is None:
+            raise TypeError(
+                f"traj must be a Trajectory or a pair (ts, xs), got {type(traj).__name__}"
+            )
+    ts = np.asarray(ts, dtype=np.float64)
+    if ts.ndim != 1 or ts.size == 0:
+        raise ValueError(f"the trajectory is empty (no save times), got ts of shape {ts.shape}")
+    if xs is not None:
+        xs = np.asarray(xs)
+        if xs.ndim != 3 or xs.shape[0] != ts.size or xs.shape[1] == 0:
+            raise ValueError(
+                f"states must have shape (T, n, d) with T = {ts.size} save times, got {xs.shape}"
+            )
+        ok = np.isfinite(ts) & np.all(np.isfinite(xs), axis=(1, 2))
+        ts, xs = ts[ok], xs[ok]
+        if ts.size == 0:
+            raise ValueError("the trajectory has no finite saved state")
+        f = jax.vmap(
+            lambda x: metrics._component_labels(
+                x, jnp.asarray(threshold, x.dtype), block_size=block_size
+            )
+        )
+        return ts, np.asarray(f(jnp.asarray(xs)))
+    if obs_labels is None:
+        raise ValueError(
+            "the trajectory has neither states (save_states=False) nor a 'cluster_labels' observable: "
+            "pass observables={'cluster_labels': mf.metastability.cluster_labels(threshold)} to the run"
+        )
+    lab = np.asarray(obs_labels, dtype=np.float64)
+    ok = np.isfinite(ts) & np.all(np.isfinite(lab), axis=1)
+    ts, lab = ts[ok], lab[ok]
+    if ts.size == 0:
+        raise ValueError("the trajectory has no finite saved labels")
+    return ts, np.rint(lab).astype(np.int64)
+
+
+def merge_events(
+    traj, threshold: RealScalarLike = 0.1, *, block_size: int | None = None
+) -> list[MergeEvent]:
+    r"""Every merge of clusters along a run, in time order.
+
+    The clusters of each save (``clusters(x, threshold)``, or the ``"cluster_labels"`` observable
+    saved inside a run with ``save_states=False``, whose own threshold then applies) are compared
+    with those of the previous save: a cluster that contains particles of $m \ge 2$ earlier
+    clusters gives $m - 1$ events, merging them in increasing label order (several merges between
+    two saves are not ordered by the saves; refine the save grid to separate them). Weights are
+    those of the earlier save's clusters. A cluster that splits (a pair drifting back over the
+    threshold) is not an event.
+
+    Args:
+        traj: a ``Trajectory`` (``mf.simulate``, ``simulate_long``) or a pair ``(ts, xs)`` with
+            ``xs`` of shape ``(T, n, d)``. Saves after a failure (non-finite) are dropped.
+        threshold: angle in $(0, \pi)$ (ignored for saved labels).
+        block_size: tile of the cluster search.
+
+    Returns:
+        list of ``MergeEvent(time, time_before, left, right, w_left, w_right, merged, w_merged)``.
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> xs = np.array([[[1, 0], [0, 1], [-1, 0]], [[1, 0], [1, 0], [-1, 0]]], float)
+        >>> [(e.time, e.left, e.right, e.merged) for e in mf.metastability.merge_events(([0.0, 1.0], xs))]
+        [(1.0, 0, 1, 0)]
+    """
+    _check_threshold(threshold)
+    ts, lab = _traj_labels(traj, threshold, block_size)
+    n = lab.shape[1]
+    events: list[MergeEvent] = []
+    for k in range(1, ts.size):
+        prev, cur = lab[k - 1], lab[k]
+        if np.array_equal(prev, cur):
+            continue
+        w_prev = np.bincount(prev, minlength=n) / n
+        for c in np.unique(cur):
+            parts = np.unique(prev[cur == c])
+            if parts.size < 2:
+                continue
+            acc, w_acc = int(parts[0]), float(w_prev[parts[0]])
+            for p in parts[1:]:
+                wp = float(w_prev[p])
+                merged = min(acc, int(p))
+                events.append(
+                    MergeEvent(
+                        float(ts[k]), float(ts[k - 1]), acc, int(p), w_acc, wp, merged, w_acc + wp
+                    )
+                )
+                acc, w_acc = merged, w_acc + wp
+    events.sort(key=lambda e: (e.time, e.merged, e.right))
+    return events
+
+
+def first_merge_time(ts: _ArrayLike, num: _ArrayLike) -> Array:
+    r"""First save time at which the cluster count drops below its value at the first save.
+
+    ``num``: the cluster counts at ``ts`` (e.g. ``clusters(x).num`` saved as an observable).
+    Returns ``inf`` when no merge happens. Array work: jit- and vmap-compatible (a sweep
+    observable).
+
+    Example:
+        >>> import meanfield as mf
+        >>> float(mf.metastability.first_merge_time([0.0, 1.0, 2.0, 3.0], [3, 3, 2, 1]))
+        2.0
+    """
+    ts, num = jnp.asarray(ts), jnp.asarray(num)
+    ts = ts.astype(jnp.result_type(ts.dtype, jnp.float32))
+    merged = num < num[0]
+    return jnp.where(jnp.any(merged), ts[jnp.argmax(merged)], jnp.inf)
+
+
+# --------------------------------------------------------------------------- plateaus
+
+
+@dataclasses.dataclass(frozen=True)
+class Plateaus:
+    """Energy plateaus (``plateaus``): ``start``, ``end``, ``level`` arrays of equal length."""
+
+    start: np.ndarray
+    end: np.ndarray
+    level: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.level.size)
+
+
+def _runs(E, band):
+    """Greedy left-to-right runs of saves whose energies span at most ``band``: ``new[k]`` is
+    true where save ``k`` starts a run."""
+
+    def body(carry, e):
+        lo, hi = carry
+        lo2, hi2 = jnp.minimum(lo, e), jnp.maximum(hi, e)
+        new = (hi2 - lo2) > band
+        return (jnp.where(new, e, lo2), jnp.where(new, e, hi2)), new
+
+    _, new = jax.lax.scan(body, (E[0], E[0]), E)
+    return new.at[0].set(True)
+
+
+def _check_plateau_args(energy, rel_tol, min_points):
+    check_scalar("rel_tol", rel_tol)
+    check_positive("rel_tol", rel_tol)
+    min_points = check_int("min_points", min_points, minimum=2)
+    E = jnp.asarray(energy)
+    if E.ndim != 1 or E.shape[0] == 0:
+        raise ValueError(f"energy must be a non-empty 1-d array, got shape {E.shape}")
+    return E, min_points
+
+
+def _plateau_core(E, rel_tol, min_points):
+    E = E.astype(jnp.result_type(E.dtype, jnp.float32))
+    span = jnp.max(E) - jnp.min(E)
+    band = rel_tol * span
+    new = _runs(E, band)
+    run = jnp.cumsum(new) - 1
+    T = E.shape[0]
+    length = jax.ops.segment_sum(jnp.ones((T,), jnp.int32), run, num_segments=T)
+    return run, length, length >= min_points
+
+
+def plateaus(
+    ts: _ArrayLike, energy: _ArrayLike, *, rel_tol: RealScalarLike = 0.02, min_points: int = 3
+) -> Plateaus:
+    r"""Plateaus of an energy curve.
+
+    Rule: the saves are cut, left to right, into maximal runs whose energies span at most
+    ``rel_tol`` $\cdot (\max E - \min E)$ (a new run starts at the first save that would widen
+    the span past that band); a run of at least ``min_points`` saves is a plateau, from its first
+    to its last save time, at the median energy of the run. On a logarithmic save grid (the grid
+    of ``simulate_long``) ``min_points`` is a minimal duration in log time. A constant curve is
+    one plateau.
+
+    Args:
+        ts: ``(T,)`` save times, increasing.
+        energy: ``(T,)`` energies (any normalisation; ``normalized_energy`` for the staircase).
+        rel_tol: band as a fraction of the energy range, ``> 0``.
+        min_points: fewest saves of a plateau, ``>= 2``.
+
+    Returns:
+        ``Plateaus(start, end, level)``.
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> E = np.array([0.2, 0.2, 0.2, 0.5, 0.6, 0.6, 0.6, 0.6])
+        >>> p = mf.metastability.plateaus(np.arange(8.0), E)
+        >>> p.start.tolist(), p.end.tolist(), p.level.tolist()
+        ([0.0, 4.0], [2.0, 7.0], [0.2, 0.6])
+    """
+    E, min_points = _check_plateau_args(energy, rel_tol, min_points)
+    t = np.asarray(ts, dtype=np.float64)
+    if t.shape != (E.shape[0],):
+        raise ValueError(f"ts must have the shape of energy {tuple(E.shape)}, got {t.shape}")
+    En = np.asarray(energy, dtype=np.float64)
+    if not np.all(np.isfinite(En)):
+        raise ValueError("energy must be finite (drop the saves after a failed run)")
+    run, length, keep = map(np.asarray, _plateau_core(E, rel_tol, min_points))
+    starts, ends, levels = [], [], []
+    for r in np.flatnonzero(keep[: run[-1] + 1]):
+        idx = np.flatnonzero(run == r)
+        starts.append(t[idx[0]])
+        ends.append(t[idx[-1]])
+        levels.append(float(np.median(En[idx])))
+    return Plateaus(np.asarray(starts), np.asarray(ends), np.asarray(levels))
+
+
+def num_plateaus(
+    energy: _ArrayLike, *, rel_tol: RealScalarLike = 0.02, min_points: int = 3
+) -> Array:
+    """Number of plateaus of ``plateaus`` (same rule); array work, jit- and vmap-compatible.
+
+    Example:
+        >>> import numpy as np, meanfield as mf
+        >>> int(mf.metastability.num_plateaus(np.array([0.2, 0.2, 0.2, 0.5, 0.6, 0.6, 0.6, 0.6])))
+        2
+    """
+    E, min_points = _check_plateau_args(energy, rel_tol, min_points)
+    run, length, keep = _plateau_core(E, rel_tol, min_points)
+    return jnp.sum(keep & (jnp.arange(E.shape[0]) <= run[-1]))
+
+
+# --------------------------------------------------------------------------- theory
+
+
+@dataclasses.dataclass(frozen=True)
+class Staircase:
+    r"""The staircase prediction (``staircase``).
+
+    Attributes:
+        levels: ``(K,)`` plateau levels of $\tilde E$: $\sum_k w_k^2$ before any merge, then after
+            each merge, ending at 1.
+        jumps: ``(K - 1,)`` $2 w_a w_b$ of each merge.
+        pairs: ``(K - 1, 2)`` the merged clusters (indices into ``weights``; the merged cluster
+            keeps the smaller index).
+        gaps: ``(K - 1,)`` angle between the two clusters when they merge (radians).
+        exponents: ``(K - 1,)`` $1 - \cos(\text{gap})$: the merge takes a time
+            $\approx e^{\beta (1 - \cos\text{gap})}$ (leading order, ``two_cluster_merge_time``).
+        rescaled_times: ``(K,)`` cumulative sums of ``exponents`` from 0: the time axis of dotm's
+            ``algo_traj_2`` (its plot of the predicted staircase).
+    """
+
+    levels: np.ndarray
+    jumps: np.ndarray
+    pairs: np.ndarray
+    gaps: np.ndarray
+    exponents: np.ndarray
+    rescaled_times: np.ndarray
+
+
+def staircase(weights: _ArrayLike, positions: _ArrayLike | None = None) -> Staircase:
+    r"""The staircase of energy levels predicted from cluster weights (module docstring).
+
+    Levels: $\tilde E = \sum_k w_k^2$ on a plateau of point clusters with weights $w_k$ (normalised
+    to sum 1); merging $a, b$ adds $2 w_a w_b$. Merge order: the closest pair first (the
+    two-cluster merge time $e^{\beta (1-\cos\theta)}$ is increasing in $\theta$), the merged
+    cluster sitting at the weighted geodesic mean (conserved by the reduced two-cluster ODE),
+    as in dotm's ``algo_traj_1``. Without ``positions`` the clusters merge in index order
+    (``gaps``, ``exponents`` are then NaN).
+
+    Args:
+        weights: ``(K,)`` nonnegative cluster weights (any positive total; normalised here).
+        positions: ``(K,)`` angles on the circle, or ``(K, d)`` unit vectors, or ``None``.
+
+    Returns:
+        ``Staircase(levels, jumps, pairs, gaps, exponents, rescaled_times)``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> s = mf.metastability.staircase([1, 1, 2], positions=[0.0, 0.3, 2.0])
+        >>> s.levels.tolist(), s.pairs.tolist()
+        ([0.375, 0.5, 1.0], [[0, 1], [0, 2]])
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"weights must be a non-empty 1-d array, got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"weights must be finite, >= 0, with a positive sum, got {w.tolist()}")
+    w = w / w.sum()
+    K = w.size
+    if positions is None:
+        pos = None
+    else:
+        pos = np.asarray(positions, dtype=np.float64)
+        if pos.ndim == 1:
+            pos = np.stack([np.cos(pos), np.sin(pos)], axis=1)
+        if pos.ndim != 2 or pos.shape[0] != K or not np.all(np.isfinite(pos)):
+            raise ValueError(
+                f"positions must be {K} finite angles or a ({K}, d) array, got shape {np.shape(positions)}"
+            )
+        pos = pos / np.linalg.norm(pos, axis=1, keepdims=True)
+    alive = list(range(K))
+    wt = w.copy()
+    levels = [float(np.sum(w * w))]
+    jumps, pairs, gaps = [], [], []
+    while len(alive) > 1:
+        if pos is None:
+            a, b, gap = alive[0], alive[1], math.nan
+        else:
+            P = pos[alive]
+            ang = np.arccos(np.clip(P @ P.T, -1.0, 1.0)) + np.diag(np.full(len(alive), np.inf))
+            i, j = np.unravel_index(np.argmin(ang), ang.shape)
+            a, b = sorted((alive[i], alive[j]))
+            gap = float(ang[i, j])
+            # weighted geodesic mean: slerp from a towards b by w_b / (w_a + w_b)
+            f = wt[b] / (wt[a] + wt[b])
+            s = math.sin(gap)
+            if s > 1e-12:
+                m = (math.sin((1 - f) * gap) * pos[a] + math.sin(f * gap) * pos[b]) / s
+            else:
+                m = pos[a]
+            pos[a] = m / np.linalg.norm(m)
+        jumps.append(2.0 * wt[a] * wt[b])
+        pairs.append((a, b))
+        gaps.append(gap)
+        wt[a] += wt[b]
+        alive.remove(b)
+        levels.append(levels[-1] + jumps[-1])
+    gaps_a = np.asarray(gaps, dtype=np.float64)
+    exps = 1.0 - np.cos(gaps_a)
+    return Staircase(
+        levels=np.asarray(levels),
+        jumps=np.asarray(jumps, dtype=np.float64),
+        pairs=np.asarray(pairs, dtype=np.int64).reshape(-1, 2),
+        gaps=gaps_a,
+        exponents=exps,
+        rescaled_times=np.concatenate([[0.0], np.cumsum(exps)]),
+    )
+
+
+def two_cluster_merge_time(
+    w1: RealScalarLike,
+    w2: RealScalarLike,
+    theta: RealScalarLike,
+    beta: RealScalarLike,
+    *,
+    threshold: RealScalarLike = 0.1,
+    rescaled: bool = True,
+    log: bool = False,
+) -> float:
+    r"""Time for two point clusters at angle ``theta`` to come within ``threshold`` (module docstring).
+
+    $T = \frac{1}{w_1 + w_2} \int_{u_c}^{u_0} \frac{e^{\beta u}}{u (2-u)} du$, $u = 1 - \cos\theta$,
+    computed as $e^{\beta u_0}$ times an adaptive quadrature (``scipy.integrate.quad`` in
+    $s = \log u$, relative tolerance 1e-10) of a bounded integrand, so that the value is
+    exact to quadrature error whatever $\beta$ (``log=True`` returns $\log T$, finite where $T$
+    overflows). The time is that of the ``rescaled=True`` USA kernel; ``rescaled=False``
+    gives the original kernel's time $e^{-\beta} T$. Limit $\beta \to 0$:
+    $\frac{1}{w_1 + w_2} \log\frac{\tan(\theta/2)}{\tan(\theta_c/2)}$.
+
+    Args:
+        w1, w2: cluster weights (fractions of all particles), ``> 0``.
+        theta: initial angle, in ``(threshold, pi)``.
+        beta: ``> 0``.
+        threshold: the angle counted as merged (the ``clusters`` threshold), in ``(0, theta)``.
+        rescaled: time of the rescaled kernel (default) or of the original one.
+        log: return $\log T$.
+
+    Example:
+        >>> import math, meanfield as mf
+        >>> t = mf.metastability.two_cluster_merge_time(0.5, 0.5, 1.0, 1e-9, threshold=0.1)
+        >>> round(t, 6) == round(math.log(math.tan(0.5) / math.tan(0.05)), 6)
+        True
+    """
+    from scipy import integrate
+
+    for name, v in (("w1", w1), ("w2", w2), ("beta", beta)):
+        check_scalar(name, v)
+        check_positive(name, v)
+    _check_threshold(threshold)
+    check_scalar("theta", theta)
+    th, thc, b = float(theta), float(threshold), float(beta)
+    if not (thc < th < math.pi):
+        raise ValueError(f"theta must lie in (threshold, pi) = ({thc:g}, pi), got {th!r}")
+    W = float(w1) + float(w2)
+    u0, uc = 1.0 - math.cos(th), 1.0 - math.cos(thc)
+
+    def f(s):
+        u = math.exp(s)
+        return math.exp(-b * (u0 - u)) / (2.0 - u)
+
+    lo, hi = math.log(uc), math.log(u0)
+    # the integrand peaks at the upper end over a width 1/(beta u0) in s: give quad that point
+    brk = [max(lo, hi - k / max(b * u0, 1e-300)) for k in (1.0, 10.0, 100.0)]
+    brk = sorted({p for p in brk if lo < p < hi})
+    val, _ = integrate.quad(f, lo, hi, points=brk or None, epsabs=0.0, epsrel=1e-10, limit=500)
+    logT = b * u0 + math.log(val) - math.log(W) - (0.0 if rescaled else b)
+    return logT if log else math.exp(logT) if logT < 709.0 else math.inf
+
+
+def normalized_energy(energy: _ArrayLike, beta: _ArrayLike, *, rescaled: bool = True) -> Array:
+    r"""$\tilde E = 2 \beta e^{-\beta} E$ of a USA energy (``2 beta E`` for a rescaled kernel),
+    in $(0, 1]$: the normalisation of the staircase levels $\sum_k w_k^2$.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+        >>> E = mf.energy(mf.kernels.USA(50.0, rescaled=True), x)
+        >>> round(float(mf.metastability.normalized_energy(E, 50.0)), 6)
+        1.0
+    """
+    E, beta = jnp.asarray(energy), jnp.asarray(beta)
+    return 2.0 * beta * E * (1.0 if rescaled else jnp.exp(-beta))
+
+
+# --------------------------------------------------------------------------- long runs
+
+
+def log_time_grid(
+    t1: RealScalarLike, num: int = 200, *, t_min: RealScalarLike = 1e-2
+) -> np.ndarray:
+    """Save grid ``[0, t_min, ..., t1]``: ``0`` then ``num - 1`` log-spaced times.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.metastability.log_time_grid(100.0, 4, t_min=1.0).tolist()
+        [0.0, 1.0, 10.0, 100.0]
+    """
+    check_scalar("t1", t1)
+    check_positive("t1", t1)
+    check_scalar("t_min", t_min)
+    check_positive("t_min", t_min)
+    num = check_int("num", num, minimum=2)
+    if not float(t_min) < float(t1):
+        raise ValueError(f"t_min must be < t1 = {float(t1):g}, got {float(t_min):g}")
+    return np.concatenate([[0.0], np.geomspace(float(t_min), float(t1), num - 1)])
+
+
+def simulate_long(
+    model: USA,
+    x0: _ArrayLike,
+    aux=None,
+    *,
+    t1: RealScalarLike,
+    rtol: RealScalarLike,
+    atol: RealScalarLike,
+    ts=None,
+    num_saves: int = 200,
+    t_min: RealScalarLike = 1e-2,
+    merge_tol: RealScalarLike | None = None,
+    dt0: RealScalarLike = 1e-2,
+    max_steps: int = 1_000_000,
+    observables: Mapping[str, Any] | None = None,
+    save_states: bool = True,
+    block_size: int | None = None,
+    backend: str | None = None,
+) -> Trajectory:
+    r"""Integrate the flow to very long times ($t \sim e^{\beta}$), saving on a logarithmic grid.
+
+    Adaptive Bogacki--Shampine 3(2) steps on the tangent field (projected stages, normalised
+    states) with the error control of the module docstring (``rtol``, ``atol`` required, no
+    silent defaults), particles within ``merge_tol`` radians merged after each step, steps
+    clipped to land on the save times. Memory: the saves (``(T, n, d)`` with ``save_states``,
+    else the observables), independent of the number of steps. Times beyond float32's range
+    ($\approx 3 \cdot 10^{38}$, i.e. $\beta (1 - \cos\theta) \gtrsim 85$) need float64
+    (``jax.enable_x64``, float64 ``x0``); so do kernel fields below float32's smallest normal
+    ($e^{-\beta (1-\cos\theta)} < 10^{-38}$): use ``rescaled=True`` kernels.
+
+    Validated (tests, ``meanfield reproduce metastability``): first merges of two point clusters
+    against ``two_cluster_merge_time`` up to $\beta (1 - \cos\theta) \approx 40$, and staircases of
+    several merges up to merge exponents $\approx 25$. Known limitation: on a plateau whose merge
+    exponent exceeds about 35-40 the step controller can stall (the stage fields lose the
+    $e^{-\beta u}$ drift to rounding) and the run ends with ``failed`` set after ``max_steps``.
+
+    Args:
+        model: a kernel (``mf.kernels``, e.g. ``USA(beta, rescaled=True)``).
+        x0: ``(n, d)`` unit rows.
+        aux: labels (``None``: the model's default).
+        t1: final time.
+        rtol, atol: the step's error tolerances (``> 0``).
+        ts: save times in ``[0, t1]``, increasing; ``None``: ``log_time_grid(t1, num_saves, t_min=t_min)``.
+        num_saves, t_min: the default grid.
+        merge_tol: merge radius (radians, ``>= 0``; 0 disables merging); ``None``:
+            ``max(1e-4, 1000 atol)``. It must be well above ``atol``: an explicit step lets a
+            decaying offset between two particles of a cluster hover at the edge of stability (up
+            to about ``100 atol``), which caps the step at $O(1)$ unless they are merged.
+        dt0: first step.
+        max_steps: cap on attempted steps; a run that needs more ends with ``failed`` set and NaN
+            saves after its last time.
+        observables: dict name -> ``f(x)`` saved at ``ts`` (e.g. ``{"cluster_labels": cluster_labels(0.1)}``).
+        save_states: store ``xs``.
+        block_size, backend: as in ``mf.simulate``.
+
+    Returns:
+        a ``Trajectory`` (``energy`` in the kernel's normalisation; ``num_steps`` = accepted steps).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> th = jnp.array([0.0, 0.0, 0.6])
+        >>> x0 = jnp.stack([jnp.cos(th), jnp.sin(th)], 1)
+        >>> traj = mf.metastability.simulate_long(mf.kernels.USA(20.0, rescaled=True), x0,
+        ...     t1=1e6, rtol=1e-5, atol=1e-7, num_saves=30)
+        >>> bool(traj.failed), len(mf.metastability.merge_events(traj, 0.1))
+        (False, 1)
+    """
+    if not isinstance(model, USA):
+        raise TypeError(
+            f"simulate_long integrates the USA kernel (mf.kernels.USA), got {type(model).__name__}"
+        )
+    check_scalar("t1", t1)
+    check_positive("t1", t1)
+    for name, v in (("rtol", rtol), ("atol", atol), ("dt0", dt0)):
+        check_scalar(name, v)
+        check_positive(name, v)
+    if merge_tol is None:
+        merge_tol = max(1e-4, 1000.0 * float(atol))
+    check_scalar("merge_tol", merge_tol)
+    if not 0.0 <= float(merge_tol) < math.pi:
+        raise ValueError(f"merge_tol must be in [0, pi) radians, got {merge_tol!r}")
+    max_steps = check_int("max_steps", max_steps, minimum=1)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
+    if ts is None:
+        ts_np = log_time_grid(t1, num_saves, t_min=t_min)
+    else:
+        ts_np = np.asarray(ts, dtype=np.float64)
+        if ts_np.ndim != 1 or ts_np.size == 0:
+            raise ValueError(
+                f"ts must be a non-empty 1-d array of save times, got shape {ts_np.shape}"
+            )
+        if (
+            not np.all(np.isfinite(ts_np))
+            or ts_np.min() < 0
+            or ts_np.max() > float(t1) * (1 + 1e-12)
+        ):
+            raise ValueError(f"ts must lie in [0, t1] = [0, {float(t1):g}]")
+        if np.any(np.diff(ts_np) <= 0):
+            raise ValueError("ts must be strictly increasing")
+    x0, aux = check_states(model, x0, aux, "x0")
+    if float(np.max(ts_np)) >= float(np.finfo(np.dtype(x0.dtype)).max):
+        raise ValueError(
+            f"t1 = {float(t1):g} overflows {np.dtype(x0.dtype).name}: use float64 (jax.enable_x64)"
+        )
+    observables = dict(observables or {})
+    for name, fn in observables.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(
+                f"observables must map names to callables x -> array, got {name!r}: {fn!r}"
+            )
+    model = jax.tree.map(
+        lambda leaf: (
+            jnp.asarray(leaf)
+            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
+            else leaf
+        ),
+        model,
+    )
+    dtype = x0.dtype
+    with backend_scope(backend):
+        return _simulate_long(
+            model,
+            x0,
+            aux,
+            jnp.asarray(ts_np, dtype),
+            jnp.asarray(rtol, dtype),
+            jnp.asarray(atol, dtype),
+            jnp.asarray(merge_tol, dtype),
+            jnp.asarray(dt0, dtype),
+            merged=float(merge_tol) > 0,
+            max_steps=max_steps,
+            observables=tuple(sorted(observables.items())),
+            save_states=bool(save_states),
+            block_size=block_size,
+        )
+
+
+@eqx.filter_jit
+def _simulate_long(
+    model,
+    x0,
+    aux,
+    ts,
+    rtol,
+    atol,
+    merge_tol,
+    dt0,
+    *,
+    merged,
+    max_steps,
+    observables,
+    save_states,
+    block_size,
+):
+    n, _ = x0.shape
+    dtype = x0.dtype
+    T = ts.shape[0]
+
+    beta = jnp.asarray(model.beta, dtype)
+    shift = jnp.zeros((), dtype) if model.rescaled else beta
+    B = min(n, _LONG_BLOCK if block_size is None else block_size)
+    R = -(-n // B) * B
+    xpad = jnp.concatenate([x0, jnp.zeros((R - n,) + x0.shape[1:], dtype)]) if R > n else x0
+
+    def f(x):
+        # P_{x_i} (1/n) sum_j e^{beta (<x_i, x_j> - 1)} (x_j - x_i), from differences and
+        # 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the drift between clusters is far
+        # below the rounding of the summed field (projecting F would lose it)
+        xr = jnp.concatenate([x, xpad[n:]]).reshape(R // B, B, -1)
+
+        def rows(xb):
+            # the barrier keeps XLA from rewriting sum_j A_ij (x_j - x_i) as
+            # sum_j A_ij x_j - x_i sum_j A_ij, which cancels catastrophically on a plateau
+            D = jax.lax.optimization_barrier(x[None, :, :] - xb[:, None, :])
+            A = jnp.exp(shift - 0.5 * beta * jnp.sum(D * D, axis=-1))
+            S = jnp.sum(A[:, :, None] * D, axis=1) / n
+            return sphere.project(xb, S)
+
+        return jax.lax.map(rows, xr).reshape(R, -1)[:n]
+
+    def snap(x):
+        if not merged:
+            return x
+        labels = metrics._component_labels(x, merge_tol, block_size=None)
+        s = jax.ops.segment_sum(x, labels, num_segments=n)
+        return sphere.normalize(s[labels])
+
+    def save(x):
+        out = {
+            "collapse_gap": metrics.collapse_gap(x),
+            "energy": model.energy(x, aux, block_size=block_size),
+        }
+        if save_states:
+            out["xs"] = x
+        for name, fn in observables:
+            v = jnp.asarray(fn(x))
+            out["obs:" + name] = v if jnp.issubdtype(v.dtype, jnp.inexact) else v.astype(dtype)
+        return out
+
+    shapes = jax.eval_shape(save, x0)
+    buf0 = jax.tree.map(lambda s: jnp.full((T,) + s.shape, jnp.nan, s.dtype), shapes)
+    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+
+    # the time is a Kahan sum t - c: steps of O(1) during a merge at t ~ 1e16 still add up
+    def cond(s):
+        x, t, c, h, k, steps, acc, buf, failed = s
+        return (k < T) & (steps < max_steps) & ~failed
+
+    def body(s):
+        x, t, c, h, k, steps, acc, buf, failed = s
+        rem = (ts[jnp.minimum(k, T - 1)] - t) + c
+        due = rem <= 0
+
+        def do_save(_):
+            new = save(x)
+            return (
+                x,
+                t,
+                c,
+                h,
+                k + 1,
+                steps,
+                acc,
+                jax.tree.map(lambda b, v: b.at[k].set(v), buf, new),
+                failed,
+            )
+
+        def do_step(_):
+            target = ts[k]
+            hs = jnp.minimum(h, rem)
+            clipped = hs < h
+            # every particle moves with its merged cluster's representative: merged particles
+            # stay bit-identical through the stages (rounding differences between them would
+            # grow like (h w)^stages on a plateau step h >> 1/w: the stiff intra-cluster mode)
+            rep = metrics._component_labels(x, merge_tol, block_size=None) if merged else None
+
+            def g(v):
+                k = f(v)
+                return k if rep is None else k[rep]
+
+            k1 = g(x)
+            k2 = g(sphere.normalize(x + 0.5 * hs * k1))
+            k3 = g(sphere.normalize(x + 0.75 * hs * k2))
+            y = x + hs * (2.0 / 9.0 * k1 + 1.0 / 3.0 * k2 + 4.0 / 9.0 * k3)
+            k4 = g(sphere.normalize(y))
+            z = x + hs * (7.0 / 24.0 * k1 + 0.25 * k2 + 1.0 / 3.0 * k3 + 0.125 * k4)
+            err = jnp.max(jnp.abs(y - z) / (atol + rtol * jnp.abs(y)))
+            finite = jnp.all(jnp.isfinite(y)) & jnp.isfinite(err)
+            ok = finite & (err <= 1.0)
+            fac = jnp.clip(0.9 * jnp.where(err > 0, err, 1e-30) ** (-1.0 / 3.0), 0.2, 5.0)
+            fac = jnp.where(finite, fac, 0.2)
+            h_new = jnp.minimum(jnp.where(ok & clipped, jnp.maximum(h, hs * fac), hs * fac), big)
+            x_new = jnp.where(ok, snap(sphere.normalize(y)), x)
+            yk = hs - c
+            tk = t + yk
+            ck = (tk - t) - yk
+            t_new = jnp.where(ok, jnp.where(clipped, target, tk), t)
+            c_new = jnp.where(ok, jnp.where(clipped, 0.0, ck), c)
+            return x_new, t_new, c_new, h_new, k, steps + 1, acc + ok.astype(jnp.int32), buf, failed
+
+        return jax.lax.cond(due, do_save, do_step, None)
+
+    s0 = (
+        x0,
+        jnp.zeros((), dtype),
+        jnp.zeros((), dtype),
+        dt0,
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32),
+        buf0,
+        jnp.zeros((), bool),
+    )
+    x, t, c, h, k, steps, acc, buf, failed = jax.lax.while_loop(cond, body, s0)
+    failed = failed | (k < T)
+    seen = jnp.arange(T) < k
+    nonfinite = [
+        ~jnp.all(jnp.isfinite(v) | ~seen.reshape((-1,) + (1,) * (v.ndim - 1)))
+        for v in jax.tree.leaves(buf)
+        if jnp.issubdtype(v.dtype, jnp.inexact)
+    ]
+    for bad in nonfinite:
+        failed = failed | bad
+    return Trajectory(
+        ts=ts,
+        xs=buf.get("xs"),
+        energy=buf["energy"],
+        collapse_gap=buf["collapse_gap"],
+        observables={name[4:]: v for name, v in buf.items() if name.startswith("obs:")},
+        stop_time=t,
+        stopped=jnp.zeros((), bool),
+        failed=failed,
+        num_steps=acc,
+    )

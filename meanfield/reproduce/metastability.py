@@ -1,0 +1,338 @@
+r"""Metastability (``meanfield reproduce metastability``): merges, plateaus and the staircase.
+
+Geshkovski, Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-attention model"
+(arXiv 2410.06833; code github.com/HugoKoubbi/2024-transformers-dotm). Checks, each with theory,
+measured value, tolerance and a note (``mf.metastability`` has the formulas):
+
+* ``staircase_levels``: the plateaus of $\tilde E = 2\beta E$ (rescaled USA kernel) of a run from six
+  particles on the circle at $\beta = 60$ (``simulate_long``, float64) against the nearest level
+  $\sum_k w_k^2$ of ``staircase``;
+* ``first_merge_time``: two point clusters (3 and 5 particles) at angle $\theta$: first merge
+  (``merge_events``) against the quadrature ``two_cluster_merge_time``, over a grid of
+  $(\beta, \theta)$;
+* ``plateau_growth_rate``: the slope of $\log(\beta T)$ against $\beta$ from those runs at fixed
+  $\theta$ against $1 - \cos\theta$ (the Laplace asymptotics of the reduced two-cluster ODE:
+  plateau lengths $\propto e^{\beta (1 - \cos\theta)}$);
+* ``dotm_staircase``: dotm's ``staircase.py`` predictor (``algo_traj_1/2``, rewritten here in NumPy
+  from its published logic) against ``staircase`` on dotm's own example ($n = 5$,
+  $\beta = 500..4000$);
+* the number of clusters of the first plateau against ``mf.continuum.most_unstable_mode`` is the
+  ``cluster_count`` check of ``meanfield reproduce continuum``: reused, not duplicated (its row is
+  copied here when that experiment's summary sits in the same output directory).
+
+Not in ``PAPERS`` (not part of ``meanfield reproduce`` without a name): it runs on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from .. import kernels, metastability
+from ._common import Timer, check, write_summary
+
+__all__ = ["run", "settings_for", "dotm_staircase"]
+
+_NAME = "metastability"
+
+
+def settings_for(quick: bool) -> dict:
+    """Settings of the experiment (``quick`` and full differ only in the save grids)."""
+    return {
+        "threshold": 0.1,
+        "staircase_beta": 60.0,
+        "staircase_angles": [0.0, 0.3, 0.85, 1.3, 2.1, 2.45],
+        "staircase_log_t1": 34.0,
+        "staircase_saves": 200 if quick else 600,
+        "merge_grid": [
+            [20.0, 0.8],
+            [30.0, 0.8],
+            [40.0, 0.8],
+            [50.0, 0.8],
+            [60.0, 0.7],
+            [40.0, 1.0],
+        ],
+        "merge_sizes": [3, 5],
+        "merge_saves": 200 if quick else 800,
+        "growth_theta": 0.8,
+        "dotm_betas": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
+        "rtol": 1e-7,
+        "atol": 1e-10,
+        "tolerances": {
+            "staircase_levels": 0.01,
+            "plateau_growth_rate": 0.01,
+            "dotm_staircase": 1e-12,
+        },
+    }
+
+
+def dotm_staircase(theta0) -> tuple[np.ndarray, np.ndarray]:
+    """dotm's ``algo_traj_1``/``algo_traj_2`` (staircase.py), in NumPy from its published logic:
+    repeatedly merge the pair at the smallest counter-clockwise gap into its weighted mean angle;
+    each merge adds ``1 - cos(gap)`` to the rescaled time and ``2 w_i w_j / M^2`` to the energy,
+    which starts at ``1 / M``. Returns ``(levels, rescaled_times)``."""
+    theta = np.array(theta0, dtype=np.float64)
+    M = theta.size
+    w = np.ones_like(theta)
+    jumps, times = [], []
+    while theta.size >= 2:
+        best = (np.inf, 0, 0)
+        for i in range(theta.size):
+            for j in range(theta.size):
+                if i != j:
+                    g = abs((theta[i] - theta[j]) % (2 * np.pi))
+                    if g < best[0]:
+                        best = (g, i, j)
+        g, i, j = best
+        times.append(1 - np.cos(g))
+        jumps.append(2 * w[i] * w[j] / M**2)
+        theta[j] = ((theta[j] * w[j] + theta[i] * w[i]) / (w[i] + w[j])) % (2 * np.pi)
+        w[j] += w[i]
+        theta, w = np.delete(theta, i), np.delete(w, i)
+    levels = np.array([1 / M + sum(jumps[:k]) for k in range(len(jumps) + 1)])
+    return levels, np.array([sum(times[:k]) for k in range(len(times) + 1)])
+
+
+def _circle(th) -> np.ndarray:
+    th = np.asarray(th, dtype=np.float64)
+    return np.stack([np.cos(th), np.sin(th)], axis=1)
+
+
+def _staircase_run(S):
+    beta, th = S["staircase_beta"], np.asarray(S["staircase_angles"])
+    with jax.enable_x64(True):
+        traj = metastability.simulate_long(
+            kernels.USA(beta, rescaled=True),
+            jnp.asarray(_circle(th)),
+            t1=float(np.exp(S["staircase_log_t1"])),
+            rtol=S["rtol"],
+            atol=S["atol"],
+            num_saves=S["staircase_saves"],
+            t_min=1e-2,
+        )
+        ts = np.asarray(traj.ts)
+        En = np.asarray(metastability.normalized_energy(traj.energy, beta))
+        events = metastability.merge_events(traj, S["threshold"])
+        failed = bool(traj.failed)
+    return ts, En, events, failed, metastability.staircase(np.ones(th.size), th)
+
+
+def _merge_runs(S):
+    n1, n2 = S["merge_sizes"]
+    n = n1 + n2
+    rows = []
+    for beta, theta in S["merge_grid"]:
+        T = metastability.two_cluster_merge_time(
+            n1 / n, n2 / n, theta, beta, threshold=S["threshold"]
+        )
+        # a grid not centred on T: the bracket of the merge does not straddle T symmetrically
+        ts = np.r_[0.0, np.geomspace(T / 2.7, 3.1 * T, S["merge_saves"])]
+        th = np.r_[np.zeros(n1), np.full(n2, theta)]
+        with jax.enable_x64(True):
+            x0 = jnp.asarray(np.c_[_circle(th), np.zeros(n)])
+            traj = metastability.simulate_long(
+                kernels.USA(beta, rescaled=True),
+                x0,
+                t1=3.1 * T,
+                ts=ts,
+                rtol=S["rtol"],
+                atol=S["atol"],
+            )
+            ev = metastability.merge_events(traj, S["threshold"])
+        measured = math.sqrt(ev[0].time * ev[0].time_before) if ev else math.nan
+        rows.append(
+            {
+                "beta": beta,
+                "theta": theta,
+                "quadrature": T,
+                "measured": measured,
+                "bracket": [ev[0].time_before, ev[0].time] if ev else None,
+                "save_ratio": float(ts[2] / ts[1]),
+                "failed": bool(traj.failed),
+            }
+        )
+    return rows
+
+
+def _continuum_row(out_root: Path):
+    """The ``cluster_count`` row of ``meanfield reproduce continuum`` when its summary is there."""
+    path = out_root / "continuum" / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for row in summary.get("checks", []):
+        if row.get("name") == "cluster_count":
+            row = dict(row)
+            row["name"] = "first_plateau_clusters"
+            row["note"] = "copied from meanfield reproduce continuum (check cluster_count): " + str(
+                row.get("note", "")
+            )
+            return row
+    return None
+
+
+def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
+    """Run the metastability reproduction; write a figure, data and ``summary.json``; return the summary."""
+    out = Path(out_dir) / _NAME
+    out.mkdir(parents=True, exist_ok=True)
+    S = settings_for(quick)
+    S.update({k: v for k, v in options.items() if k in S})
+    tol = S["tolerances"]
+    timings: dict = {}
+    checks: list = []
+    bar = tqdm(total=3, desc=_NAME, disable=quiet)
+
+    # ----------------------------------------------------- staircase of one run
+    with Timer(timings, "staircase_s"):
+        ts, En, events, failed, pred = _staircase_run(S)
+    plat = metastability.plateaus(ts, En)
+    dev = [float(np.min(np.abs(pred.levels - lv))) for lv in plat.level]
+    checks.append(
+        check(
+            "staircase_levels",
+            max(dev) if dev and not failed else math.nan,
+            0.0,
+            tol["staircase_levels"],
+            f"max over the {len(plat)} detected plateaus (rule of mf.metastability.plateaus) of |level - nearest "
+            f"staircase level sum_k w_k^2|; run: n = 6 on the circle at {S['staircase_angles']}, beta = "
+            f"{S['staircase_beta']:g}, rescaled USA, to t = e^{S['staircase_log_t1']:g}; measured levels "
+            + ", ".join(f"{lv:.4f}" for lv in plat.level)
+            + "; predicted "
+            + ", ".join(f"{lv:.4f}" for lv in pred.levels)
+            + f"; {len(events)} merges at log t = "
+            + ", ".join(f"{math.log(e.time):.2f}" for e in events)
+            + " (staircase exponents beta (1 - cos gap) = "
+            + ", ".join(f"{S['staircase_beta'] * e:.2f}" for e in pred.exponents)
+            + ")",
+        )
+    )
+    bar.update()
+
+    # ----------------------------------------------------- two-cluster merge times
+    with Timer(timings, "merge_times_s"):
+        rows = _merge_runs(S)
+    rel = [abs(r["measured"] / r["quadrature"] - 1) for r in rows]
+    ratio = max(r["save_ratio"] for r in rows)
+    checks.append(
+        check(
+            "first_merge_time",
+            max(rel),
+            0.0,
+            ratio - 1,
+            "max over (beta, theta) of |T_measured / T_quadrature - 1|, T_measured the geometric mean of the "
+            "save bracket of the first merge_events merge (tolerance: the log grid's ratio - 1); two point clusters "
+            f"of {S['merge_sizes'][0]} and {S['merge_sizes'][1]} particles on S^2, rescaled USA: "
+            + ", ".join(
+                f"beta {r['beta']:g}, theta {r['theta']:g}: {r['measured']:.4g} / {r['quadrature']:.4g}"
+                for r in rows
+            ),
+        )
+    )
+    bar.update()
+
+    # ----------------------------------------------------- growth rate of the plateau length
+    th0 = S["growth_theta"]
+    sel = [r for r in rows if r["theta"] == th0]
+    b = np.array([r["beta"] for r in sel])
+    slope = float(np.polyfit(b, np.log(b * np.array([r["measured"] for r in sel])), 1)[0])
+    qslope = float(np.polyfit(b, np.log(b * np.array([r["quadrature"] for r in sel])), 1)[0])
+    checks.append(
+        check(
+            "plateau_growth_rate",
+            slope,
+            1 - math.cos(th0),
+            tol["plateau_growth_rate"],
+            f"slope of log(beta T_merge) against beta in {b.tolist()} at theta = {th0:g} (simulated merges) against "
+            f"1 - cos(theta), the Laplace rate of T ~ e^(beta (1 - cos theta)) / (W beta u (2 - u)); the quadrature's "
+            f"own slope is {qslope:.4f}",
+        )
+    )
+    bar.update()
+
+    # ----------------------------------------------------- dotm's predictor
+    with Timer(timings, "dotm_s"):
+        diffs = []
+        for beta in S["dotm_betas"]:
+            th = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
+            lv, rt = dotm_staircase(th)
+            s = metastability.staircase(np.ones(5), th)
+            diffs.append(max(np.max(np.abs(lv - s.levels)), np.max(np.abs(rt - s.rescaled_times))))
+    checks.append(
+        check(
+            "dotm_staircase",
+            max(diffs),
+            0.0,
+            tol["dotm_staircase"],
+            "max |levels and rescaled times of dotm staircase.py's algo_traj_1/2 (NumPy port) - mf.metastability."
+            f"staircase| on dotm's example n = 5, theta_0 = 0.5 (0, 0.5, 2, 4, 7) log(beta) / sqrt(beta), beta in "
+            f"{S['dotm_betas']}",
+        )
+    )
+    row = _continuum_row(Path(out_dir))
+    if row is not None:
+        checks.append(row)
+    bar.close()
+
+    with Timer(timings, "figures_s"):
+        figures = _figures(out, ts, En, pred, plat, rows)
+    np.savez_compressed(
+        out / "metastability_data.npz",
+        ts=ts,
+        energy=En,
+        levels=pred.levels,
+        plateau_levels=plat.level,
+        plateau_start=plat.start,
+        plateau_end=plat.end,
+    )
+    S["merge_runs"] = rows
+    S["staircase_merges"] = [dict(e.__dict__) for e in events]
+    S["first_plateau_clusters"] = (
+        "reused from meanfield reproduce continuum"
+        if row is not None
+        else "see meanfield reproduce continuum (check cluster_count); run it into the same --out to copy the row here"
+    )
+    return write_summary(
+        out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures
+    )
+
+
+def _figures(out: Path, ts, En, pred, plat, rows) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    from .. import plotting
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    t = np.maximum(ts, ts[ts > 0].min())
+    a.plot(t, En, lw=1.2, label="simulation")
+    for lv in pred.levels:
+        a.axhline(lv, color="r", ls="--", lw=0.7)
+    a.hlines(
+        plat.level,
+        np.maximum(plat.start, t[0]),
+        plat.end,
+        color="k",
+        lw=3,
+        alpha=0.4,
+        label="plateaus",
+    )
+    a.set_xscale("log")
+    a.set_xlabel("t (rescaled kernel)")
+    a.set_ylabel(r"$\tilde E = 2 \beta E$")
+    a.set_title("staircase: run vs sum w_k^2 (dashed)", fontsize=9)
+    a.legend(fontsize=8)
+    q = np.array([r["quadrature"] for r in rows])
+    m = np.array([r["measured"] for r in rows])
+    b.loglog(q, m, "o")
+    lim = [q.min() / 2, q.max() * 2]
+    b.plot(lim, lim, "r--", lw=0.8)
+    b.set_xlabel("two-cluster quadrature")
+    b.set_ylabel("simulated first merge")
+    b.set_title("first merge times", fontsize=9)
+    return [plotting.savefig(fig, out / "metastability.png")]
