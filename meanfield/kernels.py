@@ -1022,10 +1022,10 @@ class ToeplitzSeries(Kernel):
         """Refuse a field or energy whose ``(n, M + 1)`` mode tables do not fit in memory.
 
         The structured evaluation forms ``cos`` and ``sin`` of ``2 pi m s_i`` for every particle and
-        mode (about four ``(n, M + 1)`` arrays at once); past ``_resources.machine_memory()`` that is a
+        mode (about four ``(n, M + 1)`` arrays at once); past ``_machine.machine_memory()`` that is a
         ``ResourceLimitError`` (a ``ValueError``) naming the estimate, not an out-of-memory crash.
         """
-        from ._resources import ResourceLimitError, format_bytes, machine_memory
+        from ._machine import ResourceLimitError, format_bytes, machine_memory
 
         n, modes = int(jnp.shape(x)[0]), int(jnp.shape(self.c_hat)[0])
         need = 4 * n * modes * np.dtype(jnp.asarray(x).dtype).itemsize
