@@ -45,7 +45,8 @@ _REBUILD = "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild
 
 def _env(cache, **extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CC", "MEANFIELD_NATIVE_QUIET", "MEANFIELD_CC_TIMEOUT", "MEANFIELD_CC_VERSION_TIMEOUT")}
+           if k not in ("CC", "MEANFIELD_NATIVE_QUIET", "MEANFIELD_CC_TIMEOUT", "MEANFIELD_CC_VERSION_TIMEOUT",
+                        "MEANFIELD_CACHE_LOCK_TIMEOUT")}
     return {**env, "MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "1", **extra}
 
 
@@ -144,6 +145,24 @@ def test_elf_check_rejects_every_truncation(fraction):
 
 
 _TRUNCATE = 'head -c 4096 "{lib}" > "$out"; exit 0'
+
+
+@pytest.mark.slow
+def test_crashing_compiler_is_recorded_not_retried_at_every_import(tmp_path):
+    """A compiler that dies by SIGSEGV (not killed from outside): a recorded failure naming the
+    signal, so the next import does not run it again (a SIGKILL stays unrecorded:
+    tests/test_native_cache.py)."""
+    cc = _fake_cc(tmp_path, "kill -SEGV $$")
+    cache = tmp_path / "cache"
+    out, said = _run(_EXP_ONLY, cache, timeout=120, CC=str(cc))
+    assert not out["available"] and "the compiler crashed (SIGSEGV)" in out["reason"], out
+    assert "recorded with the compiler's identity" in out["reason"], out
+    assert len(said) == 2 and "the compiler crashed (SIGSEGV)" in said[1], said  # building ..., unavailable
+    calls = _calls(tmp_path)
+    assert calls >= 1
+    out, said = _run(_EXP_ONLY, cache, timeout=120, CC=str(cc))
+    assert not out["available"] and "the compiler crashed (SIGSEGV) (recorded in " in out["reason"], out
+    assert _calls(tmp_path) == calls  # not run again
 
 
 @pytest.mark.slow
@@ -316,6 +335,19 @@ def test_bad_timeout_setting_is_named(monkeypatch, name, value):
         _native._timeout(name, 1.0)
 
 
+def test_lock_timeout(monkeypatch):
+    """A build and its load check, and a margin; a bad MEANFIELD_CC_TIMEOUT does not stop an intact cache."""
+    for name in ("MEANFIELD_CC_TIMEOUT", "MEANFIELD_CACHE_LOCK_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    assert _native._lock_timeout() == 120.0 + 60.0 + 30.0
+    monkeypatch.setenv("MEANFIELD_CC_TIMEOUT", "10")
+    assert _native._lock_timeout() == 100.0
+    monkeypatch.setenv("MEANFIELD_CC_TIMEOUT", "soon")
+    assert _native._lock_timeout() == 210.0
+    monkeypatch.setenv("MEANFIELD_CACHE_LOCK_TIMEOUT", "5")
+    assert _native._lock_timeout() == 5.0
+
+
 def test_timeouts_default():
     assert _native._timeout("MEANFIELD_TEST_UNSET_TIMEOUT", 120.0) == 120.0
     assert _native.CC_TIMEOUT == 120.0 and _native.VERSION_TIMEOUT == 10.0
@@ -376,6 +408,37 @@ def test_read_only_cache_directory_with_intact_cache_is_used(built, tmp_path):
         assert len(said) == 1 and "is read-only" in said[0], said
     finally:
         cache.chmod(0o700)
+
+
+@pytest.mark.slow
+def test_lock_held_by_another_process_is_waited_for_within_its_bound(built, tmp_path):
+    """A process that holds a library's lock and never lets it go (a stuck process, another
+    program): the import waits ``MEANFIELD_CACHE_LOCK_TIMEOUT`` seconds, then runs the XLA
+    path with one line naming the lock file; once the lock is free the cache is used."""
+    cache = tmp_path / "cache"
+    shutil.copytree(built, cache)
+    lock = _exp_libraries(cache)[0].with_suffix(".lock")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                               "print('held', flush=True); time.sleep(600)", str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        t0 = time.monotonic()
+        out, said = _run(_EXP_ONLY, cache, timeout=120, MEANFIELD_CACHE_LOCK_TIMEOUT="2")
+        assert 2 <= out["import_s"] and time.monotonic() - t0 < 90, out
+        assert not out["available"] and out["reason"] == (
+            f"the native kernel lock file {lock} was held by another process for more than 2 s "
+            "(MEANFIELD_CACHE_LOCK_TIMEOUT sets the limit); fix: end that process, or set MEANFIELD_CACHE_DIR to "
+            "another private directory"), out
+        assert len(said) == 1 and str(lock) in said[0], said
+    finally:
+        holder.kill()
+        holder.wait()
+    out, said = _run(_EXP_ONLY, cache, timeout=120, MEANFIELD_CACHE_LOCK_TIMEOUT="2")
+    assert out["available"] and said == [], (out, said)
+    out, _ = _run(_EXP_ONLY, cache, timeout=120, MEANFIELD_CACHE_LOCK_TIMEOUT="0")
+    assert out["reason"] == "MEANFIELD_CACHE_LOCK_TIMEOUT must be a number of seconds > 0, got '0'", out
 
 
 def test_parent_writable_by_others_is_refused(tmp_path):

@@ -63,15 +63,19 @@ The cache is code this process runs, so (``tests/test_native_cache.py``):
   process can write there); a library missing from it is an error naming the directory;
 - a failed build is recorded (``NAME.failed``: the compiler's path and ``--version``, the flags,
   the source's sha256 and the error) and retried when any of these changes, and by
-  ``meanfield info --rebuild-native``; a killed compiler or a full disk is not recorded (the
-  next import tries again);
+  ``meanfield info --rebuild-native``; a compiler that crashes (``SIGSEGV``, ``SIGBUS``,
+  ``SIGILL``, ``SIGFPE``, ``SIGABRT``) is recorded like any failure, a killed compiler
+  (``SIGKILL``, ``SIGTERM``) or a full disk is not (the next import tries again);
 - no wait on the compiler outlives its time limit: a build (compile and link of one library)
   gets ``$MEANFIELD_CC_TIMEOUT`` seconds (default ``CC_TIMEOUT`` = 120), then the compiler and
   every process it started are killed, and the timeout is recorded for the compiler's identity
   (``compiler-HASH.failed``): no later build waits for it again until the compiler changes or
   ``meanfield info --rebuild-native`` (which waits once); ``cc --version`` gets
   ``$MEANFIELD_CC_VERSION_TIMEOUT`` seconds (default ``VERSION_TIMEOUT`` = 10), probed once per
-  compiler and process (a timeout leaves the XLA path for the process, with its line);
+  compiler and process (a timeout leaves the XLA path for the process, with its line); the lock
+  of a cached library is waited for at most ``$MEANFIELD_CACHE_LOCK_TIMEOUT`` seconds (default:
+  the build's limit + ``LOAD_CHECK_TIMEOUT`` + ``LOCK_MARGIN`` = 210 s: what another process's
+  build may hold it), then the XLA path runs, with its line naming the lock file;
 - when a kernel is unavailable for any reason but ``MEANFIELD_NATIVE=0``, one line on stderr,
   once per process, says why and that the XLA path runs; ``MEANFIELD_NATIVE_QUIET=1`` silences
   it (``meanfield info`` always shows the reason).
@@ -140,7 +144,8 @@ __all__ = ["available", "unavailable_reason", "phase_run", "default_threads", "L
            "EXP_TANGENT_TARGETS", "set_exp_threads", "EXP_SOURCE",
            "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads", "exp_threads_now",
            "threads_now", "prepare", "RefusedPath", "BuildFailed", "LONG_CALL",
-           "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE"]
+           "build_exp", "build_phase", "FLAGS", "BUILD_RECIPE",
+           "CC_TIMEOUT", "LOAD_CHECK_TIMEOUT", "LOCK_MARGIN", "VERSION_TIMEOUT"]
 
 #: seeds per SIMD block of the kernel, by dtype (``S`` is padded to a multiple)
 LANES = {"float64": 8, "float32": 16}
@@ -293,6 +298,9 @@ CC_TIMEOUT = 120.0
 VERSION_TIMEOUT = 10.0
 #: seconds the child process that loads a freshly built library may take
 LOAD_CHECK_TIMEOUT = 60.0
+#: seconds beyond a build and its load check that a process waits for another one's lock of a
+#: cached library (``$MEANFIELD_CACHE_LOCK_TIMEOUT`` replaces the whole wait)
+LOCK_MARGIN = 30.0
 
 
 def _timeout(name: str, default: float) -> float:
@@ -415,6 +423,37 @@ def _manifest(target: Path) -> Path:
 _READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
+def _lock_timeout() -> float:
+    """Seconds a process waits for the lock of a cached library: ``$MEANFIELD_CACHE_LOCK_TIMEOUT``,
+    else what a build by another process may hold it (``$MEANFIELD_CC_TIMEOUT`` for the build,
+    ``LOAD_CHECK_TIMEOUT`` for its load check) and ``LOCK_MARGIN`` more."""
+    if os.environ.get("MEANFIELD_CACHE_LOCK_TIMEOUT", "").strip():
+        return _timeout("MEANFIELD_CACHE_LOCK_TIMEOUT", CC_TIMEOUT)
+    try:
+        build = _timeout("MEANFIELD_CC_TIMEOUT", CC_TIMEOUT)
+    except RuntimeError:  # named where a build needs it, not in the way of an intact cache
+        build = CC_TIMEOUT
+    return build + LOAD_CHECK_TIMEOUT + LOCK_MARGIN
+
+
+def _flock_bounded(fd: int, lock: Path) -> None:
+    """``flock(fd, LOCK_EX)`` within ``_lock_timeout()`` seconds (polled every 50 ms): a lock held
+    by a process that never lets it go (a stuck process, another program) is a RuntimeError
+    naming the lock file, never an import that blocks for ever."""
+    limit = _lock_timeout()
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the native kernel lock file {lock} was held by another process for more than "
+                                   f"{limit:g} s (MEANFIELD_CACHE_LOCK_TIMEOUT sets the limit); fix: end that "
+                                   "process, or set MEANFIELD_CACHE_DIR to another private directory") from None
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def _file_lock(target: Path):
     """An exclusive lock (``flock``) of one cached library across processes: a library is checked,
@@ -438,7 +477,7 @@ def _file_lock(target: Path):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RefusedPath(f"refused the native kernel lock file {lock}: not a regular file; fix: remove it")
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _flock_bounded(fd, lock)
         yield os.access(target.parent, os.W_OK)
     finally:
         os.close(fd)  # releases the lock
@@ -602,6 +641,12 @@ def _identity(cc: str, version: str, flags: list[str], digest: bytes) -> dict[st
 #: compiler, a full disk, no memory): never recorded, the next import tries again
 _TRANSIENT = re.compile(r"signal terminated program|unable to execute command|\bkilled\b|no space left on device|"
                         r"cannot allocate memory|out of memory|resource temporarily unavailable", re.IGNORECASE)
+
+
+#: signals of a compiler that crashed (recorded like any failure), unlike one that was killed
+#: (SIGKILL by the out-of-memory killer, SIGTERM, SIGINT: not recorded)
+_CRASHES = frozenset(int(getattr(signal, name)) for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+                     if hasattr(signal, name))
 
 
 def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
@@ -774,6 +819,9 @@ def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tupl
                     "MEANFIELD_CC_TIMEOUT sets the limit)"), "timeout"
         except OSError as e:
             return f"cannot run the compiler: {e}", "recorded"
+        if r.returncode < 0 and -r.returncode in _CRASHES:  # the compiler itself crashed: as deterministic
+            name = signal.Signals(-r.returncode).name  # as an internal compiler error, so recorded
+            return f"the compiler crashed ({name}){': ' + r.stderr.strip() if r.stderr.strip() else ''}", "recorded"
         if r.returncode != 0:
             error = r.stderr.strip() or f"exit status {r.returncode}"
             return error, "transient" if r.returncode < 0 or _TRANSIENT.search(error) else "recorded"

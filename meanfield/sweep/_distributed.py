@@ -51,7 +51,8 @@ import time
 
 import numpy as np
 
-__all__ = ["MAX_PROCESSES", "MAX_TIMEOUT", "check_args", "reserve_port", "join", "agree", "DisagreementError"]
+__all__ = ["MAX_PROCESSES", "MAX_TIMEOUT", "check_args", "split_address", "reserve_port", "check_in", "gather", "release",
+           "join", "agree", "DisagreementError", "HandshakeError"]
 
 #: The largest ``--num-processes`` accepted (a sanity bound far above any real cluster).
 MAX_PROCESSES = 65536
