@@ -35,7 +35,7 @@ $$T = \frac{1}{w_1 + w_2} \int_{u_c}^{u_0} \frac{e^{\beta u}}{u (2 - u)}\, du
 so plateau lengths grow like $e^{\beta (1 - \cos\theta_0)}$ (``two_cluster_merge_time``).
 
 Long runs (``simulate_long``): the plateaus last $e^{\beta(1-\cos\theta)}$ time units, far past
-what fixed steps reach. The flow is integrated in the original (kernel) time with an embedded
+what fixed steps reach. The flow is integrated in the kernel's own time with an embedded
 Bogacki--Shampine 3(2) pair on the tangent field, each step accepted when
 $\max_{i,a} |x^{(3)}_{ia} - x^{(2)}_{ia}| \le$ ``atol`` $+$ ``rtol`` $|x^{(3)}_{ia}|$ (the stated error
 control), so the step grows to the plateau's own time scale, landing on a logarithmic save grid;
@@ -43,7 +43,13 @@ the memory is that of the saves, not of the steps. Particles closer than ``merge
 are replaced by their (normalised) mean after every step: coincident particles stay coincident
 under the flow, so this removes the stiff intra-cluster modes that would otherwise cap an
 explicit step at $O(1)$ on a plateau of length $e^{\beta u}$, at the cost of a displacement at most
-``merge_tol``.
+``merge_tol``; merged particles no longer pull on each other (their pull is radial, projected
+out), so rounding differences between their copies cannot swamp the inter-cluster drift. The
+arithmetic is scaled so that nothing overflows at $t \sim e^{1000}$: the field is
+$e^{c} G$ with $c$ the largest pair exponent $-\beta |x_i - x_j|^2 / 2$ between clusters and
+$G = O(1)$, the step is $e^{\eta}$ and the increment $e^{\eta + c} G$, and the time is carried as
+$\log t$ (a compensated sum of $\log(1 + h/t)$); the save grid is in $\log t$ (``log_ts``,
+``log_t1``), and ``observables["log_t"]`` returns it when $t$ itself overflows.
 """
 
 from __future__ import annotations
@@ -213,6 +219,12 @@ class MergeEvent:
     w_merged: float
 
 
+@eqx.filter_jit
+def _batch_labels(xs, threshold, block_size):
+    """Component labels of every saved state (one compilation per shape, threshold traced)."""
+    return jax.vmap(lambda x: metrics._component_labels(x, threshold, block_size=block_size))(xs)
+
+
 def _traj_labels(traj, threshold, block_size):
     """``(ts, labels)`` from a Trajectory (states or a ``cluster_labels`` observable) or a pair."""
     if isinstance(traj, tuple) and len(traj) == 2:
@@ -239,12 +251,8 @@ def _traj_labels(traj, threshold, block_size):
         ts, xs = ts[ok], xs[ok]
         if ts.size == 0:
             raise ValueError("the trajectory has no finite saved state")
-        f = jax.vmap(
-            lambda x: metrics._component_labels(
-                x, jnp.asarray(threshold, x.dtype), block_size=block_size
-            )
-        )
-        return ts, np.asarray(f(jnp.asarray(xs)))
+        xs = jnp.asarray(xs)
+        return ts, np.asarray(_batch_labels(xs, jnp.asarray(threshold, xs.dtype), block_size))
     if obs_labels is None:
         raise ValueError(
             "the trajectory has neither states (save_states=False) nor a 'cluster_labels' observable: "
@@ -370,6 +378,7 @@ def _check_plateau_args(energy, rel_tol, min_points):
     return E, min_points
 
 
+@eqx.filter_jit
 def _plateau_core(E, rel_tol, min_points):
     E = E.astype(jnp.result_type(E.dtype, jnp.float32))
     span = jnp.max(E) - jnp.min(E)
@@ -652,10 +661,12 @@ def simulate_long(
     x0: _ArrayLike,
     aux=None,
     *,
-    t1: RealScalarLike,
     rtol: RealScalarLike,
     atol: RealScalarLike,
+    t1: RealScalarLike | None = None,
+    log_t1: RealScalarLike | None = None,
     ts=None,
+    log_ts=None,
     num_saves: int = 200,
     t_min: RealScalarLike = 1e-2,
     merge_tol: RealScalarLike | None = None,
@@ -672,24 +683,43 @@ def simulate_long(
     states) with the error control of the module docstring (``rtol``, ``atol`` required, no
     silent defaults), particles within ``merge_tol`` radians merged after each step, steps
     clipped to land on the save times. Memory: the saves (``(T, n, d)`` with ``save_states``,
-    else the observables), independent of the number of steps. Times beyond float32's range
-    ($\approx 3 \cdot 10^{38}$, i.e. $\beta (1 - \cos\theta) \gtrsim 85$) need float64
-    (``jax.enable_x64``, float64 ``x0``); so do kernel fields below float32's smallest normal
-    ($e^{-\beta (1-\cos\theta)} < 10^{-38}$): use ``rescaled=True`` kernels.
+    else the observables), independent of the number of steps.
 
-    Validated (tests, ``meanfield reproduce metastability``): first merges of two point clusters
-    against ``two_cluster_merge_time`` up to $\beta (1 - \cos\theta) \approx 40$, and staircases of
-    several merges up to merge exponents $\approx 25$. Known limitation: on a plateau whose merge
-    exponent exceeds about 35-40 the step controller can stall (the stage fields lose the
-    $e^{-\beta u}$ drift to rounding) and the run ends with ``failed`` set after ``max_steps``.
+    Scaled arithmetic (why it reaches $e^{1000}$): the field is evaluated as
+    $F = e^{c} G$ with $c = \max_{i \not\sim j} -\beta |x_i - x_j|^2 / 2$ over pairs of different
+    merged clusters (so $G = O(1)$ and $F \approx e^{-\beta u}$ is never formed), the step as
+    $h = e^{\eta}$, and the increment $h F = e^{\eta + c} G$; the time is carried as
+    $\log t$ (compensated sum of $\log(1 + h/t)$). Pairs inside one merged cluster do not
+    interact (their pull is radial, projected out): the rounding differences between the copies
+    of a cluster would otherwise give a field $\sim 10^{-17}$ that swamps the inter-cluster
+    drift $e^{-\beta u}$ once $\beta u \gtrsim 37$ (measured: the former unscaled, unmasked
+    integrator stalled there). Time and step live in log space, the state in $[-1, 1]$; only the
+    fields of clusters $e^{700}$ times slower than the fastest pair underflow, harmlessly.
+
+    Times beyond the dtype's range ($t > 1.8 \cdot 10^{308}$ in float64, i.e.
+    $\beta (1-\cos\theta) \gtrsim 709$; $3 \cdot 10^{38}$ in float32) are given as ``log_t1`` /
+    ``log_ts``: ``traj.ts`` is then ``exp`` of them (``inf`` past the range) and the saved
+    ``traj.observables["log_t"]`` carries $\log t$ of every save (always present); merges are
+    found with ``merge_events((traj.observables["log_t"], traj.xs))`` (times then in log). Use
+    ``rescaled=True`` kernels for large $\beta$: the saved energy of a ``rescaled=False`` kernel
+    ($\propto e^{\beta}$) overflows past $\beta \approx 709$ in float64 (88 in float32) and the run
+    is then flagged ``failed``.
+
+    Validated (tests, ``meanfield reproduce metastability``): first merges of two point
+    clusters against ``two_cluster_merge_time`` in $\log T$ for merge exponents
+    $\beta (1 - \cos\theta)$ from 20 to 1000 (to within the save grid's log spacing), and a
+    staircase of merges at $\beta = 200$ reaching $t \approx e^{\beta}$ with the predicted plateau
+    levels; dotm's example ($n = 5$, $\beta = 500..4000$, four merges to $t \approx e^{180}$) in
+    the reproduction. float32 states work with ``rtol``, ``atol`` $\gtrsim 10^{-6}$.
 
     Args:
         model: a kernel (``mf.kernels``, e.g. ``USA(beta, rescaled=True)``).
         x0: ``(n, d)`` unit rows.
         aux: labels (``None``: the model's default).
-        t1: final time.
         rtol, atol: the step's error tolerances (``> 0``).
-        ts: save times in ``[0, t1]``, increasing; ``None``: ``log_time_grid(t1, num_saves, t_min=t_min)``.
+        t1: final time; or ``log_t1``: its logarithm (exactly one of the two).
+        ts: save times in ``[0, t1]``, increasing; or ``log_ts``: their logarithms (``-inf`` for
+            ``t = 0``); ``None``: ``log_time_grid(t1, num_saves, t_min=t_min)`` (in log space).
         num_saves, t_min: the default grid.
         merge_tol: merge radius (radians, ``>= 0``; 0 disables merging); ``None``:
             ``max(1e-4, 1000 atol)``. It must be well above ``atol``: an explicit step lets a
@@ -698,12 +728,16 @@ def simulate_long(
         dt0: first step.
         max_steps: cap on attempted steps; a run that needs more ends with ``failed`` set and NaN
             saves after its last time.
-        observables: dict name -> ``f(x)`` saved at ``ts`` (e.g. ``{"cluster_labels": cluster_labels(0.1)}``).
+        observables: dict name -> ``f(x)`` saved at ``ts`` (e.g. ``{"cluster_labels": cluster_labels(0.1)}``;
+            ``"log_t"`` is reserved).
         save_states: store ``xs``.
-        block_size, backend: as in ``mf.simulate``.
+        block_size: row tile of the pair sums (memory ``block x n x d``).
+        backend: as in ``mf.simulate`` (applies to the saved energy; the field is the scaled
+            pair sum above, evaluated in JAX).
 
     Returns:
-        a ``Trajectory`` (``energy`` in the kernel's normalisation; ``num_steps`` = accepted steps).
+        a ``Trajectory`` (``energy`` in the kernel's normalisation; ``num_steps`` = accepted
+        steps; ``stop_time`` = ``exp`` of the final $\log t$; ``observables["log_t"]``).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -718,8 +752,20 @@ def simulate_long(
         raise TypeError(
             f"simulate_long integrates the USA kernel (mf.kernels.USA), got {type(model).__name__}"
         )
-    check_scalar("t1", t1)
-    check_positive("t1", t1)
+    if (t1 is None) == (log_t1 is None):
+        raise TypeError(
+            "simulate_long takes exactly one of t1 (final time) and log_t1 (its logarithm), "
+            f"got t1={t1!r}, log_t1={log_t1!r}"
+        )
+    if t1 is not None:
+        check_scalar("t1", t1)
+        check_positive("t1", t1)
+        lt1 = math.log(float(t1))
+    else:
+        check_scalar("log_t1", log_t1)
+        lt1 = float(log_t1)  # type: ignore[arg-type]
+        if not math.isfinite(lt1):
+            raise ValueError(f"log_t1 must be finite, got {lt1!r}")
     for name, v in (("rtol", rtol), ("atol", atol), ("dt0", dt0)):
         check_scalar(name, v)
         check_positive(name, v)
@@ -731,26 +777,46 @@ def simulate_long(
     max_steps = check_int("max_steps", max_steps, minimum=1)
     if block_size is not None:
         block_size = check_int("block_size", block_size, minimum=1)
-    if ts is None:
-        ts_np = log_time_grid(t1, num_saves, t_min=t_min)
+    if ts is not None and log_ts is not None:
+        raise TypeError("simulate_long takes at most one of ts and log_ts")
+    if ts is None and log_ts is None:
+        check_scalar("t_min", t_min)
+        check_positive("t_min", t_min)
+        num_saves = check_int("num_saves", num_saves, minimum=2)
+        lmin = math.log(float(t_min))
+        if not lmin < lt1:
+            raise ValueError(f"t_min must be < t1 = e^{lt1:g}, got {float(t_min):g}")
+        lts_np = np.concatenate([[-np.inf], np.linspace(lmin, lt1, num_saves - 1)])
     else:
-        ts_np = np.asarray(ts, dtype=np.float64)
-        if ts_np.ndim != 1 or ts_np.size == 0:
+        name = "ts" if ts is not None else "log_ts"
+        arr = np.asarray(ts if ts is not None else log_ts, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0:
             raise ValueError(
-                f"ts must be a non-empty 1-d array of save times, got shape {ts_np.shape}"
+                f"{name} must be a non-empty 1-d array of save times, got shape {arr.shape}"
             )
-        if (
-            not np.all(np.isfinite(ts_np))
-            or ts_np.min() < 0
-            or ts_np.max() > float(t1) * (1 + 1e-12)
-        ):
-            raise ValueError(f"ts must lie in [0, t1] = [0, {float(t1):g}]")
-        if np.any(np.diff(ts_np) <= 0):
-            raise ValueError("ts must be strictly increasing")
+        if ts is not None:
+            if not np.all(np.isfinite(arr)) or arr.min() < 0:
+                raise ValueError(f"ts must be finite and >= 0, got min {arr.min()!r}")
+            with np.errstate(divide="ignore"):
+                lts_np = np.log(arr)
+            ts_out = arr
+        else:
+            if np.any(np.isnan(arr)) or np.any(arr == np.inf):
+                raise ValueError("log_ts must be finite (or -inf for t = 0)")
+            lts_np = arr
+        if lts_np.max() > lt1 + 1e-12 * max(1.0, abs(lt1)):
+            raise ValueError(f"{name} must lie in [0, t1] (t1 = e^{lt1:g}), got a time past t1")
+        if np.any(np.diff(lts_np) <= 0):
+            raise ValueError(f"{name} must be strictly increasing")
+    if ts is None:
+        with np.errstate(over="ignore"):
+            ts_out = np.exp(lts_np)
     x0, aux = check_states(model, x0, aux, "x0")
-    if float(np.max(ts_np)) >= float(np.finfo(np.dtype(x0.dtype)).max):
+    dmax = float(np.finfo(np.dtype(x0.dtype)).max)
+    if t1 is not None and (lt1 >= math.log(dmax) or float(t1) >= dmax):
         raise ValueError(
-            f"t1 = {float(t1):g} overflows {np.dtype(x0.dtype).name}: use float64 (jax.enable_x64)"
+            f"t1 = {float(t1):g} overflows {np.dtype(x0.dtype).name}: use float64 "
+            "(jax.enable_x64) or give log_t1"
         )
     observables = dict(observables or {})
     for name, fn in observables.items():
@@ -758,6 +824,8 @@ def simulate_long(
             raise TypeError(
                 f"observables must map names to callables x -> array, got {name!r}: {fn!r}"
             )
+        if name == "log_t":
+            raise ValueError("the observable name 'log_t' is reserved (the saved log times)")
     model = jax.tree.map(
         lambda leaf: (
             jnp.asarray(leaf)
@@ -767,16 +835,20 @@ def simulate_long(
         model,
     )
     dtype = x0.dtype
+    with np.errstate(over="ignore"):
+        # saved times past the dtype's range are inf (the log times carry them)
+        ts_cast = np.asarray(ts_out, np.float64).astype(np.dtype(dtype))
     with backend_scope(backend):
         return _simulate_long(
             model,
             x0,
             aux,
-            jnp.asarray(ts_np, dtype),
+            jnp.asarray(lts_np, dtype),
+            jnp.asarray(ts_cast),
             jnp.asarray(rtol, dtype),
             jnp.asarray(atol, dtype),
             jnp.asarray(merge_tol, dtype),
-            jnp.asarray(dt0, dtype),
+            jnp.asarray(math.log(float(dt0)), dtype),
             merged=float(merge_tol) > 0,
             max_steps=max_steps,
             observables=tuple(sorted(observables.items())),
@@ -785,16 +857,23 @@ def simulate_long(
         )
 
 
+def _log_diff(a, b):
+    """$\\log(e^a - e^b)$ for $a \\ge b$ ($-\\infty$ when equal; ``b = -inf`` gives ``a``)."""
+    d = jnp.where(jnp.isfinite(b), b - a, -jnp.inf)
+    return a + jnp.log(-jnp.expm1(d))
+
+
 @eqx.filter_jit
 def _simulate_long(
     model,
     x0,
     aux,
+    lts,
     ts,
     rtol,
     atol,
     merge_tol,
-    dt0,
+    log_dt0,
     *,
     merged,
     max_steps,
@@ -804,41 +883,60 @@ def _simulate_long(
 ):
     n, _ = x0.shape
     dtype = x0.dtype
-    T = ts.shape[0]
+    T = lts.shape[0]
+    ninf = jnp.asarray(-jnp.inf, dtype)
 
     beta = jnp.asarray(model.beta, dtype)
+    # the rescaled kernel's time; the original kernel's field is e^beta times larger
     shift = jnp.zeros((), dtype) if model.rescaled else beta
     B = min(n, _LONG_BLOCK if block_size is None else block_size)
     R = -(-n // B) * B
-    xpad = jnp.concatenate([x0, jnp.zeros((R - n,) + x0.shape[1:], dtype)]) if R > n else x0
 
-    def f(x):
-        # P_{x_i} (1/n) sum_j e^{beta (<x_i, x_j> - 1)} (x_j - x_i), from differences and
-        # 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the drift between clusters is far
-        # below the rounding of the summed field (projecting F would lose it)
-        xr = jnp.concatenate([x, xpad[n:]]).reshape(R // B, B, -1)
+    def f(x, lab):
+        """``(c, G)`` with ``F = e^c G`` the field of the flow (module docstring): pairs in one
+        merged cluster (equal ``lab``) excluded, ``c`` the largest pair exponent (``-inf``
+        when there is no such pair)."""
+        xp = jnp.concatenate([x, jnp.zeros((R - n,) + x.shape[1:], dtype)]) if R > n else x
+        lp = jnp.concatenate([lab, jnp.full((R - n,), -1, lab.dtype)]) if R > n else lab
 
-        def rows(xb):
-            # the barrier keeps XLA from rewriting sum_j A_ij (x_j - x_i) as
-            # sum_j A_ij x_j - x_i sum_j A_ij, which cancels catastrophically on a plateau
-            D = jax.lax.optimization_barrier(x[None, :, :] - xb[:, None, :])
-            A = jnp.exp(shift - 0.5 * beta * jnp.sum(D * D, axis=-1))
-            S = jnp.sum(A[:, :, None] * D, axis=1) / n
-            return sphere.project(xb, S)
+        def rows(blk):
+            xb, lb = blk
+            # differences, and 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the pull
+            # between clusters is far below the rounding of a summed field
+            D = x[None, :, :] - xb[:, None, :]
+            a = -0.5 * beta * jnp.sum(D * D, axis=-1)
+            a = jnp.where(lb[:, None] == lab[None, :], -jnp.inf, a)
+            ci = jnp.max(a, axis=1)
+            cs = jnp.where(jnp.isfinite(ci), ci, 0.0)
+            S = jnp.sum(jnp.exp(a - cs[:, None])[:, :, None] * D, axis=1) / n
+            return ci, sphere.project(xb, S)
 
-        return jax.lax.map(rows, xr).reshape(R, -1)[:n]
+        ci, G = jax.lax.map(rows, (xp.reshape(R // B, B, -1), lp.reshape(R // B, B)))
+        ci, G = ci.reshape(R)[:n], G.reshape(R, -1)[:n]
+        c = jnp.max(ci)
+        cs = jnp.where(jnp.isfinite(c), c, 0.0)
+        G = G * jnp.exp(ci - cs)[:, None]
+        # c = -inf when every pair is merged: the field is zero and any step is exact
+        return c + shift, G
+
+    def labels_of(x):
+        if not merged:
+            return jnp.arange(n)
+        return metrics._component_labels(x, merge_tol, block_size=None)
 
     def snap(x):
+        """Merged particles replaced by their cluster's normalised mean, and the labels."""
+        lab = labels_of(x)
         if not merged:
-            return x
-        labels = metrics._component_labels(x, merge_tol, block_size=None)
-        s = jax.ops.segment_sum(x, labels, num_segments=n)
-        return sphere.normalize(s[labels])
+            return x, lab
+        s = jax.ops.segment_sum(x, lab, num_segments=n)
+        return sphere.normalize(s[lab]), lab
 
-    def save(x):
+    def save(x, lt):
         out = {
             "collapse_gap": metrics.collapse_gap(x),
             "energy": model.energy(x, aux, block_size=block_size),
+            "obs:log_t": lt,
         }
         if save_states:
             out["xs"] = x
@@ -847,27 +945,29 @@ def _simulate_long(
             out["obs:" + name] = v if jnp.issubdtype(v.dtype, jnp.inexact) else v.astype(dtype)
         return out
 
-    shapes = jax.eval_shape(save, x0)
+    shapes = jax.eval_shape(save, x0, lts[0])
     buf0 = jax.tree.map(lambda s: jnp.full((T,) + s.shape, jnp.nan, s.dtype), shapes)
-    big = jnp.asarray(jnp.finfo(dtype).max, dtype)
+    eta_max = lts[-1] + 5.0
 
-    # the time is a Kahan sum t - c: steps of O(1) during a merge at t ~ 1e16 still add up
+    # log t is a compensated (Kahan) sum lt - c of log(1 + h / t): O(1) steps during a merge
+    # at t ~ e^40 still add up
     def cond(s):
-        x, t, c, h, k, steps, acc, buf, failed = s
+        x, lab, lt, c, eta, k, steps, acc, buf, failed = s
         return (k < T) & (steps < max_steps) & ~failed
 
     def body(s):
-        x, t, c, h, k, steps, acc, buf, failed = s
-        rem = (ts[jnp.minimum(k, T - 1)] - t) + c
-        due = rem <= 0
+        x, lab, lt, c, eta, k, steps, acc, buf, failed = s
+        target = lts[jnp.minimum(k, T - 1)]
+        due = (lt - c) >= target
 
         def do_save(_):
-            new = save(x)
+            new = save(x, target)
             return (
                 x,
-                t,
+                lab,
+                lt,
                 c,
-                h,
+                eta,
                 k + 1,
                 steps,
                 acc,
@@ -876,68 +976,93 @@ def _simulate_long(
             )
 
         def do_step(_):
-            target = ts[k]
-            hs = jnp.minimum(h, rem)
-            clipped = hs < h
-            # every particle moves with its merged cluster's representative: merged particles
-            # stay bit-identical through the stages (rounding differences between them would
-            # grow like (h w)^stages on a plateau step h >> 1/w: the stiff intra-cluster mode)
-            rep = metrics._component_labels(x, merge_tol, block_size=None) if merged else None
+            lrem = _log_diff(target, lt - c)
+            es = jnp.minimum(eta, lrem)
+            clipped = es < eta
+            # merged particles (``lab``: the labels of the last snap) move with their cluster's
+            # representative and do not pull on each other: their copies stay bit-identical
+            # through the stages
 
             def g(v):
-                k = f(v)
-                return k if rep is None else k[rep]
+                cv, G = f(v[lab] if merged else v, lab)
+                return cv, G[lab] if merged else G
+
+            def inc(terms):
+                # h sum_i b_i F_i = sum_i b_i e^{eta + c_i} G_i
+                return sum(b * jnp.exp(es + cv) * G for b, (cv, G) in terms)
 
             k1 = g(x)
-            k2 = g(sphere.normalize(x + 0.5 * hs * k1))
-            k3 = g(sphere.normalize(x + 0.75 * hs * k2))
-            y = x + hs * (2.0 / 9.0 * k1 + 1.0 / 3.0 * k2 + 4.0 / 9.0 * k3)
+            k2 = g(sphere.normalize(x + inc([(0.5, k1)])))
+            k3 = g(sphere.normalize(x + inc([(0.75, k2)])))
+            y = x + inc([(2.0 / 9.0, k1), (1.0 / 3.0, k2), (4.0 / 9.0, k3)])
             k4 = g(sphere.normalize(y))
-            z = x + hs * (7.0 / 24.0 * k1 + 0.25 * k2 + 1.0 / 3.0 * k3 + 0.125 * k4)
+            z = x + inc([(7.0 / 24.0, k1), (0.25, k2), (1.0 / 3.0, k3), (0.125, k4)])
             err = jnp.max(jnp.abs(y - z) / (atol + rtol * jnp.abs(y)))
             finite = jnp.all(jnp.isfinite(y)) & jnp.isfinite(err)
             ok = finite & (err <= 1.0)
             fac = jnp.clip(0.9 * jnp.where(err > 0, err, 1e-30) ** (-1.0 / 3.0), 0.2, 5.0)
-            fac = jnp.where(finite, fac, 0.2)
-            h_new = jnp.minimum(jnp.where(ok & clipped, jnp.maximum(h, hs * fac), hs * fac), big)
-            x_new = jnp.where(ok, snap(sphere.normalize(y)), x)
-            yk = hs - c
-            tk = t + yk
-            ck = (tk - t) - yk
-            t_new = jnp.where(ok, jnp.where(clipped, target, tk), t)
+            lfac = jnp.log(jnp.where(finite, fac, 0.2))
+            eta_new = jnp.minimum(
+                jnp.where(ok & clipped, jnp.maximum(eta, es + lfac), es + lfac), eta_max
+            )
+            x_snap, lab_snap = snap(sphere.normalize(y))
+            x_new = jnp.where(ok, x_snap, x)
+            lab_new = jnp.where(ok, lab_snap, lab)
+            # log(t + h) = log t + log1p(h / t), compensated
+            lcur = lt - c
+            d = jnp.where(jnp.isfinite(lcur), es - lcur, 0.0)
+            dl = jnp.maximum(d, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(d)))
+            yk = dl - c
+            tk = jnp.where(jnp.isfinite(lcur), lt + yk, es)
+            ck = jnp.where(jnp.isfinite(lcur), (tk - lt) - yk, 0.0)
+            lt_new = jnp.where(ok, jnp.where(clipped, target, tk), lt)
             c_new = jnp.where(ok, jnp.where(clipped, 0.0, ck), c)
-            return x_new, t_new, c_new, h_new, k, steps + 1, acc + ok.astype(jnp.int32), buf, failed
+            return (
+                x_new,
+                lab_new,
+                lt_new,
+                c_new,
+                eta_new,
+                k,
+                steps + 1,
+                acc + ok.astype(jnp.int32),
+                buf,
+                failed,
+            )
 
         return jax.lax.cond(due, do_save, do_step, None)
 
     s0 = (
         x0,
+        labels_of(x0),
+        ninf,
         jnp.zeros((), dtype),
-        jnp.zeros((), dtype),
-        dt0,
+        log_dt0,
         jnp.zeros((), jnp.int32),
         jnp.zeros((), jnp.int32),
         jnp.zeros((), jnp.int32),
         buf0,
         jnp.zeros((), bool),
     )
-    x, t, c, h, k, steps, acc, buf, failed = jax.lax.while_loop(cond, body, s0)
+    x, lab, lt, c, eta, k, steps, acc, buf, failed = jax.lax.while_loop(cond, body, s0)
     failed = failed | (k < T)
     seen = jnp.arange(T) < k
     nonfinite = [
         ~jnp.all(jnp.isfinite(v) | ~seen.reshape((-1,) + (1,) * (v.ndim - 1)))
-        for v in jax.tree.leaves(buf)
-        if jnp.issubdtype(v.dtype, jnp.inexact)
+        for name, v in buf.items()
+        if jnp.issubdtype(v.dtype, jnp.inexact) and name != "obs:log_t"
     ]
     for bad in nonfinite:
         failed = failed | bad
+    log_t = jnp.where(seen, buf["obs:log_t"], jnp.nan)
+    buf["obs:log_t"] = log_t
     return Trajectory(
         ts=ts,
         xs=buf.get("xs"),
         energy=buf["energy"],
         collapse_gap=buf["collapse_gap"],
         observables={name[4:]: v for name, v in buf.items() if name.startswith("obs:")},
-        stop_time=t,
+        stop_time=jnp.exp(lt - c),
         stopped=jnp.zeros((), bool),
         failed=failed,
         num_steps=acc,

@@ -307,6 +307,100 @@ def test_simulate_long_memory_is_the_saves_and_failures_are_flagged():
         ms.simulate_long(k, _circle(th), t1=1.0, rtol=0.0, atol=1e-9)
 
 
+# Log-time runs (issue 30, item 1): merge exponents beta (1 - cos theta) from 50 to 1000, i.e.
+# t up to e^993, past float64's range. Tolerance of a first merge in log t: the saves are spaced
+# by _DLOG in log t, so the merge is bracketed by (log t_before, log t_after]; the integrator
+# (atol 1e-10, ~1e4 steps) moves the angle by at most ~1e-6, which shifts log T by
+# beta sin(theta) dtheta <= 2e-3 at beta = 2000: a margin of 0.01 on each side of the bracket.
+_DLOG, _LOG_MARGIN = 0.05, 0.01
+
+
+def _two_point_clusters(theta, n1=3, n2=5):
+    return np.c_[_circle(np.r_[np.zeros(n1), np.full(n2, theta)]), np.zeros(n1 + n2)]
+
+
+@pytest.mark.parametrize(
+    "beta,exponent", [(100.0, 50.0), (400.0, 200.0), (1000.0, 500.0), (2000.0, 1000.0)]
+)
+def test_simulate_long_first_merge_in_log_time_matches_quadrature(beta, exponent):
+    theta = math.acos(1.0 - exponent / beta)
+    logT = ms.two_cluster_merge_time(3 / 8, 5 / 8, theta, beta, threshold=0.1, log=True)
+    log_ts = np.r_[-np.inf, np.arange(-20, 21) * _DLOG + logT + 0.3 * _DLOG]
+    with jax.enable_x64(True):
+        traj = ms.simulate_long(
+            mf.kernels.USA(beta, rescaled=True),
+            jnp.asarray(_two_point_clusters(theta)),
+            log_t1=log_ts[-1],
+            log_ts=log_ts,
+            rtol=1e-7,
+            atol=1e-10,
+        )
+        assert not bool(traj.failed)
+        log_t = np.asarray(traj.observables["log_t"])
+        np.testing.assert_array_equal(log_t, log_ts)
+        (e,) = ms.merge_events((log_t, traj.xs), 0.1)
+    assert e.time - e.time_before == pytest.approx(_DLOG)
+    assert e.time_before - _LOG_MARGIN <= logT <= e.time + _LOG_MARGIN
+    assert (e.w_left, e.w_right) == (0.375, 0.625)
+    # past float64's range the physical times are inf, the log times carry the run
+    assert np.isinf(np.asarray(traj.ts)[-1]) == (log_ts[-1] > 709.78)
+
+
+@pytest.mark.slow
+def test_simulate_long_staircase_to_e_beta():
+    # four singletons on the circle at beta = 200: three merges with exponents
+    # beta (1 - cos gap) = 24.5, 118.3, 212.5, the last one past t = e^beta
+    beta, th = 200.0, np.array([0.0, 0.5, -0.9, 1.5])
+    pred = ms.staircase(np.ones(4), th)
+    np.testing.assert_allclose(beta * pred.exponents, [24.48, 118.30, 212.50], atol=0.01)
+    with jax.enable_x64(True):
+        traj = ms.simulate_long(
+            mf.kernels.USA(beta, rescaled=True),
+            jnp.asarray(_circle(th)),
+            log_t1=1.1 * beta,
+            num_saves=120,
+            rtol=1e-6,
+            atol=1e-9,
+        )
+        assert not bool(traj.failed)
+        log_t = np.asarray(traj.observables["log_t"])
+        En = np.asarray(ms.normalized_energy(traj.energy, beta))
+        ev = ms.merge_events((log_t, traj.xs), 0.1)
+    plat = ms.plateaus(log_t, En)
+    np.testing.assert_allclose(plat.level, pred.levels, atol=1e-6)
+    assert [(e.w_left, e.w_right) for e in ev] == [(0.25, 0.25), (0.5, 0.25), (0.75, 0.25)]
+    assert ev[-1].time_before > beta  # the last merge happens after t = e^beta
+    # the first merge is a two-point-cluster merge: the quadrature, in log t
+    logT = ms.two_cluster_merge_time(0.25, 0.25, 0.5, beta, threshold=0.1, log=True)
+    assert ev[0].time_before <= logT <= ev[0].time
+
+
+def test_simulate_long_log_time_api():
+    theta = math.acos(1.0 - 0.5)
+    x0 = _two_point_clusters(theta).astype(np.float32)
+    k = mf.kernels.USA(200.0, rescaled=True)
+    # float32 past its range (t ~ e^95 > 3.4e38): the log times carry the run
+    logT = ms.two_cluster_merge_time(3 / 8, 5 / 8, theta, 200.0, threshold=0.1, log=True)
+    log_ts = np.r_[-np.inf, logT - 0.5, logT + 0.5]
+    traj = ms.simulate_long(k, x0, log_t1=logT + 0.5, log_ts=log_ts, rtol=1e-5, atol=1e-6)
+    assert not bool(traj.failed) and np.isinf(np.asarray(traj.ts)[-1])
+    assert traj.observables["log_t"].dtype == jnp.float32
+    (e,) = ms.merge_events((traj.observables["log_t"], traj.xs), 0.1)
+    assert e.time == pytest.approx(logT + 0.5, rel=1e-6)
+    with pytest.raises(TypeError, match="exactly one of t1"):
+        ms.simulate_long(k, x0, rtol=1e-6, atol=1e-9)
+    with pytest.raises(TypeError, match="exactly one of t1"):
+        ms.simulate_long(k, x0, t1=1.0, log_t1=0.0, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="log_t1 must be finite"):
+        ms.simulate_long(k, x0, log_t1=math.inf, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="log_ts must lie in"):
+        ms.simulate_long(k, x0, log_t1=1.0, log_ts=[0.0, 2.0], rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="'log_t' is reserved"):
+        ms.simulate_long(
+            k, x0, log_t1=1.0, rtol=1e-6, atol=1e-9, observables={"log_t": lambda x: x[0, 0]}
+        )
+
+
 # --------------------------------------------------------------------- movies
 
 

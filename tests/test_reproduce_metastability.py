@@ -25,6 +25,8 @@ def test_all_checks_pass_with_numbers(summary):
         "first_merge_time",
         "plateau_growth_rate",
         "dotm_staircase",
+        "dotm_simulated_levels",
+        "dotm_merge_times",
     }
     assert all(c["pass"] for c in s["checks"]), [c for c in s["checks"] if not c["pass"]]
     assert rows["plateau_growth_rate"]["theory"] == pytest.approx(1 - math.cos(0.8))
@@ -37,6 +39,14 @@ def test_all_checks_pass_with_numbers(summary):
     for r in s["settings"]["merge_runs"]:
         lo, hi = r["bracket"]
         assert lo / r["save_ratio"] <= r["quadrature"] <= hi * r["save_ratio"] and not r["failed"]
+    # dotm's example by simulation, to t ~ e^180 at beta = 4000: every merge in its save bracket
+    dotm = s["settings"]["dotm_runs"]
+    assert [r["beta"] for r in dotm] == [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0]
+    for r in dotm:
+        assert not r["failed"] and len(r["log_merge_bracket"]) == 4
+        for (lo, hi), q in zip(r["log_merge_bracket"], r["log_merge_theory"]):
+            assert lo - r["log_spacing"] <= q <= hi + r["log_spacing"]
+    assert dotm[-1]["log_merge_theory"][-1] > 170
 
 
 def test_dotm_port_agrees_and_can_fail():

@@ -16,6 +16,11 @@ measured value, tolerance and a note (``mf.metastability`` has the formulas):
 * ``dotm_staircase``: dotm's ``staircase.py`` predictor (``algo_traj_1/2``, rewritten here in NumPy
   from its published logic) against ``staircase`` on dotm's own example ($n = 5$,
   $\beta = 500..4000$);
+* ``dotm_simulated_levels`` and ``dotm_merge_times``: that example simulated (``simulate_long`` in
+  log time, to $t \approx e^{180}$ at $\beta = 4000$): the plateau levels against dotm's levels
+  (the first one with its cross terms $e^{-\beta (1 - \cos\theta_{kl})}$, not negligible there),
+  and the log time of each of the four merges against the log of the cumulative two-cluster
+  quadratures ``two_cluster_merge_time`` along the staircase's merge order;
 * the number of clusters of the first plateau against ``mf.continuum.most_unstable_mode`` is the
   ``cluster_count`` check of ``meanfield reproduce continuum``: reused, not duplicated (its row is
   copied here when that experiment's summary sits in the same output directory).
@@ -62,12 +67,14 @@ def settings_for(quick: bool) -> dict:
         "merge_saves": 200 if quick else 800,
         "growth_theta": 0.8,
         "dotm_betas": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
+        "dotm_saves": 300 if quick else 1000,
         "rtol": 1e-7,
         "atol": 1e-10,
         "tolerances": {
             "staircase_levels": 0.01,
             "plateau_growth_rate": 0.01,
             "dotm_staircase": 1e-12,
+            "dotm_simulated_levels": 1e-3,
         },
     }
 
@@ -155,6 +162,57 @@ def _merge_runs(S):
                 "bracket": [ev[0].time_before, ev[0].time] if ev else None,
                 "save_ratio": float(ts[2] / ts[1]),
                 "failed": bool(traj.failed),
+            }
+        )
+    return rows
+
+
+def _dotm_runs(S):
+    """dotm's example simulated at each beta: plateau levels and merge log times against the
+    predictions (``dotm_simulated_levels``, ``dotm_merge_times``)."""
+    rows = []
+    for beta in S["dotm_betas"]:
+        th = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
+        levels, _ = dotm_staircase(th)
+        # the first plateau keeps its cross terms (exponents beta (1 - cos) of only 1-2 there)
+        first = float(np.mean(np.exp(-beta * (1 - np.cos(th[:, None] - th[None, :])))))
+        pred = metastability.staircase(np.ones(th.size), th)
+        threshold = 0.2 * th[1]  # below the smallest gap
+        w = np.full(th.size, 1.0 / th.size)
+        log_T = []
+        for (a, b), gap in zip(pred.pairs, pred.gaps):
+            log_T.append(
+                metastability.two_cluster_merge_time(
+                    w[a], w[b], gap, beta, threshold=threshold, log=True
+                )
+            )
+            w[a] += w[b]
+        log_cum = np.logaddexp.accumulate(np.asarray(log_T))
+        with jax.enable_x64(True):
+            traj = metastability.simulate_long(
+                kernels.USA(beta, rescaled=True),
+                jnp.asarray(_circle(th)),
+                log_t1=float(log_cum[-1]) + 3.0,
+                num_saves=S["dotm_saves"],
+                t_min=1e-3,
+                rtol=S["rtol"],
+                atol=S["atol"],
+            )
+            log_t = np.asarray(traj.observables["log_t"])
+            En = np.asarray(metastability.normalized_energy(traj.energy, beta))
+            ev = metastability.merge_events((log_t, traj.xs), threshold)
+            failed = bool(traj.failed)
+        plat = metastability.plateaus(log_t, En)
+        theory = np.r_[first, levels[1:]]
+        rows.append(
+            {
+                "beta": beta,
+                "failed": failed,
+                "levels_theory": theory.tolist(),
+                "levels_measured": plat.level.tolist(),
+                "log_merge_theory": log_cum.tolist(),
+                "log_merge_bracket": [[e.time_before, e.time] for e in ev],
+                "log_spacing": float(log_t[2] - log_t[1]),
             }
         )
     return rows
@@ -275,6 +333,56 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             f"{S['dotm_betas']}",
         )
     )
+    with Timer(timings, "dotm_simulated_s"):
+        drows = _dotm_runs(S)
+    lev_dev, time_dev = [], []
+    for r in drows:
+        ok = not r["failed"] and len(r["levels_measured"]) == len(r["levels_theory"])
+        lev_dev.append(
+            float(np.max(np.abs(np.subtract(r["levels_measured"], r["levels_theory"]))))
+            if ok
+            else math.nan
+        )
+        ok = ok and len(r["log_merge_bracket"]) == len(r["log_merge_theory"])
+        time_dev.append(
+            max(
+                abs(0.5 * (lo + hi) - q)
+                for (lo, hi), q in zip(r["log_merge_bracket"], r["log_merge_theory"])
+            )
+            if ok
+            else math.nan
+        )
+    spacing = max(r["log_spacing"] for r in drows)
+    checks.append(
+        check(
+            "dotm_simulated_levels",
+            max(lev_dev),
+            0.0,
+            tol["dotm_simulated_levels"],
+            "max over beta in "
+            f"{S['dotm_betas']} and the plateaus of |plateau level - dotm level| of simulate_long runs "
+            "(rescaled USA, float64, log time) from dotm's example n = 5, theta_0 = 0.5 (0, 0.5, 2, 4, 7) "
+            "log(beta) / sqrt(beta); the first level with its cross terms (1/n^2) sum_kl e^(-beta (1 - cos)); "
+            "measured levels at beta = 4000: "
+            + ", ".join(f"{v:.4f}" for v in drows[-1]["levels_measured"]),
+        )
+    )
+    checks.append(
+        check(
+            "dotm_merge_times",
+            max(time_dev),
+            0.0,
+            spacing,
+            "max over beta and the 4 merges of |log t_merge - log sum_k T_k|, log t_merge the middle of the "
+            "save bracket (in log t) of the merge, T_k the two-cluster quadratures of the staircase's merges "
+            "(tolerance: one save spacing in log t, i.e. the bracket's half-width and as much again for "
+            "the integrator and the other clusters' pull, which the quadrature ignores); at beta = 4000 "
+            "predicted log t = "
+            + ", ".join(f"{v:.2f}" for v in drows[-1]["log_merge_theory"])
+            + ", brackets "
+            + ", ".join(f"({lo:.2f}, {hi:.2f}]" for lo, hi in drows[-1]["log_merge_bracket"]),
+        )
+    )
     row = _continuum_row(Path(out_dir))
     if row is not None:
         checks.append(row)
@@ -292,6 +400,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         plateau_end=plat.end,
     )
     S["merge_runs"] = rows
+    S["dotm_runs"] = drows
     S["staircase_merges"] = [dict(e.__dict__) for e in events]
     S["first_plateau_clusters"] = (
         "reused from meanfield reproduce continuum"
