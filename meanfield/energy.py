@@ -191,6 +191,8 @@ def field(
     if method == "pairwise" and isinstance(model, Model) and not isinstance(model, Kernel):
         raise TypeError(f"method='pairwise' needs a pair kernel, got {type(model).__name__}")
     x, aux = check_states(model, x, aux)
+    if isinstance(model, Kernel):  # a traced beta past the overflow bound stops here, as in ``energy``
+        x = model.check_traced_energy(x, aux)
     with backend_scope(backend):
         if method == "pairwise":
             return pairwise_field(model, x, aux)

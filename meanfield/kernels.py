@@ -343,8 +343,9 @@ class Kernel(Model):
         return pairwise_energy(self, x, aux)
 
     def check_traced_energy(self, x, aux):
-        """``x`` with the in-program checks of ``mf.energy`` attached (``equinox.error_if``) for traced
-        parameters whose energy would not be finite; no-op by default (``_ExpKernel``: overflow).
+        """``x`` with the in-program checks of ``mf.energy`` (and ``mf.field``, ``mf.velocity``) attached
+        (``equinox.error_if``) for traced parameters whose energy or field would not be finite; no-op by
+        default (``_ExpKernel``: overflow).
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -815,9 +816,9 @@ class _ExpKernel(Kernel):
 
     def check_traced_energy(self, x, aux):
         """Unless ``rescaled``, the overflow bound of ``check_config`` on a traced ``beta``:
-        ``beta >= log(finfo(dtype).max)`` (88.7 in float32) stops ``mf.energy`` with an error
-        instead of returning ``inf``. (``mf.simulate`` does not call it: a run records the overflow
-        as a failed run, ``Trajectory.failed``.)"""
+        ``beta >= log(finfo(dtype).max)`` (88.7 in float32) stops ``mf.energy``, ``mf.field`` and
+        ``mf.velocity`` with an error instead of returning ``inf`` (or NaN). (``mf.simulate`` does
+        not call it: a run records the overflow as a failed run, ``Trajectory.failed``.)"""
         if self.rescaled or is_concrete(self.beta):
             return x
         dtype = jnp.asarray(x).dtype

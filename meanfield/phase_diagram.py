@@ -704,7 +704,10 @@ def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=Non
                   step="projected", schedule="uniform"):
     check_choice("step", step, STEPS)
     check_choice("schedule", schedule, SCHEDULES)
-    betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
+    try:
+        betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise TypeError(f"betas must be real numbers (a 1-d array of floats), got {betas!r}") from None
     if betas.ndim != 1 or betas.size == 0:
         raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
     check_positive("betas", betas)

@@ -67,3 +67,17 @@ def test_toeplitz_series_past_memory_refused(monkeypatch):
     # what fits runs: 4 * 256 * 1001 * 4 bytes
     small = K.ToeplitzSeries(jnp.zeros(1001).at[1].set(0.5))
     np.testing.assert_allclose(mf.energy(small, x), mf.energy(K.Toeplitz(1), x), rtol=1e-5)
+
+
+def test_traced_usa_field_and_velocity_past_overflow_are_errors():
+    """``mf.field``/``mf.velocity`` under ``jit`` at an overflowing traced beta returned inf / NaN
+    while the concrete value is refused: the same in-program check as ``mf.energy`` now."""
+    for f in (mf.field, mf.velocity):
+        run = jax.jit(lambda b, f=f: f(K.USA(b), X))
+        np.testing.assert_allclose(run(jnp.float32(2.0)), f(K.USA(2.0), X), rtol=1e-5, atol=1e-6)
+        with pytest.raises((RuntimeError, ValueError), match=r"beta overflows exp\(beta <x, y>\) in float32"):
+            jax.block_until_ready(run(jnp.float32(200.0)))
+        with pytest.raises(ValueError, match="beta = 200 overflows"):
+            f(K.USA(200.0), X)
+        rescaled = jax.jit(lambda b, f=f: f(K.USA(b, rescaled=True), X))
+        assert bool(jnp.all(jnp.isfinite(rescaled(jnp.float32(200.0)))))

@@ -356,3 +356,153 @@ def test_status_reports_repairable_damage(ref, tmp_path, damage, capsys):
     captured = capsys.readouterr()
     assert f"{REASONS[damage]}" in captured.err and "`--resume` repairs it" in captured.err
     assert "Traceback" not in captured.err
+
+
+# ------------------------------------------------------------- things that are not files
+
+
+def chunk_file_is_fifo(store: Path, cid: int, seed: int) -> None:
+    """A FIFO in a chunk file's place: reading it would wait for a writer forever."""
+    p = _chunk_file(store, cid, "energy")
+    p.unlink()
+    os.mkfifo(p)
+
+
+def chunk_file_is_directory(store: Path, cid: int, seed: int) -> None:
+    """A directory in a chunk file's place: zarr's rename of the recomputed chunk over it fails."""
+    p = _chunk_file(store, cid, "energy")
+    p.unlink()
+    (p / "x").mkdir(parents=True)
+
+
+def chunk_file_empty(store: Path, cid: int, seed: int) -> None:
+    _chunk_file(store, cid, "energy").write_bytes(b"")
+
+
+def mark_is_directory(store: Path, cid: int, seed: int) -> None:
+    _mark(store, cid).unlink()
+    _mark(store, cid).mkdir()
+
+
+def mark_is_fifo(store: Path, cid: int, seed: int) -> None:
+    _mark(store, cid).unlink()
+    os.mkfifo(_mark(store, cid))
+
+
+def mark_not_json(store: Path, cid: int, seed: int) -> None:
+    _mark(store, cid).write_text("{not json")
+
+
+def root_metadata_not_json(store: Path, cid: int, seed: int) -> None:
+    """The root ``zarr.json`` (which holds the spec) overwritten: repaired from the creation copy."""
+    (store / "zarr.json").write_text("garbage")
+
+
+def root_metadata_is_fifo(store: Path, cid: int, seed: int) -> None:
+    (store / "zarr.json").unlink()
+    os.mkfifo(store / "zarr.json")
+
+
+def array_metadata_not_json(store: Path, cid: int, seed: int) -> None:
+    (store / "energy" / "zarr.json").write_text("[1, 2")
+
+
+#: Damages replacing a file by something else (kept out of the random combinations: the other
+#: damages read the marks and chunk files they would replace). Reason: a substring of verify's.
+NOT_FILES = {f.__name__: (f, reason) for f, reason in (
+    (chunk_file_is_fifo, "a FIFO, not a file"),
+    (chunk_file_is_directory, "a directory, not a file"),
+    (chunk_file_empty, "truncated (0 bytes)"),
+    (mark_is_directory, "completion mark unreadable"),
+    (mark_is_fifo, "completion mark unreadable"),
+    (mark_not_json, "completion mark unreadable"),
+    (root_metadata_not_json, "metadata unreadable"),
+    (root_metadata_is_fifo, "a FIFO, not a file"),
+    (array_metadata_not_json, "metadata unreadable"),
+)}
+
+
+@pytest.mark.parametrize("damage", list(NOT_FILES))
+def test_non_file_damage_never_hangs_and_is_repaired(ref, tmp_path, damage, capsys):
+    """Verify, ``--status`` and ``--resume`` neither hang on a FIFO nor fail on a directory in a
+    file's place; the resumed store equals the undamaged one value for value."""
+    spec_path, ref_store = ref
+    out = tmp_path / "d.zarr"
+    shutil.copytree(ref_store, out)
+    fn, reason = NOT_FILES[damage]
+    fn(out, 1, 0)
+    found = sweep_store.verify(out)
+    assert any(reason in d.reason for d in found), found
+    assert sweep_cli.main(["--status", "--out", str(out)]) == 1
+    assert "--resume" in capsys.readouterr().err
+    assert sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--memory", "1B", "--quiet"]) == 0
+    assert sweep_store.verify(out) == []
+    _assert_same(out, ref_store)
+
+
+@pytest.mark.slow
+def test_fifo_chunk_file_verify_real_process(ref, tmp_path):
+    """A real process: ``--verify`` of a store with a FIFO for a chunk file answers (exit 1, one
+    line naming the file) instead of waiting for a writer."""
+    _, ref_store = ref
+    out = tmp_path / "fifo.zarr"
+    shutil.copytree(ref_store, out)
+    chunk_file_is_fifo(out, 2, 0)
+    r = _cli("--verify", str(out), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    first = r.stderr.strip().splitlines()[0]
+    assert first.startswith("damaged: chunk 2: ") and "a FIFO, not a file" in first and "Traceback" not in r.stderr
+
+
+def test_plot_no_verify_of_undecodable_chunk_is_one_line(ref, tmp_path, capsys):
+    """``meanfield plot --no-verify`` skips the verification; a chunk that does not decode then
+    surfaced as a zstd traceback: one line naming the store and ``--verify``, exit 2."""
+    _, ref_store = ref
+    out = tmp_path / "crc.zarr"
+    shutil.copytree(ref_store, out)
+    random_bytes_valid_crc(out, 1, 5)
+    assert sweep_cli.plot_main([str(out), "--out", str(tmp_path / "plots"), "--no-verify"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"meanfield plot: error: {out}: data do not decode (")
+    assert err[0].endswith(f"`meanfield sweep --verify {out}` names the chunk")
+
+
+def test_oversized_chunk_file_is_damage_not_read(ref, tmp_path):
+    """A chunk file grown to 20 GiB (sparse) was read whole into memory: its size alone is
+    damage, reported without reading it, and recomputed by ``--resume``."""
+    spec_path, ref_store = ref
+    out = tmp_path / "big.zarr"
+    shutil.copytree(ref_store, out)
+    p = _chunk_file(out, 3, "collapse_gap")
+    os.truncate(p, 20 * 2**30)
+    found = sweep_store.verify(out)
+    assert len(found) == 1 and found[0].chunk == 3 and found[0].path == p
+    assert found[0].reason.startswith(f"unreadable ({20 * 2**30} bytes, more than the ")
+    sweep.run_sweep(spec_path, out, resume=True, memory="1B", quiet=True)
+    assert sweep_store.verify(out) == []
+    _assert_same(out, ref_store)
+
+
+def test_metadata_and_its_record_both_edited_is_not_sound(ref, tmp_path, capsys):
+    """An array's dtype edited in its ``zarr.json`` and in the creation record alike: verify
+    read the chunks with the edited dtype and, after the recomputation, called the store sound
+    while ``load`` (the root's consolidated copy) crashed in a reshape. The copies disagree:
+    damage that no repair can settle (a new store), one line, exit 2."""
+    spec_path, ref_store = ref
+    out = tmp_path / "both.zarr"
+    shutil.copytree(ref_store, out)
+    dtype_edited(out, 0, 0)
+    p = out / "_sweep" / "initialized"
+    info = json.loads(p.read_text())
+    info["metadata"]["energy/zarr.json"]["data_type"] = "float64"
+    p.write_text(json.dumps(info))
+    found = sweep_store.verify(out)
+    assert [d.reason for d in found] == ["metadata differs from the root's consolidated copy of 'energy' (the "
+                                         "record of the store's creation was edited too)"]
+    assert not found[0].repairable
+    assert sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("cannot be recomputed: run the sweep into a new store"), err
+    with pytest.raises(sweep_store.StoreDamagedError, match="run the sweep into a new store"):
+        sweep.load(out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +149,31 @@ def test_spec_path_that_is_a_directory_real_process(tmp_path):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "meanfield sweep: error: sweep spec spec.toml is a directory, not a TOML file"
     assert not Path(tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: os.mkfifo(p), "is not a regular file (a FIFO, socket or device), not a TOML file"),
+    (lambda p: p.write_bytes(b"\xff\xfe[model]"), "is not UTF-8 text (byte 0: invalid start byte), not a TOML file"),
+])
+def test_spec_path_that_is_a_fifo_or_not_text(tmp_path, capsys, make, message):
+    """A FIFO was "not found" (and reading it would wait for a writer); bytes that are not UTF-8
+    gave a bare codec error naming no file."""
+    spec = tmp_path / "spec.toml"
+    make(spec)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sweep.load_spec(spec)
+    line = _one_line_error(capsys, [str(spec), "--out", str(tmp_path / "o.zarr")])
+    assert line == f"meanfield sweep: error: sweep spec {spec} {message}"
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_out_through_a_missing_directory_and_dotdot(tmp_path, capsys, monkeypatch):
+    """``--out missing/../o.zarr`` created ``missing`` and then said the store "was created by
+    another process meanwhile": one line naming the missing directory, nothing created."""
+    spec = tmp_path / "s.toml"
+    spec.write_text(SPEC)
+    monkeypatch.chdir(tmp_path)
+    line = _one_line_error(capsys, [str(spec), "--out", "missing/../o.zarr", "--memory", "1B", "--quiet"])
+    assert line.endswith("cannot create store missing/../o.zarr: missing does not exist "
+                         "(a path through '..' is resolved from existing directories)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]

@@ -270,7 +270,12 @@ def plot_main(argv=None) -> int:
         for flag, value in (("STORE", args.store), ("--out", args.out)):
             if value is not None and not value.strip():
                 raise _UsageError(f"{flag} must be a path, got {value!r}")
-        for p in plot_store(args.store, args.out, verify=not args.no_verify):
+        try:
+            paths = plot_store(args.store, args.out, verify=not args.no_verify)
+        except RuntimeError as e:  # a codec's error on data read unverified (--no-verify): one line
+            raise ValueError(f"{args.store}: data do not decode ({_one_line(e)}); the store is damaged: "
+                             f"`meanfield sweep --verify {args.store}` names the chunk") from None
+        for p in paths:
             print(p)
         return 0
 

@@ -510,7 +510,7 @@ def sweep_status(out, spec=None) -> dict:
         raise FileNotFoundError(f"sweep store not found: {out}")
     if spec is None:
         try:
-            attrs = json.loads((out / "zarr.json").read_text()).get("attributes", {})
+            attrs = store.stored_attributes(out)
             sp = parse_spec(attrs["spec"])
         except (OSError, ValueError, KeyError, AttributeError) as e:
             raise store.StoreError(f"{out} is not a sweep store (no readable spec in its attributes: {e})") from None

@@ -300,9 +300,14 @@ def load_spec(path) -> Spec:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"sweep spec {path} is a directory, not a TOML file")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"sweep spec not found: {path}")
-    text = path.read_text()
+    if not path.is_file():  # a FIFO or a device: reading it could wait forever
+        raise ValueError(f"sweep spec {path} is not a regular file (a FIFO, socket or device), not a TOML file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"sweep spec {path} is not UTF-8 text (byte {e.start}: {e.reason}), not a TOML file") from None
     return parse_spec(text, default_name=path.stem)
 
 

@@ -64,6 +64,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import time
 import uuid
 import warnings
@@ -189,6 +190,30 @@ def _atomic_write(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
+def _read_regular(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path`` when it is a regular file: opened without blocking, so a FIFO, a
+    device or a directory put in a file's place is an ``OSError`` (never a read that waits for a
+    writer forever), as is a file of more than ``max_bytes``. ``FileNotFoundError`` when absent."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        mode = st.st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"{kind}, not a file", str(path))
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {max_bytes} a chunk's file can hold",
+                          str(path))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: Path) -> str:
+    return _read_regular(path).decode()
+
+
 def _coord(value):
     """A coordinate of the layout as xarray takes it (strings variable-length: zarr v3 "string")."""
     if isinstance(value, tuple):
@@ -249,6 +274,10 @@ def create(out, layout: dict) -> None:
     permission, a read-only file system) propagate as ``OSError``.
     """
     out = Path(out)
+    for i, part in enumerate(out.parts):
+        if part == ".." and i and not Path(*out.parts[:i]).is_dir():  # "a/../x": "a" would be created, x not
+            raise FileNotFoundError(f"cannot create store {out}: {Path(*out.parts[:i])} does not exist "
+                                    "(a path through '..' is resolved from existing directories)")
     above = out.parent
     while not above.exists() and above != above.parent:
         above = above.parent
@@ -338,7 +367,7 @@ def _info(out: Path, *, legacy_ok: bool = False) -> dict:
     ``StoreFormatError`` for a store of format 1 unless ``legacy_ok``)."""
     mark = out / _META / "initialized"
     try:
-        info = json.loads(mark.read_text())
+        info = json.loads(_read_text(mark))
         if not isinstance(info, dict) or "blocks" not in info:
             raise ValueError("no chunking")
     except FileNotFoundError:
@@ -358,6 +387,24 @@ def _info(out: Path, *, legacy_ok: bool = False) -> dict:
     return info
 
 
+def stored_attributes(out) -> dict:
+    """The root attributes of the store (``spec``, ``spec_json``, ``spec_hash``, ...): from its
+    ``zarr.json`` or, when that is unreadable or lost its spec (damage that ``repair`` restores),
+    from the copy recorded at creation in ``_sweep/initialized``. Empty when neither has them."""
+    out = Path(out)
+    try:
+        attrs = json.loads(_read_text(out / "zarr.json")).get("attributes", {})
+    except (OSError, ValueError, AttributeError):
+        attrs = {}
+    if isinstance(attrs, dict) and "spec_json" in attrs:
+        return attrs
+    try:
+        copy = json.loads(_read_text(out / _META / "initialized"))["metadata"]["zarr.json"]["attributes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return copy if isinstance(copy, dict) else {}
+
+
 def check_resumable(out, spec_json: dict) -> dict | None:
     """Check that ``out`` is a store of the normalised spec ``spec_json``; return its
     bookkeeping (``blocks``: the stored chunking, ``chunks_total``, ...), or None for an
@@ -375,10 +422,7 @@ def check_resumable(out, spec_json: dict) -> dict | None:
         if any(out.iterdir()):
             raise StoreError(f"{out} is not a sweep store (no zarr.json); use another path")
         return None
-    try:
-        attrs = json.loads(root.read_text()).get("attributes", {})
-    except (OSError, ValueError, AttributeError):
-        attrs = {}
+    attrs = stored_attributes(out)
     if "spec_json" not in attrs:
         raise StoreError(f"{out} is not a sweep store (no spec in its attributes); use another path")
     info = _info(out)
@@ -423,7 +467,7 @@ def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
     """
     path = Path(out) / _META / "claims" / f"{cid:06d}"
     path.parent.mkdir(exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)  # a FIFO put here never blocks
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -443,7 +487,7 @@ def is_claimed(out, cid: int) -> bool:
     """
     path = Path(out) / _META / "claims" / f"{cid:06d}"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put here never blocks
     except FileNotFoundError:
         return False
     try:
@@ -462,7 +506,7 @@ def _parts_path(out: Path) -> Path:
 def recorded_parts(out) -> int | None:
     """The number of job-array parts the store is split into (``record_parts``), or None."""
     try:
-        return int(json.loads(_parts_path(Path(out)).read_text())["parts"])
+        return int(json.loads(_read_text(_parts_path(Path(out))))["parts"])
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -509,7 +553,7 @@ def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
     counts = {}
     for cid in ids:
         try:
-            rec = json.loads(_mark(out, cid).read_text())
+            rec = json.loads(_read_text(_mark(out, cid)))
         except (OSError, ValueError):
             continue  # unmarked meanwhile or unreadable (``verify`` reports the latter)
         sel = tuple(slice(int(i), int(i) + 1) for i in rec["index"]) + tuple(slice(int(a), int(b)) for a, b in rec["slices"])
@@ -578,6 +622,7 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
         if bad.any():
             values["status"] = np.where(bad & (values["status"] == OK), np.int8(FAILED), values["status"])
         for name, value in values.items():
+            _clear_non_files(out, name, arrays[name], region)
             arr = arrays[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
             arr[tuple(slice(a, b) for a, b in region)] = value
     finally:
@@ -587,10 +632,32 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
     _atomic_write(_mark(out, cid), json.dumps(record))
 
 
+def _clear_non_files(out: Path, name: str, arr, region: list[tuple[int, int]]) -> None:
+    """Remove what is not a regular file (a directory, a FIFO, a socket) at the chunk files of
+    ``region``: zarr writes a chunk by renaming a new file over the old one, which a directory
+    refuses (a damaged chunk could never be recomputed)."""
+    for c in _block_coords(arr.shape, arr.chunks, region):
+        path = out / name / arr.metadata.encode_chunk_key(c)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(mode):
+            shutil.rmtree(path, ignore_errors=True)
+        elif not stat.S_ISREG(mode):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
 def discard(out, cid: int) -> None:
-    """Remove the completion mark of chunk ``cid`` (it will be recomputed)."""
+    """Remove the completion mark of chunk ``cid`` (it will be recomputed); a directory put in its
+    place is removed too."""
+    mark = _mark(Path(out), cid)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(_mark(Path(out), cid))
+        if stat.S_ISDIR(os.lstat(mark).st_mode):
+            shutil.rmtree(mark, ignore_errors=True)
+        else:
+            os.unlink(mark)
 
 
 def _block_coords(shape: tuple, chunks: tuple, region: list[tuple[int, int]]) -> Iterator[tuple]:
@@ -615,7 +682,7 @@ def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
     for rel, meta in recorded.items():
         f = out / rel
         try:
-            now = json.loads(f.read_text())
+            now = json.loads(_read_text(f))
         except (OSError, ValueError) as e:
             found.append(Damage(None, f, f"metadata unreadable ({_reason(e)})", repairable=True))
             continue
@@ -623,6 +690,17 @@ def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
             diff = sorted(key_differences(_structure(meta), _structure(now)))
             found.append(Damage(None, f, f"metadata differs from the store's creation ({', '.join(diff)})",
                                 repairable=True))
+    if not found:  # each file as recorded: the root's consolidated copy (what readers use) must match them
+        try:
+            root = json.loads(_read_text(out / "zarr.json"))
+            consolidated = root["consolidated_metadata"]["metadata"]
+            for rel in recorded:
+                name = str(Path(rel).parent)
+                if name != "." and _structure(consolidated.get(name)) != _structure(json.loads(_read_text(out / rel))):
+                    found.append(Damage(None, out / rel, f"metadata differs from the root's consolidated copy of "
+                                        f"{name!r} (the record of the store's creation was edited too)"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            found.append(Damage(None, out / "zarr.json", f"consolidated metadata unreadable ({_reason(e)})"))
     if marks and (out / _META / "done").is_dir():
         total = int(info["chunks_total"])
         for cid in sorted(done_chunks(out) - done_chunks(out, total)):
@@ -643,7 +721,7 @@ def repair(out) -> list[Damage]:
     """
     out = Path(out)
     info = _info(out)
-    fixed = _bookkeeping_damage(out, info, marks=True)
+    fixed = [d for d in _bookkeeping_damage(out, info, marks=True) if d.repairable]
     recorded = info.get("metadata", {})
     for d in fixed:
         if d.path.parent == out / _META:  # done/ or claims/
@@ -663,12 +741,16 @@ def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
     return what is damaged (empty: sound).
 
     A done chunk is sound when its completion mark is readable, every zarr chunk file of its
-    region exists and ends with the ``crc32c`` checksum of the rest, the region decodes, the
+    region exists as a regular file no larger than a chunk can be (a FIFO, a device or a
+    directory in its place is damage, never read) and ends with the ``crc32c`` checksum of the
+    rest, the region decodes, the
     digest of the decoded values (bound to the chunk's id, region and the spec's hash:
     ``write_chunk``) equals the mark's, no point of its ``status`` is ``PENDING`` and no point
     with status ``OK`` holds a NaN or infinite value. The bookkeeping directories and the
     array metadata (against the copy recorded at creation) are checked first (damage there is
-    ``repairable``; the chunks are checked once the metadata is sound). With ``chunks=None``
+    ``repairable``; the chunks are checked once the metadata is sound), then each array's
+    metadata against the root's consolidated copy (a disagreement there means the record was
+    edited too: not repairable). With ``chunks=None``
     the coordinates are read too, and completion marks of chunks that do not exist are
     reported. Raises ``StoreError`` when ``out`` is not a sweep store of this format.
     """
@@ -690,9 +772,17 @@ def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
         except Exception as e:  # noqa: BLE001 - any failure to open the metadata is damage
             return damages + [Damage(None, out / "zarr.json", f"metadata unreadable: {_reason(e)}")]
         if full:
-            for name in sorted(set(root.array_keys()) - set(arrays)):
+            # the coordinates are the arrays recorded at creation (listing the directory would read
+            # whatever else was put there); each file is checked to be a regular one before zarr reads it
+            recorded = {str(Path(rel).parent) for rel in info.get("metadata", {}) if Path(rel).parent != Path(".")}
+            for name in sorted(recorded - set(arrays)):
                 try:
-                    cast(Any, root[name])[...]  # coordinates: small, read whole
+                    coord = cast(Any, root[name])
+                    for c in _block_coords(coord.shape, coord.chunks, []):
+                        path = out / name / coord.metadata.encode_chunk_key(c)
+                        with contextlib.suppress(FileNotFoundError):
+                            _read_regular(path)
+                    coord[...]  # coordinates: small, read whole
                 except Exception as e:  # noqa: BLE001 - any decoding failure is damage
                     damages.append(Damage(None, out / name, f"coordinate unreadable: {_reason(e)}"))
         ndim = int(info["grid_ndim"])
@@ -712,14 +802,14 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def _file_bytes(path: Path) -> tuple[bytes | None, str | None]:
+def _file_bytes(path: Path, max_bytes: int | None = None) -> tuple[bytes | None, str | None]:
     """The content of one chunk file and what is wrong with it (None: nothing): the file holds the
     encoded chunk followed by the little-endian crc32c of it (zarr's ``crc32c`` codec, the last
     of the pipeline)."""
     import google_crc32c  # zarr's own dependency, the implementation of its crc32c codec
 
     try:
-        data = path.read_bytes()
+        data = _read_regular(path, max_bytes)
     except FileNotFoundError:
         return None, "chunk file missing"
     except OSError as e:
@@ -729,6 +819,17 @@ def _file_bytes(path: Path) -> tuple[bytes | None, str | None]:
     if google_crc32c.value(data[:-4]).to_bytes(4, "little") != data[-4:]:
         return None, "checksum mismatch (crc32c): the file was truncated, overwritten or altered"
     return data, None
+
+
+def _max_file_bytes(arr) -> int | None:
+    """The largest file a chunk of ``arr`` can be: zstd's bound on its compressed size
+    (``ZSTD_COMPRESSBOUND``: n + n / 256 + a margin; taken generously) and the 4-byte crc32c.
+    None (no bound) for a dtype of variable size."""
+    dtype = np.dtype(arr.dtype)
+    if dtype.kind not in "biuf":
+        return None
+    raw = math.prod(arr.chunks) * dtype.itemsize
+    return raw + raw // 128 + 4096 + 4
 
 
 def _file_damage(path: Path) -> str | None:
@@ -762,7 +863,7 @@ def _decoder(arr):
 def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, spec_hash: str) -> list[Damage]:
     mark = _mark(out, cid)
     try:
-        rec = json.loads(mark.read_text())
+        rec = json.loads(_read_text(mark))
         region = [(int(i), int(i) + 1) for i in rec["index"]] + [(int(a), int(b)) for a, b in rec["slices"]]
         if len(region) != ndim:
             raise ValueError(f"{len(region)} dimensions, the grid has {ndim}")
@@ -782,7 +883,7 @@ def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, 
         files, bad = {}, []
         for c in _block_coords(arr.shape, arr.chunks, region):
             path = out / name / arr.metadata.encode_chunk_key(c)
-            data, reason = _file_bytes(path)
+            data, reason = _file_bytes(path, _max_file_bytes(arr))
             if reason:
                 bad.append(Damage(cid, path, reason))
             files[c] = (path, data)
