@@ -79,6 +79,7 @@ from ._diff import key_differences
 __all__ = [
     "create",
     "INFINITE_RESULTS",
+    "stored_attributes",
     "check_resumable",
     "done_chunks",
     "is_done",
