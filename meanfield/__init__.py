@@ -11,37 +11,44 @@ Public API (see README.md for a tour)::
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
 
+Every name above is loaded when first used (PEP 562): ``import meanfield`` imports neither
+JAX nor any submodule, ``mf.simulate`` imports the engine (JAX, the native kernels: their
+build at first use is one line on stderr) and ``mf.depth`` its optimiser (optax) then.
+``from meanfield import simulate`` and ``import meanfield.continuum`` work as usual.
+
 Edges (import explicitly): ``meanfield.sweep`` (spec, plan, run, zarr store, plots),
 ``meanfield.plotting``, ``meanfield.cli``, ``meanfield.info``, ``meanfield.reproduce``.
 """
 
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
+from __future__ import annotations
 
-from . import (
-    analysis,
-    attention,
-    continuum,
-    depth,
-    design,
-    kernels,
-    metastability,
-    metrics,
-    models,
-    phase_diagram,
-    prototypes,
-    random_batch,
-    sphere,
-    theory,
-)
-from .energy import energy, field, velocity
-from .integrate import Trajectory, simulate
-from .models import positions
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = _version("meanfield")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
+    from . import (
+        analysis,
+        attention,
+        continuum,
+        depth,
+        design,
+        kernels,
+        metastability,
+        metrics,
+        models,
+        phase_diagram,
+        prototypes,
+        random_batch,
+        sphere,
+        theory,
+    )
+    from .energy import energy, field, velocity
+    from .integrate import Trajectory, simulate
+    from .models import positions
+
+    __version__: str
 
 __all__ = [
     "__version__",
@@ -66,3 +73,61 @@ __all__ = [
     "Trajectory",
     "velocity",
 ]
+
+#: The public submodules, imported when first used.
+_SUBMODULES = frozenset({
+    "analysis", "attention", "continuum", "depth", "design", "kernels", "metastability", "metrics", "models",
+    "phase_diagram", "prototypes", "random_batch", "sphere", "theory",
+})
+#: The public functions and classes: name -> the submodule that defines it.
+_NAMES = {
+    "energy": "energy",
+    "field": "energy",
+    "velocity": "energy",
+    "simulate": "integrate",
+    "Trajectory": "integrate",
+    "positions": "models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported at its first use and kept (PEP 562)."""
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    elif name in _SUBMODULES or (not name.startswith("__") and _is_submodule(name)):
+        value = importlib.import_module(f"{__name__}.{name}")  # any submodule: ``mf.integrate`` as before
+    elif name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("meanfield")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            value = "0.0.0"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _is_submodule(name: str) -> bool:
+    import importlib.util
+
+    return name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The package's module: ``mf.energy`` stays the function ``meanfield.energy.energy``
+    when the submodule ``meanfield.energy`` is imported (the import system sets the package's
+    attribute ``energy`` to the submodule; eager imports used to overwrite it right after)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _NAMES and name == _NAMES[name] and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

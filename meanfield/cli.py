@@ -24,6 +24,18 @@ summary). JSON outputs are strict: non-finite numbers are written as ``null``.
 it, with the registry's default and range. The same name, parameters and ``--seed`` give
 the same numbers as a sweep of ``kind = NAME`` and as ``mf.kernels.make(NAME, ...)`` with
 ``mf.sphere.uniform(jax.random.key(seed), n, d)``.
+
+``--help`` and argument errors return before JAX is imported: the parser reads the registry
+through ``meanfield._cli_schema``, a copy generated from it (``python -m
+meanfield._cli_schema --write``; a test fails when they differ), or the registry itself when
+it is already imported. ``simulate`` writes its numbers (``observables.npz``,
+``summary.json``) before it draws ``configuration.png`` and ``observables.png``;
+``--no-plots`` draws no figure (and imports no matplotlib).
+
+The ``meanfield`` process itself (``main()`` without arguments, ``python -m meanfield``)
+calls ``meanfield.compilation_cache.configure_process()`` once its arguments are parsed and
+before JAX is imported (JAX's persistent compilation cache; ``MEANFIELD_COMPILATION_CACHE=0``
+turns it off); ``main(argv)`` called from Python changes no process-wide setting.
 """
 
 from __future__ import annotations
@@ -128,13 +140,31 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per parameter of the registry (``mf.kernels.MODELS``), defaults left to the
-    registry (a flag absent from the command line takes the model's default)."""
-    from .kernels import MODELS
+def _models() -> tuple:
+    """The registry as the parser needs it (``meanfield._cli_schema.Model``): the registry
+    itself where ``meanfield.kernels`` is already imported (a model registered at run time
+    included), else its JAX-free copy ``meanfield._cli_schema.MODELS``."""
+    from . import _cli_schema
 
+    return _cli_schema.derive_models() if "meanfield.kernels" in sys.modules else _cli_schema.MODELS
+
+
+def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(SOLVERS, STEPS)`` of ``meanfield.integrate``, or their copies in ``meanfield._cli_schema``."""
+    from . import _cli_schema
+
+    if "meanfield.integrate" in sys.modules:
+        from .integrate import SOLVERS, STEPS
+
+        return tuple(SOLVERS), tuple(STEPS)
+    return _cli_schema.SOLVERS, _cli_schema.STEPS
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, models) -> None:
+    """One flag per parameter of the registry (``mf.kernels.MODELS``, as ``_models()``),
+    defaults left to the registry (a flag absent from the command line takes the model's default)."""
     seen: dict[str, list] = {}
-    for entry in MODELS.values():
+    for entry in models:
         if entry.simulated:
             for p in entry.params:
                 seen.setdefault(p.name, []).append((entry.name, p))
@@ -168,9 +198,12 @@ def _show_default(v) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .integrate import SOLVERS, STEPS
-    from .kernels import MODEL_NAMES
-    from .reproduce import EXPERIMENTS
+    """The parser of every command (imports no JAX: ``_models()``)."""
+    from .reproduce import EXPERIMENTS  # a table of names (the experiments load when run)
+
+    models = _models()
+    model_names = tuple(m.name for m in models if m.simulated)
+    SOLVERS, STEPS = _integrators()
 
     p = _Parser(prog="meanfield", description="JAX engine for the mathematics of collapse in transformers.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -181,11 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
                "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie, or a run "
                "past the resource limits (one line on stderr)",
     )
-    s.add_argument("--kernel", default="usa", choices=MODEL_NAMES,
+    s.add_argument("--kernel", default="usa", choices=model_names,
                    help="model name from the registry (mf.kernels.MODELS; default usa)")
     s.add_argument("--n", type=_int_at_least(2), default=256, help="number of particles (default 256)")
     s.add_argument("--d", type=_int_at_least(2), default=3, help="dimension of the ambient space (default 3)")
-    _add_model_flags(s)
+    _add_model_flags(s, models)
     s.add_argument("--t1", type=_positive_float, default=20.0, help="final time (default 20)")
     s.add_argument("--dt", type=_positive_float, default=1e-2, help="time step (default 1e-2)")
     s.add_argument("--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)")
@@ -204,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "imageio-ffmpeg package) or .gif (Pillow); checked writable before the run")
     s.add_argument("--force", action="store_true",
                    help="run past the available memory or the work bound (never past the machine's total memory)")
+    s.add_argument("--no-plots", action="store_true",
+                   help="write the numbers only: no configuration.png or observables.png (a --movie is still written)")
 
     r = sub.add_parser("reproduce", help="reproduce the papers' experiments (all of them when no name is given)")
     r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers and the mean-field limit)")
@@ -220,19 +255,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # the `meanfield` process itself: its figures need no display
-        if "MPLBACKEND" not in os.environ:
-            import matplotlib
+    """The ``meanfield`` command; returns its exit status.
 
-            matplotlib.use("Agg")
-        argv = sys.argv[1:]
-    argv = list(argv)
+    ``argv`` None: the process's own arguments (``sys.argv[1:]``), and the process is set up
+    for its run once they are parsed (figures without a display, ``_configure_process``).
+    A list (a call from Python): those arguments, and no process-wide setting is changed.
+    """
+    process = argv is None
+    if process:  # the `meanfield` process itself: its figures need no display
+        os.environ.setdefault("MPLBACKEND", "Agg")
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("sweep", "plot"):
-            from . import sweep
+            from .sweep import cli as sweep_cli
 
-            fn = sweep.main if argv[0] == "sweep" else sweep.plot_main
-            return int(fn(argv[1:]) or 0)
+            if argv[0] == "plot":
+                return int(sweep_cli.plot_main(argv[1:]) or 0)
+            return int(sweep_cli._sweep(argv[1:], process=process) or 0)
         if argv and argv[0] == "info":
             from . import info
 
@@ -246,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if args.command == "simulate":
-            return _simulate(args)
+            return _simulate(args, process=process)
         if args.command == "reproduce":
-            return _reproduce(args)
+            return _reproduce(args, process=process)
     except SystemExit as e:  # a sub-command's parser (its one-line error or --help)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except MemoryError:
@@ -262,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
         print("meanfield: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _configure_process() -> None:
+    """Set up the ``meanfield`` process before JAX is imported (its arguments parsed):
+    ``meanfield.compilation_cache.configure_process()``. Never from a call of ``main(argv)``."""
+    from . import compilation_cache
+
+    compilation_cache.configure_process()
 
 
 def _one_line(e: BaseException) -> str:
@@ -315,7 +362,23 @@ def _simulate_cost(args, entry, params):
     )
 
 
-def _simulate(args) -> int:
+def _simulate(args, *, process: bool = False) -> int:
+    # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
+    models = _models()
+    schema = next(m for m in models if m.name == args.kernel)
+    given = {p.name: getattr(args, p.name) for m in models for p in m.params if hasattr(args, p.name)}
+    for name in given:
+        if name not in {p.name for p in schema.params}:
+            accepted = " ".join(_flag(p.name) for p in schema.params) or "none"
+            raise ValueError(f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})")
+    prompts = given.get("prompts", next((p.default for p in schema.params if p.name == "prompts"), None))
+    if prompts is not None and prompts > args.n:
+        raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}")
+    if args.step == "renormalize" and args.solver != "euler":
+        raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
+    if process:
+        _configure_process()
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -324,16 +387,7 @@ def _simulate(args) -> int:
     from .integrate import simulate
 
     entry = kernels.model_entry(args.kernel)
-    given = {p.name: getattr(args, p.name) for p in _all_params() if hasattr(args, p.name)}
-    for name in given:
-        if name not in {p.name for p in entry.params}:
-            accepted = " ".join(_flag(p.name) for p in entry.params) or "none"
-            raise ValueError(f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})")
     params = entry.resolve(given, where="--")
-    if "prompts" in params and params["prompts"] > args.n:
-        raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {params['prompts']}")
-    if args.step == "renormalize" and args.solver != "euler":
-        raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
     # the estimate first: nothing of the run's size is allocated before it is accepted
     cost = _simulate_cost(args, entry, params)
     _resources.check_cost(cost, force=args.force, what="simulate")
@@ -400,7 +454,9 @@ def _simulate(args) -> int:
         clusters=clusters, x_final=xs[-1], x0=np.asarray(x0), aux=np.asarray(aux),
     )
     (out / "summary.json").write_text(_dumps(result, indent=2))
-    _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
+    # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
+    if not args.no_plots:
+        _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
     if args.movie is not None:
         from . import plotting
 
@@ -495,17 +551,13 @@ def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
     plotting.savefig(fig, out / "observables.png")
 
 
-def _all_params():
-    from .kernels import MODELS
-
-    return [p for e in MODELS.values() for p in e.params]
-
-
-def _reproduce(args) -> int:
+def _reproduce(args, *, process: bool = False) -> int:
     from . import reproduce
 
     if args.quick and args.full:
         raise ValueError("--quick and --full exclude each other; pass at most one")
+    if process:
+        _configure_process()
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = _output_dir(args.out)
     summaries = {}

@@ -27,7 +27,7 @@ from meanfield import _native
 _STATE = r"""
 import json, time
 t0 = time.monotonic()
-import meanfield
+import meanfield.kernels  # the engine's import builds the exp kernel (import meanfield is lazy)
 from meanfield import _native
 t1 = time.monotonic()
 phase = _native.available()  # the phase kernel, built (or not) at its first use

@@ -23,23 +23,32 @@ with ``--part I/N`` (one part of a job array) or ``--coordinator HOST:PORT --num
 STORE.zarr --status``, ``meanfield sweep --verify STORE.zarr`` and ``meanfield plot STORE.zarr
 [--out DIR] [--no-verify]`` (also ``python -m meanfield.sweep ...``).
 See docs/sweeps.md ("Scaling out": one machine, ``jax.distributed``, job arrays).
+
+The names below load their submodule when first used (PEP 562): ``import meanfield.sweep``
+imports neither JAX nor zarr, and ``meanfield sweep --help`` returns before either.
 """
 
-from .cli import main, plot_main
-from .plan import Group, Plan, make_plan, parse_memory
-from .plot import plot_store
-from .run import assign_parts, parse_part, run_sweep, sweep_status
-from .spec import OBSERVABLES, Spec, load_spec, parse_spec, spec_differences, spec_hash
-from .store import (
-    FAILED,
-    OK,
-    PENDING,
-    StoreDamagedError,
-    StoreError,
-    StoreFormatError,
-    load,
-    verify,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
+    from .cli import main, plot_main
+    from .plan import Group, Plan, make_plan, parse_memory
+    from .plot import plot_store
+    from .run import assign_parts, parse_part, run_sweep, sweep_status
+    from .spec import OBSERVABLES, Spec, load_spec, parse_spec, spec_differences, spec_hash
+    from .store import (
+        FAILED,
+        OK,
+        PENDING,
+        StoreDamagedError,
+        StoreError,
+        StoreFormatError,
+        load,
+        verify,
+    )
 
 __all__ = [
     "Spec",
@@ -68,3 +77,28 @@ __all__ = [
     "OK",
     "FAILED",
 ]
+
+#: Where each public name is defined.
+_HOMES = {
+    "main": "cli", "plot_main": "cli",
+    "Group": "plan", "Plan": "plan", "make_plan": "plan", "parse_memory": "plan",
+    "plot_store": "plot",
+    "assign_parts": "run", "parse_part": "run", "run_sweep": "run", "sweep_status": "run",
+    "OBSERVABLES": "spec", "Spec": "spec", "load_spec": "spec", "parse_spec": "spec", "spec_differences": "spec",
+    "spec_hash": "spec",
+    "FAILED": "store", "OK": "store", "PENDING": "store", "StoreDamagedError": "store", "StoreError": "store",
+    "StoreFormatError": "store", "load": "store", "verify": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported at its first use and kept (PEP 562)."""
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,6 +5,12 @@ Every user error -- a bad spec or argument, a missing file, an existing store, a
 cannot be written (``OSError``: a file in the path, permissions, a read-only file system), a
 damaged store, a sweep past the machine's limits -- is one line on stderr and exit status 2,
 without a traceback or a usage dump.
+
+``--help`` and the parser's errors return before JAX is imported (the engine is imported
+when a command runs). The process itself (``main()``/``console()`` without arguments,
+``meanfield sweep``, ``python -m meanfield.sweep``) calls
+``meanfield.compilation_cache.configure_process()`` once its arguments are parsed, before
+JAX is imported; a call with an argument list changes no process-wide setting.
 """
 
 from __future__ import annotations
@@ -13,12 +19,6 @@ import argparse
 import sys
 import tomllib
 from collections.abc import Callable
-
-from . import _distributed as _dist
-from .plot import plot_store
-from .run import parse_part, run_sweep, sweep_status
-from .spec import load_spec
-from .store import Damage, load, verify
 
 __all__ = ["main", "plot_main", "console"]
 
@@ -130,6 +130,13 @@ def _sweep_parser() -> _Parser:
     return parser
 
 
+def _configure_process() -> None:
+    """The process's set-up before JAX is imported (``meanfield.compilation_cache``)."""
+    from .. import compilation_cache
+
+    compilation_cache.configure_process()
+
+
 def _distributed(args: argparse.Namespace) -> bool:
     """Join ``jax.distributed`` when asked (before any JAX computation of this process: the
     CLI's own process, never a library call); whether it was asked. Bounded by
@@ -139,6 +146,8 @@ def _distributed(args: argparse.Namespace) -> bool:
         return False
     if any(given) and not all(given):
         raise _UsageError("--coordinator, --num-processes and --process-id go together (or --distributed alone)")
+    from . import _distributed as _dist
+
     try:
         _dist.check_args(args.coordinator, args.num_processes, args.process_id, join_timeout=args.join_timeout,
                          heartbeat_timeout=args.heartbeat_timeout)
@@ -155,8 +164,14 @@ def main(argv=None) -> int:
     ``meanfield sweep [SPEC.toml] --out STORE.zarr --status`` or ``meanfield sweep --verify STORE.zarr``.
 
     Returns the exit status: 0 done, 1 ``--verify`` or ``--status`` found damage, 2 a user
-    error (one line on stderr), 130 interrupted.
+    error (one line on stderr), 130 interrupted. ``argv`` None: the process's own arguments,
+    and the process is set up for its run (``meanfield.compilation_cache.configure_process()``).
     """
+    return _sweep(argv, process=argv is None)
+
+
+def _sweep(argv, *, process: bool) -> int:
+    """``main``; ``process``: set up the process (``_configure_process``) once the arguments are parsed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _sweep_parser()
 
@@ -167,6 +182,8 @@ def main(argv=None) -> int:
         for flag, value in (("--out", args.out), ("--verify", args.verify), ("SPEC", args.spec)):
             if value is not None and not value.strip():
                 raise _UsageError(f"{flag} must be a path, got {value!r}")
+        if process:  # the arguments parse: the process's set-up, before anything imports JAX
+            _configure_process()
         dist_flags = (args.coordinator, args.num_processes, args.process_id)
         distributed = args.distributed or any(v is not None for v in dist_flags)
         if args.verify is not None:
@@ -185,6 +202,9 @@ def main(argv=None) -> int:
             raise _UsageError("the following arguments are required: spec (or --verify STORE)")
         if args.out is None:
             raise _UsageError("the following arguments are required: --out")
+        from .run import parse_part, run_sweep
+        from .spec import load_spec
+
         part = parse_part(args.part) if args.part is not None else None
         if part is not None and distributed:
             raise _UsageError("--part runs one process of a job array; it does not combine with --coordinator, "
@@ -202,6 +222,8 @@ def _verify(path: str) -> int:
     """``--verify STORE``: 0 and a summary on stdout when every completed chunk is sound;
     1 and one line per damaged chunk on stderr otherwise."""
     from pathlib import Path
+
+    from .store import Damage, load, verify
 
     store = Path(path)
     if not (store / "zarr.json").exists():
@@ -232,6 +254,9 @@ def _verify(path: str) -> int:
 
 def _status(spec: str | None, out: str) -> int:
     """``--status``: one summary line and a table of the parts on stdout; 1 when chunks are damaged."""
+    from .run import sweep_status
+    from .spec import load_spec
+
     st = sweep_status(out, load_spec(spec) if spec is not None else None)
     t = st["total"]
     split = f"split into {st['parts']} parts" if st["parts"] else "not split into parts"
@@ -270,6 +295,8 @@ def plot_main(argv=None) -> int:
         for flag, value in (("STORE", args.store), ("--out", args.out)):
             if value is not None and not value.strip():
                 raise _UsageError(f"{flag} must be a path, got {value!r}")
+        from .plot import plot_store
+
         try:
             paths = plot_store(args.store, args.out, verify=not args.no_verify)
         except RuntimeError as e:  # a codec's error on data read unverified (--no-verify): one line
@@ -284,10 +311,12 @@ def plot_main(argv=None) -> int:
 
 def console(argv=None) -> int:
     """``python -m meanfield.sweep [sweep] SPEC ...`` or ``python -m meanfield.sweep plot STORE ...``;
-    a user error (bad spec, missing file, existing store, ...) is one line on stderr and status 2."""
+    a user error (bad spec, missing file, existing store, ...) is one line on stderr and status 2.
+    ``argv`` None: the process's own arguments, the process set up as by ``main()``."""
+    process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
     if argv and argv[0] == "sweep":
         argv = argv[1:]
-    return main(argv)
+    return _sweep(argv, process=process)
