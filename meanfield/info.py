@@ -8,13 +8,16 @@ the compiler's identity, a damaged library, a cache directory or library refused
 can write it), with the compiler, the cache directory and whether it is private, and the
 threads (the most per call, and what a call would use now on this machine's load).
 ``meanfield info --rebuild-native`` compiles both kernels again (after installing a compiler,
-or to clear a recorded failure).
+or to clear a recorded failure). It also shows JAX's persistent compilation cache
+(``meanfield.compilation_cache``): its directory, on or off (and why), its entries and their
+size, and equinox's error mode; ``meanfield info --clear-cache`` empties it.
 
 ``--rebuild-native`` works whatever the cache holds: the import before it loads a cached library
 only if it matches its manifest (written after a child process loaded it) and its ELF headers
 are whole, so a truncated library cannot crash it; a damaged one is rebuilt.
 
-Environment: ``MEANFIELD_CACHE_DIR`` (the cache directory), ``MEANFIELD_NATIVE=0`` (no native
+Environment: ``MEANFIELD_CACHE_DIR`` (the cache directory), ``MEANFIELD_COMPILATION_CACHE=0`` (no
+compilation cache), ``MEANFIELD_NATIVE=0`` (no native
 kernels), ``MEANFIELD_NATIVE_QUIET=1`` (no line on stderr when they are unavailable), ``CC``,
 ``MEANFIELD_CC_TIMEOUT`` (seconds a build may take, default 120) and
 ``MEANFIELD_CC_VERSION_TIMEOUT`` (seconds ``$CC --version`` may take, default 10).
@@ -31,7 +34,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _native
+from . import _native, compilation_cache
 
 __all__ = ["PACKAGES", "summary", "format_summary", "main"]
 
@@ -95,7 +98,9 @@ def summary() -> dict[str, Any]:
     and ``exp_threads_now`` (what a call on one system of $2048 \times 3$ would use on the load now; both
     ``None`` when unavailable), and ``exp_kernel`` and
     ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
-    available; ``libraries`` are the cached shared libraries).
+    available; ``libraries`` are the cached shared libraries), and ``compilation_cache``
+    (``meanfield.compilation_cache.info()``: ``enabled``, ``dir``, ``entries``, ``bytes``,
+    ``eqx_on_error``, ``problem``).
 
     Initialises JAX's backend, runs the exp kernel's self-test and builds the phase kernel if
     it is not cached (its first use would).
@@ -104,7 +109,7 @@ def summary() -> dict[str, Any]:
         >>> import meanfield.info
         >>> d = meanfield.info.summary()
         >>> sorted(d), sorted(d["jax"])
-        (['jax', 'meanfield', 'native', 'packages', 'platform', 'python'], ['backend', 'devices', 'x64'])
+        (['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'python'], ['backend', 'devices', 'x64'])
         >>> exp = d["native"]["exp_kernel"]
         >>> exp["available"] == (exp["reason"] is None)
         True
@@ -147,7 +152,24 @@ def summary() -> dict[str, Any]:
             "phase_kernel": {"available": phase_ok, "reason": _native.unavailable_reason(),
                              "libraries": _libraries(_native.SOURCE, [])},
         },
+        "compilation_cache": compilation_cache.info(),
     }
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} B"
+
+
+def _format_compilation_cache(cc: dict[str, Any]) -> str:
+    """One line: ``compilation cache: on|off (why), DIR, N entries, SIZE; EQX_ON_ERROR=MODE``."""
+    if compilation_cache.disabled():
+        state = "off (MEANFIELD_COMPILATION_CACHE=0)"
+    elif cc.get("problem"):
+        state = f"off (refused: {cc['problem']})"
+    else:
+        state = "on"
+    return (f"compilation cache: {state}, {cc['dir']}, {cc['entries']} entries, {_size(cc['bytes'])}; "
+            f"in-program checks in this process: EQX_ON_ERROR={cc['eqx_on_error']}")
 
 
 def format_summary(d: dict[str, Any]) -> str:
@@ -184,6 +206,8 @@ def format_summary(d: dict[str, Any]) -> str:
         state = "available" if k["available"] else f"not available: {k['reason']}"
         lines.append(f"  {name}: {state}")
         lines.extend(f"    {path}" for path in k["libraries"])
+    if "compilation_cache" in d:
+        lines.append(_format_compilation_cache(d["compilation_cache"]))
     return "\n".join(lines)
 
 
@@ -202,11 +226,14 @@ def _rebuild() -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``meanfield info [--json] [--rebuild-native]``: print ``summary()`` (readable, or JSON).
+    """``meanfield info [--json] [--rebuild-native] [--clear-cache]``: print ``summary()`` (readable, or JSON).
 
     ``--rebuild-native`` first removes the cached libraries, manifests and recorded failures of
-    both kernels (for this source and compiler) and compiles them again. Returns 0, or 1 when a rebuild
-    was asked for and a kernel is not built (disabled, no compiler, or a compiler error).
+    both kernels (for this source and compiler) and compiles them again. ``--clear-cache`` first
+    empties the compilation cache (``meanfield.compilation_cache.clear()``) and prints how many
+    entries it removed (on stderr with ``--json``, so that stdout stays JSON). Returns 0, or 1
+    when a rebuild was asked for and a kernel is not built (disabled, no compiler, or a compiler
+    error) or the cache could not be emptied (one line on stderr).
 
     Example:
         >>> import contextlib, io, json
@@ -215,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> with contextlib.redirect_stdout(out):
         ...     status = meanfield.info.main(["--json"])
         >>> status, sorted(json.loads(out.getvalue()))
-        (0, ['jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
+        (0, ['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
     """
     from ._argparse import OneLineParser  # one-line argparse errors, as every meanfield command
 
@@ -224,10 +251,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--rebuild-native", action="store_true",
                    help="remove the cached native kernels (and recorded build failures) and compile them again")
+    p.add_argument("--clear-cache", action="store_true",
+                   help="empty the persistent compilation cache (compiled programs; not the native kernels)")
     args = p.parse_args(argv)
     failed = False
+    if args.clear_cache:
+        where = compilation_cache.cache_dir()
+        try:
+            removed = compilation_cache.clear()
+        except OSError as e:
+            print(f"meanfield info: error: cannot empty the compilation cache {where}: {e}", file=sys.stderr)
+            failed = True
+        else:
+            print(f"removed {removed} compilation cache entr{'y' if removed == 1 else 'ies'} from {where}",
+                  file=sys.stderr if args.json else sys.stdout)
     if args.rebuild_native:
-        failed = any(e is not None for e in _rebuild().values())
+        failed = any(e is not None for e in _rebuild().values()) or failed
     d = summary()
     print(json.dumps(d, indent=2) if args.json else format_summary(d))
     sys.stdout.flush()

@@ -132,6 +132,8 @@ from typing import Any
 
 import numpy as np
 
+from .._paths import cache_root
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock between processes (the builds stay atomic)
@@ -186,10 +188,7 @@ class BuildFailed(RuntimeError):
 
 
 def _cache_dir() -> Path:
-    if os.environ.get("MEANFIELD_CACHE_DIR"):
-        return Path(os.environ["MEANFIELD_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "meanfield"
+    return cache_root()  # meanfield._paths: shared with meanfield.compilation_cache (jax-free)
 
 
 def _check_private(path: Path, st: os.stat_result, what: str) -> None:
