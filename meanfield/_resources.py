@@ -8,9 +8,8 @@ allocates (``meanfield.integrate.simulate`` and the field evaluations of
 ``meanfield.kernels``):
 
 * the host step grid of a fixed-step run with a concrete ``dt`` (``integrate._step_grid``):
-  $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ times, held as NumPy arrays, a tuple of Python floats (the
-  compiled program's static argument) and a device constant, ``GRID_BYTES_PER_STEP`` bytes a
-  step in all;
+  $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ times, held as NumPy arrays and as the compiled
+  program's argument (padded to a power of two), ``GRID_BYTES_PER_STEP`` bytes a step in all;
 * per system: the ``(n, d)`` state and the Runge--Kutta stage copies ($2\, \text{stages} + 6$
   arrays, as the sweep plan counts them), the per-particle gauge matrices of the gauge
   kernels ($n d^2$), the saved trajectory ($\text{saves} \times n \times d$ states when they are saved,
@@ -76,10 +75,11 @@ __all__ = [
 WORK_LIMIT = 1e15
 
 #: Host bytes per step of a fixed-step grid with a concrete ``dt``: the float64 grid and
-#: ``np.union1d``'s copies, the tuple of Python floats passed as a static argument, the
-#: constant in the compiled program and XLA's constant folding of it. Measured: peak RSS
-#: grows by 575-584 bytes a step (``simulate`` at n = 2, 1e6 and 3e6 steps, float32).
-GRID_BYTES_PER_STEP = 600
+#: ``np.union1d``'s copies, and the grid in the state's dtype padded to a power of two (the
+#: compiled program's argument, issue 31). Measured: peak RSS grows by 33 bytes a step
+#: (``simulate`` at n = 2, 1e6 and 3e6 steps, float32; 583 bytes when the grid was a static
+#: tuple of Python floats folded into the program); 48 bounds float64 and a 2x padding.
+GRID_BYTES_PER_STEP = 48
 
 #: Arithmetic-equivalent cost of one step whatever ``n`` (the loop's overhead: 10 us a step
 #: measured at n = 2 on a 2-core CPU, about 1e6 flop at 1e11 flop/s).
@@ -272,7 +272,7 @@ def check_cost(
         ...     check_cost(c, what="simulate", memory=2**30, total=2**31)
         ... except ResourceLimitError as e:
         ...     print(str(e)[:35])
-        simulate needs ~54.6 TiB of memory
+        simulate needs ~4.37 TiB of memory
     """
     max_work = WORK_LIMIT if max_work is None else float(max_work)
     hard = machine_memory(total=True) if total is None else int(total)

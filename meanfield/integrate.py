@@ -307,6 +307,66 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
         return True, t1, target, False, k, diffrax.RESULTS.successful
 
 
+class _GridSteps(diffrax.AbstractStepSizeController):
+    """Steps to the points of a step grid given as data: ``grid[1], grid[2], ..`` (state: the index).
+
+    ``diffrax.StepTo`` without its runtime checks (``equinox.error_if`` on the traced grid,
+    host callbacks that keep a program out of JAX's persistent cache): ``simulate`` builds
+    the grid with ``_step_grid`` and checks it in Python before tracing (strictly increasing
+    in the state's dtype; ``grid[0] = 0`` and ``grid[-1] = t1`` by construction). The grid is
+    padded with ``t1`` to a bucketed length (``_grid_bucket``) so that nearby ``t1``/``dt``
+    share a compiled program; the run ends when it reaches ``t1`` (``_simulate``'s event), so
+    the padding is never stepped to. The step points, hence the numbers, are StepTo's on the
+    same grid.
+    """
+
+    grid: Array
+
+    def wrap(self, direction):
+        return self
+
+    def _at(self, k):
+        return self.grid[jnp.minimum(k, self.grid.shape[0] - 1)]
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        del terms, t0, t1, y0, dt0, args, func, error_order
+        return self.grid[1], 2
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        del t0, y0, y1_candidate, args, y_error, error_order
+        return True, t1, self._at(controller_state), False, controller_state + 1, diffrax.RESULTS.successful
+
+
+def _grid_bucket(n: int) -> int:
+    """Padded length of a step grid of ``n`` points: the next power of two (at least 16).
+
+    Every grid of ``n`` in ``(2^(k-1), 2^k]`` points -- ``t1 / dt`` within a factor of 2 --
+    reuses one compiled program; the padding costs ``< n`` floats and no steps.
+    """
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+def _grid_argument(grid: np.ndarray, t1: float, dt: float, dtype) -> np.ndarray:
+    """The step grid as the compiled program's argument: cast to ``dtype``, checked, padded with ``t1``.
+
+    Raises ``ValueError`` when two step points coincide in ``dtype`` (``dt`` or the distance
+    of a save time to a step point below the resolution of ``dtype`` at that time), which
+    ``diffrax.StepTo`` reported at run time.
+    """
+    g = np.asarray(grid, dtype=dtype)
+    same = np.flatnonzero(np.diff(g) <= 0)
+    if same.size:
+        i = int(same[0])
+        raise ValueError(
+            f"the step grid (dt={dt:g} merged with ts) has points {float(grid[i]):.17g} and "
+            f"{float(grid[i + 1]):.17g} that coincide in {np.dtype(dtype).name} (its resolution at "
+            f"t = {float(grid[i]):g} is {float(np.spacing(np.abs(g[i]))):.3g}): use a larger dt, save times "
+            f"further from the step points, or float64 states"
+        )
+    pad = np.full(_grid_bucket(len(g)) - len(g), np.asarray(t1, dtype=dtype), dtype=dtype)
+    return np.concatenate([g, pad])
+
+
 def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
     """Uniform grid ``0, dt, 2 dt, ..`` up to ``t1``, merged with the save times."""
     k = int(np.floor(t1 / dt + 1e-9))
@@ -354,14 +414,21 @@ def simulate(
             ``k dt`` merged with ``ts``, and ``max_steps`` must bound the step count.
         solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
         ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them.
+            Save times, ``t1`` and the fixed-step grid are data, arguments of the compiled
+            program (never constants folded into it): a new ``ts`` of the same length, or
+            another ``t1`` whose step grid pads to the same length (the next power of two
+            of the number of step points: ``t1 / dt`` within a factor of 2), reuses the
+            compilation; long or logarithmic ``ts`` cost no more to compile than short ones
+            of the same length.
         rtol, atol: required for the adaptive solvers.
         observables: dict name -> ``f(x) -> array`` evaluated at ``ts`` on the state.
         save_states: store ``xs`` (``(T, n, d)``); ``False`` keeps only observables.
         early_stop: tolerance of the paper's rule (relative energy increment over a
             window of length 1, App. B.1), e.g. ``1e-8``; ``None`` (default) is off.
-        max_steps: cap on steps, an int ``>= 1``; ``None`` (the default) means the grid length
-            for fixed steps, 100000 for adaptive ones (``0`` is an error, not the default). A
-            run that needs more steps ends early with ``failed`` set.
+        max_steps: cap on steps, an int ``>= 1``; ``None`` (the default) means the padded grid
+            length + 1 for fixed steps (at least the step count), 100000 for adaptive ones
+            (``0`` is an error, not the default). A run that needs more steps ends early with
+            ``failed`` set.
         block_size: row tile of the field evaluation for large ``n``.
         adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
         backend: the field evaluation: ``"native"`` (the fused C kernel on the CPU where
@@ -376,9 +443,10 @@ def simulate(
 
     jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
     ``vmap`` over seeds and ``beta`` compiles once. Concrete bad values raise ``ValueError``
-    or ``TypeError`` (wrong types: a bool ``t1``, a vector ``dt``, ``save_states=1``) before
-    tracing; traced ones (states off the sphere or non-finite, ``beta <= 0``, prompt
-    labels out of range) stop the program with an ``equinox.error_if`` error naming them.
+    or ``TypeError`` (wrong types: a bool ``t1``, a vector ``dt``, ``save_states=1``; step
+    points that coincide in the state's dtype) before tracing; traced ones (states off the
+    sphere or non-finite, ``beta <= 0``, prompt labels out of range) stop the program with
+    an ``equinox.error_if`` error naming them.
 
     Example:
         >>> import jax, meanfield as mf
@@ -437,9 +505,11 @@ def simulate(
         grid, dt0, h_traced = None, None, jnp.asarray(dt, x0.dtype)
         steps = int(max_steps)
     else:
-        grid = _step_grid(t1f, float(cast(float, dt)), ts_np)
+        dtf = float(cast(float, dt))
+        grid = _grid_argument(_step_grid(t1f, dtf, ts_np), t1f, dtf, x0.dtype)
         dt0 = None
-        steps = int(max_steps or len(grid) + 1)
+        # the bucketed grid length, not the step count: one program serves nearby t1 / dt
+        steps = int(max_steps or grid.shape[0] + 1)
     # Python numbers in the model become arrays: a loop over beta (or lam, omega, ...)
     # then reuses one compilation instead of retracing on each static float.
     model = jax.tree.map(
@@ -453,11 +523,13 @@ def simulate(
             aux,
             jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
             h_traced,
+            # save times, end time and step grid are data (arguments of the compiled program,
+            # never constants that XLA folds): one compilation per length of ts
+            np.asarray(ts_np, x0.dtype),
+            np.asarray(t1f, x0.dtype),
+            grid,
             solver=solver,
-            t1=t1f,
             dt0=dt0,
-            ts=tuple(float(t) for t in ts_np),
-            grid=None if grid is None else tuple(float(t) for t in grid),
             rtol=rtol,
             atol=atol,
             observables=tuple(sorted(observables.items())),
@@ -478,12 +550,12 @@ def _simulate(
     aux,
     tol,
     h_traced,
+    ts_arr,
+    t1,
+    grid,
     *,
     solver,
-    t1,
     dt0,
-    ts,
-    grid,
     rtol,
     atol,
     observables,
@@ -501,7 +573,6 @@ def _simulate(
     E0 = model.energy(x0, aux, block_size=block_size).astype(dtype) if early_stop else jnp.zeros((), dtype)
     flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
-    ts_arr = jnp.asarray(ts, dtype)
 
     def save_fn(t, y, args):
         x = sphere.normalize(y[0])
@@ -517,19 +588,26 @@ def _simulate(
         return out
 
     if adaptive:
+        # steps land on the save times and on t1 (the run's end, below diffrax's horizon)
         controller = diffrax.ClipStepSizeController(
-            diffrax.PIDController(rtol=rtol, atol=atol), step_ts=ts_arr
+            diffrax.PIDController(rtol=rtol, atol=atol), step_ts=jnp.append(ts_arr, t1)
         )
     elif h_traced is not None:
-        controller = _UniformSteps(h_traced, ts_arr, jnp.asarray(t1, dtype))
+        controller = _UniformSteps(h_traced, ts_arr, t1)
     else:
-        controller = diffrax.StepTo(ts=jnp.asarray(grid, dtype))
-    event = diffrax.Event(lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5))
+        controller = _GridSteps(grid)
+    # The run ends at the traced t1 by the event (every controller lands on t1 exactly).
+    # diffrax's own end time is a static horizon that is never reached: from a traced t1,
+    # diffrax would compute its end-clipping threshold (t1 less 100 ulps, a chain of 100
+    # nextafter) in the program, about a second more of XLA compilation.
+    event = diffrax.Event(
+        lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5) | (t >= t1)
+    )
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(_vector_field),
         _PostStepSolver(_inner_solver(solver)),
         t0=0.0,
-        t1=t1,
+        t1=float(jnp.finfo(dtype).max),
         dt0=dt0,
         y0=y0,
         args=args,
@@ -557,7 +635,7 @@ def _simulate(
         lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f, final
     )
     ys = jax.tree.map(
-        lambda a, f: jnp.where(reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: len(ts)], f[None]),
+        lambda a, f: jnp.where(reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: ts_arr.shape[0]], f[None]),
         saved,
         fill,
     )
