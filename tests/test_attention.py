@@ -288,6 +288,19 @@ def test_reproduce_attention_quick(tmp_path):
     assert (out / "attention_keys.png").stat().st_size > 10_000
     assert abs(checks["dependent_tokens_exponent"]["measured"] - 0.5) < 0.05
     assert abs(checks["rope_keys_exponent"]["measured"] - 0.5) < 0.05
+    # the key rows well formed, each named once, every one passing (below): this run at the quick
+    # sizes covers what tests/test_attention_keys.py ran again at smaller sizes
+    # (test_key_checks_tiny_rows_are_well_formed_and_pass, merged here to keep CI under 30 minutes)
+    key_rows = [c for c in summary["checks"] if c["name"].startswith(("dependent_tokens", "rope_keys"))]
+    key_names = [c["name"] for c in key_rows]
+    assert len(set(key_names)) == len(key_names)
+    for name in ("dependent_tokens", "rope_keys"):
+        assert {name, f"{name}_exponent", f"{name}_law"} <= set(key_names)
+    for c in key_rows:
+        assert set(c) == {"name", "theory", "measured", "tolerance", "pass", "note"}
+        assert math.isfinite(c["measured"]) and c["note"]
+    assert summary["timings"]["keys_total"] > 0
+    assert {"dependent_tokens", "rope_keys", "clustered"} <= set(summary["timings"])
     fc = checks["fluctuation_covariance"]
     assert abs(fc["measured"] / fc["theory"] - 1) < 0.12
     assert all(c["pass"] for c in summary["checks"]), [c["name"] for c in summary["checks"] if not c["pass"]]

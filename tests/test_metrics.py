@@ -238,7 +238,10 @@ def test_num_clusters_n_300000_runs():
     x = cen[np.repeat(np.arange(K), n // K)] + 1e-3 * rng.standard_normal((n, 3))
     x = jnp.asarray(x / np.linalg.norm(x, axis=1, keepdims=True), jnp.float32)
     assert int(M.num_clusters(x, 0.1)) == K
-    assert int(M.num_clusters(x[::-1], 0.1)) == K  # order free
+    # that the count is free of the order of the rows is shown at small n, where it costs nothing:
+    # test_num_clusters_is_transitive_along_chains (a shuffled chain) and
+    # test_num_clusters_equals_the_dense_definition (random orders, many tiles skipped and visited);
+    # a second n = 300000 run in reversed order repeated this one at its full cost (CI time, issue 31)
 
 
 # ------------------------------------------------------------------------- mmd

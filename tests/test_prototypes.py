@@ -367,9 +367,17 @@ def test_errors():
 
 
 @pytest.mark.slow
-def test_reproduce_quick(tmp_path):
+def test_reproduce_quick(tmp_path, monkeypatch):
     from meanfield.reproduce import prototypes as R
 
+    stage = {}
+    stability = R._stability
+
+    def kept_stability(cfg, key, pbar):  # the stability stage's own result, checked below
+        stage["cfg"], stage["st"] = cfg, stability(cfg, key, pbar)
+        return stage["st"]
+
+    monkeypatch.setattr(R, "_stability", kept_stability)
     summary = R.run(tmp_path, quick=True, quiet=True)
     out = tmp_path / "prototypes"
     on_disk = json.loads((out / "summary.json").read_text())
@@ -384,6 +392,18 @@ def test_reproduce_quick(tmp_path):
     assert rows["stability_bound"]["pass"] and rows["stability_bound"]["measured"] == 0
     assert rows["stability_bound_exact"]["measured"] == 1.0
     assert rows["stability_bound_fast_rate"]["pass"]
+    # the stability grid of this run (merged here from a second, smaller grid run in
+    # tests/test_reproduce_prototypes.py::test_stability_grid_small, to keep CI under 30 minutes):
+    # the minimum is a strict minimum, the bounds come from its Hessian, the grid holds both
+    # outcomes, and the certified rate pairs are a subset of the measured-stable ones
+    st, cfg = stage["st"], stage["cfg"]
+    assert st["grad_norm"] < 1e-4
+    assert np.all(np.linalg.eigvalsh(st["H"]) > 0)
+    assert st["bounds"] == P.stability_boundary(st["H"], st["n_theta"])
+    _, derived = R._stability_checks(cfg, st)
+    stable, cert = derived["stable"], derived["cert"] < 1
+    assert stable.any() and (~stable).any() and cert.any()
+    assert np.all(stable[cert])
     # Table 5 rows for both K, with epochs to 100% (capped at the run length when never reached)
     assert "soft K=64" in rows["hard_vq_utilization"]["note"] and "hard K=16" in rows["hard_vq_utilization"]["note"]
     assert 1 <= rows["hard_vq_epochs_to_full"]["measured"] <= summary["settings"]["vq_epochs"]
