@@ -24,6 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, cast
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,6 +111,7 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
             early_stop=T.get("early_stop"),
             max_steps=max_steps,
             step=spec.step,
+            adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         if counts:  # mf.metastability observables: one number per point
