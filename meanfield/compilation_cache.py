@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._paths import cache_root
+from ._paths import cache_root, open_parent, ownership_problem
 
 __all__ = ["cache_dir", "disabled", "configure_process", "enable", "info", "clear", "CacheRefused",
            "ENV_SWITCH", "JAX_ENV"]
@@ -82,33 +82,21 @@ def disabled() -> bool:
 
 
 def _check_private(path: Path, st: os.stat_result) -> None:
-    if not hasattr(os, "geteuid"):  # not POSIX: no owners to check
-        return
-    uid = os.geteuid()
     if not stat.S_ISDIR(st.st_mode):
         raise CacheRefused(f"{path} is not a directory; fix: remove it, {_HINT}")
-    if st.st_uid != uid:
-        raise CacheRefused(f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid}); "
-                           f"fix: remove it, {_HINT}")
-    if st.st_mode & 0o022:
-        raise CacheRefused(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
-                           f"fix: chmod go-w {path}, {_HINT}")
+    problem = ownership_problem(path, st)
+    if problem is not None:
+        raise CacheRefused(f"{path} is {problem[0]}; fix: {problem[1]}, {_HINT}")
 
 
 def _check_parents(path: Path) -> None:
     """A parent writable by others without the sticky bit lets anyone put their own cache in
-    place of ours (``/tmp``'s mode 1777 is fine; group-writable parents are allowed, as for the
-    native kernels)."""
-    if not hasattr(os, "geteuid"):
-        return
-    for parent in path.parents:
-        try:
-            st = os.stat(parent)
-        except OSError:
-            continue
-        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-            raise CacheRefused(f"{path}: its parent {parent} is writable by others without the sticky bit "
-                               f"(mode {stat.S_IMODE(st.st_mode):o}); fix: chmod o-w {parent}, {_HINT}")
+    place of ours (``meanfield._paths.open_parent``: the native kernels' rule)."""
+    found = open_parent(path)
+    if found is not None:
+        parent, mode = found
+        raise CacheRefused(f"{path}: its parent {parent} is writable by others without the sticky bit "
+                           f"(mode {mode:o}); fix: chmod o-w {parent}, {_HINT}")
 
 
 def _checked_dir(path: Path, *, create: bool, private_parent: bool) -> Path:

@@ -132,7 +132,7 @@ from typing import Any
 
 import numpy as np
 
-from .._paths import cache_root
+from .._paths import cache_root, open_parent, ownership_problem
 
 try:
     import fcntl
@@ -193,17 +193,12 @@ def _cache_dir() -> Path:
 
 def _check_private(path: Path, st: os.stat_result, what: str) -> None:
     """``RefusedPath`` unless ``st`` (of ``path``) is owned by this user and not writable by group
-    or others: anyone who can write there could make this process run their code."""
-    if not hasattr(os, "geteuid"):  # not POSIX: no owners to check
-        return
-    uid = os.geteuid()
-    hint = ", or set MEANFIELD_CACHE_DIR to a private directory" if what == "cache directory" else ""
-    if st.st_uid != uid:
-        raise RefusedPath(f"refused the native kernel {what} {path}: owned by uid {st.st_uid}, not by this user "
-                          f"(uid {uid}); fix: remove it{hint}")
-    if st.st_mode & 0o022:
-        raise RefusedPath(f"refused the native kernel {what} {path}: writable by group or others "
-                          f"(mode {stat.S_IMODE(st.st_mode):o}); fix: chmod go-w {path}{hint}")
+    or others (``meanfield._paths.ownership_problem``, the compilation cache's rule too): anyone
+    who can write there could make this process run their code."""
+    problem = ownership_problem(path, st)
+    if problem is not None:
+        hint = ", or set MEANFIELD_CACHE_DIR to a private directory" if what == "cache directory" else ""
+        raise RefusedPath(f"refused the native kernel {what} {path}: {problem[0]}; fix: {problem[1]}{hint}")
 
 
 def _private_dir(create: bool) -> Path:
@@ -232,21 +227,15 @@ def _private_dir(create: bool) -> Path:
 
 def _check_parents(path: Path) -> None:
     """``RefusedPath`` when a directory above ``path`` is writable by others without the sticky
-    bit (``/tmp``'s mode 1777 is fine): whoever can write there can rename the cache directory
-    and put their own in its place. (A group-writable parent is allowed: on many systems a
-    home directory is writable by its owner's private group.)"""
-    if not hasattr(os, "geteuid"):
-        return
-    for parent in path.parents:
-        try:
-            st = os.stat(parent)
-        except OSError:
-            continue
-        if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-            raise RefusedPath(f"refused the native kernel cache directory {path}: its parent {parent} is writable "
-                              f"by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o}), so anyone "
-                              f"can replace the cache; fix: chmod o-w {parent} (or chmod +t {parent}), "
-                              "or set MEANFIELD_CACHE_DIR to a private directory")
+    bit (``meanfield._paths.open_parent``; ``/tmp``'s mode 1777 is fine): whoever can write there
+    can rename the cache directory and put their own in its place."""
+    found = open_parent(path)
+    if found is not None:
+        parent, mode = found
+        raise RefusedPath(f"refused the native kernel cache directory {path}: its parent {parent} is writable "
+                          f"by others without the sticky bit (mode {mode:o}), so anyone "
+                          f"can replace the cache; fix: chmod o-w {parent} (or chmod +t {parent}), "
+                          "or set MEANFIELD_CACHE_DIR to a private directory")
 
 
 def _compiler() -> str | None:
