@@ -227,12 +227,30 @@ print(json.dumps({"path": str(path), "info": written, "examples": [result.attemp
 # ------------------------------------------------------------------ the process's environment
 
 
+@pytest.fixture(autouse=True)
+def no_leaked_setting():
+    """Every test leaves this process as it found it: the environment variables a meanfield process
+    sets up and JAX's compilation cache directory (a leak would put later tests of this worker, and
+    the processes they start, under EQX_ON_ERROR=nan or a persistent cache)."""
+    import jax
+
+    env = {key: os.environ.get(key) for key in _CLEARED}
+    cache = jax.config.jax_compilation_cache_dir
+    yield
+    assert {key: os.environ.get(key) for key in _CLEARED} == env
+    assert jax.config.jax_compilation_cache_dir == cache
+
+
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     """No cache settings in the environment, ``MEANFIELD_CACHE_DIR`` in ``tmp_path``, and JAX
     looking not imported (``configure_process`` then only sets environment variables)."""
     for key in _CLEARED:
-        monkeypatch.delenv(key, raising=False)
+        # setenv first: monkeypatch then restores the key's state before the test (absent or not)
+        # at teardown, also when configure_process() set it in between (no leak into later tests
+        # of this worker or the processes they start)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delitem(sys.modules, "jax")
     return tmp_path / "cache"
