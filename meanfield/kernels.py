@@ -75,7 +75,7 @@ from ._checks import (
 )
 from .models import Model, SelfAttention, positions
 
-_native.prepare()  # the C compiler runs here, at import, never inside a traced function
+_native.prepare()  # the C compiler runs here, at this module's first import (inside a trace only if that import is)
 
 __all__ = [
     "Kernel",
