@@ -12,18 +12,9 @@ import importlib
 import os
 import pkgutil
 
-# Under pytest-xdist (the README's `pytest -n 2`, CI's two workers on two cores) every worker is a
-# JAX process with XLA's multi-threaded CPU operations: the workers then oversubscribe the cores.
-# Each worker runs XLA's CPU operations on one thread instead (measured: test_sweep.py and
-# test_integrate.py with -n 2 on the 2-core box, 219 s -> 202 s wall). Set before JAX creates its
-# backend; a user's own XLA_FLAGS is left as it is, and test subprocesses that set XLA_FLAGS
-# replace it.
-if os.environ.get("PYTEST_XDIST_WORKER") and "XLA_FLAGS" not in os.environ:
-    os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
-
-import jax  # noqa: E402
-import pytest  # noqa: E402
-from jaxtyping import install_import_hook  # noqa: E402
+import jax
+import pytest
+from jaxtyping import install_import_hook
 
 with install_import_hook("meanfield", "beartype.beartype"):
     import meanfield
