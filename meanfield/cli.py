@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--full", action="store_true", help="the papers' full sizes (where an experiment has them)")
     r.add_argument("--out", default="out/reproduce", help="output directory (default out/reproduce)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument("--jobs", type=_int_at_least(1), default=None,
+                   help="experiments run at once, each in its own process (default: one per core, at most one per "
+                        "experiment; 1: one after the other in this process)")
 
     sub.add_parser("sweep", help="run a parameter sweep from a TOML spec (see `meanfield sweep --help`)", add_help=False)
     sub.add_parser("plot", help="standard views of a sweep store (see `meanfield plot --help`)", add_help=False)
@@ -562,26 +565,9 @@ def _reproduce(args, *, process: bool = False) -> int:
         _configure_process()
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = _output_dir(args.out)
-    summaries = {}
-    for i, name in enumerate(names, 1):
-        mod = reproduce.get(name)
-        t0 = time.perf_counter()
-        if not args.quiet:
-            mode = "quick" if args.quick else "full" if args.full else "default"
-            print(f"[meanfield {i}/{len(names)}] reproduce {name} ({mode})", file=sys.stderr, flush=True)
-        opts = {"full": True} if args.full else {}
-        summary = mod.run(out, quick=args.quick, quiet=args.quiet, **opts)
-        summary.setdefault("timings", {})["total_s"] = round(time.perf_counter() - t0, 2)
-        summaries[name] = summary
-        failed = [c["name"] for c in summary["checks"] if not c["pass"]]
-        print(
-            f"{name}: {len(summary['checks']) - len(failed)}/{len(summary['checks'])} checks pass"
-            + (f" (failing: {', '.join(failed)})" if failed else ""),
-        )
+    reproduce.run_experiments(names, out, quick=args.quick, full=args.full, quiet=args.quiet, jobs=args.jobs,
+                              report=args.experiment is None)
     if args.experiment is None:
-        from .reproduce import report
-
-        report.write_report(out, summaries, quick=args.quick)
         print(f"report: {out / 'REPORT.md'}")
     return 0
 

@@ -21,7 +21,21 @@ import numpy as np
 
 from .._checks import RealScalarLike
 
-__all__ = ["check", "write_summary", "Timer"]
+__all__ = ["BAR_POSITION", "check", "progress", "write_summary", "Timer"]
+
+#: The line of this process's progress bars when ``run_experiments`` runs experiments in several
+#: processes (set in each worker; None: tqdm's own placement).
+BAR_POSITION: int | None = None
+
+
+def progress(*args, **kwargs):
+    """``tqdm.auto.tqdm(*args, **kwargs)``, on this process's own line (``BAR_POSITION``) when
+    experiments run concurrently."""
+    from tqdm.auto import tqdm
+
+    if BAR_POSITION is not None:
+        kwargs.setdefault("position", BAR_POSITION)
+    return tqdm(*args, **kwargs)
 
 
 def check(

@@ -37,10 +37,9 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import attention, sphere, theory
-from ._common import Timer, check, write_summary
+from ._common import Timer, check, progress, write_summary
 from ._estimators import _crossing, _ks_distance, _weighted_line
 from .attention_keys import key_checks
 
@@ -167,7 +166,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     t_start = time.perf_counter()
     stages = ["grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
               "supercritical_output", "critical_output", "output_regimes", "dependent_and_rope_keys"]
-    bar = tqdm(total=len(stages), desc="attention", disable=quiet)
+    bar = progress(total=len(stages), desc="attention", disable=quiet)
 
     def step(name):
         bar.set_postfix_str(name)

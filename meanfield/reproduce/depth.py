@@ -64,10 +64,9 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import depth as D
-from ._common import Timer, check, write_summary
+from ._common import Timer, check, progress, write_summary
 
 __all__ = ["run"]
 
@@ -111,7 +110,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, full: bool = False
     out.mkdir(parents=True, exist_ok=True)
     timings: dict = {}
     t_start = time.perf_counter()
-    bar = tqdm(total=4, desc="depth", disable=quiet)
+    bar = progress(total=4, desc="depth", disable=quiet)
     key = jax.random.key(cfg["seed"])
     k_init, k_data, k_model = jax.random.split(key, 3)
 

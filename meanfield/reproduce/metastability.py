@@ -37,10 +37,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import kernels, metastability
-from ._common import Timer, check, write_summary
+from ._common import Timer, check, progress, write_summary
 
 __all__ = ["run", "settings_for", "dotm_staircase"]
 
@@ -245,7 +244,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     tol = S["tolerances"]
     timings: dict = {}
     checks: list = []
-    bar = tqdm(total=3, desc=_NAME, disable=quiet)
+    bar = progress(total=3, desc=_NAME, disable=quiet)
 
     # ----------------------------------------------------- staircase of one run
     with Timer(timings, "staircase_s"):

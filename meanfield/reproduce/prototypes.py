@@ -43,10 +43,9 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import prototypes as P
-from ._common import Timer, check, write_summary
+from ._common import Timer, check, progress, write_summary
 
 __all__ = ["run"]
 
@@ -785,7 +784,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     t0 = time.perf_counter()
     kstab = jax.random.fold_in(key, 4)
     total = 2 + 3 * len(cfg["vq_K"]) + 1 + 2
-    with tqdm(total=total, desc="prototypes", disable=quiet) as pbar:
+    with progress(total=total, desc="prototypes", disable=quiet) as pbar:
         with Timer(timings, "digits_ablation_s"):
             dig = _digits(cfg, kdig, pbar)
         with Timer(timings, "soft_vs_hard_vq_s"):
