@@ -1,4 +1,4 @@
-"""``python -m benchmarks.reproduce [--experiments NAME ...] [--full] [--out DIR]``: where the time of
+"""``python -m benchmarks.reproduce [--experiments NAME ...] [--full] [--out DIR] [--whole-jobs J ...]``: where the time of
 ``meanfield reproduce --quick`` goes, compilation against computation (issue 32, "measure first").
 
 Each experiment runs in a fresh process, as ``meanfield reproduce NAME --quick`` runs it
@@ -20,6 +20,11 @@ programs compiled more than once, and the steps that compile most. Everything el
 is computation, Python and I/O (figures included). Writes ``DIR/reproduce.json`` (default
 ``out/benchmarks``) and prints Markdown tables. Not a test: the numbers depend on the machine and its
 load.
+
+``--whole-jobs 1 2`` times something else: the whole ``meanfield reproduce --quick --jobs J`` as a
+user runs it on a fresh machine (a fresh process and an empty meanfield cache, so the native build
+and every compilation are included), for each ``J``, with the verdict of every check; it writes
+``DIR/reproduce_whole.json``.
 """
 
 from __future__ import annotations
@@ -149,6 +154,42 @@ def _steps_table(rows: list[dict], top: int) -> str:
     return "\n".join(lines)
 
 
+def _whole(jobs: int, full: bool) -> dict:
+    """``meanfield reproduce --quick --jobs JOBS`` (every paper, the report), timed as a user runs it
+    on a fresh machine: a fresh process, an empty meanfield cache (the native kernels built at its
+    first import, JAX's persistent compilation cache empty)."""
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
+        os.chmod(cache, 0o700)
+        env = dict(os.environ, MEANFIELD_CACHE_DIR=cache, MPLBACKEND="Agg")
+        for k in ("MEANFIELD_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
+            env.pop(k, None)
+        args = [sys.executable, "-m", "meanfield", "reproduce", "--full" if full else "--quick", "--quiet",
+                "--out", out, "--jobs", str(jobs)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"--jobs {jobs}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        from meanfield.reproduce import PAPERS
+
+        summaries = {n: json.loads((Path(out) / n / "summary.json").read_text()) for n in PAPERS}
+    failing = sorted(f"{n}/{c['name']}" for n, s in summaries.items() for c in s["checks"] if not c["pass"])
+    return {"jobs": jobs, "wall_s": wall, "checks": sum(len(s["checks"]) for s in summaries.values()),
+            "failing": failing, "experiment_s": {n: s["timings"].get("total_s") for n, s in summaries.items()}}
+
+
+def _whole_table(rows: list[dict]) -> str:
+    names = list(rows[0]["experiment_s"])
+    lines = ["| --jobs | wall (s) | vs --jobs 1 | checks passed | " + " | ".join(f"{n} (s)" for n in names) + " |",
+             "|---:|---:|---:|---|" + "---:|" * len(names)]
+    ref = next((r["wall_s"] for r in rows if r["jobs"] == 1), None)
+    for r in rows:
+        ratio = f"{ref / r['wall_s']:.2f}x" if ref else "—"
+        lines.append(f"| {r['jobs']} | {r['wall_s']:.1f} | {ratio} | {r['checks'] - len(r['failing'])}/{r['checks']} | "
+                     + " | ".join(f"{r['experiment_s'][n]:.1f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from meanfield.reproduce import EXPERIMENTS, PAPERS
 
@@ -158,11 +199,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="the full sizes instead of --quick")
     p.add_argument("--top", type=int, default=4, help="steps listed per experiment (default 4)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "benchmarks")
+    p.add_argument("--whole-jobs", type=int, nargs="+", metavar="JOBS",
+                   help="instead: time the whole `meanfield reproduce --quick --jobs JOBS` for each JOBS, each from an "
+                        "empty cache (native build and XLA compilation included), as on a fresh machine")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.child, args.child_out, args.full)))
+        return 0
+    if args.whole_jobs:
+        whole = []
+        for jobs in args.whole_jobs:
+            print(f"[benchmarks.reproduce] meanfield reproduce --jobs {jobs} ...", file=sys.stderr, flush=True)
+            whole.append(_whole(jobs, args.full))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "reproduce_whole.json").write_text(json.dumps({"full": args.full, "rows": whole}, indent=2))
+        print(_whole_table(whole))
+        for r in whole:
+            print(f"--jobs {r['jobs']} failing: {', '.join(r['failing']) or 'none'}")
         return 0
     with tempfile.TemporaryDirectory() as cache_root:
         os.chmod(cache_root, 0o700)

@@ -25,11 +25,13 @@ i.i.d. uniform, projected RK2 with ``dt = 1e-2`` and the paper's early-stop rule
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,28 +122,89 @@ def _model(name: str, S: dict):
 
 
 def _fig2_models(S):
-    return {name: (lambda name=name: _model(name, S)) for name in ("usa", "rope", "prompt")}
+    """Fig. 2's models, each built once: the prompt model draws its gauges in one compiled
+    program (``kernels.make`` run eagerly is six small programs)."""
+    return {
+        "usa": _model("usa", S),
+        "rope": _model("rope", S),
+        "prompt": eqx.filter_jit(lambda: _model("prompt", S))(),
+    }
 
 
-def _run_seeds(model, n, d, keys, *, S, t1, saves):
-    """One compilation per (model, n): seeds are a vmapped axis of keys."""
+@eqx.filter_jit
+def _run_seeds(model, key, n, d, *, seeds, t1, saves, dt, solver, early_stop):
+    """One compiled program per (model type, n), cached at module level: the model is an argument
+    (its arrays traced), the seeds a vmapped axis of keys ``split(fold_in(key, n), seeds)``."""
     ts = np.linspace(0.0, t1, saves)
+    keys = jax.random.split(jax.random.fold_in(key, n), seeds)
 
-    @jax.jit
-    def run(keys):
-        def one(k):
-            x0 = sphere.uniform(k, n, d)
-            return simulate(model, x0, t1=t1, dt=S["dt"], solver=S["solver"], ts=ts, early_stop=S["early_stop"])
+    def one(k):
+        x0 = sphere.uniform(k, n, d)
+        return simulate(model, x0, t1=t1, dt=dt, solver=solver, ts=ts, early_stop=early_stop)
 
-        return jax.vmap(one)(keys)
-
-    return run(keys)
+    return jax.vmap(one)(keys)
 
 
 def _gauge_limit_point(kernel, x, aux):
     """The gauge frame's limit point ``u``: normalised mean of ``y_i = Psi_i x_i``."""
-    y = kernel.to_gauge_frame(x, aux)
-    return np.asarray(sphere.normalize(jnp.mean(y, axis=0)))
+    return sphere.normalize(jnp.mean(kernel.to_gauge_frame(x, aux), axis=0))
+
+
+@eqx.filter_jit
+def _gauge_limit_points(kernel, xs):
+    """``_gauge_limit_point`` of each configuration ``xs[b]`` (``(B, n, d)``, the kernel's labels), as
+    one compiled program."""
+    aux = kernel.default_aux(xs.shape[-2])
+    return jax.vmap(lambda x: _gauge_limit_point(kernel, x, aux))(xs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _experiment_keys(seed):
+    """The experiment's keys from ``seed`` (one program instead of one per ``split``/``fold_in``):
+    Fig. 2, Fig. 3, gauge equivalence (``split(key, 4)[1:]``; the first key drew the prompt gauges
+    before the registry), Prop. 10 (``fold_in(key, 10)``) and Prop. 4's pair (``split(fold_in(key, 11))``)."""
+    key = jax.random.key(seed)
+    _, k_fig2, k_fig3, k_eq = jax.random.split(key, 4)
+    kx, ky = jax.random.split(jax.random.fold_in(key, 11))
+    return k_fig2, k_fig3, k_eq, jax.random.fold_in(key, 10), (kx, ky)
+
+
+# Small steps of the experiment as one compiled program each (run eagerly, every JAX operation
+# is a program of its own: about a hundred of them). Initial states stay eager: compiled as one
+# program, XLA rewrites g / |g| (a multiply by rsqrt, 1 ulp apart) and the runs would start elsewhere.
+_max_energy = jax.jit(theory.max_energy)
+_latitude_height = jax.jit(theory.latitude_height, static_argnums=1)
+_gram_rank = jax.jit(metrics.gram_rank, static_argnums=1)
+
+
+@eqx.filter_jit
+def _to_gauge_frame(kernel, x):
+    """``y = Psi x`` with the labels ``positions(n)`` (the USA run's start)."""
+    return kernel.to_gauge_frame(x, kernels.positions(x.shape[-2]))
+
+
+@eqx.filter_jit
+def _gauge_equivalence_error(kernel, ys, xs):
+    """``max |Psi^T y(t) - x(t)|`` over save times, particles and coordinates."""
+    aux = kernels.positions(xs.shape[-2])
+    back = jax.vmap(lambda y: kernel.from_gauge_frame(y, aux))(ys)
+    return jnp.max(jnp.abs(back - xs))
+
+
+@jax.jit
+def _dirac_energy_distance_bias(beta, lam, s):
+    """Energy of the distance-bias kernel at a Dirac: e^beta/(2 beta) mean_ij e^{-lam |s_i - s_j|}."""
+    return jnp.exp(beta) / beta * jnp.mean(jnp.exp(-lam * jnp.abs(s[:, None] - s[None, :]))) / 2
+
+
+@eqx.filter_jit
+def _overlay_orbit(kernel, x, aux, s):
+    """The theory's orbit of a gauge kernel: ``Psi(s)^T u`` (``Psi_k^T u`` for the prompt model)."""
+    u = _gauge_limit_point(kernel, x, aux)
+    if isinstance(kernel, kernels.Prompt):
+        return jnp.einsum("kji,j->ki", kernel.gauges, u)
+    P = jax.vmap(lambda a: kernel.gauge_matrix(a, x.shape[-1]))(s)
+    return jnp.einsum("nji,j->ni", P, u)
 
 
 def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
@@ -152,10 +215,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     S.update({k: v for k, v in options.items() if k in S})
     timings: dict = {}
     checks: list = []
-    key = jax.random.key(S["seed"])
-    _, k_fig2, k_fig3, k_eq = jax.random.split(key, 4)  # the first key drew the prompt gauges before the registry
+    k_fig2, k_fig3, k_eq, k_tf, k_dob = _experiment_keys(S["seed"])
     d, beta = S["d"], S["beta"]
-    e_max = float(theory.max_energy(beta))
+    e_max = float(_max_energy(beta))
 
     # ---------------------------------------------------------------- Fig. 2
     models = _fig2_models(S)
@@ -165,15 +227,15 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     with Timer(timings, "fig2_s"):
         for m, n in bar:
             bar.set_postfix(model=m, n=n)
-            keys = jax.random.split(jax.random.fold_in(k_fig2, n), S["fig2_seeds"])
             t0 = time.perf_counter()
-            tr = _run_seeds(models[m](), n, d, keys, S=S, t1=S["fig2_t1"], saves=S["fig2_saves"])
+            tr = _run_seeds(models[m], k_fig2, n, d, seeds=S["fig2_seeds"], t1=S["fig2_t1"],
+                            saves=S["fig2_saves"], dt=S["dt"], solver=S["solver"], early_stop=S["early_stop"])
             jax.block_until_ready(tr.collapse_gap)
             fig2[(m, n)] = {
-                "ts": np.asarray(tr.ts[0]),
+                "ts": np.asarray(tr.ts)[0],
                 "gap": np.asarray(tr.collapse_gap),
                 "energy": np.asarray(tr.energy),
-                "x_final": np.asarray(tr.xs[:, -1]),
+                "x_final": np.asarray(tr.xs)[:, -1],
                 "stop_time": np.asarray(tr.stop_time),
                 "failed": np.asarray(tr.failed),
                 "wall_s": time.perf_counter() - t0,
@@ -205,13 +267,15 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     # Latitude circle: x(s) = R_{-omega s} u. With s_i = i/n and omega = 2 pi the planar parts
     # cancel, so sum_ij <x_i, x_j> = n^2 h^2 with h = ||P_{E^perp} u||, i.e.
     # G_x = 1 - (n^2 h^2 - n)/(n(n-1)).
-    rope_k = models["rope"]()
-    aux = kernels.positions(n_max)
+    rope_k = models["rope"]
+    x_rope = fig2[("rope", n_max)]["x_final"]
+    us = _gauge_limit_points(rope_k, jnp.asarray(x_rope))
+    hs = np.asarray(_latitude_height(us, tuple(S["plane"])))
+    us = np.asarray(us)
     lat_errs: list[Any] = []
     gap_theory: list[float] = []
-    for x in fig2[("rope", n_max)]["x_final"]:
-        u = _gauge_limit_point(rope_k, x, aux)
-        h = float(theory.latitude_height(u, tuple(S["plane"])))
+    for x, u, h in zip(x_rope, us, hs):
+        h = float(h)
         gap_theory.append(1 - (n_max**2 * h**2 - n_max) / (n_max * (n_max - 1)))
         lat_errs.append(np.max(np.abs(x[:, 2] - u[2])))
     lat_err = np.asarray(lat_errs)
@@ -230,13 +294,11 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     with Timer(timings, "gauge_equivalence_s"):
         n_eq = S["fig2_n"][0]
         x0 = sphere.uniform(k_eq, n_eq, d)
-        aux_eq = kernels.positions(n_eq)
+        y0 = _to_gauge_frame(rope_k, x0)
         ts_eq = np.linspace(0.0, S["fig2_t1"], 11)
         tr_rope = simulate(rope_k, x0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq)
-        tr_usa = simulate(kernels.USA(beta), rope_k.to_gauge_frame(x0, aux_eq), t1=S["fig2_t1"],
-                          dt=S["dt"], solver=S["solver"], ts=ts_eq)
-        back = jax.vmap(lambda y: rope_k.from_gauge_frame(y, aux_eq))(tr_usa.xs)
-        eq_err = float(jnp.max(jnp.abs(back - tr_rope.xs)))
+        tr_usa = simulate(kernels.USA(beta), y0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq)
+        eq_err = float(_gauge_equivalence_error(rope_k, tr_usa.xs, tr_rope.xs))
     checks.append(check(
         "gauge_equivalence", eq_err, 0.0, 1e-4,
         f"max |x_RoPE(t) - Psi^T y_USA(t)| over {len(ts_eq)} save times to tau={S['fig2_t1']:g}, n={n_eq}, float32",
@@ -250,7 +312,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         "Toeplitz (m=1)": _model("toeplitz", S),
         "RoPE": rope_k,
         "generalised RoPE (wavy gauge)": _model("gauge", S),
-        "prompts (K=3)": models["prompt"](),
+        "prompts (K=3)": models["prompt"],
     }
     x0 = sphere.uniform(k_fig3, n3, d)
     ts3 = np.linspace(0.0, S["fig3_t1"], 81)
@@ -264,7 +326,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
                           observables={"x": lambda x: x})
             fig3[name] = {
                 "ts": np.asarray(tr.ts), "energy": np.asarray(tr.energy), "gap": np.asarray(tr.collapse_gap),
-                "x": np.asarray(tr.observables["x"][-1]), "stop_time": float(tr.stop_time),
+                "x": np.asarray(tr.observables["x"])[-1], "stop_time": float(tr.stop_time),
                 "aux": np.asarray(k.default_aux(n3)),
             }
     db = fig3["distance bias"]
@@ -272,8 +334,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         "distance_bias_dirac", db["gap"][-1], 0.0, 1e-2,
         f"G_x at the end of the distance-bias run (lam={S['lam']:g}, n={n3}); Prop. 11: Dirac",
     ))
-    s = kernels.positions(n3)
-    db_dirac_E = float(jnp.exp(beta) / beta * jnp.mean(jnp.exp(-S["lam"] * jnp.abs(s[:, None] - s[None, :]))) / 2)
+    db_dirac_E = float(_dirac_energy_distance_bias(beta, S["lam"], fig3["distance bias"]["aux"]))
     checks.append(check(
         "distance_bias_dirac_energy", db["energy"][-1], db_dirac_E, 1e-3,
         "final energy of the distance-bias run against its value at a Dirac, e^beta/(2 beta) mean_ij e^{-lam|s_i-s_j|}",
@@ -289,7 +350,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         "G_x of the Toeplitz configuration; a uniform great circle has 1 + 1/(n-1)",
     ))
     checks.append(check(
-        "toeplitz_rank", float(metrics.gram_rank(jnp.asarray(tp["x"]), 1e-3)), 2.0, 0.0,
+        "toeplitz_rank", float(_gram_rank(tp["x"], 1e-3)), 2.0, 0.0,
         "numerical rank (singular values above 1e-3 of the largest) of the Toeplitz configuration",
     ))
     pr = fig3["prompts (K=3)"]
@@ -306,8 +367,8 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         ))
 
     # ------------------------------------- Prop. 10, Prop. 4, Thm. 4 (iii) (own keys: earlier draws unchanged)
-    tf = _toeplitz_fourier(S, jax.random.fold_in(key, 10), checks, timings)
-    dob = _dobrushin(S, jax.random.fold_in(key, 11), checks, timings)
+    tf = _toeplitz_fourier(S, k_tf, checks, timings)
+    dob = _dobrushin(S, k_dob, checks, timings)
     na = _nonatomic(S, checks, timings)  # float64 prompts: a NumPy Generator seeded by the settings
 
     # ---------------------------------------------------------------- figures + data
@@ -359,7 +420,7 @@ def _toeplitz_fourier(S, key, checks, timings):
         for name, c_hat in T["kernels"].items():
             k = kernels.ToeplitzSeries(c_hat)  # same coefficient count: one compilation for all
             tr = simulate(k, x0, t1=T["t1"], dt=S["dt"], solver=S["solver"], ts=ts, early_stop=S["early_stop"])
-            x = np.asarray(tr.xs[-1])
+            x = np.asarray(tr.xs)[-1]
             res[name] = {
                 "c_hat": list(c_hat), "m": k.dominant_mode(n), "e_max": float(k.max_energy(n)),
                 "energy": np.asarray(tr.energy), "ts": np.asarray(tr.ts), "x": x,
@@ -398,10 +459,10 @@ def _toeplitz_fourier(S, key, checks, timings):
 # ----------------------------------------------------------------------------
 
 
-def _dobrushin(S, key, checks, timings):
+def _dobrushin(S, keys, checks, timings):
     D = S["dobrushin"]
     n, d, beta = D["n"], S["d"], S["beta"]
-    kx, ky = jax.random.split(key)
+    kx, ky = keys
     x0 = sphere.uniform(kx, n, d)
     y0 = sphere.normalize(x0 + D["eps"] * jax.random.normal(ky, x0.shape, x0.dtype))
     ts = np.linspace(0.0, D["t1"], D["saves"])
@@ -452,11 +513,12 @@ def _nonatomic(S, checks, timings):
         y = np.concatenate([half, 2 * np.outer(half @ u, u) - half])
         y /= np.linalg.norm(y, axis=1, keepdims=True)
         x0 = np.einsum("nji,nj->ni", H, y)
-        k = kernels.Prompt(beta, jnp.asarray(H, jnp.float32))
-        aux = jnp.arange(n)
-        tr = simulate(k, jnp.asarray(x0, jnp.float32), aux, t1=P["flow_t1"], dt=S["dt"], solver=S["solver"],
+        k = kernels.Prompt(beta, jnp.asarray(np.asarray(H, np.float32)))
+        aux = jnp.asarray(np.arange(n, dtype=np.int32))
+        tr = simulate(k, jnp.asarray(np.asarray(x0, np.float32)), aux, t1=P["flow_t1"], dt=S["dt"], solver=S["solver"],
                       ts=np.linspace(0.0, P["flow_t1"], 21))
-        xf = np.asarray(tr.xs[-1], np.float64)
+        xf = np.asarray(tr.xs)[-1].astype(np.float64)
+        flow_energy = float(np.asarray(tr.energy)[-1])
     pooled = np.concatenate(list(scaled.values()))
     se = float(pooled.std(ddof=1) / np.sqrt(pooled.size))
     ns = ", ".join(str(n) for n in P["n"])
@@ -468,16 +530,16 @@ def _nonatomic(S, checks, timings):
         f"n^(-1/2)); tolerance 3 standard errors of the pooled mean ({se:.3g}); per-n means "
         + ", ".join(f"{v.mean():.3g}" for v in scaled.values()),
     ))
-    e_max = float(theory.max_energy(beta))
+    e_max = float(_max_energy(beta))
     checks.append(check(
         "nonatomic_prompt_flow", float(np.max(np.linalg.norm(xf - g, axis=1))), 0.0, 1e-4,
         f"max_i |x_i(t={P['flow_t1']:g}) - G(z_i)|: the prompt-gauge flow (n={n}, beta={beta:g}, Householder gauges "
         f"Psi_G, tokens started in the gauge frame symmetric about u) ends on the constructed maximiser; final "
-        f"energy {float(tr.energy[-1]):.7g} vs e^beta/(2 beta) = {e_max:.7g}; float32; prompt kernel "
+        f"energy {flow_energy:.7g} vs e^beta/(2 beta) = {e_max:.7g}; float32; prompt kernel "
         "e^(beta <Psi x, Psi' y>)/beta: reconstruction of the lost kernel (10) (MATH.md)",
     ))
     checks.append(check(
-        "nonatomic_prompt_energy", float(tr.energy[-1]), e_max, 1e-5,
+        "nonatomic_prompt_energy", flow_energy, e_max, 1e-5,
         "final energy of that flow against e^beta/(2 beta) (Thm. 4 (i)); float32 rounding", relative=True,
     ))
     return {"scaled": scaled, "const": const, "x": xf, "n": n}
@@ -620,11 +682,7 @@ def _theory_overlay(name, k, v):
         _, _, vt = np.linalg.svd(x, full_matrices=False)
         th = 2 * np.pi * s
         return np.cos(th)[:, None] * vt[0] + np.sin(th)[:, None] * vt[1]
-    u = _gauge_limit_point(k, jnp.asarray(x), jnp.asarray(aux))
-    if name.startswith("prompts"):
-        return np.asarray(jnp.einsum("kji,j->ki", k.gauges, u))
-    P = jax.vmap(lambda a: k.gauge_matrix(a, 3))(jnp.asarray(s))
-    return np.asarray(jnp.einsum("nji,j->ni", P, u))
+    return np.asarray(_overlay_orbit(k, jnp.asarray(x), jnp.asarray(aux), jnp.asarray(s, jnp.float32)))
 
 
 # ----------------------------------------------------------------------------
