@@ -29,6 +29,7 @@ histogram beside it), ``cluster_count.png`` (cluster count against $\beta$ with 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -91,23 +92,31 @@ def settings_for(quick: bool) -> dict:
 
 
 def _solver_rates(S) -> dict:
-    """Linear-regime rates from the density solver (float64), per (d, beta): arrays over modes."""
+    """Linear-regime rates from the density solver (float64), per (d, beta): arrays over modes.
+
+    Per d four compiled programs serve the 18 (beta, mode) runs: ``solve`` (``beta`` and ``t1``
+    are traced arguments of its program), the initial density and the log-ratio of the mode
+    amplitudes (the mode a traced argument of both), and the theory rates that set the windows."""
     out = {}
+    modes = np.asarray(S["modes"])
     with jax.enable_x64(True):
         for d in (2, 3):
             g = continuum.grid(d, S["solver_resolution"][str(d)], dtype=jnp.float64)
-            for beta in S["betas"]:
-                lam = np.asarray(continuum.growth_rates(np.float64(beta), d, np.asarray(S["modes"])))
+            # the theory rates that set the windows, (beta, mode): one program (and host callback) per d
+            lam_all = np.asarray(jax.jit(lambda b, d=d: continuum.growth_rates(b[:, None], d, modes))(
+                np.asarray(S["betas"], np.float64)))
+            start = jax.jit(lambda ell, g=g: continuum.mode_perturbation(g, ell, S["solver_eps"]))
+            log_growth = jax.jit(lambda dens, ell, d=d: jnp.log(
+                continuum.mode_amplitude(dens[1], d, ell) / continuum.mode_amplitude(dens[0], d, ell)))
+            for beta, lam in zip(S["betas"], lam_all):
                 rates = []
                 for ell, rate in zip(S["modes"], lam):
                     # a window where the mode grows measurably and no other mode (seeded by
                     # rounding) reaches it: at most 1/lambda_l and 2/lambda_max
                     t1 = min(1.0 / rate, 2.0 / lam.max())
                     # tight tolerances: the perturbation is 1e-5 of the state's norm
-                    sol = continuum.solve(np.float64(beta), continuum.mode_perturbation(g, ell, S["solver_eps"]),
-                                          d=d, t1=t1, rtol=1e-11, atol=1e-16)
-                    a0, a1 = (continuum.mode_amplitude(sol.densities[i], d, ell) for i in (0, 1))
-                    rates.append(float(jnp.log(a1 / a0)) / t1)
+                    sol = continuum.solve(np.float64(beta), start(np.int32(ell)), d=d, t1=t1, rtol=1e-11, atol=1e-16)
+                    rates.append(float(log_growth(sol.densities, np.int32(ell))) / t1)
                 out[(d, beta)] = np.array(rates)
     return out
 
@@ -121,32 +130,34 @@ def _mode_amplitudes(x, d: int, modes):
     return jnp.stack([(2 * l + 1) * jnp.abs(jnp.mean(continuum._legendre(l, x[:, 2]))) for l in modes])
 
 
-def _particle_rates(S) -> dict:
-    """Linear-regime rates from particle simulations: per (d, beta) one compilation, the modes a
-    vmapped axis of systems, the horizon ``2 / lambda_max`` (the fastest mode grows by ``e^2``;
-    a slow mode by less). ``eps = 3e-2`` balances the float32 rounding of the amplitude, whose
-    effect on a slow mode's rate goes as ``1 / eps``, against the nonlinear terms, ``~ eps``."""
+def _particle_rates(S, theory: dict) -> dict:
+    """Linear-regime rates from particle simulations: per d one compilation, the modes a vmapped
+    axis of systems, the horizon ``2 / lambda_max`` (the fastest mode grows by ``e^2``; a slow
+    mode by less). ``eps = 3e-2`` balances the float32 rounding of the amplitude, whose effect on
+    a slow mode's rate goes as ``1 / eps``, against the nonlinear terms, ``~ eps``.
+
+    ``simulate`` is vmapped outside ``jit``: its compiled program takes the model (``beta``), the
+    save times and ``t1`` as arguments, so the three betas of a d share it (an outer ``jit`` would
+    fold them in as constants and compile once per beta); the observable is one function per d."""
     out = {}
     modes = S["modes"]
     for d in (2, 3):
         n = S["particle_n"][str(d)]
-        x0 = jnp.stack([continuum.sample_perturbation(None, n, d, l, S["particle_eps"], lattice=True) for l in modes])
+        starts = jax.jit(lambda eps, n=n, d=d: jnp.stack(
+            [continuum.sample_perturbation(None, n, d, l, eps, lattice=True) for l in modes]))
+        x0 = starts(S["particle_eps"])
+        amplitudes = functools.partial(_mode_amplitudes, d=d, modes=tuple(modes))
         for beta in S["betas"]:
-            lam = np.asarray(continuum.growth_rates(beta, d, np.asarray(modes)))
-            t1 = 2.0 / float(lam.max())
+            t1 = 2.0 / float(theory[(d, beta)].max())
             ts = np.linspace(0.0, t1, S["particle_saves"])
             model = kernels.make("usa", d=d, beta=beta)
 
-            @jax.jit
-            def run(x0, d=d, ts=ts, t1=t1, model=model):
-                def one(x):
-                    tr = simulate(model, x, t1=t1, dt=t1 / S["particle_steps"], solver="rk4", ts=ts, save_states=False,
-                                  observables={"a": lambda y: _mode_amplitudes(y, d, modes)})
-                    return tr.observables["a"]
+            def one(x, model=model, t1=t1, ts=ts, amplitudes=amplitudes):
+                tr = simulate(model, x, t1=t1, dt=t1 / S["particle_steps"], solver="rk4", ts=ts, save_states=False,
+                              observables={"a": amplitudes})
+                return tr.observables["a"]
 
-                return jax.vmap(one)(x0)
-
-            amps = np.asarray(run(x0))  # (mode of the start, time, mode measured)
+            amps = np.asarray(jax.vmap(one)(x0))  # (mode of the start, time, mode measured)
             out[(d, beta)] = np.array([np.polyfit(ts, np.log(amps[j, :, j]), 1)[0] for j in range(len(modes))])
     return out
 
@@ -212,7 +223,8 @@ def _particles_vs_density(S, key) -> dict:
         rho0 = continuum.mode_perturbation(g, ell, eps)
         ts = np.linspace(0.0, S["heatmap_t1"], 61)
         sol = continuum.solve(np.float64(beta), rho0, d=d, t1=S["heatmap_t1"], ts=ts)
-        ref = continuum.solve(np.float64(beta), rho0, d=d, t1=S["w1_time"])
+        # as many save times as sol: the same compiled program (the last one is t1 itself)
+        ref = continuum.solve(np.float64(beta), rho0, d=d, t1=S["w1_time"], ts=np.linspace(0.0, S["w1_time"], len(ts)))
         if int(ref.status) != continuum.OK:
             raise RuntimeError(f"the density solution lost resolution before t = {S['w1_time']}: {ref.status_name()}")
         run_info = {k: np.asarray(getattr(sol, k)) for k in ("ts", "densities", "mass", "min_density", "tail",
@@ -248,7 +260,9 @@ def _particles_vs_density(S, key) -> dict:
 def _sphere_run(S):
     g = continuum.grid(3, S["sphere_resolution"])
     ts = np.linspace(0.0, 2.0, 41)
-    return continuum.solve(4.0, continuum.mode_perturbation(g, 2, 0.2), d=3, t1=2.0, ts=ts)
+    # the initial density in one program (eps a traced argument) instead of one per operation
+    rho0 = jax.jit(lambda eps: continuum.mode_perturbation(g, 2, eps))(0.2)
+    return continuum.solve(4.0, rho0, d=3, t1=2.0, ts=ts)
 
 
 # --------------------------------------------------------------------------- run
@@ -285,7 +299,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
 
     # ----------------------------------------------------- dispersion relation (particles)
     with Timer(timings, "particle_dispersion_s"):
-        particles = _particle_rates(S)
+        particles = _particle_rates(S, theory)  # the horizons from theory's rates
     perrs = {k: np.abs(particles[k] / theory[k] - 1) for k in particles}
     pworst = max(perrs, key=lambda k: perrs[k].max())
     checks.append(check(
