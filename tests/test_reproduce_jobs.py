@@ -25,6 +25,7 @@ def test_two_jobs_run_concurrently_in_other_processes(fakes, tmp_path, capsys):
     pids = {s["one"]["settings"]["pid"], s["two"]["settings"]["pid"]}
     assert len(pids) == 2 and os.getpid() not in pids
     assert s["one"]["settings"]["met_peer"] and s["two"]["settings"]["met_peer"]
+    assert all(v["timings"]["total_s"] >= 0 for v in s.values())  # the whole experiment's time, on disk too
     out = capsys.readouterr().out
     assert "one: 1/1 checks pass" in out and "two: 1/1 checks pass" in out
     report = (tmp_path / "REPORT.md").read_text()  # names == PAPERS: the report, in PAPERS's order
