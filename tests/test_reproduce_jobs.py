@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from meanfield import cli, reproduce
+from meanfield import reproduce
 
 
 @pytest.fixture
@@ -19,15 +22,32 @@ def fakes(monkeypatch):
     monkeypatch.setattr(reproduce, "PAPERS", ("one", "two"))
 
 
-def test_two_jobs_run_concurrently_in_other_processes(fakes, tmp_path, capsys):
-    assert cli.main(["reproduce", "--quick", "--quiet", "--jobs", "2", "--out", str(tmp_path)]) == 0
+_DRIVER = """
+import json, sys
+from meanfield import cli, reproduce
+reproduce.EXPERIMENTS = {"one": "_fake_experiments.one", "two": "_fake_experiments.two", "bad": "_fake_experiments.bad"}
+reproduce.PAPERS = tuple(sys.argv[1].split(","))
+sys.exit(cli.main(["reproduce", "--quick", "--quiet", "--jobs", "2", "--out", sys.argv[2]]))
+"""
+
+
+def _drive(papers, out):
+    """``meanfield reproduce --jobs 2`` with the stand-ins as PAPERS, in a fresh process (the pool of
+    processes is not started from the pytest worker itself)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", _DRIVER, ",".join(papers), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_two_jobs_run_concurrently_in_other_processes(tmp_path):
+    proc = _drive(["one", "two"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
     s = {name: json.loads((tmp_path / name / "summary.json").read_text()) for name in ("one", "two")}
     pids = {s["one"]["settings"]["pid"], s["two"]["settings"]["pid"]}
-    assert len(pids) == 2 and os.getpid() not in pids
+    assert len(pids) == 2
     assert s["one"]["settings"]["met_peer"] and s["two"]["settings"]["met_peer"]
     assert all(v["timings"]["total_s"] >= 0 for v in s.values())  # the whole experiment's time, on disk too
-    out = capsys.readouterr().out
-    assert "one: 1/1 checks pass" in out and "two: 1/1 checks pass" in out
+    assert "one: 1/1 checks pass" in proc.stdout and "two: 1/1 checks pass" in proc.stdout
     report = (tmp_path / "REPORT.md").read_text()  # names == PAPERS: the report, in PAPERS's order
     assert "All 2 checks pass." in report
     assert report.index("## one (`one`)") < report.index("## two (`two`)")
@@ -42,13 +62,15 @@ def test_one_job_runs_in_this_process_one_after_the_other(fakes, tmp_path, monke
     assert not (tmp_path / "REPORT.md").exists()
 
 
-def test_a_failing_experiment_is_one_line_error(fakes, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(reproduce, "PAPERS", ("one", "bad"))
+def test_a_failing_experiment_is_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_WAIT_S", "0.3")
-    assert cli.main(["reproduce", "--quick", "--quiet", "--jobs", "2", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["meanfield: error: bad experiment: option x must be > 0, got -1"]
+    proc = _drive(["one", "bad"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "meanfield: error: bad experiment: option x must be > 0, got -1"
     assert (tmp_path / "one" / "summary.json").exists()  # what finished stays
+
+
+def test_a_failing_experiment_in_this_process(fakes, tmp_path):
     with pytest.raises(ValueError, match="bad experiment"):
         reproduce.run_experiments(["bad"], tmp_path, jobs=1)
 
