@@ -32,7 +32,8 @@ PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "contin
 
 #: Wall seconds of each quick run alone on the 2-core box (BENCHMARKS.md, "Where ``meanfield
 #: reproduce --quick`` spends its time"): with several processes the longest start first, so that
-#: the last one to finish is a short one (the report's order stays ``PAPERS``'s).
+#: the last one to finish is a short one (the report's order stays ``PAPERS``'s). design and
+#: metastability are not in that table: their entries are rough estimates (only the order matters).
 QUICK_COST_S: dict[str, float] = {
     "usa-av": 57.5, "attention": 59.7, "depth": 49.2, "prototypes": 55.4, "continuum": 78.9, "design": 120.0,
     "metastability": 60.0,
