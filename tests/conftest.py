@@ -44,3 +44,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("native") is not None:
             item.add_marker(skip)
+
+
+# Every program XLA compiles for the CPU keeps its machine code in ~20 memory mappings for as long as
+# its jit cache holds it, and Linux allows a process 65530 mappings (vm.max_map_count). One xdist
+# worker runs ~900 tests and compiles thousands of programs; module-level jits (the reproductions',
+# the kernels') are never freed, and at the limit LLVM's code allocation fails and the worker dies
+# with a segmentation fault inside XLA's compiler (clean-clone CI at 75cef44, efbc360 and 0bb1e5d;
+# a loop compiling ~2750 distinct small jits reproduces it: "LLVM compilation error: Cannot allocate
+# memory", exit 139). So the compiled-program caches are
+# emptied whenever the worker holds more than half the limit: later tests recompile what they need.
+_MAPS = "/proc/self/maps"
+_MAPS_LIMIT = 32_000
+
+
+def _mappings() -> int:
+    try:
+        with open(_MAPS, "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def _bounded_compiled_programs():
+    yield
+    if _mappings() > _MAPS_LIMIT:
+        jax.clear_caches()
+        import gc
+
+        gc.collect()
