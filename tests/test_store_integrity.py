@@ -236,7 +236,14 @@ def test_any_store_damage_is_detected_and_repaired(ref, damages):
                 continue  # the marks are gone: nothing of that kind left to damage
             if kind == "mark_moved_chunk_deleted" and not _mark(out, cid).exists():
                 continue
-            DAMAGES[kind](out, cid, seed)
+            try:
+                DAMAGES[kind](out, cid, seed)
+            except RuntimeError:
+                # nan_through_zarr after random_bytes_valid_crc on the same chunk: zarr cannot decode the
+                # chunk it would write into, so this damage cannot be added to the one already there
+                if kind != "nan_through_zarr" or not applied:
+                    raise
+                continue
             applied.append(kind)
         found = sweep_store.verify(out)
         assert found, applied
