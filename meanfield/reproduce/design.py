@@ -22,6 +22,7 @@ Distances between laws are ``mf.metrics.mmd`` (Gaussian kernel on $\mathbb R^3$,
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,6 +116,7 @@ def _identity(x):
 
 
 def _vmf_init(kappa: float, mean=(0.0, 0.0, 1.0)):
+    @functools.partial(jax.jit, static_argnums=1)  # one program per size (eager, one per operation)
     def sample(key, m):
         return design.vmf_mixture(key, m, jnp.asarray([mean]), kappa)
 
@@ -142,7 +144,7 @@ def _anchor_experiment(S, key):
         "design_speed": float(jnp.max(jnp.linalg.norm(velocity(prompt, x_design, aux), axis=-1))),
         "design_target_error": float(jnp.max(jnp.abs(x_design - target))),
     }
-    x0s = jax.vmap(lambda k: sphere.uniform(k, n, S["d"]))(jax.random.split(ks, S["anchor_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(jax.random.split(ks, S["anchor_seeds"]))
     models = {
         "anchored design": design.Anchored(prompt, u, mass=S["anchor_mass"]),
         "design, no anchor": prompt,
@@ -156,10 +158,10 @@ def _anchor_experiment(S, key):
                           observables={"x": _identity})
             return tr.observables["x"][-1]
 
-        xf = jax.vmap(final)(x0s)
+        xf = jax.jit(jax.vmap(final))(x0s)
         out[name] = {
             "final": np.asarray(xf),
-            "mmd": np.asarray(jax.vmap(lambda x: metrics.mmd(x, target, bw))(xf)),
+            "mmd": np.asarray(jax.jit(jax.vmap(lambda x: metrics.mmd(x, target, bw)))(xf)),
         }
     return out
 
@@ -208,7 +210,7 @@ def _learned_experiment(S, key, quiet):
     }
     s = kernels.positions(n)
     aux = jnp.arange(n)
-    x0s = jax.vmap(lambda k: sphere.uniform(k, n, S["d"]))(jax.random.split(ks, S["learned_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(jax.random.split(ks, S["learned_seeds"]))
     out = {}
     for name, target in tqdm(targets.items(), desc="learned design", disable=quiet, leave=False):
         theta, losses = design.fit_curve(
@@ -223,8 +225,8 @@ def _learned_experiment(S, key, quiet):
                           observables={"x": _identity})
             return tr.observables["x"][-1]
 
-        xf = jax.vmap(final)(x0s)
-        sim = np.asarray(jax.vmap(lambda x, target=target: metrics.mmd(x, target, bw))(xf))
+        xf = jax.jit(jax.vmap(final))(x0s)
+        sim = np.asarray(jax.jit(jax.vmap(lambda x, target=target: metrics.mmd(x, target, bw)))(xf))
         # floor: an independent n-sample of the target against the m target samples
         floor = float(metrics.mmd(target[jax.random.permutation(kf, m)[:n]], target, bw))
         init = float(metrics.mmd(design.curve_points(design.init_curve(kf, S["learned_modes"]), s), target, bw))
@@ -263,7 +265,7 @@ def _hessian_experiment(S):
 
 def _classify_experiment(S, key):
     n, d = S["classify_n"], S["d"]
-    x0s = jax.vmap(lambda k: sphere.uniform(k, n, d))(jax.random.split(key, S["classify_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, d)))(jax.random.split(key, S["classify_seeds"]))
     runs = {
         f"USA beta={S['beta']:g}, t={S['classify_t1_small_beta']:g}": (kernels.USA(S["beta"]), S["classify_t1_small_beta"]),
         f"USA beta={S['classify_beta_large']:g} (rescaled), s={S['classify_t1_large_beta_rescaled']:g}": (
@@ -271,8 +273,8 @@ def _classify_experiment(S, key):
     }
     out = {}
     for name, (kern, t1) in runs.items():
-        xf = jax.vmap(lambda x0, kern=kern, t1=t1: simulate(kern, x0, t1=t1, dt=0.1, save_states=False,
-                                                            observables={"x": _identity}).observables["x"][-1])(x0s)
+        xf = jax.jit(jax.vmap(lambda x0, kern=kern, t1=t1: simulate(kern, x0, t1=t1, dt=0.1, save_states=False,
+                                                                    observables={"x": _identity}).observables["x"][-1]))(x0s)
         rows = []
         with jax.enable_x64(True):
             kern64 = type(kern)(kern.beta, rescaled=kern.rescaled)
@@ -296,9 +298,9 @@ def _escape_experiment(S, key):
         dt = S["escape_dt_factor"] * min(0.1, float(np.exp(-beta)))
         # common random numbers: the same perturbations at every beta, so the slope sees only beta
         keys = jax.random.split(key, S["escape_seeds"])
-        x0s = jax.vmap(lambda k, xa=xa: sphere.normalize(xa + S["escape_delta0"] * jax.random.normal(k, xa.shape)))(keys)
+        x0s = jax.jit(jax.vmap(lambda k, xa=xa: sphere.normalize(xa + S["escape_delta0"] * jax.random.normal(k, xa.shape))))(keys)
         t_max = 50.0 / rate
-        ts = np.asarray(jax.vmap(lambda x0, usa=usa, dt=dt, t_max=t_max: analysis.escape_time(usa, x0, dt=dt, t_max=t_max, fraction=S["escape_fraction"]))(x0s))
+        ts = np.asarray(jax.jit(jax.vmap(lambda x0, usa=usa, dt=dt, t_max=t_max: analysis.escape_time(usa, x0, dt=dt, t_max=t_max, fraction=S["escape_fraction"])))(x0s))
         rows.append({"beta": beta, "rate": rate, "rate_theory": float(np.exp(-beta)), "times": ts, "dt": dt})
     inv = np.array([1.0 / r["rate"] for r in rows])
     tm = np.array([np.mean(r["times"]) for r in rows])
@@ -342,10 +344,10 @@ def _random_batch_experiment(S, key, quiet):
     big_gap = np.asarray(jax.block_until_ready(big.collapse_gap))
     big_wall = time.perf_counter() - t0
     ref_ts = np.linspace(0, T2, steps + 1)
-    xr = jax.vmap(lambda k: _vmf_init(S["rb_gap_kappa"])(k, S["large_reference_n"]))(
+    xr = jax.jit(jax.vmap(lambda k: _vmf_init(S["rb_gap_kappa"])(k, S["large_reference_n"])))(
         jax.random.split(jax.random.fold_in(k5, 1), S["large_reference_runs"]))
-    ref_all = np.asarray(jax.vmap(lambda x: simulate(usa, x, t1=T2, dt=S["large_dt"], ts=ref_ts,
-                                                     save_states=False).collapse_gap)(xr))
+    ref_all = np.asarray(jax.jit(jax.vmap(lambda x: simulate(usa, x, t1=T2, dt=S["large_dt"], ts=ref_ts,
+                                                             save_states=False).collapse_gap))(xr))
     ref = ref_all.mean(0)
     kap = S["rb_gap_kappa"]
     g0_theory = 1.0 - (1.0 / np.tanh(kap) - 1.0 / kap) ** 2
