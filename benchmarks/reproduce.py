@@ -13,7 +13,11 @@ e.g. ``design._meanfield_experiment``), and each program is named by its functio
 shapes and types of its arguments (JAX's ``Compiling ... with global shapes and types`` record), so
 a program compiled twice in one run shows up. That count is an upper bound: static parameters (the
 size of an ``iota``, a closure's constants) are not part of the name, so two programs that differ
-only in them count as one program compiled twice.
+only in them count as one program compiled twice. The exact count is the persistent cache's own: it
+starts empty, so each of its hits (``/jax/compilation_cache/cache_hits``) is an XLA module this run
+had already built, traced and lowered again and served by the cache instead of XLA (listed by step
+and program at the end); programs the cache refuses (host callbacks) are counted apart, since a
+second build of one of them would not show.
 
 Per experiment: wall time of ``run()``, the compile share (trace + lower + XLA), programs compiled,
 programs compiled more than once, and the steps that compile most. Everything else in the wall time
@@ -73,6 +77,17 @@ def _child(name: str, out: str, full: bool) -> dict:
 
     per_step: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     programs: collections.Counter = collections.Counter()
+    # the persistent cache starts empty, so a hit is a program this run has already compiled: traced and
+    # lowered again (identical XLA module), its XLA compilation served by the cache
+    last = [""]
+    again: collections.Counter = collections.Counter()
+    cache_requests = [0]
+
+    def on_event(event: str, **_: object) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            again[f"{_step()}: {last[0]}"] += 1
+        elif event == "/jax/compilation_cache/compile_requests_use_cache":
+            cache_requests[0] += 1
 
     def on_duration(event: str, duration: float, **_: object) -> None:
         kind = _EVENTS.get(event)
@@ -86,6 +101,7 @@ def _child(name: str, out: str, full: bool) -> dict:
         def emit(self, record: logging.LogRecord) -> None:
             if isinstance(record.msg, str) and record.msg.startswith("Compiling %s with global shapes"):
                 programs[f"{record.args[0]} {record.args[1]}"] += 1  # type: ignore[index]
+                last[0] = f"{record.args[0]}"  # type: ignore[index]
 
     for logger_name in ("jax._src.interpreters.pxla", "jax._src.dispatch", "jax._src.pjit"):
         logger = logging.getLogger(logger_name)
@@ -93,6 +109,7 @@ def _child(name: str, out: str, full: bool) -> dict:
         logger.propagate = False
     jax.config.update("jax_log_compiles", True)
     jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
 
     mod = reproduce.get(name)
     t0 = time.perf_counter()
@@ -108,6 +125,10 @@ def _child(name: str, out: str, full: bool) -> dict:
         "programs": len(programs),
         "compiles": sum(programs.values()),
         "twice": {k: v for k, v in programs.items() if v > 1},
+        # exact: XLA modules this run built twice (the second served by its own persistent cache), per step
+        "lowered_again": dict(again),
+        # programs compiled without the persistent cache (host callbacks): a second build of one would not show above
+        "uncacheable": sum(v.get("programs", 0) for v in per_step.values()) - cache_requests[0],
     }
 
 
@@ -124,8 +145,9 @@ def _run_child(name: str, full: bool, cache_root: Path) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| experiment | wall (s) | compile (s) | share | trace / lower / XLA (s) | programs | same name and shapes twice (upper bound) | checks passed |",
-             "|---|---:|---:|---:|---|---:|---:|---|"]
+    lines = ["| experiment | wall (s) | compile (s) | share | trace / lower / XLA (s) | programs | same name and shapes twice (upper bound) "
+             "| built twice (exact) | not cacheable | checks passed |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     tot = collections.Counter()
     for r in rows:
         k = collections.Counter()
@@ -133,13 +155,16 @@ def _table(rows: list[dict]) -> str:
             k.update(s)
         comp = k["trace"] + k["lower"] + k["xla"]
         tot.update({"wall": r["wall_s"], "comp": comp, "trace": k["trace"], "lower": k["lower"], "xla": k["xla"],
-                    "programs": r["programs"], "twice": len(r["twice"])})
+                    "programs": r["programs"], "twice": len(r["twice"]),
+                    "again": sum(r.get("lowered_again", {}).values()), "uncacheable": r.get("uncacheable", 0)})
+        again = sum(r.get("lowered_again", {}).values())
         lines.append(f"| {r['experiment']} | {r['wall_s']:.1f} | {comp:.1f} | {comp / r['wall_s']:.0%} | "
                      f"{k['trace']:.1f} / {k['lower']:.1f} / {k['xla']:.1f} | {r['programs']} | {len(r['twice'])} | "
-                     f"{r['passed']}/{r['checks']} |")
+                     f"{again} | {r.get('uncacheable', 0)} | {r['passed']}/{r['checks']} |")
     if len(rows) > 1:
         lines.append(f"| **all** | {tot['wall']:.1f} | {tot['comp']:.1f} | {tot['comp'] / tot['wall']:.0%} | "
-                     f"{tot['trace']:.1f} / {tot['lower']:.1f} / {tot['xla']:.1f} | {tot['programs']} | {tot['twice']} | |")
+                     f"{tot['trace']:.1f} / {tot['lower']:.1f} / {tot['xla']:.1f} | {tot['programs']} | {tot['twice']} | "
+                     f"{tot['again']} | {tot['uncacheable']} | |")
     return "\n".join(lines)
 
 
@@ -233,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(rows))
     print()
     print(_steps_table(rows, args.top))
+    again = [(r["experiment"], k, v) for r in rows for k, v in r.get("lowered_again", {}).items()]
+    if again:
+        print()
+        print("Programs built twice in one run (step: program, extra builds):")
+        for name, k, v in sorted(again, key=lambda t: -t[2]):
+            print(f"- {name} `{k}` x{v}")
     return 0
 
 
