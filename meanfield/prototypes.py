@@ -941,9 +941,32 @@ def train(
         raise ValueError("every array of data must have the same leading size N")
     if batch_size > N:
         raise ValueError(f"batch_size must be <= N = {N}, got {batch_size}")
-    opt = two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
-    record = record if record is not None else (lambda m: {})
+    opt = _shared_optimizer(model, eta_theta, eta_P, optimizer)
+    record = record if record is not None else _no_record
     return _train(model, opt, loss_fn, data, key, epochs, batch_size, record)
+
+
+def _no_record(model) -> dict:
+    return {}
+
+
+#: optimizers already built, keyed by the labels and the rates: ``_train``'s program is keyed on the
+#: optimizer (a static argument), so calls with equal rates on equally labelled models (the same
+#: ``loss_fn`` and ``record`` objects too) share one traced program instead of tracing a new one
+_OPTIMIZERS: dict = {}
+
+
+def _shared_optimizer(model, eta_theta, eta_P, optimizer):
+    labels = param_labels(model)
+    leaves, treedef = jax.tree_util.tree_flatten(labels)
+    try:
+        key = (treedef, tuple(leaves), float(eta_theta), float(eta_P), optimizer)
+        hash(key)
+    except (TypeError, jax.errors.ConcretizationTypeError):  # traced rates: no sharing
+        return two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
+    if key not in _OPTIMIZERS:
+        _OPTIMIZERS[key] = two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
+    return _OPTIMIZERS[key]
 
 
 @eqx.filter_jit

@@ -241,6 +241,37 @@ def _vq(cfg, key, pbar):
     lam, beta = cfg["vq_lam"], cfg["vq_beta"]
     thr = cfg["utilization_threshold"]
     data_variance = jnp.mean(jnp.sum((X - jnp.mean(X, axis=0)) ** 2, axis=-1))
+    # one loss and one record function for every run: P.train's program is keyed on them (static), so the
+    # soft and the soft-double-temperature runs of each K share one compiled program
+    def vq_loss(mm, xb):
+        return mm.loss(xb, lam=lam, beta=beta)[0]
+
+    def record(mm):
+        qz = mm.quantizer
+        z = qz.tokens(X)
+        q = qz.assign(X)
+        usage = jnp.mean(q, axis=0)
+        loss, parts = mm.loss(X, lam=lam, beta=beta)
+        D = P.squared_distances(z, qz.prototypes)
+        dead = usage <= thr
+        r = {
+            "utilization": jnp.mean(usage > thr),
+            "loss": loss,
+            "recon": parts["recon"],
+            # the reconstruction error of the best constant output (every prototype merged)
+            "data_variance": data_variance,
+            # token spread (mean squared distance to the token mean), and the squared distance
+            # from each prototype to its nearest token: median over live and over dead codes
+            "token_variance": jnp.mean(jnp.sum((z - jnp.mean(z, axis=0)) ** 2, axis=-1)),
+            "gap_live": jnp.nanmedian(jnp.where(dead, jnp.nan, jnp.min(D, axis=0))),
+            "gap_dead": jnp.nanmedian(jnp.where(dead, jnp.min(D, axis=0), jnp.nan)),
+        }
+        smin, smean = P._separation(qz.prototypes)
+        r.update(S_min=smin, S_mean=smean)
+        if isinstance(qz, P.PrototypeReadout):
+            r["terms"] = jnp.stack(P._loss_terms(z, qz.prototypes, qz.temperature))
+        return r
+
     out = {}
     for K in cfg["vq_K"]:
         soft = P.PrototypeReadout(d, m, K, 1.0, key=kq)
@@ -259,35 +290,8 @@ def _vq(cfg, key, pbar):
         }
         for kind, qz0 in models.items():
             mod = P.VQAutoencoder(qz0, key=kd)
-
-            def record(mm):
-                qz = mm.quantizer
-                z = qz.tokens(X)
-                q = qz.assign(X)
-                usage = jnp.mean(q, axis=0)
-                loss, parts = mm.loss(X, lam=lam, beta=beta)
-                D = P.squared_distances(z, qz.prototypes)
-                dead = usage <= thr
-                r = {
-                    "utilization": jnp.mean(usage > thr),
-                    "loss": loss,
-                    "recon": parts["recon"],
-                    # the reconstruction error of the best constant output (every prototype merged)
-                    "data_variance": data_variance,
-                    # token spread (mean squared distance to the token mean), and the squared distance
-                    # from each prototype to its nearest token: median over live and over dead codes
-                    "token_variance": jnp.mean(jnp.sum((z - jnp.mean(z, axis=0)) ** 2, axis=-1)),
-                    "gap_live": jnp.nanmedian(jnp.where(dead, jnp.nan, jnp.min(D, axis=0))),
-                    "gap_dead": jnp.nanmedian(jnp.where(dead, jnp.min(D, axis=0), jnp.nan)),
-                }
-                smin, smean = P._separation(qz.prototypes)
-                r.update(S_min=smin, S_mean=smean)
-                if isinstance(qz, P.PrototypeReadout):
-                    r["terms"] = jnp.stack(P._loss_terms(z, qz.prototypes, qz.temperature))
-                return r
-
             _, hist = P.train(
-                mod, lambda mm, xb: mm.loss(xb, lam=lam, beta=beta)[0], X, key=ktrain,
+                mod, vq_loss, X, key=ktrain,
                 eta_theta=cfg["vq_eps"] * cfg["vq_eta_P"], eta_P=cfg["vq_eta_P"], epochs=cfg["vq_epochs"],
                 batch_size=cfg["vq_batch"], record=record, optimizer=cfg["optimizer"],
             )
