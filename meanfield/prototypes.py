@@ -908,7 +908,9 @@ def train(
     ``loss_fn(model, batch) -> scalar`` (or ``(scalar, aux)``) with
     ``two_timescale_optimizer``, then evaluates ``record(model)`` (a dict
     of arrays). One ``lax.scan`` over epochs; jit- and vmap-compatible
-    (``key``, ``eta_theta``, ``eta_P`` may be batched).
+    (``key``, ``eta_theta``, ``eta_P`` may be batched). Calls with equal concrete rates on
+    models of the same structure, passing the same ``loss_fn`` and ``record`` objects, reuse one
+    compiled program (define those functions once, outside a loop over runs).
 
     Args:
         model: an equinox model; loss_fn: ``(model, batch) -> scalar`` or ``(scalar, aux)``.
@@ -952,8 +954,10 @@ def _no_record(model) -> dict:
 
 #: optimizers already built, keyed by the labels and the rates: ``_train``'s program is keyed on the
 #: optimizer (a static argument), so calls with equal rates on equally labelled models (the same
-#: ``loss_fn`` and ``record`` objects too) share one traced program instead of tracing a new one
+#: ``loss_fn`` and ``record`` objects too) share one traced program instead of tracing a new one.
+#: Bounded: past ``_MAX_OPTIMIZERS`` entries (a loop over many rates) it starts again empty.
 _OPTIMIZERS: dict = {}
+_MAX_OPTIMIZERS = 64
 
 
 def _shared_optimizer(model, eta_theta, eta_P, optimizer):
@@ -965,6 +969,8 @@ def _shared_optimizer(model, eta_theta, eta_P, optimizer):
     except (TypeError, jax.errors.ConcretizationTypeError):  # traced rates: no sharing
         return two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
     if key not in _OPTIMIZERS:
+        if len(_OPTIMIZERS) >= _MAX_OPTIMIZERS:
+            _OPTIMIZERS.clear()
         _OPTIMIZERS[key] = two_timescale_optimizer(model, eta_theta, eta_P, optimizer=optimizer)
     return _OPTIMIZERS[key]
 

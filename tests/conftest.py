@@ -52,8 +52,8 @@ def pytest_collection_modifyitems(config, items):
 # the kernels') are never freed, and at the limit LLVM's code allocation fails and the worker dies
 # with a segmentation fault inside XLA's compiler (clean-clone CI at 75cef44, efbc360 and 0bb1e5d;
 # a loop compiling ~2750 distinct small jits reproduces it: "LLVM compilation error: Cannot allocate
-# memory", exit 139). So the compiled-program caches are
-# emptied whenever the worker holds more than half the limit: later tests recompile what they need.
+# memory", exit 139). So the compiled-program caches are emptied whenever the worker holds more than
+# about half the limit: later tests recompile what they need (it fires about twice per worker, ~8 s each).
 _MAPS = "/proc/self/maps"
 _MAPS_LIMIT = 32_000
 
