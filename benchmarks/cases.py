@@ -282,9 +282,9 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         "the n (n + 1) / 2 exponentials of the pairs i <= j, rows 4 at a time against SIMD vectors of "
         "columns, no n x n array; threads over seeds). 'meanfield, XLA path': the same program traced "
         "with `backend=\"xla\"` (the reference formulation, and the path on accelerators): "
-        "dense for n <= 1024, else the 512 x 1024 tiles of `kernels._tiled_exp`; under the vmap the "
+        "dense for n <= 1024, else the 512 x 1024 tiles of `kernels._exp._tiled_exp`; under the vmap the "
         f"seeds run in equal chunks of at most `kernels.BATCH_BYTES` = {mf.kernels.BATCH_BYTES // 2**20} "
-        "MiB of weights (`kernels._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` "
+        "MiB of weights (`kernels._exp._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` "
         "vmapped and jitted (the same operations on one `(seeds, n, n)` array). The three JAX programs are "
         "timed in alternating rounds. NumPy and torch: batched matmuls, float32, each timed with 1 thread "
         "and with all cores and reported at the faster setting (thr). `max rel diff`: meanfield (its XLA "
@@ -394,7 +394,7 @@ def big_n(quick: bool, log) -> Result:
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for mode, label in [("native", "`mf.velocity` (default: the fused C kernel, rows split over threads)"),
-                        ("xla", "`mf.velocity`, XLA path (512 x 1024 tiles of `kernels._tiled_exp`)")]:
+                        ("xla", "`mf.velocity`, XLA path (512 x 1024 tiles of `kernels._exp._tiled_exp`)")]:
         out = subprocess.run(
             [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d), mode],
             capture_output=True, text=True, timeout=1500, cwd=root,

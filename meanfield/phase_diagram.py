@@ -110,7 +110,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import _native, kernels, sphere
+from . import _native, sphere
 from ._checks import (
     RealScalarLike,
     check_choice,
@@ -120,6 +120,7 @@ from ._checks import (
     traced_positive,
 )
 from .integrate import STEPS
+from .kernels._exp import _batch_bytes
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
 #: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
@@ -574,7 +575,7 @@ def _run_kernel(x0, *args, **static):
 def _auto_chunk(n: int, dtype) -> int:
     """Seeds per chunk: ``kernels.BATCH_BYTES`` of weight matrices (1024 at ``n = 32``, float64;
     ``kernels.ACCELERATOR_BATCH_BYTES`` on a GPU/TPU backend)."""
-    return max(1, kernels._batch_bytes() // (n * n * np.dtype(dtype).itemsize))
+    return max(1, _batch_bytes() // (n * n * np.dtype(dtype).itemsize))
 
 
 def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False,

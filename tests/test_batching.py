@@ -1,4 +1,4 @@
-"""Chunked batching of the exp-kernel fields (``kernels._exp_op``).
+"""Chunked batching of the exp-kernel fields (``kernels._exp._exp_op``).
 
 A ``vmap`` over systems (seeds, beta grids, nested) must give exactly what a loop over
 the systems gives, for the field, the energy and their derivatives, whatever the chunk

@@ -225,17 +225,18 @@ def test_every_check_site_has_a_case():
         "meanfield/energy.py:traced_finite": 1,  # aux
         "meanfield/energy.py:check_traced": 1,  # the model's own checks
         "meanfield/energy.py:check_traced_energy": 2,  # energy; field and velocity
-        "meanfield/kernels.py:_error_if": 1,  # _ExpKernel.check_traced_energy: overflow
-        "meanfield/kernels.py:traced_finite": 1,  # ToeplitzSeries: c_hat
-        "meanfield/kernels.py:traced_labels": 1,  # Prompt: labels
-        "meanfield/kernels.py:check_traced": 2,  # ToeplitzSeries and Prompt call the parent's
+        "meanfield/kernels/_exp.py:_error_if": 1,  # _ExpKernel.check_traced_energy: overflow
+        "meanfield/kernels/_toeplitz.py:traced_finite": 1,  # ToeplitzSeries: c_hat
+        "meanfield/kernels/_gauge.py:traced_labels": 1,  # Prompt: labels
+        "meanfield/kernels/_toeplitz.py:check_traced": 1,  # ToeplitzSeries calls the parent's
+        "meanfield/kernels/_gauge.py:check_traced": 1,  # Prompt calls the parent's
         "meanfield/continuum.py:traced_positive": 1,  # beta
         "meanfield/continuum.py:_error_if": 2,  # ell < 0; beta past e^beta's overflow
         "meanfield/phase_diagram.py:traced_positive": 2,  # beta, base_dt
         "meanfield/sphere.py:eqx.error_if": 2,  # sample_density: bound, rounds
     }
     found = {k: v for k, v in sites.items() if not k.endswith((":check_traced", ":check_traced_energy"))
-             or k.startswith(("meanfield/energy.py", "meanfield/kernels.py"))}
+             or k.startswith(("meanfield/energy.py", "meanfield/kernels/"))}
     assert found == expected, f"in-program checks changed: {found} (add or remove cases in CASES_SOURCE)"
     # each kind of check has at least one case
     names = " ".join(CASE_NAMES)

@@ -1,4 +1,4 @@
-"""Derivatives through the fused C kernel (``exp_kernel.c``'s tangent, ``kernels._exp_tangent``)
+"""Derivatives through the fused C kernel (``exp_kernel.c``'s tangent, ``kernels._exp._exp_tangent``)
 against the XLA formulation (``backend="xla"``, the reference) and central finite differences.
 
 Everything in float64. Against the XLA path the agreement is rounding-level: both evaluate the

@@ -6,7 +6,7 @@
  *     w_ij = exp(beta_b (<x_i, x_j> - 1)),
  *     F_i  = (1/n) sum_j w_ij x_j,          S = sum_ij w_ij,
  *
- * the unscaled results of kernels._tiled_exp_unit (the factor e^{beta - shift} is applied
+ * the unscaled results of kernels._exp._tiled_exp_unit (the factor e^{beta - shift} is applied
  * in JAX). w is symmetric: only the pairs i <= j are evaluated (n (n + 1) / 2 exponentials),
  * each added to row i and to row j. The tangent of F along dy (mf_exp_tangent, FFI target
  * meanfield_exp_t_*, for derivatives) is evaluated the same way (see its comment).

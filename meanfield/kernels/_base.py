@@ -1,0 +1,177 @@
+"""The abstract pair kernel, its pairwise reference evaluation, and the time change of ``rescaled``."""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ..models import Model
+
+__all__ = ['Kernel', 'pairwise_field', 'pairwise_energy', 'original_time', 'rescaled_time']
+
+def original_time(s, beta):
+    r"""Original time $t = e^{-\beta} s$ of rescaled time ``s`` (``rescaled=True`` kernels).
+
+    Args:
+        s: rescaled time (scalar or array).
+        beta: inverse temperature of the kernel.
+
+    Returns:
+        $t$, broadcast shape of ``s`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.original_time(1.0, 2.0)), 4)   # e^{-2}
+        0.1353
+    """
+    return jnp.exp(-jnp.asarray(beta)) * s
+
+
+def rescaled_time(t, beta):
+    r"""Rescaled time $s = e^\beta t$ of original time ``t`` (inverse of ``original_time``).
+
+    Args:
+        t: original time (scalar or array).
+        beta: inverse temperature of the kernel.
+
+    Returns:
+        $s$, broadcast shape of ``t`` and ``beta``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.rescaled_time(1.0, 2.0)), 4)   # e^{2}
+        7.3891
+    """
+    return jnp.exp(jnp.asarray(beta)) * t
+
+
+class Kernel(Model):
+    r"""Abstract base of the pair kernels: a symmetric interaction $h((x, \xi), (y, \zeta))$.
+
+    Subclasses define ``__call__`` (one pair: ``x, y`` of shape ``(d,)``, scalar labels,
+    scalar result; ``abc.abstractmethod``). ``grad_x`` defaults to autodiff of ``__call__``;
+    ``field`` ($F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``) and ``energy``
+    ($E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$, scalar) default to the pairwise reference
+    ($O(n^2)$ pairs through ``vmap``), overridden by structured evaluations. A kernel is a
+    ``mf.models.Model`` with a pair energy (``has_energy``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> class Linear(mf.kernels.Kernel):     # h = <x, y>: a new kernel is one method
+        ...     def __call__(self, x, xi, y, zeta):
+        ...         return jnp.dot(x, y)
+        >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> bool(jnp.allclose(mf.field(Linear(), x), jnp.mean(x, axis=0) * jnp.ones((8, 1)), atol=1e-6))
+        True
+    """
+
+    has_energy: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def __call__(self, x, xi, y, zeta):
+        r"""$h((x, \xi), (y, \zeta))$ of one pair (scalar)."""
+
+    def grad_x(self, x, xi, y, zeta):
+        r"""$\nabla_x h((x, \xi), (y, \zeta))$ (Euclidean gradient in $\mathbb R^d$, shape ``(d,)``).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> e = jnp.array([1.0, 0.0, 0.0])
+            >>> mf.kernels.Toeplitz(1).grad_x(e, 0.0, e, 0.0).tolist()   # cos(0) y
+            [1.0, 0.0, 0.0]
+        """
+        return jax.grad(self.__call__, argnums=0)(x, xi, y, zeta)
+
+    # structured evaluations (overridden) --------------------------------
+    def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
+        r"""$F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$ for all $i$ (unprojected), ``(n, d)``.
+
+        Args:
+            x: ``(n, d)`` unit rows.
+            aux: ``(n,)`` labels.
+            block_size: row-tile size of the tiled evaluations (``None``: automatic).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> mf.kernels.Toeplitz(1).field(x, jnp.array([0.0, 1.0])).tolist()   # cos(2 pi) = 1
+            [[1.0, 0.0], [1.0, 0.0]]
+        """
+        return pairwise_field(self, x, aux)
+
+    def energy(self, x, aux, *, block_size=None) -> Float[Array, ""]:
+        r"""$E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
+
+        Args:
+            x: ``(n, d)`` unit rows.
+            aux: ``(n,)`` labels.
+            block_size: row-tile size of the tiled evaluations (``None``: automatic).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> float(mf.kernels.Toeplitz(1).energy(x, jnp.array([0.0, 1.0])))   # 1/2 * mean of 1
+            0.5
+        """
+        return pairwise_energy(self, x, aux)
+
+    def check_traced_energy(self, x, aux):
+        """``x`` with the in-program checks of ``mf.energy`` (and ``mf.field``, ``mf.velocity``) attached
+        (``equinox.error_if``) for traced parameters whose energy or field would not be finite; no-op by
+        default (``_ExpKernel``: overflow).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.eye(3)
+            >>> bool(jnp.all(mf.kernels.USA(1.0).check_traced_energy(x, mf.positions(3)) == x))
+            True
+        """
+        return x
+
+
+def pairwise_field(kernel: Kernel, x, aux):
+    r"""Reference $F_i = \frac1n \sum_j \nabla_x h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel.grad_x``) by two vmaps.
+
+    Args:
+        kernel: a ``Kernel``.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels.
+
+    Returns:
+        ``(n, d)`` unprojected field.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> k, x, s = mf.kernels.Toeplitz(1), mf.sphere.uniform(jax.random.key(0), 8, 3), mf.positions(8)
+        >>> bool(jnp.allclose(mf.kernels.pairwise_field(k, x, s), k.field(x, s), atol=1e-5))
+        True
+    """
+    row = jax.vmap(kernel.grad_x, in_axes=(None, None, 0, 0))
+    return jax.vmap(lambda xi, ai: jnp.mean(row(xi, ai, x, aux), axis=0))(x, aux)
+
+
+def pairwise_energy(kernel: Kernel, x, aux):
+    r"""Reference $E = \frac{1}{2 n^2} \sum_{i,j} h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel``) by two vmaps.
+
+    Args:
+        kernel: a ``Kernel``.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels.
+
+    Returns:
+        scalar energy.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> k, x, s = mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 8, 3), mf.positions(8)
+        >>> bool(jnp.allclose(mf.kernels.pairwise_energy(k, x, s), k.energy(x, s), rtol=1e-5))
+        True
+    """
+    row = jax.vmap(kernel, in_axes=(None, None, 0, 0))
+    H = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)
+    return 0.5 * jnp.mean(H)
+
