@@ -2,10 +2,14 @@ r"""Rank collapse through depth: Post-Norm versus Pre-Norm decoder stacks.
 
 Implements MATH.md Sec. 3 (papers/post-norm-rank-collapse.txt). A Llama-style
 decoder block (causal multi-head attention with logits scaled by
-$1/\sqrt{d/\text{heads}}$, SwiGLU FFN, RMSNorm) is written as pure functions of a
-parameter PyTree (a dict of arrays) acting on ONE sequence ``X: (n, d)``;
-batches are ``jax.vmap``-ed, depth is a ``lax.scan`` over layer parameters
-stacked on a leading ``(depth, ...)`` axis.
+$1/\sqrt{d/\text{heads}}$, SwiGLU FFN, RMSNorm) is an ``equinox.Module`` acting on ONE
+sequence ``X: (n, d)`` (``Block``: ``CausalSelfAttention``, ``SwiGLU``, two ``RMSNorm``s and
+the norm placement ``PostNorm()`` or ``PreNorm()``); batches are ``jax.vmap``-ed, depth is a
+``lax.scan`` over one ``Block`` whose leaves are stacked on a leading ``(depth, ...)`` axis
+(``Stack``), and ``DecoderLM`` adds the embedding and unembedding. The parameter-dict
+functions (``init_block_params``, ``init_stack``, ``block``, ``forward``, ``init_lm``,
+``lm_logits``, ...) build these Modules from the same arrays (``from_params``), so a PRNG key
+gives the same weights and numbers either way, and training runs on the dicts.
 
 * Post-Norm: $X_2 = \operatorname{RMSNorm}(X_1 + \operatorname{Attn}(X_1))$, $X_1' = \operatorname{RMSNorm}(X_2 + \operatorname{FFN}(X_2))$.
 * Pre-Norm: $X_2 = X_1 + \operatorname{Attn}(\operatorname{RMSNorm}(X_1))$, $X_1' = X_2 + \operatorname{FFN}(\operatorname{RMSNorm}(X_2))$.
@@ -33,9 +37,13 @@ No positional encoding is used (causal masking alone carries position, "NoPE").
 
 from __future__ import annotations
 
+import abc
 import math
+from collections.abc import Callable
 from functools import partial
+from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +63,15 @@ from ._checks import (
 __all__ = [
     "NORMS",
     "RMS_EPS",
+    "RMSNorm",
+    "CausalSelfAttention",
+    "SwiGLU",
+    "AbstractNormPlacement",
+    "PostNorm",
+    "PreNorm",
+    "Block",
+    "Stack",
+    "DecoderLM",
     "init_block_params",
     "init_stack",
     "rms_norm",
@@ -89,7 +106,7 @@ __all__ = [
     "train_lm",
 ]
 
-NORMS = ("post", "pre")
+NORMS = ("post", "pre")  # the ``name``s of PostNorm and PreNorm, the accepted ``norm=`` strings
 RMS_EPS = 1e-6  # RMSNorm stabiliser inside the mean square (as in Llama)
 
 
@@ -126,11 +143,479 @@ def _sigma(sigma_w, d):
     return sigma_w
 
 
+# ----------------------------------------------------------------------------- modules
+
+
+class RMSNorm(eqx.Module):
+    r"""RMSNorm of one row: $\operatorname{RMSNorm}(y) = g \odot y / \sqrt{\operatorname{mean}(y^2) + \epsilon}$ ($\approx g\, y \sqrt d / \|y\|$).
+
+    ``equinox.nn.RMSNorm(d, eps, use_bias=False)`` is the same map but rounds differently: it
+    multiplies ``g * (y * r)`` where this module (and the numbers of every reproduction) has
+    ``(g * y) * r``, which differs in the last bit once the gain is trained, and it computes in at
+    least float32. So the gain is kept here.
+
+    Attributes:
+        g: ``(d,)`` gain (a ``Stack`` holds it with a leading ``(depth,)`` axis).
+        eps: stabiliser inside the mean square (static; ``RMS_EPS`` as in Llama).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> r = mf.depth.RMSNorm(jnp.ones(2))(jnp.array([3.0, 4.0]))
+        >>> round(float(jnp.sqrt(jnp.mean(r**2))), 4)
+        1.0
+    """
+
+    g: Float[Array, "*layers d"]
+    eps: float = eqx.field(static=True, default=RMS_EPS)
+
+    def __call__(self, y: Float[Array, " d"]) -> Float[Array, " d"]:
+        """The normalised ``(d,)`` row."""
+        return self.g * y * jax.lax.rsqrt(jnp.mean(y * y) + self.eps)
+
+
+class CausalSelfAttention(eqx.Module):
+    r"""Causal multi-head self-attention of one sequence, no biases, no positional encoding ("NoPE").
+
+    $\operatorname{Attn}(X) = \operatorname{concat}_h(P_h X W_V^h)\, W_O$ with
+    $P_h = \operatorname{softmax}\big(\operatorname{mask}(Q_h K_h^\top / \sqrt{d/\text{heads}})\big) - \alpha C_n$,
+    $Q = X W_Q$, $K = X W_K$, $V = X W_V$ split into ``heads`` column blocks of width
+    $d/\text{heads}$; the mask sets entries $j > i$ to $-\infty$, and $\alpha$ (``alpha_prefix``) removes
+    the prefix average $C_n$ (``prefix_average_matrix``; MATH.md Sec. 3).
+
+    ``equinox.nn.MultiheadAttention`` does not do this job: the ablation needs the attention
+    matrix itself after the softmax (``attention_matrix``), which it does not expose, and its
+    projections are ``(out, in)`` ``Linear`` layers with a uniform initialisation.
+
+    Attributes:
+        wq, wk, wv, wo: ``(d, d)`` weights acting on rows (``X @ wq``).
+        heads: number of heads (static; divides ``d``).
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> attn = mf.depth.Block.init(jax.random.key(0), d=8, d_ff=16, heads=2).attention
+        >>> X = mf.depth.gaussian_tokens(jax.random.key(1), 5, 8)
+        >>> attn(X).shape, attn.attention_matrix(X).shape
+        ((5, 8), (2, 5, 5))
+    """
+
+    wq: Float[Array, "*layers d d"]
+    wk: Float[Array, "*layers d d"]
+    wv: Float[Array, "*layers d d"]
+    wo: Float[Array, "*layers d d"]
+    heads: int = eqx.field(static=True)
+
+    def __check_init__(self):
+        heads = check_int("heads", self.heads, minimum=1)
+        d = self.wq.shape[-1]
+        if d % heads != 0:
+            raise ValueError(f"heads must divide d, got d = {d}, heads = {heads}")
+
+    def attention_matrix(self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0) -> Float[Array, "heads n n"]:
+        r"""The ``(heads, n, n)`` matrices $P_h$ (lower-triangular, rows summing to $1 - \alpha$)."""
+        n, d = X.shape
+        dh = d // self.heads
+        q = (X @ self.wq).reshape(n, self.heads, dh)
+        k = (X @ self.wk).reshape(n, self.heads, dh)
+        logits = jnp.einsum("ihe,jhe->hij", q, k) / math.sqrt(dh)
+        mask = jnp.tril(jnp.ones((n, n), dtype=bool))
+        logits = jnp.where(mask, logits, -jnp.inf)
+        P = jax.nn.softmax(logits, axis=-1)
+        return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
+
+    def __call__(self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0) -> Float[Array, "n d"]:
+        """``Attn(X)``: ``(n, d)``."""
+        n, d = X.shape
+        P = self.attention_matrix(X, alpha_prefix=alpha_prefix)
+        v = (X @ self.wv).reshape(n, self.heads, d // self.heads)
+        return jnp.einsum("hij,jhe->ihe", P, v).reshape(n, d) @ self.wo
+
+
+class SwiGLU(eqx.Module):
+    r"""SwiGLU feed-forward map of one token: $\operatorname{FFN}(x) = (\operatorname{silu}(x W_1) \odot x W_3)\, W_2$, $\operatorname{silu}(u) = u\, \sigma(u)$.
+
+    Acts on one ``(d,)`` row (lift to a sequence with ``jax.vmap``).
+
+    Attributes:
+        w1, w3: ``(d, d_ff)`` gate and up projections; w2: ``(d_ff, d)`` down projection.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> ffn = mf.depth.Block.init(jax.random.key(0), d=8, d_ff=16, heads=2).ffn
+        >>> jax.vmap(ffn)(jnp.ones((5, 8))).shape
+        (5, 8)
+    """
+
+    w1: Float[Array, "*layers d d_ff"]
+    w3: Float[Array, "*layers d d_ff"]
+    w2: Float[Array, "*layers d_ff d"]
+
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, " d"]:
+        """``FFN(x)``: ``(d,)``."""
+        return (jax.nn.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
+
+
+class AbstractNormPlacement(eqx.Module):
+    r"""Where the RMSNorm of a residual sublayer sits: the difference between Post-Norm and Pre-Norm.
+
+    A sublayer with branch $F$ (attention or FFN, on one ``(n, d)`` sequence), row norm
+    $N$ and additive tap $\tau$ maps its stream input $X$ to ``(Y, X_next, N_in)``: the residual
+    sum $Y$, the next stream state and the input of its RMSNorm;
+    ``final`` is what the language model applies after the last block. A subclass defines
+    ``name`` (the ``norm=`` string, listed in ``NORMS``), ``sublayer`` and ``final``; it has no
+    fields, so it is static structure of a ``Block``.
+
+    * ``PostNorm``: $Y = X + F(X) + \tau$, $X_{\text{next}} = N(Y)$, $N_{\text{in}} = Y$; no final norm.
+    * ``PreNorm``: $Y = X + F(N(X)) + \tau$, $X_{\text{next}} = Y$, $N_{\text{in}} = X$; a final norm.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> norm = mf.depth.RMSNorm(jnp.ones(2))
+        >>> X = jnp.array([[3.0, 4.0]])
+        >>> Y, nxt, n_in = mf.depth.PreNorm().sublayer(lambda Z: 0 * Z, norm, X, 0.0)
+        >>> nxt.tolist(), mf.depth.PostNorm.name
+        ([[3.0, 4.0]], 'post')
+    """
+
+    name: eqx.AbstractClassVar[str]
+
+    @abc.abstractmethod
+    def sublayer(
+        self, branch: Callable[[Array], Array], norm: RMSNorm, X: Float[Array, "n d"], tap
+    ) -> tuple[Float[Array, "n d"], Float[Array, "n d"], Float[Array, "n d"]]:
+        """``(Y, X_next, N_in)`` of one residual sublayer (see the class docstring)."""
+
+    @abc.abstractmethod
+    def final(self, norm: RMSNorm, H: Float[Array, "n d"]) -> Float[Array, "n d"]:
+        """The last residual-stream state as the unembedding sees it."""
+
+
+class PostNorm(AbstractNormPlacement):
+    r"""Post-Norm: $X_{\text{next}} = \operatorname{RMSNorm}(X + F(X))$ (MATH.md Sec. 3).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> norm = mf.depth.RMSNorm(jnp.ones(2))
+        >>> _, nxt, _ = mf.depth.PostNorm().sublayer(lambda Z: 0 * Z, norm, jnp.array([[3.0, 4.0]]), 0.0)
+        >>> [round(v, 4) for v in nxt[0].tolist()]  # 3, 4 over their RMS 5/sqrt(2)
+        [0.8485, 1.1314]
+    """
+
+    name: ClassVar[str] = "post"
+
+    def sublayer(self, branch, norm, X, tap):
+        Y = X + branch(X) + tap
+        return Y, jax.vmap(norm)(Y), Y
+
+    def final(self, norm, H):
+        return H
+
+
+class PreNorm(AbstractNormPlacement):
+    r"""Pre-Norm: $X_{\text{next}} = X + F(\operatorname{RMSNorm}(X))$, and a final RMSNorm (MATH.md Sec. 3).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> norm = mf.depth.RMSNorm(jnp.ones(2))
+        >>> [round(v, 4) for v in mf.depth.PreNorm().final(norm, jnp.array([[3.0, 4.0]]))[0].tolist()]
+        [0.8485, 1.1314]
+    """
+
+    name: ClassVar[str] = "pre"
+
+    def sublayer(self, branch, norm, X, tap):
+        Y = X + branch(jax.vmap(norm)(X)) + tap
+        return Y, Y, X
+
+    def final(self, norm, H):
+        return jax.vmap(norm)(H)
+
+
+_PLACEMENTS: dict[str, type[AbstractNormPlacement]] = {cls.name: cls for cls in (PostNorm, PreNorm)}
+
+
+def _placement(norm) -> AbstractNormPlacement:
+    """A placement Module from ``"post"``/``"pre"`` (the one ``ValueError`` for anything else)."""
+    if isinstance(norm, AbstractNormPlacement):
+        return norm
+    _check_norm(norm)
+    return _PLACEMENTS[norm]()
+
+
+class Block(eqx.Module):
+    r"""One Llama-style decoder block on one sequence ``X: (n, d)``.
+
+    Post-Norm: $X_{\text{out}} = \operatorname{RMSNorm}(Y_2)$, $Y_2 = X_2 + \operatorname{FFN}(X_2)$, $X_2 = \operatorname{RMSNorm}(X_1 + \operatorname{Attn}(X_1))$;
+    Pre-Norm: $X_{\text{out}} = Y_2 = X_2 + \operatorname{FFN}(\operatorname{RMSNorm}(X_2))$, $X_2 = X_1 + \operatorname{Attn}(\operatorname{RMSNorm}(X_1))$.
+    The placement of the two RMSNorms is the field ``placement`` (``PostNorm()`` or ``PreNorm()``).
+
+    ``__call__`` returns ``(X_out, states)``: ``states`` holds the four residual-stream states
+    ``X1`` (block input), ``Y1 = X1 + Attn(.)``, ``X2`` (FFN-sublayer input), ``Y2 = X2 + FFN(.)``,
+    and ``N1, N2``: the inputs of the two RMSNorms (Post: ``Y1, Y2``; Pre: ``X1, X2``).
+    ``taps`` (optional, ``(4, n, d)``) are added to ``X1, Y1, X2, Y2``: differentiating at
+    ``taps = 0`` gives ``dL/dX1, dL/dY1, dL/dX2, dL/dY2``.
+
+    Attributes:
+        attention: ``CausalSelfAttention``; attention_norm: its ``RMSNorm`` (gain ``g_attn``).
+        ffn: ``SwiGLU``; ffn_norm: its ``RMSNorm`` (gain ``g_ffn``).
+        placement: ``PostNorm()`` or ``PreNorm()``.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> blk = mf.depth.Block.init(jax.random.key(0), d=8, d_ff=16, heads=2, norm="pre")
+        >>> out, st = blk(mf.depth.gaussian_tokens(jax.random.key(1), 5, 8))
+        >>> out.shape, sorted(st), type(blk.placement).__name__
+        ((5, 8), ['N1', 'N2', 'X1', 'X2', 'Y1', 'Y2'], 'PreNorm')
+    """
+
+    attention: CausalSelfAttention
+    attention_norm: RMSNorm
+    ffn: SwiGLU
+    ffn_norm: RMSNorm
+    placement: AbstractNormPlacement
+
+    @classmethod
+    def init(
+        cls, key, *, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None, dtype=jnp.float32
+    ) -> Block:
+        r"""A block with every weight entry $N(0, \sigma_w^2)$ and RMSNorm gains 1.
+
+        The weights are drawn from ``split(key, 7)`` in the order ``wq, wk, wv, wo, w1, w3, w2``
+        (the draws of ``init_block_params``).
+
+        Args:
+            key: PRNG key.
+            d, d_ff, heads: model, FFN and head counts (``heads`` must divide ``d``).
+            norm: ``"post"``, ``"pre"`` or a placement Module.
+            sigma_w: weight standard deviation (``None``: ``1/sqrt(d)``).
+            dtype: float dtype of every leaf.
+
+        Returns:
+            a ``Block``.
+        """
+        _check_sizes(d=d, d_ff=d_ff, heads=heads)
+        placement = _placement(norm)
+        s = _sigma(sigma_w, d)
+        k = jax.random.split(key, 7)
+        shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
+                  "w1": (d, d_ff), "w3": (d, d_ff), "w2": (d_ff, d)}
+        w = {name: s * jax.random.normal(kk, shape, dtype) for kk, (name, shape) in zip(k, shapes.items())}
+        ones = jnp.ones((d,), dtype)
+        return cls(
+            attention=CausalSelfAttention(w["wq"], w["wk"], w["wv"], w["wo"], heads=heads),
+            attention_norm=RMSNorm(ones),
+            ffn=SwiGLU(w["w1"], w["w3"], w["w2"]),
+            ffn_norm=RMSNorm(ones),
+            placement=placement,
+        )
+
+    @classmethod
+    def from_params(cls, p: dict, *, norm: str | AbstractNormPlacement, heads: int) -> Block:
+        """The block of a parameter dict (``init_block_params``'s keys; leaves may carry a
+        leading ``(depth,)`` axis, as in ``init_stack``)."""
+        return cls(
+            attention=CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=heads),
+            attention_norm=RMSNorm(p["g_attn"]),
+            ffn=SwiGLU(p["w1"], p["w3"], p["w2"]),
+            ffn_norm=RMSNorm(p["g_ffn"]),
+            placement=_placement(norm),
+        )
+
+    def to_params(self) -> dict:
+        """The parameter dict of ``init_block_params`` (the same arrays)."""
+        a, f = self.attention, self.ffn
+        return {"wq": a.wq, "wk": a.wk, "wv": a.wv, "wo": a.wo, "w1": f.w1, "w3": f.w3, "w2": f.w2,
+                "g_attn": self.attention_norm.g, "g_ffn": self.ffn_norm.g}
+
+    def __call__(
+        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0, taps=None
+    ) -> tuple[Float[Array, "n d"], dict]:
+        """``(X_out: (n, d), states)``, ``states`` a dict of ``(n, d)`` arrays (see the class docstring)."""
+        t = jnp.zeros((4,) + X.shape, X.dtype) if taps is None else taps
+        X1 = jnp.add(X, t[0])
+        Y1, X2, N1 = self.placement.sublayer(
+            lambda Z: self.attention(Z, alpha_prefix=alpha_prefix), self.attention_norm, X1, t[1]
+        )
+        X2 = X2 + t[2]
+        Y2, out, N2 = self.placement.sublayer(jax.vmap(self.ffn), self.ffn_norm, X2, t[3])
+        return out, {"X1": X1, "Y1": Y1, "X2": X2, "Y2": Y2, "N1": N1, "N2": N2}
+
+
+class Stack(eqx.Module):
+    r"""``depth`` decoder blocks run in sequence: $X^l = \operatorname{block}_l(X^{l-1})$, $l = 1, \dots, \text{depth}$, $X^0 = X$.
+
+    ``blocks`` is ONE ``Block`` whose array leaves carry a leading ``(depth,)`` axis (equinox's
+    stacked-layers idiom: built with ``equinox.filter_vmap``, run with ``lax.scan`` over the
+    partitioned arrays), so the stack compiles one block whatever its depth.
+
+    ``__call__(X, alpha_prefix=, taps=, observe=)`` returns the final residual stream and
+    ``observe(states, out)`` stacked over layers (``states`` as in ``Block``): observables, not
+    states, are saved. The default ``observe`` records, each ``(depth,)``: ``t_x1, t_y1, t_x2,
+    t_y2, t_out`` (token similarity of the block input, after the attention residual addition, of
+    the FFN-sublayer input, after the FFN residual addition, of the block output), ``rms_attn,
+    rms_ffn`` (RMSNorm factors ``sqrt(d)/||y||`` averaged over rows) and ``norm_out`` (output
+    RMS). ``taps``: optional ``(depth, 4, n, d)`` zeros to differentiate at (see ``Block``).
+
+    Attributes:
+        blocks: a ``Block`` with leaves stacked on a leading ``(depth,)`` axis.
+
+    Example:
+        >>> import jax, meanfield as mf
+        >>> stack = mf.depth.Stack.init(jax.random.key(0), depth=3, d=8, d_ff=16, heads=2, norm="post")
+        >>> out, stats = stack(mf.depth.gaussian_tokens(jax.random.key(1), 5, 8))
+        >>> stack.depth, out.shape, stats["t_out"].shape
+        (3, (5, 8), (3,))
+    """
+
+    blocks: Block
+
+    def __check_init__(self):
+        if self.blocks.attention.wq.ndim != 3:
+            raise ValueError("Stack.blocks must be one Block with leaves stacked on a leading (depth, ...) axis, "
+                             f"got wq of shape {self.blocks.attention.wq.shape}")
+
+    @classmethod
+    def init(
+        cls, key, *, depth, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None,
+        dtype=jnp.float32,
+    ) -> Stack:
+        """``depth`` independent blocks: block ``l`` is ``Block.init`` of the ``l``-th key of ``split(key, depth)``.
+
+        Args:
+            key: PRNG key; depth: number of blocks; d, d_ff, heads, norm, sigma_w, dtype: as in ``Block.init``.
+
+        Returns:
+            a ``Stack``.
+        """
+        _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
+        placement = _placement(norm)
+        s = _sigma(sigma_w, d)
+        keys = jax.random.split(key, depth)
+        return cls(eqx.filter_vmap(
+            lambda k: Block.init(k, d=d, d_ff=d_ff, heads=heads, norm=placement, sigma_w=s, dtype=dtype)
+        )(keys))
+
+    @classmethod
+    def from_params(cls, blocks: dict, *, norm: str | AbstractNormPlacement, heads: int) -> Stack:
+        """The stack of stacked parameters (``init_stack``'s dict of ``(depth, ...)`` arrays)."""
+        return cls(Block.from_params(blocks, norm=norm, heads=heads))
+
+    def to_params(self) -> dict:
+        """The dict of ``(depth, ...)`` arrays of ``init_stack``."""
+        return self.blocks.to_params()
+
+    @property
+    def depth(self) -> int:
+        """Number of blocks."""
+        return self.blocks.attention.wq.shape[0]
+
+    @property
+    def placement(self) -> AbstractNormPlacement:
+        """The norm placement shared by every block."""
+        return self.blocks.placement
+
+    def __call__(
+        self, X: Float[Array, "n d"], *, alpha_prefix=0.0, taps=None,
+        observe: Callable[[dict, Array], Any] | None = None,
+    ) -> tuple[Float[Array, "n d"], Any]:
+        """``(X^depth: (n, d), observables)``, the observables stacked over layers (see the class docstring)."""
+        observe = _layer_stats if observe is None else observe
+        if taps is None:
+            taps = jnp.zeros((self.depth, 4) + X.shape, X.dtype)
+        dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+
+        def body(x, layer):
+            p, tp = layer
+            out, states = eqx.combine(p, static)(x, alpha_prefix=alpha_prefix, taps=tp)
+            return out, observe(states, out)
+
+        return jax.lax.scan(body, X, (dynamic, taps))
+
+
+class DecoderLM(eqx.Module):
+    r"""A small decoder language model on one token sequence: embedding, ``Stack``, unembedding.
+
+    $\text{logits} = H W_U$ with $H = \operatorname{Stack}(E_{\text{tokens}})$, followed by the final
+    RMSNorm in Pre-Norm (``placement.final``). No positional encoding (causal masking alone
+    carries position). ``__call__(tokens, taps=)`` returns ``(logits: (n, vocab), stats)``, the
+    statistics of ``Stack`` plus ``t_final`` (token similarity of $H$).
+
+    Attributes:
+        embed: ``(vocab, d)``; stack: the blocks; final_norm: the final ``RMSNorm`` (Pre-Norm only);
+        unembed: ``(d, vocab)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> lm = mf.depth.DecoderLM.init(jax.random.key(0), vocab=10, depth=2, d=8, d_ff=16, heads=2, norm="pre")
+        >>> logits, stats = lm(jnp.arange(5))
+        >>> logits.shape, stats["t_final"].shape
+        ((5, 10), ())
+    """
+
+    embed: Float[Array, "vocab d"]
+    stack: Stack
+    final_norm: RMSNorm
+    unembed: Float[Array, "d vocab"]
+
+    @classmethod
+    def init(
+        cls, key, *, vocab, depth, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None,
+        dtype=None,
+    ) -> DecoderLM:
+        r"""Embedding entries $N(0, 1)$ (RMS-1 token vectors, as the inputs of ``similarity_profile``),
+        blocks as ``Stack.init``, final gain 1, unembedding entries $N(0, \sigma_w^2)$.
+
+        The keys are ``split(key, 3)``: embedding, blocks, unembedding (the draws of ``init_lm``).
+
+        Args:
+            key: PRNG key; vocab: vocabulary size; depth, d, d_ff, heads, norm, sigma_w: as in ``Stack.init``.
+            dtype: float dtype of every leaf; ``None`` (``init_lm``'s layout): the embedding, final gain
+                and unembedding in JAX's default float dtype and the blocks in float32.
+
+        Returns:
+            a ``DecoderLM``.
+        """
+        vocab = check_int("vocab", vocab, minimum=2)
+        _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
+        placement = _placement(norm)
+        s = _sigma(sigma_w, d)
+        outer = jnp.result_type(float) if dtype is None else dtype
+        ke, kb, ku = jax.random.split(key, 3)
+        return cls(
+            embed=jax.random.normal(ke, (vocab, d), outer),
+            stack=Stack.init(kb, depth=depth, d=d, d_ff=d_ff, heads=heads, norm=placement, sigma_w=s,
+                             dtype=jnp.float32 if dtype is None else dtype),
+            final_norm=RMSNorm(jnp.ones((d,), outer)),
+            unembed=s * jax.random.normal(ku, (d, vocab), outer),
+        )
+
+    @classmethod
+    def from_params(cls, params: dict, *, norm: str | AbstractNormPlacement, heads: int) -> DecoderLM:
+        """The model of an ``init_lm`` dict (keys ``embed, blocks, final_gain, unembed``)."""
+        return cls(
+            embed=params["embed"],
+            stack=Stack.from_params(params["blocks"], norm=norm, heads=heads),
+            final_norm=RMSNorm(params["final_gain"]),
+            unembed=params["unembed"],
+        )
+
+    def to_params(self) -> dict:
+        """The ``init_lm`` dict of this model (the same arrays)."""
+        return {"embed": self.embed, "blocks": self.stack.to_params(), "final_gain": self.final_norm.g,
+                "unembed": self.unembed}
+
+    def __call__(self, tokens: Int[Array | np.ndarray, " n"], *, taps=None) -> tuple[Float[Array, "n vocab"], dict]:
+        """``(logits: (n, vocab), stats)`` of one sequence (see the class docstring)."""
+        H, stats = self.stack(self.embed[tokens], taps=taps)
+        H = self.stack.placement.final(self.final_norm, H)
+        stats["t_final"] = metrics.token_similarity(H)
+        return H @ self.unembed, stats
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
 def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
-    r"""Parameters of one block, every weight entry $N(0, \sigma_w^2)$, RMSNorm gains 1.
+    r"""Parameters of one block, every weight entry $N(0, \sigma_w^2)$, RMSNorm gains 1: ``Block.init(key, ...).to_params()``.
 
     Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
     ``w2: (d_ff, d)``; ``g_attn, g_ffn: (d,)``. ``sigma_w=None`` means $1/\sqrt d$.
@@ -150,21 +635,14 @@ def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
         >>> p["w1"].shape
         (8, 16)
     """
-    _check_sizes(d=d, d_ff=d_ff, heads=heads)
-    s = _sigma(sigma_w, d)
-    k = jax.random.split(key, 7)
-    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
-              "w1": (d, d_ff), "w3": (d, d_ff), "w2": (d_ff, d)}
-    p = {name: s * jax.random.normal(kk, shape, dtype) for kk, (name, shape) in zip(k, shapes.items())}
-    p["g_attn"] = jnp.ones((d,), dtype)
-    p["g_ffn"] = jnp.ones((d,), dtype)
-    return p
+    return Block.init(key, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w, dtype=dtype).to_params()
 
 
 def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
     """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis.
 
-    Block ``l`` is ``init_block_params`` of the ``l``-th key of ``split(key, depth)``.
+    Block ``l`` is ``init_block_params`` of the ``l``-th key of ``split(key, depth)``:
+    ``Stack.init(key, ...).to_params()``.
 
     Args:
         key: PRNG key.
@@ -179,10 +657,7 @@ def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
         >>> s["wq"].shape, s["w2"].shape
         ((2, 8, 8), (2, 16, 8))
     """
-    _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
-    s = _sigma(sigma_w, d)
-    keys = jax.random.split(key, depth)
-    return jax.vmap(lambda k: init_block_params(k, d=d, d_ff=d_ff, heads=heads, sigma_w=s, dtype=dtype))(keys)
+    return Stack.init(key, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w, dtype=dtype).to_params()
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -203,7 +678,7 @@ def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS)
         >>> round(float(jnp.sqrt(jnp.mean(r**2))), 4)
         1.0
     """
-    return g * y * jax.lax.rsqrt(jnp.mean(y * y) + eps)
+    return RMSNorm(g, eps)(y)
 
 
 def rms_factor(Y: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
@@ -222,10 +697,6 @@ def rms_factor(Y: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
     """
     d = Y.shape[-1]
     return jnp.mean(math.sqrt(d) / jnp.linalg.norm(Y, axis=-1))
-
-
-def _rms_rows(Y, g):
-    return jax.vmap(rms_norm, in_axes=(0, None))(Y, g)
 
 
 def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
@@ -275,15 +746,11 @@ def causal_attention_matrix(
         >>> P.shape, bool(jnp.allclose(P.sum(-1), 1.0, atol=1e-5)), float(P[0, 0, 1])
         ((2, 5, 5), True, 0.0)
     """
-    n, d = X.shape
-    dh = d // heads
-    q = (X @ p["wq"]).reshape(n, heads, dh)
-    k = (X @ p["wk"]).reshape(n, heads, dh)
-    logits = jnp.einsum("ihe,jhe->hij", q, k) / math.sqrt(dh)
-    mask = jnp.tril(jnp.ones((n, n), dtype=bool))
-    logits = jnp.where(mask, logits, -jnp.inf)
-    P = jax.nn.softmax(logits, axis=-1)
-    return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
+    return _attention_module(p, heads).attention_matrix(X, alpha_prefix=alpha_prefix)
+
+
+def _attention_module(p, heads) -> CausalSelfAttention:
+    return CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=heads)
 
 
 def attention(
@@ -304,10 +771,7 @@ def attention(
         >>> mf.depth.attention(p, X, 2).shape
         (5, 8)
     """
-    n, d = X.shape
-    P = causal_attention_matrix(p, X, heads, alpha_prefix)
-    v = (X @ p["wv"]).reshape(n, heads, d // heads)
-    return jnp.einsum("hij,jhe->ihe", P, v).reshape(n, d) @ p["wo"]
+    return _attention_module(p, heads)(X, alpha_prefix=alpha_prefix)
 
 
 def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
@@ -326,13 +790,13 @@ def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
         >>> Y.shape, bool(jnp.allclose(Y, 0.0))
         ((5, 8), False)
     """
-    return (jax.nn.silu(X @ p["w1"]) * (X @ p["w3"])) @ p["w2"]
+    return jax.vmap(SwiGLU(p["w1"], p["w3"], p["w2"]))(jnp.asarray(X))
 
 
 def block(
     p: dict, X: Float[Array | np.ndarray, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
-    r"""One decoder block on one sequence; returns ``(X_out, states)``.
+    r"""One decoder block on one sequence; returns ``(X_out, states)``: ``Block.from_params(p, norm=norm, heads=heads)(X, ...)``.
 
     ``states`` holds the four residual-stream states ``X1`` (block input),
     ``Y1 = X1 + Attn(.)``, ``X2`` (FFN-sublayer input: ``RMSNorm(Y1)`` in
@@ -361,21 +825,7 @@ def block(
         >>> out.shape, sorted(st)
         ((5, 8), ['N1', 'N2', 'X1', 'X2', 'Y1', 'Y2'])
     """
-    t = jnp.zeros((4,) + X.shape, X.dtype) if taps is None else taps
-    X1 = X + t[0]
-    if norm == "post":
-        Y1 = X1 + attention(p, X1, heads, alpha_prefix) + t[1]
-        X2 = _rms_rows(Y1, p["g_attn"]) + t[2]
-        Y2 = X2 + swiglu(p, X2) + t[3]
-        out = _rms_rows(Y2, p["g_ffn"])
-        N1, N2 = Y1, Y2
-    else:
-        Y1 = X1 + attention(p, _rms_rows(X1, p["g_attn"]), heads, alpha_prefix) + t[1]
-        X2 = Y1 + t[2]
-        Y2 = X2 + swiglu(p, _rms_rows(X2, p["g_ffn"])) + t[3]
-        out = Y2
-        N1, N2 = X1, X2
-    return out, {"X1": X1, "Y1": Y1, "X2": X2, "Y2": Y2, "N1": N1, "N2": N2}
+    return Block.from_params(p, norm=norm, heads=heads)(X, alpha_prefix=alpha_prefix, taps=taps)
 
 
 def _layer_stats(states, out):
@@ -401,7 +851,7 @@ def _init_layer_stats(states, out):
 def forward(
     blocks: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
 ) -> tuple[Float[Array, "n d"], dict]:
-    r"""Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``.
+    r"""Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``: ``Stack.from_params(blocks, ...)(X, ...)``.
 
     Returns the final residual stream and per-layer statistics, each ``(depth,)``:
     ``t_x1, t_y1, t_x2, t_y2, t_out`` (token similarity of the block input, after the
@@ -425,20 +875,7 @@ def forward(
         >>> out.shape, stats["t_out"].shape
         ((5, 8), (2,))
     """
-    _check_norm(norm)
-    return _forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=taps, stats=_layer_stats)
-
-
-def _forward(blocks, X, *, norm, heads, alpha_prefix, taps, stats):
-    def body(x, layer):
-        p, tp = layer
-        out, states = block(p, x, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=tp)
-        return out, stats(states, out)
-
-    depth = jax.tree_util.tree_leaves(blocks)[0].shape[0]
-    if taps is None:
-        taps = jnp.zeros((depth, 4) + X.shape, X.dtype)
-    return jax.lax.scan(body, X, (blocks, taps))
+    return Stack.from_params(blocks, norm=norm, heads=heads)(X, alpha_prefix=alpha_prefix, taps=taps)
 
 
 # ----------------------------------------------------------------------------- initialisation
@@ -467,9 +904,8 @@ def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d
 def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
     kx, kp = jax.random.split(key)
     X = gaussian_tokens(kx, n, d)
-    blocks = init_stack(kp, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w)
-    _, stats = _forward(blocks, X, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=None,
-                        stats=_init_layer_stats)
+    stack = Stack.init(kp, depth=depth, d=d, d_ff=d_ff, heads=heads, norm=norm, sigma_w=sigma_w)
+    _, stats = stack(X, alpha_prefix=alpha_prefix, observe=_init_layer_stats)
     stats["t_input"] = metrics.token_similarity(X)
     return stats
 
@@ -1035,7 +1471,8 @@ def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
     """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
     vectors, as the inputs of ``similarity_profile``), ``blocks`` (stacked),
     ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
-    ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries.
+    ``unembed (d, vocab)`` with ``N(0, sigma_w^2)`` entries: the arrays of
+    ``DecoderLM.init(key, ...)`` (``.to_params()``).
 
     Args:
         key: PRNG key; vocab: vocabulary size.
@@ -1050,16 +1487,7 @@ def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
         >>> lm["embed"].shape, lm["blocks"]["wq"].shape, lm["unembed"].shape
         ((10, 8), (2, 8, 8), (8, 10))
     """
-    vocab = check_int("vocab", vocab, minimum=2)
-    _check_sizes(d=d, d_ff=d_ff, heads=heads, depth=depth)
-    s = _sigma(sigma_w, d)
-    ke, kb, ku = jax.random.split(key, 3)
-    return {
-        "embed": jax.random.normal(ke, (vocab, d)),
-        "blocks": init_stack(kb, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=s),
-        "final_gain": jnp.ones((d,)),
-        "unembed": s * jax.random.normal(ku, (d, vocab)),
-    }
+    return DecoderLM.init(key, vocab=vocab, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w).to_params()
 
 
 def lm_logits(
@@ -1067,7 +1495,8 @@ def lm_logits(
 ):
     r"""Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of ``forward``.
 
-    $\text{logits} = H W_U$, $H = \operatorname{forward}(E_{\text{tokens}})$ (then the final RMSNorm for Pre-Norm).
+    $\text{logits} = H W_U$, $H = \operatorname{forward}(E_{\text{tokens}})$ (then the final RMSNorm for Pre-Norm):
+    ``DecoderLM.from_params(params, norm=norm, heads=heads)(tokens, taps=taps)``.
 
     Args:
         params: ``init_lm`` parameters; tokens: ``(n,)`` int ids.
@@ -1083,12 +1512,7 @@ def lm_logits(
         >>> logits.shape, stats["t_out"].shape
         ((5, 10), (2,))
     """
-    X = params["embed"][tokens]
-    H, stats = forward(params["blocks"], X, norm=norm, heads=heads, taps=taps)
-    if norm == "pre":
-        H = _rms_rows(H, params["final_gain"])
-    stats["t_final"] = metrics.token_similarity(H)
-    return H @ params["unembed"], stats
+    return DecoderLM.from_params(params, norm=norm, heads=heads)(tokens, taps=taps)
 
 
 def lm_loss(
