@@ -1,7 +1,10 @@
 """``meanfield reproduce``: one experiment per paper, theory beside every number.
 
-Each experiment module exposes ``run(out_dir, *, quick=False, quiet=False, **options) -> dict``
-which writes ``out_dir/<name>/`` (figures, data, ``summary.json``) and returns the summary.
+Each experiment module exposes ``run(out_dir, *, quick=False, full=False, quiet=False, **options) -> dict``
+which writes ``out_dir/<name>/`` (figures, data, ``summary.json``) and returns the summary, and
+``EXPERIMENT`` (``_common.Experiment``), where its options (a value per size: quick, default,
+full) and its steps are declared once: ``options`` replace declared values, and an unknown name
+raises the same ``ValueError`` in every experiment, before any work.
 """
 
 from __future__ import annotations

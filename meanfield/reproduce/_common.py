@@ -1,4 +1,5 @@
-"""Shared pieces of the ``meanfield reproduce`` experiments: the summary schema.
+"""Shared pieces of the ``meanfield reproduce`` experiments: how an experiment declares its options
+and steps (``Experiment``, ``Option``), its progress and timings (``Steps``), and the summary schema.
 
 Every experiment writes ``DIR/<experiment>/summary.json``::
 
@@ -10,10 +11,14 @@ Every experiment writes ``DIR/<experiment>/summary.json``::
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import json
 import math
+import numbers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,7 @@ import numpy as np
 
 from .._checks import RealScalarLike
 
-__all__ = ["BAR_POSITION", "check", "progress", "write_summary", "Timer"]
+__all__ = ["BAR_POSITION", "MODES", "Experiment", "Option", "Steps", "check", "progress", "write_summary"]
 
 #: The line of this process's progress bars when ``run_experiments`` runs experiments in several
 #: processes (set in each worker; None: tqdm's own placement).
@@ -36,6 +41,176 @@ def progress(*args, **kwargs):
     if BAR_POSITION is not None:
         kwargs.setdefault("position", BAR_POSITION)
     return tqdm(*args, **kwargs)
+
+
+#: The sizes a run can have: ``--quick``, neither flag, ``--full`` (``run(quick=..., full=...)``).
+MODES: tuple[str, ...] = ("quick", "default", "full")
+
+_SAME: Any = type("_Same", (), {"__repr__": lambda self: "<as default>"})()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One setting of an experiment: its value in each of ``MODES``, and what it is.
+
+    ``default`` is the value of a run with neither ``quick`` nor ``full``; ``quick`` and ``full``
+    are the default's unless given (an experiment without the papers' full sizes runs its default
+    ones under ``--full``). An override (``run(**options)``) must have the declared value's
+    ``kind``: a bool, an int, a float (an int is accepted), a str, a list (or tuple, or NumPy array),
+    a dict.
+
+    >>> Option(100, quick=8, doc="seeds").value("quick"), Option(100, quick=8).value("full")
+    (8, 100)
+    """
+
+    default: Any
+    quick: Any = _SAME
+    full: Any = _SAME
+    doc: str = ""
+
+    def __post_init__(self):
+        for mode in ("quick", "full"):
+            v = getattr(self, mode)
+            if v is not _SAME and not _accepts(self.kind, v):
+                raise TypeError(f"option's {mode} value {v!r} is not of its default's kind {self.kind}")
+
+    @property
+    def kind(self) -> str:
+        """The kind of the declared default (and of any value that replaces it)."""
+        return _kind(self.default)
+
+    def value(self, mode: str) -> Any:
+        """The value in ``mode`` (a copy: a run may change its settings freely)."""
+        v = getattr(self, mode)
+        return copy.deepcopy(self.default if v is _SAME else v)
+
+
+def _kind(value) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, numbers.Integral):
+        return "int"
+    if isinstance(value, numbers.Real):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim >= 1):
+        return "list"
+    if isinstance(value, Mapping):
+        return "dict"
+    raise TypeError(f"an option's value must be a bool, number, str, list or dict, got {value!r}")
+
+
+def _accepts(kind: str, value) -> bool:
+    try:
+        got = _kind(value)
+    except TypeError:
+        return False
+    return got == kind or (kind == "float" and got == "int")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What one ``meanfield reproduce`` experiment is, declared once in its module (``EXPERIMENT``).
+
+    ``options``: its settings by name, in the order of ``summary.json["settings"]``; ``steps``: the
+    parts of a run in order, each one tick of its progress bar and one entry of ``timings``, named
+    ``step + timings_suffix`` (``"_s"`` in the experiments that first wrote their seconds so), except
+    the ``untimed`` steps (whose parts time themselves).
+
+    >>> E = Experiment("toy", {"n": Option(512, quick=64)}, steps=("run",))
+    >>> E.settings(E.mode(quick=True, full=False))
+    {'n': 64}
+    >>> E.settings("default", m=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown option 'm' for reproduce toy; accepted: n
+    """
+
+    name: str
+    options: Mapping[str, Option]
+    steps: tuple[str, ...]
+    timings_suffix: str = ""
+    untimed: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if len(set(self.steps)) != len(self.steps) or not set(self.untimed) <= set(self.steps):
+            raise ValueError(f"reproduce {self.name}: steps must be distinct and include the untimed ones")
+
+    @staticmethod
+    def mode(*, quick: bool, full: bool) -> str:
+        """The entry of ``MODES`` that ``run(quick=..., full=...)`` asks for."""
+        if quick and full:
+            raise ValueError("choose at most one of quick and full")
+        return "quick" if quick else "full" if full else "default"
+
+    def settings(self, mode: str = "default", **options) -> dict[str, Any]:
+        """Every option's value in ``mode``, the given ``options`` in place of theirs.
+
+        Raises:
+            ValueError: an option that is not declared (naming it, the experiment and the accepted
+                options), or a mode not in ``MODES``.
+            TypeError: an option's value of another kind than the declared one.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        unknown = [k for k in options if k not in self.options]
+        if unknown:
+            raise ValueError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for reproduce "
+                f"{self.name}; accepted: {', '.join(sorted(self.options))}"
+            )
+        for k, v in options.items():
+            if not _accepts(self.options[k].kind, v):
+                raise TypeError(f"option {k!r} of reproduce {self.name} must be {self.options[k].kind}, got {v!r}")
+        return {k: options[k] if k in options else o.value(mode) for k, o in self.options.items()}
+
+    def start(self, *, quiet: bool = False) -> Steps:
+        """The progress of a run through ``steps`` (``Steps``)."""
+        return Steps(self, quiet=quiet)
+
+
+class Steps:
+    """A run's way through its experiment's declared steps: ``with steps("name") as part:`` times the
+    step into ``timings``, names it on the progress bar and ticks the bar when it ends; ``part.update()``
+    and ``part.set_postfix_str(text)`` say how far the step itself is. Steps come in declared order
+    (one may be left out); ``close()`` ends the bar."""
+
+    def __init__(self, experiment: Experiment, *, quiet: bool = False):
+        self.experiment = experiment
+        self.timings: dict[str, float] = {}
+        self._next = 0
+        self._bar = progress(total=len(experiment.steps), desc=experiment.name, disable=quiet)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[_Part]:
+        E = self.experiment
+        if name not in E.steps[self._next:]:
+            raise ValueError(f"step {name!r} of reproduce {E.name} is not one of its next steps {E.steps[self._next:]}")
+        self._next = E.steps.index(name, self._next) + 1
+        self._bar.set_postfix_str(name)
+        t0 = time.perf_counter()
+        yield _Part(self._bar, name)
+        if name not in E.untimed:
+            self.timings[name + E.timings_suffix] = round(time.perf_counter() - t0, 3)
+        self._bar.update()
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class _Part:
+    """Progress within one step: its name and a count (or a text) after it on the bar."""
+
+    def __init__(self, bar, name: str):
+        self._bar, self._name, self._count = bar, name, 0
+
+    def update(self, n: int = 1) -> None:
+        self._count += n
+        self._bar.set_postfix_str(f"{self._name} {self._count}")
+
+    def set_postfix_str(self, text: str) -> None:
+        self._bar.set_postfix_str(f"{self._name}: {text}")
 
 
 def check(
@@ -102,20 +277,6 @@ def write_summary(
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
     return summary
-
-
-class Timer:
-    """Context manager recording wall time into a dict under a name."""
-
-    def __init__(self, store: dict, name: str):
-        self.store, self.name = store, name
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.store[self.name] = round(time.perf_counter() - self.t0, 3)
 
 
 def _jsonable(obj):

@@ -39,11 +39,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import attention, sphere, theory
-from ._common import Timer, check, progress, write_summary
+from ._common import Experiment, Option, check, write_summary
 from ._estimators import _crossing, _ks_distance, _weighted_line
 from .attention_keys import key_checks
 
-__all__ = ["run"]
+__all__ = ["EXPERIMENT", "run"]
 
 _NAME = "attention"
 
@@ -57,134 +57,95 @@ def _log_rho(x):
     return x[0] * x[1]
 
 
+#: The experiment's options (quick: smaller grids, fewer trials) and steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "seed": Option(0),
+        "d": Option(5),
+        "grid_ns": Option(
+            np.unique(np.round(np.logspace(1, 6, 26)).astype(int)).tolist(),
+            quick=np.unique(np.round(np.logspace(1, 4, 13)).astype(int)).tolist(),
+        ),
+        "grid_betas": Option(np.logspace(0, 4, 41).tolist(), quick=np.logspace(0, 3, 25).tolist()),
+        "grid_trials": Option(100),
+        "crossing_ns": Option([100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10000]),
+        "crossing_gammas": Option(np.geomspace(0.5, 8.0, 49).tolist(), quick=np.geomspace(0.5, 8.0, 33).tolist()),
+        "crossing_trials": Option(2000, quick=400),
+        "critical_n": Option(100_000, quick=10_000),
+        "critical_gammas": Option([1 / 16, 1 / 4, 1.0, 4.0, 16.0]),
+        "critical_trials": Option(10_000, quick=1000),
+        "limit_samples": Option(100_000, quick=10_000),
+        "sub_n": Option(1000),
+        "sub_trials": Option(100),
+        "sub_xmax": Option(3.0),
+        "cum_n": Option(100_000),
+        "cum_trials": Option(50, quick=8),
+        "partition_n": Option(1_000_000, quick=100_000),
+        "partition_trials": Option(100, quick=16),
+        "drift_n": Option(1_000_000, quick=100_000),
+        "drift_contexts": Option(4, quick=2),
+        "drift_queries": Option(128, quick=64),
+        "fig2_n": Option(10_000),
+        "fig2_grid": Option(15, quick=11),
+        "residual_n": Option(10_000),
+        "residual_queries": Option(300, quick=100),
+        "residual_steps": Option(300, quick=150),
+        "residual_gamma": Option(1.0),
+        "super_n": Option(10_000),
+        "super_gamma": Option(1000.0),
+        "super_queries": Option(64),
+        "super_contexts": Option(128, quick=32),
+        "crit_out_n": Option(100_000, quick=10_000),
+        "crit_out_gammas": Option([1 / 16, 1 / 4, 1.0, 4.0, 16.0], quick=[1 / 4, 1.0, 4.0, 16.0]),
+        "crit_out_contexts": Option(500, quick=100),
+        "crit_out_limit_samples": Option(100_000, quick=20_000),
+        "regime_ns": Option([10_000, 100_000, 1_000_000], quick=[10_000, 100_000]),
+        "regime_taus": Option(
+            np.geomspace(1 / 32, 32, 13).tolist(), quick=np.geomspace(1 / 32, 32, 7).tolist()
+        ),
+        "regime_queries": Option(64),
+        "regime_contexts": Option(64, quick=32),
+    },
+    steps=("grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
+           "supercritical_output", "critical_output", "output_regimes", "dependent_and_rope_keys", "figures"),
+    untimed=("dependent_and_rope_keys",),  # timed by its parts (attention_keys.key_checks)
+)
+
+
 def _settings(quick: bool) -> dict:
-    if quick:
-        return dict(
-            seed=0,
-            d=5,
-            grid_ns=np.unique(np.round(np.logspace(1, 4, 13)).astype(int)).tolist(),
-            grid_betas=np.logspace(0, 3, 25).tolist(),
-            grid_trials=100,
-            crossing_ns=[100, 316, 1000, 3162, 10000],
-            crossing_gammas=np.geomspace(0.5, 8.0, 33).tolist(),
-            crossing_trials=400,
-            critical_n=10_000,
-            critical_gammas=[1 / 16, 1 / 4, 1.0, 4.0, 16.0],
-            critical_trials=1000,
-            limit_samples=10_000,
-            sub_n=1000,
-            sub_trials=100,
-            sub_xmax=3.0,
-            cum_n=100_000,
-            cum_trials=8,
-            partition_n=100_000,
-            partition_trials=16,
-            drift_n=100_000,
-            drift_contexts=2,
-            drift_queries=64,
-            fig2_n=10_000,
-            fig2_grid=11,
-            residual_n=10_000,
-            residual_queries=100,
-            residual_steps=150,
-            residual_gamma=1.0,
-            super_n=10_000,
-            super_gamma=1000.0,
-            super_queries=64,
-            super_contexts=32,
-            crit_out_n=10_000,
-            crit_out_gammas=[1 / 4, 1.0, 4.0, 16.0],
-            crit_out_contexts=100,
-            crit_out_limit_samples=20_000,
-            regime_ns=[10_000, 100_000],
-            regime_taus=np.geomspace(1 / 32, 32, 7).tolist(),
-            regime_queries=64,
-            regime_contexts=32,
-        )
-    return dict(
-        seed=0,
-        d=5,
-        grid_ns=np.unique(np.round(np.logspace(1, 6, 26)).astype(int)).tolist(),
-        grid_betas=np.logspace(0, 4, 41).tolist(),
-        grid_trials=100,
-        crossing_ns=[100, 316, 1000, 3162, 10_000, 31_623, 100_000],
-        crossing_gammas=np.geomspace(0.5, 8.0, 49).tolist(),
-        crossing_trials=2000,
-        critical_n=100_000,
-        critical_gammas=[1 / 16, 1 / 4, 1.0, 4.0, 16.0],
-        critical_trials=10_000,
-        limit_samples=100_000,
-        sub_n=1000,
-        sub_trials=100,
-        sub_xmax=3.0,
-        cum_n=100_000,
-        cum_trials=50,
-        partition_n=1_000_000,
-        partition_trials=100,
-        drift_n=1_000_000,
-        drift_contexts=4,
-        drift_queries=128,
-        fig2_n=10_000,
-        fig2_grid=15,
-        residual_n=10_000,
-        residual_queries=300,
-        residual_steps=300,
-        residual_gamma=1.0,
-        super_n=10_000,
-        super_gamma=1000.0,
-        super_queries=64,
-        super_contexts=128,
-        crit_out_n=100_000,
-        crit_out_gammas=[1 / 16, 1 / 4, 1.0, 4.0, 16.0],
-        crit_out_contexts=500,
-        crit_out_limit_samples=100_000,
-        regime_ns=[10_000, 100_000, 1_000_000],
-        regime_taus=np.geomspace(1 / 32, 32, 13).tolist(),
-        regime_queries=64,
-        regime_contexts=64,
-    )
+    """``EXPERIMENT``'s settings, quick or default."""
+    return EXPERIMENT.settings("quick" if quick else "default")
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
     """Run the attention experiment; returns the summary dict (see module docstring).
 
-    ``options`` override entries of the settings (e.g. ``critical_trials=500``);
-    unknown names raise ``ValueError``.
+    ``options`` override entries of ``EXPERIMENT.options`` (e.g. ``critical_trials=500``);
+    unknown names raise ``ValueError``. ``full`` runs the default sizes.
     """
-    settings = _settings(quick)
-    unknown = sorted(set(options) - set(settings))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; accepted: {', '.join(sorted(settings))}")
-    settings.update(options)
+    settings = EXPERIMENT.settings(EXPERIMENT.mode(quick=quick, full=full), **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(settings["seed"])
     k_grid, k_cross, k_crit, k_lim, k_sub, k_part, k_drift, k_fig2, k_res = jax.random.split(key, 9)
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     checks: list[dict] = []
     figures: list[str] = []
     t_start = time.perf_counter()
-    stages = ["grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
-              "supercritical_output", "critical_output", "output_regimes", "dependent_and_rope_keys"]
-    bar = progress(total=len(stages), desc="attention", disable=quiet)
-
-    def step(name):
-        bar.set_postfix_str(name)
 
     d = settings["d"]
     alpha = theory.attention_alpha(d)
 
     # ---- Fig. 3 left: mean A_(1) on a log (n, beta) grid ---------------------------------
-    step("grid")
-    with Timer(timings, "grid"):
+    with steps("grid"):
         ns = np.asarray(settings["grid_ns"])
         betas = np.asarray(settings["grid_betas"])
         grid_mean, grid_se = attention.mean_top_weight_grid(k_grid, ns.tolist(), betas, d, settings["grid_trials"])
-    bar.update()
 
     # ---- critical exponent: beta_1/2(n), where mean A_(1) crosses 1/2 -------------------
-    step("crossing")
-    with Timer(timings, "crossing"):
+    with steps("crossing"):
         cns = np.asarray(settings["crossing_ns"])
         gam = np.asarray(settings["crossing_gammas"])
         cbetas = np.outer(cns.astype(float) ** alpha, gam)
@@ -207,11 +168,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             f"SE {slope_se:.3g} by the delta method; tolerance max(4 SE, 0.03)",
         )
     )
-    bar.update()
 
     # ---- critical regime: A_(1), A_(2) at beta = gamma n^alpha vs the Poisson limit ----------
-    step("critical")
-    with Timer(timings, "critical"):
+    with steps("critical"):
         nc = settings["critical_n"]
         cg = np.asarray(settings["critical_gammas"])
         crit = np.asarray(
@@ -254,11 +213,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             "(the means still agree to about 1/beta)",
         )
     )
-    bar.update()
 
     # ---- subcritical profile (Fig. 3 right) -------------------------------------------------
-    step("subcritical")
-    with Timer(timings, "subcritical"):
+    with steps("subcritical"):
         n_sub = settings["sub_n"]
         beta_sub = n_sub ** (alpha / 4)
         q = jnp.zeros(d).at[0].set(1.0)
@@ -306,11 +263,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             f"{cdev_paper:.3f}",
         )
     )
-    bar.update()
 
     # ---- partition function in the subcritical regime ---------------------------------------
-    step("partition")
-    with Timer(timings, "partition"):
+    with steps("partition"):
         n_p = settings["partition_n"]
         beta_p = n_p ** (alpha / 2)
         # Z_n depends on the keys only through T_j: stream uniform D2Qs, 65536 per chunk
@@ -343,11 +298,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             "tolerance 4 SE",
         )
     )
-    bar.update()
 
     # ---- drift field: beta P_q Y_n(q) -> grad_S log rho(q) on S^2 ------------------------------
-    step("drift")
-    with Timer(timings, "drift"):
+    with steps("drift"):
         n_d = settings["drift_n"]
         beta_d = n_d**0.25  # d = 3: alpha = 1; drift-dominated needs beta^2 / n -> 0
         Q = sphere.uniform(jax.random.fold_in(k_drift, 0), settings["drift_queries"], 3)
@@ -407,17 +360,13 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             "mean beta <Y_n(q), q> over queries and contexts -> -(d-1)/2 for any smooth rho; tolerance 0.05",
         )
     )
-    bar.update()
 
     # ---- Fig. 2: displacement fields in the geodesic chart ---------------------------------------
-    step("fig2")
-    with Timer(timings, "fig2"):
+    with steps("fig2"):
         fig2 = _fig2_data(k_fig2, settings["fig2_n"], settings["fig2_grid"])
-    bar.update()
 
     # ---- residual dynamics ---------------------------------------------------------------------
-    step("residual")
-    with Timer(timings, "residual"):
+    with steps("residual"):
         res = _residual_data(k_res, settings)
         final = res["traj"][-1]
         height = float(np.mean(final[:, 0] * final[:, 1]))
@@ -445,33 +394,24 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             passed=lambda v: v >= 0.9,
         )
     )
-    bar.update()
 
     # ---- output limits (Sec. 4): supercritical (Thm 4.1), critical (Thm 4.2), subcritical regimes (Thm 4.3) ----
     # keys folded from the root key: the draws of the stages above are unchanged
-    step("supercritical_output")
-    with Timer(timings, "supercritical_output"):
+    with steps("supercritical_output"):
         sup = _supercritical_output(jax.random.fold_in(key, 101), settings, checks)
-    bar.update()
-    step("critical_output")
-    with Timer(timings, "critical_output"):
+    with steps("critical_output"):
         cro = _critical_output(jax.random.fold_in(key, 102), settings, checks)
-    bar.update()
-    step("output_regimes")
-    with Timer(timings, "output_regimes"):
+    with steps("output_regimes"):
         reg = _output_regimes(jax.random.fold_in(key, 103), settings, checks)
-    bar.update()
     # ---- dependent (stationary, anti-clustering) and RoPE-rotated keys (Sec. 1, App. F) --------
-    step("dependent_and_rope_keys")
-    kc, kf, kt = key_checks(quick=quick, out_dir=out, seed=settings["seed"], quiet=True)
+    with steps("dependent_and_rope_keys"):
+        kc, kf, kt = key_checks(quick=quick, out_dir=out, seed=settings["seed"], quiet=True)
     checks.extend(kc)
     figures.extend(kf)
     timings.update(kt)
-    bar.update()
-    bar.close()
 
     # ---- figures and data ----------------------------------------------------------------------
-    with Timer(timings, "figures"):
+    with steps("figures"):
         np.savez(out / "fig3_grid.npz", ns=ns, betas=betas, mean=grid_mean, se=grid_se,
                  crossing_ns=cns, crossing_betas=cbetas, crossing_mean=cmean, crossing_se=cse,
                  log_beta_half=log_half, log_beta_half_se=log_half_se)
@@ -489,6 +429,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
                  **{f"critical_{k}": v for k, v in cro.items()}, **{f"regimes_{k}": v for k, v in reg.items()})
         figures.append(_plot_output_limits(out, sup, cro))
         figures.append(_plot_output_regimes(out, reg))
+    steps.close()
     timings["total"] = round(time.perf_counter() - t_start, 3)
     settings_out = dict(
         settings,

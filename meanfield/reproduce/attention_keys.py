@@ -46,7 +46,7 @@ import numpy as np
 from scipy.special import gammaincc
 
 from .. import attention, sphere, theory
-from ._common import Timer, check
+from ._common import Experiment, Option, check
 from ._estimators import _crossing, _ks_distance, _weighted_line
 
 __all__ = ["key_checks", "clustered_critical_weights", "rope_density"]
@@ -74,31 +74,28 @@ def _cap_sampler(key, m):
     return jnp.concatenate([w[:, None], jnp.sqrt(jnp.clip(1.0 - w**2, 0.0))[:, None] * v], axis=1)
 
 
+#: The part's options (quick: a shorter n grid, fewer trials; ``key_checks(quick=...)``) and steps,
+#: timed into the attention experiment's ``timings``. Gamma grids geomspace(0.5, 8, 4 m + 1) contain
+#: gamma = 1, 2, 4, 8: the law checks use those cells.
+_PART = Experiment(
+    "attention (dependent and RoPE-rotated keys)",
+    {
+        "d": Option(_D),
+        "ar_phi": Option(0.8),
+        "sticky_stay": Option(0.5),
+        "power": Option(_POWER),
+        "ns": Option([100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10_000]),
+        "gammas": Option(np.geomspace(0.5, 8.0, 25).tolist(), quick=np.geomspace(0.5, 8.0, 13).tolist()),
+        "trials": Option(2000, quick=1000),
+        "contrast_trials": Option(1000, quick=500),
+        "limit_samples": Option(100_000, quick=40_000),
+    },
+    steps=("keys_limits", "dependent_tokens", "rope_keys", "clustered", "keys_figures"),
+)
+
+
 def _settings(quick: bool) -> dict:
-    # gamma grids geomspace(0.5, 8, 4 m + 1) contain gamma = 1, 2, 4, 8: the law checks use those cells
-    if quick:
-        return dict(
-            d=_D,
-            ar_phi=0.8,
-            sticky_stay=0.5,
-            power=_POWER,
-            ns=[100, 316, 1000, 3162, 10_000],
-            gammas=np.geomspace(0.5, 8.0, 13).tolist(),
-            trials=1000,
-            contrast_trials=500,
-            limit_samples=40_000,
-        )
-    return dict(
-        d=_D,
-        ar_phi=0.8,
-        sticky_stay=0.5,
-        power=_POWER,
-        ns=[100, 316, 1000, 3162, 10_000, 31_623, 100_000],
-        gammas=np.geomspace(0.5, 8.0, 25).tolist(),
-        trials=2000,
-        contrast_trials=1000,
-        limit_samples=100_000,
-    )
+    return _PART.settings("quick" if quick else "default")
 
 
 def rope_density(n, power=_POWER, d=_D, theta=1.0) -> tuple[float, float, float]:
@@ -196,7 +193,8 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
     out.mkdir(parents=True, exist_ok=True)
     d = st["d"]
     alpha = theory.attention_alpha(d)
-    timings: dict = {}
+    steps = _PART.start(quiet=quiet)
+    timings = steps.timings
     checks: list[dict] = []
     t0 = time.perf_counter()
     k_dep, k_rope, k_sticky, k_lim = jax.random.split(jax.random.key(seed), 4)
@@ -214,13 +212,9 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
     ks_crit = 1.36 * math.sqrt(1 / trials + 1 / st["limit_samples"])
     ks_crit_c = 1.36 * math.sqrt(1 / st["contrast_trials"] + 1 / st["limit_samples"])
 
-    def say(msg):
-        if not quiet:
-            print(f"attention keys: {msg}", flush=True)
-
     # Poisson limits: uniform density (AR keys) and the RoPE orbit average (and, as a contrast, rho(q))
     rho_n, rho_lim, rho_q = rope_density(nc, st["power"], d)
-    with Timer(timings, "keys_limits"):
+    with steps("keys_limits"):
         lim_unif = _limit(jax.random.fold_in(k_lim, 0), cg, d, st["limit_samples"], None)
         lim_rope = _limit(jax.random.fold_in(k_lim, 1), cg, d, st["limit_samples"], rho_n)
         lim_unrot = _limit(jax.random.fold_in(k_lim, 2), cg, d, st["limit_samples"], rho_q)
@@ -235,12 +229,10 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
         ("dependent_tokens", ar, k_dep, lim_unif),
         ("rope_keys", rope, k_rope, lim_rope),
     ]:
-        say(name)
-        with Timer(timings, name):
+        with steps(name):
             cross, draws = _exponent(key, proc, ns, gam, d, alpha, trials)
         results[name] = dict(cross=cross, crit=draws[-1][:, law], lim=lim)
-    say("clustered contrast")
-    with Timer(timings, "clustered"):
+    with steps("clustered"):
         crit_sticky = np.asarray(
             attention.sample_top_weights(k_sticky, nc, cg * nc**alpha, d, st["contrast_trials"], sampler=sticky)
         )[..., 0]
@@ -337,7 +329,7 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
         )
     )
 
-    with Timer(timings, "keys_figures"):
+    with steps("keys_figures"):
         np.savez(
             out / "attention_keys.npz",
             gammas=cg,
@@ -352,6 +344,7 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
             clustered_limit=lim_sticky,
         )
         fig = _plot(out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st)
+    steps.close()
     timings["keys_total"] = round(time.perf_counter() - t0, 3)
     return checks, [fig], timings
 

@@ -36,56 +36,66 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import continuum, kernels, sphere
 from ..integrate import simulate
-from ._common import Timer, check, write_summary
+from ._common import Experiment, Option, check, write_summary
 
-__all__ = ["run", "settings_for"]
+__all__ = ["EXPERIMENT", "run", "settings_for"]
 
 _NAME = "continuum"
 
 
-def settings_for(quick: bool) -> dict:
-    """Settings of the reproduction (quick: the sizes that run in a few minutes on 2 CPU cores)."""
-    return {
-        "betas": [1.0, 4.0, 9.0],
-        "modes": [1, 2, 3, 4, 5, 6],
-        "solver_resolution": {"2": 16, "3": 12},
-        "solver_eps": 1e-5,
-        "particle_n": {"2": 2520, "3": 2000} if quick else {"2": 5040, "3": 8000},
-        "particle_eps": 3e-2,
-        "particle_saves": 11,
-        "particle_steps": 80,
-        "cluster_betas": [4.0, 9.0, 16.0, 25.0] if quick else [4.0, 9.0, 16.0, 25.0, 36.0],
-        "cluster_n": 1000 if quick else 2000,
-        "cluster_seeds": 6 if quick else 12,
-        "cluster_s1": 300.0,
-        "cluster_saves": 48,
-        "cluster_dt": 0.25,
-        "cluster_gap_rad": 0.1,
-        "cluster_min_fraction": 0.01,
-        "plateau_saves": 4,
-        "w1_beta": 4.0,
-        "w1_mode": 2,
-        "w1_eps": 0.3,
-        "w1_time": 0.15,
-        "w1_resolution": 64,
-        "w1_n": [100, 316, 1000, 3162] if quick else [100, 316, 1000, 3162, 10000],
-        "w1_seeds": 12 if quick else 32,
-        "w1_dt": 5e-3,
-        "heatmap_t1": 0.3,
-        "sphere_resolution": 16,
-        "seed": 0,
-        "tolerances": {
+#: The experiment's options (quick: the sizes that run in a few minutes on 2 CPU cores) and steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "betas": Option([1.0, 4.0, 9.0]),
+        "modes": Option([1, 2, 3, 4, 5, 6]),
+        "solver_resolution": Option({"2": 16, "3": 12}),
+        "solver_eps": Option(1e-5),
+        "particle_n": Option({"2": 5040, "3": 8000}, quick={"2": 2520, "3": 2000}),
+        "particle_eps": Option(3e-2),
+        "particle_saves": Option(11),
+        "particle_steps": Option(80),
+        "cluster_betas": Option([4.0, 9.0, 16.0, 25.0, 36.0], quick=[4.0, 9.0, 16.0, 25.0]),
+        "cluster_n": Option(2000, quick=1000),
+        "cluster_seeds": Option(12, quick=6),
+        "cluster_s1": Option(300.0),
+        "cluster_saves": Option(48),
+        "cluster_dt": Option(0.25),
+        "cluster_gap_rad": Option(0.1),
+        "cluster_min_fraction": Option(0.01),
+        "plateau_saves": Option(4),
+        "w1_beta": Option(4.0),
+        "w1_mode": Option(2),
+        "w1_eps": Option(0.3),
+        "w1_time": Option(0.15),
+        "w1_resolution": Option(64),
+        "w1_n": Option([100, 316, 1000, 3162, 10000], quick=[100, 316, 1000, 3162]),
+        "w1_seeds": Option(32, quick=12),
+        "w1_dt": Option(5e-3),
+        "heatmap_t1": Option(0.3),
+        "sphere_resolution": Option(16),
+        "seed": Option(0),
+        "tolerances": Option({
             "dispersion_relation": 1e-3,
             "particle_dispersion": 5e-2,
             "cluster_count": 1.0,
             "particle_to_density": 0.1,
             "mass_drift": 1e-5,
-        },
-    }
+        }),
+    },
+    steps=("dispersion_relation", "particle_dispersion", "cluster_count", "particle_to_density",
+           "mass_and_positivity", "figures"),
+    timings_suffix="_s",
+)
+
+
+def settings_for(quick: bool) -> dict:
+    """Settings of the reproduction (quick: the sizes that run in a few minutes on 2 CPU cores):
+    ``EXPERIMENT``'s."""
+    return EXPERIMENT.settings("quick" if quick else "default")
 
 
 # --------------------------------------------------------------------------- measurements
@@ -268,21 +278,23 @@ def _sphere_run(S):
 # --------------------------------------------------------------------------- run
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
-    """Run the mean-field-limit reproduction; write figures, data and ``summary.json``; return the summary."""
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+    """Run the mean-field-limit reproduction; write figures, data and ``summary.json``; return the summary.
+
+    ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
+    ``full`` runs the default sizes."""
+    S = EXPERIMENT.settings(EXPERIMENT.mode(quick=quick, full=full), **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
-    S = settings_for(quick)
-    S.update({k: v for k, v in options.items() if k in S})
     tol = S["tolerances"]
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     checks: list = []
     key = jax.random.key(S["seed"])
     k_cluster, k_w1 = jax.random.split(key)
-    bar = tqdm(total=5, desc="continuum", disable=quiet)
 
     # ----------------------------------------------------- dispersion relation (solver)
-    with Timer(timings, "dispersion_relation_s"):
+    with steps("dispersion_relation"):
         solver = _solver_rates(S)
     theory = {(d, b): np.asarray(continuum.growth_rates(b, d, np.asarray(S["modes"]))) for d in (2, 3) for b in S["betas"]}
     errs = {k: np.abs(solver[k] / theory[k] - 1) for k in solver}
@@ -295,10 +307,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         f"{theory[worst][int(np.argmax(errs[worst]))] / theory[worst].max():.2g} of the fastest mode's); median "
         f"{np.median(np.concatenate(list(errs.values()))):.2g}",
     ))
-    bar.update()
 
     # ----------------------------------------------------- dispersion relation (particles)
-    with Timer(timings, "particle_dispersion_s"):
+    with steps("particle_dispersion"):
         particles = _particle_rates(S, theory)  # the horizons from theory's rates
     perrs = {k: np.abs(particles[k] / theory[k] - 1) for k in particles}
     pworst = max(perrs, key=lambda k: perrs[k].max())
@@ -310,10 +321,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         f"({perrs[pworst].max():.3g}; horizon 2 / lambda_max per beta: the slowest modes grow least); median "
         f"{np.median(np.concatenate(list(perrs.values()))):.2g}",
     ))
-    bar.update()
 
     # ----------------------------------------------------- cluster count
-    with Timer(timings, "cluster_count_s"):
+    with steps("cluster_count"):
         clusters = _cluster_counts(S, k_cluster)
     dev = {b: abs(float(np.mean(v["plateau_count"])) - v["predicted"]) for b, v in clusters.items()}
     checks.append(check(
@@ -322,10 +332,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         f"{S['cluster_n']}, {S['cluster_seeds']} seeds); per beta (measured / predicted): "
         + ", ".join(f"{b:g}: {np.mean(v['plateau_count']):.2f} / {v['predicted']}" for b, v in clusters.items()),
     ))
-    bar.update()
 
     # ----------------------------------------------------- particles against the density
-    with Timer(timings, "particle_to_density_s"):
+    with steps("particle_to_density"):
         pd = _particles_vs_density(S, k_w1)
     checks.append(check(
         "particle_to_density", pd["slope"], -0.5, tol["particle_to_density"],
@@ -333,10 +342,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         f"circle, beta = {S['w1_beta']:g}, mode {S['w1_mode']} eps = {S['w1_eps']:g}, t = {S['w1_time']:g}); "
         "mean W1: " + ", ".join(f"{m:.3g}" for m in pd["means"]),
     ))
-    bar.update()
 
     # ----------------------------------------------------- mass and positivity
-    with Timer(timings, "mass_and_positivity_s"):
+    with steps("mass_and_positivity"):
         sph = _sphere_run(S)
     drift, mins, notes = [], [], []
     sph_info = {k: np.asarray(getattr(sph, k)) for k in ("mass", "min_density", "status", "t_stop")}
@@ -353,11 +361,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         "min density > 0): " + "; ".join(notes),
         passed=max(drift) <= tol["mass_drift"] and min(mins) > 0,
     ))
-    bar.update()
-    bar.close()
 
     # ----------------------------------------------------- figures + data
-    with Timer(timings, "figures_s"):
+    with steps("figures"):
         figures = _figures(out, S, theory, solver, particles, clusters, pd)
     arrays: dict[str, Any] = {
         "modes": np.asarray(S["modes"]),
@@ -375,6 +381,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         "solver": {f"d={d}/beta={b:g}": errs[(d, b)].tolist() for d, b in errs},
         "particles": {f"d={d}/beta={b:g}": perrs[(d, b)].tolist() for d, b in perrs},
     }
+    steps.close()
     return write_summary(out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
 
 

@@ -50,7 +50,7 @@ Sizes (found by a search on 2 CPU cores; see ``settings`` in the summary):
   3e-2, loss 4.018 vs frequency loss 4.015) and trains at <= 2.5e-2 (2.5e-2 is a
   degraded near-threshold run, loss ~3.1, no collapse); Pre-Norm trains at every rate.
 
-Every size can be overridden through ``**options`` (keys of the settings dict).
+Every size can be overridden through ``**options`` (the names of ``EXPERIMENT.options``).
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import depth as D
-from ._common import Timer, check, progress, write_summary
+from ._common import Experiment, Option, check, write_summary
 
-__all__ = ["run"]
+__all__ = ["EXPERIMENT", "run"]
 
 _NAME = "depth"
 
@@ -79,50 +79,62 @@ _NAME = "depth"
 # Llama default (std 0.02 at d = 512, sigma_w sqrt(d) = 0.45) is the first point of the sweep.
 _PAPER_SCALE = 0.5773502691896258
 
-_QUICK = {
-    "seed": 0,
-    "init_depth": 24, "init_n": 64, "init_d": 64, "init_d_ff": 192, "init_heads": 4,
-    "init_seeds": 8, "sigma_scales": [0.45, _PAPER_SCALE, 0.75, 1.0, 1.5], "paper_sigma_scale": _PAPER_SCALE,
-    "alphas": [0.0, 0.25, 0.5, 0.75, 1.0],
-    "vocab": 64, "zipf_exponent": 1.5, "zipf_mix": 0.9,
-    "lm_depth": 8, "lm_d": 32, "lm_d_ff": 96, "lm_heads": 4, "seq_len": 32, "batch": 8,
-    "steps": 300, "warmup": 30, "lm_sigma_w": 0.1, "lrs": [2e-2, 3e-2, 5e-2],
-    "collapse_tsim": 0.9,
-}
-_DEFAULT = {**_QUICK, "init_depth": 48, "init_seeds": 16, "steps": 600, "warmup": 60,
-           "lrs": [1e-2, 2e-2, 3e-2, 5e-2]}
-_FULL = {
-    **_QUICK, "init_depth": 48, "init_n": 128, "init_d": 128, "init_d_ff": 384, "init_seeds": 32,
-    "steps": 1500, "warmup": 150, "lrs": [5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2],
-}
+#: The experiment's options in its three sizes (module docstring) and its steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "seed": Option(0),
+        "init_depth": Option(48, quick=24),
+        "init_n": Option(64, full=128),
+        "init_d": Option(64, full=128),
+        "init_d_ff": Option(192, full=384),
+        "init_heads": Option(4),
+        "init_seeds": Option(16, quick=8, full=32),
+        "sigma_scales": Option([0.45, _PAPER_SCALE, 0.75, 1.0, 1.5]),
+        "paper_sigma_scale": Option(_PAPER_SCALE),
+        "alphas": Option([0.0, 0.25, 0.5, 0.75, 1.0]),
+        "vocab": Option(64),
+        "zipf_exponent": Option(1.5),
+        "zipf_mix": Option(0.9),
+        "lm_depth": Option(8),
+        "lm_d": Option(32),
+        "lm_d_ff": Option(96),
+        "lm_heads": Option(4),
+        "seq_len": Option(32),
+        "batch": Option(8),
+        "steps": Option(600, quick=300, full=1500),
+        "warmup": Option(60, quick=30, full=150),
+        "lm_sigma_w": Option(0.1),
+        "lrs": Option(
+            [1e-2, 2e-2, 3e-2, 5e-2], quick=[2e-2, 3e-2, 5e-2], full=[5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2]
+        ),
+        "collapse_tsim": Option(0.9),
+    },
+    steps=("init_experiments", "training", "figures"),
+)
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, full: bool = False, **options) -> dict:
-    """Run the three experiments, write figures, data and ``summary.json`` under ``out_dir/depth``."""
-    if quick and full:
-        raise ValueError("choose at most one of quick=True and full=True")
-    base = _QUICK if quick else _FULL if full else _DEFAULT
-    unknown = set(options) - set(base)
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}; accepted: {sorted(base)}")
-    cfg = {**base, **options}
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+    """Run the three experiments, write figures, data and ``summary.json`` under ``out_dir/depth``.
+
+    ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``)."""
+    mode = EXPERIMENT.mode(quick=quick, full=full)
+    cfg = EXPERIMENT.settings(mode, **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     t_start = time.perf_counter()
-    bar = progress(total=4, desc="depth", disable=quiet)
     key = jax.random.key(cfg["seed"])
     k_init, k_data, k_model = jax.random.split(key, 3)
 
-    with Timer(timings, "init_experiments"):  # forward amplification and prefix ablation
+    with steps("init_experiments"):  # forward amplification and prefix ablation
         fwd, abl = _init_sweep(k_init, cfg)
-    bar.update()
-    with Timer(timings, "training"):
-        tr = _training(k_data, k_model, cfg, bar)
-    with Timer(timings, "figures"):
+    with steps("training") as part:
+        tr = _training(k_data, k_model, cfg, part)
+    with steps("figures"):
         figures = _figures(out, cfg, fwd, abl, tr)
-    bar.update()
-    bar.close()
+    steps.close()
 
     np.savez_compressed(out / "init.npz", **{f"forward_{k}": v for k, v in fwd.items()},
                         **{f"ablation_{k}": v for k, v in abl.items()})
@@ -131,7 +143,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, full: bool = False
         lrs=np.asarray(cfg["lrs"]))
     checks = _checks(cfg, fwd, abl, tr)
     timings["total"] = round(time.perf_counter() - t_start, 3)
-    settings = {**cfg, "mode": "quick" if quick else "full" if full else "default",
+    settings = {**cfg, "mode": mode,
                 "init_sigma_w": [s / math.sqrt(cfg["init_d"]) for s in cfg["sigma_scales"]],
                 "frequency_loss_labels": "all training labels aggregated (paper Sec. 4.3, approach 1)",
                 "conditional_entropy_rate": tr["entropy_rate"],

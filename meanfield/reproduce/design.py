@@ -37,78 +37,86 @@ from .. import analysis, design, kernels, metrics, sphere
 from .. import random_batch as rb
 from ..energy import energy, velocity
 from ..integrate import simulate
-from ._common import Timer, check, progress, write_summary
+from ._common import Experiment, Option, check, write_summary
 
-__all__ = ["run", "settings_for"]
+__all__ = ["EXPERIMENT", "run", "settings_for"]
 
 _NAME = "design"
 
 
-def settings_for(quick: bool) -> dict:
-    """All sizes, seeds and choices of the experiment (quick: smaller sweeps)."""
-    return {
-        "d": 3,
-        "beta": 1.0,
-        "dt": 0.05,
-        "solver": "rk2",
-        "mmd_bandwidth": 0.5,
-        "seed": 0,
-        "dtype": "float32 (Hessians in float64)",
+#: All sizes, seeds and choices of the experiment (quick: smaller sweeps), and its steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "d": Option(3),
+        "beta": Option(1.0),
+        "dt": Option(0.05),
+        "solver": Option("rk2"),
+        "mmd_bandwidth": Option(0.5),
+        "seed": Option(0),
+        "dtype": Option("float32 (Hessians in float64)"),
         # 1. inverse design
-        "anchor_n": 64,
-        "anchor_seeds": 20,
-        "anchor_t1": 20.0,
-        "anchor_mass": 1.0,
-        "anchor_u": [0.0, 0.0, 1.0],
-        "target_means": [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]],
-        "target_kappa": 10.0,
-        "quantile_n": 256,
-        "quantile_u": [1.0, 0.0, 0.5],
-        "quantile_density": "exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a",
-        "learned_n": 256,
-        "learned_target_samples": 1024,
-        "learned_modes": 6,
-        "learned_steps": 300 if quick else 1000,
-        "learned_lr": 0.03,
-        "learned_bandwidth": 0.3,
-        "learned_seeds": 4 if quick else 20,
-        "learned_t1": 20.0,
-        "seam_b": 0.3,
+        "anchor_n": Option(64),
+        "anchor_seeds": Option(20),
+        "anchor_t1": Option(20.0),
+        "anchor_mass": Option(1.0),
+        "anchor_u": Option([0.0, 0.0, 1.0]),
+        "target_means": Option([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]]),
+        "target_kappa": Option(10.0),
+        "quantile_n": Option(256),
+        "quantile_u": Option([1.0, 0.0, 0.5]),
+        "quantile_density": Option("exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a"),
+        "learned_n": Option(256),
+        "learned_target_samples": Option(1024),
+        "learned_modes": Option(6),
+        "learned_steps": Option(1000, quick=300),
+        "learned_lr": Option(0.03),
+        "learned_bandwidth": Option(0.3),
+        "learned_seeds": Option(20, quick=4),
+        "learned_t1": Option(20.0),
+        "seam_b": Option(0.3),
         # 2. stability
-        "hessian_n": 16,
-        "classify_n": 32,
-        "classify_seeds": 4 if quick else 16,
-        "classify_t1_small_beta": 60.0,
-        "classify_beta_large": 8.0,
-        "classify_t1_large_beta_rescaled": 30.0,
-        "classify_rtol": 1e-3,
-        "escape_n": 6,
-        "escape_betas": [1.0, 2.0, 3.0, 4.0] if quick else [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-        "escape_delta0": 1e-3,
-        "escape_seeds": 4,
-        "escape_dt_factor": 0.5,
-        "escape_fraction": 0.99,
+        "hessian_n": Option(16),
+        "classify_n": Option(32),
+        "classify_seeds": Option(16, quick=4),
+        "classify_t1_small_beta": Option(60.0),
+        "classify_beta_large": Option(8.0),
+        "classify_t1_large_beta_rescaled": Option(30.0),
+        "classify_rtol": Option(1e-3),
+        "escape_n": Option(6),
+        "escape_betas": Option([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], quick=[1.0, 2.0, 3.0, 4.0]),
+        "escape_delta0": Option(1e-3),
+        "escape_seeds": Option(4),
+        "escape_dt_factor": Option(0.5),
+        "escape_fraction": Option(0.99),
         # 3. random batch, mean field
-        "rb_n": 1024,
-        "rb_ps": [2, 4, 8, 16, 32, 64, 128, 256],
-        "rb_draws": 4,
-        "rb_init_kappa": 2.0,
-        "rb_gap_ps": [4, 16, 64],
-        "rb_gap_kappa": 1.0,
-        "rb_gap_t1": 4.0,
-        "rb_gap_dt": 0.05,
-        "large_n": 10**6,
-        "large_p": 8,
-        "large_t1": 0.4 if quick else 3.0,
-        "large_dt": 0.1,
-        "large_reference_n": 4096,
-        "large_reference_runs": 4,
-        "mf_ns": [32, 64, 128, 256] if quick else [32, 64, 128, 256, 512, 1024],
-        "mf_times": [0.0, 1.0, 2.0, 4.0],
-        "mf_repeats": 64 if quick else 128,
-        "mf_init_kappa": 4.0,
-        "mf_dt": 0.1,
-    }
+        "rb_n": Option(1024),
+        "rb_ps": Option([2, 4, 8, 16, 32, 64, 128, 256]),
+        "rb_draws": Option(4),
+        "rb_init_kappa": Option(2.0),
+        "rb_gap_ps": Option([4, 16, 64]),
+        "rb_gap_kappa": Option(1.0),
+        "rb_gap_t1": Option(4.0),
+        "rb_gap_dt": Option(0.05),
+        "large_n": Option(10**6),
+        "large_p": Option(8),
+        "large_t1": Option(3.0, quick=0.4),
+        "large_dt": Option(0.1),
+        "large_reference_n": Option(4096),
+        "large_reference_runs": Option(4),
+        "mf_ns": Option([32, 64, 128, 256, 512, 1024], quick=[32, 64, 128, 256]),
+        "mf_times": Option([0.0, 1.0, 2.0, 4.0]),
+        "mf_repeats": Option(128, quick=64),
+        "mf_init_kappa": Option(4.0),
+        "mf_dt": Option(0.1),
+    },
+    steps=("anchor", "quantile", "learned", "hessian", "classify", "escape", "random_batch", "meanfield", "figures"),
+)
+
+
+def settings_for(quick: bool) -> dict:
+    """All sizes, seeds and choices of the experiment (quick: smaller sweeps): ``EXPERIMENT``'s."""
+    return EXPERIMENT.settings("quick" if quick else "default")
 
 
 def _identity(x):
@@ -533,35 +541,33 @@ def _figures(out, R, S):
 # ----------------------------------------------------------------------------
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
     """Run the design/stability/large-n experiment; write ``out_dir/design/``; return the summary.
 
-    ``options`` override entries of ``settings_for(quick)`` (unknown names raise ``ValueError``).
+    ``options`` override entries of ``EXPERIMENT.options`` (unknown names raise ``ValueError``);
+    ``full`` runs the default sizes.
     """
-    S = settings_for(quick)
-    for k, v in options.items():
-        if k not in S:
-            raise ValueError(f"unknown option {k!r} for reproduce design; accepted: {', '.join(sorted(S))}")
-        S[k] = v
+    S = EXPERIMENT.settings(EXPERIMENT.mode(quick=quick, full=full), **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(S["seed"])
     keys = dict(zip(["anchor", "learned", "classify", "escape", "rb", "mf"], jax.random.split(key, 6), strict=True))
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     R: dict = {}
     t_all = time.perf_counter()
-    parts = [
-        ("anchor", lambda: _anchor_experiment(S, keys["anchor"])),
-        ("quantile", lambda: _quantile_experiment(S)),
-        ("learned", lambda: _learned_experiment(S, keys["learned"], quiet)),
-        ("hessian", lambda: _hessian_experiment(S)),
-        ("classify", lambda: _classify_experiment(S, keys["classify"])),
-        ("escape", lambda: _escape_experiment(S, keys["escape"])),
-        ("random_batch", lambda: _random_batch_experiment(S, keys["rb"], quiet)),
-        ("meanfield", lambda: _meanfield_experiment(S, keys["mf"])),
-    ]
-    for name, fn in progress(parts, desc="reproduce design", disable=quiet):
-        with Timer(timings, name):
+    parts = {
+        "anchor": lambda: _anchor_experiment(S, keys["anchor"]),
+        "quantile": lambda: _quantile_experiment(S),
+        "learned": lambda: _learned_experiment(S, keys["learned"], quiet),
+        "hessian": lambda: _hessian_experiment(S),
+        "classify": lambda: _classify_experiment(S, keys["classify"]),
+        "escape": lambda: _escape_experiment(S, keys["escape"]),
+        "random_batch": lambda: _random_batch_experiment(S, keys["rb"], quiet),
+        "meanfield": lambda: _meanfield_experiment(S, keys["mf"]),
+    }
+    for name, fn in parts.items():
+        with steps(name):
             R[name] = fn()
 
     beta, n_h, d = S["beta"], S["hessian_n"], S["d"]
@@ -656,8 +662,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
               f"(Dobrushin, App. D.4)"),
     ]
     timings["total"] = round(time.perf_counter() - t_all, 3)
-    with Timer(timings, "figures"):
+    with steps("figures"):
         figures = _figures(out, R, S)
+    steps.close()
     np.savez(
         out / "data.npz",
         anchor_mmd=np.stack([A[k]["mmd"] for k in ["anchored design", "design, no anchor", "USA baseline"]]),

@@ -39,43 +39,52 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import kernels, metastability
-from ._common import Timer, check, progress, write_summary
+from ._common import Experiment, Option, check, write_summary
 
-__all__ = ["run", "settings_for", "dotm_staircase"]
+__all__ = ["EXPERIMENT", "run", "settings_for", "dotm_staircase"]
 
 _NAME = "metastability"
 
 
-def settings_for(quick: bool) -> dict:
-    """Settings of the experiment (``quick`` and full differ only in the save grids)."""
-    return {
-        "threshold": 0.1,
-        "staircase_beta": 60.0,
-        "staircase_angles": [0.0, 0.3, 0.85, 1.3, 2.1, 2.45],
-        "staircase_log_t1": 34.0,
-        "staircase_saves": 200 if quick else 600,
-        "merge_grid": [
+#: The experiment's options (quick and default differ only in the save grids) and steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "threshold": Option(0.1),
+        "staircase_beta": Option(60.0),
+        "staircase_angles": Option([0.0, 0.3, 0.85, 1.3, 2.1, 2.45]),
+        "staircase_log_t1": Option(34.0),
+        "staircase_saves": Option(600, quick=200),
+        "merge_grid": Option([
             [20.0, 0.8],
             [30.0, 0.8],
             [40.0, 0.8],
             [50.0, 0.8],
             [60.0, 0.7],
             [40.0, 1.0],
-        ],
-        "merge_sizes": [3, 5],
-        "merge_saves": 200 if quick else 800,
-        "growth_theta": 0.8,
-        "dotm_betas": [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
-        "dotm_saves": 300 if quick else 1000,
-        "rtol": 1e-7,
-        "atol": 1e-10,
-        "tolerances": {
+        ]),
+        "merge_sizes": Option([3, 5]),
+        "merge_saves": Option(800, quick=200),
+        "growth_theta": Option(0.8),
+        "dotm_betas": Option([500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0]),
+        "dotm_saves": Option(1000, quick=300),
+        "rtol": Option(1e-7),
+        "atol": Option(1e-10),
+        "tolerances": Option({
             "staircase_levels": 0.01,
             "plateau_growth_rate": 0.01,
             "dotm_staircase": 1e-12,
             "dotm_simulated_levels": 1e-3,
-        },
-    }
+        }),
+    },
+    steps=("staircase", "merge_times", "dotm", "dotm_simulated", "figures"),
+    timings_suffix="_s",
+)
+
+
+def settings_for(quick: bool) -> dict:
+    """Settings of the experiment (``quick`` and full differ only in the save grids): ``EXPERIMENT``'s."""
+    return EXPERIMENT.settings("quick" if quick else "default")
 
 
 def dotm_staircase(theta0) -> tuple[np.ndarray, np.ndarray]:
@@ -235,19 +244,21 @@ def _continuum_row(out_root: Path):
     return None
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
-    """Run the metastability reproduction; write a figure, data and ``summary.json``; return the summary."""
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+    """Run the metastability reproduction; write a figure, data and ``summary.json``; return the summary.
+
+    ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
+    ``full`` runs the default sizes."""
+    S = EXPERIMENT.settings(EXPERIMENT.mode(quick=quick, full=full), **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
-    S = settings_for(quick)
-    S.update({k: v for k, v in options.items() if k in S})
     tol = S["tolerances"]
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     checks: list = []
-    bar = progress(total=3, desc=_NAME, disable=quiet)
 
     # ----------------------------------------------------- staircase of one run
-    with Timer(timings, "staircase_s"):
+    with steps("staircase"):
         ts, En, events, failed, pred = _staircase_run(S)
     plat = metastability.plateaus(ts, En)
     dev = [float(np.min(np.abs(pred.levels - lv))) for lv in plat.level]
@@ -270,10 +281,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             + ")",
         )
     )
-    bar.update()
 
     # ----------------------------------------------------- two-cluster merge times
-    with Timer(timings, "merge_times_s"):
+    with steps("merge_times"):
         rows = _merge_runs(S)
     rel = [abs(r["measured"] / r["quadrature"] - 1) for r in rows]
     ratio = max(r["save_ratio"] for r in rows)
@@ -292,7 +302,6 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             ),
         )
     )
-    bar.update()
 
     # ----------------------------------------------------- growth rate of the plateau length
     th0 = S["growth_theta"]
@@ -311,10 +320,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             f"own slope is {qslope:.4f}",
         )
     )
-    bar.update()
 
     # ----------------------------------------------------- dotm's predictor
-    with Timer(timings, "dotm_s"):
+    with steps("dotm"):
         diffs = []
         for beta in S["dotm_betas"]:
             th = 0.5 * np.array([0, 0.5, 2, 4, 7]) * np.log(beta) / np.sqrt(beta)
@@ -332,7 +340,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
             f"{S['dotm_betas']}",
         )
     )
-    with Timer(timings, "dotm_simulated_s"):
+    with steps("dotm_simulated"):
         drows = _dotm_runs(S)
     lev_dev, time_dev = [], []
     for r in drows:
@@ -385,9 +393,8 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     row = _continuum_row(Path(out_dir))
     if row is not None:
         checks.append(row)
-    bar.close()
 
-    with Timer(timings, "figures_s"):
+    with steps("figures"):
         figures = _figures(out, ts, En, pred, plat, rows)
     np.savez_compressed(
         out / "metastability_data.npz",
@@ -406,6 +413,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         if row is not None
         else "see meanfield reproduce continuum (check cluster_count); run it into the same --out to copy the row here"
     )
+    steps.close()
     return write_summary(
         out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures
     )

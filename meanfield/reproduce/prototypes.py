@@ -45,88 +45,90 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import prototypes as P
-from ._common import Timer, check, progress, write_summary
+from ._common import Experiment, Option, check, write_summary
 
-__all__ = ["run"]
+__all__ = ["EXPERIMENT", "run"]
 
 _NAME = "prototypes"
 
 
-def _settings(quick: bool, options: dict) -> dict:
-    options = dict(options)
-    full = bool(options.pop("full", False))
-    if full and quick:
-        raise ValueError("choose at most one of quick and full")
-    s = {
-        "seed": 0,
+#: The experiment's options in its three sizes and its steps. ``full``: the paper's sizes where it
+#: states them (Fig. 6: 300 epochs; Table 5: 50 epochs).
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "seed": Option(0),
         # digits ablation
-        "digits_m": 10,
-        "digits_K": 10,
-        "digits_width": 64,
-        "digits_pretrain_epochs": 30,
-        "digits_epochs": 40 if quick else 150,
-        "digits_batch": 128,
-        "digits_eta_P": 1e-2,
-        "digits_lam": 0.1,
+        "digits_m": Option(10),
+        "digits_K": Option(10),
+        "digits_width": Option(64),
+        "digits_pretrain_epochs": Option(30),
+        "digits_epochs": Option(150, quick=40, full=300),
+        "digits_batch": Option(128),
+        "digits_eta_P": Option(1e-2),
+        "digits_lam": Option(0.1),
         # temperature = factor * median squared token distance after pre-training
-        "digits_temperature_factor": 0.1,
-        "eps": [0.01, 0.05, 0.1, 0.5, 1.0, 2.0] if quick else [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0],
-        "digits_seeds": 2 if quick else 4,
+        "digits_temperature_factor": Option(0.1),
+        "eps": Option([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0], quick=[0.01, 0.05, 0.1, 0.5, 1.0, 2.0]),
+        "digits_seeds": Option(4, quick=2, full=5),
         # soft vs hard VQ (Table 5): tokens = 4x4 patches of the digits (a VQ-VAE's factor-4 downsampling)
-        "vq_K": [16, 64],
-        "vq_patch": 4,
-        "vq_m": 8,
+        "vq_K": Option([16, 64]),
+        "vq_patch": Option(4),
+        "vq_m": Option(8),
         # temperature = factor * median squared token distance at init (the digits-ablation rule)
-        "vq_temperature_factor": 0.1,
-        "vq_temperature_sample": 2048,  # tokens the median is taken over
-        "vq_epochs": 20 if quick else 50,
-        "vq_batch": 128,
+        "vq_temperature_factor": Option(0.1),
+        "vq_temperature_sample": Option(2048),  # tokens the median is taken over
+        "vq_epochs": Option(50, quick=20, full=50),
+        "vq_batch": Option(128),
         # the Gaussian-mixture token set of the hierarchical experiment
-        "vq_sequences": 256,
-        "vq_seq_len": 16,
-        "vq_d": 16,
-        "vq_eta_P": 1e-2,
-        "vq_eps": 0.05,  # Table 5's DDCL row
-        "vq_lam": 0.5,
-        "vq_beta": 0.25,
+        "vq_sequences": Option(256),
+        "vq_seq_len": Option(16),
+        "vq_d": Option(16),
+        "vq_eta_P": Option(1e-2),
+        "vq_eps": Option(0.05),  # Table 5's DDCL row
+        "vq_lam": Option(0.5),
+        "vq_beta": Option(0.25),
         # hierarchical
-        "hier_K1": 16,
-        "hier_K2": 4,
-        "hier_m": 8,
-        "hier_temperature1": 1.0,
-        "hier_temperature2": 0.05,
-        "hier_epochs": 20 if quick else 60,
-        "hier_batch": 32,
-        "hier_eta_P": 1e-2,
-        "hier_eps": 0.05,
-        "hier_lam": 0.5,
+        "hier_K1": Option(16),
+        "hier_K2": Option(4),
+        "hier_m": Option(8),
+        "hier_temperature1": Option(1.0),
+        "hier_temperature2": Option(0.05),
+        "hier_epochs": Option(60, quick=20, full=60),
+        "hier_batch": Option(32),
+        "hier_eta_P": Option(1e-2),
+        "hier_eps": Option(0.05),
+        "hier_lam": Option(0.5),
         # two-timescale stability grid (Thm. 1): plain gradient descent
-        "stab_d": 4,
-        "stab_m": 2,
-        "stab_K": 4,
-        "stab_T": 128,
-        "stab_temperature": 0.2,
-        "stab_anchor": 1.0,
-        "stab_descent_steps": 3000,
-        "stab_perturbation": 1e-4,
-        "stab_steps": 1000 if quick else 2000,
-        "stab_grid": 16 if quick else 32,
-        "stab_eta_theta_span": [1e-4, 4.0],
-        "stab_eta_P_span": [1e-2, 4.0],
-        "stab_multisection": 32 if quick else 64,
-        "stab_growth": 2.0,
-        "stab_decided": 1e3,
-        "utilization_threshold": 0.01,
-        "optimizer": "adam",
-    }
-    if full:  # the paper's sizes where it states them (Fig. 6: 300 epochs; Table 5: 50 epochs)
-        s.update(digits_epochs=300, digits_seeds=5, vq_epochs=50, hier_epochs=60)
-    for k, v in options.items():
-        if k not in s:
-            raise ValueError(f"unknown option {k!r} for reproduce prototypes; accepted: {', '.join(s)}")
-        s[k] = v
-    s["mode"] = "quick" if quick else "full" if full else "default"
-    return s
+        "stab_d": Option(4),
+        "stab_m": Option(2),
+        "stab_K": Option(4),
+        "stab_T": Option(128),
+        "stab_temperature": Option(0.2),
+        "stab_anchor": Option(1.0),
+        "stab_descent_steps": Option(3000),
+        "stab_perturbation": Option(1e-4),
+        "stab_steps": Option(2000, quick=1000),
+        "stab_grid": Option(32, quick=16),
+        "stab_eta_theta_span": Option([1e-4, 4.0]),
+        "stab_eta_P_span": Option([1e-2, 4.0]),
+        "stab_multisection": Option(64, quick=32),
+        "stab_growth": Option(2.0),
+        "stab_decided": Option(1e3),
+        "utilization_threshold": Option(0.01),
+        "optimizer": Option("adam"),
+    },
+    steps=("digits_ablation", "soft_vs_hard_vq", "hierarchical", "stability_grid", "figures"),
+    timings_suffix="_s",
+)
+
+
+def _settings(quick: bool, options: dict) -> dict:
+    """``EXPERIMENT``'s settings for ``run(quick=quick, **options)`` (``options`` may hold ``full``),
+    with the ``mode``."""
+    options = dict(options)
+    mode = EXPERIMENT.mode(quick=quick, full=bool(options.pop("full", False)))
+    return {**EXPERIMENT.settings(mode, **options), "mode": mode}
 
 
 # ---------------------------------------------------------------------------
@@ -772,31 +774,30 @@ def _fig_pca(path, dig):
 # ---------------------------------------------------------------------------
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
     """Run the prototype-readout reproduction; write ``out_dir/prototypes/`` and return the summary.
 
     Three sizes: ``quick``, the default, and ``full=True`` (the paper's epoch
-    counts). Other options override the entries of the settings (see
-    ``_settings``), e.g. ``eps=[0.05, 1.0]`` or ``digits_epochs=100``.
+    counts). Other options override the entries of ``EXPERIMENT.options``, e.g.
+    ``eps=[0.05, 1.0]`` or ``digits_epochs=100``; an unknown name raises ``ValueError``.
     """
-    cfg = _settings(quick, options)
+    cfg = _settings(quick, {**options, "full": full})
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     key = jax.random.key(cfg["seed"])
     kdig, kvq, khier = jax.random.split(key, 3)
     t0 = time.perf_counter()
     kstab = jax.random.fold_in(key, 4)
-    total = 2 + 3 * len(cfg["vq_K"]) + 1 + 2
-    with progress(total=total, desc="prototypes", disable=quiet) as pbar:
-        with Timer(timings, "digits_ablation_s"):
-            dig = _digits(cfg, kdig, pbar)
-        with Timer(timings, "soft_vs_hard_vq_s"):
-            vq = _vq(cfg, kvq, pbar)
-        with Timer(timings, "hierarchical_s"):
-            hier = _hierarchical(cfg, khier, pbar)
-        with Timer(timings, "stability_grid_s"):
-            stab = _stability(cfg, kstab, pbar)
+    with steps("digits_ablation") as part:
+        dig = _digits(cfg, kdig, part)
+    with steps("soft_vs_hard_vq") as part:
+        vq = _vq(cfg, kvq, part)
+    with steps("hierarchical") as part:
+        hier = _hierarchical(cfg, khier, part)
+    with steps("stability_grid") as part:
+        stab = _stability(cfg, kstab, part)
 
     h = dig["hist"]
     eps = dig["eps"]
@@ -891,7 +892,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     checks += stab_checks
 
     figures = []
-    with Timer(timings, "figures_s"):
+    with steps("figures"):
         for fname, fn, args in (
             ("decomposition.png", _fig_decomposition, (dig, vq, hier, e_ref)),
             ("utilization.png", _fig_utilization, (vq,)),
@@ -902,6 +903,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         ):
             fn(out / fname, *args)
             figures.append(fname)
+    steps.close()
 
     np.savez_compressed(
         out / "data.npz",

@@ -35,13 +35,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from .. import kernels, metrics, sphere, theory
 from ..integrate import simulate
-from ._common import Timer, check, write_summary
+from ._common import Experiment, Option, check, write_summary
 
 __all__ = [
+    "EXPERIMENT",
     "run",
     "settings_for",
     "winding_number",
@@ -56,55 +56,70 @@ __all__ = [
 _NAME = "usa-av"
 
 
+_TOEPLITZ_FOURIER = {
+    "n": 256,
+    "t1": 40.0,
+    "saves": 81,
+    # c_hat(0..3); dominant modes 0, 1, 2, 3 and a sign-changing profile (repulsive mean)
+    "kernels": {
+        "m0": [0.5, 0.2, 0.1, 0.05],
+        "m1": [0.0, 0.5, 0.2, 0.1],
+        "m2": [0.1, 0.2, 0.5, 0.1],
+        "m3": [0.0, 0.1, 0.2, 0.45],
+        "sign": [-0.4, -0.2, 0.35, -0.3],
+    },
+}
+_DOBRUSHIN = {"n": 256, "eps": 0.05, "t1": 4.0, "saves": 81}
+_NONATOMIC = {
+    "kappa": 2.0,
+    "mmd_gamma": 4.0,
+    "n": [64, 256, 1024, 2048],
+    "replicates": 64,
+    "flow_n": 1024,
+    "flow_t1": 10.0,
+    "cap": 0.5,
+    "seed": 0,
+}
+
+#: The experiment's options (quick: 2 values of n, 8 seeds) and steps.
+EXPERIMENT = Experiment(
+    _NAME,
+    {
+        "d": Option(3),
+        "beta": Option(1.0),
+        "omega": Option(float(2 * np.pi)),
+        "plane": Option([0, 1]),
+        "num_prompts": Option(3),
+        "gauge_seed": Option(0),
+        "lam": Option(1.0),
+        "toeplitz_m": Option(1),
+        "wavy_gauge": Option({"amplitude": 0.6, "k": 3}),
+        "fig2_n": Option([64, 128, 256, 512], quick=[64, 128]),
+        "fig2_seeds": Option(100, quick=8),
+        "fig2_t1": Option(20.0),
+        "fig2_saves": Option(41),
+        "fig3_n": Option(256),
+        "fig3_t1": Option(40.0),
+        "dt": Option(1e-2),
+        "solver": Option("rk2"),
+        "early_stop": Option(1e-8),
+        "cluster_threshold_rad": Option(0.05),
+        "seed": Option(0),
+        "dtype": Option("float32"),
+        "toeplitz_fourier": Option(_TOEPLITZ_FOURIER, quick={**_TOEPLITZ_FOURIER, "n": 128}),
+        "dobrushin": Option(_DOBRUSHIN, quick={**_DOBRUSHIN, "n": 128}),
+        "nonatomic": Option(
+            _NONATOMIC, quick={**_NONATOMIC, "n": [64, 256, 1024], "replicates": 16, "flow_n": 256}
+        ),
+    },
+    steps=("fig2", "gauge_equivalence", "fig3", "toeplitz_fourier", "dobrushin", "nonatomic", "figures"),
+    timings_suffix="_s",
+)
+
+
 def settings_for(quick: bool) -> dict:
-    """Settings of the reproduction (quick: 2 values of n, 8 seeds)."""
-    return {
-        "d": 3,
-        "beta": 1.0,
-        "omega": float(2 * np.pi),
-        "plane": [0, 1],
-        "num_prompts": 3,
-        "gauge_seed": 0,
-        "lam": 1.0,
-        "toeplitz_m": 1,
-        "wavy_gauge": {"amplitude": 0.6, "k": 3},
-        "fig2_n": [64, 128] if quick else [64, 128, 256, 512],
-        "fig2_seeds": 8 if quick else 100,
-        "fig2_t1": 20.0,
-        "fig2_saves": 41,
-        "fig3_n": 256,
-        "fig3_t1": 40.0,
-        "dt": 1e-2,
-        "solver": "rk2",
-        "early_stop": 1e-8,
-        "cluster_threshold_rad": 0.05,
-        "seed": 0,
-        "dtype": "float32",
-        "toeplitz_fourier": {
-            "n": 128 if quick else 256,
-            "t1": 40.0,
-            "saves": 81,
-            # c_hat(0..3); dominant modes 0, 1, 2, 3 and a sign-changing profile (repulsive mean)
-            "kernels": {
-                "m0": [0.5, 0.2, 0.1, 0.05],
-                "m1": [0.0, 0.5, 0.2, 0.1],
-                "m2": [0.1, 0.2, 0.5, 0.1],
-                "m3": [0.0, 0.1, 0.2, 0.45],
-                "sign": [-0.4, -0.2, 0.35, -0.3],
-            },
-        },
-        "dobrushin": {"n": 128 if quick else 256, "eps": 0.05, "t1": 4.0, "saves": 81},
-        "nonatomic": {
-            "kappa": 2.0,
-            "mmd_gamma": 4.0,
-            "n": [64, 256, 1024] if quick else [64, 256, 1024, 2048],
-            "replicates": 16 if quick else 64,
-            "flow_n": 256 if quick else 1024,
-            "flow_t1": 10.0,
-            "cap": 0.5,
-            "seed": 0,
-        },
-    }
+    """Settings of the reproduction (quick: 2 values of n, 8 seeds): ``EXPERIMENT``'s."""
+    return EXPERIMENT.settings("quick" if quick else "default")
 
 
 def _model(name: str, S: dict):
@@ -207,13 +222,16 @@ def _overlay_orbit(kernel, x, aux, s):
     return jnp.einsum("nji,j->ni", P, u)
 
 
-def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict:
-    """Run the USA-AV reproduction; write figures, data and ``summary.json``; return the summary."""
+def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+    """Run the USA-AV reproduction; write figures, data and ``summary.json``; return the summary.
+
+    ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
+    ``full`` runs the default sizes (the paper's Fig. 2 settings were lost, App. B.2)."""
+    S = EXPERIMENT.settings(EXPERIMENT.mode(quick=quick, full=full), **options)
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
-    S = settings_for(quick)
-    S.update({k: v for k, v in options.items() if k in S})
-    timings: dict = {}
+    steps = EXPERIMENT.start(quiet=quiet)
+    timings = steps.timings
     checks: list = []
     k_fig2, k_fig3, k_eq, k_tf, k_dob = _experiment_keys(S["seed"])
     d, beta = S["d"], S["beta"]
@@ -223,10 +241,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     models = _fig2_models(S)
     fig2: dict[tuple[str, int], dict[str, Any]] = {}
     jobs = [(m, n) for n in S["fig2_n"] for m in models]
-    bar = tqdm(jobs, desc="usa-av fig2", disable=quiet)
-    with Timer(timings, "fig2_s"):
-        for m, n in bar:
-            bar.set_postfix(model=m, n=n)
+    with steps("fig2") as part:
+        for m, n in jobs:
+            part.set_postfix_str(f"model={m}, n={n}")
             t0 = time.perf_counter()
             tr = _run_seeds(models[m], k_fig2, n, d, seeds=S["fig2_seeds"], t1=S["fig2_t1"],
                             saves=S["fig2_saves"], dt=S["dt"], solver=S["solver"], early_stop=S["early_stop"])
@@ -291,7 +308,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     ))
 
     # ------------------------------------------------------ gauge equivalence
-    with Timer(timings, "gauge_equivalence_s"):
+    with steps("gauge_equivalence"):
         n_eq = S["fig2_n"][0]
         x0 = sphere.uniform(k_eq, n_eq, d)
         y0 = _to_gauge_frame(rope_k, x0)
@@ -317,10 +334,9 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
     x0 = sphere.uniform(k_fig3, n3, d)
     ts3 = np.linspace(0.0, S["fig3_t1"], 81)
     fig3: dict[str, dict[str, Any]] = {}
-    bar = tqdm(fig3_models.items(), desc="usa-av fig3", disable=quiet)
-    with Timer(timings, "fig3_s"):
-        for name, k in bar:
-            bar.set_postfix(model=name)
+    with steps("fig3") as part:
+        for name, k in fig3_models.items():
+            part.set_postfix_str(f"model={name}")
             tr = simulate(k, x0, t1=S["fig3_t1"], dt=S["dt"], solver=S["solver"], ts=ts3,
                           early_stop=S["early_stop"], save_states=False,
                           observables={"x": lambda x: x})
@@ -367,12 +383,12 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         ))
 
     # ------------------------------------- Prop. 10, Prop. 4, Thm. 4 (iii) (own keys: earlier draws unchanged)
-    tf = _toeplitz_fourier(S, k_tf, checks, timings)
-    dob = _dobrushin(S, k_dob, checks, timings)
-    na = _nonatomic(S, checks, timings)  # float64 prompts: a NumPy Generator seeded by the settings
+    tf = _toeplitz_fourier(S, k_tf, checks, steps)
+    dob = _dobrushin(S, k_dob, checks, steps)
+    na = _nonatomic(S, checks, steps)  # float64 prompts: a NumPy Generator seeded by the settings
 
     # ---------------------------------------------------------------- figures + data
-    with Timer(timings, "figures_s"):
+    with steps("figures"):
         figures = _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E)
         figures += _extra_figures(out, S, tf, dob, na)
     np.savez_compressed(
@@ -402,6 +418,7 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
         **{f"fig3/{name}": v["stop_time"] for name, v in fig3.items()},
     }
     S["fig2_wall_s"] = {f"{m}/n={n}": round(v["wall_s"], 2) for (m, n), v in fig2.items()}
+    steps.close()
     return write_summary(out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
 
 
@@ -410,13 +427,13 @@ def run(out_dir, *, quick: bool = False, quiet: bool = False, **options) -> dict
 # ----------------------------------------------------------------------------
 
 
-def _toeplitz_fourier(S, key, checks, timings):
+def _toeplitz_fourier(S, key, checks, steps):
     T = S["toeplitz_fourier"]
     n, d = T["n"], S["d"]
     x0 = sphere.uniform(key, n, d)
     ts = np.linspace(0.0, T["t1"], T["saves"])
     res: dict[str, dict[str, Any]] = {}
-    with Timer(timings, "toeplitz_fourier_s"):
+    with steps("toeplitz_fourier"):
         for name, c_hat in T["kernels"].items():
             k = kernels.ToeplitzSeries(c_hat)  # same coefficient count: one compilation for all
             tr = simulate(k, x0, t1=T["t1"], dt=S["dt"], solver=S["solver"], ts=ts, early_stop=S["early_stop"])
@@ -459,7 +476,7 @@ def _toeplitz_fourier(S, key, checks, timings):
 # ----------------------------------------------------------------------------
 
 
-def _dobrushin(S, keys, checks, timings):
+def _dobrushin(S, keys, checks, steps):
     D = S["dobrushin"]
     n, d, beta = D["n"], S["d"], S["beta"]
     kx, ky = keys
@@ -467,7 +484,7 @@ def _dobrushin(S, keys, checks, timings):
     y0 = sphere.normalize(x0 + D["eps"] * jax.random.normal(ky, x0.shape, x0.dtype))
     ts = np.linspace(0.0, D["t1"], D["saves"])
     k = kernels.USA(beta)
-    with Timer(timings, "dobrushin_s"):
+    with steps("dobrushin"):
         tx = simulate(k, x0, t1=D["t1"], dt=S["dt"], solver=S["solver"], ts=ts)
         ty = simulate(k, y0, t1=D["t1"], dt=S["dt"], solver=S["solver"], ts=ts)
         W = np.array([w1_empirical(a, b) for a, b in zip(np.asarray(tx.xs), np.asarray(ty.xs))])
@@ -490,13 +507,13 @@ def _dobrushin(S, keys, checks, timings):
 # ----------------------------------------------------------------------------
 
 
-def _nonatomic(S, checks, timings):
+def _nonatomic(S, checks, steps):
     P = S["nonatomic"]
     kappa, gamma, beta = P["kappa"], P["mmd_gamma"], S["beta"]
     rng = np.random.default_rng(P["seed"])  # float64 prompts z (52 binary digits to split)
     const = vmf_mmd_constant(kappa, gamma)
     scaled: dict[int, np.ndarray] = {}
-    with Timer(timings, "nonatomic_s"):
+    with steps("nonatomic"):
         for n in P["n"]:  # the maximiser's law: x_i = G(z_i), z_i ~ eta = Leb[0, 1) i.i.d.
             scaled[n] = np.array([n * mmd2_to_vmf(vmf_prompt_map(rng.random(n), kappa), kappa, gamma)
                                   for _ in range(P["replicates"])])
