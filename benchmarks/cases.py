@@ -176,8 +176,8 @@ from benchmarks import references as ref
 S, n, d, which = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
 if which in ("meanfield", "xla"):
-    mf.kernels.set_native(which == "meanfield")
-    f = jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))
+    backend = "auto" if which == "meanfield" else "xla"  # meanfield's default, or its XLA path
+    f = jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x, backend=backend)))
     call = lambda: f(x)
 else:
     g = ref.usa_velocity_jax()
@@ -363,9 +363,8 @@ import json, resource, sys, time
 import jax, jax.numpy as jnp
 import meanfield as mf
 n, d, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-mf.kernels.set_native(mode == "native")
 x = mf.sphere.uniform(jax.random.key(0), n, d)
-f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))
+f = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x, backend="native" if mode == "native" else "xla"))
 t0 = time.perf_counter(); v = f(x).block_until_ready(); t_first = time.perf_counter() - t0
 t0 = time.perf_counter(); v = f(x).block_until_ready(); t_run = time.perf_counter() - t0
 tangent = float(jnp.abs(jnp.sum(v * x, -1)).max())
@@ -413,7 +412,7 @@ def big_n(quick: bool, log) -> Result:
         log(f"big n {mode}: {r}")
     res.notes.append(
         "`mf.velocity(mf.kernels.USA(1.0), x)` under jit. Native: memory O(n d) per thread. XLA path "
-        f"(`mf.kernels.set_native(False)`): row tiles of "
+        f"(`backend=\"xla\"`): row tiles of "
         f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} (lax.map) accumulated over column "
         f"tiles twice as wide (lax.scan), memory O(n d + block^2). Peak RSS = `VmHWM` of the subprocess (its own high-water mark, which includes the Python/JAX "
         f"runtime, about 0.3 GiB)."
@@ -538,7 +537,7 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     ] if backend == "native" else [
         [f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`)", fmt_t(t_fast), "1.00x", "0",
          f"median of {reps}; first call incl. compile {fmt_t(t_first)}; the native kernel did not build: "
-         f"{_native.unavailable_reason()}"],
+         f"{_native.phase_library().reason}"],
     ]
     res.rows += native_rows + [
         [f"meanfield, `backend='xla'` (XLA kernel, automatic seed chunks of {chunk})", fmt_t(t_xla),
@@ -888,15 +887,15 @@ def formulations(quick: bool, log) -> Result:
         "Formulations of the dense USA field (float32, seeds vmapped), time relative to meanfield's",
         ["formulation / compile options"] + [f"{S} x {n} x {d}" for S, n, d in shapes],
     )
-    base_name = "meanfield (`USA.field`: native kernel)"
-    xla_name = "meanfield's XLA path (`native(False)`, chunked)"
+    base_name = "meanfield (`USA.field`: default backend 'auto')"
+    xla_name = "meanfield's XLA path (`use_backend(\"xla\")`, chunked)"
     rel = {c: [] for c in [base_name, xla_name] + cols}
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
         ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
         fns = {"meanfield": jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))}
         def xla_field(y):
-            with mf.kernels.native(False):  # traced with the XLA formulation
+            with mf.kernels.use_backend("xla"):  # traced with the XLA formulation
                 return mf.kernels.USA(1.0, rescaled=True).field(y, None)
 
         fns[xla_name] = jax.jit(jax.vmap(xla_field))

@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     import meanfield as mf
     from meanfield import _native
 
-    if not _native.exp_available():
-        print(f"the native kernel is not available: {_native.exp_unavailable_reason()}", file=sys.stderr)
+    if not _native.exp_library().available:
+        print(f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr)
         return 1
     most = _native.exp_default_threads()
     kernel = mf.kernels.USA(1.0)
-    native = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))
+    native = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x, backend="native")))
     xla = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x, backend="xla")))
     modes = {
         "native, adaptive threads (default)": (native, dict(threads=most, adaptive=True)),

@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .cases import THREADS, fmt_r, fmt_t, timeit, timeit_interleaved
 
-    if not _native.exp_available():
-        print(f"the native kernel is not available: {_native.exp_unavailable_reason()}", file=sys.stderr)
+    if not _native.exp_library().available:
+        print(f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr)
         return 1
     dtype = jnp.dtype(args.dtype)
     kernel = mf.kernels.USA(BETA)

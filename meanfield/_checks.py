@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _params
+
 __all__ = [
     "RealScalarLike",
     "is_concrete",
@@ -128,16 +130,9 @@ def check_flag(name: str, value) -> bool:
 
 
 def check_int(name: str, value, *, minimum: int | None = None) -> int:
-    """A Python integer (not bool) with an optional lower bound."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, np.ndarray) and value.shape == () and np.issubdtype(value.dtype, np.integer):
-            value = int(value)
-        else:
-            raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    """A Python integer (not bool) with an optional lower bound (``meanfield._params.check_int``:
+    the one rule and message of integers)."""
+    return _params.check_int(name, value, minimum)
 
 
 def check_plane(plane, d: int | None) -> tuple[int, int]:

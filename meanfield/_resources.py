@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,9 @@ from ._machine import _HUGE, ResourceLimitError, format_bytes, machine_memory
 
 __all__ = [
     "Cost",
+    "Footprint",
+    "POINT_OVERHEAD_BYTES",
+    "as_float",
     "ResourceLimitError",
     "WORK_LIMIT",
     "GRID_BYTES_PER_STEP",
@@ -64,7 +68,6 @@ __all__ = [
     "run_cost",
     "check_cost",
     "format_bytes",
-    "interaction_rate",
     "step_ratios",
     "step_warning",
     "step_warning_text",
@@ -85,6 +88,9 @@ GRID_BYTES_PER_STEP = 48
 #: measured at n = 2 on a 2-core CPU, about 1e6 flop at 1e11 flop/s).
 STEP_OVERHEAD_FLOP = 1e6
 
+#: Bytes of one point beyond its arrays (scalars, bookkeeping).
+POINT_OVERHEAD_BYTES = 256
+
 #: ``dt x rate`` above which ``step_warning`` warns (10x the reference code's rule
 #: ``dt <= 0.1 / rate``).
 STEP_RATIO_LIMIT = 1.0
@@ -92,8 +98,30 @@ STEP_RATIO_LIMIT = 1.0
 _STAGES = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}
 _FIXED = ("euler", "rk2", "rk4")
 _ADAPTIVE_STEPS = 100_000  # simulate's default max_steps for the adaptive solvers
-_GAUGED = ("rope", "phase-field", "gauge", "prompt")
-_EXP = ("usa", "distance-bias", "rope", "phase-field", "gauge", "prompt")
+
+
+class Footprint(NamedTuple):
+    """What one field evaluation of a model costs beyond its ``(n, d)`` state (``mf.models.Model.footprint``):
+    the floats it holds at once (``entries``: weights, tiles, per-particle tables such as gauge
+    matrices) and the pair interactions it evaluates (``pairs``; work ``pairs (4 d + 8)`` flop).
+    The one input of the cost estimate (``meanfield._resources.run_cost``)."""
+
+    entries: float
+    pairs: float
+
+
+def as_float(v) -> float:
+    """``float(v)``, ``inf`` for an int beyond the float range (estimates of huge runs are huge, never
+    an ``OverflowError``).
+
+    Example:
+        >>> as_float(3), as_float(10**400)
+        (3.0, inf)
+    """
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +134,8 @@ class Cost:
         bytes: peak memory of the whole batch (host and device together).
         work: floating-point operations of the whole batch.
         batch: systems run together (``bytes`` and ``work`` cover all of them).
+        point_bytes: memory of one system (its state, saved outputs and pairwise working set):
+            what a sweep's chunks are sized by (``bytes`` adds the shared step grid and 1 MiB).
     """
 
     steps: int
@@ -113,6 +143,7 @@ class Cost:
     bytes: int
     work: float
     batch: int = 1
+    point_bytes: int = 0
 
     def describe(self) -> str:
         """One line, e.g. ``"2e+11 steps, 3 saves, 745 GiB per point, 1.2e+16 flop"``."""
@@ -154,8 +185,7 @@ def run_cost(
     itemsize: int,
     batch=1,
     solver: str = "rk2",
-    kind: str = "usa",
-    block_size: int | None = None,
+    footprint: Footprint,
     save_states: bool = True,
     observables: int = 3,
     clusters: bool = True,
@@ -169,13 +199,18 @@ def run_cost(
     adaptive ones;
 
     $$\text{bytes} = \text{GRID\_BYTES\_PER\_STEP} \cdot \text{steps}\, [\text{step\_grid}]
-    + \text{batch}\, (\text{state} + \text{trajectory} + \text{pairwise working set}) + 1\,\text{MiB},$$
+    + \text{batch}\, \text{point\_bytes} + 1\,\text{MiB},$$
+
+    $$\text{point\_bytes} = \text{itemsize}\, \big((2\, \text{stages} + 6)\, n d + \text{saves}\, (n d\, [\text{save\_states}]
+    + \text{observables} + 1) + \max(\text{footprint}, 2.5\, B_c C_c\, [\text{clusters}]) + 3 n\, [\text{clusters}]\big) + 256,$$
 
     $$\text{work} = \text{batch}\, \big(\text{steps} \cdot \text{stages} \cdot \text{pairs}
     + \text{saves}\, (\text{pairs} + n^2\, [\text{clusters}])\big)\, (4 d + 8)
     + \text{STEP\_OVERHEAD\_FLOP} \cdot \text{steps}$$
 
-    with $\text{pairs} = n^2$ ($n$ for ``toeplitz``); $[\cdot]$ is 1 when the option is on, else 0.
+    with $\text{pairs}$ and the pairwise working set (``footprint``) from the model's ``footprint``,
+    $B_c = \min(n, \text{CLUSTER\_BLOCK})$ and $C_c = \min(n, 2 B_c)$ the tile of the clusters pass;
+    $[\cdot]$ is 1 when the option is on, else 0. ``point_bytes`` is what a sweep's chunks are sized by.
     See the module docstring for what each term counts.
 
     Args:
@@ -185,8 +220,8 @@ def run_cost(
         itemsize: bytes of the floating dtype (4 or 8).
         batch: systems run together (a sweep chunk); the step grid is shared.
         solver: a ``meanfield.integrate.SOLVERS`` name (its stage count).
-        kind: the registry name of the model (``mf.kernels.MODELS``): its pairwise working set.
-        block_size: the row tile of the field evaluation (``None``: automatic).
+        footprint: the model's ``footprint(n, d)`` (``mf.models.Model.footprint``): the working set
+            and pair count of one field evaluation.
         save_states: whether the ``(saves, n, d)`` states are kept.
         observables: scalar observables per save (collapse gap, energy, clusters: 3).
         clusters: whether ``metrics.num_clusters`` runs at each save.
@@ -198,12 +233,11 @@ def run_cost(
         ``Cost``; never raises ``OverflowError``/``MemoryError``.
 
     Example:
-        >>> c = run_cost(n=256, d=3, t1=20.0, dt=0.01, saves=101, itemsize=4)
+        >>> import meanfield as mf
+        >>> c = run_cost(n=256, d=3, t1=20.0, dt=0.01, saves=101, itemsize=4, footprint=mf.kernels.USA(1.0).footprint(256, 3))
         >>> c.steps, c.saves, c.bytes < 2**30
         (2102, 101, True)
     """
-    from .kernels import DEFAULT_BLOCK, DENSE_MAX
-
     nf, df, bf = _num("n", n), _num("d", d), _num("batch", batch)
     t1f, dtf, sf = _num("t1", t1), _num("dt", dt), _num("saves", saves)
     if solver not in _STAGES:
@@ -219,34 +253,23 @@ def run_cost(
     b = float(itemsize)
     nd = nf * df
     # pairwise working set of one field evaluation (entries)
-    if kind == "toeplitz":
-        pair_entries = 4.0 * nf
-        pairs = nf
-    else:
-        pairs = nf * nf
-        dense = kind == "sa" or (block_size is None and nf <= DENSE_MAX) or (
-            block_size is not None and block_size >= nf
-        )
-        if dense:
-            pair_entries = 3.0 * pairs
-        else:
-            B = float(DEFAULT_BLOCK if block_size is None else block_size)
-            C = min(2.0 * B, nf)
-            pair_entries = (4.0 if kind == "distance-bias" else 3.0) * B * C
-    if clusters:
+    # pairwise working set of one field evaluation (entries) and its pair count: the model's
+    pair_entries, pairs = float(footprint.entries), float(footprint.pairs)
+    if clusters:  # num_clusters' tiles (CLUSTER_BLOCK rows, twice the columns), at saves: not with the field's
         from .metrics import CLUSTER_BLOCK
 
         rows = min(nf, float(CLUSTER_BLOCK))
-        pair_entries = max(pair_entries, 3.0 * rows * min(nf, 2.0 * CLUSTER_BLOCK)) + 3.0 * nf
-    state = (2.0 * stages + 6.0) * nd + (nf * df * df if kind in _GAUGED else 0.0)
-    traj = sf * ((nd if save_states else 0.0) + observables + 4.0)
-    per_point = b * (state + traj + pair_entries)
+        pair_entries = max(pair_entries, 2.5 * rows * min(nf, 2.0 * rows)) + 3.0 * nf
+    state = (2.0 * stages + 6.0) * nd
+    traj = sf * ((nd if save_states else 0.0) + observables + 1.0)
+    per_point = b * (state + traj + pair_entries) + POINT_OVERHEAD_BYTES
     grid = GRID_BYTES_PER_STEP * steps_f if step_grid else 0.0
     total = grid + bf * per_point + 2.0**20
     flop_pair = 4.0 * df + 8.0
     per_save = pairs + (nf * nf if clusters else 0.0)  # the energy, the clusters pass
     work = bf * (steps_f * stages * pairs + sf * per_save) * flop_pair + STEP_OVERHEAD_FLOP * steps_f
-    return Cost(steps=steps, saves=_as_int(sf), bytes=_as_int(total), work=work, batch=_as_int(bf))
+    return Cost(steps=steps, saves=_as_int(sf), bytes=_as_int(total), work=work, batch=_as_int(bf),
+                point_bytes=_as_int(per_point))
 
 
 def check_cost(
@@ -267,7 +290,7 @@ def check_cost(
     where forcing is possible, ``force_hint``.
 
     Example:
-        >>> c = run_cost(n=8, d=3, t1=1e9, dt=1e-2, saves=3, itemsize=4)
+        >>> c = run_cost(n=8, d=3, t1=1e9, dt=1e-2, saves=3, itemsize=4, footprint=Footprint(3 * 64, 64))
         >>> try:
         ...     check_cost(c, what="simulate", memory=2**30, total=2**31)
         ... except ResourceLimitError as e:
@@ -301,35 +324,18 @@ def check_cost(
 # ----------------------------------------------------------------------------
 
 
-def interaction_rate(kind: str, beta, *, rescaled: bool = False, normalized: bool = True) -> np.ndarray:
-    r"""Rate of the interaction (inverse time scale) of model ``kind`` at inverse temperature ``beta``.
-
-    Exp kernels (``usa``, ``distance-bias``, ``rope``, ``phase-field``, ``gauge``, ``prompt``
-    and the unnormalised ``sa``): $\sqrt\beta\, e^{\beta - 1/2}$ (the reference code's step
-    rule $\mathrm{dt} \le 0.1 / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$), $\sqrt\beta\, e^{-1/2}$ when
-    rescaled; normalised self-attention: $\beta$; ``toeplitz``: 0 (no rule).
+def step_ratios(rates, dt, *, solver: str = "rk2") -> np.ndarray:
+    """``dt x rate`` for each interaction rate (``Model.interaction_rate()``; zeros for adaptive
+    solvers, which choose their own steps).
 
     Example:
-        >>> round(float(interaction_rate("usa", 1.0)), 4)   # e^(1/2)
-        1.6487
+        >>> step_ratios([2.0, 10.0], 0.05).tolist(), step_ratios([10.0], 0.05, solver="tsit5").tolist()
+        ([0.1, 0.5], [0.0])
     """
-    b = np.asarray(beta, dtype=np.float64)
-    if kind == "toeplitz":
-        return np.zeros_like(b)
-    if kind == "sa" and normalized:
-        return np.asarray(b)
-    with np.errstate(over="ignore"):
-        return np.asarray(np.sqrt(b) * np.exp((0.0 if rescaled else b) - 0.5))
-
-
-def step_ratios(
-    kind: str, beta, dt, *, solver: str = "rk2", rescaled: bool = False, normalized: bool = True
-) -> np.ndarray:
-    """``dt x interaction_rate`` for each ``beta`` (zeros for adaptive solvers, which choose
-    their own steps)."""
+    r = np.asarray(rates, dtype=np.float64)
     if solver not in _FIXED:
-        return np.zeros_like(np.asarray(beta, dtype=np.float64))
-    return np.asarray(float(dt) * interaction_rate(kind, beta, rescaled=rescaled, normalized=normalized))
+        return np.zeros_like(r)
+    return np.asarray(float(dt) * r)
 
 
 def step_warning_text(
@@ -358,29 +364,28 @@ def step_warning_text(
 
 
 def step_warning(
-    kind: str,
-    beta,
+    rate,
     dt,
     *,
     solver: str = "rk2",
-    rescaled: bool = False,
-    normalized: bool = True,
     dt_name: str = "dt",
     rescaled_hint: str = "rescaled = true",
 ) -> str | None:
-    """One warning line when the fixed step ``dt`` is long for the interaction rate
-    (``dt x interaction_rate(kind, beta) > STEP_RATIO_LIMIT``), else ``None``.
+    """One warning line when the fixed step ``dt`` is long for the interaction rate ``rate`` (the
+    model's ``interaction_rate()``, one value or an array over a grid): ``dt x rate >
+    STEP_RATIO_LIMIT``; else ``None``.
 
     Measured: projected RK2 at ``dt = 0.05``, ``beta = 4``, USA (``dt x rate = 3.3``) loses
     energy; ``simulate --n 32 --beta 10 --t1 0.2`` at ``dt = 0.01`` (``dt x rate = 422``) lets
     the energy fall in 8 of 20 intervals.
 
     Example:
-        >>> step_warning("usa", 1.0, 0.01) is None
+        >>> import meanfield as mf
+        >>> step_warning(mf.kernels.USA(1.0).interaction_rate(), 0.01) is None
         True
-        >>> step_warning("usa", 10.0, 0.01, dt_name="--dt", rescaled_hint="--rescaled")[:50]
+        >>> step_warning(mf.kernels.USA(10.0).interaction_rate(), 0.01, dt_name="--dt", rescaled_hint="--rescaled")[:50]
         'warning: --dt = 0.01 is long for the interaction r'
     """
-    r = step_ratios(kind, beta, dt, solver=solver, rescaled=rescaled, normalized=normalized)
+    r = step_ratios(rate, dt, solver=solver)
     what = "the interaction rate" if r.size == 1 else "beta value(s)"
     return step_warning_text(r, dt, dt_name=dt_name, rescaled_hint=rescaled_hint, what=what)

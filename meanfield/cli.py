@@ -49,7 +49,9 @@ import time
 import tomllib
 from pathlib import Path
 
+from . import _params
 from ._argparse import OneLineParser
+from ._native import BACKENDS, check_backend
 
 __all__ = ["main", "build_parser", "PARAM_LIMIT", "SEED_LIMIT"]
 
@@ -65,75 +67,24 @@ SEED_LIMIT = 2**32 - 1
 _Parser = OneLineParser  # meanfield._argparse: shared with meanfield info
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+def _arg(kind: str, *, minimum: int | None = None, maximum: int | None = None, magnitude: int | float | None = None):
+    """The argparse type of a value of ``kind`` (``meanfield._params``: the rule and message of the
+    Python constructors and the sweep spec; ``"int"`` with ``minimum``/``maximum`` for counts and
+    seeds), with ``|value| <= magnitude`` where given."""
 
-
-def _positive_float(text: str) -> float:
-    v = _number(text)
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    v = _number(text)
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
-
-
-def _int_at_least(k: int, most: int | None = None):
-    """An integer ``>= k`` (and ``<= most``); integral floats such as ``1e5`` are accepted."""
-
-    def parse(text: str) -> int:
+    def parse(text: str):
         try:
-            v = int(text)
-        except ValueError:
-            f = _number(text) if text.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity") else math.nan
-            if not (math.isfinite(f) and f.is_integer()):
-                raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-            v = int(f)
-        if v < k or (most is not None and v > most):
-            accepted = f">= {k}" if most is None else f"in [{k}, {most}]"
-            raise argparse.ArgumentTypeError(f"must be an integer {accepted}, got {text}")
-        return v
-
-    return parse
-
-
-def _finite_float(text: str) -> float:
-    v = _number(text)
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
-    return v
-
-
-def _limited(parse):
-    """``parse`` with ``|value| <= PARAM_LIMIT``."""
-
-    def limited(text: str) -> float:
-        v = parse(text)
-        if abs(v) > PARAM_LIMIT:
+            v = _params.parse_text(kind, text, minimum=minimum, maximum=maximum)
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if magnitude is not None and abs(v) > magnitude:
             raise argparse.ArgumentTypeError(
                 f"must be at most 2^24 = {PARAM_LIMIT} in magnitude (float32 resolves no unit beyond), got {text}"
             )
         return v
 
-    return limited
-
-
-def _plane(text: str) -> tuple[int, int]:
-    try:
-        a, b = (int(t) for t in text.replace(" ", "").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two coordinate indices like 0,1, got {text!r}") from None
-    if a == b or min(a, b) < 0:
-        raise argparse.ArgumentTypeError(f"must be two distinct indices >= 0, got {text!r}")
-    return a, b
+    parse.__name__ = kind  # argparse names the type in some messages
+    return parse
 
 
 def _flag(name: str) -> str:
@@ -143,10 +94,14 @@ def _flag(name: str) -> str:
 def _models() -> tuple:
     """The registry as the parser needs it (``meanfield._cli_schema.Model``): the registry
     itself where ``meanfield.kernels`` is already imported (a model registered at run time
-    included), else its JAX-free copy ``meanfield._cli_schema.MODELS``."""
+    included) or where an installed package declares models (entry-point group
+    ``meanfield.models``: they register when the registry loads), else its JAX-free copy
+    ``meanfield._cli_schema.MODELS``."""
     from . import _cli_schema
 
-    return _cli_schema.derive_models() if "meanfield.kernels" in sys.modules else _cli_schema.MODELS
+    if "meanfield.kernels" in sys.modules or _cli_schema.entry_points_declared():
+        return _cli_schema.derive_models()
+    return _cli_schema.MODELS
 
 
 def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -168,9 +123,6 @@ def _add_model_flags(parser: argparse.ArgumentParser, models) -> None:
         if entry.simulated:
             for p in entry.params:
                 seen.setdefault(p.name, []).append((entry.name, p))
-    types = {"float>0": _limited(_positive_float), "float>=0": _limited(_nonneg_float),
-             "float": _limited(_finite_float), "int>=1": _int_at_least(1, PARAM_LIMIT),
-             "int>=0": _int_at_least(0, PARAM_LIMIT), "plane": _plane}
     for name, uses in seen.items():
         p = uses[0][1]
         if len({(q.doc, _show_default(q.default)) for _, q in uses}) == 1:
@@ -183,9 +135,13 @@ def _add_model_flags(parser: argparse.ArgumentParser, models) -> None:
         elif p.kind == "choice":
             kw["choices"] = p.choices
         elif name.endswith("seed"):
-            kw["type"] = _int_at_least(0, SEED_LIMIT)
+            kw["type"] = _arg(p.kind, maximum=SEED_LIMIT)
+        elif p.kind == "plane":
+            kw["type"] = _arg(p.kind)
+        elif p.kind.startswith("int"):
+            kw["type"] = _arg(p.kind, maximum=PARAM_LIMIT)
         else:
-            kw["type"] = types[p.kind]
+            kw["type"] = _arg(p.kind, magnitude=PARAM_LIMIT)
         parser.add_argument(_flag(name), **kw)
 
 
@@ -216,20 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--kernel", default="usa", choices=model_names,
                    help="model name from the registry (mf.kernels.MODELS; default usa)")
-    s.add_argument("--n", type=_int_at_least(2), default=256, help="number of particles (default 256)")
-    s.add_argument("--d", type=_int_at_least(2), default=3, help="dimension of the ambient space (default 3)")
+    s.add_argument("--n", type=_arg("int", minimum=2), default=256, help="number of particles (default 256)")
+    s.add_argument("--d", type=_arg("int", minimum=2), default=3, help="dimension of the ambient space (default 3)")
     _add_model_flags(s, models)
-    s.add_argument("--t1", type=_positive_float, default=20.0, help="final time (default 20)")
-    s.add_argument("--dt", type=_positive_float, default=1e-2, help="time step (default 1e-2)")
+    s.add_argument("--t1", type=_arg("float>0"), default=20.0, help="final time (default 20)")
+    s.add_argument("--dt", type=_arg("float>0"), default=1e-2, help="time step (default 1e-2)")
     s.add_argument("--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)")
     s.add_argument("--step", default="projected", choices=STEPS,
                    help="Euler step rule: projected (x + dt P_x F, then normalise; default) or renormalize "
                         "(x + dt F, then normalise: the published code's update; --solver euler only)")
-    s.add_argument("--rtol", type=_positive_float, default=None, help="adaptive solvers: relative tolerance")
-    s.add_argument("--atol", type=_positive_float, default=None, help="adaptive solvers: absolute tolerance")
-    s.add_argument("--saves", type=_int_at_least(2), default=101, help="number of save times (default 101)")
-    s.add_argument("--early-stop", type=_positive_float, default=None, help="paper's early-stop tolerance (e.g. 1e-8)")
-    s.add_argument("--seed", type=_int_at_least(0, SEED_LIMIT), default=0,
+    s.add_argument("--backend", default="auto", metavar="|".join(BACKENDS),
+                   help="exp-kernel evaluation: auto (default: the fused C kernel where it was measured faster on "
+                        "this machine, see `meanfield info`), native (the fused C kernel) or xla")
+    s.add_argument("--rtol", type=_arg("float>0"), default=None, help="adaptive solvers: relative tolerance")
+    s.add_argument("--atol", type=_arg("float>0"), default=None, help="adaptive solvers: absolute tolerance")
+    s.add_argument("--saves", type=_arg("int", minimum=2), default=101, help="number of save times (default 101)")
+    s.add_argument("--early-stop", type=_arg("float>0"), default=None, help="paper's early-stop tolerance (e.g. 1e-8)")
+    s.add_argument("--seed", type=_arg("int", minimum=0, maximum=SEED_LIMIT), default=0,
                    help=f"random seed in [0, {SEED_LIMIT}] (default 0)")
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
     s.add_argument("--movie", default=None, metavar="PATH",
@@ -246,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--full", action="store_true", help="the papers' full sizes (where an experiment has them)")
     r.add_argument("--out", default="out/reproduce", help="output directory (default out/reproduce)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
-    r.add_argument("--jobs", type=_int_at_least(1), default=None,
+    r.add_argument("--jobs", type=_arg("int", minimum=1), default=None,
                    help="experiments run at once, each in its own process (default: one per core, at most one per "
                         "experiment; 1: one after the other in this process)")
 
@@ -352,16 +311,16 @@ def _dumps(obj, **kw) -> str:
     return json.dumps(_json_safe(obj), allow_nan=False, **kw)
 
 
-def _simulate_cost(args, entry, params):
-    """The run's estimate (``_resources.run_cost``) from the arguments alone."""
+def _simulate_cost(args, model):
+    """The run's estimate (``_resources.run_cost``) from the arguments and the model's footprint."""
     import jax.numpy as jnp
 
     from . import _resources
 
     return _resources.run_cost(
         n=args.n, d=args.d, t1=args.t1, dt=args.dt, saves=args.saves,
-        itemsize=jnp.dtype(jnp.result_type(float)).itemsize, solver=args.solver, kind=entry.name,
-        observables=3, clusters=True, save_states=True,
+        itemsize=jnp.dtype(jnp.result_type(float)).itemsize, solver=args.solver,
+        footprint=model.footprint(args.n, args.d), observables=3, clusters=True, save_states=True,
     )
 
 
@@ -377,6 +336,7 @@ def _simulate(args, *, process: bool = False) -> int:
     prompts = given.get("prompts", next((p.default for p in schema.params if p.name == "prompts"), None))
     if prompts is not None and prompts > args.n:
         raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}")
+    check_backend(args.backend, "--backend")
     if args.step == "renormalize" and args.solver != "euler":
         raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
     if process:
@@ -392,8 +352,9 @@ def _simulate(args, *, process: bool = False) -> int:
 
     entry = kernels.model_entry(args.kernel)
     params = entry.resolve(given, where="--")
+    model = kernels.make(args.kernel, d=args.d, **params)  # small: its parameters, not the run
     # the estimate first: nothing of the run's size is allocated before it is accepted
-    cost = _simulate_cost(args, entry, params)
+    cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
     if args.movie is not None:
@@ -403,14 +364,11 @@ def _simulate(args, *, process: bool = False) -> int:
             plotting._movie_path(args.movie)
         except ImportError as e:
             raise ValueError(f"--movie: {e}") from None
-    model = kernels.make(args.kernel, d=args.d, **params)
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
     aux = model.default_aux(args.n)
     model.check_config(x0, aux)  # the model's own refusals (e.g. beta overflow) before any warning
     warning = _resources.step_warning(
-        args.kernel, params.get("beta", 1.0), args.dt, solver=args.solver,
-        rescaled=bool(params.get("rescaled", False)), normalized=bool(params.get("normalized", True)),
-        dt_name="--dt", rescaled_hint="--rescaled",
+        model.interaction_rate(), args.dt, solver=args.solver, dt_name="--dt", rescaled_hint="--rescaled"
     )
     if warning:
         print(f"meanfield: {warning}", file=sys.stderr)
@@ -418,13 +376,14 @@ def _simulate(args, *, process: bool = False) -> int:
     t0 = time.perf_counter()
     traj = simulate(
         model, x0, t1=args.t1, dt=args.dt, solver=args.solver, step=args.step, ts=ts, rtol=args.rtol,
-        atol=args.atol, early_stop=args.early_stop,
+        atol=args.atol, early_stop=args.early_stop, backend=args.backend,
         observables={"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
-    e_max = entry.max_energy(params) if entry.max_energy is not None else None
+    e_max = model.max_energy()
+    e_max = None if e_max is None else float(e_max)
     gap = np.asarray(traj.collapse_gap, np.float64)
     energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else None
     clusters = np.asarray(traj.observables["clusters"], np.float64)
@@ -530,7 +489,7 @@ def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
     t_shown = float(np.asarray(traj.ts)[last]) if last is not None else float("nan")
     fig = plt.figure(figsize=(4.5, 4.5))
     ax = fig.add_subplot(projection="3d") if args.d == 3 else fig.add_subplot()
-    color = aux if args.kernel != "prompt" else aux.astype(float)
+    color = aux.astype(float) if np.issubdtype(aux.dtype, np.integer) else aux  # prompt ids: a colour scale
     plotting.plot_configuration(
         ax, x, color=color,
         title=f"{args.kernel}, n={args.n}, d={args.d}, t={t_shown:g}",

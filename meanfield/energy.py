@@ -30,7 +30,8 @@ from ._checks import (
     traced_finite,
     traced_states,
 )
-from .kernels import Kernel, backend_scope, pairwise_energy, pairwise_field
+from .kernels import Kernel, pairwise_energy, pairwise_field, use_backend
+from .kernels._exp import _entry_backend
 from .models import Model
 
 __all__ = ["energy", "velocity", "field", "resolve_aux", "check_states", "METHODS"]
@@ -163,7 +164,7 @@ def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
 
 
 def field(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
 ) -> Float[Array, "n d"]:
     r"""Unprojected mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``.
 
@@ -173,8 +174,11 @@ def field(
         aux: ``(n,)`` labels (default ``model.default_aux(n)``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (reference, kernels only).
         block_size: row-tile size of the tiled exp evaluation (default automatic).
-        backend: ``"native"`` (the fused C kernel on the CPU where built), ``"xla"``, or
-            ``None`` (the ``mf.kernels.set_native`` setting). Part of what JAX traces.
+        backend: the exp-kernel evaluation (``mf.kernels.BACKENDS``): ``"auto"`` (the fused C
+            kernel where it was measured faster on this machine, ``meanfield info``), ``"native"``
+            (the fused C kernel on the CPU; an error where it cannot run) or ``"xla"``; ``None``
+            (default): the enclosing ``mf.kernels.use_backend``, else ``"auto"``. Part of what
+            JAX traces; kernels without an exp evaluation ignore it.
 
     Returns:
         ``(n, d)`` field.
@@ -187,20 +191,21 @@ def field(
         ((8, 3), True)
     """
     check_choice("method", method, METHODS)
+    backend = _entry_backend(backend)
     block_size = _block(block_size)
     if method == "pairwise" and isinstance(model, Model) and not isinstance(model, Kernel):
         raise TypeError(f"method='pairwise' needs a pair kernel, got {type(model).__name__}")
     x, aux = check_states(model, x, aux)
     if isinstance(model, Kernel):  # a traced beta past the overflow bound stops here, as in ``energy``
         x = model.check_traced_energy(x, aux)
-    with backend_scope(backend):
+    with use_backend(backend):
         if method == "pairwise":
             return pairwise_field(model, x, aux)
         return model.field(x, aux, block_size=block_size)
 
 
 def velocity(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
 ) -> Float[Array, "n d"]:
     """Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
 
@@ -210,7 +215,7 @@ def velocity(
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
         block_size: row-tile size for large ``n`` (``None``: dense up to $2^{24}$ pairs, else tiles).
-        backend: ``"native"``, ``"xla"`` or ``None`` (the setting), as for ``field``.
+        backend: ``"auto"``, ``"native"``, ``"xla"`` or ``None``, as for ``field``.
 
     Returns:
         ``(n, d)`` tangent velocities.
@@ -227,7 +232,7 @@ def velocity(
 
 
 def energy(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend=None
+    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
 ) -> Float[Array, ""]:
     r"""Interaction energy $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
 
@@ -239,7 +244,7 @@ def energy(
         aux: ``(n,)`` labels (default ``model.default_aux(n)``).
         method: ``"auto"`` (structured evaluation) or ``"pairwise"`` (single-pair reference).
         block_size: row-tile size for large ``n`` (default automatic).
-        backend: ``"native"``, ``"xla"`` or ``None`` (the setting), as for ``field``.
+        backend: ``"auto"``, ``"native"``, ``"xla"`` or ``None``, as for ``field``.
 
     Returns:
         scalar energy.
@@ -251,6 +256,7 @@ def energy(
         True
     """
     check_choice("method", method, METHODS)
+    backend = _entry_backend(backend)
     block_size = _block(block_size)
     _check_model(model)
     if not isinstance(model, Kernel):
@@ -260,7 +266,7 @@ def energy(
         )
     x, aux = check_states(model, x, aux)
     x = model.check_traced_energy(x, aux)
-    with backend_scope(backend):
+    with use_backend(backend):
         if method == "pairwise":
             return pairwise_energy(model, x, aux)
         return model.energy(x, aux, block_size=block_size)

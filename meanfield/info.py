@@ -35,6 +35,7 @@ import sys
 from typing import Any
 
 from . import _native, compilation_cache
+from ._native import _cache
 
 __all__ = ["PACKAGES", "summary", "format_summary", "main"]
 
@@ -51,11 +52,11 @@ def _version(name: str) -> str | None:
 
 def _compiler() -> tuple[str | None, str | None]:
     """``(path, first line of --version)`` of the C compiler the native kernels would use."""
-    cc = _native._compiler()
+    cc = _cache._compiler()
     if cc is None:
         return None, None
     try:
-        lines = _native._compiler_version(cc).strip().splitlines()
+        lines = _cache._compiler_version(cc).strip().splitlines()
     except RuntimeError as e:  # not runnable, or its --version ran past its timeout
         return cc, f"({e})"
     return cc, lines[0] if lines else ""
@@ -64,12 +65,12 @@ def _compiler() -> tuple[str | None, str | None]:
 def _libraries(source, include: list[str]) -> list[str]:
     """The cached libraries (one per dtype) of ``source`` for the current compiler and CPU."""
     try:
-        cc, version = _native._toolchain()
+        cc, version = _cache._toolchain()
     except (RuntimeError, OSError):
         return []
     found = []
-    for _, defines, _, _ in _native._BUILDS:
-        for _, path in _native._library_paths(cc, version, source, defines, include):
+    for _, defines, _, _ in _cache._BUILDS:
+        for _, path in _cache._library_paths(cc, version, source, defines, include):
             if path.exists():
                 found.append(str(path))
                 break
@@ -79,7 +80,7 @@ def _libraries(source, include: list[str]) -> list[str]:
 def _cache_problem() -> str | None:
     """Why the cache directory is refused (or missing), ``None`` when it is private to this user."""
     try:
-        _native._private_dir(create=False)
+        _cache._private_dir(create=False)
     except RuntimeError as e:
         return str(e)
     return None
@@ -89,21 +90,23 @@ def summary() -> dict[str, Any]:
     r"""The installation as a dictionary (JSON-serialisable).
 
     Keys: ``meanfield`` (version), ``python``, ``platform``, ``packages`` (``{name: version}``
-    for ``PACKAGES``), ``jax`` (``backend``, ``devices``, ``x64``) and ``native``: ``enabled``
-    (``meanfield.kernels.native_enabled()``: fields traced now use the fused C kernel on the
-    CPU), ``setting`` (``meanfield.kernels.set_native``), ``cache_dir``, ``cache_problem`` (why
+    for ``PACKAGES``), ``jax`` (``backend``, ``devices``, ``x64``) and ``native``: ``disabled``
+    (``MEANFIELD_NATIVE=0``), ``cache_dir``, ``cache_problem`` (why
     the directory is refused or missing; ``None`` when it is private to this user), ``quiet``
     (``MEANFIELD_NATIVE_QUIET``), ``compiler`` and ``compiler_version`` (``None`` when there is
     none), ``threads`` (of the phase kernel), ``exp_threads`` (the most of one exp-kernel call)
     and ``exp_threads_now`` (what a call on one system of $2048 \times 3$ would use on the load now; both
     ``None`` when unavailable), and ``exp_kernel`` and
     ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
-    available; ``libraries`` are the cached shared libraries), and ``compilation_cache``
+    available; ``libraries`` are the cached shared libraries; the exp kernel's also has
+    ``crossover``: what ``backend="auto"`` follows, ``{"max_d", "min_n", "times", "seconds",
+    "recorded", "rule"}`` measured on this machine, ``None`` when unavailable), and ``compilation_cache``
     (``meanfield.compilation_cache.info()``: ``enabled``, ``dir``, ``entries``, ``bytes``,
     ``eqx_on_error``, ``problem``).
 
-    Initialises JAX's backend, runs the exp kernel's self-test and builds the phase kernel if
-    it is not cached (its first use would).
+    Initialises JAX's backend, runs the exp kernel's self-test, reads (or measures, about a
+    second, once per built library) its crossover, and builds the phase kernel if it is not
+    cached (its first use would).
 
     Example:
         >>> import meanfield.info
@@ -118,12 +121,12 @@ def summary() -> dict[str, Any]:
 
     import meanfield
 
-    from . import kernels
-
     cc, cc_version = _compiler()
-    exp_ok, phase_ok = _native.exp_available(), _native.available()
+    exp, phase = _native.exp_library(), _native.phase_library()
+    exp_ok, phase_ok = exp.available, phase.available
+    crossover = exp.crossover
     try:
-        include = [_native._exp_include()]
+        include = [_native._exp._exp_include()]
     except (ImportError, AttributeError):
         include = []
     return {
@@ -137,19 +140,22 @@ def summary() -> dict[str, Any]:
             "x64": jax.dtypes.canonicalize_dtype(float) == "float64",
         },
         "native": {
-            "enabled": kernels.native_enabled(),
-            "setting": bool(getattr(jax.config, "meanfield_native_kernels", False)),
-            "cache_dir": str(_native._cache_dir()),
+            "disabled": _cache._disabled(),
+            "cache_dir": str(_cache._cache_dir()),
             "cache_problem": _cache_problem(),
-            "quiet": _native._quiet(),
+            "quiet": _cache._quiet(),
             "compiler": cc,
             "compiler_version": cc_version,
             "threads": _native.default_threads(),
             "exp_threads": _native.exp_threads() if exp_ok else None,
             "exp_threads_now": _native.exp_threads_now() if exp_ok else None,
-            "exp_kernel": {"available": exp_ok, "reason": _native.exp_unavailable_reason(),
-                           "libraries": _libraries(_native.EXP_SOURCE, include)},
-            "phase_kernel": {"available": phase_ok, "reason": _native.unavailable_reason(),
+            "exp_kernel": {"available": exp_ok, "reason": exp.reason,
+                           "libraries": _libraries(_native.EXP_SOURCE, include),
+                           "crossover": None if crossover is None else {
+                               "max_d": crossover.max_d, "min_n": crossover.min_n, "times": crossover.times,
+                               "seconds": crossover.seconds, "recorded": crossover.recorded,
+                               "rule": crossover.describe()}},
+            "phase_kernel": {"available": phase_ok, "reason": phase.reason,
                              "libraries": _libraries(_native.SOURCE, [])},
         },
         "compilation_cache": compilation_cache.info(),
@@ -190,9 +196,9 @@ def format_summary(d: dict[str, Any]) -> str:
         f"packages: {pkgs}",
         f"jax: backend {d['jax']['backend']}, devices {', '.join(d['jax']['devices'])}, "
         f"x64 {'on' if d['jax']['x64'] else 'off'}",
-        "native CPU kernels: " + ("on (exp-kernel fields run the fused C kernel on the CPU)" if nat["enabled"]
-                                  else "off (" + ("not available" if nat["setting"]
-                                                  else "switched off: set_native(False) or MEANFIELD_NATIVE=0") + ")"),
+        "native CPU kernels (backend='native'; 'auto' follows the crossover below): "
+        + ("switched off (MEANFIELD_NATIVE=0)" if nat.get("disabled")
+           else "on" if nat["exp_kernel"]["available"] else "not available"),
         f"  compiler: {nat['compiler'] or '(none found)'}"
         + (f" ({nat['compiler_version']})" if nat["compiler_version"] else ""),
         f"  cache: {nat['cache_dir']}" + (f" ({nat['cache_problem']})" if nat.get("cache_problem") else ""),
@@ -206,6 +212,8 @@ def format_summary(d: dict[str, Any]) -> str:
         state = "available" if k["available"] else f"not available: {k['reason']}"
         lines.append(f"  {name}: {state}")
         lines.extend(f"    {path}" for path in k["libraries"])
+        if k.get("crossover"):
+            lines.append(f"    backend='auto': {k['crossover']['rule']}")
     if "compilation_cache" in d:
         lines.append(_format_compilation_cache(d["compilation_cache"]))
     return "\n".join(lines)

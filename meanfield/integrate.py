@@ -53,7 +53,8 @@ from ._checks import (
     is_concrete,
 )
 from .energy import check_states
-from .kernels import Kernel, backend_scope
+from .kernels import Kernel, use_backend
+from .kernels._exp import _entry_backend
 
 __all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS", "STEPS"]
 
@@ -116,17 +117,20 @@ class _Args(eqx.Module):
     project: bool = eqx.field(static=True)
     early_stop: bool = eqx.field(static=True)
     tangent: bool = eqx.field(static=True, default=True)  # False: step="renormalize" (unprojected F)
+    backend: str = eqx.field(static=True, default="auto")  # of the exp-kernel evaluation (mf.kernels.BACKENDS)
 
 
 def _vector_field(t, y, args: _Args):
     x, flags = y
     xh = sphere.normalize(x)
-    F = args.model.field(xh, args.aux, block_size=args.block_size)
+    with use_backend(args.backend):
+        F = args.model.field(xh, args.aux, block_size=args.block_size)
     return (sphere.project(xh, F) if args.tangent else F), jnp.zeros_like(flags)
 
 
 def _energy(args: _Args, x):
-    return args.model.energy(x, args.aux, block_size=args.block_size)
+    with use_backend(args.backend):
+        return args.model.energy(x, args.aux, block_size=args.block_size)
 
 
 def _post_step(t1, y, args: _Args):
@@ -431,8 +435,11 @@ def simulate(
             ``failed`` set.
         block_size: row tile of the field evaluation for large ``n``.
         adjoint: a diffrax adjoint (default ``RecursiveCheckpointAdjoint``) for gradients.
-        backend: the field evaluation: ``"native"`` (the fused C kernel on the CPU where
-            built), ``"xla"``, or ``None`` (the ``mf.kernels.set_native`` setting).
+        backend: the exp-kernel evaluation of the field and energy (``mf.kernels.BACKENDS``):
+            ``"auto"`` (the fused C kernel where it was measured faster on this machine),
+            ``"native"`` (the fused C kernel on the CPU; an error where it cannot run) or
+            ``"xla"``; ``None`` (default): the enclosing ``mf.kernels.use_backend``, else
+            ``"auto"``. A static argument of the compiled run.
         step: ``"projected"`` (default: every solver integrates the tangent field $P_x F$) or
             ``"renormalize"`` (``solver="euler"`` only: $x \leftarrow \operatorname{normalize}(x + h F(x))$
             with the unprojected ``model.field``, the published code's update; see the module docstring).
@@ -457,6 +464,7 @@ def simulate(
     """
     check_choice("solver", solver, SOLVERS)
     check_choice("step", step, STEPS)
+    backend = _entry_backend(backend)
     if step == "renormalize" and solver != "euler":
         raise ValueError(
             f"step='renormalize' is an Euler rule (x + h F(x), then normalise): use solver='euler', "
@@ -516,31 +524,31 @@ def simulate(
         lambda leaf: jnp.asarray(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool) else leaf,
         model,
     )
-    with backend_scope(backend):
-        return _simulate(
-            model,
-            x0,
-            aux,
-            jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
-            h_traced,
-            # save times, end time and step grid are data (arguments of the compiled program,
-            # never constants that XLA folds): one compilation per length of ts
-            np.asarray(ts_np, x0.dtype),
-            np.asarray(t1f, x0.dtype),
-            grid,
-            solver=solver,
-            dt0=dt0,
-            rtol=rtol,
-            atol=atol,
-            observables=tuple(sorted(observables.items())),
-            save_states=save_states,
-            early_stop=early_stop is not None,
-            max_steps=steps,
-            block_size=block_size,
-            has_energy=has_energy,
-            adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
-            tangent=step == "projected",
-        )
+    return _simulate(
+        model,
+        x0,
+        aux,
+        jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
+        h_traced,
+        # save times, end time and step grid are data (arguments of the compiled program,
+        # never constants that XLA folds): one compilation per length of ts
+        np.asarray(ts_np, x0.dtype),
+        np.asarray(t1f, x0.dtype),
+        grid,
+        solver=solver,
+        dt0=dt0,
+        rtol=rtol,
+        atol=atol,
+        observables=tuple(sorted(observables.items())),
+        save_states=save_states,
+        early_stop=early_stop is not None,
+        max_steps=steps,
+        block_size=block_size,
+        has_energy=has_energy,
+        adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
+        tangent=step == "projected",
+        backend=backend,
+    )
 
 
 @eqx.filter_jit
@@ -566,11 +574,12 @@ def _simulate(
     has_energy,
     adjoint,
     tangent,
+    backend,
 ):
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
-    args = _Args(model, aux, tol, block_size, not adaptive, early_stop, tangent)
-    E0 = model.energy(x0, aux, block_size=block_size).astype(dtype) if early_stop else jnp.zeros((), dtype)
+    args = _Args(model, aux, tol, block_size, not adaptive, early_stop, tangent, backend)
+    E0 = _energy(args, x0).astype(dtype) if early_stop else jnp.zeros((), dtype)
     flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
 

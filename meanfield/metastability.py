@@ -70,7 +70,8 @@ from . import metrics, sphere
 from ._checks import RealScalarLike, check_int, check_positive, check_scalar, is_concrete
 from .energy import check_states
 from .integrate import Trajectory
-from .kernels import USA, backend_scope
+from .kernels import USA, use_backend
+from .kernels._exp import _entry_backend
 
 __all__ = [
     "Clusters",
@@ -838,23 +839,24 @@ def simulate_long(
     with np.errstate(over="ignore"):
         # saved times past the dtype's range are inf (the log times carry them)
         ts_cast = np.asarray(ts_out, np.float64).astype(np.dtype(dtype))
-    with backend_scope(backend):
-        return _simulate_long(
-            model,
-            x0,
-            aux,
-            jnp.asarray(lts_np, dtype),
-            jnp.asarray(ts_cast),
-            jnp.asarray(rtol, dtype),
-            jnp.asarray(atol, dtype),
-            jnp.asarray(merge_tol, dtype),
-            jnp.asarray(math.log(float(dt0)), dtype),
-            merged=float(merge_tol) > 0,
-            max_steps=max_steps,
-            observables=tuple(sorted(observables.items())),
-            save_states=bool(save_states),
-            block_size=block_size,
-        )
+    backend = _entry_backend(backend)
+    return _simulate_long(
+        model,
+        x0,
+        aux,
+        jnp.asarray(lts_np, dtype),
+        jnp.asarray(ts_cast),
+        jnp.asarray(rtol, dtype),
+        jnp.asarray(atol, dtype),
+        jnp.asarray(merge_tol, dtype),
+        jnp.asarray(math.log(float(dt0)), dtype),
+        merged=float(merge_tol) > 0,
+        max_steps=max_steps,
+        observables=tuple(sorted(observables.items())),
+        save_states=bool(save_states),
+        block_size=block_size,
+        backend=backend,
+    )
 
 
 def _log_diff(a, b):
@@ -880,6 +882,7 @@ def _simulate_long(
     observables,
     save_states,
     block_size,
+    backend,
 ):
     n, _ = x0.shape
     dtype = x0.dtype
@@ -933,9 +936,11 @@ def _simulate_long(
         return sphere.normalize(s[lab]), lab
 
     def save(x, lt):
+        with use_backend(backend):  # a static argument of this program
+            energy = model.energy(x, aux, block_size=block_size)
         out = {
             "collapse_gap": metrics.collapse_gap(x),
-            "energy": model.energy(x, aux, block_size=block_size),
+            "energy": energy,
             "obs:log_t": lt,
         }
         if save_states:

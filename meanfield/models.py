@@ -5,12 +5,20 @@ kernels of ``mf.kernels`` (``mf.kernels.Kernel``, which add a pair energy) and
 ``SelfAttention`` (Geshkovski, Letrouit, Polyanskiy, Rigollet), whose normalised dynamics
 is not a gradient flow of a pair energy in general, so ``mf.energy`` raises ``TypeError``
 for it. Entry points dispatch on these types.
+
+A model class is the single source of its facts. Its parameters are its fields, declared with
+``param`` (kind, i.e. the accepted range, doc, default, traced or static); its registry name is
+the class attribute ``name``; ``interaction_rate()``, ``has_energy`` and ``max_energy()`` are
+on the class. The registry (``mf.kernels.MODELS``, ``mf.kernels.register``), the command
+line's flags and help, the sweep spec's keys and the validation of every value derive from
+these declarations (``Model.params``, ``Model.from_params``).
 """
 
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+import dataclasses
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -21,14 +29,182 @@ from jaxtyping import Array, ArrayLike, Float
 from ._checks import (
     RealScalarLike,
     _as_float_array,
-    check_flag,
-    check_positive,
     check_scalar,
     is_concrete,
     traced_positive,
 )
+from ._params import PARAM_KINDS, Param, check_float, check_value
+from ._resources import Footprint, as_float
 
-__all__ = ["Model", "SelfAttention", "positions"]
+__all__ = [
+    "Model",
+    "SelfAttention",
+    "Declared",
+    "positions",
+    "param",
+    "declared_params",
+    "exp_interaction_rate",
+    "exp_reference_step",
+    "BETA_DOC",
+    "RESCALED_DOC",
+]
+
+_DECLARATION = "meanfield.param"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Declaration:
+    kind: Any  # a PARAM_KINDS name, or an equinox.Module class whose parameters are this field's
+    doc: str
+    choices: tuple
+
+
+def param(default: Any = dataclasses.MISSING, *, kind, doc: str, static: bool = False, choices=(), **field_kwargs):
+    """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
+    whether it is ``static`` (part of the compiled program) or traced (a PyTree leaf, a sweep axis).
+
+    ``kind`` is one of ``meanfield._params.PARAM_KINDS`` (``"float>0"``, ``"float>=0"``, ``"float"``,
+    ``"int>=1"``, ``"int>=0"``, ``"bool"``, ``"plane"``, ``"choice"`` with ``choices``), or an
+    ``equinox.Module`` class whose own declared parameters become this model's (``PhaseField``'s
+    ``phase`` is a ``FourierPhase``: its ``omega``, ``amplitude``, ``frequency``). Everything the
+    registry, the command line, the sweep spec and the constructors' checks know about the
+    parameter comes from here. ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> class Cosine(mf.kernels.Kernel):     # h = cos(beta <x, y>): a new kernel is one class
+        ...     name = "cosine-doc"
+        ...     beta: float = mf.kernels.param(1.0, kind="float>0", doc="frequency")
+        ...     def __call__(self, x, xi, y, zeta):
+        ...         return jnp.cos(self.beta * jnp.dot(x, y))
+        >>> [(p.name, p.kind, p.default, p.traced) for p in Cosine.params()]
+        [('beta', 'float>0', 1.0, True)]
+    """
+    if not (kind in PARAM_KINDS or (isinstance(kind, type) and issubclass(kind, eqx.Module))):
+        raise ValueError(f"kind must be one of {', '.join(PARAM_KINDS)} or an equinox.Module class, got {kind!r}")
+    if kind == "choice" and not choices:
+        raise ValueError("a parameter of kind 'choice' needs its choices")
+    if not isinstance(doc, str) or not doc:
+        raise TypeError(f"doc must be a non-empty string, got {doc!r}")
+    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices))}
+    return eqx.field(default=default, static=static, metadata=metadata, **field_kwargs)
+
+
+def _declared_fields(cls) -> list:
+    """The fields of ``cls`` declared with ``param``, keyword-only ones last (definition order)."""
+    found = [f for f in dataclasses.fields(cls) if _DECLARATION in f.metadata]
+    return [f for f in found if not f.kw_only] + [f for f in found if f.kw_only]
+
+
+def declared_params(cls) -> tuple[Param, ...]:
+    """The parameters of a Module class declared with ``param`` (nested Module kinds flattened).
+
+    Example:
+        >>> import meanfield as mf
+        >>> [p.name for p in mf.models.declared_params(mf.kernels.FourierPhase)]
+        ['omega', 'amplitude', 'frequency']
+    """
+    out: list[Param] = []
+    for f in _declared_fields(cls):
+        decl = f.metadata[_DECLARATION]
+        if isinstance(decl.kind, type):
+            out.extend(declared_params(decl.kind))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        out.append(Param(f.name, default, not f.metadata.get("static", False), decl.kind, decl.doc, decl.choices))
+    return tuple(out)
+
+
+def _build_declared(cls, P: dict, **extra):
+    """``cls`` from the values ``P`` of its declared parameters (nested Modules built likewise)."""
+    kwargs = dict(extra)
+    for f in _declared_fields(cls):
+        decl = f.metadata[_DECLARATION]
+        kwargs[f.name] = _build_declared(decl.kind, P) if isinstance(decl.kind, type) else P[f.name]
+    return cls(**kwargs)
+
+
+def _check_declared(module) -> None:
+    """Concrete values of the declared parameters of ``module`` checked against their kind
+    (``meanfield._params``: one message everywhere); traced values are the program's to check."""
+    for f in _declared_fields(type(module)):
+        decl = f.metadata[_DECLARATION]
+        if isinstance(decl.kind, type):
+            continue  # a nested Module checks its own
+        v = getattr(module, f.name)
+        if decl.kind.startswith("float"):
+            check_scalar(f.name, v)
+            if is_concrete(v):
+                value = v if isinstance(v, (int, float)) else float(np.asarray(v))
+                check_float(f.name, value, decl.kind)
+        elif decl.kind == "plane":
+            check_value(f.name, "plane", tuple(v) if isinstance(v, (list, tuple)) else v)
+        else:
+            check_value(f.name, decl.kind, v, decl.choices)
+
+
+#: The doc of the inverse temperature ``beta`` of every model that has one.
+BETA_DOC = "inverse temperature"
+#: The doc of ``rescaled`` (exp kernels, unnormalised self-attention).
+RESCALED_DOC = "multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)"
+
+
+def _namespace(value):
+    """``jax.numpy`` for JAX values (tracers included), else ``numpy``."""
+    return jnp if isinstance(value, jax.Array) else np
+
+
+def exp_interaction_rate(beta, rescaled: bool = False):
+    r"""$\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ when ``rescaled``): the rate of the exp
+    kernels $e^{\beta \langle x, y\rangle} / \beta$, the reference code's step rule
+    $\mathrm{dt} \le 0.1 / \max(\text{rate}, 1)$. NumPy in, NumPy out (overflow to ``inf``); JAX in, JAX out.
+
+    Example:
+        >>> round(float(exp_interaction_rate(1.0)), 4), round(float(exp_interaction_rate(4.0, True)), 4)
+        (1.6487, 1.2131)
+    """
+    xp = _namespace(beta)
+    b = xp.asarray(beta, dtype=None if xp is jnp else np.float64)
+    with np.errstate(over="ignore"):
+        return xp.sqrt(b) * xp.exp((0.0 if rescaled else b) - 0.5)
+
+
+def exp_reference_step(beta, base_dt, rescaled: bool = False):
+    r"""The reference code's step for the exp kernels, $\text{base\_dt} / \max(\text{rate}, 1)$ with
+    ``exp_interaction_rate``, evaluated as $\text{base\_dt}\, e^{-\max(\log(\beta) / 2 + \beta - 1/2,\ 0)}$
+    ($\beta$ replaced by 0 in the exponent when ``rescaled``): no overflow of $e^\beta$. NumPy in,
+    NumPy out; JAX in, JAX out.
+
+    Example:
+        >>> [round(float(h), 5) for h in exp_reference_step(np.array([0.25, 2.0]), 0.1)]
+        [0.1, 0.01578]
+    """
+    xp = _namespace(beta)
+    b = xp.asarray(beta, dtype=None if xp is jnp else np.float64)
+    return base_dt * xp.exp(-xp.maximum(0.5 * xp.log(b) + (0.0 if rescaled else b) - 0.5, 0.0))
+
+
+class Declared(eqx.Module):
+    """A Module whose parameters are declared with ``param`` and checked on construction (the
+    base of ``Model`` and of the parametrised parts of models: ``mf.kernels.FourierPhase``,
+    ``mf.kernels.WavyGauge``).
+
+    Example:
+        >>> import meanfield as mf
+        >>> try:
+        ...     mf.kernels.WavyGauge(0.6, 0)
+        ... except ValueError as e:
+        ...     print(e)
+        k must be >= 1, got 0
+    """
+
+    #: The dimension a model with this part needs (``WavyGauge``: 3), or None.
+    required_d: ClassVar[int | None] = None
+
+    def __check_init__(self):
+        _check_declared(self)
 
 
 def positions(n: int) -> Float[Array, " n"]:
@@ -48,7 +224,7 @@ def positions(n: int) -> Float[Array, " n"]:
     return jnp.arange(1, n + 1, dtype=jnp.result_type(float)) / n
 
 
-class Model(eqx.Module):
+class Model(Declared):
     """Abstract base of the particle models: a mean field $F_i$ on ``(n, d)`` states.
 
     Subclasses define ``field`` (the unprojected field $F_i$, ``(n, d)``); the velocity
@@ -68,6 +244,116 @@ class Model(eqx.Module):
     integer_labels: ClassVar[bool] = False
     #: True for pair kernels (``mf.energy`` is defined).
     has_energy: ClassVar[bool] = False
+    #: The registry name (``mf.kernels.register``; ``meanfield simulate --kernel NAME``, a sweep's
+    #: ``kind = NAME``); None for a class that is not registered.
+    name: ClassVar[str | None] = None
+    #: One line for the registry, ``--help`` and the docs (default: the docstring's first line).
+    summary: ClassVar[str | None] = None
+
+    @classmethod
+    def params(cls) -> tuple[Param, ...]:
+        """The model's parameters, from its field declarations (``param``): what the registry,
+        the command line's flags, a sweep's ``[model]`` keys and ``from_params`` accept.
+
+        Example:
+            >>> import meanfield as mf
+            >>> [p.name for p in mf.kernels.PhaseField.params()]
+            ['beta', 'omega', 'amplitude', 'frequency', 'plane', 'rescaled']
+        """
+        return declared_params(cls)
+
+    @classmethod
+    def from_params(cls, P: dict, d: int, dtype) -> Model:
+        """The model from the full dict ``P`` of its parameters (``params()``, validated) for states
+        of dimension ``d`` and floating ``dtype`` (what ``mf.kernels.build`` calls; traced values
+        allowed). Overridden where a parameter is not a field (``Prompt``'s ``prompts``).
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.RoPE.from_params({"beta": 2.0, "omega": 1.0, "plane": (0, 2), "rescaled": False}, 3, None).plane
+            (0, 2)
+        """
+        return _build_declared(cls, P)
+
+    @classmethod
+    def required_dimension(cls) -> int | None:
+        """The dimension ``d`` the model needs (``Gauge`` with its ``WavyGauge``: 3), or None.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.Gauge.required_dimension(), mf.kernels.USA.required_dimension()
+            (3, None)
+        """
+        if cls.required_d is not None:
+            return cls.required_d
+        for f in _declared_fields(cls):
+            kind = f.metadata[_DECLARATION].kind
+            required = getattr(kind, "required_d", None) if isinstance(kind, type) else None
+            if required is not None:
+                return int(required)
+        return None
+
+    def interaction_rate(self):
+        r"""The rate of the interaction (an inverse time): the fixed step ``dt`` of an explicit
+        solver should stay below ``1 / rate``. It drives the dt warnings of ``meanfield simulate``
+        and of the sweep plan, and the sweep's ``time.step_rule = "reference"``
+        ($\mathrm{dt} / \max(\text{rate}, 1)$). Elementwise in the parameters (NumPy or JAX values,
+        traced included). The base class knows no rate: 0 (no warning); subclasses override.
+
+        Example:
+            >>> import meanfield as mf
+            >>> round(float(mf.kernels.USA(1.0).interaction_rate()), 4)   # sqrt(beta) e^(beta - 1/2)
+            1.6487
+        """
+        return 0.0
+
+    def reference_step(self, base_dt):
+        r"""The reference code's step rule $\text{base\_dt} / \max(\text{rate}, 1)$ with this model's
+        ``interaction_rate()`` (the sweep's ``time.step_rule = "reference"``); elementwise, traceable.
+
+        Example:
+            >>> import meanfield as mf
+            >>> round(float(mf.models.SelfAttention(4.0).reference_step(0.1)), 4)   # 0.1 / beta
+            0.025
+        """
+        rate = self.interaction_rate()
+        xp = _namespace(rate)
+        return base_dt / xp.maximum(xp.asarray(rate), 1.0)
+
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """The working set and pair count of one field evaluation of ``n`` particles in dimension ``d``
+        (``Footprint``): what the cost estimate of ``meanfield simulate`` and of a sweep's plan and
+        chunks is built on. The base class assumes the pairwise reference (``(n, n, d)`` gradients
+        through two vmaps); subclasses with structured evaluations override it with their rule.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA(1.0).footprint(8192, 3)       # tiles of 512 x 1024, 2.5 of them
+            Footprint(entries=1310720.0, pairs=67108864.0)
+        """
+        return Footprint(entries=as_float(n) ** 2 * (as_float(d) + 2), pairs=as_float(n) ** 2)
+
+    def overflows(self, dtype):
+        """Whether the field overflows in ``dtype`` (elementwise in the parameters, e.g. over a sweep's
+        betas: ``ModelEntry.over_grid``): the plan's warning before a run records such points as failed.
+        The base class: never.
+
+        Example:
+            >>> import numpy as np, meanfield as mf
+            >>> mf.kernels.MODELS["usa"].over_grid({}, 3, beta=np.array([10.0, 100.0])).overflows("float32").tolist()
+            [False, True]
+        """
+        return False
+
+    def max_energy(self):
+        """The largest energy the theory gives for this model, or None where it gives none.
+
+        Example:
+            >>> import meanfield as mf
+            >>> round(float(mf.kernels.USA(1.0).max_energy()), 4), mf.models.SelfAttention(1.0).max_energy()
+            (1.3591, None)
+        """
+        return None
 
     @abc.abstractmethod
     def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
@@ -142,18 +428,56 @@ class SelfAttention(Model):
         (8, 3)
     """
 
-    beta: RealScalarLike
+    name = "sa"
+    summary = "self-attention, softmax-normalised (no pair energy)"
+
+    beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     Q: ArrayLike | None = None
     K: ArrayLike | None = None
     V: ArrayLike | None = None
-    normalized: bool = eqx.field(static=True, default=True)
-    rescaled: bool = eqx.field(static=True, default=False)
+    normalized: bool = param(True, kind="bool", static=True, doc="softmax rows (SA) or the 1/n average")
+    rescaled: bool = param(False, kind="bool", static=True, doc=RESCALED_DOC)
+
+    def interaction_rate(self):
+        r"""$\beta$ (normalised: softmax weights sum to one); unnormalised, the exp kernels' rate
+        $\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ rescaled).
+
+        Example:
+            >>> import meanfield as mf
+            >>> float(mf.models.SelfAttention(3.0).interaction_rate())
+            3.0
+        """
+        if self.normalized:
+            return _namespace(self.beta).asarray(self.beta)
+        return exp_interaction_rate(self.beta, self.rescaled)
+
+    def overflows(self, dtype):
+        """Unnormalised and not rescaled: ``beta >= log(finfo(dtype).max)`` (with ``Q = K = None``)."""
+        if self.normalized or self.rescaled:
+            return False
+        return np.asarray(self.beta) >= np.log(np.finfo(dtype).max)
+
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """The ``(n, n)`` logits and weights as XLA:CPU holds them (``compiled.memory_analysis()``,
+        tests/test_cost_model.py): about two arrays up to ``n = 1024``, one while ``n^2 < 2^24``,
+        none beyond (the small-``d`` products are fused into loops); with a margin above, whatever
+        ``block_size``."""
+        nf = as_float(n)
+        if nf <= 1024:
+            entries = 2.5 * nf**2
+        elif nf**2 < 2.0**24:
+            entries = 1.5 * nf**2
+        else:
+            entries = 3.0 * nf
+        return Footprint(entries=entries, pairs=nf**2)
+
+    def reference_step(self, base_dt):
+        """``Model.reference_step``; unnormalised, the exp kernels' overflow-free form (``exp_reference_step``)."""
+        if self.normalized:
+            return super().reference_step(base_dt)
+        return exp_reference_step(self.beta, base_dt, self.rescaled)
 
     def __check_init__(self):
-        check_scalar("beta", self.beta)
-        check_positive("beta", self.beta)
-        check_flag("normalized", self.normalized)
-        check_flag("rescaled", self.rescaled)
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is None:

@@ -120,7 +120,7 @@ from ._checks import (
     traced_positive,
 )
 from .integrate import STEPS
-from .kernels._exp import _batch_bytes
+from .kernels._exp import BACKENDS, _batch_bytes, check_backend
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
 #: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
@@ -665,20 +665,17 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
     return (per_seed, np.stack(finals)) if states else per_seed
 
 
-#: Accepted ``backend=`` values of the sweeps (``sa_phase_diagram``, ``usa_phase_diagram``).
-BACKENDS = ("auto", "native", "xla")
-
-
 def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
-    """``"native"`` or ``"xla"`` for ``backend`` in ``BACKENDS`` (see ``sa_phase_diagram``)."""
-    _check_backend(backend)
+    """``"native"`` or ``"xla"`` for ``backend`` in ``BACKENDS`` (``mf.kernels.BACKENDS``, the
+    option of every entry point; see ``sa_phase_diagram``)."""
+    check_backend(backend)
     if backend == "xla":
         return "xla"
     dtype = np.dtype(x0.dtype)
     on_cpu = {dev.platform for dev in x0.devices()} == {"cpu"}
     fits = dtype.name in _native.DTYPES and not packed and x0.shape[2] <= _native.MAX_D and project
     if backend == "auto":
-        return "native" if on_cpu and fits and _native.available() else "xla"
+        return "native" if on_cpu and fits and _native.phase_library().available else "xla"
     if not project:
         raise ValueError("backend='native' runs step='projected' only; step='renormalize' (the published "
                          "update) runs on backend='xla' (or 'auto', which picks it)")
@@ -690,15 +687,11 @@ def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
                          "XLA layout: use backend='xla' with packed=True")
     if x0.shape[2] > _native.MAX_D:
         raise ValueError(f"backend='native' supports d <= {_native.MAX_D}, got d = {x0.shape[2]}")
-    if not _native.available():
-        raise RuntimeError(f"backend='native': the C kernel is not available ({_native.unavailable_reason()}); "
+    lib = _native.phase_library()
+    if not lib.available:
+        raise RuntimeError(f"backend='native': the fused C kernel is not available ({lib.reason}); "
                            "use backend='xla' or 'auto'")
     return "native"
-
-
-def _check_backend(backend) -> None:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto",
@@ -715,7 +708,7 @@ def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=Non
     check_int("checkpoints", checkpoints, minimum=1)
     if seed_chunk is not None:
         check_int("seed_chunk", seed_chunk, minimum=1)
-    _check_backend(backend)
+    check_backend(backend)
     if not (-1.0 < float(threshold) < 1.0):
         raise ValueError(f"threshold must lie in (-1, 1), got {threshold!r}")
     if x0 is not None:
@@ -857,9 +850,11 @@ def sa_phase_diagram(
             or 16 (float32) seeds and ignores it.
         packed: XLA backend: symmetric half-exponential kernel (``n`` even); same iterates
             to rounding.
-        backend: ``"auto"`` (default): the fused C kernel (``"native"``) when the states
-            are float64 or float32 on the CPU, ``d <= 64``, ``packed`` is off and the kernel builds
-            (``meanfield._native``: the system C compiler, at first use), else ``"xla"``.
+        backend: ``mf.kernels.BACKENDS``, the option of every entry point. ``"auto"``
+            (default): the fused C kernel (``"native"``) where it runs (float64 or float32 states
+            on the CPU, ``d <= 64``, ``packed`` off, ``step="projected"``, the kernel built:
+            ``meanfield._native.phase_library()``, the system C compiler at first use), which
+            is the faster path at every shape measured (BENCHMARKS.md), else ``"xla"``.
             ``"native"``: one pass over the pairs ``i < j`` per step (half the
             exponentials), seeds in SIMD lanes, threads over blocks of seeds (4.5-7.8x the
             XLA kernel on the full SA diagram, 5.3-5.5x on the USA one; BENCHMARKS.md); same iterates as

@@ -35,12 +35,11 @@ def _kernels(d):
 def small_chunks(monkeypatch):
     """A budget of 3 systems of n = 10 per chunk: 7 systems run as 3 equal padded chunks (the
     XLA formulation: the native kernel, tested in test_kernels_native.py, does not chunk)."""
-    monkeypatch.setattr(K, "BATCH_BYTES", 3 * 10 * 10 * 8)
-    K._exp_op.cache_clear()
-    previous = K.set_native(False)
-    yield
-    K.set_native(previous)
-    K._exp_op.cache_clear()
+    monkeypatch.setattr(K._exp, "BATCH_BYTES", 3 * 10 * 10 * 8)
+    K._exp._exp_op.cache_clear()
+    with K.use_backend("xla"):
+        yield
+    K._exp._exp_op.cache_clear()
 
 
 @pytest.mark.parametrize("chunked", [False, True])
@@ -48,7 +47,7 @@ def test_vmap_equals_loop(chunked, request, x64):
     """Unchunked: the default path (the native kernel on the CPU when it builds); chunked: XLA."""
     if chunked:
         request.getfixturevalue("small_chunks")
-        assert K._batch_chunk(10, None, 8) == 3
+        assert K._exp._batch_chunk(10, None, 8) == 3
     S, n, d = 7, 10, 3
     xs = _xs(S, n, d)
     for kernel in _kernels(d):
@@ -131,9 +130,9 @@ def test_vmap_never_materialises_all_weight_matrices(name):
     S, n, d = 64, 512, 3
     xs = _xs(S, n, d, dtype=jnp.float32)
     kernel = K.USA(1.0) if name == "USA" else K.RoPE(1.0, 2.0)
-    chunk = K._batch_chunk(n, None, 4)
+    chunk = K._exp._batch_chunk(n, None, 4)
     assert 1 <= chunk < S
-    big = _largest_intermediate(jax.vmap(lambda x: mf.velocity(kernel, x)), xs)
+    big = _largest_intermediate(jax.vmap(lambda x: mf.velocity(kernel, x, backend="xla")), xs)
     assert big <= chunk * n * n, (big, chunk)
     plain = _largest_intermediate(jax.vmap(lambda x: jnp.exp(x @ x.T) @ x), xs)
     assert plain >= S * n * n  # the check can fail: the naive formulation is caught

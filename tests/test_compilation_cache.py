@@ -90,7 +90,7 @@ def _seed_native(cache: Path) -> None:
     """Copy this process's built native kernels (libraries and manifests) into ``cache``, so that
     the processes under test load them instead of compiling them again (a build takes seconds)."""
     cache.mkdir(mode=0o700, exist_ok=True)
-    source = Path(os.path.realpath(_native._cache_dir()))
+    source = Path(os.path.realpath(_native._cache._cache_dir()))
     if not source.is_dir():
         return
     for path in source.iterdir():
@@ -261,7 +261,7 @@ def test_cache_dir_is_beside_the_native_kernels(monkeypatch, tmp_path):
                                  ("XDG_CACHE_HOME", str(tmp_path / "x"), tmp_path / "x" / "meanfield")):
         monkeypatch.delenv("MEANFIELD_CACHE_DIR", raising=False)
         monkeypatch.setenv(key, value)
-        assert compilation_cache.cache_dir() == expected / "xla" == _native._cache_dir() / "xla"
+        assert compilation_cache.cache_dir() == expected / "xla" == _native._cache._cache_dir() / "xla"
 
 
 @pytest.mark.parametrize("value, off", [("0", True), ("off", True), ("FALSE", True), (" no ", True),

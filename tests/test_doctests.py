@@ -34,6 +34,9 @@ MODULES = [
     "attention",
     "phase_diagram",
     "_native",
+    "_native._cache",
+    "_native._exp",
+    "_native._phase",
 ]
 
 

@@ -37,7 +37,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
 import jax
 print(json.dumps({"modules": len(names), "backend": matplotlib.get_backend(), "initialised": initialised,
                   "loaded": loaded, "reason": _native._exp_state["error"], "cpus": len(jax.devices("cpu")),
-                  "available": _native.exp_available()}))
+                  "available": _native.exp_library().available}))
 """
 
 
@@ -68,7 +68,7 @@ def test_import_initialises_no_jax_backend(imported_all):
     kernel still passes its self-test afterwards."""
     assert not imported_all["initialised"]
     assert imported_all["cpus"] == 3
-    if _native._compiler() is not None:
+    if _native._cache._compiler() is not None:
         assert imported_all["loaded"] and imported_all["available"], imported_all["reason"]
 
 
@@ -76,7 +76,7 @@ def test_import_initialises_no_jax_backend(imported_all):
 def test_cold_cache_builds_at_import_once(tmp_path):
     """A fresh cache: the first ``import meanfield.kernels`` compiles (one line on stderr, two
     libraries), the second finds them and prints nothing about a build."""
-    if _native._compiler() is None:
+    if _native._cache._compiler() is None:
         pytest.skip("no C compiler")
     env = {"MEANFIELD_CACHE_DIR": str(tmp_path)}
     code = "import meanfield.kernels, meanfield._native as n; print(n._exp_state['lib'] is not None)"
@@ -97,7 +97,7 @@ import meanfield as mf
 import meanfield.kernels  # the engine's import builds the library (import meanfield is lazy)
 from meanfield import _native
 calls = []
-cc = _native._compiler()
+cc = _native._cache._compiler()
 real_run, real_popen = subprocess.run, subprocess.Popen
 def run(args, *a, **k):
     if cc is not None and args and args[0] == cc:
@@ -110,38 +110,39 @@ def popen(args, *a, **k):
 def compile_(*a, **k):
     calls.append(a)
     raise AssertionError("the C compiler ran during a trace")
-subprocess.run, subprocess.Popen, _native._compile = run, popen, compile_
+subprocess.run, subprocess.Popen, _native._cache._compile = run, popen, compile_
 assert not _native._exp_state["tested"]  # the first use is the trace below
 x = mf.sphere.uniform(jax.random.key(0), 16, 3)
 f = jax.jit(lambda x: mf.energy(mf.kernels.USA(1.0), x))
 hlo = f.lower(x).as_text()
 e = float(f(x))
-print(len(calls), _native.exp_available(), "meanfield_exp" in hlo, e > 0, "|", _native.exp_unavailable_reason())
+lib = _native.exp_library()  # "auto": the kernel where the crossover (measured in the trace above) prefers it
+want = lib.available and lib.crossover.prefers_native(16, 3)
+print(len(calls), lib.available, ("meanfield_exp" in hlo) == want, e > 0, "|", lib.reason)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env", [{}, {"CC": "false"}], ids=["built", "compiler-fails"])
 def test_no_compiler_runs_inside_a_trace(tmp_path, env):
-    """Tracing ``mf.energy`` (the kernel's first use: its self-test runs then) starts no
-    compiler, whether the library was built at import or its build failed there; a failed
+    """Tracing ``mf.energy`` (the kernel's first use: its self-test and the crossover measurement
+    of ``backend="auto"`` run then) starts no compiler, whether the library was built at import or its build failed there; a failed
     build leaves the XLA path, with the reason."""
-    if _native._compiler() is None and not env:
+    if _native._cache._compiler() is None and not env:
         pytest.skip("no C compiler")
     r = _run(_TRACE, env={"MEANFIELD_CACHE_DIR": str(tmp_path / "cache"), **env})
     assert r.returncode == 0, r.stderr
-    calls, available, native_in_hlo, positive, *_ = r.stdout.strip().splitlines()[-1].split()
-    assert calls == "0" and positive == "True"
-    expected = "False" if env else "True"
-    assert available == expected and native_in_hlo == expected, r.stdout
+    calls, available, path_as_measured, positive, *_ = r.stdout.strip().splitlines()[-1].split()
+    assert calls == "0" and positive == "True" and path_as_measured == "True"
+    assert available == ("False" if env else "True"), r.stdout
     if env:
         assert "C compiler failed" in r.stdout
 
 
-def test_exp_available_never_compiles(monkeypatch):
-    """``exp_available`` and its reason only report (the build happened at import)."""
-    monkeypatch.setattr(_native, "_compile", lambda *a, **k: pytest.fail("the compiler ran"))
-    assert _native.exp_available() == (_native.exp_unavailable_reason() is None)
+def test_exp_library_never_compiles(monkeypatch):
+    """``exp_library()`` only reports (the build happened at import)."""
+    monkeypatch.setattr(_native._cache, "_compile", lambda *a, **k: pytest.fail("the compiler ran"))
+    assert _native.exp_library().available == (_native.exp_library().reason is None)
 
 
 def test_summary_keys_and_json(capsys):
@@ -150,29 +151,35 @@ def test_summary_keys_and_json(capsys):
     assert sorted(d["packages"]) == sorted(info.PACKAGES) and d["packages"]["jax"]
     assert sorted(d["jax"]) == ["backend", "devices", "x64"] and d["jax"]["devices"]
     nat = d["native"]
-    assert {"enabled", "setting", "cache_dir", "compiler", "compiler_version", "threads", "exp_threads",
+    assert {"disabled", "cache_dir", "compiler", "compiler_version", "threads", "exp_threads",
             "exp_kernel", "phase_kernel"} <= set(nat)
     for key in ("exp_kernel", "phase_kernel"):
         k = nat[key]
         assert k["available"] == (k["reason"] is None)
         assert len(k["libraries"]) == (2 if k["available"] else 0)
-    assert nat["enabled"] == (nat["setting"] and nat["exp_kernel"]["available"])
-    assert nat["cache_dir"] == str(_native._cache_dir())
+    crossover = nat["exp_kernel"]["crossover"]
+    assert (crossover is not None) == nat["exp_kernel"]["available"]
+    if crossover is not None:  # what "auto" follows, measured on this machine, shown by `meanfield info`
+        assert crossover["rule"] == _native.exp_library().crossover.describe()
+        assert set(crossover["times"]) and all(a > 0 and b > 0 for a, b in crossover["times"].values())
+    assert nat["cache_dir"] == str(_native._cache._cache_dir())
     assert info.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(info.summary()))
     assert info.main([]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"meanfield {d['meanfield']} (Python ") and "exp kernel: " in text
     assert ("exp kernel: available" in text) == nat["exp_kernel"]["available"]
+    assert ("backend='auto': " in text) == nat["exp_kernel"]["available"]
 
 
 def test_format_summary_says_why_not():
     d = info.summary()
-    d["native"].update(enabled=False, exp_threads=None)
-    d["native"]["exp_kernel"] = {"available": False, "reason": "disabled by MEANFIELD_NATIVE=0", "libraries": []}
+    d["native"].update(disabled=True, exp_threads=None)
+    d["native"]["exp_kernel"] = {"available": False, "reason": "disabled by MEANFIELD_NATIVE=0", "libraries": [],
+                                 "crossover": None}
     text = info.format_summary(d)
     assert "exp kernel: not available: disabled by MEANFIELD_NATIVE=0" in text
-    assert "native CPU kernels: off" in text
+    assert "switched off (MEANFIELD_NATIVE=0)" in text and "backend='auto'" not in text
 
 
 def test_docstring_examples():
@@ -191,7 +198,7 @@ sys.exit(meanfield.info.main(["--json", "--rebuild-native"]))
 def test_rebuild_native(tmp_path, monkeypatch, disabled):
     """``--rebuild-native`` compiles both kernels again over remembered failures (exit 0); with
     ``MEANFIELD_NATIVE=0`` nothing is built and it exits 1 with the reason."""
-    if _native._compiler() is None and not disabled:
+    if _native._cache._compiler() is None and not disabled:
         pytest.skip("no C compiler")
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -199,14 +206,14 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
     if not disabled:
         # every flag set of both kernels recorded as rejected by this compiler: no process builds
         monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(cache))
-        cc, version = _native._toolchain()
-        for source, include in ((_native.EXP_SOURCE, [_native._exp_include()]), (_native.SOURCE, [])):
-            digest = _native._source_digest(source, include)
-            for _, defines, _, _ in _native._BUILDS:
-                for flags, path in _native._library_paths(cc, version, source, defines, include):
-                    record = {"identity": _native._identity(cc, version, flags, digest), "error": "stale failure"}
+        cc, version = _native._cache._toolchain()
+        for source, include in ((_native.EXP_SOURCE, [_native._exp._exp_include()]), (_native.SOURCE, [])):
+            digest = _native._cache._source_digest(source, include)
+            for _, defines, _, _ in _native._cache._BUILDS:
+                for flags, path in _native._cache._library_paths(cc, version, source, defines, include):
+                    record = {"identity": _native._cache._identity(cc, version, flags, digest), "error": "stale failure"}
                     path.with_suffix(".failed").write_text(json.dumps(record))
-        code = "from meanfield import _native; print(_native.exp_available(), _native.exp_unavailable_reason())"
+        code = "from meanfield import _native; print(_native.exp_library().available, _native.exp_library().reason)"
         r = _run(code, env=env)
         assert r.returncode == 0 and r.stdout.startswith("False") and "stale failure" in r.stdout, r.stderr
         said = [ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: ")]
@@ -216,13 +223,15 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
     assert r.returncode == (1 if disabled else 0), r.stderr
     nat = json.loads(r.stdout)["native"]
     if disabled:
-        assert nat["exp_kernel"]["reason"] == "disabled by MEANFIELD_NATIVE=0" and not nat["enabled"]
+        assert nat["exp_kernel"]["reason"] == "disabled by MEANFIELD_NATIVE=0" and nat["disabled"]
         assert not list(cache.iterdir())
         return
-    assert nat["enabled"] and nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"]
+    assert nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"]
+    assert nat["exp_kernel"]["crossover"]["recorded"].startswith(str(cache))  # measured again, beside it
     assert sorted(p.name.split("-")[0] for p in cache.glob("*.so")) == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
     assert not list(cache.glob("*.failed"))
-    assert len(list(cache.glob("*.json"))) == 4  # a manifest per library
+    assert len(list(cache.glob("*.json"))) == 5  # a manifest per library, the crossover record
+    assert len(list(cache.glob("*.crossover.json"))) == 1
     assert "building the native CPU kernels" in r.stderr and "building the native phase-diagram kernel" in r.stderr
 
 

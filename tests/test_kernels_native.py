@@ -1,8 +1,8 @@
 """The fused C kernel of the exp-kernel fields (``meanfield._native`` ``exp_kernel.c``, an XLA
 FFI call) against the XLA formulation and the single-pair reference.
 
-``kernels.set_native(False)`` selects the XLA formulation (the reference); every comparison
-runs both in one process. Shapes cover the kernel's branches: ``n`` below, at and above
+``backend="xla"`` (``kernels.use_backend("xla")``) selects the XLA formulation (the reference),
+``backend="native"`` the fused kernel; every comparison runs both in one process. Shapes cover the kernel's branches: ``n`` below, at and above
 a SIMD vector (16 float32 / 8 float64 columns), row blocks of 4 with absent rows, the
 specialised dimensions (2, 3, 4, 8, 16) and the generic one, batches larger and smaller than
 the thread count (the latter with rows in parallel). No timings.
@@ -27,15 +27,14 @@ K = mf.kernels
 @pytest.fixture(autouse=True)
 def _needs_native(request):
     """Tests of the kernel skip where it cannot be built, except the one that says it must."""
-    if request.node.originalname != "test_native_kernel_builds" and not _native.exp_available():
-        pytest.skip(f"no native kernel: {_native.exp_unavailable_reason()}")
+    if request.node.originalname != "test_native_kernel_builds" and not _native.exp_library().available:
+        pytest.skip(f"no native kernel: {_native.exp_library().reason}")
 
 
 @pytest.fixture
 def xla_path():
-    previous = K.set_native(False)
-    yield
-    K.set_native(previous)
+    with K.use_backend("xla"):
+        yield
 
 
 def _xs(S, n, d, seed=0, dtype=jnp.float64):
@@ -48,13 +47,10 @@ def _both(fn, *args, check_path=True):
     programs prove which path each took (the FFI call is in the first only; ``check_path=False``
     for programs whose every native value may be dead code, e.g. a pure gradient)."""
     paths = []
-    for enabled in (True, False):
-        previous = K.set_native(enabled)
-        try:
+    for backend in ("native", "xla"):
+        with K.use_backend(backend):  # what mf.field & co. run without their own backend=
             f = jax.jit(lambda *a: fn(*a))  # a fresh function: no trace shared between the paths
             paths.append((f(*args), "meanfield_exp" in f.lower(*args).as_text()))
-        finally:
-            K.set_native(previous)
     (native, used_native), (xla, used_ffi) = paths
     assert not used_ffi and (used_native or not check_path)
     return native, xla
@@ -62,8 +58,9 @@ def _both(fn, *args, check_path=True):
 
 def test_native_kernel_builds():
     """CI machines have a C compiler and jaxlib's FFI headers: the kernel must build there."""
-    assert _native.exp_available(), _native.exp_unavailable_reason()
-    assert K.native_enabled()
+    lib = _native.exp_library()
+    assert lib.available, lib.reason
+    assert lib.reason is None and lib.crossover is not None
 
 
 @pytest.mark.parametrize("dtype,rtol", [("float64", 1e-14), ("float32", 2e-6)])
@@ -190,16 +187,19 @@ def test_thread_count_changes_nothing_per_system_and_little_across_rows(x64):
     np.testing.assert_allclose(one[1][1], three[1][1], rtol=1e-13)
 
 
-def test_fallbacks_and_errors(xla_path):
-    """d > 64 and float16 run through XLA; bad arguments of the NumPy entry and of set_native."""
-    assert not K.native_enabled()
-    K.set_native(True)
+def test_fallbacks_and_errors():
+    """d > 64 and float16: "auto" runs XLA, "native" is one ValueError saying why; bad arguments of
+    the NumPy entry and of the backend."""
     x = _xs(1, 6, 65, dtype=jnp.float32)[0]
     np.testing.assert_allclose(mf.velocity(K.USA(1.0), x), mf.velocity(K.USA(1.0), x, method="pairwise"), rtol=1e-5, atol=1e-6)
-    h = x[:, :4].astype(jnp.float16)
-    assert mf.velocity(K.USA(1.0), mf.sphere.normalize(h)).dtype == jnp.float16
-    with pytest.raises(TypeError, match="True or False"):
-        K.set_native(1)
+    with pytest.raises(ValueError, match="backend='native' supports d <= 64, got d = 65"):
+        mf.velocity(K.USA(1.0), x, backend="native")
+    h = mf.sphere.normalize(x[:, :4].astype(jnp.float16))
+    assert mf.velocity(K.USA(1.0), h).dtype == jnp.float16
+    with pytest.raises(ValueError, match="backend='native' runs float32 and float64, got float16"):
+        mf.velocity(K.USA(1.0), h, backend="native")
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"):
+        K.use_backend("gpu")
     with pytest.raises(ValueError, match="float64 or float32"):
         _native.exp_field(np.ones((1, 3, 2), np.int32), [1.0])
     with pytest.raises(ValueError, match="shape"):
@@ -216,9 +216,9 @@ def test_the_jaxpr_keeps_the_xla_path_for_other_platforms():
     """The native call sits in a platform-dependent branch: CPU lowers the FFI call, any other
     platform the XLA formulation (which the jaxpr still holds)."""
     x = _xs(2, 8, 3, dtype=jnp.float32)
-    jaxpr = str(jax.make_jaxpr(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x)))(x))
+    jaxpr = str(jax.make_jaxpr(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x, backend="native")))(x))
     assert "meanfield_exp_fs_f32" in jaxpr and "platform_index" in jaxpr
-    hlo = jax.jit(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x))).lower(x).as_text()
+    hlo = jax.jit(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x, backend="native"))).lower(x).as_text()
     assert "meanfield_exp_fs_f32" in hlo
 
 
@@ -226,9 +226,11 @@ _ENV_SCRIPT = r"""
 import jax, jax.numpy as jnp, numpy as np, meanfield as mf
 from meanfield import _native
 x = mf.sphere.uniform(jax.random.key(0), 20, 3)
-v = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x))(x)
-hlo = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x)).lower(x).as_text()
-print(_native.exp_available(), "meanfield_exp" in hlo, "|", _native.exp_unavailable_reason())
+k = mf.kernels.USA(1.0)  # imports meanfield.kernels: the kernel is built (or not) here
+b = "native" if _native.exp_library().available else "auto"  # "auto" runs XLA where it is unavailable
+v = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x, backend=b))(x)
+hlo = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.0), x, backend=b)).lower(x).as_text()
+print(_native.exp_library().available, "meanfield_exp" in hlo, "|", _native.exp_library().reason)
 np.save(__import__("sys").argv[1], np.asarray(v))
 """
 
@@ -286,12 +288,13 @@ import meanfield as mf
 sh = NamedSharding(Mesh(np.asarray(jax.devices()), ("batch",)), P("batch"))
 x = jax.vmap(lambda k: mf.sphere.uniform(k, 40, 3))(jax.random.split(jax.random.key(0), 8))
 fn = lambda x: (mf.velocity(mf.kernels.RoPE(1.3, 2.0), x), mf.energy(mf.kernels.USA(0.7), x))
-f = jax.jit(jax.vmap(fn), in_shardings=sh, out_shardings=sh)
-hlo = f.lower(x).compile().as_text()
+with mf.kernels.use_backend("native"):
+    f = jax.jit(jax.vmap(fn), in_shardings=sh, out_shardings=sh)
+    hlo = f.lower(x).compile().as_text()
+    v, e = f(x)
 calls = [l for l in hlo.splitlines() if "meanfield_exp" in l and "custom-call" in l]
-v, e = f(x)
-mf.kernels.set_native(False)
-vx, ex = jax.jit(jax.vmap(fn))(x)
+with mf.kernels.use_backend("xla"):
+    vx, ex = jax.jit(jax.vmap(fn))(x)
 print(len(calls), "all-gather" in hlo, all("[2,40,3]" in l for l in calls),
       float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()),
       mf._native.exp_threads() == max(1, mf._native.default_threads() // 4))
@@ -330,20 +333,57 @@ def test_exp_field_with_gauges_against_formula(shared, x64):
         _native.exp_field(x, beta, gauge=G[..., :2])
 
 
-def test_set_native_applies_to_functions_traced_before():
-    """The setting is in jit's cache key: the same jitted function (meanfield's own included)
-    traces the new path after a toggle instead of keeping the one it was compiled with (no cache
-    is cleared: tests/test_registry.py shows that switching back does not retrace)."""
+def test_use_backend_applies_to_functions_traced_before():
+    """``use_backend`` is a public JAX user context, in jit's cache key: the same jitted function
+    traces the other path inside it instead of keeping the one it was compiled with (no cache is
+    cleared: tests/test_registry.py shows that switching back does not retrace)."""
     x = _xs(1, 12, 3, dtype=jnp.float32)[0]
     f = jax.jit(lambda x: mf.velocity(K.USA(1.0), x))
-    assert "meanfield_exp" in f.lower(x).as_text()
-    v_native = f(x)
-    previous = K.set_native(False)
-    try:
+    with K.use_backend("native"):
+        assert "meanfield_exp" in f.lower(x).as_text()
+        v_native = f(x)
+    with K.use_backend("xla"):
         assert "meanfield_exp" not in f.lower(x).as_text()
         np.testing.assert_allclose(f(x), v_native, rtol=2e-6, atol=1e-7)
-    finally:
-        K.set_native(previous)
+
+
+def test_auto_follows_the_measured_crossover(monkeypatch):
+    """``"auto"`` takes the fused kernel exactly where the crossover measured on this machine says
+    it is faster (a crossover put in its place here), never by a fixed rule."""
+    from meanfield._native import Crossover
+
+    lib = _native.exp_library()
+    measured = lib.crossover
+    assert measured.max_d in (0, *_native.CROSSOVER_DS, _native.EXP_MAX_D) and measured.seconds < 10
+    assert set(measured.times) == {f"{n} x 3" for n in _native.CROSSOVER_NS} | {
+        f"{_native.CROSSOVER_N} x {d}" for d in _native.CROSSOVER_DS}
+    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=4, min_n=100, times={}, seconds=0.0))
+    for (n, d), path in {(120, 3): "native", (120, 5): "xla", (50, 3): "xla"}.items():
+        x = _xs(1, n, d, dtype=jnp.float32)[0]
+        hlo = jax.jit(lambda x: mf.velocity(K.USA(1.0), x)).lower(x).as_text()  # fresh: traced now
+        assert ("meanfield_exp" in hlo) == (path == "native"), (n, d)
+        assert K.resolve_backend("auto", n, d, jnp.float32) == path
+    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=0, min_n=None, times={}, seconds=0.0))
+    assert K.resolve_backend("auto", 512, 3, jnp.float32) == "xla"
+    assert K.resolve_backend("native", 512, 3, jnp.float32) == "native"
+
+
+def test_crossover_is_recorded_beside_the_library(tmp_path):
+    """A fresh cache: the first "auto" measures (median of a few calls, well under the budget of
+    the brief) and records the crossover beside the float32 library; a second process reads it."""
+    code = ("import json, jax, meanfield as mf\nfrom meanfield import _native\n"
+            "mf.velocity(mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 16, 3))\n"
+            "c = _native._exp_state['crossover']\n"
+            "print(json.dumps({'recorded': c.recorded, 'seconds': c.seconds, 'max_d': c.max_d}))")
+    env = {**os.environ, "MEANFIELD_CACHE_DIR": str(tmp_path), "MEANFIELD_NATIVE": "1"}
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        runs.append(__import__("json").loads(r.stdout.strip().splitlines()[-1]))
+    assert runs[0]["recorded"] and runs[0]["recorded"].endswith(".crossover.json")
+    assert runs[0]["recorded"].startswith(str(tmp_path)) and runs[0]["seconds"] < 5
+    assert runs[1] == runs[0]  # read back, not measured again
 
 
 _SUBNORMALS = r"""
@@ -353,7 +393,7 @@ before = float(np.float64(1e-300) * 1e-10)
 x = mf.sphere.uniform(jax.random.key(0), 8, 3)
 mf.velocity(mf.kernels.USA(1.0), x).block_until_ready()
 mf.phase_diagram.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.2, checkpoints=2)
-assert _native.exp_available() and _native.available()
+assert _native.exp_library().available and _native.phase_library().available
 print(before, float(np.float64(1e-300) * 1e-10), float(np.float32(1e-38) * np.float32(1e-3)))
 """
 
@@ -379,10 +419,11 @@ x = jax.vmap(lambda k: mf.sphere.uniform(k, 40, 3))(jax.random.split(jax.random.
 fn = jax.vmap(lambda y: (mf.velocity(mf.kernels.Prompt(1.1, mf.kernels.random_gauges(jax.random.key(2), 2, 3)), y),
                          mf.energy(mf.kernels.USA(0.8), y)))
 f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch")))
-assert "meanfield_exp" in f.lower(x).as_text()
-v, e = f(x)
-mf.kernels.set_native(False)
-vx, ex = jax.jit(fn)(x)
+with mf.kernels.use_backend("native"):
+    assert "meanfield_exp" in f.lower(x).as_text()
+    v, e = f(x)
+with mf.kernels.use_backend("xla"):
+    vx, ex = jax.jit(fn)(x)
 print(float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()))
 """
 

@@ -30,8 +30,8 @@ H = 1e-5
 
 @pytest.fixture(autouse=True)
 def _needs_native():
-    if not _native.exp_available():
-        pytest.skip(f"no native kernel: {_native.exp_unavailable_reason()}")
+    if not _native.exp_library().available:
+        pytest.skip(f"no native kernel: {_native.exp_library().reason}")
 
 
 def _xs(S, n, d, seed=0, dtype=jnp.float64):
@@ -44,7 +44,7 @@ def _both(fn, *args, target="meanfield_exp_t"):
     native program contains ``target`` (the XLA one must contain no meanfield FFI call)."""
     out, texts = [], []
     for backend in ("native", "xla"):
-        with K.backend_scope(backend):
+        with K.use_backend(backend):
             f = jax.jit(lambda *a: fn(*a))  # a fresh function: no trace shared between the paths
             out.append(f(*args))
             texts.append(f.lower(*args).as_text())
@@ -182,15 +182,22 @@ def test_second_order_reverse_and_float32(x64):
     _close(*_both(vj, x32), 2e-5)
 
 
-def test_above_native_max_d_derivatives_stay_xla(x64):
-    """d > NATIVE_MAX_D: no native call in the derivative either (the dispatch rule)."""
-    x = _xs(1, 10, K.NATIVE_MAX_D + 2, seed=10)[0]
-    with K.backend_scope("native"):
-        f = jax.jit(lambda y: jax.jvp(lambda z: mf.velocity(K.USA(1.0), z), (y,), (y[::-1],))[1])
-        assert "meanfield_exp" not in f.lower(x).as_text()
-        jv = f(x)
-    with K.backend_scope("xla"):
-        _close(jv, jax.jvp(lambda z: mf.velocity(K.USA(1.0), z), (x,), (x[::-1],))[1], RTOL_XLA)
+def test_auto_where_xla_is_faster_derivatives_stay_xla(x64, monkeypatch):
+    """Where "auto" takes XLA (the measured crossover says so), no native call in the derivative
+    either; "native" there takes the kernel in both."""
+    from meanfield._native import Crossover
+
+    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=8, min_n=2, times={}, seconds=0.0))
+    x = _xs(1, 10, 10, seed=10)[0]
+    jv = {}
+    for backend in ("auto", "native"):
+        f = jax.jit(lambda y, b=backend: jax.jvp(lambda z: mf.velocity(K.USA(1.0), z, backend=b), (y,), (y[::-1],))[1])
+        assert ("meanfield_exp" in f.lower(x).as_text()) == (backend == "native")
+        jv[backend] = f(x)
+    with K.use_backend("xla"):
+        ref = jax.jvp(lambda z: mf.velocity(K.USA(1.0), z), (x,), (x[::-1],))[1]
+    _close(jv["auto"], ref, RTOL_XLA)
+    _close(jv["native"], ref, RTOL_XLA)
 
 
 def test_xla_lowering_of_the_tangent_equals_the_kernel(x64):
@@ -198,7 +205,7 @@ def test_xla_lowering_of_the_tangent_equals_the_kernel(x64):
     (accelerators): it equals the kernel."""
     y, dy = _xs(4, 3 * 11, 4, seed=11).reshape(2, 2, 3, 11, 4)
     beta = jnp.array([[0.5, 1.0, 2.0], [3.0, 0.7, 1.1]])
-    _close(jax.jit(K._tangent_xla)(y, dy, beta), jax.jit(K._exp_tangent)(y, dy, beta), RTOL_XLA)
+    _close(jax.jit(K._exp._tangent_xla)(y, dy, beta), jax.jit(K._exp._exp_tangent)(y, dy, beta), RTOL_XLA)
 
 
 _SHARDED = r"""
@@ -213,13 +220,14 @@ k = mf.kernels.Prompt(1.1, mf.kernels.random_gauges(jax.random.key(2), 2, 3))
 fn = jax.vmap(lambda y: (jax.jvp(lambda z: mf.velocity(k, z), (y,), (y[::-1],))[1],
                          jax.grad(lambda z: jnp.sum(mf.velocity(mf.kernels.USA(0.8), z) ** 2))(y)))
 f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("batch"), out_specs=P("batch")))
-a = f(x)
-in_shard_map = "meanfield_exp_t" in f.lower(x).as_text()
-xs = jax.device_put(x, NamedSharding(mesh, P("batch")))
-hlo = jax.jit(fn).lower(xs).compile().as_text()
-b = jax.jit(fn)(xs)
-mf.kernels.set_native(False)
-c = jax.jit(fn)(x)
+with mf.kernels.use_backend("native"):
+    a = f(x)
+    in_shard_map = "meanfield_exp_t" in f.lower(x).as_text()
+    xs = jax.device_put(x, NamedSharding(mesh, P("batch")))
+    hlo = jax.jit(fn).lower(xs).compile().as_text()
+    b = jax.jit(fn)(xs)
+with mf.kernels.use_backend("xla"):
+    c = jax.jit(fn)(x)
 err = max(float(jnp.abs(u - w).max() / jnp.abs(w).max()) for u, w in zip(jax.tree.leaves((a, b)), 2 * jax.tree.leaves(c)))
 print(in_shard_map, "meanfield_exp_t" in hlo, "all-gather" in hlo, err)
 """

@@ -27,9 +27,11 @@ import json, jax, numpy as np
 import meanfield as mf
 from meanfield import _native
 x = mf.sphere.uniform(jax.random.key(0), 40, 3)
-v = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.3), x))(x)
+k = mf.kernels.USA(1.3)  # imports meanfield.kernels: the kernel is built (or not) here
+b = "native" if _native.exp_library().available else "auto"  # "auto" runs XLA where it is unavailable
+v = jax.jit(lambda x: mf.velocity(k, x, backend=b))(x)
 vx = jax.jit(lambda x: mf.velocity(mf.kernels.USA(1.3), x, backend="xla"))(x)
-print(json.dumps({"available": _native.exp_available(), "reason": _native.exp_unavailable_reason(),
+print(json.dumps({"available": _native.exp_library().available, "reason": _native.exp_library().reason,
                   "diff": float(np.abs(np.asarray(v) - np.asarray(vx)).max()),
                   "scale": float(np.abs(np.asarray(vx)).max())}))
 """
@@ -60,7 +62,7 @@ def _same_as_xla(out):
 
 
 def _needs_compiler():
-    if _native._compiler() is None:
+    if _native._cache._compiler() is None:
         pytest.skip("no C compiler")
 
 
@@ -69,9 +71,9 @@ def _exp_libraries(cache):
     old = os.environ.get("MEANFIELD_CACHE_DIR")
     os.environ["MEANFIELD_CACHE_DIR"] = str(cache)
     try:
-        cc, version = _native._toolchain()
-        return [_native._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp_include()])[0][1]
-                for _, defines, _, _ in _native._BUILDS]
+        cc, version = _native._cache._toolchain()
+        return [_native._cache._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()])[0][1]
+                for _, defines, _, _ in _native._cache._BUILDS]
     finally:
         if old is None:
             del os.environ["MEANFIELD_CACHE_DIR"]
@@ -142,7 +144,7 @@ def test_damaged_library_is_rebuilt(built, tmp_path, how):
     _same_as_xla(out)
     assert len(said) == 1, said
     assert f"the cached native library {lib} is damaged" in said[0] and said[0].endswith("rebuilding it"), said
-    assert _native._damage(lib) is None and _manifest(lib)["size"] == lib.stat().st_size > good["size"] // 2
+    assert _native._cache._damage(lib) is None and _manifest(lib)["size"] == lib.stat().st_size > good["size"] // 2
     # and the rebuilt cache is used as it is by the next process: nothing said
     out, said = _run(_FIELD, cache)
     assert out["available"] and said == [], said
@@ -155,7 +157,7 @@ def test_damaged_library_that_cannot_be_rebuilt_falls_back(built, tmp_path):
     cache = _copy(built, tmp_path)
     for lib in _exp_libraries(cache):
         _damage(lib, "half")
-    real = _native._compiler()
+    real = _native._cache._compiler()
     cc = _fake_compiler(tmp_path, version=f'exec "{real}" --version')
     out, said = _run(_FIELD, cache, CC=str(cc))
     assert not out["available"] and "C compiler failed" in out["reason"], out
@@ -183,7 +185,7 @@ def planted_library(tmp_path_factory):
     _needs_compiler()
     d = tmp_path_factory.mktemp("planted")
     (d / "planted.c").write_text(_PLANTED)
-    r = subprocess.run([_native._compiler(), "-shared", "-fPIC", "-o", str(d / "planted.so"), str(d / "planted.c")],
+    r = subprocess.run([_native._cache._compiler(), "-shared", "-fPIC", "-o", str(d / "planted.so"), str(d / "planted.c")],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         pytest.skip(f"cannot build the planted library: {r.stderr}")
@@ -262,7 +264,7 @@ def test_new_cache_directory_is_private(built, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # a failed build: recorded with the compiler identity, retried when it changes or when asked
 
-_BOTH = _FIELD.replace('print(json.dumps({"available"', 'phase = _native.available()\nprint(json.dumps({"phase": phase, "available"')
+_BOTH = _FIELD.replace('print(json.dumps({"available"', 'phase = _native.phase_library().available\nprint(json.dumps({"phase": phase, "available"')
 
 
 def test_failed_build_is_recorded_and_retried(tmp_path):
@@ -323,8 +325,8 @@ def test_killed_compiler_is_not_recorded(tmp_path, body):
 _MANY = _BOTH + r"""
 for beta in (0.5, 2.0):
     jax.jit(lambda x: mf.energy(mf.kernels.USA(beta), x))(x).block_until_ready()
-_native.available(), _native.exp_available(), _native.prepare()
-print(json.dumps({"diff": 0.0, "scale": 1.0, "available": _native.exp_available(), "reason": None}))
+_native.phase_library().available, _native.exp_library().available, _native.prepare()
+print(json.dumps({"diff": 0.0, "scale": 1.0, "available": _native.exp_library().available, "reason": None}))
 """
 
 
@@ -353,8 +355,8 @@ def test_threads_follow_the_load():
     """With more busy processes than CPUs (the CPUs of this process are all busy with others' work),
     a short call of the exp kernel (and of the phase kernel) takes one thread while adaptive; a
     long call and fixed thread counts take them all."""
-    if not _native.exp_available():
-        pytest.skip(f"no native kernel: {_native.exp_unavailable_reason()}")
+    if not _native.exp_library().available:
+        pytest.skip(f"no native kernel: {_native.exp_library().reason}")
     most = max(2, _native.exp_default_threads())
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) + 1)]
     try:
@@ -387,8 +389,8 @@ def test_no_environment_variable_is_set():
         before = dict(os.environ)
         import meanfield as mf, jax
         from meanfield import _native
-        _native.exp_available(); _native.available()
-        if _native.exp_available():
+        _native.exp_library().available; _native.phase_library().available
+        if _native.exp_library().available:
             _native.set_exp_threads(1); _native.set_exp_threads()
         mf.velocity(mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 600, 3)).block_until_ready()
         print(json.dumps({"changed": sorted(k for k in set(before) | set(os.environ)
@@ -405,7 +407,7 @@ def test_concurrent_first_imports_compile_each_library_once(tmp_path):
     """Three processes importing meanfield at once on an empty cache: every one loads the kernel
     and each library is compiled once (a lock per library), none reads a half-written one."""
     _needs_compiler()
-    real = _native._compiler()
+    real = _native._cache._compiler()
     cc = _fake_compiler(tmp_path, name="wrapcc", version=f'exec "{real}" --version', body=f'exec "{real}" "$@"')
     cache = tmp_path / "cache"
     procs = [subprocess.Popen([sys.executable, "-c", _FIELD], env=_env(cache, CC=str(cc)), stdout=subprocess.PIPE,

@@ -30,15 +30,15 @@ t0 = time.monotonic()
 import meanfield.kernels  # the engine's import builds the exp kernel (import meanfield is lazy)
 from meanfield import _native
 t1 = time.monotonic()
-phase = _native.available()  # the phase kernel, built (or not) at its first use
-print(json.dumps({"available": _native.exp_available(), "reason": _native.exp_unavailable_reason(),
-                  "phase": phase, "phase_reason": _native.unavailable_reason(),
+phase = _native.phase_library().available  # the phase kernel, built (or not) at its first use
+print(json.dumps({"available": _native.exp_library().available, "reason": _native.exp_library().reason,
+                  "phase": phase, "phase_reason": _native.phase_library().reason,
                   "import_s": t1 - t0, "phase_s": time.monotonic() - t1}))
 """
 
 # the exp kernel only (built at import): the phase kernel is never asked for
-_EXP_ONLY = _STATE.replace("phase = _native.available()", "phase = None").replace(
-    '"phase_reason": _native.unavailable_reason()', '"phase_reason": None')
+_EXP_ONLY = _STATE.replace("phase = _native.phase_library().available", "phase = None").replace(
+    '"phase_reason": _native.phase_library().reason', '"phase_reason": None')
 
 _REBUILD = "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild-native', '--json']))"
 
@@ -66,7 +66,7 @@ def _run(code, cache, **kw):
 
 
 def _needs_compiler():
-    if _native._compiler() is None:
+    if _native._cache._compiler() is None:
         pytest.skip("no C compiler")
 
 
@@ -75,9 +75,9 @@ def _exp_libraries(cache):
     old = os.environ.get("MEANFIELD_CACHE_DIR")
     os.environ["MEANFIELD_CACHE_DIR"] = str(cache)
     try:
-        cc, version = _native._toolchain()
-        return [_native._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp_include()])[0][1]
-                for _, defines, _, _ in _native._BUILDS]
+        cc, version = _native._cache._toolchain()
+        return [_native._cache._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()])[0][1]
+                for _, defines, _, _ in _native._cache._BUILDS]
     finally:
         if old is None:
             del os.environ["MEANFIELD_CACHE_DIR"]
@@ -88,7 +88,7 @@ def _exp_libraries(cache):
 def _fake_cc(tmp_path, body, version=None, name="fakecc"):
     """A compiler script: ``--version`` runs ``version`` (default: the real compiler's, so that the
     cache names are the real ones), anything else is logged and runs ``body``."""
-    real = _native._compiler()
+    real = _native._cache._compiler()
     version = version or (f'exec "{real}" --version' if real else "echo fakecc 1.0")
     log = tmp_path / f"{name}.log"
     path = tmp_path / name
@@ -124,15 +124,15 @@ def _shared_library():
 
 def test_elf_check_accepts_a_library_and_names_each_defect():
     path, data = _shared_library()
-    assert _native._elf_problem(data) is None
-    assert _native._elf_problem(data[:4096]).startswith("truncated: ")
-    assert _native._elf_problem(b"#!/bin/sh\nexit 0\n" * 10) == "not an ELF file (170 bytes)"
+    assert _native._cache._elf_problem(data) is None
+    assert _native._cache._elf_problem(data[:4096]).startswith("truncated: ")
+    assert _native._cache._elf_problem(b"#!/bin/sh\nexit 0\n" * 10) == "not an ELF file (170 bytes)"
     exe = open(os.path.realpath(sys.executable), "rb").read(64)
     if exe[16] == 2:  # a non-PIE executable: ELF, but not a shared object
-        assert "not a shared object" in _native._elf_problem(exe + data[64:])
+        assert "not a shared object" in _native._cache._elf_problem(exe + data[64:])
     other = bytearray(data)
     other[18:20] = (0x1234).to_bytes(2, "little" if data[5] == 1 else "big")
-    assert _native._elf_problem(bytes(other)).startswith("ELF machine 4660, this process runs on machine ")
+    assert _native._cache._elf_problem(bytes(other)).startswith("ELF machine 4660, this process runs on machine ")
 
 
 @settings(max_examples=20, deadline=None)
@@ -141,7 +141,7 @@ def test_elf_check_rejects_every_truncation(fraction):
     """Whatever the cut, a truncated library is rejected (its section headers are at its end)."""
     _, data = _shared_library()
     cut = int(fraction * len(data))
-    assert _native._elf_problem(data[:cut]) is not None
+    assert _native._cache._elf_problem(data[:cut]) is not None
 
 
 _TRUNCATE = 'head -c 4096 "{lib}" > "$out"; exit 0'
@@ -214,7 +214,7 @@ def test_poisoned_library_with_matching_manifest_is_rebuilt_not_loaded(tmp_path)
         lib.chmod(0o700)
         lib.with_suffix(".json").write_text(json.dumps({"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()}))
         lib.with_suffix(".json").chmod(0o600)
-    real = _native._compiler()
+    real = _native._cache._compiler()
     failing = _fake_cc(tmp_path, "exit 1")  # the real version: the same names; fails every build
     out, said = _run(_STATE, cache, CC=str(failing))
     assert not out["available"], out
@@ -227,7 +227,7 @@ def test_poisoned_library_with_matching_manifest_is_rebuilt_not_loaded(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     nat = json.loads(r.stdout)["native"]
     assert nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"], nat
-    assert all(_native._damage(lib) is None for lib in libs)
+    assert all(_native._cache._damage(lib) is None for lib in libs)
     assert all(len(lib.read_bytes()) > 4096 for lib in libs)
 
 
@@ -261,9 +261,9 @@ from meanfield import _native
 signal.alarm(60)  # a blocking open would end here, by SIGALRM: the test sees the signal
 d = Path(sys.argv[1])
 out = {}
-for what, call in (("manifest", lambda: _native._read_private(d / "x.json", "manifest")),
-                   ("failure record", lambda: _native._recorded_failure(d / "x.failed", {})),
-                   ("lock file", lambda: _native._file_lock(d / "x.so").__enter__())):
+for what, call in (("manifest", lambda: _native._cache._read_private(d / "x.json", "manifest")),
+                   ("failure record", lambda: _native._cache._recorded_failure(d / "x.failed", {})),
+                   ("lock file", lambda: _native._cache._file_lock(d / "x.so").__enter__())):
     try:
         call()
         out[what] = None
@@ -332,24 +332,24 @@ def test_hanging_version_probe_is_bounded_and_probed_once(tmp_path):
 def test_bad_timeout_setting_is_named(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(RuntimeError, match=f"^{name} must be a number of seconds > 0, got '{value}'$"):
-        _native._timeout(name, 1.0)
+        _native._cache._timeout(name, 1.0)
 
 
 def test_lock_timeout(monkeypatch):
     """A build and its load check, and a margin; a bad MEANFIELD_CC_TIMEOUT does not stop an intact cache."""
     for name in ("MEANFIELD_CC_TIMEOUT", "MEANFIELD_CACHE_LOCK_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    assert _native._lock_timeout() == 120.0 + 60.0 + 30.0
+    assert _native._cache._lock_timeout() == 120.0 + 60.0 + 30.0
     monkeypatch.setenv("MEANFIELD_CC_TIMEOUT", "10")
-    assert _native._lock_timeout() == 100.0
+    assert _native._cache._lock_timeout() == 100.0
     monkeypatch.setenv("MEANFIELD_CC_TIMEOUT", "soon")
-    assert _native._lock_timeout() == 210.0
+    assert _native._cache._lock_timeout() == 210.0
     monkeypatch.setenv("MEANFIELD_CACHE_LOCK_TIMEOUT", "5")
-    assert _native._lock_timeout() == 5.0
+    assert _native._cache._lock_timeout() == 5.0
 
 
 def test_timeouts_default():
-    assert _native._timeout("MEANFIELD_TEST_UNSET_TIMEOUT", 120.0) == 120.0
+    assert _native._cache._timeout("MEANFIELD_TEST_UNSET_TIMEOUT", 120.0) == 120.0
     assert _native.CC_TIMEOUT == 120.0 and _native.VERSION_TIMEOUT == 10.0
 
 
@@ -462,5 +462,5 @@ def test_sticky_parent_writable_by_others_is_accepted(tmp_path, monkeypatch):
     shared.mkdir()
     shared.chmod(0o1777)
     monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(shared / "cache"))
-    assert _native._private_dir(create=True) == shared / "cache"
+    assert _native._cache._private_dir(create=True) == shared / "cache"
     assert stat.S_IMODE((shared / "cache").stat().st_mode) == 0o700

@@ -240,8 +240,8 @@ def test_native_kernel_builds():
     fallback would hide a broken build)."""
     from meanfield import _native
 
-    assert _native.available(), _native.unavailable_reason()
-    assert _native.unavailable_reason() is None
+    assert _native.phase_library().available, _native.phase_library().reason
+    assert _native.phase_library().reason is None
 
 
 @pytest.mark.native
@@ -351,7 +351,7 @@ try:
     err = ""
 except RuntimeError as e:
     err = str(e)
-np.savez(sys.argv[2], per_seed=out.per_seed, available=_native.available(), err=err)
+np.savez(sys.argv[2], per_seed=out.per_seed, available=_native.phase_library().available, err=err)
 """
 
 
@@ -390,7 +390,7 @@ def test_native_compiler_failure_is_reported_and_remembered(tmp_path):
     code = (
         "from meanfield import _native, phase_diagram as pd\n"
         "import jax\n"
-        "print(_native.available(), '|', _native.unavailable_reason())\n"
+        "print(_native.phase_library().available, '|', _native.phase_library().reason)\n"
         "print(pd.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.2, checkpoints=2).shape)\n"
     )
     env = dict(os.environ, CC="false", MEANFIELD_CACHE_DIR=str(tmp_path), MEANFIELD_NATIVE="1")

@@ -19,8 +19,8 @@ K = mf.kernels
 
 
 def test_registry_covers_every_model_name():
-    assert set(K.MODELS) == {"usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt", "sa",
-                             "attention"}
+    builtin = {n for n, e in K.MODELS.items() if e.builtin}
+    assert builtin == {"usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt", "sa", "attention"}
     assert K.MODEL_NAMES == tuple(n for n in K.MODELS if n != "attention")
     for name, entry in K.MODELS.items():
         assert entry.doc and all(p.doc for p in entry.params), name
@@ -103,7 +103,7 @@ def test_cli_sweep_and_python_give_the_same_numbers(name, tmp_path):
     """`meanfield simulate --kernel K`, a one-point sweep of kind K and mf.simulate(make(K)) agree."""
     from meanfield import sweep
 
-    assert set(CLI_PARAMS) == set(K.MODEL_NAMES)
+    assert set(CLI_PARAMS) == {n for n in K.MODEL_NAMES if K.MODELS[n].builtin}
     params = CLI_PARAMS[name]
     n, seed, t1, dt, saves = 12, 3, 0.6, 0.05, 7
     got = _simulate_cli(tmp_path, name, params, n=n, seed=seed, t1=t1, dt=dt, saves=saves)
@@ -288,7 +288,7 @@ def test_traced_prompt_labels_out_of_range_raise_under_jit_and_vmap():
 # ---------------------------------------------------------------- native kernel: traced, scoped
 
 
-def test_native_toggle_does_not_retrace_user_functions():
+def test_use_backend_does_not_retrace_user_functions():
     traces = []
 
     @jax.jit
@@ -296,19 +296,16 @@ def test_native_toggle_does_not_retrace_user_functions():
         traces.append(1)
         return mf.energy(K.USA(1.0), x)
 
-    previous = K.set_native(True)
-    try:
+    with K.use_backend("auto"):
         e1 = f(_x)
-        K.set_native(False)
-        e2 = f(_x)  # a new setting is a new trace (the XLA formulation) ...
-        K.set_native(True)
+    with K.use_backend("xla"):
+        e2 = f(_x)  # another backend is a new trace (the XLA formulation) ...
+    with K.use_backend("auto"):
         e3 = f(_x)  # ... and switching back finds the first one: no retrace, no cache cleared
-        assert len(traces) == 2
-        with K.native(False):
-            f(_x)
-        assert len(traces) == 2
-    finally:
-        K.set_native(previous)
+    assert len(traces) == 2
+    with K.use_backend("xla"):
+        f(_x)
+    assert len(traces) == 2
     np.testing.assert_allclose([e1, e2, e3], float(e1), rtol=1e-6)
 
 
@@ -320,11 +317,10 @@ def test_backend_option_is_scoped_and_agrees():
     a = mf.simulate(k, x, t1=0.2, dt=0.05, backend="xla").energy
     b = mf.simulate(k, x, t1=0.2, dt=0.05, backend="native").energy
     np.testing.assert_allclose(a, b, rtol=2e-5)
-    with pytest.raises(ValueError, match="backend must be one of 'native', 'xla'"):
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"):
         mf.energy(k, x, backend="gpu")
-    before = K.native_enabled()
     mf.energy(k, x, backend="xla")
-    assert K.native_enabled() == before  # no process-wide change
+    assert K._exp._BACKEND.value == "auto"  # no process-wide change
 
 
 def test_backend_xla_never_calls_the_native_kernel(monkeypatch):

@@ -4,9 +4,12 @@ import doctest
 import math
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import meanfield as mf
 from meanfield import _resources as R
 from meanfield.kernels import DEFAULT_BLOCK, DENSE_MAX
 from meanfield.metrics import CLUSTER_BLOCK
@@ -17,6 +20,7 @@ MiB = 2**20
 def cost(**kw):
     base = dict(n=256, d=3, t1=20.0, dt=0.01, saves=101, itemsize=4)
     base.update(kw)
+    base.setdefault("footprint", mf.kernels.USA(1.0).footprint(base["n"], base["d"]))
     return R.run_cost(**base)
 
 
@@ -42,22 +46,34 @@ def test_memory_terms_are_the_engine_allocations():
     # saved states: saves x n x d x itemsize
     assert cost(clusters=False, step_grid=False).bytes - base.bytes == 101 * 256 * 3 * 4
     # dense pairwise working set up to DENSE_MAX, then tiles of block x 2 block
-    def pairs(n, **kw):
-        c0 = R.run_cost(n=n, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, clusters=False, step_grid=False, **kw)
-        rk2 = (2 * 2 + 6) * n * 3 + 2 * (n * 3 + 3 + 4)
-        return (c0.bytes - MiB) // 4 - rk2
+    def pairs(n, model=None, block_size=None):
+        model = mf.kernels.USA(1.0) if model is None else model
+        c0 = R.run_cost(n=n, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, clusters=False, step_grid=False,
+                        footprint=model.footprint(n, 3, block_size=block_size))
+        rk2 = (2 * 2 + 6) * n * 3 + 2 * (n * 3 + 3 + 1)
+        assert c0.point_bytes == (c0.bytes - MiB)  # one point, no host grid: all of it is the point's
+        return (c0.bytes - MiB - R.POINT_OVERHEAD_BYTES) // 4 - rk2
 
-    assert pairs(DENSE_MAX) == 3 * DENSE_MAX**2
-    assert pairs(DENSE_MAX + 1) == 3 * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
-    assert pairs(4096, block_size=4096) == 3 * 4096**2  # block >= n: dense
-    assert pairs(4096, block_size=100) == 3 * 100 * 200
-    assert pairs(4096, kind="distance-bias") == 4 * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
-    assert pairs(4096, kind="sa") == 3 * 4096**2  # self-attention is always dense
-    assert pairs(4096, kind="toeplitz") == 4 * 4096  # rank 2: O(n)
-    # the gauge kernels hold a (d, d) matrix per particle
-    assert pairs(4096, kind="rope") == 3 * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK + 4096 * 9
+    usa = mf.kernels.USA(1.0)
+    dense, tiles = usa.dense_arrays, usa.tile_arrays  # XLA:CPU's measured peaks, with a margin
+    assert pairs(DENSE_MAX) == dense * DENSE_MAX**2
+    assert pairs(DENSE_MAX + 1) == tiles * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
+    assert pairs(4096, block_size=4096) == dense * 4096**2  # block >= n: dense
+    assert pairs(4096, block_size=100) == tiles * 100 * 200
+    assert pairs(4096, mf.kernels.DistanceBias(1.0, 1.0)) == (tiles + 1) * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
+    assert pairs(1024, mf.models.SelfAttention(1.0)) == 2.5 * 1024**2  # self-attention: dense
+    assert pairs(2048, mf.models.SelfAttention(1.0)) == 1.5 * 2048**2
+    assert pairs(8192, mf.models.SelfAttention(1.0)) == 3 * 8192  # XLA fuses it: no n x n array
+    assert pairs(4096, mf.kernels.Toeplitz(1.0)) == 4 * 4096  # rank 2: O(n)
+    # the gauge kernels hold (d, d) matrices and gauge-frame states per particle
+    assert pairs(4096, mf.kernels.RoPE(1.0, 1.0)) == tiles * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK + 2 * 4096 * (9 + 3)
+    # the same tiles as the evaluation itself (one dense-or-tiled rule)
+    for n, b in ((256, None), (4096, None), (4096, 100), (4096, 4096)):
+        rows, cols = mf.kernels.tile_shape(n, b)
+        assert pairs(n, block_size=b) == (dense if rows == n else tiles) * rows * cols
     # the clusters observable: its own tile, never n x n
-    c = R.run_cost(n=300_000, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, step_grid=False)
+    c = R.run_cost(n=300_000, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, step_grid=False,
+                   footprint=mf.kernels.USA(1.0).footprint(300_000, 3))
     assert c.bytes < 64 * MiB
     assert c.bytes > 3 * CLUSTER_BLOCK * 2 * CLUSTER_BLOCK * 4
 
@@ -80,7 +96,7 @@ def test_work_formula():
     assert cost().work == pytest.approx(pairs_flop + clusters_flop + overhead, rel=1e-12)
     assert cost(solver="rk4").work > cost(solver="rk2").work > cost(solver="euler").work
     # toeplitz: rank 2, O(n) a step
-    toe = cost(kind="toeplitz", clusters=False).work - overhead
+    toe = cost(footprint=mf.kernels.Toeplitz(1.0).footprint(256, 3), clusters=False).work - overhead
     assert toe == pytest.approx((2102 * 2 + 101) * 256 * (4 * 3 + 8), rel=1e-12)
 
 
@@ -173,33 +189,56 @@ def test_format_bytes():
 # ------------------------------------------------------------------- the step rule
 
 
+def _rate(kind, b, **params):
+    """The interaction rate of registered model ``kind`` over the betas ``b`` (the sweep plan's way)."""
+    return mf.kernels.MODELS[kind].over_grid(params, 3, beta=np.atleast_1d(b)).interaction_rate()
+
+
 def test_interaction_rate_closed_forms():
     b = np.array([0.5, 1.0, 4.0, 10.0])
-    np.testing.assert_allclose(R.interaction_rate("usa", b), np.sqrt(b) * np.exp(b - 0.5), rtol=1e-14)
-    np.testing.assert_allclose(R.interaction_rate("rope", b, rescaled=True), np.sqrt(b) * np.exp(-0.5), rtol=1e-14)
-    np.testing.assert_allclose(R.interaction_rate("sa", b), b)
-    np.testing.assert_allclose(R.interaction_rate("sa", b, normalized=False), np.sqrt(b) * np.exp(b - 0.5))
-    np.testing.assert_array_equal(R.interaction_rate("toeplitz", b), 0.0)
-    assert np.isinf(R.interaction_rate("usa", 1e4))  # overflow: an infinite rate, no error
-    w = R.step_warning("usa", 1e4, 0.01, rescaled_hint="--rescaled")
+    np.testing.assert_allclose(_rate("usa", b), np.sqrt(b) * np.exp(b - 0.5), rtol=1e-14)
+    np.testing.assert_allclose(_rate("rope", b, rescaled=True), np.sqrt(b) * np.exp(-0.5), rtol=1e-14)
+    np.testing.assert_allclose(_rate("sa", b), b)
+    np.testing.assert_allclose(_rate("sa", b, normalized=False), np.sqrt(b) * np.exp(b - 0.5))
+    np.testing.assert_array_equal(mf.kernels.Toeplitz(2.0).interaction_rate(), 0.0)
+    # one model, concrete and traced: the same law in NumPy and in JAX
+    for beta in (0.5, 4.0):
+        assert float(mf.kernels.USA(beta).interaction_rate()) == pytest.approx(math.sqrt(beta) * math.exp(beta - 0.5))
+        traced = jax.jit(lambda v: mf.kernels.RoPE(v, 1.0).interaction_rate())(jnp.float32(beta))
+        assert float(traced) == pytest.approx(math.sqrt(beta) * math.exp(beta - 0.5), rel=1e-6)
+    assert np.isinf(_rate("usa", 1e4))  # overflow: an infinite rate, no error
+    w = R.step_warning(_rate("usa", 1e4)[0], 0.01, rescaled_hint="--rescaled")
     assert w.endswith("use --rescaled")  # no "dt <= 0" advice
 
 
+def test_reference_step_is_the_published_rule_overflow_free():
+    """dt(beta) = base_dt / max(sqrt(beta) e^(beta - 1/2), 1) (GLPR's reference code), evaluated in
+    log space: no overflow at beta = 1e3, and equal to the phase diagrams' step."""
+    b = np.array([0.25, 1.0, 2.0, 8.0, 50.0])
+    got = mf.kernels.MODELS["usa"].over_grid({}, 3, beta=b).reference_step(0.1)
+    np.testing.assert_allclose(got, 0.1 / np.maximum(np.sqrt(b) * np.exp(b - 0.5), 1.0), rtol=1e-13)
+    np.testing.assert_array_equal(got, mf.phase_diagram.usa_step_size(b, 0.1))
+    assert 0.0 <= float(mf.kernels.USA(700.0).reference_step(0.1)) < 1e-300
+    sa = mf.models.SelfAttention(4.0)  # normalised self-attention: rate beta
+    assert float(sa.reference_step(0.1)) == pytest.approx(0.025)
+
+
 def test_step_warning_rule():
+    usa = lambda beta, **kw: mf.kernels.USA(beta, **kw).interaction_rate()  # noqa: E731
     # the default run is fine; the issue's `--n 32 --beta 10 --t1 0.2` is not
-    assert R.step_warning("usa", 1.0, 0.01) is None
-    w = R.step_warning("usa", 10.0, 0.01, dt_name="--dt", rescaled_hint="--rescaled")
+    assert R.step_warning(usa(1.0), 0.01) is None
+    w = R.step_warning(usa(10.0), 0.01, dt_name="--dt", rescaled_hint="--rescaled")
     ratio = 0.01 * math.sqrt(10) * math.exp(9.5)
     assert f"{ratio:.3g}" in w and "--rescaled" in w and "\n" not in w
     assert f"--dt <= {0.01 / ratio:.3g}" in w
     # exactly at the measured boundary (beta = 4, dt = 0.05: dt x rate = 3.3 lost energy)
-    assert R.step_ratios("usa", 4.0, 0.05) == pytest.approx(0.05 * 2 * math.exp(3.5))
-    assert R.step_warning("usa", 4.0, 0.05) is not None
-    assert R.step_warning("usa", 4.0, 0.05 / 3.4) is None
-    assert R.step_warning("usa", 10.0, 0.01, rescaled=True) is None
-    assert R.step_warning("usa", 10.0, 0.01, solver="tsit5") is None  # adaptive: its own steps
-    assert R.step_warning("toeplitz", 10.0, 1.0) is None
-    many = R.step_warning("usa", [1.0, 4.0, 10.0], 0.05)
+    assert R.step_ratios(usa(4.0), 0.05) == pytest.approx(0.05 * 2 * math.exp(3.5))
+    assert R.step_warning(usa(4.0), 0.05) is not None
+    assert R.step_warning(usa(4.0), 0.05 / 3.4) is None
+    assert R.step_warning(usa(10.0, rescaled=True), 0.01) is None
+    assert R.step_warning(usa(10.0), 0.01, solver="tsit5") is None  # adaptive: its own steps
+    assert R.step_warning(mf.kernels.Toeplitz(10.0).interaction_rate(), 1.0) is None
+    many = R.step_warning(_rate("usa", [1.0, 4.0, 10.0]), 0.05)
     assert "2 beta value(s)" in many
     text = R.step_warning_text([0.5, 3.0], 0.05, dt_name="time.dt", rescaled_hint="model.rescaled = true")
     assert text.startswith("warning: time.dt = 0.05 is long for 1 (shape, beta) pair(s)")

@@ -15,6 +15,7 @@ import pytest
 
 from meanfield import sweep
 from meanfield._resources import WORK_LIMIT, ResourceLimitError, run_cost
+from meanfield.kernels import USA
 from meanfield.sweep import cli as sweep_cli
 from meanfield.sweep import plan as sweep_plan
 from meanfield.sweep import store as sweep_store
@@ -98,7 +99,8 @@ def test_refusals_carry_the_estimate_and_force_lifts_the_soft_ones():
         plan.check(device_memory=(2**40, 2**40))
     # the estimate of meanfield simulate (run_cost): 0.5 / 0.1 + 3 + 1 = 9 steps of 2 stages
     # over n^2 pairs of (4 d + 8) flop, plus the observables at the 3 saves, for 2 points
-    work = run_cost(n=10**8, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, batch=2, kind="usa",
+    work = run_cost(n=10**8, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, batch=2,
+                    footprint=USA(1.0).footprint(10**8, 3),
                     save_states=False, observables=4, clusters=False).work
     assert 2 * 9 * 2 * 1e16 * 20 <= work <= 2 * (9 * 2 + 2 * 3) * 1e16 * 20
     assert f"~{work:.2g} flop for 2 points (9 steps and 3 saves per point" in str(info.value) and work > WORK_LIMIT

@@ -23,7 +23,7 @@ import pytest
 import meanfield as mf
 from meanfield import integrate, sphere
 from meanfield.energy import check_states
-from meanfield.kernels import backend_scope
+from meanfield.kernels import use_backend
 
 K = mf.kernels
 
@@ -58,7 +58,7 @@ def _stepto_reference(model, x0, *, t1, dt, ts, solver, step="projected"):
         )
         return sol.ys, sol.stats["num_accepted_steps"], sol.result == diffrax.RESULTS.successful
 
-    with backend_scope("xla"):
+    with use_backend("xla"):
         return run(x0)
 
 

@@ -23,8 +23,11 @@ field ($\nabla_{y_i} S = 2 \beta n F_i$), and the tangent of the field along $dy
 symmetric pair sum evaluated by the same C kernel in one pass (``_exp_tangent``, a primitive
 that is its own transpose), so ``jax.jvp`` of the velocity, ``jax.grad``/``jax.vjp`` through
 ``mf.simulate`` and Hessian-vector products (``mf.analysis``) use it. The XLA formulation is the
-reference and what accelerators run, and what ``backend="xla"``, ``native(False)``,
-``set_native(False)`` (all part of what JAX traces) or ``MEANFIELD_NATIVE=0`` select.
+reference and what accelerators run. The ``backend`` option (``BACKENDS``: ``"auto"``, the
+default, takes the fused kernel where it was measured faster on this machine, ``"native"`` or
+``"xla"``) is an argument of ``mf.field``, ``mf.velocity``, ``mf.energy`` and ``mf.simulate``,
+part of what JAX traces; ``use_backend`` sets it for kernel methods called directly;
+``MEANFIELD_NATIVE=0`` makes the fused kernel unavailable.
 BENCHMARKS.md has the measured speed of both.
 
 Models are named in one registry, ``MODELS`` (``make``, ``build``): the CLI flags, sweep spec
@@ -32,7 +35,7 @@ keys and reproductions derive from it.
 
 The implementation is split along its concepts, in private modules whose public names are all
 here: ``_base`` (the abstract ``Kernel`` and the pairwise reference), ``_exp`` (exp-kernel
-evaluation, the fused C kernel as an XLA primitive, the backend setting, ``USA``,
+evaluation, the fused C kernel as an XLA primitive, the ``backend`` option, ``USA``,
 ``DistanceBias``), ``_toeplitz``, ``_gauge`` (the exp-gauge kernels and their gauge and phase
 families) and ``_registry``.
 
@@ -45,7 +48,7 @@ the rescaled flow at time $s$ is the original flow at time $t = e^{-\beta} s$
 
 from __future__ import annotations
 
-from ..models import positions
+from ..models import declared_params, param, positions
 from ._base import Kernel, original_time, pairwise_energy, pairwise_field, rescaled_time
 from ._exp import (
     ACCELERATOR_BATCH_BYTES,
@@ -54,13 +57,12 @@ from ._exp import (
     DEFAULT_BLOCK,
     DENSE_LIMIT,
     DENSE_MAX,
-    NATIVE_MAX_D,
     USA,
     DistanceBias,
-    backend_scope,
-    native,
-    native_enabled,
-    set_native,
+    check_backend,
+    resolve_backend,
+    tile_shape,
+    use_backend,
 )
 from ._gauge import (
     FourierPhase,
@@ -74,7 +76,20 @@ from ._gauge import (
     random_gauges,
     wavy_gauge,
 )
-from ._registry import MODEL_NAMES, MODELS, PARAM_KINDS, ModelEntry, Param, build, make, model_entry
+from ._registry import (
+    ENTRY_POINT_GROUP,
+    MODEL_NAMES,
+    MODELS,
+    PARAM_KINDS,
+    ModelEntry,
+    Param,
+    build,
+    load_entry_points,
+    make,
+    model_entry,
+    register,
+    unregister,
+)
 from ._toeplitz import Toeplitz, ToeplitzSeries
 
 __all__ = [
@@ -99,13 +114,11 @@ __all__ = [
     "DENSE_LIMIT",
     "DEFAULT_BLOCK",
     "BATCH_BYTES",
-    "NATIVE_MAX_D",
     "ACCELERATOR_BATCH_BYTES",
     "BACKENDS",
-    "set_native",
-    "native",
-    "backend_scope",
-    "native_enabled",
+    "check_backend",
+    "use_backend",
+    "resolve_backend",
     "random_gauges",
     "default_phase",
     "wavy_gauge",
@@ -117,4 +130,13 @@ __all__ = [
     "model_entry",
     "build",
     "make",
+    "param",
+    "declared_params",
+    "register",
+    "unregister",
+    "tile_shape",
+    "load_entry_points",
+    "ENTRY_POINT_GROUP",
 ]
+
+load_entry_points()  # models of installed packages (entry-point group meanfield.models)

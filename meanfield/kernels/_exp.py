@@ -1,14 +1,14 @@
 r"""The exp kernels $b(\xi, \zeta) e^{\beta \langle x, y\rangle} / \beta$: their tiled and chunked
-evaluation, the fused C kernel as an XLA primitive, the backend setting, ``USA`` and ``DistanceBias``."""
+evaluation, the fused C kernel as an XLA primitive, the ``backend`` option, ``USA`` and ``DistanceBias``."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
-import os
 from collections.abc import Callable
+from typing import ClassVar
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,21 +16,26 @@ from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from .. import _native
+from .. import _native, theory
 from .._checks import (
     RealScalarLike,
     _error_if,
-    check_flag,
-    check_nonnegative,
-    check_positive,
-    check_scalar,
     is_concrete,
+)
+from .._native import BACKENDS, check_backend
+from .._resources import Footprint, as_float
+from ..models import (
+    BETA_DOC,
+    RESCALED_DOC,
+    exp_interaction_rate,
+    exp_reference_step,
+    param,
 )
 from ._base import Kernel
 
 _native.prepare()  # the C compiler runs here, at this module's first import (inside a trace only if that import is)
 
-__all__ = ['DENSE_MAX', 'DENSE_LIMIT', 'DEFAULT_BLOCK', 'BATCH_BYTES', 'NATIVE_MAX_D', 'ACCELERATOR_BATCH_BYTES', 'BACKENDS', 'set_native', 'native', 'backend_scope', 'native_enabled', 'USA', 'DistanceBias']
+__all__ = ['DENSE_MAX', 'DENSE_LIMIT', 'DEFAULT_BLOCK', 'BATCH_BYTES', 'ACCELERATOR_BATCH_BYTES', 'BACKENDS', 'check_backend', 'use_backend', 'resolve_backend', 'USA', 'DistanceBias', 'tile_shape']
 
 #: Largest ``n`` evaluated with the dense ``n x n`` weight matrix; above it, tiles.
 DENSE_MAX = 1024
@@ -45,108 +50,99 @@ DEFAULT_BLOCK = 512
 #: (dense) or the ``block x 2 block`` tile, instead of materialising a ``(seeds, n, n)``
 #: array. Measured (float32, 2-core CPU): 100 x 512 x 3 vmapped, 15 ms materialised vs
 #: 6.6 ms in chunks; larger budgets cost fresh pages (minor faults) on every call.
-# The fused C kernel serves the exp kernels up to this dimension; above it the XLA path runs.
-# Measured (BENCHMARKS.md, contention table): per call the C kernel needs 3.6x less CPU time than
-# XLA's GEMM formulation at d = 3, about the same at d = 8, and 1.25-1.3x more at d >= 12
-# (2048 x 12, 4096 x 16), so on a loaded machine it would be the slower path there.
-NATIVE_MAX_D = 8
-
 BATCH_BYTES = 2**23
 #: The same budget on accelerators (GPU/TPU), where larger kernels keep the device busy and
 #: the bound only guards memory (not measured: no accelerator was available).
 ACCELERATOR_BATCH_BYTES = 2**30
 
-def _native_state():
-    """The native-kernel setting: a JAX configuration state that is part of ``jit``'s cache
-    key (``include_in_jit_key``), so a function traced with one setting is never reused under
-    the other, and switching back finds the first compilation again. It starts off where
-    ``MEANFIELD_NATIVE`` is ``0``/``false``/``no``/``off``."""
-    from jax._src import config as jax_config  # no public API defines a state in jit's cache key
+class _ScopedValue:
+    """``jax.make_user_context``'s interface on a ``contextvars.ContextVar``, for a JAX without it
+    (older releases): scoped like it, but not part of ``jit``'s cache key (the entry points pass the
+    backend as a static argument all the same; only ``use_backend`` around a function jitted
+    outside it then reuses its first trace)."""
 
-    off = os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
-    return jax_config.bool_state(
-        "meanfield_native_kernels",
-        not off,
-        "Evaluate exp-kernel fields and energies on the CPU with meanfield's fused C kernel.",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
+    def __init__(self, default):
+        self._var = contextvars.ContextVar("meanfield_backend", default=default)
+
+    @property
+    def value(self):
+        return self._var.get()
+
+    @contextlib.contextmanager
+    def __call__(self, value):
+        token = self._var.set(value)
+        try:
+            yield
+        finally:
+            self._var.reset(token)
 
 
-_NATIVE = _native_state()
-#: Accepted values of the ``backend=`` option of the entry points (``None``: the setting).
-BACKENDS = ("native", "xla")
+#: The backend of exp-kernel evaluations traced now: a public JAX user context
+#: (``jax.make_user_context``), part of ``jit``'s cache key and of the trace context, so a
+#: program traced under one backend is never reused under another. Set by the entry points from
+#: their ``backend`` argument for their call, and by ``use_backend``; never process-wide.
+_BACKEND = jax.make_user_context("auto") if hasattr(jax, "make_user_context") else _ScopedValue("auto")
 
 
-def set_native(enabled) -> bool:
-    r"""Use (``True``, the default) or not the fused C kernel for exp-kernel fields on the CPU.
-
-    With it, the field and energy of ``USA`` and of the exp-gauge kernels (``RoPE``,
-    ``PhaseField``, ``Gauge``, ``Prompt``, in the gauge frame) run on the CPU as one XLA FFI
-    call (``meanfield._native.exp_field_xla``: half the exponentials, no $n \times n$ array, see
-    ``exp_kernel.c``); without it, or where it cannot be built (no C compiler,
-    ``MEANFIELD_NATIVE=0``), as XLA operations (the reference, and the path on accelerators).
-    The numbers agree to rounding (tests/test_kernels_native.py), and so do first and second
-    derivatives, which the C kernel evaluates too (tests/test_native_ad.py).
-
-    The setting is part of what JAX traces: it is in ``jit``'s cache key, so a jitted function
-    called after a change is traced again for the new setting, and its first compilation is
-    found again when the setting returns; no cache is cleared. For a scoped choice use
-    ``with mf.kernels.native(False):`` or the ``backend=`` option of ``mf.field``,
-    ``mf.velocity``, ``mf.energy`` and ``mf.simulate``. ``jax.export`` cannot serialise the FFI
-    call: export with ``set_native(False)``. Returns the previous setting.
+def use_backend(backend: str):
+    """Context manager: the ``backend`` (``check_backend``) of the exp-kernel methods called
+    directly inside it (``k.field(x, aux)``, ``k.energy(x, aux)``, in a jitted function of your
+    own too: a public JAX user context, part of ``jit``'s cache key, so a function traced under
+    one backend is traced again under another), and of ``mf.field``, ``mf.velocity``,
+    ``mf.energy`` and ``mf.simulate`` called inside it without their own ``backend=``.
+    Outside any ``use_backend`` the backend is ``"auto"``.
+    ``jax.export`` cannot serialise the FFI call: export under ``use_backend("xla")``.
 
     Example:
-        >>> import meanfield as mf
-        >>> previous = mf.kernels.set_native(False)
-        >>> mf.kernels.native_enabled()
-        False
-        >>> _ = mf.kernels.set_native(previous)
+        >>> import jax, meanfield as mf
+        >>> k, x = mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> with mf.kernels.use_backend("xla"):
+        ...     F = k.field(x, mf.positions(8))
+        >>> bool(abs(F - mf.field(k, x, backend="xla")).max() == 0)
+        True
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    previous = bool(_NATIVE.value)
-    jax.config.update("meanfield_native_kernels", enabled)
-    return previous
+    return _BACKEND(check_backend(backend))
 
 
-def native(enabled):
-    """Context manager: the native-kernel setting (``set_native``) for the code inside only
-    (thread-local; part of ``jit``'s cache key).
+def _entry_backend(backend) -> str:
+    """The ``backend`` argument of an entry point (``mf.field``, ``mf.simulate``, ...): ``None``
+    is the enclosing ``use_backend`` (``"auto"`` outside any), anything else is checked
+    (``check_backend``). What it returns is passed on explicitly (a static argument of the run)."""
+    return _BACKEND.value if backend is None else check_backend(backend)
+
+
+def resolve_backend(backend: str, n: int, d: int, dtype) -> str:
+    """``"native"`` or ``"xla"``: what ``backend`` runs for systems of ``n`` particles in dimension
+    ``d`` of ``dtype`` on the CPU (accelerators run XLA whatever the choice).
+
+    ``"auto"``: the fused kernel where it is available, takes the dtype and ``d`` and was
+    measured faster at ``(n, d)`` (``exp_library().crossover``), else XLA. ``"native"`` where
+    it cannot run: ``ValueError`` (a dtype other than float32/float64, ``d`` above
+    ``meanfield._native.EXP_MAX_D``) or ``RuntimeError`` (not available, with the reason).
 
     Example:
-        >>> import meanfield as mf
-        >>> with mf.kernels.native(False):
-        ...     mf.kernels.native_enabled()
-        False
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> mf.kernels.resolve_backend("xla", 512, 3, jnp.float32)
+        'xla'
+        >>> mf.kernels.resolve_backend("auto", 512, 3, jnp.float16)   # no fused kernel for float16
+        'xla'
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    return _NATIVE(enabled)
-
-
-def backend_scope(backend: str | None):
-    """Context manager of an entry point's ``backend=`` option: ``"native"`` (the fused C
-    kernel on the CPU where it is built, else XLA), ``"xla"`` (the XLA formulation) or
-    ``None`` (the current ``set_native`` setting).
-
-    Example:
-        >>> import meanfield as mf
-        >>> with mf.kernels.backend_scope("xla"):
-        ...     mf.kernels.native_enabled()
-        False
-    """
-    if backend is None:
-        return contextlib.nullcontext()
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
-    return _NATIVE(backend == "native")
-
-
-def native_enabled() -> bool:
-    """Whether exp-kernel fields traced now use the fused C kernel on the CPU (``set_native``,
-    ``native``, ``backend=``, and whether the kernels are built: ``meanfield info``)."""
-    return bool(_NATIVE.value) and _native.exp_available()
+    check_backend(backend)
+    if backend == "xla":
+        return "xla"
+    fits = jnp.dtype(dtype) in (jnp.float32, jnp.float64) and d <= _native.EXP_MAX_D
+    lib = _native.exp_library()
+    if backend == "auto":
+        crossover = lib.crossover if fits and lib.available else None
+        return "native" if crossover is not None and crossover.prefers_native(n, d) else "xla"
+    if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
+        raise ValueError(f"backend='native' runs float32 and float64, got {jnp.dtype(dtype)}; use backend='xla' or 'auto'")
+    if d > _native.EXP_MAX_D:
+        raise ValueError(f"backend='native' supports d <= {_native.EXP_MAX_D}, got d = {d}; use backend='xla' or 'auto'")
+    if not lib.available:
+        raise RuntimeError(f"backend='native': the fused C kernel is not available ({lib.reason}); "
+                           "use backend='xla' or 'auto'")
+    return "native"
 
 
 # ----------------------------------------------------------------------------
@@ -173,18 +169,20 @@ def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None
     up to ``n^2`` terms never overflow unless the result itself does (DESIGN: factored
     ``e^beta``).
 
-    Without a bias the evaluation goes through ``_exp_op``: on the CPU the fused C kernel
-    (``set_native``), else XLA operations whose batching rule runs a vmapped batch of systems
+    Without a bias the evaluation goes through ``_exp_op`` with the backend of the context
+    (``use_backend``, set by the entry points' ``backend=``) resolved for ``(n, d)``
+    (``resolve_backend``): on the CPU the fused C kernel, or XLA operations whose batching rule runs a vmapped batch of systems
     in cache-sized chunks (``BATCH_BYTES``).
 
     ``parts``: which results are computed, ``"F"`` (field), ``"S"`` (sum) or ``"FS"``; the
     other is returned as zeros (a field skips the reduction over the weights, an energy
     skips the product with ``x``).
     """
-    n, _ = x.shape
+    n, d = x.shape
     if log_bias is None:
         args = (x, beta) if gauge is None else (x, beta, gauge)
-        F, S = _exp_op(block_size, gauge is not None, parts)(*args)
+        backend = resolve_backend(_BACKEND.value, n, d, x.dtype)
+        F, S = _exp_op(block_size, gauge is not None, parts, backend)(*args)
     else:
         F, S = _tiled_exp_unit(x, log_bias, beta, block_size, parts)
     scale = jnp.exp(beta - shift)
@@ -211,15 +209,26 @@ def _apply_gauge_transpose(P, y):
     return sum(P[:, j, :] * y[:, j, None] for j in range(y.shape[-1]))
 
 
+def tile_shape(n: int, block_size=None) -> tuple[int, int]:
+    """The ``(rows, columns)`` of the weights an exp-kernel evaluation forms at once: the whole
+    ``(n, n)`` matrix when dense (``n <= DENSE_MAX`` with ``block_size=None``, or ``block_size >= n``),
+    else tiles of ``block_size`` (default ``DEFAULT_BLOCK``) rows and twice as many columns. The one
+    dense-or-tiled rule: the evaluation, the batch chunking and the cost estimate use it.
+
+    Example:
+        >>> tile_shape(256), tile_shape(8192), tile_shape(8192, 256)
+        ((256, 256), (512, 1024), (256, 512))
+    """
+    if (block_size is None and n <= DENSE_MAX) or (block_size is not None and block_size >= n):
+        return n, n
+    b = DEFAULT_BLOCK if block_size is None else int(block_size)
+    return b, min(2 * b, n)
+
+
 def _batch_chunk(n: int, block_size, itemsize: int) -> int:
     """Largest number of systems per chunk of a vmapped batch (``BATCH_BYTES`` of weights)."""
-    dense = (block_size is None and n <= DENSE_MAX) or (block_size is not None and block_size >= n)
-    if dense:
-        tile = n * n
-    else:
-        b = DEFAULT_BLOCK if block_size is None else int(block_size)
-        tile = b * min(2 * b, n)
-    return max(1, _batch_bytes() // (tile * itemsize))
+    rows, cols = tile_shape(n, block_size)
+    return max(1, _batch_bytes() // (rows * cols * itemsize))
 
 
 def _batch_bytes() -> int:
@@ -228,10 +237,11 @@ def _batch_bytes() -> int:
 
 
 @functools.cache
-def _exp_op(block_size, gauged: bool, parts: str = "FS"):
+def _exp_op(block_size, gauged: bool, parts: str, backend: str):
     """``(x, beta[, gauge]) -> (F, S)`` of ``_gauged_exp_unit`` with a chunked batching rule.
 
-    On the CPU, while ``native_enabled()``, the batch runs as one call of the fused C kernel
+    ``backend`` (``"native"`` or ``"xla"``, resolved by ``resolve_backend``) is part of the
+    cache key: one traced function per backend. With ``"native"``, on the CPU the batch runs as one call of the fused C kernel
     (``_native.exp_field_xla``, gauge transforms included) in a ``platform_dependent`` branch;
     the XLA formulation below is the other branch (accelerators) and the derivative.
 
@@ -261,7 +271,7 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
 
     @jax.custom_batching.custom_vmap
     def batched(xs, betas, *gauges):
-        if _native_ok(xs):
+        if backend == "native":
             args = (xs, betas, *gauges)
             return jax.lax.platform_dependent(*args, cpu=_varying_as(native, args), default=_varying_as(xla, args))
         return xla(xs, betas, *gauges)
@@ -311,7 +321,7 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
         return F[0], S[0]
 
     def _jvp(primals, tangents):
-        if _native_ok(primals[0]):
+        if backend == "native":
             return _native_jvp(block_size, parts, primals, tangents)
         out = op(*primals)
         tangents = tuple(jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t for t in tangents)
@@ -320,12 +330,6 @@ def _exp_op(block_size, gauged: bool, parts: str = "FS"):
 
     op.defjvp(_jvp, symbolic_zeros=True)
     return op
-
-
-def _native_ok(x) -> bool:
-    """Whether exp-kernel evaluations of states like ``x`` traced now take the fused C kernel on
-    the CPU (float32/float64, ``d <= NATIVE_MAX_D``, ``native_enabled()``)."""
-    return x.dtype in (jnp.float32, jnp.float64) and x.shape[-1] <= NATIVE_MAX_D and native_enabled()
 
 
 def _native_jvp(block_size, parts: str, primals, tangents):
@@ -346,7 +350,7 @@ def _native_jvp(block_size, parts: str, primals, tangents):
     zero = lambda t: isinstance(t, SymbolicZero)  # noqa: E731
     G = gauge[0] if gauge else None
     y = x if G is None else _apply_gauge(G, x)
-    Fy, S = _exp_op(block_size, False, "FS")(y, beta)
+    Fy, S = _exp_op(block_size, False, "FS", "native")(y, beta)
     n = x.shape[0]
     dy = None if zero(tx) else (tx if G is None else _apply_gauge(G, tx))
     if gauge and not zero(tgauge[0]):
@@ -399,12 +403,12 @@ def _tangent_abstract(y, dy, beta):
 
 
 def _tangent_cpu_lowering(ctx, y, dy, beta):
-    """The FFI call, with a sharding rule (``_native._tangent_call``: a sharded batch stays
+    """The FFI call, with a sharding rule (``_native._exp._tangent_call``: a sharded batch stays
     sharded) where JAX lowers it with its devices, else plain (``_TANGENT_PARTITIONED``)."""
     name = np.dtype(ctx.avals_in[0].dtype).name
     if not _TANGENT_PARTITIONED:
         return jax.ffi.ffi_lowering(_native.EXP_TANGENT_TARGETS[name])(ctx, y, dy, beta)
-    call = _native._tangent_call(name)
+    call = _native._exp._tangent_call(name)
     return mlir.lower_fun(lambda *a: call(*a), multiple_results=False)(ctx, y, dy, beta)
 
 
@@ -490,9 +494,8 @@ def _varying_axes(a) -> set:
 def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
     n, d = x.shape
     want_F, want_S = "F" in parts, "S" in parts
-    if block_size is None:
-        block_size = n if n <= DENSE_MAX else DEFAULT_BLOCK
-    if block_size >= n:
+    tile_rows, _ = tile_shape(n, block_size)
+    if tile_rows >= n:
         logits = beta * (x @ x.T - 1.0)
         if log_bias is not None:
             idx = jnp.arange(n)
@@ -500,8 +503,7 @@ def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
         W = jnp.exp(logits)
         F = (W @ x) / n if want_F else jnp.zeros_like(x)
         return F, (jnp.sum(W) if want_S else jnp.zeros((), x.dtype))
-    B = int(block_size)
-    C = min(2 * B, n)
+    B, C = tile_shape(n, block_size)
     R, K = -(-n // B) * B, -(-n // C) * C
     xr = jnp.concatenate([x, jnp.zeros((R - n, d), x.dtype)]) if R > n else x
     xc = jnp.concatenate([x, jnp.zeros((K - n, d), x.dtype)]) if K > n else x
@@ -533,14 +535,42 @@ def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
 class _ExpKernel(Kernel):
     """Shared machinery of kernels ``b(xi, zeta) exp(beta <A x, B y>) / beta``."""
 
-    beta: RealScalarLike
-    rescaled: bool = eqx.field(static=True, kw_only=True, default=False)
+    beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
+    rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
 
-    def __check_init__(self):
-        # equinox runs the __check_init__ of every class in the MRO: subclasses inherit these
-        check_scalar("beta", self.beta)
-        check_positive("beta", self.beta)
-        check_flag("rescaled", self.rescaled)
+    def interaction_rate(self):
+        r"""$\sqrt\beta\, e^{\beta - 1/2}$, or $\sqrt\beta\, e^{-1/2}$ when ``rescaled``
+        (``mf.models.exp_interaction_rate``; ``Model.interaction_rate``)."""
+        return exp_interaction_rate(self.beta, self.rescaled)
+
+    #: Weight-sized arrays the XLA formulation holds at once, dense (``(n, n)``) and tiled: XLA:CPU's
+    #: measured peak (``compiled.memory_analysis()``, tests/test_cost_model.py) is about one ``(n, n)``
+    #: array dense and two tiles tiled; these keep a margin above it. A bias adds one.
+    dense_arrays: ClassVar[float] = 1.5
+    tile_arrays: ClassVar[float] = 2.5
+
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """``dense_arrays`` ``(n, n)`` arrays, or ``tile_arrays`` tiles, of the rule ``tile_shape(n,
+        block_size)`` in the XLA formulation (the fused C kernel on the CPU forms none: there the
+        estimate is an upper bound)."""
+        rows, cols = tile_shape(n, block_size)
+        k = self.dense_arrays if rows >= n else self.tile_arrays
+        return Footprint(entries=k * as_float(rows) * as_float(cols), pairs=as_float(n) ** 2)
+
+    def reference_step(self, base_dt):
+        """``Model.reference_step`` in the overflow-free form ``mf.models.exp_reference_step``."""
+        return exp_reference_step(self.beta, base_dt, self.rescaled)
+
+    def overflows(self, dtype):
+        """Not rescaled: ``beta >= log(finfo(dtype).max)`` (88.7 in float32), as ``check_config`` refuses."""
+        if self.rescaled:
+            return False
+        return np.asarray(self.beta) >= np.log(np.finfo(dtype).max)
+
+    def max_energy(self):
+        r"""$e^\beta / (2 \beta)$ (a Dirac mass; times $e^{-\beta}$ when ``rescaled``), as for USA in the
+        gauge frame of every exp-gauge kernel (``mf.theory.max_energy``)."""
+        return theory.max_energy(self.beta, rescaled=self.rescaled)
 
     def _shift(self, dtype):
         beta = jnp.asarray(self.beta, dtype)
@@ -597,6 +627,9 @@ class USA(_ExpKernel):
         2.718281...
     """
 
+    name = "usa"
+    summary = "unbiased self-attention exp(beta <x, y>) / beta: collapses to a point"
+
     def __call__(self, x, xi, y, zeta):
         return self._exp(jnp.dot(x, y)) / self.beta
 
@@ -632,16 +665,18 @@ class DistanceBias(_ExpKernel):
         1.0
     """
 
-    lam: RealScalarLike = 0.0
+    name = "distance-bias"
+    summary = "exp(-lam |s - t|) exp(beta <x, y>) / beta: still collapses (Prop. 11)"
+
+    lam: RealScalarLike = param(1.0, kind="float>=0", doc="distance-bias rate")
+    dense_arrays, tile_arrays = 2.5, 3.5  # the (rows, cols) log-bias too
 
     def __init__(self, beta, lam, *, rescaled: bool = False):
         self.beta, self.lam, self.rescaled = beta, lam, rescaled
 
-    def __check_init__(self):
-        check_scalar("beta", self.beta)
-        check_positive("beta", self.beta)
-        check_scalar("lam", self.lam)
-        check_nonnegative("lam", self.lam)
+    def max_energy(self):
+        """None: the theory gives no closed form with the bias."""
+        return None
 
     def __call__(self, x, xi, y, zeta):
         return jnp.exp(-self.lam * jnp.abs(xi - zeta)) * self._exp(jnp.dot(x, y)) / self.beta

@@ -17,22 +17,34 @@ from jaxtyping import Array, Float
 from .. import sphere
 from .._checks import (
     RealScalarLike,
-    check_finite,
     check_int,
     check_orthogonal,
     check_plane,
-    check_positive,
-    check_scalar,
     is_concrete,
     traced_labels,
 )
+from .._params import Param
+from .._resources import Footprint, as_float
+from ..models import Declared, declared_params, param
 from ._exp import USA, _apply_gauge, _apply_gauge_transpose, _ExpKernel, _tiled_exp
 
-__all__ = ['GaugeKernel', 'RoPE', 'PhaseField', 'Gauge', 'Prompt', 'FourierPhase', 'WavyGauge', 'random_gauges', 'default_phase', 'wavy_gauge']
+__all__ = ['GaugeKernel', 'RoPE', 'PhaseField', 'Gauge', 'Prompt', 'FourierPhase', 'WavyGauge', 'random_gauges', 'default_phase', 'wavy_gauge', 'OMEGA_DOC', 'PLANE_DOC']
 
 # ----------------------------------------------------------------------------
 # exp-gauge kernels: h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta
 # ----------------------------------------------------------------------------
+
+
+#: The doc of the rotation frequency ``omega`` (RoPE; the phase field's linear rate).
+OMEGA_DOC = "rotation frequency of the positions (phase: linear rate)"
+#: The doc of the rotation plane.
+PLANE_DOC = "rotation plane (a, b)"
+
+
+def _plane(plane):
+    """``plane`` as a tuple (a list from a spec or a user), other values as given (the declared
+    check names them)."""
+    return tuple(plane) if isinstance(plane, (list, tuple)) else plane
 
 
 class GaugeKernel(_ExpKernel):
@@ -138,6 +150,13 @@ class GaugeKernel(_ExpKernel):
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="S")[1] / (2.0 * beta)
 
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """The exp kernels' tiles (``_ExpKernel.footprint``), the ``(n, d, d)`` gauge matrices and the
+        gauge-frame states (two of each: XLA:CPU's measured peak holds about that)."""
+        f = super().footprint(n, d, block_size=block_size)
+        nf, df = as_float(n), as_float(d)
+        return Footprint(entries=f.entries + 2.0 * nf * df * df + 2.0 * nf * df, pairs=f.pairs)
+
     def check_config(self, x, aux) -> None:
         super().check_config(x, aux)
         if is_concrete(aux) and is_concrete(self):
@@ -166,18 +185,14 @@ class RoPE(GaugeKernel):
         (2.7183, 1.0)
     """
 
-    omega: RealScalarLike = 2 * np.pi
-    plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
+    name = "rope"
+    summary = "rotary positions exp(beta <x, R_omega(t - s) y>) / beta: a latitude circle"
+
+    omega: RealScalarLike = param(2 * math.pi, kind="float", doc=OMEGA_DOC)
+    plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
     def __init__(self, beta, omega, plane=(0, 1), *, rescaled: bool = False):
-        self.beta, self.omega, self.plane, self.rescaled = beta, omega, tuple(plane), rescaled
-
-    def __check_init__(self):
-        check_scalar("beta", self.beta)
-        check_positive("beta", self.beta)
-        check_scalar("omega", self.omega)
-        check_finite("omega", self.omega)
-        check_plane(self.plane, None)
+        self.beta, self.omega, self.plane, self.rescaled = beta, omega, _plane(plane), rescaled
 
     def gauge_matrix(self, label, d):
         check_plane(self.plane, d)
@@ -202,7 +217,7 @@ def _as_module(fn, what: str):
     return _Callable(fn)
 
 
-class FourierPhase(eqx.Module):
+class FourierPhase(Declared):
     r"""Phase $\varphi(s) = \omega s + \text{amplitude} \cdot \sin(2 \pi \cdot \text{frequency} \cdot s)$ with traced ``omega`` and
     ``amplitude`` (a PyTree: a jitted function of them compiles once for any values).
 
@@ -220,22 +235,15 @@ class FourierPhase(eqx.Module):
         2.5708
     """
 
-    omega: RealScalarLike = 2 * math.pi
-    amplitude: RealScalarLike = 1.0
-    frequency: int = eqx.field(static=True, default=1)
-
-    def __check_init__(self):
-        check_scalar("omega", self.omega)
-        check_finite("omega", self.omega)
-        check_scalar("amplitude", self.amplitude)
-        check_finite("amplitude", self.amplitude)
-        check_int("frequency", self.frequency, minimum=1)
+    omega: RealScalarLike = param(2 * math.pi, kind="float", doc=OMEGA_DOC)
+    amplitude: RealScalarLike = param(1.0, kind="float", doc="sine amplitude of the phase")
+    frequency: int = param(1, kind="int>=1", static=True, doc="sine frequency of the phase")
 
     def __call__(self, s):
         return self.omega * s + self.amplitude * jnp.sin(2 * jnp.pi * self.frequency * s)
 
 
-class WavyGauge(eqx.Module):
+class WavyGauge(Declared):
     r"""Generalised RoPE gauge $\Psi(s) = R_{12}(2 \pi s)\, R_{23}(a \sin(2 \pi k s))$ on $\mathbb R^3$
     (MATH.md, Fig. 3 v), with traced amplitude ``a`` (a PyTree: one compilation for any ``a``).
 
@@ -253,13 +261,10 @@ class WavyGauge(eqx.Module):
         ((3, 3), True)
     """
 
-    amplitude: RealScalarLike = 0.6
-    k: int = eqx.field(static=True, default=3)
+    required_d = 3
 
-    def __check_init__(self):
-        check_scalar("amplitude", self.amplitude)
-        check_finite("amplitude", self.amplitude)
-        check_int("k", self.k, minimum=1)
+    amplitude: RealScalarLike = param(0.6, kind="float", doc="wave amplitude of the gauge (radians)")
+    k: int = param(3, kind="int>=1", static=True, doc="waves per turn of the gauge")
 
     def __call__(self, s):
         R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
@@ -293,17 +298,16 @@ class PhaseField(GaugeKernel):
         (8, 3)
     """
 
-    phase: eqx.Module = None  # type: ignore[assignment]  # set by __init__
-    plane: tuple[int, int] = eqx.field(static=True, default=(0, 1))
+    name = "phase-field"
+    summary = "phase field phi(s) = omega s + amplitude sin(2 pi frequency s) (FourierPhase)"
+
+    # the registry builds the phase from FourierPhase's parameters (omega, amplitude, frequency)
+    phase: eqx.Module = param(FourierPhase(), kind=FourierPhase, doc="the phase s -> angle")
+    plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
     def __init__(self, beta, phase, plane=(0, 1), *, rescaled: bool = False):
-        self.beta, self.plane, self.rescaled = beta, tuple(plane), rescaled
+        self.beta, self.plane, self.rescaled = beta, _plane(plane), rescaled
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
-
-    def __check_init__(self):
-        check_scalar("beta", self.beta)
-        check_positive("beta", self.beta)
-        check_plane(self.plane, None)
 
     def gauge_matrix(self, label, d):
         check_plane(self.plane, d)
@@ -332,7 +336,11 @@ class Gauge(GaugeKernel):
         1.3591
     """
 
-    gauge: eqx.Module = None  # type: ignore[assignment]  # set by __init__
+    name = "gauge"
+    summary = "wavy generalised RoPE R12(2 pi s) R23(amplitude sin(2 pi k s)) (WavyGauge, d = 3)"
+
+    # the registry builds the gauge from WavyGauge's parameters (amplitude, k; d = 3)
+    gauge: eqx.Module = param(WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix")
 
     def __init__(self, beta, gauge, *, rescaled: bool = False):
         self.beta, self.rescaled = beta, rescaled
@@ -367,8 +375,55 @@ class Prompt(GaugeKernel):
         (4, 3)
     """
 
+    name = "prompt"
+    summary = "prompt gauges Psi_k on K contiguous blocks: K Dirac masses"
+
     gauges: Array = None  # type: ignore[assignment]  # set by __init__
     integer_labels: ClassVar[bool] = True
+    #: The registry's construction of the gauges (``from_params``): parameters that are not fields.
+    construction: ClassVar[tuple[Param, ...]] = (
+        Param("prompts", 3, False, "int>=1", "number of prompts K"),
+        Param("gauges", "random", False, "choice",
+              "prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane", ("random", "rotation")),
+        Param("gauge_seed", 0, False, "int>=0", "PRNG seed of the random prompt gauges"),
+        Param("plane", (0, 1), False, "plane", PLANE_DOC),
+    )
+
+    @classmethod
+    def params(cls) -> tuple[Param, ...]:
+        """``beta``, the construction of the gauges (``prompts``, ``gauges``, ``gauge_seed``,
+        ``plane``: ``construction``) and ``rescaled``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> [p.name for p in mf.kernels.Prompt.params()]
+            ['beta', 'prompts', 'gauges', 'gauge_seed', 'plane', 'rescaled']
+        """
+        beta, *rest = declared_params(cls)
+        return (beta, *cls.construction, *rest)
+
+    @classmethod
+    def from_params(cls, P: dict, d: int, dtype) -> Prompt:
+        r"""``K = prompts`` gauges: rotations by $2 \pi k / K$ in ``plane`` (``gauges = "rotation"``)
+        or Haar-random from ``jax.random.key(gauge_seed)``, drawn in float32 whatever the dtype (the
+        same gauges), made orthogonal to the dtype's rounding for wider dtypes (one QR, signs kept).
+
+        Example:
+            >>> import meanfield as mf
+            >>> P = {"beta": 1.0, "prompts": 2, "gauges": "rotation", "gauge_seed": 0, "plane": (0, 1), "rescaled": False}
+            >>> mf.kernels.Prompt.from_params(P, 3, None).gauges.shape
+            (2, 3, 3)
+        """
+        K = P["prompts"]
+        dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
+        if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
+            G = jnp.stack([sphere.rotation(2 * np.pi * k / K, d, P["plane"]) for k in range(K)]).astype(dtype)
+        else:
+            G = random_gauges(jax.random.key(P["gauge_seed"]), K, d, jnp.float32).astype(dtype)
+            if jnp.dtype(dtype).itemsize > 4:
+                q, r = jnp.linalg.qr(G)
+                G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
+        return cls(P["beta"], G, rescaled=P["rescaled"])
 
     def __init__(self, beta, gauges, *, rescaled: bool = False):
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype

@@ -1,106 +1,63 @@
-"""The model registry: one table of model names (CLI, sweeps, reproductions, Python)."""
+"""The model registry: one table of model names (CLI, sweeps, reproductions, Python), derived
+from the model classes (``mf.models.Model``: ``name``, ``params()``, ``from_params``).
+
+A model is registered by ``register(cls)``: the built-in models below, and models of installed
+packages that declare their class (or a list of classes) in the entry-point group
+``meanfield.models``, loaded when ``meanfield.kernels`` is first imported
+(``load_entry_points``). A registered model works, with no edit to meanfield, in ``make``,
+``meanfield simulate --kernel NAME --PARAM value`` (and its ``--help``), a sweep spec's
+``kind = NAME``, the run's cost estimate and the dt warning (its ``interaction_rate``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import inspect
+import re
+import sys
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
 
-import jax
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from .. import sphere, theory
-from .._checks import (
-    check_int,
-)
+from .._checks import check_int
+from .._params import PARAM_KINDS, RESERVED_NAMES, Param
 from ..models import Model, SelfAttention
 from ._exp import USA, DistanceBias
-from ._gauge import FourierPhase, Gauge, PhaseField, Prompt, RoPE, WavyGauge, random_gauges
+from ._gauge import Gauge, PhaseField, Prompt, RoPE
 from ._toeplitz import Toeplitz
 
-__all__ = ['PARAM_KINDS', 'Param', 'ModelEntry', 'MODELS', 'MODEL_NAMES', 'model_entry', 'build', 'make']
+__all__ = [
+    "PARAM_KINDS",
+    "Param",
+    "ModelEntry",
+    "MODELS",
+    "MODEL_NAMES",
+    "ENTRY_POINT_GROUP",
+    "register",
+    "unregister",
+    "load_entry_points",
+    "model_entry",
+    "build",
+    "make",
+]
 
-# ----------------------------------------------------------------------------
-# the registry: one table of model names (CLI, sweeps, reproductions, Python)
-# ----------------------------------------------------------------------------
-
-#: Kinds of parameter values: the accepted range of each.
-PARAM_KINDS = ("float>0", "float>=0", "float", "int>=1", "int>=0", "bool", "plane", "choice")
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    """One parameter of a registered model.
-
-    ``traced`` parameters are leaves of the model's PyTree (a sweep makes them grid axes of
-    one compilation); static ones change the program. ``kind`` is the accepted range
-    (``PARAM_KINDS``), ``choices`` the accepted values of a ``"choice"``.
-
-    Example:
-        >>> import meanfield as mf
-        >>> p = mf.kernels.MODELS["rope"].param("omega")
-        >>> p.traced, p.kind, round(p.default, 4)
-        (True, 'float', 6.2832)
-    """
-
-    name: str
-    default: Any
-    traced: bool
-    kind: str
-    doc: str
-    choices: tuple = ()
-
-    def validate(self, value, where: str = ""):
-        """The value, checked against ``kind`` (``ValueError``/``TypeError`` naming it);
-        traced values (tracers, arrays) of traced parameters pass to the model's own checks.
-
-        Example:
-            >>> import meanfield as mf
-            >>> mf.kernels.MODELS["usa"].param("beta").validate(2)
-            2.0
-        """
-        name = where or self.name
-        if self.traced and isinstance(value, (jax.Array, np.ndarray)):
-            return value  # an array or a tracer: the model's constructor and in-program checks
-        if self.kind.startswith("float"):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-            v = float(value)
-            if not math.isfinite(v):
-                raise ValueError(f"{name} must be finite, got {value!r}")
-            if self.kind == "float>0" and not v > 0:
-                raise ValueError(f"{name} must be > 0, got {value!r}")
-            if self.kind == "float>=0" and not v >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
-            return v
-        if self.kind.startswith("int"):
-            return check_int(name, value, minimum=int(self.kind[-1]))
-        if self.kind == "bool":
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{name} must be true or false, got {value!r}")
-            return bool(value)
-        if self.kind == "plane":
-            ok = isinstance(value, (list, tuple)) and len(value) == 2
-            if not ok or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-                raise TypeError(f"{name} must be a pair of coordinate indices like (0, 1), got {value!r}")
-            if value[0] == value[1] or min(value) < 0:
-                raise ValueError(f"{name} must be two distinct indices >= 0, got {value!r}")
-            return tuple(int(i) for i in value)
-        if value not in self.choices:
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, self.choices))}, got {value!r}")
-        return value
+#: The entry-point group in which installed packages declare their models.
+ENTRY_POINT_GROUP = "meanfield.models"
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelEntry:
-    """A registered model: its name, one-line doc, parameters and constructor.
+    """A registered model: its name, one-line doc, parameters and constructor, derived from its
+    class (``cls``: ``name``, ``summary``, ``params()``, ``from_params``, ``required_dimension()``,
+    ``has_energy``, ``max_energy()``).
 
     ``build(params, d, dtype)`` makes the model from a full parameter dict (``None`` for
     ``attention``, which has no dynamics and is swept only); ``d`` is the required dimension
-    where there is one (``gauge``: 3); ``max_energy(params)`` the theory's largest energy, or
-    ``None``.
+    where there is one (``gauge``: 3); ``max_energy(params)`` the theory's largest energy (None
+    where it gives none).
 
     Example:
         >>> import meanfield as mf
@@ -113,7 +70,16 @@ class ModelEntry:
     params: tuple[Param, ...]
     build: Callable | None
     d: int | None = None
-    max_energy: Callable | None = None
+    cls: type[Model] | None = None
+    #: One of meanfield's own models (not registered by another package or a user).
+    builtin: bool = False
+
+    @classmethod
+    def of(cls, model: type[Model], *, builtin: bool = False) -> ModelEntry:
+        """The entry of a model class (``register`` checks it first)."""
+        doc = model.summary or (inspect.getdoc(model) or model.__name__).strip().splitlines()[0]
+        return cls(str(model.name), doc, tuple(model.params()), model.from_params, model.required_dimension(), model,
+                   builtin)
 
     @property
     def simulated(self) -> bool:
@@ -122,8 +88,39 @@ class ModelEntry:
 
     @property
     def has_energy(self) -> bool:
-        """Whether the model is a pair kernel (``mf.energy`` defined)."""
-        return self.simulated and self.name != "sa"
+        """Whether the model is a gradient flow of a pair energy (``mf.energy`` defined): the class's ``has_energy``."""
+        return self.cls is not None and bool(self.cls.has_energy)
+
+    def max_energy(self, params: Mapping) -> float | None:
+        """The theory's largest energy of the model with ``params`` (defaults filled in), or None."""
+        if self.cls is None:
+            return None
+        P = self.resolve(params)
+        e = self.cls.from_params(P, self.d or 3, None).max_energy()
+        return None if e is None else float(e)
+
+    def over_grid(self, params: Mapping, d: int, **values) -> Model:
+        """The model with ``params`` (defaults filled in) whose traced top-level parameters named in
+        ``values`` hold NumPy arrays of values instead of scalars (no constructor checks): for the
+        elementwise facts of a whole grid at once, ``interaction_rate()`` and ``reference_step()``
+        (the sweep plan's dt warning and step bound).
+
+        Example:
+            >>> import numpy as np, meanfield as mf
+            >>> m = mf.kernels.MODELS["usa"].over_grid({}, 3, beta=np.array([1.0, 4.0]))
+            >>> np.round(m.interaction_rate(), 3).tolist()
+            [1.649, 66.231]
+        """
+        if self.cls is None:
+            raise ValueError(f"model {self.name!r} has no dynamics: no rates")
+        arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
+        first = {k: float(a.ravel()[0]) if a.size else self.param(k).default for k, a in arrays.items()}
+        model = self.cls.from_params(self.resolve({**params, **first}), self.d or d, None)
+        for k, a in arrays.items():
+            if not self.param(k).traced or not hasattr(model, k):
+                raise ValueError(f"{k!r} is not a traced top-level parameter of model {self.name!r}")
+            model = eqx.tree_at(_field_of(k), model, a)
+        return model
 
     def param(self, name: str) -> Param:
         """The parameter ``name`` (``ValueError`` listing the accepted ones)."""
@@ -139,7 +136,7 @@ class ModelEntry:
         """``{name: default}`` of every parameter."""
         return {p.name: p.default for p in self.params}
 
-    def resolve(self, params: Mapping[str, Any], *, where: str = "") -> dict:
+    def resolve(self, params: Mapping, *, where: str = "") -> dict:
         """Defaults filled in and every given value validated (unknown names: ``ValueError``)."""
         out = self.defaults()
         for name, value in params.items():
@@ -147,85 +144,133 @@ class ModelEntry:
         return out
 
 
-_BETA = Param("beta", 1.0, True, "float>0", "inverse temperature")
-_RESCALED = Param("rescaled", False, False, "bool", "multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)")
-_PLANE = Param("plane", (0, 1), False, "plane", "rotation plane (a, b)")
-_OMEGA = Param("omega", 2 * math.pi, True, "float", "rotation frequency of the positions (phase: linear rate)")
-
-
-def _exp_max_energy(P: dict):
-    return float(theory.max_energy(P["beta"], rescaled=P["rescaled"]))
-
-
-def _toeplitz_max_energy(P: dict):
-    """``1/4`` (the great circle traversed ``m`` times) for an integer ``m``; none otherwise."""
-    m = P["m"]
-    return float(theory.great_circle_energy(int(m))) if float(m).is_integer() else None
-
-
-def _build_prompt(P: dict, d: int, dtype):
-    K = P["prompts"]
-    if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
-        G = jnp.stack([sphere.rotation(2 * np.pi * k / K, d, P["plane"]) for k in range(K)]).astype(dtype)
-    else:  # Haar-random from key(gauge_seed), drawn in float32 whatever the dtype (same gauges)
-        G = random_gauges(jax.random.key(P["gauge_seed"]), K, d, jnp.float32).astype(dtype)
-        if jnp.dtype(dtype).itemsize > 4:  # orthogonal to the dtype's rounding: one QR, signs kept
-            q, r = jnp.linalg.qr(G)
-            G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
-    return Prompt(P["beta"], G, rescaled=P["rescaled"])
-
-
-def _entry(name, doc, params, build, **kw) -> ModelEntry:
-    return ModelEntry(name, doc, tuple(params), build, **kw)
+def _field_of(name: str) -> Callable:
+    """``m -> m.<name>`` (the ``where`` of ``equinox.tree_at``)."""
+    return lambda m: getattr(m, name)
 
 
 #: The model registry: every name ``meanfield simulate --kernel``, a sweep's ``model.kind``,
-#: the reproductions and ``make`` accept, with its parameters.
-MODELS: dict[str, ModelEntry] = {
-    e.name: e
-    for e in (
-        _entry("usa", "unbiased self-attention exp(beta <x, y>) / beta: collapses to a point",
-               [_BETA, _RESCALED], lambda P, d, dt: USA(P["beta"], rescaled=P["rescaled"]),
-               max_energy=_exp_max_energy),
-        _entry("distance-bias", "exp(-lam |s - t|) exp(beta <x, y>) / beta: still collapses (Prop. 11)",
-               [_BETA, Param("lam", 1.0, True, "float>=0", "distance-bias rate"), _RESCALED],
-               lambda P, d, dt: DistanceBias(P["beta"], P["lam"], rescaled=P["rescaled"])),
-        _entry("toeplitz", "cos(2 pi m (t - s)) <x, y>: the great circle traversed m times",
-               [Param("m", 1.0, True, "float>0", "Toeplitz frequency (an integer for a closed circle)")],
-               lambda P, d, dt: Toeplitz(P["m"]),
-               max_energy=_toeplitz_max_energy),
-        _entry("rope", "rotary positions exp(beta <x, R_omega(t - s) y>) / beta: a latitude circle",
-               [_BETA, _OMEGA, _PLANE, _RESCALED],
-               lambda P, d, dt: RoPE(P["beta"], P["omega"], P["plane"], rescaled=P["rescaled"]),
-               max_energy=_exp_max_energy),
-        _entry("phase-field", "phase field phi(s) = omega s + amplitude sin(2 pi frequency s) (FourierPhase)",
-               [_BETA, _OMEGA, Param("amplitude", 1.0, True, "float", "sine amplitude of the phase"),
-                Param("frequency", 1, False, "int>=1", "sine frequency of the phase"), _PLANE, _RESCALED],
-               lambda P, d, dt: PhaseField(P["beta"], FourierPhase(P["omega"], P["amplitude"], P["frequency"]),
-                                           P["plane"], rescaled=P["rescaled"]),
-               max_energy=_exp_max_energy),
-        _entry("gauge", "wavy generalised RoPE R12(2 pi s) R23(amplitude sin(2 pi k s)) (WavyGauge, d = 3)",
-               [_BETA, Param("amplitude", 0.6, True, "float", "wave amplitude of the gauge (radians)"),
-                Param("k", 3, False, "int>=1", "waves per turn of the gauge"), _RESCALED],
-               lambda P, d, dt: Gauge(P["beta"], WavyGauge(P["amplitude"], P["k"]), rescaled=P["rescaled"]),
-               d=3, max_energy=_exp_max_energy),
-        _entry("prompt", "prompt gauges Psi_k on K contiguous blocks: K Dirac masses",
-               [_BETA, Param("prompts", 3, False, "int>=1", "number of prompts K"),
-                Param("gauges", "random", False, "choice", "prompt gauges: Haar-random (from gauge_seed) "
-                      "or rotations by 2 pi k / K in plane", ("random", "rotation")),
-                Param("gauge_seed", 0, False, "int>=0", "PRNG seed of the random prompt gauges"),
-                _PLANE, _RESCALED],
-               _build_prompt, max_energy=_exp_max_energy),
-        _entry("sa", "self-attention, softmax-normalised (no pair energy)",
-               [_BETA, Param("normalized", True, False, "bool", "softmax rows (SA) or the 1/n average"), _RESCALED],
-               lambda P, d, dt: SelfAttention(P["beta"], normalized=P["normalized"], rescaled=P["rescaled"])),
-        _entry("attention", "one fixed query against n uniform keys (sweeps only: no dynamics)",
-               [_BETA], None),
-    )
-}
+#: the reproductions and ``make`` accept, with its parameters (``register`` adds to it).
+MODELS: dict[str, ModelEntry] = {}
 
 #: Names of the models with dynamics (``meanfield simulate --kernel``, ``make``).
-MODEL_NAMES = tuple(name for name, e in MODELS.items() if e.simulated)
+MODEL_NAMES: tuple[str, ...] = ()
+
+_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+
+def _refresh_names() -> None:
+    global MODEL_NAMES
+    MODEL_NAMES = tuple(name for name, e in MODELS.items() if e.simulated)
+    package = sys.modules.get(__package__ or "")
+    if package is not None and hasattr(package, "MODEL_NAMES"):
+        package.MODEL_NAMES = MODEL_NAMES  # type: ignore[attr-defined]
+
+
+def register(cls: type, *, _builtin: bool = False) -> type:
+    """Register a model class under its ``name`` class attribute; returns ``cls`` (a decorator).
+
+    ``cls`` is a concrete subclass of ``mf.models.Model`` (``mf.kernels.Kernel`` for a pair
+    kernel) whose parameters are declared with ``mf.kernels.param``. Its name (lower case, words
+    joined by ``-``) must be new, or already ``cls``'s; its parameter names must not be the
+    command line's own flags (``n``, ``d``, ``dt``, ...: ``meanfield._params.RESERVED_NAMES``).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> @mf.kernels.register
+        ... class Linear(mf.kernels.Kernel):
+        ...     name = "linear-doc"
+        ...     scale: float = mf.kernels.param(1.0, kind="float>0", doc="interaction strength")
+        ...     def __call__(self, x, xi, y, zeta):
+        ...         return self.scale * jnp.dot(x, y)
+        >>> type(mf.kernels.make("linear-doc", scale=2.0)).__name__, mf.kernels.MODELS["linear-doc"].has_energy
+        ('Linear', True)
+        >>> mf.kernels.unregister("linear-doc")
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Model)):
+        raise TypeError(f"register takes a subclass of meanfield.models.Model, got {cls!r}")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise TypeError(f"{cls.__name__} is abstract (it does not define {missing}): it cannot be registered")
+    name = cls.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"{cls.__name__}.name must be a lower-case name like 'my-kernel' (letters, digits, '-'), got {name!r}"
+        )
+    old = MODELS.get(name)
+    if old is not None and old.builtin and old.cls is not cls:
+        raise ValueError(f"{name!r} is one of meanfield's own models; choose another name")
+    redefined = old is not None and old.cls is not None and (old.cls.__module__, old.cls.__qualname__) == (
+        cls.__module__, cls.__qualname__)  # the same class defined again (a notebook cell run twice)
+    if old is not None and old.cls is not cls and not redefined:
+        raise ValueError(f"a model named {name!r} is already registered ({old.cls.__name__ if old.cls else name}); "
+                         f"choose another name")
+    params = cls.params()
+    names = [p.name for p in params]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{cls.__name__} declares parameter(s) {', '.join(dup)} twice")
+    reserved = sorted(set(names) & set(RESERVED_NAMES))
+    if reserved:
+        raise ValueError(f"{cls.__name__}'s parameter(s) {', '.join(reserved)} clash with the command line's own "
+                         f"flags; rename them (reserved: {', '.join(RESERVED_NAMES)})")
+    MODELS[name] = ModelEntry.of(cls, builtin=_builtin)
+    _refresh_names()
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove the model ``name`` registered by ``register`` (not one of meanfield's own models).
+
+    Example:
+        >>> import meanfield as mf
+        >>> try:
+        ...     mf.kernels.unregister("usa")
+        ... except ValueError as e:
+        ...     print(e)
+        'usa' is one of meanfield's own models: it cannot be unregistered
+    """
+    entry = model_entry(name)
+    if entry.builtin:
+        raise ValueError(f"{name!r} is one of meanfield's own models: it cannot be unregistered")
+    del MODELS[name]
+    _refresh_names()
+
+
+def load_entry_points() -> list[str]:
+    """Register the models that installed packages declare in the entry-point group
+    ``meanfield.models`` (an entry point names a model class or a list of them); returns the
+    names registered. One that fails to load or to register is skipped with a warning naming it.
+
+    Example:
+        >>> import meanfield as mf
+        >>> isinstance(mf.kernels.load_entry_points(), list)
+        True
+    """
+    from importlib.metadata import entry_points
+
+    done = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            for cls in obj if isinstance(obj, (list, tuple)) else [obj]:
+                register(cls)
+                done.append(str(cls.name))
+        except Exception as e:  # a broken plugin must not break meanfield
+            warnings.warn(f"meanfield: the model entry point {ep.name!r} ({ep.value}) was not registered: "
+                          f"{type(e).__name__}: {e}", stacklevel=2)
+    return done
+
+
+for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention):
+    register(_cls, _builtin=True)
+
+# the attention sweeps' model: no dynamics, swept only (its own sweep kind)
+MODELS["attention"] = ModelEntry(
+    "attention", "one fixed query against n uniform keys (sweeps only: no dynamics)",
+    (SelfAttention.params()[0],), None, builtin=True,
+)
+_refresh_names()
 
 
 def model_entry(name) -> ModelEntry:

@@ -6,16 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .. import theory
 from .._checks import (
     RealScalarLike,
     check_finite,
     check_int,
-    check_positive,
-    check_scalar,
     is_concrete,
     traced_finite,
 )
-from ..models import positions
+from .._resources import Footprint, as_float
+from ..models import param, positions
 from ._base import Kernel
 
 __all__ = ['Toeplitz', 'ToeplitzSeries']
@@ -38,11 +38,26 @@ class Toeplitz(Kernel):
         0.25
     """
 
-    m: RealScalarLike = 1
+    name = "toeplitz"
+    summary = "cos(2 pi m (t - s)) <x, y>: the great circle traversed m times"
 
-    def __check_init__(self):
-        check_scalar("m", self.m)
-        check_positive("m", self.m)
+    m: RealScalarLike = param(1.0, kind="float>0", doc="Toeplitz frequency (an integer for a closed circle)")
+
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """Rank 2 in the positions: ``cos``, ``sin`` and two ``(n,)`` products; ``n`` pair terms."""
+        return Footprint(entries=4.0 * as_float(n), pairs=as_float(n))
+
+    def max_energy(self):
+        """``1/4`` (the great circle traversed ``m`` times) for a concrete integer ``m``; None otherwise.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.Toeplitz(2).max_energy(), mf.kernels.Toeplitz(1.5).max_energy()
+            (0.25, None)
+        """
+        if not is_concrete(self.m) or not float(np.asarray(self.m)).is_integer():
+            return None
+        return float(theory.great_circle_energy(int(np.asarray(self.m))))
 
     def __call__(self, x, xi, y, zeta):
         return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * jnp.dot(x, y)
@@ -142,6 +157,11 @@ class ToeplitzSeries(Kernel):
                 f"ToeplitzSeries with M + 1 = {modes} coefficients at n = {n} needs ~{format_bytes(need)} of mode "
                 f"tables (4 n (M + 1) floats), more than the {format_bytes(avail)} available; use fewer modes"
             )
+
+    def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
+        """The ``(n, M + 1)`` mode tables (``cos``, ``sin``, their products): rank ``2 M + 1``."""
+        modes = float(jnp.shape(self.c_hat)[0])
+        return Footprint(entries=4.0 * as_float(n) * modes, pairs=as_float(n) * modes)
 
     def profile(self, delta):
         r"""$c(\Delta) = \hat c(0) + 2 \sum_{m \ge 1} \hat c(m) \cos(2 \pi m \Delta)$ (any shape of ``delta``).

@@ -77,7 +77,9 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
     keys of particle sweeps (``n``, ``seeds``, ``solver``, ...) and invalid values. ``spec_type``
     is ``spec.Spec`` (passed in, so that this module does not import ``spec``).
     """
-    from ._values import _float, _int, _unknown
+    from .._params import check_float as _float
+    from .._params import check_int as _int
+    from .._params import check_keys as _unknown
 
     model = dict(raw.get("model", {}))
     _unknown("model", model, _MODEL_KEYS)

@@ -20,7 +20,7 @@ from typing import cast
 
 import numpy as np
 
-from .. import _resources
+from .. import _resources, kernels
 from .._resources import Cost, ResourceLimitError, check_cost, format_bytes, run_cost
 from . import _continuum
 from .spec import SCALAR_SIM_OBSERVABLES, Spec, _is_num
@@ -31,6 +31,7 @@ __all__ = [
     "make_plan",
     "parse_memory",
     "point_memory",
+    "grid_model",
     "grid_dims",
     "output_layout",
     "store_layout",
@@ -68,9 +69,6 @@ _DESCRIPTIONS = {
     "num_steps": "accepted solver steps",
 }
 
-# models whose field carries a (d, d) gauge matrix per particle
-_GAUGED = ("rope", "phase-field", "gauge", "prompt")
-
 
 def parse_memory(size) -> int:
     """Bytes of a size like ``"2GB"`` ($10^9$), ``"512MiB"`` ($2^{20}$), ``"1.5gb"`` or an int.
@@ -98,33 +96,51 @@ def _fmt_bytes(b: int | float) -> str:
     return f"{int(b)} B"
 
 
-def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
-    r"""Estimated peak bytes of one grid point of shape ``(n, d)`` inside a vmapped chunk.
+def grid_model(spec: Spec, kind: str, n: int, d: int):
+    """The model of ``kind`` with the spec's parameters and the betas of shape ``(n, d)`` as an array
+    (``ModelEntry.over_grid``): its ``interaction_rate()``, ``reference_step()`` and
+    ``footprint()`` over the grid (the dt warning, the step bound, the cost estimate)."""
+    entry = kernels.MODELS[kind]
+    names = {p.name for p in entry.params}
+    fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes and k != "beta"}
+    if "beta" not in names:
+        return entry.over_grid(fixed, d)
+    return entry.over_grid(fixed, d, beta=np.asarray(spec.beta_values(n, d), dtype=np.float64))
 
-    Simulation: the dense $n \times n$ logits and weights of the field (tiled rows of
-    1024 above $2^{24}$ pairs), a few copies per Runge--Kutta stage of the ``(n, d)``
-    state, the saved observables; cluster counting adds an adjacency of the same rows.
-    This is the estimate the chunking uses (tested against XLA's own peak); the limits
-    (``Plan.check``) use ``meanfield._resources.run_cost``, shared with ``meanfield simulate``.
-    Attention: the ``(n, d)`` keys with their Gaussian draws and a few ``(n,)`` vectors.
-    Continuum (``n`` holds the band-limit ``L``): ``_continuum.point_memory``.
+
+def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
+    r"""Estimated peak bytes of one grid point of shape ``(n, d)`` inside a vmapped chunk: the
+    ``point_bytes`` of the one cost estimate (``meanfield._resources.run_cost``, shared with
+    ``meanfield simulate`` and the plan's limits) with the model's ``footprint`` (its working set
+    and dense-or-tiled rule), the states of the solver's stages and the saved observables.
+    Tested against XLA's own peak (``compiled.memory_analysis()``). Attention: the ``(n, d)``
+    keys with their Gaussian draws and a few ``(n,)`` vectors. Continuum (``n`` holds the
+    band-limit ``L``): ``_continuum.point_memory``.
     """
     if spec.continuum:
         return _continuum.point_memory(spec, n, d)
     b = 8 if spec.dtype == "float64" else 4
     if not spec.simulated:
         return b * (3 * n * d + 6 * n + 4 * spec.top_k) + 256
-    rows = n if n * n <= 2**24 else 1024
-    T, ts = cast(dict, spec.time), cast(np.ndarray, spec.ts)  # simulated: both set
-    stages = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}[T["solver"]]
-    pairs = 3 * rows * n
-    if any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters")):
-        pairs += 2 * rows * n
-    if kind in _GAUGED:
-        pairs += n * d * d  # the gauge matrices
-    states = (2 * stages + 6) * n * d
-    outputs = len(ts) * (len(spec.observables) + 3)
-    return b * (pairs + states + outputs) + 256
+    return _point_cost(spec, kind, n, d, 1).point_bytes
+
+
+def _counts_clusters(spec: Spec) -> bool:
+    return any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters"))
+
+
+def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
+    """``run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)`` (simulated specs)."""
+    T = cast(dict, spec.time)
+    reference = spec.step_rule == "reference"
+    model = grid_model(spec, kind, n, d)
+    dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
+    return run_cost(
+        n=n, d=d, t1=T["t1"], dt=dt, saves=len(cast(np.ndarray, spec.ts)),
+        itemsize=8 if spec.dtype == "float64" else 4, batch=batch, solver=T["solver"],
+        footprint=model.footprint(n, d), save_states=False, observables=len(spec.observables) + 2,
+        clusters=_counts_clusters(spec), step_grid=not reference, max_steps=T.get("max_steps"),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,19 +230,7 @@ class Plan:
         if not spec.simulated:
             return Cost(steps=0, saves=0, bytes=g.point_bytes * batch, work=float(batch) * g.n * (2.0 * g.d + 10.0),
                         batch=batch)
-        T = cast(dict, spec.time)
-        reference = spec.step_rule == "reference"
-        dt = T["dt"]
-        if reference:
-            b = np.asarray(spec.beta_values(g.n, g.d), dtype=np.float64)
-            with np.errstate(over="ignore"):
-                dt = float(np.min(T["dt"] / np.maximum(np.sqrt(b) * np.exp(b - 0.5), 1.0)))
-        return run_cost(
-            n=g.n, d=g.d, t1=T["t1"], dt=dt, saves=len(cast(np.ndarray, spec.ts)),
-            itemsize=8 if spec.dtype == "float64" else 4, batch=batch, solver=T["solver"], kind=g.kind,
-            save_states=False, observables=len(spec.observables) + 2, clusters="clusters" in spec.observables,
-            step_grid=not reference, max_steps=T.get("max_steps"),
-        )
+        return _point_cost(spec, g.kind, g.n, g.d, batch)
 
     def store_bytes(self) -> int:
         """Bytes of the store's data (uncompressed): every point's saved values."""
@@ -343,13 +347,9 @@ class Plan:
                 f"warning: one point needs ~{_fmt_bytes(worst)}, more than the budget "
                 f"{_fmt_bytes(self.memory)}: chunks hold one point per device"
             )
-        if spec.simulated and not spec.continuum and not spec.params.get("rescaled", False):
+        if spec.simulated and not spec.continuum:
             limit = float(np.log(np.finfo(spec.dtype).max))
-            over = sum(
-                int(np.sum(cast(np.ndarray, spec.beta_values(g.n, g.d)) >= limit))
-                for g in self.groups
-                if g.kind != "toeplitz" and not (g.kind == "sa" and spec.params.get("normalized", True))
-            )
+            over = sum(int(np.sum(grid_model(spec, g.kind, g.n, g.d).overflows(spec.dtype))) for g in self.groups)
             if over:
                 lines.append(
                     f"warning: {over} (shape, beta) pair(s) with beta >= {limit:.1f} overflow exp(beta <x, y>) "
@@ -369,16 +369,12 @@ class Plan:
         if not spec.simulated or spec.continuum or spec.step_rule == "reference":
             return []  # reference rule: dt x rate <= dt by construction
         T = cast(dict, spec.time)
-        rescaled = bool(spec.params.get("rescaled", False))
-        normalized = bool(spec.params.get("normalized", True))
         ratios = [
-            _resources.step_ratios(g.kind, spec.beta_values(g.n, g.d), T["dt"], solver=T["solver"],
-                                   rescaled=rescaled, normalized=normalized)
+            _resources.step_ratios(grid_model(self.spec, g.kind, g.n, g.d).interaction_rate(), T["dt"], solver=T["solver"])
             for g in self.groups
-            if g.kind != "toeplitz"
         ]
-        if not ratios:
-            return []
+        if not any(np.any(np.asarray(r) > 0) for r in ratios):
+            return []  # no model of this sweep has a rate
         text = _resources.step_warning_text(
             np.concatenate([np.ravel(r) for r in ratios]), T["dt"], dt_name="time.dt",
             rescaled_hint="model.rescaled = true",

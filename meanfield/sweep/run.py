@@ -31,7 +31,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .. import attention, integrate, kernels, metastability, metrics, sphere
-from ..phase_diagram import usa_step_size
 from . import _continuum, store
 from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
 from .spec import Spec, load_spec, parse_spec
@@ -89,14 +88,16 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
     if reference:
         # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
         # the step count comes from the smallest step of this shape's betas
-        h_min = float(np.min(usa_step_size(cast(np.ndarray, spec.beta_values(n, d)), T["dt"])))
+        betas = np.asarray(spec.beta_values(n, d), dtype=np.float64)
+        grid_model = kernels.MODELS[kind].over_grid(fixed, d, beta=betas)
+        h_min = float(np.min(grid_model.reference_step(T["dt"])))
         max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
 
     def sim(params, seed):
         x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
         traced = {k: v.astype(dtype) for k, v in params.items() if k in names}
         model = kernels.build(kind, {**fixed, **traced}, d=d, dtype=dtype)
-        step = usa_step_size(params["beta"].astype(dtype), T["dt"]) if reference else dt
+        step = model.reference_step(T["dt"]) if reference else dt
         traj = integrate.simulate(
             model,
             x0,
@@ -111,6 +112,7 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
             early_stop=T.get("early_stop"),
             max_steps=max_steps,
             step=spec.step,
+            backend=spec.backend,
             adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}

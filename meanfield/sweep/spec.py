@@ -13,6 +13,8 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # its own schema: grid over beta, mode, eps; no seeds)
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
     # numbers is a grid axis (traced parameters only); static ones take one value
+    backend = "xla"                    # optional: "auto" (default), "native" or "xla" (mf.simulate's
+                                       # backend; hashed into the store only when given)
 
     [grid]
     n = [16, 32]                       # static shapes: one compilation per (model, n, d)
@@ -56,11 +58,15 @@ import numpy as np
 
 from .. import kernels
 from .._checks import check_choice
+from .._native import check_backend
+from .._params import check_float as _float
+from .._params import check_int as _int
+from .._params import check_keys as _unknown
+from .._params import is_number as _is_num
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS
 from . import _continuum
 from ._continuum import KIND as CONTINUUM
 from ._diff import key_differences
-from ._values import _float, _int, _is_num, _unknown
 
 __all__ = [
     "Spec",
@@ -273,6 +279,11 @@ class Spec:
         return (self.time or {}).get("step_rule", "fixed")
 
     @property
+    def backend(self) -> str:
+        """``mf.simulate``'s ``backend`` (``model.backend``, default ``"auto"``)."""
+        return self.data["model"].get("backend", "auto")
+
+    @property
     def step(self) -> str:
         """``"projected"`` or ``"renormalize"`` (``integrate.simulate(step=)``; ``time.step``)."""
         return (self.time or {}).get("step", "projected")
@@ -365,6 +376,11 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         raise ValueError(f"model.kind {static_only[0]!r} (no dynamics) cannot share a sweep with simulated models")
     kind = kinds[0]
     simulated = kernels.MODELS[kind].simulated
+    backend = model.pop("backend", None)  # recorded only when set: specs without it keep their hash
+    if backend is not None:
+        check_backend(backend, "model.backend")
+        if not simulated:
+            raise ValueError(f"model.backend applies to the simulated models, not kind {kind!r} (no dynamics)")
 
     # grid -------------------------------------------------------------------
     grid = dict(raw.get("grid", {}))
@@ -549,7 +565,8 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         "name": name,
         "description": description,
         "dtype": dtype,
-        "model": {"kind": list(kinds) if kinds_axis else kind, **params},
+        "model": {"kind": list(kinds) if kinds_axis else kind, **params,
+                  **({} if backend is None else {"backend": backend})},
         "grid": {
             "n": list(ns),
             "d": list(ds) if d_axis else ds[0],
