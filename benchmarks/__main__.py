@@ -13,7 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-CASES = ("limits", "velocity", "gauge", "formulations", "big_n", "sa_sweep", "usa_sweep", "sweep_steps", "fig2")
+CASES = (
+    "limits",
+    "velocity",
+    "gauge",
+    "formulations",
+    "big_n",
+    "sa_sweep",
+    "usa_sweep",
+    "sweep_steps",
+    "fig2",
+)
 
 
 def _machine() -> list[str]:
@@ -41,18 +51,28 @@ def _versions() -> str:
     import torch
 
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout.strip()
     except OSError:
         rev = "?"
-    return (f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
-            f"numpy {numpy.__version__}, torch {torch.__version__} (threads {torch.get_num_threads()}), "
-            f"meanfield at git {rev}; JAX backend {jax.default_backend()}")
+    return (
+        f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
+        f"numpy {numpy.__version__}, torch {torch.__version__} (threads {torch.get_num_threads()}), "
+        f"meanfield at git {rev}; JAX backend {jax.default_backend()}"
+    )
 
 
 def _table(res) -> list[str]:
-    lines = [f"### {res.title}", "", "| " + " | ".join(res.header) + " |",
-             "|" + "---|" * len(res.header)]
+    lines = [
+        f"### {res.title}",
+        "",
+        "| " + " | ".join(res.header) + " |",
+        "|" + "---|" * len(res.header),
+    ]
     for row in res.rows:
         lines.append("| " + " | ".join(str(c) for c in row) + " |")
     lines.append("")
@@ -64,16 +84,26 @@ def _table(res) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run of every case (~2 min)")
-    p.add_argument("--out", default=None, help="report path (default BENCHMARKS.md at the repo root; "
-                   "BENCHMARKS-quick.md with --quick)")
+    p.add_argument(
+        "--quick", action="store_true", help="small sizes: a smoke run of every case (~2 min)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="report path (default BENCHMARKS.md at the repo root; "
+        "BENCHMARKS-quick.md with --quick)",
+    )
     p.add_argument("--only", nargs="*", choices=CASES, help="run only these cases")
     args = p.parse_args(argv)
 
     from . import cases as C
 
     root = Path(__file__).resolve().parents[1]
-    out = Path(args.out) if args.out else root / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md")
+    out = (
+        Path(args.out)
+        if args.out
+        else root / ("BENCHMARKS-quick.md" if args.quick else "BENCHMARKS.md")
+    )
     todo = args.only or list(CASES)
     t_start = time.perf_counter()
     load0 = os.getloadavg()
@@ -133,17 +163,23 @@ def main(argv=None) -> int:
     # measurements taken by their own scripts (the sweep engine's padding and throughput,
     # benchmarks/contention.py, benchmarks/continuum.py); included so that BENCHMARKS.md holds
     # every number
-    for notes, title in (("sweep_benchmarks.md", "Sweep engine"),
-                         ("contention_benchmarks.md", "Native kernel under CPU contention"),
-                         ("continuum_benchmarks.md", "The mean-field density solver"),
-                         ("derivative_benchmarks.md", "Derivatives through the native kernel"),
-                         ("scaleout_benchmarks.md", "Scale-out: processes and job arrays"),
-                         ("movie_benchmarks.md", "Movies of a run")):
+    for notes, title in (
+        ("sweep_benchmarks.md", "Sweep engine"),
+        ("contention_benchmarks.md", "Native kernel under CPU contention"),
+        ("continuum_benchmarks.md", "The mean-field density solver"),
+        ("derivative_benchmarks.md", "Derivatives through the native kernel"),
+        ("scaleout_benchmarks.md", "Scale-out: processes and job arrays"),
+        ("movie_benchmarks.md", "Movies of a run"),
+    ):
         path = root / "docs" / notes
         if path.exists() and not args.quick:
             body = path.read_text().split("\n", 1)[1]
-            lines += ["", f"## {title} (from docs/{notes}, measured separately)", "",
-                      body.replace("\n## ", "\n### ")]
+            lines += [
+                "",
+                f"## {title} (from docs/{notes}, measured separately)",
+                "",
+                body.replace("\n## ", "\n### "),
+            ]
     out.write_text("\n".join(lines))
     log(f"wrote {out}")
     return 0

@@ -195,8 +195,14 @@ print(json.dumps(dict(t=float(np.median(ts)), faults=faults)))
 def _fresh_velocity(S, n, d, which, reps) -> dict:
     """Median time of a vmapped USA velocity in a fresh Python process (fresh allocator state)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", _FRESH_VELOCITY, str(S), str(n), str(d), which, str(reps)],
-                         capture_output=True, text=True, timeout=600, cwd=root, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FRESH_VELOCITY, str(S), str(n), str(d), which, str(reps)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -231,10 +237,14 @@ def usa_velocity(quick: bool, log, limits) -> Result:
     )
     kernel = mf.kernels.USA(beta)
     fast = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x)))
-    fast_xla = jax.jit(jax.vmap(lambda x: mf.velocity(kernel, x, backend="xla")))  # the XLA formulation
+    fast_xla = jax.jit(
+        jax.vmap(lambda x: mf.velocity(kernel, x, backend="xla"))
+    )  # the XLA formulation
     plain = ref.usa_velocity_jax()
     for S, n, d in shapes:
-        x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
+        x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(
+            jax.random.split(jax.random.key(n + d), S)
+        )
         xn = np.asarray(x)
         xt = torch.from_numpy(xn.copy())
         v_ref = ref.usa_velocity_numpy(xn.astype(np.float64), beta)
@@ -242,8 +252,10 @@ def usa_velocity(quick: bool, log, limits) -> Result:
         v_xla = np.asarray(fast_xla(x))
         err = float(np.abs(v_fast - v_ref).max() / np.abs(v_ref).max())
         err_xla = float(np.abs(v_xla - v_ref).max() / np.abs(v_ref).max())
-        tj = timeit_interleaved({"fast": lambda: fast(x), "xla": lambda: fast_xla(x),
-                                 "plain": lambda: plain(x, beta)}, reps)
+        tj = timeit_interleaved(
+            {"fast": lambda: fast(x), "xla": lambda: fast_xla(x), "plain": lambda: plain(x, beta)},
+            reps,
+        )
         t_fast, t_xla, t_plain = tj["fast"], tj["xla"], tj["plain"]
         pf = (faults_per_call(lambda: fast(x)), faults_per_call(lambda: plain(x, beta)))
         fresh = {w: _fresh_velocity(S, n, d, w, reps) for w in ("meanfield", "plain")}
@@ -272,16 +284,26 @@ def usa_velocity(quick: bool, log, limits) -> Result:
                 f"{err:.1e} ({err_xla:.1e})",
             ]
         )
-        res.data[f"{S}x{n}x{d}"] = dict(fast=t_fast, xla=t_xla, plain=t_plain, numpy=t_np, torch=t_torch, err=err,
-                                        faults=pf, fresh=fresh)
-        log(f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} xla path {fmt_t(t_xla)} plain {fmt_t(t_plain)} "
-            f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)} faults {pf}")
+        res.data[f"{S}x{n}x{d}"] = dict(
+            fast=t_fast,
+            xla=t_xla,
+            plain=t_plain,
+            numpy=t_np,
+            torch=t_torch,
+            err=err,
+            faults=pf,
+            fresh=fresh,
+        )
+        log(
+            f"usa velocity {S}x{n}x{d}: fast {fmt_t(t_fast)} xla path {fmt_t(t_xla)} plain {fmt_t(t_plain)} "
+            f"numpy {fmt_t(t_np)} torch {fmt_t(t_torch)} faults {pf}"
+        )
     res.notes.append(
         "meanfield: `jax.jit(jax.vmap(lambda x: mf.velocity(mf.kernels.USA(1.0), x)))`, its default "
         "path on the CPU: the fused C kernel called through XLA's FFI (`meanfield/_native/exp_kernel.c`: "
         "the n (n + 1) / 2 exponentials of the pairs i <= j, rows 4 at a time against SIMD vectors of "
         "columns, no n x n array; threads over seeds). 'meanfield, XLA path': the same program traced "
-        "with `backend=\"xla\"` (the reference formulation, and the path on accelerators): "
+        'with `backend="xla"` (the reference formulation, and the path on accelerators): '
         "dense for n <= 1024, else the 512 x 1024 tiles of `kernels._exp._tiled_exp`; under the vmap the "
         f"seeds run in equal chunks of at most `kernels.BATCH_BYTES` = {mf.kernels.BATCH_BYTES // 2**20} "
         "MiB of weights (`kernels._exp._exp_op`, a custom batching rule). plain JAX: `P_x exp(beta X X^T) X / n` "
@@ -309,7 +331,15 @@ def gauge_overhead(quick: bool, log) -> Result:
     reps = 3 if quick else 7
     res = Result(
         "Exp-gauge kernels against USA at equal n, d (float32, vmapped over seeds)",
-        ["seeds x n x d", "USA", "RoPE", "Prompt (K=3)", "RoPE / USA", "Prompt / USA", "max diff vs pairwise"],
+        [
+            "seeds x n x d",
+            "USA",
+            "RoPE",
+            "Prompt (K=3)",
+            "RoPE / USA",
+            "Prompt / USA",
+            "max diff vs pairwise",
+        ],
     )
     for S, n, d in shapes:
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(7), S))
@@ -318,7 +348,9 @@ def gauge_overhead(quick: bool, log) -> Result:
             "rope": mf.kernels.RoPE(1.0, 2 * np.pi),
             "prompt": mf.kernels.Prompt(1.0, mf.kernels.random_gauges(jax.random.key(3), 3, d)),
         }
-        fns = {name: jax.jit(jax.vmap(lambda x, k=k: mf.velocity(k, x))) for name, k in models.items()}
+        fns = {
+            name: jax.jit(jax.vmap(lambda x, k=k: mf.velocity(k, x))) for name, k in models.items()
+        }
         times = timeit_interleaved({name: (lambda f=f: f(x)) for name, f in fns.items()}, reps)
         # fast gauge path against the single-pair reference on the first seed (small n only)
         m = min(n, 256)
@@ -388,15 +420,27 @@ def big_n(quick: bool, log) -> Result:
     n, d = (2**15, 3) if quick else (2**17, 3)
     res = Result(
         f"Velocity at n = {n}, d = {d} (float32, tiled; each in a fresh subprocess)",
-        ["implementation", "first call (compile + run)", "second call", "pairs/s", "peak RSS",
-         "n x n matrix would be", "rel err (64 rows)"],
+        [
+            "implementation",
+            "first call (compile + run)",
+            "second call",
+            "pairs/s",
+            "peak RSS",
+            "n x n matrix would be",
+            "rel err (64 rows)",
+        ],
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for mode, label in [("native", "`mf.velocity` (default: the fused C kernel, rows split over threads)"),
-                        ("xla", "`mf.velocity`, XLA path (512 x 1024 tiles of `kernels._exp._tiled_exp`)")]:
+    for mode, label in [
+        ("native", "`mf.velocity` (default: the fused C kernel, rows split over threads)"),
+        ("xla", "`mf.velocity`, XLA path (512 x 1024 tiles of `kernels._exp._tiled_exp`)"),
+    ]:
         out = subprocess.run(
             [sys.executable, "-c", _BIG_SCRIPT, str(n), str(d), mode],
-            capture_output=True, text=True, timeout=1500, cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            cwd=root,
         )
         if out.returncode != 0:
             last = [ln for ln in out.stderr.strip().splitlines() if ln.strip()][-3:]
@@ -404,15 +448,22 @@ def big_n(quick: bool, log) -> Result:
             res.notes.append(f"{mode} FAILED: `{' / '.join(ln.strip() for ln in last)[:600]}`")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        res.rows.append([
-            label, fmt_t(r["t_first"]), fmt_t(r["t_run"]), f"{n * n / r['t_run']:.3g}",
-            f"{r['peak_bytes'] / 2**30:.2f} GiB", f"{n * n * 4 / 2**30:.0f} GiB", f"{r['err']:.1e}",
-        ])
+        res.rows.append(
+            [
+                label,
+                fmt_t(r["t_first"]),
+                fmt_t(r["t_run"]),
+                f"{n * n / r['t_run']:.3g}",
+                f"{r['peak_bytes'] / 2**30:.2f} GiB",
+                f"{n * n * 4 / 2**30:.0f} GiB",
+                f"{r['err']:.1e}",
+            ]
+        )
         res.data[mode] = r
         log(f"big n {mode}: {r}")
     res.notes.append(
         "`mf.velocity(mf.kernels.USA(1.0), x)` under jit. Native: memory O(n d) per thread. XLA path "
-        f"(`backend=\"xla\"`): row tiles of "
+        f'(`backend="xla"`): row tiles of '
         f"`mf.kernels.DEFAULT_BLOCK` = {mf.kernels.DEFAULT_BLOCK} (lax.map) accumulated over column "
         f"tiles twice as wide (lax.scan), memory O(n d + block^2). Peak RSS = `VmHWM` of the subprocess (its own high-water mark, which includes the Python/JAX "
         f"runtime, about 0.3 GiB)."
@@ -445,15 +496,30 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     res = Result(
         f"SA phase diagram: n = {n}, d = {d}, {S} seeds x {B} beta in [0.1, 9], Euler dt = {dt} "
         f"to t = {t1:g} ({N} steps), {C} checkpoints, float64",
-        ["implementation", "time (full sweep)", "meanfield is faster by", "max |diff| of per-seed fraction vs meanfield", "note"],
+        [
+            "implementation",
+            "time (full sweep)",
+            "meanfield is faster by",
+            "max |diff| of per-seed fraction vs meanfield",
+            "note",
+        ],
     )
     with jax.enable_x64(True):
         x0j = jnp.asarray(x0)
 
         def fast(packed=False, seed_chunk=None, backend="auto"):
             return pd.sa_phase_diagram(
-                None, betas, x0=x0j, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                per_seed=True, packed=packed, seed_chunk=seed_chunk, backend=backend,
+                None,
+                betas,
+                x0=x0j,
+                dt=dt,
+                t1=t1,
+                checkpoints=C,
+                threshold=thr,
+                per_seed=True,
+                packed=packed,
+                seed_chunk=seed_chunk,
+                backend=backend,
             ).per_seed
 
         backend = pd._resolve_backend("auto", x0j, False)
@@ -484,8 +550,10 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
             default_diff = float(np.abs(xla() - mine).max())
         finally:
             pd._run_one_beta_cpu["fn"] = saved
-        log(f"SA fast ({backend}) {ts}, 1 thread {t_one}, xla {t_xla}, packed {t_packed}, chunk 256 {t_256}, "
-            f"default fusions {t_default}")
+        log(
+            f"SA fast ({backend}) {ts}, 1 thread {t_one}, xla {t_xla}, packed {t_packed}, chunk 256 {t_256}, "
+            f"default fusions {t_default}"
+        )
         t0 = time.perf_counter()
         plain = ref.phase_diagram_jax_plain(x0j, betas, [h] * B, [N] * B, [idx] * B, threshold=thr)
         t_plain = time.perf_counter() - t0  # includes its single compile
@@ -493,27 +561,51 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
         log(f"SA plain jax {t_plain:.2f}")
 
         def published():  # the published update and time grid (XLA kernel: backend="auto" picks it)
-            return pd.sa_phase_diagram(None, betas, x0=x0j, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                                       per_seed=True, step="renormalize", schedule="published").per_seed
+            return pd.sa_phase_diagram(
+                None,
+                betas,
+                x0=x0j,
+                dt=dt,
+                t1=t1,
+                checkpoints=C,
+                threshold=thr,
+                per_seed=True,
+                step="renormalize",
+                schedule="published",
+            ).per_seed
 
         t_pub, _ = timeit(published, 1, warmup=1)
         pub = published()
-        pub_gap = np.abs(pub.mean(1) - mine.mean(1))  # seed-mean fraction: published vs projected default
-        log(f"SA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}")
+        pub_gap = np.abs(
+            pub.mean(1) - mine.mean(1)
+        )  # seed-mean fraction: published vs projected default
+        log(
+            f"SA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}"
+        )
     # float32 (JAX's default dtype): the same sweep through both kernels
     x0f = jnp.asarray(x0, jnp.float32)
 
     def f32(backend):
-        return pd.sa_phase_diagram(None, betas, x0=x0f, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                                   per_seed=True, backend=backend).per_seed
+        return pd.sa_phase_diagram(
+            None,
+            betas,
+            x0=x0f,
+            dt=dt,
+            t1=t1,
+            checkpoints=C,
+            threshold=thr,
+            per_seed=True,
+            backend=backend,
+        ).per_seed
 
     t_f32 = {be: timeit(lambda be=be: f32(be), 1, warmup=1)[0] for be in ("auto", "xla")}
     f32_diff = float(np.abs(f32("auto") - mine).mean())
     log(f"SA float32 {t_f32}")
     xt = torch.from_numpy(x0.copy())
     tb = [betas[i] for i in torch_betas]
-    k_t = pick_torch_threads(lambda: ref.phase_diagram_torch(
-        xt, tb[-1:], [h], [5], [np.minimum(idx, 5)], threshold=thr))
+    k_t = pick_torch_threads(
+        lambda: ref.phase_diagram_torch(xt, tb[-1:], [h], [5], [np.minimum(idx, 5)], threshold=thr)
+    )
     t_torch_k = {}
     for k in [k_t] + [k for k in THREADS if k != k_t]:  # the faster setting first, then the others
         torch.set_num_threads(k)
@@ -528,67 +620,150 @@ def sa_sweep(quick: bool, log, limits=None) -> Result:
     t_torch_part = t_torch_k[k_t]
     t_torch = t_torch_part * B / len(tb)
     chunk = min(pd._auto_chunk(n, np.float64), S)
-    native_rows = [
-        [f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`, fused C kernel, {threads} threads)",
-         fmt_t(t_fast), "1.00x", "0",
-         f"median of {reps}; first call {fmt_t(t_first)} (incl. loading or building the kernel)"],
-        ["meanfield, native kernel on 1 thread (`OMP_NUM_THREADS=1`)", fmt_t(t_one), fmt_r(t_one / t_fast), "0",
-         "one run; compare with PyTorch on 1 thread"],
-    ] if backend == "native" else [
-        [f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`)", fmt_t(t_fast), "1.00x", "0",
-         f"median of {reps}; first call incl. compile {fmt_t(t_first)}; the native kernel did not build: "
-         f"{_native.phase_library().reason}"],
-    ]
+    native_rows = (
+        [
+            [
+                f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`, fused C kernel, {threads} threads)",
+                fmt_t(t_fast),
+                "1.00x",
+                "0",
+                f"median of {reps}; first call {fmt_t(t_first)} (incl. loading or building the kernel)",
+            ],
+            [
+                "meanfield, native kernel on 1 thread (`OMP_NUM_THREADS=1`)",
+                fmt_t(t_one),
+                fmt_r(t_one / t_fast),
+                "0",
+                "one run; compare with PyTorch on 1 thread",
+            ],
+        ]
+        if backend == "native"
+        else [
+            [
+                f"meanfield `sa_phase_diagram` (default: `backend='{backend}'`)",
+                fmt_t(t_fast),
+                "1.00x",
+                "0",
+                f"median of {reps}; first call incl. compile {fmt_t(t_first)}; the native kernel did not build: "
+                f"{_native.phase_library().reason}",
+            ],
+        ]
+    )
     res.rows += native_rows + [
-        [f"meanfield, `backend='xla'` (XLA kernel, automatic seed chunks of {chunk})", fmt_t(t_xla),
-         fmt_r(t_xla / t_fast), f"{xla_diff:.1e}", f"median of {reps}"],
-        [f"meanfield in float32 (`backend='{pd._resolve_backend('auto', x0f, False)}'`)", fmt_t(t_f32["auto"]),
-         fmt_r(t_f32["auto"] / t_fast), f"mean {f32_diff:.1e}",
-         "one run; float32 differs from float64 at pairs near the threshold (mean |diff| over all entries)"],
-        ["meanfield in float32, `backend='xla'`", fmt_t(t_f32["xla"]), fmt_r(t_f32["xla"] / t_fast), "-", "one run"],
-        ["meanfield, `backend='xla'`, seed chunks of 256", fmt_t(t_256), fmt_r(t_256 / t_fast), "-",
-         "one run; 256 seeds keep one core busy"],
-        ["meanfield, `backend='xla'`, XLA:CPU's default fusions (no `CPU_COMPILER_OPTIONS`)", fmt_t(t_default),
-         fmt_r(t_default / t_fast), f"{default_diff:.1e}", "one run"],
-        ["meanfield, `backend='xla'`, `packed=True` (half the exponentials)", fmt_t(t_packed), fmt_r(t_packed / t_fast),
-         f"{packed_diff:.1e}", "RFP-packed symmetric kernel; one run"],
-        ["plain JAX port (vmap seeds, scan steps, full exp)", fmt_t(t_plain), fmt_r(t_plain / t_fast),
-         f"{plain_diff:.1e}", "one run incl. its compile"],
-        ["meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
-         "XLA kernel)", fmt_t(t_pub), fmt_r(t_pub / t_fast), "-",
-         f"one run; {Nq} steps; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
-         f"mean {pub_gap.mean():.4f} (two consistent discretisations, O(h^2) apart per step)"],
-        ["PyTorch: our re-implementation of the published loop, with the published step "
-         "(loop beta/steps, bmm, softmax, x + h F then normalise, mask)", fmt_t(t_torch), fmt_r(t_torch / t_fast),
-         f"{torch_diff:.1e}",
-         f"diff vs meanfield `step='renormalize'`, `schedule='published'`; measured on {len(tb)} of {B} betas "
-         f"({fmt_t(t_torch_part)}), x{B / len(tb):g} (cost is the same for every beta); torch threads {k_t}, "
-         f"the faster of {THREADS}"],
+        [
+            f"meanfield, `backend='xla'` (XLA kernel, automatic seed chunks of {chunk})",
+            fmt_t(t_xla),
+            fmt_r(t_xla / t_fast),
+            f"{xla_diff:.1e}",
+            f"median of {reps}",
+        ],
+        [
+            f"meanfield in float32 (`backend='{pd._resolve_backend('auto', x0f, False)}'`)",
+            fmt_t(t_f32["auto"]),
+            fmt_r(t_f32["auto"] / t_fast),
+            f"mean {f32_diff:.1e}",
+            "one run; float32 differs from float64 at pairs near the threshold (mean |diff| over all entries)",
+        ],
+        [
+            "meanfield in float32, `backend='xla'`",
+            fmt_t(t_f32["xla"]),
+            fmt_r(t_f32["xla"] / t_fast),
+            "-",
+            "one run",
+        ],
+        [
+            "meanfield, `backend='xla'`, seed chunks of 256",
+            fmt_t(t_256),
+            fmt_r(t_256 / t_fast),
+            "-",
+            "one run; 256 seeds keep one core busy",
+        ],
+        [
+            "meanfield, `backend='xla'`, XLA:CPU's default fusions (no `CPU_COMPILER_OPTIONS`)",
+            fmt_t(t_default),
+            fmt_r(t_default / t_fast),
+            f"{default_diff:.1e}",
+            "one run",
+        ],
+        [
+            "meanfield, `backend='xla'`, `packed=True` (half the exponentials)",
+            fmt_t(t_packed),
+            fmt_r(t_packed / t_fast),
+            f"{packed_diff:.1e}",
+            "RFP-packed symmetric kernel; one run",
+        ],
+        [
+            "plain JAX port (vmap seeds, scan steps, full exp)",
+            fmt_t(t_plain),
+            fmt_r(t_plain / t_fast),
+            f"{plain_diff:.1e}",
+            "one run incl. its compile",
+        ],
+        [
+            "meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
+            "XLA kernel)",
+            fmt_t(t_pub),
+            fmt_r(t_pub / t_fast),
+            "-",
+            f"one run; {Nq} steps; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
+            f"mean {pub_gap.mean():.4f} (two consistent discretisations, O(h^2) apart per step)",
+        ],
+        [
+            "PyTorch: our re-implementation of the published loop, with the published step "
+            "(loop beta/steps, bmm, softmax, x + h F then normalise, mask)",
+            fmt_t(t_torch),
+            fmt_r(t_torch / t_fast),
+            f"{torch_diff:.1e}",
+            f"diff vs meanfield `step='renormalize'`, `schedule='published'`; measured on {len(tb)} of {B} betas "
+            f"({fmt_t(t_torch_part)}), x{B / len(tb):g} (cost is the same for every beta); torch threads {k_t}, "
+            f"the faster of {THREADS}",
+        ],
     ]
     for k, tk in t_torch_k.items():
         if k != k_t:
-            res.rows.append([f"PyTorch re-implementation of the published loop, {k} thread{'s' if k > 1 else ''}",
-                             fmt_t(tk * B / len(tb)),
-                             fmt_r(tk * B / len(tb) / t_fast), "-", f"measured on {len(tb)} betas, x{B / len(tb):g}"])
-    res.data = dict(fast=t_fast, backend=backend, one_thread=t_one, xla=t_xla, float32=t_f32, packed=t_packed,
-                    plain=t_plain,
-                    torch=t_torch, torch_part=t_torch_part, published=t_pub,
-                    published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
-                    torch_by_threads=t_torch_k, chunk256=t_256, default_fusions=t_default,
-                    diffs=dict(xla=xla_diff, packed=packed_diff, plain=plain_diff, torch=torch_diff),
-                    final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
+            res.rows.append(
+                [
+                    f"PyTorch re-implementation of the published loop, {k} thread{'s' if k > 1 else ''}",
+                    fmt_t(tk * B / len(tb)),
+                    fmt_r(tk * B / len(tb) / t_fast),
+                    "-",
+                    f"measured on {len(tb)} betas, x{B / len(tb):g}",
+                ]
+            )
+    res.data = dict(
+        fast=t_fast,
+        backend=backend,
+        one_thread=t_one,
+        xla=t_xla,
+        float32=t_f32,
+        packed=t_packed,
+        plain=t_plain,
+        torch=t_torch,
+        torch_part=t_torch_part,
+        published=t_pub,
+        published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
+        torch_by_threads=t_torch_k,
+        chunk256=t_256,
+        default_fusions=t_default,
+        diffs=dict(xla=xla_diff, packed=packed_diff, plain=plain_diff, torch=torch_diff),
+        final_fraction=mine.mean(1)[:, -1].tolist(),
+        betas=betas.tolist(),
+    )
     pairs = S * B * N * n * n
     exps = S * B * N * n * (n + 1) // 2  # the native kernel: pairs i < j and the diagonal
     res.notes.append(
         f"Pair interactions: {pairs:.3g} ({pairs / t_fast:.3g} pairs/s for meanfield, "
         f"{pairs / t_xla:.3g} with the XLA kernel"
-        + (f"; the XLA kernel evaluates one exponential per pair: {pairs / t_xla / limits['exp_float64']:.0%} of "
-           f"the measured float64 exp throughput; 10x the PyTorch re-implementation of the published loop would need "
-           f"{10 * pairs / t_torch:.3g} pairs/s, {10 * pairs / t_torch / limits['exp_float64']:.0%} of it, "
-           f"at one exponential per pair. The native kernel evaluates n (n + 1) / 2 per system and step "
-           f"({exps:.3g} in all): {exps / t_fast:.3g} exp/s, {exps / t_fast / limits['exp_float64']:.0%} of "
-           f"XLA's measured float64 exp throughput, with the rest of the step in the same pass"
-           if limits else "")
+        + (
+            f"; the XLA kernel evaluates one exponential per pair: {pairs / t_xla / limits['exp_float64']:.0%} of "
+            f"the measured float64 exp throughput; 10x the PyTorch re-implementation of the published loop would need "
+            f"{10 * pairs / t_torch:.3g} pairs/s, {10 * pairs / t_torch / limits['exp_float64']:.0%} of it, "
+            f"at one exponential per pair. The native kernel evaluates n (n + 1) / 2 per system and step "
+            f"({exps:.3g} in all): {exps / t_fast:.3g} exp/s, {exps / t_fast / limits['exp_float64']:.0%} of "
+            f"XLA's measured float64 exp throughput, with the rest of the step in the same pass"
+            if limits
+            else ""
+        )
         + "). "
         "Final clustering fraction by beta (meanfield): "
         + ", ".join(f"{b:.2f}: {f:.3f}" for b, f in zip(betas, mine.mean(1)[:, -1]))
@@ -639,7 +814,13 @@ def usa_sweep(quick: bool, log) -> Result:
         f"USA phase diagram: n = {n}, d = {d}, {S} seeds x {B} beta in [{betas[0]:g}, {betas[-1]:g}], "
         f"Euler step 0.1 / max(sqrt(beta) e^(beta - 1/2), 1) to t = {t1:g} "
         f"({sum(Ns)} steps in all, max {max(Ns)}), {C} checkpoints, float64",
-        ["implementation", "time (full sweep)", "meanfield is faster by", "max |diff| vs meanfield", "note"],
+        [
+            "implementation",
+            "time (full sweep)",
+            "meanfield is faster by",
+            "max |diff| vs meanfield",
+            "note",
+        ],
     )
     with jax.enable_x64(True):
         x0j = jnp.asarray(x0)
@@ -647,17 +828,29 @@ def usa_sweep(quick: bool, log) -> Result:
         # every step a checkpoint) and the largest beta on a short run (sparse checkpoints)
         backend = pd._resolve_backend("auto", x0j, False)
         for be, rule in (("auto", "projected"), ("xla", "projected"), ("auto", "renormalize")):
-            pd.usa_phase_diagram(None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr, backend=be,
-                                 step=rule)
-            pd.usa_phase_diagram(None, betas[-1:], x0=x0j, t1=t1 * min(1.0, (2 * C + 10) / Ns[-1]),
-                                 checkpoints=C, threshold=thr, backend=be, step=rule)
+            pd.usa_phase_diagram(
+                None, betas[:1], x0=x0j, t1=t1, checkpoints=C, threshold=thr, backend=be, step=rule
+            )
+            pd.usa_phase_diagram(
+                None,
+                betas[-1:],
+                x0=x0j,
+                t1=t1 * min(1.0, (2 * C + 10) / Ns[-1]),
+                checkpoints=C,
+                threshold=thr,
+                backend=be,
+                step=rule,
+            )
         t0 = time.perf_counter()
-        out = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True)
+        out = pd.usa_phase_diagram(
+            None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True
+        )
         t_fast = time.perf_counter() - t0
         mine = out.per_seed
         t0 = time.perf_counter()
-        xla_out = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True,
-                                       backend="xla")
+        xla_out = pd.usa_phase_diagram(
+            None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True, backend="xla"
+        )
         t_xla = time.perf_counter() - t0
         xla_diff = float(np.abs(xla_out.per_seed - mine).max())
         log(f"USA fast ({backend}) {t_fast:.2f}, xla {t_xla:.2f}")
@@ -672,17 +865,37 @@ def usa_sweep(quick: bool, log) -> Result:
         # the published update and time grid (XLA kernel: backend="auto" picks it), one run after
         # the same warm-up shapes
         t0 = time.perf_counter()
-        pub = pd.usa_phase_diagram(None, betas, x0=x0j, t1=t1, checkpoints=C, threshold=thr, per_seed=True,
-                                   step="renormalize", schedule="published").per_seed
+        pub = pd.usa_phase_diagram(
+            None,
+            betas,
+            x0=x0j,
+            t1=t1,
+            checkpoints=C,
+            threshold=thr,
+            per_seed=True,
+            step="renormalize",
+            schedule="published",
+        ).per_seed
         t_pub = time.perf_counter() - t0
         pub_gap = np.abs(pub.mean(1) - mine.mean(1))
-        log(f"USA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}")
+        log(
+            f"USA published step {t_pub:.2f}, vs projected max {pub_gap.max():.3f} mean {pub_gap.mean():.4f}"
+        )
     scale = sum(Ns) / sum(Np)
     full = [i for i, (a, b) in enumerate(zip(Ns, Np)) if a == b]
     plain_diff = float(np.abs(plain[full] - mine[full]).max()) if full else float("nan")
     xt = torch.from_numpy(x0.copy())
-    k_t = pick_torch_threads(lambda: ref.phase_diagram_torch(
-        xt, betas[-1:], hq[-1:], [20], [np.minimum(idxq[-1], 20)], threshold=thr, normalized=False))
+    k_t = pick_torch_threads(
+        lambda: ref.phase_diagram_torch(
+            xt,
+            betas[-1:],
+            hq[-1:],
+            [20],
+            [np.minimum(idxq[-1], 20)],
+            threshold=thr,
+            normalized=False,
+        )
+    )
     Nqp = [min(N, cap) for N in Nq]
     iqp = [np.minimum(i, m) for i, m in zip(idxq, Nqp)]
     full_q = [i for i, (a, b) in enumerate(zip(Nq, Nqp)) if a == b]
@@ -706,44 +919,108 @@ def usa_sweep(quick: bool, log) -> Result:
     if ncpu > 1:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         with tempfile.TemporaryDirectory() as tmp:
-            np.savez(os.path.join(tmp, "in.npz"), x0=x0, betas=betas, t1=t1, C=C, thr=thr,
-                     short=min(1.0, (2 * C + 10) / Ns[-1]))
-            r = subprocess.run([sys.executable, "-c", _DEVICES_SWEEP, str(ncpu), os.path.join(tmp, "in.npz"),
-                                os.path.join(tmp, "out.npy")], capture_output=True, text=True, timeout=1800,
-                               cwd=root, check=True)
+            np.savez(
+                os.path.join(tmp, "in.npz"),
+                x0=x0,
+                betas=betas,
+                t1=t1,
+                C=C,
+                thr=thr,
+                short=min(1.0, (2 * C + 10) / Ns[-1]),
+            )
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    _DEVICES_SWEEP,
+                    str(ncpu),
+                    os.path.join(tmp, "in.npz"),
+                    os.path.join(tmp, "out.npy"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                cwd=root,
+                check=True,
+            )
             info = json.loads(r.stdout.strip().splitlines()[-1])
             dev_diff = float(np.abs(np.load(os.path.join(tmp, "out.npy")) - mine).max())
         t_dev = info["t"]
         log(f"USA on {info['devices']} devices {t_dev:.2f}")
-        dev_row = [[f"meanfield, `backend='xla'`, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, "
-                    "fresh process)", fmt_t(t_dev), fmt_r(t_dev / t_fast), f"{dev_diff:.1e}",
-                    f"XLA tasks spread over the devices; PyTorch re-implementation / this: {fmt_r(t_torch / t_dev)}"]]
+        dev_row = [
+            [
+                f"meanfield, `backend='xla'`, {info['devices']} CPU devices (`jax_num_cpu_devices = {ncpu}`, "
+                "fresh process)",
+                fmt_t(t_dev),
+                fmt_r(t_dev / t_fast),
+                f"{dev_diff:.1e}",
+                f"XLA tasks spread over the devices; PyTorch re-implementation / this: {fmt_r(t_torch / t_dev)}",
+            ]
+        ]
         res.data["devices"] = dict(t=t_dev, n=info["devices"], diff=dev_diff)
     res.rows += [
-        [f"meanfield `usa_phase_diagram` (default: `backend='{backend}'`; per-beta step counts, rescaled time)",
-         fmt_t(t_fast), "1.00x", "0", "one run after a warm-up"],
-        ["meanfield, `backend='xla'` (one CPU device)", fmt_t(t_xla), fmt_r(t_xla / t_fast), f"{xla_diff:.1e}",
-         f"one run after a compile-only warm-up; PyTorch re-implementation / this: {fmt_r(t_torch / t_xla)}"],
+        [
+            f"meanfield `usa_phase_diagram` (default: `backend='{backend}'`; per-beta step counts, rescaled time)",
+            fmt_t(t_fast),
+            "1.00x",
+            "0",
+            "one run after a warm-up",
+        ],
+        [
+            "meanfield, `backend='xla'` (one CPU device)",
+            fmt_t(t_xla),
+            fmt_r(t_xla / t_fast),
+            f"{xla_diff:.1e}",
+            f"one run after a compile-only warm-up; PyTorch re-implementation / this: {fmt_r(t_torch / t_xla)}",
+        ],
         *dev_row,
-        ["XLA kernel, beta vmapped and padded to max N (estimate)", fmt_t(t_pad), fmt_r(t_pad / t_fast), "-",
-         f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work of the XLA row"],
-        ["plain JAX port (vmap seeds, scan steps)", fmt_t(t_plain), fmt_r(t_plain / t_fast), f"{plain_diff:.1e}",
-         note_scale.format(fmt_t(t_plain_part)) + " incl. one compile per distinct N"],
-        ["meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
-         "XLA kernel)", fmt_t(t_pub), fmt_r(t_pub / t_fast), "-",
-         f"one run; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
-         f"mean {pub_gap.mean():.4f}"],
-        ["PyTorch: our re-implementation of the published loop, with the published step", fmt_t(t_torch),
-         fmt_r(t_torch / t_fast), f"{torch_diff:.1e}",
-         f"diff vs meanfield `step='renormalize'`, `schedule='published'` on the {len(full_q)} betas run to the "
-         f"end; betas with more than {cap} steps run their first {cap}, time scaled by total steps "
-         f"({sum(Nq)} / {sum(Nqp)} = {scale_q:.2f}); measured {fmt_t(t_torch_part)}; torch threads {k_t}"],
+        [
+            "XLA kernel, beta vmapped and padded to max N (estimate)",
+            fmt_t(t_pad),
+            fmt_r(t_pad / t_fast),
+            "-",
+            f"B max(N) / sum(N) = {B * max(Ns) / sum(Ns):.1f} times the work of the XLA row",
+        ],
+        [
+            "plain JAX port (vmap seeds, scan steps)",
+            fmt_t(t_plain),
+            fmt_r(t_plain / t_fast),
+            f"{plain_diff:.1e}",
+            note_scale.format(fmt_t(t_plain_part)) + " incl. one compile per distinct N",
+        ],
+        [
+            "meanfield, `step='renormalize'`, `schedule='published'` (the published update and time grid; "
+            "XLA kernel)",
+            fmt_t(t_pub),
+            fmt_r(t_pub / t_fast),
+            "-",
+            f"one run; seed-mean fraction vs the projected default: max |diff| {pub_gap.max():.3f}, "
+            f"mean {pub_gap.mean():.4f}",
+        ],
+        [
+            "PyTorch: our re-implementation of the published loop, with the published step",
+            fmt_t(t_torch),
+            fmt_r(t_torch / t_fast),
+            f"{torch_diff:.1e}",
+            f"diff vs meanfield `step='renormalize'`, `schedule='published'` on the {len(full_q)} betas run to the "
+            f"end; betas with more than {cap} steps run their first {cap}, time scaled by total steps "
+            f"({sum(Nq)} / {sum(Nqp)} = {scale_q:.2f}); measured {fmt_t(t_torch_part)}; torch threads {k_t}",
+        ],
     ]
-    res.data.update(fast=t_fast, backend=backend, xla=t_xla, plain=t_plain, torch=t_torch, steps=Ns,
-                    published=t_pub, published_steps=Nq,
-                    published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
-                    diffs=dict(xla=xla_diff, plain=plain_diff, torch=torch_diff),
-                    final_fraction=mine.mean(1)[:, -1].tolist(), betas=betas.tolist())
+    res.data.update(
+        fast=t_fast,
+        backend=backend,
+        xla=t_xla,
+        plain=t_plain,
+        torch=t_torch,
+        steps=Ns,
+        published=t_pub,
+        published_steps=Nq,
+        published_vs_projected=dict(max=float(pub_gap.max()), mean=float(pub_gap.mean())),
+        diffs=dict(xla=xla_diff, plain=plain_diff, torch=torch_diff),
+        final_fraction=mine.mean(1)[:, -1].tolist(),
+        betas=betas.tolist(),
+    )
     res.notes.append(
         "Differences are compared on the betas run to the end by the references "
         f"({len(full)} of {B}; PyTorch: {len(full_q)}). Final clustering fraction by beta (meanfield): "
@@ -769,17 +1046,25 @@ def fig2(quick: bool, log) -> Result:
     res = Result(
         f"USA-AV Fig. 2: 3 models (USA, RoPE, Prompt K=3) x {ns} n, projected RK2 dt = {dt}, t = {t1:g}, "
         f"early stop 1e-8, float32",
-        ["n", "compile", f"run ({seeds} seeds x 3 models)", "compiles", "pair evaluations / s",
-         "stop time (mean, per model)"],
+        [
+            "n",
+            "compile",
+            f"run ({seeds} seeds x 3 models)",
+            "compiles",
+            "pair evaluations / s",
+            "stop time (mean, per model)",
+        ],
     )
     total = 0.0
     for n in ns:
         s = (jnp.arange(1, n + 1) / n).astype(jnp.float32)
-        gauges = jnp.stack([
-            jnp.broadcast_to(jnp.eye(d), (n, d, d)),
-            jax.vmap(lambda a: mf.sphere.rotation(2 * np.pi * a, d, (0, 1)))(s),
-            G3[(jnp.arange(n) * 3) // n],
-        ]).astype(jnp.float32)
+        gauges = jnp.stack(
+            [
+                jnp.broadcast_to(jnp.eye(d), (n, d, d)),
+                jax.vmap(lambda a: mf.sphere.rotation(2 * np.pi * a, d, (0, 1)))(s),
+                G3[(jnp.arange(n) * 3) // n],
+            ]
+        ).astype(jnp.float32)
         models = [mf.kernels.Prompt(beta, g) for g in gauges]
         stacked = jax.tree.map(lambda *a: jnp.stack([jnp.asarray(v) for v in a]), *models)
         traces = []
@@ -790,8 +1075,17 @@ def fig2(quick: bool, log) -> Result:
 
             def one(m, k):
                 x0 = mf.sphere.uniform(k, n, d)
-                tr = mf.simulate(m, x0, jnp.arange(n), t1=t1, dt=dt, solver="rk2", ts=ts,
-                                 save_states=False, early_stop=1e-8)
+                tr = mf.simulate(
+                    m,
+                    x0,
+                    jnp.arange(n),
+                    t1=t1,
+                    dt=dt,
+                    solver="rk2",
+                    ts=ts,
+                    save_states=False,
+                    early_stop=1e-8,
+                )
                 return tr.collapse_gap, tr.stop_time
 
             return jax.vmap(lambda m: jax.vmap(lambda k: one(m, k))(keys))(model)
@@ -807,10 +1101,16 @@ def fig2(quick: bool, log) -> Result:
         stop = np.asarray(stop)
         # RK2: two field evaluations per step, each n^2 pairs, until the batch's last member stops
         evals = 2 * np.ceil(stop.max(axis=1) / dt).sum() * seeds * n * n
-        res.rows.append([
-            str(n), fmt_t(t_compile), fmt_t(t_run), str(len(traces)), f"{evals / t_run:.3g}",
-            ", ".join(f"{float(v):.1f}" for v in stop.mean(1)),
-        ])
+        res.rows.append(
+            [
+                str(n),
+                fmt_t(t_compile),
+                fmt_t(t_run),
+                str(len(traces)),
+                f"{evals / t_run:.3g}",
+                ", ".join(f"{float(v):.1f}" for v in stop.mean(1)),
+            ]
+        )
         log(f"fig2 n={n}: compile {t_compile:.1f} run {t_run:.1f} traces {len(traces)}")
         res.data[str(n)] = dict(compile=t_compile, run=t_run, traces=len(traces))
     # equivalence of the per-particle gauge form with the named kernels (small check)
@@ -818,7 +1118,9 @@ def fig2(quick: bool, log) -> Result:
     x0 = mf.sphere.uniform(jax.random.key(2), n, d)
     s = jnp.arange(1, n + 1) / n
     rope = mf.kernels.RoPE(beta, 2 * np.pi)
-    as_prompt = mf.kernels.Prompt(beta, jax.vmap(lambda a: mf.sphere.rotation(2 * np.pi * a, d, (0, 1)))(s))
+    as_prompt = mf.kernels.Prompt(
+        beta, jax.vmap(lambda a: mf.sphere.rotation(2 * np.pi * a, d, (0, 1)))(s)
+    )
     err = float(jnp.abs(mf.velocity(rope, x0) - mf.velocity(as_prompt, x0, jnp.arange(n))).max())
     res.notes.append(
         f"Each n compiles once for all 3 models and all {seeds} seeds (per-particle gauges: a `Prompt` "
@@ -878,7 +1180,9 @@ def _field_variants():
 
 
 def formulations(quick: bool, log) -> Result:
-    shapes = [(100, 256, 3), (16, 1024, 8), (1, 1024, 3)] if not quick else [(10, 128, 3), (2, 256, 8)]
+    shapes = (
+        [(100, 256, 3), (16, 1024, 8), (1, 1024, 3)] if not quick else [(10, 128, 3), (2, 256, 8)]
+    )
     reps = 3 if quick else 7
     variants = _field_variants()
     opts = {"XLA default fusions": None, "matmuls only to YNNPACK": pd.CPU_COMPILER_OPTIONS}
@@ -888,12 +1192,19 @@ def formulations(quick: bool, log) -> Result:
         ["formulation / compile options"] + [f"{S} x {n} x {d}" for S, n, d in shapes],
     )
     base_name = "meanfield (`USA.field`: default backend 'auto')"
-    xla_name = "meanfield's XLA path (`use_backend(\"xla\")`, chunked)"
+    xla_name = 'meanfield\'s XLA path (`use_backend("xla")`, chunked)'
     rel = {c: [] for c in [base_name, xla_name] + cols}
     for S, n, d in shapes:
-        x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(n + d), S))
+        x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(
+            jax.random.split(jax.random.key(n + d), S)
+        )
         ref_F = jax.vmap(lambda y: variants["two matmuls (meanfield)"](y, 1.0))(x)
-        fns = {"meanfield": jax.jit(jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None)))}
+        fns = {
+            "meanfield": jax.jit(
+                jax.vmap(lambda y: mf.kernels.USA(1.0, rescaled=True).field(y, None))
+            )
+        }
+
         def xla_field(y):
             with mf.kernels.use_backend("xla"):  # traced with the XLA formulation
                 return mf.kernels.USA(1.0, rescaled=True).field(y, None)
@@ -945,27 +1256,38 @@ def sweep_steps(quick: bool, log) -> Result:
     seeds = 8 if quick else 32
     betas = spec.axes["beta"][:6] if quick else spec.axes["beta"]
     spec = _dc.replace(spec, seeds=spec.seeds[:seeds], axes={**spec.axes, "beta": betas})
-    steps = [int(np.ceil(spec.time["t1"] / pd.usa_step_size(float(b), spec.time["dt"]))) for b in betas]
+    steps = [
+        int(np.ceil(spec.time["t1"] / pd.usa_step_size(float(b), spec.time["dt"]))) for b in betas
+    ]
     res = Result(
-        f"Sweep engine, beta-dependent steps (`step_rule = \"reference\"`): USA n = 32, d = 2, "
+        f'Sweep engine, beta-dependent steps (`step_rule = "reference"`): USA n = 32, d = 2, '
         f"{len(betas)} beta in [{betas[0]:g}, {betas[-1]:g}] x {seeds} seeds, Euler to t = {spec.time['t1']:g} "
         f"({sum(steps)} steps over the betas, max {max(steps)}), float64",
-        ["plan", "chunks", "point-steps run", "time (incl. one compile)", "bucketed is faster by",
-         "max |diff| of the observables"],
+        [
+            "plan",
+            "chunks",
+            "point-steps run",
+            "time (incl. one compile)",
+            "bucketed is faster by",
+            "max |diff| of the observables",
+        ],
     )
     outs, times = {}, {}
     with jax.enable_x64(True):
         plans = {
             "one beta per chunk (the sweep plan)": sw.make_plan(spec, "2GB", devices=1),
-            "all betas in one chunk (padded)": sw.make_plan(spec, "2GB", devices=1,
-                                                             blocks=[(len(betas), seeds)]),
+            "all betas in one chunk (padded)": sw.make_plan(
+                spec, "2GB", devices=1, blocks=[(len(betas), seeds)]
+            ),
         }
         for name, plan in plans.items():
             runner = sw_run.Runner(plan)
             t0 = time.perf_counter()
             vals = {}
             for _, gi, sl in plan.chunks:
-                params, sd = sw_run.chunk_inputs(spec, plan.groups[gi], sl, plan.padded_size(plan.groups[gi]))
+                params, sd = sw_run.chunk_inputs(
+                    spec, plan.groups[gi], sl, plan.padded_size(plan.groups[gi])
+                )
                 out = runner(gi, params, sd)
                 count = (sl[0].stop - sl[0].start) * (sl[1].stop - sl[1].start)
                 for k, v in out.items():
@@ -978,7 +1300,14 @@ def sweep_steps(quick: bool, log) -> Result:
     t_b, t_p = times.values()
     res.rows += [
         [list(plans)[0], str(len(betas)), f"{seeds * sum(steps):.3g}", fmt_t(t_b), "1.00x", "0"],
-        [list(plans)[1], "1", f"{seeds * len(betas) * max(steps):.3g}", fmt_t(t_p), fmt_r(t_p / t_b), f"{diff:.1e}"],
+        [
+            list(plans)[1],
+            "1",
+            f"{seeds * len(betas) * max(steps):.3g}",
+            fmt_t(t_p),
+            fmt_r(t_p / t_b),
+            f"{diff:.1e}",
+        ],
     ]
     res.notes.append(
         "Both plans run the same compiled point function (`meanfield.sweep.run.point_program`, the step a traced "

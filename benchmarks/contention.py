@@ -39,10 +39,16 @@ def _fmt(t: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.contention", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=15, help="calls per program and round (default 15)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.contention", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--repeats", type=int, default=15, help="calls per program and round (default 15)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    p.add_argument("--busy", type=int, default=2, help="busy background processes when loaded (default 2)")
+    p.add_argument(
+        "--busy", type=int, default=2, help="busy background processes when loaded (default 2)"
+    )
     p.add_argument("--out", help="also write the Markdown table to this file")
     args = p.parse_args(argv)
 
@@ -53,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     from meanfield import _native
 
     if not _native.exp_library().available:
-        print(f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr)
+        print(
+            f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr
+        )
         return 1
     most = _native.exp_default_threads()
     kernel = mf.kernels.USA(1.0)
@@ -65,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         "native, 1 thread": (native, dict(threads=1, adaptive=False)),
         "XLA path": (xla, None),
     }
-    inputs = {shape: jax.vmap(lambda k, s=shape: mf.sphere.uniform(k, s[1], s[2]))(
-        jax.random.split(jax.random.key(shape[1] + shape[2]), shape[0])) for shape in SHAPES}
+    inputs = {
+        shape: jax.vmap(lambda k, s=shape: mf.sphere.uniform(k, s[1], s[2]))(
+            jax.random.split(jax.random.key(shape[1] + shape[2]), shape[0])
+        )
+        for shape in SHAPES
+    }
     for shape, x in inputs.items():  # the paths agree before they are timed
         diff = float(np.abs(np.asarray(native(x)) - np.asarray(xla(x))).max())
         assert diff < 1e-4, (shape, diff)
@@ -94,13 +106,27 @@ def main(argv: list[str] | None = None) -> int:
                 _native.set_exp_threads()
                 med = {m: float(np.median(ts)) for m, ts in samples.items()}
                 first = next(iter(modes))
-                rows.append([condition, f"{shape[0]} x {shape[1]} x {shape[2]}", *(_fmt(med[m]) for m in modes),
-                             f"{med['XLA path'] / med[first]:.2f}x", f"{min(now)}-{max(now)}", f"{load:.1f}"])
+                rows.append(
+                    [
+                        condition,
+                        f"{shape[0]} x {shape[1]} x {shape[2]}",
+                        *(_fmt(med[m]) for m in modes),
+                        f"{med['XLA path'] / med[first]:.2f}x",
+                        f"{min(now)}-{max(now)}",
+                        f"{load:.1f}",
+                    ]
+                )
                 print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
         finally:
             _stop(procs)
-    header = ["condition", "seeds x n x d", *modes, "XLA path / native (default)", "adaptive threads",
-              "load avg (1 min)"]
+    header = [
+        "condition",
+        "seeds x n x d",
+        *modes,
+        "XLA path / native (default)",
+        "adaptive threads",
+        "load avg (1 min)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     table = "\n".join(lines)

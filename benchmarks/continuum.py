@@ -45,14 +45,18 @@ def _median_time(fn, repeats: int) -> float:
 def _reference(d: int, L_ref: int):
     with jax.enable_x64(True):
         g = C.grid(d, L_ref, dtype=jnp.float64)
-        sol = C.solve(np.float64(BETA), C.mode_perturbation(g, MODE, EPS), d=d, t1=T, rtol=1e-12, atol=1e-14)
+        sol = C.solve(
+            np.float64(BETA), C.mode_perturbation(g, MODE, EPS), d=d, t1=T, rtol=1e-12, atol=1e-14
+        )
         assert sol.status_name() == "ok", sol.status_name()
         return np.asarray(sol.densities[-1]), g
 
 
 def _w1_densities(a, b, points: int = 8192) -> float:
     th = (jnp.arange(points) + 0.5) * (2 * np.pi / points)
-    D = C._circle_cdf(jnp.asarray(a, jnp.float64), th) - C._circle_cdf(jnp.asarray(b, jnp.float64), th)
+    D = C._circle_cdf(jnp.asarray(a, jnp.float64), th) - C._circle_cdf(
+        jnp.asarray(b, jnp.float64), th
+    )
     return float(jnp.mean(jnp.abs(D - jnp.median(D))) * 2 * np.pi)
 
 
@@ -62,7 +66,10 @@ def _mmd_densities(a, L: int, ref, g_ref) -> float:
     y = g_ref.points.reshape(-1, 3)
     K = jnp.exp(y @ y.T - 1.0)  # USA kernel, beta = 1, rescaled
     w = g_ref.weights.reshape(-1)
-    v = w * (a_up.reshape(-1) / jnp.sum(w * a_up.reshape(-1)) - ref.reshape(-1) / jnp.sum(w * ref.reshape(-1)))
+    v = w * (
+        a_up.reshape(-1) / jnp.sum(w * a_up.reshape(-1))
+        - ref.reshape(-1) / jnp.sum(w * ref.reshape(-1))
+    )
     return float(jnp.sqrt(jnp.maximum(v @ K @ v, 0.0)))
 
 
@@ -77,7 +84,9 @@ def _particle_error(d: int, n: int, seeds: int, ref, g_ref) -> tuple[float, floa
     @jax.jit
     def run(keys):
         def one(k):
-            x = mf.simulate(model, C.sample_perturbation(k, n, d, MODE, EPS), t1=T, dt=dt, solver="rk4").xs[-1]
+            x = mf.simulate(
+                model, C.sample_perturbation(k, n, d, MODE, EPS), t1=T, dt=dt, solver="rk4"
+            ).xs[-1]
             return C.w1_circle(x, ref32) if d == 2 else C.mmd_sphere(x, ref32, g32)
 
         return jax.vmap(one)(keys)
@@ -105,7 +114,9 @@ def main(argv=None) -> int:
         n_small, n_big = (1000, 4000) if d == 2 else (500, 2000)
         e_small, _ = _particle_error(d, n_small, seeds, ref_p, g_p)
         e_big, step_big = _particle_error(d, n_big, seeds, ref_p, g_p)
-        c = float(np.exp(np.mean([np.log(e_small * np.sqrt(n_small)), np.log(e_big * np.sqrt(n_big))])))
+        c = float(
+            np.exp(np.mean([np.log(e_small * np.sqrt(n_small)), np.log(e_big * np.sqrt(n_big))]))
+        )
         slope = float(np.log(e_big / e_small) / np.log(n_big / n_small))
         for L, tail_tol in Ls:
             g = C.grid(d, L)
@@ -114,23 +125,47 @@ def main(argv=None) -> int:
             status = sol.status_name()
             a = np.asarray(sol.densities[-1], np.float64)
             err = _w1_densities(a, ref) if d == 2 else _mmd_densities(a, L, ref, g_ref)
-            t_step = _median_time(
-                lambda rho0=rho0, d=d, tt=tail_tol: C.solve(BETA, rho0, d=d, t1=T, dt=T / K, tail_tol=tt).densities,
-                repeats,
-            ) / K
+            t_step = (
+                _median_time(
+                    lambda rho0=rho0, d=d, tt=tail_tol: (
+                        C.solve(BETA, rho0, d=d, t1=T, dt=T / K, tail_tol=tt).densities
+                    ),
+                    repeats,
+                )
+                / K
+            )
             n_eq = (c / max(err, 1e-300)) ** 2
-            rows.append((d, L, t_step, f"{status} (tail_tol {tail_tol:g})", err, n_eq, step_big * (n_eq / n_big) ** 2,
-                         n_big, step_big, slope))
-            print(f"d={d} L={L}: step {t_step * 1e3:.3g} ms ({status}), error {err:.3g}, n_eq {n_eq:.3g}", flush=True)
+            rows.append(
+                (
+                    d,
+                    L,
+                    t_step,
+                    f"{status} (tail_tol {tail_tol:g})",
+                    err,
+                    n_eq,
+                    step_big * (n_eq / n_big) ** 2,
+                    n_big,
+                    step_big,
+                    slope,
+                )
+            )
+            print(
+                f"d={d} L={L}: step {t_step * 1e3:.3g} ms ({status}), error {err:.3g}, n_eq {n_eq:.3g}",
+                flush=True,
+            )
     print()
-    print("| d | band-limit L | grid | solver step (Tsit5, 6 RHS) | status | solver error at t = 0.1 | particles of "
-          "equal accuracy n_eq | particle RK4 step at n_eq (extrapolated n^2) | measured particle step |")
+    print(
+        "| d | band-limit L | grid | solver step (Tsit5, 6 RHS) | status | solver error at t = 0.1 | particles of "
+        "equal accuracy n_eq | particle RK4 step at n_eq (extrapolated n^2) | measured particle step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for d, L, t_step, status, err, n_eq, t_eq, n_big, step_big, slope in rows:
         grid = f"{3 * L} angles" if d == 2 else f"{L} x {2 * L - 1} (s2fft GL)"
         metric = "W1" if d == 2 else "MMD"
-        print(f"| {d} | {L} | {grid} | {t_step * 1e3:.3g} ms | {status} | {metric} {err:.2g} | {n_eq:.2g} | {t_eq:.2g} s | "
-              f"{step_big * 1e3:.3g} ms at n = {n_big} (error ~ n^{slope:.2f}) |")
+        print(
+            f"| {d} | {L} | {grid} | {t_step * 1e3:.3g} ms | {status} | {metric} {err:.2g} | {n_eq:.2g} | {t_eq:.2g} s | "
+            f"{step_big * 1e3:.3g} ms at n = {n_big} (error ~ n^{slope:.2f}) |"
+        )
     return 0
 
 

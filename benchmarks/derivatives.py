@@ -72,11 +72,19 @@ def _rel(a, b) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.derivatives", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small shapes (4 x 256 x 8, 1 x 1024 x 3; simulate 256)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.derivatives", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small shapes (4 x 256 x 8, 1 x 1024 x 3; simulate 256)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="calls per program and round (default 5)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="default float32")
+    p.add_argument(
+        "--dtype", choices=("float32", "float64"), default="float32", help="default float32"
+    )
     p.add_argument("--out", help="also write the Markdown table to this file")
     args = p.parse_args(argv)
 
@@ -93,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     from .cases import THREADS, fmt_r, fmt_t, timeit, timeit_interleaved
 
     if not _native.exp_library().available:
-        print(f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr)
+        print(
+            f"the native kernel is not available: {_native.exp_library().reason}", file=sys.stderr
+        )
         return 1
     dtype = jnp.dtype(args.dtype)
     kernel = mf.kernels.USA(BETA)
@@ -106,13 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         return {
             "grad(energy)": jax.jit(jax.vmap(lambda x, v: jax.grad(E)(x))),
             "jvp(velocity)": jax.jit(jax.vmap(lambda x, v: jax.jvp(V, (x,), (v,))[1])),
-            "HVP jvp(grad(energy))": jax.jit(jax.vmap(lambda x, v: jax.jvp(jax.grad(E), (x,), (v,))[1])),
+            "HVP jvp(grad(energy))": jax.jit(
+                jax.vmap(lambda x, v: jax.jvp(jax.grad(E), (x,), (v,))[1])
+            ),
         }
 
     plain_ops = {
         "grad(energy)": jax.jit(jax.vmap(lambda x, v: jax.grad(p_energy)(x))),
         "jvp(velocity)": jax.jit(jax.vmap(lambda x, v: jax.jvp(p_velocity, (x,), (v,))[1])),
-        "HVP jvp(grad(energy))": jax.jit(jax.vmap(lambda x, v: jax.jvp(jax.grad(p_energy), (x,), (v,))[1])),
+        "HVP jvp(grad(energy))": jax.jit(
+            jax.vmap(lambda x, v: jax.jvp(jax.grad(p_energy), (x,), (v,))[1])
+        ),
     }
 
     def torch_op(name, x, v):
@@ -142,17 +156,40 @@ def main(argv: list[str] | None = None) -> int:
         keys = jax.random.split(jax.random.key(n + d), 2 * S)
         x = jax.vmap(lambda k: mf.sphere.uniform(k, n, d, dtype))(keys[:S])
         v = mf.sphere.project(x, jax.vmap(lambda k: jax.random.normal(k, (n, d), dtype))(keys[S:]))
-        xt, vt = torch.from_numpy(jax.device_get(x).copy()), torch.from_numpy(jax.device_get(v).copy())
+        xt, vt = (
+            torch.from_numpy(jax.device_get(x).copy()),
+            torch.from_numpy(jax.device_get(v).copy()),
+        )
         for name in native_ops:
             ref = xla_ops[name](x, v)
-            err = (f"{_rel(native_ops[name](x, v), ref):.1e} ({_rel(plain_ops[name](x, v), ref):.1e}, "
-                   f"{_rel(torch_op(name, xt, vt).detach().numpy(), ref):.1e})")
-            t = timeit_interleaved({"native": lambda: native_ops[name](x, v), "xla": lambda: xla_ops[name](x, v),
-                                    "plain": lambda: plain_ops[name](x, v)}, args.repeats, args.rounds)
+            err = (
+                f"{_rel(native_ops[name](x, v), ref):.1e} ({_rel(plain_ops[name](x, v), ref):.1e}, "
+                f"{_rel(torch_op(name, xt, vt).detach().numpy(), ref):.1e})"
+            )
+            t = timeit_interleaved(
+                {
+                    "native": lambda: native_ops[name](x, v),
+                    "xla": lambda: xla_ops[name](x, v),
+                    "plain": lambda: plain_ops[name](x, v),
+                },
+                args.repeats,
+                args.rounds,
+            )
             t_torch, k_torch = torch_time(lambda: torch_op(name, xt, vt))
-            rows.append([name, f"{S} x {n} x {d}", fmt_t(t["native"]), fmt_t(t["xla"]), fmt_t(t["plain"]),
-                         f"{fmt_t(t_torch)} ({k_torch} thr)", fmt_r(t["xla"] / t["native"]),
-                         fmt_r(t["plain"] / t["native"]), fmt_r(t_torch / t["native"]), err])
+            rows.append(
+                [
+                    name,
+                    f"{S} x {n} x {d}",
+                    fmt_t(t["native"]),
+                    fmt_t(t["xla"]),
+                    fmt_t(t["plain"]),
+                    f"{fmt_t(t_torch)} ({k_torch} thr)",
+                    fmt_r(t["xla"] / t["native"]),
+                    fmt_r(t["plain"] / t["native"]),
+                    fmt_r(t_torch / t["native"]),
+                    err,
+                ]
+            )
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
 
     # grad through a 100-step simulation
@@ -162,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def sim_grad(backend):
         def loss(x):
-            traj = mf.simulate(kernel, x, t1=STEPS * DT, dt=DT, solver="euler", ts=[STEPS * DT], backend=backend)
+            traj = mf.simulate(
+                kernel, x, t1=STEPS * DT, dt=DT, solver="euler", ts=[STEPS * DT], backend=backend
+            )
             return jnp.sum(traj.xs[-1] * c)
 
         return jax.jit(jax.grad(loss))
@@ -174,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return jnp.sum(jax.lax.fori_loop(0, STEPS, step, x) * c)
 
-    sims = {"native": sim_grad("native"), "xla": sim_grad("xla"), "plain": jax.jit(jax.grad(plain_loss))}
+    sims = {
+        "native": sim_grad("native"),
+        "xla": sim_grad("xla"),
+        "plain": jax.jit(jax.grad(plain_loss)),
+    }
     ct = torch.from_numpy(jax.device_get(c).copy())
 
     def torch_sim():
@@ -187,23 +230,49 @@ def main(argv: list[str] | None = None) -> int:
         return xr.grad
 
     ref = sims["xla"](x0)
-    err = (f"{_rel(sims['native'](x0), ref):.1e} ({_rel(sims['plain'](x0), ref):.1e}, "
-           f"{_rel(torch_sim().numpy(), ref):.1e})")
-    t = timeit_interleaved({k: (lambda f=f: f(x0)) for k, f in sims.items()}, max(1, args.repeats // 2), args.rounds)
+    err = (
+        f"{_rel(sims['native'](x0), ref):.1e} ({_rel(sims['plain'](x0), ref):.1e}, "
+        f"{_rel(torch_sim().numpy(), ref):.1e})"
+    )
+    t = timeit_interleaved(
+        {k: (lambda f=f: f(x0)) for k, f in sims.items()}, max(1, args.repeats // 2), args.rounds
+    )
     t_torch, k_torch = torch_time(torch_sim)
-    rows.append([f"grad through a {STEPS}-step simulate (euler)", f"{S} x {n} x {d}", fmt_t(t["native"]),
-                 fmt_t(t["xla"]), fmt_t(t["plain"]), f"{fmt_t(t_torch)} ({k_torch} thr)",
-                 fmt_r(t["xla"] / t["native"]), fmt_r(t["plain"] / t["native"]), fmt_r(t_torch / t["native"]), err])
+    rows.append(
+        [
+            f"grad through a {STEPS}-step simulate (euler)",
+            f"{S} x {n} x {d}",
+            fmt_t(t["native"]),
+            fmt_t(t["xla"]),
+            fmt_t(t["plain"]),
+            f"{fmt_t(t_torch)} ({k_torch} thr)",
+            fmt_r(t["xla"] / t["native"]),
+            fmt_r(t["plain"] / t["native"]),
+            fmt_r(t_torch / t["native"]),
+            err,
+        ]
+    )
     print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
 
-    header = ["operation", "seeds x n x d", "meanfield (native)", "meanfield, XLA path", "plain JAX",
-              "PyTorch autograd", "XLA path / native", "plain JAX / native", "PyTorch / native",
-              "max rel diff to the XLA path: native (plain JAX, PyTorch)"]
+    header = [
+        "operation",
+        "seeds x n x d",
+        "meanfield (native)",
+        "meanfield, XLA path",
+        "plain JAX",
+        "PyTorch autograd",
+        "XLA path / native",
+        "plain JAX / native",
+        "PyTorch / native",
+        "max rel diff to the XLA path: native (plain JAX, PyTorch)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     load = os.getloadavg()[0]
-    table = "\n".join(lines) + (f"\n\n{args.dtype}; {os.cpu_count()} CPUs, load average {load:.1f} (1 min) "
-                                f"at the end; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    table = "\n".join(lines) + (
+        f"\n\n{args.dtype}; {os.cpu_count()} CPUs, load average {load:.1f} (1 min) "
+        f"at the end; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    )
     print(table)
     if args.out:
         with open(args.out, "w") as f:

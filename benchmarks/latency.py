@@ -169,12 +169,23 @@ def machine() -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=ROOT).stdout.strip() or None
+        rev = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+            ).stdout.strip()
+            or None
+        )
     except OSError:
         rev = None
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "cpus_usable": affinity, "platform": platform.platform(),
-            "python": platform.python_version(), **versions, "git": rev}
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        **versions,
+        "git": rev,
+    }
 
 
 def _meanfield_cmd() -> list[str]:
@@ -197,8 +208,12 @@ def _run(cmd: list[str], env: dict, what: str) -> tuple[float, str]:
 def _launch(commands: list[list[str]], env: dict, what: str) -> float:
     """Start the commands at once; wall seconds until the last exits (RuntimeError on a failure)."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for c in commands]
+    procs = [
+        subprocess.Popen(
+            c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for c in commands
+    ]
     try:
         errs = [(p.wait(TIMEOUT), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
     finally:
@@ -219,8 +234,20 @@ def _sweep_commands(name: str, spec_cmd: list[str], out: Path) -> list[list[str]
     if name == "parts":
         return [[*spec_cmd, "--out", str(out), "--part", f"{i}/3"] for i in (1, 2, 3)]
     port = _free_port()
-    return [[*spec_cmd, "--out", str(out), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-             "--process-id", str(i)] for i in range(2)]
+    return [
+        [
+            *spec_cmd,
+            "--out",
+            str(out),
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            "2",
+            "--process-id",
+            str(i),
+        ]
+        for i in range(2)
+    ]
 
 
 def _fresh_cache(base: Path, name: str) -> Path:
@@ -235,19 +262,42 @@ def _drop_xla(cache: Path) -> None:
 
 
 def _stats(samples: list[float]) -> dict:
-    return {"samples": [round(s, 4) for s in samples], "median": statistics.median(samples),
-            "min": min(samples), "max": max(samples)}
+    return {
+        "samples": [round(s, 4) for s in samples],
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=None, help="fresh processes per figure (default 5; 1 with --quick)")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 1 repeat, simulate --n 64 --t1 2, the smoke sweep x 1 (a few minutes)")
-    p.add_argument("--scale", type=int, default=None, help="seeds of sweeps/smoke.toml times this (default 4; 1 with --quick)")
-    p.add_argument("--chunks", type=int, default=8, help="sweep chunks per group on one device (default 8)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.latency", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="fresh processes per figure (default 5; 1 with --quick)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 1 repeat, simulate --n 64 --t1 2, the smoke sweep x 1 (a few minutes)",
+    )
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=None,
+        help="seeds of sweeps/smoke.toml times this (default 4; 1 with --quick)",
+    )
+    p.add_argument(
+        "--chunks", type=int, default=8, help="sweep chunks per group on one device (default 8)"
+    )
     p.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts (default all)")
-    p.add_argument("--out", default="out/benchmarks", help="directory of latency.json (default out/benchmarks)")
+    p.add_argument(
+        "--out", default="out/benchmarks", help="directory of latency.json (default out/benchmarks)"
+    )
     args = p.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 5)
     scale = args.scale if args.scale is not None else (1 if args.quick else 4)
@@ -258,8 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "MEANFIELD_COMPILATION_CACHE"))}
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "MEANFIELD_COMPILATION_CACHE")
+        )
+    }
     base_env.setdefault("MPLBACKEND", "Agg")
     mf_cmd = _meanfield_cmd()
     py = sys.executable
@@ -291,35 +346,74 @@ def main(argv: list[str] | None = None) -> int:
         if "sweep" in parts:
             spec_path = base / "smoke_x.toml"
             spec_path.write_text(_spec(scale))
-            memory = _run([py, "-c", _MEMORY, str(spec_path), str(args.chunks)], env_with(shared),
-                          "the sweep plan")[1].strip().splitlines()[-1]
-            sweep_info = {"spec": f"sweeps/smoke.toml, seeds x {scale}", "memory": memory, "chunks": args.chunks}
+            memory = (
+                _run(
+                    [py, "-c", _MEMORY, str(spec_path), str(args.chunks)],
+                    env_with(shared),
+                    "the sweep plan",
+                )[1]
+                .strip()
+                .splitlines()[-1]
+            )
+            sweep_info = {
+                "spec": f"sweeps/smoke.toml, seeds x {scale}",
+                "memory": memory,
+                "chunks": args.chunks,
+            }
         stores: dict[str, Path] = {}
-        no_plots = "simulate" in parts and "--no-plots" in _run([*mf_cmd, "simulate", "--help"], env_with(shared),
-                                                                "meanfield simulate --help")[1]
+        no_plots = (
+            "simulate" in parts
+            and "--no-plots"
+            in _run([*mf_cmd, "simulate", "--help"], env_with(shared), "meanfield simulate --help")[
+                1
+            ]
+        )
 
         for r in range(repeats):
             log(f"repeat {r + 1}/{repeats}")
             if "imports" in parts:
                 env = env_with(shared)
                 add("import_jax", _run([py, "-c", "import jax"], env, "import jax")[0])
-                wall, stdout = _run([py, "-c", "import sys, meanfield; print('jax' in sys.modules)"], env,
-                                    "import meanfield")
+                wall, stdout = _run(
+                    [py, "-c", "import sys, meanfield; print('jax' in sys.modules)"],
+                    env,
+                    "import meanfield",
+                )
                 add("import_meanfield", wall)
                 lazy.append(stdout.strip() == "False")
-                add("import_engine", _run([py, "-c", "import meanfield as mf; mf.simulate"], env,
-                                          "import meanfield + mf.simulate")[0])
-                add("import_jax_op", _run([py, "-c", "import jax, jax.numpy as jnp; jnp.ones(2).block_until_ready()"],
-                                          env, "import jax + first op")[0])
+                add(
+                    "import_engine",
+                    _run(
+                        [py, "-c", "import meanfield as mf; mf.simulate"],
+                        env,
+                        "import meanfield + mf.simulate",
+                    )[0],
+                )
+                add(
+                    "import_jax_op",
+                    _run(
+                        [py, "-c", "import jax, jax.numpy as jnp; jnp.ones(2).block_until_ready()"],
+                        env,
+                        "import jax + first op",
+                    )[0],
+                )
                 add("help", _run([*mf_cmd, "--help"], env, "meanfield --help")[0])
             if "simulate" in parts:
                 cache = _fresh_cache(base, f"cache-sim-{r}")
                 env = env_with(cache)
 
-                def simulate(key: str, env: dict, tag: str, r: int = r, extra: tuple | list = ()) -> None:
+                def simulate(
+                    key: str, env: dict, tag: str, r: int = r, extra: tuple | list = ()
+                ) -> None:
                     out = base / f"sim-{tag}-{r}"
-                    add(key, _run([*mf_cmd, "simulate", "--out", str(out), *sim_args, *extra], env,
-                                  f"meanfield simulate ({key})")[0])
+                    add(
+                        key,
+                        _run(
+                            [*mf_cmd, "simulate", "--out", str(out), *sim_args, *extra],
+                            env,
+                            f"meanfield simulate ({key})",
+                        )[0],
+                    )
                     if key == "sim_warm":
                         run_s = json.loads((out / "summary.json").read_text()).get("wall_time_s")
                         if run_s is not None:
@@ -332,13 +426,19 @@ def main(argv: list[str] | None = None) -> int:
                     simulate("sim_warm_noplots", env, "noplots", extra=["--no-plots"])
                 _drop_xla(cache)
                 simulate("sim_cold_xla", env, "xla")
-                simulate("sim_warm_nocache", env_with(cache, MEANFIELD_COMPILATION_CACHE="0"), "nocache")
+                simulate(
+                    "sim_warm_nocache", env_with(cache, MEANFIELD_COMPILATION_CACHE="0"), "nocache"
+                )
                 out = base / f"ref-{r}"
-                wall, stdout = _run([py, "-c", _REFERENCE, json.dumps(sim_args), str(out)], env, "the reference")
+                wall, stdout = _run(
+                    [py, "-c", _REFERENCE, json.dumps(sim_args), str(out)], env, "the reference"
+                )
                 for k, v in json.loads(stdout.strip().splitlines()[-1]).items():
                     ref_parts.setdefault(k, []).append(v)
-                log(f"reference process {wall:.1f} s: warm call {ref_parts['warm_call'][-1]:.2f} s, first call "
-                    f"{ref_parts['first_call'][-1]:.2f} s")
+                log(
+                    f"reference process {wall:.1f} s: warm call {ref_parts['warm_call'][-1]:.2f} s, first call "
+                    f"{ref_parts['first_call'][-1]:.2f} s"
+                )
                 shutil.rmtree(out, ignore_errors=True)
             if "sweep" in parts:
                 spec_cmd = [*mf_cmd, "sweep", str(spec_path), "--memory", memory, "--quiet"]
@@ -346,8 +446,14 @@ def main(argv: list[str] | None = None) -> int:
                     _drop_xla(shared)
                     for state in ("cold", "warm"):
                         out = base / f"sweep-{name}-{state}-{r}.zarr"
-                        add(f"sweep_{name}_{state}", _launch(_sweep_commands(name, spec_cmd, out), env_with(shared),
-                                                             f"sweep {name} {state}"))
+                        add(
+                            f"sweep_{name}_{state}",
+                            _launch(
+                                _sweep_commands(name, spec_cmd, out),
+                                env_with(shared),
+                                f"sweep {name} {state}",
+                            ),
+                        )
                         key = f"{name}-{state}"
                         if key in stores:
                             shutil.rmtree(out, ignore_errors=True)
@@ -355,9 +461,18 @@ def main(argv: list[str] | None = None) -> int:
                             stores[key] = out
         if "sweep" in parts and stores:
             ref = stores.pop("one-cold")
-            diffs = json.loads(_run([py, "-c", _COMPARE, str(ref), *map(str, stores.values())], env_with(shared),
-                                    "comparing the stores")[1].strip().splitlines()[-1])
-            sweep_info["max_abs_diff_vs_one_process"] = {k: diffs[str(v)] for k, v in stores.items()}
+            diffs = json.loads(
+                _run(
+                    [py, "-c", _COMPARE, str(ref), *map(str, stores.values())],
+                    env_with(shared),
+                    "comparing the stores",
+                )[1]
+                .strip()
+                .splitlines()[-1]
+            )
+            sweep_info["max_abs_diff_vs_one_process"] = {
+                k: diffs[str(v)] for k, v in stores.items()
+            }
     load1 = os.getloadavg()
     total = time.perf_counter() - t_start
 
@@ -366,11 +481,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = _rows(stats, ref_stats, inner, all(lazy) if lazy else None)
     result = {
         "generated": f"{_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC",
-        "command": "python -m benchmarks.latency " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "repeats": repeats, "quick": args.quick, "simulate_args": sim_args, "meanfield_command": mf_cmd,
-        "machine": machine(), "load_average": {"start": load0, "end": load1}, "total_s": total,
-        "sweep": sweep_info, "figures": stats, "reference_parts": ref_stats,
-        "simulate_inner_wall_time_s": _stats(inner) if inner else None, "rows": rows,
+        "command": "python -m benchmarks.latency "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "repeats": repeats,
+        "quick": args.quick,
+        "simulate_args": sim_args,
+        "meanfield_command": mf_cmd,
+        "machine": machine(),
+        "load_average": {"start": load0, "end": load1},
+        "total_s": total,
+        "sweep": sweep_info,
+        "figures": stats,
+        "reference_parts": ref_stats,
+        "simulate_inner_wall_time_s": _stats(inner) if inner else None,
+        "rows": rows,
     }
     path = out_dir / "latency.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -383,7 +507,16 @@ def _rows(stats: dict, ref_stats: dict, inner: list[float], lazy: bool | None) -
     """The table's rows: figure, its statistics, the reference it is held against, ratio, target, met."""
     rows: list[dict] = []
 
-    def row(label, key=None, value=None, ref_label=None, ref=None, target=None, limit=None, absolute=None):
+    def row(
+        label,
+        key=None,
+        value=None,
+        ref_label=None,
+        ref=None,
+        target=None,
+        limit=None,
+        absolute=None,
+    ):
         if key is not None and key not in stats:
             return
         s = stats[key] if key is not None else value
@@ -393,60 +526,138 @@ def _rows(stats: dict, ref_stats: dict, inner: list[float], lazy: bool | None) -
             met = ratio <= limit
         if absolute is not None:
             met = s["median"] < absolute
-        rows.append({"figure": label, "median_s": s["median"], "min_s": s["min"], "max_s": s["max"],
-                     "reference": ref_label, "reference_s": ref, "ratio": ratio, "target": target, "met": met})
+        rows.append(
+            {
+                "figure": label,
+                "median_s": s["median"],
+                "min_s": s["min"],
+                "max_s": s["max"],
+                "reference": ref_label,
+                "reference_s": ref,
+                "ratio": ratio,
+                "target": target,
+                "met": met,
+            }
+        )
 
     med = {k: v["median"] for k, v in stats.items()}
     row('`python -c "import jax"`', "import_jax")
     # a lazy `import meanfield` (PEP 562) loads no JAX: the engine's import is the figure to hold
     # against `import jax` then, so both rows carry the target
-    row('`python -c "import meanfield"`' + (" (lazy: imports no JAX)" if lazy else ""), "import_meanfield",
-        ref_label="import jax", ref=med.get("import_jax"), target="<= 1.3x", limit=1.3)
-    row('`python -c "import meanfield as mf; mf.simulate"` (the engine loaded)', "import_engine",
-        ref_label="import jax", ref=med.get("import_jax"), target="<= 1.3x", limit=1.3)
-    row('`import jax` + a first op', "import_jax_op", ref_label="import jax", ref=med.get("import_jax"))
+    row(
+        '`python -c "import meanfield"`' + (" (lazy: imports no JAX)" if lazy else ""),
+        "import_meanfield",
+        ref_label="import jax",
+        ref=med.get("import_jax"),
+        target="<= 1.3x",
+        limit=1.3,
+    )
+    row(
+        '`python -c "import meanfield as mf; mf.simulate"` (the engine loaded)',
+        "import_engine",
+        ref_label="import jax",
+        ref=med.get("import_jax"),
+        target="<= 1.3x",
+        limit=1.3,
+    )
+    row(
+        "`import jax` + a first op",
+        "import_jax_op",
+        ref_label="import jax",
+        ref=med.get("import_jax"),
+    )
     row("`meanfield --help`", "help", target="< 0.5 s", absolute=0.5)
     reference = None
     if ref_stats and "import_jax" in med:
         parts = ("warm_call", "write_numbers", "import_matplotlib", "write_figures")
         reference = med["import_jax"] + sum(ref_stats[k]["median"] for k in parts)
         ref_samples = [sum(v) for v in zip(*(ref_stats[k]["samples"] for k in parts), strict=True)]
-        value = {"median": reference, "min": med["import_jax"] + min(ref_samples),
-                 "max": med["import_jax"] + max(ref_samples)}
-        row("reference: `import jax` + warm in-process `mf.simulate` + writing outputs", value=value)
-        for k, label in (("first_call", "in-process `mf.simulate`, first call (compiles)"),
-                         ("warm_call", "in-process `mf.simulate`, second call (warm)"),
-                         ("write_numbers", "writing observables.npz + summary.json"),
-                         ("import_matplotlib", "importing matplotlib.pyplot"),
-                         ("write_figures", "drawing and writing the two figures")):
+        value = {
+            "median": reference,
+            "min": med["import_jax"] + min(ref_samples),
+            "max": med["import_jax"] + max(ref_samples),
+        }
+        row(
+            "reference: `import jax` + warm in-process `mf.simulate` + writing outputs", value=value
+        )
+        for k, label in (
+            ("first_call", "in-process `mf.simulate`, first call (compiles)"),
+            ("warm_call", "in-process `mf.simulate`, second call (warm)"),
+            ("write_numbers", "writing observables.npz + summary.json"),
+            ("import_matplotlib", "importing matplotlib.pyplot"),
+            ("write_figures", "drawing and writing the two figures"),
+        ):
             row(f"&nbsp;&nbsp;{label}", value=ref_stats[k])
     sim_ref = "reference" if reference is not None else None
-    row("`meanfield simulate` cold: empty cache dir (native build + compilation)", "sim_cold_empty",
-        ref_label=sim_ref, ref=reference)
-    row("`meanfield simulate` cold compilation cache (native kernels built)", "sim_cold_xla",
-        ref_label=sim_ref, ref=reference)
+    row(
+        "`meanfield simulate` cold: empty cache dir (native build + compilation)",
+        "sim_cold_empty",
+        ref_label=sim_ref,
+        ref=reference,
+    )
+    row(
+        "`meanfield simulate` cold compilation cache (native kernels built)",
+        "sim_cold_xla",
+        ref_label=sim_ref,
+        ref=reference,
+    )
     if "sim_cold_empty" in med and "sim_cold_xla" in med:
         build = med["sim_cold_empty"] - med["sim_cold_xla"]
-        row("&nbsp;&nbsp;native build (difference of the two cold medians)",
-            value={"median": build, "min": build, "max": build})
-    row("`meanfield simulate` warm (second process)", "sim_warm", ref_label=sim_ref, ref=reference,
-        target="<= 2x", limit=2.0)
-    row("`meanfield simulate` warm, `MEANFIELD_COMPILATION_CACHE=0`", "sim_warm_nocache",
-        ref_label=sim_ref, ref=reference)
+        row(
+            "&nbsp;&nbsp;native build (difference of the two cold medians)",
+            value={"median": build, "min": build, "max": build},
+        )
+    row(
+        "`meanfield simulate` warm (second process)",
+        "sim_warm",
+        ref_label=sim_ref,
+        ref=reference,
+        target="<= 2x",
+        limit=2.0,
+    )
+    row(
+        "`meanfield simulate` warm, `MEANFIELD_COMPILATION_CACHE=0`",
+        "sim_warm_nocache",
+        ref_label=sim_ref,
+        ref=reference,
+    )
     if inner:
         row("&nbsp;&nbsp;its run inside the warm process (`wall_time_s`)", value=_stats(inner))
     # --no-plots against the reference less matplotlib and the figures
-    no_fig = None if reference is None else (
-        reference - ref_stats["import_matplotlib"]["median"] - ref_stats["write_figures"]["median"])
-    row("`meanfield simulate --no-plots` warm", "sim_warm_noplots",
-        ref_label="reference without figures" if no_fig is not None else None, ref=no_fig)
+    no_fig = (
+        None
+        if reference is None
+        else (
+            reference
+            - ref_stats["import_matplotlib"]["median"]
+            - ref_stats["write_figures"]["median"]
+        )
+    )
+    row(
+        "`meanfield simulate --no-plots` warm",
+        "sim_warm_noplots",
+        ref_label="reference without figures" if no_fig is not None else None,
+        ref=no_fig,
+    )
     for state in ("cold", "warm"):
         one = med.get(f"sweep_one_{state}")
         row(f"sweep, one process, {state} compilation cache", f"sweep_one_{state}")
-        row(f"sweep, 3-part job array (`--part i/3` at once), {state}", f"sweep_parts_{state}",
-            ref_label=f"one process, {state}", ref=one, target="<= 1.2x", limit=1.2)
-        row(f"sweep, 2 processes (`jax.distributed`), {state}", f"sweep_dist_{state}",
-            ref_label=f"one process, {state}", ref=one, target="<= 1.2x", limit=1.2)
+        row(
+            f"sweep, 3-part job array (`--part i/3` at once), {state}",
+            f"sweep_parts_{state}",
+            ref_label=f"one process, {state}",
+            ref=one,
+            target="<= 1.2x",
+            limit=1.2,
+        )
+        row(
+            f"sweep, 2 processes (`jax.distributed`), {state}",
+            f"sweep_dist_{state}",
+            ref_label=f"one process, {state}",
+            ref=one,
+            target="<= 1.2x",
+            limit=1.2,
+        )
     return rows
 
 
@@ -464,25 +675,38 @@ def markdown(result: dict) -> str:
         f"{la['start'][0]:.1f} at the start, {la['end'][0]:.1f} at the end.",
     ]
     if result["simulate_args"]:
-        lines.append(f"- `meanfield simulate` arguments: `{' '.join(result['simulate_args'])}` (quick mode).")
+        lines.append(
+            f"- `meanfield simulate` arguments: `{' '.join(result['simulate_args'])}` (quick mode)."
+        )
     else:
         lines.append("- `meanfield simulate` with its defaults (`--out` a temporary directory).")
     sw = result["sweep"]
     if sw:
         diffs = sw.get("max_abs_diff_vs_one_process") or {}
         worst = max(diffs.values()) if diffs else None
-        lines.append(f"- Sweep: {sw['spec']}, `--memory {sw['memory']}` ({sw['chunks']} chunks per group on one "
-                     f"device); cold = native kernels built, compilation cache (`$MEANFIELD_CACHE_DIR/xla`) "
-                     f"emptied; warm = the same command again."
-                     + (f" Largest |difference| of any store from the one-process store: {worst:.1e}." if diffs else ""))
-    lines += ["", "| figure | median (s) | (min-max) | reference | ratio | target | met? |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"- Sweep: {sw['spec']}, `--memory {sw['memory']}` ({sw['chunks']} chunks per group on one "
+            f"device); cold = native kernels built, compilation cache (`$MEANFIELD_CACHE_DIR/xla`) "
+            f"emptied; warm = the same command again."
+            + (
+                f" Largest |difference| of any store from the one-process store: {worst:.1e}."
+                if diffs
+                else ""
+            )
+        )
+    lines += [
+        "",
+        "| figure | median (s) | (min-max) | reference | ratio | target | met? |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         ref = f"{r['reference']} ({r['reference_s']:.2f} s)" if r["reference"] else ""
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else ""
         met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        lines.append(f"| {r['figure']} | {r['median_s']:.2f} | ({r['min_s']:.2f}-{r['max_s']:.2f}) | {ref} | "
-                     f"{ratio} | {r['target'] or ''} | {met} |")
+        lines.append(
+            f"| {r['figure']} | {r['median_s']:.2f} | ({r['min_s']:.2f}-{r['max_s']:.2f}) | {ref} | "
+            f"{ratio} | {r['target'] or ''} | {met} |"
+        )
     return "\n".join(lines)
 
 

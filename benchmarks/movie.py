@@ -19,7 +19,9 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.movie", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.movie", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--frames", type=int, default=400)
     p.add_argument("--n", type=int, default=512)
     p.add_argument("--out", default=None)
@@ -34,7 +36,9 @@ def main(argv=None) -> int:
     from meanfield import plotting
 
     x0 = mf.sphere.uniform(jax.random.key(0), args.n, 3)
-    traj = mf.simulate(mf.kernels.USA(4.0), x0, t1=20.0, dt=0.02, ts=np.linspace(0, 20, args.frames))
+    traj = mf.simulate(
+        mf.kernels.USA(4.0), x0, t1=20.0, dt=0.02, ts=np.linspace(0, 20, args.frames)
+    )
     jax.block_until_ready(traj.xs)
     rows = [
         f"Command: `python -m benchmarks.movie --frames {args.frames} --n {args.n}` "

@@ -57,8 +57,9 @@ def usa_velocity_torch(x, beta: float):
 # ----------------------------------------------------------------------------
 
 
-def phase_diagram_torch(x0, betas, steps_h, steps_n, ckpt, *, threshold=0.999, normalized=True,
-                        step="renormalize"):
+def phase_diagram_torch(
+    x0, betas, steps_h, steps_n, ckpt, *, threshold=0.999, normalized=True, step="renormalize"
+):
     """Clustering fraction ``(B, S, C)`` by a Python loop over ``beta`` and steps.
 
     For each ``beta``: ``N`` Euler steps of size ``h`` on the whole batch of seeds

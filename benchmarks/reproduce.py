@@ -99,7 +99,9 @@ def _child(name: str, out: str, full: bool) -> dict:
 
     class _Programs(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if isinstance(record.msg, str) and record.msg.startswith("Compiling %s with global shapes"):
+            if isinstance(record.msg, str) and record.msg.startswith(
+                "Compiling %s with global shapes"
+            ):
                 programs[f"{record.args[0]} {record.args[1]}"] += 1  # type: ignore[index]
                 last[0] = f"{record.args[0]}"  # type: ignore[index]
 
@@ -134,48 +136,82 @@ def _child(name: str, out: str, full: bool) -> dict:
 
 def _run_child(name: str, full: bool, cache_root: Path) -> dict:
     with tempfile.TemporaryDirectory() as xla, tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=xla, MEANFIELD_CACHE_DIR=str(cache_root), MPLBACKEND="Agg")
+        env = dict(
+            os.environ,
+            JAX_COMPILATION_CACHE_DIR=xla,
+            MEANFIELD_CACHE_DIR=str(cache_root),
+            MPLBACKEND="Agg",
+        )
         env.pop("MEANFIELD_COMPILATION_CACHE", None)
         args = [sys.executable, "-m", "benchmarks.reproduce", "--child", name, "--child-out", out]
-        proc = subprocess.run(args + (["--full"] if full else []), cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT)
+        proc = subprocess.run(
+            args + (["--full"] if full else []),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| experiment | wall (s) | compile (s) | share | trace / lower / XLA (s) | programs | same name and shapes twice (upper bound) "
-             "| built twice (exact) | not cacheable | checks passed |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| experiment | wall (s) | compile (s) | share | trace / lower / XLA (s) | programs | same name and shapes twice (upper bound) "
+        "| built twice (exact) | not cacheable | checks passed |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
     tot = collections.Counter()
     for r in rows:
         k = collections.Counter()
         for s in r["steps"].values():
             k.update(s)
         comp = k["trace"] + k["lower"] + k["xla"]
-        tot.update({"wall": r["wall_s"], "comp": comp, "trace": k["trace"], "lower": k["lower"], "xla": k["xla"],
-                    "programs": r["programs"], "twice": len(r["twice"]),
-                    "again": sum(r.get("lowered_again", {}).values()), "uncacheable": r.get("uncacheable", 0)})
+        tot.update(
+            {
+                "wall": r["wall_s"],
+                "comp": comp,
+                "trace": k["trace"],
+                "lower": k["lower"],
+                "xla": k["xla"],
+                "programs": r["programs"],
+                "twice": len(r["twice"]),
+                "again": sum(r.get("lowered_again", {}).values()),
+                "uncacheable": r.get("uncacheable", 0),
+            }
+        )
         again = sum(r.get("lowered_again", {}).values())
-        lines.append(f"| {r['experiment']} | {r['wall_s']:.1f} | {comp:.1f} | {comp / r['wall_s']:.0%} | "
-                     f"{k['trace']:.1f} / {k['lower']:.1f} / {k['xla']:.1f} | {r['programs']} | {len(r['twice'])} | "
-                     f"{again} | {r.get('uncacheable', 0)} | {r['passed']}/{r['checks']} |")
+        lines.append(
+            f"| {r['experiment']} | {r['wall_s']:.1f} | {comp:.1f} | {comp / r['wall_s']:.0%} | "
+            f"{k['trace']:.1f} / {k['lower']:.1f} / {k['xla']:.1f} | {r['programs']} | {len(r['twice'])} | "
+            f"{again} | {r.get('uncacheable', 0)} | {r['passed']}/{r['checks']} |"
+        )
     if len(rows) > 1:
-        lines.append(f"| **all** | {tot['wall']:.1f} | {tot['comp']:.1f} | {tot['comp'] / tot['wall']:.0%} | "
-                     f"{tot['trace']:.1f} / {tot['lower']:.1f} / {tot['xla']:.1f} | {tot['programs']} | {tot['twice']} | "
-                     f"{tot['again']} | {tot['uncacheable']} | |")
+        lines.append(
+            f"| **all** | {tot['wall']:.1f} | {tot['comp']:.1f} | {tot['comp'] / tot['wall']:.0%} | "
+            f"{tot['trace']:.1f} / {tot['lower']:.1f} / {tot['xla']:.1f} | {tot['programs']} | {tot['twice']} | "
+            f"{tot['again']} | {tot['uncacheable']} | |"
+        )
     return "\n".join(lines)
 
 
 def _steps_table(rows: list[dict], top: int) -> str:
-    lines = ["| experiment | step (function of meanfield/reproduce) | compile (s) | programs |", "|---|---|---:|---:|"]
+    lines = [
+        "| experiment | step (function of meanfield/reproduce) | compile (s) | programs |",
+        "|---|---|---:|---:|",
+    ]
     for r in rows:
-        ranked = sorted(r["steps"].items(), key=lambda kv: -(kv[1].get("trace", 0) + kv[1].get("lower", 0)
-                                                            + kv[1].get("xla", 0)))
+        ranked = sorted(
+            r["steps"].items(),
+            key=lambda kv: -(kv[1].get("trace", 0) + kv[1].get("lower", 0) + kv[1].get("xla", 0)),
+        )
         for step, s in ranked[:top]:
             comp = s.get("trace", 0) + s.get("lower", 0) + s.get("xla", 0)
-            lines.append(f"| {r['experiment']} | `{step}` | {comp:.1f} | {int(s.get('programs', 0))} |")
+            lines.append(
+                f"| {r['experiment']} | `{step}` | {comp:.1f} | {int(s.get('programs', 0))} |"
+            )
     return "\n".join(lines)
 
 
@@ -188,45 +224,85 @@ def _whole(jobs: int, full: bool) -> dict:
         env = dict(os.environ, MEANFIELD_CACHE_DIR=cache, MPLBACKEND="Agg")
         for k in ("MEANFIELD_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
             env.pop(k, None)
-        args = [sys.executable, "-m", "meanfield", "reproduce", "--full" if full else "--quick", "--quiet",
-                "--out", out, "--jobs", str(jobs)]
+        args = [
+            sys.executable,
+            "-m",
+            "meanfield",
+            "reproduce",
+            "--full" if full else "--quick",
+            "--quiet",
+            "--out",
+            out,
+            "--jobs",
+            str(jobs),
+        ]
         t0 = time.perf_counter()
-        proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run(
+            args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT
+        )
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
-            raise RuntimeError(f"--jobs {jobs}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(
+                f"--jobs {jobs}: exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"
+            )
         from meanfield.reproduce import PAPERS
 
         summaries = {n: json.loads((Path(out) / n / "summary.json").read_text()) for n in PAPERS}
-    failing = sorted(f"{n}/{c['name']}" for n, s in summaries.items() for c in s["checks"] if not c["pass"])
-    return {"jobs": jobs, "wall_s": wall, "checks": sum(len(s["checks"]) for s in summaries.values()),
-            "failing": failing, "experiment_s": {n: s["timings"].get("total_s") for n, s in summaries.items()}}
+    failing = sorted(
+        f"{n}/{c['name']}" for n, s in summaries.items() for c in s["checks"] if not c["pass"]
+    )
+    return {
+        "jobs": jobs,
+        "wall_s": wall,
+        "checks": sum(len(s["checks"]) for s in summaries.values()),
+        "failing": failing,
+        "experiment_s": {n: s["timings"].get("total_s") for n, s in summaries.items()},
+    }
 
 
 def _whole_table(rows: list[dict]) -> str:
     names = list(rows[0]["experiment_s"])
-    lines = ["| --jobs | wall (s) | vs --jobs 1 | checks passed | " + " | ".join(f"{n} (s)" for n in names) + " |",
-             "|---:|---:|---:|---|" + "---:|" * len(names)]
+    lines = [
+        "| --jobs | wall (s) | vs --jobs 1 | checks passed | "
+        + " | ".join(f"{n} (s)" for n in names)
+        + " |",
+        "|---:|---:|---:|---|" + "---:|" * len(names),
+    ]
     ref = next((r["wall_s"] for r in rows if r["jobs"] == 1), None)
     for r in rows:
         ratio = f"{ref / r['wall_s']:.2f}x" if ref else "—"
-        lines.append(f"| {r['jobs']} | {r['wall_s']:.1f} | {ratio} | {r['checks'] - len(r['failing'])}/{r['checks']} | "
-                     + " | ".join(f"{r['experiment_s'][n]:.1f}" for n in names) + " |")
+        lines.append(
+            f"| {r['jobs']} | {r['wall_s']:.1f} | {ratio} | {r['checks'] - len(r['failing'])}/{r['checks']} | "
+            + " | ".join(f"{r['experiment_s'][n]:.1f}" for n in names)
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     from meanfield.reproduce import EXPERIMENTS, PAPERS
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.reproduce", description=__doc__.split("\n\n")[0])
-    p.add_argument("--experiments", nargs="+", choices=list(EXPERIMENTS), default=list(PAPERS),
-                   help="experiments to measure (default: those `meanfield reproduce` runs)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.reproduce", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--experiments",
+        nargs="+",
+        choices=list(EXPERIMENTS),
+        default=list(PAPERS),
+        help="experiments to measure (default: those `meanfield reproduce` runs)",
+    )
     p.add_argument("--full", action="store_true", help="the full sizes instead of --quick")
     p.add_argument("--top", type=int, default=4, help="steps listed per experiment (default 4)")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "benchmarks")
-    p.add_argument("--whole-jobs", type=int, nargs="+", metavar="JOBS",
-                   help="instead: time the whole `meanfield reproduce --quick --jobs JOBS` for each JOBS, each from an "
-                        "empty cache (native build and XLA compilation included), as on a fresh machine")
+    p.add_argument(
+        "--whole-jobs",
+        type=int,
+        nargs="+",
+        metavar="JOBS",
+        help="instead: time the whole `meanfield reproduce --quick --jobs JOBS` for each JOBS, each from an "
+        "empty cache (native build and XLA compilation included), as on a fresh machine",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -236,25 +312,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.whole_jobs:
         whole = []
         for jobs in args.whole_jobs:
-            print(f"[benchmarks.reproduce] meanfield reproduce --jobs {jobs} ...", file=sys.stderr, flush=True)
+            print(
+                f"[benchmarks.reproduce] meanfield reproduce --jobs {jobs} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             whole.append(_whole(jobs, args.full))
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "reproduce_whole.json").write_text(json.dumps({"full": args.full, "rows": whole}, indent=2))
+        (args.out / "reproduce_whole.json").write_text(
+            json.dumps({"full": args.full, "rows": whole}, indent=2)
+        )
         print(_whole_table(whole))
         for r in whole:
             print(f"--jobs {r['jobs']} failing: {', '.join(r['failing']) or 'none'}")
         return 0
     with tempfile.TemporaryDirectory() as cache_root:
         os.chmod(cache_root, 0o700)
-        prebuild = "import meanfield.kernels"  # the native kernels built once, outside the measurements
-        subprocess.run([sys.executable, "-c", prebuild], cwd=ROOT, check=True,
-                       env=dict(os.environ, MEANFIELD_CACHE_DIR=cache_root), capture_output=True)
+        prebuild = (
+            "import meanfield.kernels"  # the native kernels built once, outside the measurements
+        )
+        subprocess.run(
+            [sys.executable, "-c", prebuild],
+            cwd=ROOT,
+            check=True,
+            env=dict(os.environ, MEANFIELD_CACHE_DIR=cache_root),
+            capture_output=True,
+        )
         rows = []
         for name in args.experiments:
             print(f"[benchmarks.reproduce] {name} ...", file=sys.stderr, flush=True)
             rows.append(_run_child(name, args.full, Path(cache_root)))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "reproduce.json").write_text(json.dumps({"full": args.full, "rows": rows}, indent=2))
+    (args.out / "reproduce.json").write_text(
+        json.dumps({"full": args.full, "rows": rows}, indent=2)
+    )
     print(_table(rows))
     print()
     print(_steps_table(rows, args.top))

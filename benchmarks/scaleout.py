@@ -38,7 +38,9 @@ def _free_port() -> int:
 def _spec(scale: int) -> str:
     text = (ROOT / "sweeps" / "smoke.toml").read_text()
     seeds = tomllib.loads(text)["grid"]["seeds"]
-    out = text.replace(f"seeds = {seeds}", f"seeds = {seeds * scale}").replace('name = "smoke"', 'name = "smoke_x"')
+    out = text.replace(f"seeds = {seeds}", f"seeds = {seeds * scale}").replace(
+        'name = "smoke"', 'name = "smoke_x"'
+    )
     assert tomllib.loads(out)["grid"]["seeds"] == seeds * scale
     return out
 
@@ -46,8 +48,17 @@ def _spec(scale: int) -> str:
 def _launch(commands: list[list[str]], env: dict) -> float:
     """Start the commands at once; wall seconds until the last exits (RuntimeError on a failure)."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "meanfield", "sweep", *c], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in commands]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "meanfield", "sweep", *c],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in commands
+    ]
     try:
         errs = [(p.wait(1800), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
     finally:
@@ -62,9 +73,15 @@ def _launch(commands: list[list[str]], env: dict) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.scaleout", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scale", type=int, default=4, help="seeds of sweeps/smoke.toml times this (default 4)")
-    p.add_argument("--chunks", type=int, default=8, help="chunks per group on one device (default 8)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.scaleout", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--scale", type=int, default=4, help="seeds of sweeps/smoke.toml times this (default 4)"
+    )
+    p.add_argument(
+        "--chunks", type=int, default=8, help="chunks per group on one device (default 8)"
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration (default 1)")
     p.add_argument("--out", help="also write the Markdown table to this file")
     args = p.parse_args(argv)
@@ -92,19 +109,52 @@ def main(argv: list[str] | None = None) -> int:
 
         def distributed(out):
             port = _free_port()
-            return [[str(spec_path), "--out", str(out), "--memory", memory, "--quiet", "--coordinator",
-                     f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)] for i in range(2)]
+            return [
+                [
+                    str(spec_path),
+                    "--out",
+                    str(out),
+                    "--memory",
+                    memory,
+                    "--quiet",
+                    "--coordinator",
+                    f"localhost:{port}",
+                    "--num-processes",
+                    "2",
+                    "--process-id",
+                    str(i),
+                ]
+                for i in range(2)
+            ]
 
         def parts(out):
-            return [[str(spec_path), "--out", str(out), "--memory", memory, "--quiet", "--part", f"{i}/3"]
-                    for i in (1, 2, 3)]
+            return [
+                [
+                    str(spec_path),
+                    "--out",
+                    str(out),
+                    "--memory",
+                    memory,
+                    "--quiet",
+                    "--part",
+                    f"{i}/3",
+                ]
+                for i in (1, 2, 3)
+            ]
 
-        configs = [("one process", 1, single), ("2 processes (jax.distributed)", 2, distributed),
-                   ("3 parts (--part i/3, at once)", 3, parts)]
+        configs = [
+            ("one process", 1, single),
+            ("2 processes (jax.distributed)", 2, distributed),
+            ("3 parts (--part i/3, at once)", 3, parts),
+        ]
         walls: dict[str, list[float]] = {name: [] for name, _, _ in configs}
         stores: dict[str, Path] = {}
         for r in range(args.repeats):
-            for name, _, make in configs:  # alternating: a change of load hits every configuration alike
+            for (
+                name,
+                _,
+                make,
+            ) in configs:  # alternating: a change of load hits every configuration alike
                 out = base / f"{len(stores)}-{r}.zarr"
                 walls[name].append(_launch(make(out), env))
                 print(f"{name}: {walls[name][-1]:.1f} s", file=sys.stderr, flush=True)
@@ -116,8 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         t1 = statistics.median(walls["one process"])
         for name, procs, _ in configs:
             ds = sweep.load(stores[name])
-            diff = max(float(np.nanmax(np.abs(np.asarray(ds[k].values, np.float64) - np.asarray(ref[k].values))))
-                       for k in ("collapse_gap", "energy"))
+            diff = max(
+                float(
+                    np.nanmax(
+                        np.abs(np.asarray(ds[k].values, np.float64) - np.asarray(ref[k].values))
+                    )
+                )
+                for k in ("collapse_gap", "energy")
+            )
             t = statistics.median(walls[name])
             rows.append((name, procs, ds.attrs["chunks_total"], t, t / t1, diff))
     load1 = os.getloadavg()[0]
@@ -130,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|---|",
     ]
     for name, procs, chunks, t, ratio, diff in rows:
-        lines.append(f"| {name} | {procs} | {chunks} | {t:.1f} | {ratio:.2f} | {100 * (ratio - 1):+.0f}% | {diff:.1e} |")
+        lines.append(
+            f"| {name} | {procs} | {chunks} | {t:.1f} | {ratio:.2f} | {100 * (ratio - 1):+.0f}% | {diff:.1e} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:

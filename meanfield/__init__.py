@@ -75,10 +75,24 @@ __all__ = [
 ]
 
 #: The public submodules, imported when first used.
-_SUBMODULES = frozenset({
-    "analysis", "attention", "continuum", "depth", "design", "kernels", "metastability", "metrics", "models",
-    "phase_diagram", "prototypes", "random_batch", "sphere", "theory",
-})
+_SUBMODULES = frozenset(
+    {
+        "analysis",
+        "attention",
+        "continuum",
+        "depth",
+        "design",
+        "kernels",
+        "metastability",
+        "metrics",
+        "models",
+        "phase_diagram",
+        "prototypes",
+        "random_batch",
+        "sphere",
+        "theory",
+    }
+)
 #: The public functions and classes: name -> the submodule that defines it.
 _NAMES = {
     "energy": "energy",
@@ -95,7 +109,9 @@ def __getattr__(name: str) -> Any:
     if name in _NAMES:
         value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
     elif name in _SUBMODULES or (not name.startswith("__") and _is_submodule(name)):
-        value = importlib.import_module(f"{__name__}.{name}")  # any submodule: ``mf.integrate`` as before
+        value = importlib.import_module(
+            f"{__name__}.{name}"
+        )  # any submodule: ``mf.integrate`` as before
     elif name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 

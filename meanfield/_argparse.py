@@ -12,5 +12,7 @@ class OneLineParser(argparse.ArgumentParser):
     and exit status 2; ``meanfield.cli.main`` turns the exit into its return value."""
 
     def error(self, message):  # type: ignore[override]
-        first = str(message).strip().splitlines()[0] if str(message).strip() else "invalid arguments"
+        first = (
+            str(message).strip().splitlines()[0] if str(message).strip() else "invalid arguments"
+        )
         self.exit(2, f"{self.prog}: error: {first}\n")

@@ -71,9 +71,13 @@ def _as_float_array(name: str, value):
     try:
         return np.asarray(value, dtype=np.float64)
     except OverflowError:
-        raise ValueError(f"{name} must be finite, got an integer too large for a float: {value!r}") from None
+        raise ValueError(
+            f"{name} must be finite, got an integer too large for a float: {value!r}"
+        ) from None
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number or array of numbers, got {value!r}") from None
+        raise TypeError(
+            f"{name} must be a real number or array of numbers, got {value!r}"
+        ) from None
 
 
 def check_positive(name: str, value) -> None:
@@ -108,7 +112,10 @@ def check_scalar(name: str, value) -> None:
     A model holds one value per parameter; a tracer's shape is known at trace time, so a
     vector under ``vmap`` (a scalar per example) passes and a vector leaf does not.
     """
-    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or value is None:
+    if (
+        isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating))
+        or value is None
+    ):
         raise TypeError(f"{name} must be a real number, got {value!r}")
     shape = np.shape(value) if is_concrete(value) else jnp.shape(value)
     if shape != ():
@@ -125,7 +132,9 @@ def check_flag(name: str, value) -> bool:
     """A bool (Python or NumPy), returned as a Python bool; ``TypeError`` otherwise (``1`` or
     ``"yes"`` are not flags)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r} of type {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be True or False, got {value!r} of type {type(value).__name__}"
+        )
     return bool(value)
 
 
@@ -141,7 +150,9 @@ def check_plane(plane, d: int | None) -> tuple[int, int]:
         items = tuple(plane)
     except TypeError:
         items = ()
-    if len(items) != 2 or not all(isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_)) for i in items):
+    if len(items) != 2 or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, (bool, np.bool_)) for i in items
+    ):
         raise TypeError(f"plane must be a pair of ints (a, b), got {plane!r}")
     a, b = int(items[0]), int(items[1])
     if d is None:
@@ -149,7 +160,9 @@ def check_plane(plane, d: int | None) -> tuple[int, int]:
             raise ValueError(f"plane must be two distinct indices >= 0, got {plane!r}")
         return a, b
     if not (0 <= a < d and 0 <= b < d) or a == b:
-        raise ValueError(f"plane must be two distinct indices in [0, {d - 1}] for d = {d}, got {plane!r}")
+        raise ValueError(
+            f"plane must be two distinct indices in [0, {d - 1}] for d = {d}, got {plane!r}"
+        )
     return a, b
 
 
@@ -241,7 +254,10 @@ def check_fits_dtype(tree, dtype) -> None:
             continue
         if not isinstance(leaf, (int, float, np.number, np.ndarray, jax.Array)):
             continue
-        if np.dtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype).kind not in "iuf":
+        if (
+            np.dtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype).kind
+            not in "iuf"
+        ):
             continue
         name = jax.tree_util.keystr(path).lstrip(".") or "parameter"
         arr = _as_float_array(name, leaf)
@@ -251,7 +267,11 @@ def check_fits_dtype(tree, dtype) -> None:
                 f"{name} = {_show(leaf)} is not representable in {np.dtype(dtype).name} (largest "
                 f"finite value {big:.4g}); use a smaller value or float64 states"
             )
-        if name.rsplit(".", 1)[-1] in POSITIVE_PARAMS and finite.size and np.min(np.abs(finite)) < tiny:
+        if (
+            name.rsplit(".", 1)[-1] in POSITIVE_PARAMS
+            and finite.size
+            and np.min(np.abs(finite)) < tiny
+        ):
             raise ValueError(
                 f"{name} = {_show(leaf)} rounds to 0 in {np.dtype(dtype).name} (smallest normal "
                 f"value {tiny:.4g}); use a larger value or float64 states"
@@ -266,7 +286,9 @@ def traced_states(x, name: str = "x"):
     norms = jnp.sqrt(jnp.sum(x * x, axis=-1))
     bad = ~jnp.all(jnp.isfinite(x)) | jnp.any(jnp.abs(norms - 1) > atol)
     return _error_if(
-        x, bad, f"{name} must be finite with unit rows (| ||x_i|| - 1 | <= {atol:g}); a traced {name} was not"
+        x,
+        bad,
+        f"{name} must be finite with unit rows (| ||x_i|| - 1 | <= {atol:g}); a traced {name} was not",
     )
 
 

@@ -28,7 +28,13 @@ def format_bytes(b: int | float) -> str:
         ('3 GiB', '512 B')
     """
     b = float(min(b, _HUGE))
-    for unit, f in (("PiB", 2.0**50), ("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+    for unit, f in (
+        ("PiB", 2.0**50),
+        ("TiB", 2.0**40),
+        ("GiB", 2.0**30),
+        ("MiB", 2.0**20),
+        ("KiB", 2.0**10),
+    ):
         if b >= f:
             return f"{b / f:.3g} {unit}" if b / f < 1e6 else f"{b / f:.2g} {unit}"
     return f"{int(b)} B"
@@ -61,7 +67,10 @@ def _cgroup_limit() -> tuple[int | None, int | None]:
     """``(limit, usage)`` of this process's memory cgroup (v2, then v1), ``None`` when unlimited."""
     for limit_path, usage_path in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
     ):
         limit = _read_int(limit_path)
         if limit is not None and limit < 2**60:  # v1 reports "no limit" as a huge number

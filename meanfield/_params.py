@@ -41,8 +41,29 @@ PARAM_KINDS = ("float>0", "float>=0", "float", "int>=1", "int>=0", "bool", "plan
 
 #: Names a model parameter may not take: the command line's own ``meanfield simulate`` flags
 #: and the sweep spec's ``[model]`` keys (``kind``, ``backend``).
-RESERVED_NAMES = ("n", "d", "kernel", "kind", "solver", "step", "t1", "dt", "rtol", "atol", "saves", "early_stop",
-                  "seed", "out", "movie", "force", "quiet", "no_plots", "backend", "dtype", "help")
+RESERVED_NAMES = (
+    "n",
+    "d",
+    "kernel",
+    "kind",
+    "solver",
+    "step",
+    "t1",
+    "dt",
+    "rtol",
+    "atol",
+    "saves",
+    "early_stop",
+    "seed",
+    "out",
+    "movie",
+    "force",
+    "quiet",
+    "no_plots",
+    "backend",
+    "dtype",
+    "help",
+)
 
 
 def is_number(v) -> bool:
@@ -62,7 +83,11 @@ def is_number(v) -> bool:
 
 def _show(value) -> str:
     """``value`` as a message shows it: NumPy and 0-d array scalars as their Python value."""
-    if not isinstance(value, (int, float, str)) and getattr(value, "shape", None) == () and hasattr(value, "item"):
+    if (
+        not isinstance(value, (int, float, str))
+        and getattr(value, "shape", None) == ()
+        and hasattr(value, "item")
+    ):
         try:
             return repr(value.item())
         except Exception:  # a tracer: no value
@@ -104,8 +129,14 @@ def check_float(name: str, value, kind: str = "float", *, shown: str | None = No
     return v
 
 
-def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None, *,
-              shown: str | None = None) -> int:
+def check_int(
+    name: str,
+    value,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    *,
+    shown: str | None = None,
+) -> int:
     """An integer (not a bool, not a float: ``2.0`` is refused with a hint) as a Python int, within
     ``[minimum, maximum]`` where given; ``TypeError``/``ValueError`` naming ``name`` and the value.
 
@@ -120,7 +151,8 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
     """
     got = _show(value) if shown is None else shown
     integral = isinstance(value, numbers.Integral) or (
-        getattr(value, "shape", None) == () and getattr(getattr(value, "dtype", None), "kind", "") in "iu"
+        getattr(value, "shape", None) == ()
+        and getattr(getattr(value, "dtype", None), "kind", "") in "iu"
     )
     if isinstance(value, bool) or type(value).__name__ == "bool_" or not integral:
         hint = ""
@@ -155,7 +187,9 @@ def check_keys(table: str, got, accepted) -> None:
         )
 
 
-def check_value(name: str, kind: str, value, choices: tuple = (), *, shown: str | None = None) -> Any:
+def check_value(
+    name: str, kind: str, value, choices: tuple = (), *, shown: str | None = None
+) -> Any:
     """``value`` checked against ``kind`` (``PARAM_KINDS``) and returned normalised (a float, an
     int, a bool, a plane as a tuple, or the choice); ``TypeError``/``ValueError`` naming ``name``.
 
@@ -179,7 +213,9 @@ def check_value(name: str, kind: str, value, choices: tuple = (), *, shown: str 
         return bool(value)
     if kind == "plane":
         ok = isinstance(value, (list, tuple)) and len(value) == 2
-        if not ok or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in value):
+        if not ok or not all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in value
+        ):
             _fail(TypeError, name, f"must be a pair of coordinate indices like (0, 1), got {got}")
         if value[0] == value[1] or min(value) < 0:
             _fail(ValueError, name, f"must be two distinct indices >= 0, got {got}")
@@ -191,8 +227,15 @@ def check_value(name: str, kind: str, value, choices: tuple = (), *, shown: str 
     raise ValueError(f"unknown parameter kind {kind!r}; accepted: {', '.join(PARAM_KINDS)}")
 
 
-def parse_text(kind: str, text: str, choices: tuple = (), *, name: str = "", minimum: int | None = None,
-               maximum: int | None = None) -> Any:
+def parse_text(
+    kind: str,
+    text: str,
+    choices: tuple = (),
+    *,
+    name: str = "",
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Any:
     """The value of a command-line word of ``kind``, checked by ``check_value`` (the same rule
     and message; ``name`` empty: argparse prefixes the flag). Integers may be written as integral
     floats (``1e5``); a plane as ``0,1``; a bool as ``true``/``false``. ``kind="int"`` with

@@ -29,7 +29,10 @@ def ownership_problem(path: Path, st: os.stat_result) -> tuple[str, str] | None:
     if st.st_uid != uid:
         return f"owned by uid {st.st_uid}, not by this user (uid {uid})", "remove it"
     if st.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})", f"chmod go-w {path}"
+        return (
+            f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})",
+            f"chmod go-w {path}",
+        )
     return None
 
 

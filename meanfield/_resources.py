@@ -267,9 +267,17 @@ def run_cost(
     total = grid + bf * per_point + 2.0**20
     flop_pair = 4.0 * df + 8.0
     per_save = pairs + (nf * nf if clusters else 0.0)  # the energy, the clusters pass
-    work = bf * (steps_f * stages * pairs + sf * per_save) * flop_pair + STEP_OVERHEAD_FLOP * steps_f
-    return Cost(steps=steps, saves=_as_int(sf), bytes=_as_int(total), work=work, batch=_as_int(bf),
-                point_bytes=_as_int(per_point))
+    work = (
+        bf * (steps_f * stages * pairs + sf * per_save) * flop_pair + STEP_OVERHEAD_FLOP * steps_f
+    )
+    return Cost(
+        steps=steps,
+        saves=_as_int(sf),
+        bytes=_as_int(total),
+        work=work,
+        batch=_as_int(bf),
+        point_bytes=_as_int(per_point),
+    )
 
 
 def check_cost(
@@ -339,7 +347,12 @@ def step_ratios(rates, dt, *, solver: str = "rk2") -> np.ndarray:
 
 
 def step_warning_text(
-    ratios, dt, *, dt_name: str = "dt", rescaled_hint: str = "rescaled = true", what: str = "(shape, beta) pair(s)"
+    ratios,
+    dt,
+    *,
+    dt_name: str = "dt",
+    rescaled_hint: str = "rescaled = true",
+    what: str = "(shape, beta) pair(s)",
 ) -> str | None:
     """The warning line for the given ``dt x rate`` values, or ``None`` when none exceeds
     ``STEP_RATIO_LIMIT``.
@@ -354,8 +367,16 @@ def step_warning_text(
         return None
     worst = float(np.max(r[over]))
     count = int(np.sum(over))
-    scope = f"for {count} {what}" if r.size > 1 or what != "the interaction rate" else "for the interaction rate"
-    fix = f"{dt_name} <= {float(dt) / worst:.3g} or {rescaled_hint}" if math.isfinite(worst) else rescaled_hint
+    scope = (
+        f"for {count} {what}"
+        if r.size > 1 or what != "the interaction rate"
+        else "for the interaction rate"
+    )
+    fix = (
+        f"{dt_name} <= {float(dt) / worst:.3g} or {rescaled_hint}"
+        if math.isfinite(worst)
+        else rescaled_hint
+    )
     return (
         f"warning: {dt_name} = {float(dt):g} is long {scope} (dt x rate up to {worst:.3g} > "
         f"{STEP_RATIO_LIMIT:g}; rate sqrt(beta) e^(beta - 1/2) for exp kernels): fixed explicit "

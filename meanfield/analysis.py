@@ -76,7 +76,9 @@ def tangent_hessian(kernel, x: ArrayLike, aux=None) -> Float[Array, "m m"]:
         (8, 8)
     """
     if not isinstance(kernel, Kernel):
-        raise TypeError(f"tangent_hessian needs a kernel with an energy (mf.kernels), got {type(kernel).__name__}")
+        raise TypeError(
+            f"tangent_hessian needs a kernel with an energy (mf.kernels), got {type(kernel).__name__}"
+        )
     aux = resolve_aux(kernel, x, aux)
     x = jnp.asarray(x)
     n, d = x.shape
@@ -124,8 +126,14 @@ def classify(
     pos = int(jnp.sum((lam > 0) & ~zero))
     nz = int(jnp.sum(zero))
     kind = "saddle" if pos > 0 else ("maximiser" if nz == num_zero_modes else "degenerate")
-    return {"kind": kind, "positive": pos, "zero": nz, "negative": int(lam.size - pos - nz),
-            "largest": float(lam[-1]), "smallest": float(lam[0])}
+    return {
+        "kind": kind,
+        "positive": pos,
+        "zero": nz,
+        "negative": int(lam.size - pos - nz),
+        "largest": float(lam[-1]),
+        "smallest": float(lam[0]),
+    }
 
 
 def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
@@ -172,7 +180,11 @@ def collapsed_spectrum(beta, n: int, d: int) -> dict:
         >>> s["zero"], s["multiplicity"], round(s["eigenvalue"], 4)
         (2, 6, -0.6796)
     """
-    return {"zero": d - 1, "eigenvalue": -float(np.exp(beta)) / n, "multiplicity": (n - 1) * (d - 1)}
+    return {
+        "zero": d - 1,
+        "eigenvalue": -float(np.exp(beta)) / n,
+        "multiplicity": (n - 1) * (d - 1),
+    }
 
 
 def antipodal_spectrum(beta, n: int, d: int) -> dict:
@@ -291,7 +303,9 @@ def classify_state(
     out = classify(H, num_zero_modes=d - 1, rtol=rtol)
     F = _field(kernel, x, aux)
     v = sphere.project(x, F)
-    out["speed"] = float(jnp.max(jnp.linalg.norm(v, axis=-1)) / jnp.max(jnp.linalg.norm(F, axis=-1)))
+    out["speed"] = float(
+        jnp.max(jnp.linalg.norm(v, axis=-1)) / jnp.max(jnp.linalg.norm(F, axis=-1))
+    )
     out["clusters"] = int(metrics.num_clusters(x, threshold))
     out["rate"] = n * out["largest"]
     critical = out["speed"] <= critical_tol
@@ -346,7 +360,9 @@ def escape_time(
     kernel.check_config(x0, aux)
     check_positive("dt", dt)
     check_positive("t_max", t_max)
-    return _escape(kernel, x0, aux, jnp.asarray(dt, x0.dtype), jnp.asarray(t_max, x0.dtype), fraction)
+    return _escape(
+        kernel, x0, aux, jnp.asarray(dt, x0.dtype), jnp.asarray(t_max, x0.dtype), fraction
+    )
 
 
 @jax.jit

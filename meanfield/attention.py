@@ -73,7 +73,9 @@ def _check_query_keys(q, keys) -> tuple[Array, Array]:
     q = jnp.asarray(q)
     keys = jnp.asarray(keys)
     if q.ndim != 1:
-        raise ValueError(f"q must be one query of shape (d,), got shape {q.shape}; vmap over queries")
+        raise ValueError(
+            f"q must be one query of shape (d,), got shape {q.shape}; vmap over queries"
+        )
     if keys.ndim != 2 or keys.shape[1] != q.shape[0]:
         raise ValueError(
             f"keys must have shape (n, d) with d = {q.shape[0]} (the query's dimension), "
@@ -89,7 +91,9 @@ def _check_V(V, d) -> Array | None:
         return None
     V = jnp.asarray(V)
     if V.shape != (d, d):
-        raise ValueError(f"V must be a (d, d) = ({d}, {d}) value matrix or None, got shape {V.shape}")
+        raise ValueError(
+            f"V must be a (d, d) = ({d}, {d}) value matrix or None, got shape {V.shape}"
+        )
     return V
 
 
@@ -291,7 +295,9 @@ class _State(NamedTuple):
 def _init_state(q, k):
     dt = q.dtype
     # T <= 2 on the sphere; 4 is a finite "no key yet" value (its weight is 0 * exp(.) = 0).
-    return _State(jnp.asarray(4.0, dt), jnp.zeros((), dt), jnp.zeros_like(q), jnp.full((k,), jnp.inf, dt))
+    return _State(
+        jnp.asarray(4.0, dt), jnp.zeros((), dt), jnp.zeros_like(q), jnp.full((k,), jnp.inf, dt)
+    )
 
 
 def _absorb(state: _State, q, xs, valid, beta, k, T=None) -> _State:
@@ -575,7 +581,9 @@ class GaussianARKeys(AbstractKeyProcess):
 
     def sample(self, state, key, start, m, dtype):
         phi = self.phi.astype(dtype)
-        b = jnp.sqrt(1.0 - phi**2) * jax.random.normal(key, (m, self.d), sphere.DRAW_DTYPE).astype(dtype)
+        b = jnp.sqrt(1.0 - phi**2) * jax.random.normal(key, (m, self.d), sphere.DRAW_DTYPE).astype(
+            dtype
+        )
 
         def step(g, b_j):
             g = phi * g + b_j
@@ -617,7 +625,9 @@ class StickyKeys(AbstractKeyProcess):
         if isinstance(stay, bool) or np.ndim(stay) != 0:
             raise TypeError(f"stay must be a real scalar in [0, 1), got {stay!r}")
         if not 0.0 <= float(stay) < 1.0:
-            raise ValueError(f"stay must be in [0, 1) (the probability of repeating the previous key), got {stay!r}")
+            raise ValueError(
+                f"stay must be in [0, 1) (the probability of repeating the previous key), got {stay!r}"
+            )
         self.stay = jnp.asarray(stay, jnp.result_type(float))
 
     def init(self, key, dtype):
@@ -740,11 +750,19 @@ class RoPEKeys(AbstractKeyProcess):
             if base.d != self.d:
                 raise ValueError(f"base process has d = {base.d}, expected d = {self.d}")
         elif base is not None and not callable(base):
-            raise TypeError(f"base must be a key process, a callable (key, m) -> (m, d) keys or None, got {base!r}")
+            raise TypeError(
+                f"base must be a key process, a callable (key, m) -> (m, d) keys or None, got {base!r}"
+            )
         self.base = base
-        th = rope_frequencies(self.d) if thetas is None else jnp.asarray(thetas, jnp.result_type(float))
+        th = (
+            rope_frequencies(self.d)
+            if thetas is None
+            else jnp.asarray(thetas, jnp.result_type(float))
+        )
         if th.shape != (self.d // 2,):
-            raise ValueError(f"thetas must have shape (d // 2,) = ({self.d // 2},), got shape {th.shape}")
+            raise ValueError(
+                f"thetas must have shape (d // 2,) = ({self.d // 2},), got shape {th.shape}"
+            )
         check_finite("thetas", th)
         self.thetas = th
         self.offset = check_int("offset", offset)
@@ -771,18 +789,24 @@ def _stream_process(key, q, beta, n, process, k, chunk) -> ContextStats:
 
     def body(i, carry):
         state, pstate = carry
-        pstate, xs = process.sample(pstate, jax.random.fold_in(k_steps, i), i * chunk, chunk, q.dtype)
+        pstate, xs = process.sample(
+            pstate, jax.random.fold_in(k_steps, i), i * chunk, chunk, q.dtype
+        )
         valid = i * chunk + jnp.arange(chunk) < n
         return _absorb(state, q, xs.astype(q.dtype), valid, beta, k), pstate
 
-    state, _ = jax.lax.fori_loop(0, num_chunks, body, (_init_state(q, k), process.init(k_init, q.dtype)))
+    state, _ = jax.lax.fori_loop(
+        0, num_chunks, body, (_init_state(q, k), process.init(k_init, q.dtype))
+    )
     return _finish(state, beta)
 
 
 def _check_sampler(sampler, d) -> None:
     if isinstance(sampler, AbstractKeyProcess):
         if sampler.d != d:
-            raise ValueError(f"sampler is a key process in dimension d = {sampler.d}, but the query has d = {d}")
+            raise ValueError(
+                f"sampler is a key process in dimension d = {sampler.d}, but the query has d = {d}"
+            )
     elif sampler is not None and not callable(sampler):
         raise TypeError(
             f"sampler must be a callable (key, m) -> (m, d) keys, an AbstractKeyProcess or None, got {sampler!r}"
@@ -933,7 +957,9 @@ def sample_top_weights(
         raise ValueError(f"q must have shape (d,) = ({d},), got {q.shape}")
     _check_sampler(sampler, d)
     chunk, batch_size = _sizes(n, betas.shape[0], d, trials, k, chunk, batch_size, memory)
-    return _top_weights_jit(key, betas, jnp.asarray(n), q, sampler, trials, k, chunk, batch_size, distances)
+    return _top_weights_jit(
+        key, betas, jnp.asarray(n), q, sampler, trials, k, chunk, batch_size, distances
+    )
 
 
 def _sizes(n, nb, d, trials, k, chunk, batch_size, memory):
@@ -951,7 +977,9 @@ def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size, di
     def one_trial(trial_key):
         def one_beta(beta):
             if distances:
-                return _stream_distances(trial_key, beta, n, q.shape[0], k, chunk, q.dtype).top_weights
+                return _stream_distances(
+                    trial_key, beta, n, q.shape[0], k, chunk, q.dtype
+                ).top_weights
             return _stream(trial_key, q, beta, n, sampler, k, chunk).top_weights
 
         return jax.vmap(one_beta)(betas)
@@ -1007,7 +1035,9 @@ def mean_top_weight_grid(
     if betas.ndim == 1:
         betas = np.broadcast_to(betas, (len(ns), betas.shape[0]))
     if betas.ndim != 2 or betas.shape[0] != len(ns):
-        raise ValueError(f"betas must have shape (b,) or (len(ns), b) = ({len(ns)}, b), got {betas.shape}")
+        raise ValueError(
+            f"betas must have shape (b,) or (len(ns), b) = ({len(ns)}, b), got {betas.shape}"
+        )
     means = np.zeros(betas.shape)
     errs = np.zeros(betas.shape)
     trials = check_int("trials", trials, minimum=1)

@@ -67,7 +67,13 @@ SEED_LIMIT = 2**32 - 1
 _Parser = OneLineParser  # meanfield._argparse: shared with meanfield info
 
 
-def _arg(kind: str, *, minimum: int | None = None, maximum: int | None = None, magnitude: int | float | None = None):
+def _arg(
+    kind: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    magnitude: int | float | None = None,
+):
     """The argparse type of a value of ``kind`` (``meanfield._params``: the rule and message of the
     Python constructors and the sweep spec; ``"int"`` with ``minimum``/``maximum`` for counts and
     seeds), with ``|value| <= magnitude`` where given."""
@@ -161,58 +167,134 @@ def build_parser() -> argparse.ArgumentParser:
     model_names = tuple(m.name for m in models if m.simulated)
     SOLVERS, STEPS = _integrators()
 
-    p = _Parser(prog="meanfield", description="JAX engine for the mathematics of collapse in transformers.")
+    p = _Parser(
+        prog="meanfield", description="JAX engine for the mathematics of collapse in transformers."
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser(
-        "simulate", help="simulate one particle system and write figures and observables",
+        "simulate",
+        help="simulate one particle system and write figures and observables",
         epilog="exit status: 0 success; 1 the run failed (non-finite state, energy or observable: outputs "
-               "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie, or a run "
-               "past the resource limits (one line on stderr)",
+        "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie, or a run "
+        "past the resource limits (one line on stderr)",
     )
-    s.add_argument("--kernel", default="usa", choices=model_names,
-                   help="model name from the registry (mf.kernels.MODELS; default usa)")
-    s.add_argument("--n", type=_arg("int", minimum=2), default=256, help="number of particles (default 256)")
-    s.add_argument("--d", type=_arg("int", minimum=2), default=3, help="dimension of the ambient space (default 3)")
+    s.add_argument(
+        "--kernel",
+        default="usa",
+        choices=model_names,
+        help="model name from the registry (mf.kernels.MODELS; default usa)",
+    )
+    s.add_argument(
+        "--n", type=_arg("int", minimum=2), default=256, help="number of particles (default 256)"
+    )
+    s.add_argument(
+        "--d",
+        type=_arg("int", minimum=2),
+        default=3,
+        help="dimension of the ambient space (default 3)",
+    )
     _add_model_flags(s, models)
     s.add_argument("--t1", type=_arg("float>0"), default=20.0, help="final time (default 20)")
     s.add_argument("--dt", type=_arg("float>0"), default=1e-2, help="time step (default 1e-2)")
-    s.add_argument("--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)")
-    s.add_argument("--step", default="projected", choices=STEPS,
-                   help="Euler step rule: projected (x + dt P_x F, then normalise; default) or renormalize "
-                        "(x + dt F, then normalise: the published code's update; --solver euler only)")
-    s.add_argument("--backend", default="auto", metavar="|".join(BACKENDS),
-                   help="exp-kernel evaluation: auto (default: the fused C kernel where it was measured faster on "
-                        "this machine, see `meanfield info`), native (the fused C kernel) or xla")
-    s.add_argument("--rtol", type=_arg("float>0"), default=None, help="adaptive solvers: relative tolerance")
-    s.add_argument("--atol", type=_arg("float>0"), default=None, help="adaptive solvers: absolute tolerance")
-    s.add_argument("--saves", type=_arg("int", minimum=2), default=101, help="number of save times (default 101)")
-    s.add_argument("--early-stop", type=_arg("float>0"), default=None, help="paper's early-stop tolerance (e.g. 1e-8)")
-    s.add_argument("--seed", type=_arg("int", minimum=0, maximum=SEED_LIMIT), default=0,
-                   help=f"random seed in [0, {SEED_LIMIT}] (default 0)")
+    s.add_argument(
+        "--solver", default="rk2", choices=SOLVERS, help="integrator (default rk2, projected Heun)"
+    )
+    s.add_argument(
+        "--step",
+        default="projected",
+        choices=STEPS,
+        help="Euler step rule: projected (x + dt P_x F, then normalise; default) or renormalize "
+        "(x + dt F, then normalise: the published code's update; --solver euler only)",
+    )
+    s.add_argument(
+        "--backend",
+        default="auto",
+        metavar="|".join(BACKENDS),
+        help="exp-kernel evaluation: auto (default: the fused C kernel where it was measured faster on "
+        "this machine, see `meanfield info`), native (the fused C kernel) or xla",
+    )
+    s.add_argument(
+        "--rtol", type=_arg("float>0"), default=None, help="adaptive solvers: relative tolerance"
+    )
+    s.add_argument(
+        "--atol", type=_arg("float>0"), default=None, help="adaptive solvers: absolute tolerance"
+    )
+    s.add_argument(
+        "--saves",
+        type=_arg("int", minimum=2),
+        default=101,
+        help="number of save times (default 101)",
+    )
+    s.add_argument(
+        "--early-stop",
+        type=_arg("float>0"),
+        default=None,
+        help="paper's early-stop tolerance (e.g. 1e-8)",
+    )
+    s.add_argument(
+        "--seed",
+        type=_arg("int", minimum=0, maximum=SEED_LIMIT),
+        default=0,
+        help=f"random seed in [0, {SEED_LIMIT}] (default 0)",
+    )
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
-    s.add_argument("--movie", default=None, metavar="PATH",
-                   help="also write a movie of the run, one frame per save: PATH ending in .mp4 (needs the "
-                        "imageio-ffmpeg package) or .gif (Pillow); checked writable before the run")
-    s.add_argument("--force", action="store_true",
-                   help="run past the available memory or the work bound (never past the machine's total memory)")
-    s.add_argument("--no-plots", action="store_true",
-                   help="write the numbers only: no configuration.png or observables.png (a --movie is still written)")
+    s.add_argument(
+        "--movie",
+        default=None,
+        metavar="PATH",
+        help="also write a movie of the run, one frame per save: PATH ending in .mp4 (needs the "
+        "imageio-ffmpeg package) or .gif (Pillow); checked writable before the run",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="run past the available memory or the work bound (never past the machine's total memory)",
+    )
+    s.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="write the numbers only: no configuration.png or observables.png (a --movie is still written)",
+    )
 
-    r = sub.add_parser("reproduce", help="reproduce the papers' experiments (all of them when no name is given)")
-    r.add_argument("experiment", nargs="?", choices=list(EXPERIMENTS), help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers and the mean-field limit)")
+    r = sub.add_parser(
+        "reproduce", help="reproduce the papers' experiments (all of them when no name is given)"
+    )
+    r.add_argument(
+        "experiment",
+        nargs="?",
+        choices=list(EXPERIMENTS),
+        help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers and the mean-field limit)",
+    )
     r.add_argument("--quick", action="store_true", help="small sizes (minutes on a laptop)")
-    r.add_argument("--full", action="store_true", help="the papers' full sizes (where an experiment has them)")
-    r.add_argument("--out", default="out/reproduce", help="output directory (default out/reproduce)")
+    r.add_argument(
+        "--full", action="store_true", help="the papers' full sizes (where an experiment has them)"
+    )
+    r.add_argument(
+        "--out", default="out/reproduce", help="output directory (default out/reproduce)"
+    )
     r.add_argument("--quiet", action="store_true", help="no progress bars")
-    r.add_argument("--jobs", type=_arg("int", minimum=1), default=None,
-                   help="experiments run at once, each in its own process (default: one per core, at most one per "
-                        "experiment; 1: one after the other in this process)")
+    r.add_argument(
+        "--jobs",
+        type=_arg("int", minimum=1),
+        default=None,
+        help="experiments run at once, each in its own process (default: one per core, at most one per "
+        "experiment; 1: one after the other in this process)",
+    )
 
-    sub.add_parser("sweep", help="run a parameter sweep from a TOML spec (see `meanfield sweep --help`)", add_help=False)
-    sub.add_parser("plot", help="standard views of a sweep store (see `meanfield plot --help`)", add_help=False)
-    sub.add_parser("info", help="versions, devices, native kernels built or not and why (see `meanfield info --help`)",
-                   add_help=False)
+    sub.add_parser(
+        "sweep",
+        help="run a parameter sweep from a TOML spec (see `meanfield sweep --help`)",
+        add_help=False,
+    )
+    sub.add_parser(
+        "plot", help="standard views of a sweep store (see `meanfield plot --help`)", add_help=False
+    )
+    sub.add_parser(
+        "info",
+        help="versions, devices, native kernels built or not and why (see `meanfield info --help`)",
+        add_help=False,
+    )
     return p
 
 
@@ -241,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         try:
             args = parser.parse_args(argv)
-        except SystemExit as e:  # argparse's one-line error (or --help): a status, not an exit of the caller
+        except (
+            SystemExit
+        ) as e:  # argparse's one-line error (or --help): a status, not an exit of the caller
             return int(e.code or 0)
         if args.command is None:
             parser.print_help()
@@ -253,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # a sub-command's parser (its one-line error or --help)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     except MemoryError:
-        print("meanfield: error: out of memory (the estimate was too low: reduce --n, --t1, --saves or lengthen --dt)",
-              file=sys.stderr)
+        print(
+            "meanfield: error: out of memory (the estimate was too low: reduce --n, --t1, --saves or lengthen --dt)",
+            file=sys.stderr,
+        )
         return 2
     except _USER_ERRORS as e:
         print(f"meanfield: error: {_one_line(e)}", file=sys.stderr)
@@ -318,9 +404,17 @@ def _simulate_cost(args, model):
     from . import _resources
 
     return _resources.run_cost(
-        n=args.n, d=args.d, t1=args.t1, dt=args.dt, saves=args.saves,
-        itemsize=jnp.dtype(jnp.result_type(float)).itemsize, solver=args.solver,
-        footprint=model.footprint(args.n, args.d), observables=3, clusters=True, save_states=True,
+        n=args.n,
+        d=args.d,
+        t1=args.t1,
+        dt=args.dt,
+        saves=args.saves,
+        itemsize=jnp.dtype(jnp.result_type(float)).itemsize,
+        solver=args.solver,
+        footprint=model.footprint(args.n, args.d),
+        observables=3,
+        clusters=True,
+        save_states=True,
     )
 
 
@@ -328,14 +422,22 @@ def _simulate(args, *, process: bool = False) -> int:
     # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
     models = _models()
     schema = next(m for m in models if m.name == args.kernel)
-    given = {p.name: getattr(args, p.name) for m in models for p in m.params if hasattr(args, p.name)}
+    given = {
+        p.name: getattr(args, p.name) for m in models for p in m.params if hasattr(args, p.name)
+    }
     for name in given:
         if name not in {p.name for p in schema.params}:
             accepted = " ".join(_flag(p.name) for p in schema.params) or "none"
-            raise ValueError(f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})")
-    prompts = given.get("prompts", next((p.default for p in schema.params if p.name == "prompts"), None))
+            raise ValueError(
+                f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})"
+            )
+    prompts = given.get(
+        "prompts", next((p.default for p in schema.params if p.name == "prompts"), None)
+    )
     if prompts is not None and prompts > args.n:
-        raise ValueError(f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}")
+        raise ValueError(
+            f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}"
+        )
     check_backend(args.backend, "--backend")
     if args.step == "renormalize" and args.solver != "euler":
         raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
@@ -368,15 +470,28 @@ def _simulate(args, *, process: bool = False) -> int:
     aux = model.default_aux(args.n)
     model.check_config(x0, aux)  # the model's own refusals (e.g. beta overflow) before any warning
     warning = _resources.step_warning(
-        model.interaction_rate(), args.dt, solver=args.solver, dt_name="--dt", rescaled_hint="--rescaled"
+        model.interaction_rate(),
+        args.dt,
+        solver=args.solver,
+        dt_name="--dt",
+        rescaled_hint="--rescaled",
     )
     if warning:
         print(f"meanfield: {warning}", file=sys.stderr)
     ts = np.linspace(0.0, args.t1, args.saves)
     t0 = time.perf_counter()
     traj = simulate(
-        model, x0, t1=args.t1, dt=args.dt, solver=args.solver, step=args.step, ts=ts, rtol=args.rtol,
-        atol=args.atol, early_stop=args.early_stop, backend=args.backend,
+        model,
+        x0,
+        t1=args.t1,
+        dt=args.dt,
+        solver=args.solver,
+        step=args.step,
+        ts=ts,
+        rtol=args.rtol,
+        atol=args.atol,
+        early_stop=args.early_stop,
+        backend=args.backend,
         observables={"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
     )
@@ -398,24 +513,38 @@ def _simulate(args, *, process: bool = False) -> int:
             f"flow never decreases it): the step is too long; use a smaller --dt"
         )
     result = {
-        "kernel": args.kernel, "n": args.n, "d": args.d,
+        "kernel": args.kernel,
+        "n": args.n,
+        "d": args.d,
         **{k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
-        "t1": args.t1, "dt": args.dt, "solver": args.solver, "step": args.step,
-        "seed": args.seed, "final_collapse_gap": float(gap[-1]),
+        "t1": args.t1,
+        "dt": args.dt,
+        "solver": args.solver,
+        "step": args.step,
+        "seed": args.seed,
+        "final_collapse_gap": float(gap[-1]),
         "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,
         "final_clusters": int(clusters[-1]) if np.isfinite(clusters[-1]) else None,
-        "stop_time": float(traj.stop_time), "stopped": bool(traj.stopped), "failed": failed,
+        "stop_time": float(traj.stop_time),
+        "stopped": bool(traj.stopped),
+        "failed": failed,
         "failure": "; ".join(reasons) if reasons else None,
         "energy_decreases": decreases,
         "warnings": warnings_,
-        "num_steps": int(traj.num_steps), "wall_time_s": round(wall, 3),
+        "num_steps": int(traj.num_steps),
+        "wall_time_s": round(wall, 3),
         "estimate": cost.describe(),
     }
     np.savez_compressed(
-        out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=gap,
+        out / "observables.npz",
+        ts=np.asarray(traj.ts),
+        collapse_gap=gap,
         energy=energy if energy is not None else np.full(len(ts), np.nan),
-        clusters=clusters, x_final=xs[-1], x0=np.asarray(x0), aux=np.asarray(aux),
+        clusters=clusters,
+        x_final=xs[-1],
+        x0=np.asarray(x0),
+        aux=np.asarray(aux),
     )
     (out / "summary.json").write_text(_dumps(result, indent=2))
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
@@ -429,8 +558,11 @@ def _simulate(args, *, process: bool = False) -> int:
     if decreases:
         print(f"meanfield: {warnings_[-1]}", file=sys.stderr)
     if failed:
-        print(f"meanfield: warning: the run failed ({result['failure']}); outputs written with failed = true "
-              f"to {out}; try --rescaled or a smaller --dt", file=sys.stderr)
+        print(
+            f"meanfield: warning: the run failed ({result['failure']}); outputs written with failed = true "
+            f"to {out}; try --rescaled or a smaller --dt",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -489,9 +621,13 @@ def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
     t_shown = float(np.asarray(traj.ts)[last]) if last is not None else float("nan")
     fig = plt.figure(figsize=(4.5, 4.5))
     ax = fig.add_subplot(projection="3d") if args.d == 3 else fig.add_subplot()
-    color = aux.astype(float) if np.issubdtype(aux.dtype, np.integer) else aux  # prompt ids: a colour scale
+    color = (
+        aux.astype(float) if np.issubdtype(aux.dtype, np.integer) else aux
+    )  # prompt ids: a colour scale
     plotting.plot_configuration(
-        ax, x, color=color,
+        ax,
+        x,
+        color=color,
         title=f"{args.kernel}, n={args.n}, d={args.d}, t={t_shown:g}",
     )
     plotting.savefig(fig, out / "configuration.png")
@@ -509,7 +645,9 @@ def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
             axes[1].axhline(e_max, color="r", ls="--", label="theory max")
         axes[1].legend()
     else:
-        axes[1].text(0.5, 0.5, "no pair energy for this model", ha="center", transform=axes[1].transAxes)
+        axes[1].text(
+            0.5, 0.5, "no pair energy for this model", ha="center", transform=axes[1].transAxes
+        )
     axes[1].set_xlabel("t")
     axes[1].set_ylabel("energy")
     plotting.savefig(fig, out / "observables.png")
@@ -524,8 +662,15 @@ def _reproduce(args, *, process: bool = False) -> int:
         _configure_process()
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = _output_dir(args.out)
-    reproduce.run_experiments(names, out, quick=args.quick, full=args.full, quiet=args.quiet, jobs=args.jobs,
-                              report=args.experiment is None)
+    reproduce.run_experiments(
+        names,
+        out,
+        quick=args.quick,
+        full=args.full,
+        quiet=args.quiet,
+        jobs=args.jobs,
+        report=args.experiment is None,
+    )
     if args.experiment is None:
         print(f"report: {out / 'REPORT.md'}")
     return 0

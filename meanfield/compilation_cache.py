@@ -46,15 +46,27 @@ from typing import Any
 
 from ._paths import cache_root, open_parent, ownership_problem
 
-__all__ = ["cache_dir", "disabled", "configure_process", "enable", "info", "clear", "CacheRefused",
-           "ENV_SWITCH", "JAX_ENV"]
+__all__ = [
+    "cache_dir",
+    "disabled",
+    "configure_process",
+    "enable",
+    "info",
+    "clear",
+    "CacheRefused",
+    "ENV_SWITCH",
+    "JAX_ENV",
+]
 
 #: the environment variable that turns the cache off (``0``, ``false``, ``no`` or ``off``)
 ENV_SWITCH = "MEANFIELD_COMPILATION_CACHE"
 _OFF = ("0", "false", "no", "off")
 #: what ``configure_process()`` sets (with ``setdefault``) for JAX to read at its import; the
 #: directory is added when it passes its checks
-JAX_ENV = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+JAX_ENV = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 _SUFFIX = "-cache"  # JAX's LRU cache: one KEY-cache file per entry (and a KEY-atime beside it)
 _HINT = "or set MEANFIELD_CACHE_DIR to a private directory"
 
@@ -95,8 +107,10 @@ def _check_parents(path: Path) -> None:
     found = open_parent(path)
     if found is not None:
         parent, mode = found
-        raise CacheRefused(f"{path}: its parent {parent} is writable by others without the sticky bit "
-                           f"(mode {mode:o}); fix: chmod o-w {parent}, {_HINT}")
+        raise CacheRefused(
+            f"{path}: its parent {parent} is writable by others without the sticky bit "
+            f"(mode {mode:o}); fix: chmod o-w {parent}, {_HINT}"
+        )
 
 
 def _checked_dir(path: Path, *, create: bool, private_parent: bool) -> Path:
@@ -199,8 +213,10 @@ def enable(path=None) -> Path | None:
         'xla'
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike (a directory), got {path!r} of type "
-                        f"{type(path).__name__}")
+        raise TypeError(
+            f"path must be a str or os.PathLike (a directory), got {path!r} of type "
+            f"{type(path).__name__}"
+        )
     if path is not None and not os.fspath(path):
         raise ValueError("path must name a directory, got ''")
     if disabled():
@@ -258,8 +274,14 @@ def info() -> dict[str, Any]:
     except CacheRefused as e:
         problem, real = str(e), Path(os.path.realpath(path))
     entries, size = _contents(real) if real.is_dir() else (0, 0)
-    return {"enabled": not disabled() and problem is None, "dir": str(path), "entries": entries, "bytes": size,
-            "eqx_on_error": _eqx_on_error(), "problem": problem}
+    return {
+        "enabled": not disabled() and problem is None,
+        "dir": str(path),
+        "entries": entries,
+        "bytes": size,
+        "eqx_on_error": _eqx_on_error(),
+        "problem": problem,
+    }
 
 
 def clear() -> int:

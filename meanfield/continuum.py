@@ -177,7 +177,9 @@ def _check_d(d) -> int:
 def _check_solver_d(d) -> int:
     d = _check_d(d)
     if d not in (2, 3):
-        raise ValueError(f"the density solver supports d = 2 (the circle) and d = 3 (S^2), got d = {d}")
+        raise ValueError(
+            f"the density solver supports d = 2 (the circle) and d = 3 (S^2), got d = {d}"
+        )
     return d
 
 
@@ -197,7 +199,9 @@ def _check_beta(beta, *, model: str, rescaled: bool, dtype, scalar: bool = True)
     if not is_concrete(beta):
         return
     if isinstance(beta, (str, bytes, bool, np.bool_)) or (scalar and np.ndim(beta) != 0):
-        raise TypeError(f"beta must be a real {'scalar' if scalar else 'number or array'}, got {beta!r}")
+        raise TypeError(
+            f"beta must be a real {'scalar' if scalar else 'number or array'}, got {beta!r}"
+        )
     check_positive("beta", beta)
     tiny = float(np.finfo(dtype).tiny)
     if float(np.min(beta)) < tiny:
@@ -229,8 +233,21 @@ _DEBYE = (
     (0, 3 / 24, 0, -5 / 24),
     (0, 0, 81 / 1152, 0, -462 / 1152, 0, 385 / 1152),
     (0, 0, 0, 30375 / 414720, 0, -369603 / 414720, 0, 765765 / 414720, 0, -425425 / 414720),
-    (0, 0, 0, 0, 4465125 / 39813120, 0, -94121676 / 39813120, 0, 349922430 / 39813120, 0,
-     -446185740 / 39813120, 0, 185910725 / 39813120),
+    (
+        0,
+        0,
+        0,
+        0,
+        4465125 / 39813120,
+        0,
+        -94121676 / 39813120,
+        0,
+        349922430 / 39813120,
+        0,
+        -446185740 / 39813120,
+        0,
+        185910725 / 39813120,
+    ),
 )
 
 
@@ -250,7 +267,9 @@ def _log_ive_host(nu, x):
     out = np.full(nu.shape, np.nan)
     with np.errstate(all="ignore"):
         half = nu == -0.5
-        out[half] = 0.5 * np.log(2 / (np.pi * x[half])) + np.log1p(np.exp(-2 * x[half])) - np.log(2.0)
+        out[half] = (
+            0.5 * np.log(2 / (np.pi * x[half])) + np.log1p(np.exp(-2 * x[half])) - np.log(2.0)
+        )
         y = x * x / 4
         series = ~half & (y <= nu + 1) & (nu >= 0)
         if np.any(series):
@@ -300,7 +319,9 @@ def _log_ive(shift: float, power: float, const: float, ell, beta):
         b = np.asarray(b, np.float64)
         val = _log_ive_host(np.asarray(e, np.float64) + shift, b)
         if power or const:
-            with np.errstate(invalid="ignore", divide="ignore"):  # beta <= 0: NaN, stopped by the traced check
+            with np.errstate(
+                invalid="ignore", divide="ignore"
+            ):  # beta <= 0: NaN, stopped by the traced check
                 val = const - power * np.log(b) + val
         return val.astype(dtype)
 
@@ -382,7 +403,9 @@ def growth_rates(
             if big:
                 raise ValueError(f"ell must be in [0, {MAX_DEGREE}] (MAX_DEGREE), got {big[0]}")
         if ell_np.dtype.kind not in "iu" and not (
-            ell_np.dtype.kind == "f" and np.all(np.isfinite(ell_np)) and np.all(ell_np == np.round(ell_np))
+            ell_np.dtype.kind == "f"
+            and np.all(np.isfinite(ell_np))
+            and np.all(ell_np == np.round(ell_np))
         ):
             raise TypeError(f"ell must be integer degrees, got {ell!r}")
         if np.any(ell_np < 0):
@@ -400,7 +423,9 @@ def growth_rates(
         log_ive = _log_ive(a, 0.0, 0.0, ell_a, b)
         rate = lap * jnp.exp(log_ive - _log_ive(a, 0.0, 0.0, jnp.zeros_like(ell_a), b)) / b
     else:
-        log_const = math.lgamma(d / 2) + (d / 2 - 1) * math.log(2.0)  # Gamma(d/2) 2^(d/2-1), no overflow
+        log_const = math.lgamma(d / 2) + (d / 2 - 1) * math.log(
+            2.0
+        )  # Gamma(d/2) 2^(d/2-1), no overflow
         # degree 0 (lap = 0) has rate 0 exactly, also where its factor beta^-1 I_{d/2-1} overflows
         rate = jnp.where(lap > 0, lap * jnp.exp(_log_ive(a, d / 2, log_const, ell_a, b)), 0)
         if not rescaled:
@@ -416,7 +441,8 @@ def _traced_rate_checks(rate, b, ell, model: str, rescaled: bool):
     if model == "usa" and not rescaled and not is_concrete(b):
         limit = float(np.log(np.finfo(b.dtype).max)) - 1.0
         rate = _error_if(
-            rate, jnp.any(b >= limit),
+            rate,
+            jnp.any(b >= limit),
             f"beta overflows e^beta in {np.dtype(b.dtype).name} (limit about {limit:.0f}); a traced beta was "
             "past it: pass rescaled=True",
         )
@@ -468,8 +494,10 @@ def most_unstable_mode(
         return jnp.asarray(_host_most_unstable(b, d, top), jnp.int32)
     max_mode = check_int("max_mode", max_mode, minimum=1)
     if max_mode > MAX_MODE:
-        raise ValueError(f"max_mode must be <= {MAX_MODE} (MAX_MODE: a grid of rates), got {max_mode}; "
-                         "pass a concrete beta and max_mode=None for a search")
+        raise ValueError(
+            f"max_mode must be <= {MAX_MODE} (MAX_MODE: a grid of rates), got {max_mode}; "
+            "pass a concrete beta and max_mode=None for a search"
+        )
     ells = jnp.arange(1, max_mode + 1)
     rates = growth_rates(beta, d, ells, model=model, rescaled=model == "usa")
     return (jnp.argmax(rates) + 1).astype(jnp.int32)
@@ -582,8 +610,17 @@ def _sht_kernel_bytes(d: int, L: int, itemsize: int) -> int:
     return 0 if d == 2 else (2 * 8 + 2 * itemsize) * (L**3 + L2**3)
 
 
-def solve_cost(d: int, resolution: int, *, t1=None, dt=None, max_steps: int = 20_000, saves: int = 2,
-               itemsize: int = 4, batch: int = 1):
+def solve_cost(
+    d: int,
+    resolution: int,
+    *,
+    t1=None,
+    dt=None,
+    max_steps: int = 20_000,
+    saves: int = 2,
+    itemsize: int = 4,
+    batch: int = 1,
+):
     r"""Estimated cost of ``solve`` (a ``_resources.Cost``), before anything is built.
 
     * steps: ``max_steps`` (the adaptive bound), or ``min(max_steps, ceil(t1 / dt))`` with a fixed ``dt``;
@@ -649,12 +686,21 @@ def grid(d: int, resolution: int, *, dtype=None) -> Grid:
         th = 2 * np.pi * np.arange(N) / N
         pts = np.stack([np.cos(th), np.sin(th)], -1)
         w = np.full(N, 2 * np.pi / N)
-        return Grid(2, L, jnp.asarray(pts, dtype), jnp.asarray(w, dtype), jnp.asarray(th, dtype), None)
+        return Grid(
+            2, L, jnp.asarray(pts, dtype), jnp.asarray(w, dtype), jnp.asarray(th, dtype), None
+        )
     th, ph, wt = _sphere_nodes(L)
     T, P = np.meshgrid(th, ph, indexing="ij")
     pts = np.stack([np.sin(T) * np.cos(P), np.sin(T) * np.sin(P), np.cos(T)], -1)
     w = np.broadcast_to(wt[:, None] * 2 * np.pi / (2 * L - 1), T.shape)
-    return Grid(3, L, jnp.asarray(pts, dtype), jnp.asarray(w, dtype), jnp.asarray(th, dtype), jnp.asarray(ph, dtype))
+    return Grid(
+        3,
+        L,
+        jnp.asarray(pts, dtype),
+        jnp.asarray(w, dtype),
+        jnp.asarray(th, dtype),
+        jnp.asarray(ph, dtype),
+    )
 
 
 @functools.cache
@@ -717,7 +763,9 @@ def _sht(f, L: int):
 def _isht(flm, L: int, dtype):
     _, spherical = _s2fft()
     _, ki = _sht_kernels(L)
-    return spherical.inverse_transform_jax(flm, jnp.asarray(ki, dtype), L, "gl", True, 0, 0).astype(dtype)
+    return spherical.inverse_transform_jax(flm, jnp.asarray(ki, dtype), L, "gl", True, 0, 0).astype(
+        dtype
+    )
 
 
 def _pad_lm(flm, L2: int):
@@ -838,7 +886,9 @@ class _Sphere(eqx.Module):
 
     def tail(self, flm):
         band = (jnp.arange(self.L) >= self.L - self.L // 3)[:, None]
-        return jnp.sqrt(jnp.sum(jnp.where(band, jnp.abs(flm) ** 2, 0))) / jnp.abs(flm[0, self.L - 1])
+        return jnp.sqrt(jnp.sum(jnp.where(band, jnp.abs(flm) ** 2, 0))) / jnp.abs(
+            flm[0, self.L - 1]
+        )
 
     def amplitude(self, flm, ell):
         """``|f_{ell,0}| / |f_{0,0}|``: ``sqrt(2 ell + 1) |eps|`` for ``rho_0 (1 + eps P_ell(x_3))``."""
@@ -991,7 +1041,9 @@ def solve(
             resolution = rho0.shape[0]
     L = _check_resolution(resolution)
     if rho0.shape != _grid_shape(d, L):
-        raise ValueError(f"rho0 must have shape {_grid_shape(d, L)} (d = {d}, resolution = {L}), got {rho0.shape}")
+        raise ValueError(
+            f"rho0 must have shape {_grid_shape(d, L)} (d = {d}, resolution = {L}), got {rho0.shape}"
+        )
     _check_beta(beta, model=model, rescaled=rescaled, dtype=dtype)
     if is_concrete(t1):
         check_positive("t1", t1)
@@ -1007,13 +1059,19 @@ def solve(
         ts_np = np.asarray(ts, np.float64)
         if ts_np.ndim != 1 or ts_np.size < 1 or not np.all(np.isfinite(ts_np)):
             raise ValueError(f"ts must be a non-empty 1-d array of finite times, got {ts!r}")
-        if np.any(np.diff(ts_np) < 0) or ts_np[0] < 0 or (is_concrete(t1) and ts_np[-1] > float(t1) * (1 + 1e-6)):
+        if (
+            np.any(np.diff(ts_np) < 0)
+            or ts_np[0] < 0
+            or (is_concrete(t1) and ts_np[-1] > float(t1) * (1 + 1e-6))
+        ):
             raise ValueError(f"ts must be increasing in [0, t1 = {t1}], got {ts_np}")
     if dt is not None and is_concrete(dt):
         check_positive("dt", dt)
     for name, v in (("rtol", rtol), ("atol", atol), ("tail_tol", tail_tol)):
         if not is_concrete(v):
-            raise TypeError(f"{name} must be a concrete number (it selects the compiled program), got a traced value")
+            raise TypeError(
+                f"{name} must be a concrete number (it selects the compiled program), got a traced value"
+            )
         check_positive(name, v)
     max_steps = check_int("max_steps", max_steps, minimum=1)
     if not isinstance(force, (bool, np.bool_)):
@@ -1021,16 +1079,36 @@ def solve(
     from ._resources import check_cost
 
     saves = int(np.shape(ts)[0]) if np.ndim(ts) == 1 else 2
-    est = solve_cost(d, L, t1=t1, dt=dt, max_steps=max_steps, saves=saves, itemsize=np.dtype(dtype).itemsize)
-    check_cost(est, force=bool(force), what=f"continuum.solve (d = {d}, resolution = {L})", force_hint="force=True")
+    est = solve_cost(
+        d, L, t1=t1, dt=dt, max_steps=max_steps, saves=saves, itemsize=np.dtype(dtype).itemsize
+    )
+    check_cost(
+        est,
+        force=bool(force),
+        what=f"continuum.solve (d = {d}, resolution = {L})",
+        force_hint="force=True",
+    )
     return _solve(
-        jnp.asarray(beta, dtype), rho0, jnp.asarray(t1, dtype), jnp.asarray(ts, dtype),
-        None if dt is None else jnp.asarray(dt, dtype), float(rtol), float(atol), float(tail_tol),
-        d=d, L=L, model=model, rescaled=rescaled, max_steps=max_steps,
+        jnp.asarray(beta, dtype),
+        rho0,
+        jnp.asarray(t1, dtype),
+        jnp.asarray(ts, dtype),
+        None if dt is None else jnp.asarray(dt, dtype),
+        float(rtol),
+        float(atol),
+        float(tail_tol),
+        d=d,
+        L=L,
+        model=model,
+        rescaled=rescaled,
+        max_steps=max_steps,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("d", "L", "model", "rescaled", "max_steps", "rtol", "atol", "tail_tol"))
+@functools.partial(
+    jax.jit,
+    static_argnames=("d", "L", "model", "rescaled", "max_steps", "rtol", "atol", "tail_tol"),
+)
 def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescaled, max_steps):
     disc = _discretisation(d, L, model)
     dtype = rho0.dtype
@@ -1059,16 +1137,26 @@ def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescale
         controller, dt0 = diffrax.ConstantStepSize(), dt
     saveat = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=ts), diffrax.SubSaveAt(t1=True)])
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(vf), diffrax.Tsit5(), t0=jnp.zeros((), dtype), t1=t1, dt0=dt0, y0=y0,
-        saveat=saveat, stepsize_controller=controller, event=diffrax.Event(cond),
-        max_steps=max_steps, throw=False,
+        diffrax.ODETerm(vf),
+        diffrax.Tsit5(),
+        t0=jnp.zeros((), dtype),
+        t1=t1,
+        dt0=dt0,
+        y0=y0,
+        saveat=saveat,
+        stepsize_controller=controller,
+        event=diffrax.Event(cond),
+        max_steps=max_steps,
+        throw=False,
     )
     ys, y_end = sol.ys[0], sol.ys[1][0]
     t_stop = jnp.where(bad_input, jnp.nan, sol.ts[1][0]).astype(sol.ts[1].dtype)
     event = sol.result == diffrax.RESULTS.event_occurred
     ok = sol.result == diffrax.RESULTS.successful
     finite_end = jnp.all(jnp.isfinite(y_end)) & ~bad_input
-    status = jnp.where(ok & finite_end, OK, jnp.where(event & finite_end, RESOLUTION_LOST, FAILED)).astype(jnp.int32)
+    status = jnp.where(
+        ok & finite_end, OK, jnp.where(event & finite_end, RESOLUTION_LOST, FAILED)
+    ).astype(jnp.int32)
     valid = jnp.all(jnp.isfinite(ys), axis=tuple(range(1, ys.ndim))) & ~bad_input
     valid = valid & (ts <= t_stop)
     valid = valid & ((status == OK) | (ts < t_stop))
@@ -1086,7 +1174,9 @@ def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescale
     mass, mins = jnp.where(valid, mass, nan), jnp.where(valid, mins, nan)
     tails = jnp.where(valid, tails, nan)
     dens = jnp.where(valid.reshape(shape), dens, nan)
-    return Solution(ts, dens, g, mass, mins, tails, status, t_stop, jnp.asarray(sol.stats["num_accepted_steps"]))
+    return Solution(
+        ts, dens, g, mass, mins, tails, status, t_stop, jnp.asarray(sol.stats["num_accepted_steps"])
+    )
 
 
 # --------------------------------------------------------------------------- perturbations
@@ -1155,7 +1245,9 @@ def mode_amplitude(density: ArrayLike, d: int, ell) -> Float[Array, ""]:
     y = jnp.asarray(density)
     L = y.shape[0] // 3 if d == 2 else y.shape[0]
     if is_concrete(ell):
-        ell = check_int("ell", ell if not isinstance(ell, np.ndarray) else np.asarray(ell), minimum=0)
+        ell = check_int(
+            "ell", ell if not isinstance(ell, np.ndarray) else np.asarray(ell), minimum=0
+        )
         if ell >= L:
             raise ValueError(f"ell must be < the density's band-limit {L}, got {ell}")
     disc = _discretisation(d, L, "usa")
@@ -1176,7 +1268,14 @@ def _inverse_cdf(F, u, lo, hi, iters: int = 60):
 
 
 def sample_perturbation(
-    key: Array | None, n: int, d: int, ell: int, eps: RealScalarLike, *, lattice: bool = False, dtype=None
+    key: Array | None,
+    n: int,
+    d: int,
+    ell: int,
+    eps: RealScalarLike,
+    *,
+    lattice: bool = False,
+    dtype=None,
 ) -> Float[Array, "n d"]:
     r"""``n`` points on $S^{d-1}$ ($d = 2, 3$) distributed as $\rho_0 (1 + \varepsilon Y_\ell)$ (``mode_perturbation``).
 
@@ -1292,14 +1391,19 @@ def _particle_coeffs(x, L: int):
     keep = np.abs(ms) <= ls
     lv, mv = ls[keep], ms[keep]
     Y = jax.scipy.special.sph_harm_y(
-        jnp.asarray(lv)[:, None].repeat(x.shape[0], 1).ravel(), jnp.asarray(mv)[:, None].repeat(x.shape[0], 1).ravel(),
-        jnp.tile(th, lv.size), jnp.tile(ph, lv.size), n_max=L,
+        jnp.asarray(lv)[:, None].repeat(x.shape[0], 1).ravel(),
+        jnp.asarray(mv)[:, None].repeat(x.shape[0], 1).ravel(),
+        jnp.tile(th, lv.size),
+        jnp.tile(ph, lv.size),
+        n_max=L,
     ).reshape(lv.size, x.shape[0])
     coeffs = jnp.mean(jnp.conj(Y), axis=1).astype(_cdtype(dtype))
     return jnp.zeros((L, 2 * L - 1), _cdtype(dtype)).at[lv, mv + L - 1].set(coeffs)
 
 
-def w1_circle(x: Float[Array | np.ndarray, "n 2"], density: ArrayLike, *, points: int = 4096) -> Float[Array, ""]:
+def w1_circle(
+    x: Float[Array | np.ndarray, "n 2"], density: ArrayLike, *, points: int = 4096
+) -> Float[Array, ""]:
     r"""Wasserstein-1 distance on the circle (arc length) between the empirical law of ``x`` and a
     grid density (``grid(2, L)``, normalised to mass 1), through their CDFs:
 
@@ -1339,7 +1443,11 @@ def _circle_cdf(rho, th):
     mass = 2 * np.pi * jnp.real(c[0])
     k = jnp.arange(1, c.shape[0])
     # G(theta) = c_0 theta + 2 Re sum_{k>0} c_k (e^{i k theta} - 1) / (i k)
-    osc = 2 * jnp.real(jnp.sum(c[1:, None] * (jnp.exp(1j * k[:, None] * th[None, :]) - 1) / (1j * k[:, None]), axis=0))
+    osc = 2 * jnp.real(
+        jnp.sum(
+            c[1:, None] * (jnp.exp(1j * k[:, None] * th[None, :]) - 1) / (1j * k[:, None]), axis=0
+        )
+    )
     if N % 2 == 0:  # the Nyquist term is real and counted once
         osc = osc - jnp.real(c[-1] * (jnp.exp(1j * (N // 2) * th) - 1) / (1j * (N // 2)))
     return (jnp.real(c[0]) * th + osc) / mass
@@ -1367,7 +1475,9 @@ def mmd_sphere(
     """
     x = jnp.asarray(x)
     if x.ndim != 2 or x.shape[1] != 3 or g.d != 3:
-        raise ValueError(f"x must have shape (n, 3) and g be a grid(3, L), got {x.shape} and d = {g.d}")
+        raise ValueError(
+            f"x must have shape (n, 3) and g be a grid(3, L), got {x.shape} and d = {g.d}"
+        )
     rho = jnp.asarray(density)
     if rho.shape != g.shape:
         raise ValueError(f"density must have the grid's shape {g.shape}, got {rho.shape}")

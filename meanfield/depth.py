@@ -210,7 +210,9 @@ class CausalSelfAttention(eqx.Module):
         if d % heads != 0:
             raise ValueError(f"heads must divide d, got d = {d}, heads = {heads}")
 
-    def attention_matrix(self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0) -> Float[Array, "heads n n"]:
+    def attention_matrix(
+        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0
+    ) -> Float[Array, "heads n n"]:
         r"""The ``(heads, n, n)`` matrices $P_h$ (lower-triangular, rows summing to $1 - \alpha$)."""
         n, d = X.shape
         dh = d // self.heads
@@ -222,7 +224,9 @@ class CausalSelfAttention(eqx.Module):
         P = jax.nn.softmax(logits, axis=-1)
         return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
 
-    def __call__(self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0) -> Float[Array, "n d"]:
+    def __call__(
+        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0
+    ) -> Float[Array, "n d"]:
         """``Attn(X)``: ``(n, d)``."""
         n, d = X.shape
         P = self.attention_matrix(X, alpha_prefix=alpha_prefix)
@@ -375,7 +379,15 @@ class Block(eqx.Module):
 
     @classmethod
     def init(
-        cls, key, *, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None, dtype=jnp.float32
+        cls,
+        key,
+        *,
+        d,
+        d_ff,
+        heads,
+        norm: str | AbstractNormPlacement = "post",
+        sigma_w=None,
+        dtype=jnp.float32,
     ) -> Block:
         r"""A block with every weight entry $N(0, \sigma_w^2)$ and RMSNorm gains 1.
 
@@ -396,9 +408,19 @@ class Block(eqx.Module):
         placement = _placement(norm)
         s = _sigma(sigma_w, d)
         k = jax.random.split(key, 7)
-        shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
-                  "w1": (d, d_ff), "w3": (d, d_ff), "w2": (d_ff, d)}
-        w = {name: s * jax.random.normal(kk, shape, dtype) for kk, (name, shape) in zip(k, shapes.items())}
+        shapes = {
+            "wq": (d, d),
+            "wk": (d, d),
+            "wv": (d, d),
+            "wo": (d, d),
+            "w1": (d, d_ff),
+            "w3": (d, d_ff),
+            "w2": (d_ff, d),
+        }
+        w = {
+            name: s * jax.random.normal(kk, shape, dtype)
+            for kk, (name, shape) in zip(k, shapes.items())
+        }
         ones = jnp.ones((d,), dtype)
         return cls(
             attention=CausalSelfAttention(w["wq"], w["wk"], w["wv"], w["wo"], heads=heads),
@@ -423,8 +445,17 @@ class Block(eqx.Module):
     def to_params(self) -> dict:
         """The parameter dict of ``init_block_params`` (the same arrays)."""
         a, f = self.attention, self.ffn
-        return {"wq": a.wq, "wk": a.wk, "wv": a.wv, "wo": a.wo, "w1": f.w1, "w3": f.w3, "w2": f.w2,
-                "g_attn": self.attention_norm.g, "g_ffn": self.ffn_norm.g}
+        return {
+            "wq": a.wq,
+            "wk": a.wk,
+            "wv": a.wv,
+            "wo": a.wo,
+            "w1": f.w1,
+            "w3": f.w3,
+            "w2": f.w2,
+            "g_attn": self.attention_norm.g,
+            "g_ffn": self.ffn_norm.g,
+        }
 
     def __call__(
         self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0, taps=None
@@ -470,12 +501,22 @@ class Stack(eqx.Module):
 
     def __check_init__(self):
         if self.blocks.attention.wq.ndim != 3:
-            raise ValueError("Stack.blocks must be one Block with leaves stacked on a leading (depth, ...) axis, "
-                             f"got wq of shape {self.blocks.attention.wq.shape}")
+            raise ValueError(
+                "Stack.blocks must be one Block with leaves stacked on a leading (depth, ...) axis, "
+                f"got wq of shape {self.blocks.attention.wq.shape}"
+            )
 
     @classmethod
     def init(
-        cls, key, *, depth, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None,
+        cls,
+        key,
+        *,
+        depth,
+        d,
+        d_ff,
+        heads,
+        norm: str | AbstractNormPlacement = "post",
+        sigma_w=None,
         dtype=jnp.float32,
     ) -> Stack:
         """``depth`` independent blocks: block ``l`` is ``Block.init`` of the ``l``-th key of ``split(key, depth)``.
@@ -490,9 +531,13 @@ class Stack(eqx.Module):
         placement = _placement(norm)
         s = _sigma(sigma_w, d)
         keys = jax.random.split(key, depth)
-        return cls(eqx.filter_vmap(
-            lambda k: Block.init(k, d=d, d_ff=d_ff, heads=heads, norm=placement, sigma_w=s, dtype=dtype)
-        )(keys))
+        return cls(
+            eqx.filter_vmap(
+                lambda k: Block.init(
+                    k, d=d, d_ff=d_ff, heads=heads, norm=placement, sigma_w=s, dtype=dtype
+                )
+            )(keys)
+        )
 
     @classmethod
     def from_params(cls, blocks: dict, *, norm: str | AbstractNormPlacement, heads: int) -> Stack:
@@ -514,7 +559,11 @@ class Stack(eqx.Module):
         return self.blocks.placement
 
     def __call__(
-        self, X: Float[Array, "n d"], *, alpha_prefix=0.0, taps=None,
+        self,
+        X: Float[Array, "n d"],
+        *,
+        alpha_prefix=0.0,
+        taps=None,
         observe: Callable[[dict, Array], Any] | None = None,
     ) -> tuple[Float[Array, "n d"], Any]:
         """``(X^depth: (n, d), observables)``, the observables stacked over layers (see the class docstring)."""
@@ -558,7 +607,16 @@ class DecoderLM(eqx.Module):
 
     @classmethod
     def init(
-        cls, key, *, vocab, depth, d, d_ff, heads, norm: str | AbstractNormPlacement = "post", sigma_w=None,
+        cls,
+        key,
+        *,
+        vocab,
+        depth,
+        d,
+        d_ff,
+        heads,
+        norm: str | AbstractNormPlacement = "post",
+        sigma_w=None,
         dtype=None,
     ) -> DecoderLM:
         r"""Embedding entries $N(0, 1)$ (RMS-1 token vectors, as the inputs of ``similarity_profile``),
@@ -582,14 +640,24 @@ class DecoderLM(eqx.Module):
         ke, kb, ku = jax.random.split(key, 3)
         return cls(
             embed=jax.random.normal(ke, (vocab, d), outer),
-            stack=Stack.init(kb, depth=depth, d=d, d_ff=d_ff, heads=heads, norm=placement, sigma_w=s,
-                             dtype=jnp.float32 if dtype is None else dtype),
+            stack=Stack.init(
+                kb,
+                depth=depth,
+                d=d,
+                d_ff=d_ff,
+                heads=heads,
+                norm=placement,
+                sigma_w=s,
+                dtype=jnp.float32 if dtype is None else dtype,
+            ),
             final_norm=RMSNorm(jnp.ones((d,), outer)),
             unembed=s * jax.random.normal(ku, (d, vocab), outer),
         )
 
     @classmethod
-    def from_params(cls, params: dict, *, norm: str | AbstractNormPlacement, heads: int) -> DecoderLM:
+    def from_params(
+        cls, params: dict, *, norm: str | AbstractNormPlacement, heads: int
+    ) -> DecoderLM:
         """The model of an ``init_lm`` dict (keys ``embed, blocks, final_gain, unembed``)."""
         return cls(
             embed=params["embed"],
@@ -600,10 +668,16 @@ class DecoderLM(eqx.Module):
 
     def to_params(self) -> dict:
         """The ``init_lm`` dict of this model (the same arrays)."""
-        return {"embed": self.embed, "blocks": self.stack.to_params(), "final_gain": self.final_norm.g,
-                "unembed": self.unembed}
+        return {
+            "embed": self.embed,
+            "blocks": self.stack.to_params(),
+            "final_gain": self.final_norm.g,
+            "unembed": self.unembed,
+        }
 
-    def __call__(self, tokens: Int[Array | np.ndarray, " n"], *, taps=None) -> tuple[Float[Array, "n vocab"], dict]:
+    def __call__(
+        self, tokens: Int[Array | np.ndarray, " n"], *, taps=None
+    ) -> tuple[Float[Array, "n vocab"], dict]:
         """``(logits: (n, vocab), stats)`` of one sequence (see the class docstring)."""
         H, stats = self.stack(self.embed[tokens], taps=taps)
         H = self.stack.placement.final(self.final_norm, H)
@@ -657,13 +731,17 @@ def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
         >>> s["wq"].shape, s["w2"].shape
         ((2, 8, 8), (2, 16, 8))
     """
-    return Stack.init(key, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w, dtype=dtype).to_params()
+    return Stack.init(
+        key, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w, dtype=dtype
+    ).to_params()
 
 
 # ----------------------------------------------------------------------------- pieces
 
 
-def rms_norm(y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS) -> Float[Array, " d"]:
+def rms_norm(
+    y: Float[Array, " d"], g: Float[Array, " d"], eps: float = RMS_EPS
+) -> Float[Array, " d"]:
     r"""$\operatorname{RMSNorm}(y) = g \odot y / \sqrt{\operatorname{mean}(y^2) + \epsilon}$ for one row ($\approx g\, y \sqrt d / \|y\|$).
 
     Args:
@@ -794,7 +872,13 @@ def swiglu(p: dict, X: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d"]:
 
 
 def block(
-    p: dict, X: Float[Array | np.ndarray, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
+    p: dict,
+    X: Float[Array | np.ndarray, "n d"],
+    *,
+    norm: str,
+    heads: int,
+    alpha_prefix=0.0,
+    taps=None,
 ) -> tuple[Float[Array, "n d"], dict]:
     r"""One decoder block on one sequence; returns ``(X_out, states)``: ``Block.from_params(p, norm=norm, heads=heads)(X, ...)``.
 
@@ -845,7 +929,11 @@ def _layer_stats(states, out):
 def _init_layer_stats(states, out):
     # init_trace adds the residual-stream norms (kept out of forward so that the training
     # program, and so its floating-point rounding, is unchanged)
-    return {**_layer_stats(states, out), "sq_x1": jnp.sum(states["X1"] ** 2), "sq_x2": jnp.sum(states["X2"] ** 2)}
+    return {
+        **_layer_stats(states, out),
+        "sq_x1": jnp.sum(states["X1"] ** 2),
+        "sq_x2": jnp.sum(states["X2"] ** 2),
+    }
 
 
 def forward(
@@ -875,7 +963,9 @@ def forward(
         >>> out.shape, stats["t_out"].shape
         ((5, 8), (2,))
     """
-    return Stack.from_params(blocks, norm=norm, heads=heads)(X, alpha_prefix=alpha_prefix, taps=taps)
+    return Stack.from_params(blocks, norm=norm, heads=heads)(
+        X, alpha_prefix=alpha_prefix, taps=taps
+    )
 
 
 # ----------------------------------------------------------------------------- initialisation
@@ -910,7 +1000,9 @@ def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
     return stats
 
 
-def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0) -> dict:
+def init_trace(
+    key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0
+) -> dict:
     r"""Per-layer statistics of a freshly initialised stack on Gaussian tokens.
 
     Same inputs as ``similarity_profile``; returns the dict of
@@ -939,8 +1031,17 @@ def init_trace(key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alph
     _check_norm(norm)
     _check_alpha(alpha_prefix)
     s = _sigma(sigma_w, d)
-    return _init_trace(key, jnp.asarray(s, jnp.float32), jnp.asarray(alpha_prefix, jnp.float32),
-                       depth=depth, n=n, d=d, d_ff=d_ff, heads=heads, norm=norm)
+    return _init_trace(
+        key,
+        jnp.asarray(s, jnp.float32),
+        jnp.asarray(alpha_prefix, jnp.float32),
+        depth=depth,
+        n=n,
+        d=d,
+        d_ff=d_ff,
+        heads=heads,
+        norm=norm,
+    )
 
 
 def similarity_profile(
@@ -966,8 +1067,17 @@ def similarity_profile(
         >>> t.shape, bool(((t >= 0) & (t <= 1)).all())
         ((2,), True)
     """
-    return init_trace(key, depth=depth, n=n, d=d, d_ff=d_ff, heads=heads, norm=norm,
-                      sigma_w=sigma_w, alpha_prefix=alpha_prefix)["t_out"]
+    return init_trace(
+        key,
+        depth=depth,
+        n=n,
+        d=d,
+        d_ff=d_ff,
+        heads=heads,
+        norm=norm,
+        sigma_w=sigma_w,
+        alpha_prefix=alpha_prefix,
+    )["t_out"]
 
 
 def sublayer_increments(key, **kwargs) -> dict:
@@ -1137,8 +1247,12 @@ def one_step_attention(t, s, *, n, alpha_prefix=0.0):
     _check_t(t)
     check_nonnegative("s", s)
     _check_alpha(alpha_prefix)
-    return _one_step_attention(jnp.asarray(t, jnp.float32), jnp.asarray(s, jnp.float32),
-                               jnp.asarray(alpha_prefix, jnp.float32), n=n)
+    return _one_step_attention(
+        jnp.asarray(t, jnp.float32),
+        jnp.asarray(s, jnp.float32),
+        jnp.asarray(alpha_prefix, jnp.float32),
+        n=n,
+    )
 
 
 @partial(jax.jit, static_argnames=("n",))
@@ -1240,7 +1354,9 @@ def one_step_ffn(t, *, n, d, d_ff, sigma_w, frob_sq=None):
     if frob_sq is not None:
         check_positive("frob_sq", frob_sq)
     sq = jnp.asarray(n * d if frob_sq is None else frob_sq, jnp.float32)
-    return _one_step_ffn(jnp.asarray(t, jnp.float32), sq, jnp.asarray(sigma_w, jnp.float32), n=n, d=d, d_ff=d_ff)
+    return _one_step_ffn(
+        jnp.asarray(t, jnp.float32), sq, jnp.asarray(sigma_w, jnp.float32), n=n, d=d, d_ff=d_ff
+    )
 
 
 @partial(jax.jit, static_argnames=("n", "d", "d_ff"))
@@ -1295,8 +1411,10 @@ def amount_of_attention_profile(
     check_positive("sigma_w", sigma_w)
     check_nonnegative("attn_energy_factor", attn_energy_factor)
     _check_norm(norm)
-    return jnp.asarray(_attention_amounts(depth, n, d, d_ff, float(sigma_w), norm, float(attn_energy_factor)),
-                       jnp.float32)
+    return jnp.asarray(
+        _attention_amounts(depth, n, d, d_ff, float(sigma_w), norm, float(attn_energy_factor)),
+        jnp.float32,
+    )
 
 
 def _attention_amounts(depth, n, d, d_ff, sigma_w, norm, attn_energy_factor) -> np.ndarray:
@@ -1313,7 +1431,10 @@ def _attention_amounts(depth, n, d, d_ff, sigma_w, norm, attn_energy_factor) -> 
         rho = (n * t - 1.0) / (n - 1.0)
         t = min(max(t + float(one_step_attention(t, out[-1], n=n)), 0.0), 1.0)
         sq += attn_energy_factor * attn_energy * (rho + (1.0 - rho) * h / n)
-        t = min(max(t + float(one_step_ffn(t, n=n, d=d, d_ff=d_ff, sigma_w=sigma_w, frob_sq=sq)), 0.0), 1.0)
+        t = min(
+            max(t + float(one_step_ffn(t, n=n, d=d, d_ff=d_ff, sigma_w=sigma_w, frob_sq=sq)), 0.0),
+            1.0,
+        )
         sq += ffn_energy
     return np.asarray(out)
 
@@ -1340,10 +1461,14 @@ def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
     if is_concrete(labels):
         lab = np.asarray(labels)
         if lab.size == 0 or not np.issubdtype(lab.dtype, np.integer):
-            raise ValueError(f"labels must be a non-empty integer array, got dtype {lab.dtype}, size {lab.size}")
+            raise ValueError(
+                f"labels must be a non-empty integer array, got dtype {lab.dtype}, size {lab.size}"
+            )
         if lab.min() < 0 or lab.max() >= vocab:
-            raise ValueError(f"labels must lie in [0, {vocab - 1}] for vocab = {vocab}, "
-                             f"got range [{lab.min()}, {lab.max()}]")
+            raise ValueError(
+                f"labels must lie in [0, {vocab - 1}] for vocab = {vocab}, "
+                f"got range [{lab.min()}, {lab.max()}]"
+            )
     counts = jnp.bincount(jnp.ravel(labels), length=vocab)
     return counts / counts.sum()
 
@@ -1487,7 +1612,9 @@ def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
         >>> lm["embed"].shape, lm["blocks"]["wq"].shape, lm["unembed"].shape
         ((10, 8), (2, 8, 8), (8, 10))
     """
-    return DecoderLM.init(key, vocab=vocab, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w).to_params()
+    return DecoderLM.init(
+        key, vocab=vocab, depth=depth, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w
+    ).to_params()
 
 
 def lm_logits(
@@ -1576,13 +1703,19 @@ def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, nor
     d = params["embed"].shape[1]
     taps = jnp.zeros((B, depth, 4, n1 - 1, d), params["embed"].dtype)
     (loss, stats), (grads, g_taps) = jax.value_and_grad(
-        lambda p, t: lm_loss(p, tokens, norm=norm, heads=heads, taps=t), argnums=(0, 1), has_aux=True
+        lambda p, t: lm_loss(p, tokens, norm=norm, heads=heads, taps=t),
+        argnums=(0, 1),
+        has_aux=True,
     )(params, taps)
     gn = jnp.sqrt(jnp.sum(g_taps**2, axis=(0, 3, 4)))  # (depth, 4): X1, Y1, X2, Y2
     alpha_attn = gn[:, 0] / gn[:, 1]
     alpha_ffn = gn[:, 2] / gn[:, 3]
-    layer_gn = jnp.sqrt(sum(jnp.sum(g**2, axis=tuple(range(1, g.ndim)))
-                            for g in jax.tree_util.tree_leaves(grads["blocks"])))
+    layer_gn = jnp.sqrt(
+        sum(
+            jnp.sum(g**2, axis=tuple(range(1, g.ndim)))
+            for g in jax.tree_util.tree_leaves(grads["blocks"])
+        )
+    )
     diag = {
         "tsim": stats["t_out"],
         "t_final": stats["t_final"],
@@ -1599,7 +1732,9 @@ def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, nor
     return loss, grads, diag
 
 
-def make_optimizer(lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0):
+def make_optimizer(
+    lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0
+):
     r"""AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
     ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced.
 
@@ -1680,5 +1815,7 @@ def train_lm(
     check_int("warmup", warmup, minimum=0)
     check_nonnegative("lr_peak", lr_peak)
     if data.ndim != 3 or data.shape[2] < 2:
-        raise ValueError(f"data must be (steps, batch, n + 1) token ids with n >= 1, got shape {data.shape}")
+        raise ValueError(
+            f"data must be (steps, batch, n + 1) token ids with n >= 1, got shape {data.shape}"
+        )
     return _train(params, data, lr_peak, norm=norm, heads=heads, warmup=warmup)

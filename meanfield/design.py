@@ -93,7 +93,11 @@ def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[A
     s_eff = jnp.where(s > tiny, s, 0.0)
     c_eff = jnp.where(s > tiny, c, jnp.sign(c))
     I = jnp.eye(d, dtype=t.dtype)
-    R = I + (c_eff - 1.0) * (jnp.outer(t, t) + jnp.outer(e, e)) + s_eff * (jnp.outer(e, t) - jnp.outer(t, e))
+    R = (
+        I
+        + (c_eff - 1.0) * (jnp.outer(t, t) + jnp.outer(e, e))
+        + s_eff * (jnp.outer(e, t) - jnp.outer(t, e))
+    )
     return R
 
 
@@ -124,12 +128,16 @@ def prompt_gauges(targets: ArrayLike, u: ArrayLike) -> Float[Array, "K d d"]:
         raise ValueError(f"targets must have shape (K, d), got {T.shape}")
     uu = jnp.asarray(u, T.dtype if jnp.issubdtype(T.dtype, jnp.floating) else jnp.float32)
     if uu.shape != (T.shape[1],):
-        raise ValueError(f"u must have shape ({T.shape[1]},) to match targets (K, d) = {T.shape}, got {uu.shape}")
+        raise ValueError(
+            f"u must have shape ({T.shape[1]},) to match targets (K, d) = {T.shape}, got {uu.shape}"
+        )
     for name, a in (("targets", T), ("u", uu)):
         if not isinstance(a, jax.core.Tracer):
             norms = np.linalg.norm(np.asarray(a, np.float64), axis=-1)
             if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
-                raise ValueError(f"{name} must be unit vectors (norm 1 within 1e-3), got norms {norms}")
+                raise ValueError(
+                    f"{name} must be unit vectors (norm 1 within 1e-3), got norms {norms}"
+                )
     return jax.vmap(rotation_to, in_axes=(0, None))(T.astype(uu.dtype), uu)
 
 
@@ -201,7 +209,9 @@ def quantile_from_density(density, num=4096) -> Callable:
     lv, an = jnp.asarray(levels), jnp.asarray(angles)
 
     def quantile(s):
-        return jnp.interp(s, lv.astype(jnp.result_type(s, float)), an.astype(jnp.result_type(s, float)))
+        return jnp.interp(
+            s, lv.astype(jnp.result_type(s, float)), an.astype(jnp.result_type(s, float))
+        )
 
     return quantile
 
@@ -234,7 +244,9 @@ def quantile_phase(quantile) -> Callable:
     else:
         a = np.sort(np.asarray(quantile, np.float64).ravel())
         if a.size < 2 or not np.all(np.isfinite(a)):
-            raise ValueError(f"angle samples must be a finite 1-d array with >= 2 entries, got {np.shape(quantile)}")
+            raise ValueError(
+                f"angle samples must be a finite 1-d array with >= 2 entries, got {np.shape(quantile)}"
+            )
         levels = jnp.asarray((np.arange(a.size) + 0.5) / a.size)
         vals = jnp.asarray(a)
 
@@ -331,12 +343,16 @@ class Anchored(Kernel):
         return self.base._exp(jnp.dot(P @ x, self.u.astype(x.dtype))) / self.base.beta
 
     def __call__(self, x, xi, y, zeta):
-        return self.base(x, xi, y, zeta) + self.mass * (self.anchor_term(x, xi) + self.anchor_term(y, zeta))
+        return self.base(x, xi, y, zeta) + self.mass * (
+            self.anchor_term(x, xi) + self.anchor_term(y, zeta)
+        )
 
     def grad_x(self, x, xi, y, zeta):
         P = self._gauge(xi, x.shape[-1], x.dtype)
         u = self.u.astype(x.dtype)
-        return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(jnp.dot(P @ x, u)) * (P.T @ u)
+        return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(jnp.dot(P @ x, u)) * (
+            P.T @ u
+        )
 
     def _frame(self, x, aux):
         d = x.shape[-1]
@@ -361,7 +377,9 @@ class Anchored(Kernel):
     def check_config(self, x, aux) -> None:
         self.base.check_config(x, aux)
         if self.u.shape[0] != np.shape(x)[-1]:
-            raise ValueError(f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}")
+            raise ValueError(
+                f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}"
+            )
 
     def check_traced(self, x, aux):
         return self.base.check_traced(x, aux)
@@ -406,7 +424,9 @@ def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
         return base.from_gauge_frame(y, aux)
     if isinstance(base, USA):
         return y
-    raise TypeError(f"designed_configuration needs a USA or exp-gauge kernel, got {type(base).__name__}")
+    raise TypeError(
+        f"designed_configuration needs a USA or exp-gauge kernel, got {type(base).__name__}"
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -481,7 +501,11 @@ def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
     t = jnp.asarray(t)
     a = 1.0 - b
     return jnp.stack(
-        [a * jnp.cos(t) + b * jnp.cos(3 * t), a * jnp.sin(t) - b * jnp.sin(3 * t), 2 * np.sqrt(a * b) * jnp.sin(2 * t)],
+        [
+            a * jnp.cos(t) + b * jnp.cos(3 * t),
+            a * jnp.sin(t) - b * jnp.sin(3 * t),
+            2 * np.sqrt(a * b) * jnp.sin(2 * t),
+        ],
         axis=-1,
     )
 
@@ -636,7 +660,11 @@ def fit_curve(
     check_positive("learning_rate", learning_rate)
     check_positive("bandwidth", bandwidth)
     k0, key = jax.random.split(key)
-    theta = init_curve(k0, num_modes, target.shape[1], dtype=target.dtype) if theta0 is None else jnp.asarray(theta0)
+    theta = (
+        init_curve(k0, num_modes, target.shape[1], dtype=target.dtype)
+        if theta0 is None
+        else jnp.asarray(theta0)
+    )
     lr = jnp.asarray(learning_rate, target.dtype)
     bw = jnp.asarray(bandwidth, target.dtype)
     return _fit_curve(theta, key, target, lr, bw, n=n, steps=steps)

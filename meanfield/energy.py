@@ -73,7 +73,9 @@ def resolve_aux(model, x, aux):
         return model.default_aux(n)
     _check_real_array("aux", aux)
     if np.ndim(aux) != 1 or np.shape(aux)[0] != n:
-        raise ValueError(f"aux must be a 1-d array of length n = {n} (one label per particle), got shape {np.shape(aux)}")
+        raise ValueError(
+            f"aux must be a 1-d array of length n = {n} (one label per particle), got shape {np.shape(aux)}"
+        )
     if is_concrete(aux) and not np.all(np.isfinite(np.asarray(aux, dtype=np.float64))):
         raise ValueError("aux contains NaN or inf; every label must be finite")
     return jnp.asarray(aux)
@@ -81,7 +83,9 @@ def resolve_aux(model, x, aux):
 
 def _check_model(model) -> None:
     if isinstance(model, type) and issubclass(model, Model):
-        raise TypeError(f"got the class {model.__name__}; pass an instance, e.g. {model.__name__}(1.0)")
+        raise TypeError(
+            f"got the class {model.__name__}; pass an instance, e.g. {model.__name__}(1.0)"
+        )
     if not isinstance(model, Model):
         raise TypeError(
             f"expected a kernel from mf.kernels or a model from mf.models (an mf.models.Model), "
@@ -150,7 +154,9 @@ def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
     if dtype is None:
         _check_real_array(name, x)
     aux = resolve_aux(model, x, aux)
-    sphere.check_on_sphere(x, name, atol=sphere_atol(dtype if dtype is not None else jnp.result_type(float)))
+    sphere.check_on_sphere(
+        x, name, atol=sphere_atol(dtype if dtype is not None else jnp.result_type(float))
+    )
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
@@ -164,7 +170,13 @@ def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
 
 
 def field(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
+    model,
+    x: ArrayLike,
+    aux=None,
+    *,
+    method: str = "auto",
+    block_size=None,
+    backend: str | None = None,
 ) -> Float[Array, "n d"]:
     r"""Unprojected mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``.
 
@@ -196,7 +208,9 @@ def field(
     if method == "pairwise" and isinstance(model, Model) and not isinstance(model, Kernel):
         raise TypeError(f"method='pairwise' needs a pair kernel, got {type(model).__name__}")
     x, aux = check_states(model, x, aux)
-    if isinstance(model, Kernel):  # a traced beta past the overflow bound stops here, as in ``energy``
+    if isinstance(
+        model, Kernel
+    ):  # a traced beta past the overflow bound stops here, as in ``energy``
         x = model.check_traced_energy(x, aux)
     with use_backend(backend):
         if method == "pairwise":
@@ -205,7 +219,13 @@ def field(
 
 
 def velocity(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
+    model,
+    x: ArrayLike,
+    aux=None,
+    *,
+    method: str = "auto",
+    block_size=None,
+    backend: str | None = None,
 ) -> Float[Array, "n d"]:
     """Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
 
@@ -232,7 +252,13 @@ def velocity(
 
 
 def energy(
-    model, x: ArrayLike, aux=None, *, method: str = "auto", block_size=None, backend: str | None = None
+    model,
+    x: ArrayLike,
+    aux=None,
+    *,
+    method: str = "auto",
+    block_size=None,
+    backend: str | None = None,
 ) -> Float[Array, ""]:
     r"""Interaction energy $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
 

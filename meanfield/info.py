@@ -149,21 +149,35 @@ def summary() -> dict[str, Any]:
             "threads": _native.default_threads(),
             "exp_threads": _native.exp_threads() if exp_ok else None,
             "exp_threads_now": _native.exp_threads_now() if exp_ok else None,
-            "exp_kernel": {"available": exp_ok, "reason": exp.reason,
-                           "libraries": _libraries(_native.EXP_SOURCE, include),
-                           "crossover": None if crossover is None else {
-                               "max_d": crossover.max_d, "min_n": crossover.min_n, "times": crossover.times,
-                               "seconds": crossover.seconds, "recorded": crossover.recorded,
-                               "rule": crossover.describe()}},
-            "phase_kernel": {"available": phase_ok, "reason": phase.reason,
-                             "libraries": _libraries(_native.SOURCE, [])},
+            "exp_kernel": {
+                "available": exp_ok,
+                "reason": exp.reason,
+                "libraries": _libraries(_native.EXP_SOURCE, include),
+                "crossover": None
+                if crossover is None
+                else {
+                    "max_d": crossover.max_d,
+                    "min_n": crossover.min_n,
+                    "times": crossover.times,
+                    "seconds": crossover.seconds,
+                    "recorded": crossover.recorded,
+                    "rule": crossover.describe(),
+                },
+            },
+            "phase_kernel": {
+                "available": phase_ok,
+                "reason": phase.reason,
+                "libraries": _libraries(_native.SOURCE, []),
+            },
         },
         "compilation_cache": compilation_cache.info(),
     }
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} B"
+    return (
+        f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} B"
+    )
 
 
 def _format_compilation_cache(cc: dict[str, Any]) -> str:
@@ -174,8 +188,10 @@ def _format_compilation_cache(cc: dict[str, Any]) -> str:
         state = f"off (refused: {cc['problem']})"
     else:
         state = "on"
-    return (f"compilation cache: {state}, {cc['dir']}, {cc['entries']} entries, {_size(cc['bytes'])}; "
-            f"in-program checks in this process: EQX_ON_ERROR={cc['eqx_on_error']}")
+    return (
+        f"compilation cache: {state}, {cc['dir']}, {cc['entries']} entries, {_size(cc['bytes'])}; "
+        f"in-program checks in this process: EQX_ON_ERROR={cc['eqx_on_error']}"
+    )
 
 
 def format_summary(d: dict[str, Any]) -> str:
@@ -190,22 +206,33 @@ def format_summary(d: dict[str, Any]) -> str:
         True
     """
     nat = d["native"]
-    pkgs = ", ".join(f"{k} {v if v is not None else '(not installed)'}" for k, v in d["packages"].items())
+    pkgs = ", ".join(
+        f"{k} {v if v is not None else '(not installed)'}" for k, v in d["packages"].items()
+    )
     lines = [
         f"meanfield {d['meanfield']} (Python {d['python']}, {d['platform']})",
         f"packages: {pkgs}",
         f"jax: backend {d['jax']['backend']}, devices {', '.join(d['jax']['devices'])}, "
         f"x64 {'on' if d['jax']['x64'] else 'off'}",
         "native CPU kernels (backend='native'; 'auto' follows the crossover below): "
-        + ("switched off (MEANFIELD_NATIVE=0)" if nat.get("disabled")
-           else "on" if nat["exp_kernel"]["available"] else "not available"),
+        + (
+            "switched off (MEANFIELD_NATIVE=0)"
+            if nat.get("disabled")
+            else "on"
+            if nat["exp_kernel"]["available"]
+            else "not available"
+        ),
         f"  compiler: {nat['compiler'] or '(none found)'}"
         + (f" ({nat['compiler_version']})" if nat["compiler_version"] else ""),
-        f"  cache: {nat['cache_dir']}" + (f" ({nat['cache_problem']})" if nat.get("cache_problem") else ""),
+        f"  cache: {nat['cache_dir']}"
+        + (f" ({nat['cache_problem']})" if nat.get("cache_problem") else ""),
         f"  threads: {nat['threads']}"
-        + (f" (exp kernel: at most {nat['exp_threads']} per call; {nat.get('exp_threads_now')} for a 2048 x 3 system "
-           "on the load now)"
-           if nat["exp_threads"] is not None else ""),
+        + (
+            f" (exp kernel: at most {nat['exp_threads']} per call; {nat.get('exp_threads_now')} for a 2048 x 3 system "
+            "on the load now)"
+            if nat["exp_threads"] is not None
+            else ""
+        ),
     ]
     for key, name in (("exp_kernel", "exp kernel"), ("phase_kernel", "phase kernel")):
         k = nat[key]
@@ -254,13 +281,21 @@ def main(argv: list[str] | None = None) -> int:
     """
     from ._argparse import OneLineParser  # one-line argparse errors, as every meanfield command
 
-    p = OneLineParser(prog="meanfield info",
-                      description="versions, devices, and the native CPU kernels: built or not, and why")
+    p = OneLineParser(
+        prog="meanfield info",
+        description="versions, devices, and the native CPU kernels: built or not, and why",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--rebuild-native", action="store_true",
-                   help="remove the cached native kernels (and recorded build failures) and compile them again")
-    p.add_argument("--clear-cache", action="store_true",
-                   help="empty the persistent compilation cache (compiled programs; not the native kernels)")
+    p.add_argument(
+        "--rebuild-native",
+        action="store_true",
+        help="remove the cached native kernels (and recorded build failures) and compile them again",
+    )
+    p.add_argument(
+        "--clear-cache",
+        action="store_true",
+        help="empty the persistent compilation cache (compiled programs; not the native kernels)",
+    )
     args = p.parse_args(argv)
     failed = False
     if args.clear_cache:
@@ -268,11 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             removed = compilation_cache.clear()
         except OSError as e:
-            print(f"meanfield info: error: cannot empty the compilation cache {where}: {e}", file=sys.stderr)
+            print(
+                f"meanfield info: error: cannot empty the compilation cache {where}: {e}",
+                file=sys.stderr,
+            )
             failed = True
         else:
-            print(f"removed {removed} compilation cache entr{'y' if removed == 1 else 'ies'} from {where}",
-                  file=sys.stderr if args.json else sys.stdout)
+            print(
+                f"removed {removed} compilation cache entr{'y' if removed == 1 else 'ies'} from {where}",
+                file=sys.stderr if args.json else sys.stdout,
+            )
     if args.rebuild_native:
         failed = any(e is not None for e in _rebuild().values()) or failed
     d = summary()

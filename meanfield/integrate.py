@@ -56,7 +56,15 @@ from .energy import check_states
 from .kernels import Kernel, use_backend
 from .kernels._exp import _entry_backend
 
-__all__ = ["simulate", "Trajectory", "RK4", "SOLVERS", "FIXED_STEP_SOLVERS", "ADAPTIVE_SOLVERS", "STEPS"]
+__all__ = [
+    "simulate",
+    "Trajectory",
+    "RK4",
+    "SOLVERS",
+    "FIXED_STEP_SOLVERS",
+    "ADAPTIVE_SOLVERS",
+    "STEPS",
+]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
 ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
@@ -116,8 +124,12 @@ class _Args(eqx.Module):
     block_size: int | None = eqx.field(static=True)
     project: bool = eqx.field(static=True)
     early_stop: bool = eqx.field(static=True)
-    tangent: bool = eqx.field(static=True, default=True)  # False: step="renormalize" (unprojected F)
-    backend: str = eqx.field(static=True, default="auto")  # of the exp-kernel evaluation (mf.kernels.BACKENDS)
+    tangent: bool = eqx.field(
+        static=True, default=True
+    )  # False: step="renormalize" (unprojected F)
+    backend: str = eqx.field(
+        static=True, default="auto"
+    )  # of the exp-kernel evaluation (mf.kernels.BACKENDS)
 
 
 def _vector_field(t, y, args: _Args):
@@ -142,7 +154,11 @@ def _post_step(t1, y, args: _Args):
     flags = flags.at[_FAIL].set(jnp.where(bad, 1.0, flags[_FAIL]))
     if args.early_stop:
         due = (t1 - flags[_T_REF]) >= 1.0 - 1e-6
-        E = jax.lax.cond(due, lambda: _energy(args, sphere.normalize(x)).astype(flags.dtype), lambda: flags[_E_REF])
+        E = jax.lax.cond(
+            due,
+            lambda: _energy(args, sphere.normalize(x)).astype(flags.dtype),
+            lambda: flags[_E_REF],
+        )
         rel = jnp.abs(E - flags[_E_REF]) / jnp.maximum(jnp.abs(E), jnp.finfo(flags.dtype).tiny)
         stop = due & (rel <= args.tol)
         flags = flags.at[_STOP].set(jnp.where(stop, 1.0, flags[_STOP]))
@@ -252,7 +268,9 @@ def _check_times(t1, dt, ts, solver):
         check_scalar("dt", dt)
     if dt is not None and not is_concrete(dt):
         if solver not in FIXED_STEP_SOLVERS:
-            raise TypeError(f"a traced dt needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}")
+            raise TypeError(
+                f"a traced dt needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}"
+            )
         if jnp.ndim(dt) != 0:
             raise ValueError(f"dt must be a scalar, got shape {jnp.shape(dt)}")
     elif solver in FIXED_STEP_SOLVERS:
@@ -262,12 +280,16 @@ def _check_times(t1, dt, ts, solver):
     if ts is None:
         return np.array([0.0, float(t1)])
     if not is_concrete(ts):
-        raise TypeError("ts must be concrete (a list or numpy array of save times), not a traced value")
+        raise TypeError(
+            "ts must be concrete (a list or numpy array of save times), not a traced value"
+        )
     ts = np.asarray(ts, dtype=np.float64)
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"ts must be a non-empty 1-d array of save times, got shape {ts.shape}")
     if not np.all(np.isfinite(ts)) or ts.min() < 0 or ts.max() > float(t1) * (1 + 1e-12):
-        raise ValueError(f"ts must lie in [0, t1] = [0, {float(t1):g}], got range [{ts.min():g}, {ts.max():g}]")
+        raise ValueError(
+            f"ts must lie in [0, t1] = [0, {float(t1):g}], got range [{ts.min():g}, {ts.max():g}]"
+        )
     if np.any(np.diff(ts) <= 0):
         raise ValueError("ts must be strictly increasing")
     return ts
@@ -297,7 +319,9 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
         """Next grid index (skipping grid points reached or within ``h / 1000``) and target."""
         k = jnp.where(k * self.h <= t + 1e-3 * self.h, k + 1, k)
         j = jnp.searchsorted(self.ts, t, side="right")
-        t_save = jnp.where(j < self.ts.shape[0], self.ts[jnp.minimum(j, self.ts.shape[0] - 1)], self.t_end)
+        t_save = jnp.where(
+            j < self.ts.shape[0], self.ts[jnp.minimum(j, self.ts.shape[0] - 1)], self.t_end
+        )
         return k, jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
@@ -305,7 +329,9 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
         k, target = self._next(t0, jnp.zeros((), self.h.dtype))
         return target, k
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
         del t0, y0, y1_candidate, args, y_error, error_order
         k, target = self._next(t1, controller_state)
         return True, t1, target, False, k, diffrax.RESULTS.successful
@@ -336,9 +362,18 @@ class _GridSteps(diffrax.AbstractStepSizeController):
         del terms, t0, t1, y0, dt0, args, func, error_order
         return self.grid[1], 2
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
+    ):
         del t0, y0, y1_candidate, args, y_error, error_order
-        return True, t1, self._at(controller_state), False, controller_state + 1, diffrax.RESULTS.successful
+        return (
+            True,
+            t1,
+            self._at(controller_state),
+            False,
+            controller_state + 1,
+            diffrax.RESULTS.successful,
+        )
 
 
 def _grid_bucket(n: int) -> int:
@@ -485,15 +520,21 @@ def simulate(
             raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
     adaptive = solver in ADAPTIVE_SOLVERS
     if adaptive and (rtol is None or atol is None):
-        raise ValueError(f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)")
+        raise ValueError(
+            f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)"
+        )
     if adaptive:
         for name, tol in (("rtol", rtol), ("atol", atol)):
             check_scalar(name, tol)
             check_positive(name, tol)
     if observables is not None and not isinstance(observables, Mapping):
-        raise TypeError(f"observables must be a dict name -> callable x -> array, got {observables!r}")
+        raise TypeError(
+            f"observables must be a dict name -> callable x -> array, got {observables!r}"
+        )
     if adjoint is not None and not isinstance(adjoint, diffrax.AbstractAdjoint):
-        raise TypeError(f"adjoint must be a diffrax adjoint (e.g. diffrax.RecursiveCheckpointAdjoint()), got {adjoint!r}")
+        raise TypeError(
+            f"adjoint must be a diffrax adjoint (e.g. diffrax.RecursiveCheckpointAdjoint()), got {adjoint!r}"
+        )
     observables = dict(observables or {})
     for name, fn in observables.items():
         if not isinstance(name, str):
@@ -521,7 +562,11 @@ def simulate(
     # Python numbers in the model become arrays: a loop over beta (or lam, omega, ...)
     # then reuses one compilation instead of retracing on each static float.
     model = jax.tree.map(
-        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool) else leaf,
+        lambda leaf: (
+            jnp.asarray(leaf)
+            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
+            else leaf
+        ),
         model,
     )
     return _simulate(
@@ -641,15 +686,22 @@ def _simulate(
     failed = (flags_end[_FAIL] > 0.5) | solver_failed
     stopped = (flags_end[_STOP] > 0.5) & ~failed
     fill = jax.tree.map(
-        lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f, final
+        lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f,
+        final,
     )
     ys = jax.tree.map(
-        lambda a, f: jnp.where(reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: ts_arr.shape[0]], f[None]),
+        lambda a, f: jnp.where(
+            reached.reshape((-1,) + (1,) * (a.ndim - 1)), a[: ts_arr.shape[0]], f[None]
+        ),
         saved,
         fill,
     )
     # a non-finite saved value (energy, gap, observable, state) is a failed run, never a result
-    nonfinite = [~jnp.all(jnp.isfinite(v)) for v in jax.tree.leaves(ys) if jnp.issubdtype(v.dtype, jnp.inexact)]
+    nonfinite = [
+        ~jnp.all(jnp.isfinite(v))
+        for v in jax.tree.leaves(ys)
+        if jnp.issubdtype(v.dtype, jnp.inexact)
+    ]
     failed = failed | functools.reduce(jnp.logical_or, nonfinite)
     return Trajectory(
         ts=ts_arr,

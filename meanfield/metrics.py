@@ -73,7 +73,10 @@ def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
 
 
 def num_clusters(
-    x: Float[Array | np.ndarray, "n d"], threshold: RealScalarLike = 0.1, *, block_size: int | None = None
+    x: Float[Array | np.ndarray, "n d"],
+    threshold: RealScalarLike = 0.1,
+    *,
+    block_size: int | None = None,
 ) -> Array:
     r"""Number of clusters: connected components of the graph joining particles
     at angular distance $\arccos \langle x_i, x_j\rangle <$ ``threshold`` (radians).
@@ -148,7 +151,10 @@ def _component_labels(x, threshold, *, block_size):
     # plus the rounding of the computed inner product (at most d eps |x_i| |x_j|): a margin
     eps = float(jnp.finfo(y.dtype).eps)
     r2 = jnp.max(jnp.sum(y * y, axis=1))
-    reach = jnp.sqrt(jnp.maximum(2.0 * r2 - 2.0 * cos_t, 0.0) + 8.0 * d * eps * r2) * (1.0 + 1e-3) + 4.0 * eps
+    reach = (
+        jnp.sqrt(jnp.maximum(2.0 * r2 - 2.0 * cos_t, 0.0) + 8.0 * d * eps * r2) * (1.0 + 1e-3)
+        + 4.0 * eps
+    )
     row_tiles = (yp[:R].reshape(R // B, B, d), valid[:R].reshape(R // B, B), rlo, rhi)
     col_tiles = (yp[:K].reshape(K // C, C, d), valid[:K].reshape(K // C, C), clo, chi)
     sentinel = jnp.asarray(n, jnp.int32)

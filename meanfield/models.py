@@ -59,7 +59,15 @@ class _Declaration:
     choices: tuple
 
 
-def param(default: Any = dataclasses.MISSING, *, kind, doc: str, static: bool = False, choices=(), **field_kwargs):
+def param(
+    default: Any = dataclasses.MISSING,
+    *,
+    kind,
+    doc: str,
+    static: bool = False,
+    choices=(),
+    **field_kwargs,
+):
     """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
     whether it is ``static`` (part of the compiled program) or traced (a PyTree leaf, a sweep axis).
 
@@ -81,7 +89,9 @@ def param(default: Any = dataclasses.MISSING, *, kind, doc: str, static: bool = 
         [('beta', 'float>0', 1.0, True)]
     """
     if not (kind in PARAM_KINDS or (isinstance(kind, type) and issubclass(kind, eqx.Module))):
-        raise ValueError(f"kind must be one of {', '.join(PARAM_KINDS)} or an equinox.Module class, got {kind!r}")
+        raise ValueError(
+            f"kind must be one of {', '.join(PARAM_KINDS)} or an equinox.Module class, got {kind!r}"
+        )
     if kind == "choice" and not choices:
         raise ValueError("a parameter of kind 'choice' needs its choices")
     if not isinstance(doc, str) or not doc:
@@ -113,7 +123,16 @@ def declared_params(cls) -> tuple[Param, ...]:
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
-        out.append(Param(f.name, default, not f.metadata.get("static", False), decl.kind, decl.doc, decl.choices))
+        out.append(
+            Param(
+                f.name,
+                default,
+                not f.metadata.get("static", False),
+                decl.kind,
+                decl.doc,
+                decl.choices,
+            )
+        )
     return tuple(out)
 
 
@@ -435,7 +454,9 @@ class SelfAttention(Model):
     Q: ArrayLike | None = None
     K: ArrayLike | None = None
     V: ArrayLike | None = None
-    normalized: bool = param(True, kind="bool", static=True, doc="softmax rows (SA) or the 1/n average")
+    normalized: bool = param(
+        True, kind="bool", static=True, doc="softmax rows (SA) or the 1/n average"
+    )
     rescaled: bool = param(False, kind="bool", static=True, doc=RESCALED_DOC)
 
     def interaction_rate(self):
@@ -484,7 +505,9 @@ class SelfAttention(Model):
                 continue
             if not is_concrete(M):
                 if jnp.ndim(M) != 2 or jnp.shape(M)[0] != jnp.shape(M)[1]:
-                    raise ValueError(f"{name} must be a square (d, d) matrix, got shape {jnp.shape(M)}")
+                    raise ValueError(
+                        f"{name} must be a square (d, d) matrix, got shape {jnp.shape(M)}"
+                    )
                 continue
             arr = _as_float_array(name, M)
             if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
@@ -527,7 +550,9 @@ class SelfAttention(Model):
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is not None and tuple(jnp.shape(M)) != (d, d):
-                raise ValueError(f"{name} is {jnp.shape(M)[0]}x{jnp.shape(M)[1]} but the states have d = {d}; pass ({d}, {d}) matrices")
+                raise ValueError(
+                    f"{name} is {jnp.shape(M)[0]}x{jnp.shape(M)[1]} but the states have d = {d}; pass ({d}, {d}) matrices"
+                )
         if self.normalized or self.rescaled or not is_concrete(self.beta):
             return
         dtype = jnp.asarray(x).dtype

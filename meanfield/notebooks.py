@@ -108,7 +108,8 @@ def problems(nb: Mapping[str, Any]) -> list[str]:
     elif stored != source_hash(nb):
         found.append("stale outputs: the code changed since they were stored")
     unrun = [
-        i for i, c in enumerate(nb.get("cells", []))
+        i
+        for i, c in enumerate(nb.get("cells", []))
         if c.get("cell_type") == "code" and _source(c).strip() and c.get("execution_count") is None
     ]
     if unrun:
@@ -124,8 +125,9 @@ def _kernel_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
 
 
-def execute(path: str | os.PathLike, *, write: bool = True, timeout: int = 600,
-            kernel_name: str = "python3") -> Any:
+def execute(
+    path: str | os.PathLike, *, write: bool = True, timeout: int = 600, kernel_name: str = "python3"
+) -> Any:
     """Run the notebook at ``path`` top to bottom in a fresh kernel; return it with its outputs.
 
     The kernel starts in the notebook's directory, without ``MPLBACKEND`` in its environment

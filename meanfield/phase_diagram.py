@@ -200,7 +200,12 @@ def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) ->
 
 
 def euler_step(
-    x: Float[Array | np.ndarray, "n d"], beta, h, *, normalized: bool = True, step: str = "projected"
+    x: Float[Array | np.ndarray, "n d"],
+    beta,
+    h,
+    *,
+    normalized: bool = True,
+    step: str = "projected",
 ) -> Float[Array, "n d"]:
     r"""One Euler step $x \leftarrow \operatorname{normalize}(x + h P_x F(x))$ (dense reference, all $n^2$ exponentials).
 
@@ -365,7 +370,9 @@ def published_checkpoint_steps(
     check_int("checkpoints", checkpoints, minimum=1)
     t1, dt = float(t1), float(dt)
     if t1 / dt > MAX_PUBLISHED_STEPS:
-        raise ValueError(f"t1 / dt = {t1 / dt:.3g} steps is more than {MAX_PUBLISHED_STEPS}: use a larger dt or smaller t1")
+        raise ValueError(
+            f"t1 / dt = {t1 / dt:.3g} steps is more than {MAX_PUBLISHED_STEPS}: use a larger dt or smaller t1"
+        )
     times = checkpoint_times(t1, checkpoints)
     idx = np.empty(len(times), np.int64)
     tau, j, k = 0.0, 0, 0
@@ -421,7 +428,9 @@ def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
     C = E[:k]  # upper triangle incl. diagonal: W_22
     W11 = jnp.where(tril, B, B.T)
     W22 = jnp.where(tril.T, C, C.T)
-    xo = jnp.concatenate([x, jnp.ones((x.shape[0], 1), x.dtype)], axis=1)  # [x | 1]: field and row sums
+    xo = jnp.concatenate(
+        [x, jnp.ones((x.shape[0], 1), x.dtype)], axis=1
+    )  # [x | 1]: field and row sums
     xo1, xo2 = xo[:k], xo[k:]
     Fz = jnp.concatenate([W11 @ xo1 + E12 @ xo2, E12.T @ xo1 + W22 @ xo2])
     F, Z = Fz[:, :-1], Fz[:, -1:]
@@ -464,7 +473,17 @@ def _dense_field_w(x, W, normalized: bool):
 
 
 def _run_one_beta(
-    x0, beta, step, nsteps, ckpt_steps, ckpt_pos, threshold, *, normalized: bool, packed: bool, every_step: bool,
+    x0,
+    beta,
+    step,
+    nsteps,
+    ckpt_steps,
+    ckpt_pos,
+    threshold,
+    *,
+    normalized: bool,
+    packed: bool,
+    every_step: bool,
     project: bool = True,
 ):
     """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
@@ -476,7 +495,9 @@ def _run_one_beta(
     step (``step="projected"``); ``False``: the published ``x + h F`` (``step="renormalize"``).
     """
     every_step = every_step and not packed
-    _TRACES[("run", x0.shape, str(x0.dtype), normalized, packed, every_step, project, ckpt_pos.shape)] += 1
+    _TRACES[
+        ("run", x0.shape, str(x0.dtype), normalized, packed, every_step, project, ckpt_pos.shape)
+    ] += 1
     S, n, d = x0.shape
     k = n // 2
     dtype = x0.dtype
@@ -492,7 +513,9 @@ def _run_one_beta(
         return g if packed else _dense_weights(g, beta, shift)
 
     def count(w):
-        return _packed_count(*w, threshold, k) if packed else _weight_count(w, beta, shift, threshold)
+        return (
+            _packed_count(*w, threshold, k) if packed else _weight_count(w, beta, shift, threshold)
+        )
 
     def fieldf(x, w):
         if packed:
@@ -522,7 +545,9 @@ def _run_one_beta(
 
     def body(i, carry):
         x, buf = carry
-        w = jax.vmap(weights)(jax.vmap(gram)(x))  # shared by the metric and the field (fused metric)
+        w = jax.vmap(weights)(
+            jax.vmap(gram)(x)
+        )  # shared by the metric and the field (fused metric)
         buf = record(buf, i, w)
         F = jax.vmap(fieldf)(x, w)
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
@@ -555,7 +580,9 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_
 
 _STATIC = ("normalized", "packed", "every_step", "project")
 _run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=_STATIC)
-_run_one_beta_cpu = {"fn": jax.jit(_run_one_beta, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)}
+_run_one_beta_cpu = {
+    "fn": jax.jit(_run_one_beta, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)
+}
 
 
 def _run_kernel(x0, *args, **static):
@@ -578,8 +605,20 @@ def _auto_chunk(n: int, dtype) -> int:
     return max(1, _batch_bytes() // (n * n * np.dtype(dtype).itemsize))
 
 
-def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, seed_chunk, states=False,
-           backend="auto", project=True):
+def _sweep(
+    x0,
+    betas,
+    steps_h,
+    steps_n,
+    ckpt,
+    threshold,
+    normalized,
+    packed,
+    seed_chunk,
+    states=False,
+    backend="auto",
+    project=True,
+):
     """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
     ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
     asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
@@ -627,14 +666,22 @@ def _sweep(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, packed, see
             project=bool(project),
         )
     # gather on the host only after every task is dispatched
-    per_seed = np.stack([
-        np.concatenate([np.asarray(out[(bi, s0)][0])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
-        for bi in range(len(betas))
-    ])
-    finals = np.stack([
-        np.concatenate([np.asarray(out[(bi, s0)][1])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)])
-        for bi in range(len(betas))
-    ])
+    per_seed = np.stack(
+        [
+            np.concatenate(
+                [np.asarray(out[(bi, s0)][0])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)]
+            )
+            for bi in range(len(betas))
+        ]
+    )
+    finals = np.stack(
+        [
+            np.concatenate(
+                [np.asarray(out[(bi, s0)][1])[: min(chunk, S - s0)] for s0 in range(0, S, chunk)]
+            )
+            for bi in range(len(betas))
+        ]
+    )
     per_seed = _flag_failed(per_seed, finals)
     return (per_seed, finals) if states else per_seed
 
@@ -658,7 +705,9 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
         step = h if normalized else h * float(np.exp(b))  # rescaled time for USA, as the XLA kernel
         shift = float(b)  # weights exp(beta (g - 1)) <= 1, as the XLA kernel
         u, pos = np.unique(np.asarray(idx), return_inverse=True)
-        fr, xf = _native.phase_run(xs, float(b), shift, float(step), int(N), u, float(threshold), normalized)
+        fr, xf = _native.phase_run(
+            xs, float(b), shift, float(step), int(N), u, float(threshold), normalized
+        )
         per_seed[bi] = fr[:, pos]
         finals.append(xf)
     per_seed = _flag_failed(per_seed, np.stack(finals))
@@ -677,31 +726,51 @@ def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
     if backend == "auto":
         return "native" if on_cpu and fits and _native.phase_library().available else "xla"
     if not project:
-        raise ValueError("backend='native' runs step='projected' only; step='renormalize' (the published "
-                         "update) runs on backend='xla' (or 'auto', which picks it)")
+        raise ValueError(
+            "backend='native' runs step='projected' only; step='renormalize' (the published "
+            "update) runs on backend='xla' (or 'auto', which picks it)"
+        )
     if dtype.name not in _native.DTYPES:
-        raise ValueError(f"backend='native' runs float32 and float64, got dtype {dtype}: "
-                         "use backend='xla'")
+        raise ValueError(
+            f"backend='native' runs float32 and float64, got dtype {dtype}: use backend='xla'"
+        )
     if packed:
-        raise ValueError("backend='native' already computes half the exponentials; packed=True is an "
-                         "XLA layout: use backend='xla' with packed=True")
+        raise ValueError(
+            "backend='native' already computes half the exponentials; packed=True is an "
+            "XLA layout: use backend='xla' with packed=True"
+        )
     if x0.shape[2] > _native.MAX_D:
         raise ValueError(f"backend='native' supports d <= {_native.MAX_D}, got d = {x0.shape[2]}")
     lib = _native.phase_library()
     if not lib.available:
-        raise RuntimeError(f"backend='native': the fused C kernel is not available ({lib.reason}); "
-                           "use backend='xla' or 'auto'")
+        raise RuntimeError(
+            f"backend='native': the fused C kernel is not available ({lib.reason}); "
+            "use backend='xla' or 'auto'"
+        )
     return "native"
 
 
-def _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk=None, backend="auto",
-                  step="projected", schedule="uniform"):
+def _check_common(
+    betas,
+    n,
+    d,
+    seeds,
+    threshold,
+    checkpoints,
+    x0,
+    seed_chunk=None,
+    backend="auto",
+    step="projected",
+    schedule="uniform",
+):
     check_choice("step", step, STEPS)
     check_choice("schedule", schedule, SCHEDULES)
     try:
         betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
     except (TypeError, ValueError):
-        raise TypeError(f"betas must be real numbers (a 1-d array of floats), got {betas!r}") from None
+        raise TypeError(
+            f"betas must be real numbers (a 1-d array of floats), got {betas!r}"
+        ) from None
     if betas.ndim != 1 or betas.size == 0:
         raise ValueError(f"betas must be a non-empty 1-d array, got shape {betas.shape}")
     check_positive("betas", betas)
@@ -744,7 +813,9 @@ def _state_dtype(dtype, x0) -> np.dtype:
         try:
             out = np.dtype(jnp.dtype(dtype))
         except TypeError:
-            raise TypeError(f"dtype must be a float dtype (float32 or float64), got {dtype!r}") from None
+            raise TypeError(
+                f"dtype must be a float dtype (float32 or float64), got {dtype!r}"
+            ) from None
     if out.kind != "f" and out != jnp.bfloat16:
         raise TypeError(f"dtype must be a float dtype (float32 or float64), got {out}")
     if out.itemsize < 4:
@@ -763,7 +834,9 @@ def _check_x0(x0, dtype) -> None:
         raise TypeError(f"x0 must be a real (seeds, n, d) array, got dtype {own}")
     arr = np.asarray(x0, dtype=np.float64)
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"x0 must be finite, got {int(np.sum(~np.isfinite(arr)))} NaN or inf entries")
+        raise ValueError(
+            f"x0 must be finite, got {int(np.sum(~np.isfinite(arr)))} NaN or inf entries"
+        )
     atol = sphere_atol(dtype)
     dev = np.abs(np.linalg.norm(arr, axis=-1) - 1.0)
     if dev.size and float(dev.max()) > atol:
@@ -878,8 +951,9 @@ def sa_phase_diagram(
         >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
         ((2, 3), 0.0)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend,
-                                       step, schedule)
+    betas, n, d, seeds = _check_common(
+        betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend, step, schedule
+    )
     check_positive("dt", dt)
     check_positive("t1", t1)
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
@@ -888,8 +962,19 @@ def sa_phase_diagram(
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
     B = len(betas)
-    per = _sweep(x0, betas, [h] * B, [N] * B, [idx] * B, threshold, normalized, packed, seed_chunk,
-                 backend=backend, project=step == "projected")
+    per = _sweep(
+        x0,
+        betas,
+        [h] * B,
+        [N] * B,
+        [idx] * B,
+        threshold,
+        normalized,
+        packed,
+        seed_chunk,
+        backend=backend,
+        project=step == "projected",
+    )
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
 
 
@@ -942,8 +1027,9 @@ def usa_phase_diagram(
         ...                                 checkpoints=5).shape
         (2, 5)
     """
-    betas, n, d, seeds = _check_common(betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend,
-                                       step, schedule)
+    betas, n, d, seeds = _check_common(
+        betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend, step, schedule
+    )
     check_positive("t1", t1)
     check_positive("base_dt", base_dt)
     _check_usa_steps(betas, t1, base_dt)
@@ -953,6 +1039,17 @@ def usa_phase_diagram(
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
     grids = [grid(t1, float(usa_step_size(b, base_dt)), checkpoints) for b in betas]
     Ns, hs, idxs = zip(*grids)
-    per = _sweep(x0, betas, hs, Ns, idxs, threshold, False, packed, seed_chunk, backend=backend,
-                 project=step == "projected")
+    per = _sweep(
+        x0,
+        betas,
+        hs,
+        Ns,
+        idxs,
+        threshold,
+        False,
+        packed,
+        seed_chunk,
+        backend=backend,
+        project=step == "projected",
+    )
     return _finish(checkpoint_times(t1, checkpoints), per, Ns, per_seed)

@@ -13,7 +13,14 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["sphere_axes", "plot_configuration", "plot_curves", "savefig", "animate", "MOVIE_FORMATS"]
+__all__ = [
+    "sphere_axes",
+    "plot_configuration",
+    "plot_curves",
+    "savefig",
+    "animate",
+    "MOVIE_FORMATS",
+]
 
 #: Movie formats of ``animate``: ``.mp4`` (ffmpeg from the ``imageio-ffmpeg`` wheel) and ``.gif`` (Pillow).
 MOVIE_FORMATS = (".mp4", ".gif")
@@ -36,7 +43,9 @@ def sphere_axes(ax, *, elev: float = 20.0, azim: float = 35.0, alpha: float = 0.
     return ax
 
 
-def plot_configuration(ax, x, *, color=None, overlay=None, title: str | None = None, cmap="viridis"):
+def plot_configuration(
+    ax, x, *, color=None, overlay=None, title: str | None = None, cmap="viridis"
+):
     """Scatter a configuration ``x`` (n, d) on ``ax``.
 
     ``d = 3``: on a sphere view (``ax`` must be 3D). Otherwise the first two
@@ -51,7 +60,11 @@ def plot_configuration(ax, x, *, color=None, overlay=None, title: str | None = N
         ax.scatter(x[:, 0], x[:, 1], x[:, 2], c=c, cmap=cmap, s=6, depthshade=False)
         if overlay is not None:
             o = np.asarray(overlay)
-            style = dict(ls="none", marker="*", ms=12, mfc="none") if len(o) <= 8 else dict(ls="--", lw=1.0)
+            style = (
+                dict(ls="none", marker="*", ms=12, mfc="none")
+                if len(o) <= 8
+                else dict(ls="--", lw=1.0)
+            )
             ax.plot(o[:, 0], o[:, 1], o[:, 2], color="r", label="theory", **style)
     else:
         xc = x - x.mean(0)
@@ -106,7 +119,9 @@ def _movie_path(path) -> Path:
         with open(p, "ab"):
             pass
     except OSError as e:
-        raise ValueError(f"movie path {str(path)!r} cannot be written ({e.strerror or type(e).__name__})") from None
+        raise ValueError(
+            f"movie path {str(path)!r} cannot be written ({e.strerror or type(e).__name__})"
+        ) from None
     if not existed:
         p.unlink()
     return p
@@ -152,13 +167,19 @@ def animate(
         ts, xs = traj
         energy = None
     else:
-        ts, xs, energy = getattr(traj, "ts", None), getattr(traj, "xs", None), getattr(traj, "energy", None)
+        ts, xs, energy = (
+            getattr(traj, "ts", None),
+            getattr(traj, "xs", None),
+            getattr(traj, "energy", None),
+        )
     if xs is None:
         raise ValueError("animate needs saved states: run with save_states=True")
     xs = np.asarray(xs)
     ts = np.asarray(ts, dtype=np.float64)
     if xs.ndim != 3 or xs.shape[0] == 0 or ts.shape != (xs.shape[0],):
-        raise ValueError(f"animate needs a non-empty trajectory: states (T, n, d) and T times, got {xs.shape} and {ts.shape}")
+        raise ValueError(
+            f"animate needs a non-empty trajectory: states (T, n, d) and T times, got {xs.shape} and {ts.shape}"
+        )
     fps = int(fps)
     if fps < 1:
         raise ValueError(f"fps must be >= 1, got {fps}")
@@ -169,7 +190,9 @@ def animate(
     if xs.shape[0] == 0:
         raise ValueError("the trajectory has no finite state to draw")
     energy = None if energy is None else np.asarray(energy, dtype=np.float64)[ok]
-    num = np.asarray(jax.vmap(lambda x: metastability._clusters(x, threshold, block_size=None).num)(xs))
+    num = np.asarray(
+        jax.vmap(lambda x: metastability._clusters(x, threshold, block_size=None).num)(xs)
+    )
     n, d = xs.shape[1:]
     fig = plt.figure(figsize=size, dpi=dpi)
     if d == 3:
@@ -236,8 +259,17 @@ def animate(
         if out.suffix.lower() == ".gif":
             from PIL import Image
 
-            imgs = [Image.fromarray(f).quantize(colors=64, method=Image.Quantize.FASTOCTREE) for f in frames()]
-            imgs[0].save(out, save_all=True, append_images=imgs[1:], duration=max(1, round(1000 / fps)), loop=0)
+            imgs = [
+                Image.fromarray(f).quantize(colors=64, method=Image.Quantize.FASTOCTREE)
+                for f in frames()
+            ]
+            imgs[0].save(
+                out,
+                save_all=True,
+                append_images=imgs[1:],
+                duration=max(1, round(1000 / fps)),
+                loop=0,
+            )
         else:
             import imageio_ffmpeg
 

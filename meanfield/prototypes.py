@@ -264,7 +264,9 @@ def decomposition_error(L_q, L_ols, V) -> Array:
         >>> float(mf.prototypes.decomposition_error(2.0, 1.5, 0.25))
         0.125
     """
-    return jnp.abs(L_q - L_ols - V) / jnp.maximum(jnp.abs(L_q), jnp.finfo(jnp.result_type(L_q)).tiny)
+    return jnp.abs(L_q - L_ols - V) / jnp.maximum(
+        jnp.abs(L_q), jnp.finfo(jnp.result_type(L_q)).tiny
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -344,7 +346,9 @@ def vq_losses(
 def _projection(d: int, m: int, width: int | None, depth: int, key):
     if depth == 0:
         return eqx.nn.Linear(d, m, key=key)
-    return eqx.nn.MLP(d, m, width_size=width or max(d, m), depth=depth, activation=jax.nn.gelu, key=key)
+    return eqx.nn.MLP(
+        d, m, width_size=width or max(d, m), depth=depth, activation=jax.nn.gelu, key=key
+    )
 
 
 def _maybe_normalize(z, normalize: bool):
@@ -423,7 +427,9 @@ class PrototypeReadout(eqx.Module):
     def _check_x(self, x):
         d = self.in_features
         if jnp.ndim(x) != 2 or jnp.shape(x)[1] != d:
-            raise ValueError(f"x must be a (T, {d}) sequence of encoder outputs, got shape {jnp.shape(x)}")
+            raise ValueError(
+                f"x must be a (T, {d}) sequence of encoder outputs, got shape {jnp.shape(x)}"
+            )
 
     @property
     def in_features(self) -> int:
@@ -492,7 +498,14 @@ class HardVQ(eqx.Module):
         prototype_scale: RealScalarLike = 1.0,
     ):
         soft = PrototypeReadout(
-            d, m, K, 1.0, key=key, width=width, depth=depth, normalize=normalize,
+            d,
+            m,
+            K,
+            1.0,
+            key=key,
+            width=width,
+            depth=depth,
+            normalize=normalize,
             prototype_scale=prototype_scale,
         )
         self.projection = soft.projection
@@ -548,7 +561,9 @@ class VQAutoencoder(eqx.Module):
 
     def __init__(self, quantizer, *, key, width: int | None = None, depth: int = 0):
         if not isinstance(quantizer, (PrototypeReadout, HardVQ)):
-            raise TypeError(f"quantizer must be a PrototypeReadout or HardVQ, got {type(quantizer).__name__}")
+            raise TypeError(
+                f"quantizer must be a PrototypeReadout or HardVQ, got {type(quantizer).__name__}"
+            )
         self.quantizer = quantizer
         m = quantizer.prototypes.shape[1]
         proj = quantizer.projection
@@ -640,11 +655,15 @@ class HierarchicalReadout(eqx.Module):
     def level_terms(self, xs: Array | np.ndarray):
         """``((L_q, L_OLS, V) at level 1 over all tokens, (L_q, L_OLS, V) at level 2)``."""
         if jnp.ndim(xs) != 3:
-            raise ValueError(f"xs must be a (N, T, d) batch of sequences, got shape {jnp.shape(xs)}")
+            raise ValueError(
+                f"xs must be a (N, T, d) batch of sequences, got shape {jnp.shape(xs)}"
+            )
         N, T, d = xs.shape
         z = self.level1.tokens(xs.reshape(N * T, d))
         t1 = _loss_terms(z, self.level1.prototypes, self.level1.temperature)
-        s = jnp.mean(_assign(z, self.level1.prototypes, self.level1.temperature).reshape(N, T, -1), axis=1)
+        s = jnp.mean(
+            _assign(z, self.level1.prototypes, self.level1.temperature).reshape(N, T, -1), axis=1
+        )
         t2 = _loss_terms(s, self.prototypes2, self.temperature2)
         return t1, t2
 
@@ -689,7 +708,9 @@ def separation(prototypes: ArrayLike) -> tuple[Float[Array, ""], Float[Array, ""
         (3.0, 4.0)
     """
     if jnp.ndim(prototypes) != 2 or jnp.shape(prototypes)[0] < 2:
-        raise ValueError(f"prototypes must be (K, m) with K >= 2, got shape {jnp.shape(prototypes)}")
+        raise ValueError(
+            f"prototypes must be (K, m) with K >= 2, got shape {jnp.shape(prototypes)}"
+        )
     return _separation(prototypes)
 
 
@@ -732,7 +753,9 @@ def _labels(name, y):
 def _pair(labels_true, labels_pred):
     a, b = _labels("labels_true", labels_true), _labels("labels_pred", labels_pred)
     if a.shape != b.shape:
-        raise ValueError(f"labels_true and labels_pred must have the same length, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"labels_true and labels_pred must have the same length, got {a.shape} and {b.shape}"
+        )
     if a.size == 0:
         raise ValueError("need at least one label")
     return a, b
@@ -1039,7 +1062,11 @@ def _hessian_blocks(hessian, n_theta):
     if not np.all(np.isfinite(H)):
         raise ValueError("hessian must be finite")
     n = H.shape[0]
-    if isinstance(n_theta, bool) or not isinstance(n_theta, (int, np.integer)) or not 1 <= n_theta < n:
+    if (
+        isinstance(n_theta, bool)
+        or not isinstance(n_theta, (int, np.integer))
+        or not 1 <= n_theta < n
+    ):
         raise ValueError(
             f"n_theta (the number of encoder parameters, listed first) must be an int in [1, {n - 1}], "
             f"got {n_theta!r}"
@@ -1145,9 +1172,16 @@ def stability_boundary(hessian: ArrayLike, n_theta: int) -> TwoTimescaleBounds:
     denom = beta * gamma + mu[0] * delta
     eps_star = float(mu[0] * lam[0] / denom) if denom > 0 else math.inf
     return TwoTimescaleBounds(
-        eta_P_max=float(2.0 / lam[-1]), eta_theta_max=float(2.0 / mu[-1]), eps_star=eps_star,
-        lambda_min=float(lam[0]), lambda_max=float(lam[-1]), mu_min=float(mu[0]), mu_max=float(mu[-1]),
-        beta=beta, gamma=gamma, delta=delta,
+        eta_P_max=float(2.0 / lam[-1]),
+        eta_theta_max=float(2.0 / mu[-1]),
+        eps_star=eps_star,
+        lambda_min=float(lam[0]),
+        lambda_max=float(lam[-1]),
+        mu_min=float(mu[0]),
+        mu_max=float(mu[-1]),
+        beta=beta,
+        gamma=gamma,
+        delta=delta,
     )
 
 
@@ -1219,8 +1253,15 @@ def two_timescale_radius(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) -> 
     et, ep = _rates(eta_theta, eta_P)
     n = H.shape[0]
     k = int(n_theta)
-    s = np.sqrt(np.concatenate([np.broadcast_to(et[..., None], (*et.shape, k)),
-                                np.broadcast_to(ep[..., None], (*ep.shape, n - k))], axis=-1))
+    s = np.sqrt(
+        np.concatenate(
+            [
+                np.broadcast_to(et[..., None], (*et.shape, k)),
+                np.broadcast_to(ep[..., None], (*ep.shape, n - k)),
+            ],
+            axis=-1,
+        )
+    )
     nu = np.linalg.eigvalsh(s[..., :, None] * H * s[..., None, :])
     return np.asarray(np.max(np.abs(1.0 - nu), axis=-1))
 
@@ -1276,7 +1317,9 @@ def digit_patches(patch=4) -> tuple[np.ndarray, np.ndarray]:
     check_choice("patch", patch, (1, 2, 4, 8))
     X, _ = load_digits()
     n, g = X.shape[0], 8 // patch
-    tokens = X.reshape(n, g, patch, g, patch).transpose(0, 1, 3, 2, 4).reshape(n * g * g, patch * patch)
+    tokens = (
+        X.reshape(n, g, patch, g, patch).transpose(0, 1, 3, 2, 4).reshape(n * g * g, patch * patch)
+    )
     return np.ascontiguousarray(tokens), np.repeat(np.arange(n, dtype=np.int32), g * g)
 
 

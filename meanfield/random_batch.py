@@ -115,7 +115,9 @@ def _rb_field(kernel, x, aux, key, p: int, mode: str):
         if usa is not None:
             g = _pair_grads_exp(usa, y[:, None, :], y[J])  # (n, p, d)
             return back(jnp.mean(g, axis=1))
-        g = jax.vmap(lambda xi, ai, js: jax.vmap(kernel.grad_x, (None, None, 0, 0))(xi, ai, x[js], aux[js]))(x, aux, J)
+        g = jax.vmap(
+            lambda xi, ai, js: jax.vmap(kernel.grad_x, (None, None, 0, 0))(xi, ai, x[js], aux[js])
+        )(x, aux, J)
         return jnp.mean(g, axis=1)
     perm = jax.random.permutation(key, n)
     G = n // p
@@ -132,7 +134,9 @@ def _rb_field(kernel, x, aux, key, p: int, mode: str):
         F = jnp.zeros_like(y).at[idx.reshape(-1)].set(Fb.reshape(n, d))
         return back(F)
     xb, ab = x[idx], aux[idx]
-    pair = jax.vmap(jax.vmap(kernel.grad_x, (None, None, 0, 0)), (0, 0, None, None))  # (p, p, d) per batch
+    pair = jax.vmap(
+        jax.vmap(kernel.grad_x, (None, None, 0, 0)), (0, 0, None, None)
+    )  # (p, p, d) per batch
     g = jax.vmap(pair)(xb, ab, xb, ab)
     wts = w_other * off + w_self * jnp.eye(p, dtype=x.dtype)
     Fb = jnp.einsum("ij,gijd->gid", wts, g)
@@ -142,7 +146,9 @@ def _rb_field(kernel, x, aux, key, p: int, mode: str):
 _rb_field_jit = jax.jit(_rb_field, static_argnames=("p", "mode"))
 
 
-def field_errors(kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mode: str = "batch") -> np.ndarray:
+def field_errors(
+    kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mode: str = "batch"
+) -> np.ndarray:
     r"""Relative field error $\|\hat F - F\|_F / \|F\|_F$ for each $p$ in ``ps`` and each draw.
 
     For ``mode="sample"`` the mean-square error is exactly $\operatorname{tr} \operatorname{Cov}(g(z_i, z_J)) / p$ per token,
@@ -262,7 +268,18 @@ def simulate_random_batch(
             f"round(t1/dt) = {steps} steps must be a positive multiple of num_saves - 1 = {num_saves - 1}"
         )
     obs = tuple(sorted((observables or {}).items()))
-    return _rb_run(kernel, x0, aux, key, jnp.asarray(dt, x0.dtype), p, mode, steps // (num_saves - 1), num_saves, obs)
+    return _rb_run(
+        kernel,
+        x0,
+        aux,
+        key,
+        jnp.asarray(dt, x0.dtype),
+        p,
+        mode,
+        steps // (num_saves - 1),
+        num_saves,
+        obs,
+    )
 
 
 @eqx.filter_jit

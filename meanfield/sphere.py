@@ -46,7 +46,9 @@ def _float_dtype(dtype):
     try:
         dt = jnp.dtype(dtype)
     except TypeError:
-        raise TypeError(f"dtype must be a floating dtype (float32, float64, ...), got {dtype!r}") from None
+        raise TypeError(
+            f"dtype must be a floating dtype (float32, float64, ...), got {dtype!r}"
+        ) from None
     if not jnp.issubdtype(dt, jnp.floating):
         raise TypeError(f"dtype must be a floating dtype (float32, float64, ...), got {dt}")
     return dt
@@ -296,7 +298,16 @@ def sample_density(
         raise TypeError(f"log_bound must be a real scalar, got {log_bound!r}")
     check_finite("log_bound", log_bound)
     dtype = _float_dtype(dtype)
-    out = _sample_density(key, jnp.asarray(log_bound, DRAW_DTYPE), n, d, log_density, batch, max_rounds, jnp.dtype(DRAW_DTYPE))
+    out = _sample_density(
+        key,
+        jnp.asarray(log_bound, DRAW_DTYPE),
+        n,
+        d,
+        log_density,
+        batch,
+        max_rounds,
+        jnp.dtype(DRAW_DTYPE),
+    )
     return _in_dtype(out, dtype)
 
 

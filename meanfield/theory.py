@@ -250,8 +250,10 @@ def window_size(n, beta, d, density=None):
     check_positive("n", n)
     check_positive("beta", beta)
     C = tail_constant(d, density)
-    return C * jnp.asarray(n, dtype=jnp.result_type(float)) * jnp.asarray(beta, dtype=jnp.result_type(float)) ** (
-        -1.0 / alpha
+    return (
+        C
+        * jnp.asarray(n, dtype=jnp.result_type(float))
+        * jnp.asarray(beta, dtype=jnp.result_type(float)) ** (-1.0 / alpha)
     )
 
 
@@ -407,7 +409,9 @@ def critical_weights(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     check_positive("gamma", gamma)
     C = tail_constant(d, density)
-    return _critical_weights(key, jnp.asarray(gamma), jnp.asarray(C), alpha, k, num, terms, min(batch_size, num))
+    return _critical_weights(
+        key, jnp.asarray(gamma), jnp.asarray(C), alpha, k, num, terms, min(batch_size, num)
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
@@ -650,7 +654,9 @@ def sample_critical_output(
     keys = jax.random.split(key, num)
     pad = -num % batch_size
     keys = jnp.concatenate([keys, keys[:pad]]) if pad else keys
-    return _critical_output(keys, jnp.asarray(gamma), jnp.asarray(C), alpha, terms, batch_size)[:num]
+    return _critical_output(keys, jnp.asarray(gamma), jnp.asarray(C), alpha, terms, batch_size)[
+        :num
+    ]
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))

@@ -20,7 +20,7 @@ def test_collapsed_usa_spectrum_closed_form(x64, beta, n, d):
     lam = np.asarray(jnp.linalg.eigvalsh(hessian(mf.kernels.USA(beta), x)))
     pred = analysis.collapsed_spectrum(beta, n, d)
     assert lam.shape == (n * (d - 1),)
-    assert np.allclose(lam[-(d - 1):], 0.0, atol=1e-12)
+    assert np.allclose(lam[-(d - 1) :], 0.0, atol=1e-12)
     assert np.allclose(lam[: -(d - 1)], -np.exp(beta) / n, rtol=1e-12)
     assert pred["multiplicity"] == lam.size - (d - 1)
     c = analysis.classify(hessian(mf.kernels.USA(beta), x), num_zero_modes=d - 1)
@@ -33,7 +33,7 @@ def test_collapsed_spectrum_float32_and_rescaled():
     lam = np.asarray(jnp.linalg.eigvalsh(hessian(mf.kernels.USA(beta, rescaled=True), x)))
     # rescaled kernel: e^{-beta} times the original, so -1/n
     assert np.allclose(lam[: -(d - 1)], -1.0 / n, rtol=1e-5)
-    assert np.allclose(lam[-(d - 1):], 0.0, atol=1e-6)
+    assert np.allclose(lam[-(d - 1) :], 0.0, atol=1e-6)
 
 
 def test_antipodal_two_cluster_state_is_a_saddle_with_the_predicted_spectrum(x64):
@@ -42,9 +42,9 @@ def test_antipodal_two_cluster_state_is_a_saddle_with_the_predicted_spectrum(x64
     x = analysis.cluster_state(n, 2, d, jnp.float64)
     lam = np.asarray(jnp.linalg.eigvalsh(hessian(k, x)))
     p = analysis.antipodal_spectrum(beta, n, d)
-    assert np.allclose(lam[-p["num_positive"]:], p["positive"], rtol=1e-10)
+    assert np.allclose(lam[-p["num_positive"] :], p["positive"], rtol=1e-10)
     assert np.allclose(lam[: p["num_negative"]], p["negative"], rtol=1e-10)
-    zeros = lam[p["num_negative"]: -p["num_positive"]]
+    zeros = lam[p["num_negative"] : -p["num_positive"]]
     assert zeros.size == p["zero"] and np.allclose(zeros, 0.0, atol=1e-12)
     c = analysis.classify_state(k, x)
     assert c["kind"] == "saddle" and c["positive"] == d - 1 and c["clusters"] == 2
@@ -89,7 +89,9 @@ def test_hessian_matches_finite_differences_of_the_riemannian_gradient(x64, whic
 def test_cluster_state_and_bad_input():
     x = analysis.cluster_state(6, 3, 3)
     assert int(mf.metrics.num_clusters(x)) == 3
-    assert float(jnp.max(jnp.abs(mf.velocity(mf.kernels.USA(2.0), x)))) < 1e-5  # critical by symmetry
+    assert (
+        float(jnp.max(jnp.abs(mf.velocity(mf.kernels.USA(2.0), x)))) < 1e-5
+    )  # critical by symmetry
     with pytest.raises(ValueError, match="dividing"):
         analysis.cluster_state(7, 2)
     with pytest.raises(TypeError, match="kernel"):
@@ -104,10 +106,16 @@ def test_escape_time_from_antipodal_pair_matches_the_exact_ode(x64):
     t = float(analysis.escape_time(mf.kernels.USA(beta), x0, dt=1e-3, t_max=1e4))
     g0 = 1 - np.cos(theta0)
     theta_f = np.arccos(1 - 0.5 * g0)
-    exact, _ = quad(lambda th: 1.0 / (np.exp(beta * np.cos(th)) * np.sin(th)), theta_f, theta0, limit=200)
+    exact, _ = quad(
+        lambda th: 1.0 / (np.exp(beta * np.cos(th)) * np.sin(th)), theta_f, theta0, limit=200
+    )
     assert abs(t - exact) < 2e-3 + 1e-3 * exact
     # linear theory: rate n lambda_max = e^{-beta}, t_esc = e^{beta} log(C / delta0)
-    rate = 2 * float(jnp.linalg.eigvalsh(hessian(mf.kernels.USA(beta), analysis.cluster_state(2, 2, 3, jnp.float64)))[-1])
+    rate = 2 * float(
+        jnp.linalg.eigvalsh(
+            hessian(mf.kernels.USA(beta), analysis.cluster_state(2, 2, 3, jnp.float64))
+        )[-1]
+    )
     assert np.isclose(rate, np.exp(-beta), rtol=1e-10)
     assert t * rate == pytest.approx(np.log(1 / delta0), abs=1.5)
     # not escaped by t_max -> inf

@@ -10,7 +10,9 @@ import pytest
 import meanfield
 
 MODULES = sorted(
-    m.name for m in pkgutil.walk_packages(meanfield.__path__, "meanfield.") if not m.name.endswith("__main__")
+    m.name
+    for m in pkgutil.walk_packages(meanfield.__path__, "meanfield.")
+    if not m.name.endswith("__main__")
 )
 
 
@@ -48,12 +50,28 @@ def test_package_reexports_are_public_modules():
     for name in meanfield.__all__:
         obj = getattr(meanfield, name)
         home = getattr(obj, "__module__", getattr(obj, "__name__", "meanfield"))
-        assert not any(part.startswith("_") and part != "__init__" for part in home.split(".")), (name, home)
+        assert not any(part.startswith("_") and part != "__init__" for part in home.split(".")), (
+            name,
+            home,
+        )
 
 
 def test_continuum_is_public():
     """The mean-field limit (issue 19) is a public module with its entry points."""
-    assert "continuum" in meanfield.__all__ and meanfield.continuum.__name__ == "meanfield.continuum"
-    expected = {"growth_rates", "most_unstable_mode", "solve", "Solution", "grid", "Grid", "mode_perturbation",
-                "sample_perturbation", "project_particles", "w1_circle", "mmd_sphere"}
+    assert (
+        "continuum" in meanfield.__all__ and meanfield.continuum.__name__ == "meanfield.continuum"
+    )
+    expected = {
+        "growth_rates",
+        "most_unstable_mode",
+        "solve",
+        "Solution",
+        "grid",
+        "Grid",
+        "mode_perturbation",
+        "sample_perturbation",
+        "project_particles",
+        "w1_circle",
+        "mmd_sphere",
+    }
     assert expected <= set(meanfield.continuum.__all__)

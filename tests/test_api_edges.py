@@ -75,7 +75,9 @@ def test_traced_usa_field_and_velocity_past_overflow_are_errors():
     for f in (mf.field, mf.velocity):
         run = jax.jit(lambda b, f=f: f(K.USA(b), X))
         np.testing.assert_allclose(run(jnp.float32(2.0)), f(K.USA(2.0), X), rtol=1e-5, atol=1e-6)
-        with pytest.raises((RuntimeError, ValueError), match=r"beta overflows exp\(beta <x, y>\) in float32"):
+        with pytest.raises(
+            (RuntimeError, ValueError), match=r"beta overflows exp\(beta <x, y>\) in float32"
+        ):
             jax.block_until_ready(run(jnp.float32(200.0)))
         with pytest.raises(ValueError, match="beta = 200 overflows"):
             f(K.USA(200.0), X)

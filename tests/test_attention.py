@@ -34,7 +34,9 @@ def test_weights_match_softmax_formula_float64():
             T = 1.0 - np.asarray(keys) @ np.asarray(q)
             e = np.exp(-beta * T)
             np.testing.assert_allclose(attention.weights(q, keys, beta), e / e.sum(), rtol=1e-12)
-            assert float(attention.log_partition(q, keys, beta)) == pytest.approx(np.log(e.sum()), rel=1e-12)
+            assert float(attention.log_partition(q, keys, beta)) == pytest.approx(
+                np.log(e.sum()), rel=1e-12
+            )
 
 
 @pytest.mark.parametrize("beta", [1e3, 1e5, 1e6, 1e9])
@@ -76,11 +78,16 @@ def test_displacement_and_residual_update_formulas():
         A = np.asarray(attention.weights(q, keys, beta))
         Y = (A[:, None] * (np.asarray(keys) - np.asarray(q))).sum(0)
         np.testing.assert_allclose(attention.displacement(q, keys, beta), Y, rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(attention.displacement(q, keys, beta, V), np.asarray(V) @ Y, rtol=1e-12)
+        np.testing.assert_allclose(
+            attention.displacement(q, keys, beta, V), np.asarray(V) @ Y, rtol=1e-12
+        )
         # Y_n = attention output - V q
         out = np.asarray(V) @ (A @ np.asarray(keys))
-        np.testing.assert_allclose(attention.displacement(q, keys, beta, V), out - np.asarray(V) @ np.asarray(q),
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            attention.displacement(q, keys, beta, V),
+            out - np.asarray(V) @ np.asarray(q),
+            atol=1e-12,
+        )
         u = np.asarray(q) + gamma * Y
         r = attention.residual_update(q, keys, beta, gamma)
         np.testing.assert_allclose(r, u / np.linalg.norm(u), rtol=1e-12)
@@ -104,9 +111,15 @@ def test_context_stats_equals_dense(chunk):
     q, keys = _context()
     for beta in [0.0, 2.0, 50.0, 1e5]:
         st = attention.context_stats(q, keys, beta, k=3, chunk=chunk)
-        np.testing.assert_allclose(st.top_weights, attention.ordered_weights(q, keys, beta)[:3], **F32)
-        assert float(st.log_partition) == pytest.approx(float(attention.log_partition(q, keys, beta)), abs=2e-5)
-        np.testing.assert_allclose(st.displacement, attention.displacement(q, keys, beta), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            st.top_weights, attention.ordered_weights(q, keys, beta)[:3], **F32
+        )
+        assert float(st.log_partition) == pytest.approx(
+            float(attention.log_partition(q, keys, beta)), abs=2e-5
+        )
+        np.testing.assert_allclose(
+            st.displacement, attention.displacement(q, keys, beta), rtol=1e-4, atol=1e-6
+        )
         T = np.sort(1.0 - np.asarray(keys @ q))
         np.testing.assert_allclose(st.top_distances, T[:3], atol=1e-6)
 
@@ -117,7 +130,9 @@ def test_sampled_context_stats_is_context_stats_of_the_drawn_keys():
     q = jnp.array([0.0, 1.0, 0.0])
     st = attention.sampled_context_stats(key, q, 7.0, n, k=2, chunk=chunk)
     # chunk i = uniform(fold_in(key, i), chunk); the last chunk is truncated to n
-    keys = jnp.concatenate([mf.sphere.uniform(jax.random.fold_in(key, i), chunk, d) for i in range(8)])[:n]
+    keys = jnp.concatenate(
+        [mf.sphere.uniform(jax.random.fold_in(key, i), chunk, d) for i in range(8)]
+    )[:n]
     ref = attention.context_stats(q, keys, 7.0, k=2, chunk=n)
     np.testing.assert_allclose(st.top_weights, ref.top_weights, **F32)
     np.testing.assert_allclose(st.displacement, ref.displacement, rtol=1e-4, atol=1e-6)
@@ -137,9 +152,9 @@ def test_uniform_distances_law():
 def test_partition_function_law_streamed():
     # mean Z_n over contexts (distances streamed in chunks) vs the exact mean n E[e^{-beta T}]
     n, beta, d, trials = 50_000, 20.0, 5, 24
-    logz = jax.vmap(lambda k: attention.sampled_distance_stats(k, beta, n, d, chunk=4096).log_partition)(
-        jax.random.split(jax.random.key(0), trials)
-    )
+    logz = jax.vmap(
+        lambda k: attention.sampled_distance_stats(k, beta, n, d, chunk=4096).log_partition
+    )(jax.random.split(jax.random.key(0), trials))
     Z = np.exp(np.asarray(logz, dtype=np.float64))
     exact = theory.partition_function_uniform(n, beta, d)
     assert abs(Z.mean() - exact) < 4 * Z.std(ddof=1) / math.sqrt(trials)
@@ -148,11 +163,17 @@ def test_partition_function_law_streamed():
 def test_critical_top_weight_finite_n_matches_limit():
     # mean A_(1) at beta = n^alpha (d = 5, n = 10^4) vs E[W_1] of the Poisson limit (MATH.md: 0.277)
     n, d, trials = 10_000, 5, 600
-    A = np.asarray(attention.sample_top_weights(jax.random.key(1), n, float(theory.critical_beta(n, d)), d, trials, k=2))
+    A = np.asarray(
+        attention.sample_top_weights(
+            jax.random.key(1), n, float(theory.critical_beta(n, d)), d, trials, k=2
+        )
+    )
     W = np.asarray(theory.critical_weights(jax.random.key(2), 1.0, d, 2, 5000))
     for j in range(2):
         se = math.sqrt(A[:, 0, j].var() / trials + W[:, j].var() / W.shape[0])
-        assert abs(A[:, 0, j].mean() - W[:, j].mean()) < 4 * se + 0.005  # + finite-n O(1/beta) allowance
+        assert (
+            abs(A[:, 0, j].mean() - W[:, j].mean()) < 4 * se + 0.005
+        )  # + finite-n O(1/beta) allowance
 
 
 def test_sample_top_weights_keys_path_matches_distance_path_in_law():
@@ -184,10 +205,14 @@ def test_mean_top_weight_grid_consistency_and_monotonicity():
 def test_sample_density_von_mises_mean():
     # rho propto exp(kappa x_3) on S^2: E[x_3] = coth(kappa) - 1/kappa
     n, kappa = 40_000, 4.0
-    x = np.asarray(mf.sphere.sample_density(jax.random.key(0), n, 3, lambda x: kappa * x[2], log_bound=kappa))
+    x = np.asarray(
+        mf.sphere.sample_density(jax.random.key(0), n, 3, lambda x: kappa * x[2], log_bound=kappa)
+    )
     assert x.shape == (n, 3)
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
-    assert abs(x[:, 2].mean() - (1 / math.tanh(kappa) - 1 / kappa)) < 4 * x[:, 2].std() / math.sqrt(n)
+    assert abs(x[:, 2].mean() - (1 / math.tanh(kappa) - 1 / kappa)) < 4 * x[:, 2].std() / math.sqrt(
+        n
+    )
     assert abs(x[:, 0].mean()) < 4 * x[:, 0].std() / math.sqrt(n)
 
 
@@ -198,13 +223,17 @@ def test_sample_density_fig2_law():
     f = (1 - z[:, None] ** 2) * np.cos(phi) * np.sin(phi)
     expect = np.sum(wz[:, None] * f * np.exp(f)) / np.sum(wz[:, None] * np.exp(f))
     n = 40_000
-    x = np.asarray(mf.sphere.sample_density(jax.random.key(1), n, 3, lambda x: x[0] * x[1], log_bound=0.5))
+    x = np.asarray(
+        mf.sphere.sample_density(jax.random.key(1), n, 3, lambda x: x[0] * x[1], log_bound=0.5)
+    )
     v = x[:, 0] * x[:, 1]
     assert abs(v.mean() - expect) < 4 * v.std() / math.sqrt(n)
 
 
 def test_sample_density_jit_vmap_and_errors():
-    f = jax.jit(jax.vmap(lambda k: mf.sphere.sample_density(k, 5, 3, lambda x: x[2], log_bound=1.0)))
+    f = jax.jit(
+        jax.vmap(lambda k: mf.sphere.sample_density(k, 5, 3, lambda x: x[2], log_bound=1.0))
+    )
     assert f(jax.random.split(jax.random.key(0), 4)).shape == (4, 5, 3)
     good = lambda x: x[2]  # noqa: E731
     with pytest.raises(TypeError, match="log_density must be a callable"):
@@ -218,8 +247,15 @@ def test_sample_density_jit_vmap_and_errors():
     with pytest.raises(Exception, match="exceeded log_bound"):
         mf.sphere.sample_density(jax.random.key(0), 50, 3, lambda x: 5 * x[2], log_bound=1.0)
     with pytest.raises(Exception, match="max_rounds"):
-        mf.sphere.sample_density(jax.random.key(0), 500, 3, lambda x: 30 * x[2] - 30, log_bound=0.0,
-                                 batch=10, max_rounds=2)
+        mf.sphere.sample_density(
+            jax.random.key(0),
+            500,
+            3,
+            lambda x: 30 * x[2] - 30,
+            log_bound=0.0,
+            batch=10,
+            max_rounds=2,
+        )
 
 
 # ---------------------------------------------------------------- bad input
@@ -259,9 +295,20 @@ def test_reproduce_attention_quick(tmp_path):
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["experiment"] == "attention" and on_disk["quick"] is True
     checks = {c["name"]: c for c in summary["checks"]}
-    required = ["critical_top_weight", "critical_exponent", "subcritical_profile", "partition_function", "drift_field"]
+    required = [
+        "critical_top_weight",
+        "critical_exponent",
+        "subcritical_profile",
+        "partition_function",
+        "drift_field",
+    ]
     assert set(required) <= set(checks)
-    for name in ["fig3_ordered_weights.png", "critical_weights.png", "fig2_displacement.png", "residual_dynamics.png"]:
+    for name in [
+        "fig3_ordered_weights.png",
+        "critical_weights.png",
+        "fig2_displacement.png",
+        "residual_dynamics.png",
+    ]:
         assert (out / name).stat().st_size > 10_000
     # own tolerances against theory
     assert abs(checks["critical_top_weight"]["measured"] - 0.277) < 0.03
@@ -274,16 +321,27 @@ def test_reproduce_attention_quick(tmp_path):
     assert abs(checks["radial_drift"]["measured"] + 1.0) < 0.05
     assert checks["residual_ascent"]["measured"] > 0.45
     # the output limits (Sec. 4): supercritical, critical, fluctuation regimes
-    for name in ["supercritical_output", "supercritical_output_mark", "critical_output",
-                 "critical_output_second_moment", "fluctuation_covariance", "output_regimes",
-                 "drift_fluctuation_ratio"]:
+    for name in [
+        "supercritical_output",
+        "supercritical_output_mark",
+        "critical_output",
+        "critical_output_second_moment",
+        "fluctuation_covariance",
+        "output_regimes",
+        "drift_fluctuation_ratio",
+    ]:
         assert name in checks
     for name in ["output_limits.png", "output_regimes.png"]:
         assert (out / name).stat().st_size > 10_000
     assert checks["supercritical_output"]["measured"] < 0.04
     assert abs(checks["output_regimes"]["measured"] + 0.5) < 0.05
     # dependent and RoPE-rotated keys (meanfield.reproduce.attention_keys)
-    for name in ["dependent_tokens", "dependent_tokens_exponent", "rope_keys", "rope_keys_exponent"]:
+    for name in [
+        "dependent_tokens",
+        "dependent_tokens_exponent",
+        "rope_keys",
+        "rope_keys_exponent",
+    ]:
         assert name in checks
     assert (out / "attention_keys.png").stat().st_size > 10_000
     assert abs(checks["dependent_tokens_exponent"]["measured"] - 0.5) < 0.05
@@ -291,7 +349,9 @@ def test_reproduce_attention_quick(tmp_path):
     # the key rows well formed, each named once, every one passing (below): this run at the quick
     # sizes covers what tests/test_attention_keys.py ran again at smaller sizes
     # (test_key_checks_tiny_rows_are_well_formed_and_pass, merged here to keep CI under 30 minutes)
-    key_rows = [c for c in summary["checks"] if c["name"].startswith(("dependent_tokens", "rope_keys"))]
+    key_rows = [
+        c for c in summary["checks"] if c["name"].startswith(("dependent_tokens", "rope_keys"))
+    ]
     key_names = [c["name"] for c in key_rows]
     assert len(set(key_names)) == len(key_names)
     for name in ("dependent_tokens", "rope_keys"):
@@ -307,9 +367,15 @@ def test_reproduce_attention_quick(tmp_path):
     # the output stages' own bounds, independent of the rows' tolerances (these ran again at smaller
     # sizes in tests/test_reproduce_attention.py::test_output_stages_at_small_sizes, merged here to keep
     # CI under 30 minutes: this run at the quick sizes covers the same three stages and their figures)
-    for name in ["supercritical_output", "supercritical_output_mark", "critical_output",
-                 "critical_output_second_moment", "fluctuation_covariance", "output_regimes",
-                 "drift_fluctuation_ratio"]:
+    for name in [
+        "supercritical_output",
+        "supercritical_output_mark",
+        "critical_output",
+        "critical_output_second_moment",
+        "fluctuation_covariance",
+        "output_regimes",
+        "drift_fluctuation_ratio",
+    ]:
         assert checks[name]["note"]
     assert checks["supercritical_output_mark"]["measured"] < stats.chi2.ppf(0.9999, 4)
     assert checks["critical_output"]["measured"] < 0.12
@@ -322,4 +388,6 @@ def test_reproduce_attention_quick(tmp_path):
     R, R_se = limits["regimes_R"], limits["regimes_R_se"]
     assert R.shape[0] == 2
     assert np.all(np.abs(np.log(R[0] / R[1])) < 4 * np.hypot(R_se[0] / R[0], R_se[1] / R[1]) + 0.2)
-    assert all(c["pass"] for c in summary["checks"]), [c["name"] for c in summary["checks"] if not c["pass"]]
+    assert all(c["pass"] for c in summary["checks"]), [
+        c["name"] for c in summary["checks"] if not c["pass"]
+    ]

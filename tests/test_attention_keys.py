@@ -51,7 +51,12 @@ def test_ar_keys_stationary_uniform_marginals_and_correlation_decay():
     phi, num, n, chunk = 0.8, 4000, 48, 16  # chunk < n: the state crosses two chunk boundaries
     X = _contexts(attention.GaussianARKeys(D, phi), num, n, chunk)
     assert np.allclose(np.linalg.norm(X, axis=-1), 1.0, atol=1e-5)
-    for j in (0, 15, 16, 47):  # first key, both sides of a chunk boundary, last key: same uniform law
+    for j in (
+        0,
+        15,
+        16,
+        47,
+    ):  # first key, both sides of a chunk boundary, last key: same uniform law
         assert _uniform_first_coordinate_pvalue(X[:, j, 0], D) > 1e-3
         second = X[:, j].T @ X[:, j] / num  # E[x x^T] = I/d
         assert np.abs(second - np.eye(D) / D).max() < 6 * math.sqrt(3 / (D * (D + 2)) / num)
@@ -75,7 +80,11 @@ def test_ar_keys_phi_zero_is_iid_uniform():
 def test_stream_of_a_process_equals_its_materialised_context():
     # sampled_context_stats on a process == context_stats on process.draw(key, n, chunk) (same chunks)
     q = jnp.zeros(D).at[0].set(1.0)
-    for proc in (attention.GaussianARKeys(D, 0.9), attention.RoPEKeys(D), attention.StickyKeys(D, 0.5)):
+    for proc in (
+        attention.GaussianARKeys(D, 0.9),
+        attention.RoPEKeys(D),
+        attention.StickyKeys(D, 0.5),
+    ):
         key, n, chunk = jax.random.key(7), 1000, 128
         keys = proc.draw(key, n, chunk=chunk)
         dense = attention.context_stats(q, keys, 30.0, k=3, chunk=n)
@@ -83,7 +92,9 @@ def test_stream_of_a_process_equals_its_materialised_context():
         np.testing.assert_allclose(stream.top_weights, dense.top_weights, rtol=1e-5)
         np.testing.assert_allclose(stream.log_partition, dense.log_partition, rtol=1e-5)
         np.testing.assert_allclose(stream.displacement, dense.displacement, atol=1e-6)
-        np.testing.assert_allclose(dense.top_weights, attention.top_weights(q, keys, 30.0, 3), rtol=1e-5)
+        np.testing.assert_allclose(
+            dense.top_weights, attention.top_weights(q, keys, 30.0, 3), rtol=1e-5
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +107,9 @@ def test_rope_rotate_preserves_norms_and_sees_relative_positions():
     thetas = attention.rope_frequencies(6)
     pos = jnp.arange(50) * 1.0
     out = attention.rope_rotate(keys, pos, thetas)
-    np.testing.assert_allclose(jnp.linalg.norm(out, axis=1), jnp.linalg.norm(keys, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(out, axis=1), jnp.linalg.norm(keys, axis=1), rtol=1e-5
+    )
     # <R(p_q) q, R(p_j) x_j> = <q, R(p_j - p_q) x_j>
     q = mf.sphere.uniform(jax.random.key(2), 1, 6)
     pq = 17.0
@@ -106,7 +119,9 @@ def test_rope_rotate_preserves_norms_and_sees_relative_positions():
     # plane (0, 1) turns by theta_0 p, in sphere.rotation's convention; odd last coordinate untouched
     x = jnp.array([[1.0, 0.0, 0.0, 0.0, 2.0]])
     R = mf.sphere.rotation(0.7, 5)
-    np.testing.assert_allclose(attention.rope_rotate(x, jnp.array([0.7]), jnp.array([1.0, 0.0]))[0], R @ x[0], atol=1e-6)
+    np.testing.assert_allclose(
+        attention.rope_rotate(x, jnp.array([0.7]), jnp.array([1.0, 0.0]))[0], R @ x[0], atol=1e-6
+    )
     np.testing.assert_allclose(attention.rope_frequencies(5), [1.0, 0.01], rtol=1e-6)
 
 
@@ -116,7 +131,9 @@ def test_rope_keys_rotate_the_base_context_by_position():
     key = jax.random.key(3)
     np.testing.assert_allclose(
         proc.draw(key, 300, chunk=64),
-        attention.rope_rotate(base.draw(key, 300, chunk=64), jnp.arange(300) + 3, attention.rope_frequencies(D)),
+        attention.rope_rotate(
+            base.draw(key, 300, chunk=64), jnp.arange(300) + 3, attention.rope_frequencies(D)
+        ),
         atol=1e-6,
     )
 
@@ -136,11 +153,15 @@ def test_rope_keys_over_a_peaked_law_have_the_orbit_averaged_density():
     assert np.abs(np.linalg.norm(k, axis=1) - 1).max() < 1e-5
     assert ss.kstest((1 + k[:, 0]) / 2, ss.beta(4, 2).cdf).pvalue > 1e-3  # (1 + x_1)/2 ~ Beta(4, 2)
     # the orthogonal part is uniform on S^3: E[k_2^2] = (1 - E[k_1^2]) / 4
-    assert abs(np.mean(k[:, 1] ** 2) - (1 - np.mean(k[:, 0] ** 2)) / 4) < 5 * np.std(k[:, 1] ** 2) / math.sqrt(k.shape[0])
+    assert abs(np.mean(k[:, 1] ** 2) - (1 - np.mean(k[:, 0] ** 2)) / 4) < 5 * np.std(
+        k[:, 1] ** 2
+    ) / math.sqrt(k.shape[0])
     # E[(1 + x_1)^2] under the base law = E_unif[(1 + x_1)^4] / E_unif[(1 + x_1)^2]
     # = (1 + 6/5 + 3/35) / (1 + 1/5) (uniform moments E x_1^2 = 1/5, E x_1^4 = 3/35 on S^4)
     m = np.mean((1 + k[:, 0]) ** 2)
-    assert abs(m - (1 + 6 / 5 + 3 / 35) / 1.2) < 5 * np.std((1 + k[:, 0]) ** 2) / math.sqrt(k.shape[0])
+    assert abs(m - (1 + 6 / 5 + 3 / 35) / 1.2) < 5 * np.std((1 + k[:, 0]) ** 2) / math.sqrt(
+        k.shape[0]
+    )
     finite, limit, unrotated = attention_keys.rope_density(10_000)
     Z = 2 * math.pi**2.5 / math.gamma(2.5) * 1.2
     assert limit == pytest.approx(1.5 / Z, rel=1e-12)
@@ -171,7 +192,9 @@ def test_sticky_keys_repeat_rate_and_uniform_marginal():
     X = _contexts(attention.StickyKeys(D, stay), num, n, 16)
     same = np.all(X[:, 1:] == X[:, :-1], axis=-1)
     assert abs(same.mean() - stay) < 5 * math.sqrt(stay * (1 - stay) / same.size)
-    assert abs(same[:, 15].mean() - stay) < 5 * math.sqrt(stay * (1 - stay) / num)  # across a chunk boundary
+    assert abs(same[:, 15].mean() - stay) < 5 * math.sqrt(
+        stay * (1 - stay) / num
+    )  # across a chunk boundary
     for j in (0, 16, 39):
         assert _uniform_first_coordinate_pvalue(X[:, j, 0], D) > 1e-3
 
@@ -210,9 +233,13 @@ def test_bad_process_arguments_raise_one_clear_error():
     with pytest.raises(ValueError, match="base must be > 1"):
         attention.rope_frequencies(4, base=1.0)
     with pytest.raises(ValueError, match="key process in dimension d = 3"):
-        attention.sample_top_weights(jax.random.key(0), 10, [1.0], D, 2, sampler=attention.GaussianARKeys(3, 0.5))
+        attention.sample_top_weights(
+            jax.random.key(0), 10, [1.0], D, 2, sampler=attention.GaussianARKeys(3, 0.5)
+        )
     with pytest.raises(TypeError, match="sampler must be a callable"):
-        attention.sampled_context_stats(jax.random.key(0), jnp.ones(D) / math.sqrt(D), 1.0, 10, sampler=3)
+        attention.sampled_context_stats(
+            jax.random.key(0), jnp.ones(D) / math.sqrt(D), 1.0, 10, sampler=3
+        )
     with pytest.raises(ValueError, match="positions must have shape"):
         attention.rope_rotate(jnp.ones((3, 4)), jnp.arange(2), jnp.ones(2))
     with pytest.raises(ValueError, match=r"stay must be in \[0, 1\)"):
@@ -232,9 +259,13 @@ def test_bad_process_arguments_raise_one_clear_error():
 
 def test_mean_top_weight_grid_returns_its_samples():
     ar = attention.GaussianARKeys(D, 0.5)
-    m, se, A1 = attention.mean_top_weight_grid(jax.random.key(0), [20, 50], [1.0, 30.0], D, 16, sampler=ar, samples=True)
+    m, se, A1 = attention.mean_top_weight_grid(
+        jax.random.key(0), [20, 50], [1.0, 30.0], D, 16, sampler=ar, samples=True
+    )
     assert A1.shape == (2, 16, 2)
     np.testing.assert_allclose(A1.mean(axis=1), m, rtol=1e-12)
     np.testing.assert_allclose(A1.std(axis=1, ddof=1) / 4.0, se, rtol=1e-12)
-    m2, se2 = attention.mean_top_weight_grid(jax.random.key(0), [20, 50], [1.0, 30.0], D, 16, sampler=ar)
+    m2, se2 = attention.mean_top_weight_grid(
+        jax.random.key(0), [20, 50], [1.0, 30.0], D, 16, sampler=ar
+    )
     np.testing.assert_array_equal(m, m2)

@@ -27,12 +27,23 @@ def _entry_points(backend):
         "velocity": lambda: mf.velocity(k, _x, backend=backend),
         "energy": lambda: mf.energy(k, _x, backend=backend),
         "simulate": lambda: mf.simulate(k, _x, t1=0.2, dt=0.1, backend=backend).collapse_gap,
-        "simulate_long": lambda: mf.metastability.simulate_long(
-            K.USA(2.0, rescaled=True), _x, t1=1.0, rtol=1e-4, atol=1e-6, num_saves=3, backend=backend).energy,
+        "simulate_long": lambda: (
+            mf.metastability.simulate_long(
+                K.USA(2.0, rescaled=True),
+                _x,
+                t1=1.0,
+                rtol=1e-4,
+                atol=1e-6,
+                num_saves=3,
+                backend=backend,
+            ).energy
+        ),
         "sa_phase_diagram": lambda: phase_diagram.sa_phase_diagram(
-            jax.random.key(0), [1.0], n=6, d=2, seeds=2, t1=0.3, checkpoints=2, backend=backend),
+            jax.random.key(0), [1.0], n=6, d=2, seeds=2, t1=0.3, checkpoints=2, backend=backend
+        ),
         "usa_phase_diagram": lambda: phase_diagram.usa_phase_diagram(
-            jax.random.key(0), [1.0], n=6, d=2, seeds=2, t1=0.05, checkpoints=2, backend=backend),
+            jax.random.key(0), [1.0], n=6, d=2, seeds=2, t1=0.05, checkpoints=2, backend=backend
+        ),
         "use_backend": lambda: K.use_backend(backend).__enter__(),
     }
 
@@ -49,7 +60,9 @@ def test_every_entry_point_accepts_the_backends(name, backend):
     """The three values run; ``"native"`` where the kernel is unavailable is one error saying why."""
     available = (_native.phase_library() if "phase" in name else _native.exp_library()).available
     if backend == "native" and not available:
-        with pytest.raises(RuntimeError, match="backend='native': the fused C kernel is not available"):
+        with pytest.raises(
+            RuntimeError, match="backend='native': the fused C kernel is not available"
+        ):
             _entry_points(backend)[name]()
         return
     out = np.asarray(_entry_points(backend)[name]())
@@ -63,8 +76,12 @@ def test_the_values_mean_one_thing():
 
 
 def test_cli_rejects_an_unknown_backend(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "meanfield", "simulate", "--backend", "gpu", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "meanfield", "simulate", "--backend", "gpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert lines[0].endswith(f"--backend {ACCEPTED}")
@@ -90,7 +107,9 @@ observables = ["collapse_gap", "energy", "clusters"]
 
 
 def _spec(backend=None):
-    return sweep.parse_spec(_SPEC.format(backend="" if backend is None else f"backend = {backend!r}"))
+    return sweep.parse_spec(
+        _SPEC.format(backend="" if backend is None else f"backend = {backend!r}")
+    )
 
 
 def test_sweep_spec_backend_key():

@@ -78,15 +78,21 @@ def test_nested_and_batched_parameters(small_chunks, x64):
             ref = mf.velocity(K.RoPE(float(b), 2.0), xs[i], method="pairwise")
             np.testing.assert_allclose(v[j, i], ref, rtol=1e-12, atol=1e-13)
     # labels batched with the states (each system its own positions)
-    auxs = jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float64))(jax.random.split(jax.random.key(2), S))
+    auxs = jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float64))(
+        jax.random.split(jax.random.key(2), S)
+    )
     kern = K.RoPE(1.5, 3.0)
     v2 = jax.vmap(lambda x, a: mf.velocity(kern, x, a))(xs, auxs)
     for i in range(S):
-        np.testing.assert_allclose(v2[i], mf.velocity(kern, xs[i], auxs[i], method="pairwise"), rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(
+            v2[i], mf.velocity(kern, xs[i], auxs[i], method="pairwise"), rtol=1e-12, atol=1e-13
+        )
     # seeds outer, labels inner (labels batched below an unbatched state)
     v3 = jax.vmap(lambda a: mf.velocity(kern, xs[0], a))(auxs)
     for i in range(S):
-        np.testing.assert_allclose(v3[i], mf.velocity(kern, xs[0], auxs[i], method="pairwise"), rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(
+            v3[i], mf.velocity(kern, xs[0], auxs[i], method="pairwise"), rtol=1e-12, atol=1e-13
+        )
 
 
 def test_derivatives_through_the_batched_op(small_chunks, x64):
@@ -104,7 +110,9 @@ def test_derivatives_through_the_batched_op(small_chunks, x64):
         np.testing.assert_allclose(jv[i], ref, rtol=1e-11)
     H = jax.vmap(jax.hessian(lambda x: f(1.7, x)))(xs)
     for i in range(4):
-        np.testing.assert_allclose(H[i], jax.hessian(lambda x: fp(1.7, x))(xs[i]), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(
+            H[i], jax.hessian(lambda x: fp(1.7, x))(xs[i]), rtol=1e-10, atol=1e-12
+        )
 
 
 def _largest_intermediate(fn, *args) -> int:

@@ -132,11 +132,14 @@ def recorded(name):
     return result
 '''
 
-_SCRIPT = CASES_SOURCE + r'''
+_SCRIPT = (
+    CASES_SOURCE
+    + r"""
 import equinox._config, json, sys
 assert equinox._config.EQX_ON_ERROR == "nan", equinox._config.EQX_ON_ERROR
 print("RESULT " + json.dumps({name: recorded(name) for name in CASES}))
-'''
+"""
+)
 
 
 def _namespace() -> dict:
@@ -158,10 +161,12 @@ def recorded_in_nan_mode():
     env = {k: v for k, v in os.environ.items() if k != "MEANFIELD_COMPILATION_CACHE"}
     env["EQX_ON_ERROR"] = "nan"
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    r = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=1200
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 @pytest.mark.slow
@@ -200,8 +205,10 @@ def test_check_is_recorded_under_eqx_on_error_nan(recorded_in_nan_mode, name):
             assert flags == [True, True]
 
 
-_CALLS = re.compile(r"\b(traced_positive|traced_states|traced_finite|traced_labels|_error_if|eqx\.error_if|"
-                    r"check_traced_energy|check_traced)\(")
+_CALLS = re.compile(
+    r"\b(traced_positive|traced_states|traced_finite|traced_labels|_error_if|eqx\.error_if|"
+    r"check_traced_energy|check_traced)\("
+)
 
 
 def test_every_check_site_has_a_case():
@@ -235,11 +242,28 @@ def test_every_check_site_has_a_case():
         "meanfield/phase_diagram.py:traced_positive": 2,  # beta, base_dt
         "meanfield/sphere.py:eqx.error_if": 2,  # sample_density: bound, rounds
     }
-    found = {k: v for k, v in sites.items() if not k.endswith((":check_traced", ":check_traced_energy"))
-             or k.startswith(("meanfield/energy.py", "meanfield/kernels/"))}
-    assert found == expected, f"in-program checks changed: {found} (add or remove cases in CASES_SOURCE)"
+    found = {
+        k: v
+        for k, v in sites.items()
+        if not k.endswith((":check_traced", ":check_traced_energy"))
+        or k.startswith(("meanfield/energy.py", "meanfield/kernels/"))
+    }
+    assert found == expected, (
+        f"in-program checks changed: {found} (add or remove cases in CASES_SOURCE)"
+    )
     # each kind of check has at least one case
     names = " ".join(CASE_NAMES)
-    for phrase in ("beta <= 0", "off the sphere", "non-finite x0", "non-finite aux", "non-finite c_hat",
-                   "Prompt labels", "overflow bound", "ell < 0", "base_dt <= 0", "log_bound", "max_rounds"):
+    for phrase in (
+        "beta <= 0",
+        "off the sphere",
+        "non-finite x0",
+        "non-finite aux",
+        "non-finite c_hat",
+        "Prompt labels",
+        "overflow bound",
+        "ell < 0",
+        "base_dt <= 0",
+        "log_bound",
+        "max_rounds",
+    ):
         assert phrase in names

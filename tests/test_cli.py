@@ -23,8 +23,23 @@ def test_help_lists_commands():
 
 @pytest.mark.slow
 def test_simulate_writes_figures_and_observables(tmp_path):
-    p = run_cli("simulate", "--kernel", "rope", "--n", "48", "--d", "3", "--beta", "1", "--t1", "15",
-                "--seed", "1", "--out", str(tmp_path))
+    p = run_cli(
+        "simulate",
+        "--kernel",
+        "rope",
+        "--n",
+        "48",
+        "--d",
+        "3",
+        "--beta",
+        "1",
+        "--t1",
+        "15",
+        "--seed",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["theory_max_energy"] == pytest.approx(np.e / 2, rel=1e-6)
@@ -38,7 +53,9 @@ def test_simulate_writes_figures_and_observables(tmp_path):
 
 @pytest.mark.slow
 def test_simulate_projection_view_and_sa(tmp_path):
-    p = run_cli("simulate", "--kernel", "sa", "--n", "16", "--d", "5", "--t1", "1", "--out", str(tmp_path))
+    p = run_cli(
+        "simulate", "--kernel", "sa", "--n", "16", "--d", "5", "--t1", "1", "--out", str(tmp_path)
+    )
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["final_energy"] is None and (tmp_path / "configuration.png").exists()
@@ -50,8 +67,25 @@ def test_simulate_published_step_matches_the_api(tmp_path):
 
     import meanfield as mf
 
-    p = run_cli("simulate", "--n", "12", "--d", "2", "--t1", "0.5", "--dt", "0.05", "--solver", "euler",
-                "--step", "renormalize", "--seed", "3", "--out", str(tmp_path))
+    p = run_cli(
+        "simulate",
+        "--n",
+        "12",
+        "--d",
+        "2",
+        "--t1",
+        "0.5",
+        "--dt",
+        "0.05",
+        "--solver",
+        "euler",
+        "--step",
+        "renormalize",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["step"] == "renormalize"
@@ -61,7 +95,9 @@ def test_simulate_published_step_matches_the_api(tmp_path):
     ren = mf.simulate(mf.kernels.make("usa", d=2), x0, step="renormalize", **kw)
     proj = mf.simulate(mf.kernels.make("usa", d=2), x0, **kw)
     assert s["final_collapse_gap"] == pytest.approx(float(ren.collapse_gap[-1]), rel=1e-5)
-    assert abs(float(ren.collapse_gap[-1]) - float(proj.collapse_gap[-1])) > 1e-4  # a different rule
+    assert (
+        abs(float(ren.collapse_gap[-1]) - float(proj.collapse_gap[-1])) > 1e-4
+    )  # a different rule
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,9 @@ def test_out_that_cannot_be_created(capsys):
     # /proc refuses new directories even to root
     if not os.path.isdir("/proc/self"):
         pytest.skip("no /proc")
-    one_line_error(capsys, "simulate", *SMALL, "--out", "/proc/meanfield-test/out", needle="not a writable")
+    one_line_error(
+        capsys, "simulate", *SMALL, "--out", "/proc/meanfield-test/out", needle="not a writable"
+    )
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes anywhere")
@@ -72,8 +74,12 @@ def test_out_read_only(tmp_path, capsys):
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        one_line_error(capsys, "simulate", *SMALL, "--out", str(ro), needle="not a writable directory")
-        one_line_error(capsys, "simulate", *SMALL, "--out", str(ro / "sub"), needle="not a writable directory")
+        one_line_error(
+            capsys, "simulate", *SMALL, "--out", str(ro), needle="not a writable directory"
+        )
+        one_line_error(
+            capsys, "simulate", *SMALL, "--out", str(ro / "sub"), needle="not a writable directory"
+        )
         one_line_error(capsys, "reproduce", "depth", "--quick", "--out", str(ro))
     finally:
         ro.chmod(0o700)
@@ -102,11 +108,15 @@ def test_past_the_limits_refused_before_any_allocation(args, tmp_path, capsys):
     assert not out.exists()  # refused before anything was made
 
 
-def test_work_refusal_is_forced_away_and_memory_beyond_the_machine_is_not(monkeypatch, tmp_path, capsys):
+def test_work_refusal_is_forced_away_and_memory_beyond_the_machine_is_not(
+    monkeypatch, tmp_path, capsys
+):
     line = one_line_error(capsys, "simulate", "--n", "300000", "--out", str(tmp_path / "a"))
     assert "--force" in line and "flop" in line
     # beyond the machine's total memory --force does not help
-    line = one_line_error(capsys, "simulate", "--t1", "1e9", "--force", "--out", str(tmp_path / "b"))
+    line = one_line_error(
+        capsys, "simulate", "--t1", "1e9", "--force", "--out", str(tmp_path / "b")
+    )
     assert "in total" in line and "--force" not in line
     # a small run over a (lowered) work bound: refused, then run with --force
     monkeypatch.setattr(_resources, "WORK_LIMIT", 1.0)
@@ -171,7 +181,9 @@ def test_help_is_status_0(capsys):
 
 def test_overflowing_run_is_recorded_as_failed_with_its_outputs(tmp_path, capsys):
     # --beta 88.7: e^beta overflows the field in float32 (was "cannot convert float NaN to integer")
-    status, out, lines = run(capsys, "simulate", "--n", "16", "--t1", "0.1", "--beta", "88.7", "--out", str(tmp_path))
+    status, out, lines = run(
+        capsys, "simulate", "--n", "16", "--t1", "0.1", "--beta", "88.7", "--out", str(tmp_path)
+    )
     assert status == 1, lines
     assert not any("Traceback" in ln for ln in lines)
     assert any("the run failed" in ln for ln in lines)
@@ -188,7 +200,9 @@ def test_overflowing_run_is_recorded_as_failed_with_its_outputs(tmp_path, capsys
 def test_underflowing_beta_is_never_a_silent_infinity(tmp_path, capsys):
     # --beta 1e-300 rounds to 0 in float32 (was final_energy: Infinity with failed: false):
     # a one-line refusal, or a run recorded as failed
-    status, out, lines = run(capsys, "simulate", "--n", "8", "--t1", "0.1", "--beta", "1e-300", "--out", str(tmp_path))
+    status, out, lines = run(
+        capsys, "simulate", "--n", "8", "--t1", "0.1", "--beta", "1e-300", "--out", str(tmp_path)
+    )
     if status == 2:
         assert len(lines) == 1 and "beta" in lines[0]
     else:
@@ -207,21 +221,30 @@ def test_json_safe_writes_null_for_non_finite():
 
 def test_long_step_warns_and_energy_decrease_is_flagged(tmp_path, capsys):
     # the issue's `simulate --n 32 --beta 10 --t1 0.2` (dt = 0.01): dt x rate = 422
-    status, out, lines = run(capsys, "simulate", "--n", "32", "--beta", "10", "--t1", "0.2", "--out", str(tmp_path))
+    status, out, lines = run(
+        capsys, "simulate", "--n", "32", "--beta", "10", "--t1", "0.2", "--out", str(tmp_path)
+    )
     assert status == 0, lines
     assert any("--dt = 0.01 is long for the interaction rate" in ln for ln in lines), lines
     assert any("energy decreased" in ln for ln in lines), lines
     s = strict_json(tmp_path / "summary.json")
     assert s["energy_decreases"] > 0 and len(s["warnings"]) == 2
     E = np.load(tmp_path / "observables.npz")["energy"]
-    assert s["energy_decreases"] == int(np.sum(np.diff(E) < -1000 * np.finfo(np.float32).eps * np.abs(E).max()))
+    assert s["energy_decreases"] == int(
+        np.sum(np.diff(E) < -1000 * np.finfo(np.float32).eps * np.abs(E).max())
+    )
 
 
 def test_a_good_run_has_no_warning(tmp_path, capsys):
     status, out, lines = run(capsys, "simulate", "--n", "16", "--t1", "1", "--out", str(tmp_path))
     assert status == 0 and lines == []
     s = strict_json(tmp_path / "summary.json")
-    assert s["energy_decreases"] == 0 and s["warnings"] == [] and s["failed"] is False and s["failure"] is None
+    assert (
+        s["energy_decreases"] == 0
+        and s["warnings"] == []
+        and s["failed"] is False
+        and s["failure"] is None
+    )
     E = np.load(tmp_path / "observables.npz")["energy"]
     assert np.all(np.diff(E) >= -1e-4 * E.max())  # the flow increases the energy
     assert isinstance(s["final_clusters"], int) and "steps" in s["estimate"]
@@ -242,8 +265,13 @@ def test_console_script(args, status, tmp_path):
     exe = shutil.which("meanfield") or str(Path(sys.executable).with_name("meanfield"))
     cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "meanfield"]
     env = dict(os.environ, MEANFIELD_NATIVE_QUIET="1")
-    p = subprocess.run([*cmd, *args, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=300,
-                       env=env)
+    p = subprocess.run(
+        [*cmd, *args, "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert p.returncode == status, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr

@@ -27,16 +27,29 @@ print(json.dumps({{"rc": rc, "loaded": sorted(m for m in ("jax", "jaxlib", "equi
 
 def _process(args, module="cli", entry="main", env=None):
     code = _PROCESS.format(module=module, entry=entry)
-    p = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                       timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     result = json.loads(p.stdout.strip().splitlines()[-1])
     return result["rc"], result["loaded"], p
 
 
-@pytest.mark.parametrize("args", [
-    ["--help"], ["simulate", "--help"], ["reproduce", "--help"], ["sweep", "--help"], ["plot", "--help"],
-    ["info", "--help"], [],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["simulate", "--help"],
+        ["reproduce", "--help"],
+        ["sweep", "--help"],
+        ["plot", "--help"],
+        ["info", "--help"],
+        [],
+    ],
+)
 def test_help_imports_no_jax(args):
     rc, loaded, p = _process(args)
     assert rc == (2 if not args else 0), p.stderr
@@ -44,20 +57,26 @@ def test_help_imports_no_jax(args):
     assert loaded == []
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["simulate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["simulate", "--n", "1"], "argument --n: must be >= 2, got 1"),
-    (["simulate", "--beta", "-1"], "argument --beta: must be > 0, got -1"),
-    (["simulate", "--kernel", "nope"], "argument --kernel: invalid choice: 'nope'"),
-    (["simulate", "--lam", "2"], "--lam is not a parameter of --kernel usa"),
-    (["simulate", "--kernel", "prompt", "--prompts", "5", "--n", "4"], "--prompts must be <= --n = 4"),
-    (["simulate", "--step", "renormalize"], "--step renormalize needs --solver euler"),
-    (["reproduce", "nope"], "argument experiment: invalid choice: 'nope'"),
-    (["reproduce", "--quick", "--full"], "--quick and --full exclude each other"),
-    (["sweep", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["plot"], "the following arguments are required: store"),
-    (["no-such-command"], "invalid choice: 'no-such-command'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["simulate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["simulate", "--n", "1"], "argument --n: must be >= 2, got 1"),
+        (["simulate", "--beta", "-1"], "argument --beta: must be > 0, got -1"),
+        (["simulate", "--kernel", "nope"], "argument --kernel: invalid choice: 'nope'"),
+        (["simulate", "--lam", "2"], "--lam is not a parameter of --kernel usa"),
+        (
+            ["simulate", "--kernel", "prompt", "--prompts", "5", "--n", "4"],
+            "--prompts must be <= --n = 4",
+        ),
+        (["simulate", "--step", "renormalize"], "--step renormalize needs --solver euler"),
+        (["reproduce", "nope"], "argument experiment: invalid choice: 'nope'"),
+        (["reproduce", "--quick", "--full"], "--quick and --full exclude each other"),
+        (["sweep", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["plot"], "the following arguments are required: store"),
+        (["no-such-command"], "invalid choice: 'no-such-command'"),
+    ],
+)
 def test_argument_errors_are_one_line_before_jax(args, needle):
     rc, loaded, p = _process(args)
     assert rc == 2
@@ -96,7 +115,9 @@ def test_the_schema_is_what_the_registry_derives_now():
 def test_the_schema_check_fails_on_drift(monkeypatch, capsys):
     m = _cli_schema.MODELS[0]
     drifted = m._replace(params=(m.params[0]._replace(default=2.0), *m.params[1:]))
-    monkeypatch.setattr(_cli_schema, "derive_models", lambda **kw: (drifted, *_cli_schema.MODELS[1:]))
+    monkeypatch.setattr(
+        _cli_schema, "derive_models", lambda **kw: (drifted, *_cli_schema.MODELS[1:])
+    )
     assert _cli_schema.main(["--check"]) == 1
     assert "out of date" in capsys.readouterr().err
 
@@ -110,12 +131,17 @@ def test_a_model_registered_at_run_time_gets_its_flags(monkeypatch, tmp_path, ca
 
     usa = kernels.MODELS["usa"]
     extra = kernels.Param("zeta", 0.5, True, "float>0", "a parameter of no shipped model")
-    monkeypatch.setitem(kernels.MODELS, "usa-extra", dataclasses.replace(usa, name="usa-extra",
-                                                                          params=(*usa.params, extra)))
+    monkeypatch.setitem(
+        kernels.MODELS,
+        "usa-extra",
+        dataclasses.replace(usa, name="usa-extra", params=(*usa.params, extra)),
+    )
     monkeypatch.setenv("COLUMNS", "200")
     assert cli.main(["simulate", "--help"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"--zeta ZETA\s+a parameter of no shipped model \(usa-extra; default 0.5\)", out), out
+    assert re.search(
+        r"--zeta ZETA\s+a parameter of no shipped model \(usa-extra; default 0.5\)", out
+    ), out
     assert cli.main(["simulate", "--zeta", "1", "--out", str(tmp_path)]) == 2
     assert "--zeta is not a parameter of --kernel usa" in capsys.readouterr().err
 
@@ -144,7 +170,13 @@ def test_only_the_process_itself_is_configured(configure_calls, monkeypatch, tmp
     ``main(argv)`` from Python never does, and neither does ``--help`` or a bad argument."""
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    run = ["simulate", "--n", "8", "--out", str(blocked / "out")]  # parses; fails at --out, before the run
+    run = [
+        "simulate",
+        "--n",
+        "8",
+        "--out",
+        str(blocked / "out"),
+    ]  # parses; fails at --out, before the run
     assert cli.main(run) == 2 and configure_calls.n == 0
     for args in (["--help"], ["simulate", "--n", "1"], ["simulate", "--lam", "1"]):
         monkeypatch.setattr(sys, "argv", ["meanfield", *args])
@@ -155,7 +187,9 @@ def test_only_the_process_itself_is_configured(configure_calls, monkeypatch, tmp
 
     missing = str(tmp_path / "missing.zarr")
     assert cli.main(["sweep", "--verify", missing]) == 2 and configure_calls.n == 1
-    assert sweep_cli.main(["--verify", missing]) == 2 and sweep_cli.console(["--verify", missing]) == 2
+    assert (
+        sweep_cli.main(["--verify", missing]) == 2 and sweep_cli.console(["--verify", missing]) == 2
+    )
     assert configure_calls.n == 1
     for argv in (["meanfield", "sweep", "--verify", missing], ["meanfield", "--verify", missing]):
         monkeypatch.setattr(sys, "argv", argv)
@@ -182,9 +216,15 @@ def test_simulate_writes_the_numbers_before_the_figures(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_no_plots_draws_no_figure_and_imports_no_matplotlib(tmp_path):
     """A fresh process (the figures' import is visible): the numbers, no PNG, no matplotlib."""
-    code = _PROCESS.format(module="cli", entry="main").replace("rc = main()", "rc = main(sys.argv[1:])")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps([*_SMALL, "--out", str(tmp_path), "--no-plots"])],
-                       capture_output=True, text=True, timeout=600)
+    code = _PROCESS.format(module="cli", entry="main").replace(
+        "rc = main()", "rc = main(sys.argv[1:])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([*_SMALL, "--out", str(tmp_path), "--no-plots"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["rc"] == 0, p.stderr
     assert "matplotlib" not in result["loaded"] and "jax" in result["loaded"]

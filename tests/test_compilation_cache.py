@@ -24,9 +24,15 @@ import pytest
 from meanfield import _native, compilation_cache, info
 
 #: environment variables that would change what the processes under test do
-_CLEARED = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "JAX_ENABLE_COMPILATION_CACHE", "EQX_ON_ERROR",
-            "MEANFIELD_COMPILATION_CACHE", "XDG_CACHE_HOME")
+_CLEARED = (
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+    "JAX_ENABLE_COMPILATION_CACHE",
+    "EQX_ON_ERROR",
+    "MEANFIELD_COMPILATION_CACHE",
+    "XDG_CACHE_HOME",
+)
 
 #: a meanfield-owned process (what the ``meanfield`` command does before JAX is imported), with
 #: JAX's compiler log on stderr; then ``main(argv)`` once per command, commands separated by ``--then``
@@ -99,8 +105,13 @@ def _seed_native(cache: Path) -> None:
 
 
 def _run(cache: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900):
-    return subprocess.run([sys.executable, "-c", _RUNNER, *args], env=env or _env(cache), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", _RUNNER, *args],
+        env=env or _env(cache),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _state(r) -> dict:
@@ -128,14 +139,33 @@ def test_second_process_compiles_nothing(tmp_path, monkeypatch, capsys):
     spec.write_text(_ONE_POINT)
 
     def commands(k: int) -> list[str]:
-        return ["simulate", "--n", "32", "--t1", "1", "--saves", "5", "--no-plots", "--out", str(tmp_path / f"sim{k}"),
-                "--then", "sweep", str(spec), "--out", str(tmp_path / f"sweep{k}.zarr")]
+        return [
+            "simulate",
+            "--n",
+            "32",
+            "--t1",
+            "1",
+            "--saves",
+            "5",
+            "--no-plots",
+            "--out",
+            str(tmp_path / f"sim{k}"),
+            "--then",
+            "sweep",
+            str(spec),
+            "--out",
+            str(tmp_path / f"sweep{k}.zarr"),
+        ]
 
     first = _run(cache, *commands(1))
     assert first.returncode == 0, first.stderr[-3000:]
     written = _entries(cache)
-    assert first.stderr.count(_MISS) > 0 and any(name.startswith("jit__simulate") for name in written)
-    assert _NOT_WRITTEN not in first.stderr, [ln for ln in first.stderr.splitlines() if _NOT_WRITTEN in ln]
+    assert first.stderr.count(_MISS) > 0 and any(
+        name.startswith("jit__simulate") for name in written
+    )
+    assert _NOT_WRITTEN not in first.stderr, [
+        ln for ln in first.stderr.splitlines() if _NOT_WRITTEN in ln
+    ]
     assert len([name for name in written if name.endswith("-cache")]) >= first.stderr.count(_MISS)
     assert (tmp_path / "sim1").is_dir() and (tmp_path / "sweep1.zarr").is_dir()
     assert _state(first) == {"cache_dir": os.path.realpath(cache / "xla"), "eqx_on_error": "nan"}
@@ -155,10 +185,16 @@ def test_second_process_compiles_nothing(tmp_path, monkeypatch, capsys):
     # meanfield info --clear-cache (in this process, pointed at this cache)
     monkeypatch.setattr(compilation_cache, "cache_dir", lambda: cache / "xla")
     before = compilation_cache.info()
-    assert before["entries"] == len([n for n in written if n.endswith("-cache")]) and before["bytes"] > 0
+    assert (
+        before["entries"] == len([n for n in written if n.endswith("-cache")])
+        and before["bytes"] > 0
+    )
     assert info.main(["--clear-cache"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == f"removed {before['entries']} compilation cache entries from {cache / 'xla'}"
+    assert (
+        out.splitlines()[0]
+        == f"removed {before['entries']} compilation cache entries from {cache / 'xla'}"
+    )
     assert f"compilation cache: on, {cache / 'xla'}, 0 entries, 0 B" in out
     assert _entries(cache) == set() and (cache / "xla").is_dir()
     assert sorted(p.name for p in cache.glob("*.so")) == native  # the native kernels stay
@@ -171,12 +207,28 @@ def test_refused_directory_warns_once_and_runs(tmp_path):
     _seed_native(cache)
     (cache / "xla").mkdir()
     os.chmod(cache / "xla", 0o777)
-    r = _run(cache, "simulate", "--n", "8", "--t1", "0.2", "--saves", "2", "--no-plots", "--out", str(tmp_path / "sim"))
+    r = _run(
+        cache,
+        "simulate",
+        "--n",
+        "8",
+        "--t1",
+        "0.2",
+        "--saves",
+        "2",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "sim"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    said = [ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: compilation cache off: ")]
+    said = [
+        ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: compilation cache off: ")
+    ]
     assert len(said) == 1, r.stderr[-3000:]
     assert "writable by group or others" in said[0] and f"chmod go-w {cache / 'xla'}" in said[0]
-    assert _entries(cache) == set() and json.loads(r.stdout.strip().splitlines()[0])["failed"] is False
+    assert (
+        _entries(cache) == set() and json.loads(r.stdout.strip().splitlines()[0])["failed"] is False
+    )
     assert _state(r) == {"cache_dir": None, "eqx_on_error": "nan"}
 
 
@@ -186,7 +238,20 @@ def test_switched_off_writes_nothing(tmp_path):
     cache = tmp_path / "cache"
     _seed_native(cache)
     env = _env(cache, MEANFIELD_COMPILATION_CACHE="0")
-    r = _run(cache, "simulate", "--n", "8", "--t1", "0.2", "--saves", "2", "--no-plots", "--out", str(tmp_path / "sim"), env=env)
+    r = _run(
+        cache,
+        "simulate",
+        "--n",
+        "8",
+        "--t1",
+        "0.2",
+        "--saves",
+        "2",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "sim"),
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert not (cache / "xla").exists() and "compilation cache" not in r.stderr
     assert _state(r) == {"cache_dir": None, "eqx_on_error": "raise"}
@@ -213,11 +278,17 @@ result = doctest.testmod(cc, optionflags=doctest.ELLIPSIS)
 print(json.dumps({"path": str(path), "info": written, "examples": [result.attempted, result.failed],
                   "dir": jax.config.jax_compilation_cache_dir, "configured": configured}))
 """
-    r = subprocess.run([sys.executable, "-c", code], env=_env(cache), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=_env(cache), capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["path"] == out["configured"] == os.path.realpath(cache / "xla")
-    assert out["info"]["entries"] >= 1 and out["info"]["eqx_on_error"] == "raise" and out["info"]["enabled"]
+    assert (
+        out["info"]["entries"] >= 1
+        and out["info"]["eqx_on_error"] == "raise"
+        and out["info"]["enabled"]
+    )
     attempted, failed = out["examples"]
     assert attempted > 0 and failed == 0
     # the last example enabled the cache in a directory of its own
@@ -257,15 +328,29 @@ def clean_env(monkeypatch, tmp_path):
 
 
 def test_cache_dir_is_beside_the_native_kernels(monkeypatch, tmp_path):
-    for key, value, expected in (("MEANFIELD_CACHE_DIR", str(tmp_path / "c"), tmp_path / "c"),
-                                 ("XDG_CACHE_HOME", str(tmp_path / "x"), tmp_path / "x" / "meanfield")):
+    for key, value, expected in (
+        ("MEANFIELD_CACHE_DIR", str(tmp_path / "c"), tmp_path / "c"),
+        ("XDG_CACHE_HOME", str(tmp_path / "x"), tmp_path / "x" / "meanfield"),
+    ):
         monkeypatch.delenv("MEANFIELD_CACHE_DIR", raising=False)
         monkeypatch.setenv(key, value)
-        assert compilation_cache.cache_dir() == expected / "xla" == _native._cache._cache_dir() / "xla"
+        assert (
+            compilation_cache.cache_dir() == expected / "xla" == _native._cache._cache_dir() / "xla"
+        )
 
 
-@pytest.mark.parametrize("value, off", [("0", True), ("off", True), ("FALSE", True), (" no ", True),
-                                        ("1", False), ("", False), ("on", False)])
+@pytest.mark.parametrize(
+    "value, off",
+    [
+        ("0", True),
+        ("off", True),
+        ("FALSE", True),
+        (" no ", True),
+        ("1", False),
+        ("", False),
+        ("on", False),
+    ],
+)
 def test_disabled(monkeypatch, value, off):
     monkeypatch.setenv("MEANFIELD_COMPILATION_CACHE", value)
     assert compilation_cache.disabled() is off
@@ -303,7 +388,9 @@ def test_configure_process_switched_off(clean_env, monkeypatch):
     assert compilation_cache.enable() is None
 
 
-@pytest.mark.parametrize("case", ["group-writable", "parent-writable", "not-a-directory", "parent-group-writable"])
+@pytest.mark.parametrize(
+    "case", ["group-writable", "parent-writable", "not-a-directory", "parent-group-writable"]
+)
 def test_configure_process_refuses_a_directory_others_control(clean_env, capsys, case):
     xla = clean_env / "xla"
     if case == "parent-writable":  # writable by others, no sticky bit
@@ -325,7 +412,9 @@ def test_configure_process_refuses_a_directory_others_control(clean_env, capsys,
         assert "JAX_COMPILATION_CACHE_DIR" not in os.environ
         assert os.environ["EQX_ON_ERROR"] == "nan"  # the same checks as a process with a cache
         problem = compilation_cache.info()["problem"]
-        assert problem is not None and problem in lines[0] and not compilation_cache.info()["enabled"]
+        assert (
+            problem is not None and problem in lines[0] and not compilation_cache.info()["enabled"]
+        )
         with pytest.raises(compilation_cache.CacheRefused, match="writable|not a directory"):
             compilation_cache.enable()
     finally:
@@ -354,9 +443,17 @@ def test_info_and_clear(monkeypatch, tmp_path):
     monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MEANFIELD_COMPILATION_CACHE", raising=False)
     d = compilation_cache.info()
-    assert d == {"enabled": True, "dir": str(tmp_path / "cache" / "xla"), "entries": 0, "bytes": 0,
-                 "eqx_on_error": d["eqx_on_error"], "problem": None}
-    assert not (tmp_path / "cache").exists() and compilation_cache.clear() == 0  # info creates nothing
+    assert d == {
+        "enabled": True,
+        "dir": str(tmp_path / "cache" / "xla"),
+        "entries": 0,
+        "bytes": 0,
+        "eqx_on_error": d["eqx_on_error"],
+        "problem": None,
+    }
+    assert (
+        not (tmp_path / "cache").exists() and compilation_cache.clear() == 0
+    )  # info creates nothing
     xla = tmp_path / "cache" / "xla"
     xla.mkdir(parents=True, mode=0o700)
     (tmp_path / "cache").chmod(0o700)
@@ -371,7 +468,10 @@ def test_info_and_clear(monkeypatch, tmp_path):
     monkeypatch.setenv("MEANFIELD_COMPILATION_CACHE", "0")
     assert not compilation_cache.info()["enabled"]
     assert compilation_cache.clear() == 2
-    assert list(xla.iterdir()) == [] and (tmp_path / "cache" / "exp_kernel-0.so").read_bytes() == b"native"
+    assert (
+        list(xla.iterdir()) == []
+        and (tmp_path / "cache" / "exp_kernel-0.so").read_bytes() == b"native"
+    )
 
 
 def test_info_reports_the_cache(monkeypatch, tmp_path, capsys):
@@ -388,7 +488,9 @@ def test_info_reports_the_cache(monkeypatch, tmp_path, capsys):
     assert json.loads(captured.out)["compilation_cache"]["entries"] == 0
     assert captured.err.strip() == f"removed 1 compilation cache entry from {tmp_path / 'xla'}"
     monkeypatch.setenv("MEANFIELD_COMPILATION_CACHE", "0")
-    assert "compilation cache: off (MEANFIELD_COMPILATION_CACHE=0)" in info.format_summary(info.summary())
+    assert "compilation cache: off (MEANFIELD_COMPILATION_CACHE=0)" in info.format_summary(
+        info.summary()
+    )
 
 
 def test_clear_cache_failure_is_one_line(monkeypatch, tmp_path):
@@ -404,10 +506,17 @@ def test_clear_cache_failure_is_one_line(monkeypatch, tmp_path):
 
 
 def test_module_imports_no_jax():
-    code = ("import sys; import meanfield.compilation_cache as c; c.cache_dir(); c.disabled(); c.info(); "
-            "print(sorted(m for m in ('jax', 'numpy', 'equinox') if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k not in _CLEARED})
+    code = (
+        "import sys; import meanfield.compilation_cache as c; c.cache_dir(); c.disabled(); c.info(); "
+        "print(sorted(m for m in ('jax', 'numpy', 'equinox') if m in sys.modules))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in _CLEARED},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -421,5 +530,9 @@ def test_info_checks_what_exists_above_a_missing_directory(monkeypatch, tmp_path
     assert compilation_cache.info()["problem"] is None
     (tmp_path / "cache").chmod(0o770)
     d = compilation_cache.info()
-    assert not d["enabled"] and "writable by group or others" in d["problem"] and str(tmp_path / "cache") in d["problem"]
+    assert (
+        not d["enabled"]
+        and "writable by group or others" in d["problem"]
+        and str(tmp_path / "cache") in d["problem"]
+    )
     assert not (tmp_path / "cache" / "xla").exists()

@@ -26,11 +26,17 @@ def _funk_hecke_rate(beta, d, ell, model):
         P = lambda t: np.cos(ell * np.arccos(np.clip(t, -1, 1)))  # noqa: E731  Chebyshev T_l
     else:
         a = (d - 2) / 2
-        P = lambda t: scipy.special.eval_gegenbauer(ell, a, t) / scipy.special.eval_gegenbauer(ell, a, 1.0)  # noqa: E731
+
+        def P(t):
+            return scipy.special.eval_gegenbauer(ell, a, t) / scipy.special.eval_gegenbauer(
+                ell, a, 1.0
+            )
 
     def mu(k, l_poly):
         f = lambda th: k(np.cos(th)) * l_poly(np.cos(th)) * np.sin(th) ** (d - 2)  # noqa: E731
-        return area_sm2 * scipy.integrate.quad(f, 0, np.pi, epsabs=1e-15, epsrel=1e-12, limit=400)[0]
+        return (
+            area_sm2 * scipy.integrate.quad(f, 0, np.pi, epsabs=1e-15, epsrel=1e-12, limit=400)[0]
+        )
 
     lap = ell * (ell + d - 2)
     e = lambda t: np.exp(beta * t)  # noqa: E731
@@ -48,35 +54,47 @@ def test_growth_rates_match_funk_hecke_quadrature(x64, d, model):
     for beta in (0.5, 3.0, 12.0):
         got = np.asarray(C.growth_rates(np.float64(beta), d, ells, model=model))
         want = np.array([_funk_hecke_rate(beta, d, int(l), model) for l in ells])
-        np.testing.assert_allclose(got, want, rtol=1e-7)  # quadrature cancellation at high l, small beta
+        np.testing.assert_allclose(
+            got, want, rtol=1e-7
+        )  # quadrature cancellation at high l, small beta
         assert got[0] == 0.0 and np.all(got[1:] > 0)
 
 
 def test_growth_rates_reduce_to_the_closed_forms_of_math_md(x64):
     b = np.float64(4.0)
     k = np.arange(1, 9)
-    np.testing.assert_allclose(C.growth_rates(b, 2, k), k**2 * scipy.special.iv(k, 4.0) / 4.0, rtol=1e-12)
+    np.testing.assert_allclose(
+        C.growth_rates(b, 2, k), k**2 * scipy.special.iv(k, 4.0) / 4.0, rtol=1e-12
+    )
     np.testing.assert_allclose(
         C.growth_rates(b, 3, k), k * (k + 1) * scipy.special.spherical_in(k, 4.0) / 4.0, rtol=1e-12
     )
     np.testing.assert_allclose(
-        C.growth_rates(b, 2, k, model="sa"), k**2 * scipy.special.iv(k, 4.0) / (4.0 * scipy.special.iv(0, 4.0)),
+        C.growth_rates(b, 2, k, model="sa"),
+        k**2 * scipy.special.iv(k, 4.0) / (4.0 * scipy.special.iv(0, 4.0)),
         rtol=1e-12,
     )
     np.testing.assert_allclose(
         C.growth_rates(b, 3, k, model="sa"),
-        k * (k + 1) * scipy.special.spherical_in(k, 4.0) / (4.0 * scipy.special.spherical_in(0, 4.0)),
+        k
+        * (k + 1)
+        * scipy.special.spherical_in(k, 4.0)
+        / (4.0 * scipy.special.spherical_in(0, 4.0)),
         rtol=1e-12,
     )
     # sa = usa / Z_0, Z_0 = rho_0 int e^{beta <x, y>} dsigma(y) the uniform law's normaliser
     z0 = scipy.special.iv(0, 4.0)
-    np.testing.assert_allclose(C.growth_rates(b, 2, k, model="sa") * z0, C.growth_rates(b, 2, k), rtol=1e-12)
+    np.testing.assert_allclose(
+        C.growth_rates(b, 2, k, model="sa") * z0, C.growth_rates(b, 2, k), rtol=1e-12
+    )
 
 
 def test_large_beta_rescaled_time_and_most_unstable_mode():
     k = jnp.arange(1, 7)
     np.testing.assert_allclose(
-        C.growth_rates(5.0, 2, k, rescaled=True), np.exp(-5.0) * np.asarray(C.growth_rates(5.0, 2, k)), rtol=1e-5
+        C.growth_rates(5.0, 2, k, rescaled=True),
+        np.exp(-5.0) * np.asarray(C.growth_rates(5.0, 2, k)),
+        rtol=1e-5,
     )
     big = np.asarray(C.growth_rates(2000.0, 3, jnp.arange(1, 100), rescaled=True))
     assert np.all(np.isfinite(big)) and np.all(big > 0)
@@ -113,12 +131,15 @@ def test_solver_multipliers_are_the_funk_hecke_eigenvalues(x64):
     L = 12
     l = np.arange(L)
     np.testing.assert_allclose(
-        C._multipliers(b, 2, L, "usa", False, jnp.float64), 2 * np.pi * scipy.special.iv(l, 6.0) / 6.0, rtol=1e-12
+        C._multipliers(b, 2, L, "usa", False, jnp.float64),
+        2 * np.pi * scipy.special.iv(l, 6.0) / 6.0,
+        rtol=1e-12,
     )
     np.testing.assert_allclose(
         C._multipliers(b, 3, L, "usa", False, jnp.float64),
         4 * np.pi * scipy.special.spherical_in(l, 6.0) / 6.0,
-        rtol=1e-12, atol=1e-11,  # quadrature: 1e-13 relative to mu_0
+        rtol=1e-12,
+        atol=1e-11,  # quadrature: 1e-13 relative to mu_0
     )
 
 
@@ -166,7 +187,9 @@ def test_mass_conserved_to_rounding(d, L):
     sol = C.solve(4.0, C.mode_perturbation(g, 2, 0.2), d=d, t1=2.0, ts=ts)
     m = np.asarray(sol.mass)
     ok = np.isfinite(m)
-    assert ok.sum() >= 3 and np.max(np.abs(m[ok] - 1)) < 2e-5  # float32 quadrature of ~10^2 - 10^3 values
+    assert (
+        ok.sum() >= 3 and np.max(np.abs(m[ok] - 1)) < 2e-5
+    )  # float32 quadrature of ~10^2 - 10^3 values
     assert np.all(np.asarray(sol.min_density)[ok] > 0)
 
 
@@ -205,7 +228,9 @@ def test_vmap_over_beta_and_perturbation_compiles_once_and_agrees():
     betas, epss = jnp.array([1.0, 2.0, 4.0]), jnp.array([1e-3, 1e-2, 1e-1])
     batched = jax.jit(jax.vmap(one))(betas, epss)
     for i in range(3):
-        np.testing.assert_allclose(batched[i], one(float(betas[i]), float(epss[i])), rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            batched[i], one(float(betas[i]), float(epss[i])), rtol=2e-5, atol=1e-6
+        )
 
 
 def test_rescaled_solver_is_a_change_of_time():
@@ -258,12 +283,16 @@ def test_sampling_of_mode_perturbations():
     assert np.mean(np.cos(3 * th)) == pytest.approx(eps / 2, abs=1e-4)  # int cos^2 rho_0 = 1/2
     assert abs(np.mean(np.cos(2 * th))) < 1e-4
     xi = C.sample_perturbation(jax.random.key(0), 20000, 2, 3, eps)
-    assert np.mean(np.cos(3 * np.arctan2(xi[:, 1], xi[:, 0]))) == pytest.approx(eps / 2, abs=4 / np.sqrt(20000))
+    assert np.mean(np.cos(3 * np.arctan2(xi[:, 1], xi[:, 0]))) == pytest.approx(
+        eps / 2, abs=4 / np.sqrt(20000)
+    )
     for ell in (1, 2, 4):
         y = C.sample_perturbation(None, 20000, 3, ell, eps, lattice=True)
         np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1.0, atol=1e-6)
         # E[P_l(z)] = eps int P_l^2 rho_0 = eps / (2 l + 1)
-        assert np.mean(scipy.special.eval_legendre(ell, y[:, 2])) == pytest.approx(eps / (2 * ell + 1), abs=2e-4)
+        assert np.mean(scipy.special.eval_legendre(ell, y[:, 2])) == pytest.approx(
+            eps / (2 * ell + 1), abs=2e-4
+        )
 
 
 def test_w1_circle_closed_forms():
@@ -291,7 +320,10 @@ def test_mmd_sphere_closed_form_and_decay():
     want = math.sqrt(1 / beta - math.exp(-beta) * math.sinh(beta) / beta**2)
     assert float(C.mmd_sphere(one, unif, g, beta=beta)) == pytest.approx(want, rel=1e-4)
     dens = C.mode_perturbation(g, 2, 0.5)
-    m = [float(C.mmd_sphere(C.sample_perturbation(jax.random.key(1), n, 3, 2, 0.5), dens, g)) for n in (100, 1600)]
+    m = [
+        float(C.mmd_sphere(C.sample_perturbation(jax.random.key(1), n, 3, 2, 0.5), dens, g))
+        for n in (100, 1600)
+    ]
     assert m[1] < m[0] / 2.5  # ~ n^{-1/2}: a factor 4 expected
 
 
@@ -317,7 +349,11 @@ def test_project_particles_recovers_the_density(d, L):
         (lambda g, r: C.solve(1.0, r[:-1], d=2, t1=1.0), ValueError, "shape"),
         (lambda g, r: C.solve(1.0, r, d=2, t1=1.0, resolution=9), ValueError, "shape"),
         (lambda g, r: C.solve(1.0, r * np.nan, d=2, t1=1.0), ValueError, "finite"),
-        (lambda g, r: C.solve(1.0, r, d=2, t1=1.0, model="sa", rescaled=True), ValueError, "rescaled"),
+        (
+            lambda g, r: C.solve(1.0, r, d=2, t1=1.0, model="sa", rescaled=True),
+            ValueError,
+            "rescaled",
+        ),
         (lambda g, r: C.solve(100.0, r, d=2, t1=1.0), ValueError, "rescaled=True"),
         (lambda g, r: C.solve(1.0, r, d=2, t1=1.0, ts=[0.5, 0.2]), ValueError, "increasing"),
         (lambda g, r: C.solve(1.0, "rho", d=2, t1=1.0), TypeError, "rho0"),

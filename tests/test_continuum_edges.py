@@ -246,16 +246,23 @@ def test_tiny_beta_limits_and_refusal():
         C.growth_rates(1e-192, 3, 1)
 
 
-@pytest.mark.parametrize("args, exc, match", [
-    ((4.0, 1, 3), ValueError, "d must be >= 2, got 1"),
-    ((4.0, 0, 3), ValueError, "d must be >= 2, got 0"),
-    ((float("nan"), 2, 3), ValueError, "beta must be > 0 and finite, got nan"),
-    ((0.0, 2, 3), ValueError, "beta must be > 0 and finite, got 0.0"),
-    ((float("inf"), 2, 3), ValueError, "beta must be > 0 and finite, got inf"),
-    ((1 + 1j, 2, 3), TypeError, "beta"),  # (the tests' runtime type checker answers before the function)
-    ((4.0, 2, 2.5), TypeError, "ell must be integer degrees, got 2.5"),
-    ((4.0, 2, True), TypeError, "ell must be integer degrees, got True"),
-])
+@pytest.mark.parametrize(
+    "args, exc, match",
+    [
+        ((4.0, 1, 3), ValueError, "d must be >= 2, got 1"),
+        ((4.0, 0, 3), ValueError, "d must be >= 2, got 0"),
+        ((float("nan"), 2, 3), ValueError, "beta must be > 0 and finite, got nan"),
+        ((0.0, 2, 3), ValueError, "beta must be > 0 and finite, got 0.0"),
+        ((float("inf"), 2, 3), ValueError, "beta must be > 0 and finite, got inf"),
+        (
+            (1 + 1j, 2, 3),
+            TypeError,
+            "beta",
+        ),  # (the tests' runtime type checker answers before the function)
+        ((4.0, 2, 2.5), TypeError, "ell must be integer degrees, got 2.5"),
+        ((4.0, 2, True), TypeError, "ell must be integer degrees, got True"),
+    ],
+)
 def test_growth_rates_off_the_map_arguments(args, exc, match):
     with pytest.raises(exc, match=match):
         C.growth_rates(*args)

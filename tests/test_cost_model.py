@@ -17,8 +17,11 @@ from meanfield import _resources, cli, sweep
 from meanfield.sweep import plan as sweep_plan
 from meanfield.sweep import run as sweep_run
 
-OBSERVABLES = {"usa": '["collapse_gap", "energy", "clusters"]', "rope": '["collapse_gap", "energy"]',
-               "sa": '["collapse_gap", "clusters"]'}
+OBSERVABLES = {
+    "usa": '["collapse_gap", "energy", "clusters"]',
+    "rope": '["collapse_gap", "energy"]',
+    "sa": '["collapse_gap", "clusters"]',
+}
 
 
 def _spec(kind: str, n: int, observables: str | None = None):
@@ -38,7 +41,9 @@ def test_estimate_within_2x_of_xla_peak(kind, n):
     g = plan.groups[0]
     _, _, sl = plan.chunks[0]
     params, seeds = sweep_run.chunk_inputs(spec, g, sl, plan.padded_size(g))
-    compiled = jax.jit(jax.vmap(sweep_run.point_program(spec, kind, n, 3))).lower(params, seeds).compile()
+    compiled = (
+        jax.jit(jax.vmap(sweep_run.point_program(spec, kind, n, 3))).lower(params, seeds).compile()
+    )
     m = compiled.memory_analysis()
     xla = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
     estimate = g.point_bytes * plan.padded_size(g)
@@ -50,21 +55,41 @@ def test_one_estimate_serves_the_chunker_the_plan_and_simulate():
     plan = sweep.make_plan(spec, "2GB", devices=1)
     g = plan.groups[0]
     # the chunker's bytes per point are the plan's cost of one point
-    assert g.point_bytes == sweep_plan.point_memory(spec, "rope", 2048, 3) == plan.cost(g, 1).point_bytes
+    assert (
+        g.point_bytes
+        == sweep_plan.point_memory(spec, "rope", 2048, 3)
+        == plan.cost(g, 1).point_bytes
+    )
     # and both are run_cost with the model's footprint, as meanfield simulate computes it
     model = sweep_plan.grid_model(spec, "rope", 2048, 3)
-    direct = _resources.run_cost(n=2048, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, footprint=model.footprint(2048, 3),
-                                 save_states=False, observables=len(spec.observables) + 2, clusters=False,
-                                 step_grid=True)
+    direct = _resources.run_cost(
+        n=2048,
+        d=3,
+        t1=0.5,
+        dt=0.1,
+        saves=3,
+        itemsize=4,
+        footprint=model.footprint(2048, 3),
+        save_states=False,
+        observables=len(spec.observables) + 2,
+        clusters=False,
+        step_grid=True,
+    )
     assert direct.point_bytes == g.point_bytes
     args = argparse.Namespace(n=2048, d=3, t1=0.5, dt=0.1, saves=3, solver="rk2")
     sim = cli._simulate_cost(args, mf.kernels.make("rope", beta=1.0))
-    assert sim.point_bytes == _resources.run_cost(
-        n=2048, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, footprint=model.footprint(2048, 3)).point_bytes
+    assert (
+        sim.point_bytes
+        == _resources.run_cost(
+            n=2048, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, footprint=model.footprint(2048, 3)
+        ).point_bytes
+    )
 
 
-@pytest.mark.parametrize("n, block, dense", [(1024, None, True), (1025, None, False), (4096, 4096, True),
-                                            (4096, 100, False)])
+@pytest.mark.parametrize(
+    "n, block, dense",
+    [(1024, None, True), (1025, None, False), (4096, 4096, True), (4096, 100, False)],
+)
 def test_footprint_follows_the_kernels_own_tile_rule(n, block, dense):
     """The estimate's dense-or-tiled rule is the evaluation's (``tile_shape``; the plan once assumed
     n = 2048 ran dense while the kernel tiled it)."""

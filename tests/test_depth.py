@@ -32,8 +32,15 @@ def init_traces():
     alphas = jnp.array([0.0, 1.0])
     out = {}
     for norm in D.NORMS:
-        f = jax.jit(jax.vmap(jax.vmap(lambda k, a, norm=norm: D.init_trace(k, norm=norm, alpha_prefix=a, **SMALL),
-                                      in_axes=(0, None)), in_axes=(None, 0)))
+        f = jax.jit(
+            jax.vmap(
+                jax.vmap(
+                    lambda k, a, norm=norm: D.init_trace(k, norm=norm, alpha_prefix=a, **SMALL),
+                    in_axes=(0, None),
+                ),
+                in_axes=(None, 0),
+            )
+        )
         out[norm] = jax.tree_util.tree_map(np.asarray, f(keys, alphas))  # leaves (alpha, seed, ...)
     return out
 
@@ -82,7 +89,9 @@ def test_uniform_causal_attention_is_prefix_average():
     p = {**p, "wq": jnp.zeros_like(p["wq"]), "wk": jnp.zeros_like(p["wk"])}
     X = D.gaussian_tokens(jax.random.key(2), 5, 8)
     P = D.causal_attention_matrix(p, X, 2)
-    np.testing.assert_allclose(P, jnp.broadcast_to(D.prefix_average_matrix(5), (2, 5, 5)), atol=1e-7)
+    np.testing.assert_allclose(
+        P, jnp.broadcast_to(D.prefix_average_matrix(5), (2, 5, 5)), atol=1e-7
+    )
     np.testing.assert_allclose(D.causal_attention_matrix(p, X, 2, alpha_prefix=1.0), 0.0, atol=1e-7)
     np.testing.assert_allclose(D.attention(p, X, 2, alpha_prefix=1.0), 0.0, atol=1e-7)
 
@@ -153,7 +162,9 @@ def test_frequency_loss_is_collapsed_minimum():
         logits = jnp.log(p) + 0.5 * jax.random.normal(jax.random.key(i), (V,))
         q = jax.nn.softmax(logits)
         ce = D.collapsed_cross_entropy(logits, labels)
-        np.testing.assert_allclose(ce - H, jnp.sum(p * (jnp.log(p) - jnp.log(q))), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            ce - H, jnp.sum(p * (jnp.log(p) - jnp.log(q))), rtol=1e-4, atol=1e-6
+        )
         assert float(ce) > float(H)
 
 
@@ -182,8 +193,9 @@ def test_gradients_vanish_at_collapsed_optimum(norm):
         h = jax.vmap(D.rms_norm, in_axes=(0, None))(h, params["final_gain"])
     h0 = h[0]
     params["unembed"] = jnp.outer(h0, jnp.log(p)) / jnp.sum(h0 * h0)
-    loss_and_grad = jax.jit(jax.value_and_grad(
-        lambda q: D.lm_loss(q, tokens, norm=norm, heads=2), has_aux=True))
+    loss_and_grad = jax.jit(
+        jax.value_and_grad(lambda q: D.lm_loss(q, tokens, norm=norm, heads=2), has_aux=True)
+    )
     (loss, stats), grads = loss_and_grad(params)
     np.testing.assert_allclose(loss, D.frequency_loss(labels, V), rtol=1e-5)
     np.testing.assert_allclose(stats["t_out"], 1.0, atol=1e-5)
@@ -205,7 +217,9 @@ def test_similarity_profile_shape_range_and_reproducible():
     assert np.all((np.asarray(t) >= 0) & (np.asarray(t) <= 1 + 1e-6))
     np.testing.assert_array_equal(t, D.similarity_profile(key, **SMALL))
     # sigma_w=None means 1/sqrt(d)
-    np.testing.assert_allclose(t, D.similarity_profile(key, **SMALL, sigma_w=1 / math.sqrt(16)), rtol=1e-6)
+    np.testing.assert_allclose(
+        t, D.similarity_profile(key, **SMALL, sigma_w=1 / math.sqrt(16)), rtol=1e-6
+    )
     # a different key gives a different profile
     assert not np.allclose(t, D.similarity_profile(jax.random.key(99), **SMALL))
 
@@ -234,14 +248,19 @@ def test_post_above_pre_at_init(init_traces):
     assert diff.mean() > 3 * se > 0, (diff.mean(), se)
     # and the profile agrees with the public entry point
     key0 = jax.random.split(jax.random.key(11), 8)[0]
-    np.testing.assert_allclose(init_traces["post"]["t_out"][0, 0],
-                               D.similarity_profile(key0, **SMALL), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        init_traces["post"]["t_out"][0, 0],
+        D.similarity_profile(key0, **SMALL),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_prefix_ablation_suppresses_growth_and_first_layer_match(init_traces):
     r = init_traces["post"]
     inc = np.mean(r["t_out"][:, :, -1] - r["t_input"], axis=1)  # (alpha,)
     assert inc[0] > 0 and inc[1] < 0.5 * inc[0], inc
+
     # layer 1: Pre-Norm attention sees the RMS-normalised input itself, so its one-step
     # increment equals Post-Norm's
     def attn1(t):
@@ -261,7 +280,9 @@ def test_zipf_markov_source():
     toks = D.sample_tokens(jax.random.key(14), T, p0, batch=400, length=3)
     assert toks.shape == (400, 3) and toks.dtype == jnp.int32
     assert int(toks.min()) >= 0 and int(toks.max()) < 10
-    np.testing.assert_array_equal(toks, D.sample_tokens(jax.random.key(14), T, p0, batch=400, length=3))
+    np.testing.assert_array_equal(
+        toks, D.sample_tokens(jax.random.key(14), T, p0, batch=400, length=3)
+    )
     # first tokens follow p0 within 4 binomial standard errors
     freq = np.bincount(np.asarray(toks[:, 0]), minlength=10) / 400
     se = np.sqrt(np.asarray(p0) * (1 - np.asarray(p0)) / 400)
@@ -272,8 +293,9 @@ def test_zipf_markov_source():
 
 def test_lm_diagnostics_taps_are_stream_gradients():
     params = D.init_lm(jax.random.key(15), vocab=7, depth=2, d=8, d_ff=8, heads=2)
-    toks = D.sample_tokens(jax.random.key(16), *D.zipf_markov_source(jax.random.key(17), vocab=7),
-                           batch=2, length=6)
+    toks = D.sample_tokens(
+        jax.random.key(16), *D.zipf_markov_source(jax.random.key(17), vocab=7), batch=2, length=6
+    )
     for norm in ("post",):  # the taps are placed identically for "pre" (see block())
         loss, grads, diag = jax.jit(partial(D.lm_diagnostics, norm=norm, heads=2))(params, toks)
         np.testing.assert_allclose(loss, D.lm_loss(params, toks, norm=norm, heads=2)[0], rtol=1e-6)
@@ -287,6 +309,7 @@ def test_lm_diagnostics_taps_are_stream_gradients():
                     h = jax.vmap(D.rms_norm, in_axes=(0, None))(h, params["final_gain"])
                 lp = jax.nn.log_softmax(h @ params["unembed"])
                 return -jnp.mean(jnp.take_along_axis(lp, y[:, None], axis=-1))
+
             return jnp.mean(jax.vmap(one)(E, toks[:, 1:]))
 
         gE = jax.jit(jax.grad(from_emb))(emb)
@@ -336,9 +359,17 @@ def _attention_ratio_numpy(t, s, n, alpha):
     return num / den - t
 
 
-@pytest.mark.parametrize(("t", "s", "n", "alpha"),
-                         [(1 / 16, 1.0, 16, 0.0), (0.3, 0.25, 16, 0.0), (0.9, 5.0, 40, 0.0),
-                          (0.2, 1.0, 9, 0.5), (0.0, 2.0, 2, 0.0), (1.0, 3.0, 12, 0.0)])
+@pytest.mark.parametrize(
+    ("t", "s", "n", "alpha"),
+    [
+        (1 / 16, 1.0, 16, 0.0),
+        (0.3, 0.25, 16, 0.0),
+        (0.9, 5.0, 40, 0.0),
+        (0.2, 1.0, 9, 0.5),
+        (0.0, 2.0, 2, 0.0),
+        (1.0, 3.0, 12, 0.0),
+    ],
+)
 def test_one_step_attention_matches_explicit_traces(t, s, n, alpha):
     got = float(D.one_step_attention(t, s, n=n, alpha_prefix=alpha))
     np.testing.assert_allclose(got, _attention_ratio_numpy(t, s, n, alpha), rtol=2e-5, atol=1e-7)
@@ -360,23 +391,34 @@ def test_one_step_attention_monte_carlo_through_the_block():
 
     def moments(key):
         kv, ko = jax.random.split(key)
-        p = {**base, "wq": jnp.zeros((d, d)), "wk": jnp.zeros((d, d)),
-             "wv": sw * jax.random.normal(kv, (d, d)), "wo": sw * jax.random.normal(ko, (d, d))}
+        p = {
+            **base,
+            "wq": jnp.zeros((d, d)),
+            "wk": jnp.zeros((d, d)),
+            "wv": sw * jax.random.normal(kv, (d, d)),
+            "wo": sw * jax.random.normal(ko, (d, d)),
+        }
         Y = X + D.attention(p, X, heads, alpha_prefix=alpha)
         return jnp.array([jnp.sum(jnp.mean(Y, 0) ** 2) * n, jnp.sum(Y**2)])
 
-    samples = np.asarray(jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(32), 4000)), np.float64)
+    samples = np.asarray(
+        jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(32), 4000)), np.float64
+    )
     mean, se = samples.mean(0), samples.std(0, ddof=1) / math.sqrt(samples.shape[0])
     s = float(D.amount_of_attention(n * d, n=n, d=d, sigma_w=sw))
     np.testing.assert_allclose(s, n * d**2 * d * sw**4 / (n * d), rtol=1e-6)
     C = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
     R = np.asarray(D.equal_correlation_matrix(n, d, t), np.float64)
     sp = (1 - alpha) ** 2 * s
-    expect = np.array([np.sum(R) / n + sp * np.sum(C @ R @ C.T) / n, n * d + sp * np.trace(C @ R @ C.T)])
+    expect = np.array(
+        [np.sum(R) / n + sp * np.sum(C @ R @ C.T) / n, n * d + sp * np.trace(C @ R @ C.T)]
+    )
     assert np.all(np.abs(mean - expect) < 4 * se), (mean, expect, se)
-    np.testing.assert_allclose(mean[0] / mean[1] - t,
-                               float(D.one_step_attention(t, s, n=n, alpha_prefix=alpha)),
-                               atol=4 * float(se[0] / mean[1] + mean[0] * se[1] / mean[1] ** 2))
+    np.testing.assert_allclose(
+        mean[0] / mean[1] - t,
+        float(D.one_step_attention(t, s, n=n, alpha_prefix=alpha)),
+        atol=4 * float(se[0] / mean[1] + mean[0] * se[1] / mean[1] ** 2),
+    )
 
 
 def _silu(u):
@@ -395,8 +437,14 @@ def test_swiglu_correlation_against_scipy(tau2):
     np.testing.assert_allclose(float(D.swiglu_correlation(1.0, tau2)), second, rtol=1e-5)
     rho = 0.6
     pdf = stats.multivariate_normal(cov=tau2 * np.array([[1, rho], [rho, 1]])).pdf
-    val = integrate.dblquad(lambda v, u: _silu(u) * _silu(v) * pdf([u, v]), -8 * tau, 8 * tau,
-                            -8 * tau, 8 * tau, epsabs=1e-9)[0]
+    val = integrate.dblquad(
+        lambda v, u: _silu(u) * _silu(v) * pdf([u, v]),
+        -8 * tau,
+        8 * tau,
+        -8 * tau,
+        8 * tau,
+        epsabs=1e-9,
+    )[0]
     np.testing.assert_allclose(float(D.swiglu_correlation(rho, tau2)), val, rtol=1e-4)
     m = np.asarray(D.swiglu_correlation(jnp.linspace(0, 1, 11), tau2))
     assert np.all(np.diff(m) > 0)  # increasing on [0, 1] (paper App. C.4)
@@ -425,15 +473,21 @@ def test_one_step_ffn_monte_carlo_through_the_block(frob_scale):
         Y = X + D.swiglu(p, Xn)
         return jnp.array([jnp.sum(jnp.mean(Y, 0) ** 2) * n, jnp.sum(Y**2)])
 
-    samples = np.asarray(jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(41), 4000)), np.float64)
+    samples = np.asarray(
+        jax.jit(jax.vmap(moments))(jax.random.split(jax.random.key(41), 4000)), np.float64
+    )
     mean, se = samples.mean(0), samples.std(0, ddof=1) / math.sqrt(samples.shape[0])
     tau2 = d * sw**2
     m1 = float(D.swiglu_correlation(1.0, tau2))
     rho = (n * t - 1) / (n - 1)
     mr = float(D.swiglu_correlation(rho, tau2))
     energy = d * sw**2 * d_ff * tau2  # E||h W_2||^2 per unit m, per row
-    expect = np.array([frob_scale * n * d * t + energy * (m1 + (n - 1) * rho * mr),
-                       frob_scale * n * d + n * energy * m1])
+    expect = np.array(
+        [
+            frob_scale * n * d * t + energy * (m1 + (n - 1) * rho * mr),
+            frob_scale * n * d + n * energy * m1,
+        ]
+    )
     assert np.all(np.abs(mean - expect) < 4 * se), (mean, expect, se)
     got = float(D.one_step_ffn(t, n=n, d=d, d_ff=d_ff, sigma_w=sw, frob_sq=frob_scale * n * d))
     np.testing.assert_allclose(got, expect[0] / expect[1] - t, rtol=1e-4)
@@ -446,12 +500,15 @@ def test_one_step_ffn_zeros_and_sign():
     assert float(D.one_step_ffn(1.0, **kw)) == pytest.approx(0.0, abs=1e-7)
     ts = jnp.linspace(0.1, 0.95, 9)
     assert np.all(np.asarray(D.one_step_ffn(ts, **kw)) < 0)
+
     # the FFN damping is much smaller than the attention increment at small sigma_w and comparable
     # at sigma_w = 1/sqrt(d): the ratio scales like sigma_w^2 m(1)/tau^2 for small sigma_w
     def ratio(c):
         sw = c / math.sqrt(32)
         s = float(D.amount_of_attention(16 * 32, n=16, d=32, sigma_w=sw))
-        return float(D.one_step_ffn(0.3, **{**kw, "sigma_w": sw}) / D.one_step_attention(0.3, s, n=16))
+        return float(
+            D.one_step_ffn(0.3, **{**kw, "sigma_w": sw}) / D.one_step_attention(0.3, s, n=16)
+        )
 
     assert -0.3 < ratio(0.5) < 0 and ratio(1.0) < -0.5
     with pytest.raises(ValueError, match="frob_sq"):
@@ -471,14 +528,18 @@ def test_amount_of_attention_profile():
 
     n, d, dff = 16, 32, 96
     tau2 = d * sw**2
-    m1 = integrate.quad(lambda u: _silu(u) ** 2 * stats.norm(scale=math.sqrt(tau2)).pdf(u), -15, 15)[0]
+    m1 = integrate.quad(
+        lambda u: _silu(u) ** 2 * stats.norm(scale=math.sqrt(tau2)).pdf(u), -15, 15
+    )[0]
     a_energy = n * d**2 * d * sw**4
     f_step = n * d * dff * sw**2 * tau2 * m1 / a_energy
     h = sum(1 / i for i in range(1, n + 1))
     steps = np.diff(1 / pre)
     assert np.all(steps >= f_step + h / n - 1e-4) and np.all(steps <= f_step + 1 + 1e-4), steps
     # without the attention energy the growth is exactly affine: s^l = 1 / (1/s^1 + (l - 1) f_step)
-    only_ffn = np.asarray(D.amount_of_attention_profile(**kw, sigma_w=sw, norm="pre", attn_energy_factor=0.0))
+    only_ffn = np.asarray(
+        D.amount_of_attention_profile(**kw, sigma_w=sw, norm="pre", attn_energy_factor=0.0)
+    )
     np.testing.assert_allclose(only_ffn, 1 / (1 / pre[0] + np.arange(12) * f_step), rtol=1e-5)
 
 
@@ -486,7 +547,9 @@ def test_measured_amount_of_attention(init_traces):
     """Post-Norm: s^l measured from the residual stream equals d^2 sigma_w^4 at every layer."""
     n, d = SMALL["n"], SMALL["d"]
     sw = 1 / math.sqrt(d)
-    s_post = np.asarray(D.amount_of_attention(init_traces["post"]["sq_x1"][0], n=n, d=d, sigma_w=sw))
+    s_post = np.asarray(
+        D.amount_of_attention(init_traces["post"]["sq_x1"][0], n=n, d=d, sigma_w=sw)
+    )
     np.testing.assert_allclose(s_post, d**2 * sw**4, rtol=1e-4)
     s_pre = np.asarray(D.amount_of_attention(init_traces["pre"]["sq_x1"][0], n=n, d=d, sigma_w=sw))
     assert np.all(s_pre.mean(0)[1:] < 0.9 * s_pre.mean(0)[0])  # Pre-Norm: decays with depth

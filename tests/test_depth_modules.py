@@ -33,9 +33,19 @@ SIZES = {"d": 8, "d_ff": 12, "heads": 2}
 def _frozen_init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32):
     s = 1.0 / math.sqrt(d) if sigma_w is None else sigma_w
     k = jax.random.split(key, 7)
-    shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
-              "w1": (d, d_ff), "w3": (d, d_ff), "w2": (d_ff, d)}
-    p = {name: s * jax.random.normal(kk, shape, dtype) for kk, (name, shape) in zip(k, shapes.items())}
+    shapes = {
+        "wq": (d, d),
+        "wk": (d, d),
+        "wv": (d, d),
+        "wo": (d, d),
+        "w1": (d, d_ff),
+        "w3": (d, d_ff),
+        "w2": (d_ff, d),
+    }
+    p = {
+        name: s * jax.random.normal(kk, shape, dtype)
+        for kk, (name, shape) in zip(k, shapes.items())
+    }
     p["g_attn"] = jnp.ones((d,), dtype)
     p["g_ffn"] = jnp.ones((d,), dtype)
     return p
@@ -44,7 +54,9 @@ def _frozen_init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.fl
 def _frozen_init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32):
     s = 1.0 / math.sqrt(d) if sigma_w is None else sigma_w
     keys = jax.random.split(key, depth)
-    return jax.vmap(lambda k: _frozen_init_block_params(k, d=d, d_ff=d_ff, heads=heads, sigma_w=s, dtype=dtype))(keys)
+    return jax.vmap(
+        lambda k: _frozen_init_block_params(k, d=d, d_ff=d_ff, heads=heads, sigma_w=s, dtype=dtype)
+    )(keys)
 
 
 def _frozen_init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None):
@@ -94,7 +106,9 @@ def _frozen_block(p, X, *, norm, heads, alpha_prefix=0.0, taps=None):
         out = _frozen_rms_rows(Y2, p["g_ffn"])
         N1, N2 = Y1, Y2
     else:
-        Y1 = X1 + _frozen_attention(p, _frozen_rms_rows(X1, p["g_attn"]), heads, alpha_prefix) + t[1]
+        Y1 = (
+            X1 + _frozen_attention(p, _frozen_rms_rows(X1, p["g_attn"]), heads, alpha_prefix) + t[1]
+        )
         X2 = Y1 + t[2]
         Y2 = X2 + _frozen_swiglu(p, _frozen_rms_rows(X2, p["g_ffn"])) + t[3]
         out = Y2
@@ -108,16 +122,24 @@ def _frozen_stats(states, out):
     def rms_factor(Y):
         return jnp.mean(math.sqrt(Y.shape[-1]) / jnp.linalg.norm(Y, axis=-1))
 
-    return {"t_x1": ts(states["X1"]), "t_y1": ts(states["Y1"]), "t_x2": ts(states["X2"]),
-            "t_y2": ts(states["Y2"]), "t_out": ts(out), "rms_attn": rms_factor(states["N1"]),
-            "rms_ffn": rms_factor(states["N2"]),
-            "norm_out": jnp.mean(jnp.linalg.norm(out, axis=-1)) / math.sqrt(out.shape[-1])}
+    return {
+        "t_x1": ts(states["X1"]),
+        "t_y1": ts(states["Y1"]),
+        "t_x2": ts(states["X2"]),
+        "t_y2": ts(states["Y2"]),
+        "t_out": ts(out),
+        "rms_attn": rms_factor(states["N1"]),
+        "rms_ffn": rms_factor(states["N2"]),
+        "norm_out": jnp.mean(jnp.linalg.norm(out, axis=-1)) / math.sqrt(out.shape[-1]),
+    }
 
 
 def _frozen_forward(blocks, X, *, norm, heads, alpha_prefix=0.0, taps=None):
     def body(x, layer):
         p, tp = layer
-        out, states = _frozen_block(p, x, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=tp)
+        out, states = _frozen_block(
+            p, x, norm=norm, heads=heads, alpha_prefix=alpha_prefix, taps=tp
+        )
         return out, _frozen_stats(states, out)
 
     depth = jax.tree_util.tree_leaves(blocks)[0].shape[0]
@@ -164,7 +186,9 @@ def _assert_trees_equal(a, b):
 
 
 def _tokens(key, vocab, batch, length):
-    return D.sample_tokens(key, *D.zipf_markov_source(jax.random.key(123), vocab=vocab), batch=batch, length=length)
+    return D.sample_tokens(
+        key, *D.zipf_markov_source(jax.random.key(123), vocab=vocab), batch=batch, length=length
+    )
 
 
 # ----------------------------------------------------------------------------- same key, same weights
@@ -189,7 +213,9 @@ def test_same_key_same_initial_weights_traced(x64, dtype):
     key, sw = jax.random.key(21), jnp.asarray(0.3, dtype)
     _assert_trees_equal(
         jax.jit(lambda k, s: D.init_stack(k, depth=2, **SIZES, sigma_w=s, dtype=dtype))(key, sw),
-        jax.jit(lambda k, s: _frozen_init_stack(k, depth=2, **SIZES, sigma_w=s, dtype=dtype))(key, sw),
+        jax.jit(lambda k, s: _frozen_init_stack(k, depth=2, **SIZES, sigma_w=s, dtype=dtype))(
+            key, sw
+        ),
     )
 
 
@@ -198,9 +224,13 @@ def test_same_key_same_language_model():
     frozen = _frozen_init_lm(key, **kw)
     _assert_trees_equal(D.init_lm(key, **kw), frozen)
     _assert_trees_equal(D.DecoderLM.init(key, **kw).to_params(), frozen)
-    with jax.enable_x64(True):  # dtype=None: JAX's default float outside the blocks, as init_lm always did
+    with jax.enable_x64(
+        True
+    ):  # dtype=None: JAX's default float outside the blocks, as init_lm always did
         frozen64 = jax.jit(lambda k: _frozen_init_lm(k, **kw))(key)
-        assert frozen64["embed"].dtype == jnp.float64 and frozen64["blocks"]["wq"].dtype == jnp.float32
+        assert (
+            frozen64["embed"].dtype == jnp.float64 and frozen64["blocks"]["wq"].dtype == jnp.float32
+        )
         _assert_trees_equal(jax.jit(lambda k: D.init_lm(k, **kw))(key), frozen64)
         lm = eqx.filter_jit(lambda k: D.DecoderLM.init(k, **kw, dtype=jnp.float64))(key)
         assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(lm)} == {jnp.dtype(jnp.float64)}
@@ -214,58 +244,113 @@ def test_block_and_stack_match_the_dict_math_float64(x64, norm):
     k1, k2, k3 = jax.random.split(jax.random.key(23), 3)
     blocks = _frozen_init_stack(k1, depth=3, **SIZES, sigma_w=0.5, dtype=jnp.float64)
     # gains away from 1, so that the order of the RMSNorm products is tested too
-    blocks = {**blocks, "g_attn": 1 + 0.3 * jax.random.normal(k3, (3, 8), jnp.float64),
-              "g_ffn": 1 - 0.2 * jax.random.normal(k2, (3, 8), jnp.float64)}
+    blocks = {
+        **blocks,
+        "g_attn": 1 + 0.3 * jax.random.normal(k3, (3, 8), jnp.float64),
+        "g_ffn": 1 - 0.2 * jax.random.normal(k2, (3, 8), jnp.float64),
+    }
     X = D.gaussian_tokens(k2, 6, 8, jnp.float64)
     taps = 0.1 * jax.random.normal(k3, (3, 4, 6, 8), jnp.float64)
     alphas = jnp.array([0.0, 0.3])
     stack = D.Stack.from_params(blocks, norm=norm, heads=2)
-    want = jax.jit(jax.vmap(lambda a: _frozen_forward(blocks, X, norm=norm, heads=2, alpha_prefix=a, taps=taps)))(alphas)
+    want = jax.jit(
+        jax.vmap(
+            lambda a: _frozen_forward(blocks, X, norm=norm, heads=2, alpha_prefix=a, taps=taps)
+        )
+    )(alphas)
     got = eqx.filter_jit(jax.vmap(lambda a: stack(X, alpha_prefix=a, taps=taps)))(alphas)
     _assert_trees_close(got, want, F64_RTOL, 1e-14)
-    got = jax.jit(jax.vmap(lambda a: D.forward(blocks, X, norm=norm, heads=2, alpha_prefix=a, taps=taps)))(alphas)
+    got = jax.jit(
+        jax.vmap(lambda a: D.forward(blocks, X, norm=norm, heads=2, alpha_prefix=a, taps=taps))
+    )(alphas)
     _assert_trees_close(got, want, F64_RTOL, 1e-14)
 
     def pieces(block_fn, attention_matrix, attention, swiglu, rms_rows):
         p0 = jax.tree_util.tree_map(lambda a: a[0], blocks)
-        return (block_fn(p0, X, norm=norm, heads=2, alpha_prefix=0.3, taps=taps[0]),
-                attention_matrix(p0, X, 2, 0.3), attention(p0, X, 2, 0.3), swiglu(p0, X), rms_rows(X, p0["g_attn"]))
+        return (
+            block_fn(p0, X, norm=norm, heads=2, alpha_prefix=0.3, taps=taps[0]),
+            attention_matrix(p0, X, 2, 0.3),
+            attention(p0, X, 2, 0.3),
+            swiglu(p0, X),
+            rms_rows(X, p0["g_attn"]),
+        )
 
-    want = jax.jit(lambda: pieces(_frozen_block, _frozen_attention_matrix, _frozen_attention, _frozen_swiglu,
-                                  _frozen_rms_rows))()
-    got = jax.jit(lambda: pieces(D.block, D.causal_attention_matrix, D.attention, D.swiglu,
-                                 lambda Y, g: jax.vmap(D.RMSNorm(g))(Y)))()
+    want = jax.jit(
+        lambda: pieces(
+            _frozen_block,
+            _frozen_attention_matrix,
+            _frozen_attention,
+            _frozen_swiglu,
+            _frozen_rms_rows,
+        )
+    )()
+    got = jax.jit(
+        lambda: pieces(
+            D.block,
+            D.causal_attention_matrix,
+            D.attention,
+            D.swiglu,
+            lambda Y, g: jax.vmap(D.RMSNorm(g))(Y),
+        )
+    )()
     _assert_trees_close(got, want, F64_RTOL, 1e-14)
-    got = jax.jit(lambda: pieces(
-        lambda p, X, **kw: D.Block.from_params(p, norm=kw.pop("norm"), heads=kw.pop("heads"))(X, **kw),
-        lambda p, X, h, a: D.CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=h).attention_matrix(
-            X, alpha_prefix=a),
-        lambda p, X, h, a: D.CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=h)(X, alpha_prefix=a),
-        lambda p, X: jax.vmap(D.SwiGLU(p["w1"], p["w3"], p["w2"]))(X),
-        lambda Y, g: jax.vmap(lambda y: D.rms_norm(y, g))(Y)))()
+    got = jax.jit(
+        lambda: pieces(
+            lambda p, X, **kw: D.Block.from_params(p, norm=kw.pop("norm"), heads=kw.pop("heads"))(
+                X, **kw
+            ),
+            lambda p, X, h, a: D.CausalSelfAttention(
+                p["wq"], p["wk"], p["wv"], p["wo"], heads=h
+            ).attention_matrix(X, alpha_prefix=a),
+            lambda p, X, h, a: D.CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=h)(
+                X, alpha_prefix=a
+            ),
+            lambda p, X: jax.vmap(D.SwiGLU(p["w1"], p["w3"], p["w2"]))(X),
+            lambda Y, g: jax.vmap(lambda y: D.rms_norm(y, g))(Y),
+        )
+    )()
     _assert_trees_close(got, want, F64_RTOL, 1e-14)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_language_model_and_gradients_match_the_dict_math_float64(x64, norm):
-    params = jax.tree_util.tree_map(lambda a: a.astype(jnp.float64),
-                                    _frozen_init_lm(jax.random.key(24), vocab=7, depth=2, **SIZES, sigma_w=0.5))
+    params = jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.float64),
+        _frozen_init_lm(jax.random.key(24), vocab=7, depth=2, **SIZES, sigma_w=0.5),
+    )
     params["final_gain"] = params["final_gain"] * 1.3
     toks = _tokens(jax.random.key(25), 7, 3, 6)
     want_logits = jax.jit(lambda p: _frozen_lm_logits(p, toks[0], norm=norm, heads=2))(params)
-    _assert_trees_close(jax.jit(lambda p: D.lm_logits(p, toks[0], norm=norm, heads=2))(params), want_logits,
-                        F64_RTOL, 1e-14)
+    _assert_trees_close(
+        jax.jit(lambda p: D.lm_logits(p, toks[0], norm=norm, heads=2))(params),
+        want_logits,
+        F64_RTOL,
+        1e-14,
+    )
     lm = D.DecoderLM.from_params(params, norm=norm, heads=2)
     _assert_trees_close(eqx.filter_jit(lambda m: m(toks[0]))(lm), want_logits, F64_RTOL, 1e-14)
-    want_loss, want_grads = jax.jit(jax.value_and_grad(lambda p: _frozen_lm_loss(p, toks, norm=norm, heads=2)))(params)
-    (loss, _), grads = jax.jit(jax.value_and_grad(lambda p: D.lm_loss(p, toks, norm=norm, heads=2), has_aux=True))(
-        params)
+    want_loss, want_grads = jax.jit(
+        jax.value_and_grad(lambda p: _frozen_lm_loss(p, toks, norm=norm, heads=2))
+    )(params)
+    (loss, _), grads = jax.jit(
+        jax.value_and_grad(lambda p: D.lm_loss(p, toks, norm=norm, heads=2), has_aux=True)
+    )(params)
     np.testing.assert_allclose(loss, want_loss, rtol=F64_RTOL)
     _assert_trees_close(grads, want_grads, F64_RTOL, 1e-14)
     # gradients with respect to the Module itself are the same arrays
-    mgrads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jax.vmap(
-        lambda t, y: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(m(t)[0]), y[:, None], axis=-1))
-    )(toks[:, :-1], toks[:, 1:]))))(lm)
+    mgrads = eqx.filter_jit(
+        eqx.filter_grad(
+            lambda m: jnp.mean(
+                jax.vmap(
+                    lambda t, y: (
+                        -jnp.mean(
+                            jnp.take_along_axis(jax.nn.log_softmax(m(t)[0]), y[:, None], axis=-1)
+                        )
+                    )
+                )(toks[:, :-1], toks[:, 1:])
+            )
+        )
+    )(lm)
     _assert_trees_close(mgrads.to_params(), want_grads, F64_RTOL, 1e-14)
 
 
@@ -273,8 +358,12 @@ def test_float32_forward_matches_the_dict_math():
     blocks = _frozen_init_stack(jax.random.key(26), depth=4, **SIZES)
     X = D.gaussian_tokens(jax.random.key(27), 9, 8)
     for norm in D.NORMS:
-        want = jax.jit(lambda b, x, norm=norm: _frozen_forward(b, x, norm=norm, heads=2, alpha_prefix=0.2))(blocks, X)
-        got = jax.jit(lambda b, x, norm=norm: D.forward(b, x, norm=norm, heads=2, alpha_prefix=0.2))(blocks, X)
+        want = jax.jit(
+            lambda b, x, norm=norm: _frozen_forward(b, x, norm=norm, heads=2, alpha_prefix=0.2)
+        )(blocks, X)
+        got = jax.jit(
+            lambda b, x, norm=norm: D.forward(b, x, norm=norm, heads=2, alpha_prefix=0.2)
+        )(blocks, X)
         _assert_trees_close(got, want, F32_RTOL, 1e-7)
 
 
@@ -286,8 +375,12 @@ def test_init_trace_matches_the_dict_math():
     def frozen(key):
         kx, kp = jax.random.split(key)
         blocks = _frozen_init_stack(kp, depth=2, **SIZES, sigma_w=0.4)
-        return {norm: _frozen_forward(blocks, D.gaussian_tokens(kx, 10, 8), norm=norm, heads=2, alpha_prefix=0.5)[1]
-                for norm in D.NORMS}
+        return {
+            norm: _frozen_forward(
+                blocks, D.gaussian_tokens(kx, 10, 8), norm=norm, heads=2, alpha_prefix=0.5
+            )[1]
+            for norm in D.NORMS
+        }
 
     want = frozen(key)
     for norm in D.NORMS:
@@ -321,17 +414,29 @@ def test_train_lm_matches_an_explicit_optax_loop_and_trains_the_module():
             losses.append(float(loss))
         return p, np.asarray(losses)
 
-    _, want = loop(params, lambda p, b: _frozen_lm_loss(p, b, norm=norm, heads=2), jax.value_and_grad,
-                   optax.apply_updates)
+    _, want = loop(
+        params,
+        lambda p, b: _frozen_lm_loss(p, b, norm=norm, heads=2),
+        jax.value_and_grad,
+        optax.apply_updates,
+    )
     np.testing.assert_allclose(hist["loss"], want, rtol=1e-5)
     assert want[-1] < want[0]  # it trains
 
     def module_loss(m, batch):
-        ce = jax.vmap(lambda t, y: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(m(t)[0]), y[:, None], axis=-1)))
+        ce = jax.vmap(
+            lambda t, y: (
+                -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(m(t)[0]), y[:, None], axis=-1))
+            )
+        )
         return jnp.mean(ce(batch[:, :-1], batch[:, 1:]))
 
-    lm, got = loop(D.DecoderLM.from_params(params, norm=norm, heads=2), module_loss, eqx.filter_value_and_grad,
-                   eqx.apply_updates)
+    lm, got = loop(
+        D.DecoderLM.from_params(params, norm=norm, heads=2),
+        module_loss,
+        eqx.filter_value_and_grad,
+        eqx.apply_updates,
+    )
     assert isinstance(lm, D.DecoderLM) and isinstance(lm.stack.placement, D.PostNorm)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
@@ -372,8 +477,12 @@ def test_invalid_norm_is_one_value_error(bad):
         lambda: D.Block.init(jax.random.key(0), **SIZES, norm=bad),
         lambda: D.Stack.from_params(blocks, norm=bad, heads=2),
         lambda: D.similarity_profile(jax.random.key(0), depth=2, n=4, **SIZES, norm=bad),
-        lambda: D.lm_logits(D.init_lm(jax.random.key(0), vocab=5, depth=2, **SIZES), jnp.arange(3), norm=bad,
-                            heads=2),
+        lambda: D.lm_logits(
+            D.init_lm(jax.random.key(0), vocab=5, depth=2, **SIZES),
+            jnp.arange(3),
+            norm=bad,
+            heads=2,
+        ),
     ]
     for call in calls:
         with pytest.raises(ValueError) as err:

@@ -90,7 +90,9 @@ def test_quantile_phase_field_realises_the_target_law_on_the_orbit(n):
     assert abs(float(mf.energy(kernel, x, s)) - np.exp(beta) / (2 * beta)) < 1e-5 * np.exp(beta)
     assert float(jnp.max(jnp.abs(mf.velocity(kernel, x, s)))) < 1e-5
     # the test can fail: the undesigned phase 2 pi s (uniform law on the orbit) is far
-    x_uniform = design.designed_configuration(mf.kernels.PhaseField(beta, lambda t: -2 * jnp.pi * t), u, s)
+    x_uniform = design.designed_configuration(
+        mf.kernels.PhaseField(beta, lambda t: -2 * jnp.pi * t), u, s
+    )
     assert _ks(design.orbit_angles(x_uniform, u), _target_cdf) > 0.1
 
 
@@ -162,13 +164,17 @@ def test_vmf_mixture_moments():
     # one component: E <x, mu> = coth(kappa) - 1/kappa on S^2
     m = 20000
     for kappa in [0.5, 5.0]:
-        x = design.vmf_mixture(jax.random.key(int(kappa * 10)), m, jnp.array([[0.0, 0.6, 0.8]]), kappa)
+        x = design.vmf_mixture(
+            jax.random.key(int(kappa * 10)), m, jnp.array([[0.0, 0.6, 0.8]]), kappa
+        )
         assert np.allclose(np.linalg.norm(np.asarray(x), axis=1), 1.0, atol=1e-5)
         t = np.asarray(x) @ np.array([0.0, 0.6, 0.8])
         theory = 1 / np.tanh(kappa) - 1 / kappa
         assert abs(t.mean() - theory) < 5 * t.std() / np.sqrt(m)
     # mixture weights
-    x = design.vmf_mixture(jax.random.key(9), m, jnp.eye(3)[:2], 50.0, weights=jnp.array([0.25, 0.75]))
+    x = design.vmf_mixture(
+        jax.random.key(9), m, jnp.eye(3)[:2], 50.0, weights=jnp.array([0.25, 0.75])
+    )
     frac = float(np.mean(np.asarray(x)[:, 0] > np.asarray(x)[:, 1]))
     assert abs(frac - 0.25) < 5 * np.sqrt(0.25 * 0.75 / m)
 
@@ -202,10 +208,25 @@ def test_reproduce_design_end_to_end(tmp_path):
 
     from meanfield.reproduce import design as rep
 
-    opts = dict(anchor_seeds=4, anchor_n=32, learned_steps=150, learned_n=128, learned_seeds=2, classify_seeds=2,
-                classify_n=16, escape_betas=[1.0, 2.0, 3.0], rb_ps=[2, 8, 32, 128], rb_gap_ps=[4, 64], rb_n=512,
-                large_n=10**5, large_t1=0.2, large_reference_n=1024, mf_ns=[32, 64, 128], mf_repeats=48,
-                mf_times=[0.0, 1.0, 2.0])
+    opts = dict(
+        anchor_seeds=4,
+        anchor_n=32,
+        learned_steps=150,
+        learned_n=128,
+        learned_seeds=2,
+        classify_seeds=2,
+        classify_n=16,
+        escape_betas=[1.0, 2.0, 3.0],
+        rb_ps=[2, 8, 32, 128],
+        rb_gap_ps=[4, 64],
+        rb_n=512,
+        large_n=10**5,
+        large_t1=0.2,
+        large_reference_n=1024,
+        mf_ns=[32, 64, 128],
+        mf_repeats=48,
+        mf_times=[0.0, 1.0, 2.0],
+    )
     summary = rep.run(tmp_path, quick=True, quiet=True, **opts)
     out = tmp_path / "design"
     on_disk = json.loads((out / "summary.json").read_text())
@@ -213,8 +234,13 @@ def test_reproduce_design_end_to_end(tmp_path):
     for fig in summary["figures"]:
         assert (out / fig).stat().st_size > 1000
     c = {row["name"]: row for row in summary["checks"]}
-    for name in ["designed_law_distance", "baseline_law_distance", "hessian_zero_modes", "meanfield_rate",
-                 "random_batch_error"]:
+    for name in [
+        "designed_law_distance",
+        "baseline_law_distance",
+        "hessian_zero_modes",
+        "meanfield_rate",
+        "random_batch_error",
+    ]:
         assert name in c
     assert c["designed_law_distance"]["measured"] < 1e-2
     assert c["baseline_law_distance"]["measured"] > 0.3
@@ -226,4 +252,6 @@ def test_reproduce_design_end_to_end(tmp_path):
     assert abs(c["random_batch_exponent"]["measured"] + 0.5) < 0.15
     assert abs(c["escape_time_exponent"]["measured"] - 1.0) < 0.15
     assert c["designed_max_energy"]["pass"] and c["quantile_ks"]["pass"]
-    assert all(row["pass"] for row in summary["checks"]), [r["name"] for r in summary["checks"] if not r["pass"]]
+    assert all(row["pass"] for row in summary["checks"]), [
+        r["name"] for r in summary["checks"] if not r["pass"]
+    ]

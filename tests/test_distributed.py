@@ -41,7 +41,9 @@ dt = 0.01
 save = 3
 """
 
-TIMEOUT = 300  # seconds per process: generous for 2 loaded cores; a hang fails instead of blocking CI
+TIMEOUT = (
+    300  # seconds per process: generous for 2 loaded cores; a hang fails instead of blocking CI
+)
 
 pytestmark = pytest.mark.slow
 
@@ -89,8 +91,24 @@ def _sweep(*args, env) -> subprocess.Popen:
 def _group(spec, out, *extra, env, processes=2) -> list[subprocess.Popen]:
     """``processes`` processes of one distributed sweep (process 0 first)."""
     port = _free_port()
-    return [_sweep(spec, "--out", out, "--coordinator", f"localhost:{port}", "--num-processes", processes,
-                   "--process-id", i, "--heartbeat-timeout", 5, *extra, env=env) for i in range(processes)]
+    return [
+        _sweep(
+            spec,
+            "--out",
+            out,
+            "--coordinator",
+            f"localhost:{port}",
+            "--num-processes",
+            processes,
+            "--process-id",
+            i,
+            "--heartbeat-timeout",
+            5,
+            *extra,
+            env=env,
+        )
+        for i in range(processes)
+    ]
 
 
 def _finish(procs, timeout=TIMEOUT) -> list[tuple[int, str]]:
@@ -101,7 +119,9 @@ def _finish(procs, timeout=TIMEOUT) -> list[tuple[int, str]]:
             return [(p.wait(max(1.0, deadline - time.monotonic())), _stderr(p)) for p in procs]
         except subprocess.TimeoutExpired:
             tails = [_stderr(p)[-2000:] for p in procs]
-            raise AssertionError(f"a process overran {timeout} s; the stderr tails: {tails}") from None
+            raise AssertionError(
+                f"a process overran {timeout} s; the stderr tails: {tails}"
+            ) from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -112,7 +132,9 @@ def _finish(procs, timeout=TIMEOUT) -> list[tuple[int, str]]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    return dict(os.environ, OMP_NUM_THREADS="1", MEANFIELD_CACHE_DIR=str(cache), MEANFIELD_NATIVE_QUIET="0")
+    return dict(
+        os.environ, OMP_NUM_THREADS="1", MEANFIELD_CACHE_DIR=str(cache), MEANFIELD_NATIVE_QUIET="0"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +167,9 @@ def test_two_processes_write_the_single_process_store(ref, tmp_path, env):
     # an error of process 0 (the store exists) stops both processes with one line each
     outs = _finish(_group(spec, out, "--memory", "1B", "--quiet", env=env))
     assert [rc for rc, _ in outs] == [2, 2], outs
-    lines = [[ln for ln in err.splitlines() if ln.startswith("meanfield sweep:")] for _, err in outs]
+    lines = [
+        [ln for ln in err.splitlines() if ln.startswith("meanfield sweep:")] for _, err in outs
+    ]
     assert all(len(ls) == 1 and "already exists" in ls[0] for ls in lines), outs
     assert "process 0 stopped the sweep" in lines[1][0]
 
@@ -168,7 +192,9 @@ def test_killed_process_then_resume(ref, tmp_path, env):
         ended = [(p.returncode, _stderr(p)) for p in procs if p.poll() is not None]
         assert not ended, f"the sweep ended before a process could be killed: {ended}"
         procs[1].send_signal(signal.SIGKILL)
-        rc0 = procs[0].wait(120)  # the survivor notices (collective error or missed heartbeats) and stops
+        rc0 = procs[0].wait(
+            120
+        )  # the survivor notices (collective error or missed heartbeats) and stops
     finally:
         for p in procs:
             if p.poll() is None:
@@ -183,9 +209,16 @@ def test_killed_process_then_resume(ref, tmp_path, env):
     launcher = tmp_path / "run_sweep_multihost.py"
     launcher.write_text(_launcher())
     port = _free_port()
-    here = dict(env, PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))  # this checkout's meanfield
-    procs = [_popen([sys.executable, str(launcher), f"localhost:{port}", "2", str(i), str(spec), str(out)], here)
-             for i in range(2)]
+    here = dict(
+        env, PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    )  # this checkout's meanfield
+    procs = [
+        _popen(
+            [sys.executable, str(launcher), f"localhost:{port}", "2", str(i), str(spec), str(out)],
+            here,
+        )
+        for i in range(2)
+    ]
     outs = _finish(procs)
     assert [rc for rc, _ in outs] == [0, 0], outs
     for _, err in outs:

@@ -75,8 +75,14 @@ class _Proc:
     def __init__(self, args, env):
         self.err = tempfile.TemporaryFile("w+")
         self.start = time.monotonic()
-        self.p = subprocess.Popen([sys.executable, "-m", "meanfield", "sweep", *map(str, args)], cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=self.err, text=True, env=env)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "meanfield", "sweep", *map(str, args)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.err,
+            text=True,
+            env=env,
+        )
 
     def finish(self, timeout: float = SLACK) -> tuple[int, list[str], float]:
         """Exit status, stderr lines and seconds run; killed (and the test failed) past ``timeout``."""
@@ -85,7 +91,9 @@ class _Proc:
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
-            raise AssertionError(f"the process overran {timeout} s: {self.stderr()[-2000:]}") from None
+            raise AssertionError(
+                f"the process overran {timeout} s: {self.stderr()[-2000:]}"
+            ) from None
         return rc, self.stderr().splitlines(), time.monotonic() - self.start
 
     def stderr(self) -> str:
@@ -94,8 +102,22 @@ class _Proc:
 
 
 def _dist(spec, out, port, n, i, *extra, env, host="127.0.0.1") -> _Proc:
-    return _Proc([spec, "--out", out, "--coordinator", f"{host}:{port}", "--num-processes", n, "--process-id", i,
-                  "--quiet", *extra], env)
+    return _Proc(
+        [
+            spec,
+            "--out",
+            out,
+            "--coordinator",
+            f"{host}:{port}",
+            "--num-processes",
+            n,
+            "--process-id",
+            i,
+            "--quiet",
+            *extra,
+        ],
+        env,
+    )
 
 
 def _one_error(lines: list[str]) -> str:
@@ -126,8 +148,10 @@ def test_num_processes_out_of_range_is_refused_before_jax(spec, tmp_path, env):
     out = tmp_path / "o.zarr"
     rc, lines, _ = _dist(spec, out, _free_port(), 3000000000, 0, env=env).finish()
     assert rc == 2
-    assert _one_error(lines) == (f"meanfield sweep: error: --num-processes must be in 1 .. "
-                                 f"{_distributed.MAX_PROCESSES}, got 3000000000")
+    assert _one_error(lines) == (
+        f"meanfield sweep: error: --num-processes must be in 1 .. "
+        f"{_distributed.MAX_PROCESSES}, got 3000000000"
+    )
     assert not out.exists()
 
 
@@ -141,29 +165,40 @@ def test_coordinator_port_in_use_is_one_line(spec, tmp_path, env):
         port = taken.getsockname()[1]
         rc, lines, _ = _dist(spec, out, port, 2, 0, "--join-timeout", 60, env=env).finish()
     assert rc == 2
-    assert _one_error(lines) == (f"meanfield sweep: error: coordinator port {port} on 127.0.0.1 is in use (another "
-                                 "program, or another process 0 of this sweep): choose another --coordinator port")
+    assert _one_error(lines) == (
+        f"meanfield sweep: error: coordinator port {port} on 127.0.0.1 is in use (another "
+        "program, or another process 0 of this sweep): choose another --coordinator port"
+    )
     assert not out.exists()
 
 
 def test_check_args_and_reserve_port():
-    with pytest.raises(ValueError, match=r"--process-id must be in 0 \.\. 1 \(--num-processes 2\), got -1"):
+    with pytest.raises(
+        ValueError, match=r"--process-id must be in 0 \.\. 1 \(--num-processes 2\), got -1"
+    ):
         _distributed.check_args("127.0.0.1:1", 2, -1, join_timeout=5, heartbeat_timeout=5)
     with pytest.raises(ValueError, match="--join-timeout must be in 1 .. 86400 seconds, got 0"):
         _distributed.check_args(None, None, None, join_timeout=0, heartbeat_timeout=5)
-    with pytest.raises(ValueError, match="--heartbeat-timeout must be in 1 .. 86400 seconds, got 3000000000"):
+    with pytest.raises(
+        ValueError, match="--heartbeat-timeout must be in 1 .. 86400 seconds, got 3000000000"
+    ):
         _distributed.check_args(None, None, None, join_timeout=5, heartbeat_timeout=3000000000)
     with pytest.raises(ValueError, match="HOST:PORT with a port in 1 .. 65535"):
         _distributed.check_args("127.0.0.1:70000", 2, 0, join_timeout=5, heartbeat_timeout=5)
     with pytest.raises(ValueError, match="does not resolve"):
-        _distributed.check_args("no-such-host.invalid:1234", 2, 0, join_timeout=5, heartbeat_timeout=5)
+        _distributed.check_args(
+            "no-such-host.invalid:1234", 2, 0, join_timeout=5, heartbeat_timeout=5
+        )
     assert _distributed.split_address("[::1]:1234") == ("::1", 1234)
 
     port = _free_port()
     held = _distributed.reserve_port(f"127.0.0.1:{port}")
     try:
         assert len(held) == 1 and held[0].getsockname() == ("127.0.0.1", port)
-        with socket.socket() as other, pytest.raises(OSError):  # held: another program cannot take it
+        with (
+            socket.socket() as other,
+            pytest.raises(OSError),
+        ):  # held: another program cannot take it
             other.bind(("127.0.0.1", port))
         with pytest.raises(ValueError, match=f"coordinator port {port} on 127.0.0.1 is in use"):
             _distributed.reserve_port(f"127.0.0.1:{port}")  # a second process 0
@@ -177,12 +212,21 @@ def test_check_args_and_reserve_port():
 
 
 def test_distributed_without_a_cluster_environment_is_one_line(spec, tmp_path, env):
-    clean = {k: v for k, v in env.items()
-             if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "CLOUD_TPU", "JAX_", "MEGASCALE"))}
-    rc, lines, _ = _Proc([spec, "--out", tmp_path / "o.zarr", "--distributed", "--join-timeout", 5], clean).finish()
+    clean = {
+        k: v
+        for k, v in env.items()
+        if not k.startswith(
+            ("SLURM_", "OMPI_", "PMI_", "KUBERNETES_", "TPU_", "CLOUD_TPU", "JAX_", "MEGASCALE")
+        )
+    }
+    rc, lines, _ = _Proc(
+        [spec, "--out", tmp_path / "o.zarr", "--distributed", "--join-timeout", 5], clean
+    ).finish()
     assert rc == 2
-    assert _one_error(lines).startswith("meanfield sweep: error: cannot join the distributed sweep: --distributed "
-                                        "found no cluster environment")
+    assert _one_error(lines).startswith(
+        "meanfield sweep: error: cannot join the distributed sweep: --distributed "
+        "found no cluster environment"
+    )
 
 
 # --------------------------------------------------------------------------- the join timeout
@@ -191,11 +235,15 @@ def test_distributed_without_a_cluster_environment_is_one_line(spec, tmp_path, e
 def test_process_one_alone_times_out_with_one_line(spec, tmp_path, env):
     """Nothing listens at the coordinator: exit 2 after --join-timeout (JAX: silent for 300 s, then SIGABRT)."""
     port = _free_port()
-    rc, lines, took = _dist(spec, tmp_path / "o.zarr", port, 2, 1, "--join-timeout", 3, env=env).finish()
+    rc, lines, took = _dist(
+        spec, tmp_path / "o.zarr", port, 2, 1, "--join-timeout", 3, env=env
+    ).finish()
     assert rc == 2
-    assert _one_error(lines) == (f"meanfield sweep: error: the distributed sweep did not assemble within "
-                                 f"--join-timeout 3 s: process 1 found no coordinator listening at 127.0.0.1:{port} "
-                                 "(is process 0 running?)")
+    assert _one_error(lines) == (
+        f"meanfield sweep: error: the distributed sweep did not assemble within "
+        f"--join-timeout 3 s: process 1 found no coordinator listening at 127.0.0.1:{port} "
+        "(is process 0 running?)"
+    )
     assert 3 <= took < 3 + SLACK
 
 
@@ -209,7 +257,9 @@ def test_process_zero_alone_and_a_second_process_zero(spec, tmp_path, env):
     first = _dist(spec, out, port, 2, 0, "--join-timeout", 12, env=env)
     try:
         _wait_listening(port, first)
-        if sys.platform.startswith("linux"):  # 127.0.0.2 is loopback too: bound to all interfaces it would answer
+        if sys.platform.startswith(
+            "linux"
+        ):  # 127.0.0.2 is loopback too: bound to all interfaces it would answer
             with socket.socket() as probe:
                 probe.settimeout(2.0)
                 assert probe.connect_ex(("127.0.0.2", port)) != 0
@@ -222,10 +272,12 @@ def test_process_zero_alone_and_a_second_process_zero(spec, tmp_path, env):
     assert rc2 == 2
     assert f"coordinator port {port} on 127.0.0.1 is in use" in _one_error(lines2)
     assert rc == 2
-    assert _one_error(lines) == (f"meanfield sweep: error: the distributed sweep did not assemble within "
-                                 f"--join-timeout 12 s: process 0 (the coordinator, at 127.0.0.1:{port}) did not "
-                                 "hear from all 2 processes (start ids 0 .. 1 once each, with the same --coordinator "
-                                 "and --num-processes)")
+    assert _one_error(lines) == (
+        f"meanfield sweep: error: the distributed sweep did not assemble within "
+        f"--join-timeout 12 s: process 0 (the coordinator, at 127.0.0.1:{port}) did not "
+        "hear from all 2 processes (start ids 0 .. 1 once each, with the same --coordinator "
+        "and --num-processes)"
+    )
     assert 12 <= took < 12 + SLACK
     assert not out.exists()
 
@@ -234,7 +286,9 @@ def test_process_zero_alone_and_a_second_process_zero(spec, tmp_path, env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("beta, points", [("[1.0, 3.0]", 4), ("[1.0, 2.0, 3.0]", 6)], ids=["values", "shape"])
+@pytest.mark.parametrize(
+    "beta, points", [("[1.0, 3.0]", 4), ("[1.0, 2.0, 3.0]", 6)], ids=["values", "shape"]
+)
 def test_processes_with_different_specs_are_refused(spec, tmp_path, env, beta, points):
     """Process 1 runs beta = [1, 3] (or a grid of another shape) against process 0's [1, 2]: both
     stop with one line naming the hashes, before the store exists (it used to hold process 1's
@@ -243,8 +297,10 @@ def test_processes_with_different_specs_are_refused(spec, tmp_path, env, beta, p
     other.write_text(SPEC.format(beta=beta))
     out = tmp_path / "o.zarr"
     port = _free_port()
-    procs = [_dist(s, out, port, 2, i, "--join-timeout", 60, env=env, host="localhost")
-             for i, s in enumerate([spec, other])]
+    procs = [
+        _dist(s, out, port, 2, i, "--join-timeout", 60, env=env, host="localhost")
+        for i, s in enumerate([spec, other])
+    ]
     try:
         outs = [p.finish() for p in procs]
     finally:
@@ -255,8 +311,10 @@ def test_processes_with_different_specs_are_refused(spec, tmp_path, env, beta, p
     from meanfield.sweep import load_spec
 
     h0, h1 = load_spec(spec).hash[:12], load_spec(other).hash[:12]
-    expected = (f"meanfield sweep: error: the processes run different specs: process 1 (hash {h1}, {points} points) "
-                f"against process 0 (hash {h0}, 4 points); start every process with the same spec")
+    expected = (
+        f"meanfield sweep: error: the processes run different specs: process 1 (hash {h1}, {points} points) "
+        f"against process 0 (hash {h0}, 4 points); start every process with the same spec"
+    )
     for rc, lines, _ in outs:
         assert rc == 2
         assert _one_error(lines) == expected
@@ -284,28 +342,39 @@ def test_handshake_refuses_another_num_processes_and_an_id_given_twice():
     held = _distributed.reserve_port(coordinator)
     deadline = time.monotonic() + 30
     served: dict = {}
-    server = threading.Thread(target=lambda: served.update(holders=_distributed.gather(held, coordinator, 3, deadline)))
+    server = threading.Thread(
+        target=lambda: served.update(holders=_distributed.gather(held, coordinator, 3, deadline))
+    )
     server.start()
     try:
         for _ in range(300):  # until the server thread listens
             with contextlib.suppress(ConnectionRefusedError):
-                first = socket.create_connection(("127.0.0.1", port), timeout=30)  # process 1, checked in first
+                first = socket.create_connection(
+                    ("127.0.0.1", port), timeout=30
+                )  # process 1, checked in first
                 break
             time.sleep(0.05)
         first.sendall(b"meanfield-join 1 3 1\n")
         with pytest.raises(_distributed.HandshakeError) as e:
             _distributed.check_in(coordinator, 3, 1, deadline)
-        assert str(e.value) == (f"process id 1 has already joined process 0 (at {coordinator}) from another "
-                                "process: give each process its own --process-id in 0 .. 2")
+        assert str(e.value) == (
+            f"process id 1 has already joined process 0 (at {coordinator}) from another "
+            "process: give each process its own --process-id in 0 .. 2"
+        )
         with pytest.raises(_distributed.HandshakeError) as e:
             _distributed.check_in(coordinator, 4, 2, deadline)
-        assert str(e.value) == (f"process 0 (at {coordinator}) runs --num-processes 3, process 2 was started with "
-                                "--num-processes 4: give every process the same --num-processes")
+        assert str(e.value) == (
+            f"process 0 (at {coordinator}) runs --num-processes 3, process 2 was started with "
+            "--num-processes 4: give every process the same --num-processes"
+        )
         with socket.create_connection(("127.0.0.1", port), timeout=30) as stranger:
             stranger.sendall(b"GET / HTTP/1.1\r\n\r\n")
-            assert stranger.makefile("rb").readline() == (
-                f"refused: not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})\n"
-            ).encode()
+            assert (
+                stranger.makefile("rb").readline()
+                == (
+                    f"refused: not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})\n"
+                ).encode()
+            )
         _distributed.check_in(coordinator, 3, 2, deadline)  # the last one: everybody hears ok
         assert first.makefile("rb").readline() == b"ok\n"
         first.close()
@@ -332,7 +401,9 @@ def test_handshake_is_bounded_by_the_deadline():
         _distributed.gather(held, coordinator, 2, t0 + 0.5)
     assert held == [] and time.monotonic() - t0 < 10
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError):  # process 1 alone: nothing listens, retried until the deadline
+    with pytest.raises(
+        TimeoutError
+    ):  # process 1 alone: nothing listens, retried until the deadline
         _distributed.check_in(coordinator, 2, 1, t0 + 0.5)
     assert time.monotonic() - t0 < 10
 
@@ -353,7 +424,9 @@ def test_process_with_another_num_processes_is_refused_at_once(spec, tmp_path, e
         first.p.kill()
         first.p.wait()
     assert rc == 2 and took < SLACK
-    assert _one_error(lines) == (f"meanfield sweep: error: process 0 (at 127.0.0.1:{port}) runs --num-processes 2, "
-                                 "process 1 was started with --num-processes 3: give every process the same "
-                                 "--num-processes")
+    assert _one_error(lines) == (
+        f"meanfield sweep: error: process 0 (at 127.0.0.1:{port}) runs --num-processes 2, "
+        "process 1 was started with --num-processes 3: give every process the same "
+        "--num-processes"
+    )
     assert not out.exists()

@@ -44,7 +44,12 @@ def _api_pages() -> dict[str, str]:
 
 
 def test_public_modules_are_found():
-    for name in ("meanfield.theory", "meanfield.sweep.store", "meanfield.reproduce.usa_av", "meanfield.notebooks"):
+    for name in (
+        "meanfield.theory",
+        "meanfield.sweep.store",
+        "meanfield.reproduce.usa_av",
+        "meanfield.notebooks",
+    ):
         assert name in PUBLIC_MODULES
     assert not any(".__main__" in m or "._" in m for m in PUBLIC_MODULES)
     # every module re-exported by the package is public
@@ -57,9 +62,9 @@ def test_public_modules_are_found():
 def test_every_public_module_has_an_api_page_in_the_nav(module):
     pages = _api_pages()
     assert module in pages, f"no `::: {module}` in docs/api/*.md"
-    assert re.search(rf"^\s*- [\w. ]+: {re.escape(pages[module])}\s*$", MKDOCS, flags=re.MULTILINE), (
-        f"{pages[module]} is not in the nav of mkdocs.yml"
-    )
+    assert re.search(
+        rf"^\s*- [\w. ]+: {re.escape(pages[module])}\s*$", MKDOCS, flags=re.MULTILINE
+    ), f"{pages[module]} is not in the nav of mkdocs.yml"
 
 
 def test_api_directives_name_importable_modules():
@@ -69,7 +74,9 @@ def test_api_directives_name_importable_modules():
 
 
 def test_nav_pages_exist():
-    for page in re.findall(r":\s*([\w/]+\.md)\s*$|^\s*- ([\w/]+\.md)\s*$", MKDOCS, flags=re.MULTILINE):
+    for page in re.findall(
+        r":\s*([\w/]+\.md)\s*$|^\s*- ([\w/]+\.md)\s*$", MKDOCS, flags=re.MULTILINE
+    ):
         path = next(p for p in page if p)
         if path in ("index.md", "benchmarks.md"):  # README.md and BENCHMARKS.md (docs/_hooks.py)
             continue
@@ -108,9 +115,16 @@ def _docstrings(path: Path):
     tree = ast.parse(src)
     starts = {}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+        ):
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 starts[first.lineno] = first.value.value
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.STRING and tok.start[0] in starts:
@@ -125,7 +139,7 @@ def test_docstring_math_is_well_formed(path):
         prefix = literal[: len(literal) - len(literal.lstrip("rRbBuUfF"))]
         if "r" not in prefix.lower():
             assert "\\" not in literal.replace("\\\\", ""), (
-                f"{path.name}:{lineno}: a docstring with backslashes must be raw (r\"\"\"...\"\"\")"
+                f'{path.name}:{lineno}: a docstring with backslashes must be raw (r"""...""")'
             )
         for paragraph in re.split(r"\n\s*\n", value):
             if ">>>" in paragraph:
@@ -133,11 +147,17 @@ def test_docstring_math_is_well_formed(path):
             paragraph = re.sub(r"``.*?``|`[^`]*`", "", paragraph, flags=re.DOTALL)  # code: no math
             stripped = paragraph.strip()
             if "$$" in stripped:
-                assert stripped.startswith("$$") and stripped.endswith("$$") and stripped.count("$$") == 2, (
+                assert (
+                    stripped.startswith("$$")
+                    and stripped.endswith("$$")
+                    and stripped.count("$$") == 2
+                ), (
                     f"{path.name}:{lineno}: display math $$...$$ must be a paragraph of its own: {stripped[:80]!r}"
                 )
                 continue
-            assert paragraph.count("$") % 2 == 0, f"{path.name}:{lineno}: unpaired $ in {stripped[:80]!r}"
+            assert paragraph.count("$") % 2 == 0, (
+                f"{path.name}:{lineno}: unpaired $ in {stripped[:80]!r}"
+            )
 
 
 def test_math_renders_on_the_site():
@@ -146,7 +166,9 @@ def test_math_renders_on_the_site():
 
 
 def test_docs_extra_lists_the_site_dependencies():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     names = {re.split(r"[<>=\[ ]", r)[0] for r in extras["docs"]}
     assert {"mkdocs", "mkdocs-material", "mkdocstrings", "mkdocs-jupyter"} <= names
 

@@ -20,7 +20,10 @@ def wavy_gauge(s):
 
 def make(name, beta=1.7):
     G = jnp.stack(
-        [mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1)) for a in (0.0, 1.0, 2.5)]
+        [
+            mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1))
+            for a in (0.0, 1.0, 2.5)
+        ]
     )
     return {
         "usa": lambda: K.USA(beta),
@@ -138,7 +141,9 @@ def test_energy_bounded_by_max_energy_at_random_states(x64):
         if hasattr(kernel, "from_gauge_frame"):
             u = jnp.tile(jnp.array([[0.0, 0.6, 0.8]]), (n, 1))
             x = kernel.from_gauge_frame(u, aux)
-            np.testing.assert_allclose(mf.energy(kernel, x, aux), mf.theory.max_energy(beta), rtol=1e-13)
+            np.testing.assert_allclose(
+                mf.energy(kernel, x, aux), mf.theory.max_energy(beta), rtol=1e-13
+            )
             np.testing.assert_allclose(mf.velocity(kernel, x, aux), 0.0, atol=1e-13)
 
 
@@ -159,7 +164,9 @@ def test_velocity_vmaps_over_states_and_beta():
     betas = jnp.array([0.5, 1.0, 2.0])
     vs = jax.jit(jax.vmap(lambda x, b: mf.velocity(K.RoPE(b, 1.0), x)))(xs, betas)
     for i in range(3):
-        np.testing.assert_allclose(vs[i], mf.velocity(K.RoPE(float(betas[i]), 1.0), xs[i]), atol=1e-6)
+        np.testing.assert_allclose(
+            vs[i], mf.velocity(K.RoPE(float(betas[i]), 1.0), xs[i]), atol=1e-6
+        )
 
 
 # --------------------------------------------------------------- self-attention
@@ -203,7 +210,10 @@ def test_unnormalized_self_attention_with_identity_is_usa(x64):
     for rescaled in (False, True):
         sa = mf.models.SelfAttention(2.5, normalized=False, rescaled=rescaled)
         np.testing.assert_allclose(
-            mf.velocity(sa, x), mf.velocity(K.USA(2.5, rescaled=rescaled), x), rtol=1e-12, atol=1e-14
+            mf.velocity(sa, x),
+            mf.velocity(K.USA(2.5, rescaled=rescaled), x),
+            rtol=1e-12,
+            atol=1e-14,
         )
 
 

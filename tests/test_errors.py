@@ -268,7 +268,9 @@ def test_states_off_the_sphere_nan_and_zero_rows(fn, x0, no_compile):
     """energy / velocity / field validate states exactly like simulate (2x gave E = 6.93 vs 0.74)."""
     name = "x0" if fn == "simulate" else "x"
     kernel = K.USA(1.0)
-    with pytest.raises(ValueError, match=rf"rows of {name} must have unit norm within 0\.001, got a row of norm 2"):
+    with pytest.raises(
+        ValueError, match=rf"rows of {name} must have unit norm within 0\.001, got a row of norm 2"
+    ):
         _call(fn, kernel, 2 * x0)
     x = x0.copy()
     x[1, 2] = np.nan
@@ -288,16 +290,22 @@ def test_traced_states_off_the_sphere_stop_the_program(fn, x0):
         jax.block_until_ready(run(2 * jnp.asarray(x0)))
     with pytest.raises(RuntimeError, match="x must be finite with unit rows"):
         jax.block_until_ready(run(jnp.asarray(x0).at[0, 0].set(jnp.nan)))
-    np.testing.assert_allclose(run(jnp.asarray(x0)), getattr(mf, fn)(kernel, x0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        run(jnp.asarray(x0)), getattr(mf, fn)(kernel, x0), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("fn", _STATE_FNS + ["simulate"])
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_, np.complex64])
 def test_states_need_a_floating_dtype(fn, dtype, no_compile):
     x = np.eye(3).astype(dtype)
-    with pytest.raises(TypeError, match=rf"must be a floating-point array .*got dtype {np.dtype(dtype).name}"):
+    with pytest.raises(
+        TypeError, match=rf"must be a floating-point array .*got dtype {np.dtype(dtype).name}"
+    ):
         _call(fn, K.USA(1.0), x)
-    with pytest.raises(TypeError, match=r"must be a floating-point array .*got dtype (int|bool|complex)"):
+    with pytest.raises(
+        TypeError, match=r"must be a floating-point array .*got dtype (int|bool|complex)"
+    ):
         _call(fn, K.USA(1.0), jnp.asarray(x))  # JAX's own integer arrays too
 
 
@@ -341,14 +349,20 @@ def test_traced_labels_non_finite_stop_the_program(x0):
         (lambda v: mf.models.SelfAttention(v), "beta"),
     ],
 )
-@pytest.mark.parametrize("bad", [True, np.array(True), np.array("1"), np.array(1 + 1j), jnp.array(1 + 1j)])
+@pytest.mark.parametrize(
+    "bad", [True, np.array(True), np.array("1"), np.array(1 + 1j), jnp.array(1 + 1j)]
+)
 def test_parameter_types_at_construction(build, name, bad):
     """USA('1') was accepted and failed later: a TypeError naming the parameter, at once.
     (These values pass the annotations, so the constructor's own message is what is seen
     with or without the test suite's run-time type checks.)"""
     with pytest.raises(TypeError, match=rf"^{name} must be a real number, got "):
         build(bad)
-    for other in ("1", None, 1 + 1j):  # rejected by the annotation under the test hook, else by the check
+    for other in (
+        "1",
+        None,
+        1 + 1j,
+    ):  # rejected by the annotation under the test hook, else by the check
         with pytest.raises(TypeError, match=name):
             build(other)
 
@@ -413,7 +427,8 @@ def test_bad_max_steps(bad, error, message, x0, no_compile):
 
 @pytest.mark.parametrize("name", ["t1", "dt", "early_stop"])
 @pytest.mark.parametrize(
-    "bad, error", [(True, TypeError), (np.array("1"), TypeError), (np.array([0.1, 0.2]), ValueError)]
+    "bad, error",
+    [(True, TypeError), (np.array("1"), TypeError), (np.array([0.1, 0.2]), ValueError)],
 )
 def test_bad_time_options(name, bad, error, x0, no_compile):
     kw = {"t1": 1.0, name: bad}
@@ -462,7 +477,9 @@ def test_traced_t1_is_a_clear_error(x0):
 def test_more_constructor_and_option_types(x0, no_compile):
     """The rest of the new-user tour: one clear error each (these raised AttributeError,
     'can only concatenate str', a zero-size reduction, or returned NaN)."""
-    with pytest.raises(TypeError, match=r"plane must be a pair of coordinate indices like \(0, 1\), got 'ab'"):
+    with pytest.raises(
+        TypeError, match=r"plane must be a pair of coordinate indices like \(0, 1\), got 'ab'"
+    ):
         K.RoPE(1.0, 1.0, plane="ab")
     with pytest.raises(TypeError, match=r"plane must be a pair of coordinate indices"):
         K.PhaseField(1.0, K.FourierPhase(), plane=(0.5, 1))
@@ -478,9 +495,13 @@ def test_more_constructor_and_option_types(x0, no_compile):
         mf.models.SelfAttention(1.0, Q=np.full((3, 3), np.nan))
     with pytest.raises(ValueError, match=r"Q is 4x4 but the states have d = 3"):
         mf.simulate(mf.models.SelfAttention(1.0, Q=np.eye(4)), x0, t1=1.0)
-    with pytest.raises(TypeError, match=r"params must be a dict of parameter values, got \[\('beta', 1.0\)\]"):
+    with pytest.raises(
+        TypeError, match=r"params must be a dict of parameter values, got \[\('beta', 1.0\)\]"
+    ):
         K.build("usa", [("beta", 1.0)], d=3)
-    with pytest.raises(TypeError, match=r"key must be a JAX PRNG key such as jax.random.key\(0\), got 0"):
+    with pytest.raises(
+        TypeError, match=r"key must be a JAX PRNG key such as jax.random.key\(0\), got 0"
+    ):
         mf.sphere.uniform(0, 4, 3)
     with pytest.raises(TypeError, match="observables"):  # the annotation under the test hook
         mf.simulate(K.USA(1.0), x0, t1=1.0, observables=[mf.metrics.collapse_gap])

@@ -49,7 +49,9 @@ def _recording(monkeypatch, *, default: bool) -> list:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(integrate, "simulate", simulate)
-    monkeypatch.setattr(sweep_run, "_PROGRAMS", OrderedDict())  # no program memoised across the two runs
+    monkeypatch.setattr(
+        sweep_run, "_PROGRAMS", OrderedDict()
+    )  # no program memoised across the two runs
     return seen
 
 
@@ -59,7 +61,9 @@ def _recording(monkeypatch, *, default: bool) -> list:
 # (an "rk2" sweep here as well was trimmed to keep CI under 30 minutes)
 @pytest.mark.parametrize("solver", ["dopri5"])
 def test_sweep_forward_mode_is_bit_identical(tmp_path, monkeypatch, solver):
-    spec = TINY.format(solver=solver, tol="\nrtol = 1e-4\natol = 1e-6" if solver == "dopri5" else "")
+    spec = TINY.format(
+        solver=solver, tol="\nrtol = 1e-4\natol = 1e-6" if solver == "dopri5" else ""
+    )
     stores = {}
     for default in (False, True):
         with monkeypatch.context() as m:
@@ -78,8 +82,22 @@ def test_sweep_forward_mode_is_bit_identical(tmp_path, monkeypatch, solver):
 
 
 def test_cli_simulate_forward_mode_is_bit_identical(tmp_path, monkeypatch):
-    args = ["simulate", "--n", "12", "--d", "3", "--beta", "2", "--t1", "0.5", "--dt", "0.05", "--saves", "6",
-            "--no-plots"]
+    args = [
+        "simulate",
+        "--n",
+        "12",
+        "--d",
+        "3",
+        "--beta",
+        "2",
+        "--t1",
+        "0.5",
+        "--dt",
+        "0.05",
+        "--saves",
+        "6",
+        "--no-plots",
+    ]
     outs = {}
     for default in (False, True):
         with monkeypatch.context() as m:

@@ -86,7 +86,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(u)
         for v in sorted(graph[u]):
             if state.get(v) == 1:
-                return stack[stack.index(v):] + [v]
+                return stack[stack.index(v) :] + [v]
             if v not in state and (cycle := visit(v)):
                 return cycle
         stack.pop()
@@ -107,9 +107,16 @@ def test_the_cycle_finder_finds_cycles():
 def test_imports_are_resolved():
     """Relative, function-level and `from package import submodule` imports are all seen."""
     run = imports_of("meanfield.sweep.run")
-    assert {"meanfield.sweep.store", "meanfield.sweep.plan", "meanfield.sweep.spec", "meanfield.kernels",
-            "meanfield.integrate"} <= run
-    assert "meanfield" in imports_of("meanfield.sweep.run")  # `from .. import __version__` in a function
+    assert {
+        "meanfield.sweep.store",
+        "meanfield.sweep.plan",
+        "meanfield.sweep.spec",
+        "meanfield.kernels",
+        "meanfield.integrate",
+    } <= run
+    assert "meanfield" in imports_of(
+        "meanfield.sweep.run"
+    )  # `from .. import __version__` in a function
     assert "meanfield.sweep" in imports_of("meanfield.cli")  # `from . import sweep` inside main()
     assert "meanfield.sweep._diff" in imports_of("meanfield.sweep.store")
 
@@ -122,7 +129,9 @@ def test_no_import_cycle_in_meanfield():
 def test_sweep_package_has_no_cycle():
     inside = lambda m: m.startswith("meanfield.sweep")  # noqa: E731
     graph = {m: {t for t in e if inside(t)} for m, e in import_graph().items() if inside(m)}
-    assert set(graph) >= {f"meanfield.sweep.{m}" for m in ("spec", "plan", "run", "store", "plot", "cli")}
+    assert set(graph) >= {
+        f"meanfield.sweep.{m}" for m in ("spec", "plan", "run", "store", "plot", "cli")
+    }
     assert find_cycle(graph) is None
 
 

@@ -43,8 +43,13 @@ print(json.dumps({"modules": len(names), "backend": matplotlib.get_backend(), "i
 
 def _run(code, *args, env=None, timeout=600):
     full = {**os.environ, "MEANFIELD_NATIVE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=full, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +84,19 @@ def test_cold_cache_builds_at_import_once(tmp_path):
     if _native._cache._compiler() is None:
         pytest.skip("no C compiler")
     env = {"MEANFIELD_CACHE_DIR": str(tmp_path)}
-    code = "import meanfield.kernels, meanfield._native as n; print(n._exp_state['lib'] is not None)"
+    code = (
+        "import meanfield.kernels, meanfield._native as n; print(n._exp_state['lib'] is not None)"
+    )
     first, second = _run(code, env=env), _run(code, env=env)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     built = [ln for ln in first.stderr.splitlines() if ln.startswith("meanfield: ")]
     assert built == [f"{_BUILD_LINE} (once, cached in {tmp_path}) ..."], first.stderr
     assert first.stdout.split() == ["True"] and second.stdout.split() == ["True"]
     assert "meanfield: " not in second.stderr, second.stderr
-    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.so")) == ["exp_kernel", "exp_kernel"]
+    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.so")) == [
+        "exp_kernel",
+        "exp_kernel",
+    ]
 
 
 # the first use of the kernel (self-test included) inside a jit trace, with every way of running
@@ -147,21 +157,41 @@ def test_exp_library_never_compiles(monkeypatch):
 
 def test_summary_keys_and_json(capsys):
     d = info.summary()
-    assert sorted(d) == ["compilation_cache", "jax", "meanfield", "native", "packages", "platform", "python"]
+    assert sorted(d) == [
+        "compilation_cache",
+        "jax",
+        "meanfield",
+        "native",
+        "packages",
+        "platform",
+        "python",
+    ]
     assert sorted(d["packages"]) == sorted(info.PACKAGES) and d["packages"]["jax"]
     assert sorted(d["jax"]) == ["backend", "devices", "x64"] and d["jax"]["devices"]
     nat = d["native"]
-    assert {"disabled", "cache_dir", "compiler", "compiler_version", "threads", "exp_threads",
-            "exp_kernel", "phase_kernel"} <= set(nat)
+    assert {
+        "disabled",
+        "cache_dir",
+        "compiler",
+        "compiler_version",
+        "threads",
+        "exp_threads",
+        "exp_kernel",
+        "phase_kernel",
+    } <= set(nat)
     for key in ("exp_kernel", "phase_kernel"):
         k = nat[key]
         assert k["available"] == (k["reason"] is None)
         assert len(k["libraries"]) == (2 if k["available"] else 0)
     crossover = nat["exp_kernel"]["crossover"]
     assert (crossover is not None) == nat["exp_kernel"]["available"]
-    if crossover is not None:  # what "auto" follows, measured on this machine, shown by `meanfield info`
+    if (
+        crossover is not None
+    ):  # what "auto" follows, measured on this machine, shown by `meanfield info`
         assert crossover["rule"] == _native.exp_library().crossover.describe()
-        assert set(crossover["times"]) and all(a > 0 and b > 0 for a, b in crossover["times"].values())
+        assert set(crossover["times"]) and all(
+            a > 0 and b > 0 for a, b in crossover["times"].values()
+        )
     assert nat["cache_dir"] == str(_native._cache._cache_dir())
     assert info.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(info.summary()))
@@ -175,8 +205,12 @@ def test_summary_keys_and_json(capsys):
 def test_format_summary_says_why_not():
     d = info.summary()
     d["native"].update(disabled=True, exp_threads=None)
-    d["native"]["exp_kernel"] = {"available": False, "reason": "disabled by MEANFIELD_NATIVE=0", "libraries": [],
-                                 "crossover": None}
+    d["native"]["exp_kernel"] = {
+        "available": False,
+        "reason": "disabled by MEANFIELD_NATIVE=0",
+        "libraries": [],
+        "crossover": None,
+    }
     text = info.format_summary(d)
     assert "exp kernel: not available: disabled by MEANFIELD_NATIVE=0" in text
     assert "switched off (MEANFIELD_NATIVE=0)" in text and "backend='auto'" not in text
@@ -207,17 +241,29 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
         # every flag set of both kernels recorded as rejected by this compiler: no process builds
         monkeypatch.setenv("MEANFIELD_CACHE_DIR", str(cache))
         cc, version = _native._cache._toolchain()
-        for source, include in ((_native.EXP_SOURCE, [_native._exp._exp_include()]), (_native.SOURCE, [])):
+        for source, include in (
+            (_native.EXP_SOURCE, [_native._exp._exp_include()]),
+            (_native.SOURCE, []),
+        ):
             digest = _native._cache._source_digest(source, include)
             for _, defines, _, _ in _native._cache._BUILDS:
-                for flags, path in _native._cache._library_paths(cc, version, source, defines, include):
-                    record = {"identity": _native._cache._identity(cc, version, flags, digest), "error": "stale failure"}
+                for flags, path in _native._cache._library_paths(
+                    cc, version, source, defines, include
+                ):
+                    record = {
+                        "identity": _native._cache._identity(cc, version, flags, digest),
+                        "error": "stale failure",
+                    }
                     path.with_suffix(".failed").write_text(json.dumps(record))
         code = "from meanfield import _native; print(_native.exp_library().available, _native.exp_library().reason)"
         r = _run(code, env=env)
-        assert r.returncode == 0 and r.stdout.startswith("False") and "stale failure" in r.stdout, r.stderr
+        assert r.returncode == 0 and r.stdout.startswith("False") and "stale failure" in r.stdout, (
+            r.stderr
+        )
         said = [ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: ")]
-        assert len(said) == 1 and "stale failure" in said[0] and "--rebuild-native" in said[0], r.stderr
+        assert len(said) == 1 and "stale failure" in said[0] and "--rebuild-native" in said[0], (
+            r.stderr
+        )
         assert not list(cache.glob("*.so"))
     r = _run(_REBUILD, env=env)
     assert r.returncode == (1 if disabled else 0), r.stderr
@@ -227,12 +273,20 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
         assert not list(cache.iterdir())
         return
     assert nat["exp_kernel"]["available"] and nat["phase_kernel"]["available"]
-    assert nat["exp_kernel"]["crossover"]["recorded"].startswith(str(cache))  # measured again, beside it
-    assert sorted(p.name.split("-")[0] for p in cache.glob("*.so")) == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
+    assert nat["exp_kernel"]["crossover"]["recorded"].startswith(
+        str(cache)
+    )  # measured again, beside it
+    assert (
+        sorted(p.name.split("-")[0] for p in cache.glob("*.so"))
+        == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
+    )
     assert not list(cache.glob("*.failed"))
     assert len(list(cache.glob("*.json"))) == 5  # a manifest per library, the crossover record
     assert len(list(cache.glob("*.crossover.json"))) == 1
-    assert "building the native CPU kernels" in r.stderr and "building the native phase-diagram kernel" in r.stderr
+    assert (
+        "building the native CPU kernels" in r.stderr
+        and "building the native phase-diagram kernel" in r.stderr
+    )
 
 
 def test_main_rejects_unknown_options():

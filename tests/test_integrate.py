@@ -32,7 +32,10 @@ def phase(s):
 
 def prompt_gauges(dtype):
     return jnp.stack(
-        [mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1)) for a in (0.0, 1.0, 2.5)]
+        [
+            mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1))
+            for a in (0.0, 1.0, 2.5)
+        ]
     ).astype(dtype)
 
 
@@ -90,7 +93,9 @@ def test_saved_trajectory_layout(runs):
     np.testing.assert_allclose(traj.ts, TS, rtol=1e-6)
     assert traj.xs.shape == (len(TS), N, D) and traj.energy.shape == (len(TS),)
     np.testing.assert_allclose(traj.xs[0], runs["x0"], atol=2e-7)  # renormalised on save
-    np.testing.assert_allclose(traj.collapse_gap, jax.vmap(mf.metrics.collapse_gap)(traj.xs), atol=1e-6)
+    np.testing.assert_allclose(
+        traj.collapse_gap, jax.vmap(mf.metrics.collapse_gap)(traj.xs), atol=1e-6
+    )
     np.testing.assert_allclose(
         traj.energy, jax.vmap(lambda x: mf.energy(runs["kernels"]["rope"], x))(traj.xs), rtol=1e-6
     )
@@ -98,7 +103,9 @@ def test_saved_trajectory_layout(runs):
     assert int(traj.num_steps) == round(T1 / DT)
 
 
-@pytest.mark.parametrize("name", ["rope", "phase_field", "gauge", "prompt", "toeplitz", "distance_bias"])
+@pytest.mark.parametrize(
+    "name", ["rope", "phase_field", "gauge", "prompt", "toeplitz", "distance_bias"]
+)
 def test_energy_ascent_and_norms(runs, name):
     traj = runs[name]
     E = np.asarray(traj.energy, np.float64)
@@ -145,7 +152,9 @@ def test_rope_in_d2_reaches_the_great_circle():
     np.testing.assert_allclose(traj.energy[-1], mf.theory.max_energy(1.0), rtol=1e-5)
     np.testing.assert_allclose(traj.collapse_gap[-1], mf.theory.great_circle_gap(n), atol=1e-4)
     x = np.asarray(traj.xs[-1], np.float64)
-    np.testing.assert_allclose(np.sum(x * np.roll(x, -1, axis=0), axis=1), np.cos(TWO_PI / n), atol=1e-4)
+    np.testing.assert_allclose(
+        np.sum(x * np.roll(x, -1, axis=0), axis=1), np.cos(TWO_PI / n), atol=1e-4
+    )
 
 
 def test_prompt_forms_one_cluster_per_prompt(runs):
@@ -156,7 +165,11 @@ def test_prompt_forms_one_cluster_per_prompt(runs):
     y = runs["kernels"]["prompt"].to_gauge_frame(x, aux)
     u = mf.sphere.normalize(jnp.mean(y, axis=0))
     for k in range(3):
-        np.testing.assert_allclose(x[np.asarray(aux) == k], jnp.broadcast_to(G[k].T @ u, (int(np.sum(np.asarray(aux) == k)), 3)), atol=1e-5)
+        np.testing.assert_allclose(
+            x[np.asarray(aux) == k],
+            jnp.broadcast_to(G[k].T @ u, (int(np.sum(np.asarray(aux) == k)), 3)),
+            atol=1e-5,
+        )
 
 
 def test_toeplitz_reaches_the_great_circle(runs):
@@ -226,7 +239,9 @@ def test_gauge_equivalence_rk4_float64(x64):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("solver", "order", "coarsest"), [("euler", 1, 32), ("rk2", 2, 8), ("rk4", 4, 8)])
+@pytest.mark.parametrize(
+    ("solver", "order", "coarsest"), [("euler", 1, 32), ("rk2", 2, 8), ("rk4", 4, 8)]
+)
 def test_convergence_order(solver, order, coarsest, x64):
     # global error at t = 1 against a fine rk4 reference; slope of log err vs log dt.
     # Euler enters its asymptotic regime later (slopes 1.45, 1.12, 0.97 from dt = 1/8, 1/16,
@@ -324,7 +339,9 @@ def test_projected_schemes_step_by_step(x64):
 
 def test_beta_500_rescaled_float32_collapses():
     beta = 500.0
-    x0 = mf.sphere.normalize(jnp.array([0.0, 0.0, 1.0]) + 0.02 * jax.random.normal(jax.random.key(6), (16, 3)))
+    x0 = mf.sphere.normalize(
+        jnp.array([0.0, 0.0, 1.0]) + 0.02 * jax.random.normal(jax.random.key(6), (16, 3))
+    )
     traj = mf.simulate(K.USA(beta, rescaled=True), x0, t1=10.0, dt=0.05, ts=[0.0, 5.0, 10.0])
     assert not bool(traj.failed)
     assert traj.xs.dtype == jnp.float32
@@ -427,9 +444,13 @@ def test_observables_and_save_states_false():
     kernel = K.Toeplitz()
     obs = {"ts": mf.metrics.token_similarity, "mean": lambda x: jnp.mean(x, axis=0)}
     a = mf.simulate(kernel, x0, t1=2.0, dt=0.1, ts=[0.0, 1.0, 2.0], observables=obs)
-    np.testing.assert_allclose(a.observables["ts"], jax.vmap(mf.metrics.token_similarity)(a.xs), rtol=1e-6)
+    np.testing.assert_allclose(
+        a.observables["ts"], jax.vmap(mf.metrics.token_similarity)(a.xs), rtol=1e-6
+    )
     np.testing.assert_allclose(a.observables["mean"], jnp.mean(a.xs, axis=1), atol=1e-7)
-    b = mf.simulate(kernel, x0, t1=2.0, dt=0.1, ts=[0.0, 1.0, 2.0], observables=obs, save_states=False)
+    b = mf.simulate(
+        kernel, x0, t1=2.0, dt=0.1, ts=[0.0, 1.0, 2.0], observables=obs, save_states=False
+    )
     assert b.xs is None
     np.testing.assert_array_equal(b.energy, a.energy)
     np.testing.assert_array_equal(b.observables["mean"], a.observables["mean"])
@@ -494,9 +515,14 @@ def test_traced_step_equals_concrete_step(x64):
         assert int(b.num_steps) == int(a.num_steps)
     assert len(traces) == 1
     # vmapped over the step: each member takes its own number of steps
-    r = jax.vmap(lambda h: mf.simulate(K, x0, t1=1.0, dt=h, ts=ts, solver="euler", max_steps=300,
-                                       save_states=False))(jnp.array([0.1, 0.05, 0.025]))
-    np.testing.assert_array_equal(r.num_steps, [12, 20, 40])  # 10 steps + 2 landings on 0.25, 0.75; 20; 40
+    r = jax.vmap(
+        lambda h: mf.simulate(
+            K, x0, t1=1.0, dt=h, ts=ts, solver="euler", max_steps=300, save_states=False
+        )
+    )(jnp.array([0.1, 0.05, 0.025]))
+    np.testing.assert_array_equal(
+        r.num_steps, [12, 20, 40]
+    )  # 10 steps + 2 landings on 0.25, 0.75; 20; 40
 
 
 def test_traced_step_needs_max_steps_and_a_fixed_step_solver():
@@ -505,7 +531,9 @@ def test_traced_step_needs_max_steps_and_a_fixed_step_solver():
     with pytest.raises(ValueError, match="max_steps"):
         jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h).energy)(0.1)
     with pytest.raises(TypeError, match="fixed-step"):
-        jax.jit(lambda h: mf.simulate(K, x0, t1=1.0, dt=h, solver="tsit5", rtol=1e-6, atol=1e-8).energy)(0.1)
+        jax.jit(
+            lambda h: mf.simulate(K, x0, t1=1.0, dt=h, solver="tsit5", rtol=1e-6, atol=1e-8).energy
+        )(0.1)
 
 
 def test_traced_step_many_steps_float32():
@@ -516,8 +544,18 @@ def test_traced_step_many_steps_float32():
     x0 = mf.sphere.uniform(jax.random.key(0), 4, 2)
     ts = np.linspace(0.0, 0.25, 26)
     h = float(mf.phase_diagram.usa_step_size(9.0))
-    r = jax.jit(lambda h: mf.simulate(K.USA(9.0, rescaled=True), x0, t1=0.25, dt=h, ts=ts, solver="euler",
-                                      max_steps=40_000, save_states=False))(jnp.float32(h))
+    r = jax.jit(
+        lambda h: mf.simulate(
+            K.USA(9.0, rescaled=True),
+            x0,
+            t1=0.25,
+            dt=h,
+            ts=ts,
+            solver="euler",
+            max_steps=40_000,
+            save_states=False,
+        )
+    )(jnp.float32(h))
     assert not bool(r.failed) and float(r.stop_time) == pytest.approx(0.25)
     assert int(r.num_steps) == len(_step_grid(0.25, h, ts)) - 1 == 36_861 + 24
 

@@ -30,7 +30,9 @@ def phase(s):
 def prompt_gauges(dtype=np.float64):
     return np.stack(
         [
-            np.asarray(mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1)), dtype)
+            np.asarray(
+                mf.sphere.rotation(a, 3, (0, 2)) @ mf.sphere.rotation(2 * a, 3, (0, 1)), dtype
+            )
             for a in (0.0, 1.0, 2.5)
         ]
     )
@@ -74,7 +76,8 @@ def zoo(beta=1.3, rescaled=False):
             "gauge",
             K.Gauge(beta, wavy_gauge, **exp_kw),
             lambda x, s, y, t: e(
-                (np.asarray(wavy_gauge(s), np.float64) @ x) @ (np.asarray(wavy_gauge(t), np.float64) @ y)
+                (np.asarray(wavy_gauge(s), np.float64) @ x)
+                @ (np.asarray(wavy_gauge(t), np.float64) @ y)
             ),
         ),
         (
@@ -156,7 +159,9 @@ def test_gradients_match_the_math_table(x64):
     np.testing.assert_allclose(
         K.DistanceBias(beta, 0.7).grad_x(x, s, y, t), np.exp(-0.7 * 0.7) * ex * y, rtol=1e-13
     )
-    np.testing.assert_allclose(K.Toeplitz().grad_x(x, s, y, t), np.cos(TWO_PI * 0.7) * y, rtol=1e-13)
+    np.testing.assert_allclose(
+        K.Toeplitz().grad_x(x, s, y, t), np.cos(TWO_PI * 0.7) * y, rtol=1e-13
+    )
     Ry = np.asarray(mf.sphere.rotation(TWO_PI * (t - s), 3)) @ y
     np.testing.assert_allclose(
         K.RoPE(beta, TWO_PI).grad_x(x, s, y, t), np.exp(beta * x @ Ry) * Ry, rtol=1e-12
@@ -296,14 +301,18 @@ def test_rescaled_is_exp_minus_beta_times_unscaled_float64(name, x64):
     c = np.exp(-beta)
     F, Fr = mf.field(kernel, x, aux), mf.field(kernel_r, x, aux)
     np.testing.assert_allclose(Fr, c * F, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(Fr))))
-    np.testing.assert_allclose(mf.energy(kernel_r, x, aux), c * mf.energy(kernel, x, aux), rtol=1e-12)
+    np.testing.assert_allclose(
+        mf.energy(kernel_r, x, aux), c * mf.energy(kernel, x, aux), rtol=1e-12
+    )
     # and the pair value is exp(beta (<.,.> - 1)) / beta times the bias
     xa, xb = np.asarray(x[:2])
     sa, sb = np.asarray(aux[:2]).tolist()
     # (XLA on the CPU flushes subnormal results to 0: below the smallest normal float64 the
     # pair value may be 0; for these particles exp(500 (<x_0, x_1> - 1)) / 500 ~ 1e-308)
     tiny = np.finfo(np.float64).tiny
-    np.testing.assert_allclose(kernel_r(x[0], sa, x[1], sb), formula_r(xa, sa, xb, sb), rtol=1e-12, atol=tiny)
+    np.testing.assert_allclose(
+        kernel_r(x[0], sa, x[1], sb), formula_r(xa, sa, xb, sb), rtol=1e-12, atol=tiny
+    )
 
 
 @pytest.mark.parametrize("name", EXP_NAMES)
@@ -372,6 +381,8 @@ def test_automatic_tiling_above_the_dense_limit():
     x = mf.sphere.uniform(jax.random.key(0), n, 3)
     for kernel in (K.USA(1.0), K.DistanceBias(1.0, 2.0)):
         auto = jax.jit(lambda x, k=kernel: (mf.field(k, x), mf.energy(k, x)))(x)
-        dense = jax.jit(lambda x, k=kernel: (mf.field(k, x, block_size=n), mf.energy(k, x, block_size=n)))(x)
+        dense = jax.jit(
+            lambda x, k=kernel: (mf.field(k, x, block_size=n), mf.energy(k, x, block_size=n))
+        )(x)
         np.testing.assert_allclose(auto[0], dense[0], rtol=0, atol=1e-6)
         np.testing.assert_allclose(auto[1], dense[1], rtol=1e-6)

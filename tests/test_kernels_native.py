@@ -23,11 +23,13 @@ from meanfield import _native
 K = mf.kernels
 
 
-
 @pytest.fixture(autouse=True)
 def _needs_native(request):
     """Tests of the kernel skip where it cannot be built, except the one that says it must."""
-    if request.node.originalname != "test_native_kernel_builds" and not _native.exp_library().available:
+    if (
+        request.node.originalname != "test_native_kernel_builds"
+        and not _native.exp_library().available
+    ):
         pytest.skip(f"no native kernel: {_native.exp_library().reason}")
 
 
@@ -76,11 +78,15 @@ def test_two_antipodal_clusters_closed_form(dtype, rtol, x64):
     b = ((n - k) * np.exp(beta) - k * np.exp(-beta)) / n
     np.testing.assert_allclose(F[:k], np.tile(a * u, (k, 1)), rtol=rtol, atol=rtol)
     np.testing.assert_allclose(F[k:], np.tile(-b * u, (n - k, 1)), rtol=rtol, atol=rtol)
-    E_ref = ((k**2 + (n - k) ** 2) * np.exp(beta) + 2 * k * (n - k) * np.exp(-beta)) / (2 * beta * n**2)
+    E_ref = ((k**2 + (n - k) ** 2) * np.exp(beta) + 2 * k * (n - k) * np.exp(-beta)) / (
+        2 * beta * n**2
+    )
     np.testing.assert_allclose(E, E_ref, rtol=rtol)
 
 
-@pytest.mark.parametrize("n,d", [(1, 3), (2, 2), (5, 3), (8, 4), (16, 8), (17, 3), (33, 5), (70, 16), (129, 2), (40, 64)])
+@pytest.mark.parametrize(
+    "n,d", [(1, 3), (2, 2), (5, 3), (8, 4), (16, 8), (17, 3), (33, 5), (70, 16), (129, 2), (40, 64)]
+)
 def test_exp_field_numpy_against_formula(n, d, x64):
     """``exp_field`` (ctypes) against the dense formula, float64 to 1e-13 and float32 to 2e-6."""
     x = np.asarray(_xs(3, n, d, seed=n + d))
@@ -124,11 +130,21 @@ def test_velocity_and_energy_native_equal_xla(dtype, S, n, d, x64):
 def test_native_against_pairwise_reference(x64):
     """The single-pair definition (the reference of every fast path) on one system."""
     x = _xs(1, 23, 4, seed=9)[0]
-    for kernel in (K.USA(2.2), K.RoPE(0.7, 3.0), K.Prompt(1.4, K.random_gauges(jax.random.key(1), 2, 4, jnp.float64))):
+    for kernel in (
+        K.USA(2.2),
+        K.RoPE(0.7, 3.0),
+        K.Prompt(1.4, K.random_gauges(jax.random.key(1), 2, 4, jnp.float64)),
+    ):
         aux = kernel.default_aux(23)
-        np.testing.assert_allclose(mf.velocity(kernel, x, aux), mf.velocity(kernel, x, aux, method="pairwise"),
-                                   rtol=1e-12, atol=1e-14)
-        np.testing.assert_allclose(mf.energy(kernel, x, aux), mf.energy(kernel, x, aux, method="pairwise"), rtol=1e-12)
+        np.testing.assert_allclose(
+            mf.velocity(kernel, x, aux),
+            mf.velocity(kernel, x, aux, method="pairwise"),
+            rtol=1e-12,
+            atol=1e-14,
+        )
+        np.testing.assert_allclose(
+            mf.energy(kernel, x, aux), mf.energy(kernel, x, aux, method="pairwise"), rtol=1e-12
+        )
 
 
 def test_nested_vmaps_shared_gauge_and_beta_grid(x64):
@@ -136,7 +152,9 @@ def test_nested_vmaps_shared_gauge_and_beta_grid(x64):
     xs = _xs(5, 19, 3, seed=1)
     betas = jnp.array([0.5, 1.0, 3.0])
     kern = K.RoPE(1.5, 3.0)
-    auxs = jax.vmap(lambda k: jax.random.uniform(k, (19,), jnp.float64))(jax.random.split(jax.random.key(2), 5))
+    auxs = jax.vmap(lambda k: jax.random.uniform(k, (19,), jnp.float64))(
+        jax.random.split(jax.random.key(2), 5)
+    )
     fns = [
         lambda: jax.vmap(lambda b: jax.vmap(lambda x: mf.velocity(K.RoPE(b, 2.0), x))(xs))(betas),
         lambda: jax.vmap(lambda x, a: mf.velocity(kern, x, a))(xs, auxs),
@@ -153,9 +171,11 @@ def test_derivatives_equal_the_xla_formulation(x64):
     tests/test_native_ad.py) equal those of the XLA path."""
     xs = _xs(3, 12, 3, seed=4)
     f = lambda b, x: mf.energy(K.USA(b), x)  # noqa: E731
-    for fn in (lambda: jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0))(1.7, xs),
-               lambda: jax.jvp(lambda y: mf.velocity(K.RoPE(1.2, 2.0), y), (xs[0],), (xs[1],)),
-               lambda: jax.hessian(lambda x: f(0.8, x))(xs[2])):
+    for fn in (
+        lambda: jax.vmap(jax.grad(f, argnums=(0, 1)), in_axes=(None, 0))(1.7, xs),
+        lambda: jax.jvp(lambda y: mf.velocity(K.RoPE(1.2, 2.0), y), (xs[0],), (xs[1],)),
+        lambda: jax.hessian(lambda x: f(0.8, x))(xs[2]),
+    ):
         native, xla = _both(fn, check_path=False)  # reverse mode needs no primal value: DCE
         for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(xla), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
@@ -191,14 +211,21 @@ def test_fallbacks_and_errors():
     """d > 64 and float16: "auto" runs XLA, "native" is one ValueError saying why; bad arguments of
     the NumPy entry and of the backend."""
     x = _xs(1, 6, 65, dtype=jnp.float32)[0]
-    np.testing.assert_allclose(mf.velocity(K.USA(1.0), x), mf.velocity(K.USA(1.0), x, method="pairwise"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        mf.velocity(K.USA(1.0), x),
+        mf.velocity(K.USA(1.0), x, method="pairwise"),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     with pytest.raises(ValueError, match="backend='native' supports d <= 64, got d = 65"):
         mf.velocity(K.USA(1.0), x, backend="native")
     h = mf.sphere.normalize(x[:, :4].astype(jnp.float16))
     assert mf.velocity(K.USA(1.0), h).dtype == jnp.float16
     with pytest.raises(ValueError, match="backend='native' runs float32 and float64, got float16"):
         mf.velocity(K.USA(1.0), h, backend="native")
-    with pytest.raises(ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"):
+    with pytest.raises(
+        ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"
+    ):
         K.use_backend("gpu")
     with pytest.raises(ValueError, match="float64 or float32"):
         _native.exp_field(np.ones((1, 3, 2), np.int32), [1.0])
@@ -218,7 +245,9 @@ def test_the_jaxpr_keeps_the_xla_path_for_other_platforms():
     x = _xs(2, 8, 3, dtype=jnp.float32)
     jaxpr = str(jax.make_jaxpr(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x, backend="native")))(x))
     assert "meanfield_exp_fs_f32" in jaxpr and "platform_index" in jaxpr
-    hlo = jax.jit(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x, backend="native"))).lower(x).as_text()
+    hlo = (
+        jax.jit(jax.vmap(lambda x: mf.velocity(K.USA(1.0), x, backend="native"))).lower(x).as_text()
+    )
     assert "meanfield_exp_fs_f32" in hlo
 
 
@@ -241,8 +270,13 @@ def test_build_switch_and_compiler_failure(tmp_path, env):
     leave the XLA formulation with the same numbers and the reason."""
     cache = tmp_path / "cache"
     full = {**os.environ, "MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "1", **env}
-    r = subprocess.run([sys.executable, "-c", _ENV_SCRIPT, str(tmp_path / "v.npy")], env=full,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _ENV_SCRIPT, str(tmp_path / "v.npy")],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     line = r.stdout.strip().splitlines()[-1]
     built = sorted(p.name.split("-")[0] for p in cache.glob("*.so")) if cache.exists() else []
@@ -251,11 +285,19 @@ def test_build_switch_and_compiler_failure(tmp_path, env):
         assert built == ["exp_kernel", "exp_kernel"]
     else:
         assert line.startswith("False False"), line
-        assert ("MEANFIELD_NATIVE=0" in line) if "MEANFIELD_NATIVE" in env else ("C compiler failed" in line)
+        assert (
+            ("MEANFIELD_NATIVE=0" in line)
+            if "MEANFIELD_NATIVE" in env
+            else ("C compiler failed" in line)
+        )
         assert built == []
     x = mf.sphere.uniform(jax.random.key(0), 20, 3)
-    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), mf.velocity(K.USA(1.0), x, method="pairwise"),
-                               rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "v.npy"),
+        mf.velocity(K.USA(1.0), x, method="pairwise"),
+        rtol=2e-5,
+        atol=2e-6,
+    )
 
 
 @pytest.mark.parametrize("B", [1, 3])
@@ -305,8 +347,13 @@ def test_sharded_batch_stays_sharded():
     """A batch sharded over 4 CPU devices (a sweep's mesh): each device runs the native call on
     its own 2 systems (custom_partitioning), no all-gather, same numbers as the XLA path."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    r = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True, timeout=600,
-                       env={**env, "MEANFIELD_NATIVE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", _SHARDED],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**env, "MEANFIELD_NATIVE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     ncalls, gathered, local, dv, de, threads_per_device = r.stdout.split()
     assert int(ncalls) == 2 and gathered == "False" and local == "True", r.stdout
@@ -356,14 +403,19 @@ def test_auto_follows_the_measured_crossover(monkeypatch):
     measured = lib.crossover
     assert measured.max_d in (0, *_native.CROSSOVER_DS, _native.EXP_MAX_D) and measured.seconds < 10
     assert set(measured.times) == {f"{n} x 3" for n in _native.CROSSOVER_NS} | {
-        f"{_native.CROSSOVER_N} x {d}" for d in _native.CROSSOVER_DS}
-    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=4, min_n=100, times={}, seconds=0.0))
+        f"{_native.CROSSOVER_N} x {d}" for d in _native.CROSSOVER_DS
+    }
+    monkeypatch.setitem(
+        _native._exp_state, "crossover", Crossover(max_d=4, min_n=100, times={}, seconds=0.0)
+    )
     for (n, d), path in {(120, 3): "native", (120, 5): "xla", (50, 3): "xla"}.items():
         x = _xs(1, n, d, dtype=jnp.float32)[0]
         hlo = jax.jit(lambda x: mf.velocity(K.USA(1.0), x)).lower(x).as_text()  # fresh: traced now
         assert ("meanfield_exp" in hlo) == (path == "native"), (n, d)
         assert K.resolve_backend("auto", n, d, jnp.float32) == path
-    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=0, min_n=None, times={}, seconds=0.0))
+    monkeypatch.setitem(
+        _native._exp_state, "crossover", Crossover(max_d=0, min_n=None, times={}, seconds=0.0)
+    )
     assert K.resolve_backend("auto", 512, 3, jnp.float32) == "xla"
     assert K.resolve_backend("native", 512, 3, jnp.float32) == "native"
 
@@ -371,14 +423,18 @@ def test_auto_follows_the_measured_crossover(monkeypatch):
 def test_crossover_is_recorded_beside_the_library(tmp_path):
     """A fresh cache: the first "auto" measures (median of a few calls, well under the budget of
     the brief) and records the crossover beside the float32 library; a second process reads it."""
-    code = ("import json, jax, meanfield as mf\nfrom meanfield import _native\n"
-            "mf.velocity(mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 16, 3))\n"
-            "c = _native._exp_state['crossover']\n"
-            "print(json.dumps({'recorded': c.recorded, 'seconds': c.seconds, 'max_d': c.max_d}))")
+    code = (
+        "import json, jax, meanfield as mf\nfrom meanfield import _native\n"
+        "mf.velocity(mf.kernels.USA(1.0), mf.sphere.uniform(jax.random.key(0), 16, 3))\n"
+        "c = _native._exp_state['crossover']\n"
+        "print(json.dumps({'recorded': c.recorded, 'seconds': c.seconds, 'max_d': c.max_d}))"
+    )
     env = {**os.environ, "MEANFIELD_CACHE_DIR": str(tmp_path), "MEANFIELD_NATIVE": "1"}
     runs = []
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+        )
         assert r.returncode == 0, r.stderr
         runs.append(__import__("json").loads(r.stdout.strip().splitlines()[-1]))
     assert runs[0]["recorded"] and runs[0]["recorded"].endswith(".crossover.json")
@@ -401,8 +457,13 @@ print(before, float(np.float64(1e-300) * 1e-10), float(np.float32(1e-38) * np.fl
 def test_loading_the_kernels_keeps_subnormals(tmp_path):
     """The kernels are compiled with -ffast-math but linked without it: GCC's crtfastmath.o would
     set flush-to-zero for the whole process when a library loads (subnormals in NumPy become 0)."""
-    r = subprocess.run([sys.executable, "-c", _SUBNORMALS], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MEANFIELD_CACHE_DIR": str(tmp_path), "MEANFIELD_NATIVE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", _SUBNORMALS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MEANFIELD_CACHE_DIR": str(tmp_path), "MEANFIELD_NATIVE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     before, after, single = (float(v) for v in r.stdout.split())
     assert before > 0 and after == before and single > 0
@@ -431,8 +492,13 @@ print(float(jnp.abs(v - vx).max()), float(jnp.abs(e / ex - 1).max()))
 def test_inside_shard_map():
     """Under ``jax.shard_map`` (varying manual axes checked): the native branch's outputs are
     cast to the inputs' varying axes, like the XLA branch's."""
-    r = subprocess.run([sys.executable, "-c", _SHARD_MAP], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MEANFIELD_NATIVE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", _SHARD_MAP],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MEANFIELD_NATIVE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     dv, de = (float(v) for v in r.stdout.split())
     assert dv < 1e-5 and de < 1e-5

@@ -13,8 +13,19 @@ import pytest
 import meanfield
 
 #: what ``import meanfield`` must not import (the optional and heavy dependencies, the engine)
-HEAVY = ("jax", "equinox", "diffrax", "scipy", "optax", "matplotlib", "xarray", "zarr", "s2fft", "sklearn",
-         "meanfield.reproduce")
+HEAVY = (
+    "jax",
+    "equinox",
+    "diffrax",
+    "scipy",
+    "optax",
+    "matplotlib",
+    "xarray",
+    "zarr",
+    "s2fft",
+    "sklearn",
+    "meanfield.reproduce",
+)
 
 
 def _fresh(code: str) -> dict:
@@ -32,11 +43,14 @@ def loaded(names):
 
 
 def test_import_meanfield_imports_no_dependency_and_no_submodule():
-    got = _fresh(_LOADED + f"""
+    got = _fresh(
+        _LOADED
+        + f"""
 import meanfield, meanfield.sweep
 print(json.dumps({{"heavy": loaded({HEAVY!r}),
                   "submodules": sorted(m for m in sys.modules if m.startswith("meanfield."))}}))
-""")
+"""
+    )
     assert got["heavy"] == []
     assert got["submodules"] == ["meanfield.sweep"]  # the sweep package alone, lazy in turn
 
@@ -44,7 +58,9 @@ print(json.dumps({{"heavy": loaded({HEAVY!r}),
 def test_each_name_loads_its_dependencies_at_first_use():
     """The engine (``mf.kernels``) brings JAX but no integrator, optimiser, plotting or store;
     ``mf.simulate`` brings diffrax, ``mf.depth`` optax, ``mf.continuum`` scipy."""
-    got = _fresh(_LOADED + f"""
+    got = _fresh(
+        _LOADED
+        + f"""
 import meanfield as mf
 steps = {{}}
 mf.kernels.USA
@@ -56,13 +72,21 @@ steps["depth"] = loaded({HEAVY!r})
 mf.continuum
 steps["continuum"] = loaded({HEAVY!r})
 print(json.dumps(steps))
-""")
+"""
+    )
     assert got["kernels"] == ["equinox", "jax"]
     assert got["simulate"] == ["diffrax", "equinox", "jax"]
     assert set(got["depth"]) - set(got["simulate"]) == {"optax"}
     assert "scipy" in got["continuum"]
     for names in got.values():
-        assert not {"matplotlib", "xarray", "zarr", "s2fft", "sklearn", "meanfield.reproduce"} & set(names)
+        assert not {
+            "matplotlib",
+            "xarray",
+            "zarr",
+            "s2fft",
+            "sklearn",
+            "meanfield.reproduce",
+        } & set(names)
 
 
 def test_public_names_and_import_paths_work_in_a_fresh_process():
@@ -86,10 +110,18 @@ out = {
 }
 print(json.dumps(out))
 """)
-    assert got["energy_is_function"], "mf.energy must stay the function when meanfield.energy is imported"
+    assert got["energy_is_function"], (
+        "mf.energy must stay the function when meanfield.energy is imported"
+    )
     assert got["energy_module"] == "module"
-    assert got["homes"] == ["meanfield.integrate", "meanfield.integrate", "meanfield.models", "meanfield.energy",
-                            "meanfield.energy", "meanfield.sweep.run"]
+    assert got["homes"] == [
+        "meanfield.integrate",
+        "meanfield.integrate",
+        "meanfield.models",
+        "meanfield.energy",
+        "meanfield.energy",
+        "meanfield.sweep.run",
+    ]
     assert got["continuum"] and got["all"] and got["dir"] == []
     assert got["usa"] == "USA" and got["version"] == meanfield.__version__
 
@@ -122,4 +154,6 @@ def test_sweep_names_are_those_of_their_modules():
 
     assert set(sweep._HOMES) == set(sweep.__all__)
     for name, home in sweep._HOMES.items():
-        assert getattr(sweep, name) is getattr(importlib.import_module(f"meanfield.sweep.{home}"), name), name
+        assert getattr(sweep, name) is getattr(
+            importlib.import_module(f"meanfield.sweep.{home}"), name
+        ), name

@@ -24,7 +24,9 @@ def test_collapse_gap_closed_forms(x64):
     u = mf.sphere.normalize(jnp.array([0.3, -0.4, 1.2]))
     assert float(M.collapse_gap(jnp.tile(u, (9, 1)))) == pytest.approx(0.0, abs=1e-15)
     for n in (3, 8, 33):
-        np.testing.assert_allclose(M.collapse_gap(great_circle(n, 0.3)), 1 + 1 / (n - 1), rtol=1e-13)
+        np.testing.assert_allclose(
+            M.collapse_gap(great_circle(n, 0.3)), 1 + 1 / (n - 1), rtol=1e-13
+        )
     np.testing.assert_allclose(M.collapse_gap(jnp.stack([u, -u])), 2.0, rtol=1e-14)
     d = 4
     # simplex: centred standard basis of R^{d+1}, expressed in d coordinates
@@ -53,14 +55,18 @@ def test_collapse_gap_vmaps_and_float32():
     gs = jax.vmap(M.collapse_gap)(xs)
     for x, g in zip(xs, gs):
         np.testing.assert_allclose(g, M.collapse_gap(x), rtol=1e-6)
-    np.testing.assert_allclose(M.collapse_gap(great_circle(10).astype(jnp.float32)), 1 + 1 / 9, rtol=1e-6)
+    np.testing.assert_allclose(
+        M.collapse_gap(great_circle(10).astype(jnp.float32)), 1 + 1 / 9, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("eps", [1e-2, 1e-3, 1e-4])
 def test_collapse_gap_accurate_near_collapse_float32(eps):
     # near collapse (the regime plotted on log scales) G must keep its relative accuracy
     n = 256
-    x = mf.sphere.normalize(jnp.array([0.0, 0.0, 1.0]) + eps * jax.random.normal(jax.random.key(0), (n, 3)))
+    x = mf.sphere.normalize(
+        jnp.array([0.0, 0.0, 1.0]) + eps * jax.random.normal(jax.random.key(0), (n, 3))
+    )
     x64 = np.asarray(x, np.float64)
     x64 /= np.linalg.norm(x64, axis=1, keepdims=True)
     G = x64 @ x64.T
@@ -85,7 +91,9 @@ def test_token_similarity_definition_and_invariances(x64):
     Q = np.linalg.qr(np.asarray(jax.random.normal(jax.random.key(4), (6, 6), jnp.float64)))[0]
     np.testing.assert_allclose(M.token_similarity(-3.7 * X), t, rtol=1e-13)
     np.testing.assert_allclose(M.token_similarity(X @ Q), t, rtol=1e-13)
-    np.testing.assert_allclose(M.token_similarity(X[np.random.default_rng(0).permutation(n)]), t, rtol=1e-13)
+    np.testing.assert_allclose(
+        M.token_similarity(X[np.random.default_rng(0).permutation(n)]), t, rtol=1e-13
+    )
     # equal rows: 1; zero-mean rows: 0
     row = jax.random.normal(jax.random.key(5), (6,), jnp.float64)
     np.testing.assert_allclose(M.token_similarity(jnp.tile(row, (n, 1))), 1.0, rtol=1e-14)
@@ -218,13 +226,15 @@ def test_num_clusters_never_forms_an_n_by_n_matrix():
             for v in eqn.outvars:
                 yield int(np.prod(v.aval.shape)) if hasattr(v.aval, "shape") else 0
             for p in eqn.params.values():
-                for sub in (p if isinstance(p, (list, tuple)) else [p]):
+                for sub in p if isinstance(p, (list, tuple)) else [p]:
                     inner = getattr(sub, "jaxpr", None)
                     if inner is not None:
                         yield from sizes(getattr(inner, "jaxpr", inner))
 
     biggest = max(sizes(jaxpr.jaxpr))
-    assert biggest <= max(3 * n + 3 * M.CLUSTER_BLOCK, M.CLUSTER_BLOCK * 2 * M.CLUSTER_BLOCK), biggest
+    assert biggest <= max(3 * n + 3 * M.CLUSTER_BLOCK, M.CLUSTER_BLOCK * 2 * M.CLUSTER_BLOCK), (
+        biggest
+    )
 
 
 @pytest.mark.slow
@@ -265,7 +275,9 @@ def test_mmd_separates_laws_beyond_sampling_noise():
     # uniform vs uniform (two seeds) is small; uniform vs a cap around e_3 is large
     x = mf.sphere.uniform(jax.random.key(8), 300, 3)
     y = mf.sphere.uniform(jax.random.key(9), 300, 3)
-    cap = mf.sphere.normalize(jnp.array([0.0, 0.0, 1.0]) + 0.3 * jax.random.normal(jax.random.key(10), (300, 3)))
+    cap = mf.sphere.normalize(
+        jnp.array([0.0, 0.0, 1.0]) + 0.3 * jax.random.normal(jax.random.key(10), (300, 3))
+    )
     same, diff = float(M.mmd(x, y)), float(M.mmd(x, cap))
     assert diff > 5 * same, (same, diff)
     # the mmd of a set with itself is exactly 0 also in float32, with different sizes allowed

@@ -58,7 +58,10 @@ def _close(a, b, rtol):
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         u, v = np.asarray(u), np.asarray(v)
         scale = max(float(np.abs(v).max()), 1e-300)
-        assert float(np.abs(u - v).max()) <= rtol * scale, (float(np.abs(u - v).max()) / scale, rtol)
+        assert float(np.abs(u - v).max()) <= rtol * scale, (
+            float(np.abs(u - v).max()) / scale,
+            rtol,
+        )
 
 
 def _central(f, x, v):
@@ -83,7 +86,11 @@ def test_exp_tangent_against_formula(B, n, d, x64):
     y /= np.linalg.norm(y, axis=-1, keepdims=True)
     dy, beta = rng.normal(size=(B, n, d)), rng.uniform(0.3, 4.0, B)
     W = np.exp(beta[:, None, None] * (np.einsum("bid,bjd->bij", y, y) - 1))
-    C = beta[:, None, None] * W * (np.einsum("bid,bjd->bij", dy, y) + np.einsum("bid,bjd->bij", y, dy))
+    C = (
+        beta[:, None, None]
+        * W
+        * (np.einsum("bid,bjd->bij", dy, y) + np.einsum("bid,bjd->bij", y, dy))
+    )
     ref = (np.einsum("bij,bjd->bid", C, y) + np.einsum("bij,bjd->bid", W, dy)) / n
     _close(_native.exp_tangent(y, dy, beta), ref, 1e-13)
     _close(_native.exp_tangent(y.astype(np.float32), dy.astype(np.float32), beta), ref, 2e-6)
@@ -95,7 +102,10 @@ def test_tangent_is_its_own_transpose(x64):
     """<u, T v> = <T u, v> (the Hessian of S / (2 beta n)): the transpose rule of reverse mode."""
     y, u, v = (np.asarray(a) for a in _xs(3, 50, 4, seed=1))
     beta = np.array([2.5])
-    Tu, Tv = _native.exp_tangent(y[None], u[None], beta), _native.exp_tangent(y[None], v[None], beta)
+    Tu, Tv = (
+        _native.exp_tangent(y[None], u[None], beta),
+        _native.exp_tangent(y[None], v[None], beta),
+    )
     a, b = float(np.sum(u * Tv[0])), float(np.sum(Tu[0] * v))
     assert abs(a - b) <= 1e-13 * abs(a)
 
@@ -162,12 +172,19 @@ def test_vmapped_parameters_gauges_and_beta_derivatives(x64):
     matrices) of the energy, the Jacobian of the velocity in (beta, omega): native = XLA."""
     xs = _xs(2, 14, 3, seed=8)
     betas = jnp.array([0.5, 1.5, 3.0])
-    f = jax.vmap(jax.vmap(lambda b, x: jax.jvp(lambda y: mf.velocity(K.USA(b), y), (x,), (x[::-1],))[1],
-                          in_axes=(None, 0)), in_axes=(0, None))
+    f = jax.vmap(
+        jax.vmap(
+            lambda b, x: jax.jvp(lambda y: mf.velocity(K.USA(b), y), (x,), (x[::-1],))[1],
+            in_axes=(None, 0),
+        ),
+        in_axes=(0, None),
+    )
     _close(*_both(f, betas, xs), RTOL_XLA)
     grad = jax.grad(lambda b, w, x: mf.energy(K.RoPE(b, w), x), argnums=(0, 1, 2))
     _close(*_both(grad, 1.3, 2.0, xs[0], target="meanfield_exp_fs"), RTOL_XLA)
-    jac = jax.jacfwd(lambda b, w, x: mf.velocity(K.PhaseField(b, K.FourierPhase(w, 0.5)), x), argnums=(0, 1, 2))
+    jac = jax.jacfwd(
+        lambda b, w, x: mf.velocity(K.PhaseField(b, K.FourierPhase(w, 0.5)), x), argnums=(0, 1, 2)
+    )
     _close(*_both(jac, 1.3, 2.0, xs[0]), RTOL_XLA)
 
 
@@ -175,7 +192,9 @@ def test_second_order_reverse_and_float32(x64):
     """Reverse over reverse (the tangent's own derivative in y is the XLA formulation's) and
     the float32 kernel (agreement at float32 rounding)."""
     x = _xs(1, 16, 3, seed=9)[0]
-    f = jax.grad(lambda y: jnp.sum(jax.grad(lambda z: jnp.sum(mf.velocity(K.USA(1.5), z) ** 2))(y) ** 2))
+    f = jax.grad(
+        lambda y: jnp.sum(jax.grad(lambda z: jnp.sum(mf.velocity(K.USA(1.5), z) ** 2))(y) ** 2)
+    )
     _close(*_both(f, x), RTOL_XLA)
     x32 = x.astype(jnp.float32)
     vj = lambda y: jax.vjp(lambda z: mf.velocity(K.RoPE(1.5, 2.0), z), y)[1](y[::-1])[0]  # noqa: E731
@@ -187,11 +206,17 @@ def test_auto_where_xla_is_faster_derivatives_stay_xla(x64, monkeypatch):
     either; "native" there takes the kernel in both."""
     from meanfield._native import Crossover
 
-    monkeypatch.setitem(_native._exp_state, "crossover", Crossover(max_d=8, min_n=2, times={}, seconds=0.0))
+    monkeypatch.setitem(
+        _native._exp_state, "crossover", Crossover(max_d=8, min_n=2, times={}, seconds=0.0)
+    )
     x = _xs(1, 10, 10, seed=10)[0]
     jv = {}
     for backend in ("auto", "native"):
-        f = jax.jit(lambda y, b=backend: jax.jvp(lambda z: mf.velocity(K.USA(1.0), z, backend=b), (y,), (y[::-1],))[1])
+        f = jax.jit(
+            lambda y, b=backend: jax.jvp(
+                lambda z: mf.velocity(K.USA(1.0), z, backend=b), (y,), (y[::-1],)
+            )[1]
+        )
         assert ("meanfield_exp" in f.lower(x).as_text()) == (backend == "native")
         jv[backend] = f(x)
     with K.use_backend("xla"):
@@ -205,7 +230,11 @@ def test_xla_lowering_of_the_tangent_equals_the_kernel(x64):
     (accelerators): it equals the kernel."""
     y, dy = _xs(4, 3 * 11, 4, seed=11).reshape(2, 2, 3, 11, 4)
     beta = jnp.array([[0.5, 1.0, 2.0], [3.0, 0.7, 1.1]])
-    _close(jax.jit(K._exp._tangent_xla)(y, dy, beta), jax.jit(K._exp._exp_tangent)(y, dy, beta), RTOL_XLA)
+    _close(
+        jax.jit(K._exp._tangent_xla)(y, dy, beta),
+        jax.jit(K._exp._exp_tangent)(y, dy, beta),
+        RTOL_XLA,
+    )
 
 
 _SHARDED = r"""
@@ -236,8 +265,13 @@ print(in_shard_map, "meanfield_exp_t" in hlo, "all-gather" in hlo, err)
 def test_sharded_batch_and_shard_map():
     """A batch sharded over 4 CPU devices: the tangent's FFI call runs on each device's systems
     (custom_partitioning, no all-gather); under ``jax.shard_map`` too; float32 = the XLA path."""
-    r = subprocess.run([sys.executable, "-c", _SHARDED], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MEANFIELD_NATIVE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", _SHARDED],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MEANFIELD_NATIVE": "1"},
+    )
     assert r.returncode == 0, r.stderr
     in_shard_map, in_sharded, gathered, err = r.stdout.split()
     assert (in_shard_map, in_sharded, gathered) == ("True", "True", "False"), r.stdout

@@ -50,8 +50,13 @@ def _env(cache, **extra):
 
 
 def _run(code, cache, timeout=600, **extra):
-    r = subprocess.run([sys.executable, "-c", code], env=_env(cache, **extra), capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(cache, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, r.stderr  # never a crash (SIGBUS would be -7)
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("meanfield: ")]
     return json.loads(r.stdout.strip().splitlines()[-1]), said
@@ -72,8 +77,12 @@ def _exp_libraries(cache):
     os.environ["MEANFIELD_CACHE_DIR"] = str(cache)
     try:
         cc, version = _native._cache._toolchain()
-        return [_native._cache._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()])[0][1]
-                for _, defines, _, _ in _native._cache._BUILDS]
+        return [
+            _native._cache._library_paths(
+                cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()]
+            )[0][1]
+            for _, defines, _, _ in _native._cache._BUILDS
+        ]
     finally:
         if old is None:
             del os.environ["MEANFIELD_CACHE_DIR"]
@@ -133,7 +142,9 @@ def _damage(lib, how):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["4096 bytes", "half", "random bytes", "no manifest", "bad manifest"])
+@pytest.mark.parametrize(
+    "how", ["4096 bytes", "half", "random bytes", "no manifest", "bad manifest"]
+)
 def test_damaged_library_is_rebuilt(built, tmp_path, how):
     cache = _copy(built, tmp_path)
     lib = _exp_libraries(cache)[1]  # the float32 build: the one the field below runs
@@ -143,8 +154,13 @@ def test_damaged_library_is_rebuilt(built, tmp_path, how):
     assert out["available"], out
     _same_as_xla(out)
     assert len(said) == 1, said
-    assert f"the cached native library {lib} is damaged" in said[0] and said[0].endswith("rebuilding it"), said
-    assert _native._cache._damage(lib) is None and _manifest(lib)["size"] == lib.stat().st_size > good["size"] // 2
+    assert f"the cached native library {lib} is damaged" in said[0] and said[0].endswith(
+        "rebuilding it"
+    ), said
+    assert (
+        _native._cache._damage(lib) is None
+        and _manifest(lib)["size"] == lib.stat().st_size > good["size"] // 2
+    )
     # and the rebuilt cache is used as it is by the next process: nothing said
     out, said = _run(_FIELD, cache)
     assert out["available"] and said == [], said
@@ -163,7 +179,9 @@ def test_damaged_library_that_cannot_be_rebuilt_falls_back(built, tmp_path):
     assert not out["available"] and "C compiler failed" in out["reason"], out
     _same_as_xla(out)
     assert len(said) == 2, said  # the rebuild, then why the XLA path runs
-    assert "is damaged" in said[0] and said[1].startswith("meanfield: native CPU kernels unavailable"), said
+    assert "is damaged" in said[0] and said[1].startswith(
+        "meanfield: native CPU kernels unavailable"
+    ), said
     assert "MEANFIELD_NATIVE_QUIET=1" in said[1]
 
 
@@ -185,14 +203,29 @@ def planted_library(tmp_path_factory):
     _needs_compiler()
     d = tmp_path_factory.mktemp("planted")
     (d / "planted.c").write_text(_PLANTED)
-    r = subprocess.run([_native._cache._compiler(), "-shared", "-fPIC", "-o", str(d / "planted.so"), str(d / "planted.c")],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            _native._cache._compiler(),
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(d / "planted.so"),
+            str(d / "planted.c"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot build the planted library: {r.stderr}")
     # the constructor does run when the library is loaded: the marker below can appear
     marker = d / "check"
-    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(d / 'planted.so')!r})"], check=True,
-                   env={**os.environ, "MF_PLANTED_MARKER": str(marker)}, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(d / 'planted.so')!r})"],
+        check=True,
+        env={**os.environ, "MF_PLANTED_MARKER": str(marker)},
+        timeout=120,
+    )
     assert marker.exists()
     return d / "planted.so"
 
@@ -206,14 +239,22 @@ def _plant(planted_library, cache):
     for lib in libs:
         lib.write_bytes(data)
         lib.chmod(0o700)
-        lib.with_suffix(".json").write_text(json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+        lib.with_suffix(".json").write_text(
+            json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        )
         lib.with_suffix(".json").chmod(0o600)
     return libs
 
 
-_ATTACKS = ["directory writable by others", "directory writable by group", "library writable by others",
-            "manifest writable by group", "library owned by another user", "directory owned by another user",
-            "library is a symbolic link"]
+_ATTACKS = [
+    "directory writable by others",
+    "directory writable by group",
+    "library writable by others",
+    "manifest writable by group",
+    "library owned by another user",
+    "directory owned by another user",
+    "library is a symbolic link",
+]
 
 
 @pytest.mark.parametrize("attack", _ATTACKS)
@@ -247,7 +288,9 @@ def test_planted_library_is_refused(planted_library, tmp_path, attack):
     assert len(said) == 1, said
     assert "refused" in said[0] and str(target) in said[0] and fix in said[0], said
     for lib in libs:  # and nothing was rebuilt over them
-        assert not lib.exists() or lib.is_symlink() or lib.read_bytes() == planted_library.read_bytes()
+        assert (
+            not lib.exists() or lib.is_symlink() or lib.read_bytes() == planted_library.read_bytes()
+        )
 
 
 def test_new_cache_directory_is_private(built, tmp_path):
@@ -264,7 +307,10 @@ def test_new_cache_directory_is_private(built, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # a failed build: recorded with the compiler identity, retried when it changes or when asked
 
-_BOTH = _FIELD.replace('print(json.dumps({"available"', 'phase = _native.phase_library().available\nprint(json.dumps({"phase": phase, "available"')
+_BOTH = _FIELD.replace(
+    'print(json.dumps({"available"',
+    'phase = _native.phase_library().available\nprint(json.dumps({"phase": phase, "available"',
+)
 
 
 def test_failed_build_is_recorded_and_retried(tmp_path):
@@ -278,15 +324,25 @@ def test_failed_build_is_recorded_and_retried(tmp_path):
     building = [ln for ln in said if ln.startswith("meanfield: building")]
     unavailable = [ln for ln in said if ln.startswith("meanfield: native CPU kernels unavailable")]
     assert len(building) == 2 and len(unavailable) == 1 and len(said) == 3, said
-    assert "C compiler failed" in unavailable[0] and str(cc) in unavailable[0], said  # the compiler identity
+    assert "C compiler failed" in unavailable[0] and str(cc) in unavailable[0], (
+        said
+    )  # the compiler identity
     records = [json.loads(p.read_text()) for p in cache.glob("*.failed")]
-    assert records and all(r["identity"]["compiler"] == str(cc) and r["identity"]["version"] == "fakecc 1.0\n"
-                           and r["identity"]["source_sha256"] for r in records)
+    assert records and all(
+        r["identity"]["compiler"] == str(cc)
+        and r["identity"]["version"] == "fakecc 1.0\n"
+        and r["identity"]["source_sha256"]
+        for r in records
+    )
 
     # the same compiler: not run again, the recorded failure said in one line
     out, said = _run(_BOTH, cache, CC=str(cc))
     assert _compiles(tmp_path) == first and not out["available"], out
-    assert len(said) == 1 and "recorded with the compiler's identity" in said[0] and "--rebuild-native" in said[0]
+    assert (
+        len(said) == 1
+        and "recorded with the compiler's identity" in said[0]
+        and "--rebuild-native" in said[0]
+    )
     assert "recorded in" in out["reason"], out  # the full reason: the record's path
 
     # another compiler identity (same --version, another path): tried again
@@ -296,16 +352,26 @@ def test_failed_build_is_recorded_and_retried(tmp_path):
     assert second > first and not out["available"], out
 
     # and on request, by the same compiler
-    rebuild = "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild-native', '--json']))"
-    r = subprocess.run([sys.executable, "-c", rebuild], env=_env(cache, CC=str(other)), capture_output=True,
-                       text=True, timeout=600)
+    rebuild = (
+        "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild-native', '--json']))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", rebuild],
+        env=_env(cache, CC=str(other)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 1, r.stderr  # asked to build, and the build failed
     assert _compiles(tmp_path) > second
     nat = json.loads(r.stdout)["native"]
     assert "C compiler failed" in nat["exp_kernel"]["reason"] and nat["compiler"] == str(other)
 
 
-@pytest.mark.parametrize("body", ["kill -9 $$", 'echo "cc1: fatal error: Killed signal terminated program cc1" >&2; exit 1'])
+@pytest.mark.parametrize(
+    "body",
+    ["kill -9 $$", 'echo "cc1: fatal error: Killed signal terminated program cc1" >&2; exit 1'],
+)
 def test_killed_compiler_is_not_recorded(tmp_path, body):
     """A compiler killed once (by a signal, or a child killed: GCC's message) says nothing about
     the source: no record, the next process tries again."""
@@ -322,12 +388,15 @@ def test_killed_compiler_is_not_recorded(tmp_path, body):
 # ---------------------------------------------------------------------------------------------
 # the line on stderr: once per process, silenced by MEANFIELD_NATIVE_QUIET, not when switched off
 
-_MANY = _BOTH + r"""
+_MANY = (
+    _BOTH
+    + r"""
 for beta in (0.5, 2.0):
     jax.jit(lambda x: mf.energy(mf.kernels.USA(beta), x))(x).block_until_ready()
 _native.phase_library().available, _native.exp_library().available, _native.prepare()
 print(json.dumps({"diff": 0.0, "scale": 1.0, "available": _native.exp_library().available, "reason": None}))
 """
+)
 
 
 @pytest.mark.parametrize("setting", ["default", "quiet", "switched off"])
@@ -358,13 +427,19 @@ def test_threads_follow_the_load():
     if not _native.exp_library().available:
         pytest.skip(f"no native kernel: {_native.exp_library().reason}")
     most = max(2, _native.exp_default_threads())
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range((os.cpu_count() or 1) + 1)]
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 1) + 1)
+    ]
     try:
         time.sleep(0.5)  # started
         _native.set_exp_threads(most)
         _native.exp_threads_now(), _native.threads_now(most)  # samples of the load at the start ...
         time.sleep(0.5)
-        loaded = _native.exp_threads_now(), _native.threads_now(most)  # ... and over the 0.5 s since
+        loaded = (
+            _native.exp_threads_now(),
+            _native.threads_now(most),
+        )  # ... and over the 0.5 s since
         long_call = _native.exp_threads_now(1, 4096, 16)  # about 20 ms of one CPU: all threads
         _native.set_exp_threads(most, adaptive=False)
         fixed = _native.exp_threads_now()
@@ -396,8 +471,13 @@ def test_no_environment_variable_is_set():
         print(json.dumps({"changed": sorted(k for k in set(before) | set(os.environ)
                                             if before.get(k) != os.environ.get(k))}))
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                       env={k: v for k, v in os.environ.items() if not k.startswith("OMP_")})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OMP_")},
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["changed"] == []
 
@@ -408,10 +488,20 @@ def test_concurrent_first_imports_compile_each_library_once(tmp_path):
     and each library is compiled once (a lock per library), none reads a half-written one."""
     _needs_compiler()
     real = _native._cache._compiler()
-    cc = _fake_compiler(tmp_path, name="wrapcc", version=f'exec "{real}" --version', body=f'exec "{real}" "$@"')
+    cc = _fake_compiler(
+        tmp_path, name="wrapcc", version=f'exec "{real}" --version', body=f'exec "{real}" "$@"'
+    )
     cache = tmp_path / "cache"
-    procs = [subprocess.Popen([sys.executable, "-c", _FIELD], env=_env(cache, CC=str(cc)), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FIELD],
+            env=_env(cache, CC=str(cc)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err

@@ -38,22 +38,40 @@ print(json.dumps({"available": _native.exp_library().available, "reason": _nativ
 
 # the exp kernel only (built at import): the phase kernel is never asked for
 _EXP_ONLY = _STATE.replace("phase = _native.phase_library().available", "phase = None").replace(
-    '"phase_reason": _native.phase_library().reason', '"phase_reason": None')
+    '"phase_reason": _native.phase_library().reason', '"phase_reason": None'
+)
 
-_REBUILD = "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild-native', '--json']))"
+_REBUILD = (
+    "import sys, meanfield.info; sys.exit(meanfield.info.main(['--rebuild-native', '--json']))"
+)
 
 
 def _env(cache, **extra):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CC", "MEANFIELD_NATIVE_QUIET", "MEANFIELD_CC_TIMEOUT", "MEANFIELD_CC_VERSION_TIMEOUT",
-                        "MEANFIELD_CACHE_LOCK_TIMEOUT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "CC",
+            "MEANFIELD_NATIVE_QUIET",
+            "MEANFIELD_CC_TIMEOUT",
+            "MEANFIELD_CC_VERSION_TIMEOUT",
+            "MEANFIELD_CACHE_LOCK_TIMEOUT",
+        )
+    }
     return {**env, "MEANFIELD_CACHE_DIR": str(cache), "MEANFIELD_NATIVE": "1", **extra}
 
 
 def _proc(code, cache, timeout=300, preexec_fn=None, **extra):
     """``python -c code``: never killed by a signal, never past ``timeout`` (TimeoutExpired fails)."""
-    r = subprocess.run([sys.executable, "-c", code], env=_env(cache, **extra), capture_output=True, text=True,
-                       timeout=timeout, preexec_fn=preexec_fn)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(cache, **extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=preexec_fn,
+    )
     assert r.returncode >= 0, f"killed by signal {-r.returncode}: {r.stderr[-2000:]}"
     return r
 
@@ -76,8 +94,12 @@ def _exp_libraries(cache):
     os.environ["MEANFIELD_CACHE_DIR"] = str(cache)
     try:
         cc, version = _native._cache._toolchain()
-        return [_native._cache._library_paths(cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()])[0][1]
-                for _, defines, _, _ in _native._cache._BUILDS]
+        return [
+            _native._cache._library_paths(
+                cc, version, _native.EXP_SOURCE, defines, [_native._exp._exp_include()]
+            )[0][1]
+            for _, defines, _, _ in _native._cache._BUILDS
+        ]
     finally:
         if old is None:
             del os.environ["MEANFIELD_CACHE_DIR"]
@@ -132,7 +154,9 @@ def test_elf_check_accepts_a_library_and_names_each_defect():
         assert "not a shared object" in _native._cache._elf_problem(exe + data[64:])
     other = bytearray(data)
     other[18:20] = (0x1234).to_bytes(2, "little" if data[5] == 1 else "big")
-    assert _native._cache._elf_problem(bytes(other)).startswith("ELF machine 4660, this process runs on machine ")
+    assert _native._cache._elf_problem(bytes(other)).startswith(
+        "ELF machine 4660, this process runs on machine "
+    )
 
 
 @settings(max_examples=20, deadline=None)
@@ -157,11 +181,15 @@ def test_crashing_compiler_is_recorded_not_retried_at_every_import(tmp_path):
     out, said = _run(_EXP_ONLY, cache, timeout=120, CC=str(cc))
     assert not out["available"] and "the compiler crashed (SIGSEGV)" in out["reason"], out
     assert "recorded with the compiler's identity" in out["reason"], out
-    assert len(said) == 2 and "the compiler crashed (SIGSEGV)" in said[1], said  # building ..., unavailable
+    assert len(said) == 2 and "the compiler crashed (SIGSEGV)" in said[1], (
+        said
+    )  # building ..., unavailable
     calls = _calls(tmp_path)
     assert calls >= 1
     out, said = _run(_EXP_ONLY, cache, timeout=120, CC=str(cc))
-    assert not out["available"] and "the compiler crashed (SIGSEGV) (recorded in " in out["reason"], out
+    assert (
+        not out["available"] and "the compiler crashed (SIGSEGV) (recorded in " in out["reason"]
+    ), out
     assert _calls(tmp_path) == calls  # not run again
 
 
@@ -178,7 +206,9 @@ def test_truncated_compiler_output_is_recorded_and_never_loaded(tmp_path):
     assert not out["available"] and not out["phase"], out
     assert "wrote no usable library: truncated: " in out["reason"], out
     unavailable = [ln for ln in said if ln.startswith("meanfield: native CPU kernels unavailable")]
-    assert len(said) == 3 and len(unavailable) == 1, said  # building each kernel, and why the XLA path runs
+    assert len(said) == 3 and len(unavailable) == 1, (
+        said
+    )  # building each kernel, and why the XLA path runs
     assert "wrote no usable library: truncated" in unavailable[0], said
     assert "recorded with the compiler's identity" in unavailable[0], said
     assert not list(cache.glob("*.json")), "a manifest was written for a truncated library"
@@ -195,7 +225,9 @@ def test_truncated_compiler_output_is_recorded_and_never_loaded(tmp_path):
     assert r.returncode == 1, r.stderr[-2000:]
     assert _calls(tmp_path) > first
     nat = json.loads(r.stdout)["native"]
-    assert "truncated" in nat["exp_kernel"]["reason"] and "truncated" in nat["phase_kernel"]["reason"], nat
+    assert (
+        "truncated" in nat["exp_kernel"]["reason"] and "truncated" in nat["phase_kernel"]["reason"]
+    ), nat
 
 
 @pytest.mark.slow
@@ -212,17 +244,24 @@ def test_poisoned_library_with_matching_manifest_is_rebuilt_not_loaded(tmp_path)
     for lib in libs:
         lib.write_bytes(data[:4096])
         lib.chmod(0o700)
-        lib.with_suffix(".json").write_text(json.dumps({"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()}))
+        lib.with_suffix(".json").write_text(
+            json.dumps({"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()})
+        )
         lib.with_suffix(".json").chmod(0o600)
     real = _native._cache._compiler()
     failing = _fake_cc(tmp_path, "exit 1")  # the real version: the same names; fails every build
     out, said = _run(_STATE, cache, CC=str(failing))
     assert not out["available"], out
-    assert f"the cached native library {libs[0]} is damaged (not a valid shared library: truncated" in said[0], said
+    assert (
+        f"the cached native library {libs[0]} is damaged (not a valid shared library: truncated"
+        in said[0]
+    ), said
 
     for lib in libs:  # poisoned again, then the documented fix with a working compiler
         lib.write_bytes(data[:4096])
-        lib.with_suffix(".json").write_text(json.dumps({"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()}))
+        lib.with_suffix(".json").write_text(
+            json.dumps({"size": 4096, "sha256": hashlib.sha256(data[:4096]).hexdigest()})
+        )
     r = _proc(_REBUILD, cache, CC=real)
     assert r.returncode == 0, r.stderr[-2000:]
     nat = json.loads(r.stdout)["native"]
@@ -249,7 +288,9 @@ def test_library_replaced_by_fifo_or_directory_is_refused_without_hanging(tmp_pa
     code = _EXP_ONLY
     out, said = _run(code, cache, timeout=120)
     what = "a FIFO" if kind == "FIFO" else "a directory"
-    expected = f"refused the native kernel library {libs[0]}: {what}, not a regular file; fix: remove it"
+    expected = (
+        f"refused the native kernel library {libs[0]}: {what}, not a regular file; fix: remove it"
+    )
     assert not out["available"] and out["reason"] == expected, out
     assert len(said) == 1 and expected in said[0], said
 
@@ -276,12 +317,20 @@ print(json.dumps(out))
 def test_other_cache_files_replaced_by_fifos_are_refused_without_hanging(tmp_path):
     for name in ("x.json", "x.failed", "x.lock"):
         os.mkfifo(tmp_path / name, 0o600)
-    r = subprocess.run([sys.executable, "-c", _ODD, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _ODD, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    for what, name in (("manifest", "x.json"), ("failure record", "x.failed"), ("lock file", "x.lock")):
-        assert out[what] == (f"RefusedPath: refused the native kernel {what} {tmp_path / name}: "
-                             f"{'a FIFO, ' if what != 'lock file' else ''}not a regular file; fix: remove it"), out
+    for what, name in (
+        ("manifest", "x.json"),
+        ("failure record", "x.failed"),
+        ("lock file", "x.lock"),
+    ):
+        assert out[what] == (
+            f"RefusedPath: refused the native kernel {what} {tmp_path / name}: "
+            f"{'a FIFO, ' if what != 'lock file' else ''}not a regular file; fix: remove it"
+        ), out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,13 +346,18 @@ def test_hanging_compiler_is_killed_recorded_and_not_waited_for_again(tmp_path):
     out, said = _run(_STATE, cache, timeout=120, CC=str(cc), MEANFIELD_CC_TIMEOUT="2")
     assert time.monotonic() - t0 < 90
     assert not out["available"] and not out["phase"], out
-    assert "the compiler ran past 2 s" in out["reason"] and "MEANFIELD_CC_TIMEOUT" in out["reason"], out
+    assert (
+        "the compiler ran past 2 s" in out["reason"] and "MEANFIELD_CC_TIMEOUT" in out["reason"]
+    ), out
     # one build waited for; the others of the process (the phase kernel's included) did not run it
     assert _calls(tmp_path) == 1
     assert "ran past 2 s" in out["phase_reason"], out
     assert len(said) == 2 and "ran past 2 s" in said[1] and "recorded in" in said[1], said
     for pid in pids.read_text().split():  # the compiler's own child was killed with it
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        assert (
+            not os.path.exists(f"/proc/{pid}")
+            or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        )
     assert len(list(cache.glob("compiler-*.failed"))) == 1
 
     # the next process: the record, no wait, one line naming it and the fix
@@ -320,18 +374,29 @@ def test_hanging_version_probe_is_bounded_and_probed_once(tmp_path):
     out, said = _run(_STATE, cache, timeout=120, CC=str(cc), MEANFIELD_CC_VERSION_TIMEOUT="1")
     assert time.monotonic() - t0 < 90
     assert not out["available"] and not out["phase"], out
-    assert out["reason"] == (f"the C compiler's version probe `{cc} --version` ran past 1 s "
-                             "(killed; MEANFIELD_CC_VERSION_TIMEOUT sets the limit)"), out
+    assert out["reason"] == (
+        f"the C compiler's version probe `{cc} --version` ran past 1 s "
+        "(killed; MEANFIELD_CC_VERSION_TIMEOUT sets the limit)"
+    ), out
     assert out["phase_reason"] == out["reason"], out
     assert _calls(tmp_path, suffix=".version") == 1  # once per process, not per kernel
     assert _calls(tmp_path) == 0 and len(said) == 1 and "version probe" in said[0], said
 
 
-@pytest.mark.parametrize("name,value", [("MEANFIELD_CC_TIMEOUT", "soon"), ("MEANFIELD_CC_TIMEOUT", "-1"),
-                                        ("MEANFIELD_CC_VERSION_TIMEOUT", "0"), ("MEANFIELD_CC_TIMEOUT", "inf")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("MEANFIELD_CC_TIMEOUT", "soon"),
+        ("MEANFIELD_CC_TIMEOUT", "-1"),
+        ("MEANFIELD_CC_VERSION_TIMEOUT", "0"),
+        ("MEANFIELD_CC_TIMEOUT", "inf"),
+    ],
+)
 def test_bad_timeout_setting_is_named(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
-    with pytest.raises(RuntimeError, match=f"^{name} must be a number of seconds > 0, got '{value}'$"):
+    with pytest.raises(
+        RuntimeError, match=f"^{name} must be a number of seconds > 0, got '{value}'$"
+    ):
         _native._cache._timeout(name, 1.0)
 
 
@@ -387,7 +452,9 @@ def test_read_only_cache_directory_with_intact_cache_is_used(built, tmp_path):
         drop = _without_dac_override
         r = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=drop, timeout=60)
         if r.returncode == 97:
-            pytest.skip("root cannot drop CAP_DAC_OVERRIDE here: a read-only directory is writable for it")
+            pytest.skip(
+                "root cannot drop CAP_DAC_OVERRIDE here: a read-only directory is writable for it"
+            )
     cache = tmp_path / "cache"
     shutil.copytree(built, cache, ignore=shutil.ignore_patterns("*.lock"))
     cache.chmod(0o500)
@@ -404,7 +471,8 @@ def test_read_only_cache_directory_with_intact_cache_is_used(built, tmp_path):
         lib = _exp_libraries(cache)[1]
         assert not out["available"] and out["reason"] == (
             f"the cache directory {cache} is read-only and {lib.name} is missing there; fix: make it writable, "
-            "or set MEANFIELD_CACHE_DIR to a writable private directory"), out
+            "or set MEANFIELD_CACHE_DIR to a writable private directory"
+        ), out
         assert len(said) == 1 and "is read-only" in said[0], said
     finally:
         cache.chmod(0o700)
@@ -418,10 +486,18 @@ def test_lock_held_by_another_process_is_waited_for_within_its_bound(built, tmp_
     cache = tmp_path / "cache"
     shutil.copytree(built, cache)
     lock = _exp_libraries(cache)[0].with_suffix(".lock")
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
-                               "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-                               "print('held', flush=True); time.sleep(600)", str(lock)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True); time.sleep(600)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         t0 = time.monotonic()
@@ -430,7 +506,8 @@ def test_lock_held_by_another_process_is_waited_for_within_its_bound(built, tmp_
         assert not out["available"] and out["reason"] == (
             f"the native kernel lock file {lock} was held by another process for more than 2 s "
             "(MEANFIELD_CACHE_LOCK_TIMEOUT sets the limit); fix: end that process, or set MEANFIELD_CACHE_DIR to "
-            "another private directory"), out
+            "another private directory"
+        ), out
         assert len(said) == 1 and str(lock) in said[0], said
     finally:
         holder.kill()
@@ -438,7 +515,9 @@ def test_lock_held_by_another_process_is_waited_for_within_its_bound(built, tmp_
     out, said = _run(_EXP_ONLY, cache, timeout=120, MEANFIELD_CACHE_LOCK_TIMEOUT="2")
     assert out["available"] and said == [], (out, said)
     out, _ = _run(_EXP_ONLY, cache, timeout=120, MEANFIELD_CACHE_LOCK_TIMEOUT="0")
-    assert out["reason"] == "MEANFIELD_CACHE_LOCK_TIMEOUT must be a number of seconds > 0, got '0'", out
+    assert (
+        out["reason"] == "MEANFIELD_CACHE_LOCK_TIMEOUT must be a number of seconds > 0, got '0'"
+    ), out
 
 
 def test_parent_writable_by_others_is_refused(tmp_path):
@@ -450,7 +529,8 @@ def test_parent_writable_by_others_is_refused(tmp_path):
     out, said = _run(code, cache, timeout=120)
     assert not out["available"] and out["reason"].startswith(
         f"refused the native kernel cache directory {cache}: its parent {shared} is writable by others without the "
-        "sticky bit (mode 777)"), out
+        "sticky bit (mode 777)"
+    ), out
     assert f"fix: chmod o-w {shared}" in out["reason"], out
     assert len(said) == 1 and f"its parent {shared}" in said[0], said
     assert not any(cache.glob("*.so"))

@@ -29,17 +29,23 @@ def test_committed_outputs_are_current(path):
         f"{path.name}: {notebooks.problems(nb)}; run `python -m meanfield.notebooks --execute {path.relative_to(ROOT)}`"
     )
     assert path.stat().st_size < MAX_BYTES
-    assert "matplotlib.use" not in "".join(c.source for c in nb.cells), "a backend override hides the figures"
+    assert "matplotlib.use" not in "".join(c.source for c in nb.cells), (
+        "a backend override hides the figures"
+    )
 
 
 def _toy(code=("x = 1", "print(x)")):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [nbformat.v4.new_code_cell(c) for c in code]
+    nb.cells = [nbformat.v4.new_markdown_cell("# toy")] + [
+        nbformat.v4.new_code_cell(c) for c in code
+    ]
     for i, c in enumerate(nb.cells[1:]):
         c.execution_count = i + 1
     nb.cells[-1].outputs = [
         nbformat.v4.new_output("stream", text="1\n"),
-        nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
+        nbformat.v4.new_output(
+            "display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}
+        ),
     ]
     nb.metadata[notebooks.METADATA_KEY] = {"source_sha256": notebooks.source_hash(nb)}
     return nb
@@ -71,7 +77,9 @@ def test_problems_names_each_defect():
     nb = _toy()
     del nb.metadata[notebooks.METADATA_KEY]
     nb.cells[1].execution_count = None
-    nb.cells[-1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])]
+    nb.cells[-1].outputs = [
+        nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])
+    ]
     assert notebooks.problems(nb) == [
         "never executed by `python -m meanfield.notebooks --execute`",
         "code cells without outputs from a run: [1]",
@@ -121,8 +129,15 @@ def test_notebook_runs_and_shows_figures(path, monkeypatch):
     assert fresh >= 1
     assert fresh == notebooks.image_count(nbformat.read(path, as_version=4))
     assert notebooks.problems(nb) == []
-    if path.stem.startswith("01_"):  # the widget panel is displayed; without a frontend its figure is static
-        views = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
-                 if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    if path.stem.startswith(
+        "01_"
+    ):  # the widget panel is displayed; without a frontend its figure is static
+        views = [
+            o
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        ]
         assert len(views) == 1
         assert views[0]["data"]["text/plain"] == notebooks.WIDGET_PLACEHOLDER

@@ -58,7 +58,11 @@ def _assert_same(store, ref) -> None:
 def _cli(*args, env=None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "meanfield", "sweep", *map(str, args)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -97,8 +101,10 @@ def test_assignment_covers_every_chunk_once_in_contiguous_runs(parts):
     assert len(owner) == plan.num_chunks == CHUNKS
     assert owner == sorted(owner) and set(owner) <= set(range(1, parts + 1))
     # work of each chunk: its points times its group's estimated work per point
-    work = [math.prod(s.stop - s.start for s in sl)
-            * plan.cost(plan.groups[gi], 1).work for _, gi, sl in plan.chunks]
+    work = [
+        math.prod(s.stop - s.start for s in sl) * plan.cost(plan.groups[gi], 1).work
+        for _, gi, sl in plan.chunks
+    ]
     shares = [sum(w for w, o in zip(work, owner) if o == p) for p in range(1, parts + 1)]
     # the midpoint rule: each share is within one chunk's work of the even share
     assert all(abs(sh - sum(work) / parts) <= max(work) * (1 + 1e-9) for sh in shares), shares
@@ -156,16 +162,54 @@ def test_cli_usage_errors_are_one_line_exit_2(tmp_path, capsys):
     cases = [
         ([str(spec), "--out", out, "--part", "0/2"], "between 1 and N"),
         ([str(spec), "--out", out, "--part", "x"], "I/N"),
-        ([str(spec), "--out", out, "--part", "1/2", "--coordinator", "localhost:1", "--num-processes", "2",
-          "--process-id", "0"], "does not combine"),
+        (
+            [
+                str(spec),
+                "--out",
+                out,
+                "--part",
+                "1/2",
+                "--coordinator",
+                "localhost:1",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+            ],
+            "does not combine",
+        ),
         ([str(spec), "--out", out, "--status", "--resume"], "--status takes only"),
         ([str(spec), "--status"], "--status needs --out"),
         (["--out", out, "--status"], "sweep store not found"),
         ([str(spec), "--out", out, "--coordinator", "localhost:1"], "go together"),
-        ([str(spec), "--out", out, "--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
-         "HOST:PORT"),
-        ([str(spec), "--out", out, "--coordinator", "localhost:1", "--num-processes", "2", "--process-id", "2"],
-         "--process-id must be in 0 .. 1"),
+        (
+            [
+                str(spec),
+                "--out",
+                out,
+                "--coordinator",
+                "localhost",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "0",
+            ],
+            "HOST:PORT",
+        ),
+        (
+            [
+                str(spec),
+                "--out",
+                out,
+                "--coordinator",
+                "localhost:1",
+                "--num-processes",
+                "2",
+                "--process-id",
+                "2",
+            ],
+            "--process-id must be in 0 .. 1",
+        ),
         ([str(spec), "--out", out, "--num-processes", "x"], "invalid int value"),
         (["--verify", out, "--part", "1/2"], "--verify STORE takes no"),
     ]
@@ -204,16 +248,28 @@ def test_parts_in_turn_fill_the_store_and_status_follows(ref, tmp_path, capsys):
 
     # a rerun of a finished part computes nothing (its chunks' marks are untouched)
     marks = {p.name: p.stat().st_mtime_ns for p in (out / "_sweep" / "done").iterdir()}
-    sweep.run_sweep(spec_path, out, memory="2GB", quiet=True, part="2/3")  # the stored chunking is kept
+    sweep.run_sweep(
+        spec_path, out, memory="2GB", quiet=True, part="2/3"
+    )  # the stored chunking is kept
     assert {p.name: p.stat().st_mtime_ns for p in (out / "_sweep" / "done").iterdir()} == marks
 
     # the CLI: a summary line and a table; without SPEC the stored spec is used
     capsys.readouterr()
     assert sweep_cli.main(["--out", str(out), "--status"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == (f"{out}: split into 3 parts; {CHUNKS} of {CHUNKS} chunks done, 0 running, 0 pending, "
-                        "0 damaged; 0 failed points")
-    assert lines[1].split() == ["part", "chunks", "done", "running", "pending", "damaged", "failed_points"]
+    assert lines[0] == (
+        f"{out}: split into 3 parts; {CHUNKS} of {CHUNKS} chunks done, 0 running, 0 pending, "
+        "0 damaged; 0 failed points"
+    )
+    assert lines[1].split() == [
+        "part",
+        "chunks",
+        "done",
+        "running",
+        "pending",
+        "damaged",
+        "failed_points",
+    ]
     assert [ln.split() for ln in lines[2:]] == [
         [f"{p}/3", str(owner.count(p)), str(owner.count(p)), "0", "0", "0", "0"] for p in (1, 2, 3)
     ]
@@ -231,7 +287,12 @@ def test_a_part_repairs_its_own_damage_only_and_resume_completes_all(ref, tmp_pa
     first, second = owner.index(1), owner.index(2)
     # damage part 1's first chunk: the status reports it (exit 1), part 2 leaves it alone
     mark = json.loads((out / "_sweep" / "done" / f"{first:06d}").read_text())
-    energy = out / "energy" / "c" / "/".join(map(str, [*mark["index"], mark["slices"][0][0], mark["slices"][1][0], 0]))
+    energy = (
+        out
+        / "energy"
+        / "c"
+        / "/".join(map(str, [*mark["index"], mark["slices"][0][0], mark["slices"][1][0], 0]))
+    )
     energy.write_bytes(energy.read_bytes()[:-3])
     capsys.readouterr()
     assert sweep_cli.main([str(spec_path), "--out", str(out), "--status"]) == 1
@@ -272,7 +333,11 @@ def test_status_counts_running_and_failed(ref, tmp_path):
     r1, r2 = st["rows"]
     assert (r1["running"], r1["pending"], r1["done"]) == (1, owner.count(1) - 1, 0)
     assert (r2["done"], r2["pending"], r2["failed_points"]) == (owner.count(2), 0, len(failing))
-    assert st["total"]["failed_points"] == int((sweep.load(out).status == sweep.FAILED).sum()) == len(failing)
+    assert (
+        st["total"]["failed_points"]
+        == int((sweep.load(out).status == sweep.FAILED).sum())
+        == len(failing)
+    )
     assert sweep_run.sweep_status(out)["rows"][0]["running"] == 0  # released with the claim
 
 
@@ -286,8 +351,10 @@ def test_three_parts_at_once_equal_a_single_run(ref, tmp_path, env):
     `--status` then reports every part done."""
     spec_path, ref_store = ref
     out = tmp_path / "array.zarr"
-    procs = [_cli(spec_path, "--out", out, "--memory", "1B", "--part", f"{i}/3", "--quiet", env=env)
-             for i in (1, 2, 3)]
+    procs = [
+        _cli(spec_path, "--out", out, "--memory", "1B", "--part", f"{i}/3", "--quiet", env=env)
+        for i in (1, 2, 3)
+    ]
     try:
         outs = [(p.returncode, err) for p in procs for _, err in [p.communicate(timeout=300)]]
     finally:

@@ -46,11 +46,24 @@ def test_sa_sweep_equals_reference(packed, backend, x64):
     N, h, idx = pd.checkpoint_steps(t1, dt, C)
     assert N == 20 and abs(h - 0.1) < 1e-15
     ref_fr, ref_x = _reference(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True)
-    fr, xs = pd._sweep(x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True, packed, 2, states=True, backend=backend)
+    fr, xs = pd._sweep(
+        x0, betas, [h] * 3, [N] * 3, [idx] * 3, thr, True, packed, 2, states=True, backend=backend
+    )
     np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(fr, ref_fr)
-    out = pd.sa_phase_diagram(None, betas, x0=x0, dt=dt, t1=t1, checkpoints=C, threshold=thr,
-                              per_seed=True, packed=packed, seed_chunk=2, backend=backend)
+    out = pd.sa_phase_diagram(
+        None,
+        betas,
+        x0=x0,
+        dt=dt,
+        t1=t1,
+        checkpoints=C,
+        threshold=thr,
+        per_seed=True,
+        packed=packed,
+        seed_chunk=2,
+        backend=backend,
+    )
     np.testing.assert_array_equal(out.per_seed, ref_fr)
     np.testing.assert_allclose(out.fraction, ref_fr.mean(axis=1), rtol=0, atol=1e-15)
     np.testing.assert_allclose(out.times, np.linspace(0, t1, C))
@@ -68,11 +81,22 @@ def test_usa_sweep_equals_reference_in_original_time(packed, backend, x64):
     Ns, hs, idxs = zip(*grids)
     assert Ns[0] == 3 and Ns[2] > Ns[1] > Ns[0]  # 0.1 / max(sqrt(b) e^(b - 1/2), 1)
     ref_fr, ref_x = _reference(x0, betas, hs, Ns, idxs, thr, False)
-    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, False, packed, None, states=True, backend=backend)
+    fr, xs = pd._sweep(
+        x0, betas, hs, Ns, idxs, thr, False, packed, None, states=True, backend=backend
+    )
     np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-11)
     np.testing.assert_array_equal(fr, ref_fr)
-    out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, threshold=thr,
-                               per_seed=True, packed=packed, backend=backend)
+    out = pd.usa_phase_diagram(
+        None,
+        betas,
+        x0=x0,
+        t1=t1,
+        checkpoints=C,
+        threshold=thr,
+        per_seed=True,
+        packed=packed,
+        backend=backend,
+    )
     np.testing.assert_array_equal(out.per_seed, ref_fr)
     np.testing.assert_array_equal(out.steps, Ns)
 
@@ -84,7 +108,9 @@ def test_packed_kernel_pieces_equal_dense(x64):
     G = x @ x.T
     np.testing.assert_allclose(G12, G[:k, k:], atol=1e-15)
     n = 2 * k
-    assert int(pd._packed_count(T, G12, 0.2, k)) == round(float(pd.clustering_fraction(x, 0.2)) * n * (n - 1))
+    assert int(pd._packed_count(T, G12, 0.2, k)) == round(
+        float(pd.clustering_fraction(x, 0.2)) * n * (n - 1)
+    )
     W = pd._dense_weights(G, 1.7, 0.3)
     assert int(pd._weight_count(W, 1.7, 0.3, 0.2)) == int(pd._packed_count(T, G12, 0.2, k))
     for normalized in (True, False):
@@ -101,7 +127,10 @@ def test_grid_compiles_once():
 
     def keys(normalized):
         # (normalized, packed, every_step, project): project=True is step="projected"
-        return {m: ("run", (3, n, d), "float32", normalized, False, m, True, (C,)) for m in (True, False)}
+        return {
+            m: ("run", (3, n, d), "float32", normalized, False, m, True, (C,))
+            for m in (True, False)
+        }
 
     before = {k: pd._TRACES[k] for nz in (True, False) for k in keys(nz).values()}
     x0 = jax.vmap(lambda k: mf.sphere.uniform(k, n, d))(jax.random.split(jax.random.key(1), S))
@@ -121,8 +150,17 @@ def test_initial_fraction_matches_uniform_law(x64):
     """At t = 0 (uniform on the circle) P(<x_i, x_j> > c) = arccos(c) / pi; seeds are
     independent, so the standard error comes from the per-seed fractions."""
     thr = 0.9
-    out = pd.sa_phase_diagram(jax.random.key(4), [1.0], n=16, d=2, seeds=400, t1=0.1,
-                              checkpoints=2, threshold=thr, per_seed=True)
+    out = pd.sa_phase_diagram(
+        jax.random.key(4),
+        [1.0],
+        n=16,
+        d=2,
+        seeds=400,
+        t1=0.1,
+        checkpoints=2,
+        threshold=thr,
+        per_seed=True,
+    )
     c0 = out.per_seed[0, :, 0]
     se = c0.std(ddof=1) / np.sqrt(c0.size)
     theory = np.arccos(thr) / np.pi
@@ -135,8 +173,9 @@ def test_sanity_laws(x64):
     but they are metastable (less clustered late). Differences are checked against
     4 standard errors of the per-seed differences (same initial states for both betas).
     USA at tiny beta barely moves by t = 0.25."""
-    out = pd.sa_phase_diagram(jax.random.key(0), [0.1, 9.0], n=16, d=2, seeds=64, t1=10.0,
-                              checkpoints=11, per_seed=True)
+    out = pd.sa_phase_diagram(
+        jax.random.key(0), [0.1, 9.0], n=16, d=2, seeds=64, t1=10.0, checkpoints=11, per_seed=True
+    )
     f = out.fraction
     assert f[0, -1] > 0.85 and f[0, 0] < 0.05
     assert np.all(np.diff(f[0]) >= -0.01)
@@ -144,7 +183,9 @@ def test_sanity_laws(x64):
     se = diff.std(axis=0, ddof=1) / np.sqrt(diff.shape[0])
     assert np.all(diff[:, 8:].mean(0) > 4 * se[8:])  # t >= 8: small beta ahead
     assert diff[:, 2].mean() < -4 * se[2]  # t = 2: large beta ahead
-    u = pd.usa_phase_diagram(jax.random.key(0), [0.1], n=16, d=2, seeds=64, checkpoints=3, per_seed=True)
+    u = pd.usa_phase_diagram(
+        jax.random.key(0), [0.1], n=16, d=2, seeds=64, checkpoints=3, per_seed=True
+    )
     assert u.steps[0] == 3  # step 0.1 for beta <= ~0.6
     assert abs(u.fraction[0, -1] - u.fraction[0, 0]) < 0.01
 
@@ -216,13 +257,27 @@ def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
     x0 = np.asarray(_x0(7, 6, 2, seed=9))
     np.save(tmp_path / "x0.npy", x0)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    r = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "x0.npy"), str(tmp_path / "out.npz")],
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "x0.npy"), str(tmp_path / "out.npz")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     out = np.load(tmp_path / "out.npz")
     assert int(out["devices"]) == 2
-    a = pd.sa_phase_diagram(None, [0.5, 4.0], x0=x0, dt=0.1, t1=1.0, checkpoints=5, seed_chunk=3, per_seed=True,
-                            backend="xla")
+    a = pd.sa_phase_diagram(
+        None,
+        [0.5, 4.0],
+        x0=x0,
+        dt=0.1,
+        t1=1.0,
+        checkpoints=5,
+        seed_chunk=3,
+        per_seed=True,
+        backend="xla",
+    )
     b = pd.usa_phase_diagram(None, [0.3, 3.0], x0=x0, checkpoints=5, per_seed=True, backend="xla")
     np.testing.assert_array_equal(out["sa"], a.per_seed)
     np.testing.assert_array_equal(out["usa"], b.per_seed)
@@ -257,7 +312,9 @@ def test_native_generic_d_odd_n_ragged_seeds_equal_reference(normalized, x64):
         grids = [pd.checkpoint_steps(0.2, float(pd.usa_step_size(b)), C) for b in betas]
     Ns, hs, idxs = zip(*grids)
     ref_fr, ref_x = _reference(x0, betas, hs, Ns, idxs, thr, normalized)
-    fr, xs = pd._sweep(x0, betas, hs, Ns, idxs, thr, normalized, False, None, states=True, backend="native")
+    fr, xs = pd._sweep(
+        x0, betas, hs, Ns, idxs, thr, normalized, False, None, states=True, backend="native"
+    )
     np.testing.assert_allclose(xs, ref_x, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(fr, ref_fr)
     assert 0 < ref_fr.mean() < 1 and np.unique(ref_fr).size > 3  # not a trivial comparison
@@ -282,7 +339,9 @@ def test_native_equals_xla_at_the_benchmark_shape(x64):
     f2, x2 = _native.phase_run(np.asarray(x0), 9.0, 0.0, h, N, u, 0.999, True, threads=2)
     np.testing.assert_array_equal(x1, x2)
     np.testing.assert_array_equal(f1, f2)
-    _, xx = pd._sweep(x0, np.array([9.0]), [h], [N], [idx], 0.999, True, False, None, states=True, backend="xla")
+    _, xx = pd._sweep(
+        x0, np.array([9.0]), [h], [N], [idx], 0.999, True, False, None, states=True, backend="xla"
+    )
     np.testing.assert_allclose(x1, xx[0], rtol=0, atol=1e-11)
 
 
@@ -366,16 +425,25 @@ def test_native_build_cache_and_switch(tmp_path, disabled, x64):
     x0 = np.asarray(_x0(9, 6, 2, seed=4))
     np.save(tmp_path / "x0.npy", x0)
     cache = tmp_path / "cache"
-    env = dict(os.environ, MEANFIELD_CACHE_DIR=str(cache), MEANFIELD_NATIVE="0" if disabled else "1")
-    r = subprocess.run([sys.executable, "-c", _NATIVE_ENV, str(tmp_path / "x0.npy"), str(tmp_path / "o.npz")],
-                       env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, MEANFIELD_CACHE_DIR=str(cache), MEANFIELD_NATIVE="0" if disabled else "1"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _NATIVE_ENV, str(tmp_path / "x0.npy"), str(tmp_path / "o.npz")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     out = np.load(tmp_path / "o.npz")
     built = list(cache.glob("phase_kernel-*.so")) if cache.exists() else []
     assert bool(out["available"]) is (not disabled)
     assert len(built) == (0 if disabled else 2)  # float64 and float32 builds
     assert ("MEANFIELD_NATIVE=0" in str(out["err"])) is disabled
-    ref = pd.sa_phase_diagram(None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True, backend="xla")
+    ref = pd.sa_phase_diagram(
+        None, [2.0], x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True, backend="xla"
+    )
     np.testing.assert_array_equal(out["per_seed"], ref.per_seed)
 
 
@@ -394,9 +462,13 @@ def test_native_compiler_failure_is_reported_and_remembered(tmp_path):
         "print(pd.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=3, t1=0.2, checkpoints=2).shape)\n"
     )
     env = dict(os.environ, CC="false", MEANFIELD_CACHE_DIR=str(tmp_path), MEANFIELD_NATIVE="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.strip().splitlines()[-2:]
     assert first.startswith("False") and "C compiler failed" in first
     assert second == "(1, 2)"
-    assert len(list(tmp_path.glob("phase_kernel-*.failed"))) == 2 and not list(tmp_path.glob("phase_kernel-*.so"))
+    assert len(list(tmp_path.glob("phase_kernel-*.failed"))) == 2 and not list(
+        tmp_path.glob("phase_kernel-*.so")
+    )

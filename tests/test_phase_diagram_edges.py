@@ -238,5 +238,7 @@ def test_usa_contract_property(beta, scale, t1):
 def test_betas_that_are_not_real_numbers_name_betas(betas):
     # "abc" gave numpy's "could not convert string to float: 'abc'", naming no argument
     for f in (pd.sa_phase_diagram, pd.usa_phase_diagram):
-        with pytest.raises(TypeError, match=r"betas must be real numbers \(a 1-d array of floats\), got "):
+        with pytest.raises(
+            TypeError, match=r"betas must be real numbers \(a 1-d array of floats\), got "
+        ):
             f(jax.random.key(0), betas, n=4, seeds=1, checkpoints=2)

@@ -99,9 +99,29 @@ def test_plugin_runs_from_python_simulate_and_a_sweep_with_equal_numbers(site, t
     help_text = _meanfield(site, "simulate", "--help").stdout
     assert "--gamma" in help_text and "tilt strength gamma" in help_text and "tilted" in help_text
     out = tmp_path / "cli"
-    _meanfield(site, "simulate", "--kernel", "tilted", "--beta", "1.5", "--gamma", "0.3", "--n", str(N),
-               "--t1", str(T1), "--dt", str(DT), "--saves", str(SAVES), "--seed", str(SEED), "--out", str(out),
-               "--no-plots")
+    _meanfield(
+        site,
+        "simulate",
+        "--kernel",
+        "tilted",
+        "--beta",
+        "1.5",
+        "--gamma",
+        "0.3",
+        "--n",
+        str(N),
+        "--t1",
+        str(T1),
+        "--dt",
+        str(DT),
+        "--saves",
+        str(SAVES),
+        "--seed",
+        str(SEED),
+        "--out",
+        str(out),
+        "--no-plots",
+    )
     cli = np.load(out / "observables.npz")
     tol = dict(rtol=2e-5, atol=2e-6)  # float32 rounding
     np.testing.assert_allclose(cli["energy"], py["energy"], **tol)
@@ -110,35 +130,73 @@ def test_plugin_runs_from_python_simulate_and_a_sweep_with_equal_numbers(site, t
 
     # a sweep of kind = "tilted"
     spec = tmp_path / "tilted.toml"
-    spec.write_text(f'name = "plugin"\n[model]\nkind = "tilted"\ngamma = 0.3\n[grid]\nn = [{N}]\nd = 3\n'
-                    f"beta = [1.5]\nseeds = 1\nseed = {SEED}\n[time]\nt1 = {T1}\ndt = {DT}\nsave = {SAVES}\n"
-                    '[output]\nobservables = ["collapse_gap", "energy"]\n')
+    spec.write_text(
+        f'name = "plugin"\n[model]\nkind = "tilted"\ngamma = 0.3\n[grid]\nn = [{N}]\nd = 3\n'
+        f"beta = [1.5]\nseeds = 1\nseed = {SEED}\n[time]\nt1 = {T1}\ndt = {DT}\nsave = {SAVES}\n"
+        '[output]\nobservables = ["collapse_gap", "energy"]\n'
+    )
     store = tmp_path / "tilted.zarr"
     _meanfield(site, "sweep", str(spec), "--out", str(store), "--quiet")
-    script = f"import json, numpy as np, meanfield.sweep as s; ds = s.load({str(store)!r}); " \
-             f"print(json.dumps(np.asarray(ds['energy'].values).reshape(-1).tolist()))"
+    script = (
+        f"import json, numpy as np, meanfield.sweep as s; ds = s.load({str(store)!r}); "
+        f"print(json.dumps(np.asarray(ds['energy'].values).reshape(-1).tolist()))"
+    )
     energy = json.loads(_run(site, [sys.executable, "-c", script]).stdout)
     np.testing.assert_allclose(energy, py["energy"], **tol)
 
 
 def test_plugin_parameters_validated_and_its_rate_drives_the_dt_warning(site, tmp_path):
     # a bad value: one line on stderr, exit status 2, the registry's message
-    bad = _meanfield(site, "simulate", "--kernel", "tilted", "--gamma", "-1", "--out", str(tmp_path / "x"),
-                     check=False)
+    bad = _meanfield(
+        site,
+        "simulate",
+        "--kernel",
+        "tilted",
+        "--gamma",
+        "-1",
+        "--out",
+        str(tmp_path / "x"),
+        check=False,
+    )
     lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
-    assert bad.returncode == 2 and len(lines) == 1 and "--gamma: must be >= 0, got -1" in lines[0], bad.stderr
+    assert (
+        bad.returncode == 2 and len(lines) == 1 and "--gamma: must be >= 0, got -1" in lines[0]
+    ), bad.stderr
     # the class's own rate (10 beta): dt = 0.5 at beta = 1 gives dt x rate = 5 > 1, a warning that the
     # exp kernels' rate (sqrt(beta) e^(beta - 1/2) = 1.65: dt x rate = 0.82) would not give
-    run = _meanfield(site, "simulate", "--kernel", "tilted", "--beta", "1", "--n", "6", "--t1", "1", "--dt", "0.5",
-                     "--saves", "3", "--out", str(tmp_path / "w"), "--no-plots")
-    assert "warning: --dt = 0.5 is long for the interaction rate (dt x rate up to 5 > 1" in run.stderr, run.stderr
+    run = _meanfield(
+        site,
+        "simulate",
+        "--kernel",
+        "tilted",
+        "--beta",
+        "1",
+        "--n",
+        "6",
+        "--t1",
+        "1",
+        "--dt",
+        "0.5",
+        "--saves",
+        "3",
+        "--out",
+        str(tmp_path / "w"),
+        "--no-plots",
+    )
+    assert (
+        "warning: --dt = 0.5 is long for the interaction rate (dt x rate up to 5 > 1" in run.stderr
+    ), run.stderr
     # the sweep plan: the same rate, and the cost estimate of this kind
     spec = tmp_path / "warn.toml"
-    spec.write_text('name = "warn"\n[model]\nkind = "tilted"\n[grid]\nn = [8, 16]\nd = 3\nbeta = [1.0, 2.0]\n'
-                    "seeds = 2\n[time]\nt1 = 1.0\ndt = 0.5\nsave = 3\n")
+    spec.write_text(
+        'name = "warn"\n[model]\nkind = "tilted"\n[grid]\nn = [8, 16]\nd = 3\nbeta = [1.0, 2.0]\n'
+        "seeds = 2\n[time]\nt1 = 1.0\ndt = 0.5\nsave = 3\n"
+    )
     plan = _meanfield(site, "sweep", str(spec), "--out", str(tmp_path / "warn.zarr"), "--dry-run")
-    assert "tilted" in plan.stdout and "warning: time.dt = 0.5 is long for 4 (shape, beta) pair(s)" in plan.stdout, \
-        plan.stdout + plan.stderr
+    assert (
+        "tilted" in plan.stdout
+        and "warning: time.dt = 0.5 is long for 4 (shape, beta) pair(s)" in plan.stdout
+    ), plan.stdout + plan.stderr
     assert "estimate:" in plan.stdout
 
 

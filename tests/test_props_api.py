@@ -46,7 +46,11 @@ def contract(fn):
 
 
 def all_finite(tree) -> bool:
-    return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact))
+    return all(
+        bool(jnp.all(jnp.isfinite(leaf)))
+        for leaf in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)
+    )
 
 
 # ---------------------------------------------------------------- states
@@ -216,7 +220,9 @@ def test_self_attention_contract(beta, normalized):
     kind, out = contract(lambda: mf.models.SelfAttention(beta, normalized=normalized))
     assert (kind == "ok") == _valid_beta(beta), (beta, out)
     if kind == "ok":
-        kind, out = contract(lambda: mf.velocity(mf.models.SelfAttention(beta, normalized=normalized), x))
+        kind, out = contract(
+            lambda: mf.velocity(mf.models.SelfAttention(beta, normalized=normalized), x)
+        )
         if kind == "ok":
             assert all_finite(out), (beta, normalized)
         else:  # float32 cannot hold beta, or the unnormalised field overflows
@@ -227,7 +233,9 @@ def test_self_attention_contract(beta, normalized):
 # ---------------------------------------------------------------- options
 
 
-INTS = st.one_of(st.integers(-5, 40), st.floats(-2.0, 8.0), st.booleans(), st.text(max_size=2), st.none())
+INTS = st.one_of(
+    st.integers(-5, 40), st.floats(-2.0, 8.0), st.booleans(), st.text(max_size=2), st.none()
+)
 
 
 @SETTINGS
@@ -238,7 +246,11 @@ def test_block_size_and_method_contract(block_size, method):
     valid_block = block_size is None or (
         isinstance(block_size, int) and not isinstance(block_size, bool) and block_size >= 1
     )
-    assert (kind == "ok") == (valid_block and method in ("auto", "pairwise")), (block_size, method, out)
+    assert (kind == "ok") == (valid_block and method in ("auto", "pairwise")), (
+        block_size,
+        method,
+        out,
+    )
     if kind == "ok":
         np.testing.assert_allclose(out, mf.field(K.USA(1.0), x), rtol=1e-5, atol=1e-6)
 
@@ -266,7 +278,10 @@ def test_simulate_contract(beta, max_steps, t1, state):
         and valid_x
         and isinstance(t1, float)
         and t1 > 0
-        and (max_steps is None or (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1))
+        and (
+            max_steps is None
+            or (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1)
+        )
     )
     assert (kind == "ok") == valid, (beta, max_steps, t1, out)
     if kind == "ok":
@@ -290,7 +305,9 @@ def registry_calls(draw):
     keys = [p.name for p in entry.params] if entry is not None else ["beta"]
     params = {}
     for key in draw(st.lists(st.sampled_from(keys + ["nope"]), max_size=3, unique=True)):
-        params[key] = draw(st.one_of(VALUES, st.sampled_from([(0, 1), (1, 1), "random", "rotation", 2])))
+        params[key] = draw(
+            st.one_of(VALUES, st.sampled_from([(0, 1), (1, 1), "random", "rotation", 2]))
+        )
     d = draw(st.sampled_from([2, 3, 3, 1, 2.5]))
     return name, params, d
 

@@ -16,7 +16,21 @@ from hypothesis import strategies as st
 
 from meanfield import cli
 
-BAD_TEXT = ["nan", "NaN", "inf", "-inf", "Infinity", "", "abc", "1e", "0x10", "--", "1,2", "١", "1_0"]
+BAD_TEXT = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "",
+    "abc",
+    "1e",
+    "0x10",
+    "--",
+    "1,2",
+    "١",
+    "1_0",
+]
 HUGE = ["1e20", "1e300", "1e400", "-1e300", str(2**64), str(10**30), "1e-300", "-0", "0"]
 
 # value strategies per flag: small values that run fast, or values far past the limits
@@ -41,7 +55,9 @@ FLAGS = {
     "--dt": st.one_of(small_dt, refused_step),
     "--saves": st.one_of(small_saves, st.sampled_from(["1e10", "1", "0", "-5", "abc", "inf"])),
     "--seed": number,
-    "--beta": st.one_of(number, st.sampled_from(["0.5", "2", "60", "88.7", "88.72"])),  # 88.7: a failed run
+    "--beta": st.one_of(
+        number, st.sampled_from(["0.5", "2", "60", "88.7", "88.72"])
+    ),  # 88.7: a failed run
     "--lam": number,
     "--m": number,
     "--omega": number,
@@ -51,15 +67,36 @@ FLAGS = {
     "--prompts": st.one_of(st.sampled_from(["1", "2", "3"]), number),
     "--gauge-seed": number,
     "--plane": st.sampled_from(["0,1", "1,2", "0,0", "5,1", "a,b", "-1,2", "0,1,2"]),
-    "--kernel": st.sampled_from(["usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt",
-                                 "sa", "attention", "nope"]),
+    "--kernel": st.sampled_from(
+        [
+            "usa",
+            "distance-bias",
+            "toeplitz",
+            "rope",
+            "phase-field",
+            "gauge",
+            "prompt",
+            "sa",
+            "attention",
+            "nope",
+        ]
+    ),
     "--solver": st.sampled_from(["euler", "rk2", "rk4", "tsit5", "rk9"]),
     "--rtol": number,
     "--atol": number,
     "--early-stop": number,
 }
-SWITCHES = ["--rescaled", "--no-rescaled", "--normalized", "--no-normalized", "--force", "--bogus", "-x",
-            "--out", "--n"]  # the last two: a flag without its value (at the end of the line)
+SWITCHES = [
+    "--rescaled",
+    "--no-rescaled",
+    "--normalized",
+    "--no-normalized",
+    "--force",
+    "--bogus",
+    "-x",
+    "--out",
+    "--n",
+]  # the last two: a flag without its value (at the end of the line)
 
 
 @st.composite
@@ -75,14 +112,18 @@ def argvs(draw):
 
 
 def _outputs_valid(out, failed: bool):
-    summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda t: pytest.fail(t))
+    summary = json.loads(
+        (out / "summary.json").read_text(), parse_constant=lambda t: pytest.fail(t)
+    )
     assert summary["failed"] is failed
     assert (summary["failure"] is not None) == failed
     assert (out / "observables.npz").exists()
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(argv=argvs())
 @example(argv=["simulate", "--beta", "88.7"])  # a failed run: exit 1, outputs recorded
 @example(argv=["simulate", "--t1", "1e9"])
@@ -130,8 +171,13 @@ def test_integer_flags_never_overflow(flag, value):
 @given(text=st.text(max_size=12))
 @settings(max_examples=80, deadline=None)
 def test_number_parsers_accept_or_refuse_any_text(text):
-    parsers = (cli._arg("float>0"), cli._arg("float>=0"), cli._arg("float", magnitude=cli.PARAM_LIMIT),
-               cli._arg("int", minimum=0, maximum=10), cli._arg("plane"))
+    parsers = (
+        cli._arg("float>0"),
+        cli._arg("float>=0"),
+        cli._arg("float", magnitude=cli.PARAM_LIMIT),
+        cli._arg("int", minimum=0, maximum=10),
+        cli._arg("plane"),
+    )
     for parse in parsers:
         try:
             v = parse(text)
@@ -139,12 +185,16 @@ def test_number_parsers_accept_or_refuse_any_text(text):
             assert type(e).__name__ == "ArgumentTypeError", (text, e)
             assert "\n" not in str(e)
         else:
-            assert all(u == u and abs(u) != float("inf") for u in (v if isinstance(v, tuple) else (v,)))  # finite
+            assert all(
+                u == u and abs(u) != float("inf") for u in (v if isinstance(v, tuple) else (v,))
+            )  # finite
 
 
 def test_console_script_exists():
     # the entry point the property test stands for (`meanfield` is cli.main)
     import importlib.metadata
 
-    eps = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "meanfield"]
+    eps = [
+        e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "meanfield"
+    ]
     assert eps and eps[0].value.startswith("meanfield.cli:main")

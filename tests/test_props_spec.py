@@ -46,7 +46,9 @@ def toml_value(v) -> str:
 
 def toml_text(spec: dict) -> str:
     """A spec dictionary (top-level scalars, then one table per dict) as TOML text."""
-    lines = [f"{json.dumps(k)} = {toml_value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
+    lines = [
+        f"{json.dumps(k)} = {toml_value(v)}" for k, v in spec.items() if not isinstance(v, dict)
+    ]
     for table, body in spec.items():
         if isinstance(body, dict):
             lines.append(f"[{json.dumps(table)}]")
@@ -60,13 +62,24 @@ text = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=0x2FF), ma
 junk = st.one_of(text, st.booleans(), st.just([]), st.just({}), st.just([[1]]), st.just({"x": 1}))
 edge_int = st.one_of(st.integers(-3, 1), st.sampled_from([10**7 + 1, 2**31 - 1, 2**31, 2**63 - 1]))
 small_int = st.one_of(st.integers(2, 40), st.integers(2, 40), st.integers(2, 40), edge_int)
-positive = st.one_of(st.floats(0.05, 10), st.sampled_from([1e-12, 1e-300, 1e12, 1e39, 1e300, 88.7, 200.0]))
-real = st.one_of(positive, positive, st.floats(-10, 10, allow_nan=False),
-                 st.sampled_from([0.0, math.inf, -math.inf, math.nan]), st.integers(-3, 10))
+positive = st.one_of(
+    st.floats(0.05, 10), st.sampled_from([1e-12, 1e-300, 1e12, 1e39, 1e300, 88.7, 200.0])
+)
+real = st.one_of(
+    positive,
+    positive,
+    st.floats(-10, 10, allow_nan=False),
+    st.sampled_from([0.0, math.inf, -math.inf, math.nan]),
+    st.integers(-3, 10),
+)
 
 
 def listed(strategy, max_size=3):
-    return st.one_of(strategy, st.lists(strategy, min_size=1, max_size=max_size), st.lists(strategy, max_size=max_size))
+    return st.one_of(
+        strategy,
+        st.lists(strategy, min_size=1, max_size=max_size),
+        st.lists(strategy, max_size=max_size),
+    )
 
 
 beta = st.one_of(
@@ -76,6 +89,8 @@ beta = st.one_of(
     st.fixed_dictionaries({"c": listed(positive), "p": st.one_of(st.floats(-2, 2), real)}),
     st.dictionaries(st.sampled_from(["critical", "c", "p", "gamma"]), listed(real), max_size=3),
 )
+
+
 def often(draw, good, bad, p_bad: int = 12):
     """``good`` most of the time, ``bad`` about once in ``p_bad`` draws."""
     return draw(bad) if draw(st.integers(0, p_bad - 1)) == p_bad - 1 else draw(good)
@@ -86,11 +101,18 @@ def base(draw) -> dict:
     """A spec dictionary whose values are mostly valid and sometimes at or past the edges."""
     names = list(kernels.MODELS)
     kind = draw(st.sampled_from(names))
-    kind_value = often(draw, st.just(kind), st.one_of(st.lists(st.sampled_from(names), min_size=1, max_size=2),
-                                                      st.just("transformer")))
+    kind_value = often(
+        draw,
+        st.just(kind),
+        st.one_of(st.lists(st.sampled_from(names), min_size=1, max_size=2), st.just("transformer")),
+    )
     model: dict = {"kind": kind_value}
     pars = [p for p in kernels.MODELS[kind].params if p.name != "beta"]
-    for p in draw(st.lists(st.sampled_from(pars), unique_by=lambda p: p.name, max_size=2)) if pars else []:
+    for p in (
+        draw(st.lists(st.sampled_from(pars), unique_by=lambda p: p.name, max_size=2))
+        if pars
+        else []
+    ):
         if p.choices:
             good = st.sampled_from(list(p.choices))
         elif isinstance(p.default, bool):
@@ -100,40 +122,70 @@ def base(draw) -> dict:
         elif isinstance(p.default, int):
             good = st.integers(1, 4)
         else:
-            good = st.one_of(positive, st.lists(st.floats(0.1, 2.0), min_size=1, max_size=2, unique=True))
+            good = st.one_of(
+                positive, st.lists(st.floats(0.1, 2.0), min_size=1, max_size=2, unique=True)
+            )
         model[p.name] = often(draw, good, st.one_of(real, st.lists(real, max_size=2), junk))
     has_beta = any(p.name == "beta" for p in kernels.MODELS[kind].params)
     grid: dict = {
-        "n": often(draw, st.lists(st.integers(2, 40), min_size=1, max_size=2, unique=True), listed(small_int)),
+        "n": often(
+            draw,
+            st.lists(st.integers(2, 40), min_size=1, max_size=2, unique=True),
+            listed(small_int),
+        ),
         "seeds": often(draw, st.integers(1, 4), small_int),
     }
     if draw(st.booleans()):
-        grid["d"] = often(draw, st.integers(2, 5), st.one_of(st.lists(st.integers(2, 5), min_size=1, max_size=2),
-                                                              st.integers(-1, 1), st.just(2**31)))
+        grid["d"] = often(
+            draw,
+            st.integers(2, 5),
+            st.one_of(
+                st.lists(st.integers(2, 5), min_size=1, max_size=2),
+                st.integers(-1, 1),
+                st.just(2**31),
+            ),
+        )
     if has_beta and draw(st.integers(0, 9)) < 9:
         grid["beta"] = draw(beta)
     if draw(st.integers(0, 3)) == 3:
         grid["seed"] = draw(small_int)
     spec: dict = {"model": model, "grid": grid}
     if kernels.MODELS[kind].simulated or draw(st.integers(0, 5)) == 5:
-        solver = often(draw, st.sampled_from(["euler", "rk2", "rk4"]),
-                       st.sampled_from(["tsit5", "dopri5", "leapfrog"]))
+        solver = often(
+            draw,
+            st.sampled_from(["euler", "rk2", "rk4"]),
+            st.sampled_from(["tsit5", "dopri5", "leapfrog"]),
+        )
         t: dict = {"t1": often(draw, st.floats(0.1, 2.0), real), "solver": solver}
         if draw(st.booleans()):
             t["dt"] = often(draw, st.floats(0.01, 0.1), real)
         if draw(st.booleans()):
-            t["save"] = often(draw, st.integers(2, 6), st.one_of(small_int, st.lists(real, max_size=4)))
+            t["save"] = often(
+                draw, st.integers(2, 6), st.one_of(small_int, st.lists(real, max_size=4))
+            )
         if solver in ("tsit5", "dopri5") and draw(st.integers(0, 3)) < 3:
             t["rtol"], t["atol"] = draw(positive), draw(positive)
-        for key, strat in (("early_stop", real), ("max_steps", small_int),
-                           ("step_rule", st.sampled_from(["fixed", "reference", "adaptive"]))):
+        for key, strat in (
+            ("early_stop", real),
+            ("max_steps", small_int),
+            ("step_rule", st.sampled_from(["fixed", "reference", "adaptive"])),
+        ):
             if draw(st.integers(0, 4)) == 4:
                 t[key] = draw(strat)
         spec["time"] = t
     if draw(st.booleans()):
-        obs = list(sweep_spec.SIM_OBSERVABLES if kernels.MODELS[kind].simulated else sweep_spec.ATTENTION_OBSERVABLES)
-        out: dict = {"observables": often(draw, st.lists(st.sampled_from(obs), min_size=1, max_size=3, unique=True),
-                                          st.lists(st.sampled_from(list(sweep.OBSERVABLES) + ["entropy"]), max_size=3))}
+        obs = list(
+            sweep_spec.SIM_OBSERVABLES
+            if kernels.MODELS[kind].simulated
+            else sweep_spec.ATTENTION_OBSERVABLES
+        )
+        out: dict = {
+            "observables": often(
+                draw,
+                st.lists(st.sampled_from(obs), min_size=1, max_size=3, unique=True),
+                st.lists(st.sampled_from(list(sweep.OBSERVABLES) + ["entropy"]), max_size=3),
+            )
+        }
         if draw(st.booleans()):
             out["cluster_threshold"] = often(draw, positive, real)
         if draw(st.booleans()):
@@ -217,11 +269,19 @@ def test_mutated_spec_text_gives_a_clear_error_or_a_valid_plan(data):
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, len(text)))
         j = data.draw(st.integers(i, min(len(text), i + 4)))
-        text = text[:i] + data.draw(st.text(alphabet="[]{}=,.\"'-+e0123456789 \nabc_", max_size=4)) + text[j:]
+        text = (
+            text[:i]
+            + data.draw(st.text(alphabet="[]{}=,.\"'-+e0123456789 \nabc_", max_size=4))
+            + text[j:]
+        )
     _check_spec_text(text)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(spec=specs())
 def test_generated_specs_on_the_cli_are_one_line_or_a_dry_run(spec, tmp_path, capsys):
     path = tmp_path / "gen.toml"
@@ -239,6 +299,10 @@ def test_generated_specs_on_the_cli_are_one_line_or_a_dry_run(spec, tmp_path, ca
 
 
 def test_the_toml_writer_round_trips():
-    spec = {"name": "x", "model": {"kind": ["usa", "rope"], "omega": [0.5, 1.0]},
-            "grid": {"n": [8], "beta": {"c": [1.0], "p": -0.5}, "seeds": 2}, "time": {"t1": math.inf}}
+    spec = {
+        "name": "x",
+        "model": {"kind": ["usa", "rope"], "omega": [0.5, 1.0]},
+        "grid": {"n": [8], "beta": {"c": [1.0], "p": -0.5}, "seeds": 2},
+        "time": {"t1": math.inf},
+    }
     assert tomllib.loads(toml_text(spec)) == spec

@@ -61,7 +61,9 @@ def test_identity_float32(case):
     assert abs(float(L_q) - float(L_ols) - float(V)) <= 2e-6 * float(L_q)
     assert float(V) >= 0.0 and float(L_ols) >= 0.0
     ref = _numpy_terms(z, p, tau)
-    np.testing.assert_allclose([float(L_q), float(L_ols), float(V)], ref, rtol=2e-5, atol=1e-6 * ref[0])
+    np.testing.assert_allclose(
+        [float(L_q), float(L_ols), float(V)], ref, rtol=2e-5, atol=1e-6 * ref[0]
+    )
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -72,7 +74,9 @@ def test_identity_float64(case, x64):
     assert L_q.dtype == jnp.float64
     assert abs(float(L_q) - float(L_ols) - float(V)) <= 1e-13 * float(L_q)
     assert float(V) >= 0.0
-    np.testing.assert_allclose([float(L_q), float(L_ols), float(V)], _numpy_terms(z, p, tau), rtol=1e-11)
+    np.testing.assert_allclose(
+        [float(L_q), float(L_ols), float(V)], _numpy_terms(z, p, tau), rtol=1e-11
+    )
 
 
 def test_identity_is_not_trivial():
@@ -115,7 +119,9 @@ def test_reconstruct_and_L_ols():
     zhat = P.reconstruct(z, p, 1.3)
     np.testing.assert_allclose(zhat, P.assign(z, p, 1.3) @ p, rtol=1e-6)
     _, L_ols, _ = P.loss_terms(z, p, 1.3)
-    np.testing.assert_allclose(L_ols, np.mean(np.sum((np.asarray(z) - np.asarray(zhat)) ** 2, 1)), rtol=1e-5)
+    np.testing.assert_allclose(
+        L_ols, np.mean(np.sum((np.asarray(z) - np.asarray(zhat)) ** 2, 1)), rtol=1e-5
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -189,7 +195,9 @@ def test_separation_and_entropy_hand_made():
     smin, smean = P.separation(p)
     assert float(smin) == pytest.approx(1.0)
     assert float(smean) == pytest.approx(2.0)
-    assert float(P.assignment_entropy(jnp.full((3, 8), 1 / 8))) == pytest.approx(math.log(8), rel=1e-6)
+    assert float(P.assignment_entropy(jnp.full((3, 8), 1 / 8))) == pytest.approx(
+        math.log(8), rel=1e-6
+    )
     assert float(P.assignment_entropy(jnp.eye(4))) == 0.0
     q = jnp.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
     assert float(P.assignment_entropy(q)) == pytest.approx(math.log(2) / 2, rel=1e-6)
@@ -203,7 +211,9 @@ def test_clustering_accuracy_hand_made():
     # everything in one cluster: only one class can be matched
     assert P.clustering_accuracy(y, np.zeros(6, int)) == pytest.approx(2 / 6)
     # more clusters than classes: unmatched clusters count as errors
-    assert P.clustering_accuracy(np.array([0, 0, 0, 0]), np.array([0, 1, 2, 3])) == pytest.approx(1 / 4)
+    assert P.clustering_accuracy(np.array([0, 0, 0, 0]), np.array([0, 1, 2, 3])) == pytest.approx(
+        1 / 4
+    )
     assert P.nmi(y, np.array([2, 2, 0, 0, 1, 1])) == pytest.approx(1.0)
     assert P.ari(y, np.array([2, 2, 0, 0, 1, 1])) == pytest.approx(1.0)
     assert P.nmi(y, np.zeros(6, int)) == pytest.approx(0.0)
@@ -285,15 +295,28 @@ def test_two_timescale_rates():
 
 
 def test_train_history_and_loss_decreases():
-    x, comps, _, _ = P.gaussian_mixture_tokens(jax.random.key(8), 32, 8, 6, n_classes=2, components_per_class=2)
+    x, comps, _, _ = P.gaussian_mixture_tokens(
+        jax.random.key(8), 32, 8, 6, n_classes=2, components_per_class=2
+    )
     X = x.reshape(-1, 6)
-    ae = P.VQAutoencoder(P.PrototypeReadout(6, 3, 4, 1.0, key=jax.random.key(9)), key=jax.random.key(10))
+    ae = P.VQAutoencoder(
+        P.PrototypeReadout(6, 3, 4, 1.0, key=jax.random.key(9)), key=jax.random.key(10)
+    )
 
     def rec(mm):
         return {"loss": mm.loss(X)[0], "terms": jnp.stack(mm.quantizer.loss_terms(X))}
 
-    model, hist = P.train(ae, lambda mm, xb: mm.loss(xb)[0], X, key=jax.random.key(11), eta_theta=1e-3,
-                          eta_P=1e-2, epochs=5, batch_size=64, record=rec)
+    model, hist = P.train(
+        ae,
+        lambda mm, xb: mm.loss(xb)[0],
+        X,
+        key=jax.random.key(11),
+        eta_theta=1e-3,
+        eta_P=1e-2,
+        epochs=5,
+        batch_size=64,
+        record=rec,
+    )
     assert hist["loss"].shape == (6,)
     assert float(hist["loss"][-1]) < float(hist["loss"][0])
     t = np.asarray(hist["terms"], np.float64)
@@ -305,11 +328,19 @@ def test_datasets():
     X, y = P.load_digits()
     assert X.shape == (1797, 64) and X.dtype == np.float32 and 0 <= X.min() and X.max() <= 1
     assert set(np.unique(y)) == set(range(10))
-    x, comps, cls, means = P.gaussian_mixture_tokens(jax.random.key(0), 10, 4, 3, n_classes=2,
-                                                     components_per_class=3)
-    assert x.shape == (10, 4, 3) and comps.shape == (10, 4) and cls.shape == (10,) and means.shape == (6, 3)
+    x, comps, cls, means = P.gaussian_mixture_tokens(
+        jax.random.key(0), 10, 4, 3, n_classes=2, components_per_class=3
+    )
+    assert (
+        x.shape == (10, 4, 3)
+        and comps.shape == (10, 4)
+        and cls.shape == (10,)
+        and means.shape == (6, 3)
+    )
     np.testing.assert_array_equal(np.asarray(comps) // 3, np.repeat(np.asarray(cls)[:, None], 4, 1))
-    x2 = P.gaussian_mixture_tokens(jax.random.key(0), 10, 4, 3, n_classes=2, components_per_class=3)[0]
+    x2 = P.gaussian_mixture_tokens(
+        jax.random.key(0), 10, 4, 3, n_classes=2, components_per_class=3
+    )[0]
     np.testing.assert_array_equal(x, x2)  # seeded
 
 
@@ -351,15 +382,24 @@ def test_errors():
     with pytest.raises(ValueError, match=r"\(T, 4\)"):
         r(jnp.ones((5, 3)))
     with pytest.raises(ValueError, match="batch_size"):
-        P.train(r, lambda m, b: m.loss_terms(b)[0], jnp.ones((4, 4)), key=jax.random.key(0),
-                eta_theta=0.1, eta_P=0.1, epochs=1, batch_size=8)
+        P.train(
+            r,
+            lambda m, b: m.loss_terms(b)[0],
+            jnp.ones((4, 4)),
+            key=jax.random.key(0),
+            eta_theta=0.1,
+            eta_P=0.1,
+            epochs=1,
+            batch_size=8,
+        )
     with pytest.raises(ValueError, match="eta_theta must be > 0"):
         P.two_timescale_optimizer(r, 0.0, 0.1)
     with pytest.raises(ValueError, match="optimizer"):
         P.two_timescale_optimizer(r, 0.1, 0.1, optimizer="lbfgs")
     with pytest.raises(ValueError, match="decode"):
         P.VQAutoencoder(P.HardVQ(4, 2, 3, key=jax.random.key(0)), key=jax.random.key(1)).loss(
-            jnp.ones((2, 4)), decode="tokens")
+            jnp.ones((2, 4)), decode="tokens"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -383,10 +423,18 @@ def test_reproduce_quick(tmp_path, monkeypatch):
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["experiment"] == "prototypes" and on_disk["quick"] is True
     rows = {c["name"]: c for c in summary["checks"]}
-    for name in ("loss_decomposition", "codebook_utilization_soft", "codebook_utilization_hard",
-                 "stability_ablation", "hard_vq_utilization", "hard_vq_epochs_to_full",
-                 "hard_vq_utilization_soft_epoch1", "stability_bound", "stability_bound_exact",
-                 "stability_bound_fast_rate"):
+    for name in (
+        "loss_decomposition",
+        "codebook_utilization_soft",
+        "codebook_utilization_hard",
+        "stability_ablation",
+        "hard_vq_utilization",
+        "hard_vq_epochs_to_full",
+        "hard_vq_utilization_soft_epoch1",
+        "stability_bound",
+        "stability_bound_exact",
+        "stability_bound_fast_rate",
+    ):
         assert name in rows
     # Thm. 1 (reconstructed): no certified rate pair diverges; the exact linear boundary matches training
     assert rows["stability_bound"]["pass"] and rows["stability_bound"]["measured"] == 0
@@ -405,7 +453,10 @@ def test_reproduce_quick(tmp_path, monkeypatch):
     assert stable.any() and (~stable).any() and cert.any()
     assert np.all(stable[cert])
     # Table 5 rows for both K, with epochs to 100% (capped at the run length when never reached)
-    assert "soft K=64" in rows["hard_vq_utilization"]["note"] and "hard K=16" in rows["hard_vq_utilization"]["note"]
+    assert (
+        "soft K=64" in rows["hard_vq_utilization"]["note"]
+        and "hard K=16" in rows["hard_vq_utilization"]["note"]
+    )
     assert 1 <= rows["hard_vq_epochs_to_full"]["measured"] <= summary["settings"]["vq_epochs"]
     # the identity to float32 rounding, at both hierarchy levels as well
     assert rows["loss_decomposition"]["theory"] == 0.0
@@ -414,15 +465,25 @@ def test_reproduce_quick(tmp_path, monkeypatch):
     assert rows["variance_nonnegative"]["measured"] >= 0.0
     # utilisation is a fraction of K = 16 codes; the soft row passes exactly when the whole codebook is used
     u_soft = rows["codebook_utilization_soft"]["measured"]
-    assert 0.0 < u_soft <= 1.0 and (u_soft * 16) % 1 == 0 and rows["codebook_utilization_soft"]["pass"] == (u_soft == 1.0)
+    assert (
+        0.0 < u_soft <= 1.0
+        and (u_soft * 16) % 1 == 0
+        and rows["codebook_utilization_soft"]["pass"] == (u_soft == 1.0)
+    )
     assert 0.0 <= rows["codebook_utilization_hard"]["measured"] <= 1.0
     assert "4x4 non-overlapping patches of the 8x8 digits" in rows["hard_vq_utilization"]["note"]
     # stable regime keeps prototypes further apart (paper: > 1)
     assert rows["stability_ablation"]["measured"] > 1.0
     # digits clustering far above chance (0.1)
     assert rows["digits_clustering_accuracy"]["measured"] > 0.5
-    for fig in ("decomposition.png", "utilization.png", "ablation.png", "phase_portrait.png", "pca.png",
-                "stability_grid.png"):
+    for fig in (
+        "decomposition.png",
+        "utilization.png",
+        "ablation.png",
+        "phase_portrait.png",
+        "pca.png",
+        "stability_grid.png",
+    ):
         assert (out / fig).stat().st_size > 10_000
     assert (out / "data.npz").exists()
     assert summary["settings"]["eps"] and summary["timings"]["total_s"] > 0
@@ -482,7 +543,9 @@ def test_two_timescale_radius_against_eigvals(seed):
     n, k = 7, 3
     H = _random_spd(rng, n)
     for et, ep in rng.uniform(0.01, 0.3, (10, 2)):
-        assert P.two_timescale_radius(H, k, et, ep) == pytest.approx(_radius_reference(H, k, et, ep), rel=1e-10)
+        assert P.two_timescale_radius(H, k, et, ep) == pytest.approx(
+            _radius_reference(H, k, et, ep), rel=1e-10
+        )
     # an indefinite Hessian: some mode grows at every rate
     Hi = H - 1.5 * np.eye(n)
     assert np.linalg.eigvalsh(Hi)[0] < 0
@@ -512,7 +575,9 @@ def test_stability_certificate_is_sound_and_eps_star_exact(seed):
     H = _random_spd(rng, n, 10.0)
     bd = P.stability_boundary(H, k)
     # rho(N) bounds the true spectral radius everywhere on a wide grid
-    et, ep = np.meshgrid(np.geomspace(1e-4, 3 * bd.eta_theta_max, 25), np.geomspace(1e-4, 3 * bd.eta_P_max, 25))
+    et, ep = np.meshgrid(
+        np.geomspace(1e-4, 3 * bd.eta_theta_max, 25), np.geomspace(1e-4, 3 * bd.eta_P_max, 25)
+    )
     cert = P.stability_certificate(H, k, et, ep)
     ref = np.vectorize(lambda a, b: _radius_reference(H, k, a, b))(et, ep)
     assert np.all(ref <= cert + 1e-10)
@@ -567,7 +632,9 @@ def test_digit_patches_tile_the_images():
         back = np.zeros_like(X).reshape(-1, 8, 8)
         for r in range(g * g):
             i, j = divmod(r, g)
-            back[:, i * patch:(i + 1) * patch, j * patch:(j + 1) * patch] = T[r::g * g].reshape(-1, patch, patch)
+            back[:, i * patch : (i + 1) * patch, j * patch : (j + 1) * patch] = T[
+                r :: g * g
+            ].reshape(-1, patch, patch)
         np.testing.assert_array_equal(back.reshape(X.shape), X)
         np.testing.assert_array_equal(img, np.arange(X.shape[0]).repeat(g * g))
     with pytest.raises(ValueError, match="patch 3"):
@@ -586,6 +653,8 @@ def test_lq_gradient_pushes_a_far_prototype_away():
     L = float(q @ d)
     g = np.asarray(jax.grad(lambda pp: P.loss_terms(z, pp, tau)[0])(p))
     # closed form: dL/dp_k = dL/dd_k * 2 (p_k - z)
-    np.testing.assert_allclose(g, (q * (1 - (d - L) / tau))[:, None] * 2 * np.asarray(p), rtol=1e-4, atol=1e-12)
+    np.testing.assert_allclose(
+        g, (q * (1 - (d - L) / tau))[:, None] * 2 * np.asarray(p), rtol=1e-4, atol=1e-12
+    )
     assert d[2] > L + tau and g[2] @ np.asarray(p[2]) < 0  # descent (-g) increases |p_2 - z|
     assert d[0] < L + tau and g[0] @ np.asarray(p[0]) > 0  # a near prototype is pulled in

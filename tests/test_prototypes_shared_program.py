@@ -25,14 +25,25 @@ def _setup():
 
 
 def _run(model, loss, x, record, *, eta_P=1e-1, key=2):
-    return mf.prototypes.train(model, loss, x, key=jax.random.key(key), eta_theta=1e-2, eta_P=eta_P,
-                               epochs=2, batch_size=4, record=record)
+    return mf.prototypes.train(
+        model,
+        loss,
+        x,
+        key=jax.random.key(key),
+        eta_theta=1e-2,
+        eta_P=eta_P,
+        epochs=2,
+        batch_size=4,
+        record=record,
+    )
 
 
 def test_equal_rates_share_one_traced_program_with_the_same_numbers():
     x, traces, loss, record = _setup()
     r1 = mf.prototypes.PrototypeReadout(4, 2, 3, 1.0, key=jax.random.key(0))
-    r2 = mf.prototypes.PrototypeReadout(4, 2, 3, 1.0, key=jax.random.key(5))  # other values, same structure
+    r2 = mf.prototypes.PrototypeReadout(
+        4, 2, 3, 1.0, key=jax.random.key(5)
+    )  # other values, same structure
     _run(r1, loss, x, record)
     after_first = len(traces)
     assert after_first > 0
@@ -53,8 +64,12 @@ def test_vmapped_rates_train_each_rate():
     rates = jnp.asarray([0.05, 0.1])
     batched = jax.vmap(lambda e: _run(r, loss, x, record, eta_P=e)[1]["L"])(rates)
     for i, e in enumerate([0.05, 0.1]):
-        np.testing.assert_allclose(np.asarray(batched[i]), np.asarray(_run(r, loss, x, record, eta_P=e)[1]["L"]),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(batched[i]),
+            np.asarray(_run(r, loss, x, record, eta_P=e)[1]["L"]),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_the_shared_optimizers_stay_bounded():

@@ -97,8 +97,9 @@ def _check_fractions(ours, ref, bounds, n=32):
     last bit), and any difference only through pairs within MARGIN of the threshold."""
     count = lambda f: np.rint(np.asarray(f) * n * (n - 1)).astype(np.int64)  # noqa: E731
     lo, hi = bounds
-    assert np.all(count(lo) <= count(ours)) and np.all(count(ours) <= count(hi)), \
+    assert np.all(count(lo) <= count(ours)) and np.all(count(ours) <= count(hi)), (
         "a count differs beyond pairs at the threshold"
+    )
     np.testing.assert_array_equal(count(ours), count(ref))
 
 
@@ -111,8 +112,17 @@ def test_sa_phase_diagram_renormalize_equals_published_loop(x64):
     S, n, d, t1, C = 6, 32, 2, 10.0, 200
     betas = [0.5, 3.0, 9.0]
     x0 = _x0(S, n, d, seed=3)
-    out = pd.sa_phase_diagram(None, betas, x0=x0, dt=0.1, t1=t1, checkpoints=C, per_seed=True,
-                              step="renormalize", schedule="published")
+    out = pd.sa_phase_diagram(
+        None,
+        betas,
+        x0=x0,
+        dt=0.1,
+        t1=t1,
+        checkpoints=C,
+        per_seed=True,
+        step="renormalize",
+        schedule="published",
+    )
     N, h, idx = pd.published_checkpoint_steps(t1, 0.1, C)
     for bi, b in enumerate(betas):
         ref, bounds, M, steps = published_loop(x0, b, use_softmax=True, maxtime=t1, checkpoints=C)
@@ -120,12 +130,26 @@ def test_sa_phase_diagram_renormalize_equals_published_loop(x64):
         _check_fractions(out.per_seed[bi], ref, bounds)
         # the published density: the batch mean of the pair indicator (equal system sizes)
         np.testing.assert_allclose(out.fraction[bi], ref.mean(axis=0), rtol=0, atol=1e-15)
-        _, xs = pd._sweep(jnp.asarray(x0), np.array([b]), [h], [N], [idx], THRESHOLD, True, False, None,
-                          states=True, backend="auto", project=False)
+        _, xs = pd._sweep(
+            jnp.asarray(x0),
+            np.array([b]),
+            [h],
+            [N],
+            [idx],
+            THRESHOLD,
+            True,
+            False,
+            None,
+            states=True,
+            backend="auto",
+            project=False,
+        )
         np.testing.assert_allclose(xs[0], M, rtol=0, atol=STATE_ATOL)
     assert out.fraction[-1, -1] > 0.2  # clusters form: the comparison is not trivial
     # the projected default from the same particles is another discretisation: other numbers
-    proj = pd.sa_phase_diagram(None, betas, x0=x0, dt=0.1, t1=t1, checkpoints=C, schedule="published")
+    proj = pd.sa_phase_diagram(
+        None, betas, x0=x0, dt=0.1, t1=t1, checkpoints=C, schedule="published"
+    )
     assert np.abs(proj - out.fraction).max() > 0.01
 
 
@@ -133,15 +157,35 @@ def test_usa_phase_diagram_renormalize_equals_published_loop(x64):
     S, n, d, t1, C = 6, 32, 2, 0.25, 50
     betas = [0.5, 2.0, 4.5]
     x0 = _x0(S, n, d, seed=4)
-    out = pd.usa_phase_diagram(None, betas, x0=x0, t1=t1, checkpoints=C, per_seed=True,
-                               step="renormalize", schedule="published")
+    out = pd.usa_phase_diagram(
+        None,
+        betas,
+        x0=x0,
+        t1=t1,
+        checkpoints=C,
+        per_seed=True,
+        step="renormalize",
+        schedule="published",
+    )
     for bi, b in enumerate(betas):
         ref, bounds, M, steps = published_loop(x0, b, use_softmax=False, maxtime=t1, checkpoints=C)
         assert steps == out.steps[bi]
         _check_fractions(out.per_seed[bi], ref, bounds)
         N, h, idx = pd.published_checkpoint_steps(t1, pd.usa_step_size(b), C)
-        _, xs = pd._sweep(jnp.asarray(x0), np.array([b]), [h], [N], [idx], THRESHOLD, False, False, None,
-                          states=True, backend="auto", project=False)
+        _, xs = pd._sweep(
+            jnp.asarray(x0),
+            np.array([b]),
+            [h],
+            [N],
+            [idx],
+            THRESHOLD,
+            False,
+            False,
+            None,
+            states=True,
+            backend="auto",
+            project=False,
+        )
         np.testing.assert_allclose(xs[0], M, rtol=0, atol=STATE_ATOL)
     assert out.fraction.max() > 0.05
 
@@ -154,7 +198,7 @@ def test_published_checkpoint_steps_matches_the_loop():
         tau, j, want = 0.0, 0, []
         while len(want) < C:
             tau, j = tau + dt, j + 1
-            want += [j] * int(np.sum(times[len(want):] <= tau))
+            want += [j] * int(np.sum(times[len(want) :] <= tau))
         assert h == dt and idx.tolist() == want and N == want[-1] and idx[0] == 1
     assert pd.published_checkpoint_steps(1.0, 0.3, 2)[0] == 4  # 4 x 0.3 >= 1
     with pytest.raises(ValueError, match="dt"):
@@ -167,7 +211,9 @@ def test_step_and_schedule_bad_values():
     with pytest.raises(ValueError, match="schedule"):
         pd.usa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, schedule="paper")
     with pytest.raises(ValueError, match="renormalize"):
-        pd.sa_phase_diagram(jax.random.key(0), [1.0], n=4, seeds=2, t1=0.2, step="renormalize", backend="native")
+        pd.sa_phase_diagram(
+            jax.random.key(0), [1.0], n=4, seeds=2, t1=0.2, step="renormalize", backend="native"
+        )
     with pytest.raises(ValueError, match="step"):
         pd.euler_step(jnp.eye(2), 1.0, 0.1, step="Renormalize")
 
@@ -182,8 +228,9 @@ def test_simulate_renormalize_equals_published_loop(kind, use_softmax, x64):
     n, d, beta, steps = 32, 2, 2.0, 30
     x0 = _x0(1, n, d, seed=5)
     eta = 0.1 if use_softmax else 0.1 / max(np.sqrt(beta) * np.exp(beta - 0.5), 1)
-    _, _, M, N = published_loop(x0, beta, use_softmax=use_softmax, maxtime=steps * eta * (1 - 1e-9),
-                                checkpoints=2)
+    _, _, M, N = published_loop(
+        x0, beta, use_softmax=use_softmax, maxtime=steps * eta * (1 - 1e-9), checkpoints=2
+    )
     assert N == steps
     model = mf.kernels.make(kind, beta=beta, d=d, dtype=jnp.float64)
     tr = mf.simulate(model, x0[0], t1=steps * eta, dt=eta, solver="euler", step="renormalize")
@@ -195,7 +242,9 @@ def test_simulate_renormalize_equals_published_loop(kind, use_softmax, x64):
         x = pd.euler_step(x, beta, eta, normalized=use_softmax, step="renormalize")
     np.testing.assert_allclose(x, M[0], rtol=0, atol=STATE_ATOL)
     proj = mf.simulate(model, x0[0], t1=steps * eta, dt=eta, solver="euler")
-    assert np.abs(np.asarray(proj.xs[-1]) - M[0]).max() > 1e-4  # the projected rule is another scheme
+    assert (
+        np.abs(np.asarray(proj.xs[-1]) - M[0]).max() > 1e-4
+    )  # the projected rule is another scheme
 
 
 def test_simulate_step_bad_values():
@@ -233,7 +282,9 @@ def test_sweep_step_key_equals_simulate(tmp_path, x64):
     spec = sweep.parse_spec(SPEC)
     assert spec.step == "renormalize" and spec.data["time"]["step"] == "renormalize"
     projected = sweep.parse_spec(SPEC.replace('step = "renormalize"\n', ""))
-    assert projected.step == "projected" and "step" not in projected.data["time"]  # default: hash unchanged
+    assert (
+        projected.step == "projected" and "step" not in projected.data["time"]
+    )  # default: hash unchanged
     assert spec.hash != projected.hash
     assert "step: renormalize" in sweep.make_plan(spec, "2GB", devices=1).describe()
     sweep.run_sweep(spec, tmp_path / "r.zarr", quiet=True)
@@ -269,11 +320,18 @@ def test_projected_and_renormalized_differ_by_h_squared(normalized, x64):
     x = mf.sphere.uniform(jax.random.key(11), 16, 3, jnp.float64)
     beta = 1.5
     hs = np.logspace(-1.5, -3.5, 6)
-    diff = np.array([
-        np.asarray(jnp.linalg.norm(pd.euler_step(x, beta, h, normalized=normalized)
-                                   - pd.euler_step(x, beta, h, normalized=normalized, step="renormalize"), axis=1))
-        for h in hs
-    ])  # (h, n)
+    diff = np.array(
+        [
+            np.asarray(
+                jnp.linalg.norm(
+                    pd.euler_step(x, beta, h, normalized=normalized)
+                    - pd.euler_step(x, beta, h, normalized=normalized, step="renormalize"),
+                    axis=1,
+                )
+            )
+            for h in hs
+        ]
+    )  # (h, n)
     W = jnp.exp(beta * (x @ x.T))
     F = W @ x / (jnp.sum(W, axis=1, keepdims=True) if normalized else x.shape[0])
     a = jnp.sum(F * x, axis=1)
@@ -281,4 +339,6 @@ def test_projected_and_renormalized_differ_by_h_squared(normalized, x64):
     slope = np.polyfit(np.log(hs), np.log(diff.max(axis=1)), 1)[0]
     assert 1.95 < slope < 2.05
     # relative correction of the leading term: h |<F, x>| (h' = h / (1 + h <F, x>)), x3 for margin
-    np.testing.assert_allclose(diff[-1] / hs[-1] ** 2, coef, rtol=3 * hs[-1] * float(np.abs(a).max()))
+    np.testing.assert_allclose(
+        diff[-1] / hs[-1] ** 2, coef, rtol=3 * hs[-1] * float(np.abs(a).max())
+    )

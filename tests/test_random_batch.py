@@ -10,17 +10,24 @@ from meanfield import random_batch as rb
 
 
 @pytest.mark.parametrize(
-    "mode,p,which", [("batch", 4, "usa"), ("batch", 4, "prompt"), ("batch", 6, "toeplitz"), ("sample", 3, "usa")]
+    "mode,p,which",
+    [("batch", 4, "usa"), ("batch", 4, "prompt"), ("batch", 6, "toeplitz"), ("sample", 3, "usa")],
 )
 def test_random_batch_field_is_unbiased(mode, p, which):
     n, d, draws = 12, 3, 3000
-    kernel = {"usa": mf.kernels.USA(1.5), "prompt": mf.kernels.make("prompt", beta=1.0),
-              "toeplitz": mf.kernels.Toeplitz(1)}[which]
+    kernel = {
+        "usa": mf.kernels.USA(1.5),
+        "prompt": mf.kernels.make("prompt", beta=1.0),
+        "toeplitz": mf.kernels.Toeplitz(1),
+    }[which]
     x = mf.sphere.uniform(jax.random.key(0), n, d)
     aux = kernel.default_aux(n)
     F = np.asarray(mf.field(kernel, x, aux), np.float64)
     keys = jax.random.split(jax.random.key(1), draws)
-    Fh = np.asarray(jax.vmap(lambda k: rb.random_batch_field(kernel, x, aux, key=k, p=p, mode=mode))(keys), np.float64)
+    Fh = np.asarray(
+        jax.vmap(lambda k: rb.random_batch_field(kernel, x, aux, key=k, p=p, mode=mode))(keys),
+        np.float64,
+    )
     se = Fh.std(0, ddof=1) / np.sqrt(draws)
     z = (Fh.mean(0) - F) / np.maximum(se, 1e-12)
     # 36 entries: all within 4.5 standard errors (the chance of a false alarm is < 1e-3)
@@ -40,7 +47,9 @@ def test_field_error_decays_like_p_to_the_minus_half():
     n = 512
     x = mf.sphere.normalize(mf.sphere.uniform(jax.random.key(0), n, 3) + jnp.array([0.0, 0.0, 1.0]))
     ps = [2, 8, 32, 128]
-    err = rb.field_errors(mf.kernels.USA(1.0), x, key=jax.random.key(1), ps=ps, num_draws=8, mode="sample")
+    err = rb.field_errors(
+        mf.kernels.USA(1.0), x, key=jax.random.key(1), ps=ps, num_draws=8, mode="sample"
+    )
     slope, se = rb.fit_rate(ps, err.mean(1))
     assert abs(slope + 0.5) < 0.1
     assert np.all(np.diff(err.mean(1)) < 0)
@@ -78,8 +87,16 @@ def test_meanfield_distance_at_time_zero_matches_the_closed_form():
     # uniform initial law on S^2, Gaussian kernel of bandwidth b:
     # E MMD^2(mu_n, mu_2n) = (3 / 2n) (1 - E k(x, x')),  E k(x, x') = (b^2 / 2)(1 - e^{-2/b^2})
     b, n, reps = 0.5, 24, 64
-    D = rb.meanfield_distances(mf.kernels.USA(1.0), lambda k, m: mf.sphere.uniform(k, m, 3), [n],
-                               key=jax.random.key(0), ts=[0.0, 0.1], repeats=reps, dt=0.1, bandwidth=b)
+    D = rb.meanfield_distances(
+        mf.kernels.USA(1.0),
+        lambda k, m: mf.sphere.uniform(k, m, 3),
+        [n],
+        key=jax.random.key(0),
+        ts=[0.0, 0.1],
+        repeats=reps,
+        dt=0.1,
+        bandwidth=b,
+    )
     assert D.shape == (1, 2, reps)
     m2 = D[0, 0] ** 2
     theory = 1.5 / n * (1 - 0.5 * b**2 * (1 - np.exp(-2 / b**2)))

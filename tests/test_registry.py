@@ -20,7 +20,17 @@ K = mf.kernels
 
 def test_registry_covers_every_model_name():
     builtin = {n for n, e in K.MODELS.items() if e.builtin}
-    assert builtin == {"usa", "distance-bias", "toeplitz", "rope", "phase-field", "gauge", "prompt", "sa", "attention"}
+    assert builtin == {
+        "usa",
+        "distance-bias",
+        "toeplitz",
+        "rope",
+        "phase-field",
+        "gauge",
+        "prompt",
+        "sa",
+        "attention",
+    }
     assert K.MODEL_NAMES == tuple(n for n in K.MODELS if n != "attention")
     for name, entry in K.MODELS.items():
         assert entry.doc and all(p.doc for p in entry.params), name
@@ -70,7 +80,9 @@ def test_prompt_gauges_same_in_float32_and_float64():
         G64 = np.asarray(K.make("prompt", gauge_seed=5, dtype=jnp.float64).gauges)
     assert G64.dtype == np.float64
     np.testing.assert_allclose(G64, G32, atol=1e-6)
-    np.testing.assert_allclose(np.swapaxes(G64, -1, -2) @ G64, np.broadcast_to(np.eye(3), G64.shape), atol=1e-13)
+    np.testing.assert_allclose(
+        np.swapaxes(G64, -1, -2) @ G64, np.broadcast_to(np.eye(3), G64.shape), atol=1e-13
+    )
 
 
 def _simulate_cli(tmp_path, name, params, *, n, seed, t1, dt, saves):
@@ -78,8 +90,26 @@ def _simulate_cli(tmp_path, name, params, *, n, seed, t1, dt, saves):
     for k, v in params.items():
         flags += [f"--{k.replace('_', '-')}", str(v)]
     out = tmp_path / f"cli-{name}"
-    argv = ["simulate", "--kernel", name, "--n", str(n), "--d", "3", *flags, "--t1", str(t1), "--dt", str(dt),
-            "--saves", str(saves), "--seed", str(seed), "--out", str(out)]
+    argv = [
+        "simulate",
+        "--kernel",
+        name,
+        "--n",
+        str(n),
+        "--d",
+        "3",
+        *flags,
+        "--t1",
+        str(t1),
+        "--dt",
+        str(dt),
+        "--saves",
+        str(saves),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     return np.load(out / "observables.npz")
 
@@ -111,16 +141,23 @@ def test_cli_sweep_and_python_give_the_same_numbers(name, tmp_path):
     model_keys = "\n".join(f"{k} = {json.dumps(v)}" for k, v in params.items() if k != "beta")
     beta = f"beta = [{params['beta']}]" if "beta" in params else ""
     observables = '["collapse_gap", "energy"]' if K.MODELS[name].has_energy else '["collapse_gap"]'
-    spec = (f'name = "one"\n[model]\nkind = "{name}"\n{model_keys}\n[grid]\nn = [{n}]\nd = 3\n{beta}\n'
-            f"seeds = 1\nseed = {seed}\n[time]\nt1 = {t1}\ndt = {dt}\nsave = {saves}\n"
-            f"[output]\nobservables = {observables}\n")
+    spec = (
+        f'name = "one"\n[model]\nkind = "{name}"\n{model_keys}\n[grid]\nn = [{n}]\nd = 3\n{beta}\n'
+        f"seeds = 1\nseed = {seed}\n[time]\nt1 = {t1}\ndt = {dt}\nsave = {saves}\n"
+        f"[output]\nobservables = {observables}\n"
+    )
     store = tmp_path / f"{name}.zarr"
     sweep.run_sweep(spec, store, quiet=True)
     ds = sweep.load(store)
 
     model = K.make(name, d=3, **params)
-    traj = mf.simulate(model, mf.sphere.uniform(jax.random.key(seed), n, 3), t1=t1, dt=dt,
-                       ts=np.linspace(0, t1, saves))
+    traj = mf.simulate(
+        model,
+        mf.sphere.uniform(jax.random.key(seed), n, 3),
+        t1=t1,
+        dt=dt,
+        ts=np.linspace(0, t1, saves),
+    )
 
     tol = dict(rtol=2e-5, atol=2e-6)  # float32 rounding (vmapped vs single system)
     G_sweep = np.asarray(ds["collapse_gap"].values).reshape(-1, saves)[0]
@@ -130,7 +167,9 @@ def test_cli_sweep_and_python_give_the_same_numbers(name, tmp_path):
         E_sweep = np.asarray(ds["energy"].values).reshape(-1, saves)[0]
         np.testing.assert_allclose(got["energy"], np.asarray(traj.energy), **tol)
         np.testing.assert_allclose(E_sweep, np.asarray(traj.energy), **tol)
-    assert np.ptp(np.asarray(traj.collapse_gap)) > 0  # the flow moved: the comparison is not vacuous
+    assert (
+        np.ptp(np.asarray(traj.collapse_gap)) > 0
+    )  # the flow moved: the comparison is not vacuous
 
 
 @pytest.mark.parametrize(
@@ -174,7 +213,9 @@ def test_new_gauge_kernel_is_one_method_and_gets_the_gauge_frame_path():
 
     k = Reflect(1.3)
     x = mf.sphere.uniform(jax.random.key(1), 10, 3)
-    np.testing.assert_allclose(mf.field(k, x), mf.field(k, x, method="pairwise"), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        mf.field(k, x), mf.field(k, x, method="pairwise"), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(mf.energy(k, x), mf.energy(k, x, method="pairwise"), rtol=1e-5)
     # the maximiser of a gauge kernel: x_i = Psi_i^T u, E = e^beta / (2 beta)
     s = mf.positions(10)
@@ -226,8 +267,9 @@ def test_wavy_gauge_sweep_traces_once():
 
     values = [energy(a) for a in (0.1, 0.4, 0.6)]
     assert len(traces) == 1
-    np.testing.assert_allclose(values[2], mf.energy(K.Gauge(1.0, K.wavy_gauge(0.6, 3)), x, method="pairwise"),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        values[2], mf.energy(K.Gauge(1.0, K.wavy_gauge(0.6, 3)), x, method="pairwise"), rtol=1e-5
+    )
     batched = jax.vmap(energy)(jnp.array([0.1, 0.4, 0.6]))
     np.testing.assert_allclose(batched, jnp.stack(values), rtol=1e-5)
 
@@ -282,7 +324,9 @@ def test_traced_prompt_labels_out_of_range_raise_under_jit_and_vmap():
         jax.block_until_ready(jax.vmap(lambda a: mf.velocity(k, _x, a))(jnp.stack([good, bad])))
     with pytest.raises(Exception, match="Prompt labels must lie in"):
         jax.block_until_ready(jax.jit(lambda a: mf.simulate(k, _x, a, t1=0.1, dt=0.05).energy)(bad))
-    np.testing.assert_allclose(jax.jit(lambda a: mf.energy(k, _x, a))(good), mf.energy(k, _x, good), rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(lambda a: mf.energy(k, _x, a))(good), mf.energy(k, _x, good), rtol=1e-6
+    )
 
 
 # ---------------------------------------------------------------- native kernel: traced, scoped
@@ -313,11 +357,15 @@ def test_backend_option_is_scoped_and_agrees():
     x = mf.sphere.uniform(jax.random.key(2), 40, 3)
     k = K.RoPE(2.0, 3.0)
     for fn in (mf.energy, mf.field, mf.velocity):
-        np.testing.assert_allclose(fn(k, x, backend="native"), fn(k, x, backend="xla"), rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            fn(k, x, backend="native"), fn(k, x, backend="xla"), rtol=2e-5, atol=1e-6
+        )
     a = mf.simulate(k, x, t1=0.2, dt=0.05, backend="xla").energy
     b = mf.simulate(k, x, t1=0.2, dt=0.05, backend="native").energy
     np.testing.assert_allclose(a, b, rtol=2e-5)
-    with pytest.raises(ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"):
+    with pytest.raises(
+        ValueError, match="backend must be one of 'auto', 'native', 'xla', got 'gpu'"
+    ):
         mf.energy(k, x, backend="gpu")
     mf.energy(k, x, backend="xla")
     assert K._exp._BACKEND.value == "auto"  # no process-wide change

@@ -10,10 +10,18 @@ def _summary(name, ok=True):
     checks = [
         _common.check("exact", 1.0 + 1e-9, 1.0, 1e-6, "an identity"),
         _common.check("qualitative", 0.4, None, 0.0, "predicted > 0", passed=lambda v: v > 0),
-        _common.check("bad", 2.0, 1.0, 0.1, "fails" if not ok else "", passed=None if not ok else True),
+        _common.check(
+            "bad", 2.0, 1.0, 0.1, "fails" if not ok else "", passed=None if not ok else True
+        ),
     ]
-    return {"experiment": name, "quick": True, "settings": {"n": [1, 2]}, "checks": checks,
-            "timings": {"total_s": 1.5}, "figures": ["f.png"]}
+    return {
+        "experiment": name,
+        "quick": True,
+        "settings": {"n": [1, 2]},
+        "checks": checks,
+        "timings": {"total_s": 1.5},
+        "figures": ["f.png"],
+    }
 
 
 def test_check_rows():
@@ -26,7 +34,9 @@ def test_check_rows():
 def test_report_lists_failures_plainly(tmp_path):
     (tmp_path / "a").mkdir()
     Image.new("RGB", (20, 10), "white").save(tmp_path / "a" / "f.png")
-    path = report.write_report(tmp_path, {"a": _summary("a", ok=False), "b": _summary("b")}, quick=True)
+    path = report.write_report(
+        tmp_path, {"a": _summary("a", ok=False), "b": _summary("b")}, quick=True
+    )
     text = path.read_text()
     assert "**1 of 6 checks FAIL:** a/bad" in text
     assert "| `exact` | 1 | 1 | 1e-06 | yes |" in text

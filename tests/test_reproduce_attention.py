@@ -34,7 +34,9 @@ def test_query_outputs_equal_the_dense_displacement():
 
 def test_ks_helpers_match_scipy():
     x = np.random.default_rng(0).exponential(size=500)
-    assert rep._ks_one_sample(x, stats.expon.cdf) == pytest.approx(stats.kstest(x, "expon").statistic, abs=1e-12)
+    assert rep._ks_one_sample(x, stats.expon.cdf) == pytest.approx(
+        stats.kstest(x, "expon").statistic, abs=1e-12
+    )
     assert rep._ks_critical(0.05) == pytest.approx(1.358, abs=1e-3)
     assert rep._ks_critical(0.01) == pytest.approx(1.628, abs=1e-3)
 
@@ -69,7 +71,9 @@ def test_settings_full_is_larger():
     q, f = rep._settings(True), rep._settings(False)
     assert f["super_contexts"] > q["super_contexts"]
     assert f["crit_out_n"] > q["crit_out_n"] and f["crit_out_contexts"] > q["crit_out_contexts"]
-    assert max(f["regime_ns"]) > max(q["regime_ns"]) and len(f["regime_taus"]) > len(q["regime_taus"])
+    assert max(f["regime_ns"]) > max(q["regime_ns"]) and len(f["regime_taus"]) > len(
+        q["regime_taus"]
+    )
     # the tau = 1 column (the drift/fluctuation transition) is on both grids
     for s in (q, f):
         assert np.min(np.abs(np.log(s["regime_taus"]))) < 1e-9

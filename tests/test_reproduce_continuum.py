@@ -14,7 +14,17 @@ from meanfield.reproduce import continuum as repro
 @pytest.mark.slow
 def test_reproduce_continuum_quick(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "meanfield", "reproduce", "continuum", "--quick", "--quiet", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "meanfield",
+            "reproduce",
+            "continuum",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -25,7 +35,11 @@ def test_reproduce_continuum_quick(tmp_path):
     assert summary["experiment"] == "continuum" and summary["quick"] is True
     checks = {c["name"]: c for c in summary["checks"]}
     assert set(checks) == {
-        "dispersion_relation", "particle_dispersion", "cluster_count", "particle_to_density", "mass_and_positivity",
+        "dispersion_relation",
+        "particle_dispersion",
+        "cluster_count",
+        "particle_to_density",
+        "mass_and_positivity",
     }
     for c in checks.values():
         assert set(c) == {"name", "theory", "measured", "tolerance", "pass", "note"}
@@ -38,7 +52,9 @@ def test_reproduce_continuum_quick(tmp_path):
     assert checks["mass_and_positivity"]["measured"] < 1e-5
     plateaus = summary["settings"]["cluster_plateaus"]
     assert len(plateaus) >= 4 and all(4 <= float(b) <= 40 for b in plateaus)
-    assert summary["settings"]["particle_n"]["2"] >= 2000 and summary["settings"]["cluster_n"] >= 1000
+    assert (
+        summary["settings"]["particle_n"]["2"] >= 2000 and summary["settings"]["cluster_n"] >= 1000
+    )
     for fig in ("growth_rates.png", "circle_density.png", "cluster_count.png"):
         assert (out / fig).stat().st_size > 10_000
     data = np.load(out / "continuum_data.npz")
@@ -59,7 +75,9 @@ def test_first_plateau_and_cluster_count():
     counts = np.array([1, 1, 5, 14, 9, 6, 6, 6, 6, 5, 5, 5, 5])
     assert repro._first_plateau(counts, 4) == (5, 6)
     assert repro._first_plateau(np.array([1, 3, 4, 5]), 4) == (3, 5)  # no plateau: the last value
-    th = np.concatenate([np.full(100, 0.0), np.full(100, 2.0), np.full(5, 4.0), [5.0]])  # a straggler at 5
+    th = np.concatenate(
+        [np.full(100, 0.0), np.full(100, 2.0), np.full(5, 4.0), [5.0]]
+    )  # a straggler at 5
     x = np.stack([np.cos(th), np.sin(th)], 1)
     assert repro._count_clusters_circle(x, 0.1, 0.01) == 3  # groups of >= max(3, 2.06) particles
     assert repro._count_clusters_circle(x, 0.1, 0.05) == 2  # groups of >= 10.3 particles

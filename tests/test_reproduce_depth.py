@@ -16,13 +16,28 @@ import pytest
 pytestmark = pytest.mark.slow
 
 NAMED = (
-    "post_vs_pre_similarity", "prefix_ablation", "prefix_ablation_monotone", "attention_increment_positive",
+    "post_vs_pre_similarity",
+    "prefix_ablation",
+    "prefix_ablation_monotone",
+    "attention_increment_positive",
     "pre_first_layer_matches_post",
-    "one_step_attention", "one_step_attention_pre", "one_step_ffn", "one_step_ffn_pre",
-    "ffn_damping", "ffn_damping_pre", "amount_of_attention", "amount_of_attention_post",
-    "training_collapse_threshold", "rms_factor_contraction",
-    "collapse_found", "frequency_loss", "loss_jump", "matched_pre_beats_frequency_loss",
-    "contraction_after_collapse", "backward_signal_after_collapse", "early_layer_gradient_after_collapse",
+    "one_step_attention",
+    "one_step_attention_pre",
+    "one_step_ffn",
+    "one_step_ffn_pre",
+    "ffn_damping",
+    "ffn_damping_pre",
+    "amount_of_attention",
+    "amount_of_attention_post",
+    "training_collapse_threshold",
+    "rms_factor_contraction",
+    "collapse_found",
+    "frequency_loss",
+    "loss_jump",
+    "matched_pre_beats_frequency_loss",
+    "contraction_after_collapse",
+    "backward_signal_after_collapse",
+    "early_layer_gradient_after_collapse",
     "early_vs_last_layer_gradient",
 )
 
@@ -47,8 +62,14 @@ def test_summary_schema_and_figures(quick):
         assert len(c["note"]) > 40, c
     for name in ("one_step_attention", "one_step_ffn", "amount_of_attention", "ffn_damping"):
         assert "reconstruction" in checks[name]["note"], name
-    for fig in ("forward_amplification.png", "one_step_vs_sigma.png", "amount_of_attention.png",
-                "prefix_ablation.png", "training_curves.png", "layer_heatmaps.png"):
+    for fig in (
+        "forward_amplification.png",
+        "one_step_vs_sigma.png",
+        "amount_of_attention.png",
+        "prefix_ablation.png",
+        "training_curves.png",
+        "layer_heatmaps.png",
+    ):
         assert fig in summary["figures"]
         assert (d / fig).stat().st_size > 10_000
     assert summary["timings"]["total"] > 0
@@ -59,7 +80,9 @@ def test_summary_schema_and_figures(quick):
 
 def test_every_check_passes(quick):
     _, _, _, checks = quick
-    failed = {k: (c["measured"], c["theory"], c["note"][:200]) for k, c in checks.items() if not c["pass"]}
+    failed = {
+        k: (c["measured"], c["theory"], c["note"][:200]) for k, c in checks.items() if not c["pass"]
+    }
     assert not failed, failed
 
 

@@ -39,8 +39,13 @@ def test_unknown_option_is_one_error_naming_it(experiment, tmp_path):
     assert str(err.value) == f"unknown option 'bogus' for reproduce {name}; accepted: {accepted}"
     with pytest.raises(ValueError) as err:
         module.run(tmp_path, quick=True, quiet=True, bogus=1, other=2)
-    assert str(err.value) == f"unknown options 'bogus', 'other' for reproduce {name}; accepted: {accepted}"
-    with pytest.raises(ValueError) as err:  # full is a size, in every experiment (``meanfield reproduce --full``)
+    assert (
+        str(err.value)
+        == f"unknown options 'bogus', 'other' for reproduce {name}; accepted: {accepted}"
+    )
+    with pytest.raises(
+        ValueError
+    ) as err:  # full is a size, in every experiment (``meanfield reproduce --full``)
         module.run(tmp_path, full=True, quiet=True, bogus=1)
     assert str(err.value) == f"unknown option 'bogus' for reproduce {name}; accepted: {accepted}"
     assert not any(tmp_path.iterdir())  # refused before anything was written
@@ -65,10 +70,18 @@ def test_valid_options_replace_the_declared_values(experiment):
     E = module.EXPERIMENT
     for k, opt in E.options.items():
         quick = E.settings("quick")
-        new = {"bool": lambda v: not v, "int": lambda v: v + 1, "float": lambda v: v * 2 + 1,
-               "str": lambda v: v + "!", "list": lambda v: list(v)[:1], "dict": lambda v: {}}[opt.kind](quick[k])
+        new = {
+            "bool": lambda v: not v,
+            "int": lambda v: v + 1,
+            "float": lambda v: v * 2 + 1,
+            "str": lambda v: v + "!",
+            "list": lambda v: list(v)[:1],
+            "dict": lambda v: {},
+        }[opt.kind](quick[k])
         s = E.settings("quick", **{k: new})
-        assert s[k] == new and {j: v for j, v in s.items() if j != k} == {j: v for j, v in quick.items() if j != k}
+        assert s[k] == new and {j: v for j, v in s.items() if j != k} == {
+            j: v for j, v in quick.items() if j != k
+        }
         assert list(s) == list(quick)
 
 
@@ -78,14 +91,21 @@ def test_settings_are_fresh_copies():
     s = usa_av.EXPERIMENT.settings("quick")
     s["toeplitz_fourier"]["kernels"]["m0"].append(9.0)
     s["stop_times"] = {}
-    assert usa_av.EXPERIMENT.settings("quick")["toeplitz_fourier"]["kernels"]["m0"] == [0.5, 0.2, 0.1, 0.05]
+    assert usa_av.EXPERIMENT.settings("quick")["toeplitz_fourier"]["kernels"]["m0"] == [
+        0.5,
+        0.2,
+        0.1,
+        0.05,
+    ]
     assert "stop_times" not in usa_av.settings_for(True)
 
 
 def test_modes():
     E = Experiment("toy", {"n": Option(512, quick=64, full=4096), "seed": Option(0)}, steps=("a",))
     assert [E.settings(m)["n"] for m in MODES] == [64, 512, 4096]
-    assert [E.mode(quick=q, full=f) for q, f in ((True, False), (False, False), (False, True))] == list(MODES)
+    assert [
+        E.mode(quick=q, full=f) for q, f in ((True, False), (False, False), (False, True))
+    ] == list(MODES)
     assert Option(8, quick=2).value("full") == 8  # no full size: the default's
     with pytest.raises(ValueError, match="mode must be one of quick, default, full, got 'huge'"):
         E.settings("huge")
@@ -94,9 +114,13 @@ def test_modes():
     assert E.settings("default", n=3)["n"] == 3
     with pytest.raises(TypeError, match="option 'n' of reproduce toy must be int, got 3.5"):
         E.settings("default", n=3.5)
-    F = Experiment("toy", {"t1": Option(1.0), "ns": Option([1, 2]), "on": Option(True)}, steps=("a",))
+    F = Experiment(
+        "toy", {"t1": Option(1.0), "ns": Option([1, 2]), "on": Option(True)}, steps=("a",)
+    )
     assert F.settings("default", t1=2)["t1"] == 2  # an int is a float
-    assert F.settings("default", t1=np.float32(0.5), ns=np.arange(3), on=np.bool_(False))["ns"].tolist() == [0, 1, 2]
+    assert F.settings("default", t1=np.float32(0.5), ns=np.arange(3), on=np.bool_(False))[
+        "ns"
+    ].tolist() == [0, 1, 2]
     for bad in ({"ns": 3}, {"on": 1}, {"t1": "1"}, {"t1": None}):
         with pytest.raises(TypeError):
             F.settings("default", **bad)

@@ -13,7 +13,17 @@ import meanfield as mf
 @pytest.mark.slow
 def test_reproduce_usa_av_quick(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "meanfield", "reproduce", "usa-av", "--quick", "--quiet", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "meanfield",
+            "reproduce",
+            "usa-av",
+            "--quick",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
@@ -24,10 +34,24 @@ def test_reproduce_usa_av_quick(tmp_path):
     assert summary["experiment"] == "usa-av" and summary["quick"] is True
     checks = {c["name"]: c for c in summary["checks"]}
     required = {
-        "usa_collapse", "distance_bias_dirac", "rope_noncollapse", "prompt_noncollapse",
-        "rope_max_energy", "toeplitz_great_circle", "gauge_equivalence", "prompt_clusters",
-        "dobrushin_stability", "nonatomic_prompt", "toeplitz_fourier", "nonatomic_prompt_flow", "nonatomic_prompt_energy",
-        *(f"toeplitz_fourier_{m}_{q}" for m in ("m0", "m1", "m2", "m3", "sign") for q in ("energy", "winding")),
+        "usa_collapse",
+        "distance_bias_dirac",
+        "rope_noncollapse",
+        "prompt_noncollapse",
+        "rope_max_energy",
+        "toeplitz_great_circle",
+        "gauge_equivalence",
+        "prompt_clusters",
+        "dobrushin_stability",
+        "nonatomic_prompt",
+        "toeplitz_fourier",
+        "nonatomic_prompt_flow",
+        "nonatomic_prompt_energy",
+        *(
+            f"toeplitz_fourier_{m}_{q}"
+            for m in ("m0", "m1", "m2", "m3", "sign")
+            for q in ("energy", "winding")
+        ),
     }
     assert required <= set(checks)
     for c in checks.values():
@@ -45,17 +69,31 @@ def test_reproduce_usa_av_quick(tmp_path):
     assert checks["prompt_clusters"]["measured"] == 3
     assert checks["toeplitz_gap"]["measured"] == pytest.approx(1 + 1 / 255, abs=1e-4)
     assert checks["toeplitz_rank"]["measured"] == 2
-    assert abs(checks["rope_latitude_gap"]["measured"] - checks["rope_latitude_gap"]["theory"]) < 1e-3
+    assert (
+        abs(checks["rope_latitude_gap"]["measured"] - checks["rope_latitude_gap"]["theory"]) < 1e-3
+    )
     assert all(c["pass"] for c in checks.values()), [c for c in checks.values() if not c["pass"]]
     # Prop. 10: winding number = dominant mode, energy = max_k c_hat(k) / 2
-    for m, (wind, e) in {"m0": (0, 0.25), "m1": (1, 0.25), "m2": (2, 0.25), "m3": (3, 0.225), "sign": (2, 0.175)}.items():
+    for m, (wind, e) in {
+        "m0": (0, 0.25),
+        "m1": (1, 0.25),
+        "m2": (2, 0.25),
+        "m3": (3, 0.225),
+        "sign": (2, 0.175),
+    }.items():
         assert checks[f"toeplitz_fourier_{m}_winding"]["measured"] == wind
         assert checks[f"toeplitz_fourier_{m}_energy"]["measured"] == pytest.approx(e, rel=1e-4)
     assert 0 < checks["dobrushin_stability"]["measured"] <= 1
     assert checks["nonatomic_prompt_flow"]["measured"] < 1e-4
     assert checks["nonatomic_prompt"]["theory"] == pytest.approx(0.783, abs=1e-3)
-    for fig in ("fig2_collapse_gap.png", "fig3_configurations.png", "energy.png", "toeplitz_fourier.png",
-                "dobrushin.png", "nonatomic_prompt.png"):
+    for fig in (
+        "fig2_collapse_gap.png",
+        "fig3_configurations.png",
+        "energy.png",
+        "toeplitz_fourier.png",
+        "dobrushin.png",
+        "nonatomic_prompt.png",
+    ):
         assert (out / fig).stat().st_size > 10_000
     data = np.load(out / "fig2_data.npz")
     assert data["usa_n128_gap"].shape == (8, 41)

@@ -42,16 +42,31 @@ def test_steps_and_saves_follow_the_step_grid():
 def test_memory_terms_are_the_engine_allocations():
     base = cost(clusters=False, save_states=False, step_grid=False)
     # the host step grid: GRID_BYTES_PER_STEP a step
-    assert cost(clusters=False, save_states=False).bytes - base.bytes == R.GRID_BYTES_PER_STEP * base.steps
+    assert (
+        cost(clusters=False, save_states=False).bytes - base.bytes
+        == R.GRID_BYTES_PER_STEP * base.steps
+    )
     # saved states: saves x n x d x itemsize
     assert cost(clusters=False, step_grid=False).bytes - base.bytes == 101 * 256 * 3 * 4
+
     # dense pairwise working set up to DENSE_MAX, then tiles of block x 2 block
     def pairs(n, model=None, block_size=None):
         model = mf.kernels.USA(1.0) if model is None else model
-        c0 = R.run_cost(n=n, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, clusters=False, step_grid=False,
-                        footprint=model.footprint(n, 3, block_size=block_size))
+        c0 = R.run_cost(
+            n=n,
+            d=3,
+            t1=1.0,
+            dt=0.5,
+            saves=2,
+            itemsize=4,
+            clusters=False,
+            step_grid=False,
+            footprint=model.footprint(n, 3, block_size=block_size),
+        )
         rk2 = (2 * 2 + 6) * n * 3 + 2 * (n * 3 + 3 + 1)
-        assert c0.point_bytes == (c0.bytes - MiB)  # one point, no host grid: all of it is the point's
+        assert c0.point_bytes == (
+            c0.bytes - MiB
+        )  # one point, no host grid: all of it is the point's
         return (c0.bytes - MiB - R.POINT_OVERHEAD_BYTES) // 4 - rk2
 
     usa = mf.kernels.USA(1.0)
@@ -60,20 +75,33 @@ def test_memory_terms_are_the_engine_allocations():
     assert pairs(DENSE_MAX + 1) == tiles * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
     assert pairs(4096, block_size=4096) == dense * 4096**2  # block >= n: dense
     assert pairs(4096, block_size=100) == tiles * 100 * 200
-    assert pairs(4096, mf.kernels.DistanceBias(1.0, 1.0)) == (tiles + 1) * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
+    assert (
+        pairs(4096, mf.kernels.DistanceBias(1.0, 1.0))
+        == (tiles + 1) * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK
+    )
     assert pairs(1024, mf.models.SelfAttention(1.0)) == 2.5 * 1024**2  # self-attention: dense
     assert pairs(2048, mf.models.SelfAttention(1.0)) == 1.5 * 2048**2
     assert pairs(8192, mf.models.SelfAttention(1.0)) == 3 * 8192  # XLA fuses it: no n x n array
     assert pairs(4096, mf.kernels.Toeplitz(1.0)) == 4 * 4096  # rank 2: O(n)
     # the gauge kernels hold (d, d) matrices and gauge-frame states per particle
-    assert pairs(4096, mf.kernels.RoPE(1.0, 1.0)) == tiles * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK + 2 * 4096 * (9 + 3)
+    assert pairs(
+        4096, mf.kernels.RoPE(1.0, 1.0)
+    ) == tiles * DEFAULT_BLOCK * 2 * DEFAULT_BLOCK + 2 * 4096 * (9 + 3)
     # the same tiles as the evaluation itself (one dense-or-tiled rule)
     for n, b in ((256, None), (4096, None), (4096, 100), (4096, 4096)):
         rows, cols = mf.kernels.tile_shape(n, b)
         assert pairs(n, block_size=b) == (dense if rows == n else tiles) * rows * cols
     # the clusters observable: its own tile, never n x n
-    c = R.run_cost(n=300_000, d=3, t1=1.0, dt=0.5, saves=2, itemsize=4, step_grid=False,
-                   footprint=mf.kernels.USA(1.0).footprint(300_000, 3))
+    c = R.run_cost(
+        n=300_000,
+        d=3,
+        t1=1.0,
+        dt=0.5,
+        saves=2,
+        itemsize=4,
+        step_grid=False,
+        footprint=mf.kernels.USA(1.0).footprint(300_000, 3),
+    )
     assert c.bytes < 64 * MiB
     assert c.bytes > 3 * CLUSTER_BLOCK * 2 * CLUSTER_BLOCK * 4
 
@@ -131,7 +159,9 @@ def test_the_issue_step_grid_is_refused():
     assert c.bytes >= 745 * 2**30
 
 
-@pytest.mark.parametrize("bad", [dict(n=math.nan), dict(dt=-1.0), dict(t1="1"), dict(n=True), dict(solver="rk9")])
+@pytest.mark.parametrize(
+    "bad", [dict(n=math.nan), dict(dt=-1.0), dict(t1="1"), dict(n=True), dict(solver="rk9")]
+)
 def test_bad_arguments_are_rejected(bad):
     with pytest.raises((ValueError, TypeError)):
         cost(**bad)
@@ -197,13 +227,17 @@ def _rate(kind, b, **params):
 def test_interaction_rate_closed_forms():
     b = np.array([0.5, 1.0, 4.0, 10.0])
     np.testing.assert_allclose(_rate("usa", b), np.sqrt(b) * np.exp(b - 0.5), rtol=1e-14)
-    np.testing.assert_allclose(_rate("rope", b, rescaled=True), np.sqrt(b) * np.exp(-0.5), rtol=1e-14)
+    np.testing.assert_allclose(
+        _rate("rope", b, rescaled=True), np.sqrt(b) * np.exp(-0.5), rtol=1e-14
+    )
     np.testing.assert_allclose(_rate("sa", b), b)
     np.testing.assert_allclose(_rate("sa", b, normalized=False), np.sqrt(b) * np.exp(b - 0.5))
     np.testing.assert_array_equal(mf.kernels.Toeplitz(2.0).interaction_rate(), 0.0)
     # one model, concrete and traced: the same law in NumPy and in JAX
     for beta in (0.5, 4.0):
-        assert float(mf.kernels.USA(beta).interaction_rate()) == pytest.approx(math.sqrt(beta) * math.exp(beta - 0.5))
+        assert float(mf.kernels.USA(beta).interaction_rate()) == pytest.approx(
+            math.sqrt(beta) * math.exp(beta - 0.5)
+        )
         traced = jax.jit(lambda v: mf.kernels.RoPE(v, 1.0).interaction_rate())(jnp.float32(beta))
         assert float(traced) == pytest.approx(math.sqrt(beta) * math.exp(beta - 0.5), rel=1e-6)
     assert np.isinf(_rate("usa", 1e4))  # overflow: an infinite rate, no error
@@ -240,7 +274,9 @@ def test_step_warning_rule():
     assert R.step_warning(mf.kernels.Toeplitz(10.0).interaction_rate(), 1.0) is None
     many = R.step_warning(_rate("usa", [1.0, 4.0, 10.0]), 0.05)
     assert "2 beta value(s)" in many
-    text = R.step_warning_text([0.5, 3.0], 0.05, dt_name="time.dt", rescaled_hint="model.rescaled = true")
+    text = R.step_warning_text(
+        [0.5, 3.0], 0.05, dt_name="time.dt", rescaled_hint="model.rescaled = true"
+    )
     assert text.startswith("warning: time.dt = 0.05 is long for 1 (shape, beta) pair(s)")
     assert R.step_warning_text([0.5, 1.0], 0.05) is None
 

@@ -43,7 +43,9 @@ def test_normalize_and_project():
     v = jax.random.normal(key, (7, 5))
     x = mf.sphere.normalize(v)
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-6)
-    np.testing.assert_allclose(x * np.linalg.norm(v, axis=1, keepdims=True), v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        x * np.linalg.norm(v, axis=1, keepdims=True), v, rtol=1e-5, atol=1e-6
+    )
     w = jax.random.normal(jax.random.key(2), (7, 5))
     p = mf.sphere.project(x, w)
     # tangent, idempotent, and equal to (I - x x^T) w
@@ -124,9 +126,7 @@ def test_sample_density_von_mises_fisher_mean():
     # Var(x_3) = 1 - 2 coth(kappa)/kappa + 2/kappa^2 - (E x_3)^2 ... bounded by 1/3 here; use the exact one.
     kappa, n = 3.0, 4000
     x = np.asarray(
-        mf.sphere.sample_density(
-            jax.random.key(5), n, 3, lambda y: kappa * y[2], log_bound=kappa
-        ),
+        mf.sphere.sample_density(jax.random.key(5), n, 3, lambda y: kappa * y[2], log_bound=kappa),
         np.float64,
     )
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
@@ -153,7 +153,9 @@ def test_uniform_same_particles_in_float32_and_float64(n, d):
     np.testing.assert_array_equal(np.asarray(again32), x32)
     # |x64 - x32| <= 2^-22 (two float32 ulps at 1): the float32 rounding of x / ||x|| only
     assert np.max(np.abs(x64 - x32.astype(np.float64))) <= 2.0**-22
-    np.testing.assert_allclose(np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps)
+    np.testing.assert_allclose(
+        np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps
+    )
     # lower precisions get the same particles too
     x16 = np.asarray(mf.sphere.uniform(key, n, d, jnp.bfloat16), np.float64)
     assert np.max(np.abs(x16 - x32)) <= 2.0**-7
@@ -163,11 +165,15 @@ def test_sample_density_same_points_in_float32_and_float64():
     f = lambda y: 2.0 * y[2]  # noqa: E731
     x32 = np.asarray(mf.sphere.sample_density(jax.random.key(2), 64, 3, f, log_bound=2.0))
     with jax.enable_x64(True):
-        x64 = mf.sphere.sample_density(jax.random.key(2), 64, 3, f, log_bound=2.0, dtype=jnp.float64)
+        x64 = mf.sphere.sample_density(
+            jax.random.key(2), 64, 3, f, log_bound=2.0, dtype=jnp.float64
+        )
     assert x64.dtype == jnp.float64
     x64 = np.asarray(x64)
     assert np.max(np.abs(x64 - x32.astype(np.float64))) <= 2.0**-22
-    np.testing.assert_allclose(np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps)
+    np.testing.assert_allclose(
+        np.linalg.norm(x64, axis=1), 1.0, rtol=0, atol=4 * np.finfo(np.float64).eps
+    )
 
 
 @pytest.mark.parametrize("bad", [jnp.int32, "int8", np.complex64, "no-such-dtype"])

@@ -88,7 +88,11 @@ def _chunk_file(store: Path, cid: int, name: str) -> Path:
 def random_bytes_valid_crc(store: Path, cid: int, seed: int) -> None:
     """Random bytes followed by their own valid crc32c: the trailer checks, the data is no chunk."""
     p = _chunk_file(store, cid, "energy")
-    body = np.random.default_rng(seed).integers(0, 256, max(p.stat().st_size - 4, 8), dtype=np.uint8).tobytes()
+    body = (
+        np.random.default_rng(seed)
+        .integers(0, 256, max(p.stat().st_size - 4, 8), dtype=np.uint8)
+        .tobytes()
+    )
     p.write_bytes(body + google_crc32c.value(body).to_bytes(4, "little"))
 
 
@@ -127,7 +131,10 @@ def mark_moved_chunk_deleted(store: Path, cid: int, seed: int) -> None:
 
 def mark_region_edited(store: Path, cid: int, seed: int) -> None:
     rec = json.loads(_mark(store, cid).read_text())
-    rec["slices"][-1] = [(rec["slices"][-1][0] + 1) % CHUNKS, (rec["slices"][-1][0] + 1) % CHUNKS + 1]
+    rec["slices"][-1] = [
+        (rec["slices"][-1][0] + 1) % CHUNKS,
+        (rec["slices"][-1][0] + 1) % CHUNKS + 1,
+    ]
     _mark(store, cid).write_text(json.dumps(rec))
 
 
@@ -167,11 +174,23 @@ def claims_replaced_by_file(store: Path, cid: int, seed: int) -> None:
     (store / "_sweep" / "claims").write_text("not a directory")
 
 
-DAMAGES = {f.__name__: f for f in (
-    random_bytes_valid_crc, flipped_byte, swapped_chunk_files, nan_through_zarr, mark_moved_chunk_deleted,
-    mark_region_edited, planted_mark, dtype_edited, shape_edited, consolidated_dtype_edited, done_removed,
-    claims_replaced_by_file,
-)}
+DAMAGES = {
+    f.__name__: f
+    for f in (
+        random_bytes_valid_crc,
+        flipped_byte,
+        swapped_chunk_files,
+        nan_through_zarr,
+        mark_moved_chunk_deleted,
+        mark_region_edited,
+        planted_mark,
+        dtype_edited,
+        shape_edited,
+        consolidated_dtype_edited,
+        done_removed,
+        claims_replaced_by_file,
+    )
+}
 
 #: What ``verify`` says, per damage (a substring of one reason).
 REASONS = {
@@ -190,8 +209,9 @@ REASONS = {
 }
 
 
-def _check_detected_and_repaired(spec_path: Path, ref_store: Path, out: Path, damage: str, cid: int,
-                                 seed: int) -> None:
+def _check_detected_and_repaired(
+    spec_path: Path, ref_store: Path, out: Path, damage: str, cid: int, seed: int
+) -> None:
     DAMAGES[damage](out, cid, seed)
     found = sweep_store.verify(out)
     assert found, damage
@@ -204,7 +224,9 @@ def _check_detected_and_repaired(spec_path: Path, ref_store: Path, out: Path, da
     assert sweep_store.verify(out) == []
     ds = sweep.load(out)
     assert ds.attrs["chunks_done"] == ds.attrs["chunks_total"] == CHUNKS
-    assert sorted(p.name for p in (out / "_sweep" / "done").iterdir()) == [f"{i:06d}" for i in range(CHUNKS)]
+    assert sorted(p.name for p in (out / "_sweep" / "done").iterdir()) == [
+        f"{i:06d}" for i in range(CHUNKS)
+    ]
     _assert_same(out, ref_store)
 
 
@@ -223,7 +245,9 @@ def store_damage(draw):
     return [(k, draw(st.integers(0, CHUNKS - 1)), draw(st.integers(0, 2**16))) for k in kinds]
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(damages=store_damage())
 def test_any_store_damage_is_detected_and_repaired(ref, damages):
     spec_path, ref_store = ref
@@ -254,12 +278,19 @@ def test_any_store_damage_is_detected_and_repaired(ref, damages):
         _assert_same(out, ref_store)
 
 
-_NEEDS_MARKS = {"random_bytes_valid_crc", "flipped_byte", "swapped_chunk_files", "nan_through_zarr",
-                "mark_moved_chunk_deleted", "mark_region_edited", "planted_mark"}
+_NEEDS_MARKS = {
+    "random_bytes_valid_crc",
+    "flipped_byte",
+    "swapped_chunk_files",
+    "nan_through_zarr",
+    "mark_moved_chunk_deleted",
+    "mark_region_edited",
+    "planted_mark",
+}
 
 
 def test_planted_mark_is_not_counted_as_done(ref, tmp_path, capsys):
-    """"9 of 8 chunks done (-1 not computed)": a mark of a chunk that does not exist is damage,
+    """ "9 of 8 chunks done (-1 not computed)": a mark of a chunk that does not exist is damage,
     never a done chunk."""
     spec_path, ref_store = ref
     out = tmp_path / "planted.zarr"
@@ -268,7 +299,10 @@ def test_planted_mark_is_not_counted_as_done(ref, tmp_path, capsys):
     assert sweep.load(out, verify=False).attrs["chunks_done"] == CHUNKS
     assert sweep_cli.main(["--verify", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "chunk 5, which does not exist (chunks 0 .. 3)" in err and "resume the sweep to repair" in err
+    assert (
+        "chunk 5, which does not exist (chunks 0 .. 3)" in err
+        and "resume the sweep to repair" in err
+    )
     assert sweep_cli.main(["--status", "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert f"{CHUNKS} of {CHUNKS} chunks done" in captured.out and "does not exist" in captured.err
@@ -287,13 +321,20 @@ def test_non_finite_values_are_recorded_failed(ref, tmp_path):
     shutil.copytree(ref_store, out)
     rec = json.loads(_mark(out, 2).read_text())
     ds = sweep.load(out)
-    sel = {d: slice(a, b) for d, (a, b) in zip(ds.status.dims, [(i, i + 1) for i in rec["index"]] + rec["slices"])}
-    results = {k: np.asarray(ds[k].isel(sel).values).reshape((1,) + ds[k].shape[len(ds.status.dims):])
-               for k in ds.data_vars}
+    sel = {
+        d: slice(a, b)
+        for d, (a, b) in zip(ds.status.dims, [(i, i + 1) for i in rec["index"]] + rec["slices"])
+    }
+    results = {
+        k: np.asarray(ds[k].isel(sel).values).reshape((1,) + ds[k].shape[len(ds.status.dims) :])
+        for k in ds.data_vars
+    }
     results["energy"] = results["energy"].copy()
     results["energy"][0, -1] = np.inf
     assert results["status"][0] == sweep_store.OK
-    sweep_store.write_chunk(out, 2, tuple(rec["index"]), tuple(slice(a, b) for a, b in rec["slices"]), results)
+    sweep_store.write_chunk(
+        out, 2, tuple(rec["index"]), tuple(slice(a, b) for a, b in rec["slices"]), results
+    )
     assert sweep_store.verify(out) == []
     assert sweep_store.failed_points(out, range(CHUNKS)) == {0: 0, 1: 0, 2: 1, 3: 0}
     assert int((sweep.load(out).status == sweep_store.FAILED).sum()) == 1
@@ -318,15 +359,24 @@ def test_earlier_format_is_named(ref, tmp_path):
     info = json.loads(p.read_text())
     info["format"] = 2
     p.write_text(json.dumps(info))
-    with pytest.raises(sweep_store.StoreFormatError, match=r"earlier meanfield version \(format 2, this version "
-                                                            r"reads format 3\)"):
+    with pytest.raises(
+        sweep_store.StoreFormatError,
+        match=r"earlier meanfield version \(format 2, this version "
+        r"reads format 3\)",
+    ):
         sweep.load(out)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "meanfield.sweep", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "meanfield.sweep", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 @pytest.mark.slow
@@ -341,9 +391,15 @@ def test_random_bytes_with_valid_crc_real_processes(ref, tmp_path, capsys):
     r = _cli("--verify", str(out), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     err = r.stderr.strip().splitlines()
-    assert err[0].startswith("damaged: chunk 2: ") and "does not decode" in err[0] and "Traceback" not in r.stderr
+    assert (
+        err[0].startswith("damaged: chunk 2: ")
+        and "does not decode" in err[0]
+        and "Traceback" not in r.stderr
+    )
     r = _cli("plot", str(out), "--out", str(tmp_path / "plots"), cwd=tmp_path)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "chunk 2" in r.stderr, r.stderr
+    assert (
+        r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "chunk 2" in r.stderr
+    ), r.stderr
     assert not (tmp_path / "plots").exists()
     assert sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--quiet"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -416,17 +472,20 @@ def array_metadata_not_json(store: Path, cid: int, seed: int) -> None:
 
 #: Damages replacing a file by something else (kept out of the random combinations: the other
 #: damages read the marks and chunk files they would replace). Reason: a substring of verify's.
-NOT_FILES = {f.__name__: (f, reason) for f, reason in (
-    (chunk_file_is_fifo, "a FIFO, not a file"),
-    (chunk_file_is_directory, "a directory, not a file"),
-    (chunk_file_empty, "truncated (0 bytes)"),
-    (mark_is_directory, "completion mark unreadable"),
-    (mark_is_fifo, "completion mark unreadable"),
-    (mark_not_json, "completion mark unreadable"),
-    (root_metadata_not_json, "metadata unreadable"),
-    (root_metadata_is_fifo, "a FIFO, not a file"),
-    (array_metadata_not_json, "metadata unreadable"),
-)}
+NOT_FILES = {
+    f.__name__: (f, reason)
+    for f, reason in (
+        (chunk_file_is_fifo, "a FIFO, not a file"),
+        (chunk_file_is_directory, "a directory, not a file"),
+        (chunk_file_empty, "truncated (0 bytes)"),
+        (mark_is_directory, "completion mark unreadable"),
+        (mark_is_fifo, "completion mark unreadable"),
+        (mark_not_json, "completion mark unreadable"),
+        (root_metadata_not_json, "metadata unreadable"),
+        (root_metadata_is_fifo, "a FIFO, not a file"),
+        (array_metadata_not_json, "metadata unreadable"),
+    )
+}
 
 
 @pytest.mark.parametrize("damage", list(NOT_FILES))
@@ -442,7 +501,10 @@ def test_non_file_damage_never_hangs_and_is_repaired(ref, tmp_path, damage, caps
     assert any(reason in d.reason for d in found), found
     assert sweep_cli.main(["--status", "--out", str(out)]) == 1
     assert "--resume" in capsys.readouterr().err
-    assert sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--memory", "1B", "--quiet"]) == 0
+    assert (
+        sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--memory", "1B", "--quiet"])
+        == 0
+    )
     assert sweep_store.verify(out) == []
     _assert_same(out, ref_store)
 
@@ -458,7 +520,11 @@ def test_fifo_chunk_file_verify_real_process(ref, tmp_path):
     r = _cli("--verify", str(out), cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     first = r.stderr.strip().splitlines()[0]
-    assert first.startswith("damaged: chunk 2: ") and "a FIFO, not a file" in first and "Traceback" not in r.stderr
+    assert (
+        first.startswith("damaged: chunk 2: ")
+        and "a FIFO, not a file" in first
+        and "Traceback" not in r.stderr
+    )
 
 
 def test_plot_no_verify_of_undecodable_chunk_is_one_line(ref, tmp_path, capsys):
@@ -505,11 +571,15 @@ def test_metadata_and_its_record_both_edited_is_not_sound(ref, tmp_path, capsys)
     info["metadata"]["energy/zarr.json"]["data_type"] = "float64"
     p.write_text(json.dumps(info))
     found = sweep_store.verify(out)
-    assert [d.reason for d in found] == ["metadata differs from the root's consolidated copy of 'energy' (the "
-                                         "record of the store's creation was edited too)"]
+    assert [d.reason for d in found] == [
+        "metadata differs from the root's consolidated copy of 'energy' (the "
+        "record of the store's creation was edited too)"
+    ]
     assert not found[0].repairable
     assert sweep_cli.main([str(spec_path), "--out", str(out), "--resume", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].endswith("cannot be recomputed: run the sweep into a new store"), err
+    assert len(err) == 1 and err[0].endswith(
+        "cannot be recomputed: run the sweep into a new store"
+    ), err
     with pytest.raises(sweep_store.StoreDamagedError, match="run the sweep into a new store"):
         sweep.load(out)

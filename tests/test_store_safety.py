@@ -143,7 +143,9 @@ def test_resume_on_a_new_path_joins_the_other_writer(ref, tmp_path):
     spec_path, ref_store = ref
     for r in range(3):
         out = tmp_path / f"join{r}.zarr"
-        run = functools.partial(sweep.run_sweep, spec_path, out, memory="1B", quiet=True, resume=True)
+        run = functools.partial(
+            sweep.run_sweep, spec_path, out, memory="1B", quiet=True, resume=True
+        )
         results = _in_threads(run, run)
         assert all(kind == "ok" for kind, _ in results), results
         _assert_same(out, ref_store)
@@ -169,7 +171,9 @@ def test_two_concurrent_resumers_cooperate(ref, tmp_path):
         out = tmp_path / f"resume{r}.zarr"
         _make_partial(ref_store, out)
         assert sweep.load(out, verify=False).attrs["chunks_done"] == 1
-        run = functools.partial(sweep.run_sweep, spec_path, out, memory="1B", quiet=True, resume=True)
+        run = functools.partial(
+            sweep.run_sweep, spec_path, out, memory="1B", quiet=True, resume=True
+        )
         results = _in_threads(run, run)
         assert all(kind == "ok" for kind, _ in results), results
         assert sweep_store.verify(out) == []
@@ -200,7 +204,9 @@ def _truncate(p: Path) -> None:
 
 
 def _random_bytes(p: Path) -> None:
-    p.write_bytes(np.random.default_rng(0).integers(0, 256, p.stat().st_size, dtype=np.uint8).tobytes())
+    p.write_bytes(
+        np.random.default_rng(0).integers(0, 256, p.stat().st_size, dtype=np.uint8).tobytes()
+    )
 
 
 def _flip_bit(p: Path) -> None:
@@ -214,7 +220,10 @@ DAMAGE = {
     "random-bytes": lambda s: [_random_bytes(_chunk_file(s, 1, "energy"))],
     "flipped-bit": lambda s: [_flip_bit(_chunk_file(s, 1, "energy"))],
     "deleted": lambda s: [_chunk_file(s, 1, "energy").unlink()],
-    "deleted-data-and-status": lambda s: [_chunk_file(s, 1, "energy").unlink(), _chunk_file(s, 1, "status").unlink()],
+    "deleted-data-and-status": lambda s: [
+        _chunk_file(s, 1, "energy").unlink(),
+        _chunk_file(s, 1, "status").unlink(),
+    ],
 }
 
 
@@ -323,7 +332,10 @@ def test_not_a_store(tmp_path, capsys):
 def _cli(*args) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "meanfield.sweep", *map(str, args)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
 
@@ -340,7 +352,9 @@ def test_real_processes_create_and_resume_concurrently(ref, tmp_path):
     codes = sorted(rc for rc, _ in outs)
     assert codes == [0, 2], outs
     loser = next(err for rc, err in outs if rc == 2)
-    assert len(loser.strip().splitlines()) == 1 and "already exists" in loser or "meanwhile" in loser
+    assert (
+        len(loser.strip().splitlines()) == 1 and "already exists" in loser or "meanwhile" in loser
+    )
     _assert_same(out, ref_store)
 
     part = tmp_path / "partial.zarr"

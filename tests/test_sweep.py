@@ -54,7 +54,11 @@ RTOL, ATOL = 1e-6, 1e-6
 def _run_cli(args, env=None, **kw):
     return subprocess.run(
         [sys.executable, "-m", "meanfield.sweep", *map(str, args)],
-        capture_output=True, text=True, cwd=ROOT, env=env, **kw,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        **kw,
     )
 
 
@@ -100,10 +104,19 @@ def test_store_layout_and_values(tiny):
     # one point against a direct simulation from the documented initial condition
     n, beta, seed = 7, 1.5, 11
     x0 = mf.sphere.uniform(jax.random.key(seed), n, 3)
-    traj = mf.simulate(mf.kernels.USA(beta), x0, t1=0.6, dt=0.1, ts=[0.0, 0.2, 0.4, 0.6],
-                       save_states=False, observables={"c": lambda x: mf.metrics.num_clusters(x, 0.1)})
+    traj = mf.simulate(
+        mf.kernels.USA(beta),
+        x0,
+        t1=0.6,
+        dt=0.1,
+        ts=[0.0, 0.2, 0.4, 0.6],
+        save_states=False,
+        observables={"c": lambda x: mf.metrics.num_clusters(x, 0.1)},
+    )
     point = ds.sel(n=n, beta=beta, seed=seed)
-    np.testing.assert_allclose(point["collapse_gap"].values, traj.collapse_gap, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        point["collapse_gap"].values, traj.collapse_gap, rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(point["energy"].values, traj.energy, rtol=1e-5)
     np.testing.assert_array_equal(point["clusters"].values, traj.observables["c"])
     # the USA flow is an energy ascent (MATH.md, Lyapunov identity)
@@ -123,8 +136,12 @@ def _assert_chunkings_agree(a, b) -> None:
     for k in ("status", "num_steps", "stop_time", "clusters"):
         if k in va:
             np.testing.assert_array_equal(vb[k], va[k], err_msg=k)
-    np.testing.assert_allclose(vb["energy"], va["energy"], rtol=CHUNK_ENERGY_RTOL, atol=0, equal_nan=True)
-    np.testing.assert_allclose(vb["collapse_gap"], va["collapse_gap"], rtol=0, atol=CHUNK_GAP_ATOL, equal_nan=True)
+    np.testing.assert_allclose(
+        vb["energy"], va["energy"], rtol=CHUNK_ENERGY_RTOL, atol=0, equal_nan=True
+    )
+    np.testing.assert_allclose(
+        vb["collapse_gap"], va["collapse_gap"], rtol=0, atol=CHUNK_GAP_ATOL, equal_nan=True
+    )
 
 
 def test_results_depend_on_chunking_by_rounding_only(tiny):
@@ -142,8 +159,20 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tiny, tmp_path):
     spec_path, _, small = tiny
     out = tmp_path / "killed.zarr"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meanfield.sweep", str(spec_path), "--out", str(out), "--memory", "1B", "--quiet"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "meanfield.sweep",
+            str(spec_path),
+            "--out",
+            str(out),
+            "--memory",
+            "1B",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     done = out / "_sweep" / "done"
     deadline = time.time() + 120
@@ -162,7 +191,9 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tiny, tmp_path):
     assert r.returncode == 2
     assert "--resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
-    r = _run_cli([spec_path, "--out", out, "--resume", "--quiet"])  # --memory ignored: stored chunking kept
+    r = _run_cli(
+        [spec_path, "--out", out, "--resume", "--quiet"]
+    )  # --memory ignored: stored chunking kept
     assert r.returncode == 0, r.stderr
     # the same sweep uninterrupted, in a fresh process like the killed and resumed ones: bit-identical
     ref = tmp_path / "uninterrupted.zarr"
@@ -197,7 +228,9 @@ def test_refuses_overwrite_and_other_spec(tiny, tmp_path):
     spec_path, big, _ = tiny
     with pytest.raises(FileExistsError, match="use --resume or another path"):
         sweep.run_sweep(spec_path, big, quiet=True)
-    other = TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, 3.0]").replace("seeds = 3", "seeds = 4")
+    other = TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, 3.0]").replace(
+        "seeds = 3", "seeds = 4"
+    )
     with pytest.raises(ValueError, match=r"differing keys: grid\.beta, grid\.seeds"):
         sweep.run_sweep(sweep.parse_spec(other), big, resume=True, quiet=True)
     # a directory that is not a store is never touched
@@ -241,15 +274,26 @@ save = 3
     assert np.all(E <= bound * (1 + 1e-6))
     assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
     # same seed, different kernels: different trajectories from the same initial state
-    np.testing.assert_allclose(ds["collapse_gap"].values[0, ..., 0], ds["collapse_gap"].values[1, ..., 0])
-    assert not np.allclose(ds["collapse_gap"].values[0, ..., -1], ds["collapse_gap"].values[1, ..., -1])
+    np.testing.assert_allclose(
+        ds["collapse_gap"].values[0, ..., 0], ds["collapse_gap"].values[1, ..., 0]
+    )
+    assert not np.allclose(
+        ds["collapse_gap"].values[0, ..., -1], ds["collapse_gap"].values[1, ..., -1]
+    )
 
 
 def _direct(name, params, n, d, seed, ts, dt):
     """One point run outside the sweep: the registry's model from the documented initial state."""
     x0 = mf.sphere.uniform(jax.random.key(seed), n, d)
-    return mf.simulate(mf.kernels.make(name, d=d, **params), x0, t1=float(ts[-1]), dt=dt, solver="rk2",
-                       ts=ts, save_states=False)
+    return mf.simulate(
+        mf.kernels.make(name, d=d, **params),
+        x0,
+        t1=float(ts[-1]),
+        dt=dt,
+        solver="rk2",
+        ts=ts,
+        save_states=False,
+    )
 
 
 def test_phase_field_sweep_is_the_registry_model(tmp_path):
@@ -281,10 +325,14 @@ save = 5
             tr = _direct("phase-field", {"beta": beta}, 6, 3, seed, ts, 0.05)
             point = ds.sel(n=6, beta=beta, seed=seed)
             np.testing.assert_allclose(point["energy"].values, tr.energy, rtol=2e-6)
-            np.testing.assert_allclose(point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6
+            )
     # amplitude 1.0 is not the pure RoPE phase: the trajectories differ from amplitude 0
     flat = _direct("phase-field", {"beta": 1.0, "amplitude": 0.0}, 6, 3, 0, ts, 0.05)
-    assert not np.allclose(ds["energy"].sel(n=6, beta=1.0, seed=0).values[-1], flat.energy[-1], rtol=1e-4)
+    assert not np.allclose(
+        ds["energy"].sel(n=6, beta=1.0, seed=0).values[-1], flat.energy[-1], rtol=1e-4
+    )
 
 
 def test_gauge_sweep_runs_with_a_traced_amplitude_axis(tmp_path):
@@ -316,7 +364,9 @@ save = 4
         tr = _direct("gauge", {"beta": 1.0, "amplitude": amp, "k": 2}, 6, 3, 1, ts, 0.05)
         point = ds.sel(n=6, beta=1.0, amplitude=amp, seed=1)
         np.testing.assert_allclose(point["energy"].values, tr.energy, rtol=2e-6)
-        np.testing.assert_allclose(point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            point["collapse_gap"].values, tr.collapse_gap, rtol=2e-5, atol=1e-6
+        )
     E = ds["energy"].values
     assert np.all(E <= float(mf.theory.max_energy(1.0)) * (1 + 1e-6))
     assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
@@ -331,10 +381,15 @@ def test_every_registry_model_is_a_sweep_kind(name):
     has_beta = any(p.name == "beta" for p in entry.params)
     d = entry.d or 3
     spec = sweep.parse_spec(
-        f"[model]\nkind = '{name}'\n[grid]\nn = [6]\nd = {d}\n" + ("beta = [1.0, 2.0]\n" if has_beta else "")
+        f"[model]\nkind = '{name}'\n[grid]\nn = [6]\nd = {d}\n"
+        + ("beta = [1.0, 2.0]\n" if has_beta else "")
         + "seeds = 2\n[time]\nt1 = 0.2\ndt = 0.1\nsave = 2\n[output]\nobservables = ['collapse_gap']\n"
     )
-    expected = {p.name: list(p.default) if p.kind == "plane" else p.default for p in entry.params if p.name != "beta"}
+    expected = {
+        p.name: list(p.default) if p.kind == "plane" else p.default
+        for p in entry.params
+        if p.name != "beta"
+    }
     assert spec.params == expected
     assert sweep.spec_hash(spec.data) == spec.hash
     plan = sweep.make_plan(spec, "2GB", devices=1)
@@ -364,13 +419,18 @@ top_k = 4
 """
     out = tmp_path / "att.zarr"
     sweep.run_sweep(text, out, quiet=True)
-    assert jax.numpy.zeros(1).dtype == np.float32  # float64 sweeps do not switch x64 on for the caller
+    assert (
+        jax.numpy.zeros(1).dtype == np.float32
+    )  # float64 sweeps do not switch x64 on for the caller
     ds = sweep.load(out)
     assert ds["top_weights"].dtype == np.float64
     assert ds["top_weights"].dims == ("n", "beta_factor", "seed", "rank")
     # beta coordinate from the rule beta = f n^(2/(d-1))
-    np.testing.assert_allclose(ds["beta"].values, np.outer([16, 64], [0.25, 4.0]) * 0 + np.outer(
-        np.array([16.0, 64.0]) ** 0.5, [0.25, 4.0]), rtol=1e-12)
+    np.testing.assert_allclose(
+        ds["beta"].values,
+        np.outer([16, 64], [0.25, 4.0]) * 0 + np.outer(np.array([16.0, 64.0]) ** 0.5, [0.25, 4.0]),
+        rtol=1e-12,
+    )
     w = ds["top_weights"].values
     assert np.all(np.diff(w, axis=-1) <= 0) and np.all((w > 0) & (w <= 1))
     np.testing.assert_allclose(ds["ratios"].values[..., 0], 1.0)
@@ -395,7 +455,9 @@ top_k = 4
 
 
 def test_dry_run_plan(capsys):
-    plan = sweep.run_sweep(ROOT / "sweeps" / "smoke.toml", "/nonexistent/never-written.zarr", dry_run=True)
+    plan = sweep.run_sweep(
+        ROOT / "sweeps" / "smoke.toml", "/nonexistent/never-written.zarr", dry_run=True
+    )
     text = capsys.readouterr().out
     assert "64 points" in text and "compilations: 2" in text and "chunks: 2" in text
     assert "per chunk per device" in text
@@ -408,7 +470,9 @@ def test_dry_run_plan(capsys):
         assert g.point_bytes * plan.padded_size(g) <= 20_000 or np.prod(g.block) == 1
     # blocks nest: every chunk covers whole zarr chunks
     for g in plan.groups:
-        assert all(b % z == 0 or b == s for b, z, s in zip(g.block, plan.zarr_block, plan.batch_shape))
+        assert all(
+            b % z == 0 or b == s for b, z, s in zip(g.block, plan.zarr_block, plan.batch_shape)
+        )
 
 
 @pytest.mark.parametrize("kind,n,d", [("attention", 1000, 5), ("usa", 24, 3)])
@@ -420,14 +484,24 @@ def test_memory_estimate_bounds_xla_peak(kind, n, d):
 
 
 def _check_memory_estimate(kind, n, d):
-    extra = "" if kind == "attention" else '[time]\nt1 = 0.5\ndt = 0.1\nsave = 3\n[output]\nobservables = ["collapse_gap", "energy", "clusters"]\n'
-    backend = "" if kind == "attention" else "backend = 'xla'\n"  # the spec's own key (attention: no dynamics)
-    spec = sweep.parse_spec(f"[model]\nkind = '{kind}'\n{backend}[grid]\nn = [{n}]\nd = {d}\nbeta = [1.0, 2.0]\nseeds = 4\n{extra}")
+    extra = (
+        ""
+        if kind == "attention"
+        else '[time]\nt1 = 0.5\ndt = 0.1\nsave = 3\n[output]\nobservables = ["collapse_gap", "energy", "clusters"]\n'
+    )
+    backend = (
+        "" if kind == "attention" else "backend = 'xla'\n"
+    )  # the spec's own key (attention: no dynamics)
+    spec = sweep.parse_spec(
+        f"[model]\nkind = '{kind}'\n{backend}[grid]\nn = [{n}]\nd = {d}\nbeta = [1.0, 2.0]\nseeds = 4\n{extra}"
+    )
     plan = sweep.make_plan(spec, "2GB", devices=1)
     g = plan.groups[0]
     _, gi, sl = plan.chunks[0]
     params, seeds = sweep_run.chunk_inputs(spec, g, sl, plan.padded_size(g))
-    compiled = jax.jit(jax.vmap(sweep_run.point_program(spec, kind, n, d))).lower(params, seeds).compile()
+    compiled = (
+        jax.jit(jax.vmap(sweep_run.point_program(spec, kind, n, d))).lower(params, seeds).compile()
+    )
     m = compiled.memory_analysis()
     xla = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
     estimate = g.point_bytes * plan.padded_size(g)
@@ -481,7 +555,9 @@ def test_reference_step_rule_buckets_by_beta_and_compiles_once(tmp_path, monkeyp
                 tr = real(mf.kernels.USA(float(b)), x0, t1=0.25, dt=h, solver="euler", ts=spec.ts)
                 assert steps[bi, si] == int(tr.num_steps)
                 np.testing.assert_allclose(ds["energy"].values[0, bi, si], tr.energy, rtol=1e-13)
-                np.testing.assert_allclose(ds["collapse_gap"].values[0, bi, si], tr.collapse_gap, rtol=1e-12)
+                np.testing.assert_allclose(
+                    ds["collapse_gap"].values[0, bi, si], tr.collapse_gap, rtol=1e-12
+                )
     assert steps[0, 0] < steps[1, 0] < steps[2, 0]  # beta-dependent step counts
 
 
@@ -495,7 +571,8 @@ def test_reference_step_rule_buckets_by_beta_and_compiles_once(tmp_path, monkeyp
 )
 def test_reference_step_rule_bad_specs(extra, model, match):
     text = RULE.replace('solver = "euler"\n', extra or 'solver = "euler"\n').replace(
-        'kind = "usa"\n', 'kind = "usa"\n' + model)
+        'kind = "usa"\n', 'kind = "usa"\n' + model
+    )
     if match == "step_rule":
         text = text.replace('step_rule = "reference"', 'step_rule = "adaptive"')
     with pytest.raises(ValueError, match=match):
@@ -505,14 +582,22 @@ def test_reference_step_rule_bad_specs(extra, model, match):
 def test_plan_warns_when_fixed_steps_overshoot():
     """dt x sqrt(beta) e^(beta - 1/2) > 1 is warned about (dt = 0.05 at beta = 4 lost energy with
     projected RK2); dt = 0.01, a rescaled kernel or an adaptive solver is not."""
-    base = ("[model]\nkind = 'usa'\n{resc}[grid]\nn = [8]\nd = 3\nbeta = [1.0, 4.0]\nseeds = 2\n"
-            "[time]\nt1 = 1.0\ndt = {dt}\nsave = 3\n{solver}")
+    base = (
+        "[model]\nkind = 'usa'\n{resc}[grid]\nn = [8]\nd = 3\nbeta = [1.0, 4.0]\nseeds = 2\n"
+        "[time]\nt1 = 1.0\ndt = {dt}\nsave = 3\n{solver}"
+    )
 
     def text(dt, resc="", solver=""):
-        return sweep.make_plan(sweep.parse_spec(base.format(dt=dt, resc=resc, solver=solver)), "2GB", devices=1).describe()
+        return sweep.make_plan(
+            sweep.parse_spec(base.format(dt=dt, resc=resc, solver=solver)), "2GB", devices=1
+        ).describe()
 
     warned = text(0.05)
-    assert "overshoot" in warned and "1 (shape, beta) pair(s)" in warned and "dt x rate up to 3.3" in warned
+    assert (
+        "overshoot" in warned
+        and "1 (shape, beta) pair(s)" in warned
+        and "dt x rate up to 3.3" in warned
+    )
     assert "overshoot" not in text(0.01)
     assert "overshoot" not in text(0.05, resc="rescaled = true\n")
     assert "overshoot" not in text(0.05, solver="solver = 'tsit5'\nrtol = 1e-6\natol = 1e-8\n")
@@ -527,55 +612,167 @@ def test_shipped_specs_parse_and_plan(path, capsys):
     if path.name == "smoke.toml":
         assert len(spec.n) >= 2 and len(spec.axes["beta"]) >= 4 and len(spec.seeds) >= 8
     if path.name == "usa_av_fig2.toml":
-        assert spec.kinds == ("usa", "rope", "prompt") and len(spec.n) == 4 and len(spec.seeds) == 100
+        assert (
+            spec.kinds == ("usa", "rope", "prompt") and len(spec.n) == 4 and len(spec.seeds) == 100
+        )
         assert spec.time["t1"] == 20 and spec.time["dt"] == 1e-2 and spec.time["solver"] == "rk2"
         assert len(plan.groups) == 12
 
 
 BAD_SPECS = [
     ("name = 'x'\n[model\nkind = 'usa'", tomllib.TOMLDecodeError, None),
-    ("colour = 1\n" + TINY, ValueError, "unknown key 'colour' in top level; accepted keys: name, description"),
-    (TINY.replace("seeds = 3", "seeds = 3\nrepeats = 2"), ValueError, r"unknown key 'repeats' in \[grid\]; accepted keys: n, d, beta, seeds, seed"),
-    (TINY.replace("kind = \"usa\"", "kind = \"usa\"\nlam = 1.0"), ValueError, r"unknown key 'lam' in \[model\]; accepted keys: kind, rescaled"),
-    (TINY.replace("t1 = 0.6", "t1 = 0.6\nt0 = 0"), ValueError, r"unknown key 't0' in \[time\]; accepted keys: t1, dt, solver"),
-    (TINY.replace("[output]", "[output]\nplots = 1"), ValueError, r"unknown key 'plots' in \[output\]"),
-    (TINY.replace("beta = [1.5, 200.0]", "beta = {critical = [1.0], gamma = 2}"), ValueError, r"unknown key 'gamma' in \[grid.beta\]; accepted keys: critical, c, p"),
-    (TINY.replace("kind = \"usa\"", "kind = \"transformer\""), ValueError, "unknown model kind 'transformer'; accepted: 'usa'"),
+    (
+        "colour = 1\n" + TINY,
+        ValueError,
+        "unknown key 'colour' in top level; accepted keys: name, description",
+    ),
+    (
+        TINY.replace("seeds = 3", "seeds = 3\nrepeats = 2"),
+        ValueError,
+        r"unknown key 'repeats' in \[grid\]; accepted keys: n, d, beta, seeds, seed",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "usa"\nlam = 1.0'),
+        ValueError,
+        r"unknown key 'lam' in \[model\]; accepted keys: kind, rescaled",
+    ),
+    (
+        TINY.replace("t1 = 0.6", "t1 = 0.6\nt0 = 0"),
+        ValueError,
+        r"unknown key 't0' in \[time\]; accepted keys: t1, dt, solver",
+    ),
+    (
+        TINY.replace("[output]", "[output]\nplots = 1"),
+        ValueError,
+        r"unknown key 'plots' in \[output\]",
+    ),
+    (
+        TINY.replace("beta = [1.5, 200.0]", "beta = {critical = [1.0], gamma = 2}"),
+        ValueError,
+        r"unknown key 'gamma' in \[grid.beta\]; accepted keys: critical, c, p",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "transformer"'),
+        ValueError,
+        "unknown model kind 'transformer'; accepted: 'usa'",
+    ),
     (TINY.replace("n = [5, 7]", "n = [1, 7]"), ValueError, r"grid.n\[0\] must be >= 2, got 1"),
     (TINY.replace("n = [5, 7]", "n = [5.5]"), TypeError, "must be an integer"),
     (TINY.replace("n = [5, 7]", "n = [5, 5]"), ValueError, "distinct"),
     (TINY.replace("d = 3", "d = 1"), ValueError, "grid.d must be >= 2"),
-    (TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, -2.0]"), ValueError, r"grid.beta\[1\] must be > 0, got -2.0"),
+    (
+        TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, -2.0]"),
+        ValueError,
+        r"grid.beta\[1\] must be > 0, got -2.0",
+    ),
     (TINY.replace("beta = [1.5, 200.0]", "beta = [1.5, 'hot']"), TypeError, "must be a number"),
     (TINY.replace("beta = [1.5, 200.0]", "beta = {c = [1.0]}"), ValueError, "needs critical"),
     (TINY.replace("beta = [1.5, 200.0]\n", ""), ValueError, r"\[grid\] needs beta"),
     (TINY.replace("seeds = 3", "seeds = 0"), ValueError, "grid.seeds must be >= 1"),
     (TINY.replace("dt = 0.1", "dt = 0.0"), ValueError, "time.dt must be > 0"),
-    (TINY.replace("solver = \"rk2\"", "solver = \"leapfrog\""), ValueError, "unknown time.solver 'leapfrog'"),
-    (TINY.replace("solver = \"rk2\"", "solver = \"tsit5\""), ValueError, "adaptive: give both rtol and atol"),
-    (TINY.replace("save = 4", "save = [0.0, 1.0]"), ValueError, r"time.save must be increasing times in \[0, t1"),
+    (
+        TINY.replace('solver = "rk2"', 'solver = "leapfrog"'),
+        ValueError,
+        "unknown time.solver 'leapfrog'",
+    ),
+    (
+        TINY.replace('solver = "rk2"', 'solver = "tsit5"'),
+        ValueError,
+        "adaptive: give both rtol and atol",
+    ),
+    (
+        TINY.replace("save = 4", "save = [0.0, 1.0]"),
+        ValueError,
+        r"time.save must be increasing times in \[0, t1",
+    ),
     (TINY.replace("[time]", "[tyme]"), ValueError, "unknown key 'tyme'"),
     (TINY.split("[time]")[0], ValueError, r"\[time\] with t1 is required"),
-    (TINY.replace("\"clusters\"]", "\"entropy\"]"), ValueError, "unknown observable 'entropy' for kind 'usa'; accepted: collapse_gap, energy"),
-    (TINY.replace("kind = \"usa\"", "kind = \"sa\""), ValueError, "unknown observable 'energy' for kind 'sa'"),
-    (TINY.replace("dtype", "x") .replace("name = \"tiny\"", "name = \"tiny\"\ndtype = \"float16\""), ValueError, "unknown dtype 'float16'"),
-    (TINY.replace("kind = \"usa\"", "kind = \"distance-bias\"\nlam = -1.0"), ValueError, "model.lam must be >= 0"),
-    (TINY.replace("kind = \"usa\"", "kind = \"rope\"\nplane = [0, 3]"), ValueError, r"model.plane \[0, 3\] needs indices < d = 3"),
-    (TINY.replace("kind = \"usa\"", "kind = \"toeplitz\""), ValueError, "grid.beta is not a parameter of kind 'toeplitz'"),
-    ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 1.0", ValueError, r"\[time\] does not apply"),
-    ("[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[output]\ntop_k = 9", ValueError, "top_k = 9 must be <= the smallest n = 8"),
-    ("[model]\nkind = ['usa', 'attention']\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1", ValueError, "cannot share a sweep"),
-    (TINY.replace("kind = \"usa\"", "kind = \"gauge\"").replace("d = 3", "d = 4"), ValueError, r"model kind 'gauge' needs d = 3, got grid.d = 4"),
-    (TINY.replace("kind = \"usa\"", "kind = [\"usa\", \"gauge\"]").replace("d = 3", "d = [2, 3]"), ValueError, r"needs d = 3, got grid.d = 2"),
-    (TINY.replace("kind = \"usa\"", "kind = \"gauge\"\nk = [2, 3]"), TypeError, "model.k changes the compiled program: give one value"),
-    (TINY.replace("kind = \"usa\"", "kind = \"phase-field\"\namplitude = [0.5, 'x']"), TypeError, r"model.amplitude\[1\] must be a number"),
-    (TINY.replace("kind = \"usa\"", "kind = \"prompt\"\ngauges = \"haar\""), ValueError, "model.gauges must be one of 'random', 'rotation'"),
-    (TINY.replace("kind = \"usa\"", "kind = [\"phase-field\", \"gauge\"]"), ValueError, r"model.amplitude has different defaults .*phase-field: 1.0, gauge: 0.6"),
-    (TINY.replace("kind = \"usa\"", "kind = \"usa\"\nbeta = 1.0"), ValueError, r"unknown key 'beta' in \[model\]"),
+    (
+        TINY.replace('"clusters"]', '"entropy"]'),
+        ValueError,
+        "unknown observable 'entropy' for kind 'usa'; accepted: collapse_gap, energy",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "sa"'),
+        ValueError,
+        "unknown observable 'energy' for kind 'sa'",
+    ),
+    (
+        TINY.replace("dtype", "x").replace('name = "tiny"', 'name = "tiny"\ndtype = "float16"'),
+        ValueError,
+        "unknown dtype 'float16'",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "distance-bias"\nlam = -1.0'),
+        ValueError,
+        "model.lam must be >= 0",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "rope"\nplane = [0, 3]'),
+        ValueError,
+        r"model.plane \[0, 3\] needs indices < d = 3",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "toeplitz"'),
+        ValueError,
+        "grid.beta is not a parameter of kind 'toeplitz'",
+    ),
+    (
+        "[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 1.0",
+        ValueError,
+        r"\[time\] does not apply",
+    ),
+    (
+        "[model]\nkind = 'attention'\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1\n[output]\ntop_k = 9",
+        ValueError,
+        "top_k = 9 must be <= the smallest n = 8",
+    ),
+    (
+        "[model]\nkind = ['usa', 'attention']\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 1",
+        ValueError,
+        "cannot share a sweep",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "gauge"').replace("d = 3", "d = 4"),
+        ValueError,
+        r"model kind 'gauge' needs d = 3, got grid.d = 4",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = ["usa", "gauge"]').replace("d = 3", "d = [2, 3]"),
+        ValueError,
+        r"needs d = 3, got grid.d = 2",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "gauge"\nk = [2, 3]'),
+        TypeError,
+        "model.k changes the compiled program: give one value",
+    ),
+    (
+        TINY.replace('kind = "usa"', "kind = \"phase-field\"\namplitude = [0.5, 'x']"),
+        TypeError,
+        r"model.amplitude\[1\] must be a number",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "prompt"\ngauges = "haar"'),
+        ValueError,
+        "model.gauges must be one of 'random', 'rotation'",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = ["phase-field", "gauge"]'),
+        ValueError,
+        r"model.amplitude has different defaults .*phase-field: 1.0, gauge: 0.6",
+    ),
+    (
+        TINY.replace('kind = "usa"', 'kind = "usa"\nbeta = 1.0'),
+        ValueError,
+        r"unknown key 'beta' in \[model\]",
+    ),
 ]
 
 
-@pytest.mark.parametrize("text,exc,match", BAD_SPECS, ids=[f"bad{i}" for i in range(len(BAD_SPECS))])
+@pytest.mark.parametrize(
+    "text,exc,match", BAD_SPECS, ids=[f"bad{i}" for i in range(len(BAD_SPECS))]
+)
 def test_bad_specs(text, exc, match):
     with pytest.raises(exc, match=match):
         sweep.parse_spec(text)
@@ -608,7 +805,10 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
         assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     TINY_OK = tmp_path / "ok.toml"
     TINY_OK.write_text(TINY)
-    assert sweep_cli.console([str(TINY_OK), "--out", str(tmp_path / "x.zarr"), "--memory", "lots"]) == 2
+    assert (
+        sweep_cli.console([str(TINY_OK), "--out", str(tmp_path / "x.zarr"), "--memory", "lots"])
+        == 2
+    )
     assert "memory must be a size like 2GB" in capsys.readouterr().err
     assert not (tmp_path / "x.zarr").exists()
     # the same through `python -m meanfield.sweep` (a separate process)

@@ -29,8 +29,15 @@ GROWTH = ROOT / "sweeps" / "continuum_growth.toml"
 
 def _run_cli(args, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "meanfield", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "meanfield", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,
+    )
 
 
 SMALL = """
@@ -99,7 +106,9 @@ def test_resume_recomputes_missing_and_damaged_chunks(tmp_path):
     assert plan.num_chunks == 9
     # an interrupted run: chunk 3 never finished; chunk 5's data file damaged
     os.unlink(out / "_sweep" / "done" / "000003")
-    files = sorted(p for p in (out / "growth_rate").rglob("*") if p.is_file() and p.name != "zarr.json")
+    files = sorted(
+        p for p in (out / "growth_rate").rglob("*") if p.is_file() and p.name != "zarr.json"
+    )
     assert len(files) == 9
     files[5].write_bytes(b"garbage!")
     r = _run_cli(["sweep", "--verify", out])
@@ -148,7 +157,9 @@ atol = 1e-13
     for j in range(2):  # both signs of eps: the same rate
         measured = ds["growth_rate"].isel(resolution=0, eps=j).values
         np.testing.assert_allclose(measured, closed, rtol=1e-3)
-        np.testing.assert_allclose(ds["theory_rate"].isel(resolution=0, eps=j).values, closed, rtol=1e-10)
+        np.testing.assert_allclose(
+            ds["theory_rate"].isel(resolution=0, eps=j).values, closed, rtol=1e-10
+        )
     assert float(ds["mass_drift"].max()) < 1e-12
 
 
@@ -183,7 +194,10 @@ save = 6
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        (("[grid]\n", "[grid]\nseeds = 4\n"), "grid.seeds does not apply to kind 'continuum': the density solver is deterministic"),
+        (
+            ("[grid]\n", "[grid]\nseeds = 4\n"),
+            "grid.seeds does not apply to kind 'continuum': the density solver is deterministic",
+        ),
         (("[grid]\n", "[grid]\nn = [8]\n"), "grid.n does not apply to kind 'continuum'"),
         (("mode = [1, 2, 3]", "mode = [1, 8]"), "grid.mode 8 must be < grid.resolution = 8"),
         (("mode = [1, 2, 3]", "mode = [0, 1]"), "grid.mode[0] must be >= 1"),
@@ -196,12 +210,27 @@ save = 6
         (('model = "usa"', 'model = "sa"'), "model.rescaled applies to model = 'usa' only"),
         (("rescaled = true", "rescaled = 1"), "model.rescaled must be true or false"),
         (('kind = "continuum"', 'kind = ["continuum", "usa"]'), "cannot share a sweep"),
-        (("[time]\n", '[time]\nsolver = "rk4"\n'), "time.solver does not apply to kind 'continuum'"),
+        (
+            ("[time]\n", '[time]\nsolver = "rk4"\n'),
+            "time.solver does not apply to kind 'continuum'",
+        ),
         (("t1 = 8.0", "t1 = -1.0"), "time.t1 must be > 0"),
-        (("save = 5", "save = [0.0, 9.0]"), "time.save must be at least two increasing times in [0, t1 = 8]"),
-        (("[grid]\n", "[grid]\nwidth = 3\n"), "unknown key 'width' in [grid]; accepted keys: d, resolution, beta, mode, eps"),
-        (('observables = ["growth_rate"', 'observables = ["collapse_gap"'), "unknown observable 'collapse_gap' for kind 'continuum'"),
-        (("[output]\n", "[output]\ntop_k = 3\n"), "output.top_k does not apply to kind 'continuum'"),
+        (
+            ("save = 5", "save = [0.0, 9.0]"),
+            "time.save must be at least two increasing times in [0, t1 = 8]",
+        ),
+        (
+            ("[grid]\n", "[grid]\nwidth = 3\n"),
+            "unknown key 'width' in [grid]; accepted keys: d, resolution, beta, mode, eps",
+        ),
+        (
+            ('observables = ["growth_rate"', 'observables = ["collapse_gap"'),
+            "unknown observable 'collapse_gap' for kind 'continuum'",
+        ),
+        (
+            ("[output]\n", "[output]\ntop_k = 3\n"),
+            "output.top_k does not apply to kind 'continuum'",
+        ),
         (("rescaled = true", "rescaled = false\n[x]"), "unknown key 'x' in top level"),
     ],
 )
@@ -216,8 +245,12 @@ def test_bad_continuum_spec_is_one_line_error(patch, message):
 
 
 def test_overflowing_beta_without_rescaling_is_refused():
-    spec = SMALL.replace("rescaled = true", "rescaled = false").replace("dtype = \"float64\"", "dtype = \"float32\"")
-    with pytest.raises(ValueError, match=r"grid.beta = 100 overflows e\^beta in float32 .*rescaled = true"):
+    spec = SMALL.replace("rescaled = true", "rescaled = false").replace(
+        'dtype = "float64"', 'dtype = "float32"'
+    )
+    with pytest.raises(
+        ValueError, match=r"grid.beta = 100 overflows e\^beta in float32 .*rescaled = true"
+    ):
         sweep.parse_spec(spec.replace("beta = [1.0, 4.0, 9.0]", "beta = [1.0, 100.0]"))
 
 
@@ -249,4 +282,3 @@ def test_plan_memory_and_limits():
     assert len(layout["chunks"]) == 3
     assert layout["variables"]["amplitude"]["dims"] == ["time"]
     assert layout["variables"]["solver_status"]["dtype"] == "int8"
-

@@ -55,28 +55,68 @@ def _one_line_error(capsys, argv, entry=sweep_cli.main) -> str:
 
 # (spec text, the words the one line must contain)
 REPRODUCERS = [
-    pytest.param(OK.replace("dt = 0.1", "dt = 1e-12"), ["5e+11 steps per point", "int32"], id="dt=1e-12"),
-    pytest.param(OK.replace("t1 = 0.5", "t1 = 1e12"), ["steps per point", "lengthen time.dt"], id="t1=1e12"),
-    pytest.param(OK.replace("n = [8]", "n = [8]\nd = 1e8"), ["grid.d must be an integer", "without a decimal"], id="d=1e8-float"),
-    pytest.param(OK.replace("n = [8]", "n = [8]\nd = 2000000000"), ["of memory", "in total"], id="d=2e9"),
-    pytest.param(OK.replace("n = [8]", "n = [8]\nd = 10000000000"), ["grid.d must be <= 2147483647"], id="d=1e10"),
-    pytest.param(OK.replace("beta = [1.0]", "beta = {c = [1.0], p = 1000.0}"),
-                 ["grid.beta", "10^903", "not a finite positive float32"], id="beta-power-1000"),
+    pytest.param(
+        OK.replace("dt = 0.1", "dt = 1e-12"), ["5e+11 steps per point", "int32"], id="dt=1e-12"
+    ),
+    pytest.param(
+        OK.replace("t1 = 0.5", "t1 = 1e12"), ["steps per point", "lengthen time.dt"], id="t1=1e12"
+    ),
+    pytest.param(
+        OK.replace("n = [8]", "n = [8]\nd = 1e8"),
+        ["grid.d must be an integer", "without a decimal"],
+        id="d=1e8-float",
+    ),
+    pytest.param(
+        OK.replace("n = [8]", "n = [8]\nd = 2000000000"), ["of memory", "in total"], id="d=2e9"
+    ),
+    pytest.param(
+        OK.replace("n = [8]", "n = [8]\nd = 10000000000"),
+        ["grid.d must be <= 2147483647"],
+        id="d=1e10",
+    ),
+    pytest.param(
+        OK.replace("beta = [1.0]", "beta = {c = [1.0], p = 1000.0}"),
+        ["grid.beta", "10^903", "not a finite positive float32"],
+        id="beta-power-1000",
+    ),
     # n = 1e8 needs ~11 GiB a point: refused for its work, or first for its memory when less than that
     # is free on this machine (a loaded CI box); either line carries the estimate and --force
-    pytest.param(OK.replace("n = [8]", "n = [100000000]"), ["flop", "9 steps", "--force"], id="n=1e8"),
-    # the work refusal on its own: n = 3e6 needs ~0.3 GiB a point, so no machine refuses it for memory
-    pytest.param(OK.replace("n = [8]", "n = [3000000]"), ["flop", "9 steps and 3 saves per point", "--force"],
-                 id="n=3e6"),
-    pytest.param(OK.replace("seeds = 2", "seeds = 1e9"), ["grid.seeds must be an integer"], id="seeds=1e9-float"),
-    pytest.param(OK.replace("seeds = 2", "seeds = 1000000000"), ["grid.seeds must be <= 10000000"], id="seeds=1e9"),
-    pytest.param(OK.replace("seeds = 2", "seed = 2147483000\nseeds = 1000"), ["int32 PRNG keys"], id="seed-overflow"),
-    pytest.param(OK.replace("save = 3", "save = 1e8"), ["time.save must be an integer"], id="save=1e8-float"),
-    pytest.param(OK.replace("save = 3", "save = 100000000"), ["time.save must be <= 1000000"], id="save=1e8"),
     pytest.param(
-        OK.replace("n = [8]", f"n = {list(range(2, 1002))}").replace("beta = [1.0]", f"beta = {[float(b) for b in np.linspace(0.1, 5, 1000)]}")
+        OK.replace("n = [8]", "n = [100000000]"), ["flop", "9 steps", "--force"], id="n=1e8"
+    ),
+    # the work refusal on its own: n = 3e6 needs ~0.3 GiB a point, so no machine refuses it for memory
+    pytest.param(
+        OK.replace("n = [8]", "n = [3000000]"),
+        ["flop", "9 steps and 3 saves per point", "--force"],
+        id="n=3e6",
+    ),
+    pytest.param(
+        OK.replace("seeds = 2", "seeds = 1e9"),
+        ["grid.seeds must be an integer"],
+        id="seeds=1e9-float",
+    ),
+    pytest.param(
+        OK.replace("seeds = 2", "seeds = 1000000000"),
+        ["grid.seeds must be <= 10000000"],
+        id="seeds=1e9",
+    ),
+    pytest.param(
+        OK.replace("seeds = 2", "seed = 2147483000\nseeds = 1000"),
+        ["int32 PRNG keys"],
+        id="seed-overflow",
+    ),
+    pytest.param(
+        OK.replace("save = 3", "save = 1e8"), ["time.save must be an integer"], id="save=1e8-float"
+    ),
+    pytest.param(
+        OK.replace("save = 3", "save = 100000000"), ["time.save must be <= 1000000"], id="save=1e8"
+    ),
+    pytest.param(
+        OK.replace("n = [8]", f"n = {list(range(2, 1002))}")
+        .replace("beta = [1.0]", f"beta = {[float(b) for b in np.linspace(0.1, 5, 1000)]}")
         .replace("seeds = 2", "seeds = 1000"),
-        ["1e+09 points", "flop", "--force"], id="grid-1000^3",
+        ["1e+09 points", "flop", "--force"],
+        id="grid-1000^3",
     ),
 ]
 
@@ -99,14 +139,29 @@ def test_refusals_carry_the_estimate_and_force_lifts_the_soft_ones():
         plan.check(device_memory=(2**40, 2**40))
     # the estimate of meanfield simulate (run_cost): 0.5 / 0.1 + 3 + 1 = 9 steps of 2 stages
     # over n^2 pairs of (4 d + 8) flop, plus the observables at the 3 saves, for 2 points
-    work = run_cost(n=10**8, d=3, t1=0.5, dt=0.1, saves=3, itemsize=4, batch=2,
-                    footprint=USA(1.0).footprint(10**8, 3),
-                    save_states=False, observables=4, clusters=False).work
+    work = run_cost(
+        n=10**8,
+        d=3,
+        t1=0.5,
+        dt=0.1,
+        saves=3,
+        itemsize=4,
+        batch=2,
+        footprint=USA(1.0).footprint(10**8, 3),
+        save_states=False,
+        observables=4,
+        clusters=False,
+    ).work
     assert 2 * 9 * 2 * 1e16 * 20 <= work <= 2 * (9 * 2 + 2 * 3) * 1e16 * 20
-    assert f"~{work:.2g} flop for 2 points (9 steps and 3 saves per point" in str(info.value) and work > WORK_LIMIT
+    assert (
+        f"~{work:.2g} flop for 2 points (9 steps and 3 saves per point" in str(info.value)
+        and work > WORK_LIMIT
+    )
     plan.check(force=True, device_memory=(2**40, 2**40))  # forced: the work bound is lifted
     # one chunk past the device's total memory is refused even with force
-    big = sweep.make_plan(sweep.parse_spec(OK.replace("n = [8]", "n = [8]\nd = 100000000")), "2GB", devices=1)
+    big = sweep.make_plan(
+        sweep.parse_spec(OK.replace("n = [8]", "n = [8]\nd = 100000000")), "2GB", devices=1
+    )
     with pytest.raises(ResourceLimitError, match="in total"):
         big.check(force=True, device_memory=(16 * 2**30, 16 * 2**30))
     # past the available (not the total) memory: refused unless force
@@ -208,7 +263,9 @@ def test_plot_out_under_a_file_or_unwritable(small_store, tmp_path, capsys, monk
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
 
     monkeypatch.setattr(Figure, "savefig", refuse)
-    line = _one_line_error(capsys, [small_store, "--out", tmp_path / "plots"], entry=sweep_cli.plot_main)
+    line = _one_line_error(
+        capsys, [small_store, "--out", tmp_path / "plots"], entry=sweep_cli.plot_main
+    )
     assert line.startswith("meanfield plot: error: Read-only file system: ")
 
 
@@ -220,8 +277,14 @@ def test_plot_out_under_a_file_or_unwritable(small_store, tmp_path, capsys, monk
     [
         (["{spec}"], "required: --out"),
         (["{spec}", "--out", "{out}", "--bogus"], "unrecognized arguments: --bogus"),
-        (["{spec}", "--out", "{out}", "--memory", "-1GB"], "memory must be > 0 and finite, got '-1GB'"),
-        (["{spec}", "--out", "{out}", "--memory=-1GB"], "memory must be > 0 and finite, got '-1GB'"),
+        (
+            ["{spec}", "--out", "{out}", "--memory", "-1GB"],
+            "memory must be > 0 and finite, got '-1GB'",
+        ),
+        (
+            ["{spec}", "--out", "{out}", "--memory=-1GB"],
+            "memory must be > 0 and finite, got '-1GB'",
+        ),
         (["{spec}", "--out", "{out}", "--memory"], "expected one argument"),
         ([], "required: spec"),
         (["--verify", "{out}", "{spec}"], "--verify STORE takes no spec"),
@@ -237,14 +300,24 @@ def test_usage_errors_are_one_line(tmp_path, capsys, argv, words):
 
 def test_plot_usage_errors_are_one_line(tmp_path, capsys):
     assert "required: store" in _one_line_error(capsys, [], entry=sweep_cli.plot_main)
-    assert "unrecognized arguments" in _one_line_error(capsys, ["x.zarr", "--bogus"], entry=sweep_cli.plot_main)
-    assert "sweep store not found" in _one_line_error(capsys, [tmp_path / "none.zarr"], entry=sweep_cli.plot_main)
+    assert "unrecognized arguments" in _one_line_error(
+        capsys, ["x.zarr", "--bogus"], entry=sweep_cli.plot_main
+    )
+    assert "sweep store not found" in _one_line_error(
+        capsys, [tmp_path / "none.zarr"], entry=sweep_cli.plot_main
+    )
 
 
 def test_meanfield_command_reports_sweep_errors_in_one_line(tmp_path):
     """The same through the installed entry point `python -m meanfield sweep` (a process)."""
     spec = _spec(tmp_path, OK)
-    r = subprocess.run([sys.executable, "-m", "meanfield", "sweep", str(spec), "--memory", "-1GB"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "meanfield", "sweep", str(spec), "--memory", "-1GB"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == ["meanfield sweep: error: the following arguments are required: --out"]
+    assert r.stderr.strip().splitlines() == [
+        "meanfield sweep: error: the following arguments are required: --out"
+    ]

@@ -57,16 +57,22 @@ def test_tail_law_monte_carlo(d):
     se = math.sqrt(p_exact * (1 - p_exact) / n)
     assert abs(p_hat - p_exact) < 4 * se
     # leading term: relative correction is O(t)
-    assert p_exact == pytest.approx(theory.tail_constant(d) * t ** a, rel=t)
+    assert p_exact == pytest.approx(theory.tail_constant(d) * t**a, rel=t)
 
 
 def test_window_size_and_partition_function_formulas():
     # m_n = C n beta^{-1/alpha}; E[Z_n] ~ m_n Gamma(1/alpha + 1)
     assert float(theory.window_size(1000, 4.0, 5)) == pytest.approx(0.75 * 1000 / 16, rel=1e-6)
     # d = 3, rho(q) = 1: C = omega_2 * 2 = 2 pi
-    assert float(theory.window_size(1000, 4.0, 3, 1.0)) == pytest.approx(2 * math.pi * 1000 / 4, rel=1e-6)
-    assert float(theory.partition_function(1000, 10.0, 5)) == pytest.approx(0.75 * 1000 / 100 * 2, rel=1e-6)
-    assert float(theory.partition_function(500, 2.0, 3)) == pytest.approx(0.5 * 500 / 2 * 1, rel=1e-6)
+    assert float(theory.window_size(1000, 4.0, 3, 1.0)) == pytest.approx(
+        2 * math.pi * 1000 / 4, rel=1e-6
+    )
+    assert float(theory.partition_function(1000, 10.0, 5)) == pytest.approx(
+        0.75 * 1000 / 100 * 2, rel=1e-6
+    )
+    assert float(theory.partition_function(500, 2.0, 3)) == pytest.approx(
+        0.5 * 500 / 2 * 1, rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("d", [3, 4, 5, 7])
@@ -74,21 +80,29 @@ def test_window_size_and_partition_function_formulas():
 def test_partition_function_uniform_matches_quadrature(d, beta):
     # E[exp(-beta T)] = int_0^2 e^{-beta s} (s (2 - s))^{(d-3)/2} ds / normaliser
     w = lambda s: (s * (2 - s)) ** ((d - 3) / 2)  # noqa: E731
-    num = integrate.quad(lambda s: np.exp(-beta * s) * w(s), 0, 2, points=[min(1.0, 5 / beta)], limit=200)[0]
+    num = integrate.quad(
+        lambda s: np.exp(-beta * s) * w(s), 0, 2, points=[min(1.0, 5 / beta)], limit=200
+    )[0]
     den = integrate.quad(w, 0, 2)[0]
-    assert float(theory.partition_function_uniform(7, beta, d)) == pytest.approx(7 * num / den, rel=1e-7)
+    assert float(theory.partition_function_uniform(7, beta, d)) == pytest.approx(
+        7 * num / den, rel=1e-7
+    )
 
 
 def test_partition_function_uniform_closed_forms():
     beta = np.array([0.0, 0.3, 3.0, 300.0])
     # d = 3: T uniform on [0, 2] -> (1 - e^{-2 beta}) / (2 beta); d = 5: (3/4) int s (2-s) e^{-beta s}
     b = beta[1:]
-    np.testing.assert_allclose(theory.partition_function_uniform(1, b, 3), -np.expm1(-2 * b) / (2 * b), rtol=1e-10)
+    np.testing.assert_allclose(
+        theory.partition_function_uniform(1, b, 3), -np.expm1(-2 * b) / (2 * b), rtol=1e-10
+    )
     assert theory.partition_function_uniform(1, 0.0, 3) == 1.0
     d5 = 1.5 / b**2 * (1 - 1 / b) + np.exp(-2 * b) * 1.5 / b**2 * (1 + 1 / b)
     np.testing.assert_allclose(theory.partition_function_uniform(1, b, 5), d5, rtol=1e-9)
     # the asymptotic prediction is the beta -> infinity limit (relative error 1/beta for d = 5)
-    ratio = theory.partition_function_uniform(10, 1e4, 5) / float(theory.partition_function(10, 1e4, 5))
+    ratio = theory.partition_function_uniform(10, 1e4, 5) / float(
+        theory.partition_function(10, 1e4, 5)
+    )
     assert ratio == pytest.approx(1 - 1e-4, rel=1e-6)
 
 
@@ -184,10 +198,12 @@ def test_supercritical_scale_formula(d):
     # a_n scales with rho(q)^alpha
     rho = 0.3
     C_rho = rho * math.pi ** ((d - 1) / 2) / math.gamma((d + 1) / 2) * 2 ** ((d - 1) / 2)
-    assert float(theory.supercritical_scale(1e4, d, rho)) == pytest.approx((C_rho * 1e4) ** alpha, rel=1e-6)
-    assert float(theory.supercritical_scale(1e4, d, 2 * rho)) / float(theory.supercritical_scale(1e4, d, rho)) == (
-        pytest.approx(2**alpha, rel=1e-6)
+    assert float(theory.supercritical_scale(1e4, d, rho)) == pytest.approx(
+        (C_rho * 1e4) ** alpha, rel=1e-6
     )
+    assert float(theory.supercritical_scale(1e4, d, 2 * rho)) / float(
+        theory.supercritical_scale(1e4, d, rho)
+    ) == (pytest.approx(2**alpha, rel=1e-6))
 
 
 @pytest.mark.parametrize("d", [3, 4, 5, 8])
@@ -218,11 +234,15 @@ def test_sample_supercritical_output_law(d):
     r2 = np.sum(Phi**2, 1)
     # |Phi|^2 / 2 = R_1 ~ Weibull((d-1)/2); |Phi| ~ Weibull(shape d - 1, scale sqrt 2)
     assert _ks(r2 / 2, stats.weibull_min(c=(d - 1) / 2).cdf) < 1.63 / math.sqrt(num)
-    assert _ks(np.sqrt(r2), stats.weibull_min(c=d - 1, scale=math.sqrt(2)).cdf) < 1.63 / math.sqrt(num)
+    assert _ks(np.sqrt(r2), stats.weibull_min(c=d - 1, scale=math.sqrt(2)).cdf) < 1.63 / math.sqrt(
+        num
+    )
     # marks uniform on the unit sphere of R^{d-1}: mean 0, second moment I / (d - 1)
     theta = Phi / np.sqrt(r2)[:, None]
     np.testing.assert_allclose(theta.mean(0), 0.0, atol=4 / math.sqrt(num))
-    np.testing.assert_allclose(theta.T @ theta / num, np.eye(d - 1) / (d - 1), atol=4 * math.sqrt(2 / num) / (d - 1))
+    np.testing.assert_allclose(
+        theta.T @ theta / num, np.eye(d - 1) / (d - 1), atol=4 * math.sqrt(2 / num) / (d - 1)
+    )
 
 
 def _finite_outputs(key, n, d, betas, trials):
@@ -244,7 +264,9 @@ def test_supercritical_output_matches_finite_n():
     Y = _finite_outputs(jax.random.key(0), n, d, [1e4 * n**alpha], trials)[:, 0]
     a_n = float(theory.supercritical_scale(n, d))
     R = 0.5 * a_n * np.sum(Y[:, 1:] ** 2, 1)
-    assert _ks(R, lambda y: np.asarray(theory.supercritical_radial_cdf(y, d), np.float64)) < 1.63 / math.sqrt(trials)
+    assert _ks(
+        R, lambda y: np.asarray(theory.supercritical_radial_cdf(y, d), np.float64)
+    ) < 1.63 / math.sqrt(trials)
     # the radial coordinate vanishes at the sqrt(a_n) scale: sqrt(a_n) <Y, q> = -sqrt(a_n) T* ~ a_n^{-1/2}
     assert np.max(np.abs(math.sqrt(a_n) * Y[:, 0])) < 20 / math.sqrt(a_n)
 
@@ -273,7 +295,9 @@ def test_sample_critical_output_large_gamma_is_the_supercritical_law():
     alpha = 0.5
     Xi = np.asarray(theory.sample_critical_output(jax.random.key(1), gamma, d, num), np.float64)
     R = 0.5 * np.sum(Xi**2, 1) * theory.tail_constant(d) ** alpha / gamma
-    assert _ks(R, lambda y: np.asarray(theory.supercritical_radial_cdf(y, d), np.float64)) < 1.63 / math.sqrt(num)
+    assert _ks(
+        R, lambda y: np.asarray(theory.supercritical_radial_cdf(y, d), np.float64)
+    ) < 1.63 / math.sqrt(num)
 
 
 @pytest.mark.slow
@@ -284,9 +308,13 @@ def test_sample_critical_output_matches_finite_n():
     Y = _finite_outputs(jax.random.key(2), n, d, [g * n**0.5 for g in gammas], trials)
     for i, g in enumerate(gammas):
         finite = math.sqrt(g * n**0.5) * np.linalg.norm(Y[:, i, 1:], axis=1)
-        Xi = np.asarray(theory.sample_critical_output(jax.random.key(10 + i), g, d, 20_000), np.float64)
+        Xi = np.asarray(
+            theory.sample_critical_output(jax.random.key(10 + i), g, d, 20_000), np.float64
+        )
         limit = np.linalg.norm(Xi, axis=1)
-        assert stats.ks_2samp(finite, limit).statistic < 1.8 * math.sqrt(1 / trials + 1 / limit.size)
+        assert stats.ks_2samp(finite, limit).statistic < 1.8 * math.sqrt(
+            1 / trials + 1 / limit.size
+        )
         se = math.sqrt(np.var(finite**2) / trials + np.var(limit**2) / limit.size)
         assert abs(np.mean(finite**2) - np.mean(limit**2)) < 4 * se
 
@@ -295,8 +323,12 @@ def test_sample_critical_output_truncation_is_negligible():
     # the points beyond `terms` enter through the mean (denominator) and a Gaussian of the exact variance
     # (numerator): 32 terms and 1024 terms give the same law
     num = 10_000
-    a = np.asarray(theory.sample_critical_output(jax.random.key(3), 0.25, 5, num, terms=32), np.float64)
-    b = np.asarray(theory.sample_critical_output(jax.random.key(4), 0.25, 5, num, terms=1024), np.float64)
+    a = np.asarray(
+        theory.sample_critical_output(jax.random.key(3), 0.25, 5, num, terms=32), np.float64
+    )
+    b = np.asarray(
+        theory.sample_critical_output(jax.random.key(4), 0.25, 5, num, terms=1024), np.float64
+    )
     ra, rb = np.sum(a**2, 1), np.sum(b**2, 1)
     se = math.sqrt(ra.var() / num + rb.var() / num)
     assert abs(ra.mean() - rb.mean()) < 4 * se
@@ -315,11 +347,15 @@ def test_sample_critical_output_density_option_rescales_c():
 def test_fluctuation_constant_from_the_exact_uniform_moments(d):
     # independent: for uniform keys T/2 ~ Beta(a, a) and |P_q (x - q)|^2 = T (2 - T); then
     # r_n^2 Cov(Y_n) ~ beta^{1 - 1/alpha} E[T(2-T) e^{-2 beta T}] / ((d-1) E[e^{-beta T}]^2) P_q -> c_d / rho P_q
-    assert theory.fluctuation_constant(d) == pytest.approx(2.0**-d * math.pi ** (-(d - 1) / 2), rel=1e-12)
+    assert theory.fluctuation_constant(d) == pytest.approx(
+        2.0**-d * math.pi ** (-(d - 1) / 2), rel=1e-12
+    )
     a, s = (d - 1) / 2, (d - 1) / 2
     beta = 2e4
     dens = stats.beta(a, a).pdf
-    m2 = integrate.quad(lambda t: t * (2 - t) * np.exp(-2 * beta * t) * dens(t / 2) / 2, 0, 60 / beta, limit=200)[0]
+    m2 = integrate.quad(
+        lambda t: t * (2 - t) * np.exp(-2 * beta * t) * dens(t / 2) / 2, 0, 60 / beta, limit=200
+    )[0]
     m1 = integrate.quad(lambda t: np.exp(-beta * t) * dens(t / 2) / 2, 0, 60 / beta, limit=200)[0]
     value = beta ** (1 - s) * m2 / ((d - 1) * m1**2)
     rho = math.gamma(d / 2) / (2 * math.pi ** (d / 2))
@@ -332,7 +368,9 @@ def test_fluctuation_covariance_matrix():
     c3 = 1 / (8 * math.pi)
     P = np.eye(3) - np.outer(q, q)
     np.testing.assert_allclose(S, c3 * 4 * math.pi * P, atol=1e-6)  # uniform rho = 1 / (4 pi)
-    np.testing.assert_allclose(np.asarray(theory.fluctuation_covariance(q, 0.5)), c3 / 0.5 * P, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(theory.fluctuation_covariance(q, 0.5)), c3 / 0.5 * P, atol=1e-6
+    )
     np.testing.assert_allclose(S @ np.asarray(q), 0.0, atol=1e-6)
 
 
@@ -364,7 +402,9 @@ def test_fluctuation_covariance_monte_carlo():
         keys = mf.sphere.uniform(k, n, d)
         return jax.vmap(lambda q: mf.attention.displacement(q, keys, beta))(Q)
 
-    Y = np.asarray(jax.lax.map(run, jax.random.split(jax.random.key(6), contexts)), np.float64)  # (K, 6, 3)
+    Y = np.asarray(
+        jax.lax.map(run, jax.random.split(jax.random.key(6), contexts)), np.float64
+    )  # (K, 6, 3)
     r_n = float(theory.fluctuation_scale(n, beta, d))
     covs = np.stack([np.cov(r_n * Y[:, i].T) for i in range(Q.shape[0])])
     Sigma = np.stack([np.asarray(theory.fluctuation_covariance(q), np.float64) for q in Q])

@@ -13,7 +13,9 @@ TWO_PI = 2.0 * np.pi
 @pytest.mark.parametrize("beta", [0.1, 1.0, 4.0, 60.0])
 def test_max_energy_formula_and_attainment(beta, x64):
     np.testing.assert_allclose(mf.theory.max_energy(beta), np.exp(beta) / (2 * beta), rtol=1e-15)
-    np.testing.assert_allclose(mf.theory.max_energy(beta, rescaled=True), 1 / (2 * beta), rtol=1e-15)
+    np.testing.assert_allclose(
+        mf.theory.max_energy(beta, rescaled=True), 1 / (2 * beta), rtol=1e-15
+    )
     # attained by the RoPE maximiser x(s) = R_{-omega s} u, at any finite n
     n, omega = 13, 2.7
     u = mf.sphere.normalize(jnp.array([0.2, -0.5, 0.7]))
@@ -41,7 +43,9 @@ def test_great_circle_gap(n, x64):
     assert mf.theory.great_circle_gap(n) == pytest.approx(1 + 1 / (n - 1), rel=1e-15)
     a = TWO_PI * np.arange(n) / n
     x = jnp.asarray(np.stack([np.cos(a), np.sin(a), np.zeros(n)], axis=1))
-    np.testing.assert_allclose(mf.metrics.collapse_gap(x), mf.theory.great_circle_gap(n), rtol=1e-12)
+    np.testing.assert_allclose(
+        mf.metrics.collapse_gap(x), mf.theory.great_circle_gap(n), rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("m", [1, 2, 3])

@@ -21,7 +21,9 @@ def _profile_np(c_hat, delta):
     return np.sum(w * np.cos(2 * np.pi * m * np.asarray(delta)[..., None]), axis=-1)
 
 
-@pytest.mark.parametrize("c_hat", [[0.1, -0.2, 0.4, 0.3], [0.0, 0.5], [-0.7], [0.3, 0.0, -0.1, 0.2, 0.05]])
+@pytest.mark.parametrize(
+    "c_hat", [[0.1, -0.2, 0.4, 0.3], [0.0, 0.5], [-0.7], [0.3, 0.0, -0.1, 0.2, 0.05]]
+)
 def test_field_and_energy_match_an_independent_numpy_sum(c_hat):
     n, d = 24, 3
     x = mf.sphere.uniform(jax.random.key(1), n, d)
@@ -30,8 +32,12 @@ def test_field_and_energy_match_an_independent_numpy_sum(c_hat):
     C = _profile_np(c_hat, np.asarray(s)[None, :] - np.asarray(s)[:, None])  # C_ij = c(s_j - s_i)
     X = np.asarray(x, np.float64)
     np.testing.assert_allclose(np.asarray(k.field(x, s)), C @ X / n, atol=2e-6)
-    np.testing.assert_allclose(float(k.energy(x, s)), np.sum(C * (X @ X.T)) / (2 * n * n), atol=2e-7)
-    np.testing.assert_allclose(np.asarray(k.field(x, s)), np.asarray(K.pairwise_field(k, x, s)), atol=2e-6)
+    np.testing.assert_allclose(
+        float(k.energy(x, s)), np.sum(C * (X @ X.T)) / (2 * n * n), atol=2e-7
+    )
+    np.testing.assert_allclose(
+        np.asarray(k.field(x, s)), np.asarray(K.pairwise_field(k, x, s)), atol=2e-6
+    )
     # gradient flow: grad_x E = F / n (symmetric kernel)
     g = jax.grad(lambda y: k.energy(y, s))(x)
     np.testing.assert_allclose(np.asarray(g) * n, C @ X / n, atol=2e-6)
@@ -47,7 +53,9 @@ def test_single_mode_series_is_the_toeplitz_kernel():
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7, 16])
-@pytest.mark.parametrize("c_hat", [[0.1, -0.2, 0.4, 0.3], [-1.0, -0.2], [0.5, 0.2, 0.1, 0.05], [0.0, 0.1, -0.3, 0.25]])
+@pytest.mark.parametrize(
+    "c_hat", [[0.1, -0.2, 0.4, 0.3], [-1.0, -0.2], [0.5, 0.2, 0.1, 0.05], [0.0, 0.1, -0.3, 0.25]]
+)
 def test_max_energy_is_the_top_eigenvalue_of_the_circulant(n, c_hat):
     # Independent: E = tr(X^T C X) / (2 n^2) with unit rows is at most lambda_max(C) / (2 n), the bound is
     # attained by a circle of the top eigenvector's frequency (d >= 2): the circulant eigenvalues are n c_n(k).
@@ -68,9 +76,13 @@ def test_max_energy_is_the_top_eigenvalue_of_the_circulant(n, c_hat):
 def test_continuum_max_energy_and_dominant_mode():
     k = K.ToeplitzSeries([0.1, -0.2, 0.4, 0.3])
     assert k.dominant_mode() == 2 and float(k.max_energy()) == pytest.approx(0.2)
-    assert K.ToeplitzSeries([0.5, 0.2]).dominant_mode() == 0  # c_hat(0) = 0.5 > c_hat(1) = 0.2: a Dirac
+    assert (
+        K.ToeplitzSeries([0.5, 0.2]).dominant_mode() == 0
+    )  # c_hat(0) = 0.5 > c_hat(1) = 0.2: a Dirac
     neg = K.ToeplitzSeries([-1.0, -0.2, -0.1])
-    assert neg.dominant_mode() == 3 and float(neg.max_energy()) == 0.0  # modes above M have c_hat = 0
+    assert (
+        neg.dominant_mode() == 3 and float(neg.max_energy()) == 0.0
+    )  # modes above M have c_hat = 0
     # large n without aliasing: the finite-n value is the continuum one
     assert float(k.max_energy(64)) == pytest.approx(float(k.max_energy()))
     # aliasing: n = 5 folds mode 3 onto mode 2
@@ -83,16 +95,27 @@ def test_coefficients_are_traced_leaves():
     C = jnp.array([[0.0, 0.5, 0.0], [0.1, 0.2, 0.3], [-0.3, 0.0, 0.4]])
     E = jax.jit(jax.vmap(lambda c: K.ToeplitzSeries(c).energy(x, s)))(C)
     for c, e in zip(C, E):
-        assert float(e) == pytest.approx(float(K.ToeplitzSeries(np.asarray(c)).energy(x, s)), abs=1e-7)
+        assert float(e) == pytest.approx(
+            float(K.ToeplitzSeries(np.asarray(c)).energy(x, s)), abs=1e-7
+        )
     M = jax.vmap(lambda c: K.ToeplitzSeries(c).max_energy(12))(C)
     np.testing.assert_allclose(np.asarray(M), [0.25, 0.15, 0.2], atol=1e-7)
 
 
 @pytest.mark.parametrize(
     ("bad", "err"),
-    [("a", TypeError), (None, TypeError), ([True, False], TypeError), ([1 + 2j], TypeError),
-     ([[1], [1, 2]], TypeError), (1.0, ValueError), ([[0.5]], ValueError), ([], ValueError),
-     ([0.5, float("nan")], ValueError), ([float("inf")], ValueError)],
+    [
+        ("a", TypeError),
+        (None, TypeError),
+        ([True, False], TypeError),
+        ([1 + 2j], TypeError),
+        ([[1], [1, 2]], TypeError),
+        (1.0, ValueError),
+        ([[0.5]], ValueError),
+        ([], ValueError),
+        ([0.5, float("nan")], ValueError),
+        ([float("inf")], ValueError),
+    ],
 )
 def test_bad_coefficients_raise_one_clear_error(bad, err):
     with pytest.raises(err, match="c_hat"):
@@ -106,7 +129,10 @@ def test_maximiser_and_dominant_mode_need_concrete_values():
         jax.jit(lambda c: K.ToeplitzSeries(c).dominant_mode())(jnp.array([0.0, 0.5]))
 
 
-@pytest.mark.parametrize(("c_hat", "m"), [([0.0, 0.5, 0.2, 0.1], 1), ([0.0, 0.1, 0.2, 0.45], 3), ([-0.4, -0.2, 0.35, -0.3], 2)])
+@pytest.mark.parametrize(
+    ("c_hat", "m"),
+    [([0.0, 0.5, 0.2, 0.1], 1), ([0.0, 0.1, 0.2, 0.45], 3), ([-0.4, -0.2, 0.35, -0.3], 2)],
+)
 def test_flow_follows_the_dominant_mode(c_hat, m):
     n = 48
     k = K.ToeplitzSeries(c_hat)
@@ -162,7 +188,9 @@ def test_w1_empirical_against_brute_force_permutations():
 
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
-    brute = min(np.mean(np.linalg.norm(x - y[list(p)], axis=1)) for p in itertools.permutations(range(6)))
+    brute = min(
+        np.mean(np.linalg.norm(x - y[list(p)], axis=1)) for p in itertools.permutations(range(6))
+    )
     assert U.w1_empirical(x, y) == pytest.approx(brute, rel=1e-12)
     with pytest.raises(ValueError, match="same shape"):
         U.w1_empirical(x, y[:5])
@@ -185,7 +213,12 @@ def test_vmf_prompt_map_pushes_lebesgue_to_von_mises_fisher():
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-12)
     cdf = lambda w: (np.exp(kappa * w) - np.exp(-kappa)) / (np.exp(kappa) - np.exp(-kappa))  # noqa: E731
     assert stats.kstest(x[:, 2], cdf).pvalue > 1e-3
-    assert stats.kstest(np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi) / (2 * np.pi), "uniform").pvalue > 1e-3
+    assert (
+        stats.kstest(
+            np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi) / (2 * np.pi), "uniform"
+        ).pvalue
+        > 1e-3
+    )
     with pytest.raises(ValueError, match="z must lie"):
         U.vmf_prompt_map(np.array([1.0]), kappa)
     with pytest.raises(ValueError, match="kappa"):
@@ -198,7 +231,9 @@ def test_householder_gauges_map_u_to_the_targets():
     g[0] = u  # the identity case
     H = U.householder_gauges(g, u)
     np.testing.assert_allclose(np.einsum("nji,j->ni", H, u), g, atol=1e-12)
-    np.testing.assert_allclose(np.einsum("nij,nkj->nik", H, H), np.broadcast_to(np.eye(3), H.shape), atol=1e-12)
+    np.testing.assert_allclose(
+        np.einsum("nij,nkj->nik", H, H), np.broadcast_to(np.eye(3), H.shape), atol=1e-12
+    )
     # the prompt kernel with these gauges has the target configuration as a maximiser
     k = K.Prompt(1.0, jnp.asarray(H, jnp.float32))
     E = float(mf.energy(k, jnp.asarray(g, jnp.float32), jnp.arange(50)))
@@ -218,7 +253,9 @@ def test_vmf_mmd_against_monte_carlo_and_quadrature():
     # kbar against a Monte Carlo double integral over independent pairs
     a, b = y[:200_000], y[200_000:]
     kk = np.exp(gamma * (np.sum(a * b, axis=1) - 1.0))
-    assert 1.0 - U.vmf_mmd_constant(kappa, gamma) == pytest.approx(kk.mean(), abs=4 * kk.std() / np.sqrt(kk.size))
+    assert 1.0 - U.vmf_mmd_constant(kappa, gamma) == pytest.approx(
+        kk.mean(), abs=4 * kk.std() / np.sqrt(kk.size)
+    )
     # MMD^2 of a uniform sample (the wrong law) stays away from 0, that of a vMF sample is ~ (1 - kbar) / n
     n = 1500
     unif = np.asarray(mf.sphere.uniform(jax.random.key(8), n, 3), np.float64)

@@ -32,7 +32,11 @@ def _stepto_reference(model, x0, *, t1, dt, ts, solver, step="projected"):
     """The run the fixed-step path made before issue 31: ``diffrax.StepTo`` on the
     unpadded ``_step_grid``, ``diffeqsolve`` ending at the static ``t1``, no event."""
     model = jax.tree.map(
-        lambda leaf: jnp.asarray(leaf) if isinstance(leaf, (int, float)) and not isinstance(leaf, bool) else leaf,
+        lambda leaf: (
+            jnp.asarray(leaf)
+            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
+            else leaf
+        ),
         model,
     )
     x0, aux = check_states(model, x0, None, "x0")
@@ -51,7 +55,9 @@ def _stepto_reference(model, x0, *, t1, dt, ts, solver, step="projected"):
             dt0=None,
             y0=(x0, y0[1]),
             args=args,
-            saveat=diffrax.SaveAt(ts=jnp.asarray(ts, dtype), fn=lambda t, y, a: sphere.normalize(y[0])),
+            saveat=diffrax.SaveAt(
+                ts=jnp.asarray(ts, dtype), fn=lambda t, y, a: sphere.normalize(y[0])
+            ),
             stepsize_controller=diffrax.StepTo(ts=jnp.asarray(grid, dtype)),
             max_steps=len(grid) + 1,
             throw=False,
@@ -77,12 +83,18 @@ def test_grid_steps_equal_diffrax_stepto(solver, step, t1, dt, ts):
     program can round differently, as ``simulate`` before issue 31 did against it too)."""
     x0 = mf.sphere.uniform(jax.random.key(3), 6, 3)
     model = K.USA(2.5)
-    ref_xs, ref_steps, ref_ok = _stepto_reference(model, x0, t1=t1, dt=dt, ts=ts, solver=solver, step=step)
+    ref_xs, ref_steps, ref_ok = _stepto_reference(
+        model, x0, t1=t1, dt=dt, ts=ts, solver=solver, step=step
+    )
     assert bool(ref_ok)
     r = mf.simulate(model, x0, t1=t1, dt=dt, ts=ts, solver=solver, step=step, backend="xla")
     assert not bool(r.failed) and not bool(r.stopped)
     assert float(r.stop_time) == np.float32(t1)
-    assert int(r.num_steps) == int(ref_steps) == len(integrate._step_grid(t1, dt, np.asarray(ts, float))) - 1
+    assert (
+        int(r.num_steps)
+        == int(ref_steps)
+        == len(integrate._step_grid(t1, dt, np.asarray(ts, float))) - 1
+    )
     np.testing.assert_array_equal(np.asarray(r.ts), np.asarray(ts, np.float32))
     # same steps; the two programs may fuse the update differently (XLA), hence 1 ulp
     np.testing.assert_allclose(np.asarray(r.xs), np.asarray(ref_xs), rtol=0, atol=1e-6)
@@ -91,12 +103,20 @@ def test_grid_steps_equal_diffrax_stepto(solver, step, t1, dt, ts):
 def test_grid_is_padded_to_a_bucket_with_t1():
     """The grid argument: ``_step_grid`` cast to the state's dtype, padded with ``t1`` to
     the next power of two; nearby ``t1`` share the length (hence the program)."""
-    for t1, dt, ts in [(1.0, 0.1, np.array([0.0, 1.0])), (1.2, 0.1, np.array([0.0, 0.55, 1.2])), (20.0, 0.01, None)]:
+    for t1, dt, ts in [
+        (1.0, 0.1, np.array([0.0, 1.0])),
+        (1.2, 0.1, np.array([0.0, 0.55, 1.2])),
+        (20.0, 0.01, None),
+    ]:
         ts = np.array([0.0, t1]) if ts is None else ts
         grid = integrate._step_grid(t1, dt, ts)
         arg = integrate._grid_argument(grid, t1, dt, np.float32)
         assert arg.dtype == np.float32 and len(arg) == integrate._grid_bucket(len(grid))
-        assert len(arg) >= len(grid) and len(arg) & (len(arg) - 1) == 0 and len(arg) < 2 * max(len(grid), 8)
+        assert (
+            len(arg) >= len(grid)
+            and len(arg) & (len(arg) - 1) == 0
+            and len(arg) < 2 * max(len(grid), 8)
+        )
         np.testing.assert_array_equal(arg[: len(grid)], grid.astype(np.float32))
         assert np.all(arg[len(grid) - 1 :] == np.float32(t1))
     assert integrate._grid_bucket(11) == integrate._grid_bucket(14) == 16
@@ -153,7 +173,9 @@ def test_same_length_ts_and_nearby_t1_compile_once(compiles):
     obs = {"m0": lambda x: x[:, 0].mean()}
     a = mf.simulate(K.USA(1.0), x0, t1=1.0, dt=0.1, ts=np.linspace(0.0, 1.0, 6), observables=obs)
     assert compiles.count == 1
-    b = mf.simulate(K.USA(1.0), x0, t1=1.2, dt=0.1, ts=[0.0, 0.1, 0.3, 0.6, 1.0, 1.2], observables=obs)
+    b = mf.simulate(
+        K.USA(1.0), x0, t1=1.2, dt=0.1, ts=[0.0, 0.1, 0.3, 0.6, 1.0, 1.2], observables=obs
+    )
     assert compiles.count == 1
     np.testing.assert_array_equal(np.asarray(b.ts), np.float32([0.0, 0.1, 0.3, 0.6, 1.0, 1.2]))
     assert float(a.stop_time) == 1.0 and float(b.stop_time) == np.float32(1.2)
@@ -171,14 +193,26 @@ def test_traced_step_and_adaptive_take_ts_as_data(compiles):
     obs = {"m1": lambda x: x[:, 1].mean()}
     h = jnp.float32([0.1, 0.05])
     for t1, ts in [(1.0, (0.0, 0.25, 1.0)), (1.5, (0.0, 0.7, 1.4))]:
-        r = mf.simulate(K.USA(1.0), x0, t1=t1, dt=0.05, ts=ts, solver="tsit5", rtol=1e-6, atol=1e-8,
-                        observables=obs)
+        r = mf.simulate(
+            K.USA(1.0),
+            x0,
+            t1=t1,
+            dt=0.05,
+            ts=ts,
+            solver="tsit5",
+            rtol=1e-6,
+            atol=1e-8,
+            observables=obs,
+        )
         assert not bool(r.failed) and float(r.stop_time) == np.float32(t1)
         assert np.all(np.isfinite(np.asarray(r.xs)))
     assert compiles.count == 1
     for t1, ts in [(1.0, (0.0, 0.25, 1.0)), (1.5, (0.0, 0.7, 1.4))]:
-        r = jax.vmap(lambda h, t1=t1, ts=ts: mf.simulate(K.USA(1.0), x0, t1=t1, dt=h, ts=ts, max_steps=64,
-                                                         observables=obs))(h)
+        r = jax.vmap(
+            lambda h, t1=t1, ts=ts: mf.simulate(
+                K.USA(1.0), x0, t1=t1, dt=h, ts=ts, max_steps=64, observables=obs
+            )
+        )(h)
         assert not np.any(r.failed) and np.all(r.stop_time == np.float32(t1))
         # the grid k h merged with the saves: the concrete-dt grid's step count
         for i, hi in enumerate([0.1, 0.05]):
@@ -241,8 +275,13 @@ def test_simulate_program_has_no_host_callback_and_is_cached(tmp_path):
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
 
     def run(t1):
-        out = subprocess.run([sys.executable, str(script), str(cache), str(t1)], env=env,
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, str(script), str(cache), str(t1)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 

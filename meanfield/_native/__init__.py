@@ -100,12 +100,50 @@ def check_backend(backend, name: str = "backend") -> str:
     return backend
 
 
-__all__ = ["BACKENDS", "check_backend", "exp_library", "phase_library", "Library", "Crossover", "phase_run", "default_threads", "LANES", "DTYPES",
-           "MAX_D", "SOURCE", "exp_field", "exp_field_xla", "exp_tangent", "EXP_TANGENT_TARGETS", "set_exp_threads",
-           "EXP_SOURCE", "EXP_TARGETS", "EXP_LANES", "EXP_MAX_D", "exp_default_threads", "exp_threads",
-           "exp_threads_now", "threads_now", "prepare", "RefusedPath", "BuildFailed", "LONG_CALL", "build_exp",
-           "build_phase", "FLAGS", "BUILD_RECIPE", "CC_TIMEOUT", "LOAD_CHECK_TIMEOUT", "LOCK_MARGIN",
-           "VERSION_TIMEOUT", "CROSSOVER_NS", "CROSSOVER_DS", "CROSSOVER_N", "CROSSOVER_BATCH", "CROSSOVER_REPS"]
+__all__ = [
+    "BACKENDS",
+    "check_backend",
+    "exp_library",
+    "phase_library",
+    "Library",
+    "Crossover",
+    "phase_run",
+    "default_threads",
+    "LANES",
+    "DTYPES",
+    "MAX_D",
+    "SOURCE",
+    "exp_field",
+    "exp_field_xla",
+    "exp_tangent",
+    "EXP_TANGENT_TARGETS",
+    "set_exp_threads",
+    "EXP_SOURCE",
+    "EXP_TARGETS",
+    "EXP_LANES",
+    "EXP_MAX_D",
+    "exp_default_threads",
+    "exp_threads",
+    "exp_threads_now",
+    "threads_now",
+    "prepare",
+    "RefusedPath",
+    "BuildFailed",
+    "LONG_CALL",
+    "build_exp",
+    "build_phase",
+    "FLAGS",
+    "BUILD_RECIPE",
+    "CC_TIMEOUT",
+    "LOAD_CHECK_TIMEOUT",
+    "LOCK_MARGIN",
+    "VERSION_TIMEOUT",
+    "CROSSOVER_NS",
+    "CROSSOVER_DS",
+    "CROSSOVER_N",
+    "CROSSOVER_BATCH",
+    "CROSSOVER_REPS",
+]
 
 
 def _forget_failures() -> None:
@@ -113,7 +151,9 @@ def _forget_failures() -> None:
     tried again at their next use (a loaded library stays: its FFI targets are registered), and
     the exp kernel's crossover is measured again."""
     with _lock:
-        if _exp_state["lib"] is None and not _exp_state["tested"]:  # not loaded (a failed self-test stays)
+        if (
+            _exp_state["lib"] is None and not _exp_state["tested"]
+        ):  # not loaded (a failed self-test stays)
             _exp_state.update(error=None, prepared=False)
         _exp_state["crossover"] = None
         if _state["lib"] is None:

@@ -88,7 +88,20 @@ try:
 except ImportError:  # not POSIX: no lock between processes (the builds stay atomic)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["BUILD_RECIPE", "BuildFailed", "CC_TIMEOUT", "FLAGS", "LOAD_CHECK_TIMEOUT", "LOCK_MARGIN", "LONG_CALL", "Library", "RefusedPath", "VERSION_TIMEOUT", "default_threads", "threads_now"]
+__all__ = [
+    "BUILD_RECIPE",
+    "BuildFailed",
+    "CC_TIMEOUT",
+    "FLAGS",
+    "LOAD_CHECK_TIMEOUT",
+    "LOCK_MARGIN",
+    "LONG_CALL",
+    "Library",
+    "RefusedPath",
+    "VERSION_TIMEOUT",
+    "default_threads",
+    "threads_now",
+]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -100,7 +113,9 @@ FLAGS = (
 
 #: how a library is built and cached (part of its cache name): compile, then link without
 #: -ffast-math; a manifest (size, sha256) beside each library
-BUILD_RECIPE = "compile -c, link -shared without -ffast-math; validated (ELF, child load); manifest v2"
+BUILD_RECIPE = (
+    "compile -c, link -shared without -ffast-math; validated (ELF, child load); manifest v2"
+)
 
 _lock = threading.RLock()
 #: whether this process printed its line about the native path being unavailable
@@ -131,8 +146,14 @@ def _check_private(path: Path, st: os.stat_result, what: str) -> None:
     who can write there could make this process run their code."""
     problem = ownership_problem(path, st)
     if problem is not None:
-        hint = ", or set MEANFIELD_CACHE_DIR to a private directory" if what == "cache directory" else ""
-        raise RefusedPath(f"refused the native kernel {what} {path}: {problem[0]}; fix: {problem[1]}{hint}")
+        hint = (
+            ", or set MEANFIELD_CACHE_DIR to a private directory"
+            if what == "cache directory"
+            else ""
+        )
+        raise RefusedPath(
+            f"refused the native kernel {what} {path}: {problem[0]}; fix: {problem[1]}{hint}"
+        )
 
 
 def _private_dir(create: bool) -> Path:
@@ -144,16 +165,22 @@ def _private_dir(create: bool) -> Path:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
         except OSError as e:
-            raise RuntimeError(f"cannot create the native kernel cache directory {path}: {e.strerror} "
-                               "(set MEANFIELD_CACHE_DIR to a writable private directory)") from None
+            raise RuntimeError(
+                f"cannot create the native kernel cache directory {path}: {e.strerror} "
+                "(set MEANFIELD_CACHE_DIR to a writable private directory)"
+            ) from None
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise RuntimeError(f"not built (no cache directory {path}; meanfield.kernels builds the kernels "
-                           "at import, `meanfield info --rebuild-native` too)") from None
+        raise RuntimeError(
+            f"not built (no cache directory {path}; meanfield.kernels builds the kernels "
+            "at import, `meanfield info --rebuild-native` too)"
+        ) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise RefusedPath(f"refused the native kernel cache directory {path}: not a directory; "
-                          "fix: remove it, or set MEANFIELD_CACHE_DIR to a private directory")
+        raise RefusedPath(
+            f"refused the native kernel cache directory {path}: not a directory; "
+            "fix: remove it, or set MEANFIELD_CACHE_DIR to a private directory"
+        )
     _check_private(path, st, "cache directory")
     _check_parents(path)
     return path
@@ -166,10 +193,12 @@ def _check_parents(path: Path) -> None:
     found = open_parent(path)
     if found is not None:
         parent, mode = found
-        raise RefusedPath(f"refused the native kernel cache directory {path}: its parent {parent} is writable "
-                          f"by others without the sticky bit (mode {mode:o}), so anyone "
-                          f"can replace the cache; fix: chmod o-w {parent} (or chmod +t {parent}), "
-                          "or set MEANFIELD_CACHE_DIR to a private directory")
+        raise RefusedPath(
+            f"refused the native kernel cache directory {path}: its parent {parent} is writable "
+            f"by others without the sticky bit (mode {mode:o}), so anyone "
+            f"can replace the cache; fix: chmod o-w {parent} (or chmod +t {parent}), "
+            "or set MEANFIELD_CACHE_DIR to a private directory"
+        )
 
 
 def _compiler() -> str | None:
@@ -187,7 +216,9 @@ def _cpu_tag() -> str:
     """What ``-march=native`` depends on: the CPU's model and feature flags."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        lines = [
+            ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features"))
+        ]
         return "\n".join(sorted(set(lines)))
     except OSError:
         return platform.processor() + platform.machine()
@@ -198,7 +229,13 @@ def _disabled() -> bool:
 
 
 def _quiet() -> bool:
-    return os.environ.get("MEANFIELD_NATIVE_QUIET", "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return os.environ.get("MEANFIELD_NATIVE_QUIET", "0").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 def _warn_unavailable(reason: str) -> None:
@@ -210,8 +247,12 @@ def _warn_unavailable(reason: str) -> None:
     _warned.append(reason)
     text = " ".join(reason.split())
     text = text if len(text) <= 500 else text[:497] + "..."
-    print(f"meanfield: native CPU kernels unavailable, the XLA path runs instead: {text} "
-          "(`meanfield info` for details; MEANFIELD_NATIVE_QUIET=1 silences this line)", file=sys.stderr, flush=True)
+    print(
+        f"meanfield: native CPU kernels unavailable, the XLA path runs instead: {text} "
+        "(`meanfield info` for details; MEANFIELD_NATIVE_QUIET=1 silences this line)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 #: default seconds one build (compile and link of one library) may take: ``$MEANFIELD_CC_TIMEOUT``
@@ -253,8 +294,14 @@ def _run_bounded(args: list[str], timeout: float) -> subprocess.CompletedProcess
     every process it started after ``timeout`` seconds (``_Timeout``): a grandchild that keeps
     the pipes open (a compiler's ``cc1``, a ``sleep``) cannot make the wait outlive the timeout."""
     group = hasattr(os, "killpg")
-    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=group)
+    p = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=group,
+    )
 
     def kill() -> None:  # the child and every process it started (its session's process group)
         with contextlib.suppress(OSError):
@@ -272,7 +319,9 @@ def _run_bounded(args: list[str], timeout: float) -> subprocess.CompletedProcess
     except subprocess.TimeoutExpired:
         kill()
         raise _Timeout(timeout) from None
-    except BaseException:  # KeyboardInterrupt: the compiler has its own session, so it is ended here
+    except (
+        BaseException
+    ):  # KeyboardInterrupt: the compiler has its own session, so it is ended here
         kill()
         raise
     return subprocess.CompletedProcess(args, p.returncode, out, err)
@@ -292,8 +341,10 @@ def _compiler_version(cc: str) -> str:
                 limit = _timeout("MEANFIELD_CC_VERSION_TIMEOUT", VERSION_TIMEOUT)
                 _versions[cc] = _run_bounded([cc, "--version"], limit).stdout
             except _Timeout as e:
-                _versions[cc] = RuntimeError(f"the C compiler's version probe `{cc} --version` ran past {e.seconds:g} s "
-                                             "(killed; MEANFIELD_CC_VERSION_TIMEOUT sets the limit)")
+                _versions[cc] = RuntimeError(
+                    f"the C compiler's version probe `{cc} --version` ran past {e.seconds:g} s "
+                    "(killed; MEANFIELD_CC_VERSION_TIMEOUT sets the limit)"
+                )
             except OSError as e:
                 _versions[cc] = RuntimeError(f"cannot run the C compiler {cc}: {e.strerror or e}")
             except RuntimeError as e:
@@ -320,8 +371,13 @@ def _source_digest(source_path: Path, include: tuple[str, ...] | list[str]) -> b
     return hashlib.sha256(source_path.read_bytes() + b"\0" + headers).digest()
 
 
-def _library_paths(cc: str, version: str, source_path: Path, defines: list[str],
-                   include: tuple[str, ...] | list[str] = ()) -> list[tuple[list[str], Path]]:
+def _library_paths(
+    cc: str,
+    version: str,
+    source_path: Path,
+    defines: list[str],
+    include: tuple[str, ...] | list[str] = (),
+) -> list[tuple[list[str], Path]]:
     """``(flags, cached library)`` of each flag set of ``FLAGS``, in the order they are tried.
 
     The cache name hashes the source, the headers it includes from ``include`` (their bytes),
@@ -331,8 +387,18 @@ def _library_paths(cc: str, version: str, source_path: Path, defines: list[str],
     out = []
     for flags in FLAGS:
         flags = [*flags, *defines, *(f"-I{d}" for d in include)]
-        tag = hashlib.sha256(b"\0".join([source, headers, " ".join(flags).encode(), version.encode(),
-                                         _cpu_tag().encode(), BUILD_RECIPE.encode()])).hexdigest()[:16]
+        tag = hashlib.sha256(
+            b"\0".join(
+                [
+                    source,
+                    headers,
+                    " ".join(flags).encode(),
+                    version.encode(),
+                    _cpu_tag().encode(),
+                    BUILD_RECIPE.encode(),
+                ]
+            )
+        ).hexdigest()[:16]
         out.append((flags, Path(os.path.realpath(_cache_dir())) / f"{source_path.stem}-{tag}.so"))
     return out
 
@@ -370,9 +436,11 @@ def _flock_bounded(fd: int, lock: Path) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"the native kernel lock file {lock} was held by another process for more than "
-                                   f"{limit:g} s (MEANFIELD_CACHE_LOCK_TIMEOUT sets the limit); fix: end that "
-                                   "process, or set MEANFIELD_CACHE_DIR to another private directory") from None
+                raise RuntimeError(
+                    f"the native kernel lock file {lock} was held by another process for more than "
+                    f"{limit:g} s (MEANFIELD_CACHE_LOCK_TIMEOUT sets the limit); fix: end that "
+                    "process, or set MEANFIELD_CACHE_DIR to another private directory"
+                ) from None
             time.sleep(0.05)
 
 
@@ -390,14 +458,20 @@ def _file_lock(target: Path):
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | flags, 0o600)
     except OSError as e:
         if os.path.islink(lock):
-            raise RefusedPath(f"refused the native kernel lock file {lock}: a symbolic link; fix: remove it") from None
+            raise RefusedPath(
+                f"refused the native kernel lock file {lock}: a symbolic link; fix: remove it"
+            ) from None
         if e.errno not in _READ_ONLY:
-            raise RuntimeError(f"cannot open the native kernel lock file {lock}: {e.strerror}") from None
+            raise RuntimeError(
+                f"cannot open the native kernel lock file {lock}: {e.strerror}"
+            ) from None
         yield False  # a read-only cache directory: read only
         return
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RefusedPath(f"refused the native kernel lock file {lock}: not a regular file; fix: remove it")
+            raise RefusedPath(
+                f"refused the native kernel lock file {lock}: not a regular file; fix: remove it"
+            )
         if fcntl is not None:
             _flock_bounded(fd, lock)
         yield os.access(target.parent, os.W_OK)
@@ -407,9 +481,14 @@ def _file_lock(target: Path):
 
 def _kind(mode: int) -> str:
     """What a file that is not a regular file is, in words."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISLNK, "a symbolic link")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -427,21 +506,27 @@ def _read_private(path: Path, what: str) -> bytes | None:
     except OSError as e:
         raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise RefusedPath(f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
-                          f"fix: remove it")
+        raise RefusedPath(
+            f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
+            f"fix: remove it"
+        )
     try:  # O_NONBLOCK: a FIFO put there after the lstat does not block the open
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return None
     except OSError as e:
         if os.path.islink(path):
-            raise RefusedPath(f"refused the native kernel {what} {path}: a symbolic link; fix: remove it") from None
+            raise RefusedPath(
+                f"refused the native kernel {what} {path}: a symbolic link; fix: remove it"
+            ) from None
         raise RuntimeError(f"cannot read the native kernel {what} {path}: {e.strerror}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise RefusedPath(f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
-                              f"fix: remove it")
+            raise RefusedPath(
+                f"refused the native kernel {what} {path}: {_kind(st.st_mode)}, not a regular file; "
+                f"fix: remove it"
+            )
         _check_private(path, st, what)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
@@ -547,9 +632,11 @@ def _load_library(target: Path) -> ctypes.CDLL:
     with _file_lock(target):
         damage = _damage(target)  # the manifest is written only after a child process loaded it
         if damage is not None:
-            raise RuntimeError(f"the cached library {target} is {'missing' if damage == 'missing' else 'damaged'}"
-                               f"{'' if damage == 'missing' else f' ({damage})'}; it is rebuilt at the next "
-                               "import of meanfield.kernels, or run `meanfield info --rebuild-native`")
+            raise RuntimeError(
+                f"the cached library {target} is {'missing' if damage == 'missing' else 'damaged'}"
+                f"{'' if damage == 'missing' else f' ({damage})'}; it is rebuilt at the next "
+                "import of meanfield.kernels, or run `meanfield info --rebuild-native`"
+            )
         return ctypes.CDLL(str(target))
 
 
@@ -561,14 +648,20 @@ def _identity(cc: str, version: str, flags: list[str], digest: bytes) -> dict[st
 
 #: compiler messages of a failure that says nothing about the source or the flags (a killed
 #: compiler, a full disk, no memory): never recorded, the next import tries again
-_TRANSIENT = re.compile(r"signal terminated program|unable to execute command|\bkilled\b|no space left on device|"
-                        r"cannot allocate memory|out of memory|resource temporarily unavailable", re.IGNORECASE)
+_TRANSIENT = re.compile(
+    r"signal terminated program|unable to execute command|\bkilled\b|no space left on device|"
+    r"cannot allocate memory|out of memory|resource temporarily unavailable",
+    re.IGNORECASE,
+)
 
 
 #: signals of a compiler that crashed (recorded like any failure), unlike one that was killed
 #: (SIGKILL by the out-of-memory killer, SIGTERM, SIGINT: not recorded)
-_CRASHES = frozenset(int(getattr(signal, name)) for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
-                     if hasattr(signal, name))
+_CRASHES = frozenset(
+    int(getattr(signal, name))
+    for name in ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+    if hasattr(signal, name)
+)
 
 
 def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
@@ -595,9 +688,17 @@ def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
     return str(record.get("error", ""))
 
 
-def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
-               include: tuple[str, ...] | list[str] = (), *, force: bool = False, announce=None,
-               may_compile: bool = True) -> Path:
+def _build_one(
+    cc: str,
+    version: str,
+    source_path: Path,
+    defines: list[str],
+    include: tuple[str, ...] | list[str] = (),
+    *,
+    force: bool = False,
+    announce=None,
+    may_compile: bool = True,
+) -> Path:
     """The cached library of one build of a source, compiled (``_compile``) with the first flag
     set that works if it is not in the cache (or is damaged: then rebuilt, with one line on
     stderr). A flag set the compiler rejected is recorded (``.failed``, with the compiler
@@ -616,15 +717,21 @@ def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
     if force:
         for _, target in paths:
             with _file_lock(target) as writable:
-                for stale in (target, _manifest(target), target.with_suffix(".failed"),
-                              target.with_suffix(".crossover.json")):
+                for stale in (
+                    target,
+                    _manifest(target),
+                    target.with_suffix(".failed"),
+                    target.with_suffix(".crossover.json"),
+                ):
                     try:
                         stale.unlink(missing_ok=True)
                     except OSError as e:
-                        raise RuntimeError(f"cannot remove {stale} to rebuild it: {e.strerror}"
-                                           f"{'' if writable else ' (a read-only cache directory)'}; fix: make "
-                                           f"{target.parent} writable, or set MEANFIELD_CACHE_DIR to another "
-                                           "private directory") from None
+                        raise RuntimeError(
+                            f"cannot remove {stale} to rebuild it: {e.strerror}"
+                            f"{'' if writable else ' (a read-only cache directory)'}; fix: make "
+                            f"{target.parent} writable, or set MEANFIELD_CACHE_DIR to another "
+                            "private directory"
+                        ) from None
     errors: list[str] = []
     recorded_any = False
     head = f"the C compiler failed ({cc}, {version.strip().splitlines()[0] if version.strip() else 'no --version'})"
@@ -641,18 +748,26 @@ def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
             if damage is None:
                 return target
             if not may_compile:
-                raise RuntimeError(f"not built ({target.name} is {damage} in {target.parent}; meanfield.kernels "
-                                   "builds it at import, `meanfield info --rebuild-native` too)" if damage == "missing"
-                                   else f"the cached library {target} is damaged ({damage}); it is rebuilt at "
-                                   "the next import of meanfield.kernels, or run `meanfield info --rebuild-native`")
+                raise RuntimeError(
+                    f"not built ({target.name} is {damage} in {target.parent}; meanfield.kernels "
+                    "builds it at import, `meanfield info --rebuild-native` too)"
+                    if damage == "missing"
+                    else f"the cached library {target} is damaged ({damage}); it is rebuilt at "
+                    "the next import of meanfield.kernels, or run `meanfield info --rebuild-native`"
+                )
             if not writable:
-                raise RuntimeError(f"the cache directory {target.parent} is read-only and {target.name} is "
-                                   f"{damage} there; fix: make it writable, or set MEANFIELD_CACHE_DIR to a "
-                                   "writable private directory")
+                raise RuntimeError(
+                    f"the cache directory {target.parent} is read-only and {target.name} is "
+                    f"{damage} there; fix: make it writable, or set MEANFIELD_CACHE_DIR to a "
+                    "writable private directory"
+                )
             _raise_if_timed_out(cc, version, target.parent, head, force)
             if announce is not None:
-                announce(None if damage == "missing"
-                         else f"meanfield: the cached native library {target} is damaged ({damage}); rebuilding it")
+                announce(
+                    None
+                    if damage == "missing"
+                    else f"meanfield: the cached native library {target} is damaged ({damage}); rebuilding it"
+                )
             error, kind = _compile(cc, flags, source_path, target)
             if error is None:
                 with contextlib.suppress(OSError):
@@ -665,9 +780,14 @@ def _build_one(cc: str, version: str, source_path: Path, defines: list[str],
             if kind == "recorded":
                 _write_atomic(marker, json.dumps({"identity": identity, "error": error}).encode())
                 recorded_any = True
-    tail = ("recorded with the compiler's identity: retried when it changes, or run `meanfield info --rebuild-native`"
-            if recorded_any else "not recorded (a killed compiler or a full disk): the next import retries")
-    first = next((ln.strip() for e in errors for ln in e.split(": ", 1)[-1].splitlines() if ln.strip()), "")
+    tail = (
+        "recorded with the compiler's identity: retried when it changes, or run `meanfield info --rebuild-native`"
+        if recorded_any
+        else "not recorded (a killed compiler or a full disk): the next import retries"
+    )
+    first = next(
+        (ln.strip() for e in errors for ln in e.split(": ", 1)[-1].splitlines() if ln.strip()), ""
+    )
     first = first if len(first) <= 160 else first[:157] + "..."
     raise BuildFailed(f"{head}; {tail}: " + " | ".join(errors), f"{head}: {first}; {tail}")
 
@@ -686,8 +806,10 @@ def _record_timeout(cc: str, version: str, directory: Path, error: str) -> None:
     with _lock:
         _timed_out[(cc, version)] = error
     with contextlib.suppress(OSError):
-        _write_atomic(_compiler_record(cc, version, directory),
-                      json.dumps({"identity": {"compiler": cc, "version": version}, "error": error}).encode())
+        _write_atomic(
+            _compiler_record(cc, version, directory),
+            json.dumps({"identity": {"compiler": cc, "version": version}, "error": error}).encode(),
+        )
 
 
 def _raise_if_timed_out(cc: str, version: str, directory: Path, head: str, force: bool) -> None:
@@ -699,8 +821,10 @@ def _raise_if_timed_out(cc: str, version: str, directory: Path, head: str, force
         error = _recorded_failure(marker, {"compiler": cc, "version": version})
     if error is None:
         return
-    tail = (f"recorded in {marker} with the compiler's identity: not run again until it changes, or run "
-            "`meanfield info --rebuild-native`")
+    tail = (
+        f"recorded in {marker} with the compiler's identity: not run again until it changes, or run "
+        "`meanfield info --rebuild-native`"
+    )
     raise BuildFailed(f"{head}: {error}; {tail}", f"{head}: {error}; {tail}")
 
 
@@ -731,23 +855,34 @@ def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tupl
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
     except OSError as e:
-        raise RuntimeError(f"cannot write to the native kernel cache directory {target.parent}: {e.strerror}; "
-                           "fix: make it writable, or set MEANFIELD_CACHE_DIR to a writable private directory") from None
+        raise RuntimeError(
+            f"cannot write to the native kernel cache directory {target.parent}: {e.strerror}; "
+            "fix: make it writable, or set MEANFIELD_CACHE_DIR to a writable private directory"
+        ) from None
     os.close(fd)
     try:
         try:
             r = _compile_and_link(cc, flags, source_path, tmp, limit)
         except _Timeout:
-            return (f"the compiler ran past {limit:g} s (killed with the processes it started; "
-                    "MEANFIELD_CC_TIMEOUT sets the limit)"), "timeout"
+            return (
+                f"the compiler ran past {limit:g} s (killed with the processes it started; "
+                "MEANFIELD_CC_TIMEOUT sets the limit)"
+            ), "timeout"
         except OSError as e:
             return f"cannot run the compiler: {e}", "recorded"
-        if r.returncode < 0 and -r.returncode in _CRASHES:  # the compiler itself crashed: as deterministic
+        if (
+            r.returncode < 0 and -r.returncode in _CRASHES
+        ):  # the compiler itself crashed: as deterministic
             name = signal.Signals(-r.returncode).name  # as an internal compiler error, so recorded
-            return f"the compiler crashed ({name}){': ' + r.stderr.strip() if r.stderr.strip() else ''}", "recorded"
+            return (
+                f"the compiler crashed ({name}){': ' + r.stderr.strip() if r.stderr.strip() else ''}",
+                "recorded",
+            )
         if r.returncode != 0:
             error = r.stderr.strip() or f"exit status {r.returncode}"
-            return error, "transient" if r.returncode < 0 or _TRANSIENT.search(error) else "recorded"
+            return error, "transient" if r.returncode < 0 or _TRANSIENT.search(
+                error
+            ) else "recorded"
         with open(tmp, "rb") as f:
             data = f.read()
         problem = _validate(tmp, data)
@@ -755,9 +890,18 @@ def _compile(cc: str, flags: list[str], source_path: Path, target: Path) -> tupl
             return f"the compiler exited 0 but wrote no usable library: {problem}", "recorded"
         os.chmod(tmp, 0o700)
         os.replace(tmp, target)
-        _write_atomic(_manifest(target), json.dumps({"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                                                     "compiler": cc, "flags": flags,
-                                                     "validated": "ELF headers, loaded in a child process"}).encode())
+        _write_atomic(
+            _manifest(target),
+            json.dumps(
+                {
+                    "size": len(data),
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "compiler": cc,
+                    "flags": flags,
+                    "validated": "ELF headers, loaded in a child process",
+                }
+            ).encode(),
+        )
         return None, ""
     finally:
         if os.path.exists(tmp):
@@ -775,8 +919,17 @@ def _validate(path: str, data: bytes) -> str | None:
     if not sys.executable:
         return None
     try:
-        r = _run_bounded([sys.executable, "-I", "-S", "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", path],
-                         LOAD_CHECK_TIMEOUT)
+        r = _run_bounded(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
+                path,
+            ],
+            LOAD_CHECK_TIMEOUT,
+        )
     except _Timeout as e:
         return f"loading it in a child process ran past {e.seconds:g} s"
     except OSError as e:
@@ -793,8 +946,9 @@ def _validate(path: str, data: bytes) -> str | None:
     return None
 
 
-def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str,
-                      limit: float) -> subprocess.CompletedProcess:
+def _compile_and_link(
+    cc: str, flags: list[str], source_path: Path, out: str, limit: float
+) -> subprocess.CompletedProcess:
     """Compile with ``flags``, then link as a shared library WITHOUT ``-ffast-math``: linked
     with it, GCC adds ``crtfastmath.o``, whose constructor sets flush-to-zero for the whole
     process when the library is loaded (every subnormal in NumPy/JAX would become 0). Both
@@ -806,7 +960,9 @@ def _compile_and_link(cc: str, flags: list[str], source_path: Path, out: str,
     try:
         r = _run_bounded([cc, *compile_flags, "-c", "-o", obj, str(source_path)], limit)
         if r.returncode == 0:
-            r = _run_bounded([cc, *link_flags, "-o", out, obj, "-lm"], max(0.001, deadline - time.monotonic()))
+            r = _run_bounded(
+                [cc, *link_flags, "-o", out, obj, "-lm"], max(0.001, deadline - time.monotonic())
+            )
         return r
     finally:
         if os.path.exists(obj):
@@ -822,11 +978,17 @@ def _build_all(what: str, source_path: Path, include: list[str], force: bool) ->
     def announce(message: str | None = None) -> None:
         if not said:
             said.append(True)
-            print(message or f"meanfield: building the native {what} (once, cached in {_cache_dir()}) ...",
-                  file=sys.stderr, flush=True)
+            print(
+                message
+                or f"meanfield: building the native {what} (once, cached in {_cache_dir()}) ...",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    return {name: _build_one(cc, version, source_path, defines, include, force=force, announce=announce)
-            for name, defines, _, _ in _BUILDS}
+    return {
+        name: _build_one(cc, version, source_path, defines, include, force=force, announce=announce)
+        for name, defines, _, _ in _BUILDS
+    }
 
 
 def _reason(e: Exception) -> str:
@@ -840,8 +1002,9 @@ def _summary(e: Exception) -> str:
 
 #: the builds of each source: (dtype, -D flags, suffix of the entry points, C type of the reals)
 _BUILDS: tuple[tuple[str, list[str], str, Any], ...] = (
-    ("float64", [], "_f64", ctypes.c_double), ("float32", ["-DMF_FLOAT32"], "_f32", ctypes.c_float))
-
+    ("float64", [], "_f64", ctypes.c_double),
+    ("float32", ["-DMF_FLOAT32"], "_f32", ctypes.c_float),
+)
 
 
 #: the last sample of the load (``threads_now``): wall time, busy and own CPU seconds, CPUs, estimate
@@ -890,12 +1053,13 @@ def threads_now(most: int) -> int:
             else:
                 busy, cpus = sample
                 if _load["wall"] is not None and cpus == _load["cpus"]:
-                    others = max(0.0, (busy - _load["busy"] - (own - _load["own"])) / (now - _load["wall"]))
+                    others = max(
+                        0.0, (busy - _load["busy"] - (own - _load["own"])) / (now - _load["wall"])
+                    )
                     _load["idle"] = max(1, int(cpus - others + 0.5))
                 _load.update(wall=now, busy=busy, own=own, cpus=cpus)
         idle = _load["idle"]
     return most if idle is None else min(most, idle)
-
 
 
 #: work (pairs x (2 d + 4)) above which a call takes all its threads whatever the load: about
@@ -912,7 +1076,6 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
 
 
 class Library:
@@ -948,4 +1111,6 @@ class Library:
         return self._crossover()
 
     def __repr__(self) -> str:
-        return f"<meanfield native {self.name}: " + ("available>" if self.available else f"unavailable: {self.reason}>")
+        return f"<meanfield native {self.name}: " + (
+            "available>" if self.available else f"unavailable: {self.reason}>"
+        )

@@ -71,13 +71,38 @@ from ._cache import (
     default_threads,
 )
 
-__all__ = ["CROSSOVER_BATCH", "CROSSOVER_DS", "CROSSOVER_N", "CROSSOVER_NS", "CROSSOVER_RECIPE", "CROSSOVER_REPS", "Crossover", "EXP_LANES", "EXP_MAX_D", "EXP_SOURCE", "EXP_TANGENT_TARGETS", "EXP_TARGETS", "build_exp", "exp_default_threads", "exp_field", "exp_field_xla", "exp_library", "exp_tangent", "exp_threads", "exp_threads_now", "prepare", "set_exp_threads"]
+__all__ = [
+    "CROSSOVER_BATCH",
+    "CROSSOVER_DS",
+    "CROSSOVER_N",
+    "CROSSOVER_NS",
+    "CROSSOVER_RECIPE",
+    "CROSSOVER_REPS",
+    "Crossover",
+    "EXP_LANES",
+    "EXP_MAX_D",
+    "EXP_SOURCE",
+    "EXP_TANGENT_TARGETS",
+    "EXP_TARGETS",
+    "build_exp",
+    "exp_default_threads",
+    "exp_field",
+    "exp_field_xla",
+    "exp_library",
+    "exp_tangent",
+    "exp_threads",
+    "exp_threads_now",
+    "prepare",
+    "set_exp_threads",
+]
 
 #: the C source of the fused exp-kernel field (``meanfield.kernels``' CPU fast path)
 EXP_SOURCE = Path(__file__).with_name("exp_kernel.c")
 #: XLA FFI targets by dtype: (field and sum, sum only)
-EXP_TARGETS = {"float64": ("meanfield_exp_fs_f64", "meanfield_exp_s_f64"),
-               "float32": ("meanfield_exp_fs_f32", "meanfield_exp_s_f32")}
+EXP_TARGETS = {
+    "float64": ("meanfield_exp_fs_f64", "meanfield_exp_s_f64"),
+    "float32": ("meanfield_exp_fs_f32", "meanfield_exp_s_f32"),
+}
 #: XLA FFI targets of the field's tangent (``exp_tangent``), by dtype
 EXP_TANGENT_TARGETS = {"float64": "meanfield_exp_t_f64", "float32": "meanfield_exp_t_f32"}
 #: columns per SIMD vector of the exp kernel, by dtype
@@ -85,8 +110,16 @@ EXP_LANES = {"float64": 8, "float32": 16}
 #: largest dimension the exp kernel accepts
 EXP_MAX_D = 64
 
-_exp_state: dict = {"lib": None, "error": None, "prepared": False, "tested": False, "threads": None,
-                    "adaptive": True, "paths": None, "crossover": None}
+_exp_state: dict = {
+    "lib": None,
+    "error": None,
+    "prepared": False,
+    "tested": False,
+    "threads": None,
+    "adaptive": True,
+    "paths": None,
+    "crossover": None,
+}
 
 
 def _exp_include() -> str:
@@ -136,7 +169,9 @@ def _load_exp(paths: dict[str, Path]) -> dict:
         lib = _load_library(paths[name])
         lanes = int(getattr(lib, f"mf_exp_lanes{suffix}")())
         if lanes != EXP_LANES[name]:
-            raise RuntimeError(f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}")
+            raise RuntimeError(
+                f"the {name} exp kernel has {lanes} lanes, expected {EXP_LANES[name]}"
+            )
         fn = getattr(lib, f"mf_exp_field{suffix}")
         rp = ctypes.POINTER(ctype)
         fn.argtypes = [rp, rp, rp, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp, rp]
@@ -153,7 +188,9 @@ def _load_exp(paths: dict[str, Path]) -> dict:
         libs[name] = (lib, fn, rp, (threads, adaptive, now), tangent)
     for name, (lib, *_) in libs.items():
         for target in (*EXP_TARGETS[name], EXP_TANGENT_TARGETS[name]):
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
+            jax.ffi.register_ffi_target(
+                target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu"
+            )
     return {name: rest for name, (_, *rest) in libs.items()}
 
 
@@ -166,8 +203,12 @@ def _prepare(may_compile: bool) -> bool:
                     paths = build_exp()
                 else:
                     cc, version = _toolchain()
-                    paths = {name: _build_one(cc, version, EXP_SOURCE, defines, [_exp_include()], may_compile=False)
-                             for name, defines, _, _ in _BUILDS}
+                    paths = {
+                        name: _build_one(
+                            cc, version, EXP_SOURCE, defines, [_exp_include()], may_compile=False
+                        )
+                        for name, defines, _, _ in _BUILDS
+                    }
                 _exp_state["lib"] = _load_exp(paths)
                 _exp_state["paths"] = paths
             except Exception as e:  # noqa: BLE001 - any failure leaves the XLA path, with the reason
@@ -231,8 +272,14 @@ def _self_test_eager(jax) -> None:
         dFt = jax.jit(t)(xt, dx.astype(name), bt)
         tol = 1e-5 if name == "float32" else 1e-12
         close = lambda a, b, t=tol: np.allclose(np.asarray(a), b, rtol=t, atol=t)  # noqa: E731
-        if not (close(F[0], Wx @ x[0] / 3) and close(S, Wx.sum()) and close(S2, Wx.sum())
-                and close(Fg[0], Fy) and close(Sg, Wy.sum()) and close(dFt[0], dF)):
+        if not (
+            close(F[0], Wx @ x[0] / 3)
+            and close(S, Wx.sum())
+            and close(S2, Wx.sum())
+            and close(Fg[0], Fy)
+            and close(Sg, Wy.sum())
+            and close(dFt[0], dF)
+        ):
             raise RuntimeError(f"the {name} exp kernel failed its self-test through XLA")
 
 
@@ -310,7 +357,9 @@ def set_exp_threads(threads: int | None = None, *, adaptive: bool = True) -> Non
     (bit-identical for any thread count); one large system split over threads sums its rows in
     another order (rounding, ``tests/test_kernels_native.py``). Sets no environment variable.
     """
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     if not isinstance(adaptive, bool):
         raise TypeError(f"adaptive must be True or False, got {adaptive!r}")
@@ -345,7 +394,9 @@ def exp_field(x, beta, field: bool = True, gauge=None):
     if x.dtype.name not in EXP_TARGETS:
         raise ValueError(f"x must be float64 or float32 for the native kernel, got dtype {x.dtype}")
     if x.ndim != 3 or x.shape[1] < 1 or not 1 <= x.shape[2] <= EXP_MAX_D:
-        raise ValueError(f"x must have shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, got {x.shape}")
+        raise ValueError(
+            f"x must have shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, got {x.shape}"
+        )
     beta = np.ascontiguousarray(beta, dtype=x.dtype)
     if beta.shape != x.shape[:1]:
         raise ValueError(f"beta must have shape {x.shape[:1]}, got {beta.shape}")
@@ -358,9 +409,17 @@ def exp_field(x, beta, field: bool = True, gauge=None):
             raise ValueError(f"gauge must have shape {(n, d, d)} or {(B, n, d, d)}, got {G.shape}")
     F = np.empty_like(x) if field else None
     S = np.empty(B, x.dtype)
-    rc = fn(x.ctypes.data_as(rp), beta.ctypes.data_as(rp), G.ctypes.data_as(rp) if G is not None else None,
-            int(G is not None and G.ndim == 3), B, n, d,
-            F.ctypes.data_as(rp) if F is not None else None, S.ctypes.data_as(rp))
+    rc = fn(
+        x.ctypes.data_as(rp),
+        beta.ctypes.data_as(rp),
+        G.ctypes.data_as(rp) if G is not None else None,
+        int(G is not None and G.ndim == 3),
+        B,
+        n,
+        d,
+        F.ctypes.data_as(rp) if F is not None else None,
+        S.ctypes.data_as(rp),
+    )
     if rc != 0:
         raise RuntimeError(f"the native exp kernel failed (B={B}, n={n}, d={d}, code {rc})")
     return F, S
@@ -390,17 +449,29 @@ def exp_tangent(y, dy, beta):
         raise RuntimeError(f"the native exp kernel is not available: {_exp_state['error']}")
     y, dy = np.ascontiguousarray(y), np.ascontiguousarray(dy)
     if y.dtype.name not in EXP_TARGETS or dy.dtype != y.dtype:
-        raise ValueError(f"y and dy must be float64 or float32 arrays of one dtype, got {y.dtype} and {dy.dtype}")
+        raise ValueError(
+            f"y and dy must be float64 or float32 arrays of one dtype, got {y.dtype} and {dy.dtype}"
+        )
     if y.ndim != 3 or y.shape[1] < 1 or not 1 <= y.shape[2] <= EXP_MAX_D or dy.shape != y.shape:
-        raise ValueError(f"y and dy must have one shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, "
-                         f"got {y.shape} and {dy.shape}")
+        raise ValueError(
+            f"y and dy must have one shape (B, n, d) with n >= 1 and 1 <= d <= {EXP_MAX_D}, "
+            f"got {y.shape} and {dy.shape}"
+        )
     beta = np.ascontiguousarray(beta, dtype=y.dtype)
     if beta.shape != y.shape[:1]:
         raise ValueError(f"beta must have shape {y.shape[:1]}, got {beta.shape}")
     _, rp, _, fn = libs[y.dtype.name]
     B, n, d = y.shape
     dF = np.empty_like(y)
-    rc = fn(y.ctypes.data_as(rp), dy.ctypes.data_as(rp), beta.ctypes.data_as(rp), B, n, d, dF.ctypes.data_as(rp))
+    rc = fn(
+        y.ctypes.data_as(rp),
+        dy.ctypes.data_as(rp),
+        beta.ctypes.data_as(rp),
+        B,
+        n,
+        d,
+        dF.ctypes.data_as(rp),
+    )
     if rc != 0:
         raise RuntimeError(f"the native exp tangent failed (B={B}, n={n}, d={d}, code {rc})")
     return dF
@@ -433,7 +504,9 @@ def _tangent_call(name: str):
     from jax.sharding import NamedSharding, PartitionSpec
 
     def call(y, dy, beta):
-        return jax.ffi.ffi_call(EXP_TANGENT_TARGETS[name], jax.ShapeDtypeStruct(y.shape, y.dtype))(y, dy, beta)
+        return jax.ffi.ffi_call(EXP_TANGENT_TARGETS[name], jax.ShapeDtypeStruct(y.shape, y.dtype))(
+            y, dy, beta
+        )
 
     def shardings(mesh, arg_shapes):
         ys = arg_shapes[0]
@@ -442,7 +515,9 @@ def _tangent_call(name: str):
         spec = tuple(sh.spec)[:batch_rank] if isinstance(sh, NamedSharding) else ()
         spec = spec + (None,) * (batch_rank - len(spec))
         mesh = sh.mesh if isinstance(sh, NamedSharding) else mesh
-        return NamedSharding(mesh, PartitionSpec(*spec, None, None)), NamedSharding(mesh, PartitionSpec(*spec))
+        return NamedSharding(mesh, PartitionSpec(*spec, None, None)), NamedSharding(
+            mesh, PartitionSpec(*spec)
+        )
 
     def infer(mesh, arg_shapes, result_shape):
         return shardings(mesh, arg_shapes)[0]
@@ -452,8 +527,12 @@ def _tangent_call(name: str):
         return mesh, call, y_sh, (y_sh, y_sh, b_sh)
 
     wrapped = custom_partitioning(call)
-    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                          sharding_rule="... n d, ... n d, ... -> ... n d", need_replication_factors=("n", "d"))
+    wrapped.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule="... n d, ... n d, ... -> ... n d",
+        need_replication_factors=("n", "d"),
+    )
     return wrapped
 
 
@@ -487,8 +566,11 @@ def _partitioned_call(name: str, field: bool, mode: str):
         mesh = sh.mesh if isinstance(sh, NamedSharding) else mesh
         x_sh = NamedSharding(mesh, PartitionSpec(*spec, None, None))
         b_sh = NamedSharding(mesh, PartitionSpec(*spec))
-        g_sh = {"none": (), "shared": (NamedSharding(mesh, PartitionSpec()),),
-                "batched": (NamedSharding(mesh, PartitionSpec(*spec, None, None, None)),)}[mode]
+        g_sh = {
+            "none": (),
+            "shared": (NamedSharding(mesh, PartitionSpec()),),
+            "batched": (NamedSharding(mesh, PartitionSpec(*spec, None, None, None)),),
+        }[mode]
         return x_sh, b_sh, g_sh
 
     def infer(mesh, arg_shapes, result_shape):
@@ -502,8 +584,12 @@ def _partitioned_call(name: str, field: bool, mode: str):
     wrapped = custom_partitioning(call)
     g_rule = {"none": "", "shared": ", n d e", "batched": ", ... n d e"}[mode]
     rule = f"... n d, ...{g_rule} -> " + ("... n d, ..." if field else "...")
-    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                          need_replication_factors=("n", "d") if mode == "none" else ("n", "d", "e"))
+    wrapped.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=infer,
+        sharding_rule=rule,
+        need_replication_factors=("n", "d") if mode == "none" else ("n", "d", "e"),
+    )
     return wrapped
 
 
@@ -562,7 +648,9 @@ class Crossover:
             rule = "XLA at every measured shape"
         else:
             rule = f"the fused kernel for d <= {self.max_d} and n >= {self.min_n}, else XLA"
-        times = ", ".join(f"{k}: {1e3 * a:.3g} vs {1e3 * b:.3g} ms" for k, (a, b) in self.times.items())
+        times = ", ".join(
+            f"{k}: {1e3 * a:.3g} vs {1e3 * b:.3g} ms" for k, (a, b) in self.times.items()
+        )
         return f"{rule} (measured in {self.seconds:.2f} s, kernel vs XLA per call of {CROSSOVER_BATCH} systems: {times})"
 
 
@@ -654,14 +742,21 @@ def _crossover() -> Crossover:
             import jax
 
             start = time.perf_counter()
-            with jax.ensure_compile_time_eval(), jax.default_device(jax.local_devices(backend="cpu")[0]):
+            with (
+                jax.ensure_compile_time_eval(),
+                jax.default_device(jax.local_devices(backend="cpu")[0]),
+            ):
                 times = _measure()
             seconds = time.perf_counter() - start
             recorded = None
             if path is not None:
                 try:
-                    _write_atomic(path, json.dumps({"recipe": CROSSOVER_RECIPE, "times": times,
-                                                    "seconds": seconds}).encode())
+                    _write_atomic(
+                        path,
+                        json.dumps(
+                            {"recipe": CROSSOVER_RECIPE, "times": times, "seconds": seconds}
+                        ).encode(),
+                    )
                     recorded = str(path)
                 except OSError:  # a read-only cache directory: kept for this process
                     pass

@@ -56,7 +56,6 @@ SOURCE = Path(__file__).with_name("phase_kernel.c")
 _state: dict = {"lib": None, "error": None, "tried": False}
 
 
-
 def build_phase(force: bool = False) -> dict[str, Path]:
     """Compile both dtypes of ``phase_kernel.c`` into the cache, unless they are there already.
 
@@ -85,9 +84,23 @@ def _build() -> dict:
         lib = _load_library(paths[name])
         fn = getattr(lib, "mf_phase_run" if name == "float64" else f"mf_phase_run{suffix}")
         rp = ctypes.POINTER(ctype)
-        fn.argtypes = [rp, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double,
-                       ctypes.c_double, ctypes.c_int, ip, ctypes.c_int, ctypes.c_double, ctypes.c_int,
-                       dp, rp, ctypes.c_int]
+        fn.argtypes = [
+            rp,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_double,
+            ctypes.c_double,
+            ctypes.c_double,
+            ctypes.c_int,
+            ip,
+            ctypes.c_int,
+            ctypes.c_double,
+            ctypes.c_int,
+            dp,
+            rp,
+            ctypes.c_int,
+        ]
         fn.restype = ctypes.c_int
         lanes = int(lib.mf_lanes())
         if lanes != LANES[name]:
@@ -98,7 +111,6 @@ def _build() -> dict:
 
 def _library() -> dict | None:
     return _once(_state, _build)
-
 
 
 def _once(state: dict, build) -> dict | None:
@@ -112,7 +124,6 @@ def _once(state: dict, build) -> dict | None:
                 state["error"] = _reason(e)
                 _warn_unavailable(f"phase-diagram kernel: {_summary(e)}")
         return state["lib"]
-
 
 
 #: the phase-diagram kernel of this process (``phase_library()``)
@@ -137,9 +148,17 @@ def _phase_threads(S: int, n: int, d: int, nsteps: int) -> int:
     return default_threads() if work > LONG_CALL else threads_now(default_threads())
 
 
-
-def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, threshold: float,
-              normalized: bool, threads: int | None = None):
+def phase_run(
+    x0,
+    beta: float,
+    shift: float,
+    step: float,
+    nsteps: int,
+    ckpt,
+    threshold: float,
+    normalized: bool,
+    threads: int | None = None,
+):
     """Run ``nsteps`` Euler steps of every seed of ``x0`` with the native kernel.
 
     Args:
@@ -174,27 +193,43 @@ def phase_run(x0, beta: float, shift: float, step: float, nsteps: int, ckpt, thr
     fn, rp = kernels[dtype.name]
     x0 = np.ascontiguousarray(x0)
     if x0.ndim != 3 or x0.shape[1] < 2 or not 1 <= x0.shape[2] <= MAX_D:
-        raise ValueError(f"x0 must have shape (S, n, d) with n >= 2 and 1 <= d <= {MAX_D}, got {x0.shape}")
+        raise ValueError(
+            f"x0 must have shape (S, n, d) with n >= 2 and 1 <= d <= {MAX_D}, got {x0.shape}"
+        )
     S, n, d = x0.shape
     if isinstance(nsteps, bool) or not isinstance(nsteps, int | np.integer) or nsteps < 0:
         raise ValueError(f"nsteps must be an integer >= 0, got {nsteps!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
         raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     pad = (-S) % LANES[dtype.name]
     xp = np.concatenate([x0, np.repeat(x0[:1], pad, axis=0)]) if pad else x0
     ck = np.ascontiguousarray(ckpt, dtype=np.intc)
-    if ck.ndim != 1 or (ck.size and (ck.min() < 0 or ck.max() > nsteps or np.any(np.diff(ck) <= 0))):
+    if ck.ndim != 1 or (
+        ck.size and (ck.min() < 0 or ck.max() > nsteps or np.any(np.diff(ck) <= 0))
+    ):
         raise ValueError(f"ckpt must be distinct sorted steps in [0, {nsteps}], got {ck.tolist()}")
     Sp = xp.shape[0]
     frac = np.zeros((Sp, ck.size))
     xout = np.empty_like(xp)
     rc = fn(
-        xp.ctypes.data_as(rp), Sp, n, d, float(beta), float(shift), float(step), int(nsteps),
-        ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int)), ck.size, float(threshold), int(bool(normalized)),
-        frac.ctypes.data_as(ctypes.POINTER(ctypes.c_double)), xout.ctypes.data_as(rp),
+        xp.ctypes.data_as(rp),
+        Sp,
+        n,
+        d,
+        float(beta),
+        float(shift),
+        float(step),
+        int(nsteps),
+        ck.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+        ck.size,
+        float(threshold),
+        int(bool(normalized)),
+        frac.ctypes.data_as(ctypes.POINTER(ctypes.c_double)),
+        xout.ctypes.data_as(rp),
         int(threads or _phase_threads(Sp, n, d, nsteps)),
     )
     if rc != 0:
         raise RuntimeError(f"the native phase-diagram kernel failed (S={S}, n={n}, d={d})")
     return frac[:S], xout[:S]
-

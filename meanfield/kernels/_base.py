@@ -11,7 +11,8 @@ from jaxtyping import Array, Float
 
 from ..models import Model
 
-__all__ = ['Kernel', 'pairwise_field', 'pairwise_energy', 'original_time', 'rescaled_time']
+__all__ = ["Kernel", "pairwise_field", "pairwise_energy", "original_time", "rescaled_time"]
+
 
 def original_time(s, beta):
     r"""Original time $t = e^{-\beta} s$ of rescaled time ``s`` (``rescaled=True`` kernels).
@@ -174,4 +175,3 @@ def pairwise_energy(kernel: Kernel, x, aux):
     row = jax.vmap(kernel, in_axes=(None, None, 0, 0))
     H = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)
     return 0.5 * jnp.mean(H)
-

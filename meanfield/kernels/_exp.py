@@ -35,7 +35,20 @@ from ._base import Kernel
 
 _native.prepare()  # the C compiler runs here, at this module's first import (inside a trace only if that import is)
 
-__all__ = ['DENSE_MAX', 'DENSE_LIMIT', 'DEFAULT_BLOCK', 'BATCH_BYTES', 'ACCELERATOR_BATCH_BYTES', 'BACKENDS', 'check_backend', 'use_backend', 'resolve_backend', 'USA', 'DistanceBias', 'tile_shape']
+__all__ = [
+    "DENSE_MAX",
+    "DENSE_LIMIT",
+    "DEFAULT_BLOCK",
+    "BATCH_BYTES",
+    "ACCELERATOR_BATCH_BYTES",
+    "BACKENDS",
+    "check_backend",
+    "use_backend",
+    "resolve_backend",
+    "USA",
+    "DistanceBias",
+    "tile_shape",
+]
 
 #: Largest ``n`` evaluated with the dense ``n x n`` weight matrix; above it, tiles.
 DENSE_MAX = 1024
@@ -54,6 +67,7 @@ BATCH_BYTES = 2**23
 #: The same budget on accelerators (GPU/TPU), where larger kernels keep the device busy and
 #: the bound only guards memory (not measured: no accelerator was available).
 ACCELERATOR_BATCH_BYTES = 2**30
+
 
 class _ScopedValue:
     """``jax.make_user_context``'s interface on a ``contextvars.ContextVar``, for a JAX without it
@@ -81,7 +95,9 @@ class _ScopedValue:
 #: (``jax.make_user_context``), part of ``jit``'s cache key and of the trace context, so a
 #: program traced under one backend is never reused under another. Set by the entry points from
 #: their ``backend`` argument for their call, and by ``use_backend``; never process-wide.
-_BACKEND = jax.make_user_context("auto") if hasattr(jax, "make_user_context") else _ScopedValue("auto")
+_BACKEND = (
+    jax.make_user_context("auto") if hasattr(jax, "make_user_context") else _ScopedValue("auto")
+)
 
 
 def use_backend(backend: str):
@@ -136,12 +152,18 @@ def resolve_backend(backend: str, n: int, d: int, dtype) -> str:
         crossover = lib.crossover if fits and lib.available else None
         return "native" if crossover is not None and crossover.prefers_native(n, d) else "xla"
     if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
-        raise ValueError(f"backend='native' runs float32 and float64, got {jnp.dtype(dtype)}; use backend='xla' or 'auto'")
+        raise ValueError(
+            f"backend='native' runs float32 and float64, got {jnp.dtype(dtype)}; use backend='xla' or 'auto'"
+        )
     if d > _native.EXP_MAX_D:
-        raise ValueError(f"backend='native' supports d <= {_native.EXP_MAX_D}, got d = {d}; use backend='xla' or 'auto'")
+        raise ValueError(
+            f"backend='native' supports d <= {_native.EXP_MAX_D}, got d = {d}; use backend='xla' or 'auto'"
+        )
     if not lib.available:
-        raise RuntimeError(f"backend='native': the fused C kernel is not available ({lib.reason}); "
-                           "use backend='xla' or 'auto'")
+        raise RuntimeError(
+            f"backend='native': the fused C kernel is not available ({lib.reason}); "
+            "use backend='xla' or 'auto'"
+        )
     return "native"
 
 
@@ -150,7 +172,9 @@ def resolve_backend(backend: str, n: int, d: int, dtype) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _tiled_exp(x, log_bias: Callable | None, beta, shift, block_size, gauge=None, parts: str = "FS"):
+def _tiled_exp(
+    x, log_bias: Callable | None, beta, shift, block_size, gauge=None, parts: str = "FS"
+):
     """``F = (1/n) W x`` and ``M = (1/n^2) sum_ij W_ij`` with
     ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
 
@@ -273,7 +297,9 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
     def batched(xs, betas, *gauges):
         if backend == "native":
             args = (xs, betas, *gauges)
-            return jax.lax.platform_dependent(*args, cpu=_varying_as(native, args), default=_varying_as(xla, args))
+            return jax.lax.platform_dependent(
+                *args, cpu=_varying_as(native, args), default=_varying_as(xla, args)
+            )
         return xla(xs, betas, *gauges)
 
     def xla(xs, betas, *gauges):
@@ -324,7 +350,9 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
         if backend == "native":
             return _native_jvp(block_size, parts, primals, tangents)
         out = op(*primals)
-        tangents = tuple(jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t for t in tangents)
+        tangents = tuple(
+            jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t for t in tangents
+        )
         _, dout = jax.jvp(lambda *a: unit(a), primals, tangents)
         return out, dout
 
@@ -364,7 +392,9 @@ def _native_jvp(block_size, parts: str, primals, tangents):
         if "S" in parts:
             dS = 2 * beta * n * jnp.sum(dy * Fy)
     if not zero(tbeta):
-        _, (dFb, dSb) = jax.jvp(lambda b: _tiled_exp_unit(y, None, b, block_size, parts), (beta,), (tbeta,))
+        _, (dFb, dSb) = jax.jvp(
+            lambda b: _tiled_exp_unit(y, None, b, block_size, parts), (beta,), (tbeta,)
+        )
         dFy, dS = dFy + dFb, dS + dSb
     F, dF = Fy, dFy
     if G is not None:
@@ -390,15 +420,20 @@ def _tangent_xla(y, dy, beta):
     """``_exp_tangent`` as XLA operations (the reference; other platforms): ``jax.jvp`` of the
     unscaled field of each system."""
     n, d = y.shape[-2:]
-    one = lambda a, da, b: jax.jvp(lambda z: _tiled_exp_unit(z, None, b, None, "F")[0], (a,), (da,))[1]  # noqa: E731
+
+    def one(a, da, b):
+        return jax.jvp(lambda z: _tiled_exp_unit(z, None, b, None, "F")[0], (a,), (da,))[1]
+
     out = jax.vmap(one)(y.reshape(-1, n, d), dy.reshape(-1, n, d), beta.reshape(-1))
     return out.reshape(y.shape)
 
 
 def _tangent_abstract(y, dy, beta):
     if y.shape != dy.shape or y.dtype != dy.dtype or beta.shape != y.shape[:-2]:
-        raise ValueError(f"exp tangent: y and dy must be (..., n, d) of one dtype and beta (...), got "
-                         f"{y.shape} {y.dtype}, {dy.shape} {dy.dtype}, {beta.shape}")
+        raise ValueError(
+            f"exp tangent: y and dy must be (..., n, d) of one dtype and beta (...), got "
+            f"{y.shape} {y.dtype}, {dy.shape} {dy.dtype}, {beta.shape}"
+        )
     return dy.update(weak_type=False)
 
 
@@ -414,8 +449,10 @@ def _tangent_cpu_lowering(ctx, y, dy, beta):
 
 def _tangent_batch(args, dims):
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
-    lead = [jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
-            for a, d in zip(args, dims, strict=True)]
+    lead = [
+        jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+        for a, d in zip(args, dims, strict=True)
+    ]
     return _exp_tangent_p.bind(*lead), 0
 
 
@@ -522,7 +559,10 @@ def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
             if log_bias is not None:
                 logits = logits + log_bias(ri, ci)
             W = jnp.where(cok[None, :], jnp.exp(logits), 0.0)  # padded columns add nothing
-            return (Fb + W @ xcol if want_F else Fb, sb + jnp.sum(W, axis=1) if want_S else sb), None
+            return (
+                Fb + W @ xcol if want_F else Fb,
+                sb + jnp.sum(W, axis=1) if want_S else sb,
+            ), None
 
         init = (jnp.zeros((B, d), x.dtype), jnp.zeros((B,), x.dtype))
         (Fb, sb), _ = jax.lax.scan(body, init, (xc.reshape(K // C, C, d), cols_idx, col_ok))
@@ -605,7 +645,8 @@ class _ExpKernel(Kernel):
         limit = float(np.log(np.finfo(dtype).max))
         bad = jnp.any(jnp.asarray(self.beta, dtype) >= limit)
         return _error_if(
-            x, bad,
+            x,
+            bad,
             f"beta overflows exp(beta <x, y>) in {np.dtype(dtype).name} (limit about {limit:.1f}); a traced beta "
             f"was past it: build the kernel with rescaled=True",
         )
@@ -697,4 +738,3 @@ class DistanceBias(_ExpKernel):
     def energy(self, x, aux, *, block_size=None):
         M = self._both(x, aux, block_size)[1]
         return M / (2.0 * jnp.asarray(self.beta, x.dtype))
-

@@ -28,7 +28,20 @@ from .._resources import Footprint, as_float
 from ..models import Declared, declared_params, param
 from ._exp import USA, _apply_gauge, _apply_gauge_transpose, _ExpKernel, _tiled_exp
 
-__all__ = ['GaugeKernel', 'RoPE', 'PhaseField', 'Gauge', 'Prompt', 'FourierPhase', 'WavyGauge', 'random_gauges', 'default_phase', 'wavy_gauge', 'OMEGA_DOC', 'PLANE_DOC']
+__all__ = [
+    "GaugeKernel",
+    "RoPE",
+    "PhaseField",
+    "Gauge",
+    "Prompt",
+    "FourierPhase",
+    "WavyGauge",
+    "random_gauges",
+    "default_phase",
+    "wavy_gauge",
+    "OMEGA_DOC",
+    "PLANE_DOC",
+]
 
 # ----------------------------------------------------------------------------
 # exp-gauge kernels: h = exp(beta <Psi(xi) x, Psi(zeta) y>) / beta
@@ -148,7 +161,9 @@ class GaugeKernel(_ExpKernel):
         # the USA energy of y = Psi x, through the same chunked evaluation as the field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
-        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="S")[1] / (2.0 * beta)
+        return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="S")[
+            1
+        ] / (2.0 * beta)
 
     def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
         """The exp kernels' tiles (``_ExpKernel.footprint``), the ``(n, d, d)`` gauge matrices and the
@@ -161,7 +176,8 @@ class GaugeKernel(_ExpKernel):
         super().check_config(x, aux)
         if is_concrete(aux) and is_concrete(self):
             check_orthogonal(
-                f"{type(self).__name__} gauge", self.gauge_matrices(jnp.asarray(aux), np.shape(x)[-1])
+                f"{type(self).__name__} gauge",
+                self.gauge_matrices(jnp.asarray(aux), np.shape(x)[-1]),
             )
 
 
@@ -263,7 +279,9 @@ class WavyGauge(Declared):
 
     required_d = 3
 
-    amplitude: RealScalarLike = param(0.6, kind="float", doc="wave amplitude of the gauge (radians)")
+    amplitude: RealScalarLike = param(
+        0.6, kind="float", doc="wave amplitude of the gauge (radians)"
+    )
     k: int = param(3, kind="int>=1", static=True, doc="waves per turn of the gauge")
 
     def __call__(self, s):
@@ -340,7 +358,9 @@ class Gauge(GaugeKernel):
     summary = "wavy generalised RoPE R12(2 pi s) R23(amplitude sin(2 pi k s)) (WavyGauge, d = 3)"
 
     # the registry builds the gauge from WavyGauge's parameters (amplitude, k; d = 3)
-    gauge: eqx.Module = param(WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix")
+    gauge: eqx.Module = param(
+        WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix"
+    )
 
     def __init__(self, beta, gauge, *, rescaled: bool = False):
         self.beta, self.rescaled = beta, rescaled
@@ -383,8 +403,14 @@ class Prompt(GaugeKernel):
     #: The registry's construction of the gauges (``from_params``): parameters that are not fields.
     construction: ClassVar[tuple[Param, ...]] = (
         Param("prompts", 3, False, "int>=1", "number of prompts K"),
-        Param("gauges", "random", False, "choice",
-              "prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane", ("random", "rotation")),
+        Param(
+            "gauges",
+            "random",
+            False,
+            "choice",
+            "prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane",
+            ("random", "rotation"),
+        ),
         Param("gauge_seed", 0, False, "int>=0", "PRNG seed of the random prompt gauges"),
         Param("plane", (0, 1), False, "plane", PLANE_DOC),
     )
@@ -417,7 +443,9 @@ class Prompt(GaugeKernel):
         K = P["prompts"]
         dtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(float)
         if P["gauges"] == "rotation":  # Psi_k = rotation by 2 pi k / K in `plane`
-            G = jnp.stack([sphere.rotation(2 * np.pi * k / K, d, P["plane"]) for k in range(K)]).astype(dtype)
+            G = jnp.stack(
+                [sphere.rotation(2 * np.pi * k / K, d, P["plane"]) for k in range(K)]
+            ).astype(dtype)
         else:
             G = random_gauges(jax.random.key(P["gauge_seed"]), K, d, jnp.float32).astype(dtype)
             if jnp.dtype(dtype).itemsize > 4:
@@ -428,7 +456,9 @@ class Prompt(GaugeKernel):
     def __init__(self, beta, gauges, *, rescaled: bool = False):
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
         if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
-            raise TypeError(f"gauges must be a real (K, d, d) array of orthogonal matrices, got {gauges!r}")
+            raise TypeError(
+                f"gauges must be a real (K, d, d) array of orthogonal matrices, got {gauges!r}"
+            )
         G = jnp.asarray(gauges)
         if G.ndim != 3 or G.shape[1] != G.shape[2] or G.shape[0] < 1:
             raise ValueError(f"gauges must have shape (K, d, d) with K >= 1, got {G.shape}")
@@ -451,7 +481,9 @@ class Prompt(GaugeKernel):
 
     def gauge_matrix(self, label, d):
         if self.gauges.shape[-1] != d:
-            raise ValueError(f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]}, states have d = {d}")
+            raise ValueError(
+                f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]}, states have d = {d}"
+            )
         return self.gauges[label]
 
     def check_traced(self, x, aux):
@@ -540,5 +572,3 @@ def wavy_gauge(amplitude: RealScalarLike = 0.6, k: int = 3) -> WavyGauge:
         ((3, 3), True)
     """
     return WavyGauge(amplitude, k)
-
-

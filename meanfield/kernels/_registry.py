@@ -78,8 +78,15 @@ class ModelEntry:
     def of(cls, model: type[Model], *, builtin: bool = False) -> ModelEntry:
         """The entry of a model class (``register`` checks it first)."""
         doc = model.summary or (inspect.getdoc(model) or model.__name__).strip().splitlines()[0]
-        return cls(str(model.name), doc, tuple(model.params()), model.from_params, model.required_dimension(), model,
-                   builtin)
+        return cls(
+            str(model.name),
+            doc,
+            tuple(model.params()),
+            model.from_params,
+            model.required_dimension(),
+            model,
+            builtin,
+        )
 
     @property
     def simulated(self) -> bool:
@@ -114,11 +121,15 @@ class ModelEntry:
         if self.cls is None:
             raise ValueError(f"model {self.name!r} has no dynamics: no rates")
         arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}
-        first = {k: float(a.ravel()[0]) if a.size else self.param(k).default for k, a in arrays.items()}
+        first = {
+            k: float(a.ravel()[0]) if a.size else self.param(k).default for k, a in arrays.items()
+        }
         model = self.cls.from_params(self.resolve({**params, **first}), self.d or d, None)
         for k, a in arrays.items():
             if not self.param(k).traced or not hasattr(model, k):
-                raise ValueError(f"{k!r} is not a traced top-level parameter of model {self.name!r}")
+                raise ValueError(
+                    f"{k!r} is not a traced top-level parameter of model {self.name!r}"
+                )
             model = eqx.tree_at(_field_of(k), model, a)
         return model
 
@@ -191,7 +202,9 @@ def register(cls: type, *, _builtin: bool = False) -> type:
         raise TypeError(f"register takes a subclass of meanfield.models.Model, got {cls!r}")
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise TypeError(f"{cls.__name__} is abstract (it does not define {missing}): it cannot be registered")
+        raise TypeError(
+            f"{cls.__name__} is abstract (it does not define {missing}): it cannot be registered"
+        )
     name = cls.name
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
@@ -200,11 +213,16 @@ def register(cls: type, *, _builtin: bool = False) -> type:
     old = MODELS.get(name)
     if old is not None and old.builtin and old.cls is not cls:
         raise ValueError(f"{name!r} is one of meanfield's own models; choose another name")
-    redefined = old is not None and old.cls is not None and (old.cls.__module__, old.cls.__qualname__) == (
-        cls.__module__, cls.__qualname__)  # the same class defined again (a notebook cell run twice)
+    redefined = (
+        old is not None
+        and old.cls is not None
+        and (old.cls.__module__, old.cls.__qualname__) == (cls.__module__, cls.__qualname__)
+    )  # the same class defined again (a notebook cell run twice)
     if old is not None and old.cls is not cls and not redefined:
-        raise ValueError(f"a model named {name!r} is already registered ({old.cls.__name__ if old.cls else name}); "
-                         f"choose another name")
+        raise ValueError(
+            f"a model named {name!r} is already registered ({old.cls.__name__ if old.cls else name}); "
+            f"choose another name"
+        )
     params = cls.params()
     names = [p.name for p in params]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -212,8 +230,10 @@ def register(cls: type, *, _builtin: bool = False) -> type:
         raise ValueError(f"{cls.__name__} declares parameter(s) {', '.join(dup)} twice")
     reserved = sorted(set(names) & set(RESERVED_NAMES))
     if reserved:
-        raise ValueError(f"{cls.__name__}'s parameter(s) {', '.join(reserved)} clash with the command line's own "
-                         f"flags; rename them (reserved: {', '.join(RESERVED_NAMES)})")
+        raise ValueError(
+            f"{cls.__name__}'s parameter(s) {', '.join(reserved)} clash with the command line's own "
+            f"flags; rename them (reserved: {', '.join(RESERVED_NAMES)})"
+        )
     MODELS[name] = ModelEntry.of(cls, builtin=_builtin)
     _refresh_names()
     return cls
@@ -257,8 +277,11 @@ def load_entry_points() -> list[str]:
                 register(cls)
                 done.append(str(cls.name))
         except Exception as e:  # a broken plugin must not break meanfield
-            warnings.warn(f"meanfield: the model entry point {ep.name!r} ({ep.value}) was not registered: "
-                          f"{type(e).__name__}: {e}", stacklevel=2)
+            warnings.warn(
+                f"meanfield: the model entry point {ep.name!r} ({ep.value}) was not registered: "
+                f"{type(e).__name__}: {e}",
+                stacklevel=2,
+            )
     return done
 
 
@@ -267,8 +290,11 @@ for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfA
 
 # the attention sweeps' model: no dynamics, swept only (its own sweep kind)
 MODELS["attention"] = ModelEntry(
-    "attention", "one fixed query against n uniform keys (sweeps only: no dynamics)",
-    (SelfAttention.params()[0],), None, builtin=True,
+    "attention",
+    "one fixed query against n uniform keys (sweeps only: no dynamics)",
+    (SelfAttention.params()[0],),
+    None,
+    builtin=True,
 )
 _refresh_names()
 
@@ -300,7 +326,9 @@ def build(name, params, *, d, dtype=None) -> Model:
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a dict of parameter values, got {params!r}")
     if entry.build is None:
-        raise ValueError(f"model {name!r} has no dynamics (it is swept only); accepted: {', '.join(MODEL_NAMES)}")
+        raise ValueError(
+            f"model {name!r} has no dynamics (it is swept only); accepted: {', '.join(MODEL_NAMES)}"
+        )
     d = check_int("d", d, minimum=2)
     if entry.d is not None and d != entry.d:
         raise ValueError(f"model {name!r} needs d = {entry.d}, got d = {d}")
@@ -335,4 +363,3 @@ def make(name, *, d=3, dtype=None, **params) -> Model:
         'RoPE'
     """
     return build(name, params, d=d, dtype=dtype)
-

@@ -18,7 +18,8 @@ from .._resources import Footprint, as_float
 from ..models import param, positions
 from ._base import Kernel
 
-__all__ = ['Toeplitz', 'ToeplitzSeries']
+__all__ = ["Toeplitz", "ToeplitzSeries"]
+
 
 class Toeplitz(Kernel):
     r"""Toeplitz kernel $h = \cos(2 \pi m (t - s)) \langle x, y\rangle$.
@@ -41,7 +42,9 @@ class Toeplitz(Kernel):
     name = "toeplitz"
     summary = "cos(2 pi m (t - s)) <x, y>: the great circle traversed m times"
 
-    m: RealScalarLike = param(1.0, kind="float>0", doc="Toeplitz frequency (an integer for a closed circle)")
+    m: RealScalarLike = param(
+        1.0, kind="float>0", doc="Toeplitz frequency (an integer for a closed circle)"
+    )
 
     def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
         """Rank 2 in the positions: ``cos``, ``sin`` and two ``(n,)`` products; ``n`` pair terms."""
@@ -121,10 +124,16 @@ class ToeplitzSeries(Kernel):
             try:
                 arr = np.asarray(c_hat)
             except (TypeError, ValueError):
-                raise TypeError(f"c_hat must be a 1-d sequence of real Fourier coefficients, got {c_hat!r}") from None
+                raise TypeError(
+                    f"c_hat must be a 1-d sequence of real Fourier coefficients, got {c_hat!r}"
+                ) from None
             if arr.dtype.kind not in "iuf":
-                raise TypeError(f"c_hat must be real Fourier coefficients c_hat(0..M), got {c_hat!r}")
-            c_hat = jnp.asarray(arr if arr.dtype.kind == "f" else arr.astype(np.float64))  # JAX's float width
+                raise TypeError(
+                    f"c_hat must be real Fourier coefficients c_hat(0..M), got {c_hat!r}"
+                )
+            c_hat = jnp.asarray(
+                arr if arr.dtype.kind == "f" else arr.astype(np.float64)
+            )  # JAX's float width
         self.c_hat = c_hat
 
     def __check_init__(self):
@@ -187,7 +196,9 @@ class ToeplitzSeries(Kernel):
         c = jnp.asarray(self.c_hat, x.dtype)
         m = jnp.arange(c.shape[0], dtype=x.dtype)
         theta = 2 * jnp.pi * jnp.asarray(aux, x.dtype)[:, None] * m[None, :]  # (n, M + 1)
-        w = jnp.concatenate([c[:1], 2 * c[1:]])  # c(D) = sum_m w_m (cos a_m cos b_m + sin a_m sin b_m)
+        w = jnp.concatenate(
+            [c[:1], 2 * c[1:]]
+        )  # c(D) = sum_m w_m (cos a_m cos b_m + sin a_m sin b_m)
         C, S = jnp.cos(theta), jnp.sin(theta)
         return w, C, S, C.T @ x, S.T @ x
 
@@ -197,7 +208,9 @@ class ToeplitzSeries(Kernel):
 
     def energy(self, x, aux, *, block_size=None):
         w, _, _, A, B = self._modes(x, aux)
-        return jnp.sum(w * (jnp.sum(A * A, axis=1) + jnp.sum(B * B, axis=1))) / (2.0 * x.shape[0] ** 2)
+        return jnp.sum(w * (jnp.sum(A * A, axis=1) + jnp.sum(B * B, axis=1))) / (
+            2.0 * x.shape[0] ** 2
+        )
 
     def _aliased(self, n: int | None):
         """$\\hat c_n(k)$, $k = 0..n-1$ (``n=None``: $\\hat c(0..M)$ and one zero mode $M + 1$)."""
@@ -253,5 +266,3 @@ class ToeplitzSeries(Kernel):
         x = np.zeros((n, d))
         x[:, 0], x[:, 1] = np.cos(theta), np.sin(theta)
         return jnp.asarray(x, dtype)
-
-

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXPERIMENTS", "PAPERS", "QUICK_COST_S", "default_jobs", "get", "get_path", "run_experiments"]
+__all__ = [
+    "EXPERIMENTS",
+    "PAPERS",
+    "QUICK_COST_S",
+    "default_jobs",
+    "get",
+    "get_path",
+    "run_experiments",
+]
 
 EXPERIMENTS: dict[str, str] = {
     "usa-av": "meanfield.reproduce.usa_av",
@@ -38,7 +46,12 @@ PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "contin
 #: the last one to finish is a short one (the report's order stays ``PAPERS``'s). design and
 #: metastability are not in that table: their entries are rough estimates (only the order matters).
 QUICK_COST_S: dict[str, float] = {
-    "usa-av": 57.5, "attention": 59.7, "depth": 49.2, "prototypes": 55.4, "continuum": 78.9, "design": 120.0,
+    "usa-av": 57.5,
+    "attention": 59.7,
+    "depth": 49.2,
+    "prototypes": 55.4,
+    "continuum": 78.9,
+    "design": 120.0,
     "metastability": 60.0,
 }
 
@@ -161,8 +174,12 @@ def _run_concurrently(tasks, common, jobs: int) -> dict[str, dict[str, Any]]:
         slots.put(slot)
     lock = ctx.RLock()
     order = sorted(tasks, key=lambda t: -QUICK_COST_S.get(t[1], 0.0))
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock)) as pool:
-        futures = {pool.submit(_run_one, i, name, module, *common): name for i, name, module in order}
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock)
+    ) as pool:
+        futures = {
+            pool.submit(_run_one, i, name, module, *common): name for i, name, module in order
+        }
         pending = set(futures)
         results: dict[str, dict[str, Any]] = {}
         while pending:

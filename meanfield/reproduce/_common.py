@@ -26,7 +26,16 @@ import numpy as np
 
 from .._checks import RealScalarLike
 
-__all__ = ["BAR_POSITION", "MODES", "Experiment", "Option", "Steps", "check", "progress", "write_summary"]
+__all__ = [
+    "BAR_POSITION",
+    "MODES",
+    "Experiment",
+    "Option",
+    "Steps",
+    "check",
+    "progress",
+    "write_summary",
+]
 
 #: The line of this process's progress bars when ``run_experiments`` runs experiments in several
 #: processes (set in each worker; None: tqdm's own placement).
@@ -72,7 +81,9 @@ class Option:
         for mode in ("quick", "full"):
             v = getattr(self, mode)
             if v is not _SAME and not _accepts(self.kind, v):
-                raise TypeError(f"option's {mode} value {v!r} is not of its default's kind {self.kind}")
+                raise TypeError(
+                    f"option's {mode} value {v!r} is not of its default's kind {self.kind}"
+                )
 
     @property
     def kind(self) -> str:
@@ -135,7 +146,9 @@ class Experiment:
 
     def __post_init__(self):
         if len(set(self.steps)) != len(self.steps) or not set(self.untimed) <= set(self.steps):
-            raise ValueError(f"reproduce {self.name}: steps must be distinct and include the untimed ones")
+            raise ValueError(
+                f"reproduce {self.name}: steps must be distinct and include the untimed ones"
+            )
 
     @staticmethod
     def mode(*, quick: bool, full: bool) -> str:
@@ -162,7 +175,9 @@ class Experiment:
             )
         for k, v in options.items():
             if not _accepts(self.options[k].kind, v):
-                raise TypeError(f"option {k!r} of reproduce {self.name} must be {self.options[k].kind}, got {v!r}")
+                raise TypeError(
+                    f"option {k!r} of reproduce {self.name} must be {self.options[k].kind}, got {v!r}"
+                )
         return {k: options[k] if k in options else o.value(mode) for k, o in self.options.items()}
 
     def start(self, *, quiet: bool = False) -> Steps:
@@ -185,8 +200,10 @@ class Steps:
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[_Part]:
         E = self.experiment
-        if name not in E.steps[self._next:]:
-            raise ValueError(f"step {name!r} of reproduce {E.name} is not one of its next steps {E.steps[self._next:]}")
+        if name not in E.steps[self._next :]:
+            raise ValueError(
+                f"step {name!r} of reproduce {E.name} is not one of its next steps {E.steps[self._next :]}"
+            )
         self._next = E.steps.index(name, self._next) + 1
         self._bar.set_postfix_str(name)
         t0 = time.perf_counter()

@@ -38,4 +38,11 @@ def _weighted_line(x, y, s):
 def _ks_distance(a, b):
     a, b = np.sort(a), np.sort(b)
     grid = np.concatenate([a, b])
-    return float(np.max(np.abs(np.searchsorted(a, grid, "right") / a.size - np.searchsorted(b, grid, "right") / b.size)))
+    return float(
+        np.max(
+            np.abs(
+                np.searchsorted(a, grid, "right") / a.size
+                - np.searchsorted(b, grid, "right") / b.size
+            )
+        )
+    )

@@ -69,8 +69,12 @@ EXPERIMENT = Experiment(
         ),
         "grid_betas": Option(np.logspace(0, 4, 41).tolist(), quick=np.logspace(0, 3, 25).tolist()),
         "grid_trials": Option(100),
-        "crossing_ns": Option([100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10000]),
-        "crossing_gammas": Option(np.geomspace(0.5, 8.0, 49).tolist(), quick=np.geomspace(0.5, 8.0, 33).tolist()),
+        "crossing_ns": Option(
+            [100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10000]
+        ),
+        "crossing_gammas": Option(
+            np.geomspace(0.5, 8.0, 49).tolist(), quick=np.geomspace(0.5, 8.0, 33).tolist()
+        ),
         "crossing_trials": Option(2000, quick=400),
         "critical_n": Option(100_000, quick=10_000),
         "critical_gammas": Option([1 / 16, 1 / 4, 1.0, 4.0, 16.0]),
@@ -107,8 +111,21 @@ EXPERIMENT = Experiment(
         "regime_queries": Option(64),
         "regime_contexts": Option(64, quick=32),
     },
-    steps=("grid", "crossing", "critical", "subcritical", "partition", "drift", "fig2", "residual",
-           "supercritical_output", "critical_output", "output_regimes", "dependent_and_rope_keys", "figures"),
+    steps=(
+        "grid",
+        "crossing",
+        "critical",
+        "subcritical",
+        "partition",
+        "drift",
+        "fig2",
+        "residual",
+        "supercritical_output",
+        "critical_output",
+        "output_regimes",
+        "dependent_and_rope_keys",
+        "figures",
+    ),
     untimed=("dependent_and_rope_keys",),  # timed by its parts (attention_keys.key_checks)
 )
 
@@ -118,7 +135,9 @@ def _settings(quick: bool) -> dict:
     return EXPERIMENT.settings("quick" if quick else "default")
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the attention experiment; returns the summary dict (see module docstring).
 
     ``options`` override entries of ``EXPERIMENT.options`` (e.g. ``critical_trials=500``);
@@ -142,14 +161,18 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     with steps("grid"):
         ns = np.asarray(settings["grid_ns"])
         betas = np.asarray(settings["grid_betas"])
-        grid_mean, grid_se = attention.mean_top_weight_grid(k_grid, ns.tolist(), betas, d, settings["grid_trials"])
+        grid_mean, grid_se = attention.mean_top_weight_grid(
+            k_grid, ns.tolist(), betas, d, settings["grid_trials"]
+        )
 
     # ---- critical exponent: beta_1/2(n), where mean A_(1) crosses 1/2 -------------------
     with steps("crossing"):
         cns = np.asarray(settings["crossing_ns"])
         gam = np.asarray(settings["crossing_gammas"])
         cbetas = np.outer(cns.astype(float) ** alpha, gam)
-        cmean, cse = attention.mean_top_weight_grid(k_cross, cns.tolist(), cbetas, d, settings["crossing_trials"])
+        cmean, cse = attention.mean_top_weight_grid(
+            k_cross, cns.tolist(), cbetas, d, settings["crossing_trials"]
+        )
         half, half_se = [], []
         for i in range(len(cns)):
             b, s = _crossing(np.log(cbetas[i]), cmean[i], cse[i])
@@ -174,11 +197,17 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         nc = settings["critical_n"]
         cg = np.asarray(settings["critical_gammas"])
         crit = np.asarray(
-            attention.sample_top_weights(k_crit, nc, cg * nc**alpha, d, settings["critical_trials"], k=2)
+            attention.sample_top_weights(
+                k_crit, nc, cg * nc**alpha, d, settings["critical_trials"], k=2
+            )
         )  # (trials, gammas, 2)
         lim = np.stack(
             [
-                np.asarray(theory.critical_weights(jax.random.fold_in(k_lim, i), float(g), d, 2, settings["limit_samples"]))
+                np.asarray(
+                    theory.critical_weights(
+                        jax.random.fold_in(k_lim, i), float(g), d, 2, settings["limit_samples"]
+                    )
+                )
                 for i, g in enumerate(cg)
             ],
             axis=1,
@@ -232,12 +261,18 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         dev = float(np.mean(np.abs(ratio[sel] - prof[sel])))
         # cumulative law needs beta >> 1 (the bulk of Z_n is O(1/beta) off the local law)
         n_c, beta_c = settings["cum_n"], settings["cum_n"] ** (alpha / 2)
-        owc = _ordered(_uniform_weights(jax.random.fold_in(k_sub, 1), q, beta_c, n_c, d, settings["cum_trials"]))
+        owc = _ordered(
+            _uniform_weights(
+                jax.random.fold_in(k_sub, 1), q, beta_c, n_c, d, settings["cum_trials"]
+            )
+        )
         m_c = float(theory.window_size(n_c, beta_c, d))
         xc = np.arange(1, n_c + 1) / m_c
         cum_c = np.cumsum(owc, axis=1).mean(axis=0)
         selc = xc <= settings["sub_xmax"]
-        cdev = float(np.mean(np.abs(cum_c[selc] - np.asarray(theory.cumulative_profile(xc[selc], d)))))
+        cdev = float(
+            np.mean(np.abs(cum_c[selc] - np.asarray(theory.cumulative_profile(xc[selc], d))))
+        )
         cdev_paper = float(np.mean(np.abs(cum[sel] - cprof[sel])))
     checks.append(
         check(
@@ -270,7 +305,11 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         beta_p = n_p ** (alpha / 2)
         # Z_n depends on the keys only through T_j: stream uniform D2Qs, 65536 per chunk
         logz = jax.jit(
-            jax.vmap(lambda kk: attention.sampled_distance_stats(kk, beta_p, n_p, d, chunk=65_536).log_partition)
+            jax.vmap(
+                lambda kk: (
+                    attention.sampled_distance_stats(kk, beta_p, n_p, d, chunk=65_536).log_partition
+                )
+            )
         )(jax.random.split(k_part, settings["partition_trials"]))
         Z = np.exp(np.asarray(logz, dtype=np.float64))
         pred = float(theory.partition_function(n_p, beta_p, d))
@@ -309,8 +348,14 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         field_list: list[np.ndarray] = []
         radial: list[Any] = []
         for c in range(settings["drift_contexts"]):
-            keys = sphere.sample_density(jax.random.fold_in(k_drift, c + 1), n_d, 3, _log_rho, log_bound=_LOG_BOUND)
-            Y = jax.jit(jax.vmap(lambda qq, keys=keys: attention.context_stats(qq, keys, beta_d).displacement))(Q)
+            keys = sphere.sample_density(
+                jax.random.fold_in(k_drift, c + 1), n_d, 3, _log_rho, log_bound=_LOG_BOUND
+            )
+            Y = jax.jit(
+                jax.vmap(
+                    lambda qq, keys=keys: attention.context_stats(qq, keys, beta_d).displacement
+                )
+            )(Q)
             Y = beta_d * np.asarray(Y, dtype=np.float64)
             radial.append(np.mean(np.sum(Y * np.asarray(Q), 1)))
             field_list.append(Y - np.sum(Y * np.asarray(Q), 1, keepdims=True) * np.asarray(Q))
@@ -412,21 +457,62 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
 
     # ---- figures and data ----------------------------------------------------------------------
     with steps("figures"):
-        np.savez(out / "fig3_grid.npz", ns=ns, betas=betas, mean=grid_mean, se=grid_se,
-                 crossing_ns=cns, crossing_betas=cbetas, crossing_mean=cmean, crossing_se=cse,
-                 log_beta_half=log_half, log_beta_half_se=log_half_se)
-        np.savez(out / "subcritical.npz", x=x, ratio=ratio, cumulative=cum, profile=prof, m_n=m_n, beta=beta_sub)
+        np.savez(
+            out / "fig3_grid.npz",
+            ns=ns,
+            betas=betas,
+            mean=grid_mean,
+            se=grid_se,
+            crossing_ns=cns,
+            crossing_betas=cbetas,
+            crossing_mean=cmean,
+            crossing_se=cse,
+            log_beta_half=log_half,
+            log_beta_half_se=log_half_se,
+        )
+        np.savez(
+            out / "subcritical.npz",
+            x=x,
+            ratio=ratio,
+            cumulative=cum,
+            profile=prof,
+            m_n=m_n,
+            beta=beta_sub,
+        )
         np.savez(out / "critical.npz", gammas=cg, finite=crit, limit=lim, n=nc)
         np.savez(out / "fig2.npz", **fig2)
         np.savez(out / "residual.npz", **res)
         np.savez(out / "cumulative.npz", x=xc, cumulative=cum_c, beta=beta_c, n=n_c)
-        figures.append(_plot_fig3(out, d, alpha, ns, betas, grid_mean, cns, log_half, slope, intercept,
-                                  x, ratio, cum, prof, cprof, settings, (xc, cum_c, n_c, beta_c)))
+        figures.append(
+            _plot_fig3(
+                out,
+                d,
+                alpha,
+                ns,
+                betas,
+                grid_mean,
+                cns,
+                log_half,
+                slope,
+                intercept,
+                x,
+                ratio,
+                cum,
+                prof,
+                cprof,
+                settings,
+                (xc, cum_c, n_c, beta_c),
+            )
+        )
         figures.append(_plot_critical(out, cg, crit, lim, nc, d))
         figures.append(_plot_fig2(out, fig2))
         figures.append(_plot_residual(out, res))
-        np.savez(out / "output_limits.npz", **{f"supercritical_{k}": v for k, v in sup.items()},
-                 **{f"critical_{k}": v for k, v in cro.items()}, **{f"regimes_{k}": v for k, v in reg.items()})
+        np.savez(
+            out / "output_limits.npz",
+            **{f"supercritical_{k}": v for k, v in sup.items()},
+            **{f"critical_{k}": v for k, v in cro.items()},
+            **{f"regimes_{k}": v for k, v in reg.items()},
+        )
         figures.append(_plot_output_limits(out, sup, cro))
         figures.append(_plot_output_regimes(out, reg))
     steps.close()
@@ -445,8 +531,15 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         "queries +-e_i. Reconstructed scalings: sqrt(a_n) Y_n -> Phi, sqrt(beta) Y_n -> Xi, "
         "r_n = sqrt(n beta^(1-1/alpha)) (see mf.theory)",
     )
-    return write_summary(out, _NAME, quick=quick, settings=settings_out, checks=checks, timings=timings,
-                         figures=figures)
+    return write_summary(
+        out,
+        _NAME,
+        quick=quick,
+        settings=settings_out,
+        checks=checks,
+        timings=timings,
+        figures=figures,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -485,8 +578,9 @@ def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):
     cos, sin = np.cos(phi)[None, :, None], np.sin(phi)[None, :, None]
     for i, q in enumerate(Q):
         B = _basis(q)  # (3, 2) orthonormal basis of q^perp
-        X = ((1 - s)[:, None, None] * q[None, None, :]
-             + r[:, None, None] * (cos * B[:, 0] + sin * B[:, 1]))
+        X = (1 - s)[:, None, None] * q[None, None, :] + r[:, None, None] * (
+            cos * B[:, 0] + sin * B[:, 1]
+        )
         w = ws[:, None] * np.exp(X[..., 0] * X[..., 1])
         out[i] = np.tensordot(w, X - q, axes=([0, 1], [0, 1])) / w.sum()
     return out
@@ -563,10 +657,10 @@ def _fig2_data(key, n, m):
             scale, lab = np.sqrt(a_n)[:, None], "supercritical: sqrt(a_n) Y_n"
         elif b == n**alpha:
             scale, lab = math.sqrt(b), "critical: sqrt(beta) Y_n"
-        elif b**(1 + alpha) / n**alpha > 1.5:
+        elif b ** (1 + alpha) / n**alpha > 1.5:
             r_n = math.sqrt(n * b ** (1 - 1 / alpha))
             scale, lab = r_n, "fluctuation: sqrt(n beta^(1-1/alpha)) Y_n"
-        elif b**(1 + alpha) / n**alpha > 0.5:
+        elif b ** (1 + alpha) / n**alpha > 0.5:
             scale, lab = b, "mixed: beta Y_n"
         else:
             scale, lab = b, "drift: beta Y_n"
@@ -578,8 +672,14 @@ def _fig2_data(key, n, m):
     g = g - np.sum(g * Qn, 1, keepdims=True) * Qn
     fields.append(_chart_push(Qn, g))
     labels.append("drift field\nP_q Y(q) = grad_S log rho")
-    return dict(chart=A, queries=Qn, fields=np.stack(fields), labels=np.array(labels), n=n,
-                betas=np.array(list(betas.values())))
+    return dict(
+        chart=A,
+        queries=Qn,
+        fields=np.stack(fields),
+        labels=np.array(labels),
+        n=n,
+        betas=np.array(list(betas.values())),
+    )
 
 
 def _residual_data(key, settings):
@@ -643,7 +743,9 @@ def _tangent_part(Y, Q):
 
 def _grad_log_rho(Q):
     r"""$\nabla_S \log \rho(q)$ for the Fig. 2 law, rows of ``Q`` (NumPy, float64)."""
-    g = np.asarray(jax.vmap(lambda qq: theory.drift(qq, _log_rho))(jnp.asarray(Q, jnp.float32)), np.float64)
+    g = np.asarray(
+        jax.vmap(lambda qq: theory.drift(qq, _log_rho))(jnp.asarray(Q, jnp.float32)), np.float64
+    )
     return _tangent_part(g, Q)
 
 
@@ -665,13 +767,28 @@ def _supercritical_output(key, settings, checks):
 
     n, K = settings["super_n"], settings["super_contexts"]
     d, alpha = 3, 1.0
-    cand = np.asarray(sphere.uniform(jax.random.fold_in(key, 0), 8 * settings["super_queries"], d), np.float64)
+    cand = np.asarray(
+        sphere.uniform(jax.random.fold_in(key, 0), 8 * settings["super_queries"], d), np.float64
+    )
     g = _grad_log_rho(cand)
-    keep = np.linalg.norm(g, axis=1) > 0.2  # the mark is measured against grad log rho: it must be defined
+    keep = (
+        np.linalg.norm(g, axis=1) > 0.2
+    )  # the mark is measured against grad log rho: it must be defined
     Q, g = cand[keep][: settings["super_queries"]], g[keep][: settings["super_queries"]]
-    betas = np.array([n**1.25, settings["super_gamma"] * n**alpha])  # the paper's Fig. 2 column, then gamma n^alpha
-    Y = np.asarray(_query_outputs(jax.random.fold_in(key, 1), jnp.asarray(Q, jnp.float32), jnp.asarray(betas),
-                                  n, K, _density_keys), np.float64)  # (K, Q, 2, 3)
+    betas = np.array(
+        [n**1.25, settings["super_gamma"] * n**alpha]
+    )  # the paper's Fig. 2 column, then gamma n^alpha
+    Y = np.asarray(
+        _query_outputs(
+            jax.random.fold_in(key, 1),
+            jnp.asarray(Q, jnp.float32),
+            jnp.asarray(betas),
+            n,
+            K,
+            _density_keys,
+        ),
+        np.float64,
+    )  # (K, Q, 2, 3)
     rho = np.exp(Q[:, 0] * Q[:, 1]) / _rho_normaliser()
     a_n = np.asarray(theory.supercritical_scale(n, d, rho), np.float64)  # (C(q) n)^alpha, per query
     P = _tangent_part(Y, Q[:, None, :])
@@ -731,16 +848,38 @@ def _critical_output(key, settings, checks):
     gam = np.asarray(settings["crit_out_gammas"], np.float64)
     betas = gam * n**alpha
     Q = np.concatenate([np.eye(d), -np.eye(d)])  # +-e_i: 90 degrees apart, near-disjoint windows
-    Y = np.asarray(_query_outputs(jax.random.fold_in(key, 0), jnp.asarray(Q, jnp.float32), jnp.asarray(betas),
-                                  n, K, _uniform_keys_d5), np.float64)  # (K, 2d, G, d)
+    Y = np.asarray(
+        _query_outputs(
+            jax.random.fold_in(key, 0),
+            jnp.asarray(Q, jnp.float32),
+            jnp.asarray(betas),
+            n,
+            K,
+            _uniform_keys_d5,
+        ),
+        np.float64,
+    )  # (K, 2d, G, d)
     P = _tangent_part(Y, Q[:, None, :])
     finite = np.sqrt(betas)[None, None, :] * np.linalg.norm(P, axis=-1)  # |sqrt(beta) P_q Y_n|
     finite = finite.reshape(-1, gam.size)
-    lim = np.stack([
-        np.linalg.norm(np.asarray(theory.sample_critical_output(jax.random.fold_in(key, 1 + i), float(g), d,
-                                                                 settings["crit_out_limit_samples"]), np.float64), axis=1)
-        for i, g in enumerate(gam)
-    ], 1)
+    lim = np.stack(
+        [
+            np.linalg.norm(
+                np.asarray(
+                    theory.sample_critical_output(
+                        jax.random.fold_in(key, 1 + i),
+                        float(g),
+                        d,
+                        settings["crit_out_limit_samples"],
+                    ),
+                    np.float64,
+                ),
+                axis=1,
+            )
+            for i, g in enumerate(gam)
+        ],
+        1,
+    )
     ks = np.array([_ks_distance(finite[:, i], lim[:, i]) for i in range(gam.size)])
     N1, N2 = finite.shape[0], lim.shape[0]
     level = 0.01 / gam.size
@@ -782,7 +921,9 @@ def _output_regimes(key, settings, checks):
     c_d = theory.fluctuation_constant(d)
     ns, taus = np.asarray(settings["regime_ns"]), np.asarray(settings["regime_taus"], np.float64)
     K = settings["regime_contexts"]
-    Q = np.asarray(sphere.uniform(jax.random.fold_in(key, 0), settings["regime_queries"], d), np.float64)
+    Q = np.asarray(
+        sphere.uniform(jax.random.fold_in(key, 0), settings["regime_queries"], d), np.float64
+    )
     rho = np.exp(Q[:, 0] * Q[:, 1]) / _rho_normaliser()
     g = _grad_log_rho(Q)
     B = np.stack([np.asarray(sphere.tangent_basis(jnp.asarray(q))) for q in Q])  # (Q, 3, 2)
@@ -798,14 +939,29 @@ def _output_regimes(key, settings, checks):
     chat_se = np.zeros_like(R)
     betas = np.zeros_like(R)
     for i, n in enumerate(ns):
-        betas[i] = (taus * float(n) ** alpha) ** (1 / (1 + alpha))  # tau = beta^(1+alpha) n^(-alpha)
-        Y = np.asarray(_query_outputs(jax.random.fold_in(key, 1 + i), jnp.asarray(Q, jnp.float32),
-                                      jnp.asarray(betas[i]), int(n), K, _density_keys), np.float64)  # (K, Q, T, 3)
-        Z = betas[i][None, None, :, None] * np.einsum("kqtd,qdm->kqtm", Y, B)  # beta P_q Y_n, tangent coordinates
+        betas[i] = (taus * float(n) ** alpha) ** (
+            1 / (1 + alpha)
+        )  # tau = beta^(1+alpha) n^(-alpha)
+        Y = np.asarray(
+            _query_outputs(
+                jax.random.fold_in(key, 1 + i),
+                jnp.asarray(Q, jnp.float32),
+                jnp.asarray(betas[i]),
+                int(n),
+                K,
+                _density_keys,
+            ),
+            np.float64,
+        )  # (K, Q, T, 3)
+        Z = betas[i][None, None, :, None] * np.einsum(
+            "kqtd,qdm->kqtm", Y, B
+        )  # beta P_q Y_n, tangent coordinates
         st = _regime_stats(Z, rho, taus, alpha, d)
         R[i], D[i], F[i], chat[i] = st
         # jackknife over contexts for the SEs of log R and of c_hat
-        jk = np.stack([np.stack(_regime_stats(np.delete(Z, k, 0), rho, taus, alpha, d)) for k in range(K)])
+        jk = np.stack(
+            [np.stack(_regime_stats(np.delete(Z, k, 0), rho, taus, alpha, d)) for k in range(K)]
+        )
         with np.errstate(divide="ignore", invalid="ignore"):
             lr = np.log(jk[:, 0])
         R_se[i] = np.sqrt((K - 1) * np.nanvar(lr, axis=0)) * R[i]
@@ -815,12 +971,20 @@ def _output_regimes(key, settings, checks):
     # fluctuation: the leading finite-window term of E|B_n / Z_n|^2, +kappa / m_n (delta method).
     s = 1.0 / alpha
     kappa = (3 * 2**-s - 2 * (2 / 3) ** (s + 1)) / math.gamma(s + 1)
-    m_n = np.array([[float(np.mean(theory.window_size(int(n), b, d, rho))) for b in row] for n, row in zip(ns, betas,
-                                                                                                          strict=True)])
+    m_n = np.array(
+        [
+            [float(np.mean(theory.window_size(int(n), b, d, rho))) for b in row]
+            for n, row in zip(ns, betas, strict=True)
+        ]
+    )
     j1 = int(np.argmin(np.abs(np.log(taus))))  # the tau = 1 column (beta = n^(2/(d+1)))
     drift_inf = np.full(R.shape, np.nan)
     for i in range(ns.size):
-        for j in {0, j1, taus.size - 1}:  # the cells whose offsets enter a tolerance (quadrature is not free)
+        for j in {
+            0,
+            j1,
+            taus.size - 1,
+        }:  # the cells whose offsets enter a tolerance (quadrature is not free)
             Yinf = betas[i, j] * _vmf_tilted_displacement(Q, betas[i, j], n_s=200)
             drift_inf[i, j] = math.sqrt(np.mean(np.sum(_tangent_part(Yinf, Q) ** 2, 1)) / drift2)
     sys_ratio = drift_inf / np.sqrt(1 + kappa / m_n) - 1  # relative offset of the ratio
@@ -847,7 +1011,9 @@ def _output_regimes(key, settings, checks):
     x, y, w = np.log(np.broadcast_to(taus, R.shape)[ok]), np.log(R[ok]), (R_se / R)[ok]
     slope, intercept, slope_se = _weighted_line(x, y, w)
     # end-point offsets of sizes e1, e2 tilt a line fitted over [log tau_min, log tau_max] by at most about this
-    sys_slope = (np.max(np.abs(sys_ratio[:, 0])) + np.max(np.abs(sys_ratio[:, -1]))) / math.log(taus[-1] / taus[0])
+    sys_slope = (np.max(np.abs(sys_ratio[:, 0])) + np.max(np.abs(sys_ratio[:, -1]))) / math.log(
+        taus[-1] / taus[0]
+    )
     checks.append(
         check(
             "output_regimes",
@@ -877,8 +1043,27 @@ def _output_regimes(key, settings, checks):
             f"offset {sys_ratio[i1, j1]:+.3f} (relative)",
         )
     )
-    return dict(ns=ns, taus=taus, betas=betas, R=R, R_se=R_se, D=D, F=F, chat=chat, chat_se=chat_se,
-                ratio_th=ratio_th, m_n=m_n, drift_inf=drift_inf, sys_ratio=sys_ratio, kappa=kappa, c_d=c_d, drift2=drift2, inv_rho=inv_rho, slope=slope, intercept=intercept)
+    return dict(
+        ns=ns,
+        taus=taus,
+        betas=betas,
+        R=R,
+        R_se=R_se,
+        D=D,
+        F=F,
+        chat=chat,
+        chat_se=chat_se,
+        ratio_th=ratio_th,
+        m_n=m_n,
+        drift_inf=drift_inf,
+        sys_ratio=sys_ratio,
+        kappa=kappa,
+        c_d=c_d,
+        drift2=drift2,
+        inv_rho=inv_rho,
+        slope=slope,
+        intercept=intercept,
+    )
 
 
 def _regime_stats(Z, rho, taus, alpha, d):
@@ -904,17 +1089,46 @@ def _regime_stats(Z, rho, taus, alpha, d):
 # ------------------------------------------------------------------------------------------------
 
 
-def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, x, ratio, cum, prof, cprof, st,
-               big):
+def _plot_fig3(
+    out,
+    d,
+    alpha,
+    ns,
+    betas,
+    mean,
+    cns,
+    log_half,
+    slope,
+    intercept,
+    x,
+    ratio,
+    cum,
+    prof,
+    cprof,
+    st,
+    big,
+):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     pc = ax.pcolormesh(ns, betas, mean.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(pc, ax=ax, label="mean $A_{(1)}$")
     nn = np.geomspace(ns.min(), ns.max(), 100)
     ax.plot(nn, 2 * nn**alpha, "w--", lw=2, label=r"$\beta = 2 n^{\alpha}$")
-    ax.plot(nn, np.exp(intercept) * nn**slope, "r-", lw=1.5, label=rf"fit $A_{{(1)}}=1/2$: slope {slope:.3f}")
+    ax.plot(
+        nn,
+        np.exp(intercept) * nn**slope,
+        "r-",
+        lw=1.5,
+        label=rf"fit $A_{{(1)}}=1/2$: slope {slope:.3f}",
+    )
     ax.plot(cns, np.exp(log_half), "ro", ms=4)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel=r"$\beta$", ylim=(betas.min(), betas.max()),
-           title=f"mean $A_{{(1)}}$, d = {d}, {st['grid_trials']} trials")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="n",
+        ylabel=r"$\beta$",
+        ylim=(betas.min(), betas.max()),
+        title=f"mean $A_{{(1)}}$, d = {d}, {st['grid_trials']} trials",
+    )
     ax.legend(loc="upper left", fontsize=8)
     sel = x <= 4
     ax2.plot(x[sel], ratio[sel], "C0.", ms=3, label=r"mean $A_{(k)}/A_{(1)}$")
@@ -922,8 +1136,13 @@ def _plot_fig3(out, d, alpha, ns, betas, mean, cns, log_half, slope, intercept, 
     ax2.plot(x[sel], cum[sel], "C1.", ms=3, label=r"mean $\sum_{i\leq k} A_{(i)}$")
     xc, cum_c, n_c, beta_c = big
     selc = xc <= 4
-    ax2.plot(xc[selc], cum_c[selc], "C2-", lw=1.2,
-             label=rf"mean $\sum_{{i\leq k}} A_{{(i)}}$, n = {n_c}, $\beta$ = {beta_c:.1f}")
+    ax2.plot(
+        xc[selc],
+        cum_c[selc],
+        "C2-",
+        lw=1.2,
+        label=rf"mean $\sum_{{i\leq k}} A_{{(i)}}$, n = {n_c}, $\beta$ = {beta_c:.1f}",
+    )
     ax2.plot(x[sel], cprof[sel], "k--", label=r"$P(1/\alpha, x^\alpha)$")
     ax2.set(xlabel=r"$x = k / m_n$", title=f"n = {st['sub_n']}, " + r"$\beta = n^{\alpha/4}$")
     ax2.legend(fontsize=8)
@@ -942,10 +1161,24 @@ def _plot_critical(out, cg, crit, lim, n, d):
             both = np.concatenate([lim[:, i, j], crit[:, i, j]])
             lo, hi = np.quantile(both, [0.001, 0.999])
             bins = np.linspace(lo, hi + 1e-9, 41)
-            ax.hist(lim[:, i, j], bins=bins, density=True, histtype="stepfilled", alpha=0.4, color="k",
-                    label=f"limit $W_{j + 1}$")
-            ax.hist(crit[:, i, j], bins=bins, density=True, histtype="step", color=f"C{j}", lw=1.5,
-                    label=f"$A_{{({j + 1})}}$, n = {n}")
+            ax.hist(
+                lim[:, i, j],
+                bins=bins,
+                density=True,
+                histtype="stepfilled",
+                alpha=0.4,
+                color="k",
+                label=f"limit $W_{j + 1}$",
+            )
+            ax.hist(
+                crit[:, i, j],
+                bins=bins,
+                density=True,
+                histtype="step",
+                color=f"C{j}",
+                lw=1.5,
+                label=f"$A_{{({j + 1})}}$, n = {n}",
+            )
             ax.set_title(rf"$\gamma$ = {g:g}: $A_{{({j + 1})}}$", fontsize=9)
             if i == 0:
                 ax.legend(fontsize=7)
@@ -968,8 +1201,17 @@ def _plot_fig2(out, data):
     for ax, F, lab in zip(axes, fields, labels, strict=True):
         ax.contourf(a, a, dens, levels=20, cmap="Greys", alpha=0.6)
         mag = np.median(np.linalg.norm(F, axis=1)) + 1e-12
-        ax.quiver(A[:, 0], A[:, 1], F[:, 0], F[:, 1], color="C3", angles="xy", scale_units="xy",
-                  scale=mag / 0.12, width=0.006)
+        ax.quiver(
+            A[:, 0],
+            A[:, 1],
+            F[:, 0],
+            F[:, 1],
+            color="C3",
+            angles="xy",
+            scale_units="xy",
+            scale=mag / 0.12,
+            width=0.006,
+        )
         ax.set_title(str(lab), fontsize=8)
         ax.set_aspect("equal")
         ax.set_xticks([])
@@ -1002,9 +1244,12 @@ def _plot_residual(out, res):
     ax.plot(lo[0], la[0], "o", color="C2", ms=2.5, label="start")
     ax.plot(lo[-1], la[-1], "o", color="C3", ms=3, label="end")
     ax.plot([np.pi / 4, -3 * np.pi / 4], [0, 0], "y*", ms=14, label=r"maxima of $\rho$")
-    ax.set(xlabel="longitude", ylabel="latitude",
-           title=rf"residual attention $q \mapsto (q+\gamma Y_n(q))/\|\cdot\|$, n = {res['n']}, "
-                 rf"$\beta$ = {float(res['beta']):.1f}, $\gamma$ = {float(res['gamma']):g}")
+    ax.set(
+        xlabel="longitude",
+        ylabel="latitude",
+        title=rf"residual attention $q \mapsto (q+\gamma Y_n(q))/\|\cdot\|$, n = {res['n']}, "
+        rf"$\beta$ = {float(res['beta']):.1f}, $\gamma$ = {float(res['gamma']):g}",
+    )
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     path = out / "residual_dynamics.png"
@@ -1027,16 +1272,31 @@ def _plot_output_limits(out, sup, cro):
     for j, (b, ks) in enumerate(zip(sup["betas"], sup["ks"], strict=True)):
         xs, F = _ecdf(sup["R"][..., j])
         ax.plot(xs, F, f"C{j}-", lw=1.2, label=rf"$\beta = {b / n:g}\,n$: KS {ks:.3f}")
-    ax.set(xlim=(0, 6), xlabel=r"$\frac{1}{2} a_n \|P_q Y_n(q)\|^2$", ylabel="CDF",
-           title=rf"supercritical (Thm 4.1): $\rho \propto e^{{x_1 x_2}}$ on $S^2$, n = {n}")
+    ax.set(
+        xlim=(0, 6),
+        xlabel=r"$\frac{1}{2} a_n \|P_q Y_n(q)\|^2$",
+        ylabel="CDF",
+        title=rf"supercritical (Thm 4.1): $\rho \propto e^{{x_1 x_2}}$ on $S^2$, n = {n}",
+    )
     ax.legend(fontsize=8, loc="lower right")
     ax = axes[1]
     ang = np.arctan2(sup["u"][:, 1], sup["u"][:, 0])
-    ax.hist(ang, bins=24, range=(-np.pi, np.pi), density=True, color="C0", alpha=0.6,
-            label=f"{ang.size} samples")
+    ax.hist(
+        ang,
+        bins=24,
+        range=(-np.pi, np.pi),
+        density=True,
+        color="C0",
+        alpha=0.6,
+        label=f"{ang.size} samples",
+    )
     ax.axhline(1 / (2 * np.pi), color="k", lw=2, label="uniform")
-    ax.set(xlabel=r"mark angle from $\nabla_S \log\rho(q)$", ylabel="density", ylim=(0, 0.3),
-           title=r"mark $\Theta = P_q Y_n / \|P_q Y_n\|$ (uniform in the limit)")
+    ax.set(
+        xlabel=r"mark angle from $\nabla_S \log\rho(q)$",
+        ylabel="density",
+        ylim=(0, 0.3),
+        title=r"mark $\Theta = P_q Y_n / \|P_q Y_n\|$ (uniform in the limit)",
+    )
     ax.legend(fontsize=8, loc="lower right")
     ax = axes[2]
     for i, g in enumerate(cro["gammas"]):
@@ -1044,8 +1304,12 @@ def _plot_output_limits(out, sup, cro):
         ax.plot(xs, F, "k--", lw=1)
         xs, F = _ecdf(cro["finite"][:, i])
         ax.plot(xs, F, f"C{i}-", lw=1.3, label=rf"$\gamma$ = {g:g} (KS {cro['ks'][i]:.3f})")
-    ax.set(xscale="log", xlabel=r"$\|\sqrt{\beta}\, P_q Y_n(q)\|$ and $\|\Xi\|$ (dashed)", ylabel="CDF",
-           title=rf"critical (Thm 4.2): $\beta = \gamma n^\alpha$, d = 5, n = {int(cro['n'])}")
+    ax.set(
+        xscale="log",
+        xlabel=r"$\|\sqrt{\beta}\, P_q Y_n(q)\|$ and $\|\Xi\|$ (dashed)",
+        ylabel="CDF",
+        title=rf"critical (Thm 4.2): $\beta = \gamma n^\alpha$, d = 5, n = {int(cro['n'])}",
+    )
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path = out / "output_limits.png"
@@ -1061,12 +1325,19 @@ def _plot_output_regimes(out, reg):
     th = reg["ratio_th"][0] * (tt / taus[0]) ** (-0.5)  # d = 3: tau^(-1/(2 alpha)) = tau^(-1/2)
     ax = axes[0]
     for i, n in enumerate(ns):
-        ax.errorbar(betas[i], R[i], 2 * R_se[i], fmt="o", color=f"C{i}", ms=4, label=f"n = {int(n)}")
+        ax.errorbar(
+            betas[i], R[i], 2 * R_se[i], fmt="o", color=f"C{i}", ms=4, label=f"n = {int(n)}"
+        )
         bb = np.geomspace(betas[i].min(), betas[i].max(), 100)
         ax.plot(bb, reg["ratio_th"][0] * ((bb**2 / n) / taus[0]) ** (-0.5), f"C{i}-", lw=1)
         ax.axvline(n**0.5, color=f"C{i}", ls=":", lw=1)
-    ax.set(xscale="log", yscale="log", xlabel=r"$\beta$", ylabel="drift / fluctuation",
-           title=r"$|E\,\beta P_q Y_n| / \sqrt{\mathrm{tr\,Cov}\,\beta P_q Y_n}$; dotted: $\beta = n^{2/(d+1)}$")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel=r"$\beta$",
+        ylabel="drift / fluctuation",
+        title=r"$|E\,\beta P_q Y_n| / \sqrt{\mathrm{tr\,Cov}\,\beta P_q Y_n}$; dotted: $\beta = n^{2/(d+1)}$",
+    )
     ax.legend(fontsize=8)
     ax = axes[1]
     for i, n in enumerate(ns):
@@ -1078,23 +1349,54 @@ def _plot_output_regimes(out, reg):
     ax.text(taus.min() * 1.3, 0.05, "drift\ndominated", fontsize=9, transform=bottom)
     ax.text(1.15, 0.05, "mixed", fontsize=9, transform=bottom)
     ax.text(taus.max() / 12, 0.85, "fluctuation\ndominated", fontsize=9, transform=bottom)
-    ax.set(xscale="log", yscale="log", xlabel=r"$\tau_n = \beta^{1+\alpha} n^{-\alpha}$",
-           title=rf"collapse onto $\tau_n$: fitted slope {float(reg['slope']):.3f} (theory -1/2)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel=r"$\tau_n = \beta^{1+\alpha} n^{-\alpha}$",
+        title=rf"collapse onto $\tau_n$: fitted slope {float(reg['slope']):.3f} (theory -1/2)",
+    )
     ax.legend(fontsize=8, loc="center left")
     ax = axes[2]
     for i, n in enumerate(ns):
-        ax.plot(taus, reg["D"][i] / math.sqrt(float(reg["drift2"])), "o-", color=f"C{i}", ms=4,
-                label=rf"drift / $|\nabla_S \log\rho|$, n = {int(n)}")
-        ax.errorbar(taus, reg["chat"][i] / reg["c_d"], 2 * reg["chat_se"][i] / reg["c_d"], fmt="s--", color=f"C{i}",
-                    ms=4, mfc="none", label=rf"$\hat c_d / c_d$, n = {int(n)}")
+        ax.plot(
+            taus,
+            reg["D"][i] / math.sqrt(float(reg["drift2"])),
+            "o-",
+            color=f"C{i}",
+            ms=4,
+            label=rf"drift / $|\nabla_S \log\rho|$, n = {int(n)}",
+        )
+        ax.errorbar(
+            taus,
+            reg["chat"][i] / reg["c_d"],
+            2 * reg["chat_se"][i] / reg["c_d"],
+            fmt="s--",
+            color=f"C{i}",
+            ms=4,
+            mfc="none",
+            label=rf"$\hat c_d / c_d$, n = {int(n)}",
+        )
         ok = np.isfinite(reg["drift_inf"][i])
-        ax.plot(taus[ok], reg["drift_inf"][i][ok], "x", color=f"C{i}", ms=9, mew=2,
-                label=rf"drift, $n = \infty$ at the same $\beta$ (quadrature), n = {int(n)}")
+        ax.plot(
+            taus[ok],
+            reg["drift_inf"][i][ok],
+            "x",
+            color=f"C{i}",
+            ms=9,
+            mew=2,
+            label=rf"drift, $n = \infty$ at the same $\beta$ (quadrature), n = {int(n)}",
+        )
     ax.axhline(1.0, color="k", lw=1)
-    ax.set(xscale="log", ylim=(0.5, 1.3), xlabel=r"$\tau_n$",
-           title=r"mixed regime: $\beta P_q Y_n \approx N(\nabla_S\log\rho,\ \tau^{1/\alpha} c_d/\rho\ P_q)$")
+    ax.set(
+        xscale="log",
+        ylim=(0.5, 1.3),
+        xlabel=r"$\tau_n$",
+        title=r"mixed regime: $\beta P_q Y_n \approx N(\nabla_S\log\rho,\ \tau^{1/\alpha} c_d/\rho\ P_q)$",
+    )
     ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(r"subcritical output regimes, $\rho \propto e^{x_1 x_2}$ on $S^2$ (d = 3, $\alpha$ = 1), V = I")
+    fig.suptitle(
+        r"subcritical output regimes, $\rho \propto e^{x_1 x_2}$ on $S^2$ (d = 3, $\alpha$ = 1), V = I"
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     path = out / "output_regimes.png"
     fig.savefig(path, dpi=100)

@@ -84,8 +84,12 @@ _PART = Experiment(
         "ar_phi": Option(0.8),
         "sticky_stay": Option(0.5),
         "power": Option(_POWER),
-        "ns": Option([100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10_000]),
-        "gammas": Option(np.geomspace(0.5, 8.0, 25).tolist(), quick=np.geomspace(0.5, 8.0, 13).tolist()),
+        "ns": Option(
+            [100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10_000]
+        ),
+        "gammas": Option(
+            np.geomspace(0.5, 8.0, 25).tolist(), quick=np.geomspace(0.5, 8.0, 13).tolist()
+        ),
         "trials": Option(2000, quick=1000),
         "contrast_trials": Option(1000, quick=500),
         "limit_samples": Option(100_000, quick=40_000),
@@ -130,7 +134,9 @@ def rope_density(n, power=_POWER, d=_D, theta=1.0) -> tuple[float, float, float]
     return finite, math.comb(2 * power, power) / 2**power / Z, 2.0**power / Z
 
 
-def clustered_critical_weights(rng: np.random.Generator, gamma, d, stay, num, *, terms=512) -> np.ndarray:
+def clustered_critical_weights(
+    rng: np.random.Generator, gamma, d, stay, num, *, terms=512
+) -> np.ndarray:
     r"""Samples of the compound-Poisson critical limit of $A_{(1)}$ for ``StickyKeys`` (reconstruction).
 
     Clusters (runs of one repeated key) sit at $y_l = (\Gamma_l / c')^\alpha$, the
@@ -167,7 +173,9 @@ def clustered_critical_weights(rng: np.random.Generator, gamma, d, stay, num, *,
     G = rng.geometric(1.0 - stay, size=(num, terms))
     head = np.sum(G * np.exp(-(y - y[:, :1])), axis=1)
     # E[G] c' = C gamma^(-1/alpha): the tail's mean mass, shifted by e^{y_1}
-    tail = np.exp(math.log(c / (1.0 - stay)) + math.lgamma(s + 1.0) + np.log(gammaincc(s, y[:, -1])) + y[:, 0])
+    tail = np.exp(
+        math.log(c / (1.0 - stay)) + math.lgamma(s + 1.0) + np.log(gammaincc(s, y[:, -1])) + y[:, 0]
+    )
     return 1.0 / (head + tail)
 
 
@@ -234,7 +242,9 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
         results[name] = dict(cross=cross, crit=draws[-1][:, law], lim=lim)
     with steps("clustered"):
         crit_sticky = np.asarray(
-            attention.sample_top_weights(k_sticky, nc, cg * nc**alpha, d, st["contrast_trials"], sampler=sticky)
+            attention.sample_top_weights(
+                k_sticky, nc, cg * nc**alpha, d, st["contrast_trials"], sampler=sticky
+            )
         )[..., 0]
 
     # ---- rows ----------------------------------------------------------------------------------
@@ -289,7 +299,9 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
                 f"KS critical value {ks_crit:.3g} (as for i.i.d. keys)",
             )
         )
-    ks_unrot = [_ks_distance(results["rope_keys"]["crit"][:, i], lim_unrot[:, i]) for i in range(len(cg))]
+    ks_unrot = [
+        _ks_distance(results["rope_keys"]["crit"][:, i], lim_unrot[:, i]) for i in range(len(cg))
+    ]
     checks.append(
         check(
             "rope_keys_unrotated_contrast",
@@ -343,7 +355,9 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
             clustered_finite=crit_sticky,
             clustered_limit=lim_sticky,
         )
-        fig = _plot(out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st)
+        fig = _plot(
+            out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st
+        )
     steps.close()
     timings["keys_total"] = round(time.perf_counter() - t0, 3)
     return checks, [fig], timings
@@ -354,7 +368,9 @@ def _limit(key, gammas, d, num, density):
     return np.stack(
         [
             np.asarray(
-                theory.critical_weights(jax.random.fold_in(key, i), float(g), d, 1, num, density=density, terms=_TERMS)
+                theory.critical_weights(
+                    jax.random.fold_in(key, i), float(g), d, 1, num, density=density, terms=_TERMS
+                )
             )[:, 0]
             for i, g in enumerate(gammas)
         ],
@@ -365,11 +381,22 @@ def _limit(key, gammas, d, num, density):
 def _exponent(key, proc, ns, gam, d, alpha, trials) -> tuple[dict, np.ndarray]:
     """The i.i.d. crossing estimator on contexts from ``proc``; also the ``(len(ns), trials, b)`` samples."""
     betas = np.outer(ns.astype(float) ** alpha, gam)
-    mean, se, draws = attention.mean_top_weight_grid(key, ns.tolist(), betas, d, trials, sampler=proc, samples=True)
+    mean, se, draws = attention.mean_top_weight_grid(
+        key, ns.tolist(), betas, d, trials, sampler=proc, samples=True
+    )
     half = np.asarray([_crossing(np.log(betas[i]), mean[i], se[i]) for i in range(len(ns))])
     slope, intercept, slope_se = _weighted_line(np.log(ns), half[:, 0], half[:, 1])
-    cross = dict(ns=ns, betas=betas, mean=mean, se=se, log_beta_half=half[:, 0], log_beta_half_se=half[:, 1],
-                 slope=slope, intercept=intercept, slope_se=slope_se)
+    cross = dict(
+        ns=ns,
+        betas=betas,
+        mean=mean,
+        se=se,
+        log_beta_half=half[:, 0],
+        log_beta_half_se=half[:, 1],
+        slope=slope,
+        intercept=intercept,
+        slope_se=slope_se,
+    )
     return cross, draws
 
 
@@ -378,38 +405,73 @@ def _ecdf(ax, x, **kw):
     ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", **kw)
 
 
-def _plot(out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st) -> str:
+def _plot(
+    out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st
+) -> str:
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     ax = axes[0]
     for j, (name, r) in enumerate(results.items()):
         c = r["cross"]
-        ax.errorbar(c["ns"], np.exp(c["log_beta_half"]), yerr=np.exp(c["log_beta_half"]) * c["log_beta_half_se"],
-                    fmt="o", color=f"C{j}", ms=4, label=f"{name}: slope {c['slope']:.3f} +- {c['slope_se']:.3f}")
+        ax.errorbar(
+            c["ns"],
+            np.exp(c["log_beta_half"]),
+            yerr=np.exp(c["log_beta_half"]) * c["log_beta_half_se"],
+            fmt="o",
+            color=f"C{j}",
+            ms=4,
+            label=f"{name}: slope {c['slope']:.3f} +- {c['slope_se']:.3f}",
+        )
         nn = np.geomspace(c["ns"].min(), c["ns"].max(), 50)
         ax.plot(nn, np.exp(c["intercept"]) * nn ** c["slope"], "-", color=f"C{j}", lw=1)
-    ax.set(xscale="log", yscale="log", xlabel="n", ylabel=r"$\beta_{1/2}(n)$: mean $A_{(1)} = 1/2$",
-           title=rf"critical exponent (theory $\alpha$ = {alpha:g}), d = {d}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="n",
+        ylabel=r"$\beta_{1/2}(n)$: mean $A_{(1)} = 1/2$",
+        title=rf"critical exponent (theory $\alpha$ = {alpha:g}), d = {d}",
+    )
     ax.legend(fontsize=7)
     g = cg[i1]
     panels = [
-        (axes[1], "dependent_tokens", [(results["dependent_tokens"]["lim"][:, i1], "k", "Poisson limit $W_1$ (uniform)")],
-         f"AR(1) directions, $\\phi$ = {st['ar_phi']}"),
-        (axes[2], "rope_keys", [(results["rope_keys"]["lim"][:, i1], "k", r"$W_1$ with orbit average $\bar\rho(q)$"),
-                                (lim_unrot[:, i1], "C3", r"$W_1$ with unrotated $\rho(q)$")],
-         rf"RoPE, base $\rho \propto (1 + x_1)^{st['power']}$"),
+        (
+            axes[1],
+            "dependent_tokens",
+            [(results["dependent_tokens"]["lim"][:, i1], "k", "Poisson limit $W_1$ (uniform)")],
+            f"AR(1) directions, $\\phi$ = {st['ar_phi']}",
+        ),
+        (
+            axes[2],
+            "rope_keys",
+            [
+                (
+                    results["rope_keys"]["lim"][:, i1],
+                    "k",
+                    r"$W_1$ with orbit average $\bar\rho(q)$",
+                ),
+                (lim_unrot[:, i1], "C3", r"$W_1$ with unrotated $\rho(q)$"),
+            ],
+            rf"RoPE, base $\rho \propto (1 + x_1)^{st['power']}$",
+        ),
     ]
     for ax, name, refs, title in panels:
         _ecdf(ax, results[name]["crit"][:, i1], color="C0", lw=2, label=f"$A_{{(1)}}$, n = {nc}")
         for w, col, lab in refs:
             _ecdf(ax, w, color=col, lw=1, ls="--", label=lab)
-        ax.set(xlabel=r"$A_{(1)}$", ylabel="CDF", title=rf"{title}, $\beta = \gamma n^\alpha$, $\gamma$ = {g:g}")
+        ax.set(
+            xlabel=r"$A_{(1)}$",
+            ylabel="CDF",
+            title=rf"{title}, $\beta = \gamma n^\alpha$, $\gamma$ = {g:g}",
+        )
         ax.legend(fontsize=7, loc="lower right")
     ax = axes[3]
     _ecdf(ax, crit_sticky[:, i1], color="C0", lw=2, label=f"$A_{{(1)}}$, n = {nc}")
     _ecdf(ax, lim_sticky, color="k", lw=1, ls="--", label="compound Poisson limit")
     _ecdf(ax, lim_unif[:, i1], color="C3", lw=1, ls=":", label="i.i.d. Poisson limit $W_1$")
-    ax.set(xlabel=r"$A_{(1)}$", ylabel="CDF",
-           title=rf"clustered keys (repeat prob. {st['sticky_stay']:g}), $\gamma$ = {g:g}")
+    ax.set(
+        xlabel=r"$A_{(1)}$",
+        ylabel="CDF",
+        title=rf"clustered keys (repeat prob. {st['sticky_stay']:g}), $\gamma$ = {g:g}",
+    )
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     path = out / "attention_keys.png"

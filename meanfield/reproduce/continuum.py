@@ -78,16 +78,24 @@ EXPERIMENT = Experiment(
         "heatmap_t1": Option(0.3),
         "sphere_resolution": Option(16),
         "seed": Option(0),
-        "tolerances": Option({
-            "dispersion_relation": 1e-3,
-            "particle_dispersion": 5e-2,
-            "cluster_count": 1.0,
-            "particle_to_density": 0.1,
-            "mass_drift": 1e-5,
-        }),
+        "tolerances": Option(
+            {
+                "dispersion_relation": 1e-3,
+                "particle_dispersion": 5e-2,
+                "cluster_count": 1.0,
+                "particle_to_density": 0.1,
+                "mass_drift": 1e-5,
+            }
+        ),
     },
-    steps=("dispersion_relation", "particle_dispersion", "cluster_count", "particle_to_density",
-           "mass_and_positivity", "figures"),
+    steps=(
+        "dispersion_relation",
+        "particle_dispersion",
+        "cluster_count",
+        "particle_to_density",
+        "mass_and_positivity",
+        "figures",
+    ),
     timings_suffix="_s",
 )
 
@@ -113,11 +121,18 @@ def _solver_rates(S) -> dict:
         for d in (2, 3):
             g = continuum.grid(d, S["solver_resolution"][str(d)], dtype=jnp.float64)
             # the theory rates that set the windows, (beta, mode): one program (and host callback) per d
-            lam_all = np.asarray(jax.jit(lambda b, d=d: continuum.growth_rates(b[:, None], d, modes))(
-                np.asarray(S["betas"], np.float64)))
+            lam_all = np.asarray(
+                jax.jit(lambda b, d=d: continuum.growth_rates(b[:, None], d, modes))(
+                    np.asarray(S["betas"], np.float64)
+                )
+            )
             start = jax.jit(lambda ell, g=g: continuum.mode_perturbation(g, ell, S["solver_eps"]))
-            log_growth = jax.jit(lambda dens, ell, d=d: jnp.log(
-                continuum.mode_amplitude(dens[1], d, ell) / continuum.mode_amplitude(dens[0], d, ell)))
+            log_growth = jax.jit(
+                lambda dens, ell, d=d: jnp.log(
+                    continuum.mode_amplitude(dens[1], d, ell)
+                    / continuum.mode_amplitude(dens[0], d, ell)
+                )
+            )
             for beta, lam in zip(S["betas"], lam_all):
                 rates = []
                 for ell, rate in zip(S["modes"], lam):
@@ -125,7 +140,9 @@ def _solver_rates(S) -> dict:
                     # rounding) reaches it: at most 1/lambda_l and 2/lambda_max
                     t1 = min(1.0 / rate, 2.0 / lam.max())
                     # tight tolerances: the perturbation is 1e-5 of the state's norm
-                    sol = continuum.solve(np.float64(beta), start(np.int32(ell)), d=d, t1=t1, rtol=1e-11, atol=1e-16)
+                    sol = continuum.solve(
+                        np.float64(beta), start(np.int32(ell)), d=d, t1=t1, rtol=1e-11, atol=1e-16
+                    )
                     rates.append(float(log_growth(sol.densities, np.int32(ell))) / t1)
                 out[(d, beta)] = np.array(rates)
     return out
@@ -137,7 +154,9 @@ def _mode_amplitudes(x, d: int, modes):
     if d == 2:
         th = jnp.arctan2(x[:, 1], x[:, 0])
         return jnp.stack([2 * jnp.abs(jnp.mean(jnp.exp(1j * l * th))) for l in modes])
-    return jnp.stack([(2 * l + 1) * jnp.abs(jnp.mean(continuum._legendre(l, x[:, 2]))) for l in modes])
+    return jnp.stack(
+        [(2 * l + 1) * jnp.abs(jnp.mean(continuum._legendre(l, x[:, 2]))) for l in modes]
+    )
 
 
 def _particle_rates(S, theory: dict) -> dict:
@@ -153,8 +172,11 @@ def _particle_rates(S, theory: dict) -> dict:
     modes = S["modes"]
     for d in (2, 3):
         n = S["particle_n"][str(d)]
-        starts = jax.jit(lambda eps, n=n, d=d: jnp.stack(
-            [continuum.sample_perturbation(None, n, d, l, eps, lattice=True) for l in modes]))
+        starts = jax.jit(
+            lambda eps, n=n, d=d: jnp.stack(
+                [continuum.sample_perturbation(None, n, d, l, eps, lattice=True) for l in modes]
+            )
+        )
         x0 = starts(S["particle_eps"])
         amplitudes = functools.partial(_mode_amplitudes, d=d, modes=tuple(modes))
         for beta in S["betas"]:
@@ -163,12 +185,22 @@ def _particle_rates(S, theory: dict) -> dict:
             model = kernels.make("usa", d=d, beta=beta)
 
             def one(x, model=model, t1=t1, ts=ts, amplitudes=amplitudes):
-                tr = simulate(model, x, t1=t1, dt=t1 / S["particle_steps"], solver="rk4", ts=ts, save_states=False,
-                              observables={"a": amplitudes})
+                tr = simulate(
+                    model,
+                    x,
+                    t1=t1,
+                    dt=t1 / S["particle_steps"],
+                    solver="rk4",
+                    ts=ts,
+                    save_states=False,
+                    observables={"a": amplitudes},
+                )
                 return tr.observables["a"]
 
             amps = np.asarray(jax.vmap(one)(x0))  # (mode of the start, time, mode measured)
-            out[(d, beta)] = np.array([np.polyfit(ts, np.log(amps[j, :, j]), 1)[0] for j in range(len(modes))])
+            out[(d, beta)] = np.array(
+                [np.polyfit(ts, np.log(amps[j, :, j]), 1)[0] for j in range(len(modes))]
+            )
     return out
 
 
@@ -203,16 +235,30 @@ def _cluster_counts(S, key) -> dict:
         def one(k):
             x0 = sphere.uniform(k, n, 2)
             model = kernels.make("usa", d=2, beta=beta, rescaled=True)
-            return simulate(model, x0, t1=S["cluster_s1"], dt=S["cluster_dt"], solver="rk2", ts=ts).xs
+            return simulate(
+                model, x0, t1=S["cluster_s1"], dt=S["cluster_dt"], solver="rk2", ts=ts
+            ).xs
 
         return jax.vmap(one)(keys)
 
     out = {}
     for beta in S["cluster_betas"]:
-        xs = np.asarray(run(jnp.float32(beta), jax.random.split(jax.random.fold_in(key, int(beta * 100)), seeds)))
-        counts = np.array([[_count_clusters_circle(xs[s, i], S["cluster_gap_rad"], S["cluster_min_fraction"])
-                            for i in range(len(ts))]
-                           for s in range(seeds)])
+        xs = np.asarray(
+            run(
+                jnp.float32(beta), jax.random.split(jax.random.fold_in(key, int(beta * 100)), seeds)
+            )
+        )
+        counts = np.array(
+            [
+                [
+                    _count_clusters_circle(
+                        xs[s, i], S["cluster_gap_rad"], S["cluster_min_fraction"]
+                    )
+                    for i in range(len(ts))
+                ]
+                for s in range(seeds)
+            ]
+        )
         plateau = [_first_plateau(c, S["plateau_saves"]) for c in counts]
         out[beta] = {
             "counts": counts,
@@ -234,11 +280,17 @@ def _particles_vs_density(S, key) -> dict:
         ts = np.linspace(0.0, S["heatmap_t1"], 61)
         sol = continuum.solve(np.float64(beta), rho0, d=d, t1=S["heatmap_t1"], ts=ts)
         # as many save times as sol: the same compiled program (the last one is t1 itself)
-        ref = continuum.solve(np.float64(beta), rho0, d=d, t1=S["w1_time"], ts=np.linspace(0.0, S["w1_time"], len(ts)))
+        ref = continuum.solve(
+            np.float64(beta), rho0, d=d, t1=S["w1_time"], ts=np.linspace(0.0, S["w1_time"], len(ts))
+        )
         if int(ref.status) != continuum.OK:
-            raise RuntimeError(f"the density solution lost resolution before t = {S['w1_time']}: {ref.status_name()}")
-        run_info = {k: np.asarray(getattr(sol, k)) for k in ("ts", "densities", "mass", "min_density", "tail",
-                                                              "status", "t_stop")}
+            raise RuntimeError(
+                f"the density solution lost resolution before t = {S['w1_time']}: {ref.status_name()}"
+            )
+        run_info = {
+            k: np.asarray(getattr(sol, k))
+            for k in ("ts", "densities", "mass", "min_density", "tail", "status", "t_stop")
+        }
         theta = np.asarray(g.theta)
         dens_np = np.asarray(ref.densities[-1])
     dens_t = jnp.asarray(dens_np, jnp.float32)
@@ -263,8 +315,15 @@ def _particles_vs_density(S, key) -> dict:
     ns = np.array(S["w1_n"], float)
     means = np.array([w1[n].mean() for n in S["w1_n"]])
     slope = float(np.polyfit(np.log(ns), np.log(means), 1)[0])
-    return {"solution": run_info, "density_t": dens_np, "theta": theta, "w1": w1, "means": means, "slope": slope,
-            "x_last": x_last}
+    return {
+        "solution": run_info,
+        "density_t": dens_np,
+        "theta": theta,
+        "w1": w1,
+        "means": means,
+        "slope": slope,
+        "x_last": x_last,
+    }
 
 
 def _sphere_run(S):
@@ -278,7 +337,9 @@ def _sphere_run(S):
 # --------------------------------------------------------------------------- run
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the mean-field-limit reproduction; write figures, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
@@ -296,52 +357,79 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     # ----------------------------------------------------- dispersion relation (solver)
     with steps("dispersion_relation"):
         solver = _solver_rates(S)
-    theory = {(d, b): np.asarray(continuum.growth_rates(b, d, np.asarray(S["modes"]))) for d in (2, 3) for b in S["betas"]}
+    theory = {
+        (d, b): np.asarray(continuum.growth_rates(b, d, np.asarray(S["modes"])))
+        for d in (2, 3)
+        for b in S["betas"]
+    }
     errs = {k: np.abs(solver[k] / theory[k] - 1) for k in solver}
     worst = max(errs, key=lambda k: errs[k].max())
-    checks.append(check(
-        "dispersion_relation", max(e.max() for e in errs.values()), 0.0, tol["dispersion_relation"],
-        f"max relative error of the solver's linear-regime rates (modes {S['modes'][0]}..{S['modes'][-1]}, d = 2, 3, "
-        f"beta in {S['betas']}, float64, eps = {S['solver_eps']:g}) against growth_rates; worst at d = {worst[0]}, "
-        f"beta = {worst[1]:g}, mode {S['modes'][int(np.argmax(errs[worst]))]} (its rate is "
-        f"{theory[worst][int(np.argmax(errs[worst]))] / theory[worst].max():.2g} of the fastest mode's); median "
-        f"{np.median(np.concatenate(list(errs.values()))):.2g}",
-    ))
+    checks.append(
+        check(
+            "dispersion_relation",
+            max(e.max() for e in errs.values()),
+            0.0,
+            tol["dispersion_relation"],
+            f"max relative error of the solver's linear-regime rates (modes {S['modes'][0]}..{S['modes'][-1]}, d = 2, 3, "
+            f"beta in {S['betas']}, float64, eps = {S['solver_eps']:g}) against growth_rates; worst at d = {worst[0]}, "
+            f"beta = {worst[1]:g}, mode {S['modes'][int(np.argmax(errs[worst]))]} (its rate is "
+            f"{theory[worst][int(np.argmax(errs[worst]))] / theory[worst].max():.2g} of the fastest mode's); median "
+            f"{np.median(np.concatenate(list(errs.values()))):.2g}",
+        )
+    )
 
     # ----------------------------------------------------- dispersion relation (particles)
     with steps("particle_dispersion"):
         particles = _particle_rates(S, theory)  # the horizons from theory's rates
     perrs = {k: np.abs(particles[k] / theory[k] - 1) for k in particles}
     pworst = max(perrs, key=lambda k: perrs[k].max())
-    checks.append(check(
-        "particle_dispersion", max(e.max() for e in perrs.values()), 0.0, tol["particle_dispersion"],
-        f"max relative error of particle rates (n = {S['particle_n']['2']} on the circle, {S['particle_n']['3']} on S^2, "
-        f"lattice start + mode perturbation eps = {S['particle_eps']:g}, RK4, float32) against growth_rates; worst at "
-        f"d = {pworst[0]}, beta = {pworst[1]:g}, mode {S['modes'][int(np.argmax(perrs[pworst]))]} "
-        f"({perrs[pworst].max():.3g}; horizon 2 / lambda_max per beta: the slowest modes grow least); median "
-        f"{np.median(np.concatenate(list(perrs.values()))):.2g}",
-    ))
+    checks.append(
+        check(
+            "particle_dispersion",
+            max(e.max() for e in perrs.values()),
+            0.0,
+            tol["particle_dispersion"],
+            f"max relative error of particle rates (n = {S['particle_n']['2']} on the circle, {S['particle_n']['3']} on S^2, "
+            f"lattice start + mode perturbation eps = {S['particle_eps']:g}, RK4, float32) against growth_rates; worst at "
+            f"d = {pworst[0]}, beta = {pworst[1]:g}, mode {S['modes'][int(np.argmax(perrs[pworst]))]} "
+            f"({perrs[pworst].max():.3g}; horizon 2 / lambda_max per beta: the slowest modes grow least); median "
+            f"{np.median(np.concatenate(list(perrs.values()))):.2g}",
+        )
+    )
 
     # ----------------------------------------------------- cluster count
     with steps("cluster_count"):
         clusters = _cluster_counts(S, k_cluster)
     dev = {b: abs(float(np.mean(v["plateau_count"])) - v["predicted"]) for b, v in clusters.items()}
-    checks.append(check(
-        "cluster_count", max(dev.values()), 0.0, tol["cluster_count"],
-        "max over beta of |mean clusters at the first plateau - most_unstable_mode| (d = 2, n = "
-        f"{S['cluster_n']}, {S['cluster_seeds']} seeds); per beta (measured / predicted): "
-        + ", ".join(f"{b:g}: {np.mean(v['plateau_count']):.2f} / {v['predicted']}" for b, v in clusters.items()),
-    ))
+    checks.append(
+        check(
+            "cluster_count",
+            max(dev.values()),
+            0.0,
+            tol["cluster_count"],
+            "max over beta of |mean clusters at the first plateau - most_unstable_mode| (d = 2, n = "
+            f"{S['cluster_n']}, {S['cluster_seeds']} seeds); per beta (measured / predicted): "
+            + ", ".join(
+                f"{b:g}: {np.mean(v['plateau_count']):.2f} / {v['predicted']}"
+                for b, v in clusters.items()
+            ),
+        )
+    )
 
     # ----------------------------------------------------- particles against the density
     with steps("particle_to_density"):
         pd = _particles_vs_density(S, k_w1)
-    checks.append(check(
-        "particle_to_density", pd["slope"], -0.5, tol["particle_to_density"],
-        f"fitted exponent of mean W1(particles, density) against n in {S['w1_n']} ({S['w1_seeds']} seeds each; "
-        f"circle, beta = {S['w1_beta']:g}, mode {S['w1_mode']} eps = {S['w1_eps']:g}, t = {S['w1_time']:g}); "
-        "mean W1: " + ", ".join(f"{m:.3g}" for m in pd["means"]),
-    ))
+    checks.append(
+        check(
+            "particle_to_density",
+            pd["slope"],
+            -0.5,
+            tol["particle_to_density"],
+            f"fitted exponent of mean W1(particles, density) against n in {S['w1_n']} ({S['w1_seeds']} seeds each; "
+            f"circle, beta = {S['w1_beta']:g}, mode {S['w1_mode']} eps = {S['w1_eps']:g}, t = {S['w1_time']:g}); "
+            "mean W1: " + ", ".join(f"{m:.3g}" for m in pd["means"]),
+        )
+    )
 
     # ----------------------------------------------------- mass and positivity
     with steps("mass_and_positivity"):
@@ -353,14 +441,21 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         ok = np.isfinite(m)
         drift.append(float(np.max(np.abs(m[ok] - m[0]))))
         mins.append(float(np.nanmin(np.asarray(sol["min_density"]))))
-        notes.append(f"{name}: {continuum.STATUS[int(sol['status'])]} at t = {float(sol['t_stop']):.3g}, "
-                     f"drift {drift[-1]:.2g}, min density {mins[-1]:.3g}")
-    checks.append(check(
-        "mass_and_positivity", max(drift), 0.0, tol["mass_drift"],
-        "max |mass(t) - mass(0)| over the nonlinear runs until resolution loss (pass also needs "
-        "min density > 0): " + "; ".join(notes),
-        passed=max(drift) <= tol["mass_drift"] and min(mins) > 0,
-    ))
+        notes.append(
+            f"{name}: {continuum.STATUS[int(sol['status'])]} at t = {float(sol['t_stop']):.3g}, "
+            f"drift {drift[-1]:.2g}, min density {mins[-1]:.3g}"
+        )
+    checks.append(
+        check(
+            "mass_and_positivity",
+            max(drift),
+            0.0,
+            tol["mass_drift"],
+            "max |mass(t) - mass(0)| over the nonlinear runs until resolution loss (pass also needs "
+            "min density > 0): " + "; ".join(notes),
+            passed=max(drift) <= tol["mass_drift"] and min(mins) > 0,
+        )
+    )
 
     # ----------------------------------------------------- figures + data
     with steps("figures"):
@@ -371,18 +466,28 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         **{f"solver_d{d}_beta{b:g}": solver[(d, b)] for d, b in solver},
         **{f"particles_d{d}_beta{b:g}": particles[(d, b)] for d, b in particles},
         **{f"cluster_counts_beta{b:g}": v["counts"] for b, v in clusters.items()},
-        "heatmap": pd["solution"]["densities"], "heatmap_ts": pd["solution"]["ts"],
-        "w1_n": np.asarray(S["w1_n"]), "w1_means": pd["means"],
+        "heatmap": pd["solution"]["densities"],
+        "heatmap_ts": pd["solution"]["ts"],
+        "w1_n": np.asarray(S["w1_n"]),
+        "w1_means": pd["means"],
     }
     np.savez_compressed(out / "continuum_data.npz", **arrays)
-    S["cluster_plateaus"] = {f"{b:g}": {"count": v["plateau_count"], "time_s": v["plateau_time"],
-                                        "predicted": v["predicted"]} for b, v in clusters.items()}
+    S["cluster_plateaus"] = {
+        f"{b:g}": {
+            "count": v["plateau_count"],
+            "time_s": v["plateau_time"],
+            "predicted": v["predicted"],
+        }
+        for b, v in clusters.items()
+    }
     S["relative_errors"] = {
         "solver": {f"d={d}/beta={b:g}": errs[(d, b)].tolist() for d, b in errs},
         "particles": {f"d={d}/beta={b:g}": perrs[(d, b)].tolist() for d, b in perrs},
     }
     steps.close()
-    return write_summary(out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
+    return write_summary(
+        out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures
+    )
 
 
 def _figures(out, S, theory, solver, particles, clusters, pd):
@@ -397,17 +502,42 @@ def _figures(out, S, theory, solver, particles, clusters, pd):
     for ax, d in zip(axes, (2, 3)):
         for i, b in enumerate(S["betas"]):
             c = f"C{i}"
-            ax.plot(fine, np.asarray(continuum.growth_rates(b, d, fine)), "-", color=c, label=f"theory, beta={b:g}")
-            ax.plot(modes, solver[(d, b)], "o", mfc="none", color=c, ms=8, label="density solver" if i == 0 else None)
-            ax.plot(modes, particles[(d, b)], "x", color=c, ms=7, label="particles" if i == 0 else None)
+            ax.plot(
+                fine,
+                np.asarray(continuum.growth_rates(b, d, fine)),
+                "-",
+                color=c,
+                label=f"theory, beta={b:g}",
+            )
+            ax.plot(
+                modes,
+                solver[(d, b)],
+                "o",
+                mfc="none",
+                color=c,
+                ms=8,
+                label="density solver" if i == 0 else None,
+            )
+            ax.plot(
+                modes, particles[(d, b)], "x", color=c, ms=7, label="particles" if i == 0 else None
+            )
         ax.set_yscale("log")
         ax.set_xlabel("mode l")
         ax.set_ylabel(r"growth rate $\lambda_l$")
-        ax.set_title(f"d = {d} ({'circle' if d == 2 else 'S^2'}): "
-                     + (r"$\lambda_k = k^2 I_k(\beta)/\beta$" if d == 2 else r"$\lambda_l = l(l+1) i_l(\beta)/\beta$"))
+        ax.set_title(
+            f"d = {d} ({'circle' if d == 2 else 'S^2'}): "
+            + (
+                r"$\lambda_k = k^2 I_k(\beta)/\beta$"
+                if d == 2
+                else r"$\lambda_l = l(l+1) i_l(\beta)/\beta$"
+            )
+        )
         ax.legend(fontsize=7)
-    fig.suptitle("Dispersion relation of the uniform law (USA): theory, density solver (float64), particles "
-                 f"(n = {S['particle_n']['2']} / {S['particle_n']['3']})", fontsize=10)
+    fig.suptitle(
+        "Dispersion relation of the uniform law (USA): theory, density solver (float64), particles "
+        f"(n = {S['particle_n']['2']} / {S['particle_n']['3']})",
+        fontsize=10,
+    )
     files.append(plotting.savefig(fig, out / "growth_rates.png"))
 
     sol = pd["solution"]
@@ -417,15 +547,22 @@ def _figures(out, S, theory, solver, particles, clusters, pd):
     im = ax.pcolormesh(ts[valid], th, dens[valid].T, shading="nearest", cmap="magma")
     fig.colorbar(im, ax=ax, label="density")
     if int(sol["status"]) != continuum.OK:
-        ax.axvline(float(sol["t_stop"]), color="c", ls="--",
-                   label=f"{continuum.STATUS[int(sol['status'])]} (t = {float(sol['t_stop']):.3g})")
+        ax.axvline(
+            float(sol["t_stop"]),
+            color="c",
+            ls="--",
+            label=f"{continuum.STATUS[int(sol['status'])]} (t = {float(sol['t_stop']):.3g})",
+        )
         ax.legend(fontsize=8, loc="upper right")
     ax.axvline(S["w1_time"], color="w", ls=":")
     ax.set_xlim(0, S["heatmap_t1"])
     ax.set_xlabel("t")
     ax.set_ylabel(r"$\theta$")
-    ax.set_title(f"circle density, beta = {S['w1_beta']:g}, start: mode {S['w1_mode']} eps = {S['w1_eps']:g} "
-                 f"(L = {S['w1_resolution']})", fontsize=9)
+    ax.set_title(
+        f"circle density, beta = {S['w1_beta']:g}, start: mode {S['w1_mode']} eps = {S['w1_eps']:g} "
+        f"(L = {S['w1_resolution']})",
+        fontsize=9,
+    )
     x = pd["x_last"]
     ang = np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi)
     ax2.hist(ang, bins=60, density=True, alpha=0.5, label=f"particles (n = {len(x)})")
@@ -440,14 +577,28 @@ def _figures(out, S, theory, solver, particles, clusters, pd):
     for b in bs:
         v = clusters[b]["plateau_count"]
         ax.plot([b] * len(v), v, "o", color="C0", alpha=0.5)
-    ax.plot(bs, [np.mean(clusters[b]["plateau_count"]) for b in bs], "s", color="C0", label="particles: mean over seeds")
+    ax.plot(
+        bs,
+        [np.mean(clusters[b]["plateau_count"]) for b in bs],
+        "s",
+        color="C0",
+        label="particles: mean over seeds",
+    )
     bb = np.linspace(2, max(bs) * 1.1, 200)
-    ax.step(bb, [int(continuum.most_unstable_mode(b, 2)) for b in bb], where="mid", color="r",
-            label="most unstable mode k*")
+    ax.step(
+        bb,
+        [int(continuum.most_unstable_mode(b, 2)) for b in bb],
+        where="mid",
+        color="r",
+        label="most unstable mode k*",
+    )
     ax.plot(bb, np.sqrt(2 * bb), "r:", label=r"$\sqrt{2\beta}$")
     ax.set_xlabel(r"$\beta$")
     ax.set_ylabel("clusters at the first plateau")
-    ax.set_title(f"Metastable clusters on the circle (n = {S['cluster_n']}, i.i.d. uniform starts)", fontsize=9)
+    ax.set_title(
+        f"Metastable clusters on the circle (n = {S['cluster_n']}, i.i.d. uniform starts)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     files.append(plotting.savefig(fig, out / "cluster_count.png"))
     return [str(Path(f).name) for f in files]

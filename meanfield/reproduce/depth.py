@@ -106,7 +106,9 @@ EXPERIMENT = Experiment(
         "warmup": Option(60, quick=30, full=150),
         "lm_sigma_w": Option(0.1),
         "lrs": Option(
-            [1e-2, 2e-2, 3e-2, 5e-2], quick=[2e-2, 3e-2, 5e-2], full=[5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2]
+            [1e-2, 2e-2, 3e-2, 5e-2],
+            quick=[2e-2, 3e-2, 5e-2],
+            full=[5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2],
         ),
         "collapse_tsim": Option(0.9),
     },
@@ -114,7 +116,9 @@ EXPERIMENT = Experiment(
 )
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the three experiments, write figures, data and ``summary.json`` under ``out_dir/depth``.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``)."""
@@ -136,30 +140,45 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         figures = _figures(out, cfg, fwd, abl, tr)
     steps.close()
 
-    np.savez_compressed(out / "init.npz", **{f"forward_{k}": v for k, v in fwd.items()},
-                        **{f"ablation_{k}": v for k, v in abl.items()})
-    np.savez_compressed(out / "training.npz", **{
-        f"{norm}_{k}": v for norm, h in tr["hist"].items() for k, v in h.items()},
-        lrs=np.asarray(cfg["lrs"]))
+    np.savez_compressed(
+        out / "init.npz",
+        **{f"forward_{k}": v for k, v in fwd.items()},
+        **{f"ablation_{k}": v for k, v in abl.items()},
+    )
+    np.savez_compressed(
+        out / "training.npz",
+        **{f"{norm}_{k}": v for norm, h in tr["hist"].items() for k, v in h.items()},
+        lrs=np.asarray(cfg["lrs"]),
+    )
     checks = _checks(cfg, fwd, abl, tr)
     timings["total"] = round(time.perf_counter() - t_start, 3)
-    settings = {**cfg, "mode": mode,
-                "init_sigma_w": [s / math.sqrt(cfg["init_d"]) for s in cfg["sigma_scales"]],
-                "frequency_loss_labels": "all training labels aggregated (paper Sec. 4.3, approach 1)",
-                "conditional_entropy_rate": tr["entropy_rate"],
-                "positional_encoding": "none (causal mask only)",
-                "collapsed_run": tr["collapsed"], "matched_runs": tr["matched"],
-                "full_setting": "run(out, full=True) / --full: see module docstring; wall time in timings.total"}
-    return write_summary(out, _NAME, quick=quick, settings=settings, checks=checks,
-                         timings=timings, figures=figures)
+    settings = {
+        **cfg,
+        "mode": mode,
+        "init_sigma_w": [s / math.sqrt(cfg["init_d"]) for s in cfg["sigma_scales"]],
+        "frequency_loss_labels": "all training labels aggregated (paper Sec. 4.3, approach 1)",
+        "conditional_entropy_rate": tr["entropy_rate"],
+        "positional_encoding": "none (causal mask only)",
+        "collapsed_run": tr["collapsed"],
+        "matched_runs": tr["matched"],
+        "full_setting": "run(out, full=True) / --full: see module docstring; wall time in timings.total",
+    }
+    return write_summary(
+        out, _NAME, quick=quick, settings=settings, checks=checks, timings=timings, figures=figures
+    )
 
 
 # ----------------------------------------------------------------------------- experiments
 
 
 def _init_kwargs(cfg):
-    return {"depth": cfg["init_depth"], "n": cfg["init_n"], "d": cfg["init_d"],
-            "d_ff": cfg["init_d_ff"], "heads": cfg["init_heads"]}
+    return {
+        "depth": cfg["init_depth"],
+        "n": cfg["init_n"],
+        "d": cfg["init_d"],
+        "d_ff": cfg["init_d_ff"],
+        "heads": cfg["init_heads"],
+    }
 
 
 def _init_sweep(key, cfg):
@@ -173,20 +192,44 @@ def _init_sweep(key, cfg):
     kw = _init_kwargs(cfg)
     keys = jax.random.split(key, cfg["init_seeds"])
     ns, na = len(cfg["sigma_scales"]), len(cfg["alphas"])
-    sig = np.concatenate([np.asarray(cfg["sigma_scales"], float), np.ones(na)]) / math.sqrt(cfg["init_d"])
+    sig = np.concatenate([np.asarray(cfg["sigma_scales"], float), np.ones(na)]) / math.sqrt(
+        cfg["init_d"]
+    )
     alp = np.concatenate([np.zeros(ns), np.asarray(cfg["alphas"], float)])
-    fwd = {"attn": [], "ffn": [], "rms": [], "t_out": [], "t_x1": [], "t_x2": [], "sq_x1": [], "sq_x2": []}
+    fwd = {
+        "attn": [],
+        "ffn": [],
+        "rms": [],
+        "t_out": [],
+        "t_x1": [],
+        "t_x2": [],
+        "sq_x1": [],
+        "sq_x2": [],
+    }
     abl = {"t_out": [], "t_input": []}
     for norm in D.NORMS:
         one = partial(D.init_trace, norm=norm, **kw)
-        f = jax.jit(jax.vmap(jax.vmap(lambda k, s, a, one=one: one(k, sigma_w=s, alpha_prefix=a),
-                                      in_axes=(0, None, None)), in_axes=(None, 0, 0)))
-        r = jax.tree_util.tree_map(np.asarray, f(keys, jnp.asarray(sig, jnp.float32),
-                                                  jnp.asarray(alp, jnp.float32)))
+        f = jax.jit(
+            jax.vmap(
+                jax.vmap(
+                    lambda k, s, a, one=one: one(k, sigma_w=s, alpha_prefix=a),
+                    in_axes=(0, None, None),
+                ),
+                in_axes=(None, 0, 0),
+            )
+        )
+        r = jax.tree_util.tree_map(
+            np.asarray, f(keys, jnp.asarray(sig, jnp.float32), jnp.asarray(alp, jnp.float32))
+        )
         attn = r["t_y1"] - r["t_x1"]
         ffn = r["t_y2"] - r["t_x2"]
-        inc = {"attn": attn, "ffn": ffn, "rms": r["t_out"] - r["t_x1"] - attn - ffn, "t_out": r["t_out"],
-               **{k: r[k] for k in ("t_x1", "t_x2", "sq_x1", "sq_x2")}}
+        inc = {
+            "attn": attn,
+            "ffn": ffn,
+            "rms": r["t_out"] - r["t_x1"] - attn - ffn,
+            "t_out": r["t_out"],
+            **{k: r[k] for k in ("t_x1", "t_x2", "sq_x1", "sq_x2")},
+        }
         for k in fwd:
             fwd[k].append(inc[k][:ns])
         abl["t_out"].append(r["t_out"][ns:])
@@ -213,13 +256,23 @@ def _one_step_theory(cfg, fwd):
             sw = c / math.sqrt(d)
             s = np.asarray(D.amount_of_attention(fwd["sq_x1"][k, j], n=n, d=d, sigma_w=sw))
             out["s_meas"][k, j] = s
-            out["th_attn"][k, j] = D.one_step_attention(np.clip(fwd["t_x1"][k, j], 0.0, 1.0), s, n=n)
-            out["th_ffn"][k, j] = D.one_step_ffn(np.clip(fwd["t_x2"][k, j], 0.0, 1.0), n=n, d=d, d_ff=dff,
-                                                 sigma_w=sw, frob_sq=fwd["sq_x2"][k, j])
-            out["s_pred"][k, j] = D.amount_of_attention_profile(depth=L, n=n, d=d, d_ff=dff, sigma_w=sw,
-                                                                norm=norm)
-            out["s_pred_2x"][k, j] = D.amount_of_attention_profile(depth=L, n=n, d=d, d_ff=dff, sigma_w=sw,
-                                                                   norm=norm, attn_energy_factor=2.0)
+            out["th_attn"][k, j] = D.one_step_attention(
+                np.clip(fwd["t_x1"][k, j], 0.0, 1.0), s, n=n
+            )
+            out["th_ffn"][k, j] = D.one_step_ffn(
+                np.clip(fwd["t_x2"][k, j], 0.0, 1.0),
+                n=n,
+                d=d,
+                d_ff=dff,
+                sigma_w=sw,
+                frob_sq=fwd["sq_x2"][k, j],
+            )
+            out["s_pred"][k, j] = D.amount_of_attention_profile(
+                depth=L, n=n, d=d, d_ff=dff, sigma_w=sw, norm=norm
+            )
+            out["s_pred_2x"][k, j] = D.amount_of_attention_profile(
+                depth=L, n=n, d=d, d_ff=dff, sigma_w=sw, norm=norm, attn_energy_factor=2.0
+            )
     return out
 
 
@@ -237,19 +290,34 @@ def _training(k_data, k_model, cfg, bar):
     T, p0 = D.zipf_markov_source(k_src, vocab=V, exponent=cfg["zipf_exponent"], mix=cfg["zipf_mix"])
     data = D.sample_tokens(k_tok, T, p0, batch=steps * B, length=n + 1).reshape(steps, B, n + 1)
     freq = float(D.frequency_loss(data[:, :, 1:], V))
-    params = D.init_lm(k_model, vocab=V, depth=cfg["lm_depth"], d=cfg["lm_d"], d_ff=cfg["lm_d_ff"],
-                       heads=cfg["lm_heads"], sigma_w=cfg["lm_sigma_w"])
+    params = D.init_lm(
+        k_model,
+        vocab=V,
+        depth=cfg["lm_depth"],
+        d=cfg["lm_d"],
+        d_ff=cfg["lm_d_ff"],
+        heads=cfg["lm_heads"],
+        sigma_w=cfg["lm_sigma_w"],
+    )
     lrs = jnp.asarray(cfg["lrs"], jnp.float32)
     hist = {}
     for norm in D.NORMS:
-        _, h = jax.vmap(lambda lr, norm=norm: D.train_lm(
-            params, data, lr, norm=norm, heads=cfg["lm_heads"], warmup=cfg["warmup"]))(lrs)
+        _, h = jax.vmap(
+            lambda lr, norm=norm: D.train_lm(
+                params, data, lr, norm=norm, heads=cfg["lm_heads"], warmup=cfg["warmup"]
+            )
+        )(lrs)
         hist[norm] = jax.tree_util.tree_map(np.asarray, h)
         bar.update()
     # classify runs: collapsed = last-layer similarity above threshold over the final tenth
     tail = max(steps // 10, 1)
-    status = {norm: [bool(np.mean(h["t_final"][i, -tail:]) > cfg["collapse_tsim"])
-                     for i in range(len(cfg["lrs"]))] for norm, h in hist.items()}
+    status = {
+        norm: [
+            bool(np.mean(h["t_final"][i, -tail:]) > cfg["collapse_tsim"])
+            for i in range(len(cfg["lrs"]))
+        ]
+        for norm, h in hist.items()
+    }
     collapsed, matched = None, {}
     for i, lr in enumerate(cfg["lrs"]):
         if status["post"][i] and not status["pre"][i]:
@@ -257,7 +325,11 @@ def _training(k_data, k_model, cfg, bar):
             matched["pre_same_lr"] = {"norm": "pre", "lr": lr, "index": i}
             lower = [j for j in range(i) if not status["post"][j]]
             if lower:
-                matched["post_lower_lr"] = {"norm": "post", "lr": cfg["lrs"][lower[-1]], "index": lower[-1]}
+                matched["post_lower_lr"] = {
+                    "norm": "post",
+                    "lr": cfg["lrs"][lower[-1]],
+                    "index": lower[-1],
+                }
             break
     if collapsed is not None:
         h = hist["post"]
@@ -265,8 +337,15 @@ def _training(k_data, k_model, cfg, bar):
         above = np.nonzero(h["t_final"][i] > cfg["collapse_tsim"])[0]
         collapsed["transition_step"] = int(above[0]) if above.size else None
         collapsed["min_loss_before"] = float(np.min(_smooth(h["loss"][i])[: max(int(above[0]), 1)]))
-    return {"hist": hist, "freq_loss": freq, "entropy_rate": _entropy_rate(T), "status": status,
-            "collapsed": collapsed, "matched": matched, "tail": tail}
+    return {
+        "hist": hist,
+        "freq_loss": freq,
+        "entropy_rate": _entropy_rate(T),
+        "status": status,
+        "collapsed": collapsed,
+        "matched": matched,
+        "tail": tail,
+    }
 
 
 def _smooth(x, k=10):
@@ -284,34 +363,66 @@ def _checks(cfg, fwd, abl, tr):
     t_last = fwd["t_out"][:, i1, :, -1]  # (norm, seed)
     diff = float(np.mean(t_last[0]) - np.mean(t_last[1]))
     se = float(np.std(t_last[0] - t_last[1], ddof=1) / math.sqrt(t_last.shape[1]))
-    checks.append(check(
-        "post_vs_pre_similarity", diff, None, 0.0,
-        f"last-layer t_sim at init, Post minus Pre (sigma_w = 1/sqrt(d), depth {cfg['init_depth']}, "
-        f"{cfg['init_seeds']} seeds, std. error {se:.3g}); paper predicts > 0",
-        passed=lambda m: m > 0))
+    checks.append(
+        check(
+            "post_vs_pre_similarity",
+            diff,
+            None,
+            0.0,
+            f"last-layer t_sim at init, Post minus Pre (sigma_w = 1/sqrt(d), depth {cfg['init_depth']}, "
+            f"{cfg['init_seeds']} seeds, std. error {se:.3g}); paper predicts > 0",
+            passed=lambda m: m > 0,
+        )
+    )
 
     t_in = abl["t_input"][0]  # post, (alpha, seed)
     inc = np.mean(abl["t_out"][0, :, :, -1] - t_in, axis=1)  # per alpha
     a = list(cfg["alphas"])
     ratio = float(inc[a.index(1.0)] / inc[a.index(0.0)])
-    checks.append(check(
-        "prefix_ablation", ratio, None, 0.0,
-        "Post-Norm last-layer similarity increase over the input, alpha = 1 divided by alpha = 0; "
-        f"increases per alpha {np.round(inc, 4).tolist()}; paper predicts well below 1 (pass: < 0.5)",
-        passed=lambda m: m < 0.5))
-    checks.append(check(
-        "prefix_ablation_monotone", float(np.max(np.diff(inc))), None, 0.0,
-        "largest increase of the Post-Norm last-layer similarity between consecutive alphas "
-        "(suppression is uniform in alpha: pass when <= 0)", passed=lambda m: m <= 0))
+    checks.append(
+        check(
+            "prefix_ablation",
+            ratio,
+            None,
+            0.0,
+            "Post-Norm last-layer similarity increase over the input, alpha = 1 divided by alpha = 0; "
+            f"increases per alpha {np.round(inc, 4).tolist()}; paper predicts well below 1 (pass: < 0.5)",
+            passed=lambda m: m < 0.5,
+        )
+    )
+    checks.append(
+        check(
+            "prefix_ablation_monotone",
+            float(np.max(np.diff(inc))),
+            None,
+            0.0,
+            "largest increase of the Post-Norm last-layer similarity between consecutive alphas "
+            "(suppression is uniform in alpha: pass when <= 0)",
+            passed=lambda m: m <= 0,
+        )
+    )
 
     att = fwd["attn"][:, i1]
-    checks.append(check(
-        "attention_increment_positive", float(np.mean(att[0])), None, 0.0,
-        "mean over layers and seeds of the Post-Norm attention one-step increment "
-        "t_sim(X + Attn) - t_sim(X) at sigma_w = 1/sqrt(d) (Thm 3.2: > 0)", passed=lambda m: m > 0))
-    checks.append(check(
-        "pre_first_layer_matches_post", float(np.mean(np.abs(att[0][:, 0] - att[1][:, 0]))), 0.0, 1e-5,
-        "first-layer attention increment, |Post - Pre| (identical at layer 1: RMS-normalised input)"))
+    checks.append(
+        check(
+            "attention_increment_positive",
+            float(np.mean(att[0])),
+            None,
+            0.0,
+            "mean over layers and seeds of the Post-Norm attention one-step increment "
+            "t_sim(X + Attn) - t_sim(X) at sigma_w = 1/sqrt(d) (Thm 3.2: > 0)",
+            passed=lambda m: m > 0,
+        )
+    )
+    checks.append(
+        check(
+            "pre_first_layer_matches_post",
+            float(np.mean(np.abs(att[0][:, 0] - att[1][:, 0]))),
+            0.0,
+            1e-5,
+            "first-layer attention increment, |Post - Pre| (identical at layer 1: RMS-normalised input)",
+        )
+    )
 
     checks += _one_step_checks(cfg, fwd)
     checks += _amount_checks(cfg, fwd)
@@ -321,32 +432,57 @@ def _checks(cfg, fwd, abl, tr):
     col = tr["collapsed"]
     tail = tr["tail"]
     found = col is not None
-    checks.append(check(
-        "collapse_found", float(found), None, 0.0,
-        f"a Post-Norm run collapses (last-layer t_sim > {cfg['collapse_tsim']} over the last tenth) "
-        f"while Pre-Norm at the same rate does not; status {tr['status']}, rates {cfg['lrs']}",
-        passed=found))
+    checks.append(
+        check(
+            "collapse_found",
+            float(found),
+            None,
+            0.0,
+            f"a Post-Norm run collapses (last-layer t_sim > {cfg['collapse_tsim']} over the last tenth) "
+            f"while Pre-Norm at the same rate does not; status {tr['status']}, rates {cfg['lrs']}",
+            passed=found,
+        )
+    )
     if found:
         hp = tr["hist"]["post"]
         i = col["index"]
         after = hp["loss"][i, -tail:]
         measured = float(np.mean(after))
-        checks.append(check(
-            "frequency_loss", measured, freq, 0.05,
-            f"mean training loss of the collapsed Post-Norm run (lr {col['lr']}) over its last "
-            f"{tail} steps (transition at step {col['transition_step']}); theory: entropy of the "
-            f"label frequencies of all training labels (tolerance 0.05 nats)"))
-        checks.append(check(
-            "loss_jump", float(measured - col["min_loss_before"]), None, 0.0,
-            "collapsed run: final loss minus its best (10-step smoothed) loss before the "
-            "transition; the loss jumps up to the frequency loss (pass: > 0.2 nats)",
-            passed=lambda m: m > 0.2))
+        checks.append(
+            check(
+                "frequency_loss",
+                measured,
+                freq,
+                0.05,
+                f"mean training loss of the collapsed Post-Norm run (lr {col['lr']}) over its last "
+                f"{tail} steps (transition at step {col['transition_step']}); theory: entropy of the "
+                f"label frequencies of all training labels (tolerance 0.05 nats)",
+            )
+        )
+        checks.append(
+            check(
+                "loss_jump",
+                float(measured - col["min_loss_before"]),
+                None,
+                0.0,
+                "collapsed run: final loss minus its best (10-step smoothed) loss before the "
+                "transition; the loss jumps up to the frequency loss (pass: > 0.2 nats)",
+                passed=lambda m: m > 0.2,
+            )
+        )
         hpre = tr["hist"]["pre"]
         pre_loss = float(np.mean(hpre["loss"][i, -tail:]))
-        checks.append(check(
-            "matched_pre_beats_frequency_loss", pre_loss - freq, None, 0.0,
-            f"Pre-Norm at the same rate: final loss minus frequency loss (pass: < -0.3; "
-            f"entropy rate of the source {tr['entropy_rate']:.3f})", passed=lambda m: m < -0.3))
+        checks.append(
+            check(
+                "matched_pre_beats_frequency_loss",
+                pre_loss - freq,
+                None,
+                0.0,
+                f"Pre-Norm at the same rate: final loss minus frequency loss (pass: < -0.3; "
+                f"entropy rate of the source {tr['entropy_rate']:.3f})",
+                passed=lambda m: m < -0.3,
+            )
+        )
         # backward picture (Thm 3.6 / 3.8 ii): windows of `tail` steps before the transition
         # and at the end of the run
         t0 = col["transition_step"]
@@ -358,34 +494,67 @@ def _checks(cfg, fwd, abl, tr):
             return float(np.mean(np.exp(np.mean(np.log(c), axis=0)) < 1))
 
         fb, fa = frac_below_one(before), frac_below_one(end)
-        checks.append(check(
-            "contraction_after_collapse", fa, None, 0.0,
-            "collapsed run: fraction of (layer, sublayer) whose contraction c = alpha sqrt(d)/||y|| "
-            f"(geometric mean over the window) is < 1 after collapse; before the transition {fb:.3f}. "
-            "Paper: most sublayers cross below 1 (pass: larger than before)", passed=lambda m: m > fb))
+        checks.append(
+            check(
+                "contraction_after_collapse",
+                fa,
+                None,
+                0.0,
+                "collapsed run: fraction of (layer, sublayer) whose contraction c = alpha sqrt(d)/||y|| "
+                f"(geometric mean over the window) is < 1 after collapse; before the transition {fb:.3f}. "
+                "Paper: most sublayers cross below 1 (pass: larger than before)",
+                passed=lambda m: m > fb,
+            )
+        )
         gs = hp["g_stream"][i]
         sb, sa = gs[before].mean(0), gs[end].mean(0)  # (depth,)
-        checks.append(check(
-            "backward_signal_after_collapse", float(sa[0] / sb[0]), None, 0.0,
-            "collapsed run: ||dL/dX|| at the input of block 1 after collapse over before the "
-            f"transition (per layer before {np.array2string(sb, precision=3)}, after "
-            f"{np.array2string(sa, precision=3)}); the backward signal vanishes (pass: < 0.01)",
-            passed=lambda m: m < 0.01))
+        checks.append(
+            check(
+                "backward_signal_after_collapse",
+                float(sa[0] / sb[0]),
+                None,
+                0.0,
+                "collapsed run: ||dL/dX|| at the input of block 1 after collapse over before the "
+                f"transition (per layer before {np.array2string(sb, precision=3)}, after "
+                f"{np.array2string(sa, precision=3)}); the backward signal vanishes (pass: < 0.01)",
+                passed=lambda m: m < 0.01,
+            )
+        )
         g = hp["grad_norm"][i]
         gb, ga = g[before].mean(0), g[end].mean(0)
-        checks.append(check(
-            "early_layer_gradient_after_collapse", float(ga[0] / gb[0]), None, 0.0,
-            f"collapsed run: parameter-gradient norm of layer 1 after collapse ({ga[0]:.3g}) over before "
-            f"the transition ({gb[0]:.3g}); gradients vanish in collapsed layers (pass: < 0.01)",
-            passed=lambda m: m < 0.01))
-        checks.append(check(
-            "early_vs_last_layer_gradient", float(ga[0] / ga[-1]), None, 0.0,
-            f"collapsed run after collapse: layer-1 over last-layer parameter-gradient norm "
-            f"(before the transition {gb[0] / gb[-1]:.3g}); earlier layers get much weaker "
-            "gradients (paper Fig. 5; pass: < 0.1)", passed=lambda m: m < 0.1))
+        checks.append(
+            check(
+                "early_layer_gradient_after_collapse",
+                float(ga[0] / gb[0]),
+                None,
+                0.0,
+                f"collapsed run: parameter-gradient norm of layer 1 after collapse ({ga[0]:.3g}) over before "
+                f"the transition ({gb[0]:.3g}); gradients vanish in collapsed layers (pass: < 0.01)",
+                passed=lambda m: m < 0.01,
+            )
+        )
+        checks.append(
+            check(
+                "early_vs_last_layer_gradient",
+                float(ga[0] / ga[-1]),
+                None,
+                0.0,
+                f"collapsed run after collapse: layer-1 over last-layer parameter-gradient norm "
+                f"(before the transition {gb[0] / gb[-1]:.3g}); earlier layers get much weaker "
+                "gradients (paper Fig. 5; pass: < 0.1)",
+                passed=lambda m: m < 0.1,
+            )
+        )
     else:
-        checks.append(check("frequency_loss", float("nan"), freq, 0.05,
-                            "no collapsed Post-Norm run found at these settings"))
+        checks.append(
+            check(
+                "frequency_loss",
+                float("nan"),
+                freq,
+                0.05,
+                "no collapsed Post-Norm run found at these settings",
+            )
+        )
     return checks
 
 
@@ -401,8 +570,10 @@ def _jackknife(num, den):
 def _paper_index(cfg):
     hits = np.nonzero(np.isclose(cfg["sigma_scales"], cfg["paper_sigma_scale"]))[0]
     if hits.size == 0:
-        raise ValueError(f"sigma_scales {cfg['sigma_scales']} must contain paper_sigma_scale "
-                         f"{cfg['paper_sigma_scale']}")
+        raise ValueError(
+            f"sigma_scales {cfg['sigma_scales']} must contain paper_sigma_scale "
+            f"{cfg['paper_sigma_scale']}"
+        )
     return int(hits[0])
 
 
@@ -420,38 +591,59 @@ def _one_step_checks(cfg, fwd):
     """
     ip = _paper_index(cfg)
     scales = cfg["sigma_scales"]
-    sizes = f"n = {cfg['init_n']}, d = {cfg['init_d']}, d_ff = {cfg['init_d_ff']}, depth {cfg['init_depth']}, " \
-            f"{cfg['init_seeds']} seeds"
+    sizes = (
+        f"n = {cfg['init_n']}, d = {cfg['init_d']}, d_ff = {cfg['init_d_ff']}, depth {cfg['init_depth']}, "
+        f"{cfg['init_seeds']} seeds"
+    )
     rows = []
     for k, norm in enumerate(D.NORMS):
         suffix = "" if norm == "post" else "_pre"
-        for sub, name, thm in (("attn", "one_step_attention", "Thm 3.2"), ("ffn", "one_step_ffn", "Thm 3.4")):
+        for sub, name, thm in (
+            ("attn", "one_step_attention", "Thm 3.2"),
+            ("ffn", "one_step_ffn", "Thm 3.4"),
+        ):
             r, se = _jackknife(fwd[sub][k].mean(-1), fwd[f"th_{sub}"][k].mean(-1))  # (sigma,)
             ok = bool(np.all(np.abs(r - 1.0) <= _BAND + 3 * se))
             table = "; ".join(f"{c:.3g}: {x:.3f} +- {e:.3f}" for c, x, e in zip(scales, r, se))
             m = float(np.mean(fwd[sub][k, ip]))
             t = float(np.mean(fwd[f"th_{sub}"][k, ip]))
-            rows.append(check(
-                name + suffix, m, t, _BAND,
-                f"{norm}-norm {'attention' if sub == 'attn' else 'SwiGLU FFN'} one-step increment "
-                f"t_sim(X + F) - t_sim(X), mean over layers and seeds, at the paper's init sigma_w sqrt(d) = "
-                f"{scales[ip]:.3f}, against {thm} (reconstruction: prefix-averaging surrogate C_n, "
-                f"equal-correlation closure, ratio of expectations; evaluated at each measured input t and "
-                f"||X||_F^2). measured/theory per sigma_w sqrt(d) (+- jackknife s.e.): {table}. Pass: within "
-                f"1 +- {_BAND} (+ 3 s.e.) at every sigma (paper: sign and overall scale, visible mismatch). {sizes}",
-                relative=True, passed=ok))
+            rows.append(
+                check(
+                    name + suffix,
+                    m,
+                    t,
+                    _BAND,
+                    f"{norm}-norm {'attention' if sub == 'attn' else 'SwiGLU FFN'} one-step increment "
+                    f"t_sim(X + F) - t_sim(X), mean over layers and seeds, at the paper's init sigma_w sqrt(d) = "
+                    f"{scales[ip]:.3f}, against {thm} (reconstruction: prefix-averaging surrogate C_n, "
+                    f"equal-correlation closure, ratio of expectations; evaluated at each measured input t and "
+                    f"||X||_F^2). measured/theory per sigma_w sqrt(d) (+- jackknife s.e.): {table}. Pass: within "
+                    f"1 +- {_BAND} (+ 3 s.e.) at every sigma (paper: sign and overall scale, visible mismatch). {sizes}",
+                    relative=True,
+                    passed=ok,
+                )
+            )
         r, se = _jackknife(fwd["ffn"][k].mean(-1), fwd["attn"][k].mean(-1))
         rt = fwd["th_ffn"][k].mean((-1, -2)) / fwd["th_attn"][k].mean((-1, -2))
         ok = bool(abs(r[ip] / rt[ip] - 1.0) <= _BAND + 3 * se[ip] / abs(rt[ip]))
-        table = "; ".join(f"{c:.3g}: {x:.3f} +- {e:.3f} (theory {y:.3f})" for c, x, e, y in zip(scales, r, se, rt))
-        rows.append(check(
-            "ffn_damping" + suffix, float(r[ip]), float(rt[ip]), _BAND,
-            f"{norm}-norm: mean FFN increment over mean attention increment at the paper's init "
-            f"sigma_w sqrt(d) = {scales[ip]:.3f}, against the ratio of the closed forms (Thm 3.4 / Thm 3.2, "
-            f"reconstruction). The ratio depends strongly on sigma_w: per sigma_w sqrt(d): {table}. The FFN "
-            f"damping is much smaller than the attention increment at the paper's init and comparable to it "
-            f"at sigma_w = 1/sqrt(d), in theory and measurement. Pass: within 1 +- {_BAND} (+ 3 s.e.) of theory",
-            relative=True, passed=ok))
+        table = "; ".join(
+            f"{c:.3g}: {x:.3f} +- {e:.3f} (theory {y:.3f})" for c, x, e, y in zip(scales, r, se, rt)
+        )
+        rows.append(
+            check(
+                "ffn_damping" + suffix,
+                float(r[ip]),
+                float(rt[ip]),
+                _BAND,
+                f"{norm}-norm: mean FFN increment over mean attention increment at the paper's init "
+                f"sigma_w sqrt(d) = {scales[ip]:.3f}, against the ratio of the closed forms (Thm 3.4 / Thm 3.2, "
+                f"reconstruction). The ratio depends strongly on sigma_w: per sigma_w sqrt(d): {table}. The FFN "
+                f"damping is much smaller than the attention increment at the paper's init and comparable to it "
+                f"at sigma_w = 1/sqrt(d), in theory and measurement. Pass: within 1 +- {_BAND} (+ 3 s.e.) of theory",
+                relative=True,
+                passed=ok,
+            )
+        )
     return rows
 
 
@@ -464,10 +656,16 @@ def _amount_checks(cfg, fwd):
     dev = s_meas / fwd["s_pred"] - 1.0
     k = D.NORMS.index("post")
     m = float(np.max(np.abs(dev[k])))
-    rows.append(check(
-        "amount_of_attention_post", m, 0.0, 1e-4,
-        "Post-Norm: max over layers and sigma_w of |s^l measured / (d^2 sigma_w^4) - 1| "
-        "(||X_1^l||_F^2 = n d after RMSNorm, so s^l is constant; tolerance: RMSNorm eps 1e-6 and float32 rounding)"))
+    rows.append(
+        check(
+            "amount_of_attention_post",
+            m,
+            0.0,
+            1e-4,
+            "Post-Norm: max over layers and sigma_w of |s^l measured / (d^2 sigma_w^4) - 1| "
+            "(||X_1^l||_F^2 = n d after RMSNorm, so s^l is constant; tolerance: RMSNorm eps 1e-6 and float32 rounding)",
+        )
+    )
     k = D.NORMS.index("pre")
     band = np.max(np.abs(fwd["s_pred_2x"][k] / fwd["s_pred"][k] - 1.0), axis=-1)  # (sigma,)
     ss = fwd["s_meas"][k] / fwd["s_pred"][k][:, None, :]  # (sigma, seed, depth)
@@ -476,17 +674,26 @@ def _amount_checks(cfg, fwd):
     use = scales <= 1.0 + 1e-9
     ok = bool(np.all(worst[use] <= band[use] + 3 * se[use]))
     decay = s_meas[k][:, 0] / s_meas[k][:, -1]
-    table = "; ".join(f"{c:.3g}: {w:.3f} (band {b:.3f}, s^1/s^L {x:.1f})" for c, w, b, x in zip(scales, worst, band, decay))
-    rows.append(check(
-        "amount_of_attention", float(worst[ip]), 0.0, float(band[ip] + 3 * se[ip]),
-        f"Pre-Norm: max over layers of |s^l measured / s^l predicted - 1| at the paper's init "
-        f"(amount_of_attention_profile: residual norm grown by the expected attention and FFN energies, "
-        f"t advanced by Thm 3.2/3.4; reconstruction). s^l decays like 1/l (s^1/s^L at depth {cfg['init_depth']} "
-        f"in the table). Tolerance: the deviation the same recursion shows when the attention energy is "
-        f"doubled (the surrogate C_n is the least-energy causal averaging; softmax attention adds more), "
-        f"+ 3 seed s.e. Per sigma_w sqrt(d): {table}. Pass: every sigma_w sqrt(d) <= 1 within its band "
-        f"(at 1.5 the logits have variance ~5 and the attention is far from C_n; reported only)",
-        passed=ok))
+    table = "; ".join(
+        f"{c:.3g}: {w:.3f} (band {b:.3f}, s^1/s^L {x:.1f})"
+        for c, w, b, x in zip(scales, worst, band, decay)
+    )
+    rows.append(
+        check(
+            "amount_of_attention",
+            float(worst[ip]),
+            0.0,
+            float(band[ip] + 3 * se[ip]),
+            f"Pre-Norm: max over layers of |s^l measured / s^l predicted - 1| at the paper's init "
+            f"(amount_of_attention_profile: residual norm grown by the expected attention and FFN energies, "
+            f"t advanced by Thm 3.2/3.4; reconstruction). s^l decays like 1/l (s^1/s^L at depth {cfg['init_depth']} "
+            f"in the table). Tolerance: the deviation the same recursion shows when the attention energy is "
+            f"doubled (the surrogate C_n is the least-energy causal averaging; softmax attention adds more), "
+            f"+ 3 seed s.e. Per sigma_w sqrt(d): {table}. Pass: every sigma_w sqrt(d) <= 1 within its band "
+            f"(at 1.5 the logits have variance ~5 and the attention is far from C_n; reported only)",
+            passed=ok,
+        )
+    )
     return rows
 
 
@@ -499,18 +706,32 @@ def _threshold_checks(cfg, tr):
     monotone = first is not None and first > 0 and all(post[first:]) and not any(post[:first])
     ok = bool(monotone and not any(pre))
     thr = float(lrs[first]) if first is not None else float("nan")
-    rows = [check(
-        "training_collapse_threshold", thr, None, 0.0,
-        f"lowest peak learning rate at which Post-Norm collapses (last-layer t_sim > {cfg['collapse_tsim']} "
-        f"over the last tenth of {cfg['steps']} steps); rates {lrs}, Post collapsed {post}, Pre collapsed {pre} "
-        f"(LM depth {cfg['lm_depth']}, d = {cfg['lm_d']}). Paper (48 layers, d = 512): collapse at 8e-4, "
-        f"stable at 6e-4, Pre-Norm stable. Pass: Post stable below and collapsed at and above one rate, "
-        f"with at least one of each, and Pre stable at every rate",
-        passed=ok)]
+    rows = [
+        check(
+            "training_collapse_threshold",
+            thr,
+            None,
+            0.0,
+            f"lowest peak learning rate at which Post-Norm collapses (last-layer t_sim > {cfg['collapse_tsim']} "
+            f"over the last tenth of {cfg['steps']} steps); rates {lrs}, Post collapsed {post}, Pre collapsed {pre} "
+            f"(LM depth {cfg['lm_depth']}, d = {cfg['lm_d']}). Paper (48 layers, d = 512): collapse at 8e-4, "
+            f"stable at 6e-4, Pre-Norm stable. Pass: Post stable below and collapsed at and above one rate, "
+            f"with at least one of each, and Pre stable at every rate",
+            passed=ok,
+        )
+    ]
     col = tr["collapsed"]
     if col is None or col.get("transition_step") is None:
-        rows.append(check("rms_factor_contraction", float("nan"), None, 0.0,
-                          "no collapsed Post-Norm run at these settings", passed=False))
+        rows.append(
+            check(
+                "rms_factor_contraction",
+                float("nan"),
+                None,
+                0.0,
+                "no collapsed Post-Norm run at these settings",
+                passed=False,
+            )
+        )
         return rows
     # the transition window (paper Fig. 4): `tail` steps before the first collapsed step against
     # the `tail` steps from it on (later, weight decay and the cosine schedule shrink the weights
@@ -527,15 +748,24 @@ def _threshold_checks(cfg, tr):
     ctrl = tr["matched"].get("post_lower_lr")
     c_ctrl = contraction(hp, ctrl["index"]) if ctrl else None
     ok = m < 1 and (c_ctrl is None or m < c_ctrl)
-    ctrl_txt = (f"the stable Post-Norm run at lr {ctrl['lr']:g} over the same windows: {c_ctrl:.3f}"
-                if ctrl else "no stable Post-Norm control run")
-    rows.append(check(
-        "rms_factor_contraction", m, None, 0.0,
-        f"collapsing Post-Norm run (lr {col['lr']:g}, transition at step {t0}): median over layers and "
-        f"sublayers of the RMSNorm factor sqrt(d)/||y|| over the {tail} steps from the transition on, over the "
-        f"{tail} steps before it: the pre-RMS residual norm grows by {1 / m:.2f}x (Thm 3.6: residual-norm "
-        f"growth shrinks the factor; paper Fig. 4); {ctrl_txt}. Pass: < 1 and below the control",
-        passed=ok))
+    ctrl_txt = (
+        f"the stable Post-Norm run at lr {ctrl['lr']:g} over the same windows: {c_ctrl:.3f}"
+        if ctrl
+        else "no stable Post-Norm control run"
+    )
+    rows.append(
+        check(
+            "rms_factor_contraction",
+            m,
+            None,
+            0.0,
+            f"collapsing Post-Norm run (lr {col['lr']:g}, transition at step {t0}): median over layers and "
+            f"sublayers of the RMSNorm factor sqrt(d)/||y|| over the {tail} steps from the transition on, over the "
+            f"{tail} steps before it: the pre-RMS residual norm grows by {1 / m:.2f}x (Thm 3.6: residual-norm "
+            f"growth shrinks the factor; paper Fig. 4); {ctrl_txt}. Pass: < 1 and below the control",
+            passed=ok,
+        )
+    )
     return rows
 
 
@@ -560,17 +790,29 @@ def _figures(out, cfg, fwd, abl, tr):
             lab = rf"$\sigma_w = {s:.3g}/\sqrt{{d}}$"
             for c, key in ((0, "attn"), (1, "ffn")):
                 color = _band(axes[r, c], fwd[key][r, j], label=lab)
-                axes[r, c].plot(np.arange(1, fwd[key].shape[-1] + 1), fwd[f"th_{key}"][r, j].mean(0), ":",
-                                color=color, lw=1.5)
+                axes[r, c].plot(
+                    np.arange(1, fwd[key].shape[-1] + 1),
+                    fwd[f"th_{key}"][r, j].mean(0),
+                    ":",
+                    color=color,
+                    lw=1.5,
+                )
             _band(axes[r, 2], fwd["t_out"][r, j], label=lab)
         axes[r, 0].set_ylabel(f"{norm}-norm")
-    for c, title in enumerate(["attention increment (dotted: Thm 3.2)", "FFN increment (dotted: Thm 3.4)",
-                               "token similarity after block"]):
+    for c, title in enumerate(
+        [
+            "attention increment (dotted: Thm 3.2)",
+            "FFN increment (dotted: Thm 3.4)",
+            "token similarity after block",
+        ]
+    ):
         axes[0, c].set_title(title)
         axes[1, c].set_xlabel("layer")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"Forward amplification at init (n={cfg['init_n']}, d={cfg['init_d']}, "
-                 f"mean ± std over {cfg['init_seeds']} seeds)")
+    fig.suptitle(
+        f"Forward amplification at init (n={cfg['init_n']}, d={cfg['init_d']}, "
+        f"mean ± std over {cfg['init_seeds']} seeds)"
+    )
     fig.tight_layout()
     names.append(_save(fig, out, "forward_amplification.png"))
 
@@ -595,11 +837,15 @@ def _figures(out, cfg, fwd, abl, tr):
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(cfg["lrs"])))
     for norm, ls in (("post", "-"), ("pre", "--")):
         for i, lr in enumerate(cfg["lrs"]):
-            axes[0].plot(hist[norm]["loss"][i], ls, color=colors[i], lw=1, label=f"{norm} lr={lr:g}")
+            axes[0].plot(
+                hist[norm]["loss"][i], ls, color=colors[i], lw=1, label=f"{norm} lr={lr:g}"
+            )
             axes[1].plot(hist[norm]["t_final"][i], ls, color=colors[i], lw=1)
     axes[0].axhline(freq, color="red", lw=1.5, ls=":", label=f"frequency loss {freq:.3f}")
     axes[0].axhline(tr["entropy_rate"], color="gray", lw=1, ls=":", label="source entropy rate")
-    axes[0].set(xlabel="step", ylabel="training loss", title="loss (solid: Post-Norm, dashed: Pre-Norm)")
+    axes[0].set(
+        xlabel="step", ylabel="training loss", title="loss (solid: Post-Norm, dashed: Pre-Norm)"
+    )
     axes[1].set(xlabel="step", ylabel="last-layer token similarity", title="last-layer t_sim")
     axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -611,21 +857,38 @@ def _figures(out, cfg, fwd, abl, tr):
         runs.append(("collapsed", tr["collapsed"]))
         runs += list(tr["matched"].items())
     else:
-        runs = [(f"{norm} lr={cfg['lrs'][-1]:g}", {"norm": norm, "lr": cfg["lrs"][-1],
-                                                  "index": len(cfg["lrs"]) - 1}) for norm in D.NORMS]
-    qty = [("tsim", "token similarity", None),
-           ("rms_attn", "RMS factor sqrt(d)/||y|| (attn)", None), ("c_attn", "c = alpha sqrt(d)/||y|| (attn)", "log"),
-           ("rms_ffn", "RMS factor sqrt(d)/||y|| (FFN)", None), ("c_ffn", "c = alpha sqrt(d)/||y|| (FFN)", "log"),
-           ("g_stream", "||dL/dX|| at block input", "log"), ("grad_norm", "parameter grad norm", "log")]
-    fig, axes = plt.subplots(len(runs), len(qty), figsize=(3.6 * len(qty), 3 * len(runs)), squeeze=False)
+        runs = [
+            (
+                f"{norm} lr={cfg['lrs'][-1]:g}",
+                {"norm": norm, "lr": cfg["lrs"][-1], "index": len(cfg["lrs"]) - 1},
+            )
+            for norm in D.NORMS
+        ]
+    qty = [
+        ("tsim", "token similarity", None),
+        ("rms_attn", "RMS factor sqrt(d)/||y|| (attn)", None),
+        ("c_attn", "c = alpha sqrt(d)/||y|| (attn)", "log"),
+        ("rms_ffn", "RMS factor sqrt(d)/||y|| (FFN)", None),
+        ("c_ffn", "c = alpha sqrt(d)/||y|| (FFN)", "log"),
+        ("g_stream", "||dL/dX|| at block input", "log"),
+        ("grad_norm", "parameter grad norm", "log"),
+    ]
+    fig, axes = plt.subplots(
+        len(runs), len(qty), figsize=(3.6 * len(qty), 3 * len(runs)), squeeze=False
+    )
     for r, (title, run) in enumerate(runs):
         h = hist[run["norm"]]
         for c, (k, lab, scale) in enumerate(qty):
             z = h[k][run["index"]].T  # (depth, steps)
             if scale == "log":
                 z = np.log10(np.maximum(z, 1e-30))
-            im = axes[r, c].imshow(z, aspect="auto", origin="lower", interpolation="nearest",
-                                   extent=(0, z.shape[1], 0.5, z.shape[0] + 0.5))
+            im = axes[r, c].imshow(
+                z,
+                aspect="auto",
+                origin="lower",
+                interpolation="nearest",
+                extent=(0, z.shape[1], 0.5, z.shape[0] + 0.5),
+            )
             fig.colorbar(im, ax=axes[r, c])
             axes[r, c].set_title(f"{'log10 ' if scale == 'log' else ''}{lab}", fontsize=9)
             axes[r, c].set_xlabel("step")
@@ -642,21 +905,47 @@ def _sigma_figure(out, cfg, fwd):
     for k, (norm, color) in enumerate(zip(D.NORMS, ("C0", "C3"))):
         for ax, key in zip(axes[:2], ("attn", "ffn")):
             m = fwd[key][k].mean(-1)  # (sigma, seed)
-            ax.errorbar(c, m.mean(1), yerr=m.std(1, ddof=1) / math.sqrt(m.shape[1]), fmt="o", color=color,
-                        capsize=3, label=f"{norm}-norm measured")
-            ax.plot(c, fwd[f"th_{key}"][k].mean((-1, -2)), "--", color=color, label=f"{norm}-norm theory")
+            ax.errorbar(
+                c,
+                m.mean(1),
+                yerr=m.std(1, ddof=1) / math.sqrt(m.shape[1]),
+                fmt="o",
+                color=color,
+                capsize=3,
+                label=f"{norm}-norm measured",
+            )
+            ax.plot(
+                c,
+                fwd[f"th_{key}"][k].mean((-1, -2)),
+                "--",
+                color=color,
+                label=f"{norm}-norm theory",
+            )
         r, se = _jackknife(fwd["ffn"][k].mean(-1), fwd["attn"][k].mean(-1))
-        axes[2].errorbar(c, r, yerr=se, fmt="o", color=color, capsize=3, label=f"{norm}-norm measured")
-        axes[2].plot(c, fwd["th_ffn"][k].mean((-1, -2)) / fwd["th_attn"][k].mean((-1, -2)), "--", color=color,
-                     label=f"{norm}-norm theory")
-    for ax, title in zip(axes, ("attention increment (Thm 3.2)", "FFN increment (Thm 3.4)",
-                                "FFN / attention increment")):
+        axes[2].errorbar(
+            c, r, yerr=se, fmt="o", color=color, capsize=3, label=f"{norm}-norm measured"
+        )
+        axes[2].plot(
+            c,
+            fwd["th_ffn"][k].mean((-1, -2)) / fwd["th_attn"][k].mean((-1, -2)),
+            "--",
+            color=color,
+            label=f"{norm}-norm theory",
+        )
+    for ax, title in zip(
+        axes,
+        ("attention increment (Thm 3.2)", "FFN increment (Thm 3.4)", "FFN / attention increment"),
+    ):
         ax.axvline(cfg["paper_sigma_scale"], color="gray", lw=1, ls=":")
-        ax.set(xlabel=r"$\sigma_w \sqrt{d}$ (dotted: paper init)", title=title + ", mean over layers")
+        ax.set(
+            xlabel=r"$\sigma_w \sqrt{d}$ (dotted: paper init)", title=title + ", mean over layers"
+        )
     axes[0].set_yscale("log")
     axes[2].legend(fontsize=8)
-    fig.suptitle(f"One-step increments against the closed forms (n={cfg['init_n']}, d={cfg['init_d']}, "
-                 f"depth {cfg['init_depth']}, {cfg['init_seeds']} seeds, bars: s.e.)")
+    fig.suptitle(
+        f"One-step increments against the closed forms (n={cfg['init_n']}, d={cfg['init_d']}, "
+        f"depth {cfg['init_depth']}, {cfg['init_seeds']} seeds, bars: s.e.)"
+    )
     fig.tight_layout()
     return _save(fig, out, "one_step_vs_sigma.png")
 
@@ -667,10 +956,16 @@ def _amount_figure(out, cfg, fwd):
     x = np.arange(1, cfg["init_depth"] + 1)
     for k, norm in enumerate(D.NORMS):
         for j, c in enumerate(cfg["sigma_scales"]):
-            (line,) = axes[k].plot(x, fwd["s_pred"][k, j], "-", lw=1, label=rf"$\sigma_w\sqrt{{d}} = {c:.3g}$")
+            (line,) = axes[k].plot(
+                x, fwd["s_pred"][k, j], "-", lw=1, label=rf"$\sigma_w\sqrt{{d}} = {c:.3g}$"
+            )
             axes[k].plot(x, fwd["s_meas"][k, j].mean(0), "o", ms=3, color=line.get_color())
-        axes[k].set(yscale="log", xscale="log", xlabel="layer l",
-                    title=rf"{norm}-norm: $s^l = n d^2 \sigma_W^2 / \|X^l\|_F^2$")
+        axes[k].set(
+            yscale="log",
+            xscale="log",
+            xlabel="layer l",
+            title=rf"{norm}-norm: $s^l = n d^2 \sigma_W^2 / \|X^l\|_F^2$",
+        )
     axes[0].set_ylabel(r"$s^l$ (markers: measured, lines: predicted)")
     axes[1].legend(fontsize=8)
     fig.tight_layout()

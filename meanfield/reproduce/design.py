@@ -65,7 +65,9 @@ EXPERIMENT = Experiment(
         "target_kappa": Option(10.0),
         "quantile_n": Option(256),
         "quantile_u": Option([1.0, 0.0, 0.5]),
-        "quantile_density": Option("exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a"),
+        "quantile_density": Option(
+            "exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a"
+        ),
         "learned_n": Option(256),
         "learned_target_samples": Option(1024),
         "learned_modes": Option(6),
@@ -110,7 +112,17 @@ EXPERIMENT = Experiment(
         "mf_init_kappa": Option(4.0),
         "mf_dt": Option(0.1),
     },
-    steps=("anchor", "quantile", "learned", "hessian", "classify", "escape", "random_batch", "meanfield", "figures"),
+    steps=(
+        "anchor",
+        "quantile",
+        "learned",
+        "hessian",
+        "classify",
+        "escape",
+        "random_batch",
+        "meanfield",
+        "figures",
+    ),
 )
 
 
@@ -152,7 +164,9 @@ def _anchor_experiment(S, key):
         "design_speed": float(jnp.max(jnp.linalg.norm(velocity(prompt, x_design, aux), axis=-1))),
         "design_target_error": float(jnp.max(jnp.abs(x_design - target))),
     }
-    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(jax.random.split(ks, S["anchor_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(
+        jax.random.split(ks, S["anchor_seeds"])
+    )
     models = {
         "anchored design": design.Anchored(prompt, u, mass=S["anchor_mass"]),
         "design, no anchor": prompt,
@@ -162,8 +176,15 @@ def _anchor_experiment(S, key):
         lab = None if name == "USA baseline" else aux
 
         def final(x0, model=model, lab=lab):
-            tr = simulate(model, x0, lab, t1=S["anchor_t1"], dt=S["dt"], save_states=False,
-                          observables={"x": _identity})
+            tr = simulate(
+                model,
+                x0,
+                lab,
+                t1=S["anchor_t1"],
+                dt=S["dt"],
+                save_states=False,
+                observables={"x": _identity},
+            )
             return tr.observables["x"][-1]
 
         xf = jax.jit(jax.vmap(final))(x0s)
@@ -218,30 +239,55 @@ def _learned_experiment(S, key, quiet):
     }
     s = kernels.positions(n)
     aux = jnp.arange(n)
-    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(jax.random.split(ks, S["learned_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, S["d"])))(
+        jax.random.split(ks, S["learned_seeds"])
+    )
     out = {}
     for name, target in tqdm(targets.items(), desc="learned design", disable=quiet, leave=False):
         theta, losses = design.fit_curve(
-            kf, target, num_modes=S["learned_modes"], n=n, steps=S["learned_steps"],
-            learning_rate=S["learned_lr"], bandwidth=S["learned_bandwidth"],
+            kf,
+            target,
+            num_modes=S["learned_modes"],
+            n=n,
+            steps=S["learned_steps"],
+            learning_rate=S["learned_lr"],
+            bandwidth=S["learned_bandwidth"],
         )
         fitted = design.curve_points(theta, s)
-        model = design.Anchored(kernels.Prompt(S["beta"], design.curve_gauges(theta, s, u)), u, mass=S["anchor_mass"])
+        model = design.Anchored(
+            kernels.Prompt(S["beta"], design.curve_gauges(theta, s, u)), u, mass=S["anchor_mass"]
+        )
 
         def final(x0, model=model):
-            tr = simulate(model, x0, aux, t1=S["learned_t1"], dt=S["dt"], save_states=False,
-                          observables={"x": _identity})
+            tr = simulate(
+                model,
+                x0,
+                aux,
+                t1=S["learned_t1"],
+                dt=S["dt"],
+                save_states=False,
+                observables={"x": _identity},
+            )
             return tr.observables["x"][-1]
 
         xf = jax.jit(jax.vmap(final))(x0s)
         sim = np.asarray(jax.jit(jax.vmap(lambda x, target=target: metrics.mmd(x, target, bw)))(xf))
         # floor: an independent n-sample of the target against the m target samples
         floor = float(metrics.mmd(target[jax.random.permutation(kf, m)[:n]], target, bw))
-        init = float(metrics.mmd(design.curve_points(design.init_curve(kf, S["learned_modes"]), s), target, bw))
+        init = float(
+            metrics.mmd(
+                design.curve_points(design.init_curve(kf, S["learned_modes"]), s), target, bw
+            )
+        )
         out[name] = {
-            "target": np.asarray(target), "fitted": np.asarray(fitted), "final": np.asarray(xf[0]),
-            "losses": np.asarray(losses), "fitted_mmd": float(metrics.mmd(fitted, target, bw)),
-            "simulated_mmd": sim, "sample_floor_mmd": floor, "init_mmd": init,
+            "target": np.asarray(target),
+            "fitted": np.asarray(fitted),
+            "final": np.asarray(xf[0]),
+            "losses": np.asarray(losses),
+            "fitted_mmd": float(metrics.mmd(fitted, target, bw)),
+            "simulated_mmd": sim,
+            "sample_floor_mmd": floor,
+            "init_mmd": init,
         }
     return out
 
@@ -264,25 +310,43 @@ def _hessian_experiment(S):
     scale = np.max(np.abs(lam_c))
     zero_c = int(np.sum(np.abs(lam_c) <= 1e-6 * scale))
     nonzero = lam_c[np.abs(lam_c) > 1e-6 * scale]
-    return {"collapsed": lam_c, "antipodal": lam_a, "zero_modes": zero_c,
-            "eigenvalue": float(np.mean(nonzero)), "eigenvalue_spread": float(np.ptp(nonzero)),
-            "classify_collapsed": cls_c, "classify_antipodal": cls_a,
-            "antipodal_theory": analysis.antipodal_spectrum(beta, n, d),
-            "saddle_eigenvalue": float(lam_a[-1])}
+    return {
+        "collapsed": lam_c,
+        "antipodal": lam_a,
+        "zero_modes": zero_c,
+        "eigenvalue": float(np.mean(nonzero)),
+        "eigenvalue_spread": float(np.ptp(nonzero)),
+        "classify_collapsed": cls_c,
+        "classify_antipodal": cls_a,
+        "antipodal_theory": analysis.antipodal_spectrum(beta, n, d),
+        "saddle_eigenvalue": float(lam_a[-1]),
+    }
 
 
 def _classify_experiment(S, key):
     n, d = S["classify_n"], S["d"]
-    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, d)))(jax.random.split(key, S["classify_seeds"]))
+    x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, d)))(
+        jax.random.split(key, S["classify_seeds"])
+    )
     runs = {
-        f"USA beta={S['beta']:g}, t={S['classify_t1_small_beta']:g}": (kernels.USA(S["beta"]), S["classify_t1_small_beta"]),
+        f"USA beta={S['beta']:g}, t={S['classify_t1_small_beta']:g}": (
+            kernels.USA(S["beta"]),
+            S["classify_t1_small_beta"],
+        ),
         f"USA beta={S['classify_beta_large']:g} (rescaled), s={S['classify_t1_large_beta_rescaled']:g}": (
-            kernels.USA(S["classify_beta_large"], rescaled=True), S["classify_t1_large_beta_rescaled"]),
+            kernels.USA(S["classify_beta_large"], rescaled=True),
+            S["classify_t1_large_beta_rescaled"],
+        ),
     }
     out = {}
     for name, (kern, t1) in runs.items():
-        xf = jax.jit(jax.vmap(lambda x0, kern=kern, t1=t1: simulate(kern, x0, t1=t1, dt=0.1, save_states=False,
-                                                                    observables={"x": _identity}).observables["x"][-1]))(x0s)
+        xf = jax.jit(
+            jax.vmap(
+                lambda x0, kern=kern, t1=t1: simulate(
+                    kern, x0, t1=t1, dt=0.1, save_states=False, observables={"x": _identity}
+                ).observables["x"][-1]
+            )
+        )(x0s)
         rows = []
         with jax.enable_x64(True):
             kern64 = type(kern)(kern.beta, rescaled=kern.rescaled)
@@ -302,14 +366,34 @@ def _escape_experiment(S, key):
         usa = kernels.USA(beta)
         xa = analysis.cluster_state(n, 2, d)
         with jax.enable_x64(True):
-            rate = float(analysis.growth_rates(kernels.USA(beta), analysis.cluster_state(n, 2, d, jnp.float64))[-1])
+            rate = float(
+                analysis.growth_rates(
+                    kernels.USA(beta), analysis.cluster_state(n, 2, d, jnp.float64)
+                )[-1]
+            )
         dt = S["escape_dt_factor"] * min(0.1, float(np.exp(-beta)))
         # common random numbers: the same perturbations at every beta, so the slope sees only beta
         keys = jax.random.split(key, S["escape_seeds"])
-        x0s = jax.jit(jax.vmap(lambda k, xa=xa: sphere.normalize(xa + S["escape_delta0"] * jax.random.normal(k, xa.shape))))(keys)
+        x0s = jax.jit(
+            jax.vmap(
+                lambda k, xa=xa: sphere.normalize(
+                    xa + S["escape_delta0"] * jax.random.normal(k, xa.shape)
+                )
+            )
+        )(keys)
         t_max = 50.0 / rate
-        ts = np.asarray(jax.jit(jax.vmap(lambda x0, usa=usa, dt=dt, t_max=t_max: analysis.escape_time(usa, x0, dt=dt, t_max=t_max, fraction=S["escape_fraction"])))(x0s))
-        rows.append({"beta": beta, "rate": rate, "rate_theory": float(np.exp(-beta)), "times": ts, "dt": dt})
+        ts = np.asarray(
+            jax.jit(
+                jax.vmap(
+                    lambda x0, usa=usa, dt=dt, t_max=t_max: analysis.escape_time(
+                        usa, x0, dt=dt, t_max=t_max, fraction=S["escape_fraction"]
+                    )
+                )
+            )(x0s)
+        )
+        rows.append(
+            {"beta": beta, "rate": rate, "rate_theory": float(np.exp(-beta)), "times": ts, "dt": dt}
+        )
     inv = np.array([1.0 / r["rate"] for r in rows])
     tm = np.array([np.mean(r["times"]) for r in rows])
     slope = float(np.polyfit(np.log(inv), np.log(tm), 1)[0])
@@ -338,37 +422,73 @@ def _random_batch_experiment(S, key, quiet):
     T = S["rb_gap_t1"]
     saves = 21
     ts = np.linspace(0, T, saves)
-    exact = np.asarray(simulate(usa, x0, t1=T, dt=S["rb_gap_dt"], ts=ts, save_states=False).collapse_gap)
+    exact = np.asarray(
+        simulate(usa, x0, t1=T, dt=S["rb_gap_dt"], ts=ts, save_states=False).collapse_gap
+    )
     gaps = {}
     for p in tqdm(S["rb_gap_ps"], desc="random batch G_x", disable=quiet, leave=False):
-        run = rb.simulate_random_batch(usa, x0, key=jax.random.fold_in(k4, p), p=p, t1=T, dt=S["rb_gap_dt"], num_saves=saves)
+        run = rb.simulate_random_batch(
+            usa, x0, key=jax.random.fold_in(k4, p), p=p, t1=T, dt=S["rb_gap_dt"], num_saves=saves
+        )
         gaps[p] = np.asarray(run.collapse_gap)
     # n = 10^6 on the CPU against an exact run at the reference n (mean-field proxy)
     N, T2 = S["large_n"], S["large_t1"]
     steps = int(round(T2 / S["large_dt"]))
     xl = _vmf_init(S["rb_gap_kappa"])(k5, N)
     t0 = time.perf_counter()
-    big = rb.simulate_random_batch(usa, xl, key=k5, p=S["large_p"], t1=T2, dt=S["large_dt"], num_saves=steps + 1)
+    big = rb.simulate_random_batch(
+        usa, xl, key=k5, p=S["large_p"], t1=T2, dt=S["large_dt"], num_saves=steps + 1
+    )
     big_gap = np.asarray(jax.block_until_ready(big.collapse_gap))
     big_wall = time.perf_counter() - t0
     ref_ts = np.linspace(0, T2, steps + 1)
     xr = jax.jit(jax.vmap(lambda k: _vmf_init(S["rb_gap_kappa"])(k, S["large_reference_n"])))(
-        jax.random.split(jax.random.fold_in(k5, 1), S["large_reference_runs"]))
-    ref_all = np.asarray(jax.jit(jax.vmap(lambda x: simulate(usa, x, t1=T2, dt=S["large_dt"], ts=ref_ts,
-                                                             save_states=False).collapse_gap))(xr))
+        jax.random.split(jax.random.fold_in(k5, 1), S["large_reference_runs"])
+    )
+    ref_all = np.asarray(
+        jax.jit(
+            jax.vmap(
+                lambda x: (
+                    simulate(
+                        usa, x, t1=T2, dt=S["large_dt"], ts=ref_ts, save_states=False
+                    ).collapse_gap
+                )
+            )
+        )(xr)
+    )
     ref = ref_all.mean(0)
     kap = S["rb_gap_kappa"]
     g0_theory = 1.0 - (1.0 / np.tanh(kap) - 1.0 / kap) ** 2
-    return {"ps": ps, "errors": errs, "slope": slope, "slope_se": slope_se, "ts": ts, "exact": exact,
-            "gaps": gaps, "big_ts": np.asarray(big.ts), "big_gap": big_gap, "big_wall": big_wall,
-            "ref_gap": ref, "ref_all": ref_all, "g0_theory": g0_theory}
+    return {
+        "ps": ps,
+        "errors": errs,
+        "slope": slope,
+        "slope_se": slope_se,
+        "ts": ts,
+        "exact": exact,
+        "gaps": gaps,
+        "big_ts": np.asarray(big.ts),
+        "big_gap": big_gap,
+        "big_wall": big_wall,
+        "ref_gap": ref,
+        "ref_all": ref_all,
+        "g0_theory": g0_theory,
+    }
 
 
 def _meanfield_experiment(S, key):
     usa = kernels.USA(S["beta"])
     ns = S["mf_ns"]
-    D = rb.meanfield_distances(usa, _vmf_init(S["mf_init_kappa"]), ns, key=key, ts=S["mf_times"],
-                               repeats=S["mf_repeats"], dt=S["mf_dt"], bandwidth=S["mmd_bandwidth"])
+    D = rb.meanfield_distances(
+        usa,
+        _vmf_init(S["mf_init_kappa"]),
+        ns,
+        key=key,
+        ts=S["mf_times"],
+        repeats=S["mf_repeats"],
+        dt=S["mf_dt"],
+        bandwidth=S["mmd_bandwidth"],
+    )
     rms = np.sqrt(np.mean(D**2, axis=2))  # (len(ns), len(ts))
     fits = [rb.fit_rate(ns, rms[:, j]) for j in range(rms.shape[1])]
     # bootstrap over repeats for the standard error of the fitted exponent
@@ -379,8 +499,14 @@ def _meanfield_experiment(S, key):
         idx = rng.integers(0, R, R)
         r = np.sqrt(np.mean(D[:, :, idx] ** 2, axis=2))
         boot.append([rb.fit_rate(ns, r[:, j])[0] for j in range(r.shape[1])])
-    return {"ns": ns, "times": S["mf_times"], "dist": D, "rms": rms, "rates": [f[0] for f in fits],
-            "rate_se": np.std(np.asarray(boot), axis=0).tolist()}
+    return {
+        "ns": ns,
+        "times": S["mf_times"],
+        "dist": D,
+        "rms": rms,
+        "rates": [f[0] for f in fits],
+        "rate_se": np.std(np.asarray(boot), axis=0).tolist(),
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -392,7 +518,9 @@ def _sphere_axes(fig, pos, title):
     ax = fig.add_subplot(*pos, projection="3d")
     ax.set_title(title, fontsize=8)
     uu, vv = np.mgrid[0 : 2 * np.pi : 30j, 0 : np.pi : 15j]
-    ax.plot_wireframe(np.cos(uu) * np.sin(vv), np.sin(uu) * np.sin(vv), np.cos(vv), color="0.85", lw=0.3)
+    ax.plot_wireframe(
+        np.cos(uu) * np.sin(vv), np.sin(uu) * np.sin(vv), np.cos(vv), color="0.85", lw=0.3
+    )
     ax.set_box_aspect((1, 1, 1))
     ax.set_axis_off()
     return ax
@@ -424,7 +552,14 @@ def _figures(out, R, S):
 
     Q = R["quantile"]
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.hist(Q["angles"], bins=40, range=(0, 2 * np.pi), density=True, alpha=0.5, label=f"maximiser angles (n={S['quantile_n']})")
+    ax.hist(
+        Q["angles"],
+        bins=40,
+        range=(0, 2 * np.pi),
+        density=True,
+        alpha=0.5,
+        label=f"maximiser angles (n={S['quantile_n']})",
+    )
     ax.plot(Q["grid"], Q["density"], "k", label="target density")
     ax.set_xlabel("orbit angle relative to u")
     ax.set_title(f"quantile phase field: KS = {Q['ks']:.2e}", fontsize=9)
@@ -439,9 +574,13 @@ def _figures(out, R, S):
     for r, (name, v) in enumerate(L.items()):
         ax = _sphere_axes(fig, (2, 4, 4 * r + 1), f"{name}: target samples")
         ax.scatter(*v["target"].T, s=2, c="C3")
-        ax = _sphere_axes(fig, (2, 4, 4 * r + 2), f"fitted maximiser p(s) (MMD {v['fitted_mmd']:.3f})")
+        ax = _sphere_axes(
+            fig, (2, 4, 4 * r + 2), f"fitted maximiser p(s) (MMD {v['fitted_mmd']:.3f})"
+        )
         ax.plot(*v["fitted"].T, c="C0", lw=1)
-        ax = _sphere_axes(fig, (2, 4, 4 * r + 3), f"anchored run, seed 0 (MMD {v['simulated_mmd'][0]:.3f})")
+        ax = _sphere_axes(
+            fig, (2, 4, 4 * r + 3), f"anchored run, seed 0 (MMD {v['simulated_mmd'][0]:.3f})"
+        )
         ax.scatter(*v["final"].T, s=3, c="k")
         ax = fig.add_subplot(2, 4, 4 * r + 4)
         ax.semilogy(v["losses"])
@@ -467,7 +606,10 @@ def _figures(out, R, S):
         for r in rows:
             ax.plot(r["spectrum"], ".", ms=3)
         kinds = [r["kind"] for r in rows]
-        ax.set_title(f"{name}\n" + ", ".join(f"{k}: {kinds.count(k)}" for k in sorted(set(kinds))), fontsize=8)
+        ax.set_title(
+            f"{name}\n" + ", ".join(f"{k}: {kinds.count(k)}" for k in sorted(set(kinds))),
+            fontsize=8,
+        )
         ax.set_ylabel("growth rates n * eig(H)")
         ax.axhline(0, color="k", lw=0.5)
     fig.tight_layout()
@@ -486,7 +628,10 @@ def _figures(out, R, S):
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("1 / (n lambda_max)  (predicted e^beta)")
     ax.set_ylabel("escape time")
-    ax.set_title(f"antipodal saddle, n={S['escape_n']}, delta0={S['escape_delta0']:g}: slope {E['slope']:.3f}", fontsize=8)
+    ax.set_title(
+        f"antipodal saddle, n={S['escape_n']}, delta0={S['escape_delta0']:g}: slope {E['slope']:.3f}",
+        fontsize=8,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "escape.png", dpi=110)
@@ -497,8 +642,12 @@ def _figures(out, R, S):
     fig, axs = plt.subplots(1, 3, figsize=(13, 3.6))
     ps = np.asarray(B["ps"])
     axs[0].loglog(ps, B["errors"].mean(1), "o-", label="measured")
-    axs[0].loglog(ps, B["errors"].mean(1)[0] * np.sqrt((S["rb_n"] - ps) / (S["rb_n"] - 2.0) / (ps - 1.0)), "k:",
-                  label="sqrt((n-p)/((n-2)(p-1)))")
+    axs[0].loglog(
+        ps,
+        B["errors"].mean(1)[0] * np.sqrt((S["rb_n"] - ps) / (S["rb_n"] - 2.0) / (ps - 1.0)),
+        "k:",
+        label="sqrt((n-p)/((n-2)(p-1)))",
+    )
     axs[0].set_xlabel("batch size p")
     axs[0].set_ylabel("||F^ - F|| / ||F||")
     axs[0].legend(fontsize=7)
@@ -509,8 +658,15 @@ def _figures(out, R, S):
     axs[1].set_xlabel("t")
     axs[1].set_ylabel("G_x(t)")
     axs[1].legend(fontsize=7)
-    axs[2].plot(B["big_ts"], B["big_gap"], "o-", label=f"n=10^6, p={S['large_p']} ({B['big_wall']:.0f} s)")
-    axs[2].plot(B["big_ts"], B["ref_gap"], "k--", label=f"exact, n={S['large_reference_n']} (mean of {S['large_reference_runs']})")
+    axs[2].plot(
+        B["big_ts"], B["big_gap"], "o-", label=f"n=10^6, p={S['large_p']} ({B['big_wall']:.0f} s)"
+    )
+    axs[2].plot(
+        B["big_ts"],
+        B["ref_gap"],
+        "k--",
+        label=f"exact, n={S['large_reference_n']} (mean of {S['large_reference_runs']})",
+    )
     axs[2].axhline(B["g0_theory"], color="0.6", ls=":", label="G_x(0) of the initial law")
     axs[2].set_xlabel("t")
     axs[2].set_ylabel("G_x(t)")
@@ -541,7 +697,9 @@ def _figures(out, R, S):
 # ----------------------------------------------------------------------------
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the design/stability/large-n experiment; write ``out_dir/design/``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (unknown names raise ``ValueError``);
@@ -551,7 +709,13 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     out = Path(out_dir) / _NAME
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(S["seed"])
-    keys = dict(zip(["anchor", "learned", "classify", "escape", "rb", "mf"], jax.random.split(key, 6), strict=True))
+    keys = dict(
+        zip(
+            ["anchor", "learned", "classify", "escape", "rb", "mf"],
+            jax.random.split(key, 6),
+            strict=True,
+        )
+    )
     steps = EXPERIMENT.start(quiet=quiet)
     timings = steps.timings
     R: dict = {}
@@ -571,95 +735,219 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
             R[name] = fn()
 
     beta, n_h, d = S["beta"], S["hessian_n"], S["d"]
-    A, Q, L, H, C, E, B, M = (R[k] for k in ["anchor", "quantile", "learned", "hessian", "classify", "escape", "random_batch", "meanfield"])
+    A, Q, L, H, C, E, B, M = (
+        R[k]
+        for k in [
+            "anchor",
+            "quantile",
+            "learned",
+            "hessian",
+            "classify",
+            "escape",
+            "random_batch",
+            "meanfield",
+        ]
+    )
     emax = float(np.exp(beta) / (2 * beta))
     small = list(C.values())[0]
     large = list(C.values())[1]
     checks = [
-        check("designed_law_distance", float(np.mean(A["anchored design"]["mmd"])), 0.0, 1e-2,
-              f"MMD (bandwidth {S['mmd_bandwidth']}) of the final marginal to the target, mean over "
-              f"{S['anchor_seeds']} random initial states: Prompt gauges from prompt_gauges (one per token, "
-              f"targets = {S['anchor_n']} samples of a vMF mixture, Thm. 4 iii) plus a frozen anchor of mass "
-              f"{S['anchor_mass']} at u in the gauge frame (design.Anchored), t = {S['anchor_t1']:g}"),
-        check("baseline_law_distance", float(np.mean(A["USA baseline"]["mmd"])), None,
-              note="undesigned USA from the same initial states (collapses to one random point); "
-                   "pass: larger than the designed distance",
-              passed=lambda m: m > 10 * np.mean(A["anchored design"]["mmd"]) + 1e-3),
-        check("unanchored_law_distance", float(np.mean(A["design, no anchor"]["mmd"])), None,
-              note="the same design without anchor: the gauge frame collapses to a random u', realising "
-                   "Psi^T u' != target; pass: the anchor is needed (distance > 0.05)",
-              passed=lambda m: m > 0.05),
-        check("designed_max_energy", A["design_energy"], emax, 1e-5,
-              "energy of x = Psi^T u for the designed Prompt kernel vs e^beta / (2 beta)", relative=True),
-        check("designed_velocity", A["design_speed"], 0.0, 1e-5,
-              "max tangent speed at the designed configuration (a critical point)"),
-        check("quantile_ks", Q["ks"], 0.0, 1.0 / S["quantile_n"] + 1e-3,
-              f"Kolmogorov distance between the orbit angles of the quantile phase field's maximiser at "
-              f"s_i = i/n and the target law ({S['quantile_density']}); inverse-CDF at a grid: <= 1/n"),
-        check("quantile_max_energy", Q["energy"], emax, 1e-5, "energy of the quantile design's maximiser", relative=True),
+        check(
+            "designed_law_distance",
+            float(np.mean(A["anchored design"]["mmd"])),
+            0.0,
+            1e-2,
+            f"MMD (bandwidth {S['mmd_bandwidth']}) of the final marginal to the target, mean over "
+            f"{S['anchor_seeds']} random initial states: Prompt gauges from prompt_gauges (one per token, "
+            f"targets = {S['anchor_n']} samples of a vMF mixture, Thm. 4 iii) plus a frozen anchor of mass "
+            f"{S['anchor_mass']} at u in the gauge frame (design.Anchored), t = {S['anchor_t1']:g}",
+        ),
+        check(
+            "baseline_law_distance",
+            float(np.mean(A["USA baseline"]["mmd"])),
+            None,
+            note="undesigned USA from the same initial states (collapses to one random point); "
+            "pass: larger than the designed distance",
+            passed=lambda m: m > 10 * np.mean(A["anchored design"]["mmd"]) + 1e-3,
+        ),
+        check(
+            "unanchored_law_distance",
+            float(np.mean(A["design, no anchor"]["mmd"])),
+            None,
+            note="the same design without anchor: the gauge frame collapses to a random u', realising "
+            "Psi^T u' != target; pass: the anchor is needed (distance > 0.05)",
+            passed=lambda m: m > 0.05,
+        ),
+        check(
+            "designed_max_energy",
+            A["design_energy"],
+            emax,
+            1e-5,
+            "energy of x = Psi^T u for the designed Prompt kernel vs e^beta / (2 beta)",
+            relative=True,
+        ),
+        check(
+            "designed_velocity",
+            A["design_speed"],
+            0.0,
+            1e-5,
+            "max tangent speed at the designed configuration (a critical point)",
+        ),
+        check(
+            "quantile_ks",
+            Q["ks"],
+            0.0,
+            1.0 / S["quantile_n"] + 1e-3,
+            f"Kolmogorov distance between the orbit angles of the quantile phase field's maximiser at "
+            f"s_i = i/n and the target law ({S['quantile_density']}); inverse-CDF at a grid: <= 1/n",
+        ),
+        check(
+            "quantile_max_energy",
+            Q["energy"],
+            emax,
+            1e-5,
+            "energy of the quantile design's maximiser",
+            relative=True,
+        ),
     ]
     for name, v in L.items():
         tag = name.split()[0].lower()
-        checks.append(check(f"learned_{tag}_fit_distance", v["fitted_mmd"], None,
-                            note=f"MMD (bandwidth {S['mmd_bandwidth']}) of the fitted maximiser p_theta(s_i) "
-                                 f"to {S['learned_target_samples']} target samples ({name}); init "
-                                 f"{v['init_mmd']:.3f}, sampling floor of an n-sample {v['sample_floor_mmd']:.3f}; "
-                                 f"pass: < init / 3",
-                            passed=cast("Callable[[float], bool]", lambda m, v=v: m < v["init_mmd"] / 3)))
-        checks.append(check(f"learned_{tag}_simulated_distance", float(np.mean(v["simulated_mmd"])), v["fitted_mmd"], 1e-2,
-                            f"mean over {S['learned_seeds']} random starts of the anchored run's final MMD; theory: "
-                            f"the fitted maximiser's distance (the dynamics land on it)"))
+        checks.append(
+            check(
+                f"learned_{tag}_fit_distance",
+                v["fitted_mmd"],
+                None,
+                note=f"MMD (bandwidth {S['mmd_bandwidth']}) of the fitted maximiser p_theta(s_i) "
+                f"to {S['learned_target_samples']} target samples ({name}); init "
+                f"{v['init_mmd']:.3f}, sampling floor of an n-sample {v['sample_floor_mmd']:.3f}; "
+                f"pass: < init / 3",
+                passed=cast("Callable[[float], bool]", lambda m, v=v: m < v["init_mmd"] / 3),
+            )
+        )
+        checks.append(
+            check(
+                f"learned_{tag}_simulated_distance",
+                float(np.mean(v["simulated_mmd"])),
+                v["fitted_mmd"],
+                1e-2,
+                f"mean over {S['learned_seeds']} random starts of the anchored run's final MMD; theory: "
+                f"the fitted maximiser's distance (the dynamics land on it)",
+            )
+        )
     ath = H["antipodal_theory"]
     checks += [
-        check("hessian_zero_modes", H["zero_modes"], d - 1, 0,
-              f"near-zero (|lambda| <= 1e-6 max|lambda|) eigenvalues of the tangent Hessian at a collapsed USA "
-              f"state, n = {n_h}, d = {d}, float64; theory d - 1 (rotations moving the point)"),
-        check("hessian_eigenvalue", H["eigenvalue"], -np.exp(beta) / n_h, 1e-6,
-              f"mean non-zero eigenvalue at the collapsed state (spread {H['eigenvalue_spread']:.1e}); "
-              f"theory -e^beta / n with multiplicity (n-1)(d-1)", relative=True),
-        check("saddle_eigenvalue", H["saddle_eigenvalue"], ath["positive"], 1e-6,
-              "largest eigenvalue at two antipodal clusters of n/2 tokens (a saddle); theory e^-beta / n "
-              "(analysis.antipodal_spectrum)", relative=True),
-        check("classified_maximisers", float(np.mean([r["kind"] == "maximiser" for r in small])), 1.0, 0.0,
-              f"fraction of USA runs from random states ({list(C)[0]}) classified maximiser (no positive "
-              f"eigenvalue, d-1 zero modes at rtol {S['classify_rtol']})"),
-        check("classified_metastable", float(np.mean([r["kind"] == "metastable" for r in large])), None,
-              note=f"fraction of runs at large beta ({list(C)[1]}) that are slowly moving multi-cluster "
-                   f"states (metastable); mean clusters {np.mean([r['clusters'] for r in large]):.1f}; pass: > 0.5",
-              passed=lambda m: m > 0.5),
-        check("escape_time_exponent", E["slope"], 1.0, 0.1,
-              f"slope of log(escape time) vs log(1 / (n lambda_max)) from the antipodal saddle, beta in "
-              f"{S['escape_betas']}, perturbation {S['escape_delta0']:g} per coordinate, escape = first time G_x < "
-              f"{S['escape_fraction']} G_x(0) (relative cluster angle ~0.2 rad, end of the linear phase); theory 1 "
-              f"(t_esc = log(C/delta0) / (n lambda_max))"),
-        check("escape_rate_product", float(np.mean(E["products"])), float(np.log(1.0 / S["escape_delta0"])), 2.0,
-              "mean of t_esc * n lambda_max; theory log(C / delta0) with C = O(1) (shown: log(1/delta0), tolerance 2)"),
-        check("random_batch_error", float(B["errors"][-1].mean()), None,
-              note=f"relative field error ||F^ - F|| / ||F|| at the largest p = {B['ps'][-1]} (n = {S['rb_n']}, "
-                   f"vMF(kappa={S['rb_init_kappa']}) state, mean of {S['rb_draws']} draws); pass: below the "
-                   f"error at the smallest p",
-              passed=lambda m: m < float(B["errors"][0].mean())),
-        check("random_batch_exponent", B["slope"], -0.5, 0.1,
-              "fitted exponent of the error (divided by the finite-population factor sqrt((n-p)/(n-2))) "
-              "against p - 1; theory -1/2"),
-        check("random_batch_gap_error", float(np.max(np.abs(B["gaps"][max(B["gaps"])] - B["exact"]))), None,
-              note=f"max_t |G_x^RB(t) - G_x(t)| at p = {max(B['gaps'])} (n = {S['rb_n']}); pass: smaller than at "
-                   f"p = {min(B['gaps'])} ({np.max(np.abs(B['gaps'][min(B['gaps'])] - B['exact'])):.2e})",
-              passed=lambda m: m <= np.max(np.abs(B["gaps"][min(B["gaps"])] - B["exact"]))),
-        check("large_n_initial_gap", float(B["big_gap"][0]), B["g0_theory"], 5e-3,
-              f"G_x(0) of the n = 10^6 sample of vMF(kappa={S['rb_gap_kappa']}): theory 1 - (coth k - 1/k)^2 "
-              f"(SE about {0.34 / np.sqrt(S['large_n']):.0e})"),
-        check("large_n_gap_change", float(B["big_gap"][-1] - B["big_gap"][0]), float(B["ref_gap"][-1] - B["ref_gap"][0]),
-              0.01,
-              f"G_x(t1) - G_x(0), t1 = {S['large_t1']:g}, of the n = 10^6 random-batch run (p = {S['large_p']}, "
-              f"{B['big_wall']:.1f} s on the CPU, O(n p) per step) vs the mean of {S['large_reference_runs']} exact runs "
-              f"with n = {S['large_reference_n']} (mean-field proxy; their spread "
-              f"{np.std(B['ref_all'][:, -1] - B['ref_all'][:, 0]):.1e})"),
-        check("meanfield_rate", M["rates"][-1], -0.5, 0.15,
-              f"fitted exponent of rms MMD(mu_n(t), mu_2n(t)) vs n at t = {M['times'][-1]:g} (n in {M['ns']}, "
-              f"{S['mf_repeats']} repeats, vMF(kappa={S['mf_init_kappa']}) initial law, USA beta={beta:g}); "
-              f"bootstrap SE {M['rate_se'][-1]:.3f}; all times: {np.round(M['rates'], 3).tolist()}; theory -1/2 "
-              f"(Dobrushin, App. D.4)"),
+        check(
+            "hessian_zero_modes",
+            H["zero_modes"],
+            d - 1,
+            0,
+            f"near-zero (|lambda| <= 1e-6 max|lambda|) eigenvalues of the tangent Hessian at a collapsed USA "
+            f"state, n = {n_h}, d = {d}, float64; theory d - 1 (rotations moving the point)",
+        ),
+        check(
+            "hessian_eigenvalue",
+            H["eigenvalue"],
+            -np.exp(beta) / n_h,
+            1e-6,
+            f"mean non-zero eigenvalue at the collapsed state (spread {H['eigenvalue_spread']:.1e}); "
+            f"theory -e^beta / n with multiplicity (n-1)(d-1)",
+            relative=True,
+        ),
+        check(
+            "saddle_eigenvalue",
+            H["saddle_eigenvalue"],
+            ath["positive"],
+            1e-6,
+            "largest eigenvalue at two antipodal clusters of n/2 tokens (a saddle); theory e^-beta / n "
+            "(analysis.antipodal_spectrum)",
+            relative=True,
+        ),
+        check(
+            "classified_maximisers",
+            float(np.mean([r["kind"] == "maximiser" for r in small])),
+            1.0,
+            0.0,
+            f"fraction of USA runs from random states ({list(C)[0]}) classified maximiser (no positive "
+            f"eigenvalue, d-1 zero modes at rtol {S['classify_rtol']})",
+        ),
+        check(
+            "classified_metastable",
+            float(np.mean([r["kind"] == "metastable" for r in large])),
+            None,
+            note=f"fraction of runs at large beta ({list(C)[1]}) that are slowly moving multi-cluster "
+            f"states (metastable); mean clusters {np.mean([r['clusters'] for r in large]):.1f}; pass: > 0.5",
+            passed=lambda m: m > 0.5,
+        ),
+        check(
+            "escape_time_exponent",
+            E["slope"],
+            1.0,
+            0.1,
+            f"slope of log(escape time) vs log(1 / (n lambda_max)) from the antipodal saddle, beta in "
+            f"{S['escape_betas']}, perturbation {S['escape_delta0']:g} per coordinate, escape = first time G_x < "
+            f"{S['escape_fraction']} G_x(0) (relative cluster angle ~0.2 rad, end of the linear phase); theory 1 "
+            f"(t_esc = log(C/delta0) / (n lambda_max))",
+        ),
+        check(
+            "escape_rate_product",
+            float(np.mean(E["products"])),
+            float(np.log(1.0 / S["escape_delta0"])),
+            2.0,
+            "mean of t_esc * n lambda_max; theory log(C / delta0) with C = O(1) (shown: log(1/delta0), tolerance 2)",
+        ),
+        check(
+            "random_batch_error",
+            float(B["errors"][-1].mean()),
+            None,
+            note=f"relative field error ||F^ - F|| / ||F|| at the largest p = {B['ps'][-1]} (n = {S['rb_n']}, "
+            f"vMF(kappa={S['rb_init_kappa']}) state, mean of {S['rb_draws']} draws); pass: below the "
+            f"error at the smallest p",
+            passed=lambda m: m < float(B["errors"][0].mean()),
+        ),
+        check(
+            "random_batch_exponent",
+            B["slope"],
+            -0.5,
+            0.1,
+            "fitted exponent of the error (divided by the finite-population factor sqrt((n-p)/(n-2))) "
+            "against p - 1; theory -1/2",
+        ),
+        check(
+            "random_batch_gap_error",
+            float(np.max(np.abs(B["gaps"][max(B["gaps"])] - B["exact"]))),
+            None,
+            note=f"max_t |G_x^RB(t) - G_x(t)| at p = {max(B['gaps'])} (n = {S['rb_n']}); pass: smaller than at "
+            f"p = {min(B['gaps'])} ({np.max(np.abs(B['gaps'][min(B['gaps'])] - B['exact'])):.2e})",
+            passed=lambda m: m <= np.max(np.abs(B["gaps"][min(B["gaps"])] - B["exact"])),
+        ),
+        check(
+            "large_n_initial_gap",
+            float(B["big_gap"][0]),
+            B["g0_theory"],
+            5e-3,
+            f"G_x(0) of the n = 10^6 sample of vMF(kappa={S['rb_gap_kappa']}): theory 1 - (coth k - 1/k)^2 "
+            f"(SE about {0.34 / np.sqrt(S['large_n']):.0e})",
+        ),
+        check(
+            "large_n_gap_change",
+            float(B["big_gap"][-1] - B["big_gap"][0]),
+            float(B["ref_gap"][-1] - B["ref_gap"][0]),
+            0.01,
+            f"G_x(t1) - G_x(0), t1 = {S['large_t1']:g}, of the n = 10^6 random-batch run (p = {S['large_p']}, "
+            f"{B['big_wall']:.1f} s on the CPU, O(n p) per step) vs the mean of {S['large_reference_runs']} exact runs "
+            f"with n = {S['large_reference_n']} (mean-field proxy; their spread "
+            f"{np.std(B['ref_all'][:, -1] - B['ref_all'][:, 0]):.1e})",
+        ),
+        check(
+            "meanfield_rate",
+            M["rates"][-1],
+            -0.5,
+            0.15,
+            f"fitted exponent of rms MMD(mu_n(t), mu_2n(t)) vs n at t = {M['times'][-1]:g} (n in {M['ns']}, "
+            f"{S['mf_repeats']} repeats, vMF(kappa={S['mf_init_kappa']}) initial law, USA beta={beta:g}); "
+            f"bootstrap SE {M['rate_se'][-1]:.3f}; all times: {np.round(M['rates'], 3).tolist()}; theory -1/2 "
+            f"(Dobrushin, App. D.4)",
+        ),
     ]
     timings["total"] = round(time.perf_counter() - t_all, 3)
     with steps("figures"):
@@ -667,15 +955,31 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     steps.close()
     np.savez(
         out / "data.npz",
-        anchor_mmd=np.stack([A[k]["mmd"] for k in ["anchored design", "design, no anchor", "USA baseline"]]),
+        anchor_mmd=np.stack(
+            [A[k]["mmd"] for k in ["anchored design", "design, no anchor", "USA baseline"]]
+        ),
         quantile_angles=Q["angles"],
-        hessian_collapsed=H["collapsed"], hessian_antipodal=H["antipodal"],
-        escape_rates=np.array([r["rate"] for r in E["rows"]]), escape_times=np.stack([r["times"] for r in E["rows"]]),
-        rb_ps=np.asarray(B["ps"]), rb_errors=B["errors"], rb_ts=B["ts"], rb_exact=B["exact"],
-        rb_gaps=np.stack([B["gaps"][p] for p in S["rb_gap_ps"]]), big_ts=B["big_ts"], big_gap=B["big_gap"],
-        mf_ns=np.asarray(M["ns"]), mf_times=np.asarray(M["times"]), mf_dist=M["dist"],
+        hessian_collapsed=H["collapsed"],
+        hessian_antipodal=H["antipodal"],
+        escape_rates=np.array([r["rate"] for r in E["rows"]]),
+        escape_times=np.stack([r["times"] for r in E["rows"]]),
+        rb_ps=np.asarray(B["ps"]),
+        rb_errors=B["errors"],
+        rb_ts=B["ts"],
+        rb_exact=B["exact"],
+        rb_gaps=np.stack([B["gaps"][p] for p in S["rb_gap_ps"]]),
+        big_ts=B["big_ts"],
+        big_gap=B["big_gap"],
+        mf_ns=np.asarray(M["ns"]),
+        mf_times=np.asarray(M["times"]),
+        mf_dist=M["dist"],
         **{f"learned_{k.split()[0].lower()}_fitted": v["fitted"] for k, v in L.items()},
     )
     S_out = dict(S)
-    S_out["classification"] = {k: [{kk: vv for kk, vv in r.items() if kk != "spectrum"} for r in rows] for k, rows in C.items()}
-    return write_summary(out, _NAME, quick=quick, settings=S_out, checks=checks, timings=timings, figures=figures)
+    S_out["classification"] = {
+        k: [{kk: vv for kk, vv in r.items() if kk != "spectrum"} for r in rows]
+        for k, rows in C.items()
+    }
+    return write_summary(
+        out, _NAME, quick=quick, settings=S_out, checks=checks, timings=timings, figures=figures
+    )

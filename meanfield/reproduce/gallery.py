@@ -1,7 +1,7 @@
 """Regenerate the README gallery: small PNGs from the main job's figures.
 
-    meanfield reproduce --quick --out out
-    python -m meanfield.reproduce.gallery --src out --dst docs/gallery
+meanfield reproduce --quick --out out
+python -m meanfield.reproduce.gallery --src out --dst docs/gallery
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ def make_gallery(src, dst, *, width: int = 640) -> list[Path]:
     for exp, fig in FIGURES:
         path = src / exp / fig
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: run `meanfield reproduce --quick --out {src}` first")
+            raise FileNotFoundError(
+                f"{path} not found: run `meanfield reproduce --quick --out {src}` first"
+            )
         im = Image.open(path).convert("RGB")
         h = round(im.height * width / im.width)
         out = dst / f"{exp}_{fig}"
@@ -45,7 +47,9 @@ def make_gallery(src, dst, *, width: int = 640) -> list[Path]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m meanfield.reproduce.gallery", description=__doc__)
-    p.add_argument("--src", default="out", help="output directory of `meanfield reproduce` (default out)")
+    p.add_argument(
+        "--src", default="out", help="output directory of `meanfield reproduce` (default out)"
+    )
     p.add_argument("--dst", default="docs/gallery", help="gallery directory (default docs/gallery)")
     p.add_argument("--width", type=int, default=640)
     args = p.parse_args(argv)

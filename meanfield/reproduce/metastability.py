@@ -55,14 +55,16 @@ EXPERIMENT = Experiment(
         "staircase_angles": Option([0.0, 0.3, 0.85, 1.3, 2.1, 2.45]),
         "staircase_log_t1": Option(34.0),
         "staircase_saves": Option(600, quick=200),
-        "merge_grid": Option([
-            [20.0, 0.8],
-            [30.0, 0.8],
-            [40.0, 0.8],
-            [50.0, 0.8],
-            [60.0, 0.7],
-            [40.0, 1.0],
-        ]),
+        "merge_grid": Option(
+            [
+                [20.0, 0.8],
+                [30.0, 0.8],
+                [40.0, 0.8],
+                [50.0, 0.8],
+                [60.0, 0.7],
+                [40.0, 1.0],
+            ]
+        ),
         "merge_sizes": Option([3, 5]),
         "merge_saves": Option(800, quick=200),
         "growth_theta": Option(0.8),
@@ -70,12 +72,14 @@ EXPERIMENT = Experiment(
         "dotm_saves": Option(1000, quick=300),
         "rtol": Option(1e-7),
         "atol": Option(1e-10),
-        "tolerances": Option({
-            "staircase_levels": 0.01,
-            "plateau_growth_rate": 0.01,
-            "dotm_staircase": 1e-12,
-            "dotm_simulated_levels": 1e-3,
-        }),
+        "tolerances": Option(
+            {
+                "staircase_levels": 0.01,
+                "plateau_growth_rate": 0.01,
+                "dotm_staircase": 1e-12,
+                "dotm_simulated_levels": 1e-3,
+            }
+        ),
     },
     steps=("staircase", "merge_times", "dotm", "dotm_simulated", "figures"),
     timings_suffix="_s",
@@ -244,7 +248,9 @@ def _continuum_row(out_root: Path):
     return None
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the metastability reproduction; write a figure, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);

@@ -69,7 +69,9 @@ EXPERIMENT = Experiment(
         "digits_lam": Option(0.1),
         # temperature = factor * median squared token distance after pre-training
         "digits_temperature_factor": Option(0.1),
-        "eps": Option([0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0], quick=[0.01, 0.05, 0.1, 0.5, 1.0, 2.0]),
+        "eps": Option(
+            [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0], quick=[0.01, 0.05, 0.1, 0.5, 1.0, 2.0]
+        ),
         "digits_seeds": Option(4, quick=2, full=5),
         # soft vs hard VQ (Table 5): tokens = 4x4 patches of the digits (a VQ-VAE's factor-4 downsampling)
         "vq_K": Option([16, 64]),
@@ -149,8 +151,15 @@ def _digits(cfg, key, pbar):
 
     eta_P = cfg["digits_eta_P"]
     model, _ = P.train(
-        model, recon_only, X, key=kpre, eta_theta=eta_P, eta_P=eta_P,
-        epochs=cfg["digits_pretrain_epochs"], batch_size=cfg["digits_batch"], optimizer=cfg["optimizer"],
+        model,
+        recon_only,
+        X,
+        key=kpre,
+        eta_theta=eta_P,
+        eta_P=eta_P,
+        epochs=cfg["digits_pretrain_epochs"],
+        batch_size=cfg["digits_batch"],
+        optimizer=cfg["optimizer"],
     )
     z0 = model.quantizer.tokens(X)
     temperature = cfg["digits_temperature_factor"] * float(jnp.median(P.squared_distances(z0, z0)))
@@ -168,7 +177,11 @@ def _digits(cfg, key, pbar):
         q = P._assign(z, qz.prototypes, qz.temperature)
         smin, smean = P._separation(qz.prototypes)
         return {
-            "L_q": L_q, "L_OLS": L_ols, "V": V, "S_min": smin, "S_mean": smean,
+            "L_q": L_q,
+            "L_OLS": L_ols,
+            "V": V,
+            "S_min": smin,
+            "S_mean": smean,
             "entropy": -jnp.mean(jnp.sum(jax.scipy.special.xlogy(q, q), axis=-1)),
             "utilization": jnp.mean(jnp.mean(q, axis=0) > cfg["utilization_threshold"]),
             "labels": jnp.argmax(q, axis=-1),
@@ -179,11 +192,20 @@ def _digits(cfg, key, pbar):
         idx = jax.random.choice(kinit, X.shape[0], (K,), replace=False)
         mod = eqx.tree_at(
             lambda r: (r.quantizer.prototypes, r.quantizer.temperature),
-            model, (z0[idx], jnp.asarray(temperature, z0.dtype)),
+            model,
+            (z0[idx], jnp.asarray(temperature, z0.dtype)),
         )
         return P.train(
-            mod, loss, X, key=ktrain, eta_theta=eps * eta_P, eta_P=eta_P, epochs=cfg["digits_epochs"],
-            batch_size=cfg["digits_batch"], record=record, optimizer=cfg["optimizer"],
+            mod,
+            loss,
+            X,
+            key=ktrain,
+            eta_theta=eps * eta_P,
+            eta_P=eta_P,
+            epochs=cfg["digits_epochs"],
+            batch_size=cfg["digits_batch"],
+            record=record,
+            optimizer=cfg["optimizer"],
         )
 
     eps = jnp.asarray(cfg["eps"], dtype=jnp.float32)
@@ -219,8 +241,15 @@ def _digits(cfg, key, pbar):
     z_ref = np.asarray(ref.quantizer.tokens(X))
     p_ref = np.asarray(ref.quantizer.prototypes)
     return {
-        "hist": hist, "eps": np.asarray(eps), "temperature": temperature, "kmeans": baseline,
-        "y": y, "z": z_ref, "p": p_ref, "e_ref": e_ref, "pred": labels[0, e_ref, -1],
+        "hist": hist,
+        "eps": np.asarray(eps),
+        "temperature": temperature,
+        "kmeans": baseline,
+        "y": y,
+        "z": z_ref,
+        "p": p_ref,
+        "e_ref": e_ref,
+        "pred": labels[0, e_ref, -1],
     }
 
 
@@ -243,6 +272,7 @@ def _vq(cfg, key, pbar):
     lam, beta = cfg["vq_lam"], cfg["vq_beta"]
     thr = cfg["utilization_threshold"]
     data_variance = jnp.mean(jnp.sum((X - jnp.mean(X, axis=0)) ** 2, axis=-1))
+
     # one loss and one record function for every run: P.train's program is keyed on them (static), so the
     # soft and the soft-double-temperature runs of each K share one compiled program
     def vq_loss(mm, xb):
@@ -284,21 +314,33 @@ def _vq(cfg, key, pbar):
         p0 = z0[jax.random.choice(kc, X.shape[0], (K,), replace=False)]
         hard = P.HardVQ(d, m, K, key=kq)  # same projection as `soft` (same key)
         models = {
-            "soft": eqx.tree_at(lambda r: (r.prototypes, r.temperature), soft, (p0, jnp.asarray(tau, p0.dtype))),
+            "soft": eqx.tree_at(
+                lambda r: (r.prototypes, r.temperature), soft, (p0, jnp.asarray(tau, p0.dtype))
+            ),
             "hard": eqx.tree_at(lambda r: r.prototypes, hard, p0),
             # sensitivity: the same soft run at twice the temperature
             "soft-double-temperature": eqx.tree_at(
-                lambda r: (r.prototypes, r.temperature), soft, (p0, jnp.asarray(2 * tau, p0.dtype))),
+                lambda r: (r.prototypes, r.temperature), soft, (p0, jnp.asarray(2 * tau, p0.dtype))
+            ),
         }
         for kind, qz0 in models.items():
             mod = P.VQAutoencoder(qz0, key=kd)
             _, hist = P.train(
-                mod, vq_loss, X, key=ktrain,
-                eta_theta=cfg["vq_eps"] * cfg["vq_eta_P"], eta_P=cfg["vq_eta_P"], epochs=cfg["vq_epochs"],
-                batch_size=cfg["vq_batch"], record=record, optimizer=cfg["optimizer"],
+                mod,
+                vq_loss,
+                X,
+                key=ktrain,
+                eta_theta=cfg["vq_eps"] * cfg["vq_eta_P"],
+                eta_P=cfg["vq_eta_P"],
+                epochs=cfg["vq_epochs"],
+                batch_size=cfg["vq_batch"],
+                record=record,
+                optimizer=cfg["optimizer"],
             )
-            out[(kind, K)] = {**jax.tree_util.tree_map(np.asarray, hist),
-                              "tau": np.asarray(2 * tau if kind == "soft-double-temperature" else tau)}
+            out[(kind, K)] = {
+                **jax.tree_util.tree_map(np.asarray, hist),
+                "tau": np.asarray(2 * tau if kind == "soft-double-temperature" else tau),
+            }
             pbar.update(1)
     return out
 
@@ -309,10 +351,17 @@ def _vq(cfg, key, pbar):
 
 def _hierarchical(cfg, key, pbar):
     kdata, kmod, ktrain = jax.random.split(key, 3)
-    xs, _, classes, _ = P.gaussian_mixture_tokens(kdata, cfg["vq_sequences"], cfg["vq_seq_len"], cfg["vq_d"])
+    xs, _, classes, _ = P.gaussian_mixture_tokens(
+        kdata, cfg["vq_sequences"], cfg["vq_seq_len"], cfg["vq_d"]
+    )
     model = P.HierarchicalReadout(
-        cfg["vq_d"], cfg["hier_m"], cfg["hier_K1"], cfg["hier_K2"],
-        cfg["hier_temperature1"], cfg["hier_temperature2"], key=kmod,
+        cfg["vq_d"],
+        cfg["hier_m"],
+        cfg["hier_K1"],
+        cfg["hier_K2"],
+        cfg["hier_temperature1"],
+        cfg["hier_temperature2"],
+        key=kmod,
     )
     decoder = eqx.nn.Linear(cfg["hier_m"], cfg["vq_d"], key=jax.random.fold_in(kmod, 1))
     lam = cfg["hier_lam"]
@@ -332,8 +381,15 @@ def _hierarchical(cfg, key, pbar):
         return {"level1": jnp.stack(t1), "level2": jnp.stack(t2), "labels": jnp.argmax(q2, axis=-1)}
 
     _, hist = P.train(
-        (model, decoder), loss, xs, key=ktrain, eta_theta=cfg["hier_eps"] * cfg["hier_eta_P"],
-        eta_P=cfg["hier_eta_P"], epochs=cfg["hier_epochs"], batch_size=cfg["hier_batch"], record=record,
+        (model, decoder),
+        loss,
+        xs,
+        key=ktrain,
+        eta_theta=cfg["hier_eps"] * cfg["hier_eta_P"],
+        eta_P=cfg["hier_eta_P"],
+        epochs=cfg["hier_epochs"],
+        batch_size=cfg["hier_batch"],
+        record=record,
         optimizer=cfg["optimizer"],
     )
     hist = jax.tree_util.tree_map(np.asarray, hist)
@@ -347,7 +403,12 @@ def _hierarchical(cfg, key, pbar):
 # ---------------------------------------------------------------------------
 # Table 5: utilisation at epoch 1 and epochs to 100%
 
-_PAPER_TABLE5 = {("soft", 16): (1.0, 1), ("soft", 64): (1.0, 1), ("hard", 16): (0.812, 6), ("hard", 64): (0.188, 44)}
+_PAPER_TABLE5 = {
+    ("soft", 16): (1.0, 1),
+    ("soft", 64): (1.0, 1),
+    ("hard", 16): (0.812, 6),
+    ("hard", 64): (0.188, 44),
+}
 
 
 def _epochs_to_full(u) -> tuple[int, bool]:
@@ -361,13 +422,22 @@ def _table5_rows(vq) -> dict:
     rows = {}
     for (kind, K), h in vq.items():
         e, reached = _epochs_to_full(h["utilization"])
-        rows[(kind, K)] = {"epoch0": float(h["utilization"][0]), "epoch1": float(h["utilization"][1]), "epochs_to_full": e, "reached": reached,
-                           "final": float(h["utilization"][-1]), "min_after_1": float(h["utilization"][1:].min()),
-                           "S_min": float(h["S_min"][-1]), "recon": float(h["recon"][-1]),
-                           "data_variance": float(h["data_variance"][-1]), "tau": float(h["tau"]),
-                           "gap_dead_1": float(h["gap_dead"][1]), "gap_dead_end": float(h["gap_dead"][-1]),
-                           "gap_live_end": float(h["gap_live"][-1]),
-                           "token_variance": (float(h["token_variance"][0]), float(h["token_variance"][-1]))}
+        rows[(kind, K)] = {
+            "epoch0": float(h["utilization"][0]),
+            "epoch1": float(h["utilization"][1]),
+            "epochs_to_full": e,
+            "reached": reached,
+            "final": float(h["utilization"][-1]),
+            "min_after_1": float(h["utilization"][1:].min()),
+            "S_min": float(h["S_min"][-1]),
+            "recon": float(h["recon"][-1]),
+            "data_variance": float(h["data_variance"][-1]),
+            "tau": float(h["tau"]),
+            "gap_dead_1": float(h["gap_dead"][1]),
+            "gap_dead_end": float(h["gap_dead"][-1]),
+            "gap_live_end": float(h["gap_live"][-1]),
+            "token_variance": (float(h["token_variance"][0]), float(h["token_variance"][-1])),
+        }
     return rows
 
 
@@ -385,73 +455,107 @@ def _table5_checks(cfg, vq):
         return f"{kind} K={K}: {100 * r['epoch1']:.1f}% at epoch 1, 100% at epoch {reach}{ptxt}"
 
     table = "; ".join(cell(kind, K) for kind in ("soft", "hard") for K in Ks)
-    soft_ok = all(rows[("soft", K)]["epoch1"] >= 1.0 and rows[("soft", K)]["epochs_to_full"] == 1 for K in Ks)
+    soft_ok = all(
+        rows[("soft", K)]["epoch1"] >= 1.0 and rows[("soft", K)]["epochs_to_full"] == 1 for K in Ks
+    )
     hs, ss = rows[("hard", Kbig)], rows[("soft", Kbig)]
 
     def gaps(r):
-        dead = (f"dead codes' median squared distance to their nearest token {r['gap_dead_1'] / r['tau']:.2g} tau "
-                f"after epoch 1, {r['gap_dead_end'] / r['tau']:.2g} tau at the end"
-                if np.isfinite(r["gap_dead_end"]) else "no dead code at the end")
+        dead = (
+            f"dead codes' median squared distance to their nearest token {r['gap_dead_1'] / r['tau']:.2g} tau "
+            f"after epoch 1, {r['gap_dead_end'] / r['tau']:.2g} tau at the end"
+            if np.isfinite(r["gap_dead_end"])
+            else "no dead code at the end"
+        )
         return f"{dead}, live codes {r['gap_live_end'] / r['tau']:.2g} tau"
 
     def soft_state(kind, K):
         r = rows[(kind, K)]
-        return (f"K={K}: {100 * r['epoch1']:.1f}% at epoch 1, {100 * r['final']:.1f}% at the end, final min "
-                f"prototype distance {r['S_min']:.3g}, recon {r['recon']:.3g} (a constant output, every "
-                f"prototype merged: {r['data_variance']:.3g}), {gaps(r)}")
+        return (
+            f"K={K}: {100 * r['epoch1']:.1f}% at epoch 1, {100 * r['final']:.1f}% at the end, final min "
+            f"prototype distance {r['S_min']:.3g}, recon {r['recon']:.3g} (a constant output, every "
+            f"prototype merged: {r['data_variance']:.3g}), {gaps(r)}"
+        )
 
     soft = "; ".join(soft_state("soft", K) for K in Ks)
-    double = "; ".join(soft_state("soft-double-temperature", K) for K in Ks if ("soft-double-temperature", K) in rows)
+    double = "; ".join(
+        soft_state("soft-double-temperature", K)
+        for K in Ks
+        if ("soft-double-temperature", K) in rows
+    )
     hard = "; ".join(f"K={K}: {gaps(rows[('hard', K)])}" for K in Ks)
     r0 = rows[("soft", Ks[0])]
     init_u = ", ".join(f"K={K} {100 * rows[('soft', K)]['epoch0']:.1f}%" for K in Ks)
-    setup = (f"Setup (CPU-scale stand-in for the paper's CIFAR-10 VQ-VAE, not CIFAR-10): tokens = the "
-             f"{cfg['vq_patch']}x{cfg['vq_patch']} non-overlapping patches of the 8x8 digits (4 latents per "
-             f"image, the VQ-VAE's factor-4 downsampling; continuous, diverse patch vectors), linear "
-             f"encoder -> m = {cfg['vq_m']} -> linear decoder; soft and hard share encoder, decoder and codebook "
-             f"init, the codebook being K random initial tokens (every code starts on a token; soft utilisation "
-             f"before training: {init_u}); tau = "
-             f"{cfg['vq_temperature_factor']:g} x median squared initial token distance = {r0['tau']:.3g} (the "
-             f"digits-ablation rule; the paper gives no tau); eps = {cfg['vq_eps']:g} and lambda = "
-             f"{cfg['vq_lam']:g} (Table 5), beta = {cfg['vq_beta']:g}, {cfg['optimizer']} with eta_P = "
-             f"{cfg['vq_eta_P']:g}, eta_theta = eps eta_P, batches of {cfg['vq_batch']} tokens, {n_ep} epochs "
-             f"(paper 50)")
-    why = ("Where the soft codes go: dead soft codes end far from the data (their distance above, in units of "
-           "tau), dead hard codes stay next to it. The soft objective recon + lambda L_q does not by itself keep "
-           "codes loaded: a code that loses its tokens still gets a gradient, but not one that points back to "
-           "them (for L_q alone, dL_q/dd_tk = q_tk (1 - (d_tk - L_t)/tau) with L_t = sum_j q_tj d_tj is negative "
-           "when d_tk > L_t + tau, a push away), and Adam scales such exponentially small gradients up to "
-           "full-size steps. No single term is the cause: exploratory runs outside this check (README) lose "
-           "codes with the encoder frozen, with the codebook frozen, and with q stop-gradiented in L_q. The "
-           "threshold is also "
-           f"strict at large K: a code counts only if it holds more than {cfg['utilization_threshold']:g} K = "
-           f"{cfg['utilization_threshold'] * Kbig:.2g} of the mean load 1/K at K={Kbig}, which a tau small against "
-           "the token spacing does not give on an uneven token density, not even before training")
+    setup = (
+        f"Setup (CPU-scale stand-in for the paper's CIFAR-10 VQ-VAE, not CIFAR-10): tokens = the "
+        f"{cfg['vq_patch']}x{cfg['vq_patch']} non-overlapping patches of the 8x8 digits (4 latents per "
+        f"image, the VQ-VAE's factor-4 downsampling; continuous, diverse patch vectors), linear "
+        f"encoder -> m = {cfg['vq_m']} -> linear decoder; soft and hard share encoder, decoder and codebook "
+        f"init, the codebook being K random initial tokens (every code starts on a token; soft utilisation "
+        f"before training: {init_u}); tau = "
+        f"{cfg['vq_temperature_factor']:g} x median squared initial token distance = {r0['tau']:.3g} (the "
+        f"digits-ablation rule; the paper gives no tau); eps = {cfg['vq_eps']:g} and lambda = "
+        f"{cfg['vq_lam']:g} (Table 5), beta = {cfg['vq_beta']:g}, {cfg['optimizer']} with eta_P = "
+        f"{cfg['vq_eta_P']:g}, eta_theta = eps eta_P, batches of {cfg['vq_batch']} tokens, {n_ep} epochs "
+        f"(paper 50)"
+    )
+    why = (
+        "Where the soft codes go: dead soft codes end far from the data (their distance above, in units of "
+        "tau), dead hard codes stay next to it. The soft objective recon + lambda L_q does not by itself keep "
+        "codes loaded: a code that loses its tokens still gets a gradient, but not one that points back to "
+        "them (for L_q alone, dL_q/dd_tk = q_tk (1 - (d_tk - L_t)/tau) with L_t = sum_j q_tj d_tj is negative "
+        "when d_tk > L_t + tau, a push away), and Adam scales such exponentially small gradients up to "
+        "full-size steps. No single term is the cause: exploratory runs outside this check (README) lose "
+        "codes with the encoder frozen, with the codebook frozen, and with q stop-gradiented in L_q. The "
+        "threshold is also "
+        f"strict at large K: a code counts only if it holds more than {cfg['utilization_threshold']:g} K = "
+        f"{cfg['utilization_threshold'] * Kbig:.2g} of the mean load 1/K at K={Kbig}, which a tau small against "
+        "the token spacing does not give on an uneven token density, not even before training"
+    )
     return [
-        check("hard_vq_utilization", hs["epoch1"], None,
-              note=f"Table 5, utilisation (mean assignment > {cfg['utilization_threshold']:g}) at epoch 1 and "
-                   f"epochs to 100%: {table}. Pass = soft at 100% from epoch 1 for every K, and hard at "
-                   f"K={Kbig} lower at epoch 1 and slower to 100% (not reached counts as the cap). {setup}",
-              passed=soft_ok and hs["epoch1"] < ss["epoch1"] and hs["epochs_to_full"] > ss["epochs_to_full"]),
-        check("hard_vq_epochs_to_full", hs["epochs_to_full"], None,
-              note=f"hard VQ K={Kbig}: epochs to 100% utilisation "
-                   f"{'reached' if hs['reached'] else f'NOT reached in {n_ep} epochs, reported as the cap'} "
-                   f"(final {100 * hs['final']:.1f}%), against soft K={Kbig}: {ss['epochs_to_full']}"
-                   f"{'' if ss['reached'] else ' (cap, not reached either)'}; "
-                   f"paper 44 vs 1; pass = hard > soft",
-              passed=hs["epochs_to_full"] > ss["epochs_to_full"]),
-        check("hard_vq_utilization_soft_epoch1", min(rows[("soft", K)]["epoch1"] for K in Ks), 1.0, 0.0,
-              f"soft readout, min over K in {Ks} of the epoch-1 utilisation (paper 100% for both); at tau: "
-              f"{soft}. At 2 tau: {double}. Hard VQ: {hard}. {why}. For K < 100 the uniform assignment 1/K "
-              f"already exceeds the 0.01 threshold: hotter soft assignments raise the utilisation even when "
-              f"prototypes merge, so read it with the separation"),
-        check("hard_vq_utilization_small_K", rows[("hard", Ksmall)]["epoch1"], None,
-              note=f"hard VQ K={Ksmall} at epoch 1 (paper 81.2%) against soft "
-                   f"{100 * rows[('soft', Ksmall)]['epoch1']:.1f}%; epochs to 100%: "
-                   f"{rows[('hard', Ksmall)]['epochs_to_full']}"
-                   f"{'' if rows[('hard', Ksmall)]['reached'] else ' (cap, not reached)'} (paper 6); "
-                   f"pass = hard below soft at epoch 1",
-              passed=rows[("hard", Ksmall)]["epoch1"] < rows[("soft", Ksmall)]["epoch1"]),
+        check(
+            "hard_vq_utilization",
+            hs["epoch1"],
+            None,
+            note=f"Table 5, utilisation (mean assignment > {cfg['utilization_threshold']:g}) at epoch 1 and "
+            f"epochs to 100%: {table}. Pass = soft at 100% from epoch 1 for every K, and hard at "
+            f"K={Kbig} lower at epoch 1 and slower to 100% (not reached counts as the cap). {setup}",
+            passed=soft_ok
+            and hs["epoch1"] < ss["epoch1"]
+            and hs["epochs_to_full"] > ss["epochs_to_full"],
+        ),
+        check(
+            "hard_vq_epochs_to_full",
+            hs["epochs_to_full"],
+            None,
+            note=f"hard VQ K={Kbig}: epochs to 100% utilisation "
+            f"{'reached' if hs['reached'] else f'NOT reached in {n_ep} epochs, reported as the cap'} "
+            f"(final {100 * hs['final']:.1f}%), against soft K={Kbig}: {ss['epochs_to_full']}"
+            f"{'' if ss['reached'] else ' (cap, not reached either)'}; "
+            f"paper 44 vs 1; pass = hard > soft",
+            passed=hs["epochs_to_full"] > ss["epochs_to_full"],
+        ),
+        check(
+            "hard_vq_utilization_soft_epoch1",
+            min(rows[("soft", K)]["epoch1"] for K in Ks),
+            1.0,
+            0.0,
+            f"soft readout, min over K in {Ks} of the epoch-1 utilisation (paper 100% for both); at tau: "
+            f"{soft}. At 2 tau: {double}. Hard VQ: {hard}. {why}. For K < 100 the uniform assignment 1/K "
+            f"already exceeds the 0.01 threshold: hotter soft assignments raise the utilisation even when "
+            f"prototypes merge, so read it with the separation",
+        ),
+        check(
+            "hard_vq_utilization_small_K",
+            rows[("hard", Ksmall)]["epoch1"],
+            None,
+            note=f"hard VQ K={Ksmall} at epoch 1 (paper 81.2%) against soft "
+            f"{100 * rows[('soft', Ksmall)]['epoch1']:.1f}%; epochs to 100%: "
+            f"{rows[('hard', Ksmall)]['epochs_to_full']}"
+            f"{'' if rows[('hard', Ksmall)]['reached'] else ' (cap, not reached)'} (paper 6); "
+            f"pass = hard below soft at epoch 1",
+            passed=rows[("hard", Ksmall)]["epoch1"] < rows[("soft", Ksmall)]["epoch1"],
+        ),
     ]
 
 
@@ -498,7 +602,9 @@ def _stability(cfg, key, pbar):
     v = descend(flat0)
     for _ in range(6):  # Newton polishing (float64 solve)
         H = np.asarray(hess(v), np.float64)
-        v = v - jnp.asarray(np.linalg.solve(0.5 * (H + H.T), np.asarray(grad(v), np.float64)), v.dtype)
+        v = v - jnp.asarray(
+            np.linalg.solve(0.5 * (H + H.T), np.asarray(grad(v), np.float64)), v.dtype
+        )
     v_star = v
     H = np.asarray(hess(v_star), np.float64)
     H = 0.5 * (H + H.T)
@@ -514,7 +620,9 @@ def _stability(cfg, key, pbar):
     def run(eta_theta, eta_P, v0):
         def one(et, ep):
             eta = jnp.where(is_theta, et, ep)
-            w = 1.0 / jnp.sqrt(eta)  # the D^{-1/2}-weighted norm, non-increasing under a stable linear step
+            w = 1.0 / jnp.sqrt(
+                eta
+            )  # the D^{-1/2}-weighted norm, non-increasing under a stable linear step
             vT = jax.lax.fori_loop(0, steps, lambda _, vv: vv - eta * grad(vv), v0)
             r = jnp.linalg.norm(w * (vT - v_star)) / jnp.linalg.norm(w * (v0 - v_star))
             return jnp.where(jnp.isfinite(r), r, jnp.inf)
@@ -527,7 +635,9 @@ def _stability(cfg, key, pbar):
     et_axis = np.geomspace(lo_t * bd.eta_theta_max, hi_t * bd.eta_theta_max, G)
     ep_axis = np.geomspace(lo_p * bd.eta_P_max, hi_p * bd.eta_P_max, G)
     ET, EP = np.meshgrid(et_axis, ep_axis)  # rows: eta_P, columns: eta_theta
-    ratio = np.asarray(run(jnp.asarray(ET.ravel(), jnp.float32), jnp.asarray(EP.ravel(), jnp.float32), v0))
+    ratio = np.asarray(
+        run(jnp.asarray(ET.ravel(), jnp.float32), jnp.asarray(EP.ravel(), jnp.float32), v0)
+    )
     ratio = ratio.reshape(ET.shape)
     pbar.update(1)
 
@@ -541,16 +651,28 @@ def _stability(cfg, key, pbar):
     n_sec = cfg["stab_multisection"]
     for _ in range(2):
         cand = np.linspace(lo, hi, n_sec)
-        r = np.asarray(run(jnp.full(n_sec, et_min, jnp.float32), jnp.asarray(cand, jnp.float32), v0_fast))
+        r = np.asarray(
+            run(jnp.full(n_sec, et_min, jnp.float32), jnp.asarray(cand, jnp.float32), v0_fast)
+        )
         bad = np.flatnonzero(~(r <= cfg["stab_growth"]))
         if bad.size == 0 or bad[0] == 0:
-            raise RuntimeError(f"stability multisection lost its bracket [{lo:.4g}, {hi:.4g}] (ratios {r})")
+            raise RuntimeError(
+                f"stability multisection lost its bracket [{lo:.4g}, {hi:.4g}] (ratios {r})"
+            )
         lo, hi = float(cand[bad[0] - 1]), float(cand[bad[0]])
     pbar.update(1)
     return {
-        "H": H, "n_theta": n_theta, "bounds": bd, "grad_norm": grad_norm, "q_mean": q_mean,
-        "eta_theta": et_axis, "eta_P": ep_axis, "ratio": ratio,
-        "critical_eta_P": 0.5 * (lo + hi), "critical_bracket": (lo, hi), "critical_eta_theta": et_min,
+        "H": H,
+        "n_theta": n_theta,
+        "bounds": bd,
+        "grad_norm": grad_norm,
+        "q_mean": q_mean,
+        "eta_theta": et_axis,
+        "eta_P": ep_axis,
+        "ratio": ratio,
+        "critical_eta_P": 0.5 * (lo + hi),
+        "critical_bracket": (lo, hi),
+        "critical_eta_theta": et_min,
         "multisection_step": (1.3 - 0.75) * bd.eta_P_max / (n_sec - 1) ** 2,
     }
 
@@ -572,45 +694,70 @@ def _stability_checks(cfg, st):
     from scipy.optimize import brentq
 
     et_min = st["critical_eta_theta"]
-    exact_crit = brentq(lambda e: float(P.two_timescale_radius(H, k, et_min, e)) - 1.0,
-                        0.5 * bd.eta_P_max, 1.5 * bd.eta_P_max, xtol=1e-12)
+    exact_crit = brentq(
+        lambda e: float(P.two_timescale_radius(H, k, et_min, e)) - 1.0,
+        0.5 * bd.eta_P_max,
+        1.5 * bd.eta_P_max,
+        xtol=1e-12,
+    )
     # finite horizon: a growth factor below stab_growth in `steps` steps is not seen as unstable;
     # |1 - eta_P lambda_max| - 1 < log(growth) / steps  <=>  eta_P offset < log(growth) / (steps lambda_max)
     horizon = float(np.log(cfg["stab_growth"]) / (steps * bd.lambda_max))
     shift = abs(exact_crit - bd.eta_P_max)
     tol_fast = 2.0 * (st["multisection_step"] + horizon + shift) / bd.eta_P_max
-    grid = f"{ET.shape[1]} x {ET.shape[0]} log grid, eta_theta in [{ET.min():.3g}, {ET.max():.3g}], " \
-           f"eta_P in [{EP.min():.3g}, {EP.max():.3g}]"
-    model = (f"model: linear encoder W ({cfg['stab_m']}x{cfg['stab_d']}) on {cfg['stab_T']} Gaussian-mixture "
-             f"tokens, K = {cfg['stab_K']}, tau = {cfg['stab_temperature']:g}, anchor {cfg['stab_anchor']:g}, "
-             f"plain GD for {steps} steps from the minimum + a {cfg['stab_perturbation']:g} perturbation; "
-             f"stable = final D^-1/2-weighted distance <= {cfg['stab_growth']:g} x initial")
-    constants = (f"eta_P_max = 2/lambda_max(C) = {bd.eta_P_max:.4g}, eta_theta_max = 2/mu_max(S) = "
-                 f"{bd.eta_theta_max:.4g}, eps* = {bd.eps_star:.3g}")
+    grid = (
+        f"{ET.shape[1]} x {ET.shape[0]} log grid, eta_theta in [{ET.min():.3g}, {ET.max():.3g}], "
+        f"eta_P in [{EP.min():.3g}, {EP.max():.3g}]"
+    )
+    model = (
+        f"model: linear encoder W ({cfg['stab_m']}x{cfg['stab_d']}) on {cfg['stab_T']} Gaussian-mixture "
+        f"tokens, K = {cfg['stab_K']}, tau = {cfg['stab_temperature']:g}, anchor {cfg['stab_anchor']:g}, "
+        f"plain GD for {steps} steps from the minimum + a {cfg['stab_perturbation']:g} perturbation; "
+        f"stable = final D^-1/2-weighted distance <= {cfg['stab_growth']:g} x initial"
+    )
+    constants = (
+        f"eta_P_max = 2/lambda_max(C) = {bd.eta_P_max:.4g}, eta_theta_max = 2/mu_max(S) = "
+        f"{bd.eta_theta_max:.4g}, eps* = {bd.eps_star:.3g}"
+    )
     return [
-        check("stability_bound", violations, 0.0, 0.0,
-              f"Thm. 1 (reconstruction: conditions (i)-(iv) of stability_boundary, certificate rho(N) < 1): "
-              f"grid points the theorem certifies that diverged in training; {int(certified.sum())} certified, "
-              f"{int(stable.sum())} of {stable.size} measured stable ({grid}); {constants}. The conditions are "
-              f"sufficient: they certify {certified.sum() / max(int((rho < 1).sum()), 1):.1%} of the exactly "
-              f"stable points. The paper's practical rule eps <= 0.1 with eta below both maxima: "
-              f"{int((practical & stable).sum())} of {int(practical.sum())} such points stable. {model}",
-              passed=violations == 0 and bool(certified.any())),
-        check("stability_bound_exact", float(agree.mean()), 1.0, 0.0,
-              f"fraction of grid points whose measured outcome matches the exact linear prediction "
-              f"rho(I - D H) < 1 (two_timescale_radius; no timescale condition in it); "
-              f"{int(decided.sum())} decided points, {int((~decided).sum())} left out because 1 <= rho and "
-              f"rho^{steps} <= {cfg['stab_decided']:g} (a finite run cannot resolve them); "
-              f"{int((~agree).sum())} mismatches"),
-        check("stability_bound_fast_rate", st["critical_eta_P"], bd.eta_P_max, tol_fast,
-              f"critical prototype rate measured by two {cfg['stab_multisection']}-point multisections of "
-              f"training runs started along the top eigenvector of C at "
-              f"eta_theta = {et_min:.3g} (bracket [{st['critical_bracket'][0]:.5g}, "
-              f"{st['critical_bracket'][1]:.5g}]) against condition (i) eta_P < 2/lambda_max(C); "
-              f"tolerance (relative) = 2 x (multisection step {st['multisection_step']:.2g} + finite-horizon "
-              f"band {horizon:.2g} + exact shift of the boundary at this eta_theta {shift:.2g}) / eta_P_max; "
-              f"exact linear boundary there {exact_crit:.5g}",
-              relative=True),
+        check(
+            "stability_bound",
+            violations,
+            0.0,
+            0.0,
+            f"Thm. 1 (reconstruction: conditions (i)-(iv) of stability_boundary, certificate rho(N) < 1): "
+            f"grid points the theorem certifies that diverged in training; {int(certified.sum())} certified, "
+            f"{int(stable.sum())} of {stable.size} measured stable ({grid}); {constants}. The conditions are "
+            f"sufficient: they certify {certified.sum() / max(int((rho < 1).sum()), 1):.1%} of the exactly "
+            f"stable points. The paper's practical rule eps <= 0.1 with eta below both maxima: "
+            f"{int((practical & stable).sum())} of {int(practical.sum())} such points stable. {model}",
+            passed=violations == 0 and bool(certified.any()),
+        ),
+        check(
+            "stability_bound_exact",
+            float(agree.mean()),
+            1.0,
+            0.0,
+            f"fraction of grid points whose measured outcome matches the exact linear prediction "
+            f"rho(I - D H) < 1 (two_timescale_radius; no timescale condition in it); "
+            f"{int(decided.sum())} decided points, {int((~decided).sum())} left out because 1 <= rho and "
+            f"rho^{steps} <= {cfg['stab_decided']:g} (a finite run cannot resolve them); "
+            f"{int((~agree).sum())} mismatches",
+        ),
+        check(
+            "stability_bound_fast_rate",
+            st["critical_eta_P"],
+            bd.eta_P_max,
+            tol_fast,
+            f"critical prototype rate measured by two {cfg['stab_multisection']}-point multisections of "
+            f"training runs started along the top eigenvector of C at "
+            f"eta_theta = {et_min:.3g} (bracket [{st['critical_bracket'][0]:.5g}, "
+            f"{st['critical_bracket'][1]:.5g}]) against condition (i) eta_P < 2/lambda_max(C); "
+            f"tolerance (relative) = 2 x (multisection step {st['multisection_step']:.2g} + finite-horizon "
+            f"band {horizon:.2g} + exact shift of the boundary at this eta_theta {shift:.2g}) / eta_P_max; "
+            f"exact linear boundary there {exact_crit:.5g}",
+            relative=True,
+        ),
     ], {"rho": rho, "cert": cert, "stable": stable, "decided": decided}
 
 
@@ -620,15 +767,24 @@ def _fig_stability(path, cfg, st, derived):
     fig, ax = plt.subplots(figsize=(7.5, 6))
     ratio = np.log10(np.clip(st["ratio"], 1e-3, 1e3))
     mesh = ax.pcolormesh(et, ep, ratio, cmap="RdBu_r", vmin=-3, vmax=3, shading="nearest")
-    fig.colorbar(mesh, ax=ax, label=f"log10 (weighted distance after {cfg['stab_steps']} steps / initial)")
+    fig.colorbar(
+        mesh, ax=ax, label=f"log10 (weighted distance after {cfg['stab_steps']} steps / initial)"
+    )
     ET, EP = np.meshgrid(et, ep)
     fine_t = np.geomspace(et[0], et[-1], 200)
     fine_p = np.geomspace(ep[0], ep[-1], 200)
     FT, FP = np.meshgrid(fine_t, fine_p)
     H, k = st["H"], st["n_theta"]
     ax.contour(FT, FP, P.two_timescale_radius(H, k, FT, FP), levels=[1.0], colors="k", linewidths=2)
-    ax.contour(FT, FP, P.stability_certificate(H, k, FT, FP), levels=[1.0], colors="lime", linewidths=2,
-               linestyles="--")
+    ax.contour(
+        FT,
+        FP,
+        P.stability_certificate(H, k, FT, FP),
+        levels=[1.0],
+        colors="lime",
+        linewidths=2,
+        linestyles="--",
+    )
     ax.axhline(bd.eta_P_max, color="k", ls=":", lw=1)
     ax.axvline(bd.eta_theta_max, color="k", ls=":", lw=1)
     ax.plot(fine_t, fine_t / bd.eps_star, color="lime", lw=1, ls="-.")
@@ -638,15 +794,29 @@ def _fig_stability(path, cfg, st, derived):
     handles = [
         plt.Line2D([], [], color="k", lw=2, label=r"exact: $\rho(I - DH) = 1$"),
         plt.Line2D([], [], color="lime", lw=2, ls="--", label=r"Thm. 1 (reconstr.): $\rho(N) = 1$"),
-        plt.Line2D([], [], color="k", ls=":", label=r"(i) $2/\lambda_{max}(C)$, (ii) $2/\mu_{max}(S)$"),
-        plt.Line2D([], [], color="lime", ls="-.", label=rf"(iv) $\varepsilon = \varepsilon^* = {bd.eps_star:.2g}$"),
+        plt.Line2D(
+            [], [], color="k", ls=":", label=r"(i) $2/\lambda_{max}(C)$, (ii) $2/\mu_{max}(S)$"
+        ),
+        plt.Line2D(
+            [],
+            [],
+            color="lime",
+            ls="-.",
+            label=rf"(iv) $\varepsilon = \varepsilon^* = {bd.eps_star:.2g}$",
+        ),
         plt.Line2D([], [], color="gray", ls="-.", label=r"paper's $\varepsilon = 0.1$"),
         plt.Line2D([], [], color="m", marker="x", ls="", label="measured != exact prediction"),
     ]
     ax.legend(handles=handles, fontsize=7, loc="lower right")
-    ax.set(xscale="log", yscale="log", xlim=(et[0], et[-1]), ylim=(ep[0], ep[-1]),
-           xlabel=r"encoder rate $\eta_\theta$", ylabel=r"prototype rate $\eta_P$",
-           title="two-timescale GD on an anchored prototype readout:\nblue = stable, red = diverged")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(et[0], et[-1]),
+        ylim=(ep[0], ep[-1]),
+        xlabel=r"encoder rate $\eta_\theta$",
+        ylabel=r"prototype rate $\eta_P$",
+        title="two-timescale GD on an anchored prototype readout:\nblue = stable, red = diverged",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -701,9 +871,20 @@ def _fig_utilization(path, vq):
     for (kind, K), (u1, _) in _PAPER_TABLE5.items():
         if (kind, K) in vq:
             ax.plot(1, 100 * u1, "o" if kind == "soft" else "s", mfc="none", ms=9, color="k")
-    ax.plot([], [], "s", mfc="none", color="k", label="paper Table 5, epoch 1 (o soft, [] hard; CIFAR-10)")
-    ax.set(xlabel="epoch", ylabel="codebook utilisation (%)", ylim=(0, 105),
-           title="utilisation (mean assignment > 0.01), 4x4 digit patches:\nsoft readout vs hard VQ (straight-through)")
+    ax.plot(
+        [],
+        [],
+        "s",
+        mfc="none",
+        color="k",
+        label="paper Table 5, epoch 1 (o soft, [] hard; CIFAR-10)",
+    )
+    ax.set(
+        xlabel="epoch",
+        ylabel="codebook utilisation (%)",
+        ylim=(0, 105),
+        title="utilisation (mean assignment > 0.01), 4x4 digit patches:\nsoft readout vs hard VQ (straight-through)",
+    )
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -719,11 +900,19 @@ def _fig_ablation(path, dig):
     ax.axvspan(eps.min() / 1.5, 0.1, color="g", alpha=0.1, label="stable: eps <= 0.1")
     ax.axvspan(0.5, eps.max() * 1.5, color="r", alpha=0.1, label="eps >= 0.5")
     ax.errorbar(eps, smin.mean(0), yerr=smin.std(0), marker="o", label="final S(P): min distance")
-    ax.errorbar(eps, smean.mean(0), yerr=smean.std(0), marker="s", label="final S(P): mean distance")
-    ax.set(xscale="log", xlabel=r"$\varepsilon = \eta_\theta / \eta_P$", ylabel="prototype separation")
+    ax.errorbar(
+        eps, smean.mean(0), yerr=smean.std(0), marker="s", label="final S(P): mean distance"
+    )
+    ax.set(
+        xscale="log", xlabel=r"$\varepsilon = \eta_\theta / \eta_P$", ylabel="prototype separation"
+    )
     ax2 = ax.twinx()
-    ax2.errorbar(eps, best_acc.mean(0), yerr=best_acc.std(0), color="k", marker="^", ls=":", label="best ACC")
-    ax2.axhline(dig["kmeans"]["acc"], color="gray", lw=0.8, ls="--", label="k-means ACC (raw pixels)")
+    ax2.errorbar(
+        eps, best_acc.mean(0), yerr=best_acc.std(0), color="k", marker="^", ls=":", label="best ACC"
+    )
+    ax2.axhline(
+        dig["kmeans"]["acc"], color="gray", lw=0.8, ls="--", label="k-means ACC (raw pixels)"
+    )
     ax2.set(ylabel="clustering accuracy", ylim=(0, 1))
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
@@ -743,11 +932,21 @@ def _fig_phase(path, dig):
         V = h["V"][0, e]
         S = h["S_min"][0, e]
         ax.plot(V, S, "-", color="gray", lw=0.6)
-        sc = ax.scatter(V, S, c=np.arange(len(V)), cmap="viridis", marker=markers[j % 4], s=18,
-                        label=f"eps = {eps[e]:g}")
+        sc = ax.scatter(
+            V,
+            S,
+            c=np.arange(len(V)),
+            cmap="viridis",
+            marker=markers[j % 4],
+            s=18,
+            label=f"eps = {eps[e]:g}",
+        )
     fig.colorbar(sc, ax=ax, label="epoch")
-    ax.set(xlabel="V / N (V is already a mean over tokens)", ylabel="S(P): min pairwise distance",
-           title="phase portrait (V/N, S(P)), digits, seed 0")
+    ax.set(
+        xlabel="V / N (V is already a mean over tokens)",
+        ylabel="S(P): min pairwise distance",
+        title="phase portrait (V/N, S(P)), digits, seed 0",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -774,7 +973,9 @@ def _fig_pca(path, dig):
 # ---------------------------------------------------------------------------
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the prototype-readout reproduction; write ``out_dir/prototypes/`` and return the summary.
 
     Three sizes: ``quick``, the default, and ``full=True`` (the paper's epoch
@@ -806,11 +1007,19 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     # --- decomposition identity, over every recorded epoch of every run
     dig_terms = np.stack([h["L_q"], h["L_OLS"], h["V"]], axis=-1)
     err_dig = float(_rel_err(dig_terms).max())
-    err_vq = max(float(_rel_err(v["terms"]).max()) for (kind, _), v in vq.items() if kind.startswith("soft"))
+    err_vq = max(
+        float(_rel_err(v["terms"]).max()) for (kind, _), v in vq.items() if kind.startswith("soft")
+    )
     err_h1 = float(_rel_err(hier["level1"]).max())
     err_h2 = float(_rel_err(hier["level2"]).max())
-    v_min = float(min(h["V"].min(), *(v["terms"][:, 2].min() for (k, _), v in vq.items() if k.startswith("soft")),
-                      hier["level1"][:, 2].min(), hier["level2"][:, 2].min()))
+    v_min = float(
+        min(
+            h["V"].min(),
+            *(v["terms"][:, 2].min() for (k, _), v in vq.items() if k.startswith("soft")),
+            hier["level1"][:, 2].min(),
+            hier["level2"][:, 2].min(),
+        )
+    )
     tol32 = 1e-5  # float32: a few ulps times the number of terms summed
 
     # --- utilisation
@@ -838,53 +1047,106 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     km = dig["kmeans"]
 
     checks = [
-        check("loss_decomposition", max(err_dig, err_vq), 0.0, tol32,
-              f"max over all epochs and runs (digits sweep, soft VQ) of |L_q - L_OLS - V| / L_q, float32; "
-              f"digits {err_dig:.2e}, soft VQ {err_vq:.2e}"),
-        check("codebook_utilization_soft", u_soft, 1.0, 0.0,
-              f"soft readout, K = {K0}, fraction of prototypes with mean assignment > 0.01 after "
-              f"{cfg['vq_epochs']} epochs; epoch 1 {vq[('soft', K0)]['utilization'][1]:.3f}, min over epochs "
-              f"{vq[('soft', K0)]['utilization'].min():.3f}; final recon {vq[('soft', K0)]['recon'][-1]:.3f}, "
-              f"final min separation {vq[('soft', K0)]['S_min'][-1]:.3f}; at twice the temperature "
-              f"({2 * vq[('soft', K0)]['tau']:.3g}) the soft codebook ends at "
-              f"{vq[('soft-double-temperature', K0)]['utilization'][-1]:.3f} with min separation "
-              f"{vq[('soft-double-temperature', K0)]['S_min'][-1]:.3f}"),
-        check("codebook_utilization_hard", u_hard, None,
-              note=f"hard VQ (straight-through), K = {K0}, same init/rates/budget; epoch 1 "
-                   f"{vq[('hard', K0)]['utilization'][1]:.3f}, min over epochs "
-                   f"{vq[('hard', K0)]['utilization'].min():.3f}; final recon {vq[('hard', K0)]['recon'][-1]:.3f}. "
-                   "Paper: hard < soft; pass = hard <= soft",
-              passed=u_hard <= u_soft),
-        check("stability_ablation", ratio_min, None,
-              note="final S(P) = min pairwise prototype distance, averaged over seeds and eps <= 0.1, "
-                   "divided by the same over eps >= 0.5 (digits). Paper predicts > 1. "
-                   f"Same ratio with the mean pairwise distance: {ratio_mean:.3f}",
-              passed=lambda r: r > 1),
-        check("stability_ablation_mean_distance", ratio_mean, None,
-              note="as stability_ablation with S(P) = mean pairwise distance; predicted > 1",
-              passed=lambda r: r > 1),
-        check("stability_accuracy_ratio", acc_stable / acc_unstable, None,
-              note=f"best-epoch ACC averaged over eps <= 0.1 ({acc_stable:.3f}) over eps >= 0.5 "
-                   f"({acc_unstable:.3f}); paper: stable regime clusters better (> 1)",
-              passed=lambda r: r > 1),
-        check("variance_nonnegative", v_min, None,
-              note="min of V over every epoch of every run (both hierarchy levels included); V >= 0",
-              passed=lambda v: v >= 0),
-        check("digits_clustering_accuracy", acc_ref, None,
-              note=f"Hungarian ACC of argmax_k q at eps = {eps[e_ref]:g}, best epoch, mean over seeds; "
-                   f"chance 0.1, k-means on raw pixels {km['acc']:.3f}; pass = ACC > 0.5",
-              passed=lambda a: a > 0.5),
-        check("digits_nmi", nmi_ref, None,
-              note=f"NMI at the same epoch; k-means {km['nmi']:.3f}; pass = NMI > 0.3", passed=lambda a: a > 0.3),
-        check("digits_ari", ari_ref, None,
-              note=f"ARI at the same epoch; k-means {km['ari']:.3f}; pass = ARI > 0.2", passed=lambda a: a > 0.2),
-        check("hierarchical_decomposition", max(err_h1, err_h2), 0.0, tol32,
-              f"two-level readout, max over epochs of the relative violation at level 1 ({err_h1:.2e}) "
-              f"and level 2 ({err_h2:.2e})"),
-        check("hierarchical_level2_accuracy", float(hier["acc"][-1]), None,
-              note=f"level-2 assignment of whole sequences vs their class ({cfg['hier_K2']} classes, "
-                   f"chance {1 / cfg['hier_K2']:.2f}); final epoch; NMI {hier['nmi'][-1]:.3f}",
-              passed=lambda a: a > 1.5 / cfg["hier_K2"]),
+        check(
+            "loss_decomposition",
+            max(err_dig, err_vq),
+            0.0,
+            tol32,
+            f"max over all epochs and runs (digits sweep, soft VQ) of |L_q - L_OLS - V| / L_q, float32; "
+            f"digits {err_dig:.2e}, soft VQ {err_vq:.2e}",
+        ),
+        check(
+            "codebook_utilization_soft",
+            u_soft,
+            1.0,
+            0.0,
+            f"soft readout, K = {K0}, fraction of prototypes with mean assignment > 0.01 after "
+            f"{cfg['vq_epochs']} epochs; epoch 1 {vq[('soft', K0)]['utilization'][1]:.3f}, min over epochs "
+            f"{vq[('soft', K0)]['utilization'].min():.3f}; final recon {vq[('soft', K0)]['recon'][-1]:.3f}, "
+            f"final min separation {vq[('soft', K0)]['S_min'][-1]:.3f}; at twice the temperature "
+            f"({2 * vq[('soft', K0)]['tau']:.3g}) the soft codebook ends at "
+            f"{vq[('soft-double-temperature', K0)]['utilization'][-1]:.3f} with min separation "
+            f"{vq[('soft-double-temperature', K0)]['S_min'][-1]:.3f}",
+        ),
+        check(
+            "codebook_utilization_hard",
+            u_hard,
+            None,
+            note=f"hard VQ (straight-through), K = {K0}, same init/rates/budget; epoch 1 "
+            f"{vq[('hard', K0)]['utilization'][1]:.3f}, min over epochs "
+            f"{vq[('hard', K0)]['utilization'].min():.3f}; final recon {vq[('hard', K0)]['recon'][-1]:.3f}. "
+            "Paper: hard < soft; pass = hard <= soft",
+            passed=u_hard <= u_soft,
+        ),
+        check(
+            "stability_ablation",
+            ratio_min,
+            None,
+            note="final S(P) = min pairwise prototype distance, averaged over seeds and eps <= 0.1, "
+            "divided by the same over eps >= 0.5 (digits). Paper predicts > 1. "
+            f"Same ratio with the mean pairwise distance: {ratio_mean:.3f}",
+            passed=lambda r: r > 1,
+        ),
+        check(
+            "stability_ablation_mean_distance",
+            ratio_mean,
+            None,
+            note="as stability_ablation with S(P) = mean pairwise distance; predicted > 1",
+            passed=lambda r: r > 1,
+        ),
+        check(
+            "stability_accuracy_ratio",
+            acc_stable / acc_unstable,
+            None,
+            note=f"best-epoch ACC averaged over eps <= 0.1 ({acc_stable:.3f}) over eps >= 0.5 "
+            f"({acc_unstable:.3f}); paper: stable regime clusters better (> 1)",
+            passed=lambda r: r > 1,
+        ),
+        check(
+            "variance_nonnegative",
+            v_min,
+            None,
+            note="min of V over every epoch of every run (both hierarchy levels included); V >= 0",
+            passed=lambda v: v >= 0,
+        ),
+        check(
+            "digits_clustering_accuracy",
+            acc_ref,
+            None,
+            note=f"Hungarian ACC of argmax_k q at eps = {eps[e_ref]:g}, best epoch, mean over seeds; "
+            f"chance 0.1, k-means on raw pixels {km['acc']:.3f}; pass = ACC > 0.5",
+            passed=lambda a: a > 0.5,
+        ),
+        check(
+            "digits_nmi",
+            nmi_ref,
+            None,
+            note=f"NMI at the same epoch; k-means {km['nmi']:.3f}; pass = NMI > 0.3",
+            passed=lambda a: a > 0.3,
+        ),
+        check(
+            "digits_ari",
+            ari_ref,
+            None,
+            note=f"ARI at the same epoch; k-means {km['ari']:.3f}; pass = ARI > 0.2",
+            passed=lambda a: a > 0.2,
+        ),
+        check(
+            "hierarchical_decomposition",
+            max(err_h1, err_h2),
+            0.0,
+            tol32,
+            f"two-level readout, max over epochs of the relative violation at level 1 ({err_h1:.2e}) "
+            f"and level 2 ({err_h2:.2e})",
+        ),
+        check(
+            "hierarchical_level2_accuracy",
+            float(hier["acc"][-1]),
+            None,
+            note=f"level-2 assignment of whole sequences vs their class ({cfg['hier_K2']} classes, "
+            f"chance {1 / cfg['hier_K2']:.2f}); final epoch; NMI {hier['nmi'][-1]:.3f}",
+            passed=lambda a: a > 1.5 / cfg["hier_K2"],
+        ),
     ]
 
     checks += _table5_checks(cfg, vq)
@@ -907,12 +1169,19 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
 
     np.savez_compressed(
         out / "data.npz",
-        eps=eps, **{f"digits_{k}": v for k, v in h.items()},
+        eps=eps,
+        **{f"digits_{k}": v for k, v in h.items()},
         **{f"vq_{kind}_{K}_{k}": v for (kind, K), hh in vq.items() for k, v in hh.items()},
         **{f"hier_{k}": v for k, v in hier.items()},
-        digits_tokens=dig["z"], digits_prototypes=dig["p"], digits_labels=dig["y"],
-        stab_eta_theta=stab["eta_theta"], stab_eta_P=stab["eta_P"], stab_ratio=stab["ratio"],
-        stab_hessian=stab["H"], stab_rho=stab_derived["rho"], stab_certificate=stab_derived["cert"],
+        digits_tokens=dig["z"],
+        digits_prototypes=dig["p"],
+        digits_labels=dig["y"],
+        stab_eta_theta=stab["eta_theta"],
+        stab_eta_P=stab["eta_P"],
+        stab_ratio=stab["ratio"],
+        stab_hessian=stab["H"],
+        stab_rho=stab_derived["rho"],
+        stab_certificate=stab_derived["cert"],
     )
     timings["total_s"] = round(time.perf_counter() - t0, 3)
     settings = dict(cfg)
@@ -921,17 +1190,18 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         digits_kmeans=km,
         dtype="float32",
         digits_model="MLP autoencoder 64-64-m (gelu), decoder m-64-64; pre-trained on reconstruction, "
-                     "prototypes initialised at the tokens of K random images",
+        "prototypes initialised at the tokens of K random images",
         vq_model="4x4 digit patches; linear encoder 16->m, linear decoder m->16; soft decodes zhat, hard "
-                 "decodes the straight-through code; codebook = K random initial tokens, same init for both",
+        "decodes the straight-through code; codebook = K random initial tokens, same init for both",
         vq_temperature={str(K): float(vq[("soft", K)]["tau"]) for K in cfg["vq_K"]},
         stab_bounds=stab["bounds"]._asdict(),
         stab_grad_norm_at_minimum=stab["grad_norm"],
         stab_mean_assignment_at_minimum=stab["q_mean"],
         stab_model="linear encoder W (m x d), K prototypes; loss L_q(W x, P; tau) + anchor/2 ||W - W0||^2; "
-                   "plain full-batch gradient descent with rates eta_theta on W, eta_P on P",
+        "plain full-batch gradient descent with rates eta_theta on W, eta_P on P",
         hier_model="linear projection d->m, level-1 K1 prototypes, level-2 on the K1-dim sequence "
-                   "summaries, loss = recon + lam (L_q1 + L_q2)",
+        "summaries, loss = recon + lam (L_q1 + L_q2)",
     )
-    return write_summary(out, _NAME, quick=quick, settings=settings, checks=checks, timings=timings,
-                         figures=figures)
+    return write_summary(
+        out, _NAME, quick=quick, settings=settings, checks=checks, timings=timings, figures=figures
+    )

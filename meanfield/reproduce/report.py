@@ -66,13 +66,20 @@ def _fmt(v) -> str:
 def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
     """Write ``REPORT.md`` and ``report.html`` from the experiments' summaries."""
     out = Path(out_dir)
-    failing = [(name, c["name"]) for name, s in summaries.items() for c in s["checks"] if not c["pass"]]
+    failing = [
+        (name, c["name"]) for name, s in summaries.items() for c in s["checks"] if not c["pass"]
+    ]
     total = sum(len(s["checks"]) for s in summaries.values())
     md = ["# meanfield reproduction report", ""]
-    md.append(f"Mode: {'quick' if quick else 'full'}. Python {platform.python_version()} on {platform.machine()}.")
+    md.append(
+        f"Mode: {'quick' if quick else 'full'}. Python {platform.python_version()} on {platform.machine()}."
+    )
     md.append("")
     if failing:
-        md.append(f"**{len(failing)} of {total} checks FAIL:** " + ", ".join(f"{e}/{c}" for e, c in failing))
+        md.append(
+            f"**{len(failing)} of {total} checks FAIL:** "
+            + ", ".join(f"{e}/{c}" for e, c in failing)
+        )
     else:
         md.append(f"All {total} checks pass.")
     md.append("")
@@ -80,7 +87,10 @@ def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
         title, claim = _CLAIMS.get(name, (name, ""))
         md += [f"## {title} (`{name}`)", "", claim, ""]
         timings = s.get("timings", {})
-        md.append("Time: " + ", ".join(f"{k} {v:g} s" for k, v in timings.items() if isinstance(v, (int, float))))
+        md.append(
+            "Time: "
+            + ", ".join(f"{k} {v:g} s" for k, v in timings.items() if isinstance(v, (int, float)))
+        )
         md.append("")
         for fig in s.get("figures", []):
             md.append(f"![{fig}]({name}/{fig})")
@@ -92,8 +102,17 @@ def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
                 f"| `{c['name']}` | {_fmt(c['theory'])} | {_fmt(c['measured'])} | {_fmt(c['tolerance'])} | "
                 f"{_fmt(c['pass'])} | {c.get('note', '')} |"
             )
-        md += ["", "<details><summary>settings</summary>", "", "```json",
-               json.dumps(s.get("settings", {}), indent=1, default=str)[:20000], "```", "", "</details>", ""]
+        md += [
+            "",
+            "<details><summary>settings</summary>",
+            "",
+            "```json",
+            json.dumps(s.get("settings", {}), indent=1, default=str)[:20000],
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
     (out / "REPORT.md").write_text("\n".join(md))
     (out / "report.html").write_text(_html(out, summaries, quick, failing, total))
     return out / "REPORT.md"
@@ -108,8 +127,11 @@ def _html(out: Path, summaries, quick, failing, total) -> str:
         f"<p>Mode: {'quick' if quick else 'full'}.</p>",
     ]
     if failing:
-        parts.append(f"<p class='fail'><b>{len(failing)} of {total} checks FAIL:</b> "
-                     + html.escape(", ".join(f"{e}/{c}" for e, c in failing)) + "</p>")
+        parts.append(
+            f"<p class='fail'><b>{len(failing)} of {total} checks FAIL:</b> "
+            + html.escape(", ".join(f"{e}/{c}" for e, c in failing))
+            + "</p>"
+        )
     else:
         parts.append(f"<p>All {total} checks pass.</p>")
     for name, s in summaries.items():
@@ -119,8 +141,12 @@ def _html(out: Path, summaries, quick, failing, total) -> str:
             p = out / name / fig
             if p.exists():
                 b64 = base64.b64encode(p.read_bytes()).decode()
-                parts.append(f"<p><img alt='{html.escape(fig)}' src='data:image/png;base64,{b64}'></p>")
-        parts.append("<table><tr><th>check</th><th>theory</th><th>measured</th><th>tolerance</th><th>pass</th><th>note</th></tr>")
+                parts.append(
+                    f"<p><img alt='{html.escape(fig)}' src='data:image/png;base64,{b64}'></p>"
+                )
+        parts.append(
+            "<table><tr><th>check</th><th>theory</th><th>measured</th><th>tolerance</th><th>pass</th><th>note</th></tr>"
+        )
         for c in s["checks"]:
             cls = "" if c["pass"] else " class='fail'"
             parts.append(
@@ -128,8 +154,16 @@ def _html(out: Path, summaries, quick, failing, total) -> str:
                 f"<td>{_fmt(c['tolerance'])}</td><td>{'yes' if c['pass'] else 'NO'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
             )
         parts.append("</table>")
-        parts.append("<details><summary>settings and timings</summary><pre>"
-                     + html.escape(json.dumps({"settings": s.get("settings"), "timings": s.get("timings")}, indent=1, default=str)[:20000])
-                     + "</pre></details>")
+        parts.append(
+            "<details><summary>settings and timings</summary><pre>"
+            + html.escape(
+                json.dumps(
+                    {"settings": s.get("settings"), "timings": s.get("timings")},
+                    indent=1,
+                    default=str,
+                )[:20000]
+            )
+            + "</pre></details>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)

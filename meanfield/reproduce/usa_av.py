@@ -112,7 +112,15 @@ EXPERIMENT = Experiment(
             _NONATOMIC, quick={**_NONATOMIC, "n": [64, 256, 1024], "replicates": 16, "flow_n": 256}
         ),
     },
-    steps=("fig2", "gauge_equivalence", "fig3", "toeplitz_fourier", "dobrushin", "nonatomic", "figures"),
+    steps=(
+        "fig2",
+        "gauge_equivalence",
+        "fig3",
+        "toeplitz_fourier",
+        "dobrushin",
+        "nonatomic",
+        "figures",
+    ),
     timings_suffix="_s",
 )
 
@@ -222,7 +230,9 @@ def _overlay_orbit(kernel, x, aux, s):
     return jnp.einsum("nji,j->ni", P, u)
 
 
-def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options) -> dict:
+def run(
+    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
+) -> dict:
     """Run the USA-AV reproduction; write figures, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
@@ -245,8 +255,18 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         for m, n in jobs:
             part.set_postfix_str(f"model={m}, n={n}")
             t0 = time.perf_counter()
-            tr = _run_seeds(models[m], k_fig2, n, d, seeds=S["fig2_seeds"], t1=S["fig2_t1"],
-                            saves=S["fig2_saves"], dt=S["dt"], solver=S["solver"], early_stop=S["early_stop"])
+            tr = _run_seeds(
+                models[m],
+                k_fig2,
+                n,
+                d,
+                seeds=S["fig2_seeds"],
+                t1=S["fig2_t1"],
+                saves=S["fig2_saves"],
+                dt=S["dt"],
+                solver=S["solver"],
+                early_stop=S["early_stop"],
+            )
             jax.block_until_ready(tr.collapse_gap)
             fig2[(m, n)] = {
                 "ts": np.asarray(tr.ts)[0],
@@ -260,27 +280,47 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     n_max = max(S["fig2_n"])
     gaps_final = {k: v["gap"][:, -1] for k, v in fig2.items()}
 
-    checks.append(check(
-        "usa_collapse", gaps_final[("usa", n_max)].mean(), 0.0, 1e-2,
-        f"mean over {S['fig2_seeds']} seeds of G_x at tau={S['fig2_t1']:g}, USA, n={n_max}, beta={beta:g}",
-    ))
+    checks.append(
+        check(
+            "usa_collapse",
+            gaps_final[("usa", n_max)].mean(),
+            0.0,
+            1e-2,
+            f"mean over {S['fig2_seeds']} seeds of G_x at tau={S['fig2_t1']:g}, USA, n={n_max}, beta={beta:g}",
+        )
+    )
     rope_gap = gaps_final[("rope", n_max)]
-    checks.append(check(
-        "rope_noncollapse", rope_gap.mean(), None, 0.0,
-        "mean G_x at the final time, RoPE omega=2pi, original frame; paper predicts no collapse (pass: > 0.05)",
-        passed=lambda v: v > 0.05,
-    ))
-    checks.append(check(
-        "prompt_noncollapse", gaps_final[("prompt", n_max)].mean(), None, 0.0,
-        "mean G_x at the final time, prompt model K=3; paper predicts no collapse (pass: > 0.05)",
-        passed=lambda v: v > 0.05,
-    ))
+    checks.append(
+        check(
+            "rope_noncollapse",
+            rope_gap.mean(),
+            None,
+            0.0,
+            "mean G_x at the final time, RoPE omega=2pi, original frame; paper predicts no collapse (pass: > 0.05)",
+            passed=lambda v: v > 0.05,
+        )
+    )
+    checks.append(
+        check(
+            "prompt_noncollapse",
+            gaps_final[("prompt", n_max)].mean(),
+            None,
+            0.0,
+            "mean G_x at the final time, prompt model K=3; paper predicts no collapse (pass: > 0.05)",
+            passed=lambda v: v > 0.05,
+        )
+    )
     rope_E = fig2[("rope", n_max)]["energy"][:, -1]
-    checks.append(check(
-        "rope_max_energy", rope_E.mean(), e_max, 1e-3,
-        f"mean final energy of the RoPE runs (n={n_max}); theory e^beta/(2 beta); worst seed {rope_E.min():.6g}",
-        relative=True,
-    ))
+    checks.append(
+        check(
+            "rope_max_energy",
+            rope_E.mean(),
+            e_max,
+            1e-3,
+            f"mean final energy of the RoPE runs (n={n_max}); theory e^beta/(2 beta); worst seed {rope_E.min():.6g}",
+            relative=True,
+        )
+    )
     # Latitude circle: x(s) = R_{-omega s} u. With s_i = i/n and omega = 2 pi the planar parts
     # cancel, so sum_ij <x_i, x_j> = n^2 h^2 with h = ||P_{E^perp} u||, i.e.
     # G_x = 1 - (n^2 h^2 - n)/(n(n-1)).
@@ -296,16 +336,26 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         gap_theory.append(1 - (n_max**2 * h**2 - n_max) / (n_max * (n_max - 1)))
         lat_errs.append(np.max(np.abs(x[:, 2] - u[2])))
     lat_err = np.asarray(lat_errs)
-    checks.append(check(
-        "rope_latitude", float(np.median(lat_err)), 0.0, 1e-3,
-        "median over seeds of max_i |x_i,3 - u_3|: the RoPE configuration lies on the latitude circle at "
-        f"the height of the gauge frame's limit point u; worst seed {lat_err.max():.3g} (seeds still "
-        "converging at the final time, stop time = t1, are included)",
-    ))
-    checks.append(check(
-        "rope_latitude_gap", rope_gap.mean(), float(np.mean(gap_theory)), 1e-3,
-        "mean G_x of the RoPE runs against 1 - (n^2 h^2 - n)/(n(n-1)), h = height of u, per seed",
-    ))
+    checks.append(
+        check(
+            "rope_latitude",
+            float(np.median(lat_err)),
+            0.0,
+            1e-3,
+            "median over seeds of max_i |x_i,3 - u_3|: the RoPE configuration lies on the latitude circle at "
+            f"the height of the gauge frame's limit point u; worst seed {lat_err.max():.3g} (seeds still "
+            "converging at the final time, stop time = t1, are included)",
+        )
+    )
+    checks.append(
+        check(
+            "rope_latitude_gap",
+            rope_gap.mean(),
+            float(np.mean(gap_theory)),
+            1e-3,
+            "mean G_x of the RoPE runs against 1 - (n^2 h^2 - n)/(n(n-1)), h = height of u, per seed",
+        )
+    )
 
     # ------------------------------------------------------ gauge equivalence
     with steps("gauge_equivalence"):
@@ -314,12 +364,19 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         y0 = _to_gauge_frame(rope_k, x0)
         ts_eq = np.linspace(0.0, S["fig2_t1"], 11)
         tr_rope = simulate(rope_k, x0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq)
-        tr_usa = simulate(kernels.USA(beta), y0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq)
+        tr_usa = simulate(
+            kernels.USA(beta), y0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq
+        )
         eq_err = float(_gauge_equivalence_error(rope_k, tr_usa.xs, tr_rope.xs))
-    checks.append(check(
-        "gauge_equivalence", eq_err, 0.0, 1e-4,
-        f"max |x_RoPE(t) - Psi^T y_USA(t)| over {len(ts_eq)} save times to tau={S['fig2_t1']:g}, n={n_eq}, float32",
-    ))
+    checks.append(
+        check(
+            "gauge_equivalence",
+            eq_err,
+            0.0,
+            1e-4,
+            f"max |x_RoPE(t) - Psi^T y_USA(t)| over {len(ts_eq)} save times to tau={S['fig2_t1']:g}, n={n_eq}, float32",
+        )
+    )
 
     # ---------------------------------------------------------------- Fig. 3
     n3 = S["fig3_n"]
@@ -337,50 +394,101 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
     with steps("fig3") as part:
         for name, k in fig3_models.items():
             part.set_postfix_str(f"model={name}")
-            tr = simulate(k, x0, t1=S["fig3_t1"], dt=S["dt"], solver=S["solver"], ts=ts3,
-                          early_stop=S["early_stop"], save_states=False,
-                          observables={"x": lambda x: x})
+            tr = simulate(
+                k,
+                x0,
+                t1=S["fig3_t1"],
+                dt=S["dt"],
+                solver=S["solver"],
+                ts=ts3,
+                early_stop=S["early_stop"],
+                save_states=False,
+                observables={"x": lambda x: x},
+            )
             fig3[name] = {
-                "ts": np.asarray(tr.ts), "energy": np.asarray(tr.energy), "gap": np.asarray(tr.collapse_gap),
-                "x": np.asarray(tr.observables["x"])[-1], "stop_time": float(tr.stop_time),
+                "ts": np.asarray(tr.ts),
+                "energy": np.asarray(tr.energy),
+                "gap": np.asarray(tr.collapse_gap),
+                "x": np.asarray(tr.observables["x"])[-1],
+                "stop_time": float(tr.stop_time),
                 "aux": np.asarray(k.default_aux(n3)),
             }
     db = fig3["distance bias"]
-    checks.append(check(
-        "distance_bias_dirac", db["gap"][-1], 0.0, 1e-2,
-        f"G_x at the end of the distance-bias run (lam={S['lam']:g}, n={n3}); Prop. 11: Dirac",
-    ))
+    checks.append(
+        check(
+            "distance_bias_dirac",
+            db["gap"][-1],
+            0.0,
+            1e-2,
+            f"G_x at the end of the distance-bias run (lam={S['lam']:g}, n={n3}); Prop. 11: Dirac",
+        )
+    )
     db_dirac_E = float(_dirac_energy_distance_bias(beta, S["lam"], fig3["distance bias"]["aux"]))
-    checks.append(check(
-        "distance_bias_dirac_energy", db["energy"][-1], db_dirac_E, 1e-3,
-        "final energy of the distance-bias run against its value at a Dirac, e^beta/(2 beta) mean_ij e^{-lam|s_i-s_j|}",
-        relative=True,
-    ))
+    checks.append(
+        check(
+            "distance_bias_dirac_energy",
+            db["energy"][-1],
+            db_dirac_E,
+            1e-3,
+            "final energy of the distance-bias run against its value at a Dirac, e^beta/(2 beta) mean_ij e^{-lam|s_i-s_j|}",
+            relative=True,
+        )
+    )
     tp = fig3["Toeplitz (m=1)"]
-    checks.append(check(
-        "toeplitz_great_circle", tp["energy"][-1], float(theory.great_circle_energy(1)), 1e-3,
-        "final energy of the Toeplitz run; maximiser: uniform great circle, E = 1/4", relative=True,
-    ))
-    checks.append(check(
-        "toeplitz_gap", tp["gap"][-1], theory.great_circle_gap(n3), 1e-3,
-        "G_x of the Toeplitz configuration; a uniform great circle has 1 + 1/(n-1)",
-    ))
-    checks.append(check(
-        "toeplitz_rank", float(_gram_rank(tp["x"], 1e-3)), 2.0, 0.0,
-        "numerical rank (singular values above 1e-3 of the largest) of the Toeplitz configuration",
-    ))
+    checks.append(
+        check(
+            "toeplitz_great_circle",
+            tp["energy"][-1],
+            float(theory.great_circle_energy(1)),
+            1e-3,
+            "final energy of the Toeplitz run; maximiser: uniform great circle, E = 1/4",
+            relative=True,
+        )
+    )
+    checks.append(
+        check(
+            "toeplitz_gap",
+            tp["gap"][-1],
+            theory.great_circle_gap(n3),
+            1e-3,
+            "G_x of the Toeplitz configuration; a uniform great circle has 1 + 1/(n-1)",
+        )
+    )
+    checks.append(
+        check(
+            "toeplitz_rank",
+            float(_gram_rank(tp["x"], 1e-3)),
+            2.0,
+            0.0,
+            "numerical rank (singular values above 1e-3 of the largest) of the Toeplitz configuration",
+        )
+    )
     pr = fig3["prompts (K=3)"]
-    checks.append(check(
-        "prompt_clusters", float(metrics.num_clusters(jnp.asarray(pr["x"]), S["cluster_threshold_rad"])),
-        float(S["num_prompts"]), 0.0,
-        f"clusters (angular threshold {S['cluster_threshold_rad']} rad) at the end of the prompt run, K=3",
-    ))
-    for name, key_ in (("RoPE", "rope_fig3_max_energy"), ("generalised RoPE (wavy gauge)", "wavy_gauge_max_energy"),
-                       ("prompts (K=3)", "prompt_max_energy"), ("USA", "usa_max_energy")):
-        checks.append(check(
-            key_, fig3[name]["energy"][-1], e_max, 1e-3,
-            f"final energy of the {name} run (n={n3}) against e^beta/(2 beta)", relative=True,
-        ))
+    checks.append(
+        check(
+            "prompt_clusters",
+            float(metrics.num_clusters(jnp.asarray(pr["x"]), S["cluster_threshold_rad"])),
+            float(S["num_prompts"]),
+            0.0,
+            f"clusters (angular threshold {S['cluster_threshold_rad']} rad) at the end of the prompt run, K=3",
+        )
+    )
+    for name, key_ in (
+        ("RoPE", "rope_fig3_max_energy"),
+        ("generalised RoPE (wavy gauge)", "wavy_gauge_max_energy"),
+        ("prompts (K=3)", "prompt_max_energy"),
+        ("USA", "usa_max_energy"),
+    ):
+        checks.append(
+            check(
+                key_,
+                fig3[name]["energy"][-1],
+                e_max,
+                1e-3,
+                f"final energy of the {name} run (n={n3}) against e^beta/(2 beta)",
+                relative=True,
+            )
+        )
 
     # ------------------------------------- Prop. 10, Prop. 4, Thm. 4 (iii) (own keys: earlier draws unchanged)
     tf = _toeplitz_fourier(S, k_tf, checks, steps)
@@ -395,7 +503,8 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         out / "extra_data.npz",
         **{f"toeplitz_{k}_x": v["x"] for k, v in tf.items()},
         **{f"toeplitz_{k}_energy": v["energy"] for k, v in tf.items()},
-        dobrushin_ts=dob["ts"], dobrushin_w1=dob["W"],
+        dobrushin_ts=dob["ts"],
+        dobrushin_w1=dob["W"],
         **{f"nonatomic_n{n}_scaled_mmd2": v for n, v in na["scaled"].items()},
         nonatomic_flow_x=na["x"],
     )
@@ -409,17 +518,26 @@ def run(out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False
         out / "fig3_data.npz",
         **{f"{i}_x": v["x"] for i, v in enumerate(fig3.values())},
         **{f"{i}_energy": v["energy"] for i, v in enumerate(fig3.values())},
-        ts=ts3, names=np.array(list(fig3)),
+        ts=ts3,
+        names=np.array(list(fig3)),
     )
     S["stop_times"] = {
-        **{f"fig2/{m}/n={n}": {"mean": float(v["stop_time"].mean()), "min": float(v["stop_time"].min()),
-                               "max": float(v["stop_time"].max()), "failed": int(v["failed"].sum())}
-           for (m, n), v in fig2.items()},
+        **{
+            f"fig2/{m}/n={n}": {
+                "mean": float(v["stop_time"].mean()),
+                "min": float(v["stop_time"].min()),
+                "max": float(v["stop_time"].max()),
+                "failed": int(v["failed"].sum()),
+            }
+            for (m, n), v in fig2.items()
+        },
         **{f"fig3/{name}": v["stop_time"] for name, v in fig3.items()},
     }
     S["fig2_wall_s"] = {f"{m}/n={n}": round(v["wall_s"], 2) for (m, n), v in fig2.items()}
     steps.close()
-    return write_summary(out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures)
+    return write_summary(
+        out, _NAME, quick=quick, settings=S, checks=checks, timings=timings, figures=figures
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -436,38 +554,64 @@ def _toeplitz_fourier(S, key, checks, steps):
     with steps("toeplitz_fourier"):
         for name, c_hat in T["kernels"].items():
             k = kernels.ToeplitzSeries(c_hat)  # same coefficient count: one compilation for all
-            tr = simulate(k, x0, t1=T["t1"], dt=S["dt"], solver=S["solver"], ts=ts, early_stop=S["early_stop"])
+            tr = simulate(
+                k, x0, t1=T["t1"], dt=S["dt"], solver=S["solver"], ts=ts, early_stop=S["early_stop"]
+            )
             x = np.asarray(tr.xs)[-1]
             res[name] = {
-                "c_hat": list(c_hat), "m": k.dominant_mode(n), "e_max": float(k.max_energy(n)),
-                "energy": np.asarray(tr.energy), "ts": np.asarray(tr.ts), "x": x,
-                "winding": winding_number(x), "stop_time": float(tr.stop_time),
+                "c_hat": list(c_hat),
+                "m": k.dominant_mode(n),
+                "e_max": float(k.max_energy(n)),
+                "energy": np.asarray(tr.energy),
+                "ts": np.asarray(tr.ts),
+                "x": x,
+                "winding": winding_number(x),
+                "stop_time": float(tr.stop_time),
                 "planarity": float(np.linalg.svd(x, compute_uv=False)[2] / np.sqrt(n)),
             }
     for name, r in res.items():
         coeffs = ", ".join(f"{c:g}" for c in r["c_hat"])
-        checks.append(check(
-            f"toeplitz_fourier_{name}_energy", r["energy"][-1], r["e_max"], 1e-4,
-            f"final energy of the Toeplitz-series run, c_hat(0..{len(r['c_hat']) - 1}) = ({coeffs}), n={n}, d={d}, "
-            f"t={r['stop_time']:g}, against max_k c_hat(k)/2 (Prop. 10, reconstruction: Parseval); tolerance: the "
-            "measured convergence at t1 (relative gap below 2e-5) plus float32 rounding",
-            relative=True,
-        ))
-        checks.append(check(
-            f"toeplitz_fourier_{name}_winding", r["winding"], r["m"], 0.0,
-            f"winding number of the final path s -> x(s) in its best-fit plane against the dominant mode m* = "
-            f"{r['m']} (great circle traversed m* times; 0 = Dirac); third singular value / sqrt(n) = "
-            f"{r['planarity']:.2g}",
-        ))
+        checks.append(
+            check(
+                f"toeplitz_fourier_{name}_energy",
+                r["energy"][-1],
+                r["e_max"],
+                1e-4,
+                f"final energy of the Toeplitz-series run, c_hat(0..{len(r['c_hat']) - 1}) = ({coeffs}), n={n}, d={d}, "
+                f"t={r['stop_time']:g}, against max_k c_hat(k)/2 (Prop. 10, reconstruction: Parseval); tolerance: the "
+                "measured convergence at t1 (relative gap below 2e-5) plus float32 rounding",
+                relative=True,
+            )
+        )
+        checks.append(
+            check(
+                f"toeplitz_fourier_{name}_winding",
+                r["winding"],
+                r["m"],
+                0.0,
+                f"winding number of the final path s -> x(s) in its best-fit plane against the dominant mode m* = "
+                f"{r['m']} (great circle traversed m* times; 0 = Dirac); third singular value / sqrt(n) = "
+                f"{r['planarity']:.2g}",
+            )
+        )
     rows = {c["name"]: c for c in checks}
-    agree = sum(rows[f"toeplitz_fourier_{name}_energy"]["pass"] and rows[f"toeplitz_fourier_{name}_winding"]["pass"]
-                for name in res)
-    checks.append(check(
-        "toeplitz_fourier", agree, len(res), 0.0,
-        "number of Toeplitz-series kernels (dominant mode " + ", ".join(f"{k}: {r['m']}" for k, r in res.items())
-        + ") whose final path has both the maximal energy max_k c_hat(k)/2 and the winding number of the dominant "
-        "mode (the rows toeplitz_fourier_*_energy / _winding); Prop. 10, reconstruction",
-    ))
+    agree = sum(
+        rows[f"toeplitz_fourier_{name}_energy"]["pass"]
+        and rows[f"toeplitz_fourier_{name}_winding"]["pass"]
+        for name in res
+    )
+    checks.append(
+        check(
+            "toeplitz_fourier",
+            agree,
+            len(res),
+            0.0,
+            "number of Toeplitz-series kernels (dominant mode "
+            + ", ".join(f"{k}: {r['m']}" for k, r in res.items())
+            + ") whose final path has both the maximal energy max_k c_hat(k)/2 and the winding number of the dominant "
+            "mode (the rows toeplitz_fourier_*_energy / _winding); Prop. 10, reconstruction",
+        )
+    )
     return res
 
 
@@ -491,14 +635,19 @@ def _dobrushin(S, keys, checks, steps):
     L = dobrushin_rate(beta)
     ratio = W[1:] / (np.exp(L * ts[1:]) * W[0])
     rate = float(np.max(np.log(W[1:] / W[0]) / ts[1:]))
-    checks.append(check(
-        "dobrushin_stability", float(ratio.max()), None, 0.0,
-        f"max over {len(ts) - 1} save times t in (0, {D['t1']:g}] of W1(t) / (e^(L t) W1(0)); USA beta={beta:g}, "
-        f"n={n}, d={d}, two systems 'x0' and 'x0 + {D['eps']:g} N(0, I), renormalised', W1(0) = {W[0]:.4g}, exact "
-        f"W1 (chordal, assignment); L = e^beta (3 + 2 beta) = {L:.4g} (Prop. 4, reconstruction: 2 M_h + L_x + "
-        f"L_mu); largest measured rate max_t log(W1(t)/W1(0))/t = {rate:.3g} (pass: ratio <= 1)",
-        passed=lambda v: v <= 1.0,
-    ))
+    checks.append(
+        check(
+            "dobrushin_stability",
+            float(ratio.max()),
+            None,
+            0.0,
+            f"max over {len(ts) - 1} save times t in (0, {D['t1']:g}] of W1(t) / (e^(L t) W1(0)); USA beta={beta:g}, "
+            f"n={n}, d={d}, two systems 'x0' and 'x0 + {D['eps']:g} N(0, I), renormalised', W1(0) = {W[0]:.4g}, exact "
+            f"W1 (chordal, assignment); L = e^beta (3 + 2 beta) = {L:.4g} (Prop. 4, reconstruction: 2 M_h + L_x + "
+            f"L_mu); largest measured rate max_t log(W1(t)/W1(0))/t = {rate:.3g} (pass: ratio <= 1)",
+            passed=lambda v: v <= 1.0,
+        )
+    )
     return {"ts": ts, "W": W, "L": L, "rate": rate}
 
 
@@ -515,8 +664,12 @@ def _nonatomic(S, checks, steps):
     scaled: dict[int, np.ndarray] = {}
     with steps("nonatomic"):
         for n in P["n"]:  # the maximiser's law: x_i = G(z_i), z_i ~ eta = Leb[0, 1) i.i.d.
-            scaled[n] = np.array([n * mmd2_to_vmf(vmf_prompt_map(rng.random(n), kappa), kappa, gamma)
-                                  for _ in range(P["replicates"])])
+            scaled[n] = np.array(
+                [
+                    n * mmd2_to_vmf(vmf_prompt_map(rng.random(n), kappa), kappa, gamma)
+                    for _ in range(P["replicates"])
+                ]
+            )
         # the flow: one prompt per token, gauges Psi_G (Householder), tokens started in the gauge
         # frame symmetric about u (pairs y, R_pi y: the half-turn about u), which pins the gauge-frame
         # limit point to u by symmetry; the flow then ends on x_i = Psi_i^T u = G(z_i).
@@ -532,33 +685,56 @@ def _nonatomic(S, checks, steps):
         x0 = np.einsum("nji,nj->ni", H, y)
         k = kernels.Prompt(beta, jnp.asarray(np.asarray(H, np.float32)))
         aux = jnp.asarray(np.arange(n, dtype=np.int32))
-        tr = simulate(k, jnp.asarray(np.asarray(x0, np.float32)), aux, t1=P["flow_t1"], dt=S["dt"], solver=S["solver"],
-                      ts=np.linspace(0.0, P["flow_t1"], 21))
+        tr = simulate(
+            k,
+            jnp.asarray(np.asarray(x0, np.float32)),
+            aux,
+            t1=P["flow_t1"],
+            dt=S["dt"],
+            solver=S["solver"],
+            ts=np.linspace(0.0, P["flow_t1"], 21),
+        )
         xf = np.asarray(tr.xs)[-1].astype(np.float64)
         flow_energy = float(np.asarray(tr.energy)[-1])
     pooled = np.concatenate(list(scaled.values()))
     se = float(pooled.std(ddof=1) / np.sqrt(pooled.size))
     ns = ", ".join(str(n) for n in P["n"])
-    checks.append(check(
-        "nonatomic_prompt", float(pooled.mean()), const, 3 * se,
-        f"n MMD^2 between the maximiser's law (1/n) sum delta_G(z_i), z_i ~ Leb[0,1) i.i.d. (one prompt each), and "
-        f"the target vMF(e_3, kappa={kappa:g}) (Gaussian kernel gamma={gamma:g}, exact integrals), pooled over "
-        f"n in {{{ns}}} x {P['replicates']} draws, against 1 - kbar (E MMD^2 = (1 - kbar)/n: distance -> 0 as "
-        f"n^(-1/2)); tolerance 3 standard errors of the pooled mean ({se:.3g}); per-n means "
-        + ", ".join(f"{v.mean():.3g}" for v in scaled.values()),
-    ))
+    checks.append(
+        check(
+            "nonatomic_prompt",
+            float(pooled.mean()),
+            const,
+            3 * se,
+            f"n MMD^2 between the maximiser's law (1/n) sum delta_G(z_i), z_i ~ Leb[0,1) i.i.d. (one prompt each), and "
+            f"the target vMF(e_3, kappa={kappa:g}) (Gaussian kernel gamma={gamma:g}, exact integrals), pooled over "
+            f"n in {{{ns}}} x {P['replicates']} draws, against 1 - kbar (E MMD^2 = (1 - kbar)/n: distance -> 0 as "
+            f"n^(-1/2)); tolerance 3 standard errors of the pooled mean ({se:.3g}); per-n means "
+            + ", ".join(f"{v.mean():.3g}" for v in scaled.values()),
+        )
+    )
     e_max = float(_max_energy(beta))
-    checks.append(check(
-        "nonatomic_prompt_flow", float(np.max(np.linalg.norm(xf - g, axis=1))), 0.0, 1e-4,
-        f"max_i |x_i(t={P['flow_t1']:g}) - G(z_i)|: the prompt-gauge flow (n={n}, beta={beta:g}, Householder gauges "
-        f"Psi_G, tokens started in the gauge frame symmetric about u) ends on the constructed maximiser; final "
-        f"energy {flow_energy:.7g} vs e^beta/(2 beta) = {e_max:.7g}; float32; prompt kernel "
-        "e^(beta <Psi x, Psi' y>)/beta: reconstruction of the lost kernel (10) (MATH.md)",
-    ))
-    checks.append(check(
-        "nonatomic_prompt_energy", flow_energy, e_max, 1e-5,
-        "final energy of that flow against e^beta/(2 beta) (Thm. 4 (i)); float32 rounding", relative=True,
-    ))
+    checks.append(
+        check(
+            "nonatomic_prompt_flow",
+            float(np.max(np.linalg.norm(xf - g, axis=1))),
+            0.0,
+            1e-4,
+            f"max_i |x_i(t={P['flow_t1']:g}) - G(z_i)|: the prompt-gauge flow (n={n}, beta={beta:g}, Householder gauges "
+            f"Psi_G, tokens started in the gauge frame symmetric about u) ends on the constructed maximiser; final "
+            f"energy {flow_energy:.7g} vs e^beta/(2 beta) = {e_max:.7g}; float32; prompt kernel "
+            "e^(beta <Psi x, Psi' y>)/beta: reconstruction of the lost kernel (10) (MATH.md)",
+        )
+    )
+    checks.append(
+        check(
+            "nonatomic_prompt_energy",
+            flow_energy,
+            e_max,
+            1e-5,
+            "final energy of that flow against e^beta/(2 beta) (Thm. 4 (i)); float32 rounding",
+            relative=True,
+        )
+    )
     return {"scaled": scaled, "const": const, "x": xf, "n": n}
 
 
@@ -582,14 +758,20 @@ def _extra_figures(out, S, tf, dob, na):
         ax.set_xlim(-1.1, 1.1)
         ax.set_ylim(-1.1, 1.1)
         ax.set_aspect("equal")
-        ax.set_title(f"{name}: c_hat = {tuple(r['c_hat'])}\nm* = {r['m']}, winding {r['winding']}", fontsize=8)
+        ax.set_title(
+            f"{name}: c_hat = {tuple(r['c_hat'])}\nm* = {r['m']}, winding {r['winding']}",
+            fontsize=8,
+        )
         ax = axes[1, j]
         ax.plot(r["ts"], r["energy"], label="E(t)")
         ax.axhline(r["e_max"], color="r", ls="--", label=r"$\max_k \hat c(k) / 2$")
         ax.set_xlabel("t")
         ax.legend(fontsize=7)
-    fig.suptitle(f"Prop. 10: Toeplitz kernels with Fourier coefficients c_hat(0..3), n={S['toeplitz_fourier']['n']}, "
-                 "d=3; top: final path (centred) in its best-fit plane (colour = position s, grey = label order)", fontsize=9)
+    fig.suptitle(
+        f"Prop. 10: Toeplitz kernels with Fourier coefficients c_hat(0..3), n={S['toeplitz_fourier']['n']}, "
+        "d=3; top: final path (centred) in its best-fit plane (colour = position s, grey = label order)",
+        fontsize=9,
+    )
     files.append(plotting.savefig(fig, out / "toeplitz_fourier.png"))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -603,16 +785,23 @@ def _extra_figures(out, S, tf, dob, na):
     axes[1].axhline(1.0, color="r", ls="--")
     axes[1].set_xlabel("t")
     axes[1].set_ylabel("ratio to the bound")
-    fig.suptitle(f"Prop. 4: Dobrushin stability, USA beta={S['beta']:g}, n={S['dobrushin']['n']}, "
-                 f"L = e^beta (3 + 2 beta) = {L:.3g} (reconstruction)", fontsize=9)
+    fig.suptitle(
+        f"Prop. 4: Dobrushin stability, USA beta={S['beta']:g}, n={S['dobrushin']['n']}, "
+        f"L = e^beta (3 + 2 beta) = {L:.3g} (reconstruction)",
+        fontsize=9,
+    )
     files.append(plotting.savefig(fig, out / "dobrushin.png"))
 
     P = S["nonatomic"]
     kappa = P["kappa"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     w = np.linspace(-1, 1, 200)
-    axes[0].hist(na["x"][:, 2], bins=30, range=(-1, 1), density=True, alpha=0.6, label="flow's final law")
-    axes[0].plot(w, kappa * np.exp(kappa * w) / (2 * np.sinh(kappa)), "r--", label="vMF height density")
+    axes[0].hist(
+        na["x"][:, 2], bins=30, range=(-1, 1), density=True, alpha=0.6, label="flow's final law"
+    )
+    axes[0].plot(
+        w, kappa * np.exp(kappa * w) / (2 * np.sinh(kappa)), "r--", label="vMF height density"
+    )
     axes[0].set_xlabel(r"$\langle x, e_3\rangle$")
     axes[0].legend(fontsize=8)
     ns = np.array(list(na["scaled"]))
@@ -623,8 +812,11 @@ def _extra_figures(out, S, tf, dob, na):
     axes[1].loglog(nn, na["const"] / nn, "r--", label=r"$(1 - \bar k) / n$")
     axes[1].set_xlabel("n")
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Thm. 4 (iii): one prompt z ~ Leb[0,1) per token realises vMF(e_3, kappa={kappa:g}) on S^2 "
-                 f"(flow: n={na['n']})", fontsize=9)
+    fig.suptitle(
+        f"Thm. 4 (iii): one prompt z ~ Leb[0,1) per token realises vMF(e_3, kappa={kappa:g}) on S^2 "
+        f"(flow: n={na['n']})",
+        fontsize=9,
+    )
     files.append(plotting.savefig(fig, out / "nonatomic_prompt.png"))
     return [str(Path(f).name) for f in files]
 
@@ -636,7 +828,11 @@ def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
 
     files = []
     # Fig. 2 -----------------------------------------------------------------
-    labels = {"usa": "USA baseline", "rope": "RoPE ($\\omega = 2\\pi$)", "prompt": "prompts ($K=3$)"}
+    labels = {
+        "usa": "USA baseline",
+        "rope": "RoPE ($\\omega = 2\\pi$)",
+        "prompt": "prompts ($K=3$)",
+    }
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=True)
     floor = 1e-7
     for ax, m in zip(axes, labels):
@@ -645,8 +841,14 @@ def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
             g = np.maximum(v["gap"], floor)
             mean = g.mean(0)
             se = g.std(0, ddof=1) / np.sqrt(g.shape[0])
-            plotting.plot_curves(ax, v["ts"], mean, label=f"n={n}",
-                                 band=(np.maximum(mean - se, floor), mean + se), logy=True)
+            plotting.plot_curves(
+                ax,
+                v["ts"],
+                mean,
+                label=f"n={n}",
+                band=(np.maximum(mean - se, floor), mean + se),
+                logy=True,
+            )
         ax.set_title(labels[m])
         ax.set_xlabel(r"$\tau$")
         ax.legend(fontsize=8)
@@ -664,11 +866,19 @@ def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
         ax = fig.add_subplot(2, 3, i + 1, projection="3d")
         k = fig3_models[name]
         overlay = _theory_overlay(name, k, v)
-        plotting.plot_configuration(ax, v["x"], color=v["aux"].astype(float), overlay=overlay,
-                                    title=f"{name}\nE={v['energy'][-1]:.4g}, $G_x$={v['gap'][-1]:.3g}, "
-                                          f"stop t={v['stop_time']:.3g}")
-    fig.suptitle(f"Fig. 3: final configurations, n={S['fig3_n']}, d=3, beta={S['beta']:g}, same initial state; "
-                 "red dashed: theory orbit / points (gauge frame limit point u)", fontsize=10)
+        plotting.plot_configuration(
+            ax,
+            v["x"],
+            color=v["aux"].astype(float),
+            overlay=overlay,
+            title=f"{name}\nE={v['energy'][-1]:.4g}, $G_x$={v['gap'][-1]:.3g}, "
+            f"stop t={v['stop_time']:.3g}",
+        )
+    fig.suptitle(
+        f"Fig. 3: final configurations, n={S['fig3_n']}, d=3, beta={S['beta']:g}, same initial state; "
+        "red dashed: theory orbit / points (gauge frame limit point u)",
+        fontsize=10,
+    )
     files.append(plotting.savefig(fig, out / "fig3_configurations.png"))
 
     # Energy -----------------------------------------------------------------
@@ -699,7 +909,9 @@ def _theory_overlay(name, k, v):
         _, _, vt = np.linalg.svd(x, full_matrices=False)
         th = 2 * np.pi * s
         return np.cos(th)[:, None] * vt[0] + np.sin(th)[:, None] * vt[1]
-    return np.asarray(_overlay_orbit(k, jnp.asarray(x), jnp.asarray(aux), jnp.asarray(s, jnp.float32)))
+    return np.asarray(
+        _overlay_orbit(k, jnp.asarray(x), jnp.asarray(aux), jnp.asarray(s, jnp.float32))
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -790,7 +1002,9 @@ def w1_empirical(x, y) -> float:
     """
     a, b = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if a.ndim != 2 or a.shape != b.shape:
-        raise ValueError(f"x and y must be (n, d) arrays of the same shape, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"x and y must be (n, d) arrays of the same shape, got {a.shape} and {b.shape}"
+        )
     from scipy.optimize import linear_sum_assignment
     from scipy.spatial.distance import cdist
 
@@ -864,13 +1078,18 @@ def householder_gauges(targets, u) -> np.ndarray:
     v = uu[None, :] - g
     nv = np.sum(v * v, axis=1)
     ok = nv > 1e-24
-    H = np.eye(g.shape[1])[None] - 2.0 * v[:, :, None] * v[:, None, :] / np.where(ok, nv, 1.0)[:, None, None]
+    H = (
+        np.eye(g.shape[1])[None]
+        - 2.0 * v[:, :, None] * v[:, None, :] / np.where(ok, nv, 1.0)[:, None, None]
+    )
     return np.where(ok[:, None, None], H, np.eye(g.shape[1])[None])
 
 
 def _vmf_kernel_mean(x, kappa: float, gamma: float):
     """``(K nu)(x) = int e^{gamma (<x, y> - 1)} dnu(y)`` for ``nu = vMF(e_3, kappa)``."""
-    r = np.linalg.norm(gamma * np.asarray(x, np.float64) + kappa * np.array([0.0, 0.0, 1.0]), axis=-1)
+    r = np.linalg.norm(
+        gamma * np.asarray(x, np.float64) + kappa * np.array([0.0, 0.0, 1.0]), axis=-1
+    )
     return np.exp(np.log(kappa / r) + _log_sinh(r) - _log_sinh(kappa) - gamma)
 
 
@@ -900,7 +1119,9 @@ def vmf_mmd_constant(kappa, gamma: float = 4.0) -> float:
 
     def integrand(w):
         x = np.array([math.sqrt(max(1.0 - w * w, 0.0)), 0.0, w])
-        return float(_vmf_kernel_mean(x, k, g)) * math.exp(math.log(k) + k * w - math.log(2.0) - float(_log_sinh(k)))
+        return float(_vmf_kernel_mean(x, k, g)) * math.exp(
+            math.log(k) + k * w - math.log(2.0) - float(_log_sinh(k))
+        )
 
     return 1.0 - quad(integrand, -1.0, 1.0, epsabs=1e-13, epsrel=1e-12)[0]
 
@@ -924,4 +1145,6 @@ def mmd2_to_vmf(x, kappa, gamma: float = 4.0) -> float:
         raise ValueError(f"x must be an (n, 3) array, got shape {a.shape}")
     k, g = float(kappa), float(gamma)
     kbar = 1.0 - vmf_mmd_constant(k, g)
-    return float(np.mean(np.exp(g * (a @ a.T - 1.0))) - 2.0 * np.mean(_vmf_kernel_mean(a, k, g)) + kbar)
+    return float(
+        np.mean(np.exp(g * (a @ a.T - 1.0))) - 2.0 * np.mean(_vmf_kernel_mean(a, k, g)) + kbar
+    )

@@ -80,14 +80,31 @@ __all__ = [
 
 #: Where each public name is defined.
 _HOMES = {
-    "main": "cli", "plot_main": "cli",
-    "Group": "plan", "Plan": "plan", "make_plan": "plan", "parse_memory": "plan",
+    "main": "cli",
+    "plot_main": "cli",
+    "Group": "plan",
+    "Plan": "plan",
+    "make_plan": "plan",
+    "parse_memory": "plan",
     "plot_store": "plot",
-    "assign_parts": "run", "parse_part": "run", "run_sweep": "run", "sweep_status": "run",
-    "OBSERVABLES": "spec", "Spec": "spec", "load_spec": "spec", "parse_spec": "spec", "spec_differences": "spec",
+    "assign_parts": "run",
+    "parse_part": "run",
+    "run_sweep": "run",
+    "sweep_status": "run",
+    "OBSERVABLES": "spec",
+    "Spec": "spec",
+    "load_spec": "spec",
+    "parse_spec": "spec",
+    "spec_differences": "spec",
     "spec_hash": "spec",
-    "FAILED": "store", "OK": "store", "PENDING": "store", "StoreDamagedError": "store", "StoreError": "store",
-    "StoreFormatError": "store", "load": "store", "verify": "store",
+    "FAILED": "store",
+    "OK": "store",
+    "PENDING": "store",
+    "StoreDamagedError": "store",
+    "StoreError": "store",
+    "StoreFormatError": "store",
+    "load": "store",
+    "verify": "store",
 }
 
 

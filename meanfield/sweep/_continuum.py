@@ -45,7 +45,14 @@ __all__ = [
 #: The model kind of the density solver in a spec (``[model] kind = "continuum"``).
 KIND = "continuum"
 #: Observables of a continuum point (``[output] observables``).
-OBSERVABLES = ("growth_rate", "theory_rate", "mass_drift", "min_density", "spectral_tail", "amplitude")
+OBSERVABLES = (
+    "growth_rate",
+    "theory_rate",
+    "mass_drift",
+    "min_density",
+    "spectral_tail",
+    "amplitude",
+)
 _DEFAULT_OBSERVABLES = ["growth_rate", "theory_rate", "mass_drift", "min_density"]
 
 _MODEL_KEYS = ("kind", "model", "rescaled")
@@ -85,31 +92,44 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
     _unknown("model", model, _MODEL_KEYS)
     mf_model = model.get("model", "usa")
     if mf_model not in ("usa", "sa"):
-        raise ValueError(f"unknown model.model {mf_model!r} for kind 'continuum'; accepted: 'usa', 'sa'")
+        raise ValueError(
+            f"unknown model.model {mf_model!r} for kind 'continuum'; accepted: 'usa', 'sa'"
+        )
     rescaled = model.get("rescaled", False)
     if not isinstance(rescaled, bool):
         raise TypeError(f"model.rescaled must be true or false, got {rescaled!r}")
     if rescaled and mf_model == "sa":
-        raise ValueError("model.rescaled applies to model = 'usa' only (the normalised field needs no rescaling)")
+        raise ValueError(
+            "model.rescaled applies to model = 'usa' only (the normalised field needs no rescaling)"
+        )
 
     grid = dict(raw.get("grid", {}))
-    for key, why in (("n", "a density has no particles: give grid.resolution (the band-limit L)"),
-                     ("seeds", "the density solver is deterministic: remove it (the store has no seed axis)"),
-                     ("seed", "the density solver is deterministic: remove it (the store has no seed axis)")):
+    for key, why in (
+        ("n", "a density has no particles: give grid.resolution (the band-limit L)"),
+        ("seeds", "the density solver is deterministic: remove it (the store has no seed axis)"),
+        ("seed", "the density solver is deterministic: remove it (the store has no seed axis)"),
+    ):
         if key in grid:
             raise ValueError(f"grid.{key} does not apply to kind 'continuum': {why}")
     _unknown("grid", grid, _GRID_KEYS)
     for key in ("beta", "mode"):
         if key not in grid:
-            raise ValueError(f"[grid] needs {key} for kind 'continuum' (a number or a list: a grid axis)")
+            raise ValueError(
+                f"[grid] needs {key} for kind 'continuum' (a number or a list: a grid axis)"
+            )
 
     def int_list(key: str, minimum: int, maximum: int) -> tuple[list[int], bool]:
         v = grid[key]
         is_list = isinstance(v, list)
         vals = v if is_list else [v]
         if not vals:
-            raise ValueError(f"grid.{key} must be an integer or a non-empty list of integers, got []")
-        out = [_int(f"grid.{key}[{i}]" if is_list else f"grid.{key}", x, minimum, maximum) for i, x in enumerate(vals)]
+            raise ValueError(
+                f"grid.{key} must be an integer or a non-empty list of integers, got []"
+            )
+        out = [
+            _int(f"grid.{key}[{i}]" if is_list else f"grid.{key}", x, minimum, maximum)
+            for i, x in enumerate(vals)
+        ]
         if len(set(out)) != len(out):
             raise ValueError(f"grid.{key} values must be distinct, got {v!r}")
         return out, is_list
@@ -169,7 +189,9 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
         )
     _unknown("time", tsec, _TIME_KEYS)
     if "t1" not in tsec:
-        raise ValueError("[time] needs t1 (the final time of every point; per unit of s = e^beta t when rescaled)")
+        raise ValueError(
+            "[time] needs t1 (the final time of every point; per unit of s = e^beta t when rescaled)"
+        )
     t_max = _float("time.t1", tsec["t1"], "float>0")
     save = tsec.get("save", 11)
     unit = f"times in [0, t1 = {t_max:g}]"
@@ -195,18 +217,25 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
     out = dict(raw.get("output", {}))
     for key in ("cluster_threshold", "top_k"):
         if key in out:
-            raise ValueError(f"output.{key} does not apply to kind 'continuum'; accepted keys: observables")
+            raise ValueError(
+                f"output.{key} does not apply to kind 'continuum'; accepted keys: observables"
+            )
     _unknown("output", out, _OUTPUT_KEYS)
     obs = out.get("observables", _DEFAULT_OBSERVABLES)
     if not isinstance(obs, list) or not obs or not all(isinstance(o, str) for o in obs):
         raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
     for o in obs:
         if o not in OBSERVABLES:
-            raise ValueError(f"unknown observable {o!r} for kind 'continuum'; accepted: {', '.join(OBSERVABLES)}")
+            raise ValueError(
+                f"unknown observable {o!r} for kind 'continuum'; accepted: {', '.join(OBSERVABLES)}"
+            )
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")
 
-    axes: dict[str, np.ndarray] = {"beta": np.asarray(betas, np.float64), "mode": np.asarray(modes, np.int64)}
+    axes: dict[str, np.ndarray] = {
+        "beta": np.asarray(betas, np.float64),
+        "mode": np.asarray(modes, np.int64),
+    }
     if eps_axis:
         axes["eps"] = np.asarray(eps, np.float64)
     params: dict = {"model": mf_model, "rescaled": rescaled, "eps": eps if eps_axis else eps[0]}
@@ -226,9 +255,25 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
         "output": {"observables": list(obs)},
     }
     return spec_type(
-        text=text, data=data, name=name, kinds=(KIND,), kinds_axis=False, dtype=dtype, params=params,
-        n=tuple(resolutions), d=tuple(ds), d_axis=d_axis, beta_rule=None, beta_power=None, axes=axes,
-        seeds=np.arange(1), time=time_spec, ts=ts, observables=tuple(obs), cluster_threshold=0.1, top_k=1,
+        text=text,
+        data=data,
+        name=name,
+        kinds=(KIND,),
+        kinds_axis=False,
+        dtype=dtype,
+        params=params,
+        n=tuple(resolutions),
+        d=tuple(ds),
+        d_axis=d_axis,
+        beta_rule=None,
+        beta_power=None,
+        axes=axes,
+        seeds=np.arange(1),
+        time=time_spec,
+        ts=ts,
+        observables=tuple(obs),
+        cluster_threshold=0.1,
+        top_k=1,
     )
 
 
@@ -253,18 +298,39 @@ def point_program(spec, L: int, d: int):
     # enable_x64 of a float64 sweep ("Incorrect output dtype ... float32", jax 0.10)
     betas, modes = np.asarray(spec.axes["beta"], np.float64), np.asarray(spec.axes["mode"])
     with jax.ensure_compile_time_eval():
-        table = np.asarray(mfc.growth_rates(betas[:, None], d, modes, model=model, rescaled=rescaled))
-    betas_c, modes_c, table_c = (jnp.asarray(a) for a in (betas.astype(dtype), modes.astype(np.int32), table.astype(dtype)))
+        table = np.asarray(
+            mfc.growth_rates(betas[:, None], d, modes, model=model, rescaled=rescaled)
+        )
+    betas_c, modes_c, table_c = (
+        jnp.asarray(a) for a in (betas.astype(dtype), modes.astype(np.int32), table.astype(dtype))
+    )
 
     def prog(params, seed):
         del seed
         beta = params["beta"].astype(dtype)
         ell = jnp.round(params["mode"]).astype(jnp.int32)
-        eps = params["eps"].astype(dtype) if "eps" in params else jnp.asarray(spec.params["eps"], dtype)
+        eps = (
+            params["eps"].astype(dtype)
+            if "eps" in params
+            else jnp.asarray(spec.params["eps"], dtype)
+        )
         rho0 = mfc.mode_perturbation(g, ell, eps)
-        sol = mfc.solve(beta, rho0, d=d, t1=t1, ts=ts, model=model, resolution=L, rescaled=rescaled,
-                        rtol=T["rtol"], atol=T["atol"], dt=step, tail_tol=T["tail_tol"], max_steps=T["max_steps"],
-                        force=True)  # the plan has checked the cost of the whole sweep (_continuum.cost)
+        sol = mfc.solve(
+            beta,
+            rho0,
+            d=d,
+            t1=t1,
+            ts=ts,
+            model=model,
+            resolution=L,
+            rescaled=rescaled,
+            rtol=T["rtol"],
+            atol=T["atol"],
+            dt=step,
+            tail_tol=T["tail_tol"],
+            max_steps=T["max_steps"],
+            force=True,
+        )  # the plan has checked the cost of the whole sweep (_continuum.cost)
         amp = jax.vmap(lambda r: mfc.mode_amplitude(r, d, ell))(sol.densities)
         a0 = mfc.mode_amplitude(rho0, d, ell)
         valid = jnp.isfinite(amp) & (sol.ts > 0)
@@ -274,7 +340,9 @@ def point_program(spec, L: int, d: int):
         mass0 = jnp.sum(g.weights * rho0)
         out = {
             "growth_rate": rate,
-            "theory_rate": table_c[jnp.argmin(jnp.abs(betas_c - beta)), jnp.argmin(jnp.abs(modes_c - ell))],
+            "theory_rate": table_c[
+                jnp.argmin(jnp.abs(betas_c - beta)), jnp.argmin(jnp.abs(modes_c - ell))
+            ],
             "mass_drift": jnp.nanmax(jnp.abs(sol.mass - mass0)) / mass0,
             "min_density": jnp.nanmin(sol.min_density),
             "spectral_tail": jnp.nanmax(sol.tail),
@@ -319,15 +387,27 @@ def cost(spec, L: int, d: int, batch: int, point_bytes: int):
     T = cast(dict, spec.time)
     saves = len(cast(np.ndarray, spec.ts))
     itemsize = 8 if spec.dtype == "float64" else 4
-    c = mfc.solve_cost(d, L, t1=T["t1"], dt=T.get("dt"), max_steps=int(T["max_steps"]), saves=saves,
-                       itemsize=itemsize, batch=batch)
+    c = mfc.solve_cost(
+        d,
+        L,
+        t1=T["t1"],
+        dt=T.get("dt"),
+        max_steps=int(T["max_steps"]),
+        saves=saves,
+        itemsize=itemsize,
+        batch=batch,
+    )
     kernels = mfc._sht_kernel_bytes(d, L, itemsize)
-    return Cost(steps=c.steps, saves=saves, bytes=point_bytes * batch + kernels, work=c.work, batch=batch)
+    return Cost(
+        steps=c.steps, saves=saves, bytes=point_bytes * batch + kernels, work=c.work, batch=batch
+    )
 
 
 def output_layout(spec) -> dict[str, tuple[str, ...]]:
     """Data variable -> trailing dimensions (``amplitude`` over ``time``, the others none)."""
-    out: dict[str, tuple[str, ...]] = {o: (("time",) if o == "amplitude" else ()) for o in spec.observables}
+    out: dict[str, tuple[str, ...]] = {
+        o: (("time",) if o == "amplitude" else ()) for o in spec.observables
+    }
     out["stop_time"] = ()
     out["num_steps"] = ()
     out["solver_status"] = ()
@@ -359,23 +439,32 @@ def plot(ds, out_dir: Path) -> list[Path]:
         both = both[np.isfinite(both)]
         lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
         per = " per unit of s = e^beta t" if ds.attrs.get("model.rescaled") else ""
-        for ax, vals, title in ((axs[0], meas, f"measured growth rate{per}"),
-                                (axs[1], theo, "theory: mf.continuum.growth_rates"),
-                                (axs[2], ratio, "measured / theory")):
+        for ax, vals, title in (
+            (axs[0], meas, f"measured growth rate{per}"),
+            (axs[1], theo, "theory: mf.continuum.growth_rates"),
+            (axs[2], ratio, "measured / theory"),
+        ):
             if vals is ratio:  # centred on 1, symmetric
                 dev = np.nanmax(np.abs(ratio - 1)) if np.any(np.isfinite(ratio)) else 0.0
                 dev = max(float(dev), 1e-6)
-                im = ax.imshow(vals, origin="lower", aspect="auto", cmap="coolwarm", vmin=1 - dev, vmax=1 + dev)
+                im = ax.imshow(
+                    vals, origin="lower", aspect="auto", cmap="coolwarm", vmin=1 - dev, vmax=1 + dev
+                )
             else:  # one colour scale for the measurement and the theory
-                im = ax.imshow(vals, origin="lower", aspect="auto", cmap="viridis", vmin=lo, vmax=hi)
+                im = ax.imshow(
+                    vals, origin="lower", aspect="auto", cmap="viridis", vmin=lo, vmax=hi
+                )
             ax.set_xticks(range(len(betas)), [f"{b:.3g}" for b in betas], rotation=45, fontsize=7)
             ax.set_yticks(range(len(modes)), [str(int(m)) for m in modes], fontsize=7)
             ax.set_xlabel("beta")
             ax.set_ylabel("mode")
             ax.set_title(title, fontsize=9)
             fig.colorbar(im, ax=ax)
-        fig.suptitle(f"{ds.attrs.get('sweep_name', '')}: growth rate over (beta, mode)" + (f" ({note})" if note else ""),
-                     fontsize=10)
+        fig.suptitle(
+            f"{ds.attrs.get('sweep_name', '')}: growth rate over (beta, mode)"
+            + (f" ({note})" if note else ""),
+            fontsize=10,
+        )
         fig.tight_layout()
         p = out_dir / "growth_rate_heatmap_beta_mode.png"
         fig.savefig(p, dpi=110)
@@ -390,8 +479,12 @@ def plot(ds, out_dir: Path) -> list[Path]:
             ax.semilogy(t, amp.isel(mode=j).values, label=f"mode={int(m)}")
         ax.set_xlabel(tdim)
         ax.set_ylabel("mode amplitude")
-        ax.set_title(f"amplitude (beta={float(ds['beta'].values[0]):.3g}" + (f", {note}" if note else "") + ")",
-                     fontsize=9)
+        ax.set_title(
+            f"amplitude (beta={float(ds['beta'].values[0]):.3g}"
+            + (f", {note}" if note else "")
+            + ")",
+            fontsize=9,
+        )
         ax.legend(fontsize=7)
         fig.tight_layout()
         p = out_dir / "amplitude_vs_time.png"

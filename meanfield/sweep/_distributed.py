@@ -51,8 +51,20 @@ import time
 
 import numpy as np
 
-__all__ = ["MAX_PROCESSES", "MAX_TIMEOUT", "check_args", "split_address", "reserve_port", "check_in", "gather", "release",
-           "join", "agree", "DisagreementError", "HandshakeError"]
+__all__ = [
+    "MAX_PROCESSES",
+    "MAX_TIMEOUT",
+    "check_args",
+    "split_address",
+    "reserve_port",
+    "check_in",
+    "gather",
+    "release",
+    "join",
+    "agree",
+    "DisagreementError",
+    "HandshakeError",
+]
 
 #: The largest ``--num-processes`` accepted (a sanity bound far above any real cluster).
 MAX_PROCESSES = 65536
@@ -74,8 +86,10 @@ def split_address(coordinator: str) -> tuple[str, int]:
     """``"HOST:PORT"`` (``"[::1]:PORT"`` for IPv6) as ``(host, port)``; ``ValueError`` otherwise."""
     host, sep, port = str(coordinator).rpartition(":")
     if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"--coordinator must be HOST:PORT with a port in 1 .. 65535 (e.g. localhost:12345), "
-                         f"got {coordinator!r}")
+        raise ValueError(
+            f"--coordinator must be HOST:PORT with a port in 1 .. 65535 (e.g. localhost:12345), "
+            f"got {coordinator!r}"
+        )
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
@@ -89,12 +103,21 @@ def _addresses(host: str, port: int) -> list[tuple]:
         raise ValueError(f"--coordinator host {host!r} does not resolve: {e}") from None
 
 
-def check_args(coordinator: str | None, num_processes: int | None, process_id: int | None, *,
-               join_timeout: int, heartbeat_timeout: int) -> None:
+def check_args(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    *,
+    join_timeout: int,
+    heartbeat_timeout: int,
+) -> None:
     """Check the distributed arguments before JAX is touched (``ValueError`` naming the value
     and what is accepted). ``coordinator`` etc. None: ``--distributed`` (from the cluster's
     environment), only the timeouts are checked."""
-    for name, value in (("--join-timeout", join_timeout), ("--heartbeat-timeout", heartbeat_timeout)):
+    for name, value in (
+        ("--join-timeout", join_timeout),
+        ("--heartbeat-timeout", heartbeat_timeout),
+    ):
         if not 1 <= value <= MAX_TIMEOUT:
             raise ValueError(f"{name} must be in 1 .. {MAX_TIMEOUT} seconds, got {value}")
     if num_processes is None or process_id is None or coordinator is None:
@@ -102,8 +125,10 @@ def check_args(coordinator: str | None, num_processes: int | None, process_id: i
     if not 1 <= num_processes <= MAX_PROCESSES:
         raise ValueError(f"--num-processes must be in 1 .. {MAX_PROCESSES}, got {num_processes}")
     if not 0 <= process_id < num_processes:
-        raise ValueError(f"--process-id must be in 0 .. {num_processes - 1} (--num-processes {num_processes}), "
-                         f"got {process_id}")
+        raise ValueError(
+            f"--process-id must be in 0 .. {num_processes - 1} (--num-processes {num_processes}), "
+            f"got {process_id}"
+        )
     host, port = split_address(coordinator)
     _addresses(host, port)
 
@@ -133,8 +158,10 @@ def reserve_port(coordinator: str) -> list[socket.socket]:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 release(held)
-                raise ValueError(f"coordinator port {port} on {host} is in use (another program, or another "
-                                 f"process 0 of this sweep): choose another --coordinator port") from None
+                raise ValueError(
+                    f"coordinator port {port} on {host} is in use (another program, or another "
+                    f"process 0 of this sweep): choose another --coordinator port"
+                ) from None
             unavailable.append(f"{addr[0]}: {e.strerror or e}")
             continue
         bound += 1
@@ -144,8 +171,10 @@ def reserve_port(coordinator: str) -> list[socket.socket]:
         else:  # pragma: no cover - no SO_REUSEPORT: checked only
             s.close()
     if not bound:
-        raise ValueError(f"process 0 cannot bind the coordinator address {coordinator} ({'; '.join(unavailable)}): "
-                         "run process 0 on the machine --coordinator names")
+        raise ValueError(
+            f"process 0 cannot bind the coordinator address {coordinator} ({'; '.join(unavailable)}): "
+            "run process 0 on the machine --coordinator names"
+        )
     return held
 
 
@@ -184,24 +213,36 @@ def _reachable(coordinator: str) -> bool:
         return False
 
 
-def _timeout_message(coordinator: str | None, num_processes: int | None, process_id: int | None,
-                     join_timeout: int) -> str:
+def _timeout_message(
+    coordinator: str | None, num_processes: int | None, process_id: int | None, join_timeout: int
+) -> str:
     """The one line of a join that did not complete within ``join_timeout``."""
     head = f"the distributed sweep did not assemble within --join-timeout {join_timeout} s"
     if coordinator is None:
         return f"{head} (--distributed: from the cluster's environment)"
     if process_id == 0:
-        return (f"{head}: process 0 (the coordinator, at {coordinator}) did not hear from all {num_processes} "
-                f"processes (start ids 0 .. {int(num_processes or 0) - 1} once each, with the same --coordinator "
-                "and --num-processes)")
+        return (
+            f"{head}: process 0 (the coordinator, at {coordinator}) did not hear from all {num_processes} "
+            f"processes (start ids 0 .. {int(num_processes or 0) - 1} once each, with the same --coordinator "
+            "and --num-processes)"
+        )
     if not _reachable(coordinator):
         return f"{head}: process {process_id} found no coordinator listening at {coordinator} (is process 0 running?)"
-    return (f"{head}: process {process_id} reached {coordinator} but the sweep did not start (a process of ids "
-            f"0 .. {int(num_processes or 0) - 1} missing, or one that stopped after it checked in)")
+    return (
+        f"{head}: process {process_id} reached {coordinator} but the sweep did not start (a process of ids "
+        f"0 .. {int(num_processes or 0) - 1} missing, or one that stopped after it checked in)"
+    )
 
 
-def join(coordinator: str | None, num_processes: int | None, process_id: int | None, *, join_timeout: int,
-         heartbeat_timeout: int, prog: str = "meanfield sweep") -> None:
+def join(
+    coordinator: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    *,
+    join_timeout: int,
+    heartbeat_timeout: int,
+    prog: str = "meanfield sweep",
+) -> None:
     """Join ``jax.distributed`` (all of ``coordinator``, ``num_processes``, ``process_id``, or
     none: the cluster's environment), bounded by ``join_timeout`` seconds.
 
@@ -211,8 +252,13 @@ def join(coordinator: str | None, num_processes: int | None, process_id: int | N
     (``SIGABRT``). Argument errors, a port in use, an unresolvable host and JAX's own
     exceptions are ``ValueError`` (one line).
     """
-    check_args(coordinator, num_processes, process_id, join_timeout=join_timeout,
-               heartbeat_timeout=heartbeat_timeout)
+    check_args(
+        coordinator,
+        num_processes,
+        process_id,
+        join_timeout=join_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+    )
     bind, held = None, []
     if coordinator is not None and process_id == 0:
         held = reserve_port(coordinator)
@@ -239,15 +285,22 @@ def join(coordinator: str | None, num_processes: int | None, process_id: int | N
     watchdog.daemon = True
     watchdog.start()
     try:
-        if (coordinator is not None and num_processes is not None and process_id is not None and num_processes > 1
-                and hasattr(socket, "SO_REUSEPORT")):  # (without it the port cannot be shared with JAX's service)
+        if (
+            coordinator is not None
+            and num_processes is not None
+            and process_id is not None
+            and num_processes > 1
+            and hasattr(socket, "SO_REUSEPORT")
+        ):  # (without it the port cannot be shared with JAX's service)
             try:  # before JAX: JAX aborts a process whose id its coordinator does not expect
                 if process_id == 0:
                     held = gather(held, coordinator, num_processes, deadline)
                 else:
                     check_in(coordinator, num_processes, process_id, deadline)
             except TimeoutError:
-                raise HandshakeError(_timeout_message(coordinator, num_processes, process_id, join_timeout)) from None
+                raise HandshakeError(
+                    _timeout_message(coordinator, num_processes, process_id, join_timeout)
+                ) from None
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
@@ -262,9 +315,11 @@ def join(coordinator: str | None, num_processes: int | None, process_id: int | N
         where = f" at {coordinator}" if coordinator else ""
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if coordinator is None and isinstance(e, ValueError):  # JAX's "... should be defined"
-            text = (f"--distributed found no cluster environment (Slurm, Open MPI, Kubernetes, TPU) to take the "
-                    f"coordinator, process count and id from ({text}); give --coordinator, --num-processes "
-                    "and --process-id")
+            text = (
+                f"--distributed found no cluster environment (Slurm, Open MPI, Kubernetes, TPU) to take the "
+                f"coordinator, process count and id from ({text}); give --coordinator, --num-processes "
+                "and --process-id"
+            )
         raise ValueError(f"cannot join the distributed sweep{where}: {text}") from None
     finally:
         with lock:
@@ -285,7 +340,10 @@ _HELLO = "meanfield-join 1"
 def _hold(family: int, addr: tuple) -> socket.socket:
     """A socket bound to ``addr`` with ``SO_REUSEPORT`` (not listening): it keeps the port from
     other programs until JAX's coordinator service (``SO_REUSEPORT`` too) has bound it."""
-    for reuse in (False, True):  # SO_REUSEADDR only if connections of the handshake are in TIME_WAIT
+    for reuse in (
+        False,
+        True,
+    ):  # SO_REUSEADDR only if connections of the handshake are in TIME_WAIT
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -300,7 +358,9 @@ def _hold(family: int, addr: tuple) -> socket.socket:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def gather(held: list[socket.socket], coordinator: str, num_processes: int, deadline: float) -> list[socket.socket]:
+def gather(
+    held: list[socket.socket], coordinator: str, num_processes: int, deadline: float
+) -> list[socket.socket]:
     """Process 0, before JAX: listen on the sockets of ``reserve_port`` until processes
     ``1 .. num_processes-1`` have each checked in once (``check_in``) with the same
     ``num_processes``, answering ``ok`` to all of them together; a process with another
@@ -358,22 +418,41 @@ def gather(held: list[socket.socket], coordinator: str, num_processes: int, dead
                 pending[conn] += chunk
                 if b"\n" not in pending[conn]:
                     if len(pending[conn]) > 512:
-                        drop(conn, f"not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})")
+                        drop(
+                            conn,
+                            f"not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})",
+                        )
                     continue
                 words = pending.pop(conn).split(b"\n")[0].decode(errors="replace").split()
-                if len(words) != 4 or " ".join(words[:2]) != _HELLO or not all(w.isdigit() for w in words[2:]):
-                    drop(conn, f"not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})")
+                if (
+                    len(words) != 4
+                    or " ".join(words[:2]) != _HELLO
+                    or not all(w.isdigit() for w in words[2:])
+                ):
+                    drop(
+                        conn,
+                        f"not a meanfield join request (process 0 of a meanfield sweep is at {coordinator})",
+                    )
                     continue
                 n, i = int(words[2]), int(words[3])
                 if n != num_processes:
-                    drop(conn, f"process 0 (at {coordinator}) runs --num-processes {num_processes}, process {i} "
-                               f"was started with --num-processes {n}: give every process the same --num-processes")
+                    drop(
+                        conn,
+                        f"process 0 (at {coordinator}) runs --num-processes {num_processes}, process {i} "
+                        f"was started with --num-processes {n}: give every process the same --num-processes",
+                    )
                 elif not 1 <= i < num_processes:
-                    drop(conn, f"process id {i} is not one process 0 (at {coordinator}) waits for: give each "
-                               f"process its own --process-id in 1 .. {num_processes - 1} (0 is the coordinator)")
+                    drop(
+                        conn,
+                        f"process id {i} is not one process 0 (at {coordinator}) waits for: give each "
+                        f"process its own --process-id in 1 .. {num_processes - 1} (0 is the coordinator)",
+                    )
                 elif i in joined:
-                    drop(conn, f"process id {i} has already joined process 0 (at {coordinator}) from another "
-                               f"process: give each process its own --process-id in 0 .. {num_processes - 1}")
+                    drop(
+                        conn,
+                        f"process id {i} has already joined process 0 (at {coordinator}) from another "
+                        f"process: give each process its own --process-id in 0 .. {num_processes - 1}",
+                    )
                 else:
                     joined[i] = conn
         for conn in joined.values():  # all here: each closes first (no TIME_WAIT on the port here)
@@ -433,10 +512,12 @@ def check_in(coordinator: str, num_processes: int, process_id: int, deadline: fl
         if line == "ok":
             return
         if line.startswith("refused: "):
-            raise HandshakeError(line[len("refused: "):])
-        raise HandshakeError(f"the coordinator at {coordinator} did not answer as process 0 of a meanfield sweep "
-                             "waiting for its processes (its sweep has started with all its processes, or it is "
-                             "another program)")
+            raise HandshakeError(line[len("refused: ") :])
+        raise HandshakeError(
+            f"the coordinator at {coordinator} did not answer as process 0 of a meanfield sweep "
+            "waiting for its processes (its sweep has started with all its processes, or it is "
+            "another program)"
+        )
 
 
 #: int32 words exchanged per process by ``agree``: the spec hash (32 bytes, one per word),
@@ -449,7 +530,9 @@ def _fingerprint(spec_hash: str, grid_size: int, dry_run: bool) -> np.ndarray:
     return np.concatenate([digest, np.asarray([min(grid_size, 2**31 - 1), int(dry_run)], np.int32)])
 
 
-def agree(spec_hash: str, grid_size: int, dry_run: bool) -> None:  # pragma: no cover - several processes
+def agree(
+    spec_hash: str, grid_size: int, dry_run: bool
+) -> None:  # pragma: no cover - several processes
     """Check that every process of ``jax.distributed`` runs the spec of process 0 (its hash and
     grid size) and the same ``dry_run``: one collective of a fixed shape
     (``process_allgather``), so processes with different specs or grid shapes reach it alike.
@@ -462,15 +545,20 @@ def agree(spec_hash: str, grid_size: int, dry_run: bool) -> None:  # pragma: no 
     ref = every[0]
     specs = [i for i, row in enumerate(every) if not np.array_equal(row[:33], ref[:33])]
     if specs:
+
         def label(row: np.ndarray) -> str:
             return f"hash {bytes(row[:32].astype(np.uint8)).hex()[:12]}, {int(row[32])} points"
 
         shown = ", ".join(f"process {i} ({label(every[i])})" for i in specs[:5])
         more = f" and {len(specs) - 5} more" if len(specs) > 5 else ""
-        raise DisagreementError(f"the processes run different specs: {shown}{more} against process 0 "
-                                f"({label(ref)}); start every process with the same spec")
+        raise DisagreementError(
+            f"the processes run different specs: {shown}{more} against process 0 "
+            f"({label(ref)}); start every process with the same spec"
+        )
     runs = [i for i, row in enumerate(every) if row[33] != ref[33]]
     if runs:
         which = "with" if ref[33] else "without"
-        raise DisagreementError(f"process 0 was started {which} --dry-run but process(es) "
-                                f"{', '.join(map(str, runs[:10]))} not: give every process the same flags")
+        raise DisagreementError(
+            f"process 0 was started {which} --dry-run but process(es) "
+            f"{', '.join(map(str, runs[:10]))} not: give every process the same flags"
+        )

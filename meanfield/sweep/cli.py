@@ -43,8 +43,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         return int(e.code or 0)
 
 
-_VALUE_FLAGS = ("--out", "--memory", "--verify", "--part", "--num-processes", "--process-id", "--heartbeat-timeout",
-                "--join-timeout")
+_VALUE_FLAGS = (
+    "--out",
+    "--memory",
+    "--verify",
+    "--part",
+    "--num-processes",
+    "--process-id",
+    "--heartbeat-timeout",
+    "--join-timeout",
+)
 
 
 def _attach_values(argv: list[str], known: set[str]) -> list[str]:
@@ -54,7 +62,12 @@ def _attach_values(argv: list[str], known: set[str]) -> list[str]:
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if tok in _VALUE_FLAGS and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1] not in known:
+        if (
+            tok in _VALUE_FLAGS
+            and i + 1 < len(argv)
+            and argv[i + 1].startswith("-")
+            and argv[i + 1] not in known
+        ):
             out.append(f"{tok}={argv[i + 1]}")
             i += 2
             continue
@@ -94,39 +107,81 @@ def _sweep_parser() -> _Parser:
     )
     parser.add_argument("spec", nargs="?", help="sweep specification (TOML)")
     parser.add_argument("--out", help="output zarr store (a directory, e.g. results.zarr)")
-    parser.add_argument("--resume", action="store_true",
-                        help="complete the missing (and recompute the damaged) chunks of an existing store")
-    parser.add_argument("--memory", default="2GB", help="memory budget per device for one chunk (default 2GB)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the plan (grid, chunks, compilations, memory, estimates), check it and exit")
-    parser.add_argument("--force", action="store_true",
-                        help="run past the work bound, the available memory, the chunk count or the free disk space")
-    parser.add_argument("--verify", metavar="STORE",
-                        help="check every completed chunk of STORE (exit 0: sound, 1: one line per damaged chunk)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="complete the missing (and recompute the damaged) chunks of an existing store",
+    )
+    parser.add_argument(
+        "--memory", default="2GB", help="memory budget per device for one chunk (default 2GB)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (grid, chunks, compilations, memory, estimates), check it and exit",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="run past the work bound, the available memory, the chunk count or the free disk space",
+    )
+    parser.add_argument(
+        "--verify",
+        metavar="STORE",
+        help="check every completed chunk of STORE (exit 0: sound, 1: one line per damaged chunk)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no plan or progress bar")
     jobs = parser.add_argument_group(
-        "job arrays", "independent jobs (e.g. a Slurm array) filling one shared store, each its share of the chunks")
-    jobs.add_argument("--part", metavar="I/N",
-                      help="run only part I of N (1-based: 1 <= I <= N) of the plan's chunks; the part creates the "
-                      "store or joins it (no --resume needed), verifies and completes its own chunks only")
-    jobs.add_argument("--status", action="store_true",
-                      help="print done / running / pending / damaged chunks and failed points per part of --out "
-                      "(SPEC optional: the stored spec) and exit (0; 1 when chunks are damaged)")
+        "job arrays",
+        "independent jobs (e.g. a Slurm array) filling one shared store, each its share of the chunks",
+    )
+    jobs.add_argument(
+        "--part",
+        metavar="I/N",
+        help="run only part I of N (1-based: 1 <= I <= N) of the plan's chunks; the part creates the "
+        "store or joins it (no --resume needed), verifies and completes its own chunks only",
+    )
+    jobs.add_argument(
+        "--status",
+        action="store_true",
+        help="print done / running / pending / damaged chunks and failed points per part of --out "
+        "(SPEC optional: the stored spec) and exit (0; 1 when chunks are damaged)",
+    )
     dist = parser.add_argument_group(
-        "several processes (jax.distributed)", "one sweep run by N cooperating processes over one Mesh of all "
+        "several processes (jax.distributed)",
+        "one sweep run by N cooperating processes over one Mesh of all "
         "their devices; process 0 writes the store. Give all three of --coordinator, --num-processes, "
-        "--process-id, or --distributed")
-    dist.add_argument("--coordinator", metavar="HOST:PORT",
-                      help="address of process 0 (the coordinator), the same for every process")
+        "--process-id, or --distributed",
+    )
+    dist.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="address of process 0 (the coordinator), the same for every process",
+    )
     dist.add_argument("--num-processes", metavar="N", type=int, help="number of processes")
-    dist.add_argument("--process-id", metavar="I", type=int, help="this process, 0 .. N-1 (0 writes the store)")
-    dist.add_argument("--distributed", action="store_true",
-                      help="jax.distributed.initialize() with the cluster's environment (Slurm srun, Open MPI, ...)")
-    dist.add_argument("--heartbeat-timeout", metavar="SECONDS", type=int, default=100,
-                      help="a process silent this long is taken for dead and every process stops (default 100)")
-    dist.add_argument("--join-timeout", metavar="SECONDS", type=int, default=120,
-                      help="a process that has not joined all the others this long after its start of the join "
-                      "stops with one line, exit status 2 (default 120)")
+    dist.add_argument(
+        "--process-id", metavar="I", type=int, help="this process, 0 .. N-1 (0 writes the store)"
+    )
+    dist.add_argument(
+        "--distributed",
+        action="store_true",
+        help="jax.distributed.initialize() with the cluster's environment (Slurm srun, Open MPI, ...)",
+    )
+    dist.add_argument(
+        "--heartbeat-timeout",
+        metavar="SECONDS",
+        type=int,
+        default=100,
+        help="a process silent this long is taken for dead and every process stops (default 100)",
+    )
+    dist.add_argument(
+        "--join-timeout",
+        metavar="SECONDS",
+        type=int,
+        default=120,
+        help="a process that has not joined all the others this long after its start of the join "
+        "stops with one line, exit status 2 (default 120)",
+    )
     return parser
 
 
@@ -141,20 +196,36 @@ def _distributed(args: argparse.Namespace) -> bool:
     """Join ``jax.distributed`` when asked (before any JAX computation of this process: the
     CLI's own process, never a library call); whether it was asked. Bounded by
     ``--join-timeout`` (``_distributed.join``: past it, one line and exit status 2)."""
-    given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
+    given = [
+        args.coordinator is not None,
+        args.num_processes is not None,
+        args.process_id is not None,
+    ]
     if not any(given) and not args.distributed:
         return False
     if any(given) and not all(given):
-        raise _UsageError("--coordinator, --num-processes and --process-id go together (or --distributed alone)")
+        raise _UsageError(
+            "--coordinator, --num-processes and --process-id go together (or --distributed alone)"
+        )
     from . import _distributed as _dist
 
     try:
-        _dist.check_args(args.coordinator, args.num_processes, args.process_id, join_timeout=args.join_timeout,
-                         heartbeat_timeout=args.heartbeat_timeout)
+        _dist.check_args(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            join_timeout=args.join_timeout,
+            heartbeat_timeout=args.heartbeat_timeout,
+        )
     except ValueError as e:
         raise _UsageError(str(e)) from None
-    _dist.join(args.coordinator, args.num_processes, args.process_id, join_timeout=args.join_timeout,
-               heartbeat_timeout=args.heartbeat_timeout)
+    _dist.join(
+        args.coordinator,
+        args.num_processes,
+        args.process_id,
+        join_timeout=args.join_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+    )
     return True
 
 
@@ -187,10 +258,19 @@ def _sweep(argv, *, process: bool) -> int:
         dist_flags = (args.coordinator, args.num_processes, args.process_id)
         distributed = args.distributed or any(v is not None for v in dist_flags)
         if args.verify is not None:
-            if args.spec is not None or args.out is not None or args.resume or args.dry_run or args.part \
-                    or args.status or distributed:
-                raise _UsageError("--verify STORE takes no spec, --out, --resume, --dry-run, --part, --status "
-                                  "or distributed flags")
+            if (
+                args.spec is not None
+                or args.out is not None
+                or args.resume
+                or args.dry_run
+                or args.part
+                or args.status
+                or distributed
+            ):
+                raise _UsageError(
+                    "--verify STORE takes no spec, --out, --resume, --dry-run, --part, --status "
+                    "or distributed flags"
+                )
             return _verify(args.verify)
         if args.status:
             if args.out is None:
@@ -207,12 +287,22 @@ def _sweep(argv, *, process: bool) -> int:
 
         part = parse_part(args.part) if args.part is not None else None
         if part is not None and distributed:
-            raise _UsageError("--part runs one process of a job array; it does not combine with --coordinator, "
-                              "--num-processes, --process-id or --distributed")
+            raise _UsageError(
+                "--part runs one process of a job array; it does not combine with --coordinator, "
+                "--num-processes, --process-id or --distributed"
+            )
         spec = load_spec(args.spec)
         _distributed(args)
-        run_sweep(spec, args.out, resume=args.resume, memory=args.memory, dry_run=args.dry_run,
-                  quiet=args.quiet, force=args.force, part=part)
+        run_sweep(
+            spec,
+            args.out,
+            resume=args.resume,
+            memory=args.memory,
+            dry_run=args.dry_run,
+            quiet=args.quiet,
+            force=args.force,
+            part=part,
+        )
         return 0
 
     return _guarded("meanfield sweep", run)
@@ -234,16 +324,27 @@ def _verify(path: str) -> int:
         for d in damages:
             first.setdefault(d.chunk, d)
         meta = [d for d in damages if d.chunk is None]
-        for d in meta + [d for c, d in first.items() if c is not None]:  # every metadata file, each chunk once
+        for d in meta + [
+            d for c, d in first.items() if c is not None
+        ]:  # every metadata file, each chunk once
             print(f"damaged: {d}", file=sys.stderr)
         chunks = len(first) - (None in first)
         if not meta:
-            print(f"{store}: {chunks} damaged chunk(s); resume the sweep to recompute them", file=sys.stderr)
+            print(
+                f"{store}: {chunks} damaged chunk(s); resume the sweep to recompute them",
+                file=sys.stderr,
+            )
         elif all(d.repairable for d in meta):
-            print(f"{store}: {chunks} damaged chunk(s), {len(meta)} damaged bookkeeping or metadata file(s); "
-                  "resume the sweep to repair them", file=sys.stderr)
+            print(
+                f"{store}: {chunks} damaged chunk(s), {len(meta)} damaged bookkeeping or metadata file(s); "
+                "resume the sweep to repair them",
+                file=sys.stderr,
+            )
         else:
-            print(f"{store}: {chunks} damaged chunk(s); coordinates or metadata are damaged", file=sys.stderr)
+            print(
+                f"{store}: {chunks} damaged chunk(s); coordinates or metadata are damaged",
+                file=sys.stderr,
+            )
         return 1
     ds = load(store, verify=False)
     done, total = ds.attrs["chunks_done"], ds.attrs.get("chunks_total", "?")
@@ -260,8 +361,10 @@ def _status(spec: str | None, out: str) -> int:
     st = sweep_status(out, load_spec(spec) if spec is not None else None)
     t = st["total"]
     split = f"split into {st['parts']} parts" if st["parts"] else "not split into parts"
-    print(f"{out}: {split}; {t['done']} of {t['chunks']} chunks done, {t['running']} running, "
-          f"{t['pending']} pending, {t['damaged']} damaged; {t['failed_points']} failed points")
+    print(
+        f"{out}: {split}; {t['done']} of {t['chunks']} chunks done, {t['running']} running, "
+        f"{t['pending']} pending, {t['damaged']} damaged; {t['failed_points']} failed points"
+    )
     cols = ("part", "chunks", "done", "running", "pending", "damaged", "failed_points")
     width = max(4, *(len(r["part"]) for r in st["rows"])) + 2
     print(f"{cols[0]:<{width}}" + "  ".join(f"{c:>{len(c)}}" for c in cols[1:]))
@@ -272,8 +375,10 @@ def _status(spec: str | None, out: str) -> int:
     if st["repairable"]:
         print(f"{out}: damaged bookkeeping or metadata: `--resume` repairs it", file=sys.stderr)
     if t["damaged"]:
-        print(f"{out}: {t['damaged']} damaged chunk(s): `--resume` (or the part's own run) recomputes them",
-              file=sys.stderr)
+        print(
+            f"{out}: {t['damaged']} damaged chunk(s): `--resume` (or the part's own run) recomputes them",
+            file=sys.stderr,
+        )
     return 1 if t["damaged"] or st["repairable"] else 0
 
 
@@ -284,9 +389,16 @@ def plot_main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="meanfield plot", description="Standard figures of a sweep store.")
     parser.add_argument("store", help="zarr store written by `meanfield sweep`")
-    parser.add_argument("--out", default=None, help="directory for the PNGs (default: STORE_plots next to the store)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="do not check the store's chunks first (large stores, stores of earlier versions)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="directory for the PNGs (default: STORE_plots next to the store)",
+    )
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not check the store's chunks first (large stores, stores of earlier versions)",
+    )
 
     def run() -> int:
         args = _parse(parser, argv)
@@ -300,8 +412,10 @@ def plot_main(argv=None) -> int:
         try:
             paths = plot_store(args.store, args.out, verify=not args.no_verify)
         except RuntimeError as e:  # a codec's error on data read unverified (--no-verify): one line
-            raise ValueError(f"{args.store}: data do not decode ({_one_line(e)}); the store is damaged: "
-                             f"`meanfield sweep --verify {args.store}` names the chunk") from None
+            raise ValueError(
+                f"{args.store}: data do not decode ({_one_line(e)}); the store is damaged: "
+                f"`meanfield sweep --verify {args.store}` names the chunk"
+            ) from None
         for p in paths:
             print(p)
         return 0

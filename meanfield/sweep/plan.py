@@ -48,8 +48,18 @@ MAX_CHUNKS = 10**6
 #: int32 (``num_steps``, the solver's ``max_steps``).
 MAX_STEPS = 2**31 - 1
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 #: Descriptions of the data variables of a store.
 _DESCRIPTIONS = {
@@ -80,9 +90,13 @@ def parse_memory(size) -> int:
     if _is_num(size):
         value = float(size)
     else:
-        m = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(size))
+        m = re.fullmatch(
+            r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(size)
+        )
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory must be a size like 2GB, 512MB, 1GiB or a number of bytes, got {size!r}")
+            raise ValueError(
+                f"memory must be a size like 2GB, 512MB, 1GiB or a number of bytes, got {size!r}"
+            )
         value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"memory must be > 0 and finite, got {size!r}")
@@ -102,7 +116,9 @@ def grid_model(spec: Spec, kind: str, n: int, d: int):
     ``footprint()`` over the grid (the dt warning, the step bound, the cost estimate)."""
     entry = kernels.MODELS[kind]
     names = {p.name for p in entry.params}
-    fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes and k != "beta"}
+    fixed = {
+        k: v for k, v in spec.params.items() if k in names and k not in spec.axes and k != "beta"
+    }
     if "beta" not in names:
         return entry.over_grid(fixed, d)
     return entry.over_grid(fixed, d, beta=np.asarray(spec.beta_values(n, d), dtype=np.float64))
@@ -136,10 +152,20 @@ def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
     model = grid_model(spec, kind, n, d)
     dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
     return run_cost(
-        n=n, d=d, t1=T["t1"], dt=dt, saves=len(cast(np.ndarray, spec.ts)),
-        itemsize=8 if spec.dtype == "float64" else 4, batch=batch, solver=T["solver"],
-        footprint=model.footprint(n, d), save_states=False, observables=len(spec.observables) + 2,
-        clusters=_counts_clusters(spec), step_grid=not reference, max_steps=T.get("max_steps"),
+        n=n,
+        d=d,
+        t1=T["t1"],
+        dt=dt,
+        saves=len(cast(np.ndarray, spec.ts)),
+        itemsize=8 if spec.dtype == "float64" else 4,
+        batch=batch,
+        solver=T["solver"],
+        footprint=model.footprint(n, d),
+        save_states=False,
+        observables=len(spec.observables) + 2,
+        clusters=_counts_clusters(spec),
+        step_grid=not reference,
+        max_steps=T.get("max_steps"),
     )
 
 
@@ -161,9 +187,12 @@ class Group:
         ranges = [range(0, s, b) for s, b in zip(shape, self.block)]
         out = []
         for starts in np.ndindex(*[len(r) for r in ranges]):
-            out.append(tuple(
-                slice(r[i], min(r[i] + b, s)) for r, i, b, s in zip(ranges, starts, self.block, shape)
-            ))
+            out.append(
+                tuple(
+                    slice(r[i], min(r[i] + b, s))
+                    for r, i, b, s in zip(ranges, starts, self.block, shape)
+                )
+            )
         return out
 
 
@@ -228,8 +257,13 @@ class Plan:
         if spec.continuum:
             return _continuum.cost(spec, g.n, g.d, batch, g.point_bytes)
         if not spec.simulated:
-            return Cost(steps=0, saves=0, bytes=g.point_bytes * batch, work=float(batch) * g.n * (2.0 * g.d + 10.0),
-                        batch=batch)
+            return Cost(
+                steps=0,
+                saves=0,
+                bytes=g.point_bytes * batch,
+                work=float(batch) * g.n * (2.0 * g.d + 10.0),
+                batch=batch,
+            )
         return _point_cost(spec, g.kind, g.n, g.d, batch)
 
     def store_bytes(self) -> int:
@@ -242,10 +276,19 @@ class Plan:
         elif spec.simulated:
             per = len(cast(np.ndarray, spec.ts)) * len(spec.observables) * b + 2 * b + 1
         else:
-            per = sum(spec.top_k if o in ("top_weights", "ratios", "cumulative") else 1 for o in spec.observables) * b + 1
+            per = (
+                sum(
+                    spec.top_k if o in ("top_weights", "ratios", "cumulative") else 1
+                    for o in spec.observables
+                )
+                * b
+                + 1
+            )
         return spec.grid_size * per
 
-    def check(self, *, force: bool = False, out=None, device_memory: tuple[int, int] | None = None) -> None:
+    def check(
+        self, *, force: bool = False, out=None, device_memory: tuple[int, int] | None = None
+    ) -> None:
         """Refuse, before anything is allocated, a sweep past this machine's limits
         (``ResourceLimitError``, a ``ValueError``, one line with the estimate).
 
@@ -273,8 +316,14 @@ class Plan:
                     f"sweep {spec.name!r} needs {float(chunk.steps):.3g} steps per point ({where}: t1 / dt), more "
                     f"than {MAX_STEPS} (int32 step counts); lengthen time.dt or shorten time.t1"
                 )
-            check_cost(chunk, force=force, what=f"sweep {spec.name!r}: one chunk of {where} ({per_device} point(s) per device)",
-                       memory=avail, total=total, max_work=math.inf)  # memory here; the work of all below
+            check_cost(
+                chunk,
+                force=force,
+                what=f"sweep {spec.name!r}: one chunk of {where} ({per_device} point(s) per device)",
+                memory=avail,
+                total=total,
+                max_work=math.inf,
+            )  # memory here; the work of all below
             work += self.cost(g, self.points_per_group).work
         if not force and not work <= _resources.WORK_LIMIT:
             raise ResourceLimitError(
@@ -310,8 +359,14 @@ class Plan:
         spec = self.spec
         nchunks = self.num_chunks
         sn = spec.static_name
-        axes = ([f"model={len(spec.kinds)}"] if spec.kinds_axis else []) + [f"{sn}={len(spec.n)}"] + ([f"d={len(spec.d)}"] if spec.d_axis else [])
-        axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + ([f"seed={len(spec.seeds)}"] if spec.seeded else [])
+        axes = (
+            ([f"model={len(spec.kinds)}"] if spec.kinds_axis else [])
+            + [f"{sn}={len(spec.n)}"]
+            + ([f"d={len(spec.d)}"] if spec.d_axis else [])
+        )
+        axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + (
+            [f"seed={len(spec.seeds)}"] if spec.seeded else []
+        )
         if spec.simulated:
             axes.append(f"time={len(cast(np.ndarray, spec.ts))}")
         lines = [
@@ -325,8 +380,10 @@ class Plan:
                 f"'reference'), one beta per chunk so a chunk runs its own step count"
             )
         if spec.simulated and not spec.continuum and spec.step != "projected":
-            lines.append(f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
-                         "time.step = 'renormalize')")
+            lines.append(
+                f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
+                "time.step = 'renormalize')"
+            )
         shown = self.groups if len(self.groups) <= 20 else self.groups[:20]
         for g in shown:
             pts = int(np.prod(g.block))
@@ -339,8 +396,10 @@ class Plan:
         if len(shown) < len(self.groups):
             lines.append(f"  ... and {len(self.groups) - len(shown)} more groups")
         work = sum(self.cost(g, self.points_per_group).work for g in self.groups)
-        lines.append(f"estimate: {self._cost_line()}; ~{work:.2g} flop in all; store ~{format_bytes(self.store_bytes())} "
-                     "uncompressed")
+        lines.append(
+            f"estimate: {self._cost_line()}; ~{work:.2g} flop in all; store ~{format_bytes(self.store_bytes())} "
+            "uncompressed"
+        )
         worst = max(g.point_bytes for g in self.groups)
         if worst > self.memory:
             lines.append(
@@ -349,7 +408,10 @@ class Plan:
             )
         if spec.simulated and not spec.continuum:
             limit = float(np.log(np.finfo(spec.dtype).max))
-            over = sum(int(np.sum(grid_model(spec, g.kind, g.n, g.d).overflows(spec.dtype))) for g in self.groups)
+            over = sum(
+                int(np.sum(grid_model(spec, g.kind, g.n, g.d).overflows(spec.dtype)))
+                for g in self.groups
+            )
             if over:
                 lines.append(
                     f"warning: {over} (shape, beta) pair(s) with beta >= {limit:.1f} overflow exp(beta <x, y>) "
@@ -370,13 +432,19 @@ class Plan:
             return []  # reference rule: dt x rate <= dt by construction
         T = cast(dict, spec.time)
         ratios = [
-            _resources.step_ratios(grid_model(self.spec, g.kind, g.n, g.d).interaction_rate(), T["dt"], solver=T["solver"])
+            _resources.step_ratios(
+                grid_model(self.spec, g.kind, g.n, g.d).interaction_rate(),
+                T["dt"],
+                solver=T["solver"],
+            )
             for g in self.groups
         ]
         if not any(np.any(np.asarray(r) > 0) for r in ratios):
             return []  # no model of this sweep has a rate
         text = _resources.step_warning_text(
-            np.concatenate([np.ravel(r) for r in ratios]), T["dt"], dt_name="time.dt",
+            np.concatenate([np.ravel(r) for r in ratios]),
+            T["dt"],
+            dt_name="time.dt",
             rescaled_hint="model.rescaled = true",
         )
         return [text] if text else []
@@ -398,6 +466,7 @@ def _free_space(path: Path) -> int | None:
     except OSError:
         return None
 
+
 def _block_for(capacity: int, shape: tuple) -> tuple:
     """Largest block ``(1, .., 1, r, full, .., full)`` over ``shape`` with at most ``capacity`` points."""
     block = [1] * len(shape)
@@ -412,7 +481,9 @@ def _block_for(capacity: int, shape: tuple) -> tuple:
     return tuple(block)
 
 
-def make_plan(spec: Spec, memory="2GB", *, devices: int | None = None, blocks: list | None = None) -> Plan:
+def make_plan(
+    spec: Spec, memory="2GB", *, devices: int | None = None, blocks: list | None = None
+) -> Plan:
     """Cut the grid into chunks: per ``(n, d)``, blocks over (traced axes, seed) that fit ``memory``
     per device; ``blocks`` (from a store being resumed) overrides the computed ones.
 
@@ -478,7 +549,9 @@ def output_layout(spec: Spec) -> dict[str, tuple[str, ...]]:
         out["stop_time"] = ()
         out["num_steps"] = ()
     else:
-        out = {o: (() if o in ("top_weight", "log_partition") else ("rank",)) for o in spec.observables}
+        out = {
+            o: (() if o in ("top_weight", "log_partition") else ("rank",)) for o in spec.observables
+        }
     return out
 
 
@@ -510,7 +583,9 @@ def store_layout(plan: Plan) -> dict:
         coords["rank"] = np.arange(1, spec.top_k + 1)
     if spec.beta_rule is not None:
         bdims = ["n"] + (["d"] if spec.d_axis else []) + ["beta_factor"]
-        vals = np.stack([np.stack([cast(np.ndarray, spec.beta_values(n, d)) for d in spec.d]) for n in spec.n])
+        vals = np.stack(
+            [np.stack([cast(np.ndarray, spec.beta_values(n, d)) for d in spec.d]) for n in spec.n]
+        )
         if not spec.d_axis:
             vals = vals[:, 0]
         coords["beta"] = (bdims, vals)
@@ -538,7 +613,9 @@ def store_layout(plan: Plan) -> dict:
         if k not in spec.axes:
             prefix = "grid" if spec.continuum and k == "eps" else "model"
             attrs[f"{prefix}.{k}"] = v if not isinstance(v, bool) else int(v)
-    zblock = list(plan.zarr_block) if spec.seeded else list(plan.zarr_block)[:-1]  # no seed dimension
+    zblock = (
+        list(plan.zarr_block) if spec.seeded else list(plan.zarr_block)[:-1]
+    )  # no seed dimension
     return {
         "dims": dims,
         "coords": coords,

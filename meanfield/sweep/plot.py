@@ -48,11 +48,17 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
     from matplotlib.figure import Figure
 
     ds = load(store, verify=verify)
-    out_dir = Path(out_dir) if out_dir is not None else Path(str(Path(store)).rstrip("/").removesuffix(".zarr") + "_plots")
+    out_dir = (
+        Path(out_dir)
+        if out_dir is not None
+        else Path(str(Path(store)).rstrip("/").removesuffix(".zarr") + "_plots")
+    )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise type(e)(f"cannot write the plots to {out_dir}: {e.strerror or e} ({e.filename or out_dir})") from None
+        raise type(e)(
+            f"cannot write the plots to {out_dir}: {e.strerror or e} ({e.filename or out_dir})"
+        ) from None
     if ds.attrs.get("model") == _continuum.KIND:
         return _continuum.plot(ds, out_dir)
     ok = ds["status"] == OK
@@ -84,16 +90,22 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
                 for c in range(ncol):
                     mc = mj.isel({color_axis: c}) if color_axis else mj
                     sc = sj.isel({color_axis: c}) if color_axis else sj
-                    label = f"{color_axis}={_label(mj[color_axis].values[c])}" if color_axis else None
+                    label = (
+                        f"{color_axis}={_label(mj[color_axis].values[c])}" if color_axis else None
+                    )
                     ax.plot(t, mc.values, label=label)
                     ax.fill_between(t, (mc - sc).values, (mc + sc).values, alpha=0.25)
-                ax.set_title(f"n={int(m[panel_axis].values[j])}" + (f" ({note})" if note else ""), fontsize=9)
+                ax.set_title(
+                    f"n={int(m[panel_axis].values[j])}" + (f" ({note})" if note else ""), fontsize=9
+                )
                 ax.set_xlabel("time")
                 if j == 0:
                     ax.set_ylabel(name)
                     if color_axis:
                         ax.legend(fontsize=7)
-            fig.suptitle(f"{ds.attrs.get('sweep_name', '')}: {name} (mean +- s.e. over seeds)", fontsize=10)
+            fig.suptitle(
+                f"{ds.attrs.get('sweep_name', '')}: {name} (mean +- s.e. over seeds)", fontsize=10
+            )
             fig.tight_layout()
             p = out_dir / f"{name}_vs_time.png"
             fig.savefig(p, dpi=110)
@@ -108,7 +120,9 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
             fig = Figure(figsize=(5, 4))
             ax = fig.subplots()
             im = ax.imshow(h.values, origin="lower", aspect="auto")
-            ax.set_xticks(range(h.sizes[a]), [_label(v) for v in h[a].values], rotation=45, fontsize=7)
+            ax.set_xticks(
+                range(h.sizes[a]), [_label(v) for v in h[a].values], rotation=45, fontsize=7
+            )
             ax.set_yticks(range(h.sizes[b]), [_label(v) for v in h[b].values], fontsize=7)
             ax.set_xlabel(a)
             ax.set_ylabel(b)
@@ -118,8 +132,12 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
                 nn = h["n"].values.astype(float)
                 crit = 2.0 * nn ** (2.0 / (int(ds.attrs["d"]) - 1))
                 lb = np.log(h["beta"].values.astype(float))
-                ax.plot(range(len(nn)), np.interp(np.log(crit), lb, np.arange(len(lb)), left=np.nan, right=np.nan),
-                        "w--", label="beta = 2 n^alpha")
+                ax.plot(
+                    range(len(nn)),
+                    np.interp(np.log(crit), lb, np.arange(len(lb)), left=np.nan, right=np.nan),
+                    "w--",
+                    label="beta = 2 n^alpha",
+                )
                 ax.legend(fontsize=7, loc="lower right")
             when = "final time" if "time" in ds[name].dims else "mean over seeds"
             ax.set_title(f"{name} ({when})" + (f"\n{note}" if note else ""), fontsize=9)

@@ -35,7 +35,15 @@ from . import _continuum, store
 from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
 from .spec import Spec, load_spec, parse_spec
 
-__all__ = ["run_sweep", "sweep_status", "point_program", "chunk_inputs", "Runner", "assign_parts", "parse_part"]
+__all__ = [
+    "run_sweep",
+    "sweep_status",
+    "point_program",
+    "chunk_inputs",
+    "Runner",
+    "assign_parts",
+    "parse_part",
+]
 
 
 def point_program(spec: Spec, kind: str, n: int, d: int):
@@ -117,7 +125,9 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         if counts:  # mf.metastability observables: one number per point
-            vals["first_merge_time"] = metastability.first_merge_time(traj.ts, vals["clusters"]).astype(dtype)
+            vals["first_merge_time"] = metastability.first_merge_time(
+                traj.ts, vals["clusters"]
+            ).astype(dtype)
             vals["final_clusters"] = vals["clusters"][-1]
         if "num_plateaus" in spec.observables:
             vals["num_plateaus"] = metastability.num_plateaus(traj.energy).astype(dtype)
@@ -125,10 +135,18 @@ def point_program(spec: Spec, kind: str, n: int, d: int):
         out["stop_time"] = traj.stop_time.astype(dtype)
         out["num_steps"] = jnp.asarray(traj.num_steps, jnp.int32)
         # +inf is a result in store.INFINITE_RESULTS (first_merge_time: nothing merged before t1)
-        finite = jnp.all(jnp.stack([
-            jnp.all((jnp.isfinite(out[o]) | (out[o] == jnp.inf)) if o in store.INFINITE_RESULTS else jnp.isfinite(out[o]))
-            for o in spec.observables
-        ]))
+        finite = jnp.all(
+            jnp.stack(
+                [
+                    jnp.all(
+                        (jnp.isfinite(out[o]) | (out[o] == jnp.inf))
+                        if o in store.INFINITE_RESULTS
+                        else jnp.isfinite(out[o])
+                    )
+                    for o in spec.observables
+                ]
+            )
+        )
         out["status"] = jnp.where(traj.failed | ~finite, store.FAILED, store.OK).astype(jnp.int8)
         return out
 
@@ -173,8 +191,13 @@ def _batched_program(spec: Spec, g: Group, sharding: NamedSharding):
         # shard_map: every device runs the vmapped program on its own points, its own solver loop
         # included (a loop over a sharded batch would agree on its stopping test across all
         # devices at every step: a collective per step, across processes under jax.distributed)
-        local = jax.shard_map(jax.vmap(point_program(spec, g.kind, g.n, g.d)), mesh=sharding.mesh,
-                              in_specs=(sharding.spec, sharding.spec), out_specs=sharding.spec, check_vma=False)
+        local = jax.shard_map(
+            jax.vmap(point_program(spec, g.kind, g.n, g.d)),
+            mesh=sharding.mesh,
+            in_specs=(sharding.spec, sharding.spec),
+            out_specs=sharding.spec,
+            check_vma=False,
+        )
         fn = jax.jit(local, in_shardings=sharding, out_shardings=sharding)
         _PROGRAMS[key] = fn
         while len(_PROGRAMS) > _PROGRAMS_MAX:
@@ -188,7 +211,9 @@ class Runner:
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        devs = jax.devices()[: plan.devices] if plan.devices <= len(jax.devices()) else jax.devices()
+        devs = (
+            jax.devices()[: plan.devices] if plan.devices <= len(jax.devices()) else jax.devices()
+        )
         self.mesh = Mesh(np.asarray(devs), ("batch",))
         self.sharding = NamedSharding(self.mesh, PartitionSpec("batch"))
         self.fns: dict[int, Any] = {}
@@ -230,11 +255,17 @@ def _versions() -> dict:
 def _as_spec(spec) -> Spec:
     if isinstance(spec, Spec):
         return spec
-    if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and (spec.endswith(".toml") or Path(spec).is_file())):
+    if isinstance(spec, Path) or (
+        isinstance(spec, str)
+        and "\n" not in spec
+        and (spec.endswith(".toml") or Path(spec).is_file())
+    ):
         return load_spec(spec)
     if isinstance(spec, str):
         return parse_spec(spec)
-    raise TypeError(f"spec must be a Spec, a path to a TOML file or TOML text, got {type(spec).__name__}")
+    raise TypeError(
+        f"spec must be a Spec, a path to a TOML file or TOML text, got {type(spec).__name__}"
+    )
 
 
 def parse_part(part) -> tuple[int, int]:
@@ -252,14 +283,22 @@ def parse_part(part) -> tuple[int, int]:
         if len(bits) != 2 or not all(re.fullmatch(r"[0-9]+", b.strip()) for b in bits):
             raise ValueError(f"part must be I/N with integers 1 <= I <= N (e.g. 2/3), got {part!r}")
         i, n = int(bits[0]), int(bits[1])
-    elif isinstance(part, tuple | list) and len(part) == 2 and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in part):
+    elif (
+        isinstance(part, tuple | list)
+        and len(part) == 2
+        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in part)
+    ):
         i, n = int(part[0]), int(part[1])
     else:
         raise TypeError(f"part must be 'I/N' or a pair (I, N) of integers, got {part!r}")
     if not 1 <= i <= n:
-        raise ValueError(f"part {i}/{n}: I must be between 1 and N (parts are numbered from 1), got I = {i}, N = {n}")
+        raise ValueError(
+            f"part {i}/{n}: I must be between 1 and N (parts are numbered from 1), got I = {i}, N = {n}"
+        )
     if n > MAX_CHUNKS:
-        raise ValueError(f"part {i}/{n}: N must be <= {MAX_CHUNKS} (a sweep has at most that many chunks), got N = {n}")
+        raise ValueError(
+            f"part {i}/{n}: N must be <= {MAX_CHUNKS} (a sweep has at most that many chunks), got N = {n}"
+        )
     return i, n
 
 
@@ -281,11 +320,16 @@ def assign_parts(plan: Plan, parts: int) -> list[int]:
     if not (isinstance(parts, int | np.integer) and parts >= 1):
         raise ValueError(f"parts must be an integer >= 1, got {parts!r}")
     per_point = [max(plan.cost(g, 1).work, 1.0) for g in plan.groups]
-    w = np.asarray([per_point[gi] * math.prod(s.stop - s.start for s in sl) for _, gi, sl in plan.chunks], np.float64)
+    w = np.asarray(
+        [per_point[gi] * math.prod(s.stop - s.start for s in sl) for _, gi, sl in plan.chunks],
+        np.float64,
+    )
     if not w.size:
         return []
     mid = np.cumsum(w) - w / 2
-    return [int(p) for p in np.minimum(np.floor(parts * mid / w.sum()), parts - 1).astype(np.int64) + 1]
+    return [
+        int(p) for p in np.minimum(np.floor(parts * mid / w.sum()), parts - 1).astype(np.int64) + 1
+    ]
 
 
 def run_sweep(
@@ -364,16 +408,29 @@ def run_sweep(
     out = Path(out)
     memory_b = parse_memory(memory)
     share = parse_part(part) if part is not None else None
-    if jax.process_count() > 1:  # pragma: no cover - exercised by tests/test_distributed.py (subprocesses)
+    if (
+        jax.process_count() > 1
+    ):  # pragma: no cover - exercised by tests/test_distributed.py (subprocesses)
         if share is not None:
-            raise ValueError("part: a job-array part runs as one process; under jax.distributed every process "
-                             "already shares every chunk (drop --part or the distributed flags)")
-        plan, todo = _setup_distributed(sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run,
-                                        quiet=quiet, force=force)
+            raise ValueError(
+                "part: a job-array part runs as one process; under jax.distributed every process "
+                "already shares every chunk (drop --part or the distributed flags)"
+            )
+        plan, todo = _setup_distributed(
+            sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet, force=force
+        )
         writer = jax.process_index() == 0
     else:
-        plan, todo = _setup(sp, out, resume=resume or share is not None, memory_b=memory_b, dry_run=dry_run,
-                            quiet=quiet, force=force, share=share)
+        plan, todo = _setup(
+            sp,
+            out,
+            resume=resume or share is not None,
+            memory_b=memory_b,
+            dry_run=dry_run,
+            quiet=quiet,
+            force=force,
+            share=share,
+        )
         writer = True
     if dry_run:
         return plan
@@ -386,8 +443,17 @@ def run_sweep(
     return plan
 
 
-def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool, force: bool,
-           share: tuple[int, int] | None = None) -> tuple[Plan, list]:
+def _setup(
+    sp: Spec,
+    out: Path,
+    *,
+    resume: bool,
+    memory_b: int,
+    dry_run: bool,
+    quiet: bool,
+    force: bool,
+    share: tuple[int, int] | None = None,
+) -> tuple[Plan, list]:
     """Plan, check, create or join the store, verify what is done: ``(plan, chunks to run)``.
     With ``share = (i, N)`` only part ``i``'s chunks are verified and returned."""
     info = None
@@ -396,12 +462,16 @@ def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, q
             raise FileExistsError(f"store {out} already exists; use --resume or another path")
         info = store.check_resumable(out, sp.data)
         if info is not None and not dry_run:
-            for d in store.repair(out):  # bookkeeping and metadata: restored before anything reads them
+            for d in store.repair(
+                out
+            ):  # bookkeeping and metadata: restored before anything reads them
                 print(f"warning: repaired {d}", file=sys.stderr)
     plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)
     if share is not None and share[1] > plan.num_chunks:
-        raise ValueError(f"part {share[0]}/{share[1]}: N = {share[1]} is more than the {plan.num_chunks} chunk(s) of "
-                         f"this sweep; use N <= {plan.num_chunks}")
+        raise ValueError(
+            f"part {share[0]}/{share[1]}: N = {share[1]} is more than the {plan.num_chunks} chunk(s) of "
+            f"this sweep; use N <= {plan.num_chunks}"
+        )
     if dry_run:
         print(plan.describe())
         plan.check(force=force, device_memory=_device_memory())
@@ -426,7 +496,11 @@ def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, q
         owner = assign_parts(plan, share[1])
         chunks = [c for c, p in zip(chunks, owner) if p == share[0]]
     if not quiet:  # after the creation: a path that cannot be written is the one line
-        what = f" (part {share[0]}/{share[1]}: {len(chunks)} of {plan.num_chunks} chunks)" if share else ""
+        what = (
+            f" (part {share[0]}/{share[1]}: {len(chunks)} of {plan.num_chunks} chunks)"
+            if share
+            else ""
+        )
         print(plan.describe() + what, file=sys.stderr)
     mine = {c[0] for c in chunks}
     done = store.done_chunks(out) & mine
@@ -435,8 +509,9 @@ def _setup(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, q
     return plan, [c for c in chunks if c[0] not in done]
 
 
-def _setup_distributed(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool,
-                       force: bool) -> tuple[Plan, list]:  # pragma: no cover - several processes
+def _setup_distributed(
+    sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool, force: bool
+) -> tuple[Plan, list]:  # pragma: no cover - several processes
     """``_setup`` on process 0; the others receive its outcome (an error message, or the
     chunking and which chunks are done) through ``broadcast_one_to_all``, so that every
     process runs the same chunks in the same order, or every process stops. First, before
@@ -454,20 +529,21 @@ def _setup_distributed(sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_
     error: BaseException | None = None
     if writer:
         try:
-            plan, todo = _setup(sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet,
-                                force=force)
+            plan, todo = _setup(
+                sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet, force=force
+            )
         except Exception as e:  # noqa: BLE001 - sent to the other processes, then raised here
             error = e
     message = np.zeros(_MESSAGE, np.int32)
     if error is not None:
         sent = f"{type(error).__name__}: {error}".encode()[: _MESSAGE - 1]
         message[0] = 1 + len(sent)
-        message[1: 1 + len(sent)] = np.frombuffer(sent, np.uint8)
+        message[1 : 1 + len(sent)] = np.frombuffer(sent, np.uint8)
     message = np.asarray(multihost_utils.broadcast_one_to_all(message))
     if error is not None:
         raise error
     if message[0]:
-        text = bytes(message[1: int(message[0])].astype(np.uint8)).decode(errors="replace")
+        text = bytes(message[1 : int(message[0])].astype(np.uint8)).decode(errors="replace")
         raise _ProcessZeroError(f"process 0 stopped the sweep: {text}")
     if plan is None:  # the plan of process 0, with its chunking
         plan = make_plan(sp, memory_b)
@@ -517,7 +593,9 @@ def sweep_status(out, spec=None) -> dict:
             attrs = store.stored_attributes(out)
             sp = parse_spec(attrs["spec"])
         except (OSError, ValueError, KeyError, AttributeError) as e:
-            raise store.StoreError(f"{out} is not a sweep store (no readable spec in its attributes: {e})") from None
+            raise store.StoreError(
+                f"{out} is not a sweep store (no readable spec in its attributes: {e})"
+            ) from None
         info = store.check_resumable(out, json.loads(attrs["spec_json"]))
     else:
         sp = _as_spec(spec)
@@ -527,17 +605,25 @@ def sweep_status(out, spec=None) -> dict:
     plan = make_plan(sp, 1, devices=1, blocks=info["blocks"])
     parts = store.recorded_parts(out)
     if parts is not None and not 1 <= parts <= plan.num_chunks:
-        raise store.StoreError(f"{out}: the recorded split into {parts} parts is impossible for "
-                               f"{plan.num_chunks} chunk(s) (_sweep/parts was edited); remove that file")
+        raise store.StoreError(
+            f"{out}: the recorded split into {parts} parts is impossible for "
+            f"{plan.num_chunks} chunk(s) (_sweep/parts was edited); remove that file"
+        )
     chunks = plan.chunks
     owner = assign_parts(plan, parts) if parts else [0] * len(chunks)
     done = store.done_chunks(out, plan.num_chunks)
     damages = store.verify(out)
-    if any(d.chunk is None and not d.repairable for d in damages):  # coordinates: the store is unusable
-        raise store.StoreDamagedError(out, [d for d in damages if d.chunk is None and not d.repairable])
+    if any(
+        d.chunk is None and not d.repairable for d in damages
+    ):  # coordinates: the store is unusable
+        raise store.StoreDamagedError(
+            out, [d for d in damages if d.chunk is None and not d.repairable]
+        )
     repairable = [str(d) for d in damages if d.chunk is None]
     damaged = {d.chunk for d in damages}
-    metadata_damaged = any(d.path.name == "zarr.json" for d in damages)  # the data cannot be read until repaired
+    metadata_damaged = any(
+        d.path.name == "zarr.json" for d in damages
+    )  # the data cannot be read until repaired
     failed = store.failed_points(out, done - damaged) if not metadata_damaged else {}
     keys = ("chunks", "done", "running", "pending", "damaged", "failed_points")
     rows = {p: dict.fromkeys(keys, 0) for p in (range(1, parts + 1) if parts else [0])}
@@ -555,7 +641,13 @@ def sweep_status(out, spec=None) -> dict:
             row["pending"] += 1
     total = {k: sum(r[k] for r in rows.values()) for k in keys}
     listed = [{"part": f"{p}/{parts}" if parts else "all", **r} for p, r in rows.items()]
-    return {"store": str(out), "parts": parts, "rows": listed, "total": total, "repairable": repairable}
+    return {
+        "store": str(out),
+        "parts": parts,
+        "rows": listed,
+        "total": total,
+        "repairable": repairable,
+    }
 
 
 #: Bytes of process 0's error message sent to the other processes.
@@ -591,15 +683,22 @@ def _report_damage(out: Path, damages: list) -> set[int]:
         by_chunk.setdefault(d.chunk, []).append(d)
     for i, (cid, ds) in enumerate(sorted(by_chunk.items())):
         if i == 10:
-            print(f"warning: {len(by_chunk) - 10} more damaged chunks of {out}: recomputing them", file=sys.stderr)
+            print(
+                f"warning: {len(by_chunk) - 10} more damaged chunks of {out}: recomputing them",
+                file=sys.stderr,
+            )
             break
         more = f" (and {len(ds) - 1} more file(s))" if len(ds) > 1 else ""
-        print(f"warning: chunk {cid} of {out} is damaged ({ds[0].path}: {ds[0].reason}{more}): recomputing it",
-              file=sys.stderr)
+        print(
+            f"warning: chunk {cid} of {out} is damaged ({ds[0].path}: {ds[0].reason}{more}): recomputing it",
+            file=sys.stderr,
+        )
     return set(by_chunk)
 
 
-def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, claims: bool = True) -> None:
+def _execute(
+    plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, claims: bool = True
+) -> None:
     """Compute the chunks of ``todo``. With ``claims`` (one process), each chunk runs under its
     claim and is skipped when another writer holds it or has completed it soundly; the chunks
     held by others are waited for at the end, so every chunk is done on return."""
@@ -607,7 +706,9 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, cl
 
     sp = plan.spec
     runner = Runner(plan)
-    bar = tqdm(total=len(todo), unit="chunk", disable=quiet or not writer, desc=sp.name, file=sys.stderr)
+    bar = tqdm(
+        total=len(todo), unit="chunk", disable=quiet or not writer, desc=sp.name, file=sys.stderr
+    )
     points, t_start = 0, time.perf_counter()
 
     def compute(cid: int, gi: int, sl: tuple) -> None:
@@ -618,7 +719,9 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, cl
         res = runner(gi, params, seeds)
         if writer:
             region = sl if sp.seeded else sl[:-1]  # continuum: no seed dimension in the store
-            store.write_chunk(out, cid, plan.group_index(gi), region, {k: v[:count] for k, v in res.items()})
+            store.write_chunk(
+                out, cid, plan.group_index(gi), region, {k: v[:count] for k, v in res.items()}
+            )
         points += count
         rate = points / max(time.perf_counter() - t_start, 1e-9)
         bar.set_postfix_str(f"{rate:.3g} points/s", refresh=False)
@@ -628,14 +731,18 @@ def _execute(plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, cl
         with store.claim(out, cid, wait=wait) as got:
             if not got:
                 return False
-            if not (store.is_done(out, cid) and not store.verify(out, [cid])):  # not done soundly by another
+            if not (
+                store.is_done(out, cid) and not store.verify(out, [cid])
+            ):  # not done soundly by another
                 store.discard(out, cid)
                 compute(*chunk)
         return True
 
     deferred = []
     for chunk in todo:
-        if not (writer and claims):  # pragma: no cover - several hosts: every process runs every chunk
+        if not (
+            writer and claims
+        ):  # pragma: no cover - several hosts: every process runs every chunk
             compute(*chunk)
         elif not claimed(chunk, wait=False):
             deferred.append(chunk)

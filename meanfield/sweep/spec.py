@@ -86,7 +86,13 @@ __all__ = [
 ]
 
 SIM_OBSERVABLES = (
-    "collapse_gap", "energy", "clusters", "token_similarity", "first_merge_time", "num_plateaus", "final_clusters"
+    "collapse_gap",
+    "energy",
+    "clusters",
+    "token_similarity",
+    "first_merge_time",
+    "num_plateaus",
+    "final_clusters",
 )
 #: Simulation observables that are one number per point (the others: one per save time);
 #: ``num_plateaus`` needs an energy (``mf.metastability``).
@@ -97,7 +103,18 @@ OBSERVABLES = SIM_OBSERVABLES + ATTENTION_OBSERVABLES
 
 _TOP_KEYS = ("name", "description", "dtype", "model", "grid", "time", "output")
 _GRID_KEYS = ("n", "d", "beta", "seeds", "seed")
-_TIME_KEYS = ("t1", "dt", "solver", "save", "rtol", "atol", "early_stop", "max_steps", "step_rule", "step")
+_TIME_KEYS = (
+    "t1",
+    "dt",
+    "solver",
+    "save",
+    "rtol",
+    "atol",
+    "early_stop",
+    "max_steps",
+    "step_rule",
+    "step",
+)
 _STEP_RULES = ("fixed", "reference")
 _OUTPUT_KEYS = ("observables", "cluster_threshold", "top_k")
 _BETA_RULE_KEYS = ("critical", "c", "p")
@@ -124,7 +141,9 @@ def _float_list(name: str, v, kind: str) -> list[float]:
     vals = v if isinstance(v, list) else [v]
     if not vals:
         raise ValueError(f"{name} must be a non-empty list of numbers, got []")
-    out = [_float(f"{name}[{i}]" if isinstance(v, list) else name, x, kind) for i, x in enumerate(vals)]
+    out = [
+        _float(f"{name}[{i}]" if isinstance(v, list) else name, x, kind) for i, x in enumerate(vals)
+    ]
     if len(set(out)) != len(out):
         raise ValueError(f"{name} values must be distinct, got {vals!r}")
     return out
@@ -147,7 +166,9 @@ def _param_value(where: str, p: kernels.Param, v):
             raise ValueError(f"{where} values must be distinct, got {vals!r}")
         return out if isinstance(v, list) else out[0]
     if isinstance(v, list) and p.kind != "plane":
-        raise TypeError(f"{where} changes the compiled program: give one value, not a list, got {v!r}")
+        raise TypeError(
+            f"{where} changes the compiled program: give one value, not a list, got {v!r}"
+        )
     value = p.validate(v, where)
     return list(value) if p.kind == "plane" else value  # JSON-serialisable
 
@@ -161,13 +182,21 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
         entry = kernels.MODELS[k]
         if entry.d is not None and any(d != entry.d for d in ds):
             bad = [d for d in ds if d != entry.d]
-            raise ValueError(f"model kind {k!r} needs d = {entry.d}, got grid.d = {bad[0] if len(bad) == 1 else bad}")
+            raise ValueError(
+                f"model kind {k!r} needs d = {entry.d}, got grid.d = {bad[0] if len(bad) == 1 else bad}"
+            )
         for p in entry.params:
             if p.name == "beta":
                 continue
             q = accepted.setdefault(p.name, p)
-            if (q.traced, q.kind, q.choices) != (p.traced, p.kind, p.choices):  # pragma: no cover - registry
-                raise ValueError(f"model.{p.name} means different things for kinds {owners[p.name][0]!r} and {k!r}")
+            if (q.traced, q.kind, q.choices) != (
+                p.traced,
+                p.kind,
+                p.choices,
+            ):  # pragma: no cover - registry
+                raise ValueError(
+                    f"model.{p.name} means different things for kinds {owners[p.name][0]!r} and {k!r}"
+                )
             owners.setdefault(p.name, []).append(k)
     _unknown("model", model, ("kind",) + tuple(accepted))
     values = {}
@@ -186,7 +215,9 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
     return values, accepted
 
 
-def _check_beta_rule(rule: str, power: float | None, factors: np.ndarray, ns: tuple, ds: tuple, dtype: str) -> None:
+def _check_beta_rule(
+    rule: str, power: float | None, factors: np.ndarray, ns: tuple, ds: tuple, dtype: str
+) -> None:
     r"""Every $\beta = f n^p$ of the grid is a positive finite number of ``dtype`` (computed in
     logarithms: ``p = 1000`` must not overflow before it is refused)."""
     top = math.log(float(np.finfo(dtype).max))
@@ -298,7 +329,13 @@ class Spec:
 
     @property
     def grid_size(self) -> int:
-        return len(self.kinds) * len(self.n) * len(self.d) * int(np.prod([len(v) for v in self.axes.values()])) * len(self.seeds)
+        return (
+            len(self.kinds)
+            * len(self.n)
+            * len(self.d)
+            * int(np.prod([len(v) for v in self.axes.values()]))
+            * len(self.seeds)
+        )
 
 
 def spec_hash(data: dict) -> str:
@@ -314,11 +351,15 @@ def load_spec(path) -> Spec:
     if not path.exists():
         raise FileNotFoundError(f"sweep spec not found: {path}")
     if not path.is_file():  # a FIFO or a device: reading it could wait forever
-        raise ValueError(f"sweep spec {path} is not a regular file (a FIFO, socket or device), not a TOML file")
+        raise ValueError(
+            f"sweep spec {path} is not a regular file (a FIFO, socket or device), not a TOML file"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"sweep spec {path} is not UTF-8 text (byte {e.start}: {e.reason}), not a TOML file") from None
+        raise ValueError(
+            f"sweep spec {path} is not UTF-8 text (byte {e.start}: {e.reason}), not a TOML file"
+        ) from None
     return parse_spec(text, default_name=path.stem)
 
 
@@ -355,32 +396,44 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     names = tuple(kernels.MODELS)
     model = dict(raw.get("model", {}))
     if "kind" not in model:
-        raise ValueError(f"[model] needs kind = one of {', '.join(names)} (or a list of them: a grid axis)")
+        raise ValueError(
+            f"[model] needs kind = one of {', '.join(names)} (or a list of them: a grid axis)"
+        )
     kind_raw = model.pop("kind")
     kinds_axis = isinstance(kind_raw, list)
     kinds = tuple(kind_raw) if kinds_axis else (kind_raw,)
     if not kinds:
-        raise ValueError(f"model.kind must be a model name or a non-empty list; accepted: {', '.join(names)}")
+        raise ValueError(
+            f"model.kind must be a model name or a non-empty list; accepted: {', '.join(names)}"
+        )
     for k in kinds:
         if not isinstance(k, str):
             raise TypeError(f"model.kind must be a string or a list of strings, got {kind_raw!r}")
         if k == CONTINUUM:
             if kinds_axis:
-                raise ValueError("model.kind 'continuum' (the density solver) cannot share a sweep with other kinds")
-            return _continuum.parse(raw, name=name, description=description, dtype=dtype, text=text, spec_type=Spec)
+                raise ValueError(
+                    "model.kind 'continuum' (the density solver) cannot share a sweep with other kinds"
+                )
+            return _continuum.parse(
+                raw, name=name, description=description, dtype=dtype, text=text, spec_type=Spec
+            )
         check_choice("model kind", k, names + (CONTINUUM,))
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"model.kind values must be distinct, got {kind_raw!r}")
     static_only = [k for k in kinds if not kernels.MODELS[k].simulated]
     if static_only and len(kinds) > 1:
-        raise ValueError(f"model.kind {static_only[0]!r} (no dynamics) cannot share a sweep with simulated models")
+        raise ValueError(
+            f"model.kind {static_only[0]!r} (no dynamics) cannot share a sweep with simulated models"
+        )
     kind = kinds[0]
     simulated = kernels.MODELS[kind].simulated
     backend = model.pop("backend", None)  # recorded only when set: specs without it keep their hash
     if backend is not None:
         check_backend(backend, "model.backend")
         if not simulated:
-            raise ValueError(f"model.backend applies to the simulated models, not kind {kind!r} (no dynamics)")
+            raise ValueError(
+                f"model.backend applies to the simulated models, not kind {kind!r} (no dynamics)"
+            )
 
     # grid -------------------------------------------------------------------
     grid = dict(raw.get("grid", {}))
@@ -422,20 +475,28 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
                 f"grid.beta is not a parameter of kind {kind!r}; its parameters: {', '.join(accepted) or 'none'}"
             )
     elif beta is None:
-        raise ValueError(f"[grid] needs beta for kind {kind!r}: a list, {{critical = [f, ...]}} or {{c = [...], p = ...}}")
+        raise ValueError(
+            f"[grid] needs beta for kind {kind!r}: a list, {{critical = [f, ...]}} or {{c = [...], p = ...}}"
+        )
     elif isinstance(beta, dict):
         _unknown("grid.beta", beta, _BETA_RULE_KEYS)
         if "critical" in beta:
             if "c" in beta or "p" in beta:
-                raise ValueError("grid.beta: give either critical = [f, ...] or c = [...] with p, not both")
+                raise ValueError(
+                    "grid.beta: give either critical = [f, ...] or c = [...] with p, not both"
+                )
             beta_rule = "critical"
-            axes["beta_factor"] = np.asarray(_float_list("grid.beta.critical", beta["critical"], "float>0"))
+            axes["beta_factor"] = np.asarray(
+                _float_list("grid.beta.critical", beta["critical"], "float>0")
+            )
         elif "c" in beta and "p" in beta:
             beta_rule = "power"
             beta_power = _float("grid.beta.p", beta["p"])
             axes["beta_factor"] = np.asarray(_float_list("grid.beta.c", beta["c"], "float>0"))
         else:
-            raise ValueError("grid.beta rule needs critical = [f, ...] (beta = f n^(2/(d-1))) or both c = [...] and p (beta = c n^p)")
+            raise ValueError(
+                "grid.beta rule needs critical = [f, ...] (beta = f n^(2/(d-1))) or both c = [...] and p (beta = c n^p)"
+            )
     else:
         axes["beta"] = np.asarray(_float_list("grid.beta", beta, "float>0"))
     if beta_rule is not None:
@@ -444,24 +505,35 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
     if "prompts" in params and params["prompts"] > min(ns):  # as `meanfield simulate --prompts`
-        raise ValueError(f"model.prompts must be <= the smallest grid.n = {min(ns)} (one block of particles "
-                         f"per prompt), got {params['prompts']}")
+        raise ValueError(
+            f"model.prompts must be <= the smallest grid.n = {min(ns)} (one block of particles "
+            f"per prompt), got {params['prompts']}"
+        )
     top = float(np.finfo(dtype).max)
-    for where, value in [("grid.beta", axes.get("beta"))] + [(f"model.{k}", v) for k, v in params.items()]:
+    for where, value in [("grid.beta", axes.get("beta"))] + [
+        (f"model.{k}", v) for k, v in params.items()
+    ]:
         vals: list = [] if value is None else list(np.atleast_1d(np.asarray(value, dtype=object)))
         for x in vals:
             if _is_num(x) and not isinstance(x, bool) and abs(float(x)) > top:
-                raise ValueError(f"{where} = {float(x):g} is beyond the range of {dtype} (max {top:.3g})")
-    for name, axis_vals in axes.items():  # the points are computed in ``dtype``: distinct there, not only as decimals
+                raise ValueError(
+                    f"{where} = {float(x):g} is beyond the range of {dtype} (max {top:.3g})"
+                )
+    for (
+        name,
+        axis_vals,
+    ) in axes.items():  # the points are computed in ``dtype``: distinct there, not only as decimals
         in_dtype = np.asarray(axis_vals, np.float64).astype(dtype)
         for j in range(len(axis_vals)):
             i = int(np.argmax(in_dtype == in_dtype[j]))
             if i < j:
-                where = {"beta": "grid.beta", "beta_factor": "grid.beta factors"}.get(name, f"model.{name}")
+                where = {"beta": "grid.beta", "beta_factor": "grid.beta factors"}.get(
+                    name, f"model.{name}"
+                )
                 raise ValueError(
                     f"{where} values {float(axis_vals[i])!r} and {float(axis_vals[j])!r} are the same {dtype} number "
                     f"({float(in_dtype[j])!r}): two identical points; give values that differ in {dtype} "
-                    f"(or dtype = \"float64\")"
+                    f'(or dtype = "float64")'
                 )
 
     # time -------------------------------------------------------------------
@@ -469,7 +541,9 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     time_spec, ts = None, None
     if not simulated:
         if tsec is not None:
-            raise ValueError(f"[time] does not apply to kind {kind!r} (one context per point, no dynamics)")
+            raise ValueError(
+                f"[time] does not apply to kind {kind!r} (one context per point, no dynamics)"
+            )
     else:
         if tsec is None:
             raise ValueError("[time] with t1 is required for a simulated model")
@@ -490,14 +564,18 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
             time_spec["atol"] = _float("time.atol", tsec["atol"], "float>0")
         elif "rtol" in tsec or "atol" in tsec:
             adaptive = ", ".join(s for s in SOLVERS if s not in FIXED_STEP_SOLVERS)
-            raise ValueError(f"time.rtol/atol apply to the adaptive solvers {adaptive}, not {solver!r}")
+            raise ValueError(
+                f"time.rtol/atol apply to the adaptive solvers {adaptive}, not {solver!r}"
+            )
         save = tsec.get("save", 21)
         if isinstance(save, list):
             if len(save) > MAX_SAVES:
                 raise ValueError(f"time.save lists {len(save)} times, more than {MAX_SAVES}")
             ts = np.asarray([_float(f"time.save[{i}]", v, "float>=0") for i, v in enumerate(save)])
             if ts.size == 0 or np.any(np.diff(ts) <= 0) or ts.max() > t1:
-                raise ValueError(f"time.save must be increasing times in [0, t1 = {t1:g}], got {save!r}")
+                raise ValueError(
+                    f"time.save must be increasing times in [0, t1 = {t1:g}], got {save!r}"
+                )
         else:
             ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
         time_spec["save"] = ts.tolist()
@@ -516,7 +594,9 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
                     f"time.step_rule = 'reference' needs a fixed-step solver ({', '.join(FIXED_STEP_SOLVERS)}), not {solver!r}"
                 )
             if no_beta:
-                raise ValueError(f"time.step_rule = 'reference' needs a beta; kind {no_beta[0]!r} has none")
+                raise ValueError(
+                    f"time.step_rule = 'reference' needs a beta; kind {no_beta[0]!r} has none"
+                )
             if params.get("rescaled", False):
                 raise ValueError(
                     "time.step_rule = 'reference' is the reference code's step in original time; "
@@ -542,7 +622,10 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     if not simulated:
         valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
     elif any(not kernels.MODELS[k].has_energy for k in kinds):
-        valid, default = tuple(o for o in SIM_OBSERVABLES if o not in _ENERGY_OBSERVABLES), ["collapse_gap"]
+        valid, default = (
+            tuple(o for o in SIM_OBSERVABLES if o not in _ENERGY_OBSERVABLES),
+            ["collapse_gap"],
+        )
     else:
         valid, default = SIM_OBSERVABLES, ["collapse_gap", "energy"]
     obs = out.get("observables", default)
@@ -551,9 +634,13 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     for o in obs:
         if o not in valid:
             owner = (
-                next((k for k in kinds if not kernels.MODELS[k].has_energy), kind) if o in _ENERGY_OBSERVABLES else kind
+                next((k for k in kinds if not kernels.MODELS[k].has_energy), kind)
+                if o in _ENERGY_OBSERVABLES
+                else kind
             )
-            raise ValueError(f"unknown observable {o!r} for kind {owner!r}; accepted: {', '.join(valid)}")
+            raise ValueError(
+                f"unknown observable {o!r} for kind {owner!r}; accepted: {', '.join(valid)}"
+            )
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")
     threshold = _float("output.cluster_threshold", out.get("cluster_threshold", 0.1), "float>0")
@@ -565,15 +652,24 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         "name": name,
         "description": description,
         "dtype": dtype,
-        "model": {"kind": list(kinds) if kinds_axis else kind, **params,
-                  **({} if backend is None else {"backend": backend})},
+        "model": {
+            "kind": list(kinds) if kinds_axis else kind,
+            **params,
+            **({} if backend is None else {"backend": backend}),
+        },
         "grid": {
             "n": list(ns),
             "d": list(ds) if d_axis else ds[0],
-            "beta": None if "beta" not in axes and beta_rule is None else (
-                axes["beta"].tolist() if beta_rule is None
-                else ({"critical": axes["beta_factor"].tolist()} if beta_rule == "critical"
-                      else {"c": axes["beta_factor"].tolist(), "p": beta_power})
+            "beta": None
+            if "beta" not in axes and beta_rule is None
+            else (
+                axes["beta"].tolist()
+                if beta_rule is None
+                else (
+                    {"critical": axes["beta_factor"].tolist()}
+                    if beta_rule == "critical"
+                    else {"c": axes["beta_factor"].tolist(), "p": beta_power}
+                )
             ),
             "seeds": seeds_n,
             "seed": seed0,

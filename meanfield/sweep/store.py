@@ -173,7 +173,9 @@ def _quiet_zarr():
     ctx = warnings.catch_warnings()
     ctx.__enter__()
     warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata.*")
-    warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy.*")
+    warnings.filterwarnings(
+        "ignore", message=".*not recognized as a component of a Zarr hierarchy.*"
+    )
     return ctx
 
 
@@ -200,11 +202,20 @@ def _read_regular(path: Path, max_bytes: int | None = None) -> bytes:
         st = os.fstat(fd)
         mode = st.st_mode
         if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "not a regular file"
+            )
             raise OSError(errno.EINVAL, f"{kind}, not a file", str(path))
         if max_bytes is not None and st.st_size > max_bytes:
-            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {max_bytes} a chunk's file can hold",
-                          str(path))
+            raise OSError(
+                errno.EFBIG,
+                f"{st.st_size} bytes, more than the {max_bytes} a chunk's file can hold",
+                str(path),
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
@@ -242,8 +253,11 @@ def _skeleton(layout: dict):
     zblock = tuple(layout["chunks"])
     data_vars, encoding = {}, {}
     variables = dict(layout["variables"])
-    variables["status"] = {"dims": [], "dtype": "int8",
-                           "description": f"{PENDING} pending, {OK} ok, {FAILED} failed (non-finite state)"}
+    variables["status"] = {
+        "dims": [],
+        "dtype": "int8",
+        "description": f"{PENDING} pending, {OK} ok, {FAILED} failed (non-finite state)",
+    }
     for name, var in variables.items():
         trailing = list(var["dims"])
         shape = grid_shape + tuple(sizes[t] for t in trailing)
@@ -254,7 +268,7 @@ def _skeleton(layout: dict):
         if name == "status":
             attrs.update(flag_values=[PENDING, OK, FAILED], flag_meanings="pending ok failed")
         data_vars[name] = (dims + trailing, arr, attrs)
-        encoding[name] = {"chunks": zblock + tuple(shape[len(dims):]), "compressors": _codecs()}
+        encoding[name] = {"chunks": zblock + tuple(shape[len(dims) :]), "compressors": _codecs()}
     for name in coords:
         encoding[name] = {"compressors": _codecs()}
     attrs = {**layout["attrs"], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -276,9 +290,13 @@ def create(out, layout: dict) -> None:
     """
     out = Path(out)
     for i, part in enumerate(out.parts):
-        if part == ".." and i and not Path(*out.parts[:i]).is_dir():  # "a/../x": "a" would be created, x not
-            raise FileNotFoundError(f"cannot create store {out}: {Path(*out.parts[:i])} does not exist "
-                                    "(a path through '..' is resolved from existing directories)")
+        if (
+            part == ".." and i and not Path(*out.parts[:i]).is_dir()
+        ):  # "a/../x": "a" would be created, x not
+            raise FileNotFoundError(
+                f"cannot create store {out}: {Path(*out.parts[:i])} does not exist "
+                "(a path through '..' is resolved from existing directories)"
+            )
     above = out.parent
     while not above.exists() and above != above.parent:
         above = above.parent
@@ -289,16 +307,22 @@ def create(out, layout: dict) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(tmp)
     except OSError as e:
-        raise type(e)(f"cannot create store {out}: {e.strerror or e} ({e.filename or out.parent})") from None
+        raise type(e)(
+            f"cannot create store {out}: {e.strerror or e} ({e.filename or out.parent})"
+        ) from None
     try:
         _build(tmp, layout)
         try:
             os.rename(tmp, out)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                raise FileExistsError(f"store {out} already exists (created by another process)") from None
+                raise FileExistsError(
+                    f"store {out} already exists (created by another process)"
+                ) from None
             if e.errno == errno.ENOTDIR:
-                raise FileExistsError(f"{out} exists and is not a directory (a zarr store); use another path") from None
+                raise FileExistsError(
+                    f"{out} exists and is not a directory (a zarr store); use another path"
+                ) from None
             raise
     finally:
         if tmp.exists():
@@ -326,7 +350,9 @@ def _build(path: Path, layout: dict) -> None:
         "grid_ndim": len(layout["dims"]),
         "variables": variables,
         # the metadata as created: ``verify`` compares the store's with it, ``repair`` restores it
-        "metadata": {str(f.relative_to(path)): json.loads(f.read_text()) for f in _metadata_files(path)},
+        "metadata": {
+            str(f.relative_to(path)): json.loads(f.read_text()) for f in _metadata_files(path)
+        },
     }
     _atomic_write(path / _META / "initialized", json.dumps(info))
 
@@ -340,8 +366,16 @@ def _metadata_files(path: Path) -> list[Path]:
 
 
 #: The fields of an array's metadata that decide how its chunk files are read.
-_ARRAY_FIELDS = ("node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs", "fill_value",
-                 "dimension_names")
+_ARRAY_FIELDS = (
+    "node_type",
+    "shape",
+    "data_type",
+    "chunk_grid",
+    "chunk_key_encoding",
+    "codecs",
+    "fill_value",
+    "dimension_names",
+)
 
 
 def _structure(meta) -> Any:
@@ -357,7 +391,9 @@ def _structure(meta) -> Any:
     attrs = attrs if isinstance(attrs, dict) else {}
     return {
         "node_type": meta.get("node_type"),
-        "consolidated": {k: _structure(v) for k, v in arrays.items()} if isinstance(arrays, dict) else arrays,
+        "consolidated": {k: _structure(v) for k, v in arrays.items()}
+        if isinstance(arrays, dict)
+        else arrays,
         "spec_hash": attrs.get("spec_hash"),
         "spec_json": attrs.get("spec_json"),
     }
@@ -379,7 +415,11 @@ def _info(out: Path, *, legacy_ok: bool = False) -> dict:
     except (OSError, ValueError) as e:
         raise StoreError(f"{out}: {mark} is unreadable ({e}); the store cannot be used") from None
     if info.get("format") != FORMAT and not legacy_ok:
-        what = "no checksums" if "format" not in info else f"format {info['format']}, this version reads format {FORMAT}"
+        what = (
+            "no checksums"
+            if "format" not in info
+            else f"format {info['format']}, this version reads format {FORMAT}"
+        )
         raise StoreFormatError(
             f"store {out} was written by an earlier meanfield version ({what}): it cannot be "
             "verified or resumed; run the sweep into a new store (it still reads with "
@@ -400,7 +440,9 @@ def stored_attributes(out) -> dict:
     if isinstance(attrs, dict) and "spec_json" in attrs:
         return attrs
     try:
-        copy = json.loads(_read_text(out / _META / "initialized"))["metadata"]["zarr.json"]["attributes"]
+        copy = json.loads(_read_text(out / _META / "initialized"))["metadata"]["zarr.json"][
+            "attributes"
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     return copy if isinstance(copy, dict) else {}
@@ -417,7 +459,9 @@ def check_resumable(out, spec_json: dict) -> dict | None:
     """
     out = Path(out)
     if not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory (a zarr store); use another path")
+        raise FileExistsError(
+            f"{out} exists and is not a directory (a zarr store); use another path"
+        )
     root = out / "zarr.json"
     if not root.exists():
         if any(out.iterdir()):
@@ -425,7 +469,9 @@ def check_resumable(out, spec_json: dict) -> dict | None:
         return None
     attrs = stored_attributes(out)
     if "spec_json" not in attrs:
-        raise StoreError(f"{out} is not a sweep store (no spec in its attributes); use another path")
+        raise StoreError(
+            f"{out} is not a sweep store (no spec in its attributes); use another path"
+        )
     info = _info(out)
     stored = json.loads(attrs["spec_json"])
     given = json.loads(json.dumps(spec_json, sort_keys=True))  # as it would be stored
@@ -468,7 +514,9 @@ def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
     """
     path = Path(out) / _META / "claims" / f"{cid:06d}"
     path.parent.mkdir(exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)  # a FIFO put here never blocks
+    fd = os.open(
+        path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666
+    )  # a FIFO put here never blocks
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -548,7 +596,9 @@ def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
         return {}
     ctx = _quiet_zarr()
     try:
-        status = np.asarray(cast(Any, zarr.open_group(out, mode="r", use_consolidated=False)["status"])[...])
+        status = np.asarray(
+            cast(Any, zarr.open_group(out, mode="r", use_consolidated=False)["status"])[...]
+        )
     finally:
         ctx.__exit__(None, None, None)
     counts = {}
@@ -557,17 +607,25 @@ def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
             rec = json.loads(_read_text(_mark(out, cid)))
         except (OSError, ValueError):
             continue  # unmarked meanwhile or unreadable (``verify`` reports the latter)
-        sel = tuple(slice(int(i), int(i) + 1) for i in rec["index"]) + tuple(slice(int(a), int(b)) for a, b in rec["slices"])
+        sel = tuple(slice(int(i), int(i) + 1) for i in rec["index"]) + tuple(
+            slice(int(a), int(b)) for a, b in rec["slices"]
+        )
         counts[cid] = int(np.count_nonzero(status[sel] == FAILED))
     return counts
 
 
-def _digest(spec_hash: str, cid: int, region: list[tuple[int, int]], values: dict[str, np.ndarray]) -> str:
+def _digest(
+    spec_hash: str, cid: int, region: list[tuple[int, int]], values: dict[str, np.ndarray]
+) -> str:
     """sha256 over the spec's hash, the chunk's id and region, and each variable's values in the
     region (name, dtype, shape, bytes; variables by name): the data of this chunk of this sweep.
     A chunk file swapped with another's, or values written into the region afterwards, change it."""
     h = hashlib.sha256()
-    h.update(json.dumps({"spec_hash": spec_hash, "chunk": int(cid), "region": [list(r) for r in region]}).encode())
+    h.update(
+        json.dumps(
+            {"spec_hash": spec_hash, "chunk": int(cid), "region": [list(r) for r in region]}
+        ).encode()
+    )
     for name in sorted(values):
         v = np.ascontiguousarray(values[name])
         h.update(json.dumps([name, v.dtype.str, list(v.shape)]).encode())
@@ -607,7 +665,9 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
     info = _info(out)
     missing = sorted(set(info["variables"]) - set(results))
     if missing:
-        raise ValueError(f"write_chunk: results of chunk {cid} lack the variable(s) {', '.join(missing)}")
+        raise ValueError(
+            f"write_chunk: results of chunk {cid} lack the variable(s) {', '.join(missing)}"
+        )
     block_shape = tuple(s.stop - s.start for s in slices)
     region = [(int(i), int(i) + 1) for i in index] + [(int(s.start), int(s.stop)) for s in slices]
     lead = (1,) * len(index)
@@ -618,18 +678,25 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
         values = {}
         for name in info["variables"]:
             value = np.asarray(results[name])
-            values[name] = value.reshape(lead + block_shape + value.shape[1:]).astype(arrays[name].dtype)
+            values[name] = value.reshape(lead + block_shape + value.shape[1:]).astype(
+                arrays[name].dtype
+            )
         bad = _nonfinite_points(values, lead + block_shape)
         if bad.any():
-            values["status"] = np.where(bad & (values["status"] == OK), np.int8(FAILED), values["status"])
+            values["status"] = np.where(
+                bad & (values["status"] == OK), np.int8(FAILED), values["status"]
+            )
         for name, value in values.items():
             _clear_non_files(out, name, arrays[name], region)
             arr = arrays[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
             arr[tuple(slice(a, b) for a, b in region)] = value
     finally:
         ctx.__exit__(None, None, None)
-    record = {"index": [int(i) for i in index], "slices": [[int(s.start), int(s.stop)] for s in slices],
-              "digest": _digest(info["spec_hash"], cid, region, values)}
+    record = {
+        "index": [int(i) for i in index],
+        "slices": [[int(s.start), int(s.stop)] for s in slices],
+        "digest": _digest(info["spec_hash"], cid, region, values),
+    }
     _atomic_write(_mark(out, cid), json.dumps(record))
 
 
@@ -664,8 +731,11 @@ def discard(out, cid: int) -> None:
 def _block_coords(shape: tuple, chunks: tuple, region: list[tuple[int, int]]) -> Iterator[tuple]:
     """Coordinates of the zarr chunks (of shape ``chunks``) that the region touches."""
     ranges = [range(lo // c, math.ceil(hi / c)) for (lo, hi), c in zip(region, chunks)]
-    ranges += [range(math.ceil(s / c)) for s, c in zip(shape[len(region):], chunks[len(region):])]
-    yield from (tuple(int(r[i]) for r, i in zip(ranges, idx)) for idx in np.ndindex(*[len(r) for r in ranges]))
+    ranges += [range(math.ceil(s / c)) for s, c in zip(shape[len(region) :], chunks[len(region) :])]
+    yield from (
+        tuple(int(r[i]) for r, i in zip(ranges, idx))
+        for idx in np.ndindex(*[len(r) for r in ranges])
+    )
 
 
 def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
@@ -677,7 +747,11 @@ def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
         d = out / _META / sub
         if not d.is_dir():
             what = "missing" if not d.exists() else "not a directory"
-            lost = "; the completion marks are lost: every chunk is recomputed" if sub == "done" else ""
+            lost = (
+                "; the completion marks are lost: every chunk is recomputed"
+                if sub == "done"
+                else ""
+            )
             found.append(Damage(None, d, f"{_META}/{sub} is {what}{lost}", repairable=True))
     recorded = info.get("metadata", {})
     for rel, meta in recorded.items():
@@ -689,25 +763,48 @@ def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
             continue
         if _structure(now) != _structure(meta):
             diff = sorted(key_differences(_structure(meta), _structure(now)))
-            found.append(Damage(None, f, f"metadata differs from the store's creation ({', '.join(diff)})",
-                                repairable=True))
-    if not found:  # each file as recorded: the root's consolidated copy (what readers use) must match them
+            found.append(
+                Damage(
+                    None,
+                    f,
+                    f"metadata differs from the store's creation ({', '.join(diff)})",
+                    repairable=True,
+                )
+            )
+    if (
+        not found
+    ):  # each file as recorded: the root's consolidated copy (what readers use) must match them
         try:
             root = json.loads(_read_text(out / "zarr.json"))
             consolidated = root["consolidated_metadata"]["metadata"]
             for rel in recorded:
                 name = str(Path(rel).parent)
-                if name != "." and _structure(consolidated.get(name)) != _structure(json.loads(_read_text(out / rel))):
-                    found.append(Damage(None, out / rel, f"metadata differs from the root's consolidated copy of "
-                                        f"{name!r} (the record of the store's creation was edited too)"))
+                if name != "." and _structure(consolidated.get(name)) != _structure(
+                    json.loads(_read_text(out / rel))
+                ):
+                    found.append(
+                        Damage(
+                            None,
+                            out / rel,
+                            f"metadata differs from the root's consolidated copy of "
+                            f"{name!r} (the record of the store's creation was edited too)",
+                        )
+                    )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            found.append(Damage(None, out / "zarr.json", f"consolidated metadata unreadable ({_reason(e)})"))
+            found.append(
+                Damage(None, out / "zarr.json", f"consolidated metadata unreadable ({_reason(e)})")
+            )
     if marks and (out / _META / "done").is_dir():
         total = int(info["chunks_total"])
         for cid in sorted(done_chunks(out) - done_chunks(out, total)):
-            found.append(Damage(None, _mark(out, cid),
-                                f"completion mark of chunk {cid}, which does not exist (chunks 0 .. {total - 1})",
-                                repairable=True))
+            found.append(
+                Damage(
+                    None,
+                    _mark(out, cid),
+                    f"completion mark of chunk {cid}, which does not exist (chunks 0 .. {total - 1})",
+                    repairable=True,
+                )
+            )
     return found
 
 
@@ -775,7 +872,11 @@ def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
         if full:
             # the coordinates are the arrays recorded at creation (listing the directory would read
             # whatever else was put there); each file is checked to be a regular one before zarr reads it
-            recorded = {str(Path(rel).parent) for rel in info.get("metadata", {}) if Path(rel).parent != Path(".")}
+            recorded = {
+                str(Path(rel).parent)
+                for rel in info.get("metadata", {})
+                if Path(rel).parent != Path(".")
+            }
             for name in sorted(recorded - set(arrays)):
                 try:
                     coord = cast(Any, root[name])
@@ -844,8 +945,11 @@ def _decoder(arr):
     from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
     codecs = tuple(arr.metadata.codecs)
-    if len(codecs) != 3 or not (isinstance(codecs[0], BytesCodec) and isinstance(codecs[1], ZstdCodec)
-                                and isinstance(codecs[2], Crc32cCodec)):
+    if len(codecs) != 3 or not (
+        isinstance(codecs[0], BytesCodec)
+        and isinstance(codecs[1], ZstdCodec)
+        and isinstance(codecs[2], Crc32cCodec)
+    ):
         return None
     endian = getattr(codecs[0].endian, "value", codecs[0].endian)
     dtype = np.dtype(arr.dtype).newbyteorder("<" if endian in (None, "little") else ">")
@@ -855,17 +959,23 @@ def _decoder(arr):
     def decode(data: bytes) -> np.ndarray:
         raw = bytes(zstd.decode(data[:-4]))
         if len(raw) != size:
-            raise ValueError(f"decodes to {len(raw)} bytes, a chunk of {shape} {dtype.name} has {size}")
+            raise ValueError(
+                f"decodes to {len(raw)} bytes, a chunk of {shape} {dtype.name} has {size}"
+            )
         return np.frombuffer(raw, dtype).reshape(shape).astype(arr.dtype)
 
     return decode
 
 
-def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, spec_hash: str) -> list[Damage]:
+def _verify_chunk(
+    out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, spec_hash: str
+) -> list[Damage]:
     mark = _mark(out, cid)
     try:
         rec = json.loads(_read_text(mark))
-        region = [(int(i), int(i) + 1) for i in rec["index"]] + [(int(a), int(b)) for a, b in rec["slices"]]
+        region = [(int(i), int(i) + 1) for i in rec["index"]] + [
+            (int(a), int(b)) for a, b in rec["slices"]
+        ]
         if len(region) != ndim:
             raise ValueError(f"{len(region)} dimensions, the grid has {ndim}")
         shape = arrays["status"].shape
@@ -892,7 +1002,7 @@ def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, 
         if bad:
             continue
         # decode: a file with a valid checksum over bytes that are no chunk fails here
-        full = region + [(0, s) for s in arr.shape[len(region):]]
+        full = region + [(0, s) for s in arr.shape[len(region) :]]
         decode = decoders.get(name)
         if decode is None:
             try:
@@ -908,8 +1018,14 @@ def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, 
                 found.append(Damage(cid, path, f"chunk does not decode ({_reason(e)})"))
                 break
             lo = [ci * ch for ci, ch in zip(c, arr.chunks)]
-            src = tuple(slice(max(a, l0) - l0, min(b, l0 + ch) - l0) for (a, b), l0, ch in zip(full, lo, arr.chunks))
-            dst = tuple(slice(max(a, l0) - a, min(b, l0 + ch) - a) for (a, b), l0, ch in zip(full, lo, arr.chunks))
+            src = tuple(
+                slice(max(a, l0) - l0, min(b, l0 + ch) - l0)
+                for (a, b), l0, ch in zip(full, lo, arr.chunks)
+            )
+            dst = tuple(
+                slice(max(a, l0) - a, min(b, l0 + ch) - a)
+                for (a, b), l0, ch in zip(full, lo, arr.chunks)
+            )
             result[dst] = block[src]
         else:
             values[name] = result
@@ -919,12 +1035,23 @@ def _verify_chunk(out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, 
     if np.any(status == PENDING):
         return [Damage(cid, out / "status", "points still pending in a chunk marked done")]
     if _digest(spec_hash, cid, region, values) != digest:
-        return [Damage(cid, out / next(iter(arrays)),
-                       "data differ from the digest of its completion mark (chunk files swapped, replaced or "
-                       "written over, or the mark edited)")]
+        return [
+            Damage(
+                cid,
+                out / next(iter(arrays)),
+                "data differ from the digest of its completion mark (chunk files swapped, replaced or "
+                "written over, or the mark edited)",
+            )
+        ]
     nonfinite = _nonfinite_points(values, status.shape) & (status == OK)
     if nonfinite.any():  # only reachable with a forged digest: written data never hold these
-        return [Damage(cid, out / "status", f"{int(nonfinite.sum())} point(s) with status ok hold NaN or inf")]
+        return [
+            Damage(
+                cid,
+                out / "status",
+                f"{int(nonfinite.sum())} point(s) with status ok hold NaN or inf",
+            )
+        ]
     return found
 
 

@@ -17,7 +17,10 @@ def body(name: str, out_dir, quick: bool, wait_s: float = 60.0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     met = _handshake(out, "started", name, wait_s) and _handshake(out, "seen", name, wait_s)
     summary = write_summary(
-        out / name, name, quick=quick, settings={"pid": os.getpid(), "met_peer": met},
+        out / name,
+        name,
+        quick=quick,
+        settings={"pid": os.getpid(), "met_peer": met},
         checks=[check(f"{name} check", 1.0, theory=1.0, tolerance=0.0)],
     )
     return summary
