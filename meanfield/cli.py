@@ -47,7 +47,9 @@ import os
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import _params
 from ._argparse import OneLineParser
@@ -73,12 +75,12 @@ def _arg(
     minimum: int | None = None,
     maximum: int | None = None,
     magnitude: int | float | None = None,
-):
+) -> Callable[[str], Any]:
     """The argparse type of a value of ``kind`` (``meanfield._params``: the rule and message of the
     Python constructors and the sweep spec; ``"int"`` with ``minimum``/``maximum`` for counts and
     seeds), with ``|value| <= magnitude`` where given."""
 
-    def parse(text: str):
+    def parse(text: str) -> Any:
         try:
             v = _params.parse_text(kind, text, minimum=minimum, maximum=maximum)
         except (ValueError, TypeError) as e:
@@ -121,14 +123,13 @@ def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return _cli_schema.SOLVERS, _cli_schema.STEPS
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, models) -> None:
+def _add_model_flags(parser: argparse.ArgumentParser, models: Sequence[Any]) -> None:
     """One flag per parameter of the registry (``mf.kernels.MODELS``, as ``_models()``),
     defaults left to the registry (a flag absent from the command line takes the model's default)."""
     seen: dict[str, list] = {}
     for entry in models:
-        if entry.simulated:
-            for p in entry.params:
-                seen.setdefault(p.name, []).append((entry.name, p))
+        for p in entry.params:
+            seen.setdefault(p.name, []).append((entry.name, p))
     for name, uses in seen.items():
         p = uses[0][1]
         if len({(q.doc, _show_default(q.default)) for _, q in uses}) == 1:
@@ -151,7 +152,7 @@ def _add_model_flags(parser: argparse.ArgumentParser, models) -> None:
         parser.add_argument(_flag(name), **kw)
 
 
-def _show_default(v) -> str:
+def _show_default(v: object) -> str:
     if isinstance(v, float) and abs(v - 2 * math.pi) < 1e-12:
         return "2 pi"
     if isinstance(v, tuple):
@@ -164,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .reproduce import EXPERIMENTS  # a table of names (the experiments load when run)
 
     models = _models()
-    model_names = tuple(m.name for m in models if m.simulated)
+    model_names = tuple(m.name for m in models)
     SOLVERS, STEPS = _integrators()
 
     p = _Parser(
@@ -382,7 +383,7 @@ def _output_dir(path: str) -> Path:
     return out
 
 
-def _json_safe(obj):
+def _json_safe(obj: Any) -> Any:
     """``obj`` with non-finite floats as ``None`` (strict JSON: no ``NaN``/``Infinity``)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -393,11 +394,11 @@ def _json_safe(obj):
     return obj
 
 
-def _dumps(obj, **kw) -> str:
+def _dumps(obj: Any, **kw: Any) -> str:
     return json.dumps(_json_safe(obj), allow_nan=False, **kw)
 
 
-def _simulate_cost(args, model):
+def _simulate_cost(args: argparse.Namespace, model: Any) -> Any:
     """The run's estimate (``_resources.run_cost``) from the arguments and the model's footprint."""
     import jax.numpy as jnp
 
@@ -418,7 +419,7 @@ def _simulate_cost(args, model):
     )
 
 
-def _simulate(args, *, process: bool = False) -> int:
+def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
     models = _models()
     schema = next(m for m in models if m.name == args.kernel)
@@ -497,8 +498,8 @@ def _simulate(args, *, process: bool = False) -> int:
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
-    e_max = model.max_energy()
-    e_max = None if e_max is None else float(e_max)
+    e_theory = model.max_energy()
+    e_max = None if e_theory is None else float(np.asarray(e_theory))
     gap = np.asarray(traj.collapse_gap, np.float64)
     energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else None
     clusters = np.asarray(traj.observables["clusters"], np.float64)
@@ -567,7 +568,7 @@ def _simulate(args, *, process: bool = False) -> int:
     return 0
 
 
-def _failure_reasons(traj, gap, energy, clusters, xs) -> list[str]:
+def _failure_reasons(traj: Any, gap: Any, energy: Any, clusters: Any, xs: Any) -> list[str]:
     """Why a run failed, or ``[]``: the engine's flag, or any non-finite state, energy or
     observable (never trust only the flag)."""
     import numpy as np
@@ -585,7 +586,7 @@ def _failure_reasons(traj, gap, energy, clusters, xs) -> list[str]:
     return reasons
 
 
-def _energy_decreases(energy, dtype) -> int:
+def _energy_decreases(energy: Any, dtype: Any) -> int:
     r"""Save intervals over which the energy fell by more than rounding ($1000\, \varepsilon \max|E|$),
     counted over its finite prefix. The exact flow is a gradient ascent of the energy: a
     decrease means the fixed step overshoots."""
@@ -600,7 +601,9 @@ def _energy_decreases(energy, dtype) -> int:
     return int(np.sum(np.diff(E) < -tol))
 
 
-def _simulate_figures(out, args, traj, aux, e_max, jnp):
+def _simulate_figures(
+    out: Path, args: argparse.Namespace, traj: Any, aux: Any, e_max: float | None, jnp: Any
+) -> None:
     import warnings
 
     import matplotlib.pyplot as plt
@@ -611,7 +614,15 @@ def _simulate_figures(out, args, traj, aux, e_max, jnp):
         _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np)
 
 
-def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
+def _simulate_figures_unchecked(
+    out: Path,
+    args: argparse.Namespace,
+    traj: Any,
+    aux: Any,
+    e_max: float | None,
+    plt: Any,
+    np: Any,
+) -> None:
     from . import plotting
 
     xs = np.asarray(traj.xs)
@@ -653,7 +664,7 @@ def _simulate_figures_unchecked(out, args, traj, aux, e_max, plt, np):
     plotting.savefig(fig, out / "observables.png")
 
 
-def _reproduce(args, *, process: bool = False) -> int:
+def _reproduce(args: argparse.Namespace, *, process: bool = False) -> int:
     from . import reproduce
 
     if args.quick and args.full:

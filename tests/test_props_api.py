@@ -295,6 +295,7 @@ def test_simulate_contract(beta, max_steps, t1, state):
 # ---------------------------------------------------------------- the registry
 
 
+# "attention" is a sweep kind, not a model: make and build refuse it like any unknown name
 _NAMES = list(K.MODEL_NAMES) + ["attention", "USA", "", 3, None]
 
 

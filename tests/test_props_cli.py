@@ -77,7 +77,7 @@ FLAGS = {
             "gauge",
             "prompt",
             "sa",
-            "attention",
+            "attention",  # a sweep kind, not a model: an invalid choice
             "nope",
         ]
     ),

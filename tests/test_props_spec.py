@@ -99,7 +99,7 @@ def often(draw, good, bad, p_bad: int = 12):
 @st.composite
 def base(draw) -> dict:
     """A spec dictionary whose values are mostly valid and sometimes at or past the edges."""
-    names = list(kernels.MODELS)
+    names = [*kernels.MODELS, "attention"]  # the registry's models and the attention sweep kind
     kind = draw(st.sampled_from(names))
     kind_value = often(
         draw,
@@ -107,7 +107,8 @@ def base(draw) -> dict:
         st.one_of(st.lists(st.sampled_from(names), min_size=1, max_size=2), st.just("transformer")),
     )
     model: dict = {"kind": kind_value}
-    pars = [p for p in kernels.MODELS[kind].params if p.name != "beta"]
+    params = sweep_spec.kind_of(kind).model_params(kind)
+    pars = [p for p in params if p.name != "beta"]
     for p in (
         draw(st.lists(st.sampled_from(pars), unique_by=lambda p: p.name, max_size=2))
         if pars
@@ -126,7 +127,7 @@ def base(draw) -> dict:
                 positive, st.lists(st.floats(0.1, 2.0), min_size=1, max_size=2, unique=True)
             )
         model[p.name] = often(draw, good, st.one_of(real, st.lists(real, max_size=2), junk))
-    has_beta = any(p.name == "beta" for p in kernels.MODELS[kind].params)
+    has_beta = any(p.name == "beta" for p in params)
     grid: dict = {
         "n": often(
             draw,
@@ -150,7 +151,7 @@ def base(draw) -> dict:
     if draw(st.integers(0, 3)) == 3:
         grid["seed"] = draw(small_int)
     spec: dict = {"model": model, "grid": grid}
-    if kernels.MODELS[kind].simulated or draw(st.integers(0, 5)) == 5:
+    if sweep_spec.kind_of(kind).timed or draw(st.integers(0, 5)) == 5:
         solver = often(
             draw,
             st.sampled_from(["euler", "rk2", "rk4"]),
@@ -176,7 +177,7 @@ def base(draw) -> dict:
     if draw(st.booleans()):
         obs = list(
             sweep_spec.SIM_OBSERVABLES
-            if kernels.MODELS[kind].simulated
+            if sweep_spec.kind_of(kind).timed
             else sweep_spec.ATTENTION_OBSERVABLES
         )
         out: dict = {

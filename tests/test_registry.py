@@ -29,9 +29,11 @@ def test_registry_covers_every_model_name():
         "gauge",
         "prompt",
         "sa",
-        "attention",
     }
-    assert K.MODEL_NAMES == tuple(n for n in K.MODELS if n != "attention")
+    # every registered model has dynamics; the attention sweep (one query against uniform keys)
+    # is a sweep kind of its own (meanfield.sweep._attention), not a registry entry
+    assert K.MODEL_NAMES == tuple(K.MODELS)
+    assert all(e.build is not None and e.cls is not None for e in K.MODELS.values())
     for name, entry in K.MODELS.items():
         assert entry.doc and all(p.doc for p in entry.params), name
         for p in entry.params:
@@ -70,7 +72,7 @@ def test_make_rejects_unknown_names_params_and_bad_values():
         K.make("gauge", d=4)
     with pytest.raises(ValueError, match=r"gauges must be one of 'random', 'rotation', got 'x'"):
         K.make("prompt", gauges="x")
-    with pytest.raises(ValueError, match=r"has no dynamics"):
+    with pytest.raises(ValueError, match=r"unknown model 'attention'; accepted: usa, .*sa$"):
         K.make("attention")
 
 
@@ -380,3 +382,21 @@ def test_backend_xla_never_calls_the_native_kernel(monkeypatch):
     monkeypatch.setattr(_native, "exp_field_xla", boom)
     x = mf.sphere.uniform(jax.random.key(3), 17, 3)  # a shape no other test compiled
     jax.block_until_ready(mf.energy(K.USA(1.1), x, backend="xla"))
+
+
+def test_attention_is_a_sweep_kind_not_a_model():
+    """``kind = "attention"`` chooses the attention sweep kind; its one parameter is the ``beta``
+    of ``SelfAttention`` (the same declaration as ``make("sa")``'s)."""
+    from meanfield.sweep import spec as sweep_spec
+
+    kind = sweep_spec.kind_of("attention")
+    assert kind.name == "attention" and not kind.timed and kind.seeded
+    (beta,) = kind.model_params("attention")
+    assert beta == K.MODELS["sa"].param("beta")
+    assert "attention" not in K.MODELS and "attention" not in [m.name for m in cli._models()]
+    assert {sweep_spec.kind_of(n).name for n in K.MODEL_NAMES} == {"particles"}
+    assert sweep_spec.kind_of("continuum").size_axis == "resolution"
+    with pytest.raises(
+        ValueError, match=r"unknown model kind 'nope'; accepted: 'usa'.*'attention', 'continuum'"
+    ):
+        sweep_spec.kind_of("nope")

@@ -17,10 +17,12 @@ import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from .._checks import check_int
 from .._params import PARAM_KINDS, RESERVED_NAMES, Param
@@ -54,10 +56,9 @@ class ModelEntry:
     class (``cls``: ``name``, ``summary``, ``params()``, ``from_params``, ``required_dimension()``,
     ``has_energy``, ``max_energy()``).
 
-    ``build(params, d, dtype)`` makes the model from a full parameter dict (``None`` for
-    ``attention``, which has no dynamics and is swept only); ``d`` is the required dimension
-    where there is one (``gauge``: 3); ``max_energy(params)`` the theory's largest energy (None
-    where it gives none).
+    ``build(params, d, dtype)`` makes the model from a full parameter dict; ``d`` is the required
+    dimension where there is one (``gauge``: 3); ``max_energy(params)`` the theory's largest
+    energy (None where it gives none).
 
     Example:
         >>> import meanfield as mf
@@ -68,7 +69,7 @@ class ModelEntry:
     name: str
     doc: str
     params: tuple[Param, ...]
-    build: Callable | None
+    build: Callable
     d: int | None = None
     cls: type[Model] | None = None
     #: One of meanfield's own models (not registered by another package or a user).
@@ -89,11 +90,6 @@ class ModelEntry:
         )
 
     @property
-    def simulated(self) -> bool:
-        """Whether the model has dynamics (everything but ``attention``)."""
-        return self.build is not None
-
-    @property
     def has_energy(self) -> bool:
         """Whether the model is a gradient flow of a pair energy (``mf.energy`` defined): the class's ``has_energy``."""
         return self.cls is not None and bool(self.cls.has_energy)
@@ -104,9 +100,9 @@ class ModelEntry:
             return None
         P = self.resolve(params)
         e = self.cls.from_params(P, self.d or 3, None).max_energy()
-        return None if e is None else float(e)
+        return None if e is None else float(np.asarray(e))
 
-    def over_grid(self, params: Mapping, d: int, **values) -> Model:
+    def over_grid(self, params: Mapping, d: int, **values: np.ndarray) -> Model:
         """The model with ``params`` (defaults filled in) whose traced top-level parameters named in
         ``values`` hold NumPy arrays of values instead of scalars (no constructor checks): for the
         elementwise facts of a whole grid at once, ``interaction_rate()`` and ``reference_step()``
@@ -172,7 +168,7 @@ _NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
 def _refresh_names() -> None:
     global MODEL_NAMES
-    MODEL_NAMES = tuple(name for name, e in MODELS.items() if e.simulated)
+    MODEL_NAMES = tuple(MODELS)
     package = sys.modules.get(__package__ or "")
     if package is not None and hasattr(package, "MODEL_NAMES"):
         package.MODEL_NAMES = MODEL_NAMES  # type: ignore[attr-defined]
@@ -288,18 +284,8 @@ def load_entry_points() -> list[str]:
 for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention):
     register(_cls, _builtin=True)
 
-# the attention sweeps' model: no dynamics, swept only (its own sweep kind)
-MODELS["attention"] = ModelEntry(
-    "attention",
-    "one fixed query against n uniform keys (sweeps only: no dynamics)",
-    (SelfAttention.params()[0],),
-    None,
-    builtin=True,
-)
-_refresh_names()
 
-
-def model_entry(name) -> ModelEntry:
+def model_entry(name: object) -> ModelEntry:
     """The registry entry of ``name`` (``ValueError`` listing the accepted names).
 
     Example:
@@ -312,7 +298,7 @@ def model_entry(name) -> ModelEntry:
     return MODELS[name]
 
 
-def build(name, params, *, d, dtype=None) -> Model:
+def build(name: object, params: object, *, d: object, dtype: DTypeLike | None = None) -> Model:
     """The model ``name`` from a dict of its parameters (defaults for the missing ones).
 
     What ``make`` does with keywords; the sweep engine calls it with traced values.
@@ -325,10 +311,6 @@ def build(name, params, *, d, dtype=None) -> Model:
     entry = model_entry(name)
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a dict of parameter values, got {params!r}")
-    if entry.build is None:
-        raise ValueError(
-            f"model {name!r} has no dynamics (it is swept only); accepted: {', '.join(MODEL_NAMES)}"
-        )
     d = check_int("d", d, minimum=2)
     if entry.d is not None and d != entry.d:
         raise ValueError(f"model {name!r} needs d = {entry.d}, got d = {d}")
@@ -338,7 +320,7 @@ def build(name, params, *, d, dtype=None) -> Model:
     return entry.build(P, d, jnp.dtype(dtype) if dtype is not None else jnp.result_type(float))
 
 
-def make(name, *, d=3, dtype=None, **params) -> Model:
+def make(name: object, *, d: object = 3, dtype: DTypeLike | None = None, **params: Any) -> Model:
     """Build a registered model by name with its parameters as keywords (``MODELS``).
 
     ``usa``, ``distance-bias`` (``lam``), ``toeplitz`` (``m``), ``rope`` (``omega``, ``plane``),

@@ -4,7 +4,8 @@ shape, chunked to a memory budget, sharded across devices, stored resumably (DES
 Data flows ``spec -> plan -> run -> store -> plot``:
 
 * ``meanfield.sweep.spec``: the TOML spec parsed, validated and normalised (``Spec``); the
-  model kinds and their parameters are those of the registry ``mf.kernels.MODELS``;
+  model kinds and their parameters are those of the registry ``mf.kernels.MODELS`` (and the
+  kinds ``attention`` and ``continuum``);
 * ``meanfield.sweep.plan``: groups (one compilation per model and static shape), chunks
   bounded by a memory budget, the store's layout (``Plan``, ``make_plan``);
 * ``meanfield.sweep.run``: the per-point programs (the model from ``mf.kernels.build``),
@@ -14,8 +15,12 @@ Data flows ``spec -> plan -> run -> store -> plot``:
   writers at once); it imports nothing from spec, plan or run: what it needs is written
   into the store at creation;
 * ``meanfield.sweep.plot``: the standard figures of a store;
-* ``meanfield.sweep._continuum``: the kind ``"continuum"``, the mean-field density solver
-  (``mf.continuum.solve``) over ``(beta, mode, eps)``: measured against theoretical growth rates.
+* the sweep kinds, one module each behind one interface (``meanfield.sweep.spec.SweepKind``:
+  the spec's sections, the point's cost and program, the store's variables, the figures):
+  ``meanfield.sweep._particles`` (every registry model), ``meanfield.sweep._attention`` (one
+  fixed query against ``n`` uniform keys) and ``meanfield.sweep._continuum`` (the mean-field
+  density solver ``mf.continuum.solve`` over ``(beta, mode, eps)``: measured against
+  theoretical growth rates).
 
 CLI: ``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory 2GB] [--dry-run] [--force] [--quiet]``
 with ``--part I/N`` (one part of a job array) or ``--coordinator HOST:PORT --num-processes N

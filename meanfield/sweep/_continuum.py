@@ -25,10 +25,14 @@ program, estimates and figure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
+
+from .._resources import Cost
+from .spec import PointProgram, Spec, SweepKind, register_kind
 
 __all__ = [
     "KIND",
@@ -40,6 +44,8 @@ __all__ = [
     "output_layout",
     "plot",
     "DESCRIPTIONS",
+    "Continuum",
+    "CONTINUUM",
 ]
 
 #: The model kind of the density solver in a spec (``[model] kind = "continuum"``).
@@ -77,7 +83,9 @@ _MAX_SAVES = 10**6
 _MAX_RESOLUTION = 4096
 
 
-def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec_type):
+def parse(
+    raw: dict, *, name: str, description: str, dtype: str, text: str, spec_type: type[Spec]
+) -> Spec:
     """The ``Spec`` of a continuum sweep from the TOML dictionary ``raw`` (schema in docs/sweeps.md).
 
     Raises ``ValueError``/``TypeError`` (one line) for unknown keys (listing the accepted ones),
@@ -90,17 +98,26 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
 
     model = dict(raw.get("model", {}))
     _unknown("model", model, _MODEL_KEYS)
+    from .. import continuum as mfc
+
     mf_model = model.get("model", "usa")
-    if mf_model not in ("usa", "sa"):
+    zonal = mfc.zonal_models()  # the models with a zonal profile (Model.zonal_profile)
+    if mf_model not in zonal:
         raise ValueError(
-            f"unknown model.model {mf_model!r} for kind 'continuum'; accepted: 'usa', 'sa'"
+            f"unknown model.model {mf_model!r} for kind 'continuum'; accepted: "
+            + ", ".join(map(repr, zonal))
         )
     rescaled = model.get("rescaled", False)
     if not isinstance(rescaled, bool):
         raise TypeError(f"model.rescaled must be true or false, got {rescaled!r}")
-    if rescaled and mf_model == "sa":
+    profile = mfc.model_profile(mf_model, False)
+    if rescaled and not profile.rescalable:
+        with_form = [n for n in zonal if mfc.model_profile(n, False).rescalable]
+        why = (
+            "the normalised field needs no rescaling" if profile.normalized else "no rescaled form"
+        )
         raise ValueError(
-            "model.rescaled applies to model = 'usa' only (the normalised field needs no rescaling)"
+            f"model.rescaled applies to {', '.join(f'model = {n!r}' for n in with_form)} only ({why})"
         )
 
     grid = dict(raw.get("grid", {}))
@@ -144,7 +161,7 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
             f"grid.mode {max(modes)} must be < grid.resolution = {min(resolutions)} (the evolved modes are 0..L-1)"
         )
 
-    def float_list(key: str, check) -> tuple[list[float], bool]:
+    def float_list(key: str, check: Callable[[str, Any], float]) -> tuple[list[float], bool]:
         v = grid[key]
         is_list = isinstance(v, list)
         vals = v if is_list else [v]
@@ -159,15 +176,15 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
         return out, is_list
 
     betas, _ = float_list("beta", lambda w, x: _float(w, x, "float>0"))
-    if mf_model == "usa" and not rescaled:
-        limit = float(np.log(np.finfo(dtype).max)) - 1.0
+    limit = mfc.model_profile(mf_model, rescaled).overflow_limit(dtype)
+    if limit is not None:
         if max(betas) >= limit:
             raise ValueError(
                 f"grid.beta = {max(betas):g} overflows e^beta in {dtype} (limit about {limit:.0f}); "
                 "set model.rescaled = true (rates and times per unit of s = e^beta t)"
             )
 
-    def eps_check(w: str, x) -> float:
+    def eps_check(w: str, x: object) -> float:
         e = _float(w, x)
         if not 0 < abs(e) < 1:
             raise ValueError(f"{w} must satisfy 0 < |eps| < 1 (a positive density), got {x!r}")
@@ -277,7 +294,7 @@ def parse(raw: dict, *, name: str, description: str, dtype: str, text: str, spec
     )
 
 
-def point_program(spec, L: int, d: int):
+def point_program(spec: Spec, L: int, d: int) -> PointProgram:
     """``f(params, seed) -> dict of outputs`` of one continuum point at band-limit ``L`` on
     ``S^{d-1}``; ``params`` holds ``beta``, ``mode`` and (when swept) ``eps``; ``seed`` is unused
     (the solver is deterministic)."""
@@ -305,7 +322,7 @@ def point_program(spec, L: int, d: int):
         jnp.asarray(a) for a in (betas.astype(dtype), modes.astype(np.int32), table.astype(dtype))
     )
 
-    def prog(params, seed):
+    def prog(params: dict[str, Any], seed: Any) -> dict[str, Any]:
         del seed
         beta = params["beta"].astype(dtype)
         ell = jnp.round(params["mode"]).astype(jnp.int32)
@@ -367,7 +384,7 @@ def _grid_points(L: int, d: int) -> tuple[int, int]:
     return L * (2 * L - 1), L2 * (2 * L2 - 1)
 
 
-def point_memory(spec, L: int, d: int) -> int:
+def point_memory(spec: Spec, L: int, d: int) -> int:
     r"""Estimated peak bytes of one continuum point inside a vmapped chunk: Tsit5's 7 stages and
     the controller's copies of the ``2 x`` (real, imaginary) coefficient state, the transform
     work arrays on the product grid (complex), and the saved densities ``T x grid``."""
@@ -377,12 +394,12 @@ def point_memory(spec, L: int, d: int) -> int:
     return b * (2 * 16 * G + 2 * 8 * G2 + saves * (G + 8)) + 4096
 
 
-def cost(spec, L: int, d: int, batch: int, point_bytes: int):
+def cost(spec: Any, L: int, d: int, batch: int, point_bytes: int) -> Cost:
     r"""``Cost`` of ``batch`` points: ``mf.continuum.solve_cost`` (steps = ``max_steps`` or ``t1 / dt``,
     7 stages of the right-hand side a step, and on S^2 building ``s2fft``'s transform kernels once),
-    with the plan's ``point_bytes`` per point plus the shared transform kernels."""
+    with the plan's ``point_bytes`` per point plus the shared transform kernels. ``spec``: a
+    ``Spec``, or any object with its ``time``, ``ts`` and ``dtype``."""
     from .. import continuum as mfc
-    from .._resources import Cost
 
     T = cast(dict, spec.time)
     saves = len(cast(np.ndarray, spec.ts))
@@ -403,7 +420,7 @@ def cost(spec, L: int, d: int, batch: int, point_bytes: int):
     )
 
 
-def output_layout(spec) -> dict[str, tuple[str, ...]]:
+def output_layout(spec: Spec) -> dict[str, tuple[str, ...]]:
     """Data variable -> trailing dimensions (``amplitude`` over ``time``, the others none)."""
     out: dict[str, tuple[str, ...]] = {
         o: (("time",) if o == "amplitude" else ()) for o in spec.observables
@@ -414,7 +431,7 @@ def output_layout(spec) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def plot(ds, out_dir: Path) -> list[Path]:
+def plot(ds: Any, out_dir: Path) -> list[Path]:
     """Heatmaps over ``(beta, mode)``: the measured growth rate, the theory and their ratio
     (other dimensions at their first value, named in the title); with ``amplitude``, the mode
     amplitude against time, one curve per mode, at the first ``beta``."""
@@ -491,3 +508,61 @@ def plot(ds, out_dir: Path) -> list[Path]:
         fig.savefig(p, dpi=110)
         paths.append(p)
     return paths
+
+
+class Continuum(SweepKind):
+    """The density solver over ``(beta, mode, eps)`` (``[model] kind = "continuum"``): the
+    functions of this module as a sweep kind. No seeds; the size axis is the band-limit
+    ``resolution``."""
+
+    name: ClassVar[str] = KIND
+    summary: ClassVar[str] = "the density solver"
+    size_axis: ClassVar[str] = "resolution"
+    seeded: ClassVar[bool] = False
+    listable: ClassVar[bool] = False
+    descriptions: ClassVar[dict[str, str]] = DESCRIPTIONS
+
+    def spec_names(self) -> tuple[str, ...]:
+        return (KIND,)
+
+    def parse(
+        self,
+        raw: dict,
+        *,
+        kinds: tuple[str, ...],
+        kinds_axis: bool,
+        name: str,
+        description: str,
+        dtype: str,
+        text: str,
+    ) -> Spec:
+        return parse(
+            raw, name=name, description=description, dtype=dtype, text=text, spec_type=Spec
+        )
+
+    def point_memory(self, spec: Spec, model: str, n: int, d: int) -> int:
+        return point_memory(spec, n, d)
+
+    def cost(self, spec: Spec, model: str, n: int, d: int, batch: int, point_bytes: int) -> Cost:
+        return cost(spec, n, d, batch, point_bytes)
+
+    def point_program(self, spec: Spec, model: str, n: int, d: int) -> PointProgram:
+        return point_program(spec, n, d)
+
+    def output_layout(self, spec: Spec) -> dict[str, tuple[str, ...]]:
+        return output_layout(spec)
+
+    def point_store_bytes(self, spec: Spec) -> int:
+        b = 8 if spec.dtype == "float64" else 4
+        saves = len(cast(np.ndarray, spec.ts))
+        return sum(saves if t else 1 for t in output_layout(spec).values()) * b + 1
+
+    def attr_name(self, param: str) -> str:
+        return f"grid.{param}" if param == "eps" else f"model.{param}"
+
+    def plot(self, ds: Any, out_dir: Path) -> list[Path] | None:
+        return plot(ds, out_dir)
+
+
+#: The kind object (registered).
+CONTINUUM = register_kind(Continuum())

@@ -48,6 +48,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -178,7 +179,7 @@ def reserve_port(coordinator: str) -> list[socket.socket]:
     return held
 
 
-def _bind(family, kind, proto, addr) -> socket.socket:
+def _bind(family: int, kind: int, proto: int, addr: Any) -> socket.socket:
     """A socket bound to ``addr``: without ``SO_REUSEADDR`` (then a second process 0, which
     binds the same way, is refused), or, when that fails, with it (connections of an earlier
     run in ``TIME_WAIT`` do not count; a socket listening on the port still refuses the bind)."""

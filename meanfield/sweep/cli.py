@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 __all__ = ["main", "plot_main", "console"]
 
@@ -30,7 +31,7 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line (no usage dump): ``error`` raises ``_UsageError``."""
 
-    def error(self, message):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
 
 
@@ -229,7 +230,7 @@ def _distributed(args: argparse.Namespace) -> bool:
     return True
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``meanfield sweep SPEC.toml --out STORE.zarr [--resume] [--memory SIZE] [--dry-run] [--force] [--quiet]
     [--part I/N] [--coordinator HOST:PORT --num-processes N --process-id I | --distributed]``,
     ``meanfield sweep [SPEC.toml] --out STORE.zarr --status`` or ``meanfield sweep --verify STORE.zarr``.
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
     return _sweep(argv, process=argv is None)
 
 
-def _sweep(argv, *, process: bool) -> int:
+def _sweep(argv: Sequence[str] | None, *, process: bool) -> int:
     """``main``; ``process``: set up the process (``_configure_process``) once the arguments are parsed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _sweep_parser()
@@ -382,7 +383,7 @@ def _status(spec: str | None, out: str) -> int:
     return 1 if t["damaged"] or st["repairable"] else 0
 
 
-def plot_main(argv=None) -> int:
+def plot_main(argv: Sequence[str] | None = None) -> int:
     """``meanfield plot STORE.zarr [--out DIR] [--no-verify]``: curves against time (error bands
     over seeds), heatmaps. Returns the exit status (2 and one line on stderr for a user error,
     a damaged store included)."""
@@ -423,7 +424,7 @@ def plot_main(argv=None) -> int:
     return _guarded("meanfield plot", run)
 
 
-def console(argv=None) -> int:
+def console(argv: Sequence[str] | None = None) -> int:
     """``python -m meanfield.sweep [sweep] SPEC ...`` or ``python -m meanfield.sweep plot STORE ...``;
     a user error (bad spec, missing file, existing store, ...) is one line on stderr and status 2.
     ``argv`` None: the process's own arguments, the process set up as by ``main()``."""

@@ -15,15 +15,16 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 
 from .. import _resources, kernels
-from .._resources import Cost, ResourceLimitError, check_cost, format_bytes, run_cost
-from . import _continuum
-from .spec import SCALAR_SIM_OBSERVABLES, Spec, _is_num
+from .._resources import Cost, ResourceLimitError, check_cost, format_bytes
+from ..models import Model
+from .spec import Spec, _is_num
 
 __all__ = [
     "Plan",
@@ -61,26 +62,8 @@ _UNITS = {
     "tib": 2**40,
 }
 
-#: Descriptions of the data variables of a store.
-_DESCRIPTIONS = {
-    "collapse_gap": "collapse gap G_x = 1 - 1/(n(n-1)) sum_{i!=j} <x_i, x_j>",
-    "energy": "interaction energy E = 1/(2 n^2) sum h (times e^-beta when rescaled)",
-    "clusters": "number of clusters (angular threshold cluster_threshold)",
-    "first_merge_time": "first save time with fewer clusters than at t = 0 (inf: none before t1; mf.metastability)",
-    "num_plateaus": "number of energy plateaus (mf.metastability.num_plateaus, rel_tol 0.02, min_points 3)",
-    "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
-    "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
-    "top_weight": "largest attention weight A_(1)",
-    "top_weights": "ordered attention weights A_(1..k)",
-    "ratios": "A_(k) / A_(1)",
-    "cumulative": "sum_{i<=k} A_(i)",
-    "log_partition": "log Z_n = log sum_j exp(-beta T_j)",
-    "stop_time": "time at which the run ended (t1 unless stopped early or failed)",
-    "num_steps": "accepted solver steps",
-}
 
-
-def parse_memory(size) -> int:
+def parse_memory(size: object) -> int:
     """Bytes of a size like ``"2GB"`` ($10^9$), ``"512MiB"`` ($2^{20}$), ``"1.5gb"`` or an int.
 
     Example:
@@ -88,7 +71,7 @@ def parse_memory(size) -> int:
         (2000000000, 1024)
     """
     if _is_num(size):
-        value = float(size)
+        value = float(cast(float, size))
     else:
         m = re.fullmatch(
             r"\s*([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(size)
@@ -110,7 +93,7 @@ def _fmt_bytes(b: int | float) -> str:
     return f"{int(b)} B"
 
 
-def grid_model(spec: Spec, kind: str, n: int, d: int):
+def grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
     """The model of ``kind`` with the spec's parameters and the betas of shape ``(n, d)`` as an array
     (``ModelEntry.over_grid``): its ``interaction_rate()``, ``reference_step()`` and
     ``footprint()`` over the grid (the dt warning, the step bound, the cost estimate)."""
@@ -125,48 +108,15 @@ def grid_model(spec: Spec, kind: str, n: int, d: int):
 
 
 def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
-    r"""Estimated peak bytes of one grid point of shape ``(n, d)`` inside a vmapped chunk: the
-    ``point_bytes`` of the one cost estimate (``meanfield._resources.run_cost``, shared with
-    ``meanfield simulate`` and the plan's limits) with the model's ``footprint`` (its working set
-    and dense-or-tiled rule), the states of the solver's stages and the saved observables.
-    Tested against XLA's own peak (``compiled.memory_analysis()``). Attention: the ``(n, d)``
-    keys with their Gaussian draws and a few ``(n,)`` vectors. Continuum (``n`` holds the
-    band-limit ``L``): ``_continuum.point_memory``.
+    r"""Estimated peak bytes of one grid point of model ``kind`` and shape ``(n, d)`` inside a
+    vmapped chunk: the sweep kind's ``point_memory``. Particles: the ``point_bytes`` of the one
+    cost estimate (``meanfield._resources.run_cost``, shared with ``meanfield simulate`` and the
+    plan's limits) with the model's ``footprint`` (its working set and dense-or-tiled rule), the
+    states of the solver's stages and the saved observables; tested against XLA's own peak
+    (``compiled.memory_analysis()``). Attention: the ``(n, d)`` keys with their Gaussian draws and
+    a few ``(n,)`` vectors. Continuum (``n`` holds the band-limit ``L``): ``_continuum.point_memory``.
     """
-    if spec.continuum:
-        return _continuum.point_memory(spec, n, d)
-    b = 8 if spec.dtype == "float64" else 4
-    if not spec.simulated:
-        return b * (3 * n * d + 6 * n + 4 * spec.top_k) + 256
-    return _point_cost(spec, kind, n, d, 1).point_bytes
-
-
-def _counts_clusters(spec: Spec) -> bool:
-    return any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters"))
-
-
-def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
-    """``run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)`` (simulated specs)."""
-    T = cast(dict, spec.time)
-    reference = spec.step_rule == "reference"
-    model = grid_model(spec, kind, n, d)
-    dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
-    return run_cost(
-        n=n,
-        d=d,
-        t1=T["t1"],
-        dt=dt,
-        saves=len(cast(np.ndarray, spec.ts)),
-        itemsize=8 if spec.dtype == "float64" else 4,
-        batch=batch,
-        solver=T["solver"],
-        footprint=model.footprint(n, d),
-        save_states=False,
-        observables=len(spec.observables) + 2,
-        clusters=_counts_clusters(spec),
-        step_grid=not reference,
-        max_steps=T.get("max_steps"),
-    )
+    return spec.sweep_kind.point_memory(spec, kind, n, d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,11 +129,11 @@ class Group:
     block: tuple  # points per chunk along each traced axis (then seed)
     point_bytes: int
 
-    def num_chunks(self, shape) -> int:
+    def num_chunks(self, shape: Sequence[int]) -> int:
         """Chunks of this group over the batch ``shape`` (without listing them)."""
         return math.prod(-(-s // b) for s, b in zip(shape, self.block))
 
-    def chunk_slices(self, shape) -> list[tuple]:
+    def chunk_slices(self, shape: Sequence[int]) -> list[tuple[slice, ...]]:
         ranges = [range(0, s, b) for s, b in zip(shape, self.block)]
         out = []
         for starts in np.ndindex(*[len(r) for r in ranges]):
@@ -244,50 +194,26 @@ class Plan:
         return math.prod(self.batch_shape)
 
     def cost(self, g: Group, batch: int) -> Cost:
-        r"""Estimated cost of ``batch`` points of group ``g`` run together
-        (``meanfield._resources.run_cost``, the estimate of ``meanfield simulate``).
-
-        Simulated models: steps $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ (``dt`` the smallest step of
-        the reference rule), the host step grid of a concrete fixed step, the states, the
-        saved observables and the pairwise working set per point, $4 d + 8$ flop a pair
-        and a field evaluation. Attention: ``point_memory`` per point and $n (2 d + 10)$
-        flop per point (one context, no steps). Continuum: ``_continuum.cost``.
+        r"""Estimated cost of ``batch`` points of group ``g`` run together: the sweep kind's
+        ``cost`` (particles: ``meanfield._resources.run_cost``, the estimate of ``meanfield
+        simulate``, steps $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ with ``dt`` the
+        smallest step of the reference rule, $4 d + 8$ flop a pair and a field evaluation;
+        attention: ``point_memory`` per point and $n (2 d + 10)$ flop per point, one context, no
+        steps; continuum: ``_continuum.cost``).
         """
-        spec = self.spec
-        if spec.continuum:
-            return _continuum.cost(spec, g.n, g.d, batch, g.point_bytes)
-        if not spec.simulated:
-            return Cost(
-                steps=0,
-                saves=0,
-                bytes=g.point_bytes * batch,
-                work=float(batch) * g.n * (2.0 * g.d + 10.0),
-                batch=batch,
-            )
-        return _point_cost(spec, g.kind, g.n, g.d, batch)
+        return self.spec.sweep_kind.cost(self.spec, g.kind, g.n, g.d, batch, g.point_bytes)
 
     def store_bytes(self) -> int:
         """Bytes of the store's data (uncompressed): every point's saved values."""
         spec = self.spec
-        b = 8 if spec.dtype == "float64" else 4
-        if spec.continuum:
-            layout = output_layout(spec)
-            per = sum(len(cast(np.ndarray, spec.ts)) if t else 1 for t in layout.values()) * b + 1
-        elif spec.simulated:
-            per = len(cast(np.ndarray, spec.ts)) * len(spec.observables) * b + 2 * b + 1
-        else:
-            per = (
-                sum(
-                    spec.top_k if o in ("top_weights", "ratios", "cumulative") else 1
-                    for o in spec.observables
-                )
-                * b
-                + 1
-            )
-        return spec.grid_size * per
+        return spec.grid_size * spec.sweep_kind.point_store_bytes(spec)
 
     def check(
-        self, *, force: bool = False, out=None, device_memory: tuple[int, int] | None = None
+        self,
+        *,
+        force: bool = False,
+        out: str | Path | None = None,
+        device_memory: tuple[int, int] | None = None,
     ) -> None:
         """Refuse, before anything is allocated, a sweep past this machine's limits
         (``ResourceLimitError``, a ``ValueError``, one line with the estimate).
@@ -367,23 +293,14 @@ class Plan:
         axes += [f"{k}={len(v)}" for k, v in spec.axes.items()] + (
             [f"seed={len(spec.seeds)}"] if spec.seeded else []
         )
-        if spec.simulated:
+        if spec.sweep_kind.timed:
             axes.append(f"time={len(cast(np.ndarray, spec.ts))}")
         lines = [
             f"sweep {spec.name!r}: model {', '.join(spec.kinds)}, {spec.grid_size} points ({' x '.join(axes)})",
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
             f"compilations: {len(self.groups)} (one per model and static shape ({sn}, d)); chunks: {nchunks}",
         ]
-        if spec.step_rule == "reference":
-            lines.append(
-                f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
-                f"'reference'), one beta per chunk so a chunk runs its own step count"
-            )
-        if spec.simulated and not spec.continuum and spec.step != "projected":
-            lines.append(
-                f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
-                "time.step = 'renormalize')"
-            )
+        lines += spec.sweep_kind.describe_notes(spec)
         shown = self.groups if len(self.groups) <= 20 else self.groups[:20]
         for g in shown:
             pts = int(np.prod(g.block))
@@ -406,48 +323,8 @@ class Plan:
                 f"warning: one point needs ~{_fmt_bytes(worst)}, more than the budget "
                 f"{_fmt_bytes(self.memory)}: chunks hold one point per device"
             )
-        if spec.simulated and not spec.continuum:
-            limit = float(np.log(np.finfo(spec.dtype).max))
-            over = sum(
-                int(np.sum(grid_model(spec, g.kind, g.n, g.d).overflows(spec.dtype)))
-                for g in self.groups
-            )
-            if over:
-                lines.append(
-                    f"warning: {over} (shape, beta) pair(s) with beta >= {limit:.1f} overflow exp(beta <x, y>) "
-                    f"in {spec.dtype}; those points will be recorded as failed (set model.rescaled = true)"
-                )
-        lines += self._step_warnings()
+        lines += spec.sweep_kind.describe_warnings(spec, [(g.kind, g.n, g.d) for g in self.groups])
         return "\n".join(lines)
-
-    def _step_warnings(self) -> list[str]:
-        r"""Fixed explicit steps much longer than the interaction time scale overshoot (the energy
-        then decreases along a run): the rule of ``meanfield simulate``
-        (``meanfield._resources.step_ratios``: $\mathrm{dt} \times \text{rate} > 1$, rate $\sqrt\beta\, e^{\beta - 1/2}$
-        for exp kernels, $\sqrt\beta\, e^{-1/2}$ rescaled, $\beta$ for normalised
-        self-attention; measured: projected RK2 at dt = 0.05, beta = 4, USA, dt x rate = 3.3,
-        lost energy), over every (shape, beta) pair of the grid."""
-        spec = self.spec
-        if not spec.simulated or spec.continuum or spec.step_rule == "reference":
-            return []  # reference rule: dt x rate <= dt by construction
-        T = cast(dict, spec.time)
-        ratios = [
-            _resources.step_ratios(
-                grid_model(self.spec, g.kind, g.n, g.d).interaction_rate(),
-                T["dt"],
-                solver=T["solver"],
-            )
-            for g in self.groups
-        ]
-        if not any(np.any(np.asarray(r) > 0) for r in ratios):
-            return []  # no model of this sweep has a rate
-        text = _resources.step_warning_text(
-            np.concatenate([np.ravel(r) for r in ratios]),
-            T["dt"],
-            dt_name="time.dt",
-            rescaled_hint="model.rescaled = true",
-        )
-        return [text] if text else []
 
 
 def _count(k: int) -> str:
@@ -467,7 +344,7 @@ def _free_space(path: Path) -> int | None:
         return None
 
 
-def _block_for(capacity: int, shape: tuple) -> tuple:
+def _block_for(capacity: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Largest block ``(1, .., 1, r, full, .., full)`` over ``shape`` with at most ``capacity`` points."""
     block = [1] * len(shape)
     rem = max(1, capacity)
@@ -482,7 +359,11 @@ def _block_for(capacity: int, shape: tuple) -> tuple:
 
 
 def make_plan(
-    spec: Spec, memory="2GB", *, devices: int | None = None, blocks: list | None = None
+    spec: Spec,
+    memory: object = "2GB",
+    *,
+    devices: int | None = None,
+    blocks: list | None = None,
 ) -> Plan:
     """Cut the grid into chunks: per ``(n, d)``, blocks over (traced axes, seed) that fit ``memory``
     per device; ``blocks`` (from a store being resumed) overrides the computed ones.
@@ -541,18 +422,7 @@ def grid_dims(spec: Spec) -> list[str]:
 
 def output_layout(spec: Spec) -> dict[str, tuple[str, ...]]:
     """Data variable -> its dimensions after the grid dimensions (``time``, ``rank`` or none)."""
-    out: dict[str, tuple[str, ...]]
-    if spec.continuum:
-        return _continuum.output_layout(spec)
-    if spec.simulated:
-        out = {o: (() if o in SCALAR_SIM_OBSERVABLES else ("time",)) for o in spec.observables}
-        out["stop_time"] = ()
-        out["num_steps"] = ()
-    else:
-        out = {
-            o: (() if o in ("top_weight", "log_partition") else ("rank",)) for o in spec.observables
-        }
-    return out
+    return spec.sweep_kind.output_layout(spec)
 
 
 def store_layout(plan: Plan) -> dict:
@@ -577,7 +447,7 @@ def store_layout(plan: Plan) -> dict:
     if spec.seeded:
         coords["seed"] = spec.seeds.astype(np.int64)
     layout = output_layout(spec)
-    if spec.simulated:  # continuum too: the save times
+    if spec.sweep_kind.timed:  # the save times
         coords["time"] = np.asarray(spec.ts)
     if any(t == ("rank",) for t in layout.values()):
         coords["rank"] = np.arange(1, spec.top_k + 1)
@@ -590,7 +460,7 @@ def store_layout(plan: Plan) -> dict:
             vals = vals[:, 0]
         coords["beta"] = (bdims, vals)
     int_vars = {"num_steps": "int32", "solver_status": "int8"}
-    descriptions = _continuum.DESCRIPTIONS if spec.continuum else _DESCRIPTIONS
+    descriptions = spec.sweep_kind.descriptions
     variables = {
         name: {
             "dims": list(trailing),
@@ -611,8 +481,7 @@ def store_layout(plan: Plan) -> dict:
         attrs["d"] = spec.d[0]
     for k, v in spec.params.items():
         if k not in spec.axes:
-            prefix = "grid" if spec.continuum and k == "eps" else "model"
-            attrs[f"{prefix}.{k}"] = v if not isinstance(v, bool) else int(v)
+            attrs[spec.sweep_kind.attr_name(k)] = v if not isinstance(v, bool) else int(v)
     zblock = (
         list(plan.zarr_block) if spec.seeded else list(plan.zarr_block)[:-1]
     )  # no seed dimension

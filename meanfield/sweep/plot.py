@@ -7,27 +7,40 @@ switch: nothing process-wide changes).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from . import _continuum
+from .spec import SweepKind, kind_of, sweep_kinds
 from .store import OK, load
 
 __all__ = ["plot_store"]
 
 
-def _select_rest(da, keep: list[str]):
+def _select_rest(da: Any, keep: list[str]) -> tuple[Any, str]:
     """Take the first index of every dimension not in ``keep``; return (array, note)."""
     sel = {d: 0 for d in da.dims if d not in keep}
     note = ", ".join(f"{d}={da[d].values[0]}" for d in sel if d in da.coords)
     return da.isel(sel), note
 
 
-def _label(v) -> str:
+def _label(v: Any) -> str:
     return f"{v:.3g}" if np.asarray(v).dtype.kind in "fi" else str(v)
 
 
-def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
+def _store_kind(ds: Any) -> SweepKind:
+    """The sweep kind of a store (its ``model`` attribute: the spec's kinds); a model no longer
+    registered in this process is plotted as particles (the standard figures)."""
+    first = str(ds.attrs.get("model", "")).split(", ")[0]
+    try:
+        return kind_of(first)
+    except ValueError:
+        return sweep_kinds()["particles"]
+
+
+def plot_store(
+    store: str | Path, out_dir: str | Path | None = None, *, verify: bool = True
+) -> list[Path]:
     r"""Draw the standard views of a sweep store into ``out_dir`` (PNG files); return their paths.
 
     * curves against time: mean over seeds with a band of $\pm$ one standard error,
@@ -35,8 +48,10 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
     * heatmaps: final-time (or scalar) mean over seeds over the first two axes
       with several values (``n`` and ``beta``/``beta_factor`` typically).
 
-    A ``continuum`` store (the density solver) gets its own figure: the measured growth rate,
-    the theory and their ratio over ``(beta, mode)`` (``_continuum.plot``).
+    A sweep kind may draw its own figures instead (``SweepKind.plot``): a ``continuum`` store (the
+    density solver) gets the measured growth rate, the theory and their ratio over ``(beta,
+    mode)`` (``_continuum.plot``); or draw over the heatmaps (``SweepKind.decorate_heatmap``: the
+    critical scale of ``attention``).
 
     Other axes are held at their first value (named in the titles). Failed and
     pending points are left out of the means. ``out_dir`` defaults to ``STORE_plots``
@@ -59,8 +74,10 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
         raise type(e)(
             f"cannot write the plots to {out_dir}: {e.strerror or e} ({e.filename or out_dir})"
         ) from None
-    if ds.attrs.get("model") == _continuum.KIND:
-        return _continuum.plot(ds, out_dir)
+    kind = _store_kind(ds)
+    own = kind.plot(ds, out_dir)
+    if own is not None:
+        return own
     ok = ds["status"] == OK
     axes_order = [d for d in ds["status"].dims if d != "seed"]
     multi = [d for d in axes_order if ds.sizes[d] > 1]
@@ -127,18 +144,7 @@ def plot_store(store, out_dir=None, *, verify: bool = True) -> list[Path]:
             ax.set_xlabel(a)
             ax.set_ylabel(b)
             fig.colorbar(im, ax=ax, label=name)
-            if ds.attrs.get("model") == "attention" and (a, b) == ("n", "beta") and "d" in ds.attrs:
-                # the critical scale of long-context attention, beta = 2 n^(2/(d-1)) (paper Fig. 3)
-                nn = h["n"].values.astype(float)
-                crit = 2.0 * nn ** (2.0 / (int(ds.attrs["d"]) - 1))
-                lb = np.log(h["beta"].values.astype(float))
-                ax.plot(
-                    range(len(nn)),
-                    np.interp(np.log(crit), lb, np.arange(len(lb)), left=np.nan, right=np.nan),
-                    "w--",
-                    label="beta = 2 n^alpha",
-                )
-                ax.legend(fontsize=7, loc="lower right")
+            kind.decorate_heatmap(ax, h, ds, a, b)
             when = "final time" if "time" in ds[name].dims else "mean over seeds"
             ax.set_title(f"{name} ({when})" + (f"\n{note}" if note else ""), fontsize=9)
             fig.tight_layout()

@@ -21,19 +21,17 @@ import re
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import diffrax
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .. import attention, integrate, kernels, metastability, metrics, sphere
-from . import _continuum, store
+from . import store
 from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
-from .spec import Spec, load_spec, parse_spec
+from .spec import PointProgram, Spec, load_spec, parse_spec
 
 __all__ = [
     "run_sweep",
@@ -46,111 +44,13 @@ __all__ = [
 ]
 
 
-def point_program(spec: Spec, kind: str, n: int, d: int):
+def point_program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
     """``f(params: dict of scalars, seed) -> dict of outputs`` for one point of model ``kind``
-    and static shape ``(n, d)``; ``params`` holds the traced axes of the point (``beta`` and
-    the swept model parameters), ``status`` is ``store.OK`` or ``store.FAILED``. Kind
+    and static shape ``(n, d)``: the sweep kind's ``point_program``. ``params`` holds the traced
+    axes of the point (``beta`` and the swept model parameters), ``status`` is ``store.OK`` or
+    ``store.FAILED``. Particles: the model is ``mf.kernels.build(kind, params, d=d)``; kind
     ``continuum``: ``_continuum.point_program`` (``n`` is the band-limit; the seed is unused)."""
-    if spec.continuum:
-        return _continuum.point_program(spec, n, d)
-    dtype = jnp.dtype(spec.dtype)
-
-    if not kernels.MODELS[kind].simulated:
-        k = spec.top_k
-        q = jnp.zeros((d,), dtype).at[0].set(1.0)  # keys are uniform: any fixed query is alike
-
-        def attn(params, seed):
-            keys = sphere.uniform(jax.random.key(seed), n, d, dtype)
-            beta = params["beta"].astype(dtype)
-            w = attention.top_weights(q, keys, beta, k)
-            out = {
-                "top_weight": w[0],
-                "top_weights": w,
-                "ratios": w / w[0],
-                "cumulative": jnp.cumsum(w),
-                "log_partition": attention.log_partition(q, keys, beta),
-            }
-            out = {o: out[o] for o in spec.observables}
-            ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(v)) for v in out.values()]))
-            out["status"] = jnp.where(ok, store.OK, store.FAILED).astype(jnp.int8)
-            return out
-
-        return attn
-
-    T = cast(dict, spec.time)
-    thr = spec.cluster_threshold
-    extra = {}
-    counts = any(o in spec.observables for o in ("clusters", "first_merge_time", "final_clusters"))
-    if counts:
-        extra["clusters"] = lambda x: metrics.num_clusters(x, thr).astype(dtype)
-    if "token_similarity" in spec.observables:
-        extra["token_similarity"] = metrics.token_similarity
-
-    # the registry's parameters of this kind: fixed values from the spec, swept ones traced
-    names = {p.name for p in kernels.MODELS[kind].params}
-    fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
-
-    ts = cast(np.ndarray, spec.ts)
-    dt, max_steps = T["dt"], T.get("max_steps")
-    reference = spec.step_rule == "reference"
-    if reference:
-        # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
-        # the step count comes from the smallest step of this shape's betas
-        betas = np.asarray(spec.beta_values(n, d), dtype=np.float64)
-        grid_model = kernels.MODELS[kind].over_grid(fixed, d, beta=betas)
-        h_min = float(np.min(grid_model.reference_step(T["dt"])))
-        max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
-
-    def sim(params, seed):
-        x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
-        traced = {k: v.astype(dtype) for k, v in params.items() if k in names}
-        model = kernels.build(kind, {**fixed, **traced}, d=d, dtype=dtype)
-        step = model.reference_step(T["dt"]) if reference else dt
-        traj = integrate.simulate(
-            model,
-            x0,
-            t1=T["t1"],
-            dt=step,
-            solver=T["solver"],
-            ts=spec.ts,
-            rtol=T.get("rtol"),
-            atol=T.get("atol"),
-            observables=extra,
-            save_states=False,
-            early_stop=T.get("early_stop"),
-            max_steps=max_steps,
-            step=spec.step,
-            backend=spec.backend,
-            adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
-        )
-        vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
-        if counts:  # mf.metastability observables: one number per point
-            vals["first_merge_time"] = metastability.first_merge_time(
-                traj.ts, vals["clusters"]
-            ).astype(dtype)
-            vals["final_clusters"] = vals["clusters"][-1]
-        if "num_plateaus" in spec.observables:
-            vals["num_plateaus"] = metastability.num_plateaus(traj.energy).astype(dtype)
-        out = {o: vals[o] for o in spec.observables}
-        out["stop_time"] = traj.stop_time.astype(dtype)
-        out["num_steps"] = jnp.asarray(traj.num_steps, jnp.int32)
-        # +inf is a result in store.INFINITE_RESULTS (first_merge_time: nothing merged before t1)
-        finite = jnp.all(
-            jnp.stack(
-                [
-                    jnp.all(
-                        (jnp.isfinite(out[o]) | (out[o] == jnp.inf))
-                        if o in store.INFINITE_RESULTS
-                        else jnp.isfinite(out[o])
-                    )
-                    for o in spec.observables
-                ]
-            )
-        )
-        out["status"] = jnp.where(traj.failed | ~finite, store.FAILED, store.OK).astype(jnp.int8)
-        return out
-
-    return sim
+    return spec.sweep_kind.point_program(spec, kind, n, d)
 
 
 def chunk_inputs(spec: Spec, g: Group, sl: tuple, size: int) -> tuple[dict, np.ndarray]:
@@ -181,7 +81,7 @@ _PROGRAMS: OrderedDict[tuple, Any] = OrderedDict()
 _PROGRAMS_MAX = 32
 
 
-def _batched_program(spec: Spec, g: Group, sharding: NamedSharding):
+def _batched_program(spec: Spec, g: Group, sharding: NamedSharding) -> Callable[..., Any]:
     """The jitted, sharded ``vmap`` of ``point_program`` for group ``g``, memoised by the spec's
     hash, the model, the shape and the devices: running the same sweep again in this process
     (a resume, a second store) reuses its compilation. At most ``_PROGRAMS_MAX`` are kept."""
@@ -252,7 +152,7 @@ def _versions() -> dict:
     }
 
 
-def _as_spec(spec) -> Spec:
+def _as_spec(spec: object) -> Spec:
     if isinstance(spec, Spec):
         return spec
     if isinstance(spec, Path) or (
@@ -268,7 +168,7 @@ def _as_spec(spec) -> Spec:
     )
 
 
-def parse_part(part) -> tuple[int, int]:
+def parse_part(part: object) -> tuple[int, int]:
     """``(i, N)`` of a job-array part: ``"2/3"`` (ASCII digits) or a pair, 1-based (part ``i`` of
     ``N``, ``1 <= i <= N <= MAX_CHUNKS``); ``ValueError`` naming the value otherwise. A sweep
     refuses an ``N`` larger than its number of chunks (``run_sweep``).
@@ -333,15 +233,15 @@ def assign_parts(plan: Plan, parts: int) -> list[int]:
 
 
 def run_sweep(
-    spec,
-    out,
+    spec: object,
+    out: str | Path,
     *,
     resume: bool = False,
-    memory="2GB",
+    memory: object = "2GB",
     dry_run: bool = False,
     quiet: bool = False,
     force: bool = False,
-    part=None,
+    part: object = None,
 ) -> Plan:
     """Run a sweep into a zarr store; return the ``Plan`` (with ``dry_run``, only the plan).
 
@@ -559,7 +459,7 @@ def _setup_distributed(
     return plan, [c for c, f in zip(plan.chunks, flags) if f]
 
 
-def sweep_status(out, spec=None) -> dict:
+def sweep_status(out: str | Path, spec: object = None) -> dict:
     """Progress of the store ``out`` per job-array part: what ``meanfield sweep --status`` prints.
 
     The chunks are those of the stored chunking; the split is the one recorded by the parts

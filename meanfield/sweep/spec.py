@@ -8,7 +8,9 @@ A sweep is a TOML file (read with ``tomllib``)::
     [model]
     kind = "usa"                       # any name of mf.kernels.MODELS (the registry): usa,
                                        # distance-bias, toeplitz, rope, phase-field, gauge, prompt,
-                                       # sa, attention; a list of names is a grid axis "model";
+                                       # sa; a list of names is a grid axis "model";
+                                       # or "attention": one fixed query against n uniform keys
+                                       # (``_attention``: no dynamics, no [time]);
                                        # or "continuum": the density solver (``_continuum``,
                                        # its own schema: grid over beta, mode, eps; no seeds)
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
@@ -42,34 +44,56 @@ A sweep is a TOML file (read with ``tomllib``)::
 The model parameters are those of the registry (``mf.kernels.MODELS[kind].params``, the
 same names and defaults as ``mf.kernels.make`` and ``meanfield simulate``); ``beta`` is
 the registry's ``beta``, given in ``[grid]``.
+
+Sweep kinds. What a point of a sweep is comes from its kind, one ``SweepKind`` object per
+module: ``_particles`` (every registry model: the particle dynamics), ``_attention`` (one
+fixed query against ``n`` uniform keys, no dynamics) and ``_continuum`` (the density
+solver). ``kind_of(name)`` picks it from ``[model] kind`` ("attention" and "continuum" name
+their kinds, any registry name is ``particles``). A kind parses its spec sections
+(``SweepKind.parse``; the kinds over ``n`` particles with seeds share ``ParticleGrid.parse``)
+and tells the plan, the runner, the store and the figures the rest: the point's memory and
+cost, the compiled point program, the store's variables and their dimensions, the size axis
+(``n`` or ``resolution``), whether points have seeds and a ``[time]`` section, its plot.
+plan, run and plot ask the kind and never branch on its name; a new kind is a new module
+defining a subclass and calling ``register_kind`` (listed in ``_KIND_MODULES``).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
+import sys
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
-from .. import kernels
 from .._checks import check_choice
 from .._native import check_backend
+from .._params import Param
 from .._params import check_float as _float
 from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
+from .._resources import Cost
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS
-from . import _continuum
-from ._continuum import KIND as CONTINUUM
 from ._diff import key_differences
 
 __all__ = [
     "Spec",
+    "SweepKind",
+    "ParticleGrid",
+    "PointProgram",
+    "register_kind",
+    "sweep_kinds",
+    "kind_of",
+    "kind_names",
     "parse_spec",
     "load_spec",
     "spec_hash",
@@ -82,7 +106,6 @@ __all__ = [
     "MAX_SEED",
     "MAX_SEEDS",
     "MAX_SAVES",
-    "CONTINUUM",
 ]
 
 SIM_OBSERVABLES = (
@@ -137,7 +160,7 @@ spec_differences = key_differences
 # ----------------------------------------------------------------------------
 
 
-def _float_list(name: str, v, kind: str) -> list[float]:
+def _float_list(name: str, v: object, kind: str) -> list[float]:
     vals = v if isinstance(v, list) else [v]
     if not vals:
         raise ValueError(f"{name} must be a non-empty list of numbers, got []")
@@ -149,7 +172,7 @@ def _float_list(name: str, v, kind: str) -> list[float]:
     return out
 
 
-def _param_value(where: str, p: kernels.Param, v):
+def _param_value(where: str, p: Param, v: object) -> Any:
     """A ``[model]`` value checked by the registry's ``Param``: traced parameters take a
     number or a list of numbers (a grid axis), static ones one value (a plane as a list)."""
     if p.traced:
@@ -173,19 +196,21 @@ def _param_value(where: str, p: kernels.Param, v):
     return list(value) if p.kind == "plane" else value  # JSON-serialisable
 
 
-def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
-    """The ``[model]`` parameters of ``kinds`` (the union of their registry parameters but
-    ``beta``), defaults filled in; returns ``(values, params)`` with ``params: name -> Param``."""
-    accepted: dict[str, kernels.Param] = {}
+def _model_params(
+    grid: ParticleGrid, kinds: tuple[str, ...], model: dict, ds: tuple[int, ...]
+) -> tuple[dict, dict[str, Param]]:
+    """The ``[model]`` parameters of ``kinds`` (the union of their parameters, ``grid.model_params``,
+    but ``beta``), defaults filled in; returns ``(values, params)`` with ``params: name -> Param``."""
+    accepted: dict[str, Param] = {}
     owners: dict[str, list[str]] = {}
     for k in kinds:
-        entry = kernels.MODELS[k]
-        if entry.d is not None and any(d != entry.d for d in ds):
-            bad = [d for d in ds if d != entry.d]
+        need_d = grid.required_dimension(k)
+        if need_d is not None and any(d != need_d for d in ds):
+            bad = [d for d in ds if d != need_d]
             raise ValueError(
-                f"model kind {k!r} needs d = {entry.d}, got grid.d = {bad[0] if len(bad) == 1 else bad}"
+                f"model kind {k!r} needs d = {need_d}, got grid.d = {bad[0] if len(bad) == 1 else bad}"
             )
-        for p in entry.params:
+        for p in grid.model_params(k):
             if p.name == "beta":
                 continue
             q = accepted.setdefault(p.name, p)
@@ -202,7 +227,10 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
     values = {}
     for name, p in accepted.items():
         if name not in model:
-            defaults = [kernels.MODELS[k].param(name).default for k in owners[name]]
+            defaults = [
+                next(q.default for q in grid.model_params(k) if q.name == name)
+                for k in owners[name]
+            ]
             if any(dv != defaults[0] for dv in defaults):
                 raise ValueError(
                     f"model.{name} has different defaults for the kinds of this sweep ("
@@ -216,7 +244,12 @@ def _model_params(kinds: tuple, model: dict, ds: tuple) -> tuple[dict, dict]:
 
 
 def _check_beta_rule(
-    rule: str, power: float | None, factors: np.ndarray, ns: tuple, ds: tuple, dtype: str
+    rule: str,
+    power: float | None,
+    factors: np.ndarray,
+    ns: tuple[int, ...],
+    ds: tuple[int, ...],
+    dtype: str,
 ) -> None:
     r"""Every $\beta = f n^p$ of the grid is a positive finite number of ``dtype`` (computed in
     logarithms: ``p = 1000`` must not overflow before it is refused)."""
@@ -283,26 +316,21 @@ class Spec:
         return self.kinds[0]
 
     @property
-    def continuum(self) -> bool:
-        """Whether this is a sweep of the density solver (``kind = "continuum"``, ``_continuum``)."""
-        return self.kinds[0] == CONTINUUM
+    def sweep_kind(self) -> SweepKind:
+        """The kind of the points (``kind_of(self.kind)``): what plan, run and plot ask."""
+        return kind_of(self.kinds[0])
 
     @property
     def seeded(self) -> bool:
-        """Whether the points have seeds (a ``seed`` dimension): all kinds but ``continuum``
-        (deterministic; its batch keeps one placeholder seed internally)."""
-        return not self.continuum
+        """Whether the points have seeds (a ``seed`` dimension; ``SweepKind.seeded``): all kinds
+        but ``continuum`` (deterministic; its batch keeps one placeholder seed internally)."""
+        return self.sweep_kind.seeded
 
     @property
     def static_name(self) -> str:
-        """Name of the static size axis: ``n`` (particles) or ``resolution`` (``continuum``: the
-        band-limit ``L``, held in ``Spec.n``)."""
-        return "resolution" if self.continuum else "n"
-
-    @property
-    def simulated(self) -> bool:
-        """Whether the models have dynamics (all but ``attention``: one context per point)."""
-        return self.continuum or kernels.MODELS[self.kinds[0]].simulated
+        """Name of the static size axis (``SweepKind.size_axis``): ``n`` (particles, attention)
+        or ``resolution`` (``continuum``: the band-limit ``L``, held in ``Spec.n``)."""
+        return self.sweep_kind.size_axis
 
     @property
     def step_rule(self) -> str:
@@ -338,12 +366,205 @@ class Spec:
         )
 
 
+# ----------------------------------------------------------------------------
+# sweep kinds: the one interface of what a point of a sweep is
+# ----------------------------------------------------------------------------
+
+#: A compiled point's function: ``f(params: dict of traced scalars, seed) -> dict of outputs``
+#: (the observables, ``status`` and the kind's extra variables).
+PointProgram = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+class SweepKind(abc.ABC):
+    """What a point of a sweep is: one subclass per kind, one module each (``_particles``,
+    ``_attention``, ``_continuum``), registered with ``register_kind``.
+
+    The kind parses its spec sections into a ``Spec`` (``parse``) and answers everything that
+    differs between kinds: the point's memory and cost (``point_memory``, ``cost``), its compiled
+    program (``point_program``), the store's variables (``output_layout``, ``descriptions``,
+    ``point_store_bytes``, ``attr_name``), the plan's notes and warnings (``describe_notes``,
+    ``describe_warnings``) and its figures (``plot``, ``decorate_heatmap``). The class attributes
+    fix the store's grid: the size axis (``size_axis``), a ``seed`` dimension (``seeded``), a
+    ``[time]`` section and ``time`` coordinate (``timed``).
+    """
+
+    #: The kind's name (``particles``, ``attention``, ``continuum``).
+    name: ClassVar[str]
+    #: A few words on what it sweeps (error messages).
+    summary: ClassVar[str]
+    #: Name of the static size axis (``Spec.n``) in the store.
+    size_axis: ClassVar[str] = "n"
+    #: Whether points have seeds (a ``seed`` dimension).
+    seeded: ClassVar[bool] = True
+    #: Whether a spec has a ``[time]`` section (the store then a ``time`` coordinate).
+    timed: ClassVar[bool] = True
+    #: Whether ``[model] kind`` may be a list of its names (a grid axis ``model``).
+    listable: ClassVar[bool] = True
+    #: Descriptions of the store's data variables.
+    descriptions: ClassVar[Mapping[str, str]] = {}
+
+    @abc.abstractmethod
+    def spec_names(self) -> tuple[str, ...]:
+        """The values of ``[model] kind`` that choose this kind."""
+
+    @abc.abstractmethod
+    def parse(
+        self,
+        raw: dict,
+        *,
+        kinds: tuple[str, ...],
+        kinds_axis: bool,
+        name: str,
+        description: str,
+        dtype: str,
+        text: str,
+    ) -> Spec:
+        """The ``Spec`` of the TOML dictionary ``raw`` (its top level already checked)."""
+
+    @abc.abstractmethod
+    def point_memory(self, spec: Spec, model: str, n: int, d: int) -> int:
+        """Estimated peak bytes of one point of ``model`` at static shape ``(n, d)`` in a chunk."""
+
+    @abc.abstractmethod
+    def cost(self, spec: Spec, model: str, n: int, d: int, batch: int, point_bytes: int) -> Cost:
+        """Estimated ``Cost`` of ``batch`` points run together (``point_bytes`` each)."""
+
+    @abc.abstractmethod
+    def point_program(self, spec: Spec, model: str, n: int, d: int) -> PointProgram:
+        """``f(params, seed) -> dict of outputs`` of one point (``run.point_program``)."""
+
+    @abc.abstractmethod
+    def output_layout(self, spec: Spec) -> dict[str, tuple[str, ...]]:
+        """Data variable -> its dimensions after the grid dimensions (``time``, ``rank`` or none)."""
+
+    @abc.abstractmethod
+    def point_store_bytes(self, spec: Spec) -> int:
+        """Bytes of one point's saved values in the store (uncompressed)."""
+
+    def attr_name(self, param: str) -> str:
+        """The store attribute of a fixed parameter (``model.<name>``)."""
+        return f"model.{param}"
+
+    def describe_notes(self, spec: Spec) -> list[str]:
+        """Lines of ``Plan.describe`` after the header (the step rule)."""
+        return []
+
+    def describe_warnings(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
+        """Warnings of ``Plan.describe`` over the groups' ``(model, n, d)``."""
+        return []
+
+    def plot(self, ds: Any, out_dir: Path) -> list[Path] | None:
+        """The kind's own figures of a store (an ``xarray.Dataset``), or None: the standard ones."""
+        return None
+
+    def decorate_heatmap(self, ax: Any, heat: Any, ds: Any, a: str, b: str) -> None:
+        """Draw over a standard heatmap of ``heat`` over dimensions ``(a, b)`` (matplotlib ``ax``)."""
+        return None
+
+
+class ParticleGrid(SweepKind):
+    """A kind whose points are ``n`` particles or keys in ``d`` dimensions with seeds and registry
+    parameters (``particles``, ``attention``): one parser of ``[model]``, ``[grid]`` (``n``, ``d``,
+    ``beta`` and its rules, ``seeds``), ``[time]`` (when ``timed``) and ``[output]``."""
+
+    #: Whether ``output.top_k`` ranks the points' values (it must then be <= every ``n``).
+    ranked: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def model_params(self, model: str) -> tuple[Param, ...]:
+        """The parameters of ``model`` (``beta`` given in ``[grid]``, the others in ``[model]``)."""
+
+    def required_dimension(self, model: str) -> int | None:
+        """The dimension ``model`` needs (``gauge``: 3), or None."""
+        return None
+
+    def has_energy(self, model: str) -> bool:
+        """Whether ``model`` has an energy (``energy``, ``num_plateaus``, ``time.early_stop``)."""
+        return False
+
+    @abc.abstractmethod
+    def observables(self, kinds: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(accepted, default)`` observables of a sweep over ``kinds``."""
+
+    def parse(
+        self,
+        raw: dict,
+        *,
+        kinds: tuple[str, ...],
+        kinds_axis: bool,
+        name: str,
+        description: str,
+        dtype: str,
+        text: str,
+    ) -> Spec:
+        return _parse_particle_grid(
+            self,
+            raw,
+            kinds=kinds,
+            kinds_axis=kinds_axis,
+            name=name,
+            description=description,
+            dtype=dtype,
+            text=text,
+        )
+
+
+#: The modules of meanfield's own sweep kinds (each registers its kind when imported).
+_KIND_MODULES = (
+    "meanfield.sweep._particles",
+    "meanfield.sweep._attention",
+    "meanfield.sweep._continuum",
+)
+_KINDS: dict[str, SweepKind] = {}
+
+
+def register_kind(kind: SweepKind) -> SweepKind:
+    """Add a sweep kind (an instance of a ``SweepKind`` subclass) under its ``name``; returns it."""
+    if not isinstance(kind, SweepKind):
+        raise TypeError(f"register_kind takes a SweepKind instance, got {kind!r}")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def sweep_kinds() -> dict[str, SweepKind]:
+    """The sweep kinds by name, meanfield's own loaded at the first call (the kind modules
+    import this one: they are found by name, like the models of the registry's entry points)."""
+    if not all(m in sys.modules for m in _KIND_MODULES):
+        for module in _KIND_MODULES:
+            importlib.import_module(module)
+
+    def rank(kind: SweepKind) -> int:  # meanfield's own in _KIND_MODULES order, then the others
+        module = type(kind).__module__
+        return _KIND_MODULES.index(module) if module in _KIND_MODULES else len(_KIND_MODULES)
+
+    return {k.name: k for k in sorted(_KINDS.values(), key=rank)}
+
+
+def kind_names() -> tuple[str, ...]:
+    """Every accepted ``[model] kind``: the registry's models, then ``attention``, ``continuum``."""
+    return tuple(n for k in sweep_kinds().values() for n in k.spec_names())
+
+
+def kind_of(name: str) -> SweepKind:
+    """The sweep kind of a ``[model] kind`` value (``ValueError`` listing the accepted ones).
+
+    Example:
+        >>> kind_of("usa").name, kind_of("attention").name, kind_of("continuum").size_axis
+        ('particles', 'attention', 'resolution')
+    """
+    for kind in reversed(sweep_kinds().values()):  # the named kinds before the registry's models
+        if name in kind.spec_names():
+            return kind
+    check_choice("model kind", name, kind_names())
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def spec_hash(data: dict) -> str:
     """sha256 of the canonical JSON of the normalised spec (comments and layout do not count)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
-def load_spec(path) -> Spec:
+def load_spec(path: str | Path) -> Spec:
     """Read and validate a TOML spec file (``FileNotFoundError``, ``tomllib.TOMLDecodeError``, ``ValueError``)."""
     path = Path(path)
     if path.is_dir():
@@ -392,14 +613,14 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     dtype = raw.get("dtype", "float32")
     check_choice("dtype", dtype, _DTYPES)
 
-    # model kinds --------------------------------------------------------------
-    names = tuple(kernels.MODELS)
-    model = dict(raw.get("model", {}))
+    # model kinds: the sweep kind parses the rest ------------------------------------
+    names = kind_names()
+    model = raw.get("model", {})
     if "kind" not in model:
         raise ValueError(
             f"[model] needs kind = one of {', '.join(names)} (or a list of them: a grid axis)"
         )
-    kind_raw = model.pop("kind")
+    kind_raw = model["kind"]
     kinds_axis = isinstance(kind_raw, list)
     kinds = tuple(kind_raw) if kinds_axis else (kind_raw,)
     if not kinds:
@@ -409,24 +630,49 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     for k in kinds:
         if not isinstance(k, str):
             raise TypeError(f"model.kind must be a string or a list of strings, got {kind_raw!r}")
-        if k == CONTINUUM:
-            if kinds_axis:
-                raise ValueError(
-                    "model.kind 'continuum' (the density solver) cannot share a sweep with other kinds"
-                )
-            return _continuum.parse(
-                raw, name=name, description=description, dtype=dtype, text=text, spec_type=Spec
+        sk = kind_of(k)
+        if kinds_axis and not sk.listable:
+            raise ValueError(
+                f"model.kind {k!r} ({sk.summary}) cannot share a sweep with other kinds"
             )
-        check_choice("model kind", k, names + (CONTINUUM,))
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"model.kind values must be distinct, got {kind_raw!r}")
-    static_only = [k for k in kinds if not kernels.MODELS[k].simulated]
-    if static_only and len(kinds) > 1:
+    sweep_kind = kind_of(kinds[0])
+    other = [k for k in kinds if kind_of(k) is not sweep_kind]
+    if other:
+        a, b = other[0], kinds[0]
         raise ValueError(
-            f"model.kind {static_only[0]!r} (no dynamics) cannot share a sweep with simulated models"
+            f"model.kind {a!r} ({kind_of(a).summary}) cannot share a sweep with kind {b!r} "
+            f"({kind_of(b).summary})"
         )
+    return sweep_kind.parse(
+        raw,
+        kinds=kinds,
+        kinds_axis=kinds_axis,
+        name=name,
+        description=description,
+        dtype=dtype,
+        text=text,
+    )
+
+
+def _parse_particle_grid(
+    grid_kind: ParticleGrid,
+    raw: dict,
+    *,
+    kinds: tuple[str, ...],
+    kinds_axis: bool,
+    name: str,
+    description: str,
+    dtype: str,
+    text: str,
+) -> Spec:
+    """``ParticleGrid.parse``: ``[model]`` (the parameters of ``kinds``), ``[grid]`` over ``n``,
+    ``d``, ``beta`` and seeds, ``[time]`` where ``grid_kind.timed`` and ``[output]``."""
+    model = dict(raw.get("model", {}))
+    model.pop("kind")
     kind = kinds[0]
-    simulated = kernels.MODELS[kind].simulated
+    simulated = grid_kind.timed
     backend = model.pop("backend", None)  # recorded only when set: specs without it keep their hash
     if backend is not None:
         check_backend(backend, "model.backend")
@@ -463,12 +709,12 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         )
 
     # model parameters (the registry's) ------------------------------------------
-    params, accepted = _model_params(kinds, model, ds)
+    params, accepted = _model_params(grid_kind, kinds, model, ds)
 
     axes: dict[str, np.ndarray] = {}
     beta_rule, beta_power = None, None
     beta = grid.get("beta")
-    no_beta = [k for k in kinds if not any(p.name == "beta" for p in kernels.MODELS[k].params)]
+    no_beta = [k for k in kinds if not any(p.name == "beta" for p in grid_kind.model_params(k))]
     if len(no_beta) == len(kinds):
         if beta is not None:
             raise ValueError(
@@ -519,16 +765,14 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
                 raise ValueError(
                     f"{where} = {float(x):g} is beyond the range of {dtype} (max {top:.3g})"
                 )
-    for (
-        name,
-        axis_vals,
-    ) in axes.items():  # the points are computed in ``dtype``: distinct there, not only as decimals
+    # the points are computed in ``dtype``: distinct there, not only as decimals
+    for axis, axis_vals in axes.items():
         in_dtype = np.asarray(axis_vals, np.float64).astype(dtype)
         for j in range(len(axis_vals)):
             i = int(np.argmax(in_dtype == in_dtype[j]))
             if i < j:
                 where = {"beta": "grid.beta", "beta_factor": "grid.beta factors"}.get(
-                    name, f"model.{name}"
+                    axis, f"model.{axis}"
                 )
                 raise ValueError(
                     f"{where} values {float(axis_vals[i])!r} and {float(axis_vals[j])!r} are the same {dtype} number "
@@ -580,7 +824,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
             ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
         time_spec["save"] = ts.tolist()
         if "early_stop" in tsec:
-            no_energy = [k for k in kinds if not kernels.MODELS[k].has_energy]
+            no_energy = [k for k in kinds if not grid_kind.has_energy(k)]
             if no_energy:
                 raise ValueError(f"time.early_stop needs an energy; kind {no_energy[0]!r} has none")
             time_spec["early_stop"] = _float("time.early_stop", tsec["early_stop"], "float>0")
@@ -618,23 +862,14 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
     # output -----------------------------------------------------------------
     out = dict(raw.get("output", {}))
     _unknown("output", out, _OUTPUT_KEYS)
-    valid: tuple[str, ...]
-    if not simulated:
-        valid, default = ATTENTION_OBSERVABLES, ["top_weight"]
-    elif any(not kernels.MODELS[k].has_energy for k in kinds):
-        valid, default = (
-            tuple(o for o in SIM_OBSERVABLES if o not in _ENERGY_OBSERVABLES),
-            ["collapse_gap"],
-        )
-    else:
-        valid, default = SIM_OBSERVABLES, ["collapse_gap", "energy"]
-    obs = out.get("observables", default)
+    valid, default = grid_kind.observables(kinds)
+    obs = out.get("observables", list(default))
     if not isinstance(obs, list) or not obs or not all(isinstance(o, str) for o in obs):
         raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
     for o in obs:
         if o not in valid:
             owner = (
-                next((k for k in kinds if not kernels.MODELS[k].has_energy), kind)
+                next((k for k in kinds if not grid_kind.has_energy(k)), kind)
                 if o in _ENERGY_OBSERVABLES
                 else kind
             )
@@ -645,7 +880,7 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         raise ValueError(f"output.observables has duplicates: {obs!r}")
     threshold = _float("output.cluster_threshold", out.get("cluster_threshold", 0.1), "float>0")
     top_k = _int("output.top_k", out.get("top_k", 8), 1)
-    if not simulated and top_k > min(ns):
+    if grid_kind.ranked and top_k > min(ns):
         raise ValueError(f"output.top_k = {top_k} must be <= the smallest n = {min(ns)}")
 
     data = {

@@ -68,13 +68,16 @@ import stat
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from ._diff import key_differences
+
+#: A store's path: a string or a path-like object.
+_StorePath = str | os.PathLike[str]
 
 __all__ = [
     "create",
@@ -151,7 +154,7 @@ class StoreDamagedError(StoreError):
     The message is one line naming the first damaged chunk and file and how many more.
     """
 
-    def __init__(self, store, damages: Iterable[Damage]):
+    def __init__(self, store: _StorePath, damages: Iterable[Damage]) -> None:
         self.store = Path(store)
         self.damages = tuple(damages)
         first = self.damages[0]
@@ -168,7 +171,7 @@ class StoreDamagedError(StoreError):
         super().__init__(f"store {self.store} is damaged: {first}{more}; {repair}")
 
 
-def _quiet_zarr():
+def _quiet_zarr() -> warnings.catch_warnings:
     """Silence zarr's notice that consolidated metadata is not in the v3 spec (xarray uses it)."""
     ctx = warnings.catch_warnings()
     ctx.__enter__()
@@ -226,7 +229,7 @@ def _read_text(path: Path) -> str:
     return _read_regular(path).decode()
 
 
-def _coord(value):
+def _coord(value: Any) -> Any:
     """A coordinate of the layout as xarray takes it (strings variable-length: zarr v3 "string")."""
     if isinstance(value, tuple):
         dims, vals = value
@@ -242,7 +245,7 @@ def _codecs() -> list:
     return [ZstdCodec(), Crc32cCodec()]
 
 
-def _skeleton(layout: dict):
+def _skeleton(layout: dict) -> tuple[Any, dict, list[str]]:
     """The Dataset with every point pending (NaN / 0), and its zarr encoding."""
     import xarray as xr
 
@@ -275,7 +278,7 @@ def _skeleton(layout: dict):
     return xr.Dataset(data_vars, coords=coords, attrs=attrs), encoding, list(variables)
 
 
-def create(out, layout: dict) -> None:
+def create(out: _StorePath, layout: dict) -> None:
     """Create the store (all points pending), atomically and exclusively.
 
     The skeleton is built in a hidden directory beside ``out`` and renamed to ``out``: a
@@ -378,7 +381,7 @@ _ARRAY_FIELDS = (
 )
 
 
-def _structure(meta) -> Any:
+def _structure(meta: Any) -> Any:
     """What of a metadata document must not change after creation: an array's shape, dtype,
     chunking and codecs; a group's consolidated copy of them and the spec it was made from."""
     if not isinstance(meta, dict):
@@ -428,7 +431,7 @@ def _info(out: Path, *, legacy_ok: bool = False) -> dict:
     return info
 
 
-def stored_attributes(out) -> dict:
+def stored_attributes(out: _StorePath) -> dict:
     """The root attributes of the store (``spec``, ``spec_json``, ``spec_hash``, ...): from its
     ``zarr.json`` or, when that is unreadable or lost its spec (damage that ``repair`` restores),
     from the copy recorded at creation in ``_sweep/initialized``. Empty when neither has them."""
@@ -448,7 +451,7 @@ def stored_attributes(out) -> dict:
     return copy if isinstance(copy, dict) else {}
 
 
-def check_resumable(out, spec_json: dict) -> dict | None:
+def check_resumable(out: _StorePath, spec_json: dict) -> dict | None:
     """Check that ``out`` is a store of the normalised spec ``spec_json``; return its
     bookkeeping (``blocks``: the stored chunking, ``chunks_total``, ...), or None for an
     empty directory (the store is still to be created).
@@ -484,7 +487,7 @@ def check_resumable(out, spec_json: dict) -> dict | None:
     return info
 
 
-def done_chunks(out, total: int | None = None) -> set[int]:
+def done_chunks(out: _StorePath, total: int | None = None) -> set[int]:
     """Ids of the chunks whose completion mark exists (below ``total``, when given: a mark of a
     chunk that does not exist is damage, reported by ``verify``, not a done chunk)."""
     d = Path(out) / _META / "done"
@@ -498,13 +501,13 @@ def _mark(out: Path, cid: int) -> Path:
     return out / _META / "done" / f"{cid:06d}"
 
 
-def is_done(out, cid: int) -> bool:
+def is_done(out: _StorePath, cid: int) -> bool:
     """Whether chunk ``cid`` carries its completion mark."""
     return _mark(Path(out), cid).exists()
 
 
 @contextlib.contextmanager
-def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
+def claim(out: _StorePath, cid: int, *, wait: bool = False) -> Iterator[bool]:
     """Hold the claim of chunk ``cid`` (an exclusive ``fcntl.flock`` on its lock file).
 
     Yields True when the claim is held (with ``wait``, after the current holder, if any,
@@ -528,7 +531,7 @@ def claim(out, cid: int, *, wait: bool = False) -> Iterator[bool]:
         os.close(fd)  # releases the lock
 
 
-def is_claimed(out, cid: int) -> bool:
+def is_claimed(out: _StorePath, cid: int) -> bool:
     """Whether another writer holds the claim of chunk ``cid`` now (it is being computed).
 
     Tests the lock without waiting (and releases it at once); a chunk never claimed has no
@@ -552,7 +555,7 @@ def _parts_path(out: Path) -> Path:
     return out / _META / "parts"
 
 
-def recorded_parts(out) -> int | None:
+def recorded_parts(out: _StorePath) -> int | None:
     """The number of job-array parts the store is split into (``record_parts``), or None."""
     try:
         return int(json.loads(_read_text(_parts_path(Path(out))))["parts"])
@@ -562,7 +565,7 @@ def recorded_parts(out) -> int | None:
         raise StoreError(f"{out}: {_parts_path(Path(out))} is unreadable ({e})") from None
 
 
-def record_parts(out, parts: int) -> None:
+def record_parts(out: _StorePath, parts: int) -> None:
     """Record that the store is split into ``parts`` job-array parts (the first part to run
     records it: an exclusive hard link of a complete temporary file, so concurrent parts
     race safely); ``StoreError`` when it was split another way."""
@@ -585,7 +588,7 @@ def record_parts(out, parts: int) -> None:
         )
 
 
-def failed_points(out, cids: Iterable[int]) -> dict[int, int]:
+def failed_points(out: _StorePath, cids: Iterable[int]) -> dict[int, int]:
     """Points with status ``FAILED`` in each chunk of ``cids`` that is marked done (its region
     from its completion mark; one read of the ``status`` array)."""
     import zarr
@@ -645,7 +648,7 @@ def _nonfinite_points(values: dict[str, np.ndarray], npoints_shape: tuple) -> np
     return bad
 
 
-def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> None:
+def write_chunk(out: _StorePath, cid: int, index: tuple, slices: tuple, results: dict) -> None:
     """Write one chunk's results then its completion mark (the chunk's region and a digest of
     its data, JSON).
 
@@ -700,7 +703,7 @@ def write_chunk(out, cid: int, index: tuple, slices: tuple, results: dict) -> No
     _atomic_write(_mark(out, cid), json.dumps(record))
 
 
-def _clear_non_files(out: Path, name: str, arr, region: list[tuple[int, int]]) -> None:
+def _clear_non_files(out: Path, name: str, arr: Any, region: list[tuple[int, int]]) -> None:
     """Remove what is not a regular file (a directory, a FIFO, a socket) at the chunk files of
     ``region``: zarr writes a chunk by renaming a new file over the old one, which a directory
     refuses (a damaged chunk could never be recomputed)."""
@@ -717,7 +720,7 @@ def _clear_non_files(out: Path, name: str, arr, region: list[tuple[int, int]]) -
                 os.unlink(path)
 
 
-def discard(out, cid: int) -> None:
+def discard(out: _StorePath, cid: int) -> None:
     """Remove the completion mark of chunk ``cid`` (it will be recomputed); a directory put in its
     place is removed too."""
     mark = _mark(Path(out), cid)
@@ -808,7 +811,7 @@ def _bookkeeping_damage(out: Path, info: dict, *, marks: bool) -> list[Damage]:
     return found
 
 
-def repair(out) -> list[Damage]:
+def repair(out: _StorePath) -> list[Damage]:
     """Restore what ``verify`` reports ``repairable``: recreate ``_sweep/done`` and
     ``_sweep/claims`` (a file in their place is removed), rewrite array metadata that differs
     from the copy recorded at creation, remove completion marks of chunks that do not exist.
@@ -834,7 +837,7 @@ def repair(out) -> list[Damage]:
     return fixed
 
 
-def verify(out, chunks: Iterable[int] | None = None) -> list[Damage]:
+def verify(out: _StorePath, chunks: Iterable[int] | None = None) -> list[Damage]:
     """Check the chunks marked done (all of them, or those of ``chunks`` that are marked);
     return what is damaged (empty: sound).
 
@@ -923,7 +926,7 @@ def _file_bytes(path: Path, max_bytes: int | None = None) -> tuple[bytes | None,
     return data, None
 
 
-def _max_file_bytes(arr) -> int | None:
+def _max_file_bytes(arr: Any) -> int | None:
     """The largest file a chunk of ``arr`` can be: zstd's bound on its compressed size
     (``ZSTD_COMPRESSBOUND``: n + n / 256 + a margin; taken generously) and the 4-byte crc32c.
     None (no bound) for a dtype of variable size."""
@@ -939,7 +942,7 @@ def _file_damage(path: Path) -> str | None:
     return _file_bytes(path)[1]
 
 
-def _decoder(arr):
+def _decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
     """``bytes -> array of the chunk's shape`` for the pipeline every store array has (little-endian
     bytes, zstd, crc32c: ``_codecs``), or None for another pipeline (then zarr decodes)."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
@@ -1055,7 +1058,7 @@ def _verify_chunk(
     return found
 
 
-def load(store, *, verify: bool = True):
+def load(store: _StorePath, *, verify: bool = True) -> Any:
     """Open a sweep store as an ``xarray.Dataset`` (lazy arrays), verified first.
 
     ``attrs["chunks_done"]``/``attrs["chunks_total"]`` say how complete it is;

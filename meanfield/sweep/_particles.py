@@ -1,0 +1,284 @@
+r"""The sweep kind ``particles``: the dynamics of ``n`` particles of any registry model
+(``mf.kernels.MODELS``: usa, rope, sa, ... and models registered from outside).
+
+A point ``(model, n, d, params, seed)`` starts from ``x0 = mf.sphere.uniform(jax.random.key(seed),
+n, d)`` and runs ``mf.simulate`` with the model ``mf.kernels.build(model, params, d=d)`` (the
+registry's constructor, the swept parameters traced) and the spec's ``[time]``; it records the
+observables at the save times (``collapse_gap``, ``energy``, ``clusters``, ``token_similarity``)
+or once (``first_merge_time``, ``num_plateaus``, ``final_clusters``), the stop time and the step
+count. Its memory and cost are ``meanfield._resources.run_cost`` (shared with ``meanfield
+simulate``) with the model's ``footprint``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, cast
+
+import numpy as np
+
+from .. import _resources
+from .._params import Param
+from .._resources import Cost, run_cost
+from .plan import grid_model
+from .spec import (
+    _ENERGY_OBSERVABLES,
+    SCALAR_SIM_OBSERVABLES,
+    SIM_OBSERVABLES,
+    ParticleGrid,
+    PointProgram,
+    Spec,
+    register_kind,
+)
+
+__all__ = ["Particles", "PARTICLES", "CLUSTER_OBSERVABLES", "DESCRIPTIONS", "counts_clusters"]
+
+#: Observables that count clusters at every save (``metrics.num_clusters``).
+CLUSTER_OBSERVABLES = ("clusters", "first_merge_time", "final_clusters")
+
+#: Descriptions of the data variables of a particles store.
+DESCRIPTIONS = {
+    "collapse_gap": "collapse gap G_x = 1 - 1/(n(n-1)) sum_{i!=j} <x_i, x_j>",
+    "energy": "interaction energy E = 1/(2 n^2) sum h (times e^-beta when rescaled)",
+    "clusters": "number of clusters (angular threshold cluster_threshold)",
+    "first_merge_time": "first save time with fewer clusters than at t = 0 (inf: none before t1; mf.metastability)",
+    "num_plateaus": "number of energy plateaus (mf.metastability.num_plateaus, rel_tol 0.02, min_points 3)",
+    "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
+    "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
+    "stop_time": "time at which the run ended (t1 unless stopped early or failed)",
+    "num_steps": "accepted solver steps",
+}
+
+
+def counts_clusters(spec: Spec) -> bool:
+    """Whether the spec's observables need the cluster count at every save."""
+    return any(o in spec.observables for o in CLUSTER_OBSERVABLES)
+
+
+def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
+    """``run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)``."""
+    T = cast(dict, spec.time)
+    reference = spec.step_rule == "reference"
+    model = grid_model(spec, kind, n, d)
+    dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
+    return run_cost(
+        n=n,
+        d=d,
+        t1=T["t1"],
+        dt=dt,
+        saves=len(cast(np.ndarray, spec.ts)),
+        itemsize=8 if spec.dtype == "float64" else 4,
+        batch=batch,
+        solver=T["solver"],
+        footprint=model.footprint(n, d),
+        save_states=False,
+        observables=len(spec.observables) + 2,
+        clusters=counts_clusters(spec),
+        step_grid=not reference,
+        max_steps=T.get("max_steps"),
+    )
+
+
+class Particles(ParticleGrid):
+    """The particle dynamics of every registry model (``[model] kind = NAME``, a list of names:
+    a grid axis ``model``)."""
+
+    name: ClassVar[str] = "particles"
+    summary: ClassVar[str] = "particle dynamics"
+    descriptions: ClassVar[dict[str, str]] = DESCRIPTIONS
+
+    def spec_names(self) -> tuple[str, ...]:
+        from .. import kernels
+
+        return tuple(kernels.MODELS)
+
+    def model_params(self, model: str) -> tuple[Param, ...]:
+        from .. import kernels
+
+        return tuple(kernels.MODELS[model].params)
+
+    def required_dimension(self, model: str) -> int | None:
+        from .. import kernels
+
+        return kernels.MODELS[model].d
+
+    def has_energy(self, model: str) -> bool:
+        from .. import kernels
+
+        return kernels.MODELS[model].has_energy
+
+    def observables(self, kinds: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if any(not self.has_energy(k) for k in kinds):
+            return tuple(o for o in SIM_OBSERVABLES if o not in _ENERGY_OBSERVABLES), (
+                "collapse_gap",
+            )
+        return SIM_OBSERVABLES, ("collapse_gap", "energy")
+
+    def point_memory(self, spec: Spec, model: str, n: int, d: int) -> int:
+        return _point_cost(spec, model, n, d, 1).point_bytes
+
+    def cost(self, spec: Spec, model: str, n: int, d: int, batch: int, point_bytes: int) -> Cost:
+        r"""Steps $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ (``dt`` the smallest step
+        of the reference rule), the host step grid of a concrete fixed step, the states, the saved
+        observables and the pairwise working set per point, $4 d + 8$ flop a pair and a field
+        evaluation (``meanfield._resources.run_cost``)."""
+        return _point_cost(spec, model, n, d, batch)
+
+    def point_program(self, spec: Spec, model: str, n: int, d: int) -> PointProgram:
+        return _program(spec, model, n, d)
+
+    def output_layout(self, spec: Spec) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {
+            o: (() if o in SCALAR_SIM_OBSERVABLES else ("time",)) for o in spec.observables
+        }
+        out["stop_time"] = ()
+        out["num_steps"] = ()
+        return out
+
+    def point_store_bytes(self, spec: Spec) -> int:
+        b = 8 if spec.dtype == "float64" else 4
+        return len(cast(np.ndarray, spec.ts)) * len(spec.observables) * b + 2 * b + 1
+
+    def describe_notes(self, spec: Spec) -> list[str]:
+        lines = []
+        if spec.step_rule == "reference":
+            lines.append(
+                f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
+                f"'reference'), one beta per chunk so a chunk runs its own step count"
+            )
+        if spec.step != "projected":
+            lines.append(
+                f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
+                "time.step = 'renormalize')"
+            )
+        return lines
+
+    def describe_warnings(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
+        lines = []
+        limit = float(np.log(np.finfo(spec.dtype).max))
+        over = sum(
+            int(np.sum(grid_model(spec, k, n, d).overflows(spec.dtype))) for k, n, d in shapes
+        )
+        if over:
+            lines.append(
+                f"warning: {over} (shape, beta) pair(s) with beta >= {limit:.1f} overflow exp(beta <x, y>) "
+                f"in {spec.dtype}; those points will be recorded as failed (set model.rescaled = true)"
+            )
+        return lines + _step_warnings(spec, shapes)
+
+
+def _step_warnings(spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
+    r"""Fixed explicit steps much longer than the interaction time scale overshoot (the energy
+    then decreases along a run): the rule of ``meanfield simulate``
+    (``meanfield._resources.step_ratios``: $\mathrm{dt} \times \text{rate} > 1$, rate $\sqrt\beta\, e^{\beta - 1/2}$
+    for exp kernels, $\sqrt\beta\, e^{-1/2}$ rescaled, $\beta$ for normalised
+    self-attention; measured: projected RK2 at dt = 0.05, beta = 4, USA, dt x rate = 3.3,
+    lost energy), over every (shape, beta) pair of the grid."""
+    if spec.step_rule == "reference":
+        return []  # reference rule: dt x rate <= dt by construction
+    T = cast(dict, spec.time)
+    ratios = [
+        _resources.step_ratios(
+            grid_model(spec, k, n, d).interaction_rate(), T["dt"], solver=T["solver"]
+        )
+        for k, n, d in shapes
+    ]
+    if not any(np.any(np.asarray(r) > 0) for r in ratios):
+        return []  # no model of this sweep has a rate
+    text = _resources.step_warning_text(
+        np.concatenate([np.ravel(r) for r in ratios]),
+        T["dt"],
+        dt_name="time.dt",
+        rescaled_hint="model.rescaled = true",
+    )
+    return [text] if text else []
+
+
+def _program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
+    """The point program of model ``kind`` at static shape ``(n, d)`` (``Particles.point_program``)."""
+    import diffrax
+    import jax
+    import jax.numpy as jnp
+
+    from .. import integrate, kernels, metastability, metrics, sphere
+    from . import store
+
+    dtype = jnp.dtype(spec.dtype)
+    T = cast(dict, spec.time)
+    thr = spec.cluster_threshold
+    extra: dict[str, Any] = {}
+    counts = counts_clusters(spec)
+    if counts:
+        extra["clusters"] = lambda x: metrics.num_clusters(x, thr).astype(dtype)
+    if "token_similarity" in spec.observables:
+        extra["token_similarity"] = metrics.token_similarity
+
+    # the registry's parameters of this kind: fixed values from the spec, swept ones traced
+    names = {p.name for p in kernels.MODELS[kind].params}
+    fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
+
+    ts = cast(np.ndarray, spec.ts)
+    dt, max_steps = T["dt"], T.get("max_steps")
+    reference = spec.step_rule == "reference"
+    if reference:
+        # beta-dependent step, traced: one compilation for the whole beta axis; the bound on
+        # the step count comes from the smallest step of this shape's betas
+        betas = np.asarray(spec.beta_values(n, d), dtype=np.float64)
+        over = kernels.MODELS[kind].over_grid(fixed, d, beta=betas)
+        h_min = float(np.min(over.reference_step(T["dt"])))
+        max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
+
+    def sim(params: dict[str, Any], seed: Any) -> dict[str, Any]:
+        x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
+        traced = {k: v.astype(dtype) for k, v in params.items() if k in names}
+        model = kernels.build(kind, {**fixed, **traced}, d=d, dtype=dtype)
+        step: Any = model.reference_step(T["dt"]) if reference else dt
+        traj = integrate.simulate(
+            model,
+            x0,
+            t1=T["t1"],
+            dt=step,
+            solver=T["solver"],
+            ts=spec.ts,
+            rtol=T.get("rtol"),
+            atol=T.get("atol"),
+            observables=extra,
+            save_states=False,
+            early_stop=T.get("early_stop"),
+            max_steps=max_steps,
+            step=spec.step,
+            backend=spec.backend,
+            adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
+        )
+        vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
+        if counts:  # mf.metastability observables: one number per point
+            vals["first_merge_time"] = metastability.first_merge_time(
+                traj.ts, vals["clusters"]
+            ).astype(dtype)
+            vals["final_clusters"] = vals["clusters"][-1]
+        if "num_plateaus" in spec.observables:
+            energy = cast(Any, traj.energy)  # a model with an energy (checked by the spec)
+            vals["num_plateaus"] = metastability.num_plateaus(energy).astype(dtype)
+        out = {o: vals[o] for o in spec.observables}
+        out["stop_time"] = traj.stop_time.astype(dtype)
+        out["num_steps"] = jnp.asarray(traj.num_steps, jnp.int32)
+        # +inf is a result in store.INFINITE_RESULTS (first_merge_time: nothing merged before t1)
+        finite = jnp.all(
+            jnp.stack(
+                [
+                    jnp.all(
+                        (jnp.isfinite(out[o]) | (out[o] == jnp.inf))
+                        if o in store.INFINITE_RESULTS
+                        else jnp.isfinite(out[o])
+                    )
+                    for o in spec.observables
+                ]
+            )
+        )
+        out["status"] = jnp.where(traj.failed | ~finite, store.FAILED, store.OK).astype(jnp.int8)
+        return out
+
+    return sim
+
+
+#: The kind object (registered).
+PARTICLES = register_kind(Particles())
