@@ -88,6 +88,13 @@ Density solver (``solve``): a pseudo-spectral method of lines.
   detected, when it exceeds ``tail_tol``; saved values after ``t_stop``, or whose own tail exceeds
   ``tail_tol`` (save times inside the last step), are NaN.
 
+Other models: ``model=`` names any registered model (``mf.kernels.register``) whose kernel depends
+on $\langle x, y\rangle$ alone, through its profile (``Model.zonal_profile``, a ``mf.kernels.Profile``:
+$h$, whether the field is normalised, whether a rescaled form exists, the overflow bound). The exp
+profiles (``"usa"``, ``"sa"``) have the closed-form rates above; the rates of the others are their
+Funk-Hecke eigenvalues by Gauss-Jacobi quadrature (concrete degrees), and ``solve`` uses the same
+numerical multipliers for every profile.
+
 Particles against the limit: ``sample_perturbation`` draws particles (i.i.d. or on a lattice)
 from the density of a mode perturbation, ``mode_perturbation`` evaluates that density on the grid,
 ``project_particles`` is the band-limited $L^2$ projection of an empirical law onto the grid,
@@ -101,6 +108,8 @@ import functools
 import logging
 import math
 import numbers
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, ClassVar
 
 import diffrax
@@ -109,20 +118,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.special
-from jaxtyping import Array, ArrayLike, Float, Int
+from jaxtyping import Array, ArrayLike, Complex, Float, Int
 
 from ._checks import (
     RealScalarLike,
     _error_if,
-    check_choice,
     check_int,
     check_positive,
     is_concrete,
     traced_positive,
 )
+from ._resources import Cost
+from .models import ExpProfile, Profile
 
 __all__ = [
     "MODELS",
+    "zonal_models",
+    "model_profile",
     "STATUS",
     "OK",
     "RESOLUTION_LOST",
@@ -147,7 +159,8 @@ __all__ = [
     "mmd_sphere",
 ]
 
-#: Mean-field models: ``"usa"`` (unnormalised, ``h = e^{beta t}/beta``) and ``"sa"`` (softmax-normalised).
+#: The built-in mean-field models: ``"usa"`` (unnormalised, ``h = e^{beta t}/beta``) and ``"sa"``
+#: (softmax-normalised). ``model=`` accepts every registered model with a zonal profile (``zonal_models``).
 MODELS = ("usa", "sa")
 #: ``Solution.status`` codes: the run reached ``t1`` / lost resolution / failed (non-finite or
 #: ``max_steps`` exhausted); ``STATUS[code]`` is the name.
@@ -167,14 +180,14 @@ MAX_DEGREE = 2**31 - 1
 MAX_MODE = 2**22
 
 
-def _check_d(d) -> int:
+def _check_d(d: object) -> int:
     d = check_int("d", d, minimum=2)
     if d > MAX_DIMENSION:
         raise ValueError(f"d must be <= {MAX_DIMENSION} (MAX_DIMENSION), got {d}")
     return d
 
 
-def _check_solver_d(d) -> int:
+def _check_solver_d(d: object) -> int:
     d = _check_d(d)
     if d not in (2, 3):
         raise ValueError(
@@ -183,19 +196,70 @@ def _check_solver_d(d) -> int:
     return d
 
 
-def _check_model(model: str, rescaled) -> bool:
-    check_choice("model", model, MODELS)
+def zonal_models() -> tuple[str, ...]:
+    """The names of the registered models (``mf.kernels.MODELS``) whose kernel depends on
+    ``<x, y>`` alone (``Model.zonal_profile`` is not None): what ``model=`` accepts here.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.continuum.zonal_models()
+        ('usa', 'sa')
+    """
+    from .kernels import MODELS as registry
+
+    return tuple(
+        name
+        for name, entry in registry.items()
+        if entry.cls is not None and entry.cls.zonal_profile() is not None
+    )
+
+
+def model_profile(model: str, rescaled: bool = False) -> Profile:
+    """The zonal profile (``mf.kernels.Profile``) of the registered model named ``model``:
+    ``mf.kernels.MODELS[model].cls.zonal_profile(rescaled)``, what every function here uses.
+
+    Raises:
+        ValueError: ``model`` is not registered or has no zonal profile (the message lists
+            ``zonal_models()``), or ``rescaled=True`` for a model without a rescaled form.
+        TypeError: ``rescaled`` is not a bool.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.continuum.model_profile("sa").normalized, mf.continuum.model_profile("usa", True).rescaled
+        (True, True)
+    """
+    from .kernels import MODELS as registry
+
+    entry = registry.get(model) if isinstance(model, str) else None
+    cls = entry.cls if entry is not None else None
+    if cls is None or cls.zonal_profile() is None:
+        accepted = ", ".join(map(repr, zonal_models()))
+        if cls is None:
+            raise ValueError(f"unknown model {model!r}; accepted: {accepted}")
+        raise ValueError(
+            f"model {model!r} has no zonal profile (its kernel does not depend on <x, y> alone); "
+            f"accepted: {accepted}"
+        )
     if not isinstance(rescaled, (bool, np.bool_)):
         raise TypeError(f"rescaled must be True or False, got {rescaled!r}")
-    if model == "sa" and rescaled:
-        raise ValueError(
-            "rescaled=True applies to model='usa' only: the normalised 'sa' field is invariant "
-            "under a rescaling of the kernel (its time is never rescaled)"
+    profile = cls.zonal_profile(rescaled=bool(rescaled))
+    if profile is None:
+        raise TypeError(f"{cls.__name__}.zonal_profile(rescaled={bool(rescaled)}) returned None")
+    if rescaled and not profile.rescalable:
+        with_form = [n for n in zonal_models() if model_profile(n).rescalable]
+        why = (
+            f"the normalised {model!r} field is invariant under a rescaling of the kernel (its time "
+            "is never rescaled)"
+            if profile.normalized
+            else f"{model!r} has no rescaled form"
         )
-    return bool(rescaled)
+        raise ValueError(
+            f"rescaled=True applies to {', '.join(f'model={n!r}' for n in with_form)} only: {why}"
+        )
+    return profile
 
 
-def _check_beta(beta, *, model: str, rescaled: bool, dtype, scalar: bool = True) -> None:
+def _check_beta(beta: Any, *, profile: Profile, dtype: Any, scalar: bool = True) -> None:
     if not is_concrete(beta):
         return
     if isinstance(beta, (str, bytes, bool, np.bool_)) or (scalar and np.ndim(beta) != 0):
@@ -209,8 +273,8 @@ def _check_beta(beta, *, model: str, rescaled: bool, dtype, scalar: bool = True)
             f"beta = {float(np.min(beta)):g} rounds to 0 in {np.dtype(dtype).name} (smallest normal value "
             f"{tiny:.4g}); use a larger beta or float64"
         )
-    if model == "usa" and not rescaled:
-        limit = float(np.log(np.finfo(dtype).max)) - 1.0
+    limit = profile.overflow_limit(dtype)
+    if limit is not None:
         if float(np.max(beta)) >= limit:
             raise ValueError(
                 f"beta = {float(np.max(beta)):g} overflows e^beta in {np.dtype(dtype).name} (limit about "
@@ -218,7 +282,7 @@ def _check_beta(beta, *, model: str, rescaled: bool, dtype, scalar: bool = True)
             )
 
 
-def _float_dtype(x=None):
+def _float_dtype(x: object = None) -> np.dtype:
     if x is not None and jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
         return jnp.asarray(x).dtype
     return jnp.result_type(float)
@@ -251,7 +315,7 @@ _DEBYE = (
 )
 
 
-def _log_ive_host(nu, x):
+def _log_ive_host(nu: ArrayLike, x: ArrayLike) -> np.ndarray:
     r"""$\log(I_\nu(x) e^{-x})$ in float64 for $\nu \ge -1$, $x > 0$, finite where ``scipy.special.ive``
     underflows (large $\nu$: ``growth_rates(2.0, 400, 1)``) or returns NaN (large $x$: ``ive(3, 1e10)``).
 
@@ -306,7 +370,9 @@ def _log_ive_host(nu, x):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
-def _log_ive(shift: float, power: float, const: float, ell, beta):
+def _log_ive(
+    shift: float, power: float, const: float, ell: ArrayLike, beta: ArrayLike
+) -> Float[Array, "..."]:
     """``const - power log(beta) + log(I_{ell + shift}(beta) e^{-beta})``, all in float64 on the host
     (``_log_ive_host`` through ``jax.pure_callback``: the sum of large logs, e.g. ``lgamma(200)`` at
     ``d = 400``, is not rounded to the dtype before it cancels); differentiable in ``beta`` by
@@ -315,7 +381,7 @@ def _log_ive(shift: float, power: float, const: float, ell, beta):
     dtype = jnp.result_type(beta, float)
     out = jax.ShapeDtypeStruct(shape, dtype)
 
-    def host(e, b):
+    def host(e: ArrayLike, b: ArrayLike) -> np.ndarray | np.floating:
         b = np.asarray(b, np.float64)
         val = _log_ive_host(np.asarray(e, np.float64) + shift, b)
         if power or const:
@@ -335,7 +401,9 @@ def _log_ive(shift: float, power: float, const: float, ell, beta):
 
 
 @_log_ive.defjvp
-def _log_ive_jvp(shift, power, const, primals, tangents):
+def _log_ive_jvp(
+    shift: float, power: float, const: float, primals: tuple[Any, Any], tangents: tuple[Any, Any]
+) -> tuple[Array, Array]:
     ell, beta = primals
     _, dbeta = tangents
     y = _log_ive(shift, power, const, ell, beta)
@@ -350,7 +418,12 @@ def _log_ive_jvp(shift, power, const, primals, tangents):
 
 
 def growth_rates(
-    beta: RealScalarLike, d: int, ell, *, model: str = "usa", rescaled: bool = False
+    beta: RealScalarLike,
+    d: int,
+    ell: ArrayLike | Sequence[Any],
+    *,
+    model: str = "usa",
+    rescaled: bool = False,
 ) -> Float[Array, "..."]:
     r"""Growth rate $\lambda_l$ of the degree-``ell`` harmonic perturbation of the uniform law on
     $S^{d-1}$ (MATH.md Sec. 5; derivation in the module docstring):
@@ -365,7 +438,8 @@ def growth_rates(
         beta: inverse temperature ``> 0`` (traced or concrete; broadcasts against ``ell``).
         d: ambient dimension ``>= 2`` (static).
         ell: degrees ``>= 0`` (int array, traced or concrete).
-        model: ``"usa"`` or ``"sa"``.
+        model: ``"usa"``, ``"sa"``, or any registered model with a zonal profile (``zonal_models``,
+            ``Model.zonal_profile``; rates by quadrature where the profile has no closed form).
         rescaled: rates per unit of $s = e^\beta t$ (usa only).
 
     Returns:
@@ -388,9 +462,10 @@ def growth_rates(
         [2.4399, 6.4222, 7.5089, 5.6651]
     """
     d = _check_d(d)
-    rescaled = _check_model(model, rescaled)
+    profile = model_profile(model, rescaled)
     dtype = _float_dtype(beta)
-    _check_beta(beta, model=model, rescaled=rescaled, dtype=dtype, scalar=False)
+    _check_beta(beta, profile=profile, dtype=dtype, scalar=False)
+    ell_np = None
     if is_concrete(ell):
         try:
             ell_np = np.asarray(ell)
@@ -412,14 +487,22 @@ def growth_rates(
             raise ValueError(f"ell must be >= 0, got {ell!r}")
         if np.any(ell_np > MAX_DEGREE):
             raise ValueError(f"ell must be <= {MAX_DEGREE} (MAX_DEGREE), got {ell!r}")
-        ell_a = jnp.asarray(ell_np.astype(np.int64).astype(np.int32))
+        ell_np = ell_np.astype(np.int64)
+        ell_a = jnp.asarray(ell_np.astype(np.int32))
     else:
         ell_a = jnp.asarray(ell).astype(jnp.int32)
     b = jnp.asarray(beta, dtype)
     a = d / 2 - 1
     ellf = ell_a.astype(dtype)
     lap = ellf * (ellf + (d - 2))  # in floats: ell (ell + d - 2) overflows int32 past ell ~ 46341
-    if model == "sa":
+    if type(profile) is not ExpProfile:  # no closed form: Funk-Hecke eigenvalues by quadrature
+        if ell_np is None:
+            raise ValueError(
+                f"growth_rates: model {model!r} has no closed-form rates (they are computed by "
+                "quadrature): pass concrete degrees ell"
+            )
+        rate = _quadrature_rates(profile, b, d, ell_np)
+    elif profile.normalized:
         log_ive = _log_ive(a, 0.0, 0.0, ell_a, b)
         rate = lap * jnp.exp(log_ive - _log_ive(a, 0.0, 0.0, jnp.zeros_like(ell_a), b)) / b
     else:
@@ -428,18 +511,79 @@ def growth_rates(
         )  # Gamma(d/2) 2^(d/2-1), no overflow
         # degree 0 (lap = 0) has rate 0 exactly, also where its factor beta^-1 I_{d/2-1} overflows
         rate = jnp.where(lap > 0, lap * jnp.exp(_log_ive(a, d / 2, log_const, ell_a, b)), 0)
-        if not rescaled:
+        if not profile.rescaled:
             rate = rate * jnp.exp(b)  # kept apart: e^beta of an exact beta keeps full precision
-    return _traced_rate_checks(rate, b, ell_a, model, rescaled)
+    return _traced_rate_checks(rate, b, ell_a, profile)
 
 
-def _traced_rate_checks(rate, b, ell, model: str, rescaled: bool):
+#: Largest degree of the growth rates computed by quadrature (profiles without a closed form).
+_QUADRATURE_MAX_DEGREE = 4096
+
+
+def _quadrature_rates(
+    profile: Profile, b: Float[Array, "*b"], d: int, ell: np.ndarray
+) -> Float[Array, "..."]:
+    r"""Growth rates of a profile without closed form: $\lambda_l = \rho_0\, l (l + d - 2)\, \mu_l[h]$
+    (unnormalised) or $l (l + d - 2)\, \mu_l[h] / (\beta\, \mu_0[h])$ (normalised), the Funk-Hecke
+    eigenvalues $\mu_l[h] = |S^{d-2}| \int h(t) P_l^{(d)}(t) (1 - t^2)^{(d-3)/2} dt$ by Gauss-Jacobi
+    quadrature on $\max(2 l_{\max} + 64, 256)$ nodes (exact for polynomial profiles of degree below
+    128), $P_l^{(d)}$ the Jacobi polynomial $P_l^{(a, a)}$, $a = (d - 3)/2$, normalised to 1 at 1."""
+    top = int(np.max(ell)) if ell.size else 0
+    if top > _QUADRATURE_MAX_DEGREE:
+        raise ValueError(
+            f"ell must be <= {_QUADRATURE_MAX_DEGREE} for a profile without closed-form rates "
+            f"(quadrature), got {top}"
+        )
+    dtype = b.dtype
+    shape = jnp.broadcast_shapes(jnp.shape(b), ell.shape)
+    ells, inverse = np.unique(np.broadcast_to(ell, shape).ravel(), return_inverse=True)
+    t, w, P = _jacobi_table(d, tuple(int(v) for v in ells), max(2 * top + 64, 256))
+    area = 2 * math.pi ** ((d - 1) / 2) / math.gamma((d - 1) / 2)  # |S^{d-2}|
+    table = jnp.asarray((area * w * P)[inverse], dtype)  # (K, M)
+    bk = jnp.broadcast_to(b, shape).reshape(-1)
+    hv = profile.values(jnp.asarray(t, dtype)[None, :], bk[:, None])  # (K, M)
+    mu = jnp.sum(hv * table, axis=-1)
+    ellf = jnp.asarray(ells[inverse], dtype)
+    lap = ellf * (ellf + (d - 2))
+    if profile.normalized:
+        mu0 = area * jnp.sum(hv * jnp.asarray(w, dtype), axis=-1)
+        rate = lap * mu / (bk * mu0)
+    else:
+        rate = uniform_density(d) * lap * mu
+    return rate.reshape(shape)
+
+
+@functools.lru_cache(maxsize=32)
+def _jacobi_table(
+    d: int, ells: tuple[int, ...], M: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gauss-Jacobi nodes ``t``, weights ``w`` (weight $(1 - t^2)^{(d-3)/2}$) on ``M`` nodes and the
+    normalised polynomials $P_l^{(d)}(t)$, ``(len(ells), M)``: Chebyshev ($d = 2$, nodes in closed
+    form), Legendre ($d = 3$), Jacobi $P_l^{(a, a)} / P_l^{(a, a)}(1)$ otherwise."""
+    if d == 2:
+        t = np.cos((2 * np.arange(M) + 1) * np.pi / (2 * M))
+        w = np.full(M, np.pi / M)
+        return t, w, np.stack([scipy.special.eval_chebyt(l, t) for l in ells])
+    if d == 3:
+        t, w = np.polynomial.legendre.leggauss(M)
+        return t, w, np.stack([scipy.special.eval_legendre(l, t) for l in ells])
+    alpha = (d - 3) / 2
+    t, w = scipy.special.roots_jacobi(M, alpha, alpha)
+    with np.errstate(all="ignore"):
+        P = np.stack([scipy.special.eval_jacobi(l, alpha, alpha, t) for l in ells])
+        P = P / np.stack([scipy.special.eval_jacobi(l, alpha, alpha, 1.0) for l in ells])[:, None]
+    return t, w, P
+
+
+def _traced_rate_checks(
+    rate: Float[Array, "..."], b: Float[Array, "..."], ell: Array, profile: Profile
+) -> Float[Array, "..."]:
     """``rate`` with the range checks of a traced ``beta`` / ``ell`` attached (``equinox.error_if``)."""
     rate = traced_positive(rate, "beta", b)
     if not is_concrete(ell):
         rate = _error_if(rate, jnp.any(ell < 0), "ell must be >= 0; a traced ell was negative")
-    if model == "usa" and not rescaled and not is_concrete(b):
-        limit = float(np.log(np.finfo(b.dtype).max)) - 1.0
+    limit = profile.overflow_limit(b.dtype)
+    if limit is not None and not is_concrete(b):
         rate = _error_if(
             rate,
             jnp.any(b >= limit),
@@ -461,7 +605,8 @@ def most_unstable_mode(
     Args:
         beta: inverse temperature ``> 0`` (scalar).
         d: ambient dimension ``>= 2``.
-        model: ``"usa"`` or ``"sa"``.
+        model: ``"usa"``, ``"sa"``, or any registered model with a zonal profile (``zonal_models``,
+            ``Model.zonal_profile``; rates by quadrature where the profile has no closed form).
         max_mode: largest degree searched (static, at most ``MAX_MODE``), on a grid of degrees with the
             rates of ``growth_rates`` (``jit``/``vmap``); ``None``: $4 \lceil \sqrt{2 \beta} \rceil + 8$
             from a concrete ``beta`` (required when ``beta`` is traced), searched on the host in float64
@@ -480,7 +625,12 @@ def most_unstable_mode(
     if max_mode is None:
         if not is_concrete(beta):
             raise ValueError("most_unstable_mode: pass max_mode when beta is traced (jit/vmap)")
-        _check_model(model, False)
+        profile = model_profile(model, False)
+        if type(profile) is not ExpProfile:
+            raise ValueError(
+                f"most_unstable_mode: model {model!r} has no closed-form rates: pass max_mode (a grid "
+                "of degrees)"
+            )
         if isinstance(beta, (str, bytes, bool, np.bool_)) or np.ndim(beta) != 0:
             raise TypeError(f"beta must be a real scalar, got {beta!r}")
         check_positive("beta", beta)
@@ -499,7 +649,9 @@ def most_unstable_mode(
             "pass a concrete beta and max_mode=None for a search"
         )
     ells = jnp.arange(1, max_mode + 1)
-    rates = growth_rates(beta, d, ells, model=model, rescaled=model == "usa")
+    # the rescaled form where the model has one: the argmax is the same, with no overflow of e^beta
+    rescaled = model_profile(model, False).rescalable
+    rates = growth_rates(beta, d, ells, model=model, rescaled=rescaled)
     return (jnp.argmax(rates) + 1).astype(jnp.int32)
 
 
@@ -507,7 +659,7 @@ def _host_most_unstable(beta: float, d: int, top: int) -> int:
     """``argmax_{1 <= l <= top}`` of the float64 log-rate ``log l (l + d - 2) + log I_{l + d/2 - 1}(beta)``
     (the factors common to all degrees dropped; the same for usa and sa)."""
 
-    def f(ls):
+    def f(ls: ArrayLike | Sequence[int]) -> np.ndarray:
         ls = np.asarray(ls, np.float64)
         return np.log(ls) + np.log(ls + (d - 2)) + _log_ive_host(ls + (d / 2 - 1), beta)
 
@@ -570,7 +722,7 @@ def _grid_shape(d: int, L: int) -> tuple[int, ...]:
     return (3 * L,) if d == 2 else (L, 2 * L - 1)
 
 
-def _check_resolution(resolution) -> int:
+def _check_resolution(resolution: object) -> int:
     return check_int("resolution", resolution, minimum=4)
 
 
@@ -614,13 +766,13 @@ def solve_cost(
     d: int,
     resolution: int,
     *,
-    t1=None,
-    dt=None,
+    t1: RealScalarLike | None = None,
+    dt: RealScalarLike | None = None,
     max_steps: int = 20_000,
     saves: int = 2,
     itemsize: int = 4,
     batch: int = 1,
-):
+) -> Cost:
     r"""Estimated cost of ``solve`` (a ``_resources.Cost``), before anything is built.
 
     * steps: ``max_steps`` (the adaptive bound), or ``min(max_steps, ceil(t1 / dt))`` with a fixed ``dt``;
@@ -638,8 +790,6 @@ def solve_cost(
         >>> c.work > 1e15   # past _resources.WORK_LIMIT: solve refuses it
         True
     """
-    from ._resources import Cost
-
     L = int(resolution)
     G = 3 * L if d == 2 else L * (2 * L - 1)
     L2 = -(-3 * L // 2)
@@ -657,7 +807,7 @@ def solve_cost(
     return Cost(steps=steps, saves=int(saves), bytes=int(total), work=work, batch=int(batch))
 
 
-def grid(d: int, resolution: int, *, dtype=None) -> Grid:
+def grid(d: int, resolution: int, *, dtype: Any = None) -> Grid:
     """The solver's grid on ``S^{d-1}`` (d = 2 or 3) at band-limit ``resolution`` (see ``Grid``).
 
     Args:
@@ -704,7 +854,7 @@ def grid(d: int, resolution: int, *, dtype=None) -> Grid:
 
 
 @functools.cache
-def _sphere_nodes(L: int):
+def _sphere_nodes(L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     x, w = np.polynomial.legendre.leggauss(L)
     x, w = x[::-1], w[::-1]  # s2fft's colatitudes increase: cos(theta) decreases
     th = np.arccos(x)
@@ -728,7 +878,7 @@ def uniform_density(d: int) -> float:
 
 
 @functools.cache
-def _s2fft():
+def _s2fft() -> tuple[ModuleType, ModuleType]:
     """``s2fft``'s precomputed-kernel transform module, imported on first use (about 1 s); its
     import-time warning about float32 is silenced for the import only (we use float64 kernels)."""
     logger = logging.getLogger("s2fft")
@@ -749,18 +899,18 @@ def _sht_kernels(L: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(kf), np.asarray(ki)
 
 
-def _cdtype(dtype):
+def _cdtype(dtype: Any) -> Any:
     return jnp.complex128 if jnp.dtype(dtype) == jnp.float64 else jnp.complex64
 
 
-def _sht(f, L: int):
+def _sht(f: Float[Array, "a b"], L: int) -> Complex[Array, "a b"]:
     """Forward transform of a real grid function ``(L, 2L - 1)`` -> ``f_lm`` ``(L, 2L - 1)`` (m = -L+1..L-1)."""
     _, spherical = _s2fft()
     kf, _ = _sht_kernels(L)
     return spherical.forward_transform_jax(f, jnp.asarray(kf, f.dtype), L, "gl", True, 0, 0)
 
 
-def _isht(flm, L: int, dtype):
+def _isht(flm: Complex[Array, "a b"], L: int, dtype: Any) -> Float[Array, "a b"]:
     _, spherical = _s2fft()
     _, ki = _sht_kernels(L)
     return spherical.inverse_transform_jax(flm, jnp.asarray(ki, dtype), L, "gl", True, 0, 0).astype(
@@ -768,13 +918,13 @@ def _isht(flm, L: int, dtype):
     )
 
 
-def _pad_lm(flm, L2: int):
+def _pad_lm(flm: Complex[Array, "a b"], L2: int) -> Complex[Array, "c e"]:
     L = flm.shape[0]
     out = jnp.zeros((L2, 2 * L2 - 1), flm.dtype)
     return out.at[:L, L2 - L : L2 + L - 1].set(flm)
 
 
-def _trunc_lm(flm, L: int):
+def _trunc_lm(flm: Complex[Array, "a b"], L: int) -> Complex[Array, "c e"]:
     L2 = flm.shape[0]
     return flm[:L, L2 - L : L2 + L - 1]
 
@@ -782,29 +932,26 @@ def _trunc_lm(flm, L: int):
 # --------------------------------------------------------------------------- kernel multipliers
 
 
-def _kernel_values(t, beta, model: str, rescaled: bool):
-    """``h(t)`` of the potential: usa ``e^{beta t}/beta`` (or ``e^{beta(t-1)}/beta``); sa ``e^{beta (t - 1)}``."""
-    if model == "sa":
-        return jnp.exp(beta * (t - 1))
-    return jnp.exp(beta * (t - 1) if rescaled else beta * t) / beta
-
-
-def _multipliers(beta, d: int, L: int, model: str, rescaled: bool, dtype):
-    """Funk-Hecke eigenvalues ``mu_l`` (``l < L``) of the potential's kernel, computed numerically
-    (differentiable in ``beta``): an FFT on ``8 L`` angles (d = 2) or Gauss-Legendre quadrature on
-    ``max(4 L, 128)`` nodes (d = 3)."""
+def _multipliers(
+    beta: Float[Array, ""], d: int, L: int, model: str | Profile, rescaled: bool, dtype: Any
+) -> Float[Array, " L"]:
+    """Funk-Hecke eigenvalues ``mu_l`` (``l < L``) of the profile's kernel ``h`` (``model``: a
+    ``Profile``, or a model's name with ``rescaled``), computed numerically (differentiable in
+    ``beta``): an FFT on ``8 L`` angles (d = 2) or Gauss-Legendre quadrature on ``max(4 L, 128)``
+    nodes (d = 3)."""
+    profile = model if isinstance(model, Profile) else model_profile(model, rescaled)
     if d == 2:
         M = 8 * L
         phi = jnp.asarray(2 * np.pi * np.arange(M) / M, dtype)
-        hv = _kernel_values(jnp.cos(phi), beta, model, rescaled)
+        hv = profile.values(jnp.cos(phi), beta)
         return (2 * np.pi / M) * jnp.real(jnp.fft.rfft(hv))[:L]
     t, w, P = _legendre_table(L, max(4 * L, 128))
-    hv = _kernel_values(jnp.asarray(t, dtype), beta, model, rescaled)
+    hv = profile.values(jnp.asarray(t, dtype), beta)
     return 2 * np.pi * jnp.asarray(P, dtype) @ (jnp.asarray(w, dtype) * hv)
 
 
 @functools.cache
-def _legendre_table(L: int, M: int):
+def _legendre_table(L: int, M: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t, w = np.polynomial.legendre.leggauss(M)
     P = np.stack([scipy.special.eval_legendre(l, t) for l in range(L)])
     return t, w, P
@@ -818,33 +965,35 @@ class _Circle(eqx.Module):
     density's coefficients ``c_k``, ``rho(theta) = sum_{|k| < L} c_k e^{i k theta}``, ``c_{-k} = conj(c_k)``."""
 
     L: int = eqx.field(static=True)
-    model: str = eqx.field(static=True)
+    normalized: bool = eqx.field(static=True)
 
     @property
     def N(self) -> int:
         return 3 * self.L
 
-    def to_grid(self, c):
+    def to_grid(self, c: Complex[Array, " L"]) -> Float[Array, " N"]:
         full = jnp.zeros(self.N // 2 + 1, c.dtype).at[: self.L].set(c * self.N)
         return jnp.fft.irfft(full, n=self.N)
 
-    def from_grid(self, f):
+    def from_grid(self, f: Float[Array, " N"]) -> Complex[Array, " L"]:
         return jnp.fft.rfft(f)[: self.L] / self.N
 
-    def rhs(self, c, beta, mu):
+    def rhs(
+        self, c: Complex[Array, " L"], beta: Float[Array, ""], mu: Float[Array, " L"]
+    ) -> Complex[Array, " L"]:
         k = jnp.arange(self.L)
         rho = self.to_grid(c)
-        if self.model == "usa":
+        if not self.normalized:
             v = self.to_grid(1j * k * mu * c)
         else:  # X = d/dtheta Z / (beta Z), Z = e^{beta(t-1)} * rho
             v = self.to_grid(1j * k * mu * c) / (beta * self.to_grid(mu * c))
         return -1j * k * self.from_grid(rho * v)  # the mode k = 0 (the mass) is zero exactly
 
-    def tail(self, c):
+    def tail(self, c: Complex[Array, " L"]) -> Float[Array, ""]:
         band = jnp.arange(self.L) >= self.L - self.L // 3
         return jnp.sqrt(2 * jnp.sum(jnp.where(band, jnp.abs(c) ** 2, 0))) / jnp.abs(c[0])
 
-    def amplitude(self, c, ell):
+    def amplitude(self, c: Complex[Array, " L"], ell: ArrayLike) -> Float[Array, ""]:
         """``2 |c_ell| / |c_0|``: ``|eps|`` for ``rho_0 (1 + eps cos(ell (theta - phase)))``."""
         return 2 * jnp.abs(c[ell]) / jnp.abs(c[0])
 
@@ -854,25 +1003,27 @@ class _Sphere(eqx.Module):
     real and imaginary parts of ``f_lm`` (``m = -L+1..L-1`` along the last axis)."""
 
     L: int = eqx.field(static=True)
-    model: str = eqx.field(static=True)
+    normalized: bool = eqx.field(static=True)
 
     @property
     def L2(self) -> int:
         return -(-3 * self.L // 2)
 
-    def to_grid(self, flm):
+    def to_grid(self, flm: Complex[Array, "L M"]) -> Float[Array, "L M"]:
         return _isht(flm, self.L, jnp.real(flm).dtype)
 
-    def from_grid(self, f):
+    def from_grid(self, f: Float[Array, "L M"]) -> Complex[Array, "L M"]:
         return _sht(f, self.L)
 
-    def rhs(self, flm, beta, mu):
+    def rhs(
+        self, flm: Complex[Array, "L M"], beta: Float[Array, ""], mu: Float[Array, " L"]
+    ) -> Complex[Array, "L M"]:
         L, L2, dtype = self.L, self.L2, jnp.real(flm).dtype
         lap = -jnp.arange(L) * (jnp.arange(L) + 1.0)
         lap2 = -jnp.arange(L2) * (jnp.arange(L2) + 1.0)
         up = lambda a: _isht(_pad_lm(a, L2), L2, dtype)  # noqa: E731
         rho, Lrho = up(flm), up(lap[:, None] * flm)
-        if self.model == "usa":
+        if not self.normalized:
             Ulm = mu[:, None] * flm
             U, LU = up(Ulm), up(lap[:, None] * Ulm)
         else:  # U = log Z / beta, Z = e^{beta(t-1)} * rho: formed on the fine grid
@@ -884,27 +1035,27 @@ class _Sphere(eqx.Module):
         out = -0.5 * (lap[:, None] * p1 + p2)
         return out.at[0].set(0.0)  # the mass: d/dt int rho = 0 exactly
 
-    def tail(self, flm):
+    def tail(self, flm: Complex[Array, "L M"]) -> Float[Array, ""]:
         band = (jnp.arange(self.L) >= self.L - self.L // 3)[:, None]
         return jnp.sqrt(jnp.sum(jnp.where(band, jnp.abs(flm) ** 2, 0))) / jnp.abs(
             flm[0, self.L - 1]
         )
 
-    def amplitude(self, flm, ell):
+    def amplitude(self, flm: Complex[Array, "L M"], ell: ArrayLike) -> Float[Array, ""]:
         """``|f_{ell,0}| / |f_{0,0}|``: ``sqrt(2 ell + 1) |eps|`` for ``rho_0 (1 + eps P_ell(x_3))``."""
         return jnp.abs(flm[ell, self.L - 1]) / jnp.abs(flm[0, self.L - 1])
 
 
-def _real(z):
+def _real(z: Complex[Array, " *s"]) -> Float[Array, " 2 *s"]:
     return jnp.stack([jnp.real(z), jnp.imag(z)])
 
 
-def _complex(y):
+def _complex(y: Float[Array, " 2 *s"]) -> Complex[Array, " *s"]:
     return jax.lax.complex(y[0], y[1])
 
 
-def _discretisation(d: int, L: int, model: str):
-    return _Circle(L, model) if d == 2 else _Sphere(L, model)
+def _discretisation(d: int, L: int, normalized: bool) -> _Circle | _Sphere:
+    return _Circle(L, normalized) if d == 2 else _Sphere(L, normalized)
 
 
 # --------------------------------------------------------------------------- solution
@@ -958,7 +1109,7 @@ def solve(
     *,
     d: int,
     t1: RealScalarLike,
-    ts=None,
+    ts: ArrayLike | Sequence[float] | None = None,
     model: str = "usa",
     resolution: int | None = None,
     rescaled: bool = False,
@@ -967,7 +1118,7 @@ def solve(
     dt: RealScalarLike | None = None,
     tail_tol: RealScalarLike = 1e-4,
     max_steps: int = 20_000,
-    force=False,
+    force: bool = False,
 ) -> Solution:
     r"""Solve the continuity equation of the mean-field limit on $S^{d-1}$ ($d = 2$ or 3) from ``rho0``:
 
@@ -990,7 +1141,8 @@ def solve(
         d: 2 or 3 (static).
         t1: final time ``> 0`` (rescaled time $s$ when ``rescaled``).
         ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``).
-        model: ``"usa"`` or ``"sa"``.
+        model: ``"usa"``, ``"sa"``, or any registered model with a zonal profile (``zonal_models``,
+            ``Model.zonal_profile``; rates by quadrature where the profile has no closed form).
         resolution: band-limit $L$ (static); ``None``: read from ``rho0``'s shape.
         rescaled: kernel $e^{\beta (t - 1)} / \beta$ (usa only): times are $s = e^\beta t$.
         rtol, atol: tolerances of the adaptive step (unused with ``dt``).
@@ -1021,7 +1173,7 @@ def solve(
         ('ok', (2, 48), True)
     """
     d = _check_solver_d(d)
-    rescaled = _check_model(model, rescaled)
+    profile = model_profile(model, rescaled)
     if isinstance(rho0, (str, bytes)) or rho0 is None:
         raise TypeError(f"rho0 must be an array, got {rho0!r}")
     own = getattr(rho0, "dtype", None)
@@ -1044,7 +1196,7 @@ def solve(
         raise ValueError(
             f"rho0 must have shape {_grid_shape(d, L)} (d = {d}, resolution = {L}), got {rho0.shape}"
         )
-    _check_beta(beta, model=model, rescaled=rescaled, dtype=dtype)
+    _check_beta(beta, profile=profile, dtype=dtype)
     if is_concrete(t1):
         check_positive("t1", t1)
     if is_concrete(rho0):
@@ -1099,35 +1251,49 @@ def solve(
         float(tail_tol),
         d=d,
         L=L,
-        model=model,
-        rescaled=rescaled,
+        profile=profile,
         max_steps=max_steps,
     )
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("d", "L", "model", "rescaled", "max_steps", "rtol", "atol", "tail_tol"),
+    static_argnames=("d", "L", "profile", "max_steps", "rtol", "atol", "tail_tol"),
 )
-def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescaled, max_steps):
-    disc = _discretisation(d, L, model)
+def _solve(
+    beta: Float[Array, ""],
+    rho0: Float[Array, "..."],
+    t1: Float[Array, ""],
+    ts: Float[Array, " T"],
+    dt: Float[Array, ""] | None,
+    rtol: float,
+    atol: float,
+    tail_tol: float,
+    *,
+    d: int,
+    L: int,
+    profile: Profile,
+    max_steps: int,
+) -> Solution:
+    disc = _discretisation(d, L, profile.normalized)
     dtype = rho0.dtype
     # traced beta / t1 out of range (concrete ones were refused by solve): a recorded failure, the run
     # itself made harmless (beta = 1, a run to t1 = 1e-3 saved at 0) so that diffrax sees valid input
     bad_input = ~(jnp.isfinite(beta) & (beta > 0) & jnp.isfinite(t1) & (t1 > 0))
-    if model == "usa" and not rescaled:
-        bad_input = bad_input | (beta >= float(np.log(np.finfo(dtype).max)) - 1.0)
+    limit = profile.overflow_limit(dtype)
+    if limit is not None:
+        bad_input = bad_input | (beta >= limit)
     beta = jnp.where(bad_input, jnp.ones_like(beta), beta)
     t1 = jnp.where(bad_input, jnp.asarray(1e-3, t1.dtype), t1)
     ts = jnp.where(bad_input, jnp.zeros_like(ts), ts)
     dt = None if dt is None else jnp.where(bad_input, jnp.asarray(1e-3, dt.dtype), dt)
-    mu = _multipliers(beta, d, L, model, rescaled, dtype)
+    mu = _multipliers(beta, d, L, profile, profile.rescaled, dtype)
     y0 = _real(disc.from_grid(rho0))
 
-    def vf(t, y, args):
+    def vf(t: ArrayLike, y: Array, args: None) -> Array:
         return _real(disc.rhs(_complex(y), beta, mu))
 
-    def cond(t, y, args, **kw):
+    def cond(t: ArrayLike, y: Array, args: None, **kw: Any) -> Array:
         return ~(disc.tail(_complex(y)) <= tail_tol)  # true on a NaN tail as well
 
     if dt is None:
@@ -1182,7 +1348,7 @@ def _solve(beta, rho0, t1, ts, dt, rtol, atol, tail_tol, *, d, L, model, rescale
 # --------------------------------------------------------------------------- perturbations
 
 
-def _mode_function(g: Grid, ell, phase):
+def _mode_function(g: Grid, ell: Array, phase: Array) -> Float[Array, "..."]:
     if g.d == 2:
         return jnp.cos(ell * (g.theta - phase))
     # zonal Legendre polynomial P_ell(cos theta) about e_3 (|P_ell| <= 1), tabulated for ell < L
@@ -1228,7 +1394,7 @@ def mode_perturbation(
     return (rho0 * (1 + jnp.asarray(eps, dtype) * Y)).astype(dtype)
 
 
-def mode_amplitude(density: ArrayLike, d: int, ell) -> Float[Array, ""]:
+def mode_amplitude(density: ArrayLike, d: int, ell: ArrayLike) -> Float[Array, ""]:
     r"""Relative amplitude of the degree-``ell`` mode of a grid density: $|\hat\rho_\ell| / \hat\rho_0$
     times 2 on the circle (so ``mode_perturbation(g, ell, eps)`` gives $|\varepsilon|$), and the zonal
     coefficient ratio $|\rho_{\ell,0}| / \rho_{0,0}$ on $S^2$ ($\sqrt{2 \ell + 1}\, |\varepsilon|$ for
@@ -1250,14 +1416,16 @@ def mode_amplitude(density: ArrayLike, d: int, ell) -> Float[Array, ""]:
         )
         if ell >= L:
             raise ValueError(f"ell must be < the density's band-limit {L}, got {ell}")
-    disc = _discretisation(d, L, "usa")
+    disc = _discretisation(d, L, False)
     return disc.amplitude(disc.from_grid(y), ell)
 
 
-def _inverse_cdf(F, u, lo, hi, iters: int = 60):
+def _inverse_cdf(
+    F: Callable[[Array], Array], u: Array, lo: float, hi: float, iters: int = 60
+) -> Array:
     """Solve ``F(x) = u`` for increasing ``F`` on ``[lo, hi]`` by bisection (vectorised, jittable)."""
 
-    def body(_, bounds):
+    def body(_: Array | int, bounds: tuple[Array, Array]) -> tuple[Array, Array]:
         a, b = bounds
         m = 0.5 * (a + b)
         left = F(m) < u
@@ -1275,7 +1443,7 @@ def sample_perturbation(
     eps: RealScalarLike,
     *,
     lattice: bool = False,
-    dtype=None,
+    dtype: Any = None,
 ) -> Float[Array, "n d"]:
     r"""``n`` points on $S^{d-1}$ ($d = 2, 3$) distributed as $\rho_0 (1 + \varepsilon Y_\ell)$ (``mode_perturbation``).
 
@@ -1326,7 +1494,7 @@ def sample_perturbation(
         th = _inverse_cdf(F, u, 0.0, 2 * np.pi)
         return jnp.stack([jnp.cos(th), jnp.sin(th)], -1)
 
-    def F3(z):
+    def F3(z: Array) -> Array:
         p_up, p_down = _legendre(ell + 1, z), _legendre(ell - 1, z)
         return (z + 1) / 2 + eps * (p_up - p_down) / (2 * (2 * ell + 1))
 
@@ -1336,7 +1504,7 @@ def sample_perturbation(
     return jnp.stack([r * jnp.cos(phi), r * jnp.sin(phi), z], -1)
 
 
-def _legendre(ell: int, z):
+def _legendre(ell: int, z: Array) -> Array:
     """``P_ell(z)`` by the three-term recurrence (static ``ell``)."""
     p0, p1 = jnp.ones_like(z), z
     if ell == 0:
@@ -1382,7 +1550,7 @@ def project_particles(x: Float[Array | np.ndarray, "n d"], g: Grid) -> Float[Arr
     return _isht(_particle_coeffs(x, L), L, dtype)
 
 
-def _particle_coeffs(x, L: int):
+def _particle_coeffs(x: Float[Array, "n 3"], L: int) -> Complex[Array, "a b"]:
     """``f_lm = (1/n) sum_i conj(Y_lm(x_i))``, ``(L, 2 L - 1)`` (zero for ``|m| > l``)."""
     dtype = x.dtype
     th = jnp.arccos(jnp.clip(x[:, 2], -1.0, 1.0))
@@ -1436,7 +1604,7 @@ def w1_circle(
     return jnp.mean(jnp.abs(D - jnp.median(D))) * 2 * np.pi
 
 
-def _circle_cdf(rho, th):
+def _circle_cdf(rho: Float[Array, " N"], th: Float[Array, " P"]) -> Float[Array, " P"]:
     """CDF ``G(theta) = int_0^theta rho / int rho`` of a grid density's trigonometric interpolant."""
     N = rho.shape[0]
     c = jnp.fft.rfft(rho) / N  # rho(theta) = sum_k c_k e^{i k theta} (k >= 0 and conjugates)
@@ -1486,5 +1654,5 @@ def mmd_sphere(
     rho = rho.astype(dtype)
     rho = rho / jnp.sum(g.weights * rho)
     diff = _particle_coeffs(x.astype(dtype), L) - _sht(rho, L)
-    mu = _multipliers(jnp.asarray(beta, dtype), 3, L, "usa", True, dtype)
+    mu = _multipliers(jnp.asarray(beta, dtype), 3, L, ExpProfile(rescaled=True), True, dtype)
     return jnp.sqrt(jnp.sum(mu[:, None] * jnp.abs(diff) ** 2))

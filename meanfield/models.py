@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any, ClassVar, NoReturn
 
 import equinox as eqx
 import jax
@@ -29,8 +31,10 @@ from jaxtyping import Array, ArrayLike, Float
 from ._checks import (
     RealScalarLike,
     _as_float_array,
+    _error_if,
     check_scalar,
     is_concrete,
+    traced_finite,
     traced_positive,
 )
 from ._params import PARAM_KINDS, Param, check_float, check_value
@@ -45,6 +49,8 @@ __all__ = [
     "declared_params",
     "exp_interaction_rate",
     "exp_reference_step",
+    "Profile",
+    "ExpProfile",
     "BETA_DOC",
     "RESCALED_DOC",
 ]
@@ -62,12 +68,12 @@ class _Declaration:
 def param(
     default: Any = dataclasses.MISSING,
     *,
-    kind,
+    kind: Any,
     doc: str,
     static: bool = False,
-    choices=(),
-    **field_kwargs,
-):
+    choices: Iterable[Any] = (),
+    **field_kwargs: Any,
+) -> Any:
     """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
     whether it is ``static`` (part of the compiled program) or traced (a PyTree leaf, a sweep axis).
 
@@ -100,13 +106,13 @@ def param(
     return eqx.field(default=default, static=static, metadata=metadata, **field_kwargs)
 
 
-def _declared_fields(cls) -> list:
+def _declared_fields(cls: type) -> list[dataclasses.Field[Any]]:
     """The fields of ``cls`` declared with ``param``, keyword-only ones last (definition order)."""
     found = [f for f in dataclasses.fields(cls) if _DECLARATION in f.metadata]
     return [f for f in found if not f.kw_only] + [f for f in found if f.kw_only]
 
 
-def declared_params(cls) -> tuple[Param, ...]:
+def declared_params(cls: type) -> tuple[Param, ...]:
     """The parameters of a Module class declared with ``param`` (nested Module kinds flattened).
 
     Example:
@@ -136,7 +142,7 @@ def declared_params(cls) -> tuple[Param, ...]:
     return tuple(out)
 
 
-def _build_declared(cls, P: dict, **extra):
+def _build_declared(cls: type, P: dict[str, Any], **extra: Any) -> Any:
     """``cls`` from the values ``P`` of its declared parameters (nested Modules built likewise)."""
     kwargs = dict(extra)
     for f in _declared_fields(cls):
@@ -145,7 +151,7 @@ def _build_declared(cls, P: dict, **extra):
     return cls(**kwargs)
 
 
-def _check_declared(module) -> None:
+def _check_declared(module: eqx.Module) -> None:
     """Concrete values of the declared parameters of ``module`` checked against their kind
     (``meanfield._params``: one message everywhere); traced values are the program's to check."""
     for f in _declared_fields(type(module)):
@@ -170,12 +176,14 @@ BETA_DOC = "inverse temperature"
 RESCALED_DOC = "multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)"
 
 
-def _namespace(value):
+def _namespace(value: object) -> ModuleType:
     """``jax.numpy`` for JAX values (tracers included), else ``numpy``."""
     return jnp if isinstance(value, jax.Array) else np
 
 
-def exp_interaction_rate(beta, rescaled: bool = False):
+def exp_interaction_rate(
+    beta: ArrayLike, rescaled: bool = False
+) -> Array | np.ndarray | np.floating:
     r"""$\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ when ``rescaled``): the rate of the exp
     kernels $e^{\beta \langle x, y\rangle} / \beta$, the reference code's step rule
     $\mathrm{dt} \le 0.1 / \max(\text{rate}, 1)$. NumPy in, NumPy out (overflow to ``inf``); JAX in, JAX out.
@@ -190,7 +198,9 @@ def exp_interaction_rate(beta, rescaled: bool = False):
         return xp.sqrt(b) * xp.exp((0.0 if rescaled else b) - 0.5)
 
 
-def exp_reference_step(beta, base_dt, rescaled: bool = False):
+def exp_reference_step(
+    beta: ArrayLike, base_dt: ArrayLike, rescaled: bool = False
+) -> Array | np.ndarray | np.floating:
     r"""The reference code's step for the exp kernels, $\text{base\_dt} / \max(\text{rate}, 1)$ with
     ``exp_interaction_rate``, evaluated as $\text{base\_dt}\, e^{-\max(\log(\beta) / 2 + \beta - 1/2,\ 0)}$
     ($\beta$ replaced by 0 in the exponent when ``rescaled``): no overflow of $e^\beta$. NumPy in,
@@ -203,6 +213,88 @@ def exp_reference_step(beta, base_dt, rescaled: bool = False):
     xp = _namespace(beta)
     b = xp.asarray(beta, dtype=None if xp is jnp else np.float64)
     return base_dt * xp.exp(-xp.maximum(0.5 * xp.log(b) + (0.0 if rescaled else b) - 0.5, 0.0))
+
+
+class Profile(eqx.Module):
+    r"""The profile $h$ of a zonal kernel, one that depends on $\langle x, y\rangle$ alone:
+    $k(x, y) = h(\langle x, y\rangle)$ (``Model.zonal_profile``). What ``mf.continuum`` (the density
+    equation, its dispersion relation) and the phase diagrams know of a model.
+
+    The mean field of a density $\rho$ on $S^{d-1}$ is, with $(K * \rho)(x) = \int h(\langle x,
+    y\rangle)\, \rho(y)\, d\sigma(y)$,
+
+    $$X[\rho] = \nabla_S (K * \rho) \quad (\texttt{normalized=False}), \qquad X[\rho] = \frac{\nabla_S \log (K * \rho)}{\beta} \quad (\texttt{normalized=True}: \text{the softmax-normalised field of } h = e^{\beta t}).$$
+
+    Subclasses define ``values`` (``abc.abstractmethod``); ``overflow_limit`` bounds ``beta`` where
+    ``values`` overflows; ``rescalable`` says whether the model has a rescaled form (a change of
+    time, ``rescaled=True``). The Funk-Hecke eigenvalues $\mu_l[h]$ and growth rates are computed
+    by quadrature (``mf.continuum``) unless the profile is an ``ExpProfile`` (Bessel closed forms).
+
+    Attributes:
+        normalized: the field is $\nabla_S \log(K * \rho) / \beta$ (softmax-normalised).
+        rescaled: the profile of the rescaled model (time $s = e^\beta t$).
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> class Quadratic(mf.kernels.Profile):       # h(t) = beta t^2
+        ...     def values(self, t, beta):
+        ...         return beta * t**2
+        >>> float(Quadratic().values(jnp.asarray(0.5), 2.0))
+        0.5
+    """
+
+    normalized: bool = eqx.field(default=False, static=True)
+    rescaled: bool = eqx.field(default=False, static=True)
+
+    @property
+    def rescalable(self) -> bool:
+        """Whether the model has a rescaled form (``rescaled=True`` accepted by ``mf.continuum``);
+        the base class: no."""
+        return False
+
+    @abc.abstractmethod
+    def values(self, t: ArrayLike, beta: ArrayLike) -> Float[Array, "..."]:
+        r"""$h(t)$ at ``t`` in $[-1, 1]$ for the inverse temperature ``beta`` (broadcast; traceable)."""
+
+    def overflow_limit(self, dtype: Any) -> float | None:
+        """The ``beta`` from which ``values`` overflows ``dtype`` (refused when concrete, an error in
+        the program when traced), or None (never)."""
+        return None
+
+
+class ExpProfile(Profile):
+    r"""The exp profile: $h(t) = e^{\beta t} / \beta$ (unnormalised, ``mf.kernels.USA``), times
+    $e^{-\beta}$ when ``rescaled``; $h(t) = e^{\beta (t - 1)}$ when ``normalized``
+    (``mf.models.SelfAttention``: the field does not depend on the constant factor).
+
+    Its Funk-Hecke eigenvalues are Bessel functions, $\mu_l[e^{\beta t}] = (2 \pi)^{d/2} \beta^{1 -
+    d/2} I_{l + d/2 - 1}(\beta)$: ``mf.continuum.growth_rates`` and ``most_unstable_mode`` use these
+    closed forms (any ``d``, any degree) instead of quadrature.
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(float(mf.kernels.ExpProfile().values(1.0, 2.0)), 4)    # e^2 / 2
+        3.6945
+    """
+
+    @property
+    def rescalable(self) -> bool:
+        """Unnormalised only: the normalised field is invariant under a rescaling of the kernel."""
+        return not self.normalized
+
+    def values(self, t: ArrayLike, beta: ArrayLike) -> Float[Array, "..."]:
+        """``e^{beta t} / beta`` (``e^{beta (t - 1)} / beta`` rescaled); ``e^{beta (t - 1)}`` normalised."""
+        t, beta = jnp.asarray(t), jnp.asarray(beta)
+        if self.normalized:
+            return jnp.exp(beta * (t - 1))
+        return jnp.exp(beta * (t - 1) if self.rescaled else beta * t) / beta
+
+    def overflow_limit(self, dtype: Any) -> float | None:
+        r"""Unnormalised and not rescaled: ``log(finfo(dtype).max) - 1`` (about 87.7 in float32: the
+        $e^\beta$ of the rates and of the kernel on the diagonal); None otherwise."""
+        if self.normalized or self.rescaled:
+            return None
+        return float(np.log(np.finfo(dtype).max)) - 1.0
 
 
 class Declared(eqx.Module):
@@ -222,8 +314,30 @@ class Declared(eqx.Module):
     #: The dimension a model with this part needs (``WavyGauge``: 3), or None.
     required_d: ClassVar[int | None] = None
 
-    def __check_init__(self):
+    def __check_init__(self) -> None:
         _check_declared(self)
+
+    def traced_params(self) -> tuple[tuple[str, str, Any], ...]:
+        """``(name, kind, value)`` of the declared float parameters (``param``, nested parts'
+        included) whose value is traced: what ``Model.check_traced`` checks in the program.
+
+        Example:
+            >>> import jax, meanfield as mf
+            >>> def names(lam):
+            ...     print([name for name, _, _ in mf.kernels.DistanceBias(1.0, lam).traced_params()])
+            ...     return lam
+            >>> _ = jax.jit(names)(2.0)
+            ['lam']
+        """
+        out: list[tuple[str, str, Any]] = []
+        for f in _declared_fields(type(self)):
+            kind = f.metadata[_DECLARATION].kind
+            value = getattr(self, f.name)
+            if isinstance(value, Declared):
+                out.extend(value.traced_params())
+            elif isinstance(kind, str) and kind.startswith("float") and not is_concrete(value):
+                out.append((f.name, kind, value))
+        return tuple(out)
 
 
 def positions(n: int) -> Float[Array, " n"]:
@@ -282,7 +396,7 @@ class Model(Declared):
         return declared_params(cls)
 
     @classmethod
-    def from_params(cls, P: dict, d: int, dtype) -> Model:
+    def from_params(cls, P: dict[str, Any], d: int | None, dtype: Any) -> Model:
         """The model from the full dict ``P`` of its parameters (``params()``, validated) for states
         of dimension ``d`` and floating ``dtype`` (what ``mf.kernels.build`` calls; traced values
         allowed). Overridden where a parameter is not a field (``Prompt``'s ``prompts``).
@@ -312,7 +426,21 @@ class Model(Declared):
                 return int(required)
         return None
 
-    def interaction_rate(self):
+    @classmethod
+    def zonal_profile(cls, rescaled: bool = False) -> Profile | None:
+        """The ``Profile`` of the model's kernel when it depends on ``<x, y>`` alone (a zonal
+        kernel: what ``mf.continuum`` solves and the phase diagrams use), for the model with
+        ``rescaled`` (where it has one: ``Profile.rescalable``); None for the others (labels,
+        gauges, biases). The base class: None.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA.zonal_profile(), mf.kernels.RoPE.zonal_profile()
+            (ExpProfile(), None)
+        """
+        return None
+
+    def interaction_rate(self) -> ArrayLike:
         r"""The rate of the interaction (an inverse time): the fixed step ``dt`` of an explicit
         solver should stay below ``1 / rate``. It drives the dt warnings of ``meanfield simulate``
         and of the sweep plan, and the sweep's ``time.step_rule = "reference"``
@@ -326,7 +454,7 @@ class Model(Declared):
         """
         return 0.0
 
-    def reference_step(self, base_dt):
+    def reference_step(self, base_dt: ArrayLike) -> ArrayLike:
         r"""The reference code's step rule $\text{base\_dt} / \max(\text{rate}, 1)$ with this model's
         ``interaction_rate()`` (the sweep's ``time.step_rule = "reference"``); elementwise, traceable.
 
@@ -352,7 +480,7 @@ class Model(Declared):
         """
         return Footprint(entries=as_float(n) ** 2 * (as_float(d) + 2), pairs=as_float(n) ** 2)
 
-    def overflows(self, dtype):
+    def overflows(self, dtype: Any) -> ArrayLike:
         """Whether the field overflows in ``dtype`` (elementwise in the parameters, e.g. over a sweep's
         betas: ``ModelEntry.over_grid``): the plan's warning before a run records such points as failed.
         The base class: never.
@@ -364,7 +492,7 @@ class Model(Declared):
         """
         return False
 
-    def max_energy(self):
+    def max_energy(self) -> ArrayLike | None:
         """The largest energy the theory gives for this model, or None where it gives none.
 
         Example:
@@ -375,10 +503,16 @@ class Model(Declared):
         return None
 
     @abc.abstractmethod
-    def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
+    def field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
         """Unprojected mean field $F_i$, ``(n, d)``, of unit rows ``x`` with labels ``aux``."""
 
-    def default_aux(self, n: int):
+    def default_aux(self, n: int) -> Array:
         """Labels used when ``aux=None``: the positions $s_i = i / n$, shape ``(n,)``.
 
         Example:
@@ -388,7 +522,7 @@ class Model(Declared):
         """
         return positions(n)
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         """Concrete-value checks that need the state (overflow, gauges); no-op by default.
 
         Raises ``ValueError``/``TypeError`` naming the bad value; returns ``None``.
@@ -399,12 +533,14 @@ class Model(Declared):
             True
         """
 
-    def check_traced(self, x, aux):
+    def check_traced(self, x: Array, aux: ArrayLike | None) -> Array:
         """``x`` with in-program checks of the traced parameters attached (``equinox.error_if``).
 
-        Under ``jit``/``vmap`` a bad traced value (``beta <= 0`` or non-finite, prompt labels
-        out of range) stops the program with an error naming it; concrete values were
-        checked before (``__check_init__``, ``check_config``). Returns ``x``.
+        Under ``jit``/``vmap`` a bad traced value stops the program with an error naming it: every
+        declared float parameter (``traced_params``) out of its kind's range (``beta <= 0``,
+        ``lam < 0``, a non-finite ``omega``; one bad value in a vmapped batch suffices), prompt
+        labels out of range (``Prompt``); concrete values were checked before (``__check_init__``,
+        ``check_config``). Returns ``x``.
 
         Example:
             >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -412,9 +548,19 @@ class Model(Declared):
             >>> bool(jnp.all(mf.kernels.USA(1.0).check_traced(x, mf.positions(3)) == x))
             True
         """
+        checks = list(self.traced_params())
         beta = getattr(self, "beta", None)
-        if beta is not None:
-            x = traced_positive(x, "beta", beta)
+        if beta is not None and not any(name == "beta" for name, _, _ in checks):
+            checks.append(("beta", "float>0", beta))  # a model whose beta is not declared
+        for name, kind, value in checks:
+            if kind == "float>0":
+                x = traced_positive(x, name, value)
+            elif kind == "float>=0":
+                v = jnp.asarray(value)
+                bad = ~jnp.all(jnp.isfinite(v) & (v >= 0))
+                x = _error_if(x, bad, f"{name} must be >= 0 and finite; a traced {name} was not")
+            else:
+                x = traced_finite(x, name, value)
         return x
 
 
@@ -459,7 +605,20 @@ class SelfAttention(Model):
     )
     rescaled: bool = param(False, kind="bool", static=True, doc=RESCALED_DOC)
 
-    def interaction_rate(self):
+    @classmethod
+    def zonal_profile(cls, rescaled: bool = False) -> Profile | None:
+        """The normalised exp profile ``ExpProfile(normalized=True)`` (the class's default,
+        ``normalized=True``; ``Q = K = V = I``): invariant under a rescaling of the kernel, so
+        ``rescaled`` changes nothing (``Profile.rescalable`` is False for it).
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.models.SelfAttention.zonal_profile().normalized
+            True
+        """
+        return ExpProfile(normalized=True)
+
+    def interaction_rate(self) -> ArrayLike:
         r"""$\beta$ (normalised: softmax weights sum to one); unnormalised, the exp kernels' rate
         $\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ rescaled).
 
@@ -472,7 +631,7 @@ class SelfAttention(Model):
             return _namespace(self.beta).asarray(self.beta)
         return exp_interaction_rate(self.beta, self.rescaled)
 
-    def overflows(self, dtype):
+    def overflows(self, dtype: Any) -> ArrayLike:
         """Unnormalised and not rescaled: ``beta >= log(finfo(dtype).max)`` (with ``Q = K = None``)."""
         if self.normalized or self.rescaled:
             return False
@@ -492,13 +651,13 @@ class SelfAttention(Model):
             entries = 3.0 * nf
         return Footprint(entries=entries, pairs=nf**2)
 
-    def reference_step(self, base_dt):
+    def reference_step(self, base_dt: ArrayLike) -> ArrayLike:
         """``Model.reference_step``; unnormalised, the exp kernels' overflow-free form (``exp_reference_step``)."""
         if self.normalized:
             return super().reference_step(base_dt)
         return exp_reference_step(self.beta, base_dt, self.rescaled)
 
-    def __check_init__(self):
+    def __check_init__(self) -> None:
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is None:
@@ -515,11 +674,15 @@ class SelfAttention(Model):
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"{name} contains NaN or inf; every entry must be finite")
 
-    def _apply(self, M, x):
+    def _apply(self, M: ArrayLike | None, x: Array | np.ndarray) -> Array | np.ndarray:
         return x if M is None else x @ jnp.asarray(M, x.dtype).T
 
     def field(
-        self, x: Float[Array | np.ndarray, "n d"], aux=None, *, block_size=None
+        self,
+        x: Float[Array | np.ndarray, "n d"],
+        aux: ArrayLike | None = None,
+        *,
+        block_size: int | None = None,
     ) -> Float[Array, "n d"]:
         r"""Unprojected field $F_i = \sum_j A_{ij} V x_j$ (rows of $A$ softmax-normalised or $e^{\cdots}/n$), ``(n, d)``.
 
@@ -539,13 +702,15 @@ class SelfAttention(Model):
         shift = beta if self.rescaled else 0.0
         return (jnp.exp(logits - m) @ vx / x.shape[0]) * jnp.exp(m - shift)
 
-    def energy(self, x, aux=None, *, block_size=None):
+    def energy(
+        self, x: ArrayLike, aux: ArrayLike | None = None, *, block_size: int | None = None
+    ) -> NoReturn:
         raise TypeError(
             "SelfAttention has no pair energy (the normalised/Q,K,V dynamics is not a gradient "
             "flow of E = 1/(2n^2) sum h); use a kernel from mf.kernels (e.g. USA) for energies"
         )
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         d = np.shape(x)[-1]
         for name in ("Q", "K", "V"):
             M = getattr(self, name)

@@ -103,12 +103,13 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Float
 
 from . import _native, sphere
 from ._checks import (
@@ -121,6 +122,7 @@ from ._checks import (
 )
 from .integrate import STEPS
 from .kernels._exp import BACKENDS, _batch_bytes, check_backend
+from .models import exp_reference_step
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
 #: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
@@ -177,7 +179,9 @@ class PhaseDiagram(NamedTuple):
 # ----------------------------------------------------------------------------
 
 
-def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) -> Float[Array, ""]:
+def clustering_fraction(
+    x: Float[Array | np.ndarray, "n d"], threshold: RealScalarLike = 0.999
+) -> Float[Array, ""]:
     r"""$c = \#\{(i, j): i \ne j,\ \langle x_i, x_j\rangle > \text{threshold}\} / (n (n - 1))$ (dense reference).
 
     Args:
@@ -201,8 +205,8 @@ def clustering_fraction(x: Float[Array | np.ndarray, "n d"], threshold=0.999) ->
 
 def euler_step(
     x: Float[Array | np.ndarray, "n d"],
-    beta,
-    h,
+    beta: RealScalarLike,
+    h: RealScalarLike,
     *,
     normalized: bool = True,
     step: str = "projected",
@@ -243,10 +247,13 @@ def euler_step(
 # ----------------------------------------------------------------------------
 
 
-def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
+def usa_step_size(
+    beta: ArrayLike | Sequence[float], base_dt: RealScalarLike = 0.1
+) -> Array | np.ndarray | np.floating:
     r"""Reference code's USA step $h(\beta) = \text{base\_dt} / \max(\sqrt\beta\, e^{\beta - 1/2}, 1)$.
 
-    Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``). Evaluated as
+    Also the sweep engine's ``time.step_rule = "reference"`` (``meanfield.sweep``): the exp kernels'
+    ``mf.models.exp_reference_step`` (``mf.kernels.USA(beta).reference_step(base_dt)``). Evaluated as
     $\text{base\_dt}\, e^{-\max(\log(\beta) / 2 + \beta - 1/2,\ 0)}$ (no overflow of $e^\beta$; the
     step underflows to 0 past $\beta \approx 700$ in float64, where no run can reach a positive time).
 
@@ -269,10 +276,9 @@ def usa_step_size(beta, base_dt: RealScalarLike = 0.1):
     check_positive("beta", beta)
     check_positive("base_dt", base_dt)
     if isinstance(beta, jax.Array):
-        h = base_dt * jnp.exp(-jnp.maximum(0.5 * jnp.log(beta) + beta - 0.5, 0.0))
+        h = exp_reference_step(beta, base_dt)
         return traced_positive(traced_positive(h, "beta", beta), "base_dt", base_dt)
-    beta = np.asarray(beta, dtype=np.float64)
-    return float(base_dt) * np.exp(-np.maximum(0.5 * np.log(beta) + beta - 0.5, 0.0))
+    return exp_reference_step(np.asarray(beta, dtype=np.float64), float(base_dt))
 
 
 def checkpoint_times(t1: RealScalarLike, checkpoints: int) -> np.ndarray:
@@ -392,7 +398,7 @@ def published_checkpoint_steps(
 # ----------------------------------------------------------------------------
 
 
-def _masks(k: int):
+def _masks(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = np.arange(k + 1)[:, None]
     c = np.arange(k)[None, :]
     upper = c >= r  # (k+1, k): upper triangle holds W_22, strictly-below holds W_11
@@ -402,7 +408,7 @@ def _masks(k: int):
     return upper, diag, tril
 
 
-def _packed_gram(x, k: int):
+def _packed_gram(x: Float[Array, "n d"], k: int) -> tuple[Array, Array]:
     """``T`` ((k+1) x k, RFP of the two diagonal Gram blocks) and ``G12`` (k x k)."""
     upper, _, _ = _masks(k)
     x1, x2 = x[:k], x[k:]
@@ -413,13 +419,21 @@ def _packed_gram(x, k: int):
     return T, x1 @ x2.T
 
 
-def _packed_count(T, G12, threshold, k: int):
+def _packed_count(T: Array, G12: Array, threshold: Array | float, k: int) -> Array:
     """Ordered pairs ``i != j`` with ``<x_i, x_j> > threshold`` (twice the packed strict triangle)."""
     _, diag, _ = _masks(k)
     return 2 * (jnp.sum((T > threshold) & ~diag) + jnp.sum(G12 > threshold))
 
 
-def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
+def _packed_field(
+    x: Float[Array, "n d"],
+    T: Array,
+    G12: Array,
+    beta: Array | float,
+    shift: Array | float,
+    k: int,
+    normalized: bool,
+) -> Float[Array, "n d"]:
     """Unprojected field from the packed Gram: ``n (n + 1) / 2`` exponentials."""
     _, _, tril = _masks(k)
     E = jnp.exp(beta * T - shift)
@@ -437,16 +451,20 @@ def _packed_field(x, T, G12, beta, shift, k: int, normalized: bool):
     return F / Z if normalized else F / x.shape[0]
 
 
-def _dense_gram(x):
+def _dense_gram(x: Float[Array, "n d"]) -> Float[Array, "n n"]:
     # a matmul: measured faster (CPU time) than a fused sum of d outer products even at d = 2
     return x @ x.T
 
 
-def _dense_weights(G, beta, shift):
+def _dense_weights(
+    G: Float[Array, "n n"], beta: Array | float, shift: Array | float
+) -> Float[Array, "n n"]:
     return jnp.exp(beta * G - shift)
 
 
-def _weight_count(W, beta, shift, threshold):
+def _weight_count(
+    W: Float[Array, "n n"], beta: Array | float, shift: Array | float, threshold: Array | float
+) -> Float[Array, ""]:
     """Ordered pairs ``i != j`` with ``<x_i, x_j> > threshold``, counted on the weights
     ``W_ij = exp(beta G_ij - shift) > exp(beta threshold - shift)`` (the same monotone
     rounding chain as ``W``; a pair can differ from ``G_ij > threshold`` only when
@@ -460,7 +478,9 @@ def _weight_count(W, beta, shift, threshold):
     return jnp.sum(jnp.where((W > c) & off, 1.0, 0.0).astype(W.dtype))
 
 
-def _dense_field_w(x, W, normalized: bool):
+def _dense_field_w(
+    x: Float[Array, "n d"], W: Float[Array, "n n"], normalized: bool
+) -> Float[Array, "n d"]:
     F = W @ x
     if normalized:
         return F / jnp.sum(W, axis=1)[:, None]
@@ -473,19 +493,19 @@ def _dense_field_w(x, W, normalized: bool):
 
 
 def _run_one_beta(
-    x0,
-    beta,
-    step,
-    nsteps,
-    ckpt_steps,
-    ckpt_pos,
-    threshold,
+    x0: Float[Array, "S n d"],
+    beta: Array,
+    step: Array,
+    nsteps: Array,
+    ckpt_steps: Array,
+    ckpt_pos: Array,
+    threshold: Array,
     *,
     normalized: bool,
     packed: bool,
     every_step: bool,
     project: bool = True,
-):
+) -> tuple[Float[Array, "S C"], Float[Array, "S n d"]]:
     """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
 
     ``step`` is the step in the (time-rescaled, for USA) formulation. ``ckpt_steps``: the
@@ -506,26 +526,30 @@ def _run_one_beta(
     # factor e^beta, which overflows float32 past beta ~ 88), the time-rescaled form for USA
     shift = beta
 
-    def gram(x):
+    def gram(x: Array) -> Any:
         return _packed_gram(x, k) if packed else _dense_gram(x)
 
-    def weights(g):  # what the metric and the field share: the Gram matrix (packed) or W (dense)
+    def weights(
+        g: Any,
+    ) -> Any:  # what the metric and the field share: the Gram matrix (packed) or W (dense)
         return g if packed else _dense_weights(g, beta, shift)
 
-    def count(w):
-        return (
-            _packed_count(*w, threshold, k) if packed else _weight_count(w, beta, shift, threshold)
-        )
-
-    def fieldf(x, w):
+    def count(w: Any) -> Array:
         if packed:
-            return _packed_field(x, *w, beta, shift, k, normalized)
+            T, G12 = w
+            return _packed_count(T, G12, threshold, k)
+        return _weight_count(w, beta, shift, threshold)
+
+    def fieldf(x: Array, w: Any) -> Array:
+        if packed:
+            T, G12 = w
+            return _packed_field(x, T, G12, beta, shift, k, normalized)
         return _dense_field_w(x, w, normalized)
 
-    def fraction(w):
+    def fraction(w: Any) -> Array:
         return jax.vmap(count)(w).astype(dtype) / (n * (n - 1))
 
-    def record(buf, i, w):
+    def record(buf: Array, i: ArrayLike, w: Any) -> Array:
         """Write the fraction of every seed into the buffer row of step ``i`` if it is a checkpoint.
 
         ``every_step``: nearly every step is a checkpoint (the SA setting: 200 checkpoints,
@@ -538,12 +562,12 @@ def _run_one_beta(
         if every_step:
             return jax.lax.dynamic_update_index_in_dim(buf, fraction(w), jnp.where(hit, slot, C), 0)
 
-        def write(b):
+        def write(b: Array) -> Array:
             return jax.lax.dynamic_update_index_in_dim(b, fraction(w), slot, 0)
 
         return jax.lax.cond(hit, write, lambda b: b, buf)
 
-    def body(i, carry):
+    def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         x, buf = carry
         w = jax.vmap(weights)(
             jax.vmap(gram)(x)
@@ -561,7 +585,7 @@ def _run_one_beta(
     return buf[ckpt_pos].T, x
 
 
-def _checkpoint_slots(idx, C):
+def _checkpoint_slots(idx: ArrayLike | Sequence[int], C: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct sorted checkpoint steps padded to ``C`` with a sentinel, and each checkpoint's slot."""
     u, pos = np.unique(np.asarray(idx), return_inverse=True)
     pad = np.full(C, np.iinfo(np.int32).max, np.int64)
@@ -580,12 +604,12 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_
 
 _STATIC = ("normalized", "packed", "every_step", "project")
 _run_one_beta_jit = jax.jit(_run_one_beta, static_argnames=_STATIC)
-_run_one_beta_cpu = {
+_run_one_beta_cpu: dict[str, Any] = {
     "fn": jax.jit(_run_one_beta, static_argnames=_STATIC, compiler_options=CPU_COMPILER_OPTIONS)
 }
 
 
-def _run_kernel(x0, *args, **static):
+def _run_kernel(x0: Array, /, *args: Any, **static: bool) -> tuple[Array, Array]:
     """The sweep kernel, compiled with ``CPU_COMPILER_OPTIONS`` when ``x0`` lives on a CPU."""
     fn = _run_one_beta_cpu["fn"]
     if fn is None or {d.platform for d in x0.devices()} != {"cpu"}:
@@ -599,26 +623,60 @@ def _run_kernel(x0, *args, **static):
         return _run_one_beta_jit(x0, *args, **static)
 
 
-def _auto_chunk(n: int, dtype) -> int:
+def _auto_chunk(n: int, dtype: Any) -> int:
     """Seeds per chunk: ``kernels.BATCH_BYTES`` of weight matrices (1024 at ``n = 32``, float64;
     ``kernels.ACCELERATOR_BATCH_BYTES`` on a GPU/TPU backend)."""
     return max(1, _batch_bytes() // (n * n * np.dtype(dtype).itemsize))
 
 
+@overload
 def _sweep(
-    x0,
-    betas,
-    steps_h,
-    steps_n,
-    ckpt,
-    threshold,
-    normalized,
-    packed,
-    seed_chunk,
-    states=False,
-    backend="auto",
-    project=True,
-):
+    x0: Float[Array | np.ndarray, "S n d"],
+    betas: Sequence[float] | np.ndarray,
+    steps_h: Sequence[float],
+    steps_n: Sequence[int],
+    ckpt: Sequence[Any],
+    threshold: RealScalarLike,
+    normalized: bool,
+    packed: bool,
+    seed_chunk: int | None,
+    states: Literal[False] = False,
+    backend: str = "auto",
+    project: bool = True,
+) -> np.ndarray: ...
+
+
+@overload
+def _sweep(
+    x0: Float[Array | np.ndarray, "S n d"],
+    betas: Sequence[float] | np.ndarray,
+    steps_h: Sequence[float],
+    steps_n: Sequence[int],
+    ckpt: Sequence[Any],
+    threshold: RealScalarLike,
+    normalized: bool,
+    packed: bool,
+    seed_chunk: int | None,
+    states: Literal[True],
+    backend: str = "auto",
+    project: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def _sweep(
+    x0: Float[Array | np.ndarray, "S n d"],
+    betas: Sequence[float] | np.ndarray,
+    steps_h: Sequence[float],
+    steps_n: Sequence[int],
+    ckpt: Sequence[Any],
+    threshold: RealScalarLike,
+    normalized: bool,
+    packed: bool,
+    seed_chunk: int | None,
+    states: bool = False,
+    backend: str = "auto",
+    project: bool = True,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
     ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
     asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
@@ -686,7 +744,7 @@ def _sweep(
     return (per_seed, finals) if states else per_seed
 
 
-def _flag_failed(per_seed, finals):
+def _flag_failed(per_seed: np.ndarray, finals: np.ndarray) -> np.ndarray:
     """NaN fractions for the seeds whose final state is not finite (a failed run is recorded,
     never counted as 'no pair clustered'): ``per_seed`` ``(B, S, C)``, ``finals`` ``(B, S, n, d)``."""
     bad = ~np.all(np.isfinite(finals), axis=(2, 3))
@@ -696,7 +754,16 @@ def _flag_failed(per_seed, finals):
     return per_seed
 
 
-def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states):
+def _sweep_native(
+    x0: Float[Array | np.ndarray, "S n d"],
+    betas: Sequence[float] | np.ndarray,
+    steps_h: Sequence[float],
+    steps_n: Sequence[int],
+    ckpt: Sequence[Any],
+    threshold: RealScalarLike,
+    normalized: bool,
+    states: bool,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """``_sweep`` with the fused C kernel (``meanfield._native``), on the host, in ``x0``'s dtype."""
     xs = np.asarray(x0)
     per_seed = np.empty((len(betas), xs.shape[0], len(ckpt[0])), dtype=xs.dtype)
@@ -714,9 +781,42 @@ def _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, stat
     return (per_seed, np.stack(finals)) if states else per_seed
 
 
-def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
+def _xla_sweep(
+    x0: Float[np.ndarray, "S n d"], beta: float, step: float, nsteps: int, threshold: float
+) -> Callable[[], object]:
+    """One run of the XLA sweep kernel (SA, the fraction at every step, as ``sa_phase_diagram``)
+    on ``x0``, as a call that waits for it: what ``_native.phase_crossover`` times the fused
+    kernel against."""
+    xs = jnp.asarray(x0)
+    slots, pos = _checkpoint_slots(np.arange(nsteps + 1), nsteps + 1)
+    args = (
+        xs,
+        jnp.asarray(beta, xs.dtype),
+        jnp.asarray(step, xs.dtype),
+        jnp.asarray(nsteps, jnp.int32),
+        jnp.asarray(slots, jnp.int32),
+        jnp.asarray(pos, jnp.int32),
+        jnp.asarray(threshold, xs.dtype),
+    )
+    static = dict(normalized=True, packed=False, every_step=True, project=True)
+    return lambda: jax.block_until_ready(_run_kernel(*args, **static))
+
+
+def _phase_crossover(dtype: np.dtype | str) -> _native.Crossover | None:
+    """Where the fused kernel was measured faster than the XLA sweep kernel on this machine, in
+    ``dtype`` (``_native.phase_crossover``: read beside the library, else measured once and
+    recorded); ``None`` when the kernel is not available."""
+    return _native.phase_crossover(np.dtype(dtype).name, _xla_sweep)
+
+
+def _resolve_backend(
+    backend: str, x0: Float[Array, "S n d"], packed: bool, project: bool = True
+) -> str:
     """``"native"`` or ``"xla"`` for ``backend`` in ``BACKENDS`` (``mf.kernels.BACKENDS``, the
-    option of every entry point; see ``sa_phase_diagram``)."""
+    option of every entry point; see ``sa_phase_diagram``). ``"auto"``: the fused kernel where it
+    takes the states (float32 or float64 on the CPU, ``d <= _native.MAX_D``, not packed, the
+    projected step) and was measured faster than the XLA sweep kernel at the states' ``(n, d)``
+    on this machine (``_phase_crossover``, ``meanfield info``), else XLA."""
     check_backend(backend)
     if backend == "xla":
         return "xla"
@@ -724,7 +824,11 @@ def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
     on_cpu = {dev.platform for dev in x0.devices()} == {"cpu"}
     fits = dtype.name in _native.DTYPES and not packed and x0.shape[2] <= _native.MAX_D and project
     if backend == "auto":
-        return "native" if on_cpu and fits and _native.phase_library().available else "xla"
+        if not (on_cpu and fits and _native.phase_library().available):
+            return "xla"
+        crossover = _phase_crossover(dtype)
+        faster = crossover is not None and crossover.prefers_native(x0.shape[1], x0.shape[2])
+        return "native" if faster else "xla"
     if not project:
         raise ValueError(
             "backend='native' runs step='projected' only; step='renormalize' (the published "
@@ -751,18 +855,18 @@ def _resolve_backend(backend, x0, packed: bool, project: bool = True) -> str:
 
 
 def _check_common(
-    betas,
-    n,
-    d,
-    seeds,
-    threshold,
-    checkpoints,
-    x0,
-    seed_chunk=None,
-    backend="auto",
-    step="projected",
-    schedule="uniform",
-):
+    betas: ArrayLike | Sequence[Any],
+    n: int,
+    d: int,
+    seeds: int,
+    threshold: RealScalarLike,
+    checkpoints: int,
+    x0: ArrayLike | None,
+    seed_chunk: int | None = None,
+    backend: str = "auto",
+    step: str = "projected",
+    schedule: str = "uniform",
+) -> tuple[np.ndarray, int, int, int]:
     check_choice("step", step, STEPS)
     check_choice("schedule", schedule, SCHEDULES)
     try:
@@ -791,7 +895,7 @@ def _check_common(
     return betas, n, d, seeds
 
 
-def _state_dtype(dtype, x0) -> np.dtype:
+def _state_dtype(dtype: Any, x0: ArrayLike | None) -> np.dtype:
     """The float dtype of the states: ``dtype``, else ``x0``'s, else JAX's default float.
 
     float16/bfloat16 are refused: the clustering threshold (0.999) lies within a few units of
@@ -826,7 +930,7 @@ def _state_dtype(dtype, x0) -> np.dtype:
     return out
 
 
-def _check_x0(x0, dtype) -> None:
+def _check_x0(x0: ArrayLike, dtype: Any) -> None:
     """Finite unit rows (``_checks.sphere_atol`` of ``dtype``): one ``ValueError`` naming the worst row."""
     own = getattr(x0, "dtype", None)
     own = np.dtype(own) if own is not None else np.asarray(x0).dtype
@@ -847,17 +951,21 @@ def _check_x0(x0, dtype) -> None:
         )
 
 
-def _initial(key, seeds, n, d, dtype, x0):
+def _initial(
+    key: Array | None, seeds: int, n: int, d: int, dtype: Any, x0: ArrayLike | None
+) -> Float[Array, "S n d"]:
     state_dtype = _state_dtype(dtype, x0)
     if x0 is not None:
         _check_x0(x0, state_dtype)
         return jnp.asarray(x0, dtype) if dtype is not None else jnp.asarray(x0)
     dtype = jnp.result_type(float) if dtype is None else dtype
+    if key is None:
+        raise ValueError("pass a PRNG key (or the initial states x0)")
     keys = jax.random.split(key, seeds)
     return jax.vmap(lambda k: sphere.uniform(k, n, d, dtype))(keys)
 
 
-def _check_usa_steps(betas, t1, base_dt) -> None:
+def _check_usa_steps(betas: ArrayLike, t1: RealScalarLike, base_dt: RealScalarLike) -> None:
     """Refuse a ``beta`` whose USA step count ``t1 / usa_step_size(beta)`` exceeds ``MAX_STEPS``
     (computed in log space: the step underflows to 0 in float64 past ``beta ~ 700``)."""
     for b in np.asarray(betas, np.float64):
@@ -869,7 +977,9 @@ def _check_usa_steps(betas, t1, base_dt) -> None:
             )
 
 
-def _finish(times, per_seed, steps, return_per_seed):
+def _finish(
+    times: np.ndarray, per_seed: np.ndarray, steps: Sequence[int], return_per_seed: bool
+) -> np.ndarray | PhaseDiagram:
     frac = per_seed.mean(axis=1)
     if return_per_seed:
         return PhaseDiagram(times, frac, per_seed, np.asarray(steps))
@@ -877,26 +987,26 @@ def _finish(times, per_seed, steps, return_per_seed):
 
 
 def sa_phase_diagram(
-    key,
-    betas,
+    key: Array | None,
+    betas: ArrayLike | Sequence[Any],
     *,
-    n=32,
-    d=2,
-    seeds=2048,
+    n: int = 32,
+    d: int = 2,
+    seeds: int = 2048,
     dt: RealScalarLike = 0.1,
     t1: RealScalarLike = 10.0,
-    checkpoints=200,
+    checkpoints: int = 200,
     threshold: RealScalarLike = 0.999,
     normalized: bool = True,
-    x0=None,
-    dtype=None,
+    x0: ArrayLike | None = None,
+    dtype: Any = None,
     per_seed: bool = False,
-    seed_chunk=None,
+    seed_chunk: int | None = None,
     packed: bool = False,
-    backend="auto",
+    backend: str = "auto",
     step: str = "projected",
     schedule: str = "uniform",
-):
+) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
     $x \leftarrow \operatorname{normalize}(x + h P_x F)$, $F_i = \sum_j \operatorname{softmax}_j(\beta \langle x_i, x_j\rangle)\, x_j$
@@ -979,25 +1089,25 @@ def sa_phase_diagram(
 
 
 def usa_phase_diagram(
-    key,
-    betas,
+    key: Array | None,
+    betas: ArrayLike | Sequence[Any],
     *,
-    n=32,
-    d=2,
-    seeds=256,
+    n: int = 32,
+    d: int = 2,
+    seeds: int = 256,
     t1: RealScalarLike = 0.25,
     base_dt: RealScalarLike = 0.1,
-    checkpoints=200,
+    checkpoints: int = 200,
     threshold: RealScalarLike = 0.999,
-    x0=None,
-    dtype=None,
+    x0: ArrayLike | None = None,
+    dtype: Any = None,
     per_seed: bool = False,
-    seed_chunk=None,
+    seed_chunk: int | None = None,
     packed: bool = False,
-    backend="auto",
+    backend: str = "auto",
     step: str = "projected",
     schedule: str = "uniform",
-):
+) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
 
     $x \leftarrow \operatorname{normalize}(x + h_\beta P_x F)$, $F_i = \frac1n \sum_j e^{\beta \langle x_i, x_j\rangle} x_j$,

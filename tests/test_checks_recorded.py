@@ -52,6 +52,12 @@ CASES = {
         lambda b: jax.vmap(lambda bb: mf.simulate(mf.kernels.USA(bb), x0, **run))(b),
         jnp.array([1.0, 2.0]), jnp.array([1.0, jnp.inf]), "beta must be > 0"),
     "energy: traced beta <= 0": (lambda b: mf.energy(mf.kernels.USA(b), x0), 1.0, -1.0, "beta must be > 0"),
+    # Model.check_traced: a traced declared float parameter out of its kind's range
+    "field: traced lam < 0 (DistanceBias)": (lambda v: mf.field(mf.kernels.DistanceBias(1.0, v), x0), 1.0,
+                                             -1.0, "lam must be >= 0 and finite"),
+    "energy: traced non-finite omega (PhaseField)": (
+        lambda v: mf.energy(mf.kernels.PhaseField(1.0, mf.kernels.FourierPhase(v, 0.5, 2)), x0), 1.0, jnp.nan,
+        "omega must be finite"),
     # traced_states (meanfield.energy.check_states): states off the sphere or non-finite
     "simulate: traced x0 off the sphere": (lambda x: mf.simulate(mf.kernels.USA(1.0), x, **run), x0, 2 * x0,
                                            "x0 must be finite with unit rows"),
@@ -227,7 +233,9 @@ def test_every_check_site_has_a_case():
                 sites[key] = sites.get(key, 0) + 1
     # where each check is attached, and the cases above that exercise it
     expected = {
-        "meanfield/models.py:traced_positive": 1,  # Model.check_traced: beta
+        "meanfield/models.py:traced_positive": 1,  # Model.check_traced: beta, float>0 parameters
+        "meanfield/models.py:_error_if": 1,  # Model.check_traced: float>=0 parameters (lam)
+        "meanfield/models.py:traced_finite": 1,  # Model.check_traced: float parameters (omega)
         "meanfield/energy.py:traced_states": 1,  # states (simulate's x0, energy/field/velocity's x)
         "meanfield/energy.py:traced_finite": 1,  # aux
         "meanfield/energy.py:check_traced": 1,  # the model's own checks
@@ -259,6 +267,8 @@ def test_every_check_site_has_a_case():
         "non-finite x0",
         "non-finite aux",
         "non-finite c_hat",
+        "lam < 0",
+        "non-finite omega",
         "Prompt labels",
         "overflow bound",
         "ell < 0",

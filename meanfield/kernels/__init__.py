@@ -48,7 +48,7 @@ the rescaled flow at time $s$ is the original flow at time $t = e^{-\beta} s$
 
 from __future__ import annotations
 
-from ..models import declared_params, param, positions
+from ..models import ExpProfile, Profile, declared_params, param, positions
 from ._base import Kernel, original_time, pairwise_energy, pairwise_field, rescaled_time
 from ._exp import (
     ACCELERATOR_BATCH_BYTES,
@@ -106,6 +106,8 @@ __all__ = [
     "FourierPhase",
     "WavyGauge",
     "positions",
+    "Profile",
+    "ExpProfile",
     "pairwise_field",
     "pairwise_energy",
     "original_time",

@@ -7,14 +7,15 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
 
 from ..models import Model
 
 __all__ = ["Kernel", "pairwise_field", "pairwise_energy", "original_time", "rescaled_time"]
 
 
-def original_time(s, beta):
+def original_time(s: ArrayLike, beta: ArrayLike) -> Array:
     r"""Original time $t = e^{-\beta} s$ of rescaled time ``s`` (``rescaled=True`` kernels).
 
     Args:
@@ -32,7 +33,7 @@ def original_time(s, beta):
     return jnp.exp(-jnp.asarray(beta)) * s
 
 
-def rescaled_time(t, beta):
+def rescaled_time(t: ArrayLike, beta: ArrayLike) -> Array:
     r"""Rescaled time $s = e^\beta t$ of original time ``t`` (inverse of ``original_time``).
 
     Args:
@@ -73,10 +74,22 @@ class Kernel(Model):
     has_energy: ClassVar[bool] = True
 
     @abc.abstractmethod
-    def __call__(self, x, xi, y, zeta):
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
         r"""$h((x, \xi), (y, \zeta))$ of one pair (scalar)."""
 
-    def grad_x(self, x, xi, y, zeta):
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
         r"""$\nabla_x h((x, \xi), (y, \zeta))$ (Euclidean gradient in $\mathbb R^d$, shape ``(d,)``).
 
         Example:
@@ -88,7 +101,13 @@ class Kernel(Model):
         return jax.grad(self.__call__, argnums=0)(x, xi, y, zeta)
 
     # structured evaluations (overridden) --------------------------------
-    def field(self, x, aux, *, block_size=None) -> Float[Array, "n d"]:
+    def field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
         r"""$F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$ for all $i$ (unprojected), ``(n, d)``.
 
         Args:
@@ -102,9 +121,15 @@ class Kernel(Model):
             >>> mf.kernels.Toeplitz(1).field(x, jnp.array([0.0, 1.0])).tolist()   # cos(2 pi) = 1
             [[1.0, 0.0], [1.0, 0.0]]
         """
-        return pairwise_field(self, x, aux)
+        return pairwise_field(self, x, self.default_aux(x.shape[0]) if aux is None else aux)
 
-    def energy(self, x, aux, *, block_size=None) -> Float[Array, ""]:
+    def energy(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, ""]:
         r"""$E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
 
         Args:
@@ -118,9 +143,9 @@ class Kernel(Model):
             >>> float(mf.kernels.Toeplitz(1).energy(x, jnp.array([0.0, 1.0])))   # 1/2 * mean of 1
             0.5
         """
-        return pairwise_energy(self, x, aux)
+        return pairwise_energy(self, x, self.default_aux(x.shape[0]) if aux is None else aux)
 
-    def check_traced_energy(self, x, aux):
+    def check_traced_energy(self, x: Array, aux: ArrayLike | None) -> Array:
         """``x`` with the in-program checks of ``mf.energy`` (and ``mf.field``, ``mf.velocity``) attached
         (``equinox.error_if``) for traced parameters whose energy or field would not be finite; no-op by
         default (``_ExpKernel``: overflow).
@@ -134,7 +159,7 @@ class Kernel(Model):
         return x
 
 
-def pairwise_field(kernel: Kernel, x, aux):
+def pairwise_field(kernel: Kernel, x: Float[Array, "n d"], aux: ArrayLike) -> Float[Array, "n d"]:
     r"""Reference $F_i = \frac1n \sum_j \nabla_x h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel.grad_x``) by two vmaps.
 
     Args:
@@ -155,7 +180,7 @@ def pairwise_field(kernel: Kernel, x, aux):
     return jax.vmap(lambda xi, ai: jnp.mean(row(xi, ai, x, aux), axis=0))(x, aux)
 
 
-def pairwise_energy(kernel: Kernel, x, aux):
+def pairwise_energy(kernel: Kernel, x: Float[Array, "n d"], aux: ArrayLike) -> Float[Array, ""]:
     r"""Reference $E = \frac{1}{2 n^2} \sum_{i,j} h((x_i, \xi_i), (x_j, \xi_j))$ (``kernel``) by two vmaps.
 
     Args:

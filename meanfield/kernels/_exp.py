@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +15,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+from jaxtyping import Array, ArrayLike, Float
 
 from .. import _native, theory
 from .._checks import (
@@ -27,6 +28,7 @@ from .._resources import Footprint, as_float
 from ..models import (
     BETA_DOC,
     RESCALED_DOC,
+    ExpProfile,
     exp_interaction_rate,
     exp_reference_step,
     param,
@@ -75,15 +77,15 @@ class _ScopedValue:
     backend as a static argument all the same; only ``use_backend`` around a function jitted
     outside it then reuses its first trace)."""
 
-    def __init__(self, default):
+    def __init__(self, default: str) -> None:
         self._var = contextvars.ContextVar("meanfield_backend", default=default)
 
     @property
-    def value(self):
+    def value(self) -> str:
         return self._var.get()
 
     @contextlib.contextmanager
-    def __call__(self, value):
+    def __call__(self, value: str) -> Iterator[None]:
         token = self._var.set(value)
         try:
             yield
@@ -100,7 +102,7 @@ _BACKEND = (
 )
 
 
-def use_backend(backend: str):
+def use_backend(backend: str) -> contextlib.AbstractContextManager[Any]:
     """Context manager: the ``backend`` (``check_backend``) of the exp-kernel methods called
     directly inside it (``k.field(x, aux)``, ``k.energy(x, aux)``, in a jitted function of your
     own too: a public JAX user context, part of ``jit``'s cache key, so a function traced under
@@ -120,14 +122,14 @@ def use_backend(backend: str):
     return _BACKEND(check_backend(backend))
 
 
-def _entry_backend(backend) -> str:
+def _entry_backend(backend: str | None) -> str:
     """The ``backend`` argument of an entry point (``mf.field``, ``mf.simulate``, ...): ``None``
     is the enclosing ``use_backend`` (``"auto"`` outside any), anything else is checked
     (``check_backend``). What it returns is passed on explicitly (a static argument of the run)."""
     return _BACKEND.value if backend is None else check_backend(backend)
 
 
-def resolve_backend(backend: str, n: int, d: int, dtype) -> str:
+def resolve_backend(backend: str, n: int, d: int, dtype: Any) -> str:
     """``"native"`` or ``"xla"``: what ``backend`` runs for systems of ``n`` particles in dimension
     ``d`` of ``dtype`` on the CPU (accelerators run XLA whatever the choice).
 
@@ -173,8 +175,14 @@ def resolve_backend(backend: str, n: int, d: int, dtype) -> str:
 
 
 def _tiled_exp(
-    x, log_bias: Callable | None, beta, shift, block_size, gauge=None, parts: str = "FS"
-):
+    x: Float[Array, "n d"],
+    log_bias: Callable | None,
+    beta: Array,
+    shift: Array,
+    block_size: int | None,
+    gauge: Float[Array, "n d d"] | None = None,
+    parts: str = "FS",
+) -> tuple[Float[Array, "n d"], Float[Array, ""]]:
     """``F = (1/n) W x`` and ``M = (1/n^2) sum_ij W_ij`` with
     ``W_ij = exp(beta <x_i, x_j> - shift + bias_ij)``.
 
@@ -213,7 +221,13 @@ def _tiled_exp(
     return F * scale, (S / n / n) * scale
 
 
-def _gauged_exp_unit(x, beta, gauge, block_size, parts: str = "FS"):
+def _gauged_exp_unit(
+    x: Float[Array, "n d"],
+    beta: Array,
+    gauge: Float[Array, "n d d"] | None,
+    block_size: int | None,
+    parts: str = "FS",
+) -> tuple[Float[Array, "n d"], Float[Array, ""]]:
     """``_tiled_exp_unit`` without bias, in the frame ``y_i = Psi_i x_i`` when ``gauge`` is given."""
     if gauge is None:
         return _tiled_exp_unit(x, None, beta, block_size, parts)
@@ -222,18 +236,18 @@ def _gauged_exp_unit(x, beta, gauge, block_size, parts: str = "FS"):
     return _apply_gauge_transpose(gauge, F), S
 
 
-def _apply_gauge(P, x):
+def _apply_gauge(P: Float[Array, "n d d"], x: Float[Array, "n d"]) -> Float[Array, "n d"]:
     """``y_i = P_i x_i`` as a sum of ``d`` broadcast products (elementwise, fuses; an einsum
     is a batched ``d x d`` matmul per particle, measured 2-8x slower on XLA:CPU)."""
-    return sum(P[:, :, j] * x[:, None, j] for j in range(x.shape[-1]))
+    return jnp.asarray(sum(P[:, :, j] * x[:, None, j] for j in range(x.shape[-1])))
 
 
-def _apply_gauge_transpose(P, y):
+def _apply_gauge_transpose(P: Float[Array, "n d d"], y: Float[Array, "n d"]) -> Float[Array, "n d"]:
     """``x_i = P_i^T y_i`` (see ``_apply_gauge``)."""
-    return sum(P[:, j, :] * y[:, j, None] for j in range(y.shape[-1]))
+    return jnp.asarray(sum(P[:, j, :] * y[:, j, None] for j in range(y.shape[-1])))
 
 
-def tile_shape(n: int, block_size=None) -> tuple[int, int]:
+def tile_shape(n: int, block_size: int | None = None) -> tuple[int, int]:
     """The ``(rows, columns)`` of the weights an exp-kernel evaluation forms at once: the whole
     ``(n, n)`` matrix when dense (``n <= DENSE_MAX`` with ``block_size=None``, or ``block_size >= n``),
     else tiles of ``block_size`` (default ``DEFAULT_BLOCK``) rows and twice as many columns. The one
@@ -249,7 +263,7 @@ def tile_shape(n: int, block_size=None) -> tuple[int, int]:
     return b, min(2 * b, n)
 
 
-def _batch_chunk(n: int, block_size, itemsize: int) -> int:
+def _batch_chunk(n: int, block_size: int | None, itemsize: int) -> int:
     """Largest number of systems per chunk of a vmapped batch (``BATCH_BYTES`` of weights)."""
     rows, cols = tile_shape(n, block_size)
     return max(1, _batch_bytes() // (rows * cols * itemsize))
@@ -261,7 +275,7 @@ def _batch_bytes() -> int:
 
 
 @functools.cache
-def _exp_op(block_size, gauged: bool, parts: str, backend: str):
+def _exp_op(block_size: int | None, gauged: bool, parts: str, backend: str) -> Callable[..., Any]:
     """``(x, beta[, gauge]) -> (F, S)`` of ``_gauged_exp_unit`` with a chunked batching rule.
 
     ``backend`` (``"native"`` or ``"xla"``, resolved by ``resolve_backend``) is part of the
@@ -279,11 +293,11 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
     chunking under ``vmap``). ``grad``, ``jvp`` and higher orders work on both.
     """
 
-    def unit(args):
+    def unit(args: tuple[Any, ...]) -> tuple[Array, Array]:
         x, beta = args[0], args[1]
         return _gauged_exp_unit(x, beta, args[2] if gauged else None, block_size, parts)
 
-    def native(xs, betas, *gauges):
+    def native(xs: Array, betas: Array, *gauges: Array) -> tuple[Array, Array]:
         """The batch through the fused C kernel (an XLA FFI call; CPU only), gauge transforms
         included (``y_i = Psi_i x_i`` on loading, ``Psi_i^T`` on the field)."""
         gauge = None
@@ -294,7 +308,7 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
         return (jnp.zeros_like(xs) if F is None else F), S
 
     @jax.custom_batching.custom_vmap
-    def batched(xs, betas, *gauges):
+    def batched(xs: Array, betas: Array, *gauges: Array) -> tuple[Array, Array]:
         if backend == "native":
             args = (xs, betas, *gauges)
             return jax.lax.platform_dependent(
@@ -302,13 +316,13 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
             )
         return xla(xs, betas, *gauges)
 
-    def xla(xs, betas, *gauges):
+    def xla(xs: Array, betas: Array, *gauges: Array) -> Any:
         B, n = xs.shape[0], xs.shape[1]
         chunk = _batch_chunk(n, block_size, xs.dtype.itemsize)
         if gauged and gauges[0].shape[0] != B:  # one gauge shared by the batch
             shared = gauges[0][0]
             f = lambda a: unit((a[0], a[1], shared))  # noqa: E731
-            args = (xs, betas)
+            args: tuple[Array, ...] = (xs, betas)
         else:
             f, args = unit, (xs, betas, *gauges)
         if chunk >= B:
@@ -325,7 +339,9 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
         return jax.tree.map(lambda a: a.reshape(k * chunk, *a.shape[2:])[:B], out)
 
     @batched.def_vmap
-    def _rule(axis_size, in_batched, xs, betas, *gauges):
+    def _rule(
+        axis_size: int, in_batched: Any, xs: Array, betas: Array, *gauges: Array
+    ) -> tuple[tuple[Array, Array], tuple[bool, bool]]:
         A = axis_size
         xs = xs if in_batched[0] else jnp.broadcast_to(xs, (A, *xs.shape))
         betas = betas if in_batched[1] else jnp.broadcast_to(betas, (A, *betas.shape))
@@ -342,11 +358,11 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
         return (F.reshape(A, B, *F.shape[1:]), S.reshape(A, B)), (True, True)
 
     @jax.custom_jvp
-    def op(x, beta, *gauge):
+    def op(x: Array, beta: Array, *gauge: Array) -> tuple[Array, Array]:
         F, S = batched(x[None], beta[None], *(g[None] for g in gauge))
         return F[0], S[0]
 
-    def _jvp(primals, tangents):
+    def _jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, Any]:
         if backend == "native":
             return _native_jvp(block_size, parts, primals, tangents)
         out = op(*primals)
@@ -360,7 +376,9 @@ def _exp_op(block_size, gauged: bool, parts: str, backend: str):
     return op
 
 
-def _native_jvp(block_size, parts: str, primals, tangents):
+def _native_jvp(
+    block_size: int | None, parts: str, primals: tuple[Any, ...], tangents: tuple[Any, ...]
+) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
     r"""The JVP of ``_exp_op`` through the fused C kernel (``tangents``: ``SymbolicZero`` where zero).
 
     In the frame $y_i = \Psi_i x_i$ (``y = x`` without gauge), with $F^y, S$ the unscaled field and
@@ -408,7 +426,7 @@ def _native_jvp(block_size, parts: str, primals, tangents):
     return (F, S), (dF, dS)
 
 
-def _exp_tangent(y, dy, beta):
+def _exp_tangent(y: Array, dy: Array, beta: Array) -> Array:
     r"""$T(y, dy)_i = \frac1n \sum_j [\beta w_{ij} (\langle dy_i, y_j\rangle + \langle y_i, dy_j\rangle) y_j + w_{ij}\, dy_j]$,
     $w_{ij} = e^{\beta (\langle y_i, y_j\rangle - 1)}$: the derivative of the unscaled field of
     ``y`` ``(..., n, d)`` along ``dy`` (``beta`` ``(...)``), one primitive: the fused C kernel on
@@ -416,19 +434,19 @@ def _exp_tangent(y, dy, beta):
     return _exp_tangent_p.bind(y, dy, beta)
 
 
-def _tangent_xla(y, dy, beta):
+def _tangent_xla(y: Array, dy: Array, beta: Array) -> Array:
     """``_exp_tangent`` as XLA operations (the reference; other platforms): ``jax.jvp`` of the
     unscaled field of each system."""
     n, d = y.shape[-2:]
 
-    def one(a, da, b):
+    def one(a: Array, da: Array, b: Array) -> Array:
         return jax.jvp(lambda z: _tiled_exp_unit(z, None, b, None, "F")[0], (a,), (da,))[1]
 
     out = jax.vmap(one)(y.reshape(-1, n, d), dy.reshape(-1, n, d), beta.reshape(-1))
     return out.reshape(y.shape)
 
 
-def _tangent_abstract(y, dy, beta):
+def _tangent_abstract(y: Any, dy: Any, beta: Any) -> Any:  # ShapedArrays in, one out
     if y.shape != dy.shape or y.dtype != dy.dtype or beta.shape != y.shape[:-2]:
         raise ValueError(
             f"exp tangent: y and dy must be (..., n, d) of one dtype and beta (...), got "
@@ -437,7 +455,7 @@ def _tangent_abstract(y, dy, beta):
     return dy.update(weak_type=False)
 
 
-def _tangent_cpu_lowering(ctx, y, dy, beta):
+def _tangent_cpu_lowering(ctx: Any, y: Any, dy: Any, beta: Any) -> Any:  # MLIR values
     """The FFI call, with a sharding rule (``_native._exp._tangent_call``: a sharded batch stays
     sharded) where JAX lowers it with its devices, else plain (``_TANGENT_PARTITIONED``)."""
     name = np.dtype(ctx.avals_in[0].dtype).name
@@ -447,7 +465,7 @@ def _tangent_cpu_lowering(ctx, y, dy, beta):
     return mlir.lower_fun(lambda *a: call(*a), multiple_results=False)(ctx, y, dy, beta)
 
 
-def _tangent_batch(args, dims):
+def _tangent_batch(args: tuple[Array, ...], dims: tuple[int | None, ...]) -> tuple[Array, int]:
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     lead = [
         jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
@@ -456,7 +474,7 @@ def _tangent_batch(args, dims):
     return _exp_tangent_p.bind(*lead), 0
 
 
-def _tangent_jvp(primals, tangents):
+def _tangent_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Array, Array]:
     """Linear in ``dy`` (the kernel again); the derivative in ``y`` and ``beta`` (third
     derivatives of the energy) is the XLA formulation's."""
     y, dy, beta = primals
@@ -471,7 +489,9 @@ def _tangent_jvp(primals, tangents):
     return out, tout
 
 
-def _tangent_transpose(ct, y, dy, beta):
+def _tangent_transpose(
+    ct: Any, y: Any, dy: Any, beta: Any
+) -> tuple[None, Any, None]:  # ad.Zero / UndefinedPrimal
     """Symmetric (the Hessian of ``S / (2 beta n)`` in the frame): its own transpose in ``dy``."""
     if ad.is_undefined_primal(y) or ad.is_undefined_primal(beta) or not ad.is_undefined_primal(dy):
         raise NotImplementedError("the exp-kernel tangent is linear in dy only")
@@ -506,7 +526,7 @@ def _tangent_needs_devices() -> bool:
 _TANGENT_PARTITIONED = _tangent_needs_devices()
 
 
-def _varying_as(f, inputs):
+def _varying_as(f: Callable[..., Any], inputs: tuple[Any, ...]) -> Callable[..., Any]:
     """``f`` with outputs varying over every manual mesh axis its inputs vary over (inside
     ``shard_map``): an FFI call's outputs carry no such axes, the XLA branch's do, and the
     branches of ``platform_dependent`` must agree."""
@@ -514,21 +534,27 @@ def _varying_as(f, inputs):
     if not axes:  # outside shard_map (or a JAX without varying-axis types): nothing to cast
         return f
 
-    def cast(o):
+    def cast(o: Array) -> Array:
         missing = tuple(sorted(axes - _varying_axes(o)))
         return jax.lax.pcast(o, missing, to="varying") if missing else o
 
     return lambda *a: jax.tree.map(cast, f(*a))
 
 
-def _varying_axes(a) -> set:
+def _varying_axes(a: Any) -> set[str]:
     """The manual mesh axes ``a`` varies over (empty where JAX has no such types)."""
     typeof = getattr(jax, "typeof", None)
     mat = getattr(typeof(a), "mat", None) if typeof is not None else None
     return set(getattr(mat, "varying", ()) or ())
 
 
-def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
+def _tiled_exp_unit(
+    x: Array,
+    log_bias: Callable[[Array, Array], Array] | None,
+    beta: ArrayLike,
+    block_size: int | None,
+    parts: str = "FS",
+) -> tuple[Array, Array]:
     n, d = x.shape
     want_F, want_S = "F" in parts, "S" in parts
     tile_rows, _ = tile_shape(n, block_size)
@@ -549,10 +575,12 @@ def _tiled_exp_unit(x, log_bias, beta, block_size, parts: str = "FS"):
     col_ok = (jnp.arange(K) < n).reshape(K // C, C)
     row_ok = (jnp.arange(R) < n).reshape(R // B, B)
 
-    def rows(args):
+    def rows(args: tuple[Array, Array, Array]) -> tuple[Array, Array]:
         xb, ri, rok = args
 
-        def body(carry, inp):
+        def body(
+            carry: tuple[Array, Array], inp: tuple[Array, Array, Array]
+        ) -> tuple[tuple[Array, Array], None]:
             Fb, sb = carry
             xcol, ci, cok = inp
             logits = beta * (xb @ xcol.T - 1.0)
@@ -578,7 +606,7 @@ class _ExpKernel(Kernel):
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
 
-    def interaction_rate(self):
+    def interaction_rate(self) -> ArrayLike:
         r"""$\sqrt\beta\, e^{\beta - 1/2}$, or $\sqrt\beta\, e^{-1/2}$ when ``rescaled``
         (``mf.models.exp_interaction_rate``; ``Model.interaction_rate``)."""
         return exp_interaction_rate(self.beta, self.rescaled)
@@ -597,30 +625,30 @@ class _ExpKernel(Kernel):
         k = self.dense_arrays if rows >= n else self.tile_arrays
         return Footprint(entries=k * as_float(rows) * as_float(cols), pairs=as_float(n) ** 2)
 
-    def reference_step(self, base_dt):
+    def reference_step(self, base_dt: ArrayLike) -> ArrayLike:
         """``Model.reference_step`` in the overflow-free form ``mf.models.exp_reference_step``."""
         return exp_reference_step(self.beta, base_dt, self.rescaled)
 
-    def overflows(self, dtype):
+    def overflows(self, dtype: Any) -> ArrayLike:
         """Not rescaled: ``beta >= log(finfo(dtype).max)`` (88.7 in float32), as ``check_config`` refuses."""
         if self.rescaled:
             return False
         return np.asarray(self.beta) >= np.log(np.finfo(dtype).max)
 
-    def max_energy(self):
+    def max_energy(self) -> ArrayLike | None:
         r"""$e^\beta / (2 \beta)$ (a Dirac mass; times $e^{-\beta}$ when ``rescaled``), as for USA in the
         gauge frame of every exp-gauge kernel (``mf.theory.max_energy``)."""
         return theory.max_energy(self.beta, rescaled=self.rescaled)
 
-    def _shift(self, dtype):
+    def _shift(self, dtype: Any) -> Array:
         beta = jnp.asarray(self.beta, dtype)
         return beta if self.rescaled else jnp.zeros((), dtype)
 
-    def _exp(self, dot):
+    def _exp(self, dot: Array) -> Array:
         beta = jnp.asarray(self.beta, dot.dtype)
         return jnp.exp(beta * dot - self._shift(dot.dtype))
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         if self.rescaled or not is_concrete(self.beta):
             return
         dtype = jnp.asarray(x).dtype if hasattr(x, "dtype") else jnp.result_type(float)
@@ -634,7 +662,7 @@ class _ExpKernel(Kernel):
                 f"see mf.kernels.original_time)"
             )
 
-    def check_traced_energy(self, x, aux):
+    def check_traced_energy(self, x: Array, aux: ArrayLike | None) -> Array:
         """Unless ``rescaled``, the overflow bound of ``check_config`` on a traced ``beta``:
         ``beta >= log(finfo(dtype).max)`` (88.7 in float32) stops ``mf.energy``, ``mf.field`` and
         ``mf.velocity`` with an error instead of returning ``inf`` (or NaN). (``mf.simulate`` does
@@ -671,17 +699,52 @@ class USA(_ExpKernel):
     name = "usa"
     summary = "unbiased self-attention exp(beta <x, y>) / beta: collapses to a point"
 
-    def __call__(self, x, xi, y, zeta):
+    @classmethod
+    def zonal_profile(cls, rescaled: bool = False) -> ExpProfile:
+        r"""The exp profile $h(t) = e^{\beta t} / \beta$ (times $e^{-\beta}$ when ``rescaled``).
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA.zonal_profile(rescaled=True).rescaled
+            True
+        """
+        return ExpProfile(rescaled=bool(rescaled))
+
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
         return self._exp(jnp.dot(x, y)) / self.beta
 
-    def grad_x(self, x, xi, y, zeta):
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
         return self._exp(jnp.dot(x, y)) * y
 
-    def field(self, x, aux, *, block_size=None):
+    def field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="F")[0]
 
-    def energy(self, x, aux, *, block_size=None):
+    def energy(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, ""]:
         beta = jnp.asarray(self.beta, x.dtype)
         M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="S")[1]
         return M / (2.0 * beta)
@@ -712,29 +775,61 @@ class DistanceBias(_ExpKernel):
     lam: RealScalarLike = param(1.0, kind="float>=0", doc="distance-bias rate")
     dense_arrays, tile_arrays = 2.5, 3.5  # the (rows, cols) log-bias too
 
-    def __init__(self, beta, lam, *, rescaled: bool = False):
+    def __init__(
+        self, beta: RealScalarLike, lam: RealScalarLike, *, rescaled: bool = False
+    ) -> None:
         self.beta, self.lam, self.rescaled = beta, lam, rescaled
 
-    def max_energy(self):
+    def max_energy(self) -> None:
         """None: the theory gives no closed form with the bias."""
         return None
 
-    def __call__(self, x, xi, y, zeta):
-        return jnp.exp(-self.lam * jnp.abs(xi - zeta)) * self._exp(jnp.dot(x, y)) / self.beta
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
+        return (
+            jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta)))
+            * self._exp(jnp.dot(x, y))
+            / self.beta
+        )
 
-    def grad_x(self, x, xi, y, zeta):
-        return jnp.exp(-self.lam * jnp.abs(xi - zeta)) * self._exp(jnp.dot(x, y)) * y
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
+        return jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta))) * self._exp(jnp.dot(x, y)) * y
 
-    def _both(self, x, aux, block_size):
+    def _both(
+        self, x: Float[Array, "n d"], aux: ArrayLike, block_size: int | None
+    ) -> tuple[Float[Array, "n d"], Float[Array, ""]]:
         beta = jnp.asarray(self.beta, x.dtype)
         lam = jnp.asarray(self.lam, x.dtype)
         s = jnp.asarray(aux, x.dtype)
         bias = lambda ri, ci: -lam * jnp.abs(s[ri][:, None] - s[ci][None, :])  # noqa: E731
         return _tiled_exp(x, bias, beta, self._shift(x.dtype), block_size)
 
-    def field(self, x, aux, *, block_size=None):
-        return self._both(x, aux, block_size)[0]
+    def field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
+        return self._both(x, self.default_aux(x.shape[0]) if aux is None else aux, block_size)[0]
 
-    def energy(self, x, aux, *, block_size=None):
-        M = self._both(x, aux, block_size)[1]
+    def energy(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, ""]:
+        M = self._both(x, self.default_aux(x.shape[0]) if aux is None else aux, block_size)[1]
         return M / (2.0 * jnp.asarray(self.beta, x.dtype))
