@@ -3,7 +3,8 @@
 One report: meanfield's and its dependencies' versions, JAX's default backend and devices,
 whether x64 is enabled, and for each fused CPU kernel of ``meanfield._native`` (the exp-kernel
 field, ``exp_kernel.c``; the phase-diagram sweep, ``phase_kernel.c``) whether it is built and
-usable and, if not, why (no compiler, ``MEANFIELD_NATIVE=0``, a compiler error recorded with
+usable (and where ``backend="auto"`` takes it: its crossover, measured on this machine) and, if
+not, why (no compiler, ``MEANFIELD_NATIVE=0``, a compiler error recorded with
 the compiler's identity, a damaged library, a cache directory or library refused because others
 can write it), with the compiler, the cache directory and whether it is private, and the
 threads (the most per call, and what a call would use now on this machine's load).
@@ -32,6 +33,7 @@ import importlib.metadata
 import json
 import platform
 import sys
+from pathlib import Path
 from typing import Any
 
 from . import _native, compilation_cache
@@ -62,7 +64,7 @@ def _compiler() -> tuple[str | None, str | None]:
     return cc, lines[0] if lines else ""
 
 
-def _libraries(source, include: list[str]) -> list[str]:
+def _libraries(source: Path, include: list[str]) -> list[str]:
     """The cached libraries (one per dtype) of ``source`` for the current compiler and CPU."""
     try:
         cc, version = _cache._toolchain()
@@ -86,6 +88,20 @@ def _cache_problem() -> str | None:
     return None
 
 
+def _crossover(crossover: _native.Crossover | None) -> dict[str, Any] | None:
+    """A measured crossover as ``summary()`` reports it (``None`` stays ``None``)."""
+    if crossover is None:
+        return None
+    return {
+        "max_d": crossover.max_d,
+        "min_n": crossover.min_n,
+        "times": crossover.times,
+        "seconds": crossover.seconds,
+        "recorded": crossover.recorded,
+        "rule": crossover.describe(),
+    }
+
+
 def summary() -> dict[str, Any]:
     r"""The installation as a dictionary (JSON-serialisable).
 
@@ -97,16 +113,17 @@ def summary() -> dict[str, Any]:
     none), ``threads`` (of the phase kernel), ``exp_threads`` (the most of one exp-kernel call)
     and ``exp_threads_now`` (what a call on one system of $2048 \times 3$ would use on the load now; both
     ``None`` when unavailable), and ``exp_kernel`` and
-    ``phase_kernel``: ``{"available", "reason", "libraries"}`` (``reason`` is ``None`` when
-    available; ``libraries`` are the cached shared libraries; the exp kernel's also has
-    ``crossover``: what ``backend="auto"`` follows, ``{"max_d", "min_n", "times", "seconds",
-    "recorded", "rule"}`` measured on this machine, ``None`` when unavailable), and ``compilation_cache``
+    ``phase_kernel``: ``{"available", "reason", "libraries", "crossover"}`` (``reason`` is
+    ``None`` when available; ``libraries`` are the cached shared libraries; ``crossover``: what
+    ``backend="auto"`` follows, ``{"max_d", "min_n", "times", "seconds", "recorded", "rule"}``
+    measured on this machine, ``None`` when unavailable; the phase kernel's is that of the phase
+    diagrams' default dtype, JAX's default float), and ``compilation_cache``
     (``meanfield.compilation_cache.info()``: ``enabled``, ``dir``, ``entries``, ``bytes``,
     ``eqx_on_error``, ``problem``).
 
-    Initialises JAX's backend, runs the exp kernel's self-test, reads (or measures, about a
-    second, once per built library) its crossover, and builds the phase kernel if it is not
-    cached (its first use would).
+    Initialises JAX's backend, runs the exp kernel's self-test, builds the phase kernel if it is
+    not cached (its first use would), and reads (or measures, a second or two each, once per
+    built library) both kernels' crossovers.
 
     Example:
         >>> import meanfield.info
@@ -121,10 +138,14 @@ def summary() -> dict[str, Any]:
 
     import meanfield
 
+    from . import phase_diagram  # its XLA sweep kernel is what the phase kernel is timed against
+
     cc, cc_version = _compiler()
     exp, phase = _native.exp_library(), _native.phase_library()
     exp_ok, phase_ok = exp.available, phase.available
     crossover = exp.crossover
+    phase_dtype = jax.dtypes.canonicalize_dtype(float)  # the phase diagrams' default dtype
+    phase_crossover = phase_diagram._phase_crossover(phase_dtype) if phase_ok else None
     try:
         include = [_native._exp._exp_include()]
     except (ImportError, AttributeError):
@@ -153,21 +174,13 @@ def summary() -> dict[str, Any]:
                 "available": exp_ok,
                 "reason": exp.reason,
                 "libraries": _libraries(_native.EXP_SOURCE, include),
-                "crossover": None
-                if crossover is None
-                else {
-                    "max_d": crossover.max_d,
-                    "min_n": crossover.min_n,
-                    "times": crossover.times,
-                    "seconds": crossover.seconds,
-                    "recorded": crossover.recorded,
-                    "rule": crossover.describe(),
-                },
+                "crossover": _crossover(crossover),
             },
             "phase_kernel": {
                 "available": phase_ok,
                 "reason": phase.reason,
                 "libraries": _libraries(_native.SOURCE, []),
+                "crossover": _crossover(phase_crossover),
             },
         },
         "compilation_cache": compilation_cache.info(),

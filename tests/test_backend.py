@@ -153,3 +153,111 @@ def test_resolve_backend_native_needs_a_kernel_that_takes_the_states():
     with pytest.raises(ValueError, match="backend='native' runs float32 and float64, got float16"):
         K.resolve_backend("native", 10, 3, jnp.float16)
     assert K.resolve_backend("auto", 10, 65, jnp.float32) == "xla"
+
+
+# ----------------------------------------------------------------------------
+# the phase diagrams' "auto": a crossover measured on this machine (issue 26, item 5)
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.native
+def test_phase_crossover_is_measured_on_this_machine():
+    """Both paths timed at the shapes of the plan, in each dtype, a second or two, kept for the
+    process (a second call is the same object) and recorded beside that dtype's library."""
+    for dtype in _native.DTYPES:
+        with jax.enable_x64(dtype == "float64"):
+            c = phase_diagram._phase_crossover(dtype)
+            assert phase_diagram._phase_crossover(np.dtype(dtype)) is c
+        shapes = {(n, 2) for n in _native.PHASE_CROSSOVER_NS} | {
+            (_native.PHASE_CROSSOVER_N, d) for d in _native.PHASE_CROSSOVER_DS
+        }
+        assert set(c.times) == {f"{n} x {d}" for n, d in shapes}
+        # a second or two on a quiet machine; under 20 s on a loaded one (the CI runners, 2 cores)
+        assert all(a > 0 and b > 0 for a, b in c.times.values()) and c.seconds < 20
+        assert c.max_d in (0, *_native.PHASE_CROSSOVER_DS, _native.MAX_D)
+        assert c.min_n in (None, 2, *_native.PHASE_CROSSOVER_NS[1:])
+        assert c.recorded is None or c.recorded == str(
+            _native._state["paths"][dtype].with_suffix(".crossover.json")
+        )
+        assert dtype in c.describe() and ("XLA at every" in c.describe()) == (c.min_n is None)
+
+
+@pytest.mark.native
+def test_phase_crossover_is_recorded_and_read_back(tmp_path, monkeypatch):
+    """The first call measures and writes the record beside the library; later calls in the
+    process do not measure again, nor does a fresh process (its state emptied here): it reads the
+    record. A record of another recipe is measured again."""
+    assert _native.phase_library().available
+    calls = []
+
+    def measure(dtype, xla_sweep, shapes):
+        calls.append(list(shapes))
+        return {f"{n} x {d}": [1.0, 2.0] if n >= 32 else [2.0, 1.0] for n, d in shapes}
+
+    lib = tmp_path / "phase_kernel-test.so"
+    monkeypatch.setitem(_native._state, "paths", {"float64": lib, "float32": lib})
+    monkeypatch.setitem(_native._state, "crossover", {})
+    monkeypatch.setattr(_native._phase, "_measure", measure)
+    first = _native.phase_crossover("float32", phase_diagram._xla_sweep)
+    assert len(calls) == 1 and first.recorded == str(lib.with_suffix(".crossover.json"))
+    assert (first.max_d, first.min_n) == (_native.MAX_D, 32)
+    assert _native.phase_crossover("float32", phase_diagram._xla_sweep) is first
+    _native._state["crossover"].clear()  # a new process
+    again = _native.phase_crossover("float32", phase_diagram._xla_sweep)
+    assert len(calls) == 1 and again == first
+    record = lib.with_suffix(".crossover.json")
+    data = __import__("json").loads(record.read_text())
+    record.write_text(__import__("json").dumps({**data, "recipe": "another"}))
+    _native._state["crossover"].clear()
+    _native.phase_crossover("float32", phase_diagram._xla_sweep)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="dtype must be one of float64, float32, got 'float16'"):
+        _native.phase_crossover("float16", phase_diagram._xla_sweep)
+
+
+@pytest.mark.native
+def test_phase_auto_follows_the_crossover(monkeypatch):
+    """``"auto"`` runs the fused kernel exactly where the crossover (put in its place here) says it
+    is faster, at the states' ``(n, d)``; the numbers are those of the backend it picks."""
+    from meanfield._native import Crossover
+
+    ran = []
+    real = _native.phase_run
+    monkeypatch.setattr(_native, "phase_run", lambda *a, **k: ran.append(1) or real(*a, **k))
+    kw = dict(t1=0.5, checkpoints=3, dtype=jnp.float32)
+    x8 = np.asarray(
+        jax.vmap(lambda k: mf.sphere.uniform(k, 8, 2))(jax.random.split(jax.random.key(3), 4))
+    )
+    x32 = np.asarray(
+        jax.vmap(lambda k: mf.sphere.uniform(k, 32, 2))(jax.random.split(jax.random.key(4), 4))
+    )
+    native = {
+        n: phase_diagram.sa_phase_diagram(None, [1.0, 4.0], x0=x, backend="native", **kw)
+        for n, x in ((8, x8), (32, x32))
+    }
+    xla = {
+        n: phase_diagram.sa_phase_diagram(None, [1.0, 4.0], x0=x, backend="xla", **kw)
+        for n, x in ((8, x8), (32, x32))
+    }
+    for crossover, want in (
+        (Crossover(max_d=8, min_n=16, times={}, seconds=0.0), {8: "xla", 32: "native"}),
+        (Crossover(max_d=64, min_n=2, times={}, seconds=0.0), {8: "native", 32: "native"}),
+        (Crossover(max_d=0, min_n=None, times={}, seconds=0.0), {8: "xla", 32: "xla"}),
+    ):
+        monkeypatch.setitem(_native._state, "crossover", {"float32": crossover})
+        for n, x in ((8, x8), (32, x32)):
+            assert phase_diagram._resolve_backend("auto", jnp.asarray(x), False) == want[n]
+            ran.clear()
+            got = phase_diagram.sa_phase_diagram(None, [1.0, 4.0], x0=x, backend="auto", **kw)
+            assert bool(ran) == (want[n] == "native"), (crossover, n)
+            expected = native[n] if want[n] == "native" else xla[n]
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+        x16 = jnp.asarray(np.tile(x32[..., :1], (1, 1, 16)) / 4.0)  # d = 16 > max_d = 8
+        assert phase_diagram._resolve_backend("auto", x16, False) == (
+            "native" if crossover.max_d >= 16 and crossover.min_n is not None else "xla"
+        )
+    # the measurement never overrides what the states need: packed, renormalize, float16 run XLA
+    monkeypatch.setitem(_native._state, "crossover", {"float32": Crossover(64, 2, {}, 0.0)})
+    assert phase_diagram._resolve_backend("auto", jnp.asarray(x32), True) == "xla"
+    assert phase_diagram._resolve_backend("auto", jnp.asarray(x32), False, project=False) == "xla"
+    assert phase_diagram._resolve_backend("auto", jnp.asarray(x32, jnp.float16), False) == "xla"

@@ -183,15 +183,24 @@ def test_summary_keys_and_json(capsys):
         k = nat[key]
         assert k["available"] == (k["reason"] is None)
         assert len(k["libraries"]) == (2 if k["available"] else 0)
-    crossover = nat["exp_kernel"]["crossover"]
-    assert (crossover is not None) == nat["exp_kernel"]["available"]
-    if (
-        crossover is not None
-    ):  # what "auto" follows, measured on this machine, shown by `meanfield info`
-        assert crossover["rule"] == _native.exp_library().crossover.describe()
-        assert set(crossover["times"]) and all(
-            a > 0 and b > 0 for a, b in crossover["times"].values()
-        )
+    import jax
+
+    from meanfield import phase_diagram
+
+    measured = {  # what "auto" follows, measured on this machine, shown by `meanfield info`
+        "exp_kernel": lambda: _native.exp_library().crossover,
+        "phase_kernel": lambda: phase_diagram._phase_crossover(
+            jax.dtypes.canonicalize_dtype(float)
+        ),
+    }
+    for key, crossover_now in measured.items():
+        crossover = nat[key]["crossover"]
+        assert (crossover is not None) == nat[key]["available"]
+        if crossover is not None:
+            assert crossover["rule"] == crossover_now().describe()
+            assert set(crossover["times"]) and all(
+                a > 0 and b > 0 for a, b in crossover["times"].values()
+            )
     assert nat["cache_dir"] == str(_native._cache._cache_dir())
     assert info.main(["--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(info.summary()))
@@ -199,7 +208,12 @@ def test_summary_keys_and_json(capsys):
     text = capsys.readouterr().out
     assert text.startswith(f"meanfield {d['meanfield']} (Python ") and "exp kernel: " in text
     assert ("exp kernel: available" in text) == nat["exp_kernel"]["available"]
-    assert ("backend='auto': " in text) == nat["exp_kernel"]["available"]
+    assert text.count("backend='auto': ") == sum(
+        nat[key]["available"] for key in ("exp_kernel", "phase_kernel")
+    )
+    if nat["phase_kernel"]["available"]:  # the phase kernel's line: its own measurement
+        rule = nat["phase_kernel"]["crossover"]["rule"]
+        assert f"backend='auto': {rule}" in text and "per sweep of" in rule
 
 
 def test_format_summary_says_why_not():
@@ -211,6 +225,7 @@ def test_format_summary_says_why_not():
         "libraries": [],
         "crossover": None,
     }
+    d["native"]["phase_kernel"] = {**d["native"]["exp_kernel"]}
     text = info.format_summary(d)
     assert "exp kernel: not available: disabled by MEANFIELD_NATIVE=0" in text
     assert "switched off (MEANFIELD_NATIVE=0)" in text and "backend='auto'" not in text
@@ -281,8 +296,14 @@ def test_rebuild_native(tmp_path, monkeypatch, disabled):
         == ["exp_kernel"] * 2 + ["phase_kernel"] * 2
     )
     assert not list(cache.glob("*.failed"))
-    assert len(list(cache.glob("*.json"))) == 5  # a manifest per library, the crossover record
-    assert len(list(cache.glob("*.crossover.json"))) == 1
+    # a manifest per library, the crossover record of each kernel (the phase kernel's: float32,
+    # JAX's default float, beside that library)
+    assert len(list(cache.glob("*.json"))) == 6
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.crossover.json")) == [
+        "exp_kernel",
+        "phase_kernel",
+    ]
+    assert nat["phase_kernel"]["crossover"]["recorded"].startswith(str(cache))
     assert (
         "building the native CPU kernels" in r.stderr
         and "building the native phase-diagram kernel" in r.stderr

@@ -9,18 +9,23 @@ each tested against the XLA formulation it replaces, and chosen by the ``backend
 ``mf.simulate``, the phase diagrams, ``meanfield simulate --backend`` and a sweep's
 ``[model] backend``.
 
-Three private modules:
+Four private modules:
 
 - ``_cache``: the build cache (compile, validate, lock, record failures, load only from a
   private directory; ``MEANFIELD_NATIVE=0`` makes every kernel unavailable) and the thread
   policy shared by both kernels;
+- ``_crossover``: the measurement that ``backend="auto"`` follows, shared by both kernels
+  (``Plan``: time the kernel and the XLA path at a few shapes on this machine, record the
+  ``Crossover`` beside the library, read it back);
 - ``_exp``: the exp kernel: ``prepare()`` (build and register its FFI targets, at
   ``import meanfield.kernels``), ``exp_field_xla`` and its sharding rule, the tangent, threads,
-  and the crossover measured on this machine that ``backend="auto"`` follows;
-- ``_phase``: the phase-diagram kernel, ``phase_run``.
+  and its crossover;
+- ``_phase``: the phase-diagram kernel, ``phase_run``, and its crossover (``phase_crossover``,
+  per dtype, timed against the XLA sweep kernel that ``meanfield.phase_diagram`` passes in).
 
 Each kernel is one ``Library`` object, ``exp_library()`` and ``phase_library()``: ``available``,
-``reason`` (why not) and, for the exp kernel, ``crossover``. ``meanfield info`` shows them.
+``reason`` (why not) and, for the exp kernel, ``crossover``; the phase kernel's is
+``phase_crossover(dtype, xla_sweep)``. ``meanfield info`` shows them.
 
 Example:
     >>> from meanfield import _native
@@ -70,14 +75,31 @@ from ._exp import (
     prepare,
     set_exp_threads,
 )
-from ._phase import DTYPES, LANES, MAX_D, SOURCE, _state, build_phase, phase_library, phase_run
+from ._phase import (
+    DTYPES,
+    LANES,
+    MAX_D,
+    PHASE_CROSSOVER_DS,
+    PHASE_CROSSOVER_N,
+    PHASE_CROSSOVER_NS,
+    PHASE_CROSSOVER_REPS,
+    PHASE_CROSSOVER_SEEDS,
+    PHASE_CROSSOVER_STEPS,
+    SOURCE,
+    XlaSweep,
+    _state,
+    build_phase,
+    phase_crossover,
+    phase_library,
+    phase_run,
+)
 
 #: Accepted values of the ``backend`` option (``mf.field``, ``mf.velocity``, ``mf.energy``,
 #: ``mf.simulate``, the phase diagrams, ``meanfield simulate --backend``, a sweep's ``[model] backend``).
 BACKENDS = ("auto", "native", "xla")
 
 
-def check_backend(backend, name: str = "backend") -> str:
+def check_backend(backend: object, name: str = "backend") -> str:
     """``backend`` if it is one of ``BACKENDS``, else ``ValueError`` naming it (as ``name``: the
     CLI says ``--backend``, a sweep spec ``model.backend``) and the accepted values.
 
@@ -85,7 +107,9 @@ def check_backend(backend, name: str = "backend") -> str:
     cannot run: not built, ``MEANFIELD_NATIVE=0``, a dtype or dimension it does not take);
     ``"xla"``: the XLA formulation (the reference, and what accelerators run); ``"auto"`` (the
     default): the fused kernel where it was measured faster on this machine
-    (``meanfield._native.exp_library().crossover``, ``meanfield info``), else XLA.
+    (``meanfield._native.exp_library().crossover`` for the fields,
+    ``meanfield._native.phase_crossover`` for the phase diagrams; ``meanfield info`` shows both),
+    else XLA.
 
     Example:
         >>> import meanfield as mf
@@ -108,6 +132,8 @@ __all__ = [
     "Library",
     "Crossover",
     "phase_run",
+    "phase_crossover",
+    "XlaSweep",
     "default_threads",
     "LANES",
     "DTYPES",
@@ -143,18 +169,25 @@ __all__ = [
     "CROSSOVER_N",
     "CROSSOVER_BATCH",
     "CROSSOVER_REPS",
+    "PHASE_CROSSOVER_NS",
+    "PHASE_CROSSOVER_DS",
+    "PHASE_CROSSOVER_N",
+    "PHASE_CROSSOVER_SEEDS",
+    "PHASE_CROSSOVER_STEPS",
+    "PHASE_CROSSOVER_REPS",
 ]
 
 
 def _forget_failures() -> None:
     """After a rebuild (``meanfield info --rebuild-native``): kernels that failed to build are
     tried again at their next use (a loaded library stays: its FFI targets are registered), and
-    the exp kernel's crossover is measured again."""
+    the crossovers are measured again."""
     with _lock:
         if (
             _exp_state["lib"] is None and not _exp_state["tested"]
         ):  # not loaded (a failed self-test stays)
             _exp_state.update(error=None, prepared=False)
         _exp_state["crossover"] = None
+        _state["crossover"] = {}
         if _state["lib"] is None:
             _state.update(error=None, tried=False)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -78,6 +79,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,7 @@ __all__ = [
     "BUILD_RECIPE",
     "BuildFailed",
     "CC_TIMEOUT",
+    "Crossover",
     "FLAGS",
     "LOAD_CHECK_TIMEOUT",
     "LOCK_MARGIN",
@@ -445,7 +448,7 @@ def _flock_bounded(fd: int, lock: Path) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(target: Path):
+def _file_lock(target: Path) -> Iterator[bool]:
     """An exclusive lock (``flock``) of one cached library across processes: a library is checked,
     built and loaded by one process at a time, so that no process reads a half-written pair of
     library and manifest, and concurrent first imports compile once. Yields whether the cache
@@ -696,7 +699,7 @@ def _build_one(
     include: tuple[str, ...] | list[str] = (),
     *,
     force: bool = False,
-    announce=None,
+    announce: Callable[[str | None], None] | None = None,
     may_compile: bool = True,
 ) -> Path:
     """The cached library of one build of a source, compiled (``_compile``) with the first flag
@@ -1078,6 +1081,51 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Crossover:
+    """Where a fused kernel was faster than XLA's formulation on this machine.
+
+    Attributes:
+        max_d: the largest measured ``d`` (along the ``d`` axis of the measurement) up to which
+            the kernel was faster at every measured ``d``; the kernel's largest ``d`` when it was
+            faster at all of them, 0 when at none.
+        min_n: the smallest measured ``n`` (along the ``n`` axis) from which the kernel was faster
+            at every larger measured ``n`` (2 when at all of them); ``None`` when at none.
+        times: ``{"n x d": [kernel seconds, XLA seconds]}``, the medians measured.
+        seconds: how long the measurement took.
+        recorded: where it is recorded (``None``: kept for this process only).
+        unit: what one timed call is (``describe`` says it).
+
+    Example:
+        >>> from meanfield._native import Crossover
+        >>> c = Crossover(max_d=8, min_n=128, times={}, seconds=0.0)
+        >>> c.prefers_native(1024, 3), c.prefers_native(1024, 16), c.prefers_native(32, 3)
+        (True, False, False)
+    """
+
+    max_d: int
+    min_n: int | None
+    times: dict[str, list[float]]
+    seconds: float
+    recorded: str | None = None
+    unit: str = "per call"
+
+    def prefers_native(self, n: int, d: int) -> bool:
+        """Whether ``backend="auto"`` takes the fused kernel for systems of ``n`` particles in dimension ``d``."""
+        return self.min_n is not None and n >= self.min_n and d <= self.max_d
+
+    def describe(self) -> str:
+        """One line: the rule and the measured times."""
+        if self.min_n is None or self.max_d == 0:
+            rule = "XLA at every measured shape"
+        else:
+            rule = f"the fused kernel for d <= {self.max_d} and n >= {self.min_n}, else XLA"
+        times = ", ".join(
+            f"{k}: {1e3 * a:.3g} vs {1e3 * b:.3g} ms" for k, (a, b) in self.times.items()
+        )
+        return f"{rule} (measured in {self.seconds:.2f} s, kernel vs XLA {self.unit}: {times})"
+
+
 class Library:
     """One native kernel as this process sees it (``meanfield._native.exp_library()``,
     ``phase_library()``): whether it runs, and if not why; for the exp kernel, where it is
@@ -1088,10 +1136,17 @@ class Library:
         reason: why it is not available (``None`` when it is): ``MEANFIELD_NATIVE=0``, no
             compiler, a compiler error, a refused cache directory.
         crossover: the exp kernel's measured crossover (``meanfield._native.Crossover``), or
-            ``None`` (not available; the phase kernel has none).
+            ``None`` (not available; the phase kernel's, one per dtype, timed against the XLA
+            sweep kernel of ``meanfield.phase_diagram``, is ``phase_crossover(dtype, xla_sweep)``).
     """
 
-    def __init__(self, name: str, load, reason, crossover=None):
+    def __init__(
+        self,
+        name: str,
+        load: Callable[[], object | None],
+        reason: Callable[[], str | None],
+        crossover: Callable[[], Crossover] | None = None,
+    ):
         self.name = name
         self._load, self._reason, self._crossover = load, reason, crossover
 
@@ -1105,7 +1160,7 @@ class Library:
         return self._reason()
 
     @property
-    def crossover(self):
+    def crossover(self) -> Crossover | None:
         if self._crossover is None or self._load() is None:
             return None
         return self._crossover()

@@ -38,38 +38,46 @@ once per built library, the first time ``"auto"`` asks for it: both paths timed 
 (``d = 3``) and ``d`` in ``CROSSOVER_DS`` (``n = CROSSOVER_N``), about a second in all, and
 recorded beside the float32 library (``NAME.crossover.json``, written atomically; a read-only
 cache keeps it for the process). ``meanfield info`` shows it; ``--rebuild-native`` measures
-again. No fixed rule tuned on another CPU.
+again. No fixed rule tuned on another CPU. The timing, the rule and the record are
+``_crossover.Plan``'s, shared with the phase kernel (``_PLAN`` here).
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
-import json
 import os
-import statistics
-import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from jaxtyping import Float
 
 from ._cache import (
     _BUILDS,
     Library,
-    RefusedPath,
     _build_all,
     _build_one,
     _load_library,
     _lock,
-    _read_private,
     _reason,
     _summary,
     _toolchain,
     _warn_unavailable,
-    _write_atomic,
     default_threads,
 )
+from ._crossover import Crossover, Plan, alternate
+
+if TYPE_CHECKING:  # JAX is imported at first use, never by ``import meanfield._native``
+    from jax import Array, ShapeDtypeStruct
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding
+    from numpy.typing import ArrayLike
+
+#: the loaded exp kernel of one dtype: (field entry point, pointer type of its reals, (set
+#: threads, set adaptive, threads now), tangent entry point)
+_Kernels = tuple[Any, Any, tuple[Any, Any, Any], Any]
 
 __all__ = [
     "CROSSOVER_BATCH",
@@ -156,7 +164,7 @@ def build_exp(force: bool = False) -> dict[str, Path]:
     return _build_all("CPU kernels", EXP_SOURCE, [_exp_include()], force)
 
 
-def _load_exp(paths: dict[str, Path]) -> dict:
+def _load_exp(paths: dict[str, Path]) -> dict[str, _Kernels]:
     """dlopen the exp-kernel libraries and register their FFI targets with XLA (for the CPU).
 
     Registration initialises no JAX backend: ``xla_client.register_custom_call_target`` adds
@@ -164,7 +172,7 @@ def _load_exp(paths: dict[str, Path]) -> dict:
     tests/test_info.py: ``XLA_FLAGS`` set after ``import meanfield`` still apply)."""
     import jax.ffi
 
-    libs = {}
+    libs: dict[str, tuple[ctypes.CDLL, _Kernels]] = {}
     for name, _, suffix, ctype in _BUILDS:
         lib = _load_library(paths[name])
         lanes = int(getattr(lib, f"mf_exp_lanes{suffix}")())
@@ -185,13 +193,13 @@ def _load_exp(paths: dict[str, Path]) -> dict:
         tangent = getattr(lib, f"mf_exp_tangent{suffix}")
         tangent.argtypes = [rp, rp, rp, ctypes.c_int64, ctypes.c_int, ctypes.c_int, rp]
         tangent.restype = ctypes.c_int
-        libs[name] = (lib, fn, rp, (threads, adaptive, now), tangent)
-    for name, (lib, *_) in libs.items():
+        libs[name] = (lib, (fn, rp, (threads, adaptive, now), tangent))
+    for name, (lib, _) in libs.items():
         for target in (*EXP_TARGETS[name], EXP_TANGENT_TARGETS[name]):
             jax.ffi.register_ffi_target(
                 target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu"
             )
-    return {name: rest for name, (_, *rest) in libs.items()}
+    return {name: kernels for name, (_, kernels) in libs.items()}
 
 
 def _prepare(may_compile: bool) -> bool:
@@ -249,7 +257,7 @@ def _self_test() -> None:
         _self_test_eager(jax)
 
 
-def _self_test_eager(jax) -> None:
+def _self_test_eager(jax: ModuleType) -> None:
     """Through ``_partitioned_call``, the path ``meanfield.kernels`` traces (an FFI handler or a
     JAX API that this JAX lacks fails here, at first use, and leaves the XLA formulation)."""
     x = np.array([[[1.0, 0.0], [0.6, 0.8], [0.0, -1.0]]])
@@ -283,7 +291,7 @@ def _self_test_eager(jax) -> None:
             raise RuntimeError(f"the {name} exp kernel failed its self-test through XLA")
 
 
-def _exp_library() -> dict | None:
+def _exp_library() -> dict[str, _Kernels] | None:
     """The loaded exp kernel, self-tested on the first call (which sets its threads), or ``None``.
     Never runs the compiler: without ``prepare()`` it looks in the cache only."""
     if not _exp_state["prepared"]:
@@ -300,7 +308,7 @@ def _exp_library() -> dict | None:
         return _exp_state["lib"]
 
 
-def _set_threads(libs: dict, threads: int, adaptive: bool) -> None:
+def _set_threads(libs: dict[str, _Kernels], threads: int, adaptive: bool) -> None:
     for _, _, (set_threads, set_adaptive, _), _ in libs.values():
         set_threads(threads)
         set_adaptive(int(adaptive))
@@ -369,7 +377,9 @@ def set_exp_threads(threads: int | None = None, *, adaptive: bool = True) -> Non
     _set_threads(libs, int(threads or exp_default_threads()), adaptive)
 
 
-def exp_field(x, beta, field: bool = True, gauge=None):
+def exp_field(
+    x: ArrayLike, beta: ArrayLike, field: bool = True, gauge: ArrayLike | None = None
+) -> tuple[Float[np.ndarray, "B n d"] | None, Float[np.ndarray, " B"]]:
     """``(F, S)`` of the exp kernel on NumPy arrays (through ctypes, outside XLA).
 
     ``F_i = (1/n) sum_j exp(beta (<x_i, x_j> - 1)) x_j`` and ``S = sum_ij exp(beta (<x_i, x_j> - 1))``
@@ -425,7 +435,7 @@ def exp_field(x, beta, field: bool = True, gauge=None):
     return F, S
 
 
-def exp_tangent(y, dy, beta):
+def exp_tangent(y: ArrayLike, dy: ArrayLike, beta: ArrayLike) -> Float[np.ndarray, "B n d"]:
     r"""The tangent of the exp-kernel field along ``dy`` on NumPy arrays (through ctypes).
 
     For every system of ``y``, ``dy`` ``(B, n, d)`` with ``beta`` ``(B,)``:
@@ -477,7 +487,12 @@ def exp_tangent(y, dy, beta):
     return dF
 
 
-def exp_field_xla(x, beta, field: bool = True, gauge=None):
+def exp_field_xla(
+    x: Float[Array, "*batch n d"],
+    beta: Float[Array, "*batch"],
+    field: bool = True,
+    gauge: Float[Array, "n d d"] | Float[Array, "*batch n d d"] | None = None,
+) -> tuple[Float[Array, "*batch n d"] | None, Float[Array, "*batch"]]:
     """``(F, S)`` of ``exp_field`` as an XLA FFI call on JAX arrays (CPU only; ``F`` is ``None``
     when ``field`` is ``False``). ``x``: ``(..., n, d)``, ``beta``: ``(...)``, float32 or float64;
     ``gauge``: ``None``, ``(n, d, d)`` (shared) or ``(..., n, d, d)``.
@@ -495,7 +510,7 @@ def exp_field_xla(x, beta, field: bool = True, gauge=None):
 
 
 @functools.cache
-def _tangent_call(name: str):
+def _tangent_call(name: str) -> Callable[..., Array]:
     """The FFI call of the tangent ``(y, dy, beta) -> dF`` with the sharding rule of
     ``_partitioned_call``: batch axes as ``y``'s, ``n`` and ``d`` whole (a sharded batch runs
     on each device's systems, no all-gather)."""
@@ -503,12 +518,14 @@ def _tangent_call(name: str):
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
-    def call(y, dy, beta):
+    def call(y: Array, dy: Array, beta: Array) -> Array:
         return jax.ffi.ffi_call(EXP_TANGENT_TARGETS[name], jax.ShapeDtypeStruct(y.shape, y.dtype))(
             y, dy, beta
         )
 
-    def shardings(mesh, arg_shapes):
+    def shardings(
+        mesh: Mesh | AbstractMesh, arg_shapes: tuple[ShapeDtypeStruct, ...]
+    ) -> tuple[NamedSharding, NamedSharding]:
         ys = arg_shapes[0]
         batch_rank = len(ys.shape) - 2
         sh = ys.sharding
@@ -519,10 +536,18 @@ def _tangent_call(name: str):
             mesh, PartitionSpec(*spec)
         )
 
-    def infer(mesh, arg_shapes, result_shape):
+    def infer(
+        mesh: Mesh | AbstractMesh,
+        arg_shapes: tuple[ShapeDtypeStruct, ...],
+        result_shape: ShapeDtypeStruct,
+    ) -> NamedSharding:
         return shardings(mesh, arg_shapes)[0]
 
-    def partition(mesh, arg_shapes, result_shape):
+    def partition(
+        mesh: Mesh | AbstractMesh,
+        arg_shapes: tuple[ShapeDtypeStruct, ...],
+        result_shape: ShapeDtypeStruct,
+    ) -> tuple[Mesh | AbstractMesh, Callable[..., Array], NamedSharding, tuple[NamedSharding, ...]]:
         y_sh, b_sh = shardings(mesh, arg_shapes)
         return mesh, call, y_sh, (y_sh, y_sh, b_sh)
 
@@ -536,7 +561,7 @@ def _tangent_call(name: str):
     return wrapped
 
 
-def _local_call(name: str, field: bool, *args):
+def _local_call(name: str, field: bool, *args: Array) -> Any:
     import jax
 
     x, beta = args[0], args[1]
@@ -548,16 +573,18 @@ def _local_call(name: str, field: bool, *args):
 
 
 @functools.cache
-def _partitioned_call(name: str, field: bool, mode: str):
+def _partitioned_call(name: str, field: bool, mode: str) -> Callable[..., Any]:
     """The FFI call with a sharding rule: batch axes as the input's, ``n`` and ``d`` replicated
     (``mode``: no gauge, a shared ``(n, d, d)`` gauge, replicated, or a batched one)."""
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
-    def call(*args):
+    def call(*args: Array) -> Any:
         return _local_call(name, field, *args)
 
-    def shardings(mesh, arg_shapes):
+    def shardings(
+        mesh: Mesh | AbstractMesh, arg_shapes: tuple[ShapeDtypeStruct, ...]
+    ) -> tuple[NamedSharding, NamedSharding, tuple[NamedSharding, ...]]:
         xs = arg_shapes[0]
         batch_rank = len(xs.shape) - 2
         sh = xs.sharding
@@ -573,11 +600,15 @@ def _partitioned_call(name: str, field: bool, mode: str):
         }[mode]
         return x_sh, b_sh, g_sh
 
-    def infer(mesh, arg_shapes, result_shape):
+    def infer(
+        mesh: Mesh | AbstractMesh, arg_shapes: tuple[ShapeDtypeStruct, ...], result_shape: Any
+    ) -> NamedSharding | tuple[NamedSharding, NamedSharding]:
         x_sh, b_sh, _ = shardings(mesh, arg_shapes)
         return (x_sh, b_sh) if field else b_sh
 
-    def partition(mesh, arg_shapes, result_shape):
+    def partition(
+        mesh: Mesh | AbstractMesh, arg_shapes: tuple[ShapeDtypeStruct, ...], result_shape: Any
+    ) -> tuple[Mesh | AbstractMesh, Callable[..., Any], Any, tuple[NamedSharding, ...]]:
         x_sh, b_sh, g_sh = shardings(mesh, arg_shapes)
         return mesh, call, ((x_sh, b_sh) if field else b_sh), (x_sh, b_sh, *g_sh)
 
@@ -597,6 +628,7 @@ def _partitioned_call(name: str, field: bool, mode: str):
 # the crossover: where the fused kernel is faster than XLA's formulation, on this machine
 # ----------------------------------------------------------------------------
 
+
 #: ``n`` of the measurement at ``d = 3`` (where the kernel's call overhead and XLA's meet)
 CROSSOVER_NS = (32, 128, 512)
 #: ``d`` of the measurement at ``n = CROSSOVER_N`` (the kernel's cost grows with ``d`` faster than XLA's GEMMs)
@@ -610,100 +642,56 @@ CROSSOVER_REPS = 7
 #: what the record depends on besides the library (a different recipe is measured again)
 CROSSOVER_RECIPE = f"field F of exp(beta (x x^T - 1)) x / n, float32, B={CROSSOVER_BATCH}, median of {CROSSOVER_REPS}, v1"
 
-
-@dataclasses.dataclass(frozen=True)
-class Crossover:
-    """Where the fused exp kernel's field was faster than XLA's formulation on this machine.
-
-    Attributes:
-        max_d: the largest measured ``d`` (at ``n = CROSSOVER_N``) up to which the kernel was
-            faster at every measured ``d``; ``EXP_MAX_D`` when it was faster at all of them, 0
-            when at none.
-        min_n: the smallest measured ``n`` (at ``d = 3``) from which the kernel was faster at every
-            larger measured ``n`` (2 when at all of them); ``None`` when at none.
-        times: ``{"n x d": [kernel seconds, XLA seconds]}``, the medians measured.
-        seconds: how long the measurement took.
-        recorded: where it is recorded (``None``: kept for this process only).
-
-    Example:
-        >>> from meanfield._native import Crossover
-        >>> c = Crossover(max_d=8, min_n=128, times={}, seconds=0.0)
-        >>> c.prefers_native(1024, 3), c.prefers_native(1024, 16), c.prefers_native(32, 3)
-        (True, False, False)
-    """
-
-    max_d: int
-    min_n: int | None
-    times: dict
-    seconds: float
-    recorded: str | None = None
-
-    def prefers_native(self, n: int, d: int) -> bool:
-        """Whether ``backend="auto"`` takes the fused kernel for systems of ``n`` particles in dimension ``d``."""
-        return self.min_n is not None and n >= self.min_n and d <= self.max_d
-
-    def describe(self) -> str:
-        """One line: the rule and the measured times."""
-        if self.min_n is None or self.max_d == 0:
-            rule = "XLA at every measured shape"
-        else:
-            rule = f"the fused kernel for d <= {self.max_d} and n >= {self.min_n}, else XLA"
-        times = ", ".join(
-            f"{k}: {1e3 * a:.3g} vs {1e3 * b:.3g} ms" for k, (a, b) in self.times.items()
-        )
-        return f"{rule} (measured in {self.seconds:.2f} s, kernel vs XLA per call of {CROSSOVER_BATCH} systems: {times})"
+#: how the exp kernel's crossover is measured and recorded (``_crossover.Plan``)
+_PLAN = Plan(
+    CROSSOVER_RECIPE,
+    ns=CROSSOVER_NS,
+    n_axis_d=3,
+    ds=CROSSOVER_DS,
+    d_axis_n=CROSSOVER_N,
+    top_d=EXP_MAX_D,
+    unit=f"per call of {CROSSOVER_BATCH} systems",
+)
 
 
-def _crossover_rule(times: dict) -> tuple[int, int | None]:
+def _crossover_rule(times: dict[str, list[float]]) -> tuple[int, int | None]:
     """``(max_d, min_n)`` of measured ``times`` (see ``Crossover``)."""
-    faster = {key: a < b for key, (a, b) in times.items()}
-    max_d = 0
-    for d in CROSSOVER_DS:
-        if not faster[f"{CROSSOVER_N} x {d}"]:
-            break
-        max_d = d
-    else:
-        max_d = EXP_MAX_D
-    min_n: int | None = None
-    for n in reversed(CROSSOVER_NS):
-        if not faster[f"{n} x 3"]:
-            break
-        min_n = n
-    if min_n == CROSSOVER_NS[0]:
-        min_n = 2
-    return max_d, min_n
+    return _PLAN.rule(times)
 
 
-def _measure() -> dict:
+def _measure(shapes: Sequence[tuple[int, int]] | None = None) -> dict[str, list[float]]:
     """``{"n x d": [kernel seconds, XLA seconds]}``: medians of ``CROSSOVER_REPS`` calls of each
-    path (jitted, float32, ``CROSSOVER_BATCH`` systems), alternated so that a change of load hits both."""
+    path (jitted, float32, ``CROSSOVER_BATCH`` systems) at ``shapes`` (default ``_PLAN.shapes()``),
+    alternated so that a change of load hits both."""
     import jax
     import jax.numpy as jnp
 
-    def xla(x, b):
+    def xla(x: Float[Array, "B n d"], b: Float[Array, " B"]) -> Float[Array, "B n d"]:
         W = jnp.exp(b[:, None, None] * (jnp.einsum("bnd,bmd->bnm", x, x) - 1.0))
         return jnp.einsum("bnm,bmd->bnd", W, x) / x.shape[1]
 
-    fused = jax.jit(lambda x, b: _partitioned_call("float32", True, "none")(x, b)[0])
+    def fused_field(x: Float[Array, "B n d"], b: Float[Array, " B"]) -> Float[Array, "B n d"]:
+        return _partitioned_call("float32", True, "none")(x, b)[0]
+
+    fused = jax.jit(fused_field)
     plain = jax.jit(xla)
     rng = np.random.default_rng(0)
-    shapes = [(n, 3) for n in CROSSOVER_NS] + [(CROSSOVER_N, d) for d in CROSSOVER_DS if d != 3]
     times = {}
-    for n, d in shapes:
+    for n, d in _PLAN.shapes() if shapes is None else shapes:
         x = rng.standard_normal((CROSSOVER_BATCH, n, d)).astype(np.float32)
         x /= np.linalg.norm(x, axis=-1, keepdims=True)
         xj, bj = jnp.asarray(x), jnp.full((CROSSOVER_BATCH,), 2.0, jnp.float32)
-        fused(xj, bj).block_until_ready()
-        plain(xj, bj).block_until_ready()
-        ta: list[float] = []
-        tb: list[float] = []
-        for _ in range(CROSSOVER_REPS):
-            for f, out in ((fused, ta), (plain, tb)):
-                t0 = time.perf_counter()
-                f(xj, bj).block_until_ready()
-                out.append(time.perf_counter() - t0)
-        times[f"{n} x {d}"] = [statistics.median(ta), statistics.median(tb)]
+        times[f"{n} x {d}"] = alternate(
+            functools.partial(_blocking, fused, xj, bj),
+            functools.partial(_blocking, plain, xj, bj),
+            CROSSOVER_REPS,
+        )
     return times
+
+
+def _blocking(f: Callable[..., Array], *args: Array) -> Array:
+    """``f(*args)``, waited for (what a timed call measures)."""
+    return f(*args).block_until_ready()
 
 
 def _crossover_path() -> Path | None:
@@ -713,56 +701,16 @@ def _crossover_path() -> Path | None:
 
 def _read_crossover(path: Path) -> Crossover | None:
     """The recorded crossover, or ``None`` (missing, unreadable, another recipe)."""
-    try:
-        raw = _read_private(path, "crossover record")
-    except (RefusedPath, RuntimeError):
-        return None
-    if raw is None:
-        return None
-    try:
-        record = json.loads(raw)
-        if record.get("recipe") != CROSSOVER_RECIPE:
-            return None
-        times = {str(k): [float(a), float(b)] for k, (a, b) in record["times"].items()}
-        max_d, min_n = _crossover_rule(times)
-        return Crossover(max_d, min_n, times, float(record["seconds"]), str(path))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
+    return _PLAN.read(path)
 
 
 def _crossover() -> Crossover:
     """The crossover of the loaded library: read beside it, else measured now (on the CPU, eagerly
     even inside a trace) and recorded there when the cache directory can be written."""
     with _lock:
-        if _exp_state["crossover"] is not None:
-            return _exp_state["crossover"]
-        path = _crossover_path()
-        found = None if path is None else _read_crossover(path)
-        if found is None:
-            import jax
-
-            start = time.perf_counter()
-            with (
-                jax.ensure_compile_time_eval(),
-                jax.default_device(jax.local_devices(backend="cpu")[0]),
-            ):
-                times = _measure()
-            seconds = time.perf_counter() - start
-            recorded = None
-            if path is not None:
-                try:
-                    _write_atomic(
-                        path,
-                        json.dumps(
-                            {"recipe": CROSSOVER_RECIPE, "times": times, "seconds": seconds}
-                        ).encode(),
-                    )
-                    recorded = str(path)
-                except OSError:  # a read-only cache directory: kept for this process
-                    pass
-            found = Crossover(*_crossover_rule(times), times, seconds, recorded)
-        _exp_state["crossover"] = found
-        return found
+        if _exp_state["crossover"] is None:
+            _exp_state["crossover"] = _PLAN.obtain(_crossover_path(), _measure)
+        return _exp_state["crossover"]
 
 
 #: the exp kernel of this process (``exp_library()``)
