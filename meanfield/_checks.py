@@ -13,18 +13,21 @@ Annotations of checked parameters (the test suite checks every annotation at run
 jaxtyping's import hook) state what reaches the check, so that a bad value gets the function's
 own message: arrays are ``jaxtyping.ArrayLike`` (``Array | np.ndarray`` where the body reads an
 array attribute first), real scalars ``RealScalarLike``; ints, flags and callables whose type the
-function tests itself (``check_int``, ``isinstance``, ``callable``) carry no annotation.
+function tests itself (``check_int``, ``isinstance``, ``callable``) are ``object`` (``Any`` where
+the body hands them on before the test).
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import TypeAlias
+from collections.abc import Collection
+from typing import Any, TypeAlias, TypeVar, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, DTypeLike
 
 from . import _params
 
@@ -55,14 +58,18 @@ __all__ = [
 #: ``float()`` and ``jnp.asarray`` take; an array of the wrong shape reaches the check).
 RealScalarLike: TypeAlias = int | float | np.integer | np.floating | jax.Array | np.ndarray
 
+# the value a ``traced_*`` function returns: the one it was given, of the same type
+_X = TypeVar("_X", bound=ArrayLike)
+_States = TypeVar("_States", bound=jax.Array | np.ndarray)  # states: arrays with a dtype
 
-def is_concrete(value) -> bool:
+
+def is_concrete(value: Any) -> bool:
     """True when ``value`` holds no tracer (it can be inspected in Python)."""
     leaves = jax.tree_util.tree_leaves(value)
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
 
 
-def _as_float_array(name: str, value):
+def _as_float_array(name: str, value: Any) -> np.ndarray:
     """``value`` as a float64 NumPy array; ``TypeError`` for strings, bools, complex and objects."""
     if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or (
         isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in "USObc"
@@ -80,7 +87,7 @@ def _as_float_array(name: str, value):
         ) from None
 
 
-def check_positive(name: str, value) -> None:
+def check_positive(name: str, value: Any) -> None:
     """``value > 0`` (every entry, if an array), finite."""
     if not is_concrete(value):
         return
@@ -89,7 +96,7 @@ def check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be > 0 and finite, got {_show(value)}")
 
 
-def check_nonnegative(name: str, value) -> None:
+def check_nonnegative(name: str, value: Any) -> None:
     """``value >= 0`` (every entry, if an array), finite."""
     if not is_concrete(value):
         return
@@ -98,7 +105,7 @@ def check_nonnegative(name: str, value) -> None:
         raise ValueError(f"{name} must be >= 0 and finite, got {_show(value)}")
 
 
-def check_finite(name: str, value) -> None:
+def check_finite(name: str, value: Any) -> None:
     if not is_concrete(value):
         return
     arr = _as_float_array(name, value)
@@ -106,7 +113,7 @@ def check_finite(name: str, value) -> None:
         raise ValueError(f"{name} must be finite, got {_show(value)}")
 
 
-def check_scalar(name: str, value) -> None:
+def check_scalar(name: str, value: Any) -> None:
     """A real scalar: a number or a 0-d array, concrete or traced (``TypeError``/``ValueError``).
 
     A model holds one value per parameter; a tracer's shape is known at trace time, so a
@@ -128,7 +135,7 @@ def check_scalar(name: str, value) -> None:
         raise TypeError(f"{name} must be a real number, got {value!r} of dtype {dtype}")
 
 
-def check_flag(name: str, value) -> bool:
+def check_flag(name: str, value: object) -> bool:
     """A bool (Python or NumPy), returned as a Python bool; ``TypeError`` otherwise (``1`` or
     ``"yes"`` are not flags)."""
     if not isinstance(value, (bool, np.bool_)):
@@ -138,13 +145,13 @@ def check_flag(name: str, value) -> bool:
     return bool(value)
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     """A Python integer (not bool) with an optional lower bound (``meanfield._params.check_int``:
     the one rule and message of integers)."""
     return _params.check_int(name, value, minimum)
 
 
-def check_plane(plane, d: int | None) -> tuple[int, int]:
+def check_plane(plane: Any, d: int | None) -> tuple[int, int]:
     """A pair of distinct coordinate indices in ``range(d)`` (``d=None``: any ``>= 0``)."""
     try:
         items = tuple(plane)
@@ -166,12 +173,12 @@ def check_plane(plane, d: int | None) -> tuple[int, int]:
     return a, b
 
 
-def check_choice(name: str, value, accepted) -> None:
+def check_choice(name: str, value: object, accepted: Collection[Any]) -> None:
     if value not in accepted:
         raise ValueError(f"unknown {name} {value!r}; accepted: {', '.join(map(repr, accepted))}")
 
 
-def check_orthogonal(name: str, Q, atol: float = 1e-4) -> None:
+def check_orthogonal(name: str, Q: Any, atol: float = 1e-4) -> None:
     r"""Every trailing ``(d, d)`` matrix of ``Q`` satisfies $Q^\top Q = I$ within ``atol``."""
     if not is_concrete(Q):
         return
@@ -188,7 +195,7 @@ def check_orthogonal(name: str, Q, atol: float = 1e-4) -> None:
         )
 
 
-def _show(value) -> str:
+def _show(value: Any) -> str:
     arr = np.asarray(value)
     if arr.size == 1:
         return repr(arr.item())
@@ -201,23 +208,24 @@ def _show(value) -> str:
 SPHERE_ATOL = {2: 1e-2, 4: 1e-3, 8: 1e-3}
 
 
-def sphere_atol(dtype) -> float:
+def sphere_atol(dtype: DTypeLike) -> float:
     """Tolerance on row norms for states of ``dtype`` (``SPHERE_ATOL``)."""
     return SPHERE_ATOL.get(np.dtype(dtype).itemsize, 1e-3)
 
 
-def _error_if(x, bad, message: str):
+def _error_if(x: _X, bad: ArrayLike, message: str) -> _X:
     """``equinox.error_if(x, bad, message)``; inside ``shard_map`` (``x`` varying over manual
     mesh axes) the check rides on a zero added to ``x``, whose branches have matching types."""
     typeof = getattr(jax, "typeof", None)
     mat = getattr(typeof(x), "mat", None) if typeof is not None else None
     if not getattr(mat, "varying", ()):
         return eqx.error_if(x, bad, message)
-    token = eqx.error_if(jnp.zeros((), x.dtype), bad, message)
-    return x + token
+    token = eqx.error_if(jnp.zeros((), jnp.asarray(x).dtype), bad, message)
+    # x varies over mesh axes: a JAX array, and the sum one of the same type
+    return cast(_X, x + token)
 
 
-def traced_positive(x, name: str, value):
+def traced_positive(x: _X, name: str, value: Any) -> _X:
     """``x``, with ``value > 0`` and finite checked in the program when ``value`` is traced."""
     if is_concrete(value):
         return x
@@ -226,7 +234,7 @@ def traced_positive(x, name: str, value):
     return _error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
 
 
-def traced_finite(x, name: str, value):
+def traced_finite(x: _X, name: str, value: Any) -> _X:
     """``x``, with every entry of ``value`` finite checked in the program when ``value`` is traced."""
     if is_concrete(value):
         return x
@@ -239,7 +247,7 @@ def traced_finite(x, name: str, value):
 POSITIVE_PARAMS = ("beta", "m")
 
 
-def check_fits_dtype(tree, dtype) -> None:
+def check_fits_dtype(tree: Any, dtype: DTypeLike) -> None:
     """Every concrete real leaf of ``tree`` (a model's parameters) is representable in ``dtype``.
 
     ``ValueError`` naming the leaf (its path, e.g. ``phase.omega``) when ``|value|`` exceeds
@@ -278,7 +286,7 @@ def check_fits_dtype(tree, dtype) -> None:
             )
 
 
-def traced_states(x, name: str = "x"):
+def traced_states(x: _States, name: str = "x") -> _States:
     """``x``, with finite unit rows (``sphere_atol``) checked in the program when traced."""
     if is_concrete(x):
         return x
@@ -292,7 +300,7 @@ def traced_states(x, name: str = "x"):
     )
 
 
-def traced_labels(x, aux, num: int, name: str = "Prompt labels"):
+def traced_labels(x: _X, aux: Any, num: int, name: str = "Prompt labels") -> _X:
     """``x``, with integer labels ``aux`` in ``[0, num - 1]`` checked in the program when traced."""
     if is_concrete(aux):
         return x

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import Any, NoReturn
 
 __all__ = [
     "PARAM_KINDS",
@@ -66,7 +67,7 @@ RESERVED_NAMES = (
 )
 
 
-def is_number(v) -> bool:
+def is_number(v: object) -> bool:
     """A real number that is not a bool (Python or NumPy scalar, or a 0-d real array).
 
     Example:
@@ -81,7 +82,7 @@ def is_number(v) -> bool:
     return shape == () and dtype is not None and getattr(dtype, "kind", "") in "iuf"
 
 
-def _show(value) -> str:
+def _show(value: Any) -> str:
     """``value`` as a message shows it: NumPy and 0-d array scalars as their Python value."""
     if (
         not isinstance(value, (int, float, str))
@@ -95,11 +96,11 @@ def _show(value) -> str:
     return repr(value)
 
 
-def _fail(exc: type[Exception], name: str, rule: str):
+def _fail(exc: type[Exception], name: str, rule: str) -> NoReturn:
     raise exc(f"{name} {rule}" if name else rule)
 
 
-def check_float(name: str, value, kind: str = "float", *, shown: str | None = None) -> float:
+def check_float(name: str, value: Any, kind: str = "float", *, shown: str | None = None) -> float:
     """A finite real as a Python float, ``> 0`` (``kind="float>0"``), ``>= 0`` (``"float>=0"``) or any
     (``"float"``); ``TypeError``/``ValueError`` naming ``name`` and the value (``shown``: how to
     write the value in the message, e.g. the command line's text).
@@ -131,7 +132,7 @@ def check_float(name: str, value, kind: str = "float", *, shown: str | None = No
 
 def check_int(
     name: str,
-    value,
+    value: Any,
     minimum: int | None = None,
     maximum: int | None = None,
     *,
@@ -167,7 +168,7 @@ def check_int(
     return v
 
 
-def check_keys(table: str, got, accepted) -> None:
+def check_keys(table: str, got: Iterable[Any], accepted: Collection[str]) -> None:
     """``ValueError`` naming the keys of ``got`` that are not ``accepted`` (a sweep spec's
     ``[table]``; ``table=""``: the top level).
 
@@ -188,7 +189,7 @@ def check_keys(table: str, got, accepted) -> None:
 
 
 def check_value(
-    name: str, kind: str, value, choices: tuple = (), *, shown: str | None = None
+    name: str, kind: str, value: Any, choices: tuple = (), *, shown: str | None = None
 ) -> Any:
     """``value`` checked against ``kind`` (``PARAM_KINDS``) and returned normalised (a float, an
     int, a bool, a plane as a tuple, or the choice); ``TypeError``/``ValueError`` naming ``name``.
@@ -308,7 +309,7 @@ class Param:
     doc: str
     choices: tuple = ()
 
-    def validate(self, value, where: str = ""):
+    def validate(self, value: Any, where: str = "") -> Any:
         """The value, checked against ``kind`` (``check_value``: ``ValueError``/``TypeError``
         naming it); arrays and tracers of traced parameters pass to the model's own checks.
 

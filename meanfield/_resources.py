@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple, SupportsFloat, TypeAlias
 
 import numpy as np
 
@@ -99,6 +99,10 @@ _STAGES = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}
 _FIXED = ("euler", "rk2", "rk4")
 _ADAPTIVE_STEPS = 100_000  # simulate's default max_steps for the adaptive solvers
 
+# one number or many: a Python or NumPy number, a sequence of them, a NumPy or JAX array (read
+# with ``np.asarray``; this module imports no JAX)
+_Numbers: TypeAlias = Any
+
 
 class Footprint(NamedTuple):
     """What one field evaluation of a model costs beyond its ``(n, d)`` state (``mf.models.Model.footprint``):
@@ -110,7 +114,7 @@ class Footprint(NamedTuple):
     pairs: float
 
 
-def as_float(v) -> float:
+def as_float(v: int | float | np.integer | np.floating) -> float:
     """``float(v)``, ``inf`` for an int beyond the float range (estimates of huge runs are huge, never
     an ``OverflowError``).
 
@@ -158,7 +162,7 @@ def _fmt_count(k: int) -> str:
     return str(k) if k < 10**6 else f"{float(min(k, _HUGE)):.2g}"
 
 
-def _num(name: str, value) -> float:
+def _num(name: str, value: object) -> float:
     """A finite-or-infinite real as a Python float (``ValueError`` for NaN and non-numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {value!r}")
@@ -177,13 +181,13 @@ def _as_int(v: float) -> int:
 
 def run_cost(
     *,
-    n,
-    d,
-    t1,
-    dt,
-    saves,
+    n: object,
+    d: object,
+    t1: object,
+    dt: object,
+    saves: object,
     itemsize: int,
-    batch=1,
+    batch: object = 1,
     solver: str = "rk2",
     footprint: Footprint,
     save_states: bool = True,
@@ -332,7 +336,7 @@ def check_cost(
 # ----------------------------------------------------------------------------
 
 
-def step_ratios(rates, dt, *, solver: str = "rk2") -> np.ndarray:
+def step_ratios(rates: _Numbers, dt: SupportsFloat, *, solver: str = "rk2") -> np.ndarray:
     """``dt x rate`` for each interaction rate (``Model.interaction_rate()``; zeros for adaptive
     solvers, which choose their own steps).
 
@@ -347,8 +351,8 @@ def step_ratios(rates, dt, *, solver: str = "rk2") -> np.ndarray:
 
 
 def step_warning_text(
-    ratios,
-    dt,
+    ratios: _Numbers,
+    dt: SupportsFloat,
     *,
     dt_name: str = "dt",
     rescaled_hint: str = "rescaled = true",
@@ -385,8 +389,8 @@ def step_warning_text(
 
 
 def step_warning(
-    rate,
-    dt,
+    rate: _Numbers,
+    dt: SupportsFloat,
     *,
     solver: str = "rk2",
     dt_name: str = "dt",

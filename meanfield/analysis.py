@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import SupportsInt
+from typing import Any, SupportsInt, TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float
 
 from . import sphere
 from ._checks import RealScalarLike, check_positive
 from .energy import energy as _energy
 from .energy import resolve_aux
 from .kernels import Kernel
+from .models import Model
 
 __all__ = [
     "tangent_hessian",
@@ -46,7 +47,7 @@ def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"
     return jax.vmap(sphere.tangent_basis)(x)
 
 
-def tangent_hessian(kernel, x: ArrayLike, aux=None) -> Float[Array, "m m"]:
+def tangent_hessian(kernel: object, x: ArrayLike, aux: Any = None) -> Float[Array, "m m"]:
     r"""Riemannian Hessian of $E$ (``mf.energy(kernel, x, aux)``) on $(S^{d-1})^n$ at $x$.
 
     In the orthonormal tangent basis $B = \operatorname{diag}(B_1, \dots, B_n)$ ($m = n (d - 1)$):
@@ -136,7 +137,7 @@ def classify(
     }
 
 
-def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
+def growth_rates(kernel: Any, x: Array | np.ndarray, aux: Any = None) -> Float[Array, " m"]:
     r"""Rates of the linearised flow at $x$: $n \cdot \operatorname{eigvalsh}(H)$ (ascending).
 
     The velocity is $n P \nabla E$, so near a critical point the tangent perturbation obeys
@@ -161,7 +162,7 @@ def growth_rates(kernel, x: Array | np.ndarray, aux=None) -> Float[Array, " m"]:
     return x.shape[0] * jnp.linalg.eigvalsh(H)
 
 
-def collapsed_spectrum(beta, n: int, d: int) -> dict:
+def collapsed_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
     r"""Predicted tangent-Hessian spectrum of USA at a collapsed state.
 
     $d - 1$ zero modes (global rotations) and $-e^\beta / n$ with multiplicity $(n - 1)(d - 1)$.
@@ -187,7 +188,7 @@ def collapsed_spectrum(beta, n: int, d: int) -> dict:
     }
 
 
-def antipodal_spectrum(beta, n: int, d: int) -> dict:
+def antipodal_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
     r"""Predicted spectrum of USA at two antipodal clusters of $n / 2$ tokens (a saddle).
 
     Linearising $dx_i/dt = P F_i$ with clusters of mass $1/2$ at $\pm e$: a rigid
@@ -223,7 +224,7 @@ def antipodal_spectrum(beta, n: int, d: int) -> dict:
 
 
 def cluster_state(
-    n: SupportsInt, k: SupportsInt, d: int = 3, dtype=jnp.float32
+    n: SupportsInt, k: SupportsInt, d: int = 3, dtype: DTypeLike = jnp.float32
 ) -> Float[Array, "n d"]:
     r"""$k$ clusters of $n / k$ tokens at the vertices of a regular $k$-gon on the great
     circle of $(e_1, e_2)$: $x_i = \cos(a_i) e_1 + \sin(a_i) e_2$, $a_i = 2 \pi \lfloor i k / n \rfloor / k$.
@@ -256,9 +257,9 @@ def cluster_state(
 
 
 def classify_state(
-    kernel,
+    kernel: Any,
     x: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     rtol: float = 1e-6,
     critical_tol: float = 1e-4,
@@ -323,9 +324,9 @@ def classify_state(
 
 
 def escape_time(
-    kernel,
+    kernel: Any,
     x0: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     dt: RealScalarLike,
     t_max: RealScalarLike,
@@ -365,20 +366,31 @@ def escape_time(
     )
 
 
+# the state of the escape loop: the particles and the time
+_Run: TypeAlias = tuple[Float[Array, "n d"], Float[Array, ""]]
+
+
 @jax.jit
-def _escape(kernel, x0, aux, dt, t_max, fraction):
+def _escape(
+    kernel: Model,
+    x0: Float[Array, "n d"],
+    aux: Array,
+    dt: Float[Array, ""],
+    t_max: Float[Array, ""],
+    fraction: RealScalarLike,
+) -> Float[Array, ""]:
     from . import metrics
 
-    def vf(x):
+    def vf(x: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return sphere.project(x, kernel.field(x, aux))
 
     g0 = metrics.collapse_gap(x0)
 
-    def cond(state):
+    def cond(state: _Run) -> Bool[Array, ""]:
         x, t = state
         return (metrics.collapse_gap(x) > fraction * g0) & (t < t_max)
 
-    def body(state):
+    def body(state: _Run) -> _Run:
         x, t = state
         k1 = vf(x)
         xe = sphere.normalize(x + dt * k1)

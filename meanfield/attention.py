@@ -29,17 +29,18 @@ limits persist), ``StickyKeys`` (clustered: they do not) and ``RoPEKeys``
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import sphere
-from ._checks import check_finite, check_int, check_nonnegative
+from ._checks import RealScalarLike, check_finite, check_int, check_nonnegative
 
 __all__ = [
     "weights",
@@ -63,13 +64,19 @@ __all__ = [
     "rope_rotate",
 ]
 
+#: Arrays, numbers or (nested) lists of numbers.
+_ArrayLike: TypeAlias = ArrayLike | Sequence[Any]
+
+#: A key sampler ``(key, m) -> (m, d)`` of i.i.d. keys.
+_Sampler: TypeAlias = Callable[[Array, int], Array]
+
 
 # --------------------------------------------------------------------------
 # validation (concrete values only; traced values pass through)
 # --------------------------------------------------------------------------
 
 
-def _check_query_keys(q, keys) -> tuple[Array, Array]:
+def _check_query_keys(q: ArrayLike, keys: ArrayLike) -> tuple[Array, Array]:
     q = jnp.asarray(q)
     keys = jnp.asarray(keys)
     if q.ndim != 1:
@@ -86,7 +93,7 @@ def _check_query_keys(q, keys) -> tuple[Array, Array]:
     return q, keys
 
 
-def _check_V(V, d) -> Array | None:
+def _check_V(V: ArrayLike | None, d: int) -> Array | None:
     if V is None:
         return None
     V = jnp.asarray(V)
@@ -97,11 +104,13 @@ def _check_V(V, d) -> Array | None:
     return V
 
 
-def _shifted_logits(q, keys, beta):
+def _shifted_logits(
+    q: Float[Array, " d"], keys: Float[Array, "n d"], beta: RealScalarLike
+) -> Float[Array, " n"]:
     # -beta (T_j - T_(1)) = beta (<q, x_j> - max_l <q, x_l>) <= 0: the max is 0,
     # so exp never overflows and the top weight never underflows (beta up to 1e6).
     s = keys @ q
-    return beta * (s - jnp.max(s))
+    return (s - jnp.max(s)) * beta
 
 
 # --------------------------------------------------------------------------
@@ -109,7 +118,7 @@ def _shifted_logits(q, keys, beta):
 # --------------------------------------------------------------------------
 
 
-def weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
+def weights(q: ArrayLike, keys: ArrayLike, beta: RealScalarLike) -> Float[Array, " n"]:
     r"""Attention weights $A_j = e^{-\beta T_j} / \sum_l e^{-\beta T_l}$, $T_j = 1 - \langle q, x_j\rangle$.
 
     Shift-stabilised ($T_j - T_{(1)}$ in the exponent): finite for $\beta$ up to
@@ -134,7 +143,7 @@ def weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
     return jax.nn.softmax(_shifted_logits(q, keys, beta))
 
 
-def ordered_weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
+def ordered_weights(q: ArrayLike, keys: ArrayLike, beta: RealScalarLike) -> Float[Array, " n"]:
     r"""Ordered weights $A_{(1)} \ge A_{(2)} \ge \dots \ge A_{(n)}$ (``weights`` sorted decreasingly).
 
     Args:
@@ -153,7 +162,7 @@ def ordered_weights(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, " n"]:
     return jnp.sort(weights(q, keys, beta))[::-1]
 
 
-def top_weights(q: ArrayLike, keys: ArrayLike, beta, k) -> Float[Array, " k"]:
+def top_weights(q: ArrayLike, keys: ArrayLike, beta: RealScalarLike, k: int) -> Float[Array, " k"]:
     r"""The $k$ largest weights $A_{(1)}, \dots, A_{(k)}$ (``lax.top_k``; no full sort).
 
     Args:
@@ -176,7 +185,7 @@ def top_weights(q: ArrayLike, keys: ArrayLike, beta, k) -> Float[Array, " k"]:
     return jax.lax.top_k(weights(q, keys, beta), k)[0]
 
 
-def log_partition(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, ""]:
+def log_partition(q: ArrayLike, keys: ArrayLike, beta: RealScalarLike) -> Float[Array, ""]:
     r"""$\log Z_n = \log \sum_j e^{-\beta T_j}$ (log-sum-exp; finite for any $\beta$).
 
     $T_j = 1 - \langle q, x_j\rangle$ is the distance of key $j$ to the query.
@@ -200,7 +209,7 @@ def log_partition(q: ArrayLike, keys: ArrayLike, beta) -> Float[Array, ""]:
 
 
 def displacement(
-    q: ArrayLike, keys: ArrayLike, beta, V: ArrayLike | None = None
+    q: ArrayLike, keys: ArrayLike, beta: RealScalarLike, V: ArrayLike | None = None
 ) -> Float[Array, " d"]:
     r"""Output displacement $Y_n(q) = V \sum_j A_j (x_j - q)$ (attention output minus $V q$).
 
@@ -229,7 +238,11 @@ def displacement(
 
 
 def residual_update(
-    q: ArrayLike, keys: ArrayLike, beta, gamma, V: ArrayLike | None = None
+    q: ArrayLike,
+    keys: ArrayLike,
+    beta: RealScalarLike,
+    gamma: RealScalarLike,
+    V: ArrayLike | None = None,
 ) -> Float[Array, " d"]:
     r"""One residual attention step $q' = (q + \gamma Y_n(q)) / \|q + \gamma Y_n(q)\|$.
 
@@ -292,7 +305,7 @@ class _State(NamedTuple):
     top: Array  # running k smallest T, sorted increasingly
 
 
-def _init_state(q, k):
+def _init_state(q: Float[Array, " d"], k: int) -> _State:
     dt = q.dtype
     # T <= 2 on the sphere; 4 is a finite "no key yet" value (its weight is 0 * exp(.) = 0).
     return _State(
@@ -300,13 +313,22 @@ def _init_state(q, k):
     )
 
 
-def _absorb(state: _State, q, xs, valid, beta, k, T=None) -> _State:
+def _absorb(
+    state: _State,
+    q: Float[Array, " d"],
+    xs: Float[Array, "c d"] | None,
+    valid: Array,
+    beta: Array,
+    k: int,
+    T: Float[Array, " c"] | None = None,
+) -> _State:
     """Add a chunk (rows where ``valid``) to the running sums (online log-sum-exp).
 
     Either keys ``xs`` (then ``T = 1 - xs q``) or, with ``xs=None``, the distances
     ``T`` alone (the displacement sum then stays 0).
     """
     if T is None:
+        assert xs is not None  # keys or distances, never neither
         T = 1.0 - xs @ q
     T = jnp.where(valid, T, jnp.inf)
     new_min = jnp.minimum(state.tmin, jnp.min(T))
@@ -318,7 +340,7 @@ def _absorb(state: _State, q, xs, valid, beta, k, T=None) -> _State:
     return _State(new_min, S, B, top)
 
 
-def _smallest(T, k):
+def _smallest(T: Float[Array, " c"], k: int) -> Float[Array, " k"]:
     """The ``k`` smallest entries of ``T`` (any order): ``k`` passes of ``min`` for small ``k``.
 
     XLA's CPU ``top_k`` sorts the whole chunk; ``k`` linear passes are cheaper for ``k <= 8``.
@@ -333,7 +355,7 @@ def _smallest(T, k):
     return jnp.stack(out)
 
 
-def _finish(state: _State, beta) -> ContextStats:
+def _finish(state: _State, beta: Array) -> ContextStats:
     return ContextStats(
         log_partition=jnp.log(state.S) - beta * state.tmin,
         top_distances=state.top,
@@ -342,11 +364,13 @@ def _finish(state: _State, beta) -> ContextStats:
     )
 
 
-def _check_chunk(chunk):
+def _check_chunk(chunk: Any) -> int:
     return check_int("chunk", chunk, minimum=1)
 
 
-def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> ContextStats:
+def context_stats(
+    q: ArrayLike, keys: ArrayLike, beta: RealScalarLike, *, k: int = 1, chunk: int = 65_536
+) -> ContextStats:
     r"""Streaming $\log Z_n$, $A_{(1..k)}$, $Y_n(q)$ over ``keys`` in chunks of ``chunk`` rows.
 
     Same numbers as the dense functions (to rounding) with memory ``O(chunk d)``
@@ -381,7 +405,7 @@ def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> 
     num_chunks = -(-n // chunk)
     beta = jnp.asarray(beta, q.dtype)
 
-    def body(i, state):
+    def body(i: Array, state: _State) -> _State:
         start = i * chunk
         # dynamic_slice clamps the last chunk to [n - chunk, n); rows already seen are masked.
         clamped = jnp.minimum(start, n - chunk)
@@ -394,14 +418,14 @@ def context_stats(q: ArrayLike, keys: ArrayLike, beta, *, k=1, chunk=65_536) -> 
 
 
 def sampled_context_stats(
-    key,
+    key: PRNGKeyArray,
     q: ArrayLike,
-    beta,
-    n,
-    sampler=None,
+    beta: RealScalarLike,
+    n: Any,  # an int, checked with its own message
+    sampler: Any = None,  # a sampler, a key process or None, checked with its own message
     *,
-    k=1,
-    chunk=65_536,
+    k: int = 1,
+    chunk: int = 65_536,
 ) -> ContextStats:
     """``context_stats`` of a context drawn chunk by chunk, never materialised.
 
@@ -448,20 +472,28 @@ def sampled_context_stats(
     return _stream(key, q, beta, n, sampler, k, max(chunk, k))
 
 
-def _stream(key, q, beta, n, sampler, k, chunk) -> ContextStats:
+def _stream(
+    key: PRNGKeyArray,
+    q: Float[Array, " d"],
+    beta: RealScalarLike,
+    n: int | Array,
+    sampler: _Sampler | AbstractKeyProcess | None,
+    k: int,
+    chunk: int,
+) -> ContextStats:
     # n may be traced (one compilation for every context length); chunk, k static.
     if isinstance(sampler, AbstractKeyProcess):
         return _stream_process(key, q, beta, n, sampler, k, chunk)
     if sampler is None:
         d = q.shape[0]
 
-        def sampler(kk, m):
+        def sampler(kk: PRNGKeyArray, m: int) -> Float[Array, "m d"]:
             return sphere.uniform(kk, m, d, q.dtype)
 
     num_chunks = (n + chunk - 1) // chunk
     beta = jnp.asarray(beta, q.dtype)
 
-    def body(i, state):
+    def body(i: Array, state: _State) -> _State:
         xs = sampler(jax.random.fold_in(key, i), chunk).astype(q.dtype)
         valid = i * chunk + jnp.arange(chunk) < n
         return _absorb(state, q, xs, valid, beta, k)
@@ -496,14 +528,18 @@ class AbstractKeyProcess(eqx.Module):
     d: eqx.AbstractVar[int]
 
     @abc.abstractmethod
-    def init(self, key: Array, dtype) -> Any:
+    def init(self, key: PRNGKeyArray, dtype: DTypeLike) -> Any:
         """The state before position 0 (a PyTree), drawn from ``key``."""
 
     @abc.abstractmethod
-    def sample(self, state: Any, key: Array, start, m: int, dtype) -> tuple[Any, Array]:
+    def sample(
+        self, state: Any, key: PRNGKeyArray, start: int | Array, m: int, dtype: DTypeLike
+    ) -> tuple[Any, Array]:
         """``(new_state, keys)``: the ``(m, d)`` keys at positions ``start, ..., start + m - 1``."""
 
-    def draw(self, key, n, *, chunk=65_536, dtype=jnp.float32) -> Float[Array, "n d"]:
+    def draw(
+        self, key: PRNGKeyArray, n: int, *, chunk: int = 65_536, dtype: DTypeLike = jnp.float32
+    ) -> Float[Array, "n d"]:
         r"""The first $n$ keys, ``(n, d)``: exactly the context the streaming functions see for ``key`` and ``chunk``.
 
         Args:
@@ -530,7 +566,7 @@ class AbstractKeyProcess(eqx.Module):
         return jnp.concatenate(out)[:n]
 
 
-def _check_dim(d) -> int:
+def _check_dim(d: Any) -> int:
     return check_int("d", d, minimum=2)
 
 
@@ -568,7 +604,7 @@ class GaussianARKeys(AbstractKeyProcess):
     d: int = eqx.field(static=True)
     phi: Array
 
-    def __init__(self, d, phi):
+    def __init__(self, d: int, phi: RealScalarLike) -> None:
         self.d = _check_dim(d)
         if isinstance(phi, bool) or np.ndim(phi) != 0:
             raise TypeError(f"phi must be a real scalar in (-1, 1), got {phi!r}")
@@ -576,16 +612,23 @@ class GaussianARKeys(AbstractKeyProcess):
             raise ValueError(f"phi must be in (-1, 1) (a stationary AR(1) process), got {phi!r}")
         self.phi = jnp.asarray(phi, jnp.result_type(float))
 
-    def init(self, key, dtype):
+    def init(self, key: PRNGKeyArray, dtype: DTypeLike) -> Float[Array, " d"]:
         return jax.random.normal(key, (self.d,), sphere.DRAW_DTYPE).astype(dtype)
 
-    def sample(self, state, key, start, m, dtype):
+    def sample(
+        self,
+        state: Float[Array, " d"],
+        key: PRNGKeyArray,
+        start: int | Array,
+        m: int,
+        dtype: DTypeLike,
+    ) -> tuple[Float[Array, " d"], Float[Array, "m d"]]:
         phi = self.phi.astype(dtype)
         b = jnp.sqrt(1.0 - phi**2) * jax.random.normal(key, (m, self.d), sphere.DRAW_DTYPE).astype(
             dtype
         )
 
-        def step(g, b_j):
+        def step(g: Array, b_j: Array) -> tuple[Array, Array]:
             g = phi * g + b_j
             return g, g
 
@@ -620,7 +663,7 @@ class StickyKeys(AbstractKeyProcess):
     d: int = eqx.field(static=True)
     stay: Array
 
-    def __init__(self, d, stay):
+    def __init__(self, d: int, stay: RealScalarLike) -> None:
         self.d = _check_dim(d)
         if isinstance(stay, bool) or np.ndim(stay) != 0:
             raise TypeError(f"stay must be a real scalar in [0, 1), got {stay!r}")
@@ -630,10 +673,17 @@ class StickyKeys(AbstractKeyProcess):
             )
         self.stay = jnp.asarray(stay, jnp.result_type(float))
 
-    def init(self, key, dtype):
+    def init(self, key: PRNGKeyArray, dtype: DTypeLike) -> Float[Array, " d"]:
         return sphere.uniform(key, 1, self.d, dtype)[0]
 
-    def sample(self, state, key, start, m, dtype):
+    def sample(
+        self,
+        state: Float[Array, " d"],
+        key: PRNGKeyArray,
+        start: int | Array,
+        m: int,
+        dtype: DTypeLike,
+    ) -> tuple[Float[Array, " d"], Float[Array, "m d"]]:
         k_fresh, k_stay = jax.random.split(key)
         fresh = sphere.uniform(k_fresh, m, self.d, dtype)
         refresh = jax.random.uniform(k_stay, (m,)) >= self.stay
@@ -643,7 +693,7 @@ class StickyKeys(AbstractKeyProcess):
         return xs[-1], xs
 
 
-def rope_frequencies(d, base=10_000.0) -> Float[Array, " p"]:
+def rope_frequencies(d: int, base: RealScalarLike = 10_000.0) -> Float[Array, " p"]:
     r"""RoPE angular frequencies $\theta_i = b^{-2i/(2p)}$, $i = 0, \dots, p - 1$, $p = \lfloor d/2 \rfloor$.
 
     The RoFormer schedule (Su et al. 2024): the coordinate plane $(2i, 2i+1)$ turns by
@@ -668,7 +718,9 @@ def rope_frequencies(d, base=10_000.0) -> Float[Array, " p"]:
     return jnp.asarray(float(base) ** (-2.0 * np.arange(p) / (2 * p)), jnp.result_type(float))
 
 
-def rope_rotate(keys: Float[Array, "m d"], positions, thetas) -> Float[Array, "m d"]:
+def rope_rotate(
+    keys: Float[Array, "m d"], positions: _ArrayLike, thetas: _ArrayLike
+) -> Float[Array, "m d"]:
     r"""Rotary position encoding $x_j \mapsto R(\theta\, p_j)\, x_j$: plane $(2i, 2i+1)$ turned by $\theta_i p_j$.
 
     $$(x_{2i}, x_{2i+1}) \mapsto (\cos\phi\, x_{2i} - \sin\phi\, x_{2i+1},\ \sin\phi\, x_{2i} + \cos\phi\, x_{2i+1}), \quad \phi = \theta_i p_j$$
@@ -744,7 +796,14 @@ class RoPEKeys(AbstractKeyProcess):
     d: int = eqx.field(static=True)
     offset: int = eqx.field(static=True)
 
-    def __init__(self, d, base=None, thetas=None, *, offset=0):
+    def __init__(
+        self,
+        d: int,
+        base: Any = None,  # a key process, a sampler or None, checked with its own message
+        thetas: _ArrayLike | None = None,
+        *,
+        offset: int = 0,
+    ) -> None:
         self.d = _check_dim(d)
         if isinstance(base, AbstractKeyProcess):
             if base.d != self.d:
@@ -767,10 +826,12 @@ class RoPEKeys(AbstractKeyProcess):
         self.thetas = th
         self.offset = check_int("offset", offset)
 
-    def init(self, key, dtype):
+    def init(self, key: PRNGKeyArray, dtype: DTypeLike) -> Any:
         return self.base.init(key, dtype) if isinstance(self.base, AbstractKeyProcess) else ()
 
-    def sample(self, state, key, start, m, dtype):
+    def sample(
+        self, state: Any, key: PRNGKeyArray, start: int | Array, m: int, dtype: DTypeLike
+    ) -> tuple[Any, Float[Array, "m d"]]:
         if isinstance(self.base, AbstractKeyProcess):
             state, ks = self.base.sample(state, key, start, m, dtype)
         elif self.base is None:
@@ -781,13 +842,21 @@ class RoPEKeys(AbstractKeyProcess):
         return state, rope_rotate(ks, positions, self.thetas)
 
 
-def _stream_process(key, q, beta, n, process, k, chunk) -> ContextStats:
+def _stream_process(
+    key: PRNGKeyArray,
+    q: Float[Array, " d"],
+    beta: RealScalarLike,
+    n: int | Array,
+    process: AbstractKeyProcess,
+    k: int,
+    chunk: int,
+) -> ContextStats:
     # the process state rides in the loop carry next to the running sums (see AbstractKeyProcess)
     num_chunks = (n + chunk - 1) // chunk
     beta = jnp.asarray(beta, q.dtype)
     k_init, k_steps = jax.random.split(key)
 
-    def body(i, carry):
+    def body(i: Array, carry: tuple[_State, Any]) -> tuple[_State, Any]:
         state, pstate = carry
         pstate, xs = process.sample(
             pstate, jax.random.fold_in(k_steps, i), i * chunk, chunk, q.dtype
@@ -801,7 +870,7 @@ def _stream_process(key, q, beta, n, process, k, chunk) -> ContextStats:
     return _finish(state, beta)
 
 
-def _check_sampler(sampler, d) -> None:
+def _check_sampler(sampler: Any, d: int) -> None:
     if isinstance(sampler, AbstractKeyProcess):
         if sampler.d != d:
             raise ValueError(
@@ -813,11 +882,13 @@ def _check_sampler(sampler, d) -> None:
         )
 
 
-def _default_query(d, dtype):
+def _default_query(d: int, dtype: DTypeLike) -> Float[Array, " d"]:
     return jnp.zeros((d,), dtype).at[0].set(1.0)
 
 
-def uniform_distances(key, m, d, dtype=jnp.float32) -> Float[Array, " m"]:
+def uniform_distances(
+    key: PRNGKeyArray, m: int, d: int, dtype: DTypeLike = jnp.float32
+) -> Float[Array, " m"]:
     r"""$m$ i.i.d. distances $T = 1 - \langle q, x\rangle$ of keys $x$ uniform on $S^{d-1}$ (any fixed $q$).
 
     $\langle q, x\rangle$ has density $\propto (1 - u^2)^{(d-3)/2}$, i.e. $T / 2 \sim \mathrm{Beta}(a, a)$,
@@ -849,7 +920,15 @@ def uniform_distances(key, m, d, dtype=jnp.float32) -> Float[Array, " m"]:
     return 2.0 * jax.random.beta(key, a, a, (m,), dtype)
 
 
-def sampled_distance_stats(key, beta, n, d, *, k=1, chunk=65_536) -> ContextStats:
+def sampled_distance_stats(
+    key: PRNGKeyArray,
+    beta: RealScalarLike,
+    n: int,
+    d: int,
+    *,
+    k: int = 1,
+    chunk: int = 65_536,
+) -> ContextStats:
     r"""``sampled_context_stats`` for uniform keys, drawing only the distances $T_j$.
 
     $\log Z_n$, $T_{(1..k)}$ and $A_{(1..k)}$ have the same law as for a uniform
@@ -880,12 +959,20 @@ def sampled_distance_stats(key, beta, n, d, *, k=1, chunk=65_536) -> ContextStat
     return _stream_distances(key, beta, n, d, k, chunk, jnp.result_type(float))
 
 
-def _stream_distances(key, beta, n, d, k, chunk, dtype):
+def _stream_distances(
+    key: PRNGKeyArray,
+    beta: RealScalarLike,
+    n: int | Array,
+    d: int,
+    k: int,
+    chunk: int,
+    dtype: DTypeLike,
+) -> ContextStats:
     # the law of (Z_n, A_(1..k)) for uniform keys: stream D2Qs only (no keys drawn).
     beta = jnp.asarray(beta, dtype)
     q = _default_query(d, dtype)
 
-    def body(i, state):
+    def body(i: Array, state: _State) -> _State:
         T = uniform_distances(jax.random.fold_in(key, i), chunk, d, dtype)
         valid = i * chunk + jnp.arange(chunk) < n
         return _absorb(state, q, None, valid, beta, k, T=T)
@@ -895,17 +982,17 @@ def _stream_distances(key, beta, n, d, k, chunk, dtype):
 
 
 def sample_top_weights(
-    key,
-    n,
-    betas,
-    d,
-    trials,
+    key: PRNGKeyArray,
+    n: int,
+    betas: _ArrayLike,
+    d: int,
+    trials: int,
     *,
-    k=1,
-    q=None,
+    k: int = 1,
+    q: _ArrayLike | None = None,
     sampler: Callable[[Array, int], Array] | AbstractKeyProcess | None = None,
-    chunk=None,
-    batch_size=None,
+    chunk: int | None = None,
+    batch_size: int | None = None,
     memory: int = 2**24,
 ) -> Float[Array, "trials b k"]:
     r"""$A_{(1..k)}$ for ``trials`` independent contexts of $n$ keys and every $\beta$ in ``betas``.
@@ -962,7 +1049,16 @@ def sample_top_weights(
     )
 
 
-def _sizes(n, nb, d, trials, k, chunk, batch_size, memory):
+def _sizes(
+    n: int,
+    nb: int,
+    d: int,
+    trials: int,
+    k: int,
+    chunk: int | None,
+    batch_size: int | None,
+    memory: int,
+) -> tuple[int, int]:
     """Chunk and trial-batch sizes keeping about ``memory`` floats live."""
     if batch_size is None:
         batch_size = int(max(1, min(trials, memory // max(1, nb * min(n, 4096) * 4))))
@@ -973,9 +1069,20 @@ def _sizes(n, nb, d, trials, k, chunk, batch_size, memory):
 
 
 @eqx.filter_jit
-def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size, distances):
-    def one_trial(trial_key):
-        def one_beta(beta):
+def _top_weights_jit(
+    key: PRNGKeyArray,
+    betas: Float[Array, " b"],
+    n: Array,
+    q: Float[Array, " d"],
+    sampler: _Sampler | AbstractKeyProcess | None,
+    trials: int,
+    k: int,
+    chunk: int,
+    batch_size: int,
+    distances: bool,
+) -> Float[Array, "trials b k"]:
+    def one_trial(trial_key: PRNGKeyArray) -> Float[Array, "b k"]:
+        def one_beta(beta: Array) -> Float[Array, " k"]:
             if distances:
                 return _stream_distances(
                     trial_key, beta, n, q.shape[0], k, chunk, q.dtype
@@ -989,18 +1096,18 @@ def _top_weights_jit(key, betas, n, q, sampler, trials, k, chunk, batch_size, di
 
 
 def mean_top_weight_grid(
-    key,
+    key: PRNGKeyArray,
     ns: Iterable[int],
-    betas,
-    d,
-    trials,
+    betas: _ArrayLike,
+    d: int,
+    trials: int,
     *,
-    q=None,
+    q: _ArrayLike | None = None,
     sampler: Callable[[Array, int], Array] | AbstractKeyProcess | None = None,
     memory: int = 2**24,
     progress: Callable | None = None,
     samples: bool = False,
-):
+) -> tuple[np.ndarray, ...]:
     r"""Mean and standard error of $A_{(1)}$ over an $(n, \beta)$ grid, ``trials`` contexts per cell.
 
     ``betas`` is either a ``(b,)`` array shared by all ``n`` or a ``(len(ns), b)``

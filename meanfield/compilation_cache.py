@@ -184,7 +184,7 @@ def configure_process() -> None:
         os.environ.setdefault(key, value)
 
 
-def enable(path=None) -> Path | None:
+def enable(path: object = None) -> Path | None:
     """Turn JAX's persistent compilation cache on in this process (the opt-in for notebooks and
     scripts; ``import meanfield`` never does it): ``path`` (default ``cache_dir()``), checked
     like the native kernel cache (created with mode 0700; refused unless owned by this user and

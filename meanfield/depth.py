@@ -39,16 +39,17 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, Float, Int
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from . import metrics
 from ._checks import (
@@ -106,6 +107,9 @@ __all__ = [
     "train_lm",
 ]
 
+#: Arrays, numbers or (nested) lists of numbers.
+_ArrayLike: TypeAlias = ArrayLike | Sequence[Any]
+
 NORMS = ("post", "pre")  # the ``name``s of PostNorm and PreNorm, the accepted ``norm=`` strings
 RMS_EPS = 1e-6  # RMSNorm stabiliser inside the mean square (as in Llama)
 
@@ -113,7 +117,7 @@ RMS_EPS = 1e-6  # RMSNorm stabiliser inside the mean square (as in Llama)
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_sizes(*, d, d_ff, heads, depth=None, n=None):
+def _check_sizes(*, d: Any, d_ff: Any, heads: Any, depth: Any = None, n: Any = None) -> None:
     d = check_int("d", d, minimum=1)
     d_ff = check_int("d_ff", d_ff, minimum=1)
     heads = check_int("heads", heads, minimum=1)
@@ -125,18 +129,18 @@ def _check_sizes(*, d, d_ff, heads, depth=None, n=None):
         check_int("n", n, minimum=2)
 
 
-def _check_norm(norm):
+def _check_norm(norm: Any) -> None:
     check_choice("norm", norm, NORMS)
 
 
-def _check_alpha(alpha_prefix):
+def _check_alpha(alpha_prefix: Any) -> None:
     if is_concrete(alpha_prefix):
         a = np.asarray(alpha_prefix, dtype=np.float64)
         if a.shape != () or not np.isfinite(a):
             raise ValueError(f"alpha_prefix must be a finite scalar, got {alpha_prefix!r}")
 
 
-def _sigma(sigma_w, d):
+def _sigma(sigma_w: RealScalarLike | None, d: int) -> RealScalarLike:
     if sigma_w is None:
         return 1.0 / math.sqrt(d)
     check_positive("sigma_w", sigma_w)
@@ -204,14 +208,14 @@ class CausalSelfAttention(eqx.Module):
     wo: Float[Array, "*layers d d"]
     heads: int = eqx.field(static=True)
 
-    def __check_init__(self):
+    def __check_init__(self) -> None:
         heads = check_int("heads", self.heads, minimum=1)
         d = self.wq.shape[-1]
         if d % heads != 0:
             raise ValueError(f"heads must divide d, got d = {d}, heads = {heads}")
 
     def attention_matrix(
-        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0
+        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix: RealScalarLike = 0.0
     ) -> Float[Array, "heads n n"]:
         r"""The ``(heads, n, n)`` matrices $P_h$ (lower-triangular, rows summing to $1 - \alpha$)."""
         n, d = X.shape
@@ -225,7 +229,7 @@ class CausalSelfAttention(eqx.Module):
         return P - alpha_prefix * prefix_average_matrix(n, X.dtype)
 
     def __call__(
-        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0
+        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix: RealScalarLike = 0.0
     ) -> Float[Array, "n d"]:
         """``Attn(X)``: ``(n, d)``."""
         n, d = X.shape
@@ -284,7 +288,11 @@ class AbstractNormPlacement(eqx.Module):
 
     @abc.abstractmethod
     def sublayer(
-        self, branch: Callable[[Array], Array], norm: RMSNorm, X: Float[Array, "n d"], tap
+        self,
+        branch: Callable[[Array], Array],
+        norm: RMSNorm,
+        X: Float[Array, "n d"],
+        tap: ArrayLike,
     ) -> tuple[Float[Array, "n d"], Float[Array, "n d"], Float[Array, "n d"]]:
         """``(Y, X_next, N_in)`` of one residual sublayer (see the class docstring)."""
 
@@ -306,11 +314,17 @@ class PostNorm(AbstractNormPlacement):
 
     name: ClassVar[str] = "post"
 
-    def sublayer(self, branch, norm, X, tap):
+    def sublayer(
+        self,
+        branch: Callable[[Array], Array],
+        norm: RMSNorm,
+        X: Float[Array, "n d"],
+        tap: ArrayLike,
+    ) -> tuple[Float[Array, "n d"], Float[Array, "n d"], Float[Array, "n d"]]:
         Y = X + branch(X) + tap
         return Y, jax.vmap(norm)(Y), Y
 
-    def final(self, norm, H):
+    def final(self, norm: RMSNorm, H: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return H
 
 
@@ -326,18 +340,24 @@ class PreNorm(AbstractNormPlacement):
 
     name: ClassVar[str] = "pre"
 
-    def sublayer(self, branch, norm, X, tap):
+    def sublayer(
+        self,
+        branch: Callable[[Array], Array],
+        norm: RMSNorm,
+        X: Float[Array, "n d"],
+        tap: ArrayLike,
+    ) -> tuple[Float[Array, "n d"], Float[Array, "n d"], Float[Array, "n d"]]:
         Y = X + branch(jax.vmap(norm)(X)) + tap
         return Y, Y, X
 
-    def final(self, norm, H):
+    def final(self, norm: RMSNorm, H: Float[Array, "n d"]) -> Float[Array, "n d"]:
         return jax.vmap(norm)(H)
 
 
 _PLACEMENTS: dict[str, type[AbstractNormPlacement]] = {cls.name: cls for cls in (PostNorm, PreNorm)}
 
 
-def _placement(norm) -> AbstractNormPlacement:
+def _placement(norm: str | AbstractNormPlacement) -> AbstractNormPlacement:
     """A placement Module from ``"post"``/``"pre"`` (the one ``ValueError`` for anything else)."""
     if isinstance(norm, AbstractNormPlacement):
         return norm
@@ -380,14 +400,14 @@ class Block(eqx.Module):
     @classmethod
     def init(
         cls,
-        key,
+        key: PRNGKeyArray,
         *,
-        d,
-        d_ff,
-        heads,
+        d: int,
+        d_ff: int,
+        heads: int,
         norm: str | AbstractNormPlacement = "post",
-        sigma_w=None,
-        dtype=jnp.float32,
+        sigma_w: RealScalarLike | None = None,
+        dtype: DTypeLike = jnp.float32,
     ) -> Block:
         r"""A block with every weight entry $N(0, \sigma_w^2)$ and RMSNorm gains 1.
 
@@ -418,7 +438,7 @@ class Block(eqx.Module):
             "w2": (d_ff, d),
         }
         w = {
-            name: s * jax.random.normal(kk, shape, dtype)
+            name: jnp.asarray(s * jax.random.normal(kk, shape, dtype))
             for kk, (name, shape) in zip(k, shapes.items())
         }
         ones = jnp.ones((d,), dtype)
@@ -458,7 +478,11 @@ class Block(eqx.Module):
         }
 
     def __call__(
-        self, X: Float[Array | np.ndarray, "n d"], *, alpha_prefix=0.0, taps=None
+        self,
+        X: Float[Array | np.ndarray, "n d"],
+        *,
+        alpha_prefix: RealScalarLike = 0.0,
+        taps: Float[Array, "4 n d"] | None = None,
     ) -> tuple[Float[Array, "n d"], dict]:
         """``(X_out: (n, d), states)``, ``states`` a dict of ``(n, d)`` arrays (see the class docstring)."""
         t = jnp.zeros((4,) + X.shape, X.dtype) if taps is None else taps
@@ -499,7 +523,7 @@ class Stack(eqx.Module):
 
     blocks: Block
 
-    def __check_init__(self):
+    def __check_init__(self) -> None:
         if self.blocks.attention.wq.ndim != 3:
             raise ValueError(
                 "Stack.blocks must be one Block with leaves stacked on a leading (depth, ...) axis, "
@@ -509,15 +533,15 @@ class Stack(eqx.Module):
     @classmethod
     def init(
         cls,
-        key,
+        key: PRNGKeyArray,
         *,
-        depth,
-        d,
-        d_ff,
-        heads,
+        depth: int,
+        d: int,
+        d_ff: int,
+        heads: int,
         norm: str | AbstractNormPlacement = "post",
-        sigma_w=None,
-        dtype=jnp.float32,
+        sigma_w: RealScalarLike | None = None,
+        dtype: DTypeLike = jnp.float32,
     ) -> Stack:
         """``depth`` independent blocks: block ``l`` is ``Block.init`` of the ``l``-th key of ``split(key, depth)``.
 
@@ -562,8 +586,8 @@ class Stack(eqx.Module):
         self,
         X: Float[Array, "n d"],
         *,
-        alpha_prefix=0.0,
-        taps=None,
+        alpha_prefix: RealScalarLike = 0.0,
+        taps: Float[Array, "depth 4 n d"] | None = None,
         observe: Callable[[dict, Array], Any] | None = None,
     ) -> tuple[Float[Array, "n d"], Any]:
         """``(X^depth: (n, d), observables)``, the observables stacked over layers (see the class docstring)."""
@@ -572,7 +596,7 @@ class Stack(eqx.Module):
             taps = jnp.zeros((self.depth, 4) + X.shape, X.dtype)
         dynamic, static = eqx.partition(self.blocks, eqx.is_array)
 
-        def body(x, layer):
+        def body(x: Float[Array, "n d"], layer: tuple[Any, Any]) -> tuple[Array, Any]:
             p, tp = layer
             out, states = eqx.combine(p, static)(x, alpha_prefix=alpha_prefix, taps=tp)
             return out, observe(states, out)
@@ -608,16 +632,16 @@ class DecoderLM(eqx.Module):
     @classmethod
     def init(
         cls,
-        key,
+        key: PRNGKeyArray,
         *,
-        vocab,
-        depth,
-        d,
-        d_ff,
-        heads,
+        vocab: int,
+        depth: int,
+        d: int,
+        d_ff: int,
+        heads: int,
         norm: str | AbstractNormPlacement = "post",
-        sigma_w=None,
-        dtype=None,
+        sigma_w: RealScalarLike | None = None,
+        dtype: DTypeLike | None = None,
     ) -> DecoderLM:
         r"""Embedding entries $N(0, 1)$ (RMS-1 token vectors, as the inputs of ``similarity_profile``),
         blocks as ``Stack.init``, final gain 1, unembedding entries $N(0, \sigma_w^2)$.
@@ -651,7 +675,7 @@ class DecoderLM(eqx.Module):
                 dtype=jnp.float32 if dtype is None else dtype,
             ),
             final_norm=RMSNorm(jnp.ones((d,), outer)),
-            unembed=s * jax.random.normal(ku, (d, vocab), outer),
+            unembed=jnp.asarray(s * jax.random.normal(ku, (d, vocab), outer)),
         )
 
     @classmethod
@@ -676,7 +700,10 @@ class DecoderLM(eqx.Module):
         }
 
     def __call__(
-        self, tokens: Int[Array | np.ndarray, " n"], *, taps=None
+        self,
+        tokens: Int[Array | np.ndarray, " n"],
+        *,
+        taps: Float[Array, "depth 4 n d"] | None = None,
     ) -> tuple[Float[Array, "n vocab"], dict]:
         """``(logits: (n, vocab), stats)`` of one sequence (see the class docstring)."""
         H, stats = self.stack(self.embed[tokens], taps=taps)
@@ -688,7 +715,15 @@ class DecoderLM(eqx.Module):
 # ----------------------------------------------------------------------------- parameters
 
 
-def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
+def init_block_params(
+    key: PRNGKeyArray,
+    *,
+    d: int,
+    d_ff: int,
+    heads: int,
+    sigma_w: RealScalarLike | None = None,
+    dtype: DTypeLike = jnp.float32,
+) -> dict:
     r"""Parameters of one block, every weight entry $N(0, \sigma_w^2)$, RMSNorm gains 1: ``Block.init(key, ...).to_params()``.
 
     Shapes: ``wq, wk, wv, wo: (d, d)``; ``w1, w3: (d, d_ff)`` (gate, up);
@@ -712,7 +747,16 @@ def init_block_params(key, *, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -
     return Block.init(key, d=d, d_ff=d_ff, heads=heads, sigma_w=sigma_w, dtype=dtype).to_params()
 
 
-def init_stack(key, *, depth, d, d_ff, heads, sigma_w=None, dtype=jnp.float32) -> dict:
+def init_stack(
+    key: PRNGKeyArray,
+    *,
+    depth: int,
+    d: int,
+    d_ff: int,
+    heads: int,
+    sigma_w: RealScalarLike | None = None,
+    dtype: DTypeLike = jnp.float32,
+) -> dict:
     """``depth`` independent blocks, leaves stacked on a leading ``(depth, ...)`` axis.
 
     Block ``l`` is ``init_block_params`` of the ``l``-th key of ``split(key, depth)``:
@@ -777,7 +821,7 @@ def rms_factor(Y: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
     return jnp.mean(math.sqrt(d) / jnp.linalg.norm(Y, axis=-1))
 
 
-def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
+def prefix_average_matrix(n: int, dtype: DTypeLike = jnp.float32) -> Float[Array, "n n"]:
     r"""Causal prefix-averaging matrix $(C_n)_{ij} = 1/i$ for $j \le i$ (1-based), else 0.
 
     Row-stochastic and lower-triangular: $C_n X$ replaces token $i$ by the
@@ -800,7 +844,7 @@ def prefix_average_matrix(n, dtype=jnp.float32) -> Float[Array, "n n"]:
 
 
 def causal_attention_matrix(
-    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
+    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix: RealScalarLike = 0.0
 ) -> Float[Array, "heads n n"]:
     r"""$P_h = \operatorname{softmax}\big(\operatorname{mask}(Q_h K_h^\top / \sqrt{d/\text{heads}})\big) - \alpha C_n$ for each head $h$.
 
@@ -827,12 +871,12 @@ def causal_attention_matrix(
     return _attention_module(p, heads).attention_matrix(X, alpha_prefix=alpha_prefix)
 
 
-def _attention_module(p, heads) -> CausalSelfAttention:
+def _attention_module(p: dict, heads: int) -> CausalSelfAttention:
     return CausalSelfAttention(p["wq"], p["wk"], p["wv"], p["wo"], heads=heads)
 
 
 def attention(
-    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix=0.0
+    p: dict, X: Float[Array | np.ndarray, "n d"], heads: int, alpha_prefix: RealScalarLike = 0.0
 ) -> Float[Array, "n d"]:
     r"""Causal multi-head attention $\operatorname{concat}_h(P_h X W_V^h)\, W_O$ (no biases, no positional encoding).
 
@@ -877,8 +921,8 @@ def block(
     *,
     norm: str,
     heads: int,
-    alpha_prefix=0.0,
-    taps=None,
+    alpha_prefix: RealScalarLike = 0.0,
+    taps: Float[Array, "4 n d"] | None = None,
 ) -> tuple[Float[Array, "n d"], dict]:
     r"""One decoder block on one sequence; returns ``(X_out, states)``: ``Block.from_params(p, norm=norm, heads=heads)(X, ...)``.
 
@@ -912,7 +956,7 @@ def block(
     return Block.from_params(p, norm=norm, heads=heads)(X, alpha_prefix=alpha_prefix, taps=taps)
 
 
-def _layer_stats(states, out):
+def _layer_stats(states: dict[str, Array], out: Float[Array, "n d"]) -> dict[str, Array]:
     ts = metrics.token_similarity
     return {
         "t_x1": ts(states["X1"]),
@@ -926,7 +970,7 @@ def _layer_stats(states, out):
     }
 
 
-def _init_layer_stats(states, out):
+def _init_layer_stats(states: dict[str, Array], out: Float[Array, "n d"]) -> dict[str, Array]:
     # init_trace adds the residual-stream norms (kept out of forward so that the training
     # program, and so its floating-point rounding, is unchanged)
     return {
@@ -937,7 +981,13 @@ def _init_layer_stats(states, out):
 
 
 def forward(
-    blocks: dict, X: Float[Array, "n d"], *, norm: str, heads: int, alpha_prefix=0.0, taps=None
+    blocks: dict,
+    X: Float[Array, "n d"],
+    *,
+    norm: str,
+    heads: int,
+    alpha_prefix: RealScalarLike = 0.0,
+    taps: Float[Array, "depth 4 n d"] | None = None,
 ) -> tuple[Float[Array, "n d"], dict]:
     r"""Run a stack of blocks (leaves ``(depth, ...)``) on one sequence with ``lax.scan``: ``Stack.from_params(blocks, ...)(X, ...)``.
 
@@ -971,7 +1021,9 @@ def forward(
 # ----------------------------------------------------------------------------- initialisation
 
 
-def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d"]:
+def gaussian_tokens(
+    key: PRNGKeyArray, n: int, d: int, dtype: DTypeLike = jnp.float32
+) -> Float[Array, "n d"]:
     r"""$n$ i.i.d. Gaussian tokens with RMS-normalised rows: $x_i = \sqrt d\, g_i / \|g_i\|$, $g_i \sim N(0, I_d)$.
 
     Args:
@@ -991,7 +1043,18 @@ def gaussian_tokens(key, n: int, d: int, dtype=jnp.float32) -> Float[Array, "n d
 
 
 @partial(jax.jit, static_argnames=("depth", "n", "d", "d_ff", "heads", "norm"))
-def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
+def _init_trace(
+    key: PRNGKeyArray,
+    sigma_w: Array,
+    alpha_prefix: Array,
+    *,
+    depth: int,
+    n: int,
+    d: int,
+    d_ff: int,
+    heads: int,
+    norm: str,
+) -> dict[str, Array]:
     kx, kp = jax.random.split(key)
     X = gaussian_tokens(kx, n, d)
     stack = Stack.init(kp, depth=depth, d=d, d_ff=d_ff, heads=heads, norm=norm, sigma_w=sigma_w)
@@ -1001,7 +1064,16 @@ def _init_trace(key, sigma_w, alpha_prefix, *, depth, n, d, d_ff, heads, norm):
 
 
 def init_trace(
-    key, *, depth, n, d, d_ff, heads, norm="post", sigma_w=None, alpha_prefix=0.0
+    key: PRNGKeyArray,
+    *,
+    depth: int,
+    n: int,
+    d: Any,  # an int, checked with its own message (``TypeError`` for 16.0)
+    d_ff: int,
+    heads: int,
+    norm: str = "post",
+    sigma_w: RealScalarLike | None = None,
+    alpha_prefix: RealScalarLike = 0.0,
 ) -> dict:
     r"""Per-layer statistics of a freshly initialised stack on Gaussian tokens.
 
@@ -1045,7 +1117,16 @@ def init_trace(
 
 
 def similarity_profile(
-    key, *, depth, n, d, d_ff, heads, norm: str = "post", sigma_w=None, alpha_prefix=0.0
+    key: PRNGKeyArray,
+    *,
+    depth: int,
+    n: int,
+    d: Any,  # an int, checked with its own message (``TypeError`` for 16.0)
+    d_ff: int,
+    heads: int,
+    norm: str = "post",
+    sigma_w: RealScalarLike | None = None,
+    alpha_prefix: RealScalarLike = 0.0,
 ) -> Float[Array, " depth"]:
     r"""Token similarity of the residual stream after each block, at initialisation.
 
@@ -1080,7 +1161,7 @@ def similarity_profile(
     )["t_out"]
 
 
-def sublayer_increments(key, **kwargs) -> dict:
+def sublayer_increments(key: PRNGKeyArray, **kwargs: Any) -> dict:
     r"""One-step token-similarity increments of each sublayer at initialisation (paper Fig. 1).
 
     $\text{attn}_l = t_{\text{sim}}(Y_1^l) - t_{\text{sim}}(X_1^l)$ and $\text{ffn}_l = t_{\text{sim}}(Y_2^l) - t_{\text{sim}}(X_2^l)$:
@@ -1111,7 +1192,7 @@ def sublayer_increments(key, **kwargs) -> dict:
 # ----------------------------------------------------------------------------- forward closed forms (Sec. 3.1, App. C)
 
 
-def _check_t(t):
+def _check_t(t: Any) -> None:
     if is_concrete(t):
         a = np.asarray(t, dtype=np.float64)
         if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
@@ -1122,7 +1203,7 @@ def _harmonic(n: int) -> float:
     return float(np.sum(1.0 / np.arange(1, n + 1, dtype=np.float64)))
 
 
-def equal_correlation_matrix(n, d, t) -> Float[Array, "n n"]:
+def equal_correlation_matrix(n: int, d: RealScalarLike, t: RealScalarLike) -> Float[Array, "n n"]:
     r"""The equal-correlation closure $R_{\text{eq}}(t)$ of a token Gram matrix (Sec. 3.1, App. C.1 (iii)).
 
     The symmetric $n \times n$ matrix in the span of $I$ and $\mathbf 1 \mathbf 1^\top$ with
@@ -1153,10 +1234,10 @@ def equal_correlation_matrix(n, d, t) -> Float[Array, "n n"]:
     _check_t(t)
     rho = (n * t - 1.0) / (n - 1.0)
     eye = jnp.eye(n, dtype=jnp.float32)
-    return d * ((1.0 - rho) * eye + rho * jnp.ones((n, n), jnp.float32))
+    return jnp.asarray(d * ((1.0 - rho) * eye + rho * jnp.ones((n, n), jnp.float32)))
 
 
-def value_output_variance(sigma_w, d):
+def value_output_variance(sigma_w: ArrayLike, d: ArrayLike) -> Any:
     r"""Entry variance $\sigma_W^2 = d\, \sigma_w^4$ of the merged value-output map $W = W_V W_O$.
 
     The paper's attention sublayer is $Y = X + P X W$ with one $d \times d$ Gaussian matrix $W$
@@ -1182,7 +1263,9 @@ def value_output_variance(sigma_w, d):
     return d * sigma_w**4
 
 
-def amount_of_attention(frob_sq, *, n, d, sigma_w):
+def amount_of_attention(
+    frob_sq: _ArrayLike, *, n: int, d: RealScalarLike, sigma_w: RealScalarLike
+) -> Array:
     r"""The amount of attention $s = n d^2 \sigma_W^2 / \|X\|_F^2$ of a sublayer (Sec. 3.1).
 
     $\sigma_W^2 = d \sigma_w^4$ (``value_output_variance``). It is the factor in
@@ -1209,7 +1292,9 @@ def amount_of_attention(frob_sq, *, n, d, sigma_w):
     return n * d**2 * value_output_variance(sigma_w, d) / jnp.asarray(frob_sq, jnp.float32)
 
 
-def one_step_attention(t, s, *, n, alpha_prefix=0.0):
+def one_step_attention(
+    t: _ArrayLike, s: _ArrayLike, *, n: int, alpha_prefix: RealScalarLike = 0.0
+) -> Array:
     r"""Expected one-step token-similarity change of an attention residual update (Thm 3.2, Cor. 3.3).
 
     Model (App. C.1-C.2): $Y = X + (1 - \alpha) C_n \tilde X W$ with the causal attention
@@ -1256,7 +1341,7 @@ def one_step_attention(t, s, *, n, alpha_prefix=0.0):
 
 
 @partial(jax.jit, static_argnames=("n",))
-def _one_step_attention(t, s, alpha_prefix, *, n):
+def _one_step_attention(t: Array, s: Array, alpha_prefix: Array, *, n: int) -> Array:
     # one compiled program per shape (the reproduction evaluates it at every layer and seed)
     h = _harmonic(n)
     sp = (1.0 - alpha_prefix) ** 2 * s
@@ -1271,7 +1356,7 @@ _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(48)
 _GH_W = _GH_W / _GH_W.sum()
 
 
-def swiglu_correlation(rho, tau2):
+def swiglu_correlation(rho: _ArrayLike, tau2: _ArrayLike) -> Array:
     r"""$m(\rho) = \mathbb E[\operatorname{silu}(u) \operatorname{silu}(u')]$ for $(u, u')$ centred Gaussian, variances $\tau^2$, correlation $\rho$.
 
     The SwiGLU moment of Thm 3.4 (App. C.4): for a SwiGLU input row pair of common cosine
@@ -1303,7 +1388,7 @@ def swiglu_correlation(rho, tau2):
 
 
 @jax.jit
-def _swiglu_correlation(rho, tau2):
+def _swiglu_correlation(rho: Array, tau2: Array) -> Array:
     rho = rho[..., None, None]
     tau = jnp.sqrt(tau2)[..., None, None]
     z1 = jnp.asarray(_GH_X, jnp.float32)[:, None]
@@ -1314,7 +1399,15 @@ def _swiglu_correlation(rho, tau2):
     return jnp.sum(w * jax.nn.silu(u) * jax.nn.silu(v), axis=(-2, -1))
 
 
-def one_step_ffn(t, *, n, d, d_ff, sigma_w, frob_sq=None):
+def one_step_ffn(
+    t: _ArrayLike,
+    *,
+    n: int,
+    d: int,
+    d_ff: int,
+    sigma_w: RealScalarLike,
+    frob_sq: _ArrayLike | None = None,
+) -> Array:
     r"""Expected one-step token-similarity change of a SwiGLU residual update (Thm 3.4).
 
     Model (App. C.4): $Y = X + (\operatorname{silu}(\tilde X W_1) \odot \tilde X W_3) W_2$,
@@ -1360,7 +1453,7 @@ def one_step_ffn(t, *, n, d, d_ff, sigma_w, frob_sq=None):
 
 
 @partial(jax.jit, static_argnames=("n", "d", "d_ff"))
-def _one_step_ffn(t, frob_sq, sigma_w, *, n, d, d_ff):
+def _one_step_ffn(t: Array, frob_sq: Array, sigma_w: Array, *, n: int, d: int, d_ff: int) -> Array:
     tau2 = d * sigma_w**2
     m1 = _swiglu_correlation(jnp.float32(1.0), tau2)
     rho = jnp.clip((n * t - 1.0) / (n - 1.0), -1.0, 1.0)
@@ -1369,7 +1462,14 @@ def _one_step_ffn(t, frob_sq, sigma_w, *, n, d, d_ff):
 
 
 def amount_of_attention_profile(
-    *, depth, n, d, d_ff, sigma_w, norm: str = "pre", attn_energy_factor: RealScalarLike = 1.0
+    *,
+    depth: int,
+    n: int,
+    d: int,
+    d_ff: int,
+    sigma_w: RealScalarLike,
+    norm: str = "pre",
+    attn_energy_factor: RealScalarLike = 1.0,
 ) -> Float[Array, " depth"]:
     r"""Predicted amount of attention $s^l$ at the attention input of blocks $l = 1, \dots, \text{depth}$ (Sec. 3.1).
 
@@ -1417,7 +1517,15 @@ def amount_of_attention_profile(
     )
 
 
-def _attention_amounts(depth, n, d, d_ff, sigma_w, norm, attn_energy_factor) -> np.ndarray:
+def _attention_amounts(
+    depth: int,
+    n: int,
+    d: int,
+    d_ff: int,
+    sigma_w: float,
+    norm: str,
+    attn_energy_factor: float,
+) -> np.ndarray:
     """``amount_of_attention_profile`` in float64 NumPy."""
     attn_energy = n * d**2 * d * sigma_w**4  # n d^2 sigma_W^2, sigma_W^2 = d sigma_w^4
     if norm == "post":
@@ -1442,7 +1550,7 @@ def _attention_amounts(depth, n, d, d_ff, sigma_w, norm, attn_energy_factor) -> 
 # ----------------------------------------------------------------------------- frequency loss
 
 
-def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
+def frequency_distribution(labels: ArrayLike, vocab: int) -> Float[Array, " vocab"]:
     r"""Label frequencies $p_{\text{freq}}(v) = \#\{\text{labels} = v\} / \#\text{labels}$ over the whole collection.
 
     Args:
@@ -1473,7 +1581,7 @@ def frequency_distribution(labels: ArrayLike, vocab) -> Float[Array, " vocab"]:
     return counts / counts.sum()
 
 
-def frequency_loss(labels: ArrayLike, vocab) -> Float[Array, ""]:
+def frequency_loss(labels: ArrayLike, vocab: int) -> Float[Array, ""]:
     r"""Entropy of the label frequencies $H(p_{\text{freq}}) = -\sum_v p_{\text{freq}}(v) \log p_{\text{freq}}(v)$ (Thm 3.8).
 
     The smallest cross-entropy a network with one output distribution at every
@@ -1517,7 +1625,9 @@ def collapsed_cross_entropy(
 # ----------------------------------------------------------------------------- Zipf-Markov corpus
 
 
-def zipf_markov_source(key, *, vocab, exponent: RealScalarLike = 1.1, mix: RealScalarLike = 0.5):
+def zipf_markov_source(
+    key: PRNGKeyArray, *, vocab: int, exponent: RealScalarLike = 1.1, mix: RealScalarLike = 0.5
+) -> tuple[Float[Array, "V V"], Float[Array, " V"]]:
     r"""A seeded first-order Markov token source with Zipf-shaped rows.
 
     Row $s$ of the transition matrix is $T_s = (1 - \text{mix})\, z + \text{mix}\; z \circ \pi_s$,
@@ -1545,12 +1655,17 @@ def zipf_markov_source(key, *, vocab, exponent: RealScalarLike = 1.1, mix: RealS
     z = jnp.arange(1, vocab + 1, dtype=jnp.float32) ** (-exponent)
     z = z / z.sum()
     perms = jax.vmap(lambda k: jax.random.permutation(k, vocab))(jax.random.split(key, vocab))
-    T = (1.0 - mix) * z[None, :] + mix * z[perms]
+    T = jnp.asarray((1.0 - mix) * z[None, :] + mix * z[perms])
     return T, z
 
 
 def sample_tokens(
-    key, T: Float[ArrayLike, "V V"], p0: Float[ArrayLike, " V"], *, batch, length
+    key: PRNGKeyArray,
+    T: Float[ArrayLike, "V V"],
+    p0: Float[ArrayLike, " V"],
+    *,
+    batch: int,
+    length: int,
 ) -> Int[Array, "batch length"]:
     r"""``(batch, length)`` int32 token sequences from the Markov source ``(T, p0)``.
 
@@ -1576,12 +1691,19 @@ def sample_tokens(
 
 
 @partial(jax.jit, static_argnames=("batch", "length"))
-def _sample_tokens(key, T, p0, *, batch, length):
+def _sample_tokens(
+    key: PRNGKeyArray,
+    T: Float[Array, "V V"],
+    p0: Float[Array, " V"],
+    *,
+    batch: int,
+    length: int,
+) -> Int[Array, "batch length"]:
     k0, ks = jax.random.split(key)
     x0 = jax.random.categorical(k0, jnp.log(p0), shape=(batch,))
     logT = jnp.log(T)
 
-    def step(x, k):
+    def step(x: Int[Array, " batch"], k: PRNGKeyArray) -> tuple[Array, Array]:
         nxt = jax.random.categorical(k, logT[x])
         return nxt, nxt
 
@@ -1592,7 +1714,16 @@ def _sample_tokens(key, T, p0, *, batch, length):
 # ----------------------------------------------------------------------------- language model
 
 
-def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
+def init_lm(
+    key: PRNGKeyArray,
+    *,
+    vocab: int,
+    depth: int,
+    d: int,
+    d_ff: int,
+    heads: int,
+    sigma_w: RealScalarLike | None = None,
+) -> dict:
     """Decoder LM parameters: ``embed (vocab, d)`` with ``N(0, 1)`` entries (RMS-1 token
     vectors, as the inputs of ``similarity_profile``), ``blocks`` (stacked),
     ``final_gain (d,)`` (final RMSNorm, used by Pre-Norm only) and
@@ -1618,8 +1749,13 @@ def init_lm(key, *, vocab, depth, d, d_ff, heads, sigma_w=None) -> dict:
 
 
 def lm_logits(
-    params: dict, tokens: Int[Array | np.ndarray, " n"], *, norm: str, heads: int, taps=None
-):
+    params: dict,
+    tokens: Int[Array | np.ndarray, " n"],
+    *,
+    norm: str,
+    heads: int,
+    taps: Float[Array, "depth 4 n d"] | None = None,
+) -> tuple[Float[Array, "n vocab"], dict]:
     r"""Logits ``(n, vocab)`` of one sequence, and the per-layer statistics of ``forward``.
 
     $\text{logits} = H W_U$, $H = \operatorname{forward}(E_{\text{tokens}})$ (then the final RMSNorm for Pre-Norm):
@@ -1643,8 +1779,13 @@ def lm_logits(
 
 
 def lm_loss(
-    params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int, taps=None
-):
+    params: dict,
+    tokens: Int[Array | np.ndarray, "B n1"],
+    *,
+    norm: str,
+    heads: int,
+    taps: Float[Array, "B depth 4 n d"] | None = None,
+) -> tuple[Float[Array, ""], dict]:
     r"""Mean next-token cross-entropy over a batch (inputs ``tokens[:, :-1]``, labels
     ``tokens[:, 1:]``): $L = -\operatorname{mean}_{b,i} \log \operatorname{softmax}(\text{logits}_{b,i})_{\text{tokens}_{b, i + 1}}$.
 
@@ -1662,9 +1803,11 @@ def lm_loss(
         >>> loss.shape, bool(jnp.isfinite(loss))
         ((), True)
     """
-    inp, lab = tokens[:, :-1], tokens[:, 1:]
+    inp, lab = jnp.asarray(tokens)[:, :-1], jnp.asarray(tokens)[:, 1:]
 
-    def one(tok, y, tp):
+    def one(
+        tok: Int[Array, " n"], y: Int[Array, " n"], tp: Float[Array, "depth 4 n d"] | None
+    ) -> tuple[Float[Array, ""], dict]:
         logits, stats = lm_logits(params, tok, norm=norm, heads=heads, taps=tp)
         ce = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], axis=-1))
         return ce, stats
@@ -1676,7 +1819,9 @@ def lm_loss(
     return jnp.mean(ce), jax.tree_util.tree_map(lambda s: jnp.mean(s, axis=0), stats)
 
 
-def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int):
+def lm_diagnostics(
+    params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, norm: str, heads: int
+) -> tuple[Float[Array, ""], dict, dict[str, Array]]:
     """Loss, gradients and per-layer diagnostics of one batch.
 
     Returns ``(loss, grads, diag)`` with ``diag`` entries ``(depth,)`` (or scalars):
@@ -1733,8 +1878,13 @@ def lm_diagnostics(params: dict, tokens: Int[Array | np.ndarray, "B n1"], *, nor
 
 
 def make_optimizer(
-    lr_peak, *, steps: int, warmup: int, weight_decay: float = 0.1, clip: float = 1.0
-):
+    lr_peak: RealScalarLike,
+    *,
+    steps: int,
+    warmup: int,
+    weight_decay: float = 0.1,
+    clip: float = 1.0,
+) -> optax.GradientTransformation:
     r"""AdamW(b1=0.9, b2=0.95) with linear warmup to ``lr_peak`` then cosine decay to
     ``lr_peak/10`` at ``steps``, after global-norm clipping at ``clip``. ``lr_peak`` may be traced.
 
@@ -1760,7 +1910,7 @@ def make_optimizer(
         init_value=0.0, peak_value=1.0, warmup_steps=warmup, decay_steps=steps, end_value=0.1
     )
 
-    def sched(count):  # the peak is a factor, so it may be a traced (vmapped) rate
+    def sched(count: Array) -> Array:  # the peak is a factor, so it may be a traced (vmapped) rate
         return lr_peak * unit(count)
 
     return optax.chain(
@@ -1770,11 +1920,19 @@ def make_optimizer(
 
 
 @partial(jax.jit, static_argnames=("norm", "heads", "warmup"))
-def _train(params, data, lr_peak, *, norm, heads, warmup):
+def _train(
+    params: dict,
+    data: Int[Array, "steps B n1"],
+    lr_peak: Array,
+    *,
+    norm: str,
+    heads: int,
+    warmup: int,
+) -> tuple[dict, dict[str, Array]]:
     steps = data.shape[0]
     opt = make_optimizer(lr_peak, steps=steps, warmup=warmup)
 
-    def step(carry, batch):
+    def step(carry: tuple[dict, Any], batch: Int[Array, "B n1"]) -> tuple[tuple[dict, Any], dict]:
         p, s = carry
         loss, grads, diag = lm_diagnostics(p, batch, norm=norm, heads=heads)
         upd, s = opt.update(grads, s, p)
@@ -1787,8 +1945,14 @@ def _train(params, data, lr_peak, *, norm, heads, warmup):
 
 
 def train_lm(
-    params: dict, data: Int[Array | np.ndarray, "..."], lr_peak, *, norm: str, heads: int, warmup
-):
+    params: dict,
+    data: Int[Array | np.ndarray, "..."],
+    lr_peak: RealScalarLike,
+    *,
+    norm: str,
+    heads: int,
+    warmup: int,
+) -> tuple[dict, dict[str, Array]]:
     """Train a decoder LM for ``data.shape[0]`` AdamW steps, one batch ``data[t]`` per step.
 
     The loss and all diagnostics of ``lm_diagnostics`` are recorded at every

@@ -24,12 +24,14 @@ Beyond the constructions of the paper this module offers:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import sphere
 from ._checks import RealScalarLike, check_int, check_nonnegative, check_plane, check_positive
@@ -51,6 +53,9 @@ __all__ = [
     "init_curve",
     "fit_curve",
 ]
+
+#: Arrays, numbers or (nested) lists of numbers.
+_ArrayLike: TypeAlias = ArrayLike | Sequence[Any]
 
 
 def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[Array, "d d"]:
@@ -147,7 +152,7 @@ def prompt_gauges(targets: ArrayLike, u: ArrayLike) -> Float[Array, "K d d"]:
 
 
 def orbit_angles(
-    x: Float[ArrayLike, "n d"], u: Float[ArrayLike, " d"], plane=(0, 1)
+    x: Float[ArrayLike, "n d"], u: Float[ArrayLike, " d"], plane: Sequence[int] = (0, 1)
 ) -> Float[Array, " n"]:
     r"""Angle $\alpha_i \in [0, 2 \pi)$ of each point relative to $u$ in ``plane = (a, b)``.
 
@@ -175,7 +180,9 @@ def orbit_angles(
     return jnp.mod(ang, 2 * jnp.pi)
 
 
-def quantile_from_density(density, num=4096) -> Callable:
+def quantile_from_density(
+    density: Callable[[Array], ArrayLike], num: int = 4096
+) -> Callable[[ArrayLike], Array]:
     r"""Quantile function $Q: (0, 1] \to [0, 2 \pi)$ of the angle law with (unnormalised) ``density`` $\rho$.
 
     $F(\alpha) = \int_0^\alpha \rho \,/ \int_0^{2 \pi} \rho$ tabulated by the midpoint rule on ``num``
@@ -208,7 +215,7 @@ def quantile_from_density(density, num=4096) -> Callable:
     angles = edges[idx]
     lv, an = jnp.asarray(levels), jnp.asarray(angles)
 
-    def quantile(s):
+    def quantile(s: ArrayLike) -> Array:
         return jnp.interp(
             s, lv.astype(jnp.result_type(s, float)), an.astype(jnp.result_type(s, float))
         )
@@ -216,7 +223,9 @@ def quantile_from_density(density, num=4096) -> Callable:
     return quantile
 
 
-def quantile_phase(quantile) -> Callable:
+def quantile_phase(
+    quantile: Callable[[ArrayLike], Any] | _ArrayLike,
+) -> Callable[[ArrayLike], ArrayLike]:
     r"""Phase field $\varphi(s) = -Q(s)$ realising a target law on the orbit of $u$ (Thm. 2 ii).
 
     For ``mf.kernels.PhaseField(beta, phi, plane)`` the maximiser is $x(s) = R_{-\varphi(s)} u =
@@ -250,11 +259,11 @@ def quantile_phase(quantile) -> Callable:
         levels = jnp.asarray((np.arange(a.size) + 0.5) / a.size)
         vals = jnp.asarray(a)
 
-        def Q(s):
+        def Q(s: ArrayLike) -> Array:
             dt = jnp.result_type(s, float)
             return jnp.interp(s, levels.astype(dt), vals.astype(dt))
 
-    def phase(s):
+    def phase(s: ArrayLike) -> ArrayLike:
         return -Q(s)
 
     return phase
@@ -295,11 +304,11 @@ class Anchored(Kernel):
         True
     """
 
-    base: Kernel
+    base: USA | GaugeKernel
     u: Float[Array, " d"]
     mass: ArrayLike
 
-    def __init__(self, base, u, mass=1.0):
+    def __init__(self, base: Kernel, u: _ArrayLike, mass: ArrayLike = 1.0) -> None:
         if not isinstance(base, (USA, GaugeKernel)):
             raise TypeError(
                 f"Anchored needs a USA or exp-gauge kernel (RoPE, PhaseField, Gauge, Prompt), got {type(base).__name__}"
@@ -315,22 +324,22 @@ class Anchored(Kernel):
         self.base, self.u, self.mass = base, uu, mass
 
     @property
-    def beta(self):
+    def beta(self) -> RealScalarLike:
         return self.base.beta
 
     @property
-    def integer_labels(self):  # type: ignore[override]
+    def integer_labels(self) -> bool:  # type: ignore[override]
         return self.base.integer_labels
 
-    def default_aux(self, n: int):
+    def default_aux(self, n: int) -> Array:
         return self.base.default_aux(n)
 
-    def _gauge(self, xi, d, dtype):
+    def _gauge(self, xi: ArrayLike, d: int, dtype: DTypeLike) -> Float[Array, "d d"]:
         if isinstance(self.base, GaugeKernel):
             return self.base.gauge_matrix(xi, d).astype(dtype)
         return jnp.eye(d, dtype=dtype)
 
-    def anchor_term(self, x, xi):
+    def anchor_term(self, x: Float[Array | np.ndarray, " d"], xi: ArrayLike) -> Float[Array, ""]:
         r"""$a(x, \xi) = e^{\beta \langle \Psi(\xi) x, u\rangle} / \beta$ (times $e^{-\beta}$ when rescaled); scalar.
 
         Example:
@@ -342,49 +351,68 @@ class Anchored(Kernel):
         P = self._gauge(xi, x.shape[-1], x.dtype)
         return self.base._exp(jnp.dot(P @ x, self.u.astype(x.dtype))) / self.base.beta
 
-    def __call__(self, x, xi, y, zeta):
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
         return self.base(x, xi, y, zeta) + self.mass * (
             self.anchor_term(x, xi) + self.anchor_term(y, zeta)
         )
 
-    def grad_x(self, x, xi, y, zeta):
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
         P = self._gauge(xi, x.shape[-1], x.dtype)
         u = self.u.astype(x.dtype)
         return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(jnp.dot(P @ x, u)) * (
             P.T @ u
         )
 
-    def _frame(self, x, aux):
+    def _frame(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None
+    ) -> tuple[Float[Array, "n d d"], Float[Array, "n d"]]:
         d = x.shape[-1]
         if isinstance(self.base, GaugeKernel):
+            aux = self.base.default_aux(x.shape[0]) if aux is None else aux  # as Kernel.field
             P = self.base.gauge_matrices(aux, d).astype(x.dtype)
         else:
             P = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (x.shape[0], d, d))
         return P, jnp.einsum("nij,nj->ni", P, x)
 
-    def field(self, x, aux, *, block_size=None):
+    def field(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, "n d"]:
         P, y = self._frame(x, aux)
         u = self.u.astype(x.dtype)
         w = self.base._exp(y @ u)  # (n,)
         anchor = jnp.einsum("nji,j->ni", P, u) * w[:, None]
         return self.base.field(x, aux, block_size=block_size) + self.mass * anchor
 
-    def energy(self, x, aux, *, block_size=None):
+    def energy(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, ""]:
         _, y = self._frame(x, aux)
         a = self.base._exp(y @ self.u.astype(x.dtype)) / self.base.beta
         return self.base.energy(x, aux, block_size=block_size) + self.mass * jnp.mean(a)
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         self.base.check_config(x, aux)
         if self.u.shape[0] != np.shape(x)[-1]:
             raise ValueError(
                 f"anchor u has dimension {self.u.shape[0]}, states have d = {np.shape(x)[-1]}"
             )
 
-    def check_traced(self, x, aux):
+    def check_traced(self, x: Float[Array, "n d"], aux: ArrayLike | None) -> Float[Array, "n d"]:
         return self.base.check_traced(x, aux)
 
-    def max_energy(self):
+    def max_energy(self) -> Array:
         r"""$E_w$ at the designed configuration: $(1/2 + w)\, e^\beta / \beta$ ($e^{-\beta}$ times if rescaled).
 
         Example:
@@ -395,10 +423,10 @@ class Anchored(Kernel):
         """
         beta = jnp.asarray(self.base.beta)
         scale = 1.0 if self.base.rescaled else jnp.exp(beta)
-        return (0.5 + self.mass) * scale / beta
+        return jnp.asarray((0.5 + self.mass) * scale / beta)
 
 
-def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
+def designed_configuration(kernel: Kernel, u: _ArrayLike, aux: _ArrayLike) -> Float[Array, "n d"]:
     r"""The designed maximiser $x_i = \Psi(\xi_i)^\top u$ of a USA/gauge kernel (or an ``Anchored`` one).
 
     Args:
@@ -434,7 +462,14 @@ def designed_configuration(kernel: Kernel, u, aux) -> Float[Array, "n d"]:
 # ----------------------------------------------------------------------------
 
 
-def vmf_mixture(key, n, means, kappas, weights=None, dtype=jnp.float32) -> Float[Array, "n 3"]:
+def vmf_mixture(
+    key: PRNGKeyArray,
+    n: int,
+    means: _ArrayLike,
+    kappas: _ArrayLike,
+    weights: _ArrayLike | None = None,
+    dtype: DTypeLike = jnp.float32,
+) -> Float[Array, "n 3"]:
     r"""$n$ i.i.d. samples of $\sum_k w_k \operatorname{vMF}(\mu_k, \kappa_k)$ on $S^2$ (exact sampler).
 
     The component is drawn with probabilities $w$; the cosine $t = \langle x, \mu\rangle$ of a vMF on
@@ -480,7 +515,7 @@ def vmf_mixture(key, n, means, kappas, weights=None, dtype=jnp.float32) -> Float
     return t[:, None] * m + jnp.sqrt(1.0 - t * t)[:, None] * v
 
 
-def seam_curve(t, b: float = 0.3) -> Float[Array, "... 3"]:
+def seam_curve(t: _ArrayLike, b: float = 0.3) -> Float[Array, "... 3"]:
     r"""The tennis-ball seam on $S^2$: $(a \cos t + b \cos 3t,\ a \sin t - b \sin 3t,\ 2 \sqrt{ab} \sin 2t)$, $a = 1 - b$.
 
     $|x|^2 = a^2 + b^2 + 2ab \cos 4t + 2ab (1 - \cos 4t) = (a + b)^2 = 1$. $t$ in radians.
@@ -541,7 +576,9 @@ def curve_points(theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"]) -> F
     return sphere.normalize(raw)
 
 
-def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
+def curve_gauges(
+    theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"], u: Float[ArrayLike, " d"]
+) -> Float[Array, "n d d"]:
     r"""Gauges $\Psi(s_i) = \operatorname{rotation\_to}(p_\theta(s_i), u)$ (so $\Psi(s_i)^\top u = p_\theta(s_i)$).
 
     Differentiable in $\theta$. Use with ``mf.kernels.Prompt(beta, gauges)`` and labels
@@ -566,7 +603,9 @@ def curve_gauges(theta, s, u) -> Float[Array, "n d d"]:
     return jax.vmap(rotation_to, in_axes=(0, None))(P, jnp.asarray(u, P.dtype))
 
 
-def curve_gauge(theta, u) -> Callable:
+def curve_gauge(
+    theta: Float[ArrayLike, "m d"], u: Float[ArrayLike, " d"]
+) -> Callable[[ArrayLike], Float[Array, "d d"]]:
     r"""The gauge $\Psi(s) = \operatorname{rotation\_to}(p_\theta(s), u)$ as a callable for ``mf.kernels.Gauge``.
 
     Args:
@@ -585,14 +624,18 @@ def curve_gauge(theta, u) -> Callable:
     theta = jnp.asarray(theta)
     u = jnp.asarray(u, theta.dtype)
 
-    def psi(s):
+    def psi(s: ArrayLike) -> Float[Array, "d d"]:
         return rotation_to(curve_points(theta, jnp.reshape(s, (1,)))[0], u)
 
     return psi
 
 
 def init_curve(
-    key, num_modes, d: int = 3, scale: float = 0.1, dtype=jnp.float32
+    key: PRNGKeyArray,
+    num_modes: int,
+    d: int = 3,
+    scale: float = 0.1,
+    dtype: DTypeLike = jnp.float32,
 ) -> Float[Array, "m d"]:
     r"""Initial $\theta$: the great circle $\cos(2 \pi s) e_1 + \sin(2 \pi s) e_2$ plus $N(0, \text{scale}^2)$ noise.
 
@@ -617,16 +660,16 @@ def init_curve(
 
 
 def fit_curve(
-    key,
+    key: PRNGKeyArray,
     target: Float[ArrayLike, "m d"],
     *,
-    num_modes=6,
-    n=256,
-    steps=400,
+    num_modes: int = 6,
+    n: int = 256,
+    steps: int = 400,
     learning_rate: RealScalarLike = 0.03,
     bandwidth: RealScalarLike = 0.3,
-    theta0=None,
-):
+    theta0: Float[ArrayLike, "k d"] | None = None,
+) -> tuple[Float[Array, "k d"], Float[Array, " steps"]]:
     r"""Fit $\theta$ so that the maximiser's marginal $(p_\theta)_\# ds$ matches ``target`` samples.
 
     Loss: $\mathrm{MMD}^2(p_\theta(s), \text{target})$ (``mf.metrics.mmd``, Gaussian kernel of ``bandwidth``)
@@ -671,17 +714,26 @@ def fit_curve(
 
 
 @functools.partial(jax.jit, static_argnames=("n", "steps"))
-def _fit_curve(theta, key, target, lr, bw, *, n, steps):
+def _fit_curve(
+    theta: Float[Array, "k d"],
+    key: PRNGKeyArray,
+    target: Float[Array, "m d"],
+    lr: Array,
+    bw: Array,
+    *,
+    n: int,
+    steps: int,
+) -> tuple[Float[Array, "k d"], Float[Array, " steps"]]:
     import optax
 
     from .metrics import mmd
 
     opt = optax.adam(lr)
 
-    def loss_fn(th, s):
+    def loss_fn(th: Float[Array, "k d"], s: Float[Array, " n"]) -> Array:
         return mmd(curve_points(th, s), target, bw) ** 2
 
-    def step(carry, k):
+    def step(carry: tuple[Array, Any], k: PRNGKeyArray) -> tuple[tuple[Array, Any], Array]:
         th, st = carry
         s = (jnp.arange(n, dtype=th.dtype) + jax.random.uniform(k, (n,), th.dtype)) / n
         loss, g = jax.value_and_grad(loss_fn)(th, s)

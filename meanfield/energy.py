@@ -16,9 +16,11 @@ an error naming it instead of returning a number.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Float, Real
 
 from . import sphere
 from ._checks import (
@@ -40,7 +42,7 @@ __all__ = ["energy", "velocity", "field", "resolve_aux", "check_states", "METHOD
 METHODS = ("auto", "pairwise")
 
 
-def resolve_aux(model, x, aux):
+def resolve_aux(model: Any, x: Any, aux: Any) -> Real[Array, " n"]:
     """Validate the shape of ``x`` (``(n, d)``, ``n >= 2``, ``d >= 2``) and return the labels.
 
     ``aux=None`` gives ``model.default_aux(n)`` (positions $i/n$; prompt blocks
@@ -81,7 +83,7 @@ def resolve_aux(model, x, aux):
     return jnp.asarray(aux)
 
 
-def _check_model(model) -> None:
+def _check_model(model: object) -> None:
     if isinstance(model, type) and issubclass(model, Model):
         raise TypeError(
             f"got the class {model.__name__}; pass an instance, e.g. {model.__name__}(1.0)"
@@ -93,7 +95,7 @@ def _check_model(model) -> None:
         )
 
 
-def _check_real_array(name: str, value) -> None:
+def _check_real_array(name: str, value: object) -> None:
     """``TypeError`` unless ``value`` is an array (or nested list) of real numbers."""
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be an array of real numbers, got {value!r}")
@@ -107,7 +109,7 @@ def _check_real_array(name: str, value) -> None:
         raise TypeError(f"{name} must be an array of real numbers, got dtype {dtype}")
 
 
-def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
+def check_states(model: Any, x: Any, aux: Any = None, name: str = "x") -> tuple[Array, Array]:
     """``(x, aux)`` validated as every entry point needs them (``field``, ``velocity``,
     ``energy``, ``mf.simulate``): one clear error before any compilation.
 
@@ -170,12 +172,12 @@ def check_states(model, x, aux=None, name: str = "x") -> tuple[Array, Array]:
 
 
 def field(
-    model,
+    model: Any,
     x: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     method: str = "auto",
-    block_size=None,
+    block_size: Any = None,
     backend: str | None = None,
 ) -> Float[Array, "n d"]:
     r"""Unprojected mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$, ``(n, d)``.
@@ -219,12 +221,12 @@ def field(
 
 
 def velocity(
-    model,
+    model: Any,
     x: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     method: str = "auto",
-    block_size=None,
+    block_size: Any = None,
     backend: str | None = None,
 ) -> Float[Array, "n d"]:
     """Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
@@ -252,12 +254,12 @@ def velocity(
 
 
 def energy(
-    model,
+    model: Any,
     x: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     method: str = "auto",
-    block_size=None,
+    block_size: Any = None,
     backend: str | None = None,
 ) -> Float[Array, ""]:
     r"""Interaction energy $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ (scalar).
@@ -298,6 +300,6 @@ def energy(
         return model.energy(x, aux, block_size=block_size)
 
 
-def _block(block_size):
+def _block(block_size: Any) -> int | None:
     """``block_size`` checked: ``None`` or an int ``>= 1``."""
     return None if block_size is None else check_int("block_size", block_size, minimum=1)

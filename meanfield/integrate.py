@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeAlias, cast
 
 import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float, PyTree
 
 from . import metrics, sphere
 from ._checks import (
@@ -97,11 +97,11 @@ class RK4(diffrax.AbstractERK):
     tableau: ClassVar[diffrax.ButcherTableau] = _rk4_tableau
     interpolation_cls: ClassVar[Callable] = diffrax.ThirdOrderHermitePolynomialInterpolation.from_k
 
-    def order(self, terms):
+    def order(self, terms: PyTree[diffrax.AbstractTerm]) -> int:
         return 4
 
 
-def _inner_solver(name: str):
+def _inner_solver(name: str) -> diffrax.AbstractSolver:
     return {
         "euler": diffrax.Euler,
         "rk2": diffrax.Heun,
@@ -115,6 +115,9 @@ def _inner_solver(name: str):
 # that the Runge--Kutta combinations leave them untouched (their derivative is 0) and the
 # post-step map updates them.
 _E_REF, _T_REF, _STOP, _FAIL = range(4)
+_State: TypeAlias = tuple[Float[Array, "n d"], Float[Array, " 4"]]
+# a time as diffrax's solvers and controllers take it (diffrax's own ``RealScalarLike``)
+_Time: TypeAlias = int | float | Array | np.ndarray
 
 
 class _Args(eqx.Module):
@@ -132,7 +135,7 @@ class _Args(eqx.Module):
     )  # of the exp-kernel evaluation (mf.kernels.BACKENDS)
 
 
-def _vector_field(t, y, args: _Args):
+def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     x, flags = y
     xh = sphere.normalize(x)
     with use_backend(args.backend):
@@ -140,12 +143,12 @@ def _vector_field(t, y, args: _Args):
     return (sphere.project(xh, F) if args.tangent else F), jnp.zeros_like(flags)
 
 
-def _energy(args: _Args, x):
+def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
     with use_backend(args.backend):
         return args.model.energy(x, args.aux, block_size=args.block_size)
 
 
-def _post_step(t1, y, args: _Args):
+def _post_step(t1: _Time, y: _State, args: _Args) -> _State:
     """Projection after the step, failure flag, early-stop window bookkeeping."""
     x, flags = y
     if args.project:
@@ -174,7 +177,7 @@ class _EndpointInterpolation(diffrax.LocalLinearInterpolation):
     stepped ones (and keeps a finite ``y0`` when ``y1`` went non-finite).
     """
 
-    def evaluate(self, t0, t1=None, left=True):
+    def evaluate(self, t0: _Time, t1: _Time | None = None, left: bool = True) -> PyTree[Array]:
         if t1 is not None:
             return super().evaluate(t0, t1, left)
         lin = super().evaluate(t0)
@@ -197,26 +200,44 @@ class _PostStepSolver(diffrax.AbstractSolver):
     term_structure: ClassVar = diffrax.AbstractTerm
     interpolation_cls: ClassVar = _EndpointInterpolation
 
-    def order(self, terms):
+    def order(self, terms: PyTree[diffrax.AbstractTerm]) -> int | None:
         return self.inner.order(terms)
 
-    def strong_order(self, terms):
+    def strong_order(self, terms: PyTree[diffrax.AbstractTerm]) -> _Time | None:
         return None
 
-    def error_order(self, terms):
+    def error_order(self, terms: PyTree[diffrax.AbstractTerm]) -> _Time | None:
         return self.inner.error_order(terms)
 
-    def init(self, terms, t0, t1, y0, args):
+    def init(
+        self,
+        terms: PyTree[diffrax.AbstractTerm],
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        args: _Args,
+    ) -> Any:
         return self.inner.init(terms, t0, t1, y0, args)
 
-    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+    def step(
+        self,
+        terms: PyTree[diffrax.AbstractTerm],
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        args: _Args,
+        solver_state: Any,
+        made_jump: bool | Array | np.ndarray,
+    ) -> tuple[_State, PyTree[Array] | None, dict[str, _State], Any, diffrax.RESULTS]:
         y1, y_error, _, solver_state, result = self.inner.step(
             terms, t0, t1, y0, args, solver_state, made_jump
         )
         y1 = _post_step(t1, y1, args)
         return y1, y_error, dict(y0=y0, y1=y1), solver_state, result
 
-    def func(self, terms, t0, y0, args):
+    def func(
+        self, terms: PyTree[diffrax.AbstractTerm], t0: _Time, y0: _State, args: _Args
+    ) -> _State:
         return self.inner.func(terms, t0, y0, args)
 
 
@@ -256,7 +277,7 @@ class Trajectory(eqx.Module):
     num_steps: Array
 
 
-def _check_times(t1, dt, ts, solver):
+def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:
     check_scalar("t1", t1)
     if not is_concrete(t1):
         raise TypeError(
@@ -312,10 +333,10 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
     ts: Array
     t_end: Array
 
-    def wrap(self, direction):
+    def wrap(self, direction: ArrayLike) -> _UniformSteps:
         return self
 
-    def _next(self, t, k):
+    def _next(self, t: _Time, k: Array) -> tuple[Array, Array]:
         """Next grid index (skipping grid points reached or within ``h / 1000``) and target."""
         k = jnp.where(k * self.h <= t + 1e-3 * self.h, k + 1, k)
         j = jnp.searchsorted(self.ts, t, side="right")
@@ -324,17 +345,36 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
         )
         return k, jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
 
-    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+    def init(
+        self,
+        terms: PyTree[diffrax.AbstractTerm],
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        dt0: _Time | None,
+        args: _Args,
+        func: Callable[..., Any],
+        error_order: _Time | None,
+    ) -> tuple[Array, Array]:
         del terms, t1, y0, dt0, args, func, error_order
         k, target = self._next(t0, jnp.zeros((), self.h.dtype))
         return target, k
 
     def adapt_step_size(
-        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
-    ):
+        self,
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        y1_candidate: _State,
+        args: _Args,
+        y_error: PyTree[Array] | None,
+        error_order: _Time,
+        controller_state: Array,
+    ) -> tuple[bool, _Time, Array, bool, Array, diffrax.RESULTS]:
         del t0, y0, y1_candidate, args, y_error, error_order
         k, target = self._next(t1, controller_state)
-        return True, t1, target, False, k, diffrax.RESULTS.successful
+        # diffrax's RESULTS members are typed as str by its enumeration metaclass
+        return True, t1, target, False, k, diffrax.RESULTS.successful  # type: ignore[return-value]
 
 
 class _GridSteps(diffrax.AbstractStepSizeController):
@@ -352,19 +392,37 @@ class _GridSteps(diffrax.AbstractStepSizeController):
 
     grid: Array
 
-    def wrap(self, direction):
+    def wrap(self, direction: ArrayLike) -> _GridSteps:
         return self
 
-    def _at(self, k):
+    def _at(self, k: int | Array) -> Array:
         return self.grid[jnp.minimum(k, self.grid.shape[0] - 1)]
 
-    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+    def init(
+        self,
+        terms: PyTree[diffrax.AbstractTerm],
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        dt0: _Time | None,
+        args: _Args,
+        func: Callable[..., Any],
+        error_order: _Time | None,
+    ) -> tuple[Array, int]:
         del terms, t0, t1, y0, dt0, args, func, error_order
         return self.grid[1], 2
 
     def adapt_step_size(
-        self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state
-    ):
+        self,
+        t0: _Time,
+        t1: _Time,
+        y0: _State,
+        y1_candidate: _State,
+        args: _Args,
+        y_error: PyTree[Array] | None,
+        error_order: _Time,
+        controller_state: int | Array,
+    ) -> tuple[bool, _Time, Array, bool, int | Array, diffrax.RESULTS]:
         del t0, y0, y1_candidate, args, y_error, error_order
         return (
             True,
@@ -372,7 +430,8 @@ class _GridSteps(diffrax.AbstractStepSizeController):
             self._at(controller_state),
             False,
             controller_state + 1,
-            diffrax.RESULTS.successful,
+            # diffrax's RESULTS members are typed as str by its enumeration metaclass
+            diffrax.RESULTS.successful,  # type: ignore[return-value]
         )
 
 
@@ -385,7 +444,7 @@ def _grid_bucket(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
-def _grid_argument(grid: np.ndarray, t1: float, dt: float, dtype) -> np.ndarray:
+def _grid_argument(grid: np.ndarray, t1: float, dt: float, dtype: DTypeLike) -> np.ndarray:
     """The step grid as the compiled program's argument: cast to ``dtype``, checked, padded with ``t1``.
 
     Raises ``ValueError`` when two step points coincide in ``dtype`` (``dt`` or the distance
@@ -419,21 +478,21 @@ def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
 
 
 def simulate(
-    model,
+    model: Any,
     x0: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
     t1: RealScalarLike,
     dt: RealScalarLike | None = 1e-2,
     solver: str = "rk2",
-    ts=None,
+    ts: Any = None,
     rtol: RealScalarLike | None = None,
     atol: RealScalarLike | None = None,
     observables: Mapping[str, Any] | None = None,
     save_states: bool = True,
     early_stop: RealScalarLike | None = None,
-    max_steps=None,
-    block_size=None,
+    max_steps: Any = None,
+    block_size: Any = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
     step: str = "projected",
@@ -576,10 +635,11 @@ def simulate(
         jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
         h_traced,
         # save times, end time and step grid are data (arguments of the compiled program,
-        # never constants that XLA folds): one compilation per length of ts
-        np.asarray(ts_np, x0.dtype),
-        np.asarray(t1f, x0.dtype),
-        grid,
+        # never constants that XLA folds): one compilation per length of ts. filter_jit traces
+        # NumPy arrays: _simulate's body sees JAX arrays (the casts say so to the type checker)
+        cast(Array, np.asarray(ts_np, x0.dtype)),
+        cast(Array, np.asarray(t1f, x0.dtype)),
+        cast(Array | None, grid),
         solver=solver,
         dt0=dt0,
         rtol=rtol,
@@ -598,29 +658,29 @@ def simulate(
 
 @eqx.filter_jit
 def _simulate(
-    model,
-    x0,
-    aux,
-    tol,
-    h_traced,
-    ts_arr,
-    t1,
-    grid,
+    model: Any,
+    x0: Float[Array, "n d"],
+    aux: Array,
+    tol: Float[Array, ""],
+    h_traced: Float[Array, ""] | None,
+    ts_arr: Float[Array, " T"],
+    t1: Float[Array, ""],
+    grid: Float[Array, " grid"] | None,
     *,
-    solver,
-    dt0,
-    rtol,
-    atol,
-    observables,
-    save_states,
-    early_stop,
-    max_steps,
-    block_size,
-    has_energy,
-    adjoint,
-    tangent,
-    backend,
-):
+    solver: str,
+    dt0: float | None,
+    rtol: RealScalarLike | None,
+    atol: RealScalarLike | None,
+    observables: tuple[tuple[str, Callable[..., Any]], ...],
+    save_states: bool,
+    early_stop: bool,
+    max_steps: int,
+    block_size: int | None,
+    has_energy: bool,
+    adjoint: diffrax.AbstractAdjoint,
+    tangent: bool,
+    backend: str,
+) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
     args = _Args(model, aux, tol, block_size, not adaptive, early_stop, tangent, backend)
@@ -628,7 +688,7 @@ def _simulate(
     flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
 
-    def save_fn(t, y, args):
+    def save_fn(t: _Time, y: _State, args: _Args) -> dict[str, Array]:
         x = sphere.normalize(y[0])
         out = {"collapse_gap": metrics.collapse_gap(x), "_flags": y[1]}
         if has_energy:
@@ -642,13 +702,17 @@ def _simulate(
         return out
 
     if adaptive:
-        # steps land on the save times and on t1 (the run's end, below diffrax's horizon)
+        assert rtol is not None and atol is not None  # simulate requires both
+        # steps land on the save times and on t1 (the run's end, below diffrax's horizon);
+        # NumPy scalar tolerances were traced by filter_jit: JAX arrays here
         controller = diffrax.ClipStepSizeController(
-            diffrax.PIDController(rtol=rtol, atol=atol), step_ts=jnp.append(ts_arr, t1)
+            diffrax.PIDController(rtol=cast(_Time, rtol), atol=cast(_Time, atol)),
+            step_ts=jnp.append(ts_arr, t1),
         )
     elif h_traced is not None:
         controller = _UniformSteps(h_traced, ts_arr, t1)
     else:
+        assert grid is not None  # a concrete dt: simulate built the grid
         controller = _GridSteps(grid)
     # The run ends at the traced t1 by the event (every controller lands on t1 exactly).
     # diffrax's own end time is a static horizon that is never reached: from a traced t1,

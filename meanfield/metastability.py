@@ -63,7 +63,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 from jaxtyping import ArrayLike as _JaxArrayLike
 
 from . import metrics, sphere
@@ -99,7 +99,7 @@ _ArrayLike: TypeAlias = _JaxArrayLike | Sequence[Any]
 _LONG_BLOCK = 128
 
 
-def _check_threshold(threshold) -> None:
+def _check_threshold(threshold: Any) -> None:
     check_scalar("threshold", threshold)
     if is_concrete(threshold):
         t = float(threshold)
@@ -167,7 +167,9 @@ def clusters(
 
 
 @eqx.filter_jit
-def _clusters(x, threshold, *, block_size):
+def _clusters(
+    x: Float[Array, "n d"], threshold: RealScalarLike, *, block_size: int | None
+) -> Clusters:
     n = x.shape[0]
     labels = metrics._component_labels(x, jnp.asarray(threshold, x.dtype), block_size=block_size)
     w = jax.ops.segment_sum(jnp.ones((n,), x.dtype), labels, num_segments=n) / n
@@ -192,7 +194,7 @@ def cluster_labels(
     """
     _check_threshold(threshold)
 
-    def labels(x):
+    def labels(x: Float[Array, "n d"]) -> Int[Array, " n"]:
         return metrics._component_labels(x, jnp.asarray(threshold, x.dtype), block_size=block_size)
 
     return labels
@@ -221,12 +223,16 @@ class MergeEvent:
 
 
 @eqx.filter_jit
-def _batch_labels(xs, threshold, block_size):
+def _batch_labels(
+    xs: Float[Array, "T n d"], threshold: Array, block_size: int | None
+) -> Int[Array, "T n"]:
     """Component labels of every saved state (one compilation per shape, threshold traced)."""
     return jax.vmap(lambda x: metrics._component_labels(x, threshold, block_size=block_size))(xs)
 
 
-def _traj_labels(traj, threshold, block_size):
+def _traj_labels(
+    traj: Trajectory | tuple[Any, Any], threshold: RealScalarLike, block_size: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """``(ts, labels)`` from a Trajectory (states or a ``cluster_labels`` observable) or a pair."""
     if isinstance(traj, tuple) and len(traj) == 2:
         ts, xs = traj
@@ -268,7 +274,10 @@ def _traj_labels(traj, threshold, block_size):
 
 
 def merge_events(
-    traj, threshold: RealScalarLike = 0.1, *, block_size: int | None = None
+    traj: Trajectory | tuple[Any, Any],
+    threshold: RealScalarLike = 0.1,
+    *,
+    block_size: int | None = None,
 ) -> list[MergeEvent]:
     r"""Every merge of clusters along a run, in time order.
 
@@ -355,11 +364,11 @@ class Plateaus:
         return int(self.level.size)
 
 
-def _runs(E, band):
+def _runs(E: Float[Array, " T"], band: _JaxArrayLike) -> Bool[Array, " T"]:
     """Greedy left-to-right runs of saves whose energies span at most ``band``: ``new[k]`` is
     true where save ``k`` starts a run."""
 
-    def body(carry, e):
+    def body(carry: tuple[Array, Array], e: Array) -> tuple[tuple[Array, Array], Array]:
         lo, hi = carry
         lo2, hi2 = jnp.minimum(lo, e), jnp.maximum(hi, e)
         new = (hi2 - lo2) > band
@@ -369,7 +378,7 @@ def _runs(E, band):
     return new.at[0].set(True)
 
 
-def _check_plateau_args(energy, rel_tol, min_points):
+def _check_plateau_args(energy: Any, rel_tol: Any, min_points: Any) -> tuple[Array, int]:
     check_scalar("rel_tol", rel_tol)
     check_positive("rel_tol", rel_tol)
     min_points = check_int("min_points", min_points, minimum=2)
@@ -380,7 +389,9 @@ def _check_plateau_args(energy, rel_tol, min_points):
 
 
 @eqx.filter_jit
-def _plateau_core(E, rel_tol, min_points):
+def _plateau_core(
+    E: Float[Array, " T"], rel_tol: RealScalarLike, min_points: int
+) -> tuple[Int[Array, " T"], Int[Array, " T"], Bool[Array, " T"]]:
     E = E.astype(jnp.result_type(E.dtype, jnp.float32))
     span = jnp.max(E) - jnp.min(E)
     band = rel_tol * span
@@ -606,7 +617,7 @@ def two_cluster_merge_time(
     W = float(w1) + float(w2)
     u0, uc = 1.0 - math.cos(th), 1.0 - math.cos(thc)
 
-    def f(s):
+    def f(s: float) -> float:
         u = math.exp(s)
         return math.exp(-b * (u0 - u)) / (2.0 - u)
 
@@ -660,14 +671,14 @@ def log_time_grid(
 def simulate_long(
     model: USA,
     x0: _ArrayLike,
-    aux=None,
+    aux: _ArrayLike | None = None,
     *,
     rtol: RealScalarLike,
     atol: RealScalarLike,
     t1: RealScalarLike | None = None,
     log_t1: RealScalarLike | None = None,
-    ts=None,
-    log_ts=None,
+    ts: _ArrayLike | None = None,
+    log_ts: _ArrayLike | None = None,
     num_saves: int = 200,
     t_min: RealScalarLike = 1e-2,
     merge_tol: RealScalarLike | None = None,
@@ -859,7 +870,7 @@ def simulate_long(
     )
 
 
-def _log_diff(a, b):
+def _log_diff(a: Array, b: Array) -> Array:
     """$\\log(e^a - e^b)$ for $a \\ge b$ ($-\\infty$ when equal; ``b = -inf`` gives ``a``)."""
     d = jnp.where(jnp.isfinite(b), b - a, -jnp.inf)
     return a + jnp.log(-jnp.expm1(d))
@@ -867,23 +878,23 @@ def _log_diff(a, b):
 
 @eqx.filter_jit
 def _simulate_long(
-    model,
-    x0,
-    aux,
-    lts,
-    ts,
-    rtol,
-    atol,
-    merge_tol,
-    log_dt0,
+    model: USA,
+    x0: Float[Array, "n d"],
+    aux: Array | None,
+    lts: Float[Array, " T"],
+    ts: Float[Array, " T"],
+    rtol: Array,
+    atol: Array,
+    merge_tol: Array,
+    log_dt0: Array,
     *,
-    merged,
-    max_steps,
-    observables,
-    save_states,
-    block_size,
-    backend,
-):
+    merged: bool,
+    max_steps: int,
+    observables: tuple[tuple[str, Callable[..., Any]], ...],
+    save_states: bool,
+    block_size: int | None,
+    backend: str,
+) -> Trajectory:
     n, _ = x0.shape
     dtype = x0.dtype
     T = lts.shape[0]
@@ -895,14 +906,14 @@ def _simulate_long(
     B = min(n, _LONG_BLOCK if block_size is None else block_size)
     R = -(-n // B) * B
 
-    def f(x, lab):
+    def f(x: Float[Array, "n d"], lab: Int[Array, " n"]) -> tuple[Array, Float[Array, "n d"]]:
         """``(c, G)`` with ``F = e^c G`` the field of the flow (module docstring): pairs in one
         merged cluster (equal ``lab``) excluded, ``c`` the largest pair exponent (``-inf``
         when there is no such pair)."""
         xp = jnp.concatenate([x, jnp.zeros((R - n,) + x.shape[1:], dtype)]) if R > n else x
         lp = jnp.concatenate([lab, jnp.full((R - n,), -1, lab.dtype)]) if R > n else lab
 
-        def rows(blk):
+        def rows(blk: tuple[Array, Array]) -> tuple[Array, Array]:
             xb, lb = blk
             # differences, and 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the pull
             # between clusters is far below the rounding of a summed field
@@ -922,12 +933,12 @@ def _simulate_long(
         # c = -inf when every pair is merged: the field is zero and any step is exact
         return c + shift, G
 
-    def labels_of(x):
+    def labels_of(x: Float[Array, "n d"]) -> Int[Array, " n"]:
         if not merged:
             return jnp.arange(n)
         return metrics._component_labels(x, merge_tol, block_size=None)
 
-    def snap(x):
+    def snap(x: Float[Array, "n d"]) -> tuple[Float[Array, "n d"], Int[Array, " n"]]:
         """Merged particles replaced by their cluster's normalised mean, and the labels."""
         lab = labels_of(x)
         if not merged:
@@ -935,7 +946,7 @@ def _simulate_long(
         s = jax.ops.segment_sum(x, lab, num_segments=n)
         return sphere.normalize(s[lab]), lab
 
-    def save(x, lt):
+    def save(x: Float[Array, "n d"], lt: Array) -> dict[str, Array]:
         with use_backend(backend):  # a static argument of this program
             energy = model.energy(x, aux, block_size=block_size)
         out = {
@@ -956,16 +967,16 @@ def _simulate_long(
 
     # log t is a compensated (Kahan) sum lt - c of log(1 + h / t): O(1) steps during a merge
     # at t ~ e^40 still add up
-    def cond(s):
+    def cond(s: tuple[Any, ...]) -> Array:
         x, lab, lt, c, eta, k, steps, acc, buf, failed = s
         return (k < T) & (steps < max_steps) & ~failed
 
-    def body(s):
+    def body(s: tuple[Any, ...]) -> tuple[Any, ...]:
         x, lab, lt, c, eta, k, steps, acc, buf, failed = s
         target = lts[jnp.minimum(k, T - 1)]
         due = (lt - c) >= target
 
-        def do_save(_):
+        def do_save(_: None) -> tuple[Any, ...]:
             new = save(x, target)
             return (
                 x,
@@ -980,7 +991,7 @@ def _simulate_long(
                 failed,
             )
 
-        def do_step(_):
+        def do_step(_: None) -> tuple[Any, ...]:
             lrem = _log_diff(target, lt - c)
             es = jnp.minimum(eta, lrem)
             clipped = es < eta
@@ -988,11 +999,11 @@ def _simulate_long(
             # representative and do not pull on each other: their copies stay bit-identical
             # through the stages
 
-            def g(v):
+            def g(v: Float[Array, "n d"]) -> tuple[Array, Float[Array, "n d"]]:
                 cv, G = f(v[lab] if merged else v, lab)
                 return cv, G[lab] if merged else G
 
-            def inc(terms):
+            def inc(terms: list[tuple[float, tuple[Array, Array]]]) -> Array | int:
                 # h sum_i b_i F_i = sum_i b_i e^{eta + c_i} G_i
                 return sum(b * jnp.exp(es + cv) * G for b, (cv, G) in terms)
 

@@ -6,11 +6,12 @@ All functions take one configuration; batch with ``jax.vmap``.
 from __future__ import annotations
 
 import functools
+from typing import TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float, Int
 
 from ._checks import RealScalarLike, check_int, check_positive
 
@@ -116,13 +117,25 @@ def num_clusters(
     return _num_clusters(x, threshold, block_size=block_size)
 
 
+# a tile of particles: rows, which rows are particles (not padding), their bounding box
+_Tile: TypeAlias = tuple[
+    Float[Array, "T d"], Bool[Array, " T"], Float[Array, " d"], Float[Array, " d"]
+]
+# component labels and whether the last pass changed them
+_Labels: TypeAlias = tuple[Int[Array, " n"], Bool[Array, ""]]
+
+
 @functools.partial(jax.jit, static_argnames="block_size")
-def _num_clusters(x, threshold, *, block_size):
+def _num_clusters(
+    x: Float[Array, "n d"], threshold: RealScalarLike, *, block_size: int | None
+) -> Int[Array, ""]:
     labels = _component_labels(x, threshold, block_size=block_size)
     return jnp.sum(labels == jnp.arange(x.shape[0], dtype=labels.dtype))
 
 
-def _component_labels(x, threshold, *, block_size):
+def _component_labels(
+    x: Float[Array, "n d"], threshold: RealScalarLike, *, block_size: int | None
+) -> Int[Array, " n"]:
     """Component label of every particle: the smallest particle index in its component
     (so ``labels[i] == i`` exactly at one particle per component). Shared with
     ``mf.metastability.clusters``."""
@@ -140,7 +153,7 @@ def _component_labels(x, threshold, *, block_size):
     # bounding boxes of the tiles (padding excluded)
     big = jnp.asarray(jnp.inf, y.dtype)
 
-    def boxes(T, m):
+    def boxes(T: int, m: int) -> tuple[Float[Array, "tiles d"], Float[Array, "tiles d"]]:
         t = yp[:m].reshape(m // T, T, d)
         ok = valid[:m].reshape(m // T, T, 1)
         return jnp.min(jnp.where(ok, t, big), axis=1), jnp.max(jnp.where(ok, t, -big), axis=1)
@@ -159,18 +172,27 @@ def _component_labels(x, threshold, *, block_size):
     col_tiles = (yp[:K].reshape(K // C, C, d), valid[:K].reshape(K // C, C), clo, chi)
     sentinel = jnp.asarray(n, jnp.int32)
 
-    def neighbour_min(L):
+    def neighbour_min(L: Int[Array, " n"]) -> Int[Array, " n"]:
         r"""$m_i = \min_{j \sim i} L_j$ (``n`` where ``i`` has no neighbour), tile by tile."""
         Lc = jnp.concatenate([L, jnp.full((K - n,), n, L.dtype)]).reshape(K // C, C)
 
-        def rows(args):
+        def rows(args: _Tile) -> Int[Array, " B"]:
             yb, okb, lo, hi = args
 
-            def body(acc, col):
+            def body(
+                acc: Int[Array, " B"],
+                col: tuple[
+                    Float[Array, "C d"],
+                    Bool[Array, " C"],
+                    Float[Array, " d"],
+                    Float[Array, " d"],
+                    Int[Array, " C"],
+                ],
+            ) -> tuple[Int[Array, " B"], None]:
                 yc, okc, clo_, chi_, lc = col
                 far = jnp.any((clo_ - hi > reach) | (lo - chi_ > reach))
 
-                def visit(acc):
+                def visit(acc: Int[Array, " B"]) -> Int[Array, " B"]:
                     cos = jnp.clip(yb @ yc.T, -1.0, 1.0)
                     adj = (cos > cos_t) & okc[None, :]
                     return jnp.minimum(acc, jnp.min(jnp.where(adj, lc[None, :], sentinel), axis=1))
@@ -182,17 +204,17 @@ def _component_labels(x, threshold, *, block_size):
 
         return jax.lax.map(rows, row_tiles).reshape(R)[:n]
 
-    def compress(L):
+    def compress(L: Int[Array, " n"]) -> Int[Array, " n"]:
         """Pointer jumping ``L <- L[L]`` to the roots."""
 
-        def jump(s):
+        def jump(s: _Labels) -> _Labels:
             L, _ = s
             L2 = L[L]
             return L2, jnp.any(L2 != L)
 
         return jax.lax.while_loop(lambda s: s[1], jump, (L, jnp.array(True)))[0]
 
-    def round_(state):
+    def round_(state: _Labels) -> _Labels:
         L, _ = state
         m = jnp.minimum(neighbour_min(L), L)
         new = L.at[L].min(m)  # hook the root of every tree to the smallest neighbouring label
@@ -235,7 +257,9 @@ def mmd(
     check_positive("bandwidth", bandwidth)
     s = 1.0 / bandwidth**2
 
-    def kmean(a, b):
+    def kmean(
+        a: Float[Array | np.ndarray, "k d"], b: Float[Array | np.ndarray, "l d"]
+    ) -> Float[Array, ""]:
         return jnp.mean(jnp.exp((a @ b.T - 1.0) * s))
 
     val = kmean(x, x) + kmean(y, y) - 2.0 * kmean(x, y)

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "METADATA_KEY",
@@ -179,7 +179,7 @@ def find_notebooks(root: str | os.PathLike = ".") -> list[Path]:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line on stderr, exit status 2 (no usage block)
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (no usage block)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

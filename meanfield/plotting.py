@@ -7,11 +7,19 @@ caller's backend sends them (inline in a notebook, a file with ``savefig``).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib.pyplot as plt
 import numpy as np
+import numpy.typing as npt
+from matplotlib.axes import Axes
+from matplotlib.colors import Colormap
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from mpl_toolkits.mplot3d.axes3d import Axes3D
 
 __all__ = [
     "sphere_axes",
@@ -26,7 +34,9 @@ __all__ = [
 MOVIE_FORMATS = (".mp4", ".gif")
 
 
-def sphere_axes(ax, *, elev: float = 20.0, azim: float = 35.0, alpha: float = 0.08):
+def sphere_axes(
+    ax: Axes3D, *, elev: float = 20.0, azim: float = 35.0, alpha: float = 0.08
+) -> Axes3D:
     """Draw a light unit sphere wireframe on a 3D axis, equal aspect, no ticks."""
     u, v = np.mgrid[0 : 2 * np.pi : 40j, 0 : np.pi : 20j]
     ax.plot_wireframe(
@@ -44,8 +54,14 @@ def sphere_axes(ax, *, elev: float = 20.0, azim: float = 35.0, alpha: float = 0.
 
 
 def plot_configuration(
-    ax, x, *, color=None, overlay=None, title: str | None = None, cmap="viridis"
-):
+    ax: Axes,
+    x: npt.ArrayLike,
+    *,
+    color: npt.ArrayLike | None = None,
+    overlay: npt.ArrayLike | None = None,
+    title: str | None = None,
+    cmap: str | Colormap = "viridis",
+) -> Axes:
     """Scatter a configuration ``x`` (n, d) on ``ax``.
 
     ``d = 3``: on a sphere view (``ax`` must be 3D). Otherwise the first two
@@ -56,16 +72,17 @@ def plot_configuration(
     x = np.asarray(x)
     c = np.arange(len(x)) / len(x) if color is None else np.asarray(color)
     if x.shape[1] == 3 and getattr(ax, "name", "") == "3d":
-        sphere_axes(ax)
-        ax.scatter(x[:, 0], x[:, 1], x[:, 2], c=c, cmap=cmap, s=6, depthshade=False)
+        ax3: Axes3D = ax  # a 3D axis (its name says so)
+        sphere_axes(ax3)
+        ax3.scatter(x[:, 0], x[:, 1], x[:, 2], c=c, cmap=cmap, s=6, depthshade=False)
         if overlay is not None:
             o = np.asarray(overlay)
-            style = (
+            style: dict[str, Any] = (
                 dict(ls="none", marker="*", ms=12, mfc="none")
                 if len(o) <= 8
                 else dict(ls="--", lw=1.0)
             )
-            ax.plot(o[:, 0], o[:, 1], o[:, 2], color="r", label="theory", **style)
+            ax3.plot(o[:, 0], o[:, 1], o[:, 2], color="r", label="theory", **style)
     else:
         xc = x - x.mean(0)
         _, _, vt = np.linalg.svd(xc, full_matrices=False)
@@ -83,7 +100,16 @@ def plot_configuration(
     return ax
 
 
-def plot_curves(ax, t, ys, *, label=None, band=None, color=None, logy=False):
+def plot_curves(
+    ax: Axes,
+    t: npt.ArrayLike,
+    ys: npt.ArrayLike,
+    *,
+    label: str | None = None,
+    band: tuple[npt.ArrayLike, npt.ArrayLike] | np.ndarray | None = None,
+    color: Any = None,
+    logy: bool = False,
+) -> Line2D:
     """Plot ``ys`` against ``t`` with an optional ``(lower, upper)`` band."""
     line = ax.plot(t, ys, label=label, color=color)[0]
     if band is not None:
@@ -93,7 +119,7 @@ def plot_curves(ax, t, ys, *, label=None, band=None, color=None, logy=False):
     return line
 
 
-def savefig(fig, path, dpi: int = 110):
+def savefig(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> str:
     """Lay out ``fig`` (``tight_layout``), write it to ``path`` at ``dpi``, close it; return the path as a string."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
@@ -101,7 +127,7 @@ def savefig(fig, path, dpi: int = 110):
     return str(path)
 
 
-def _movie_path(path) -> Path:
+def _movie_path(path: str | os.PathLike[str]) -> Path:
     """``path`` checked: a known suffix and a writable file (probed before any work)."""
     p = Path(path)
     if p.suffix.lower() not in MOVIE_FORMATS:
@@ -128,8 +154,8 @@ def _movie_path(path) -> Path:
 
 
 def animate(
-    traj,
-    path,
+    traj: Any,
+    path: str | os.PathLike[str],
     *,
     fps: int = 20,
     threshold: float = 0.1,
@@ -240,7 +266,7 @@ def animate(
     background = canvas.copy_from_bbox(fig.bbox)
     w, h = canvas.get_width_height()
 
-    def frames():
+    def frames() -> Iterator[np.ndarray]:
         for k in range(xs.shape[0]):
             x = xs[k]
             if d == 3:
@@ -252,7 +278,7 @@ def animate(
             title.set_text(f"t = {ts[k]:.3g}, {int(num[k])} clusters")
             canvas.restore_region(background)
             for a in moving:
-                ax.draw_artist(a) if a is title else a.axes.draw_artist(a)
+                ax.draw_artist(a) if a is title else cast(Axes, a.axes).draw_artist(a)
             yield np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
     try:

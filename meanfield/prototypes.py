@@ -29,15 +29,16 @@ Single-sequence functions act on one ``(T, m)`` array; batch with ``jax.vmap``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple, cast
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeAlias, TypeVar, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, ArrayLike, Float, Int
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from ._checks import RealScalarLike, check_choice, check_int, check_positive, is_concrete
 
@@ -72,12 +73,19 @@ __all__ = [
     "gaussian_mixture_tokens",
 ]
 
+#: Integer labels: an array or a list of ints.
+_Labels: TypeAlias = ArrayLike | Sequence[int]
+#: Learning rates: scalars or arrays (or lists) that broadcast.
+_Rates: TypeAlias = ArrayLike | Sequence[float]
+#: A model: an equinox Module or any PyTree of them.
+_Model = TypeVar("_Model")
+
 
 # ---------------------------------------------------------------------------
 # input validation (concrete values only; traced values pass through)
 
 
-def _check_tokens(z, prototypes) -> None:
+def _check_tokens(z: ArrayLike, prototypes: ArrayLike) -> None:
     zs, ps = jnp.shape(z), jnp.shape(prototypes)
     if len(zs) != 2:
         raise ValueError(f"z must be a (T, m) array of tokens, got shape {zs}")
@@ -94,13 +102,13 @@ def _check_tokens(z, prototypes) -> None:
             raise TypeError(f"{name} must be a floating array, got dtype {jnp.result_type(arr)}")
 
 
-def _check_temperature(temperature) -> None:
+def _check_temperature(temperature: RealScalarLike) -> None:
     if jnp.ndim(temperature) != 0:
         raise ValueError(f"temperature must be a scalar, got shape {jnp.shape(temperature)}")
     check_positive("temperature", temperature)
 
 
-def _check_q(q) -> None:
+def _check_q(q: ArrayLike) -> None:
     if jnp.ndim(q) != 2:
         raise ValueError(f"assignments q must be a (T, K) array, got shape {jnp.shape(q)}")
     if is_concrete(q):
@@ -140,7 +148,7 @@ def squared_distances(
     return jnp.sum(diff * diff, axis=-1)
 
 
-def assign(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T K"]:
+def assign(z: ArrayLike, prototypes: ArrayLike, temperature: RealScalarLike) -> Float[Array, "T K"]:
     r"""Soft assignment $q_{tk} = \operatorname{softmax}_k(-\|z_t - p_k\|^2 / \tau)$, $\tau$ the ``temperature``.
 
     The softmax is taken of $-(d_{tk} - \min_j d_{tj}) / \tau$ (shifted by the
@@ -168,11 +176,13 @@ def assign(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T 
 
 
 @jax.jit
-def _assign(z, prototypes, temperature):
+def _assign(
+    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature: Array
+) -> Float[Array, "T K"]:
     return _softmin(squared_distances(z, prototypes), temperature)
 
 
-def _softmin(d, temperature):
+def _softmin(d: Float[Array, "T K"], temperature: Array) -> Float[Array, "T K"]:
     # shift by the row minimum *before* dividing: the largest logit is exactly 0.
     # (Dividing first and letting softmax shift gave NaN under XLA fusion on CPU for
     # d ~ 1e6, temperature ~ 1e-3.)
@@ -181,7 +191,9 @@ def _softmin(d, temperature):
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def reconstruct(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array, "T m"]:
+def reconstruct(
+    z: ArrayLike, prototypes: ArrayLike, temperature: RealScalarLike
+) -> Float[Array, "T m"]:
     r"""Soft reconstruction $\hat z_t = \sum_k q_{tk} p_k$ (the soft centroid of $z_t$).
 
     Args:
@@ -203,7 +215,7 @@ def reconstruct(z: ArrayLike, prototypes: ArrayLike, temperature) -> Float[Array
 
 
 def loss_terms(
-    z: ArrayLike, prototypes: ArrayLike, temperature
+    z: ArrayLike, prototypes: ArrayLike, temperature: RealScalarLike
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
     r"""The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
 
@@ -238,7 +250,9 @@ def loss_terms(
 
 
 @jax.jit
-def _loss_terms(z, prototypes, temperature):
+def _loss_terms(
+    z: Float[Array, "T m"], prototypes: Float[Array, "K m"], temperature: Array
+) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
     d = squared_distances(z, prototypes)
     q = _softmin(d, temperature)
     q = q / jnp.sum(q, axis=-1, keepdims=True)
@@ -250,7 +264,11 @@ def _loss_terms(z, prototypes, temperature):
     return L_q, L_ols, V
 
 
-def decomposition_error(L_q, L_ols, V) -> Array:
+def decomposition_error(
+    L_q: float | np.floating | Array,
+    L_ols: float | np.floating | Array,
+    V: float | np.floating | Array,
+) -> Array:
     r"""Relative violation $|L_q - L_{\text{OLS}} - V| / L_q$ of the decomposition (0 when exact).
 
     Args:
@@ -343,7 +361,9 @@ def vq_losses(
 # models
 
 
-def _projection(d: int, m: int, width: int | None, depth: int, key):
+def _projection(
+    d: int, m: int, width: int | None, depth: int, key: PRNGKeyArray
+) -> eqx.nn.Linear | eqx.nn.MLP:
     if depth == 0:
         return eqx.nn.Linear(d, m, key=key)
     return eqx.nn.MLP(
@@ -351,7 +371,7 @@ def _projection(d: int, m: int, width: int | None, depth: int, key):
     )
 
 
-def _maybe_normalize(z, normalize: bool):
+def _maybe_normalize(z: Float[Array, "... m"], normalize: bool) -> Float[Array, "... m"]:
     if not normalize:
         return z
     return z / jnp.sqrt(jnp.sum(z * z, axis=-1, keepdims=True) + 1e-12)
@@ -400,17 +420,17 @@ class PrototypeReadout(eqx.Module):
 
     def __init__(
         self,
-        d,
-        m,
-        K,
+        d: int,
+        m: int,
+        K: int,
         temperature: RealScalarLike,
         *,
-        key,
+        key: PRNGKeyArray,
         width: int | None = None,
-        depth=0,
+        depth: int = 0,
         normalize: bool = False,
         prototype_scale: RealScalarLike = 1.0,
-    ):
+    ) -> None:
         d = check_int("d", d, minimum=1)
         m = check_int("m", m, minimum=1)
         K = check_int("K", K, minimum=1)
@@ -419,12 +439,12 @@ class PrototypeReadout(eqx.Module):
         check_positive("prototype_scale", prototype_scale)
         kproj, kp = jax.random.split(key)
         self.projection = _projection(d, m, width, depth, kproj)
-        p = prototype_scale * jax.random.normal(kp, (K, m)) / math.sqrt(m)
+        p = jax.random.normal(kp, (K, m)) * prototype_scale / math.sqrt(m)
         self.prototypes = _maybe_normalize(p, normalize) * (prototype_scale if normalize else 1.0)
         self.temperature = jnp.asarray(temperature, dtype=p.dtype)
         self.normalize = bool(normalize)
 
-    def _check_x(self, x):
+    def _check_x(self, x: ArrayLike) -> None:
         d = self.in_features
         if jnp.ndim(x) != 2 or jnp.shape(x)[1] != d:
             raise ValueError(
@@ -449,7 +469,9 @@ class PrototypeReadout(eqx.Module):
         """``zhat_t = sum_k q_tk p_k``."""
         return self.assign(x) @ self.prototypes
 
-    def loss_terms(self, x: ArrayLike):
+    def loss_terms(
+        self, x: ArrayLike
+    ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
         """``(L_q, L_OLS, V)`` of the tokens of ``x`` (see ``loss_terms``)."""
         return _loss_terms(self.tokens(x), self.prototypes, self.temperature)
 
@@ -487,16 +509,16 @@ class HardVQ(eqx.Module):
 
     def __init__(
         self,
-        d,
-        m,
-        K,
+        d: int,
+        m: int,
+        K: int,
         *,
-        key,
+        key: PRNGKeyArray,
         width: int | None = None,
-        depth=0,
+        depth: int = 0,
         normalize: bool = False,
         prototype_scale: RealScalarLike = 1.0,
-    ):
+    ) -> None:
         soft = PrototypeReadout(
             d,
             m,
@@ -559,7 +581,14 @@ class VQAutoencoder(eqx.Module):
     quantizer: PrototypeReadout | HardVQ
     decoder: eqx.nn.Linear | eqx.nn.MLP
 
-    def __init__(self, quantizer, *, key, width: int | None = None, depth: int = 0):
+    def __init__(
+        self,
+        quantizer: PrototypeReadout | HardVQ,
+        *,
+        key: PRNGKeyArray,
+        width: int | None = None,
+        depth: int = 0,
+    ) -> None:
         if not isinstance(quantizer, (PrototypeReadout, HardVQ)):
             raise TypeError(
                 f"quantizer must be a PrototypeReadout or HardVQ, got {type(quantizer).__name__}"
@@ -577,7 +606,7 @@ class VQAutoencoder(eqx.Module):
         lam: RealScalarLike = 0.5,
         beta: RealScalarLike = 0.25,
         decode: str = "quantized",
-    ):
+    ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
         """Training loss and a dict of its parts (see the class docstring).
 
         ``decode="tokens"`` (soft quantiser only) decodes ``z_t`` instead of
@@ -633,8 +662,17 @@ class HierarchicalReadout(eqx.Module):
     temperature2: Float[Array, ""]
 
     def __init__(
-        self, d, m, K1, K2, temperature1: RealScalarLike, temperature2: RealScalarLike, *, key, **kw
-    ):
+        self,
+        d: int,
+        m: int,
+        K1: int,
+        K2: int,
+        temperature1: RealScalarLike,
+        temperature2: RealScalarLike,
+        *,
+        key: PRNGKeyArray,
+        **kw: Any,
+    ) -> None:
         K2 = check_int("K2", K2, minimum=1)
         check_positive("temperature2", temperature2)
         k1, k2 = jax.random.split(key)
@@ -652,7 +690,9 @@ class HierarchicalReadout(eqx.Module):
         s = self.level1(x)[None, :]
         return _assign(s, self.prototypes2, self.temperature2)[0]
 
-    def level_terms(self, xs: Array | np.ndarray):
+    def level_terms(
+        self, xs: Array | np.ndarray
+    ) -> tuple[tuple[Array, Array, Array], tuple[Array, Array, Array]]:
         """``((L_q, L_OLS, V) at level 1 over all tokens, (L_q, L_OLS, V) at level 2)``."""
         if jnp.ndim(xs) != 3:
             raise ValueError(
@@ -715,7 +755,7 @@ def separation(prototypes: ArrayLike) -> tuple[Float[Array, ""], Float[Array, ""
 
 
 @jax.jit
-def _separation(prototypes):
+def _separation(prototypes: Float[Array, "K m"]) -> tuple[Float[Array, ""], Float[Array, ""]]:
     K = prototypes.shape[0]
     d2 = squared_distances(prototypes, prototypes)
     iu = jnp.triu_indices(K, 1)
@@ -741,7 +781,7 @@ def assignment_entropy(q: ArrayLike) -> Float[Array, ""]:
     return -jnp.mean(jnp.sum(jax.scipy.special.xlogy(q, q), axis=-1))
 
 
-def _labels(name, y):
+def _labels(name: str, y: _Labels) -> np.ndarray:
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of integer labels, got shape {y.shape}")
@@ -750,7 +790,7 @@ def _labels(name, y):
     return y
 
 
-def _pair(labels_true, labels_pred):
+def _pair(labels_true: _Labels, labels_pred: _Labels) -> tuple[np.ndarray, np.ndarray]:
     a, b = _labels("labels_true", labels_true), _labels("labels_pred", labels_pred)
     if a.shape != b.shape:
         raise ValueError(
@@ -761,7 +801,7 @@ def _pair(labels_true, labels_pred):
     return a, b
 
 
-def clustering_accuracy(labels_true, labels_pred) -> float:
+def clustering_accuracy(labels_true: _Labels, labels_pred: _Labels) -> float:
     r"""Clustering accuracy $\max_\sigma \frac1N \sum_n \mathbf{1}[y_n = \sigma(c_n)]$ over one-to-one
     maps $\sigma$ from clusters to classes (Hungarian matching,
     ``scipy.optimize.linear_sum_assignment``; unmatched clusters count as errors).
@@ -788,7 +828,7 @@ def clustering_accuracy(labels_true, labels_pred) -> float:
     return float(C[rows, cols].sum() / a.size)
 
 
-def nmi(labels_true, labels_pred) -> float:
+def nmi(labels_true: _Labels, labels_pred: _Labels) -> float:
     r"""Normalised mutual information $\mathrm{NMI} = I(y; c) / ((H(y) + H(c)) / 2)$
     (``sklearn.metrics.normalized_mutual_info_score``, arithmetic normalisation).
 
@@ -809,7 +849,7 @@ def nmi(labels_true, labels_pred) -> float:
     return float(normalized_mutual_info_score(a, b))
 
 
-def ari(labels_true, labels_pred) -> float:
+def ari(labels_true: _Labels, labels_pred: _Labels) -> float:
     r"""Adjusted Rand index $\mathrm{ARI} = (\mathrm{RI} - E[\mathrm{RI}]) / (\max \mathrm{RI} - E[\mathrm{RI}])$ (``sklearn.metrics.adjusted_rand_score``).
 
     Args:
@@ -837,7 +877,7 @@ _PROTOTYPE_FIELDS = ("prototypes", "prototypes2")
 _FROZEN_FIELDS = ("temperature", "temperature2")
 
 
-def param_labels(model) -> object:
+def param_labels(model: Any) -> object:
     """Optimiser labels for ``optax.multi_transform``: ``"prototypes"`` for leaves
     under a field named ``prototypes``/``prototypes2``, ``"frozen"`` for the
     temperatures, ``"theta"`` for every other array (encoder, projection, decoder).
@@ -856,7 +896,7 @@ def param_labels(model) -> object:
         ('prototypes', 'frozen', 'theta')
     """
 
-    def label(path, _):
+    def label(path: tuple[Any, ...], _: Any) -> str:
         names = {getattr(k, "name", None) for k in path}
         if names & set(_FROZEN_FIELDS):
             return "frozen"
@@ -868,7 +908,13 @@ def param_labels(model) -> object:
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam"):
+def two_timescale_optimizer(
+    model: Any,
+    eta_theta: RealScalarLike,
+    eta_P: RealScalarLike,
+    *,
+    optimizer: str = "adam",
+) -> optax.GradientTransformation:
     r"""``optax.multi_transform`` with rate ``eta_theta`` on the encoder/projection
     and ``eta_P`` on the prototypes (``eps = eta_theta / eta_P``); temperatures frozen.
 
@@ -899,7 +945,7 @@ def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam")
     check_positive("eta_theta", eta_theta)
     check_positive("eta_P", eta_P)
 
-    def rule(rate):
+    def rule(rate: RealScalarLike) -> optax.GradientTransformation:
         base = optax.scale_by_adam() if optimizer == "adam" else optax.identity()
         return optax.chain(base, optax.scale(-1.0 * rate))
 
@@ -912,18 +958,18 @@ def two_timescale_optimizer(model, eta_theta, eta_P, *, optimizer: str = "adam")
 
 
 def train(
-    model,
-    loss_fn: Callable,
-    data,
+    model: _Model,
+    loss_fn: Callable[..., Any],
+    data: Any,
     *,
-    key,
-    eta_theta,
-    eta_P,
-    epochs,
-    batch_size,
-    record: Callable | None = None,
+    key: PRNGKeyArray,
+    eta_theta: RealScalarLike,
+    eta_P: RealScalarLike,
+    epochs: int,
+    batch_size: int,
+    record: Callable[..., Any] | None = None,
     optimizer: str = "adam",
-):
+) -> tuple[_Model, dict[str, Array]]:
     """Two-timescale minibatch training.
 
     Each epoch shuffles the ``N`` examples of ``data`` (a PyTree of arrays with
@@ -971,7 +1017,7 @@ def train(
     return _train(model, opt, loss_fn, data, key, epochs, batch_size, record)
 
 
-def _no_record(model) -> dict:
+def _no_record(model: Any) -> dict:
     return {}
 
 
@@ -983,7 +1029,9 @@ _OPTIMIZERS: dict = {}
 _MAX_OPTIMIZERS = 64
 
 
-def _shared_optimizer(model, eta_theta, eta_P, optimizer):
+def _shared_optimizer(
+    model: Any, eta_theta: RealScalarLike, eta_P: RealScalarLike, optimizer: str
+) -> optax.GradientTransformation:
     labels = param_labels(model)
     leaves, treedef = jax.tree_util.tree_flatten(labels)
     try:
@@ -999,26 +1047,35 @@ def _shared_optimizer(model, eta_theta, eta_P, optimizer):
 
 
 @eqx.filter_jit
-def _train(model, opt, loss_fn, data, key, epochs, batch_size, record):
+def _train(
+    model: _Model,
+    opt: optax.GradientTransformation,
+    loss_fn: Callable[..., Any],
+    data: Any,
+    key: PRNGKeyArray,
+    epochs: int,
+    batch_size: int,
+    record: Callable[..., Any],
+) -> tuple[_Model, dict[str, Array]]:
     N = jax.tree_util.tree_leaves(data)[0].shape[0]
     steps = N // batch_size
     params, static = eqx.partition(model, eqx.is_inexact_array)
     opt_state = opt.init(params)
 
-    def scalar_loss(p, batch):
+    def scalar_loss(p: Any, batch: Any) -> Array:
         out = loss_fn(eqx.combine(p, static), batch)
         return out[0] if isinstance(out, tuple) else out
 
     grad = jax.grad(scalar_loss)
 
-    def step(carry, idx):
+    def step(carry: tuple[Any, Any], idx: Int[Array, " b"]) -> tuple[tuple[Any, Any], None]:
         p, s = carry
         batch = jax.tree_util.tree_map(lambda a: a[idx], data)
         g = grad(p, batch)
         upd, s = opt.update(g, s, p)
         return (optax.apply_updates(p, upd), s), None
 
-    def epoch(carry, k):
+    def epoch(carry: tuple[Any, Any], k: PRNGKeyArray) -> tuple[tuple[Any, Any], Any]:
         perm = jax.random.permutation(k, N)[: steps * batch_size].reshape(steps, batch_size)
         carry, _ = jax.lax.scan(step, carry, perm)
         return carry, record(eqx.combine(carry[0], static))
@@ -1055,7 +1112,9 @@ class TwoTimescaleBounds(NamedTuple):
     delta: float
 
 
-def _hessian_blocks(hessian, n_theta):
+def _hessian_blocks(
+    hessian: ArrayLike, n_theta: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     H = np.asarray(hessian, dtype=np.float64)
     if H.ndim != 2 or H.shape[0] != H.shape[1]:
         raise ValueError(f"hessian must be a square (n, n) matrix, got shape {H.shape}")
@@ -1082,7 +1141,7 @@ def _hessian_blocks(hessian, n_theta):
     return H, H[:k, :k], H[:k, k:], H[k:, k:]
 
 
-def _rates(eta_theta, eta_P):
+def _rates(eta_theta: _Rates, eta_P: _Rates) -> tuple[np.ndarray, ...]:
     for name, v in (("eta_theta", eta_theta), ("eta_P", eta_P)):
         a = np.asarray(v, dtype=np.float64)
         if not np.all(np.isfinite(a)) or np.any(a <= 0):
@@ -1185,7 +1244,9 @@ def stability_boundary(hessian: ArrayLike, n_theta: int) -> TwoTimescaleBounds:
     )
 
 
-def stability_certificate(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) -> np.ndarray:
+def stability_certificate(
+    hessian: ArrayLike, n_theta: int, eta_theta: _Rates, eta_P: _Rates
+) -> np.ndarray:
     r"""Certified contraction factor $\rho(N)$ of two-timescale gradient descent (Thm. 1, reconstructed).
 
     $N = \begin{pmatrix} a & \eta_\theta \beta \\ \eta_\theta \gamma & c \end{pmatrix}$ with
@@ -1222,7 +1283,9 @@ def stability_certificate(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) ->
     return np.asarray(0.5 * (a + c) + np.sqrt(0.25 * (a - c) ** 2 + et**2 * bd.beta * bd.gamma))
 
 
-def two_timescale_radius(hessian: ArrayLike, n_theta: int, eta_theta, eta_P) -> np.ndarray:
+def two_timescale_radius(
+    hessian: ArrayLike, n_theta: int, eta_theta: _Rates, eta_P: _Rates
+) -> np.ndarray:
     r"""Exact spectral radius of the linearised two-timescale gradient step $e \leftarrow (I - D H) e$.
 
     $D = \operatorname{diag}(\eta_\theta I_{n_\theta}, \eta_P I_{n - n_\theta})$. Since
@@ -1290,7 +1353,7 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return (data.data / 16.0).astype(np.float32), data.target.astype(np.int32)
 
 
-def digit_patches(patch=4) -> tuple[np.ndarray, np.ndarray]:
+def digit_patches(patch: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Non-overlapping ``patch x patch`` patches of the 8x8 digits (``load_digits``), one token per patch.
 
     The image-patch tokens of a VQ-VAE at CPU scale: ``patch = 4`` cuts every
@@ -1324,17 +1387,17 @@ def digit_patches(patch=4) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gaussian_mixture_tokens(
-    key,
-    n_sequences,
-    seq_len,
-    d,
+    key: PRNGKeyArray,
+    n_sequences: int,
+    seq_len: int,
+    d: int,
     *,
-    n_classes=4,
-    components_per_class=4,
+    n_classes: int = 4,
+    components_per_class: int = 4,
     spread: RealScalarLike = 3.0,
     noise: RealScalarLike = 0.5,
-    dtype=jnp.float32,
-):
+    dtype: DTypeLike = jnp.float32,
+) -> tuple[Float[Array, "N T d"], Int[Array, "N T"], Int[Array, " N"], Float[Array, "C d"]]:
     """Seeded Gaussian-mixture token set.
 
     ``C = n_classes * components_per_class`` means ``mu_c ~ N(0, spread^2 I_d / d)``
@@ -1367,9 +1430,9 @@ def gaussian_mixture_tokens(
     check_positive("noise", noise)
     km, ky, kc, kn = jax.random.split(key, 4)
     C = n_classes * components_per_class
-    means = spread * jax.random.normal(km, (C, d), dtype=dtype) / math.sqrt(d)
+    means = jax.random.normal(km, (C, d), dtype=dtype) * spread / math.sqrt(d)
     classes = jax.random.randint(ky, (n_sequences,), 0, n_classes)
     within = jax.random.randint(kc, (n_sequences, seq_len), 0, components_per_class)
     comps = classes[:, None] * components_per_class + within
-    x = means[comps] + noise * jax.random.normal(kn, (n_sequences, seq_len, d), dtype=dtype)
+    x = means[comps] + jax.random.normal(kn, (n_sequences, seq_len, d), dtype=dtype) * noise
     return x, comps, classes, means

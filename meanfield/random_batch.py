@@ -21,13 +21,15 @@ their empirical laws at fixed times; ``fit_rate`` fits the exponent (theory $-1/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, SupportsInt, TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
+import numpy.typing as npt
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import metrics, sphere
 from ._checks import RealScalarLike, check_choice, check_int, check_positive
@@ -48,7 +50,7 @@ __all__ = [
 MODES = ("batch", "sample")
 
 
-def _check_p(n: int, p, mode: str) -> int:
+def _check_p(n: int, p: Any, mode: str) -> int:
     check_choice("mode", mode, MODES)
     p = check_int("p", p, minimum=1 if mode == "sample" else 2)
     if mode == "batch":
@@ -60,7 +62,14 @@ def _check_p(n: int, p, mode: str) -> int:
     return p
 
 
-def _frame(kernel, x, aux):
+# the USA frame of a kernel (``_frame``): the states in it, the map of a field back, the USA
+_Frame: TypeAlias = (
+    tuple[Float[Array, "n d"], Callable[[Float[Array, "n d"]], Float[Array, "n d"]], USA]
+    | tuple[None, None, None]
+)
+
+
+def _frame(kernel: Kernel, x: Float[Array, "n d"], aux: Array) -> _Frame:
     """(y, back): the gauge frame of exp-gauge kernels (USA there), identity otherwise."""
     if isinstance(kernel, GaugeKernel):
         P = kernel.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
@@ -71,14 +80,22 @@ def _frame(kernel, x, aux):
     return None, None, None
 
 
-def _pair_grads_exp(usa: USA, yi, yj):
+def _pair_grads_exp(
+    usa: USA, yi: Float[Array, "... d"], yj: Float[Array, "... d"]
+) -> Float[Array, "... d"]:
     """``exp(beta <y_i, y_j>) y_j`` broadcast over leading axes (USA, shift included)."""
     dot = jnp.sum(yi * yj, axis=-1)
     return usa._exp(dot)[..., None] * yj
 
 
 def random_batch_field(
-    kernel: Kernel, x: ArrayLike, aux=None, *, key, p, mode: str = "batch"
+    kernel: Kernel,
+    x: ArrayLike,
+    aux: Any = None,
+    *,
+    key: PRNGKeyArray,
+    p: Any,
+    mode: str = "batch",
 ) -> Float[Array, "n d"]:
     r"""Unbiased random-batch estimate $\hat F$ of the mean field $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$.
 
@@ -107,12 +124,20 @@ def random_batch_field(
     return _rb_field(kernel, x, aux, key, p, mode)
 
 
-def _rb_field(kernel, x, aux, key, p: int, mode: str):
+def _rb_field(
+    kernel: Kernel,
+    x: Float[Array, "n d"],
+    aux: Array,
+    key: PRNGKeyArray,
+    p: int,
+    mode: str,
+) -> Float[Array, "n d"]:
     n, d = x.shape
     y, back, usa = _frame(kernel, x, aux)
     if mode == "sample":
         J = jax.random.randint(key, (n, p), 0, n)
         if usa is not None:
+            assert y is not None and back is not None  # the frame of a USA
             g = _pair_grads_exp(usa, y[:, None, :], y[J])  # (n, p, d)
             return back(jnp.mean(g, axis=1))
         g = jax.vmap(
@@ -126,6 +151,7 @@ def _rb_field(kernel, x, aux, key, p: int, mode: str):
     w_other = (n - 1) / (n * (p - 1))
     off = 1.0 - jnp.eye(p, dtype=x.dtype)
     if usa is not None:
+        assert y is not None and back is not None  # the frame of a USA
         yb = y[idx]  # (G, p, d)
         dots = jnp.einsum("gid,gjd->gij", yb, yb)
         W = usa._exp(dots)
@@ -147,7 +173,14 @@ _rb_field_jit = jax.jit(_rb_field, static_argnames=("p", "mode"))
 
 
 def field_errors(
-    kernel: Kernel, x, aux=None, *, key, ps, num_draws: int = 8, mode: str = "batch"
+    kernel: Kernel,
+    x: ArrayLike,
+    aux: Any = None,
+    *,
+    key: PRNGKeyArray,
+    ps: Collection[SupportsInt],
+    num_draws: int = 8,
+    mode: str = "batch",
 ) -> np.ndarray:
     r"""Relative field error $\|\hat F - F\|_F / \|F\|_F$ for each $p$ in ``ps`` and each draw.
 
@@ -215,13 +248,13 @@ class RandomBatchRun(eqx.Module):
 def simulate_random_batch(
     kernel: Kernel,
     x0: ArrayLike,
-    aux=None,
+    aux: Any = None,
     *,
-    key,
-    p,
+    key: PRNGKeyArray,
+    p: Any,
     t1: RealScalarLike,
     dt: RealScalarLike,
-    num_saves=11,
+    num_saves: Any = 11,
     mode: str = "batch",
     observables: Mapping[str, Callable] | None = None,
 ) -> RandomBatchRun:
@@ -282,21 +315,36 @@ def simulate_random_batch(
     )
 
 
+# what a run records at a save: the collapse gap and the observables
+_Record: TypeAlias = tuple[Float[Array, ""], dict[str, Array]]
+
+
 @eqx.filter_jit
-def _rb_run(kernel, x0, aux, key, dt, p, mode, inner, num_saves, obs):
-    def vf(x, k):
+def _rb_run(
+    kernel: Kernel,
+    x0: Float[Array, "n d"],
+    aux: Array,
+    key: PRNGKeyArray,
+    dt: Float[Array, ""],
+    p: int,
+    mode: str,
+    inner: int,
+    num_saves: int,
+    obs: tuple[tuple[str, Callable[..., Any]], ...],
+) -> RandomBatchRun:
+    def vf(x: Float[Array, "n d"], k: PRNGKeyArray) -> Float[Array, "n d"]:
         return sphere.project(x, _rb_field(kernel, x, aux, k, p, mode))
 
-    def step(x, k):
+    def step(x: Float[Array, "n d"], k: PRNGKeyArray) -> tuple[Float[Array, "n d"], None]:
         k1 = vf(x, k)
         xe = sphere.normalize(x + dt * k1)
         k2 = vf(xe, k)
         return sphere.normalize(x + 0.5 * dt * (k1 + k2)), None
 
-    def record(x):
+    def record(x: Float[Array, "n d"]) -> _Record:
         return metrics.collapse_gap(x), {name: jnp.asarray(fn(x)) for name, fn in obs}
 
-    def outer(x, k):
+    def outer(x: Float[Array, "n d"], k: PRNGKeyArray) -> tuple[Float[Array, "n d"], _Record]:
         x, _ = jax.lax.scan(step, x, jax.random.split(k, inner))
         return x, record(x)
 
@@ -316,10 +364,10 @@ def _rb_run(kernel, x0, aux, key, dt, p, mode, inner, num_saves, obs):
 def meanfield_distances(
     kernel: Kernel,
     sample_init: Callable,
-    ns,
+    ns: Collection[SupportsInt],
     *,
-    key,
-    ts,
+    key: PRNGKeyArray,
+    ts: npt.ArrayLike,
     repeats: int = 8,
     dt: RealScalarLike = 0.05,
     bandwidth: RealScalarLike = 0.5,
@@ -362,7 +410,7 @@ def meanfield_distances(
         n = check_int("n", int(n), minimum=2)
         keys = jax.random.split(jax.random.fold_in(key, n), repeats)
 
-        def one(k, n=n):
+        def one(k: PRNGKeyArray, n: int = n) -> Float[Array, " T"]:
             ka, kb = jax.random.split(k)
             xa = sample_init(ka, n)
             xb = sample_init(kb, 2 * n)
@@ -374,7 +422,7 @@ def meanfield_distances(
     return out
 
 
-def fit_rate(ns, dist) -> tuple[float, float]:
+def fit_rate(ns: npt.ArrayLike, dist: npt.ArrayLike) -> tuple[float, float]:
     r"""Least-squares exponent $a$ of $\text{dist} \sim C n^a$: fit $\log \text{dist} = a \log n + \log C$.
 
     Args:

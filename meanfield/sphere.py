@@ -5,11 +5,14 @@ Everything acts on single arrays; batch with ``jax.vmap``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float, Int, PRNGKeyArray
 
 from ._checks import check_finite, check_int, check_plane
 
@@ -29,7 +32,7 @@ __all__ = [
 DRAW_DTYPE = jnp.float32
 
 
-def _in_dtype(x, dtype):
+def _in_dtype(x: Float[Array, "n d"], dtype: DTypeLike) -> Float[Array, "n d"]:
     """Unit rows ``x`` drawn in ``DRAW_DTYPE``, cast to ``dtype`` and renormalised there."""
     dtype = _float_dtype(dtype)
     if dtype == jnp.dtype(DRAW_DTYPE):
@@ -37,12 +40,12 @@ def _in_dtype(x, dtype):
     return normalize(x.astype(dtype))
 
 
-def _check_key(key) -> None:
+def _check_key(key: object) -> None:
     if isinstance(key, (int, float, np.integer, np.floating, str)) or key is None:
         raise TypeError(f"key must be a JAX PRNG key such as jax.random.key(0), got {key!r}")
 
 
-def _float_dtype(dtype):
+def _float_dtype(dtype: Any) -> np.dtype:
     try:
         dt = jnp.dtype(dtype)
     except TypeError:
@@ -54,7 +57,7 @@ def _float_dtype(dtype):
     return dt
 
 
-def uniform(key, n, d, dtype=jnp.float32) -> Float[Array, "n d"]:
+def uniform(key: Any, n: Any, d: Any, dtype: Any = jnp.float32) -> Float[Array, "n d"]:
     r"""``n`` i.i.d. points uniform on $S^{d-1}$.
 
     $x_i = g_i / \|g_i\|$ with $g_i \sim N(0, I_d)$ (rotation invariance of the
@@ -132,7 +135,7 @@ def project(x: Float[Array, "... d"], v: Float[Array, "... d"]) -> Float[Array, 
     return v - jnp.sum(x * v, axis=-1, keepdims=True) * x
 
 
-def rotation(theta, d, plane=(0, 1)) -> Float[Array, "d d"]:
+def rotation(theta: ArrayLike, d: Any, plane: Any = (0, 1)) -> Float[Array, "d d"]:
     r"""Rotation $R_\theta$ by angle ``theta`` in $\operatorname{span}(e_a, e_b)$, identity elsewhere.
 
     $R e_a = \cos\theta\, e_a + \sin\theta\, e_b$, $R e_b = -\sin\theta\, e_a + \cos\theta\, e_b$.
@@ -198,7 +201,7 @@ def tangent_basis(x: Float[Array | np.ndarray, " d"]) -> Float[Array, "d d-1"]:
     return H[:, idx]
 
 
-def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
+def check_on_sphere(x: Any, name: str = "x0", atol: float = 1e-3) -> None:
     r"""Raise ``ValueError`` unless ``x`` is a finite ``(n, d)`` array of unit rows: $\max_i \bigl| \|x_i\| - 1 \bigr| \le$ ``atol``.
 
     Only concrete arrays are checked (traced values pass through).
@@ -237,15 +240,15 @@ def check_on_sphere(x, name: str = "x0", atol: float = 1e-3) -> None:
 
 
 def sample_density(
-    key,
-    n,
-    d,
-    log_density,
+    key: Any,
+    n: Any,
+    d: Any,
+    log_density: Any,
     *,
-    log_bound,
-    batch=None,
-    max_rounds=10_000,
-    dtype=jnp.float32,
+    log_bound: Any,
+    batch: Any = None,
+    max_rounds: Any = 10_000,
+    dtype: Any = jnp.float32,
 ) -> Float[Array, "n d"]:
     r"""``n`` i.i.d. points from $\rho \propto \exp(\text{log\_density})$ on $S^{d-1}$ (rejection sampling).
 
@@ -311,16 +314,29 @@ def sample_density(
     return _in_dtype(out, dtype)
 
 
+# the state of the rejection loop: accepted points, how many, the round, the largest excess
+_State: TypeAlias = tuple[Float[Array, "n d"], Int[Array, ""], Int[Array, ""], Float[Array, ""]]
+
+
 @eqx.filter_jit
-def _sample_density(key, log_bound, n, d, log_density, batch, max_rounds, dtype):
+def _sample_density(
+    key: PRNGKeyArray,
+    log_bound: Float[Array, ""],
+    n: int,
+    d: int,
+    log_density: Callable[[Float[Array, " d"]], Float[Array, ""]],
+    batch: int,
+    max_rounds: int,
+    dtype: np.dtype,
+) -> Float[Array, "n d"]:
     # compiled once per (n, d, log_density, batch, max_rounds, dtype); log_bound is traced
     slack = 1e-4 * (1.0 + jnp.abs(log_bound))  # rounding when log_density attains its bound
 
-    def cond(state):
+    def cond(state: _State) -> Bool[Array, ""]:
         _, filled, rnd, _ = state
         return (filled < n) & (rnd < max_rounds)
 
-    def body(state):
+    def body(state: _State) -> _State:
         out, filled, rnd, excess = state
         k_prop, k_acc = jax.random.split(jax.random.fold_in(key, rnd))
         x = uniform(k_prop, batch, d, dtype)

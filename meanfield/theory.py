@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammainc, gammaincc
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, DTypeLike, Float, PRNGKeyArray
 
 from ._checks import check_finite, check_int, check_nonnegative, check_plane, check_positive
 
@@ -55,7 +56,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-def max_energy(beta, *, rescaled: bool = False):
+def max_energy(beta: ArrayLike, *, rescaled: bool = False) -> Float[Array, "..."]:
     r"""Maximal energy of every exp-gauge kernel (USA, RoPE, phase field, gauge, prompt).
 
     $h \le e^\beta / \beta$, so $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j) \le e^\beta / (2 \beta)$,
@@ -81,7 +82,7 @@ def max_energy(beta, *, rescaled: bool = False):
     return jnp.exp(beta) / (2.0 * beta)
 
 
-def great_circle_gap(n):
+def great_circle_gap(n: Any) -> float:
     r"""$G_x$ of $n$ equally spaced points on a great circle: $1 + 1/(n-1)$.
 
     ($\sum_{i,j} \langle x_i, x_j\rangle = 0$, so $G_x = 1 + n/(n(n-1))$.)
@@ -101,7 +102,7 @@ def great_circle_gap(n):
     return 1.0 + 1.0 / (n - 1)
 
 
-def great_circle_energy(m=1):
+def great_circle_energy(m: Any = 1) -> float:
     r"""Maximal energy of the Toeplitz kernel $\cos(2 \pi m (t-s)) \langle x, y\rangle$: $1/4$.
 
     Attained by $x(s) = \cos(2 \pi m s)\, a + \sin(2 \pi m s)\, b$ (the uniform great circle
@@ -122,7 +123,7 @@ def great_circle_energy(m=1):
     return 0.25
 
 
-def latitude_height(u, plane=(0, 1)):
+def latitude_height(u: ArrayLike, plane: Any = (0, 1)) -> Float[Array, "..."]:
     r"""Height of the RoPE latitude circle $x(s) = R_{-\omega s} u$: $\|P_{E^\perp} u\|$, $E = \operatorname{span}(e_a, e_b)$.
 
     A rotation in $\operatorname{span}(e_a, e_b)$ fixes the orthogonal complement, so the
@@ -155,7 +156,7 @@ def latitude_height(u, plane=(0, 1)):
 # P(T < t) ~ C(q) t^{1/alpha}, alpha = 2 / (d - 1).
 
 
-def attention_alpha(d) -> float:
+def attention_alpha(d: Any) -> float:
     r"""Tail exponent $\alpha = 2 / (d - 1)$ of $P(T < t) \sim C t^{1/\alpha}$ on $S^{d-1}$.
 
     Args:
@@ -173,7 +174,7 @@ def attention_alpha(d) -> float:
     return 2.0 / (d - 1)
 
 
-def critical_beta(n, d):
+def critical_beta(n: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Critical inverse temperature $\beta^*_n = n^\alpha = n^{2/(d-1)}$.
 
     Below it ($\beta \ll n^\alpha$) the softmax averages over a diverging window,
@@ -197,7 +198,7 @@ def critical_beta(n, d):
     return jnp.asarray(n, dtype=jnp.result_type(float)) ** alpha
 
 
-def tail_constant(d, density=None):
+def tail_constant(d: Any, density: ArrayLike | None = None) -> float | Float[Array, "..."]:
     r"""Tail constant $C(q)$ of $P(T < t) \sim C(q)\, t^{1/\alpha}$.
 
     $C(q) = \rho(q)\, \omega_{d-1}\, 2^{(d-1)/2}$, with $\omega_{d-1} = \pi^{(d-1)/2} / \Gamma((d+1)/2)$
@@ -226,7 +227,9 @@ def tail_constant(d, density=None):
     return jnp.asarray(density) * factor
 
 
-def window_size(n, beta, d, density=None):
+def window_size(
+    n: ArrayLike, beta: ArrayLike, d: Any, density: ArrayLike | None = None
+) -> Float[Array, "..."]:
     r"""Active softmax window $m_n(q) = C(q)\, n\, \beta^{-1/\alpha}$.
 
     The expected number of keys with $T_j < 1/\beta$ (up to $\Gamma$ factors):
@@ -257,7 +260,7 @@ def window_size(n, beta, d, density=None):
     )
 
 
-def subcritical_profile(x, d):
+def subcritical_profile(x: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Subcritical ordered-weight profile $A_{(k)} / A_{(1)} \to e^{-x^\alpha}$, $x = k / m_n$.
 
     Args:
@@ -277,7 +280,7 @@ def subcritical_profile(x, d):
     return jnp.exp(-(jnp.asarray(x, dtype=jnp.result_type(float)) ** alpha))
 
 
-def cumulative_profile(x, d):
+def cumulative_profile(x: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Subcritical cumulative weight $\sum_{i \le x m_n} A_{(i)} \to P(1/\alpha, x^\alpha)$.
 
     $P$ is the regularised lower incomplete gamma function; it is the
@@ -302,7 +305,9 @@ def cumulative_profile(x, d):
     return gammainc(1.0 / alpha, x**alpha)
 
 
-def partition_function(n, beta, d, density=None):
+def partition_function(
+    n: ArrayLike, beta: ArrayLike, d: Any, density: ArrayLike | None = None
+) -> Float[Array, "..."]:
     r"""Subcritical mean partition function $E[Z_n] \sim C\, n\, \beta^{-1/\alpha}\, \Gamma(1/\alpha + 1)$.
 
     $Z_n = \sum_j e^{-\beta T_j}$; the asymptotic holds for $\beta \to \infty$
@@ -327,7 +332,7 @@ def partition_function(n, beta, d, density=None):
     return window_size(n, beta, d, density) * math.gamma(1.0 / alpha + 1.0)
 
 
-def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
+def partition_function_uniform(n: ArrayLike, beta: ArrayLike, d: Any) -> np.ndarray | np.float64:
     r"""Exact $E[Z_n] = n\, E[e^{-\beta T}]$ for keys uniform on $S^{d-1}$.
 
     $\langle q, x\rangle$ has density $\propto (1 - u^2)^{(d-3)/2}$ on $[-1, 1]$, so
@@ -369,7 +374,15 @@ def partition_function_uniform(n, beta, d) -> np.ndarray | np.float64:
 
 
 def critical_weights(
-    key, gamma, d, k, num, *, density=None, terms=512, batch_size=1024
+    key: PRNGKeyArray,
+    gamma: ArrayLike,
+    d: Any,
+    k: Any,
+    num: Any,
+    *,
+    density: ArrayLike | None = None,
+    terms: Any = 512,
+    batch_size: Any = 1024,
 ) -> Float[Array, "num k"]:
     r"""Samples of the critical limit law $(W_1, \dots, W_k)$ of the ordered weights.
 
@@ -415,13 +428,22 @@ def critical_weights(
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
-def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
+def _critical_weights(
+    key: PRNGKeyArray,
+    gamma: Array,
+    C: Array,
+    alpha: float,
+    k: int,
+    num: int,
+    terms: int,
+    batch_size: int,
+) -> Float[Array, "num k"]:
     dtype = jnp.result_type(float)
     c = C.astype(dtype) * gamma.astype(dtype) ** (-1.0 / alpha)
     log_tail_scale = jnp.log(c) + math.lgamma(1.0 / alpha + 1.0)
     s = 1.0 / alpha  # = (d - 1)/2
 
-    def log_q_shifted(y_last, y_first):
+    def log_q_shifted(y_last: Float[Array, ""], y_first: Float[Array, ""]) -> Float[Array, ""]:
         # log(Q(s, y_L) e^{y_1}); for integer s (odd d) Q(s, y) = e^{-y} sum_{j<s} y^j / j!
         # (closed form: no overflow of e^{y_1}, cheap to compile), else jax's gammaincc.
         if float(s).is_integer():
@@ -429,7 +451,7 @@ def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
             return jnp.log(terms_) - (y_last - y_first)
         return jnp.log(gammaincc(s, y_last)) + y_first
 
-    def one(sample_key):
+    def one(sample_key: PRNGKeyArray) -> Float[Array, " k"]:
         gaps = jax.random.exponential(sample_key, (terms,), dtype=dtype)
         y = (jnp.cumsum(gaps) / c) ** alpha
         # shift by y_1: W_k = exp(-(y_k - y_1)) / (sum_l exp(-(y_l - y_1)) + tail e^{y_1})
@@ -441,7 +463,7 @@ def _critical_weights(key, gamma, C, alpha, k, num, terms, batch_size):
     return jax.lax.map(one, keys, batch_size=batch_size)
 
 
-def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
+def drift(q: ArrayLike, log_density: Any) -> Float[Array, " d"]:
     r"""Subcritical drift $Y(q) = \nabla_S \log \rho(q) - \frac{d-1}{2} q$ (paper Thm 4.3).
 
     $\beta Y_n(q) \to Y(q)$ when $\beta^{1+\alpha} n^{-\alpha} \to 0$. The
@@ -483,7 +505,9 @@ def drift(q: ArrayLike, log_density) -> Float[Array, " d"]:
 # The formulas below take V = I; for a value matrix V apply z -> V z (covariances V Sigma V^T).
 
 
-def supercritical_scale(n, d, density=None):
+def supercritical_scale(
+    n: ArrayLike, d: Any, density: ArrayLike | None = None
+) -> Float[Array, "..."]:
     r"""Supercritical scale $a_n = (C(q)\, n)^\alpha$ of the nearest distance (App. E.1).
 
     $P(a_n T_{(1)} > y) = (1 - F(y / a_n))^n \to \exp(-y^{1/\alpha})$, with
@@ -511,7 +535,7 @@ def supercritical_scale(n, d, density=None):
     return (C * jnp.asarray(n, dtype=jnp.result_type(float))) ** alpha
 
 
-def supercritical_radial_cdf(y, d):
+def supercritical_radial_cdf(y: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Limit law of the rescaled nearest distance: $P(R_1 \le y) = 1 - \exp(-y^{1/\alpha})$.
 
     $R_1 = \lim a_n T_{(1)}$ (``supercritical_scale``) is Weibull with shape $1/\alpha = (d-1)/2$
@@ -538,7 +562,7 @@ def supercritical_radial_cdf(y, d):
     return -jnp.expm1(-(y ** (1.0 / alpha)))
 
 
-def sample_supercritical_output(key, d, num) -> Float[Array, "num tangent"]:
+def sample_supercritical_output(key: PRNGKeyArray, d: Any, num: Any) -> Float[Array, "num tangent"]:
     r"""Samples of the supercritical output limit $\Phi = \sqrt{2 R_1}\, \Theta$ (paper Thm 4.1).
 
     For $\beta_n \gg n^\alpha$ all the mass sits on the nearest key
@@ -580,13 +604,15 @@ def sample_supercritical_output(key, d, num) -> Float[Array, "num tangent"]:
     return jnp.sqrt(2.0 * R)[:, None] * _unit_marks(k_t, (num,), d - 1, dtype)
 
 
-def _unit_marks(key, shape, m, dtype):
+def _unit_marks(
+    key: PRNGKeyArray, shape: tuple[int, ...], m: int, dtype: DTypeLike
+) -> Float[Array, "... m"]:
     """Uniform unit vectors of ``R^m`` (normalised Gaussians; ``m = 1`` gives random signs)."""
     g = jax.random.normal(key, (*shape, m), dtype=dtype)
     return g / jnp.linalg.norm(g, axis=-1, keepdims=True)
 
 
-def _log_gammaincc(s: float, y):
+def _log_gammaincc(s: float, y: Float[Array, "..."]) -> Float[Array, "..."]:
     """``log Q(s, y)``; for integer ``s`` the closed form ``Q = e^{-y} sum_{j<s} y^j / j!`` (no underflow)."""
     if float(s).is_integer():
         return jnp.log(sum(y**j / math.factorial(j) for j in range(int(s)))) - y
@@ -594,7 +620,14 @@ def _log_gammaincc(s: float, y):
 
 
 def sample_critical_output(
-    key, gamma, d, num, *, density=None, terms=512, batch_size=1024
+    key: PRNGKeyArray,
+    gamma: ArrayLike,
+    d: Any,
+    num: Any,
+    *,
+    density: ArrayLike | None = None,
+    terms: Any = 512,
+    batch_size: Any = 1024,
 ) -> Float[Array, "num tangent"]:
     r"""Samples of the critical output limit $\Xi$, the marked Poisson functional (paper Thm 4.2).
 
@@ -660,7 +693,9 @@ def sample_critical_output(
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _critical_output(keys, gamma, C, alpha, terms, batch_size):
+def _critical_output(
+    keys: Array, gamma: Array, C: Array, alpha: float, terms: int, batch_size: int
+) -> Float[Array, "num tangent"]:
     dtype = jnp.result_type(float)
     s = 1.0 / alpha  # = (d - 1) / 2
     m = int(round(2.0 * s))  # d - 1, the tangent dimension
@@ -668,7 +703,7 @@ def _critical_output(keys, gamma, C, alpha, terms, batch_size):
     log_mean_scale = jnp.log(c) + math.lgamma(s + 1.0)  # denominator tail: c Gamma(s+1) Q(s, y_L)
     log_var_scale = jnp.log(c) + math.lgamma(s + 1.0) - (s + 1.0) * math.log(2.0)  # numerator tail
 
-    def one(sample_key):
+    def one(sample_key: PRNGKeyArray) -> Float[Array, " tangent"]:
         k_gap, k_mark, k_tail = jax.random.split(sample_key, 3)
         y = (jnp.cumsum(jax.random.exponential(k_gap, (terms,), dtype=dtype)) / c) ** alpha
         marks = _unit_marks(k_mark, (terms,), m, dtype)
@@ -683,7 +718,7 @@ def _critical_output(keys, gamma, C, alpha, terms, batch_size):
     return jax.lax.map(one, keys, batch_size=batch_size)
 
 
-def fluctuation_constant(d) -> float:
+def fluctuation_constant(d: Any) -> float:
     r"""Constant $c_d = 2^{-d} \pi^{-(d-1)/2}$ of the subcritical output covariance (paper Thm 4.3).
 
     Derivation (App. E.4, E.5): with $X_j = (x_j - q) e^{-\beta T_j}$ the local moments are
@@ -708,7 +743,7 @@ def fluctuation_constant(d) -> float:
     return 2.0**-d * math.pi ** (-(d - 1) / 2)
 
 
-def fluctuation_covariance(q: ArrayLike, density=None) -> Float[Array, "d d"]:
+def fluctuation_covariance(q: ArrayLike, density: ArrayLike | None = None) -> Float[Array, "d d"]:
     r"""Subcritical output covariance $\Sigma(q) = \frac{c_d}{\rho(q)} P_q$, $P_q = I - q q^\top$ (paper Thm 4.3).
 
     The three subcritical output regimes, with $\tau_n = \beta_n^{1+\alpha} n^{-\alpha}$
@@ -753,7 +788,7 @@ def fluctuation_covariance(q: ArrayLike, density=None) -> Float[Array, "d d"]:
     return (fluctuation_constant(d) / jnp.asarray(density, dtype=q.dtype)) * P
 
 
-def fluctuation_scale(n, beta, d):
+def fluctuation_scale(n: ArrayLike, beta: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Fluctuation scale $r_n = \sqrt{n \beta^{1 - 1/\alpha}}$: $r_n Y_n(q) \Rightarrow \mathcal N(0, \Sigma(q))$ when $\tau_n \to \infty$.
 
     See ``fluctuation_covariance`` (the square root is a reconstruction).
@@ -778,7 +813,7 @@ def fluctuation_scale(n, beta, d):
     return jnp.sqrt(jnp.asarray(n, dtype) * jnp.asarray(beta, dtype) ** (1.0 - 1.0 / alpha))
 
 
-def fluctuation_beta(n, d):
+def fluctuation_beta(n: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Output-level transition scale $\beta = n^{\alpha / (1 + \alpha)} = n^{2/(d+1)}$ ($\tau_n = 1$).
 
     Below it the output is drift dominated ($\beta Y_n \to Y(q)$), above it (and below the critical
@@ -801,7 +836,7 @@ def fluctuation_beta(n, d):
     return jnp.asarray(n, dtype=jnp.result_type(float)) ** (2.0 / (d + 1))
 
 
-def drift_fluctuation_tau(n, beta, d):
+def drift_fluctuation_tau(n: ArrayLike, beta: ArrayLike, d: Any) -> Float[Array, "..."]:
     r"""Regime parameter $\tau_n = \beta^{1+\alpha} n^{-\alpha} = (\beta / n^{2/(d+1)})^{1+\alpha}$ (paper Thm 4.3).
 
     In the mixed regime $\beta Y_n(q) \approx \mathcal N(Y(q), \tau^{1/\alpha} \Sigma(q))$, so the ratio

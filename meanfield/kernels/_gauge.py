@@ -6,13 +6,13 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, DTypeLike, Float, Int, PRNGKeyArray, Real
 
 from .. import sphere
 from .._checks import (
@@ -54,7 +54,7 @@ OMEGA_DOC = "rotation frequency of the positions (phase: linear rate)"
 PLANE_DOC = "rotation plane (a, b)"
 
 
-def _plane(plane):
+def _plane(plane: Any) -> Any:
     """``plane`` as a tuple (a list from a spec or a user), other values as given (the declared
     check names them)."""
     return tuple(plane) if isinstance(plane, (list, tuple)) else plane
@@ -84,7 +84,7 @@ class GaugeKernel(_ExpKernel):
     """
 
     @abc.abstractmethod
-    def gauge_matrix(self, label, d: int):
+    def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
         r"""The gauge $\Psi(\text{label})$: a ``(d, d)`` orthogonal matrix (defined by each subclass).
 
         Example:
@@ -94,7 +94,7 @@ class GaugeKernel(_ExpKernel):
             True
         """
 
-    def gauge_matrices(self, aux, d: int) -> Float[Array, "n d d"]:
+    def gauge_matrices(self, aux: ArrayLike, d: int) -> Float[Array, "n d d"]:
         r"""$\Psi(\xi_i)$ for every label: ``(n, d, d)``.
 
         Example:
@@ -104,7 +104,7 @@ class GaugeKernel(_ExpKernel):
         """
         return jax.vmap(lambda a: self.gauge_matrix(a, d))(aux)
 
-    def to_gauge_frame(self, x, aux):
+    def to_gauge_frame(self, x: Float[Array, "n d"], aux: ArrayLike) -> Float[Array, "n d"]:
         r"""$y_i = \Psi(\xi_i) x_i$: the configuration in which the dynamics is USA, ``(n, d)``.
 
         Example:
@@ -116,7 +116,7 @@ class GaugeKernel(_ExpKernel):
         """
         return _apply_gauge(self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype), x)
 
-    def from_gauge_frame(self, y, aux):
+    def from_gauge_frame(self, y: Float[Array, "n d"], aux: ArrayLike) -> Float[Array, "n d"]:
         r"""$x_i = \Psi(\xi_i)^\top y_i$ (inverse of ``to_gauge_frame``), ``(n, d)``.
 
         Example:
@@ -138,27 +138,45 @@ class GaugeKernel(_ExpKernel):
         """
         return USA(self.beta, rescaled=self.rescaled)
 
-    def __call__(self, x, xi, y, zeta):
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
         d = x.shape[-1]
         a = self.gauge_matrix(xi, d).astype(x.dtype) @ x
         b = self.gauge_matrix(zeta, d).astype(y.dtype) @ y
         return self._exp(jnp.dot(a, b)) / self.beta
 
-    def grad_x(self, x, xi, y, zeta):
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
         d = x.shape[-1]
         A = self.gauge_matrix(xi, d).astype(x.dtype)
         B = self.gauge_matrix(zeta, d).astype(y.dtype)
         by = B @ y
         return self._exp(jnp.dot(A @ x, by)) * (A.T @ by)
 
-    def field(self, x, aux, *, block_size=None):
+    def field(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, "n d"]:
         # Psi_i^T usa_field(Psi x)_i, the gauge transforms inside the native kernel or the chunked evaluation
+        aux = self.default_aux(x.shape[0]) if aux is None else aux  # as Kernel.field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="F")[0]
 
-    def energy(self, x, aux, *, block_size=None):
+    def energy(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, ""]:
         # the USA energy of y = Psi x, through the same chunked evaluation as the field
+        aux = self.default_aux(x.shape[0]) if aux is None else aux  # as Kernel.field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, gauge=P, parts="S")[
@@ -172,7 +190,7 @@ class GaugeKernel(_ExpKernel):
         nf, df = as_float(n), as_float(d)
         return Footprint(entries=f.entries + 2.0 * nf * df * df + 2.0 * nf * df, pairs=f.pairs)
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         super().check_config(x, aux)
         if is_concrete(aux) and is_concrete(self):
             check_orthogonal(
@@ -207,10 +225,12 @@ class RoPE(GaugeKernel):
     omega: RealScalarLike = param(2 * math.pi, kind="float", doc=OMEGA_DOC)
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
-    def __init__(self, beta, omega, plane=(0, 1), *, rescaled: bool = False):
+    def __init__(
+        self, beta: Any, omega: Any, plane: Any = (0, 1), *, rescaled: bool = False
+    ) -> None:
         self.beta, self.omega, self.plane, self.rescaled = beta, omega, _plane(plane), rescaled
 
-    def gauge_matrix(self, label, d):
+    def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
         check_plane(self.plane, d)
         return sphere.rotation(self.omega * label, d, self.plane)
 
@@ -221,11 +241,11 @@ class _Callable(eqx.Module):
 
     fn: Callable = eqx.field(static=True)
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
 
 
-def _as_module(fn, what: str):
+def _as_module(fn: object, what: str) -> eqx.Module:
     if isinstance(fn, eqx.Module):
         return fn
     if not callable(fn):
@@ -255,8 +275,9 @@ class FourierPhase(Declared):
     amplitude: RealScalarLike = param(1.0, kind="float", doc="sine amplitude of the phase")
     frequency: int = param(1, kind="int>=1", static=True, doc="sine frequency of the phase")
 
-    def __call__(self, s):
-        return self.omega * s + self.amplitude * jnp.sin(2 * jnp.pi * self.frequency * s)
+    def __call__(self, s: ArrayLike) -> Float[Array, "..."]:
+        # a JAX array: NumPy's stubs type ndarray + Array as ndarray (JAX's __array_priority__ wins)
+        return self.omega * s + self.amplitude * jnp.sin(2 * jnp.pi * self.frequency * s)  # type: ignore[return-value]
 
 
 class WavyGauge(Declared):
@@ -284,7 +305,7 @@ class WavyGauge(Declared):
     )
     k: int = param(3, kind="int>=1", static=True, doc="waves per turn of the gauge")
 
-    def __call__(self, s):
+    def __call__(self, s: ArrayLike) -> Float[Array, "3 3"]:
         R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
         R23 = sphere.rotation(self.amplitude * jnp.sin(2 * jnp.pi * self.k * s), 3, (1, 2))
         return R12 @ R23
@@ -323,13 +344,16 @@ class PhaseField(GaugeKernel):
     phase: eqx.Module = param(FourierPhase(), kind=FourierPhase, doc="the phase s -> angle")
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
-    def __init__(self, beta, phase, plane=(0, 1), *, rescaled: bool = False):
+    def __init__(
+        self, beta: Any, phase: Any, plane: Any = (0, 1), *, rescaled: bool = False
+    ) -> None:
         self.beta, self.plane, self.rescaled = beta, _plane(plane), rescaled
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
-    def gauge_matrix(self, label, d):
+    def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
         check_plane(self.plane, d)
-        return sphere.rotation(self.phase(label), d, self.plane)
+        # equinox types a Module as not callable; the phase is a callable one (_as_module)
+        return sphere.rotation(self.phase(label), d, self.plane)  # type: ignore[operator]
 
 
 class Gauge(GaugeKernel):
@@ -362,12 +386,13 @@ class Gauge(GaugeKernel):
         WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix"
     )
 
-    def __init__(self, beta, gauge, *, rescaled: bool = False):
+    def __init__(self, beta: Any, gauge: Any, *, rescaled: bool = False) -> None:
         self.beta, self.rescaled = beta, rescaled
         self.gauge = _as_module(gauge, "gauge must be a callable label -> (d, d) orthogonal matrix")
 
-    def gauge_matrix(self, label, d):
-        Q = jnp.asarray(self.gauge(label))
+    def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
+        # equinox types a Module as not callable; the gauge is a callable one (_as_module)
+        Q = jnp.asarray(self.gauge(label))  # type: ignore[operator]
         if Q.shape != (d, d):
             raise ValueError(f"gauge(label) must return a ({d}, {d}) matrix, got shape {Q.shape}")
         return Q
@@ -429,7 +454,7 @@ class Prompt(GaugeKernel):
         return (beta, *cls.construction, *rest)
 
     @classmethod
-    def from_params(cls, P: dict, d: int, dtype) -> Prompt:
+    def from_params(cls, P: dict[str, Any], d: int | None, dtype: Any) -> Prompt:
         r"""``K = prompts`` gauges: rotations by $2 \pi k / K$ in ``plane`` (``gauges = "rotation"``)
         or Haar-random from ``jax.random.key(gauge_seed)``, drawn in float32 whatever the dtype (the
         same gauges), made orthogonal to the dtype's rounding for wider dtypes (one QR, signs kept).
@@ -453,7 +478,7 @@ class Prompt(GaugeKernel):
                 G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
         return cls(P["beta"], G, rescaled=P["rescaled"])
 
-    def __init__(self, beta, gauges, *, rescaled: bool = False):
+    def __init__(self, beta: Any, gauges: Any, *, rescaled: bool = False) -> None:
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
         if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
             raise TypeError(
@@ -476,20 +501,20 @@ class Prompt(GaugeKernel):
         """
         return self.gauges.shape[0]
 
-    def default_aux(self, n: int):
+    def default_aux(self, n: int) -> Int[Array, " n"]:
         return (jnp.arange(n) * self.num_prompts) // n
 
-    def gauge_matrix(self, label, d):
+    def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
         if self.gauges.shape[-1] != d:
             raise ValueError(
                 f"Prompt gauges are {self.gauges.shape[-1]}x{self.gauges.shape[-1]}, states have d = {d}"
             )
         return self.gauges[label]
 
-    def check_traced(self, x, aux):
+    def check_traced(self, x: Array, aux: ArrayLike | None) -> Array:
         return traced_labels(super().check_traced(x, aux), aux, self.num_prompts)
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         _ExpKernel.check_config(self, x, aux)
         d = np.shape(x)[-1]
         if self.gauges.shape[-1] != d:
@@ -512,7 +537,9 @@ class Prompt(GaugeKernel):
 # ----------------------------------------------------------------------------
 
 
-def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d"]:
+def random_gauges(
+    key: PRNGKeyArray, K: int, d: Any, dtype: DTypeLike = jnp.float32
+) -> Float[Array, "K d d"]:
     r"""``K`` Haar-random orthogonal ``(d, d)`` matrices: $Q R = G$, $G$ Gaussian, $Q \operatorname{diag}(\operatorname{sign}(\operatorname{diag} R))$.
 
     Args:
@@ -537,7 +564,7 @@ def random_gauges(key, K: int, d: int, dtype=jnp.float32) -> Float[Array, "K d d
     return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
 
 
-def default_phase(s):
+def default_phase(s: ArrayLike) -> Float[Array, "..."]:
     r"""Default phase field $\varphi(s) = 2 \pi s + \sin(2 \pi s)$ (a non-uniform traversal):
     ``FourierPhase()`` as a plain function.
 

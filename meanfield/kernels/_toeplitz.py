@@ -2,9 +2,11 @@ r"""Toeplitz kernels $c(t - s) \langle x, y\rangle$: low rank in the positions."
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, ArrayLike, DTypeLike, Float
 
 from .. import theory
 from .._checks import (
@@ -50,7 +52,7 @@ class Toeplitz(Kernel):
         """Rank 2 in the positions: ``cos``, ``sin`` and two ``(n,)`` products; ``n`` pair terms."""
         return Footprint(entries=4.0 * as_float(n), pairs=as_float(n))
 
-    def max_energy(self):
+    def max_energy(self) -> float | None:
         """``1/4`` (the great circle traversed ``m`` times) for a concrete integer ``m``; None otherwise.
 
         Example:
@@ -62,22 +64,42 @@ class Toeplitz(Kernel):
             return None
         return float(theory.great_circle_energy(int(np.asarray(self.m))))
 
-    def __call__(self, x, xi, y, zeta):
-        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * jnp.dot(x, y)
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
+        # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
+        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * jnp.dot(x, y)  # type: ignore[operator]
 
-    def grad_x(self, x, xi, y, zeta):
-        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * y
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
+        # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
+        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * y  # type: ignore[operator]
 
-    def _cs(self, x, aux):
+    def _cs(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None
+    ) -> tuple[Float[Array, " n"], Float[Array, " n"]]:
         theta = 2 * jnp.pi * jnp.asarray(self.m, x.dtype) * jnp.asarray(aux, x.dtype)
         return jnp.cos(theta), jnp.sin(theta)
 
-    def field(self, x, aux, *, block_size=None):
+    def field(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, "n d"]:
         c, s = self._cs(x, aux)
         n = x.shape[0]
         return (c[:, None] * (c @ x) + s[:, None] * (s @ x)) / n
 
-    def energy(self, x, aux, *, block_size=None):
+    def energy(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, ""]:
         c, s = self._cs(x, aux)
         a, b = c @ x, s @ x
         return (jnp.sum(a * a) + jnp.sum(b * b)) / (2.0 * x.shape[0] ** 2)
@@ -119,7 +141,7 @@ class ToeplitzSeries(Kernel):
 
     c_hat: Float[Array, " modes"]
 
-    def __init__(self, c_hat):
+    def __init__(self, c_hat: Any) -> None:
         if is_concrete(c_hat):
             try:
                 arr = np.asarray(c_hat)
@@ -136,7 +158,7 @@ class ToeplitzSeries(Kernel):
             )  # JAX's float width
         self.c_hat = c_hat
 
-    def __check_init__(self):
+    def __check_init__(self) -> None:
         shape = jnp.shape(self.c_hat)
         if len(shape) != 1 or shape[0] < 1:
             raise ValueError(
@@ -145,11 +167,11 @@ class ToeplitzSeries(Kernel):
             )
         check_finite("c_hat", self.c_hat)
 
-    def check_traced(self, x, aux):
+    def check_traced(self, x: Array, aux: ArrayLike | None) -> Array:
         """``x`` with finite traced coefficients ``c_hat`` checked in the program (``equinox.error_if``)."""
         return traced_finite(super().check_traced(x, aux), "c_hat", self.c_hat)
 
-    def check_config(self, x, aux) -> None:
+    def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         """Refuse a field or energy whose ``(n, M + 1)`` mode tables do not fit in memory.
 
         The structured evaluation forms ``cos`` and ``sin`` of ``2 pi m s_i`` for every particle and
@@ -172,7 +194,7 @@ class ToeplitzSeries(Kernel):
         modes = float(jnp.shape(self.c_hat)[0])
         return Footprint(entries=4.0 * as_float(n) * modes, pairs=as_float(n) * modes)
 
-    def profile(self, delta):
+    def profile(self, delta: ArrayLike) -> Float[Array, "..."]:
         r"""$c(\Delta) = \hat c(0) + 2 \sum_{m \ge 1} \hat c(m) \cos(2 \pi m \Delta)$ (any shape of ``delta``).
 
         Example:
@@ -186,13 +208,35 @@ class ToeplitzSeries(Kernel):
         w = jnp.concatenate([c[:1], 2 * c[1:]])
         return jnp.sum(w * jnp.cos(2 * jnp.pi * m * delta[..., None]), axis=-1)
 
-    def __call__(self, x, xi, y, zeta):
-        return self.profile(zeta - xi) * jnp.dot(x, y)
+    def __call__(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, ""]:
+        # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
+        return self.profile(zeta - xi) * jnp.dot(x, y)  # type: ignore[operator]
 
-    def grad_x(self, x, xi, y, zeta):
-        return self.profile(zeta - xi) * y
+    def grad_x(
+        self,
+        x: Float[Array | np.ndarray, " d"],
+        xi: ArrayLike,
+        y: Float[Array | np.ndarray, " d"],
+        zeta: ArrayLike,
+    ) -> Float[Array, " d"]:
+        # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
+        return self.profile(zeta - xi) * y  # type: ignore[operator]
 
-    def _modes(self, x, aux):
+    def _modes(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None
+    ) -> tuple[
+        Float[Array, " modes"],
+        Float[Array, "n modes"],
+        Float[Array, "n modes"],
+        Float[Array, "modes d"],
+        Float[Array, "modes d"],
+    ]:
         c = jnp.asarray(self.c_hat, x.dtype)
         m = jnp.arange(c.shape[0], dtype=x.dtype)
         theta = 2 * jnp.pi * jnp.asarray(aux, x.dtype)[:, None] * m[None, :]  # (n, M + 1)
@@ -202,17 +246,21 @@ class ToeplitzSeries(Kernel):
         C, S = jnp.cos(theta), jnp.sin(theta)
         return w, C, S, C.T @ x, S.T @ x
 
-    def field(self, x, aux, *, block_size=None):
+    def field(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, "n d"]:
         w, C, S, A, B = self._modes(x, aux)
         return (C @ (w[:, None] * A) + S @ (w[:, None] * B)) / x.shape[0]
 
-    def energy(self, x, aux, *, block_size=None):
+    def energy(
+        self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
+    ) -> Float[Array, ""]:
         w, _, _, A, B = self._modes(x, aux)
         return jnp.sum(w * (jnp.sum(A * A, axis=1) + jnp.sum(B * B, axis=1))) / (
             2.0 * x.shape[0] ** 2
         )
 
-    def _aliased(self, n: int | None):
+    def _aliased(self, n: int | None) -> Float[Array, " k"]:
         """$\\hat c_n(k)$, $k = 0..n-1$ (``n=None``: $\\hat c(0..M)$ and one zero mode $M + 1$)."""
         c = jnp.asarray(self.c_hat)
         if n is None:
@@ -248,7 +296,7 @@ class ToeplitzSeries(Kernel):
         k = int(np.argmax(np.asarray(self._aliased(n))))
         return k if n is None else min(k, n - k)
 
-    def maximiser(self, n: int, d: int = 3, dtype=None) -> Float[Array, "n d"]:
+    def maximiser(self, n: int, d: int = 3, dtype: DTypeLike | None = None) -> Float[Array, "n d"]:
         r"""A maximiser at the positions $s_i = i/n$: $x_i = \cos(2 \pi m^* s_i) e_1 + \sin(2 \pi m^* s_i) e_2$,
         $m^*$ = ``dominant_mode(n)`` (a Dirac at $e_1$ if $m^* = 0$); its energy is ``max_energy(n)``.
 

@@ -4,7 +4,8 @@ Each experiment module exposes ``run(out_dir, *, quick=False, full=False, quiet=
 which writes ``out_dir/<name>/`` (figures, data, ``summary.json``) and returns the summary, and
 ``EXPERIMENT`` (``_common.Experiment``), where its options (a value per size: quick, default,
 full) and its steps are declared once: ``options`` replace declared values, and an unknown name
-raises the same ``ValueError`` in every experiment, before any work.
+raises the same ``ValueError`` in every experiment, before any work. ``EXPERIMENT.describe()``
+lists the options, one line each: what it sets and its values.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -56,7 +58,7 @@ QUICK_COST_S: dict[str, float] = {
 }
 
 
-def get(name: str):
+def get(name: str) -> ModuleType:
     """The experiment module for ``name`` (one of ``EXPERIMENTS``)."""
     return importlib.import_module(get_path(name))
 
@@ -75,7 +77,7 @@ def default_jobs(n_experiments: int) -> int:
 
 def run_experiments(
     names: Sequence[str] | None = None,
-    out_dir: str | os.PathLike = "out/reproduce",
+    out_dir: str | os.PathLike[str] = "out/reproduce",
     *,
     quick: bool = False,
     full: bool = False,
@@ -137,7 +139,17 @@ def get_path(name: str) -> str:
     return EXPERIMENTS[name]
 
 
-def _run_one(i, name, module, out, count, quick, full, quiet, mode) -> dict[str, Any]:
+def _run_one(
+    i: int,
+    name: str,
+    module: str,
+    out: str,
+    count: int,
+    quick: bool,
+    full: bool,
+    quiet: bool,
+    mode: str,
+) -> dict[str, Any]:
     """Run one experiment here (in this process) and return its summary, with its total time."""
     t0 = time.perf_counter()
     if not quiet:
@@ -162,7 +174,9 @@ def _print_result(name: str, summary: dict[str, Any]) -> None:
     )
 
 
-def _run_concurrently(tasks, common, jobs: int) -> dict[str, dict[str, Any]]:
+def _run_concurrently(
+    tasks: list[tuple[int, str, str]], common: tuple[str, int, bool, bool, bool, str], jobs: int
+) -> dict[str, dict[str, Any]]:
     """``_run_one`` of each task in ``jobs`` spawned processes, the costliest first; results are
     printed as they finish and returned in the tasks' order."""
     import multiprocessing
@@ -194,7 +208,7 @@ def _run_concurrently(tasks, common, jobs: int) -> dict[str, dict[str, Any]]:
     return {name: results[name] for _, name, _ in tasks}
 
 
-def _init_worker(slots, lock) -> None:
+def _init_worker(slots: Any, lock: Any) -> None:
     """A worker process of ``_run_concurrently``: its progress bars on their own line (``slot``),
     drawn under one lock shared by the workers."""
     from tqdm import tqdm

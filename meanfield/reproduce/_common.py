@@ -20,9 +20,10 @@ import numbers
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from jaxtyping import ArrayLike
 
 from .._checks import RealScalarLike
 
@@ -42,7 +43,7 @@ __all__ = [
 BAR_POSITION: int | None = None
 
 
-def progress(*args, **kwargs):
+def progress(*args: Any, **kwargs: Any) -> Any:
     """``tqdm.auto.tqdm(*args, **kwargs)``, on this process's own line (``BAR_POSITION``) when
     experiments run concurrently."""
     from tqdm.auto import tqdm
@@ -77,7 +78,7 @@ class Option:
     full: Any = _SAME
     doc: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for mode in ("quick", "full"):
             v = getattr(self, mode)
             if v is not _SAME and not _accepts(self.kind, v):
@@ -96,7 +97,7 @@ class Option:
         return copy.deepcopy(self.default if v is _SAME else v)
 
 
-def _kind(value) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "bool"
     if isinstance(value, numbers.Integral):
@@ -112,7 +113,7 @@ def _kind(value) -> str:
     raise TypeError(f"an option's value must be a bool, number, str, list or dict, got {value!r}")
 
 
-def _accepts(kind: str, value) -> bool:
+def _accepts(kind: str, value: object) -> bool:
     try:
         got = _kind(value)
     except TypeError:
@@ -144,7 +145,7 @@ class Experiment:
     timings_suffix: str = ""
     untimed: tuple[str, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if len(set(self.steps)) != len(self.steps) or not set(self.untimed) <= set(self.steps):
             raise ValueError(
                 f"reproduce {self.name}: steps must be distinct and include the untimed ones"
@@ -157,7 +158,7 @@ class Experiment:
             raise ValueError("choose at most one of quick and full")
         return "quick" if quick else "full" if full else "default"
 
-    def settings(self, mode: str = "default", **options) -> dict[str, Any]:
+    def settings(self, mode: str = "default", **options: Any) -> dict[str, Any]:
         """Every option's value in ``mode``, the given ``options`` in place of theirs.
 
         Raises:
@@ -180,6 +181,24 @@ class Experiment:
                 )
         return {k: options[k] if k in options else o.value(mode) for k, o in self.options.items()}
 
+    def describe(self) -> str:
+        """The options, one line each: name, ``doc``, the default value and the ``quick`` and
+        ``full`` ones that differ from it.
+
+        >>> E = Experiment("toy", {"n": Option(512, quick=64, doc="particles")}, steps=("run",))
+        >>> print(E.describe())
+        n: particles (default 512; quick 64)
+        """
+        lines = []
+        for k, o in self.options.items():
+            shown = [f"default {o.default!r}"] + [
+                f"{m} {o.value(m)!r}"
+                for m in ("quick", "full")
+                if repr(o.value(m)) != repr(o.default)
+            ]
+            lines.append(f"{k}: {o.doc or '(undocumented)'} ({'; '.join(shown)})")
+        return "\n".join(lines)
+
     def start(self, *, quiet: bool = False) -> Steps:
         """The progress of a run through ``steps`` (``Steps``)."""
         return Steps(self, quiet=quiet)
@@ -191,7 +210,7 @@ class Steps:
     and ``part.set_postfix_str(text)`` say how far the step itself is. Steps come in declared order
     (one may be left out); ``close()`` ends the bar."""
 
-    def __init__(self, experiment: Experiment, *, quiet: bool = False):
+    def __init__(self, experiment: Experiment, *, quiet: bool = False) -> None:
         self.experiment = experiment
         self.timings: dict[str, float] = {}
         self._next = 0
@@ -216,10 +235,17 @@ class Steps:
         self._bar.close()
 
 
+@runtime_checkable
+class _Progress(Protocol):
+    """What a part of a run ticks as it goes (a ``_Part``, or a stand-in in tests)."""
+
+    def update(self, n: int = 1) -> None: ...
+
+
 class _Part:
     """Progress within one step: its name and a count (or a text) after it on the bar."""
 
-    def __init__(self, bar, name: str):
+    def __init__(self, bar: Any, name: str) -> None:
         self._bar, self._name, self._count = bar, name, 0
 
     def update(self, n: int = 1) -> None:
@@ -232,8 +258,8 @@ class _Part:
 
 def check(
     name: str,
-    measured,
-    theory=None,
+    measured: ArrayLike,
+    theory: ArrayLike | None = None,
     tolerance: RealScalarLike = 0.0,
     note: str = "",
     *,
@@ -267,7 +293,7 @@ def check(
     }
 
 
-def _num(x) -> float:
+def _num(x: ArrayLike) -> float:
     return float(np.asarray(x, dtype=np.float64))
 
 
@@ -276,11 +302,11 @@ def write_summary(
     experiment: str,
     *,
     quick: bool,
-    settings: dict,
-    checks: list[dict],
-    timings: dict | None = None,
+    settings: Mapping[str, Any],
+    checks: list[dict[str, Any]],
+    timings: Mapping[str, Any] | None = None,
     figures: list[str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Write ``out_dir/summary.json`` and return the summary dict."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -296,7 +322,7 @@ def write_summary(
     return summary
 
 
-def _jsonable(obj):
+def _jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

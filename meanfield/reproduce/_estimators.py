@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 __all__: list[str] = []
 
 
-def _crossing(logb, mean, se):
+def _crossing(
+    logb: Float[np.ndarray, " k"], mean: Float[np.ndarray, " k"], se: Float[np.ndarray, " k"]
+) -> tuple[float, float]:
     """``log beta`` where ``mean`` (increasing in beta) crosses 1/2, and its delta-method SE."""
     above = np.nonzero(mean >= 0.5)[0]
     if above.size == 0 or above[0] == 0:
@@ -24,7 +27,9 @@ def _crossing(logb, mean, se):
     return float(root), float(s / slope)
 
 
-def _weighted_line(x, y, s):
+def _weighted_line(
+    x: Float[np.ndarray, " k"], y: Float[np.ndarray, " k"], s: Float[np.ndarray, " k"]
+) -> tuple[float, float, float]:
     """Weighted least squares ``y = a + b x`` (weights ``1/s^2``): ``(b, a, se(b))``."""
     ok = np.isfinite(y) & np.isfinite(s) & (s > 0)
     x, y, s = x[ok], y[ok], s[ok]
@@ -35,7 +40,7 @@ def _weighted_line(x, y, s):
     return float(b), float(a), float(math.sqrt(cov[1, 1]))
 
 
-def _ks_distance(a, b):
+def _ks_distance(a: Float[ArrayLike, " m"], b: Float[ArrayLike, " k"]) -> float:
     a, b = np.sort(a), np.sort(b)
     grid = np.concatenate([a, b])
     return float(

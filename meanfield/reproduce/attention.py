@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,11 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from jax import Array
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import attention, sphere, theory
+from .._checks import RealScalarLike
 from ._common import Experiment, Option, check, write_summary
 from ._estimators import _crossing, _ks_distance, _weighted_line
 from .attention_keys import key_checks
@@ -52,7 +57,7 @@ _LOG_BOUND = 0.5
 _CHART_CENTRE = np.ones(3) / np.sqrt(3.0)
 
 
-def _log_rho(x):
+def _log_rho(x: Float[Array, " d"]) -> Float[Array, ""]:
     """Unnormalised log-density ``x_1 x_2`` of the Fig. 2 key law on ``S^2``."""
     return x[0] * x[1]
 
@@ -61,55 +66,114 @@ def _log_rho(x):
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "seed": Option(0),
-        "d": Option(5),
+        "seed": Option(0, doc="seed of the experiment's random keys"),
+        "d": Option(
+            5, doc="dimension d of the keys and queries on S^(d-1) (Fig. 3 and the critical regime)"
+        ),
         "grid_ns": Option(
             np.unique(np.round(np.logspace(1, 6, 26)).astype(int)).tolist(),
             quick=np.unique(np.round(np.logspace(1, 4, 13)).astype(int)).tolist(),
+            doc="context lengths n of the Fig. 3 mean A_(1) grid",
         ),
-        "grid_betas": Option(np.logspace(0, 4, 41).tolist(), quick=np.logspace(0, 3, 25).tolist()),
-        "grid_trials": Option(100),
+        "grid_betas": Option(
+            np.logspace(0, 4, 41).tolist(),
+            quick=np.logspace(0, 3, 25).tolist(),
+            doc="inverse temperatures beta of the Fig. 3 grid",
+        ),
+        "grid_trials": Option(100, doc="random contexts per (n, beta) cell of the Fig. 3 grid"),
         "crossing_ns": Option(
-            [100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10000]
+            [100, 316, 1000, 3162, 10_000, 31_623, 100_000],
+            quick=[100, 316, 1000, 3162, 10000],
+            doc="context lengths n at which beta_1/2(n) (mean A_(1) = 1/2) is located",
         ),
         "crossing_gammas": Option(
-            np.geomspace(0.5, 8.0, 49).tolist(), quick=np.geomspace(0.5, 8.0, 33).tolist()
+            np.geomspace(0.5, 8.0, 49).tolist(),
+            quick=np.geomspace(0.5, 8.0, 33).tolist(),
+            doc="grid of gamma in beta = gamma n^alpha searched for the crossing",
         ),
-        "crossing_trials": Option(2000, quick=400),
-        "critical_n": Option(100_000, quick=10_000),
-        "critical_gammas": Option([1 / 16, 1 / 4, 1.0, 4.0, 16.0]),
-        "critical_trials": Option(10_000, quick=1000),
-        "limit_samples": Option(100_000, quick=10_000),
-        "sub_n": Option(1000),
-        "sub_trials": Option(100),
-        "sub_xmax": Option(3.0),
-        "cum_n": Option(100_000),
-        "cum_trials": Option(50, quick=8),
-        "partition_n": Option(1_000_000, quick=100_000),
-        "partition_trials": Option(100, quick=16),
-        "drift_n": Option(1_000_000, quick=100_000),
-        "drift_contexts": Option(4, quick=2),
-        "drift_queries": Option(128, quick=64),
-        "fig2_n": Option(10_000),
-        "fig2_grid": Option(15, quick=11),
-        "residual_n": Option(10_000),
-        "residual_queries": Option(300, quick=100),
-        "residual_steps": Option(300, quick=150),
-        "residual_gamma": Option(1.0),
-        "super_n": Option(10_000),
-        "super_gamma": Option(1000.0),
-        "super_queries": Option(64),
-        "super_contexts": Option(128, quick=32),
-        "crit_out_n": Option(100_000, quick=10_000),
-        "crit_out_gammas": Option([1 / 16, 1 / 4, 1.0, 4.0, 16.0], quick=[1 / 4, 1.0, 4.0, 16.0]),
-        "crit_out_contexts": Option(500, quick=100),
-        "crit_out_limit_samples": Option(100_000, quick=20_000),
-        "regime_ns": Option([10_000, 100_000, 1_000_000], quick=[10_000, 100_000]),
+        "crossing_trials": Option(
+            2000, quick=400, doc="random contexts per (n, beta) point of the crossing search"
+        ),
+        "critical_n": Option(
+            100_000,
+            quick=10_000,
+            doc="context length n of the critical-regime weights A_(1), A_(2)",
+        ),
+        "critical_gammas": Option(
+            [1 / 16, 1 / 4, 1.0, 4.0, 16.0], doc="gamma of the critical regime beta = gamma n^alpha"
+        ),
+        "critical_trials": Option(
+            10_000, quick=1000, doc="random contexts per gamma in the critical regime"
+        ),
+        "limit_samples": Option(
+            100_000, quick=10_000, doc="samples of the Poisson limit W_1, W_2 per gamma"
+        ),
+        "sub_n": Option(1000, doc="context length n of the subcritical profile (Fig. 3 right)"),
+        "sub_trials": Option(100, doc="random contexts of the subcritical profile"),
+        "sub_xmax": Option(
+            3.0, doc="largest window coordinate x = k/m_n compared with the profile"
+        ),
+        "cum_n": Option(
+            100_000, doc="context length n of the cumulative-weight check (beta = n^(alpha/2))"
+        ),
+        "cum_trials": Option(50, quick=8, doc="random contexts of the cumulative-weight check"),
+        "partition_n": Option(
+            1_000_000, quick=100_000, doc="context length n of the partition-function check"
+        ),
+        "partition_trials": Option(
+            100, quick=16, doc="random contexts of the partition-function check"
+        ),
+        "drift_n": Option(
+            1_000_000, quick=100_000, doc="context length n of the drift-field check (S^2)"
+        ),
+        "drift_contexts": Option(
+            4, quick=2, doc="independent contexts averaged in the drift-field check"
+        ),
+        "drift_queries": Option(128, quick=64, doc="random queries of the drift-field check"),
+        "fig2_n": Option(10_000, doc="context length n of the Fig. 2 displacement fields"),
+        "fig2_grid": Option(
+            15, quick=11, doc="points per side of the Fig. 2 chart grid of queries"
+        ),
+        "residual_n": Option(10_000, doc="context length n of the residual dynamics"),
+        "residual_queries": Option(300, quick=100, doc="queries moved by the residual dynamics"),
+        "residual_steps": Option(300, quick=150, doc="residual updates applied to each query"),
+        "residual_gamma": Option(1.0, doc="step size gamma of the residual update"),
+        "super_n": Option(
+            10_000, doc="context length n of the supercritical output check (Thm 4.1)"
+        ),
+        "super_gamma": Option(1000.0, doc="gamma of the supercritical column beta = gamma n^alpha"),
+        "super_queries": Option(64, doc="queries of the supercritical output check"),
+        "super_contexts": Option(
+            128, quick=32, doc="random contexts per query of the supercritical output check"
+        ),
+        "crit_out_n": Option(
+            100_000, quick=10_000, doc="context length n of the critical output check (Thm 4.2)"
+        ),
+        "crit_out_gammas": Option(
+            [1 / 16, 1 / 4, 1.0, 4.0, 16.0],
+            quick=[1 / 4, 1.0, 4.0, 16.0],
+            doc="gamma of the critical output check, beta = gamma n^alpha",
+        ),
+        "crit_out_contexts": Option(
+            500, quick=100, doc="random contexts per query of the critical output check"
+        ),
+        "crit_out_limit_samples": Option(
+            100_000, quick=20_000, doc="samples of the critical output limit Xi per gamma"
+        ),
+        "regime_ns": Option(
+            [10_000, 100_000, 1_000_000],
+            quick=[10_000, 100_000],
+            doc="context lengths n of the output-regime check (Thm 4.3)",
+        ),
         "regime_taus": Option(
-            np.geomspace(1 / 32, 32, 13).tolist(), quick=np.geomspace(1 / 32, 32, 7).tolist()
+            np.geomspace(1 / 32, 32, 13).tolist(),
+            quick=np.geomspace(1 / 32, 32, 7).tolist(),
+            doc="tau = beta^(1+alpha) n^(-alpha) values of the output-regime check",
         ),
-        "regime_queries": Option(64),
-        "regime_contexts": Option(64, quick=32),
+        "regime_queries": Option(64, doc="random queries of the output-regime check"),
+        "regime_contexts": Option(
+            64, quick=32, doc="random contexts per query of the output-regime check"
+        ),
     },
     steps=(
         "grid",
@@ -130,14 +194,19 @@ EXPERIMENT = Experiment(
 )
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     """``EXPERIMENT``'s settings, quick or default."""
     return EXPERIMENT.settings("quick" if quick else "default")
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the attention experiment; returns the summary dict (see module docstring).
 
     ``options`` override entries of ``EXPERIMENT.options`` (e.g. ``critical_trials=500``);
@@ -150,7 +219,7 @@ def run(
     k_grid, k_cross, k_crit, k_lim, k_sub, k_part, k_drift, k_fig2, k_res = jax.random.split(key, 9)
     steps = EXPERIMENT.start(quiet=quiet)
     timings = steps.timings
-    checks: list[dict] = []
+    checks: list[dict[str, Any]] = []
     figures: list[str] = []
     t_start = time.perf_counter()
 
@@ -548,18 +617,22 @@ def run(
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _uniform_weights(key, q, beta, n, d, trials):
+def _uniform_weights(
+    key: PRNGKeyArray, q: Float[Array, " d"], beta: RealScalarLike, n: int, d: int, trials: int
+) -> Float[Array, "trials n"]:
     """``(trials, n)`` weights of ``trials`` uniform contexts on ``S^{d-1}``."""
     keys = jax.random.split(key, trials)
     return jax.vmap(lambda kk: attention.weights(q, sphere.uniform(kk, n, d), beta))(keys)
 
 
-def _ordered(w):
+def _ordered(w: Float[ArrayLike, "... n"]) -> Float[np.ndarray, "... n"]:
     """Rows of weights sorted decreasingly (NumPy, float64)."""
     return -np.sort(-np.asarray(w, dtype=np.float64), axis=-1)
 
 
-def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):
+def _vmf_tilted_displacement(
+    Q: Float[np.ndarray, "q 3"], beta: float, n_s: int = 400, n_phi: int = 128
+) -> Float[np.ndarray, "q 3"]:
     """``E[e^{-beta T} rho(x) (x - q)] / E[e^{-beta T} rho(x)]`` on ``S^2`` for each row ``q`` of ``Q``.
 
     This is the ``n -> infinity`` limit of ``Y_n(q)`` at fixed ``beta`` (law of large
@@ -586,7 +659,7 @@ def _vmf_tilted_displacement(Q, beta, n_s=400, n_phi=128):
     return out
 
 
-def _basis(q):
+def _basis(q: Float[np.ndarray, " 3"]) -> Float[np.ndarray, "3 2"]:
     """Orthonormal basis (columns) of ``q^perp`` in R^3 (NumPy)."""
     a = np.eye(3)[np.argmin(np.abs(q))]
     u = np.cross(q, a)
@@ -594,14 +667,16 @@ def _basis(q):
     return np.stack([u, np.cross(q, u)], 1)
 
 
-def _chart_basis():
+def _chart_basis() -> tuple[
+    Float[np.ndarray, " 3"], Float[np.ndarray, " 3"], Float[np.ndarray, " 3"]
+]:
     c = _CHART_CENTRE
     e1 = np.array([1.0, -1.0, 0.0]) / np.sqrt(2.0)
     e2 = np.cross(c, e1)
     return c, e1, e2
 
 
-def _chart(x):
+def _chart(x: Float[np.ndarray, "n 3"]) -> Float[np.ndarray, "n 2"]:
     """Geodesic (azimuthal equidistant) chart centred at ``(1,1,1)/sqrt 3``: ``(n, 3) -> (n, 2)``."""
     c, e1, e2 = _chart_basis()
     cos = np.clip(x @ c, -1, 1)
@@ -612,21 +687,23 @@ def _chart(x):
     return th[:, None] * np.stack([u @ e1, u @ e2], 1)
 
 
-def _chart_inverse(a):
+def _chart_inverse(a: Float[np.ndarray, "n 2"]) -> Float[np.ndarray, "n 3"]:
     c, e1, e2 = _chart_basis()
     r = np.linalg.norm(a, axis=1)
     dirn = (a[:, :1] * e1 + a[:, 1:] * e2) / np.where(r > 0, r, 1)[:, None]
     return np.cos(r)[:, None] * c + np.sin(r)[:, None] * dirn
 
 
-def _chart_push(x, v, eps=1e-4):
+def _chart_push(
+    x: Float[np.ndarray, "n 3"], v: Float[np.ndarray, "n 3"], eps: float = 1e-4
+) -> Float[np.ndarray, "n 2"]:
     """Push tangent vectors ``v`` at ``x`` to the chart (finite difference of the chart map)."""
     y = x + eps * v
     y = y / np.linalg.norm(y, axis=1, keepdims=True)
     return (_chart(y) - _chart(x)) / eps
 
 
-def _rho_normaliser():
+def _rho_normaliser() -> float:
     """``int_{S^2} exp(x1 x2) dsigma`` by tensor quadrature (Gauss-Legendre in z, trapezoid in phi)."""
     z, wz = np.polynomial.legendre.leggauss(200)
     phi = 2 * np.pi * np.arange(256) / 256
@@ -635,7 +712,7 @@ def _rho_normaliser():
     return float(np.sum(wz[:, None] * f) * 2 * np.pi / 256)
 
 
-def _fig2_data(key, n, m):
+def _fig2_data(key: PRNGKeyArray, n: int, m: int) -> dict[str, Any]:
     lim = 1.25
     a = np.linspace(-lim, lim, m)
     A = np.stack(np.meshgrid(a, a, indexing="xy"), -1).reshape(-1, 2)
@@ -653,6 +730,7 @@ def _fig2_data(key, n, m):
     for name, b in betas.items():
         Y = np.asarray(disp(Q, b), dtype=np.float64)
         # output scales of Thm 4.1 / 4.2: sqrt(a_n) and sqrt(beta) (reconstructed; see mf.theory)
+        scale: float | np.ndarray
         if b > n**alpha:
             scale, lab = np.sqrt(a_n)[:, None], "supercritical: sqrt(a_n) Y_n"
         elif b == n**alpha:
@@ -682,7 +760,7 @@ def _fig2_data(key, n, m):
     )
 
 
-def _residual_data(key, settings):
+def _residual_data(key: PRNGKeyArray, settings: Mapping[str, Any]) -> dict[str, Any]:
     n = settings["residual_n"]
     beta = n**0.25
     k1, k2 = jax.random.split(key)
@@ -691,7 +769,7 @@ def _residual_data(key, settings):
     gamma = settings["residual_gamma"]
     upd = jax.vmap(lambda qq: attention.residual_update(qq, keys, beta, gamma))
 
-    def body(q, _):
+    def body(q: Float[Array, "q 3"], _: None) -> tuple[Float[Array, "q 3"], Float[Array, "q 3"]]:
         q = upd(q)
         return q, q
 
@@ -706,7 +784,14 @@ def _residual_data(key, settings):
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _query_outputs(key, queries, betas, n, contexts, sampler):
+def _query_outputs(
+    key: PRNGKeyArray,
+    queries: Float[Array, "q d"],
+    betas: Float[Array, " b"],
+    n: int,
+    contexts: int,
+    sampler: Callable[[PRNGKeyArray, int], Float[Array, "n d"]],
+) -> Float[Array, "contexts q b d"]:
     r"""Displacements $Y_n(q) = \sum_j A_j (x_j - q)$ ($V = I$) of ``contexts`` independent contexts.
 
     Every context (``sampler(key_c, n)``, ``n`` keys) is seen by every query and every beta:
@@ -715,10 +800,10 @@ def _query_outputs(key, queries, betas, n, contexts, sampler):
     ``keys - q`` per query): rounding ``~1e-7`` against ``|Y_n| >= 1e-3`` here.
     """
 
-    def one(kk):
+    def one(kk: PRNGKeyArray) -> Float[Array, "q b d"]:
         keys = sampler(kk, n)
 
-        def per_query(q):
+        def per_query(q: Float[Array, " d"]) -> Float[Array, "b d"]:
             A = jax.vmap(lambda b: attention.weights(q, keys, b))(betas)  # (B, n)
             return A @ keys - q
 
@@ -727,21 +812,23 @@ def _query_outputs(key, queries, betas, n, contexts, sampler):
     return jax.lax.map(one, jax.random.split(key, contexts))
 
 
-def _density_keys(key, m):
+def _density_keys(key: PRNGKeyArray, m: int) -> Float[Array, "m 3"]:
     r"""``m`` keys from the Fig. 2 law $\rho \propto \exp(x_1 x_2)$ on $S^2$."""
     return sphere.sample_density(key, m, 3, _log_rho, log_bound=_LOG_BOUND)
 
 
-def _uniform_keys_d5(key, m):
+def _uniform_keys_d5(key: PRNGKeyArray, m: int) -> Float[Array, "m 5"]:
     return sphere.uniform(key, m, 5)
 
 
-def _tangent_part(Y, Q):
+def _tangent_part(
+    Y: Float[np.ndarray, "... d"], Q: Float[np.ndarray, "... d"]
+) -> Float[np.ndarray, "... d"]:
     """``P_q Y`` for ``Y`` of shape ``(..., Q, d)`` and queries ``Q`` of shape ``(Q, d)``."""
     return Y - np.sum(Y * Q, -1, keepdims=True) * Q
 
 
-def _grad_log_rho(Q):
+def _grad_log_rho(Q: Float[np.ndarray, "q 3"]) -> Float[np.ndarray, "q 3"]:
     r"""$\nabla_S \log \rho(q)$ for the Fig. 2 law, rows of ``Q`` (NumPy, float64)."""
     g = np.asarray(
         jax.vmap(lambda qq: theory.drift(qq, _log_rho))(jnp.asarray(Q, jnp.float32)), np.float64
@@ -749,19 +836,21 @@ def _grad_log_rho(Q):
     return _tangent_part(g, Q)
 
 
-def _ks_critical(a):
+def _ks_critical(a: float) -> float:
     r"""Asymptotic Kolmogorov-Smirnov critical value factor $c(a) = \sqrt{-\ln(a/2)/2}$ (level ``a``)."""
     return math.sqrt(-0.5 * math.log(a / 2))
 
 
-def _ks_one_sample(x, cdf):
+def _ks_one_sample(x: ArrayLike, cdf: Callable[[np.ndarray], ArrayLike]) -> float:
     x = np.sort(np.asarray(x, np.float64))
     F = np.asarray(cdf(x), np.float64)
     i = np.arange(1, x.size + 1)
     return float(max(np.max(i / x.size - F), np.max(F - (i - 1) / x.size)))
 
 
-def _supercritical_output(key, settings, checks):
+def _supercritical_output(
+    key: PRNGKeyArray, settings: Mapping[str, Any], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
     r"""Thm 4.1 on the Fig. 2 law ($d = 3$): $\frac12 a_n \|P_q Y_n\|^2 \to R_1 \sim \mathrm{Exp}(1)$, uniform mark."""
     from scipy import stats  # local: scipy off the import path of the core
 
@@ -840,7 +929,9 @@ def _supercritical_output(key, settings, checks):
     return dict(R=R, u=u, betas=betas, n=n, a_n=a_n, ks=np.array(ks))
 
 
-def _critical_output(key, settings, checks):
+def _critical_output(
+    key: PRNGKeyArray, settings: Mapping[str, Any], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
     r"""Thm 4.2: $\sqrt{\beta_n} Y_n(q) \to \Xi$ at $\beta_n = \gamma n^\alpha$, uniform keys on $S^4$."""
     d = 5
     alpha = theory.attention_alpha(d)
@@ -914,7 +1005,9 @@ def _critical_output(key, settings, checks):
     return dict(gammas=gam, finite=finite, limit=lim, n=n, ks=ks)
 
 
-def _output_regimes(key, settings, checks):
+def _output_regimes(
+    key: PRNGKeyArray, settings: Mapping[str, Any], checks: list[dict[str, Any]]
+) -> dict[str, Any]:
     r"""Thm 4.3 on the Fig. 2 law ($d = 3$): drift / mixed / fluctuation across $\tau_n = \beta^{1+\alpha} n^{-\alpha}$."""
     d = 3
     alpha = theory.attention_alpha(d)
@@ -1066,7 +1159,18 @@ def _output_regimes(key, settings, checks):
     )
 
 
-def _regime_stats(Z, rho, taus, alpha, d):
+def _regime_stats(
+    Z: Float[np.ndarray, "k q t m"],
+    rho: Float[np.ndarray, " q"],
+    taus: Float[np.ndarray, " t"],
+    alpha: float,
+    d: int,
+) -> tuple[
+    Float[np.ndarray, " t"],
+    Float[np.ndarray, " t"],
+    Float[np.ndarray, " t"],
+    Float[np.ndarray, " t"],
+]:
     """Drift/fluctuation statistics of ``Z = beta P_q Y_n`` of shape ``(K, Q, T, d-1)``.
 
     Returns ``(ratio, drift, fluctuation, c_hat)``, each ``(T,)``: ``drift^2 = mean_q |mean_k Z|^2 - tr Cov / K``
@@ -1090,24 +1194,24 @@ def _regime_stats(Z, rho, taus, alpha, d):
 
 
 def _plot_fig3(
-    out,
-    d,
-    alpha,
-    ns,
-    betas,
-    mean,
-    cns,
-    log_half,
-    slope,
-    intercept,
-    x,
-    ratio,
-    cum,
-    prof,
-    cprof,
-    st,
-    big,
-):
+    out: Path,
+    d: int,
+    alpha: float,
+    ns: np.ndarray,
+    betas: np.ndarray,
+    mean: np.ndarray,
+    cns: np.ndarray,
+    log_half: np.ndarray,
+    slope: float,
+    intercept: float,
+    x: np.ndarray,
+    ratio: np.ndarray,
+    cum: np.ndarray,
+    prof: np.ndarray,
+    cprof: np.ndarray,
+    st: Mapping[str, Any],
+    big: tuple[np.ndarray, np.ndarray, int, float],
+) -> str:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     pc = ax.pcolormesh(ns, betas, mean.T, shading="nearest", cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(pc, ax=ax, label="mean $A_{(1)}$")
@@ -1153,7 +1257,9 @@ def _plot_fig3(
     return path.name
 
 
-def _plot_critical(out, cg, crit, lim, n, d):
+def _plot_critical(
+    out: Path, cg: np.ndarray, crit: np.ndarray, lim: np.ndarray, n: int, d: int
+) -> str:
     fig, axes = plt.subplots(2, len(cg), figsize=(3.2 * len(cg), 5.5))
     for i, g in enumerate(cg):
         for j in range(2):
@@ -1190,7 +1296,7 @@ def _plot_critical(out, cg, crit, lim, n, d):
     return path.name
 
 
-def _plot_fig2(out, data):
+def _plot_fig2(out: Path, data: Mapping[str, Any]) -> str:
     fields, A, labels = data["fields"], data["chart"], data["labels"]
     k = fields.shape[0]
     fig, axes = plt.subplots(1, k, figsize=(3.1 * k, 3.6))
@@ -1226,7 +1332,7 @@ def _plot_fig2(out, data):
     return path.name
 
 
-def _plot_residual(out, res):
+def _plot_residual(out: Path, res: Mapping[str, Any]) -> str:
     traj = res["traj"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     lon = np.linspace(-np.pi, np.pi, 240)
@@ -1258,12 +1364,12 @@ def _plot_residual(out, res):
     return path.name
 
 
-def _ecdf(x):
+def _ecdf(x: ArrayLike) -> tuple[Float[np.ndarray, " m"], Float[np.ndarray, " m"]]:
     x = np.sort(np.asarray(x, np.float64).ravel())
     return x, np.arange(1, x.size + 1) / x.size
 
 
-def _plot_output_limits(out, sup, cro):
+def _plot_output_limits(out: Path, sup: Mapping[str, Any], cro: Mapping[str, Any]) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
     ax = axes[0]
     y = np.linspace(0, 6, 300)
@@ -1318,7 +1424,7 @@ def _plot_output_limits(out, sup, cro):
     return path.name
 
 
-def _plot_output_regimes(out, reg):
+def _plot_output_regimes(out: Path, reg: Mapping[str, Any]) -> str:
     ns, taus, betas, R, R_se = reg["ns"], reg["taus"], reg["betas"], reg["R"], reg["R_se"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
     tt = np.geomspace(taus.min(), taus.max(), 100)

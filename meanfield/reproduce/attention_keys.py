@@ -25,27 +25,33 @@ Key laws:
   $1 - s$) follows a compound Poisson limit instead (reconstruction: Poisson
   clusters of intensity $(1-s)\, c\, y^{1/\alpha}$ with Geometric$(1-s)$ sizes).
 * ``rope_keys``: ``RoPEKeys`` over i.i.d. base keys of density
-  $\rho(x) \propto (1 + x_1)^4$ (peaked at $q$; RoFormer frequencies, so the plane
+  $\rho(x) \propto (1 + x_1)^2$ (peaked at $q$; RoFormer frequencies, so the plane
   $(e_1, e_2)$ turns by 1 rad per position). Key $j$ has density $\rho(R_j^\top x)$;
   the limit is the i.i.d. one with the orbit average
-  $\bar\rho_n(q) = \frac1n \sum_j \rho(R_j^\top q) = \frac1n \sum_j (1 + \cos j)^4 / Z_4$
-  ($\to \frac{35}{8} / Z_4$, Weyl) in place of $\rho(q) = 16 / Z_4$ (reconstruction of
+  $\bar\rho_n(q) = \frac1n \sum_j \rho(R_j^\top q) = \frac1n \sum_j (1 + \cos j)^2 / Z_2$
+  ($\to \frac{3}{2} / Z_2$, Weyl) in place of $\rho(q) = 4 / Z_2$ (reconstruction of
   App. F). Contrast: the law with the unrotated $\rho(q)$ is rejected.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from jax import Array
+from jaxtyping import ArrayLike, Float, Int, PRNGKeyArray
 from scipy.special import gammaincc
 
 from .. import attention, sphere, theory
+from .._checks import RealScalarLike
 from ._common import Experiment, Option, check
 from ._estimators import _crossing, _ks_distance, _weighted_line
 
@@ -60,12 +66,12 @@ _TERMS = 128
 _POWER = 2  # RoPE base keys: rho(x) propto (1 + x_1)^2 on S^4, peaked at e_1 = q
 
 
-def _cap_sampler(key, m):
-    r"""``m`` i.i.d. keys on ``S^4`` with density $\propto (1 + x_1)^4$, drawn exactly (no rejection).
+def _cap_sampler(key: PRNGKeyArray, m: int) -> Float[Array, "m 5"]:
+    r"""``m`` i.i.d. keys on ``S^4`` with density $\propto (1 + x_1)^2$ (``_POWER``), drawn exactly (no rejection).
 
-    $x = (w, \sqrt{1 - w^2}\, v)$ with $v$ uniform on $S^3$ and $(1 + w)/2 \sim$ Beta(6, 2), the
-    law of $x_1$ under $(1 + x_1)^4$ times the uniform $x_1$-density $\propto 1 - x_1^2$; a
-    Beta(6, 2) variable is the second largest of 7 uniforms.
+    $x = (w, \sqrt{1 - w^2}\, v)$ with $v$ uniform on $S^3$ and $(1 + w)/2 \sim$ Beta(4, 2), the
+    law of $x_1$ under $(1 + x_1)^2$ times the uniform $x_1$-density $\propto 1 - x_1^2$; a
+    Beta(4, 2) variable is the second largest of 5 uniforms.
     """
     k_w, k_v = jax.random.split(key)
     u = jax.random.uniform(k_w, (m, _POWER + 3), sphere.DRAW_DTYPE)
@@ -80,29 +86,37 @@ def _cap_sampler(key, m):
 _PART = Experiment(
     "attention (dependent and RoPE-rotated keys)",
     {
-        "d": Option(_D),
-        "ar_phi": Option(0.8),
-        "sticky_stay": Option(0.5),
-        "power": Option(_POWER),
+        "d": Option(_D, doc="dimension d of the keys on S^(d-1)"),
+        "ar_phi": Option(0.8, doc="lag-one coefficient phi of the Gaussian AR(1) key directions"),
+        "sticky_stay": Option(0.5, doc="probability s that a sticky key repeats the previous one"),
+        "power": Option(_POWER, doc="exponent k of the RoPE base-key density (1 + x_1)^k"),
         "ns": Option(
-            [100, 316, 1000, 3162, 10_000, 31_623, 100_000], quick=[100, 316, 1000, 3162, 10_000]
+            [100, 316, 1000, 3162, 10_000, 31_623, 100_000],
+            quick=[100, 316, 1000, 3162, 10_000],
+            doc="context lengths n of the crossing estimator (the law checks use the largest)",
         ),
         "gammas": Option(
-            np.geomspace(0.5, 8.0, 25).tolist(), quick=np.geomspace(0.5, 8.0, 13).tolist()
+            np.geomspace(0.5, 8.0, 25).tolist(),
+            quick=np.geomspace(0.5, 8.0, 13).tolist(),
+            doc="grid of gamma in beta = gamma n^alpha",
         ),
-        "trials": Option(2000, quick=1000),
-        "contrast_trials": Option(1000, quick=500),
-        "limit_samples": Option(100_000, quick=40_000),
+        "trials": Option(2000, quick=1000, doc="random contexts per (n, beta) cell"),
+        "contrast_trials": Option(
+            1000, quick=500, doc="random contexts per gamma of the clustered (sticky) keys"
+        ),
+        "limit_samples": Option(100_000, quick=40_000, doc="samples of each limit law per gamma"),
     },
     steps=("keys_limits", "dependent_tokens", "rope_keys", "clustered", "keys_figures"),
 )
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     return _PART.settings("quick" if quick else "default")
 
 
-def rope_density(n, power=_POWER, d=_D, theta=1.0) -> tuple[float, float, float]:
+def rope_density(
+    n: int, power: int = _POWER, d: int = _D, theta: RealScalarLike = 1.0
+) -> tuple[float, float, float]:
     r"""Orbit-averaged key density at $q = e_1$ for RoPE over base keys $\rho(x) \propto (1 + x_1)^k$.
 
     $$\bar\rho_n = \frac1n \sum_{j=0}^{n-1} \frac{(1 + \cos\theta j)^k}{Z_k}, \qquad Z_k = |S^{d-1}|\, E_{\text{unif}}[(1 + x_1)^k]$$
@@ -122,8 +136,8 @@ def rope_density(n, power=_POWER, d=_D, theta=1.0) -> tuple[float, float, float]
     Example:
         >>> from meanfield.reproduce.attention_keys import rope_density
         >>> finite, limit, unrotated = rope_density(10_000)
-        >>> round(limit / unrotated, 4)  # 70/16 / 2^4
-        0.2734
+        >>> round(limit / unrotated, 4)  # (6/4) / 2^2
+        0.375
     """
     moment = 0.0
     for i in range(power // 2 + 1):  # E[(1 + x_1)^k] = sum_i binom(k, 2i) E[x_1^(2i)]
@@ -135,8 +149,14 @@ def rope_density(n, power=_POWER, d=_D, theta=1.0) -> tuple[float, float, float]
 
 
 def clustered_critical_weights(
-    rng: np.random.Generator, gamma, d, stay, num, *, terms=512
-) -> np.ndarray:
+    rng: np.random.Generator,
+    gamma: RealScalarLike,
+    d: int,
+    stay: RealScalarLike,
+    num: int,
+    *,
+    terms: int = 512,
+) -> Float[np.ndarray, " num"]:
     r"""Samples of the compound-Poisson critical limit of $A_{(1)}$ for ``StickyKeys`` (reconstruction).
 
     Clusters (runs of one repeated key) sit at $y_l = (\Gamma_l / c')^\alpha$, the
@@ -180,8 +200,8 @@ def clustered_critical_weights(
 
 
 def key_checks(
-    *, quick: bool, out_dir: Path, seed: int = 0, quiet: bool = False
-) -> tuple[list[dict], list[str], dict]:
+    *, quick: bool, out_dir: str | os.PathLike[str], seed: int = 0, quiet: bool = False
+) -> tuple[list[dict[str, Any]], list[str], dict[str, float]]:
     """Checks ``dependent_tokens*`` and ``rope_keys*`` (see the module docstring).
 
     Args:
@@ -197,13 +217,15 @@ def key_checks(
     return _key_checks(_settings(quick), Path(out_dir), seed, quiet)
 
 
-def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict], list[str], dict]:
+def _key_checks(
+    st: Mapping[str, Any], out: Path, seed: int, quiet: bool
+) -> tuple[list[dict[str, Any]], list[str], dict[str, float]]:
     out.mkdir(parents=True, exist_ok=True)
     d = st["d"]
     alpha = theory.attention_alpha(d)
     steps = _PART.start(quiet=quiet)
     timings = steps.timings
-    checks: list[dict] = []
+    checks: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     k_dep, k_rope, k_sticky, k_lim = jax.random.split(jax.random.key(seed), 4)
     rng = np.random.default_rng(seed)
@@ -363,7 +385,9 @@ def _key_checks(st: dict, out: Path, seed: int, quiet: bool) -> tuple[list[dict]
     return checks, [fig], timings
 
 
-def _limit(key, gammas, d, num, density):
+def _limit(
+    key: PRNGKeyArray, gammas: Float[np.ndarray, " g"], d: int, num: int, density: float | None
+) -> Float[np.ndarray, "num g"]:
     """``(num, len(gammas))`` samples of ``W_1`` (``theory.critical_weights``) for each gamma."""
     return np.stack(
         [
@@ -378,7 +402,15 @@ def _limit(key, gammas, d, num, density):
     )
 
 
-def _exponent(key, proc, ns, gam, d, alpha, trials) -> tuple[dict, np.ndarray]:
+def _exponent(
+    key: PRNGKeyArray,
+    proc: attention.AbstractKeyProcess,
+    ns: Int[np.ndarray, " k"],
+    gam: Float[np.ndarray, " b"],
+    d: int,
+    alpha: float,
+    trials: int,
+) -> tuple[dict[str, Any], Float[np.ndarray, "k trials b"]]:
     """The i.i.d. crossing estimator on contexts from ``proc``; also the ``(len(ns), trials, b)`` samples."""
     betas = np.outer(ns.astype(float) ** alpha, gam)
     mean, se, draws = attention.mean_top_weight_grid(
@@ -400,13 +432,24 @@ def _exponent(key, proc, ns, gam, d, alpha, trials) -> tuple[dict, np.ndarray]:
     return cross, draws
 
 
-def _ecdf(ax, x, **kw):
+def _ecdf(ax: Any, x: ArrayLike, **kw: Any) -> None:
     x = np.sort(x)
     ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", **kw)
 
 
 def _plot(
-    out, d, alpha, nc, cg, i1, results, lim_unrot, crit_sticky, lim_sticky, lim_unif, st
+    out: Path,
+    d: int,
+    alpha: float,
+    nc: int,
+    cg: np.ndarray,
+    i1: int,
+    results: Mapping[str, Mapping[str, Any]],
+    lim_unrot: np.ndarray,
+    crit_sticky: np.ndarray,
+    lim_sticky: np.ndarray,
+    lim_unif: np.ndarray,
+    st: Mapping[str, Any],
 ) -> str:
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     ax = axes[0]

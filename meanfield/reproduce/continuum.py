@@ -30,15 +30,20 @@ histogram beside it), ``cluster_count.png`` (cluster count against $\beta$ with 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import Array
+from jaxtyping import Float, Int, Key, PRNGKeyArray
 
 from .. import continuum, kernels, sphere
 from ..integrate import simulate
+from ..models import Model
 from ._common import Experiment, Option, check, write_summary
 
 __all__ = ["EXPERIMENT", "run", "settings_for"]
@@ -50,34 +55,71 @@ _NAME = "continuum"
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "betas": Option([1.0, 4.0, 9.0]),
-        "modes": Option([1, 2, 3, 4, 5, 6]),
-        "solver_resolution": Option({"2": 16, "3": 12}),
-        "solver_eps": Option(1e-5),
-        "particle_n": Option({"2": 5040, "3": 8000}, quick={"2": 2520, "3": 2000}),
-        "particle_eps": Option(3e-2),
-        "particle_saves": Option(11),
-        "particle_steps": Option(80),
-        "cluster_betas": Option([4.0, 9.0, 16.0, 25.0, 36.0], quick=[4.0, 9.0, 16.0, 25.0]),
-        "cluster_n": Option(2000, quick=1000),
-        "cluster_seeds": Option(12, quick=6),
-        "cluster_s1": Option(300.0),
-        "cluster_saves": Option(48),
-        "cluster_dt": Option(0.25),
-        "cluster_gap_rad": Option(0.1),
-        "cluster_min_fraction": Option(0.01),
-        "plateau_saves": Option(4),
-        "w1_beta": Option(4.0),
-        "w1_mode": Option(2),
-        "w1_eps": Option(0.3),
-        "w1_time": Option(0.15),
-        "w1_resolution": Option(64),
-        "w1_n": Option([100, 316, 1000, 3162, 10000], quick=[100, 316, 1000, 3162]),
-        "w1_seeds": Option(32, quick=12),
-        "w1_dt": Option(5e-3),
-        "heatmap_t1": Option(0.3),
-        "sphere_resolution": Option(16),
-        "seed": Option(0),
+        "betas": Option(
+            [1.0, 4.0, 9.0], doc="inverse temperatures beta of the dispersion relation"
+        ),
+        "modes": Option([1, 2, 3, 4, 5, 6], doc="modes l whose growth rates are measured"),
+        "solver_resolution": Option(
+            {"2": 16, "3": 12},
+            doc="density-solver resolution L per dimension d ('2': circle, '3': S^2)",
+        ),
+        "solver_eps": Option(
+            1e-5, doc="size of the mode perturbation of the uniform density (solver rates)"
+        ),
+        "particle_n": Option(
+            {"2": 5040, "3": 8000},
+            quick={"2": 2520, "3": 2000},
+            doc="particles per dimension d of the particle rates",
+        ),
+        "particle_eps": Option(3e-2, doc="size of the mode perturbation of the particle lattice"),
+        "particle_saves": Option(
+            11, doc="save times of each particle run (over the horizon 2/lambda_max)"
+        ),
+        "particle_steps": Option(80, doc="RK4 steps of each particle run"),
+        "cluster_betas": Option(
+            [4.0, 9.0, 16.0, 25.0, 36.0],
+            quick=[4.0, 9.0, 16.0, 25.0],
+            doc="inverse temperatures beta of the cluster-count runs",
+        ),
+        "cluster_n": Option(
+            2000, quick=1000, doc="particles on the circle of each cluster-count run"
+        ),
+        "cluster_seeds": Option(
+            12, quick=6, doc="random initial states per beta of the cluster count"
+        ),
+        "cluster_s1": Option(300.0, doc="end time (rescaled) of the cluster-count runs"),
+        "cluster_saves": Option(
+            48, doc="save times of the cluster-count runs (0, then log-spaced from 1)"
+        ),
+        "cluster_dt": Option(0.25, doc="time step of the cluster-count runs"),
+        "cluster_gap_rad": Option(0.1, doc="angular gap (radians) that separates two clusters"),
+        "cluster_min_fraction": Option(
+            0.01, doc="fraction of the particles a cluster must hold (at least 3)"
+        ),
+        "plateau_saves": Option(
+            4, doc="consecutive saves of constant cluster count that make a plateau"
+        ),
+        "w1_beta": Option(4.0, doc="inverse temperature beta of the particles-to-density check"),
+        "w1_mode": Option(2, doc="mode l of the initial density perturbation"),
+        "w1_eps": Option(0.3, doc="size of the initial density perturbation"),
+        "w1_time": Option(
+            0.15, doc="time at which particles and density are compared (before resolution loss)"
+        ),
+        "w1_resolution": Option(
+            64, doc="density-solver resolution of the particles-to-density check"
+        ),
+        "w1_n": Option(
+            [100, 316, 1000, 3162, 10000],
+            quick=[100, 316, 1000, 3162],
+            doc="particle counts n of the W_1 convergence fit",
+        ),
+        "w1_seeds": Option(32, quick=12, doc="independent particle systems per n"),
+        "w1_dt": Option(5e-3, doc="time step of the particle runs of the W_1 check"),
+        "heatmap_t1": Option(0.3, doc="end time of the circle-density heatmap run"),
+        "sphere_resolution": Option(
+            16, doc="density-solver resolution of the S^2 run (mass and positivity)"
+        ),
+        "seed": Option(0, doc="seed of the experiment's random keys"),
         "tolerances": Option(
             {
                 "dispersion_relation": 1e-3,
@@ -85,7 +127,8 @@ EXPERIMENT = Experiment(
                 "cluster_count": 1.0,
                 "particle_to_density": 0.1,
                 "mass_drift": 1e-5,
-            }
+            },
+            doc="pass tolerances of the checks, by check name",
         ),
     },
     steps=(
@@ -100,7 +143,7 @@ EXPERIMENT = Experiment(
 )
 
 
-def settings_for(quick: bool) -> dict:
+def settings_for(quick: bool) -> dict[str, Any]:
     """Settings of the reproduction (quick: the sizes that run in a few minutes on 2 CPU cores):
     ``EXPERIMENT``'s."""
     return EXPERIMENT.settings("quick" if quick else "default")
@@ -109,13 +152,13 @@ def settings_for(quick: bool) -> dict:
 # --------------------------------------------------------------------------- measurements
 
 
-def _solver_rates(S) -> dict:
+def _solver_rates(S: Mapping[str, Any]) -> dict[tuple[int, float], Float[np.ndarray, " m"]]:
     """Linear-regime rates from the density solver (float64), per (d, beta): arrays over modes.
 
     Per d four compiled programs serve the 18 (beta, mode) runs: ``solve`` (``beta`` and ``t1``
     are traced arguments of its program), the initial density and the log-ratio of the mode
     amplitudes (the mode a traced argument of both), and the theory rates that set the windows."""
-    out = {}
+    out: dict[tuple[int, float], Float[np.ndarray, " m"]] = {}
     modes = np.asarray(S["modes"])
     with jax.enable_x64(True):
         for d in (2, 3):
@@ -148,7 +191,7 @@ def _solver_rates(S) -> dict:
     return out
 
 
-def _mode_amplitudes(x, d: int, modes):
+def _mode_amplitudes(x: Float[Array, "n d"], d: int, modes: Sequence[int]) -> Float[Array, " m"]:
     """Amplitude of each mode of an ``(n, d)`` configuration: ``2 |mean e^{i l theta}|`` on the
     circle, ``(2 l + 1) |mean P_l(x_3)|`` on S^2 (both ``|eps|`` for ``sample_perturbation``)."""
     if d == 2:
@@ -159,7 +202,9 @@ def _mode_amplitudes(x, d: int, modes):
     )
 
 
-def _particle_rates(S, theory: dict) -> dict:
+def _particle_rates(
+    S: Mapping[str, Any], theory: Mapping[tuple[int, float], np.ndarray]
+) -> dict[tuple[int, float], Float[np.ndarray, " m"]]:
     """Linear-regime rates from particle simulations: per d one compilation, the modes a vmapped
     axis of systems, the horizon ``2 / lambda_max`` (the fastest mode grows by ``e^2``; a slow
     mode by less). ``eps = 3e-2`` balances the float32 rounding of the amplitude, whose effect on
@@ -168,7 +213,7 @@ def _particle_rates(S, theory: dict) -> dict:
     ``simulate`` is vmapped outside ``jit``: its compiled program takes the model (``beta``), the
     save times and ``t1`` as arguments, so the three betas of a d share it (an outer ``jit`` would
     fold them in as constants and compile once per beta); the observable is one function per d."""
-    out = {}
+    out: dict[tuple[int, float], Float[np.ndarray, " m"]] = {}
     modes = S["modes"]
     for d in (2, 3):
         n = S["particle_n"][str(d)]
@@ -184,7 +229,13 @@ def _particle_rates(S, theory: dict) -> dict:
             ts = np.linspace(0.0, t1, S["particle_saves"])
             model = kernels.make("usa", d=d, beta=beta)
 
-            def one(x, model=model, t1=t1, ts=ts, amplitudes=amplitudes):
+            def one(
+                x: Float[Array, "n d"],
+                model: Model = model,
+                t1: float = t1,
+                ts: np.ndarray = ts,
+                amplitudes: Callable[[Array], Array] = amplitudes,
+            ) -> Float[Array, "t m"]:
                 tr = simulate(
                     model,
                     x,
@@ -204,7 +255,7 @@ def _particle_rates(S, theory: dict) -> dict:
     return out
 
 
-def _count_clusters_circle(x, gap: float, min_fraction: float) -> int:
+def _count_clusters_circle(x: Float[np.ndarray, "n 2"], gap: float, min_fraction: float) -> int:
     """Arcs of particles separated by angular gaps larger than ``gap`` that hold at least
     ``max(3, min_fraction n)`` particles (stragglers between clusters are not clusters)."""
     th = np.sort(np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi))
@@ -216,7 +267,7 @@ def _count_clusters_circle(x, gap: float, min_fraction: float) -> int:
     return max(1, int(np.sum(sizes >= max(3, min_fraction * len(th)))))
 
 
-def _first_plateau(counts: np.ndarray, width: int) -> tuple[int, int]:
+def _first_plateau(counts: Int[np.ndarray, " t"], width: int) -> tuple[int, int]:
     """Index and value of the first plateau after the fragmentation peak: the first index from
     which the count is constant over ``width`` consecutive saves (the last value otherwise)."""
     peak = int(np.argmax(counts))
@@ -226,22 +277,22 @@ def _first_plateau(counts: np.ndarray, width: int) -> tuple[int, int]:
     return len(counts) - 1, int(counts[-1])
 
 
-def _cluster_counts(S, key) -> dict:
+def _cluster_counts(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[float, dict[str, Any]]:
     n, seeds = S["cluster_n"], S["cluster_seeds"]
     ts = np.concatenate([[0.0], np.geomspace(1.0, S["cluster_s1"], S["cluster_saves"] - 1)])
 
     @jax.jit
-    def run(beta, keys):
-        def one(k):
+    def run(beta: Float[Array, ""], keys: Key[Array, " seeds"]) -> Float[Array, "seeds t n 2"]:
+        def one(k: PRNGKeyArray) -> Float[Array, "t n 2"]:
             x0 = sphere.uniform(k, n, 2)
             model = kernels.make("usa", d=2, beta=beta, rescaled=True)
-            return simulate(
-                model, x0, t1=S["cluster_s1"], dt=S["cluster_dt"], solver="rk2", ts=ts
-            ).xs
+            xs = simulate(model, x0, t1=S["cluster_s1"], dt=S["cluster_dt"], solver="rk2", ts=ts).xs
+            assert xs is not None  # states saved (the default)
+            return xs
 
         return jax.vmap(one)(keys)
 
-    out = {}
+    out: dict[float, dict[str, Any]] = {}
     for beta in S["cluster_betas"]:
         xs = np.asarray(
             run(
@@ -270,7 +321,7 @@ def _cluster_counts(S, key) -> dict:
     return out
 
 
-def _particles_vs_density(S, key) -> dict:
+def _particles_vs_density(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[str, Any]:
     """The circle density (float64: the float32 rounding floor of the spectral tail would stop a
     long run early) against i.i.d. particles (float32) drawn from the same initial density."""
     d, beta, ell, eps = 2, S["w1_beta"], S["w1_mode"], S["w1_eps"]
@@ -295,16 +346,20 @@ def _particles_vs_density(S, key) -> dict:
         dens_np = np.asarray(ref.densities[-1])
     dens_t = jnp.asarray(dens_np, jnp.float32)
     model = kernels.make("usa", d=d, beta=beta)
-    w1 = {}
+    w1: dict[int, np.ndarray] = {}
     x_last = None
     for n in S["w1_n"]:
         keys = jax.random.split(jax.random.fold_in(key, n), S["w1_seeds"])
 
         @jax.jit
-        def run(keys, n=n):
-            def one(k):
+        def run(
+            keys: Key[Array, " seeds"], n: int = n
+        ) -> tuple[Float[Array, " seeds"], Float[Array, "seeds n 2"]]:
+            def one(k: PRNGKeyArray) -> tuple[Float[Array, ""], Float[Array, "n 2"]]:
                 x0 = continuum.sample_perturbation(k, n, d, ell, eps)
-                x1 = simulate(model, x0, t1=S["w1_time"], dt=S["w1_dt"], solver="rk4").xs[-1]
+                xs = simulate(model, x0, t1=S["w1_time"], dt=S["w1_dt"], solver="rk4").xs
+                assert xs is not None  # states saved (the default)
+                x1 = xs[-1]
                 return continuum.w1_circle(x1, dens_t), x1
 
             return jax.vmap(one)(keys)
@@ -326,7 +381,7 @@ def _particles_vs_density(S, key) -> dict:
     }
 
 
-def _sphere_run(S):
+def _sphere_run(S: Mapping[str, Any]) -> continuum.Solution:
     g = continuum.grid(3, S["sphere_resolution"])
     ts = np.linspace(0.0, 2.0, 41)
     # the initial density in one program (eps a traced argument) instead of one per operation
@@ -338,8 +393,13 @@ def _sphere_run(S):
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the mean-field-limit reproduction; write figures, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
@@ -350,7 +410,7 @@ def run(
     tol = S["tolerances"]
     steps = EXPERIMENT.start(quiet=quiet)
     timings = steps.timings
-    checks: list = []
+    checks: list[dict[str, Any]] = []
     key = jax.random.key(S["seed"])
     k_cluster, k_w1 = jax.random.split(key)
 
@@ -490,7 +550,15 @@ def run(
     )
 
 
-def _figures(out, S, theory, solver, particles, clusters, pd):
+def _figures(
+    out: Path,
+    S: Mapping[str, Any],
+    theory: Mapping[tuple[int, float], np.ndarray],
+    solver: Mapping[tuple[int, float], np.ndarray],
+    particles: Mapping[tuple[int, float], np.ndarray],
+    clusters: Mapping[float, Mapping[str, Any]],
+    pd: Mapping[str, Any],
+) -> list[str]:
     import matplotlib.pyplot as plt
 
     from .. import plotting

@@ -56,17 +56,21 @@ Every size can be overridden through ``**options`` (the names of ``EXPERIMENT.op
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import depth as D
-from ._common import Experiment, Option, check, write_summary
+from ._common import Experiment, Option, _Progress, check, write_summary
 
 __all__ = ["EXPERIMENT", "run"]
 
@@ -83,42 +87,69 @@ _PAPER_SCALE = 0.5773502691896258
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "seed": Option(0),
-        "init_depth": Option(48, quick=24),
-        "init_n": Option(64, full=128),
-        "init_d": Option(64, full=128),
-        "init_d_ff": Option(192, full=384),
-        "init_heads": Option(4),
-        "init_seeds": Option(16, quick=8, full=32),
-        "sigma_scales": Option([0.45, _PAPER_SCALE, 0.75, 1.0, 1.5]),
-        "paper_sigma_scale": Option(_PAPER_SCALE),
-        "alphas": Option([0.0, 0.25, 0.5, 0.75, 1.0]),
-        "vocab": Option(64),
-        "zipf_exponent": Option(1.5),
-        "zipf_mix": Option(0.9),
-        "lm_depth": Option(8),
-        "lm_d": Option(32),
-        "lm_d_ff": Option(96),
-        "lm_heads": Option(4),
-        "seq_len": Option(32),
-        "batch": Option(8),
-        "steps": Option(600, quick=300, full=1500),
-        "warmup": Option(60, quick=30, full=150),
-        "lm_sigma_w": Option(0.1),
+        "seed": Option(0, doc="seed of the experiment's random keys"),
+        "init_depth": Option(
+            48,
+            quick=24,
+            doc="layers of the initialisation stacks (forward amplification, prefix ablation)",
+        ),
+        "init_n": Option(64, full=128, doc="tokens per sequence of the initialisation stacks"),
+        "init_d": Option(64, full=128, doc="model width d of the initialisation stacks"),
+        "init_d_ff": Option(
+            192, full=384, doc="SwiGLU hidden width d_ff of the initialisation stacks"
+        ),
+        "init_heads": Option(4, doc="attention heads of the initialisation stacks"),
+        "init_seeds": Option(
+            16, quick=8, full=32, doc="random initialisations (seeds) per setting"
+        ),
+        "sigma_scales": Option(
+            [0.45, _PAPER_SCALE, 0.75, 1.0, 1.5],
+            doc="sublayer weight scales sigma_w sqrt(d) of the sweep",
+        ),
+        "paper_sigma_scale": Option(
+            _PAPER_SCALE, doc="the paper's sigma_w sqrt(d) (must be one of sigma_scales)"
+        ),
+        "alphas": Option(
+            [0.0, 0.25, 0.5, 0.75, 1.0], doc="prefix-averaging weights alpha of the ablation"
+        ),
+        "vocab": Option(64, doc="vocabulary size of the Zipf-Markov language model data"),
+        "zipf_exponent": Option(1.5, doc="Zipf exponent of the source's token frequencies"),
+        "zipf_mix": Option(
+            0.9, doc="mix of the source: rows T_s = (1 - mix) z + mix z o pi_s (z the Zipf law)"
+        ),
+        "lm_depth": Option(8, doc="layers of the trained language model"),
+        "lm_d": Option(32, doc="model width d of the trained language model"),
+        "lm_d_ff": Option(96, doc="SwiGLU hidden width d_ff of the trained language model"),
+        "lm_heads": Option(4, doc="attention heads of the trained language model"),
+        "seq_len": Option(32, doc="sequence length of the training data"),
+        "batch": Option(8, doc="sequences per training step"),
+        "steps": Option(600, quick=300, full=1500, doc="training steps per run"),
+        "warmup": Option(60, quick=30, full=150, doc="learning-rate warmup steps"),
+        "lm_sigma_w": Option(
+            0.1, doc="weight scale sigma_w of the trained language model's initialisation"
+        ),
         "lrs": Option(
             [1e-2, 2e-2, 3e-2, 5e-2],
             quick=[2e-2, 3e-2, 5e-2],
             full=[5e-3, 1e-2, 1.5e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2],
+            doc="peak learning rates of the sweep",
         ),
-        "collapse_tsim": Option(0.9),
+        "collapse_tsim": Option(
+            0.9, doc="last-layer token similarity above which a run counts as collapsed"
+        ),
     },
     steps=("init_experiments", "training", "figures"),
 )
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the three experiments, write figures, data and ``summary.json`` under ``out_dir/depth``.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``)."""
@@ -140,11 +171,11 @@ def run(
         figures = _figures(out, cfg, fwd, abl, tr)
     steps.close()
 
-    np.savez_compressed(
-        out / "init.npz",
+    init_arrays: dict[str, Any] = {  # Any: numpy's stub checks **arrays against allow_pickle
         **{f"forward_{k}": v for k, v in fwd.items()},
         **{f"ablation_{k}": v for k, v in abl.items()},
-    )
+    }
+    np.savez_compressed(out / "init.npz", **init_arrays)
     np.savez_compressed(
         out / "training.npz",
         **{f"{norm}_{k}": v for norm, h in tr["hist"].items() for k, v in h.items()},
@@ -171,7 +202,7 @@ def run(
 # ----------------------------------------------------------------------------- experiments
 
 
-def _init_kwargs(cfg):
+def _init_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "depth": cfg["init_depth"],
         "n": cfg["init_n"],
@@ -181,7 +212,9 @@ def _init_kwargs(cfg):
     }
 
 
-def _init_sweep(key, cfg):
+def _init_sweep(
+    key: PRNGKeyArray, cfg: Mapping[str, Any]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Per-layer init statistics for the sigma_w sweep (alpha = 0) and the alpha sweep
     (sigma_w = 1/sqrt(d)) in ONE vmapped, jitted call per norm (traced sigma_w, alpha).
 
@@ -196,7 +229,7 @@ def _init_sweep(key, cfg):
         cfg["init_d"]
     )
     alp = np.concatenate([np.zeros(ns), np.asarray(cfg["alphas"], float)])
-    fwd = {
+    rows: dict[str, list[np.ndarray]] = {
         "attn": [],
         "ffn": [],
         "rms": [],
@@ -206,7 +239,7 @@ def _init_sweep(key, cfg):
         "sq_x1": [],
         "sq_x2": [],
     }
-    abl = {"t_out": [], "t_input": []}
+    abl_rows: dict[str, list[np.ndarray]] = {"t_out": [], "t_input": []}
     for norm in D.NORMS:
         one = partial(D.init_trace, norm=norm, **kw)
         f = jax.jit(
@@ -230,18 +263,20 @@ def _init_sweep(key, cfg):
             "t_out": r["t_out"],
             **{k: r[k] for k in ("t_x1", "t_x2", "sq_x1", "sq_x2")},
         }
-        for k in fwd:
-            fwd[k].append(inc[k][:ns])
-        abl["t_out"].append(r["t_out"][ns:])
-        abl["t_input"].append(r["t_input"][ns:])
-    fwd = {k: np.stack(v) for k, v in fwd.items()}
+        for k in rows:
+            rows[k].append(inc[k][:ns])
+        abl_rows["t_out"].append(r["t_out"][ns:])
+        abl_rows["t_input"].append(r["t_input"][ns:])
+    fwd = {k: np.stack(v) for k, v in rows.items()}
     fwd.update(_one_step_theory(cfg, fwd))
-    abl = {k: np.stack(v) for k, v in abl.items()}
+    abl = {k: np.stack(v) for k, v in abl_rows.items()}
     abl["alphas"] = np.asarray(cfg["alphas"])
     return fwd, abl
 
 
-def _one_step_theory(cfg, fwd):
+def _one_step_theory(
+    cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Closed forms of Thm 3.2 / 3.4 evaluated at each measured sublayer input (its similarity
     t and residual norm), and the amount of attention: measured s^l (from ||X_1^l||_F^2) and
     predicted (``amount_of_attention_profile``; ``s_pred_2x``: the same with the attention-branch
@@ -276,7 +311,7 @@ def _one_step_theory(cfg, fwd):
     return out
 
 
-def _entropy_rate(T):
+def _entropy_rate(T: Float[ArrayLike, "v v"]) -> float:
     T = np.asarray(T, dtype=np.float64)
     w, v = np.linalg.eig(T.T)
     pi = np.real(v[:, np.argmax(np.real(w))])
@@ -284,7 +319,9 @@ def _entropy_rate(T):
     return float(-pi @ np.sum(T * np.log(T), axis=1))
 
 
-def _training(k_data, k_model, cfg, bar):
+def _training(
+    k_data: PRNGKeyArray, k_model: PRNGKeyArray, cfg: Mapping[str, Any], bar: _Progress
+) -> dict[str, Any]:
     V, steps, B, n = cfg["vocab"], cfg["steps"], cfg["batch"], cfg["seq_len"]
     k_src, k_tok = jax.random.split(k_data)
     T, p0 = D.zipf_markov_source(k_src, vocab=V, exponent=cfg["zipf_exponent"], mix=cfg["zipf_mix"])
@@ -348,7 +385,7 @@ def _training(k_data, k_model, cfg, bar):
     }
 
 
-def _smooth(x, k=10):
+def _smooth(x: ArrayLike, k: int = 10) -> Float[np.ndarray, " m"]:
     x = np.asarray(x, dtype=np.float64)
     k = max(1, min(k, x.size))
     return np.convolve(x, np.ones(k) / k, mode="valid")
@@ -357,7 +394,12 @@ def _smooth(x, k=10):
 # ----------------------------------------------------------------------------- checks
 
 
-def _checks(cfg, fwd, abl, tr):
+def _checks(
+    cfg: Mapping[str, Any],
+    fwd: Mapping[str, np.ndarray],
+    abl: Mapping[str, np.ndarray],
+    tr: Mapping[str, Any],
+) -> list[dict[str, Any]]:
     checks = []
     i1 = cfg["sigma_scales"].index(1.0) if 1.0 in cfg["sigma_scales"] else 0
     t_last = fwd["t_out"][:, i1, :, -1]  # (norm, seed)
@@ -489,7 +531,7 @@ def _checks(cfg, fwd, abl, tr):
         before = slice(max(t0 - tail, 0), max(t0, 1))
         end = slice(-tail, None)
 
-        def frac_below_one(win):
+        def frac_below_one(win: slice) -> float:
             c = np.stack([hp["c_attn"][i, win], hp["c_ffn"][i, win]], axis=-1)  # (steps, depth, 2)
             return float(np.mean(np.exp(np.mean(np.log(c), axis=0)) < 1))
 
@@ -558,7 +600,9 @@ def _checks(cfg, fwd, abl, tr):
     return checks
 
 
-def _jackknife(num, den):
+def _jackknife(
+    num: Float[ArrayLike, "*b seed"], den: Float[ArrayLike, "*b seed"]
+) -> tuple[Float[np.ndarray, "*b"], Float[np.ndarray, "*b"]]:
     """``mean(num) / mean(den)`` over the seed axis (last) and its jackknife standard error."""
     num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
     k = num.shape[-1]
@@ -567,7 +611,7 @@ def _jackknife(num, den):
     return r, np.sqrt((k - 1) / k * np.sum((loo - loo.mean(-1, keepdims=True)) ** 2, axis=-1))
 
 
-def _paper_index(cfg):
+def _paper_index(cfg: Mapping[str, Any]) -> int:
     hits = np.nonzero(np.isclose(cfg["sigma_scales"], cfg["paper_sigma_scale"]))[0]
     if hits.size == 0:
         raise ValueError(
@@ -580,7 +624,7 @@ def _paper_index(cfg):
 _BAND = 0.5  # one-step checks: measured / theory within 1 +- 0.5 (+ 3 standard errors)
 
 
-def _one_step_checks(cfg, fwd):
+def _one_step_checks(cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     """Thm 3.2 / 3.4 against the measured one-step increments, per norm and sigma_w.
 
     Per sigma, the seed-mean of the layer-averaged measured increment over the same average of
@@ -647,7 +691,7 @@ def _one_step_checks(cfg, fwd):
     return rows
 
 
-def _amount_checks(cfg, fwd):
+def _amount_checks(cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
     """Sec. 3.1: s^l = n d^2 sigma_W^2 / ||X_1^l||_F^2, measured per layer against predicted."""
     scales = np.asarray(cfg["sigma_scales"])
     ip = _paper_index(cfg)
@@ -697,7 +741,7 @@ def _amount_checks(cfg, fwd):
     return rows
 
 
-def _threshold_checks(cfg, tr):
+def _threshold_checks(cfg: Mapping[str, Any], tr: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Sec. 4: the Post-Norm learning-rate collapse threshold, Pre-Norm stable at the same rates,
     and the RMSNorm-factor contraction (residual-norm growth) of the collapsing run."""
     lrs, st = cfg["lrs"], tr["status"]
@@ -739,7 +783,9 @@ def _threshold_checks(cfg, tr):
     tail, t0 = tr["tail"], col["transition_step"]
     before, end = slice(max(t0 - tail, 0), max(t0, 1)), slice(t0, t0 + tail)
 
-    def contraction(h, i):  # median over (layer, sublayer) of mean factor after / before
+    def contraction(
+        h: Mapping[str, np.ndarray], i: int
+    ) -> float:  # median over (layer, sublayer) of mean factor after / before
         f = np.stack([h["rms_attn"][i], h["rms_ffn"][i]], axis=-1)  # (steps, depth, 2)
         return float(np.median(f[end].mean(0) / f[before].mean(0)))
 
@@ -772,7 +818,14 @@ def _threshold_checks(cfg, tr):
 # ----------------------------------------------------------------------------- figures
 
 
-def _band(ax, y, x=None, label=None, color=None, ls="-"):
+def _band(
+    ax: Any,
+    y: ArrayLike,
+    x: ArrayLike | None = None,
+    label: str | None = None,
+    color: Any = None,
+    ls: str = "-",
+) -> Any:
     y = np.asarray(y)
     m, s = y.mean(0), y.std(0)
     x = np.arange(1, y.shape[1] + 1) if x is None else x
@@ -781,7 +834,13 @@ def _band(ax, y, x=None, label=None, color=None, ls="-"):
     return line.get_color()
 
 
-def _figures(out, cfg, fwd, abl, tr):
+def _figures(
+    out: Path,
+    cfg: Mapping[str, Any],
+    fwd: Mapping[str, np.ndarray],
+    abl: Mapping[str, np.ndarray],
+    tr: Mapping[str, Any],
+) -> list[str]:
     names = []
     # 1. forward amplification
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), sharex=True)
@@ -898,7 +957,7 @@ def _figures(out, cfg, fwd, abl, tr):
     return names
 
 
-def _sigma_figure(out, cfg, fwd):
+def _sigma_figure(out: Path, cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]) -> str:
     """Layer-mean one-step increments and the FFN/attention ratio against sigma_w sqrt(d)."""
     c = np.asarray(cfg["sigma_scales"])
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -950,7 +1009,7 @@ def _sigma_figure(out, cfg, fwd):
     return _save(fig, out, "one_step_vs_sigma.png")
 
 
-def _amount_figure(out, cfg, fwd):
+def _amount_figure(out: Path, cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]) -> str:
     """Amount of attention s^l per layer: measured (markers) and predicted (lines)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     x = np.arange(1, cfg["init_depth"] + 1)
@@ -972,7 +1031,7 @@ def _amount_figure(out, cfg, fwd):
     return _save(fig, out, "amount_of_attention.png")
 
 
-def _save(fig, out, name):
+def _save(fig: Any, out: Path, name: str) -> str:
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
     return name

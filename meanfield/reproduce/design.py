@@ -23,20 +23,24 @@ Distances between laws are ``mf.metrics.mmd`` (Gaussian kernel on $\mathbb R^3$,
 from __future__ import annotations
 
 import functools
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import Array
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 from tqdm.auto import tqdm
 
 from .. import analysis, design, kernels, metrics, sphere
 from .. import random_batch as rb
 from ..energy import energy, velocity
 from ..integrate import simulate
+from ..kernels import Kernel
 from ._common import Experiment, Option, check, write_summary
 
 __all__ = ["EXPERIMENT", "run", "settings_for"]
@@ -48,69 +52,116 @@ _NAME = "design"
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "d": Option(3),
-        "beta": Option(1.0),
-        "dt": Option(0.05),
-        "solver": Option("rk2"),
-        "mmd_bandwidth": Option(0.5),
-        "seed": Option(0),
-        "dtype": Option("float32 (Hessians in float64)"),
-        # 1. inverse design
-        "anchor_n": Option(64),
-        "anchor_seeds": Option(20),
-        "anchor_t1": Option(20.0),
-        "anchor_mass": Option(1.0),
-        "anchor_u": Option([0.0, 0.0, 1.0]),
-        "target_means": Option([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]]),
-        "target_kappa": Option(10.0),
-        "quantile_n": Option(256),
-        "quantile_u": Option([1.0, 0.0, 0.5]),
-        "quantile_density": Option(
-            "exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a"
+        "d": Option(3, doc="ambient dimension d (tokens on S^(d-1))"),
+        "beta": Option(1.0, doc="inverse temperature beta of the USA and prompt kernels"),
+        "dt": Option(0.05, doc="time step of the design runs (anchored and learned)"),
+        "solver": Option(
+            "rk2",
+            doc="integrator of the simulations (recorded; the runs use mf.simulate's default)",
         ),
-        "learned_n": Option(256),
-        "learned_target_samples": Option(1024),
-        "learned_modes": Option(6),
-        "learned_steps": Option(1000, quick=300),
-        "learned_lr": Option(0.03),
-        "learned_bandwidth": Option(0.3),
-        "learned_seeds": Option(20, quick=4),
-        "learned_t1": Option(20.0),
-        "seam_b": Option(0.3),
+        "mmd_bandwidth": Option(0.5, doc="bandwidth of the Gaussian MMD kernel between laws"),
+        "seed": Option(0, doc="seed of the experiment's random keys and of the bootstrap"),
+        "dtype": Option(
+            "float32 (Hessians in float64)", doc="floating dtype of the runs (recorded only)"
+        ),
+        # 1. inverse design
+        "anchor_n": Option(64, doc="tokens of the anchored inverse design"),
+        "anchor_seeds": Option(20, doc="random initial states of the anchored design runs"),
+        "anchor_t1": Option(20.0, doc="end time of the anchored design runs"),
+        "anchor_mass": Option(
+            1.0, doc="mass of the frozen anchor token (also of the learned design)"
+        ),
+        "anchor_u": Option(
+            [0.0, 0.0, 1.0], doc="the gauge frame's limit point u of the designs (a vector of R^3)"
+        ),
+        "target_means": Option(
+            [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]],
+            doc="mean directions of the target vMF mixture",
+        ),
+        "target_kappa": Option(10.0, doc="concentration kappa of each vMF component of the target"),
+        "quantile_n": Option(256, doc="tokens of the quantile phase-field design"),
+        "quantile_u": Option(
+            [1.0, 0.0, 0.5], doc="limit point u of the quantile design (normalised)"
+        ),
+        "quantile_density": Option(
+            "exp(2 cos(a - 1)) + 0.5 exp(4 cos(a - 4)) on the orbit angle a",
+            doc="the quantile design's target density on the orbit (recorded only)",
+        ),
+        "learned_n": Option(256, doc="tokens of the learned curve designs"),
+        "learned_target_samples": Option(1024, doc="samples of each learned design's target law"),
+        "learned_modes": Option(6, doc="Fourier modes of the learned curve"),
+        "learned_steps": Option(1000, quick=300, doc="optimiser steps of the curve fit"),
+        "learned_lr": Option(0.03, doc="learning rate of the curve fit"),
+        "learned_bandwidth": Option(0.3, doc="MMD bandwidth of the curve fit's loss"),
+        "learned_seeds": Option(
+            20, quick=4, doc="random initial states simulated per learned design"
+        ),
+        "learned_t1": Option(20.0, doc="end time of the learned design runs"),
+        "seam_b": Option(0.3, doc="seam-curve parameter b of the first learned target"),
         # 2. stability
-        "hessian_n": Option(16),
-        "classify_n": Option(32),
-        "classify_seeds": Option(16, quick=4),
-        "classify_t1_small_beta": Option(60.0),
-        "classify_beta_large": Option(8.0),
-        "classify_t1_large_beta_rescaled": Option(30.0),
-        "classify_rtol": Option(1e-3),
-        "escape_n": Option(6),
-        "escape_betas": Option([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], quick=[1.0, 2.0, 3.0, 4.0]),
-        "escape_delta0": Option(1e-3),
-        "escape_seeds": Option(4),
-        "escape_dt_factor": Option(0.5),
-        "escape_fraction": Option(0.99),
+        "hessian_n": Option(
+            16, doc="tokens of the Hessian spectra (collapsed and antipodal states)"
+        ),
+        "classify_n": Option(32, doc="tokens of the long runs that are classified"),
+        "classify_seeds": Option(16, quick=4, doc="random initial states of the classified runs"),
+        "classify_t1_small_beta": Option(60.0, doc="end time of the classified runs at beta"),
+        "classify_beta_large": Option(
+            8.0, doc="the large beta of the classified runs (rescaled time)"
+        ),
+        "classify_t1_large_beta_rescaled": Option(
+            30.0, doc="end time (rescaled) of the classified runs at the large beta"
+        ),
+        "classify_rtol": Option(
+            1e-3, doc="relative tolerance of the critical-point classification"
+        ),
+        "escape_n": Option(6, doc="tokens of the escape from the antipodal saddle"),
+        "escape_betas": Option(
+            [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            quick=[1.0, 2.0, 3.0, 4.0],
+            doc="inverse temperatures beta of the escape runs",
+        ),
+        "escape_delta0": Option(1e-3, doc="size of the random perturbation of the saddle"),
+        "escape_seeds": Option(4, doc="random perturbations per beta"),
+        "escape_dt_factor": Option(0.5, doc="time step as this fraction of min(0.1, e^-beta)"),
+        "escape_fraction": Option(
+            0.99, doc="escaped at the first t with G_x(t) <= escape_fraction G_x(0)"
+        ),
         # 3. random batch, mean field
-        "rb_n": Option(1024),
-        "rb_ps": Option([2, 4, 8, 16, 32, 64, 128, 256]),
-        "rb_draws": Option(4),
-        "rb_init_kappa": Option(2.0),
-        "rb_gap_ps": Option([4, 16, 64]),
-        "rb_gap_kappa": Option(1.0),
-        "rb_gap_t1": Option(4.0),
-        "rb_gap_dt": Option(0.05),
-        "large_n": Option(10**6),
-        "large_p": Option(8),
-        "large_t1": Option(3.0, quick=0.4),
-        "large_dt": Option(0.1),
-        "large_reference_n": Option(4096),
-        "large_reference_runs": Option(4),
-        "mf_ns": Option([32, 64, 128, 256, 512, 1024], quick=[32, 64, 128, 256]),
-        "mf_times": Option([0.0, 1.0, 2.0, 4.0]),
-        "mf_repeats": Option(128, quick=64),
-        "mf_init_kappa": Option(4.0),
-        "mf_dt": Option(0.1),
+        "rb_n": Option(1024, doc="tokens of the random-batch field errors and G_x runs"),
+        "rb_ps": Option(
+            [2, 4, 8, 16, 32, 64, 128, 256], doc="batch sizes p of the random-batch field error"
+        ),
+        "rb_draws": Option(4, doc="random batches drawn per p for the field error"),
+        "rb_init_kappa": Option(
+            2.0, doc="concentration of the vMF initial state of the field errors"
+        ),
+        "rb_gap_ps": Option([4, 16, 64], doc="batch sizes p of the random-batch G_x(t) runs"),
+        "rb_gap_kappa": Option(
+            1.0, doc="concentration of the vMF initial state of the G_x(t) and large-n runs"
+        ),
+        "rb_gap_t1": Option(4.0, doc="end time of the G_x(t) runs"),
+        "rb_gap_dt": Option(0.05, doc="time step of the G_x(t) runs"),
+        "large_n": Option(10**6, doc="tokens of the large random-batch run"),
+        "large_p": Option(8, doc="batch size p of the large run"),
+        "large_t1": Option(3.0, quick=0.4, doc="end time of the large run"),
+        "large_dt": Option(0.1, doc="time step of the large run and of its reference"),
+        "large_reference_n": Option(
+            4096, doc="tokens of the exact reference runs (mean-field proxy)"
+        ),
+        "large_reference_runs": Option(4, doc="exact reference runs averaged"),
+        "mf_ns": Option(
+            [32, 64, 128, 256, 512, 1024],
+            quick=[32, 64, 128, 256],
+            doc="token counts n of the mean-field distances MMD(mu_n, mu_2n)",
+        ),
+        "mf_times": Option(
+            [0.0, 1.0, 2.0, 4.0], doc="times at which the mean-field distances are measured"
+        ),
+        "mf_repeats": Option(128, quick=64, doc="independent pairs of runs per n"),
+        "mf_init_kappa": Option(
+            4.0, doc="concentration of the vMF initial law of the mean-field runs"
+        ),
+        "mf_dt": Option(0.1, doc="time step of the mean-field runs"),
     },
     steps=(
         "anchor",
@@ -126,18 +177,20 @@ EXPERIMENT = Experiment(
 )
 
 
-def settings_for(quick: bool) -> dict:
+def settings_for(quick: bool) -> dict[str, Any]:
     """All sizes, seeds and choices of the experiment (quick: smaller sweeps): ``EXPERIMENT``'s."""
     return EXPERIMENT.settings("quick" if quick else "default")
 
 
-def _identity(x):
+def _identity(x: Float[Array, "n d"]) -> Float[Array, "n d"]:
     return x
 
 
-def _vmf_init(kappa: float, mean=(0.0, 0.0, 1.0)):
+def _vmf_init(
+    kappa: float, mean: tuple[float, float, float] = (0.0, 0.0, 1.0)
+) -> Callable[[PRNGKeyArray, int], Float[Array, "m 3"]]:
     @functools.partial(jax.jit, static_argnums=1)  # one program per size (eager, one per operation)
-    def sample(key, m):
+    def sample(key: PRNGKeyArray, m: int) -> Float[Array, "m 3"]:
         return design.vmf_mixture(key, m, jnp.asarray([mean]), kappa)
 
     return sample
@@ -148,7 +201,7 @@ def _vmf_init(kappa: float, mean=(0.0, 0.0, 1.0)):
 # ----------------------------------------------------------------------------
 
 
-def _anchor_experiment(S, key):
+def _anchor_experiment(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[str, Any]:
     n, beta = S["anchor_n"], S["beta"]
     bw = S["mmd_bandwidth"]
     u = jnp.asarray(S["anchor_u"])
@@ -175,7 +228,9 @@ def _anchor_experiment(S, key):
     for name, model in models.items():
         lab = None if name == "USA baseline" else aux
 
-        def final(x0, model=model, lab=lab):
+        def final(
+            x0: Float[Array, "n d"], model: Kernel = model, lab: Array | None = lab
+        ) -> Float[Array, "n d"]:
             tr = simulate(
                 model,
                 x0,
@@ -195,11 +250,11 @@ def _anchor_experiment(S, key):
     return out
 
 
-def _quantile_experiment(S):
+def _quantile_experiment(S: Mapping[str, Any]) -> dict[str, Any]:
     beta = S["beta"]
     a1, a2 = 1.0, 4.0
 
-    def density(a):
+    def density(a: ArrayLike) -> Array:
         return jnp.exp(2 * jnp.cos(a - a1)) + 0.5 * jnp.exp(4 * jnp.cos(a - a2))
 
     Q = design.quantile_from_density(density)
@@ -228,7 +283,9 @@ def _quantile_experiment(S):
     }
 
 
-def _learned_experiment(S, key, quiet):
+def _learned_experiment(
+    S: Mapping[str, Any], key: PRNGKeyArray, quiet: bool
+) -> dict[str, dict[str, Any]]:
     n, m = S["learned_n"], S["learned_target_samples"]
     bw = S["mmd_bandwidth"]
     u = jnp.asarray(S["anchor_u"])
@@ -258,7 +315,7 @@ def _learned_experiment(S, key, quiet):
             kernels.Prompt(S["beta"], design.curve_gauges(theta, s, u)), u, mass=S["anchor_mass"]
         )
 
-        def final(x0, model=model):
+        def final(x0: Float[Array, "n d"], model: Kernel = model) -> Float[Array, "n d"]:
             tr = simulate(
                 model,
                 x0,
@@ -297,7 +354,7 @@ def _learned_experiment(S, key, quiet):
 # ----------------------------------------------------------------------------
 
 
-def _hessian_experiment(S):
+def _hessian_experiment(S: Mapping[str, Any]) -> dict[str, Any]:
     n, d, beta = S["hessian_n"], S["d"], S["beta"]
     with jax.enable_x64(True):
         usa = kernels.USA(beta)
@@ -323,7 +380,7 @@ def _hessian_experiment(S):
     }
 
 
-def _classify_experiment(S, key):
+def _classify_experiment(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[str, list[Any]]:
     n, d = S["classify_n"], S["d"]
     x0s = jax.jit(jax.vmap(lambda k: sphere.uniform(k, n, d)))(
         jax.random.split(key, S["classify_seeds"])
@@ -359,7 +416,7 @@ def _classify_experiment(S, key):
     return out
 
 
-def _escape_experiment(S, key):
+def _escape_experiment(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[str, Any]:
     n, d = S["escape_n"], S["d"]
     rows = []
     for beta in S["escape_betas"]:
@@ -406,7 +463,9 @@ def _escape_experiment(S, key):
 # ----------------------------------------------------------------------------
 
 
-def _random_batch_experiment(S, key, quiet):
+def _random_batch_experiment(
+    S: Mapping[str, Any], key: PRNGKeyArray, quiet: bool
+) -> dict[str, Any]:
     usa = kernels.USA(S["beta"])
     k1, k2, k3, k4, k5 = jax.random.split(key, 5)
     n = S["rb_n"]
@@ -476,7 +535,7 @@ def _random_batch_experiment(S, key, quiet):
     }
 
 
-def _meanfield_experiment(S, key):
+def _meanfield_experiment(S: Mapping[str, Any], key: PRNGKeyArray) -> dict[str, Any]:
     usa = kernels.USA(S["beta"])
     ns = S["mf_ns"]
     D = rb.meanfield_distances(
@@ -514,7 +573,7 @@ def _meanfield_experiment(S, key):
 # ----------------------------------------------------------------------------
 
 
-def _sphere_axes(fig, pos, title):
+def _sphere_axes(fig: Any, pos: tuple[int, int, int], title: str) -> Any:
     ax = fig.add_subplot(*pos, projection="3d")
     ax.set_title(title, fontsize=8)
     uu, vv = np.mgrid[0 : 2 * np.pi : 30j, 0 : np.pi : 15j]
@@ -526,7 +585,7 @@ def _sphere_axes(fig, pos, title):
     return ax
 
 
-def _figures(out, R, S):
+def _figures(out: Path, R: Mapping[str, Any], S: Mapping[str, Any]) -> list[str]:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
@@ -698,8 +757,13 @@ def _figures(out, R, S):
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the design/stability/large-n experiment; write ``out_dir/design/``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (unknown names raise ``ValueError``);

@@ -7,6 +7,8 @@ python -m meanfield.reproduce.gallery --src out --dst docs/gallery
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image
@@ -26,7 +28,9 @@ FIGURES = [
 ]
 
 
-def make_gallery(src, dst, *, width: int = 640) -> list[Path]:
+def make_gallery(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, width: int = 640
+) -> list[Path]:
     """Copy the gallery figures from ``src`` (a ``reproduce`` output) to ``dst``, ``width`` pixels wide."""
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
@@ -45,7 +49,7 @@ def make_gallery(src, dst, *, width: int = 640) -> list[Path]:
     return written
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m meanfield.reproduce.gallery", description=__doc__)
     p.add_argument(
         "--src", default="out", help="output directory of `meanfield reproduce` (default out)"

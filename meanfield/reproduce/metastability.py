@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import ArrayLike, Float
 
 from .. import kernels, metastability
 from ._common import Experiment, Option, check, write_summary
@@ -50,11 +54,21 @@ _NAME = "metastability"
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "threshold": Option(0.1),
-        "staircase_beta": Option(60.0),
-        "staircase_angles": Option([0.0, 0.3, 0.85, 1.3, 2.1, 2.45]),
-        "staircase_log_t1": Option(34.0),
-        "staircase_saves": Option(600, quick=200),
+        "threshold": Option(
+            0.1,
+            doc="angular distance (radians) below which tokens are one cluster (merge detection)",
+        ),
+        "staircase_beta": Option(
+            60.0, doc="inverse temperature beta of the staircase run (rescaled USA)"
+        ),
+        "staircase_angles": Option(
+            [0.0, 0.3, 0.85, 1.3, 2.1, 2.45],
+            doc="initial angles (radians) of the staircase run's tokens on the circle",
+        ),
+        "staircase_log_t1": Option(34.0, doc="log of the staircase run's end time (rescaled time)"),
+        "staircase_saves": Option(
+            600, quick=200, doc="save times of the staircase run (log-spaced)"
+        ),
         "merge_grid": Option(
             [
                 [20.0, 0.8],
@@ -63,22 +77,31 @@ EXPERIMENT = Experiment(
                 [50.0, 0.8],
                 [60.0, 0.7],
                 [40.0, 1.0],
-            ]
+            ],
+            doc="(beta, angle in radians) pairs of the two-cluster merge runs",
         ),
-        "merge_sizes": Option([3, 5]),
-        "merge_saves": Option(800, quick=200),
-        "growth_theta": Option(0.8),
-        "dotm_betas": Option([500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0]),
-        "dotm_saves": Option(1000, quick=300),
-        "rtol": Option(1e-7),
-        "atol": Option(1e-10),
+        "merge_sizes": Option([3, 5], doc="token counts (n1, n2) of the two clusters"),
+        "merge_saves": Option(800, quick=200, doc="save times around each predicted merge time"),
+        "growth_theta": Option(
+            0.8, doc="the merge_grid angle (radians) whose runs give the plateau growth rate"
+        ),
+        "dotm_betas": Option(
+            [500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0],
+            doc="inverse temperatures beta of dotm's simulated example",
+        ),
+        "dotm_saves": Option(
+            1000, quick=300, doc="save times of dotm's simulated runs (log-spaced)"
+        ),
+        "rtol": Option(1e-7, doc="relative tolerance of the adaptive long-time integrator"),
+        "atol": Option(1e-10, doc="absolute tolerance of the adaptive long-time integrator"),
         "tolerances": Option(
             {
                 "staircase_levels": 0.01,
                 "plateau_growth_rate": 0.01,
                 "dotm_staircase": 1e-12,
                 "dotm_simulated_levels": 1e-3,
-            }
+            },
+            doc="pass tolerances of the checks, by check name",
         ),
     },
     steps=("staircase", "merge_times", "dotm", "dotm_simulated", "figures"),
@@ -86,12 +109,12 @@ EXPERIMENT = Experiment(
 )
 
 
-def settings_for(quick: bool) -> dict:
+def settings_for(quick: bool) -> dict[str, Any]:
     """Settings of the experiment (``quick`` and full differ only in the save grids): ``EXPERIMENT``'s."""
     return EXPERIMENT.settings("quick" if quick else "default")
 
 
-def dotm_staircase(theta0) -> tuple[np.ndarray, np.ndarray]:
+def dotm_staircase(theta0: ArrayLike) -> tuple[Float[np.ndarray, " m"], Float[np.ndarray, " m"]]:
     """dotm's ``algo_traj_1``/``algo_traj_2`` (staircase.py), in NumPy from its published logic:
     repeatedly merge the pair at the smallest counter-clockwise gap into its weighted mean angle;
     each merge adds ``1 - cos(gap)`` to the rescaled time and ``2 w_i w_j / M^2`` to the energy,
@@ -118,12 +141,20 @@ def dotm_staircase(theta0) -> tuple[np.ndarray, np.ndarray]:
     return levels, np.array([sum(times[:k]) for k in range(len(times) + 1)])
 
 
-def _circle(th) -> np.ndarray:
+def _circle(th: ArrayLike) -> Float[np.ndarray, "n 2"]:
     th = np.asarray(th, dtype=np.float64)
     return np.stack([np.cos(th), np.sin(th)], axis=1)
 
 
-def _staircase_run(S):
+def _staircase_run(
+    S: Mapping[str, Any],
+) -> tuple[
+    Float[np.ndarray, " t"],
+    Float[np.ndarray, " t"],
+    list[metastability.MergeEvent],
+    bool,
+    metastability.Staircase,
+]:
     beta, th = S["staircase_beta"], np.asarray(S["staircase_angles"])
     with jax.enable_x64(True):
         traj = metastability.simulate_long(
@@ -136,13 +167,14 @@ def _staircase_run(S):
             t_min=1e-2,
         )
         ts = np.asarray(traj.ts)
+        assert traj.energy is not None  # USA has an energy
         En = np.asarray(metastability.normalized_energy(traj.energy, beta))
         events = metastability.merge_events(traj, S["threshold"])
         failed = bool(traj.failed)
     return ts, En, events, failed, metastability.staircase(np.ones(th.size), th)
 
 
-def _merge_runs(S):
+def _merge_runs(S: Mapping[str, Any]) -> list[dict[str, Any]]:
     n1, n2 = S["merge_sizes"]
     n = n1 + n2
     rows = []
@@ -179,7 +211,7 @@ def _merge_runs(S):
     return rows
 
 
-def _dotm_runs(S):
+def _dotm_runs(S: Mapping[str, Any]) -> list[dict[str, Any]]:
     """dotm's example simulated at each beta: plateau levels and merge log times against the
     predictions (``dotm_simulated_levels``, ``dotm_merge_times``)."""
     rows = []
@@ -211,6 +243,7 @@ def _dotm_runs(S):
                 atol=S["atol"],
             )
             log_t = np.asarray(traj.observables["log_t"])
+            assert traj.energy is not None  # USA has an energy
             En = np.asarray(metastability.normalized_energy(traj.energy, beta))
             ev = metastability.merge_events((log_t, traj.xs), threshold)
             failed = bool(traj.failed)
@@ -230,7 +263,7 @@ def _dotm_runs(S):
     return rows
 
 
-def _continuum_row(out_root: Path):
+def _continuum_row(out_root: Path) -> dict[str, Any] | None:
     """The ``cluster_count`` row of ``meanfield reproduce continuum`` when its summary is there."""
     path = out_root / "continuum" / "summary.json"
     try:
@@ -249,8 +282,13 @@ def _continuum_row(out_root: Path):
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the metastability reproduction; write a figure, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
@@ -261,7 +299,7 @@ def run(
     tol = S["tolerances"]
     steps = EXPERIMENT.start(quiet=quiet)
     timings = steps.timings
-    checks: list = []
+    checks: list[dict[str, Any]] = []
 
     # ----------------------------------------------------- staircase of one run
     with steps("staircase"):
@@ -425,7 +463,14 @@ def run(
     )
 
 
-def _figures(out: Path, ts, En, pred, plat, rows) -> list[str]:
+def _figures(
+    out: Path,
+    ts: np.ndarray,
+    En: np.ndarray,
+    pred: metastability.Staircase,
+    plat: metastability.Plateaus,
+    rows: list[dict[str, Any]],
+) -> list[str]:
     import matplotlib.pyplot as plt
 
     from .. import plotting

@@ -35,17 +35,22 @@ Four experiments, all on data that needs no download:
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from jax import Array
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import prototypes as P
-from ._common import Experiment, Option, check, write_summary
+from ._common import Experiment, Option, _Progress, check, write_summary
 
 __all__ = ["EXPERIMENT", "run"]
 
@@ -57,75 +62,119 @@ _NAME = "prototypes"
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "seed": Option(0),
+        "seed": Option(0, doc="seed of the experiment's random keys and of the k-means baseline"),
         # digits ablation
-        "digits_m": Option(10),
-        "digits_K": Option(10),
-        "digits_width": Option(64),
-        "digits_pretrain_epochs": Option(30),
-        "digits_epochs": Option(150, quick=40, full=300),
-        "digits_batch": Option(128),
-        "digits_eta_P": Option(1e-2),
-        "digits_lam": Option(0.1),
-        # temperature = factor * median squared token distance after pre-training
-        "digits_temperature_factor": Option(0.1),
-        "eps": Option(
-            [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0], quick=[0.01, 0.05, 0.1, 0.5, 1.0, 2.0]
+        "digits_m": Option(10, doc="token dimension m of the digits autoencoder"),
+        "digits_K": Option(10, doc="prototypes K of the digits readout"),
+        "digits_width": Option(64, doc="hidden width of the digits encoder and decoder MLPs"),
+        "digits_pretrain_epochs": Option(30, doc="epochs of reconstruction-only pre-training"),
+        "digits_epochs": Option(
+            150, quick=40, full=300, doc="training epochs of each (seed, eps) run"
         ),
-        "digits_seeds": Option(4, quick=2, full=5),
+        "digits_batch": Option(128, doc="minibatch size of the digits runs"),
+        "digits_eta_P": Option(1e-2, doc="prototype learning rate eta_P of the digits runs"),
+        "digits_lam": Option(
+            0.1, doc="weight lam of the quantisation loss L_q against the reconstruction"
+        ),
+        # temperature = factor * median squared token distance after pre-training
+        "digits_temperature_factor": Option(
+            0.1, doc="temperature tau as this factor times the median squared token distance"
+        ),
+        "eps": Option(
+            [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0],
+            quick=[0.01, 0.05, 0.1, 0.5, 1.0, 2.0],
+            doc="timescale ratios eps = eta_theta / eta_P of the digits ablation",
+        ),
+        "digits_seeds": Option(
+            4, quick=2, full=5, doc="random seeds per eps of the digits ablation"
+        ),
         # soft vs hard VQ (Table 5): tokens = 4x4 patches of the digits (a VQ-VAE's factor-4 downsampling)
-        "vq_K": Option([16, 64]),
-        "vq_patch": Option(4),
-        "vq_m": Option(8),
+        "vq_K": Option(
+            [16, 64], doc="codebook sizes K of the soft-against-hard comparison (Table 5)"
+        ),
+        "vq_patch": Option(4, doc="side (pixels) of the digit patches that are the tokens"),
+        "vq_m": Option(8, doc="token dimension m of the patch encoder"),
         # temperature = factor * median squared token distance at init (the digits-ablation rule)
-        "vq_temperature_factor": Option(0.1),
-        "vq_temperature_sample": Option(2048),  # tokens the median is taken over
-        "vq_epochs": Option(50, quick=20, full=50),
-        "vq_batch": Option(128),
+        "vq_temperature_factor": Option(
+            0.1,
+            doc="soft temperature tau as this factor times the median squared token distance at init",
+        ),
+        "vq_temperature_sample": Option(
+            2048, doc="tokens the median squared distance is taken over"
+        ),  # tokens the median is taken over
+        "vq_epochs": Option(50, quick=20, full=50, doc="training epochs of each quantiser"),
+        "vq_batch": Option(128, doc="minibatch size of the VQ runs"),
         # the Gaussian-mixture token set of the hierarchical experiment
-        "vq_sequences": Option(256),
-        "vq_seq_len": Option(16),
-        "vq_d": Option(16),
-        "vq_eta_P": Option(1e-2),
-        "vq_eps": Option(0.05),  # Table 5's DDCL row
-        "vq_lam": Option(0.5),
-        "vq_beta": Option(0.25),
+        "vq_sequences": Option(
+            256, doc="sequences of the Gaussian-mixture token set (hierarchical readout)"
+        ),
+        "vq_seq_len": Option(16, doc="tokens per sequence of the Gaussian-mixture token set"),
+        "vq_d": Option(16, doc="dimension d of the Gaussian-mixture tokens"),
+        "vq_eta_P": Option(1e-2, doc="prototype (codebook) learning rate eta_P of the VQ runs"),
+        "vq_eps": Option(
+            0.05, doc="timescale ratio eps = eta_theta / eta_P of the VQ runs"
+        ),  # Table 5's DDCL row
+        "vq_lam": Option(0.5, doc="weight lam of the soft readout's L_q in the VQ loss"),
+        "vq_beta": Option(0.25, doc="commitment weight beta of hard VQ"),
         # hierarchical
-        "hier_K1": Option(16),
-        "hier_K2": Option(4),
-        "hier_m": Option(8),
-        "hier_temperature1": Option(1.0),
-        "hier_temperature2": Option(0.05),
-        "hier_epochs": Option(60, quick=20, full=60),
-        "hier_batch": Option(32),
-        "hier_eta_P": Option(1e-2),
-        "hier_eps": Option(0.05),
-        "hier_lam": Option(0.5),
+        "hier_K1": Option(16, doc="level-1 prototypes K1 of the hierarchical readout"),
+        "hier_K2": Option(4, doc="level-2 prototypes K2 of the hierarchical readout"),
+        "hier_m": Option(8, doc="token dimension m of the hierarchical readout"),
+        "hier_temperature1": Option(1.0, doc="level-1 temperature"),
+        "hier_temperature2": Option(0.05, doc="level-2 temperature"),
+        "hier_epochs": Option(
+            60, quick=20, full=60, doc="training epochs of the hierarchical readout"
+        ),
+        "hier_batch": Option(32, doc="minibatch size (sequences) of the hierarchical readout"),
+        "hier_eta_P": Option(1e-2, doc="prototype learning rate eta_P of the hierarchical readout"),
+        "hier_eps": Option(
+            0.05, doc="timescale ratio eps = eta_theta / eta_P of the hierarchical readout"
+        ),
+        "hier_lam": Option(0.5, doc="weight lam of L_q1 + L_q2 against the reconstruction"),
         # two-timescale stability grid (Thm. 1): plain gradient descent
-        "stab_d": Option(4),
-        "stab_m": Option(2),
-        "stab_K": Option(4),
-        "stab_T": Option(128),
-        "stab_temperature": Option(0.2),
-        "stab_anchor": Option(1.0),
-        "stab_descent_steps": Option(3000),
-        "stab_perturbation": Option(1e-4),
-        "stab_steps": Option(2000, quick=1000),
-        "stab_grid": Option(32, quick=16),
-        "stab_eta_theta_span": Option([1e-4, 4.0]),
-        "stab_eta_P_span": Option([1e-2, 4.0]),
-        "stab_multisection": Option(64, quick=32),
-        "stab_growth": Option(2.0),
-        "stab_decided": Option(1e3),
-        "utilization_threshold": Option(0.01),
-        "optimizer": Option("adam"),
+        "stab_d": Option(4, doc="token dimension d of the stability grid's data"),
+        "stab_m": Option(2, doc="encoder output dimension m of the stability model"),
+        "stab_K": Option(4, doc="prototypes K (and mixture components) of the stability model"),
+        "stab_T": Option(128, doc="tokens of the stability model's data"),
+        "stab_temperature": Option(0.2, doc="temperature tau of the stability model"),
+        "stab_anchor": Option(
+            1.0, doc="weight of the anchor (anchor/2) ||W - W0||^2 that makes the minimum strict"
+        ),
+        "stab_descent_steps": Option(
+            3000, doc="gradient-descent steps to the minimum before Newton polishing"
+        ),
+        "stab_perturbation": Option(
+            1e-4, doc="size of the perturbation of the minimum each run starts from"
+        ),
+        "stab_steps": Option(2000, quick=1000, doc="gradient steps of each grid run"),
+        "stab_grid": Option(32, quick=16, doc="points per axis of the (eta_theta, eta_P) grid"),
+        "stab_eta_theta_span": Option(
+            [1e-4, 4.0], doc="eta_theta range of the grid, in units of the predicted bound"
+        ),
+        "stab_eta_P_span": Option(
+            [1e-2, 4.0],
+            doc="eta_P range of the grid, in units of the predicted bound 2/lambda_max(C)",
+        ),
+        "stab_multisection": Option(
+            64, quick=32, doc="points of each multisection for the critical eta_P"
+        ),
+        "stab_growth": Option(
+            2.0, doc="growth ratio of the weighted distance above which a run is unstable"
+        ),
+        "stab_decided": Option(
+            1e3, doc="rho^steps above which linear theory decides a run's outcome"
+        ),
+        "utilization_threshold": Option(
+            0.01, doc="mean assignment above which a code counts as used"
+        ),
+        "optimizer": Option("adam", doc="optimiser of the training runs ('adam' or 'sgd')"),
     },
     steps=("digits_ablation", "soft_vs_hard_vq", "hierarchical", "stability_grid", "figures"),
     timings_suffix="_s",
 )
 
 
-def _settings(quick: bool, options: dict) -> dict:
+def _settings(quick: bool, options: Mapping[str, Any]) -> dict[str, Any]:
     """``EXPERIMENT``'s settings for ``run(quick=quick, **options)`` (``options`` may hold ``full``),
     with the ``mode``."""
     options = dict(options)
@@ -137,7 +186,7 @@ def _settings(quick: bool, options: dict) -> dict:
 # 1. digits: two-timescale stability ablation
 
 
-def _digits(cfg, key, pbar):
+def _digits(cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress) -> dict[str, Any]:
     X_np, y = P.load_digits()
     X = jnp.asarray(X_np)
     K, m = cfg["digits_K"], cfg["digits_m"]
@@ -145,7 +194,7 @@ def _digits(cfg, key, pbar):
     readout = P.PrototypeReadout(64, m, K, 1.0, key=kq, width=cfg["digits_width"], depth=1)
     model = P.VQAutoencoder(readout, key=kd, width=cfg["digits_width"], depth=1)
 
-    def recon_only(mod, xb):
+    def recon_only(mod: P.VQAutoencoder, xb: Float[Array, "b d"]) -> Float[Array, ""]:
         z = mod.quantizer.tokens(xb)
         return jnp.mean(jnp.sum((xb - jax.vmap(mod.decoder)(z)) ** 2, axis=-1))
 
@@ -167,11 +216,12 @@ def _digits(cfg, key, pbar):
 
     lam = cfg["digits_lam"]
 
-    def loss(mod, xb):
+    def loss(mod: P.VQAutoencoder, xb: Float[Array, "b d"]) -> Float[Array, ""]:
         return mod.loss(xb, lam=lam, decode="tokens")[0]
 
-    def record(mod):
+    def record(mod: P.VQAutoencoder) -> dict[str, Array]:
         qz = mod.quantizer
+        assert isinstance(qz, P.PrototypeReadout)  # the digits model's soft readout
         z = qz.tokens(X)
         L_q, L_ols, V = P._loss_terms(z, qz.prototypes, qz.temperature)
         q = P._assign(z, qz.prototypes, qz.temperature)
@@ -187,7 +237,7 @@ def _digits(cfg, key, pbar):
             "labels": jnp.argmax(q, axis=-1),
         }
 
-    def one(k, eps):
+    def one(k: PRNGKeyArray, eps: Float[Array, ""]) -> tuple[P.VQAutoencoder, dict[str, Array]]:
         kinit, ktrain = jax.random.split(k)
         idx = jax.random.choice(kinit, X.shape[0], (K,), replace=False)
         mod = eqx.tree_at(
@@ -257,7 +307,9 @@ def _digits(cfg, key, pbar):
 # 2. soft against hard vector quantisation
 
 
-def _vq(cfg, key, pbar):
+def _vq(
+    cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress
+) -> dict[tuple[str, int], dict[str, Any]]:
     """Soft readout against hard VQ on digit patches, equal encoder/decoder init, codebook init and rates.
 
     Both quantisers start from the same linear encoder and the same codebook, ``K`` tokens of
@@ -275,10 +327,10 @@ def _vq(cfg, key, pbar):
 
     # one loss and one record function for every run: P.train's program is keyed on them (static), so the
     # soft and the soft-double-temperature runs of each K share one compiled program
-    def vq_loss(mm, xb):
+    def vq_loss(mm: P.VQAutoencoder, xb: Float[Array, "b d"]) -> Float[Array, ""]:
         return mm.loss(xb, lam=lam, beta=beta)[0]
 
-    def record(mm):
+    def record(mm: P.VQAutoencoder) -> dict[str, Array]:
         qz = mm.quantizer
         z = qz.tokens(X)
         q = qz.assign(X)
@@ -349,7 +401,7 @@ def _vq(cfg, key, pbar):
 # 3. hierarchical readout
 
 
-def _hierarchical(cfg, key, pbar):
+def _hierarchical(cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress) -> dict[str, Any]:
     kdata, kmod, ktrain = jax.random.split(key, 3)
     xs, _, classes, _ = P.gaussian_mixture_tokens(
         kdata, cfg["vq_sequences"], cfg["vq_seq_len"], cfg["vq_d"]
@@ -366,7 +418,9 @@ def _hierarchical(cfg, key, pbar):
     decoder = eqx.nn.Linear(cfg["hier_m"], cfg["vq_d"], key=jax.random.fold_in(kmod, 1))
     lam = cfg["hier_lam"]
 
-    def loss(md, xb):
+    def loss(
+        md: tuple[P.HierarchicalReadout, eqx.nn.Linear], xb: Float[Array, "b t d"]
+    ) -> Float[Array, ""]:
         mod, dec = md
         N, T, d = xb.shape
         z = mod.level1.tokens(xb.reshape(N * T, d))
@@ -374,7 +428,7 @@ def _hierarchical(cfg, key, pbar):
         (L1, _, _), (L2, _, _) = mod.level_terms(xb)
         return rec + lam * (L1 + L2)
 
-    def record(md):
+    def record(md: tuple[P.HierarchicalReadout, eqx.nn.Linear]) -> dict[str, Array]:
         mod, _ = md
         t1, t2 = mod.level_terms(xs)
         q2 = jax.vmap(mod)(xs)
@@ -411,14 +465,16 @@ _PAPER_TABLE5 = {
 }
 
 
-def _epochs_to_full(u) -> tuple[int, bool]:
+def _epochs_to_full(u: ArrayLike | Sequence[float]) -> tuple[int, bool]:
     """First epoch ``e >= 1`` with utilisation 1, or ``(epochs, False)`` (the cap) when never reached."""
     u = np.asarray(u)
     hit = np.flatnonzero(u[1:] >= 1.0)
     return (int(hit[0]) + 1, True) if hit.size else (len(u) - 1, False)
 
 
-def _table5_rows(vq) -> dict:
+def _table5_rows(
+    vq: Mapping[tuple[str, int], Mapping[str, Any]],
+) -> dict[tuple[str, int], dict[str, Any]]:
     rows = {}
     for (kind, K), h in vq.items():
         e, reached = _epochs_to_full(h["utilization"])
@@ -441,13 +497,15 @@ def _table5_rows(vq) -> dict:
     return rows
 
 
-def _table5_checks(cfg, vq):
+def _table5_checks(
+    cfg: Mapping[str, Any], vq: Mapping[tuple[str, int], Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     rows = _table5_rows(vq)
     Ks = sorted({K for (_, K) in rows})
     Kbig, Ksmall = Ks[-1], Ks[0]
     n_ep = cfg["vq_epochs"]
 
-    def cell(kind, K):
+    def cell(kind: str, K: int) -> str:
         r = rows[(kind, K)]
         reach = f"{r['epochs_to_full']}" if r["reached"] else f"not reached in {n_ep} (cap {n_ep})"
         paper = _PAPER_TABLE5.get((kind, K))
@@ -460,7 +518,7 @@ def _table5_checks(cfg, vq):
     )
     hs, ss = rows[("hard", Kbig)], rows[("soft", Kbig)]
 
-    def gaps(r):
+    def gaps(r: Mapping[str, Any]) -> str:
         dead = (
             f"dead codes' median squared distance to their nearest token {r['gap_dead_1'] / r['tau']:.2g} tau "
             f"after epoch 1, {r['gap_dead_end'] / r['tau']:.2g} tau at the end"
@@ -469,7 +527,7 @@ def _table5_checks(cfg, vq):
         )
         return f"{dead}, live codes {r['gap_live_end'] / r['tau']:.2g} tau"
 
-    def soft_state(kind, K):
+    def soft_state(kind: str, K: int) -> str:
         r = rows[(kind, K)]
         return (
             f"K={K}: {100 * r['epoch1']:.1f}% at epoch 1, {100 * r['final']:.1f}% at the end, final min "
@@ -563,7 +621,7 @@ def _table5_checks(cfg, vq):
 # 4. two-timescale stability grid (Thm. 1, reconstructed)
 
 
-def _stability(cfg, key, pbar):
+def _stability(cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress) -> dict[str, Any]:
     """Plain two-timescale gradient descent on an anchored prototype readout, over a grid of rates.
 
     Model: linear encoder ``z = W x`` and ``K`` prototypes, loss
@@ -581,7 +639,7 @@ def _stability(cfg, key, pbar):
     W0 = jax.random.normal(kw, (m, d), dtype=X.dtype) / np.sqrt(d)
     tau, anchor = cfg["stab_temperature"], cfg["stab_anchor"]
 
-    def loss_tree(w):
+    def loss_tree(w: tuple[Float[Array, "m d"], Float[Array, "K m"]]) -> Float[Array, ""]:
         W, Pm = w
         return P._loss_terms(X @ W.T, Pm, tau)[0] + 0.5 * anchor * jnp.sum((W - W0) ** 2)
 
@@ -589,14 +647,14 @@ def _stability(cfg, key, pbar):
     flat0, unravel = ravel_pytree((W0, (X @ W0.T)[idx]))
     n_theta = m * d
 
-    def f(v):
+    def f(v: Float[Array, " p"]) -> Float[Array, ""]:
         return loss_tree(unravel(v))
 
     grad = jax.jit(jax.grad(f))
     hess = jax.jit(jax.hessian(f))
 
     @jax.jit
-    def descend(v):
+    def descend(v: Float[Array, " p"]) -> Float[Array, " p"]:
         return jax.lax.fori_loop(0, cfg["stab_descent_steps"], lambda _, u: u - 0.05 * grad(u), v)
 
     v = descend(flat0)
@@ -617,8 +675,10 @@ def _stability(cfg, key, pbar):
     is_theta = jnp.arange(v_star.size) < n_theta
 
     @jax.jit
-    def run(eta_theta, eta_P, v0):
-        def one(et, ep):
+    def run(
+        eta_theta: Float[Array, " g"], eta_P: Float[Array, " g"], v0: Float[Array, " p"]
+    ) -> Float[Array, " g"]:
+        def one(et: Float[Array, ""], ep: Float[Array, ""]) -> Float[Array, ""]:
             eta = jnp.where(is_theta, et, ep)
             w = 1.0 / jnp.sqrt(
                 eta
@@ -677,7 +737,9 @@ def _stability(cfg, key, pbar):
     }
 
 
-def _stability_checks(cfg, st):
+def _stability_checks(
+    cfg: Mapping[str, Any], st: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     bd, H, k = st["bounds"], st["H"], st["n_theta"]
     ET, EP = np.meshgrid(st["eta_theta"], st["eta_P"])
     rho = P.two_timescale_radius(H, k, ET, EP)
@@ -761,7 +823,9 @@ def _stability_checks(cfg, st):
     ], {"rho": rho, "cert": cert, "stable": stable, "decided": decided}
 
 
-def _fig_stability(path, cfg, st, derived):
+def _fig_stability(
+    path: Path, cfg: Mapping[str, Any], st: Mapping[str, Any], derived: Mapping[str, np.ndarray]
+) -> None:
     bd = st["bounds"]
     et, ep = st["eta_theta"], st["eta_P"]
     fig, ax = plt.subplots(figsize=(7.5, 6))
@@ -826,13 +890,19 @@ def _fig_stability(path, cfg, st, derived):
 # figures
 
 
-def _rel_err(terms):
+def _rel_err(terms: Float[ArrayLike, "... 3"]) -> Float[np.ndarray, "..."]:
     terms = np.asarray(terms, dtype=np.float64)
     L_q, L_ols, V = terms[..., 0], terms[..., 1], terms[..., 2]
     return np.abs(L_q - L_ols - V) / np.abs(L_q)
 
 
-def _fig_decomposition(path, dig, vq, hier, e_ref):
+def _fig_decomposition(
+    path: Path,
+    dig: Mapping[str, Any],
+    vq: Mapping[tuple[str, int], Mapping[str, Any]],
+    hier: Mapping[str, Any],
+    e_ref: int,
+) -> None:
     h = dig["hist"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     ep = np.arange(h["L_q"].shape[2])
@@ -863,7 +933,7 @@ def _fig_decomposition(path, dig, vq, hier, e_ref):
     plt.close(fig)
 
 
-def _fig_utilization(path, vq):
+def _fig_utilization(path: Path, vq: Mapping[tuple[str, int], Mapping[str, Any]]) -> None:
     fig, ax = plt.subplots(figsize=(6, 5))
     for (kind, K), h in sorted(vq.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         style = {"soft": "-", "hard": "--"}.get(kind, ":")
@@ -891,7 +961,7 @@ def _fig_utilization(path, vq):
     plt.close(fig)
 
 
-def _fig_ablation(path, dig):
+def _fig_ablation(path: Path, dig: Mapping[str, Any]) -> None:
     h, eps = dig["hist"], dig["eps"]
     smin = h["S_min"][:, :, -1]
     smean = h["S_mean"][:, :, -1]
@@ -923,7 +993,7 @@ def _fig_ablation(path, dig):
     plt.close(fig)
 
 
-def _fig_phase(path, dig):
+def _fig_phase(path: Path, dig: Mapping[str, Any]) -> None:
     h, eps = dig["hist"], dig["eps"]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     picks = sorted({0, int(np.argmin(np.abs(eps - 0.1))), len(eps) - 1})
@@ -953,7 +1023,7 @@ def _fig_phase(path, dig):
     plt.close(fig)
 
 
-def _fig_pca(path, dig):
+def _fig_pca(path: Path, dig: Mapping[str, Any]) -> None:
     z, p, y, pred = dig["z"], dig["p"], dig["y"], dig["pred"]
     mu = z.mean(0)
     _, _, vt = np.linalg.svd(z - mu, full_matrices=False)
@@ -974,8 +1044,13 @@ def _fig_pca(path, dig):
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the prototype-readout reproduction; write ``out_dir/prototypes/`` and return the summary.
 
     Three sizes: ``quick``, the default, and ``full=True`` (the paper's epoch

@@ -10,8 +10,11 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = ["write_report"]
 
@@ -53,7 +56,7 @@ _CLAIMS = {
 }
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "—"
     if isinstance(v, bool):
@@ -63,7 +66,9 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
+def write_report(
+    out_dir: str | os.PathLike[str], summaries: Mapping[str, Mapping[str, Any]], *, quick: bool
+) -> Path:
     """Write ``REPORT.md`` and ``report.html`` from the experiments' summaries."""
     out = Path(out_dir)
     failing = [
@@ -118,7 +123,13 @@ def write_report(out_dir, summaries: dict, *, quick: bool) -> Path:
     return out / "REPORT.md"
 
 
-def _html(out: Path, summaries, quick, failing, total) -> str:
+def _html(
+    out: Path,
+    summaries: Mapping[str, Mapping[str, Any]],
+    quick: bool,
+    failing: list[tuple[str, str]],
+    total: int,
+) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>meanfield report</title>",
         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"

@@ -27,18 +27,24 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import Array
+from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import kernels, metrics, sphere, theory
-from ..integrate import simulate
-from ._common import Experiment, Option, check, write_summary
+from .._checks import RealScalarLike
+from ..integrate import Trajectory, simulate
+from ..models import Model
+from ._common import Experiment, Option, Steps, check, write_summary
 
 __all__ = [
     "EXPERIMENT",
@@ -85,31 +91,56 @@ _NONATOMIC = {
 EXPERIMENT = Experiment(
     _NAME,
     {
-        "d": Option(3),
-        "beta": Option(1.0),
-        "omega": Option(float(2 * np.pi)),
-        "plane": Option([0, 1]),
-        "num_prompts": Option(3),
-        "gauge_seed": Option(0),
-        "lam": Option(1.0),
-        "toeplitz_m": Option(1),
-        "wavy_gauge": Option({"amplitude": 0.6, "k": 3}),
-        "fig2_n": Option([64, 128, 256, 512], quick=[64, 128]),
-        "fig2_seeds": Option(100, quick=8),
-        "fig2_t1": Option(20.0),
-        "fig2_saves": Option(41),
-        "fig3_n": Option(256),
-        "fig3_t1": Option(40.0),
-        "dt": Option(1e-2),
-        "solver": Option("rk2"),
-        "early_stop": Option(1e-8),
-        "cluster_threshold_rad": Option(0.05),
-        "seed": Option(0),
-        "dtype": Option("float32"),
-        "toeplitz_fourier": Option(_TOEPLITZ_FOURIER, quick={**_TOEPLITZ_FOURIER, "n": 128}),
-        "dobrushin": Option(_DOBRUSHIN, quick={**_DOBRUSHIN, "n": 128}),
+        "d": Option(3, doc="ambient dimension d (tokens on the sphere S^(d-1))"),
+        "beta": Option(1.0, doc="inverse temperature beta of the exponential kernels"),
+        "omega": Option(
+            float(2 * np.pi), doc="RoPE frequency omega (radians per unit of position)"
+        ),
+        "plane": Option([0, 1], doc="the two coordinate axes of the RoPE rotation plane"),
+        "num_prompts": Option(3, doc="number K of prompts of the prompt model"),
+        "gauge_seed": Option(0, doc="seed of the prompt model's random gauges"),
+        "lam": Option(1.0, doc="distance-bias rate lambda (Fig. 3)"),
+        "toeplitz_m": Option(1, doc="frequency m of the Toeplitz kernel (Fig. 3)"),
+        "wavy_gauge": Option(
+            {"amplitude": 0.6, "k": 3},
+            doc="parameters of the wavy gauge (amplitude in radians, k waves per turn; Fig. 3)",
+        ),
+        "fig2_n": Option([64, 128, 256, 512], quick=[64, 128], doc="token counts n of Fig. 2"),
+        "fig2_seeds": Option(
+            100, quick=8, doc="random initial states (seeds) per model and n in Fig. 2"
+        ),
+        "fig2_t1": Option(20.0, doc="end time tau of the Fig. 2 runs"),
+        "fig2_saves": Option(
+            41, doc="save times of the Fig. 2 runs, evenly spaced on [0, fig2_t1]"
+        ),
+        "fig3_n": Option(256, doc="token count n of the Fig. 3 runs"),
+        "fig3_t1": Option(40.0, doc="end time of the Fig. 3 runs"),
+        "dt": Option(1e-2, doc="time step of the integrator"),
+        "solver": Option("rk2", doc="integrator (mf.simulate's solver, e.g. 'rk2')"),
+        "early_stop": Option(
+            1e-8, doc="early stop: relative energy increment over a window of length 1 below this"
+        ),
+        "cluster_threshold_rad": Option(
+            0.05, doc="angular distance (radians) below which tokens are one cluster"
+        ),
+        "seed": Option(0, doc="seed of the experiment's random keys"),
+        "dtype": Option(
+            "float32", doc="floating dtype of the runs (recorded only: JAX's default float32)"
+        ),
+        "toeplitz_fourier": Option(
+            _TOEPLITZ_FOURIER,
+            quick={**_TOEPLITZ_FOURIER, "n": 128},
+            doc="Prop. 10 runs: n, end time t1, save count, Fourier coefficients c_hat(0..3) per kernel",
+        ),
+        "dobrushin": Option(
+            _DOBRUSHIN,
+            quick={**_DOBRUSHIN, "n": 128},
+            doc="Prop. 4 runs: n, perturbation size eps, end time t1, save count",
+        ),
         "nonatomic": Option(
-            _NONATOMIC, quick={**_NONATOMIC, "n": [64, 256, 1024], "replicates": 16, "flow_n": 256}
+            _NONATOMIC,
+            quick={**_NONATOMIC, "n": [64, 256, 1024], "replicates": 16, "flow_n": 256},
+            doc="Thm. 4 (iii): vMF kappa, MMD kernel gamma, sample sizes n, draws per n, flow n and end time, start cap, seed",
         ),
     },
     steps=(
@@ -125,12 +156,12 @@ EXPERIMENT = Experiment(
 )
 
 
-def settings_for(quick: bool) -> dict:
+def settings_for(quick: bool) -> dict[str, Any]:
     """Settings of the reproduction (quick: 2 values of n, 8 seeds): ``EXPERIMENT``'s."""
     return EXPERIMENT.settings("quick" if quick else "default")
 
 
-def _model(name: str, S: dict):
+def _model(name: str, S: Mapping[str, Any]) -> Model:
     """The registry's model ``name`` (``mf.kernels.make``) with the settings' parameters: the
     same model as ``meanfield simulate --kernel NAME`` and a sweep of ``kind = NAME``."""
     params = {
@@ -144,7 +175,7 @@ def _model(name: str, S: dict):
     return kernels.make(name, d=S["d"], **params)
 
 
-def _fig2_models(S):
+def _fig2_models(S: Mapping[str, Any]) -> dict[str, Model]:
     """Fig. 2's models, each built once: the prompt model draws its gauges in one compiled
     program (``kernels.make`` run eagerly is six small programs)."""
     return {
@@ -155,26 +186,42 @@ def _fig2_models(S):
 
 
 @eqx.filter_jit
-def _run_seeds(model, key, n, d, *, seeds, t1, saves, dt, solver, early_stop):
+def _run_seeds(
+    model: Model,
+    key: PRNGKeyArray,
+    n: int,
+    d: int,
+    *,
+    seeds: int,
+    t1: RealScalarLike,
+    saves: int,
+    dt: RealScalarLike,
+    solver: str,
+    early_stop: RealScalarLike,
+) -> Trajectory:
     """One compiled program per (model type, n), cached at module level: the model is an argument
     (its arrays traced), the seeds a vmapped axis of keys ``split(fold_in(key, n), seeds)``."""
     ts = np.linspace(0.0, t1, saves)
     keys = jax.random.split(jax.random.fold_in(key, n), seeds)
 
-    def one(k):
+    def one(k: PRNGKeyArray) -> Trajectory:
         x0 = sphere.uniform(k, n, d)
         return simulate(model, x0, t1=t1, dt=dt, solver=solver, ts=ts, early_stop=early_stop)
 
     return jax.vmap(one)(keys)
 
 
-def _gauge_limit_point(kernel, x, aux):
+def _gauge_limit_point(
+    kernel: kernels.GaugeKernel, x: Float[Array, "n d"], aux: ArrayLike
+) -> Float[Array, " d"]:
     """The gauge frame's limit point ``u``: normalised mean of ``y_i = Psi_i x_i``."""
     return sphere.normalize(jnp.mean(kernel.to_gauge_frame(x, aux), axis=0))
 
 
 @eqx.filter_jit
-def _gauge_limit_points(kernel, xs):
+def _gauge_limit_points(
+    kernel: kernels.GaugeKernel, xs: Float[Array, "b n d"]
+) -> Float[Array, "b d"]:
     """``_gauge_limit_point`` of each configuration ``xs[b]`` (``(B, n, d)``, the kernel's labels), as
     one compiled program."""
     aux = kernel.default_aux(xs.shape[-2])
@@ -182,7 +229,11 @@ def _gauge_limit_points(kernel, xs):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _experiment_keys(seed):
+def _experiment_keys(
+    seed: int,
+) -> tuple[
+    PRNGKeyArray, PRNGKeyArray, PRNGKeyArray, PRNGKeyArray, tuple[PRNGKeyArray, PRNGKeyArray]
+]:
     """The experiment's keys from ``seed`` (one program instead of one per ``split``/``fold_in``):
     Fig. 2, Fig. 3, gauge equivalence (``split(key, 4)[1:]``; the first key drew the prompt gauges
     before the registry), Prop. 10 (``fold_in(key, 10)``) and Prop. 4's pair (``split(fold_in(key, 11))``)."""
@@ -201,13 +252,15 @@ _gram_rank = jax.jit(metrics.gram_rank, static_argnums=1)
 
 
 @eqx.filter_jit
-def _to_gauge_frame(kernel, x):
+def _to_gauge_frame(kernel: kernels.GaugeKernel, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
     """``y = Psi x`` with the labels ``positions(n)`` (the USA run's start)."""
     return kernel.to_gauge_frame(x, kernels.positions(x.shape[-2]))
 
 
 @eqx.filter_jit
-def _gauge_equivalence_error(kernel, ys, xs):
+def _gauge_equivalence_error(
+    kernel: kernels.GaugeKernel, ys: Float[Array, "t n d"], xs: Float[Array, "t n d"]
+) -> Float[Array, ""]:
     """``max |Psi^T y(t) - x(t)|`` over save times, particles and coordinates."""
     aux = kernels.positions(xs.shape[-2])
     back = jax.vmap(lambda y: kernel.from_gauge_frame(y, aux))(ys)
@@ -215,13 +268,20 @@ def _gauge_equivalence_error(kernel, ys, xs):
 
 
 @jax.jit
-def _dirac_energy_distance_bias(beta, lam, s):
+def _dirac_energy_distance_bias(
+    beta: RealScalarLike, lam: RealScalarLike, s: Float[Array, " n"]
+) -> Float[Array, ""]:
     """Energy of the distance-bias kernel at a Dirac: e^beta/(2 beta) mean_ij e^{-lam |s_i - s_j|}."""
     return jnp.exp(beta) / beta * jnp.mean(jnp.exp(-lam * jnp.abs(s[:, None] - s[None, :]))) / 2
 
 
 @eqx.filter_jit
-def _overlay_orbit(kernel, x, aux, s):
+def _overlay_orbit(
+    kernel: kernels.GaugeKernel,
+    x: Float[Array, "n d"],
+    aux: Array,
+    s: Float[Array, " m"],
+) -> Float[Array, "p d"]:
     """The theory's orbit of a gauge kernel: ``Psi(s)^T u`` (``Psi_k^T u`` for the prompt model)."""
     u = _gauge_limit_point(kernel, x, aux)
     if isinstance(kernel, kernels.Prompt):
@@ -231,8 +291,13 @@ def _overlay_orbit(kernel, x, aux, s):
 
 
 def run(
-    out_dir, *, quick: bool = False, full: bool = False, quiet: bool = False, **options
-) -> dict:
+    out_dir: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    full: bool = False,
+    quiet: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
     """Run the USA-AV reproduction; write figures, data and ``summary.json``; return the summary.
 
     ``options`` override entries of ``EXPERIMENT.options`` (an unknown name raises ``ValueError``);
@@ -242,7 +307,7 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     steps = EXPERIMENT.start(quiet=quiet)
     timings = steps.timings
-    checks: list = []
+    checks: list[dict[str, Any]] = []
     k_fig2, k_fig3, k_eq, k_tf, k_dob = _experiment_keys(S["seed"])
     d, beta = S["d"], S["beta"]
     e_max = float(_max_energy(beta))
@@ -324,11 +389,11 @@ def run(
     # Latitude circle: x(s) = R_{-omega s} u. With s_i = i/n and omega = 2 pi the planar parts
     # cancel, so sum_ij <x_i, x_j> = n^2 h^2 with h = ||P_{E^perp} u||, i.e.
     # G_x = 1 - (n^2 h^2 - n)/(n(n-1)).
-    rope_k = models["rope"]
+    rope_k = cast(kernels.GaugeKernel, models["rope"])
     x_rope = fig2[("rope", n_max)]["x_final"]
-    us = _gauge_limit_points(rope_k, jnp.asarray(x_rope))
-    hs = np.asarray(_latitude_height(us, tuple(S["plane"])))
-    us = np.asarray(us)
+    us_jax = _gauge_limit_points(rope_k, jnp.asarray(x_rope))
+    hs = np.asarray(_latitude_height(us_jax, tuple(S["plane"])))
+    us = np.asarray(us_jax)
     lat_errs: list[Any] = []
     gap_theory: list[float] = []
     for x, u, h in zip(x_rope, us, hs):
@@ -367,6 +432,7 @@ def run(
         tr_usa = simulate(
             kernels.USA(beta), y0, t1=S["fig2_t1"], dt=S["dt"], solver=S["solver"], ts=ts_eq
         )
+        assert tr_usa.xs is not None and tr_rope.xs is not None  # states saved (the default)
         eq_err = float(_gauge_equivalence_error(rope_k, tr_usa.xs, tr_rope.xs))
     checks.append(
         check(
@@ -545,7 +611,9 @@ def run(
 # ----------------------------------------------------------------------------
 
 
-def _toeplitz_fourier(S, key, checks, steps):
+def _toeplitz_fourier(
+    S: Mapping[str, Any], key: PRNGKeyArray, checks: list[dict[str, Any]], steps: Steps
+) -> dict[str, dict[str, Any]]:
     T = S["toeplitz_fourier"]
     n, d = T["n"], S["d"]
     x0 = sphere.uniform(key, n, d)
@@ -620,7 +688,12 @@ def _toeplitz_fourier(S, key, checks, steps):
 # ----------------------------------------------------------------------------
 
 
-def _dobrushin(S, keys, checks, steps):
+def _dobrushin(
+    S: Mapping[str, Any],
+    keys: tuple[PRNGKeyArray, PRNGKeyArray],
+    checks: list[dict[str, Any]],
+    steps: Steps,
+) -> dict[str, Any]:
     D = S["dobrushin"]
     n, d, beta = D["n"], S["d"], S["beta"]
     kx, ky = keys
@@ -656,7 +729,7 @@ def _dobrushin(S, keys, checks, steps):
 # ----------------------------------------------------------------------------
 
 
-def _nonatomic(S, checks, steps):
+def _nonatomic(S: Mapping[str, Any], checks: list[dict[str, Any]], steps: Steps) -> dict[str, Any]:
     P = S["nonatomic"]
     kappa, gamma, beta = P["kappa"], P["mmd_gamma"], S["beta"]
     rng = np.random.default_rng(P["seed"])  # float64 prompts z (52 binary digits to split)
@@ -738,7 +811,13 @@ def _nonatomic(S, checks, steps):
     return {"scaled": scaled, "const": const, "x": xf, "n": n}
 
 
-def _extra_figures(out, S, tf, dob, na):
+def _extra_figures(
+    out: Path,
+    S: Mapping[str, Any],
+    tf: Mapping[str, Mapping[str, Any]],
+    dob: Mapping[str, Any],
+    na: Mapping[str, Any],
+) -> list[str]:
     import matplotlib.pyplot as plt
 
     from .. import plotting
@@ -821,7 +900,15 @@ def _extra_figures(out, S, tf, dob, na):
     return [str(Path(f).name) for f in files]
 
 
-def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
+def _figures(
+    out: Path,
+    S: Mapping[str, Any],
+    fig2: Mapping[tuple[str, int], Mapping[str, Any]],
+    fig3: Mapping[str, Mapping[str, Any]],
+    fig3_models: Mapping[str, Model],
+    e_max: float,
+    db_dirac_E: float,
+) -> list[str]:
     import matplotlib.pyplot as plt
 
     from .. import plotting
@@ -899,7 +986,7 @@ def _figures(out, S, fig2, fig3, fig3_models, e_max, db_dirac_E):
     return [str(Path(f).name) for f in files]
 
 
-def _theory_overlay(name, k, v):
+def _theory_overlay(name: str, k: Model, v: Mapping[str, Any]) -> Float[np.ndarray, "m d"]:
     x, aux = v["x"], v["aux"]
     s = np.linspace(0, 1, 200)
     if name in ("USA", "distance bias"):
@@ -910,7 +997,12 @@ def _theory_overlay(name, k, v):
         th = 2 * np.pi * s
         return np.cos(th)[:, None] * vt[0] + np.sin(th)[:, None] * vt[1]
     return np.asarray(
-        _overlay_orbit(k, jnp.asarray(x), jnp.asarray(aux), jnp.asarray(s, jnp.float32))
+        _overlay_orbit(
+            cast(kernels.GaugeKernel, k),
+            jnp.asarray(x),
+            jnp.asarray(aux),
+            jnp.asarray(s, jnp.float32),
+        )
     )
 
 
@@ -919,7 +1011,7 @@ def _theory_overlay(name, k, v):
 # ----------------------------------------------------------------------------
 
 
-def winding_number(x, *, point_tol: float = 1e-3) -> int:
+def winding_number(x: ArrayLike, *, point_tol: float = 1e-3) -> int:
     r"""Winding number of the closed path $i \mapsto x_i$ (label order, closed by $x_n \to x_1$) around its
     centre $\bar x$ in its best-fit plane, up to orientation.
 
@@ -957,7 +1049,7 @@ def winding_number(x, *, point_tol: float = 1e-3) -> int:
     return abs(int(np.rint(np.sum(step) / (2 * np.pi))))
 
 
-def dobrushin_rate(beta) -> float:
+def dobrushin_rate(beta: RealScalarLike) -> float:
     r"""Rate $L$ of the Dobrushin estimate $W_1(\mu_t, \nu_t) \le e^{L t} W_1(\mu_0, \nu_0)$ (USA-AV
     Prop. 4, App. D) for the USA kernel $h = e^{\beta \langle x, y\rangle} / \beta$: $L = e^\beta (3 + 2 \beta)$.
 
@@ -988,7 +1080,7 @@ def dobrushin_rate(beta) -> float:
     return math.exp(b) * (3.0 + 2.0 * b)
 
 
-def w1_empirical(x, y) -> float:
+def w1_empirical(x: ArrayLike, y: ArrayLike) -> float:
     r"""Exact $W_1$ between the uniform empirical laws of ``x`` and ``y`` (same ``n``), chordal cost:
     $W_1 = \min_\sigma \frac1n \sum_i \|x_i - y_{\sigma(i)}\|$ over permutations $\sigma$ (Birkhoff: an
     optimal coupling of two uniform laws on $n$ atoms is a permutation), solved by
@@ -1013,7 +1105,9 @@ def w1_empirical(x, y) -> float:
     return float(C[r, c].mean())
 
 
-def _split_digits(z):
+def _split_digits(
+    z: Float[ArrayLike, "*shape"],
+) -> tuple[Float[np.ndarray, "*shape"] | np.float64, Float[np.ndarray, "*shape"] | np.float64]:
     """``z in [0, 1)`` -> ``(u1, u2)``: odd and even binary digits (26 each, float64), centred."""
     q = np.floor(np.asarray(z, np.float64) * 2.0**52).astype(np.uint64)
     u1, u2 = np.zeros(q.shape), np.zeros(q.shape)
@@ -1023,7 +1117,7 @@ def _split_digits(z):
     return u1 + 2.0**-27, u2 + 2.0**-27
 
 
-def vmf_prompt_map(z, kappa) -> np.ndarray:
+def vmf_prompt_map(z: ArrayLike, kappa: RealScalarLike) -> Float[np.ndarray, "*shape 3"]:
     r"""A measurable target map $G : [0, 1) \to S^2$ with $G_\# \mathrm{Leb} = \mathrm{vMF}(e_3, \kappa)$ (USA-AV Thm. 4 (iii)).
 
     A one-dimensional nonatomic prompt law realises a law on $S^2$: split the binary digits of
@@ -1059,7 +1153,7 @@ def vmf_prompt_map(z, kappa) -> np.ndarray:
     return np.stack([r * np.cos(2 * np.pi * u2), r * np.sin(2 * np.pi * u2), w], axis=-1)
 
 
-def householder_gauges(targets, u) -> np.ndarray:
+def householder_gauges(targets: ArrayLike, u: ArrayLike) -> Float[np.ndarray, "n d d"]:
     r"""Gauges $\Psi_i \in O(d)$ with $\Psi_i^\top u = g_i$: the reflections $\Psi_i = I - 2 v_i v_i^\top / \|v_i\|^2$,
     $v_i = u - g_i$ ($\Psi_i = I$ where $g_i = u$). With them the prompt kernel
     $h = e^{\beta \langle \Psi_\xi x, \Psi_\zeta y\rangle} / \beta$ (``mf.kernels.Prompt``, one prompt per token)
@@ -1085,7 +1179,9 @@ def householder_gauges(targets, u) -> np.ndarray:
     return np.where(ok[:, None, None], H, np.eye(g.shape[1])[None])
 
 
-def _vmf_kernel_mean(x, kappa: float, gamma: float):
+def _vmf_kernel_mean(
+    x: Float[ArrayLike, "*shape 3"], kappa: float, gamma: float
+) -> Float[np.ndarray, "*shape"] | np.float64:
     """``(K nu)(x) = int e^{gamma (<x, y> - 1)} dnu(y)`` for ``nu = vMF(e_3, kappa)``."""
     r = np.linalg.norm(
         gamma * np.asarray(x, np.float64) + kappa * np.array([0.0, 0.0, 1.0]), axis=-1
@@ -1093,12 +1189,12 @@ def _vmf_kernel_mean(x, kappa: float, gamma: float):
     return np.exp(np.log(kappa / r) + _log_sinh(r) - _log_sinh(kappa) - gamma)
 
 
-def _log_sinh(r):
+def _log_sinh(r: Float[ArrayLike, "*shape"]) -> Float[np.ndarray, "*shape"] | np.float64:
     r = np.asarray(r, np.float64)
     return r + np.log1p(-np.exp(-2.0 * r)) - np.log(2.0)
 
 
-def vmf_mmd_constant(kappa, gamma: float = 4.0) -> float:
+def vmf_mmd_constant(kappa: RealScalarLike, gamma: RealScalarLike = 4.0) -> float:
     r"""$1 - \bar k$ with $\bar k = \iint k\, d\nu\, d\nu$, $k(x, y) = e^{\gamma (\langle x, y\rangle - 1)}$, $\nu = \mathrm{vMF}(e_3, \kappa)$:
     the constant of $\mathbb E[\mathrm{MMD}^2(\nu_n, \nu)] = (1 - \bar k) / n$ for $n$ i.i.d. draws $\nu_n$ (V-statistic:
     $\mathbb E \frac{1}{n^2} \sum_{i,j} k(x_i, x_j) = \frac1n + (1 - \frac1n) \bar k$).
@@ -1117,7 +1213,7 @@ def vmf_mmd_constant(kappa, gamma: float = 4.0) -> float:
     if not (math.isfinite(k) and k > 0 and math.isfinite(g) and g > 0):
         raise ValueError(f"kappa and gamma must be > 0 and finite, got {kappa!r}, {gamma!r}")
 
-    def integrand(w):
+    def integrand(w: float) -> float:
         x = np.array([math.sqrt(max(1.0 - w * w, 0.0)), 0.0, w])
         return float(_vmf_kernel_mean(x, k, g)) * math.exp(
             math.log(k) + k * w - math.log(2.0) - float(_log_sinh(k))
@@ -1126,7 +1222,7 @@ def vmf_mmd_constant(kappa, gamma: float = 4.0) -> float:
     return 1.0 - quad(integrand, -1.0, 1.0, epsabs=1e-13, epsrel=1e-12)[0]
 
 
-def mmd2_to_vmf(x, kappa, gamma: float = 4.0) -> float:
+def mmd2_to_vmf(x: ArrayLike, kappa: RealScalarLike, gamma: RealScalarLike = 4.0) -> float:
     r"""$\mathrm{MMD}^2$ between the empirical law of ``x`` and $\nu = \mathrm{vMF}(e_3, \kappa)$ (exact, no sample of $\nu$),
     kernel $k(x, y) = e^{\gamma (\langle x, y\rangle - 1)}$ (``mf.metrics.mmd``'s Gaussian with $\gamma = 1/\sigma^2$):
 
