@@ -6,7 +6,7 @@ Public API (see README.md for a tour)::
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
-    mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability
+    mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
         depth,
         design,
         kernels,
+        masks,
         metastability,
         metrics,
         models,
@@ -60,6 +61,7 @@ __all__ = [
     "energy",
     "field",
     "kernels",
+    "masks",
     "metastability",
     "metrics",
     "models",
@@ -83,6 +85,7 @@ _SUBMODULES = frozenset(
         "depth",
         "design",
         "kernels",
+        "masks",
         "metastability",
         "metrics",
         "models",

@@ -308,6 +308,9 @@ class Param:
     kind: str
     doc: str
     choices: tuple = ()
+    #: An option added after stores were written (masks, attention variants): a sweep spec records
+    #: it only when it differs from ``default``, so specs without it keep their hash.
+    optional: bool = False
 
     def validate(self, value: Any, where: str = "") -> Any:
         """The value, checked against ``kind`` (``check_value``: ``ValueError``/``TypeError``

@@ -35,7 +35,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import sphere
 from ._checks import RealScalarLike, check_int, check_nonnegative, check_plane, check_positive
-from .kernels import USA, GaugeKernel, Kernel
+from .kernels import USA, GaugeKernel, Kernel, masked_pairwise_field
 
 __all__ = [
     "rotation_to",
@@ -389,6 +389,8 @@ class Anchored(Kernel):
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         P, y = self._frame(x, aux)
         u = self.u.astype(x.dtype)
         w = self.base._exp(y @ u)  # (n,)
@@ -398,6 +400,7 @@ class Anchored(Kernel):
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         _, y = self._frame(x, aux)
         a = self.base._exp(y @ self.u.astype(x.dtype)) / self.base.beta
         return self.base.energy(x, aux, block_size=block_size) + self.mass * jnp.mean(a)

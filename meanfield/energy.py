@@ -32,7 +32,13 @@ from ._checks import (
     traced_finite,
     traced_states,
 )
-from .kernels import Kernel, pairwise_energy, pairwise_field, use_backend
+from .kernels import (
+    Kernel,
+    masked_pairwise_field,
+    pairwise_energy,
+    pairwise_field,
+    use_backend,
+)
 from .kernels._exp import _entry_backend
 from .models import Model
 
@@ -216,6 +222,8 @@ def field(
         x = model.check_traced_energy(x, aux)
     with use_backend(backend):
         if method == "pairwise":
+            if model.mask is not None:
+                return masked_pairwise_field(model, x, aux)
             return pairwise_field(model, x, aux)
         return model.field(x, aux, block_size=block_size)
 
@@ -292,6 +300,7 @@ def energy(
             f"{type(model).__name__} has no pair energy; energy is defined for the kernels in "
             f"mf.kernels (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt)"
         )
+    model.refuse_masked_energy()
     x, aux = check_states(model, x, aux)
     x = model.check_traced_energy(x, aux)
     with use_backend(backend):

@@ -139,7 +139,7 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     x, flags = y
     xh = sphere.normalize(x)
     with use_backend(args.backend):
-        F = args.model.field(xh, args.aux, block_size=args.block_size)
+        F = args.model.at_time(t).field(xh, args.aux, block_size=args.block_size)
     return (sphere.project(xh, F) if args.tangent else F), jnp.zeros_like(flags)
 
 
@@ -571,7 +571,7 @@ def simulate(
         max_steps = check_int("max_steps", max_steps, minimum=1)
     if block_size is not None:
         block_size = check_int("block_size", block_size, minimum=1)
-    has_energy = isinstance(model, Kernel)
+    has_energy = isinstance(model, Kernel) and bool(model.has_energy)  # a masked kernel has none
     if early_stop is not None:
         check_scalar("early_stop", early_stop)
         check_positive("early_stop", early_stop)

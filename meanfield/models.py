@@ -28,6 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from ._attention_weights import (
+    ATTENTIONS,
+    ENSEMBLES,
+    VALUES,
+    hardmax,
+    masked_softmax,
+    random_weights,
+    sinkhorn,
+)
 from ._checks import (
     RealScalarLike,
     _as_float_array,
@@ -39,10 +48,16 @@ from ._checks import (
 )
 from ._params import PARAM_KINDS, Param, check_float, check_value
 from ._resources import Footprint, as_float
+from .masks import Mask, check_mask
 
 __all__ = [
     "Model",
     "SelfAttention",
+    "attention_matrix",
+    "random_weights",
+    "ATTENTIONS",
+    "ENSEMBLES",
+    "VALUES",
     "Declared",
     "positions",
     "param",
@@ -63,6 +78,7 @@ class _Declaration:
     kind: Any  # a PARAM_KINDS name, or an equinox.Module class whose parameters are this field's
     doc: str
     choices: tuple
+    optional: bool = False
 
 
 def param(
@@ -72,6 +88,7 @@ def param(
     doc: str,
     static: bool = False,
     choices: Iterable[Any] = (),
+    optional: bool = False,
     **field_kwargs: Any,
 ) -> Any:
     """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
@@ -82,7 +99,8 @@ def param(
     ``equinox.Module`` class whose own declared parameters become this model's (``PhaseField``'s
     ``phase`` is a ``FourierPhase``: its ``omega``, ``amplitude``, ``frequency``). Everything the
     registry, the command line, the sweep spec and the constructors' checks know about the
-    parameter comes from here. ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
+    parameter comes from here. ``optional`` marks an option added after sweep stores were written:
+    a sweep spec records it only when it differs from its default (``Param.optional``). ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -91,8 +109,8 @@ def param(
         ...     beta: float = mf.kernels.param(1.0, kind="float>0", doc="frequency")
         ...     def __call__(self, x, xi, y, zeta):
         ...         return jnp.cos(self.beta * jnp.dot(x, y))
-        >>> [(p.name, p.kind, p.default, p.traced) for p in Cosine.params()]
-        [('beta', 'float>0', 1.0, True)]
+        >>> [(p.name, p.kind, p.default, p.traced) for p in Cosine.params()][0]   # then the mask's
+        ('beta', 'float>0', 1.0, True)
     """
     if not (kind in PARAM_KINDS or (isinstance(kind, type) and issubclass(kind, eqx.Module))):
         raise ValueError(
@@ -102,7 +120,7 @@ def param(
         raise ValueError("a parameter of kind 'choice' needs its choices")
     if not isinstance(doc, str) or not doc:
         raise TypeError(f"doc must be a non-empty string, got {doc!r}")
-    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices))}
+    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices), bool(optional))}
     return eqx.field(default=default, static=static, metadata=metadata, **field_kwargs)
 
 
@@ -137,6 +155,7 @@ def declared_params(cls: type) -> tuple[Param, ...]:
                 decl.kind,
                 decl.doc,
                 decl.choices,
+                decl.optional,
             )
         )
     return tuple(out)
@@ -159,6 +178,8 @@ def _check_declared(module: eqx.Module) -> None:
         if isinstance(decl.kind, type):
             continue  # a nested Module checks its own
         v = getattr(module, f.name)
+        if decl.kind.startswith("int") and not is_concrete(v):
+            continue  # a traced integer (a sweep over ``weight_seed``): the program's to check
         if decl.kind.startswith("float"):
             check_scalar(f.name, v)
             if is_concrete(v):
@@ -382,18 +403,26 @@ class Model(Declared):
     name: ClassVar[str | None] = None
     #: One line for the registry, ``--help`` and the docs (default: the docstring's first line).
     summary: ClassVar[str | None] = None
+    #: True for models that take a positional mask (``mask=``, a field; ``mf.masks``): pair
+    #: kernels and ``SelfAttention``. Their parameters end with ``mf.masks.MASK_PARAMS``.
+    takes_mask: ClassVar[bool] = False
 
     @classmethod
     def params(cls) -> tuple[Param, ...]:
         """The model's parameters, from its field declarations (``param``): what the registry,
-        the command line's flags, a sweep's ``[model]`` keys and ``from_params`` accept.
+        the command line's flags, a sweep's ``[model]`` keys and ``from_params`` accept (then the
+        mask's, ``mf.masks.MASK_PARAMS``, for a model that ``takes_mask``).
 
         Example:
             >>> import meanfield as mf
-            >>> [p.name for p in mf.kernels.PhaseField.params()]
+            >>> [p.name for p in mf.kernels.PhaseField.params()][:6]
             ['beta', 'omega', 'amplitude', 'frequency', 'plane', 'rescaled']
+            >>> [p.name for p in mf.kernels.PhaseField.params()][6:]   # the mask's (mf.masks.MASK_PARAMS)
+            ['mask', 'slope', 'width', 'include_self', 'mask_normalized']
         """
-        return declared_params(cls)
+        from .masks import MASK_PARAMS
+
+        return declared_params(cls) + (MASK_PARAMS if cls.takes_mask else ())
 
     @classmethod
     def from_params(cls, P: dict[str, Any], d: int | None, dtype: Any) -> Model:
@@ -406,7 +435,29 @@ class Model(Declared):
             >>> mf.kernels.RoPE.from_params({"beta": 2.0, "omega": 1.0, "plane": (0, 2), "rescaled": False}, 3, None).plane
             (0, 2)
         """
-        return _build_declared(cls, P)
+        return _build_declared(cls, P, **cls._mask_kwargs(P))
+
+    @classmethod
+    def _mask_kwargs(cls, P: dict[str, Any]) -> dict[str, Any]:
+        """``{"mask": ...}`` from the mask's values in ``P`` (``mf.masks.from_params``) for a model that
+        ``takes_mask`` (and a mask is asked), else ``{}``."""
+        from . import masks
+
+        mask = masks.from_params(P) if cls.takes_mask else None
+        return {} if mask is None else {"mask": mask}
+
+    def at_time(self, t: ArrayLike) -> Model:
+        """The model that acts at time ``t`` of a run (``mf.simulate`` evaluates
+        ``model.at_time(t).field``): ``self`` for autonomous models (the base class); weights redrawn
+        every ``regen_period`` for ``SelfAttention``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> m = mf.kernels.USA(1.0)
+            >>> m.at_time(3.0) is m
+            True
+        """
+        return self
 
     @classmethod
     def required_dimension(cls) -> int | None:
@@ -565,36 +616,61 @@ class Model(Declared):
 
 
 class SelfAttention(Model):
-    r"""Self-attention particle dynamics on the sphere.
+    r"""Self-attention particle dynamics on the sphere: heads, weights, masks, and three normalisations.
 
-    Normalised (``normalized=True``, the SA model):
+    With $H$ heads (``Q``, ``K``, ``V`` stacks of shape ``(H, d, d)``; one ``(d, d)`` matrix is one
+    head) and logits $L^h_{ij} = \beta \langle Q_h x_i, K_h x_j\rangle$:
 
-    $$\frac{d x_i}{dt} = P_{x_i} \sum_j \operatorname{softmax}_j(\beta \langle Q x_i, K x_j\rangle)\, V x_j$$
+    $$\frac{d x_i}{dt} = P_{x_i} F_i, \qquad F_i = \frac1H \sum_h \sum_j A^h_{ij}\, V_h x_j,$$
 
-    Unnormalised (``normalized=False``):
+    where $A^h$ is, by ``attention`` (and ``normalized``):
 
-    $$\frac{d x_i}{dt} = P_{x_i} \frac1n \sum_j e^{\beta \langle Q x_i, K x_j\rangle}\, V x_j$$
+    * ``"softmax"``, ``normalized=True`` (the SA model): $A^h_{ij} = \operatorname{softmax}_j(L^h_{ij} + \log w_{ij})$;
+    * ``"softmax"``, ``normalized=False``: $A^h_{ij} = m_{ij} e^{L^h_{ij}}$ with $m_{ij} = 1/n$ (or
+      the mask's ``pair_weights``); with $Q = K = V = I$ this is the USA flow; ``rescaled=True``
+      multiplies it by $e^{-\beta}$ (a change of time);
+    * ``"sinkhorn"``: the doubly-stochastic normalisation of $e^{L^h + \log w}$ by ``sinkhorn_iters``
+      half-steps of row and column scaling in the log domain, rows first (Sinkformers' ``n_it``:
+      1 is the softmax; odd counts end on rows, which then sum to one);
+    * ``"hardmax"``: the $\beta \to \infty$ limit, $A^h_{ij} = 1/|C_i|$ on the maximisers
+      $C_i$ of $\langle Q_h x_i, K_h x_j\rangle$ (ties within ``tie_tol`` averaged); $\beta$ plays no role.
 
-    ``Q, K, V`` are ``(d, d)`` matrices, identity when ``None``. With $Q = K = V = I$
-    the unnormalised model is the USA flow. ``rescaled=True`` multiplies the
-    unnormalised field by the ($\|Q\| \|K\|$-free) factor $e^{-\beta}$ (time
-    change, as for the kernels); the normalised field is shift-invariant already.
+    $w$ is the positional mask (``mask=``, ``mf.masks``): its log is added to the logits
+    ($-\infty$ above the diagonal for ``Causal``); a token that admits nothing has zero field.
+
+    Weights: explicit ``Q``, ``K``, ``V`` (``None``: identity), or drawn from the ensembles of
+    ``random_weights`` (``weights`` for $Q, K$, ``value`` for $V$, ``heads``) with the key
+    ``jax.random.key(weight_seed)`` (traced: a sweep over seeds compiles once), redrawn every
+    ``regen_period`` units of time inside ``mf.simulate`` when ``regen_period > 0`` (rotf's and
+    simuformer's ``randomKQ``). With one head and identity weights the original fast path runs.
+
+    The dynamics is not the gradient flow of a pair energy in general: ``mf.energy`` raises
+    ``TypeError`` (``has_energy`` is False).
 
     Args:
         beta: inverse temperature (traced).
-        Q, K, V: ``(d, d)`` query, key and value matrices (``None``: identity).
-        normalized: softmax (``True``, SA) or the unnormalised ``1/n`` average (static).
+        Q, K, V: ``(d, d)`` or ``(H, d, d)`` query, key and value weights (``None``: identity).
+        normalized: softmax rows (``True``, SA) or the unnormalised ``1/n`` average (static).
         rescaled: multiply the unnormalised field by $e^{-\beta}$ (static).
+        attention: ``"softmax"``, ``"sinkhorn"`` or ``"hardmax"`` (static).
+        sinkhorn_iters: Sinkhorn half-steps, ``>= 1`` (static; default 21).
+        tie_tol: hardmax's tie tolerance on the scores (static).
+        heads, weights, value, weight_seed, regen_period: the random weights (``random_weights``).
+        mask: a positional mask (``mf.masks``) or None.
 
     Example:
         >>> import jax, meanfield as mf
         >>> x = mf.sphere.uniform(jax.random.key(0), 8, 3)
         >>> mf.velocity(mf.models.SelfAttention(1.0), x).shape
         (8, 3)
+        >>> Q, K, V = mf.models.random_weights(jax.random.key(1), 3, heads=4)
+        >>> mf.models.attention_matrix(mf.models.SelfAttention(1.0, Q, K, V, mask=mf.masks.Causal()), x).shape
+        (4, 8, 8)
     """
 
     name = "sa"
     summary = "self-attention, softmax-normalised (no pair energy)"
+    takes_mask = True
 
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     Q: ArrayLike | None = None
@@ -604,6 +680,65 @@ class SelfAttention(Model):
         True, kind="bool", static=True, doc="softmax rows (SA) or the 1/n average"
     )
     rescaled: bool = param(False, kind="bool", static=True, doc=RESCALED_DOC)
+    attention: str = param(
+        "softmax",
+        kind="choice",
+        choices=ATTENTIONS,
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="normalisation of the logits: softmax, sinkhorn (doubly stochastic) or hardmax",
+    )
+    sinkhorn_iters: int = param(
+        21,
+        kind="int>=1",
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="Sinkhorn half-steps, rows first (1: softmax; Sinkformers' n_it)",
+    )
+    tie_tol: float = param(
+        1e-6,
+        kind="float>=0",
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="hardmax: scores within this of the row maximum are tied (averaged)",
+    )
+    heads: int = param(
+        1, kind="int>=1", static=True, optional=True, kw_only=True, doc="attention heads"
+    )
+    weights: str = param(
+        "identity",
+        kind="choice",
+        choices=ENSEMBLES,
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="ensemble of Q, K (mf.models.random_weights)",
+    )
+    value: str = param(
+        "identity",
+        kind="choice",
+        choices=VALUES,
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="ensemble of V (mf.models.random_weights)",
+    )
+    weight_seed: Any = param(
+        0, kind="int>=0", optional=True, kw_only=True, doc="seed of the random weights (traced)"
+    )
+    regen_period: float = param(
+        0.0,
+        kind="float>=0",
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="redraw the random weights every this much time (0: never)",
+    )
+    epoch: Any = eqx.field(default=0, kw_only=True)  # the weights' draw (``at_time``)
+    mask: Mask | None = eqx.field(default=None, kw_only=True)
 
     @classmethod
     def zonal_profile(cls, rescaled: bool = False) -> Profile | None:
@@ -618,17 +753,84 @@ class SelfAttention(Model):
         """
         return ExpProfile(normalized=True)
 
+    # -- the weights -------------------------------------------------------------------------
+    @property
+    def explicit(self) -> bool:
+        """Whether ``Q``, ``K`` or ``V`` was given (else the ensembles ``weights``/``value``)."""
+        return any(M is not None for M in (self.Q, self.K, self.V))
+
+    @property
+    def random(self) -> bool:
+        """Whether the weights are drawn (``weights``/``value`` other than identity)."""
+        return not self.explicit and (self.weights != "identity" or self.value != "identity")
+
+    def num_heads(self) -> int:
+        """The number of heads: the leading size of the weight stacks, or ``heads``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.models.SelfAttention(1.0, V=jnp.stack([jnp.eye(3)] * 2)).num_heads()
+            2
+        """
+        sizes = [
+            jnp.shape(M)[0] for M in (self.Q, self.K, self.V) if M is not None and jnp.ndim(M) == 3
+        ]
+        return max(sizes) if sizes else (1 if self.explicit else self.heads)
+
+    def weight_stacks(self, d: int, dtype: Any = None) -> tuple[Any, Any, Any]:
+        """``(Q, K, V)`` as they act: the explicit matrices, or the draw of ``random_weights``
+        (``(heads, d, d)``; one head as ``(d, d)``), ``None`` for an identity.
+
+        Example:
+            >>> import meanfield as mf
+            >>> [None if M is None else M.shape for M in mf.models.SelfAttention(1.0, weights="gaussian").weight_stacks(3)]
+            [(3, 3), (3, 3), None]
+        """
+        if not self.random:
+            return self.Q, self.K, self.V
+        key = jax.random.key(jnp.asarray(self.weight_seed).astype(jnp.uint32))
+        if self.regen_period > 0:
+            key = jax.random.fold_in(key, jnp.asarray(self.epoch).astype(jnp.uint32))
+        Q, K, V = random_weights(
+            key, d, heads=self.heads, ensemble=self.weights, value=self.value, dtype=dtype
+        )
+        qkv = (
+            None if self.weights == "identity" else Q,
+            None if self.weights == "identity" else K,
+            None if self.value == "identity" else V,
+        )
+        return tuple(M if M is None or self.heads > 1 else M[0] for M in qkv)  # type: ignore[return-value]
+
+    def at_time(self, t: ArrayLike) -> SelfAttention:
+        """With ``regen_period > 0`` and drawn weights: the model whose weights are the draw of epoch
+        ``floor(t / regen_period)`` (``jax.random.fold_in`` of the seed's key); else ``self``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> m = mf.models.SelfAttention(1.0, weights="gaussian", regen_period=5.0)
+            >>> int(m.at_time(12.0).epoch)
+            2
+        """
+        if self.regen_period <= 0 or not self.random:
+            return self
+        epoch = jnp.floor(jnp.asarray(t) / self.regen_period).astype(jnp.int32)
+        return eqx.tree_at(lambda m: m.epoch, self, epoch)
+
+    # -- facts -----------------------------------------------------------------------------
     def interaction_rate(self) -> ArrayLike:
-        r"""$\beta$ (normalised: softmax weights sum to one); unnormalised, the exp kernels' rate
-        $\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ rescaled).
+        r"""$\beta$ (normalised: softmax weights sum to one; 1 for hardmax, which has no $\beta$);
+        unnormalised, the exp kernels' rate $\sqrt\beta\, e^{\beta - 1/2}$ ($\sqrt\beta\, e^{-1/2}$ rescaled).
 
         Example:
             >>> import meanfield as mf
             >>> float(mf.models.SelfAttention(3.0).interaction_rate())
             3.0
         """
+        xp = _namespace(self.beta)
+        if self.attention == "hardmax":
+            return xp.ones_like(xp.asarray(self.beta, dtype=None if xp is jnp else np.float64))
         if self.normalized:
-            return _namespace(self.beta).asarray(self.beta)
+            return xp.asarray(self.beta)
         return exp_interaction_rate(self.beta, self.rescaled)
 
     def overflows(self, dtype: Any) -> ArrayLike:
@@ -641,8 +843,14 @@ class SelfAttention(Model):
         """The ``(n, n)`` logits and weights as XLA:CPU holds them (``compiled.memory_analysis()``,
         tests/test_cost_model.py): about two arrays up to ``n = 1024``, one while ``n^2 < 2^24``,
         none beyond (the small-``d`` products are fused into loops); with a margin above, whatever
-        ``block_size``."""
+        ``block_size``. Several heads, a mask or another normalisation than softmax hold their
+        ``(H, n, n)`` arrays: ``H + 2`` of them (one more for Sinkhorn's iterates)."""
         nf = as_float(n)
+        if self.num_heads() > 1 or self.mask is not None or self.attention != "softmax":
+            extra = 1.0 if self.attention == "sinkhorn" else 0.0
+            return Footprint(
+                entries=(self.num_heads() + 2.0 + extra) * nf**2, pairs=self.num_heads() * nf**2
+            )
         if nf <= 1024:
             entries = 2.5 * nf**2
         elif nf**2 < 2.0**24:
@@ -658,24 +866,95 @@ class SelfAttention(Model):
         return exp_reference_step(self.beta, base_dt, self.rescaled)
 
     def __check_init__(self) -> None:
+        super().__check_init__()
+        check_mask(self.mask)
+        sizes = set()
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is None:
                 continue
-            if not is_concrete(M):
-                if jnp.ndim(M) != 2 or jnp.shape(M)[0] != jnp.shape(M)[1]:
-                    raise ValueError(
-                        f"{name} must be a square (d, d) matrix, got shape {jnp.shape(M)}"
-                    )
-                continue
-            arr = _as_float_array(name, M)
-            if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
-                raise ValueError(f"{name} must be a square (d, d) matrix, got shape {arr.shape}")
-            if not np.all(np.isfinite(arr)):
+            shape = (
+                tuple(jnp.shape(M)) if not is_concrete(M) else np.shape(_as_float_array(name, M))
+            )
+            if len(shape) not in (2, 3) or shape[-1] != shape[-2]:
+                raise ValueError(
+                    f"{name} must be a square (d, d) matrix or an (H, d, d) stack of heads, got shape {shape}"
+                )
+            if len(shape) == 3:
+                sizes.add(shape[0])
+            if is_concrete(M) and not np.all(np.isfinite(_as_float_array(name, M))):
                 raise ValueError(f"{name} contains NaN or inf; every entry must be finite")
+        if len(sizes) > 1:
+            raise ValueError(
+                f"the weight stacks have different numbers of heads {sorted(sizes)}; give Q, K and V "
+                f"the same leading size H (or a (d, d) matrix, shared by every head)"
+            )
+        if self.explicit:
+            if self.weights != "identity" or self.value != "identity":
+                raise ValueError(
+                    f"give either Q, K, V or the ensembles weights={self.weights!r}, value={self.value!r}, not both"
+                )
+            if self.heads != 1 and sizes and self.heads not in sizes:
+                raise ValueError(
+                    f"heads = {self.heads} does not match the weight stacks of {sizes.pop()} heads"
+                )
+            if self.heads != 1 and not sizes:
+                raise ValueError(
+                    f"heads = {self.heads} needs (H, d, d) weight stacks; got (d, d) matrices (one head)"
+                )
+        if not self.normalized and self.attention != "softmax":
+            raise ValueError(
+                f"attention={self.attention!r} is a normalisation of its own: use normalized=True "
+                f"(normalized=False is the unnormalised softmax kernel)"
+            )
 
-    def _apply(self, M: ArrayLike | None, x: Array | np.ndarray) -> Array | np.ndarray:
-        return x if M is None else x @ jnp.asarray(M, x.dtype).T
+    # -- evaluation ------------------------------------------------------------------------
+    def _project(self, M: Any, x: Array) -> Array:
+        if M is None:
+            return x
+        M = jnp.asarray(M, x.dtype)
+        return x @ M.T if M.ndim == 2 else jnp.einsum("hij,nj->hni", M, x)
+
+    def _parts(self, x: Array) -> tuple[Array, Array, bool]:
+        """``(scores, vx, multi)``: $\\langle Q_h x_i, K_h x_j\\rangle$ (``(n, n)``, or ``(H, n, n)``
+        for several heads), $V_h x_j$, and whether there is a head axis."""
+        Q, K, V = self.weight_stacks(x.shape[-1], x.dtype)
+        qx, kx, vx = self._project(Q, x), self._project(K, x), self._project(V, x)
+        multi = max(qx.ndim, kx.ndim, vx.ndim) == 3
+        if multi:
+            H = max(a.shape[0] for a in (qx, kx, vx) if a.ndim == 3)
+            qx, kx, vx = (jnp.broadcast_to(a, (H, *x.shape)) for a in (qx, kx, vx))
+        scores = qx @ jnp.swapaxes(kx, -1, -2)
+        return scores, vx, multi
+
+    def _weights(self, scores: Array) -> Array:
+        """The attention weights $A$ (``attention``, ``normalized``, mask) of the scores."""
+        n, dtype = scores.shape[-1], scores.dtype
+        beta = jnp.asarray(self.beta, dtype)
+        mask = self.mask
+        if self.attention == "hardmax":
+            return hardmax(scores, None if mask is None else mask.admitted(n), self.tie_tol)
+        logits = beta * scores
+        log_w = None if mask is None else mask.log_weights(n, dtype)
+        if self.attention == "sinkhorn":
+            return sinkhorn(logits, self.sinkhorn_iters, log_w)
+        if self.normalized:
+            return masked_softmax(logits, log_w)
+        shift = beta if self.rescaled else 0.0
+        W = jnp.full((n, n), 1.0 / n, dtype) if mask is None else mask.pair_weights(n, dtype)
+        return W * jnp.exp(logits - shift)
+
+    def attention_weights(self, x: Float[Array, "n d"]) -> Float[Array, "..."]:
+        r"""The attention weights $A$ of unit rows ``x``: ``(n, n)``, or ``(H, n, n)`` for several
+        heads (``mf.models.attention_matrix`` validates ``x`` first).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.models.SelfAttention(1.0).attention_weights(jnp.array([[1.0, 0.0], [1.0, 0.0]])).tolist()
+            [[0.5, 0.5], [0.5, 0.5]]
+        """
+        scores, _, _ = self._parts(jnp.asarray(x))
+        return self._weights(scores)
 
     def field(
         self,
@@ -684,7 +963,7 @@ class SelfAttention(Model):
         *,
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
-        r"""Unprojected field $F_i = \sum_j A_{ij} V x_j$ (rows of $A$ softmax-normalised or $e^{\cdots}/n$), ``(n, d)``.
+        r"""Unprojected field $F_i = \frac1H \sum_h \sum_j A^h_{ij} V_h x_j$, ``(n, d)``.
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -692,15 +971,26 @@ class SelfAttention(Model):
             >>> mf.models.SelfAttention(1.0).field(x).tolist()   # softmax average of equal tokens
             [[1.0, 0.0], [1.0, 0.0]]
         """
-        beta = jnp.asarray(self.beta, x.dtype)
-        logits = beta * (self._apply(self.Q, x) @ self._apply(self.K, x).T)
-        vx = self._apply(self.V, x)
-        if self.normalized:
-            return jax.nn.softmax(logits, axis=-1) @ vx
-        # factor the row maximum out of the exponentials (no overflow in the sum of n terms)
-        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-        shift = beta if self.rescaled else 0.0
-        return (jnp.exp(logits - m) @ vx / x.shape[0]) * jnp.exp(m - shift)
+        x = jnp.asarray(x)
+        scores, vx, multi = self._parts(x)
+        if self.attention == "softmax" and not self.normalized:
+            beta = jnp.asarray(self.beta, x.dtype)
+            logits = beta * scores
+            shift = beta if self.rescaled else 0.0
+            if self.mask is None:
+                # factor the row maximum out of the exponentials (no overflow in the sum of n terms)
+                m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+                out = (jnp.exp(logits - m) @ vx / x.shape[0]) * jnp.exp(m - shift)
+            else:
+                n = x.shape[0]
+                admitted = jnp.asarray(self.mask.admitted(n))
+                m = jnp.max(jnp.where(admitted, logits, -jnp.inf), axis=-1, keepdims=True)
+                m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+                W = self.mask.pair_weights(n, x.dtype)
+                out = ((W * jnp.exp(logits - m)) @ vx) * jnp.exp(m - shift)
+        else:
+            out = self._weights(scores) @ vx
+        return jnp.mean(out, axis=0) if multi else out
 
     def energy(
         self, x: ArrayLike, aux: ArrayLike | None = None, *, block_size: int | None = None
@@ -714,9 +1004,9 @@ class SelfAttention(Model):
         d = np.shape(x)[-1]
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
-            if M is not None and tuple(jnp.shape(M)) != (d, d):
+            if M is not None and tuple(jnp.shape(M))[-2:] != (d, d):
                 raise ValueError(
-                    f"{name} is {jnp.shape(M)[0]}x{jnp.shape(M)[1]} but the states have d = {d}; pass ({d}, {d}) matrices"
+                    f"{name} is {jnp.shape(M)[-2]}x{jnp.shape(M)[-1]} but the states have d = {d}; pass ({d}, {d}) matrices"
                 )
         if self.normalized or self.rescaled or not is_concrete(self.beta):
             return
@@ -726,7 +1016,9 @@ class SelfAttention(Model):
         qk = 1.0
         for M in (self.Q, self.K):
             if M is not None and is_concrete(M):
-                qk *= float(np.linalg.norm(np.asarray(M, dtype=np.float64), 2))
+                arr = np.asarray(M, dtype=np.float64)
+                norms = np.linalg.norm(arr.reshape(-1, d, d), 2, axis=(1, 2))
+                qk *= float(np.max(norms))
         exponent = float(np.max(np.asarray(self.beta))) * qk
         if exponent >= limit:
             raise ValueError(
@@ -734,3 +1026,36 @@ class SelfAttention(Model):
                 f"{np.dtype(dtype).name} (limit about {limit:.1f}); use rescaled=True "
                 f"(field times e^(-beta), time t = e^(-beta) s)"
             )
+
+
+def attention_matrix(model: Any, x: ArrayLike, aux: Any = None) -> Float[Array, "..."]:
+    r"""The attention weights $A$ of an attention model at unit rows ``x``, masks and
+    normalisations included: ``(n, n)``, or ``(H, n, n)`` for several heads.
+
+    ``SelfAttention``: the weights its field averages with ($F_i = \frac1H \sum_h \sum_j A^h_{ij} V_h x_j$:
+    softmax, Sinkhorn or hardmax rows, or $m_{ij} e^{L_{ij}}$ unnormalised). A pair kernel with an
+    attention form (``mf.kernels.USA``): $m_{ij} e^{\beta \langle x_i, x_j\rangle}$ ($m_{ij} = 1/n$ or the
+    mask's ``pair_weights``; times $e^{-\beta}$ when ``rescaled``). Other models: ``TypeError``.
+
+    Args:
+        model: ``mf.models.SelfAttention`` or ``mf.kernels.USA``.
+        x: ``(n, d)`` unit rows (validated as ``mf.field`` does).
+        aux: labels (unused by these models; validated).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> x = mf.sphere.uniform(jax.random.key(0), 5, 3)
+        >>> A = mf.models.attention_matrix(mf.models.SelfAttention(2.0, mask=mf.masks.Causal()), x)
+        >>> bool(jnp.allclose(A.sum(-1), 1.0)), float(A[0, 1])
+        (True, 0.0)
+    """
+    from .energy import check_states
+
+    method = getattr(model, "attention_weights", None)
+    if method is None:
+        raise TypeError(
+            f"attention_matrix needs an attention model (mf.models.SelfAttention or mf.kernels.USA), "
+            f"got {type(model).__name__}"
+        )
+    xs, _ = check_states(model, x, aux)
+    return method(xs)

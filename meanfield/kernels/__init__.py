@@ -49,7 +49,14 @@ the rescaled flow at time $s$ is the original flow at time $t = e^{-\beta} s$
 from __future__ import annotations
 
 from ..models import ExpProfile, Profile, declared_params, param, positions
-from ._base import Kernel, original_time, pairwise_energy, pairwise_field, rescaled_time
+from ._base import (
+    Kernel,
+    masked_pairwise_field,
+    original_time,
+    pairwise_energy,
+    pairwise_field,
+    rescaled_time,
+)
 from ._exp import (
     ACCELERATOR_BATCH_BYTES,
     BACKENDS,
@@ -109,6 +116,7 @@ __all__ = [
     "Profile",
     "ExpProfile",
     "pairwise_field",
+    "masked_pairwise_field",
     "pairwise_energy",
     "original_time",
     "rescaled_time",

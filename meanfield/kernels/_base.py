@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from ..masks import Mask, check_mask, masked_mean
 from ..models import Model
 
-__all__ = ["Kernel", "pairwise_field", "pairwise_energy", "original_time", "rescaled_time"]
+__all__ = [
+    "Kernel",
+    "pairwise_field",
+    "pairwise_energy",
+    "masked_pairwise_field",
+    "original_time",
+    "rescaled_time",
+]
+
+
+class _HasEnergy:
+    """``has_energy`` of a kernel: True on the class; on an instance, True unless it is masked (a
+    masked interaction is not the gradient flow of a pair energy)."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> bool:
+        return True if obj is None else obj.mask is None
 
 
 def original_time(s: ArrayLike, beta: ArrayLike) -> Array:
@@ -61,6 +78,11 @@ class Kernel(Model):
     ($O(n^2)$ pairs through ``vmap``), overridden by structured evaluations. A kernel is a
     ``mf.models.Model`` with a pair energy (``has_energy``).
 
+    Every kernel takes ``mask=`` (keyword; ``mf.masks``: ``Causal``, ``ALiBi``, ``Window``): the
+    field becomes $F_i = \sum_j m_{ij} \nabla_x h(z_i, z_j)$ with $m$ = ``mask.pair_weights(n)``
+    ($w_{ij}/n$, or row-normalised), evaluated pairwise (``masked_pairwise_field``); a masked kernel
+    has no pair energy (``has_energy`` is False on the instance, ``energy`` raises ``TypeError``).
+
     Example:
         >>> import jax, jax.numpy as jnp, meanfield as mf
         >>> class Linear(mf.kernels.Kernel):     # h = <x, y>: a new kernel is one method
@@ -71,7 +93,22 @@ class Kernel(Model):
         True
     """
 
-    has_energy: ClassVar[bool] = True
+    has_energy: ClassVar[bool] = _HasEnergy()  # type: ignore[assignment]
+    takes_mask: ClassVar[bool] = True
+
+    mask: Mask | None = eqx.field(default=None, kw_only=True)
+
+    def __check_init__(self) -> None:
+        super().__check_init__()
+        check_mask(self.mask)
+
+    def refuse_masked_energy(self) -> None:
+        """``TypeError`` when the kernel is masked: no pair energy (``has_energy``)."""
+        if self.mask is not None:
+            raise TypeError(
+                f"a masked kernel ({type(self).__name__} with mask={type(self.mask).__name__}) has "
+                f"no pair energy: the masked interaction is not symmetric; use the kernel without a mask"
+            )
 
     @abc.abstractmethod
     def __call__(
@@ -121,7 +158,10 @@ class Kernel(Model):
             >>> mf.kernels.Toeplitz(1).field(x, jnp.array([0.0, 1.0])).tolist()   # cos(2 pi) = 1
             [[1.0, 0.0], [1.0, 0.0]]
         """
-        return pairwise_field(self, x, self.default_aux(x.shape[0]) if aux is None else aux)
+        aux = self.default_aux(x.shape[0]) if aux is None else aux
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
+        return pairwise_field(self, x, aux)
 
     def energy(
         self,
@@ -143,6 +183,7 @@ class Kernel(Model):
             >>> float(mf.kernels.Toeplitz(1).energy(x, jnp.array([0.0, 1.0])))   # 1/2 * mean of 1
             0.5
         """
+        self.refuse_masked_energy()
         return pairwise_energy(self, x, self.default_aux(x.shape[0]) if aux is None else aux)
 
     def check_traced_energy(self, x: Array, aux: ArrayLike | None) -> Array:
@@ -200,3 +241,33 @@ def pairwise_energy(kernel: Kernel, x: Float[Array, "n d"], aux: ArrayLike) -> F
     row = jax.vmap(kernel, in_axes=(None, None, 0, 0))
     H = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)
     return 0.5 * jnp.mean(H)
+
+
+def masked_pairwise_field(
+    kernel: Kernel, x: Float[Array, "n d"], aux: ArrayLike | None
+) -> Float[Array, "n d"]:
+    r"""The masked field $F_i = \sum_j m_{ij} \nabla_x h(z_i, z_j)$, $m$ = ``kernel.mask.pair_weights(n)``
+    ($w_{ij} / n$, or the row-normalised mask: ``mf.masks``), by two vmaps over the pairs.
+
+    Args:
+        kernel: a ``Kernel`` with a mask.
+        x: ``(n, d)`` unit rows.
+        aux: ``(n,)`` labels (``None``: the kernel's default).
+
+    Returns:
+        ``(n, d)`` unprojected field; zero on rows the mask admits nothing in.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> x = mf.sphere.uniform(jax.random.key(0), 6, 3)
+        >>> F = mf.field(mf.kernels.USA(1.0, mask=mf.masks.Causal(include_self=False)), x)
+        >>> F[0].tolist()                      # the first token admits nothing
+        [0.0, 0.0, 0.0]
+    """
+    if kernel.mask is None:
+        raise ValueError("masked_pairwise_field needs a kernel with a mask (mask=mf.masks....)")
+    n = x.shape[0]
+    aux = kernel.default_aux(n) if aux is None else aux
+    row = jax.vmap(kernel.grad_x, in_axes=(None, None, 0, 0))
+    grads = jax.vmap(lambda xi, ai: row(xi, ai, x, aux))(x, aux)  # (n, n, d): grad_x h(z_i, z_j)
+    return masked_mean(kernel.mask.pair_weights(n, x.dtype), grads)

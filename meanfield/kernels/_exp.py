@@ -25,6 +25,7 @@ from .._checks import (
 )
 from .._native import BACKENDS, check_backend
 from .._resources import Footprint, as_float
+from ..masks import Mask
 from ..models import (
     BETA_DOC,
     RESCALED_DOC,
@@ -33,7 +34,7 @@ from ..models import (
     exp_reference_step,
     param,
 )
-from ._base import Kernel
+from ._base import Kernel, masked_pairwise_field
 
 _native.prepare()  # the C compiler runs here, at this module's first import (inside a trace only if that import is)
 
@@ -735,6 +736,8 @@ class USA(_ExpKernel):
         *,
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="F")[0]
 
@@ -745,6 +748,7 @@ class USA(_ExpKernel):
         *,
         block_size: int | None = None,
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         beta = jnp.asarray(self.beta, x.dtype)
         M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="S")[1]
         return M / (2.0 * beta)
@@ -776,9 +780,14 @@ class DistanceBias(_ExpKernel):
     dense_arrays, tile_arrays = 2.5, 3.5  # the (rows, cols) log-bias too
 
     def __init__(
-        self, beta: RealScalarLike, lam: RealScalarLike, *, rescaled: bool = False
+        self,
+        beta: RealScalarLike,
+        lam: RealScalarLike,
+        *,
+        rescaled: bool = False,
+        mask: Mask | None = None,
     ) -> None:
-        self.beta, self.lam, self.rescaled = beta, lam, rescaled
+        self.beta, self.lam, self.rescaled, self.mask = beta, lam, rescaled, mask
 
     def max_energy(self) -> None:
         """None: the theory gives no closed form with the bias."""
@@ -822,6 +831,8 @@ class DistanceBias(_ExpKernel):
         *,
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         return self._both(x, self.default_aux(x.shape[0]) if aux is None else aux, block_size)[0]
 
     def energy(
@@ -831,5 +842,6 @@ class DistanceBias(_ExpKernel):
         *,
         block_size: int | None = None,
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         M = self._both(x, self.default_aux(x.shape[0]) if aux is None else aux, block_size)[1]
         return M / (2.0 * jnp.asarray(self.beta, x.dtype))

@@ -25,7 +25,9 @@ from .._checks import (
 )
 from .._params import Param
 from .._resources import Footprint, as_float
-from ..models import Declared, declared_params, param
+from ..masks import Mask
+from ..models import Declared, param
+from ._base import masked_pairwise_field
 from ._exp import USA, _apply_gauge, _apply_gauge_transpose, _ExpKernel, _tiled_exp
 
 __all__ = [
@@ -166,6 +168,8 @@ class GaugeKernel(_ExpKernel):
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         # Psi_i^T usa_field(Psi x)_i, the gauge transforms inside the native kernel or the chunked evaluation
         aux = self.default_aux(x.shape[0]) if aux is None else aux  # as Kernel.field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
@@ -175,6 +179,7 @@ class GaugeKernel(_ExpKernel):
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         # the USA energy of y = Psi x, through the same chunked evaluation as the field
         aux = self.default_aux(x.shape[0]) if aux is None else aux  # as Kernel.field
         P = self.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
@@ -226,9 +231,16 @@ class RoPE(GaugeKernel):
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
     def __init__(
-        self, beta: Any, omega: Any, plane: Any = (0, 1), *, rescaled: bool = False
+        self,
+        beta: Any,
+        omega: Any,
+        plane: Any = (0, 1),
+        *,
+        rescaled: bool = False,
+        mask: Mask | None = None,
     ) -> None:
         self.beta, self.omega, self.plane, self.rescaled = beta, omega, _plane(plane), rescaled
+        self.mask = mask
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
         check_plane(self.plane, d)
@@ -345,9 +357,15 @@ class PhaseField(GaugeKernel):
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
     def __init__(
-        self, beta: Any, phase: Any, plane: Any = (0, 1), *, rescaled: bool = False
+        self,
+        beta: Any,
+        phase: Any,
+        plane: Any = (0, 1),
+        *,
+        rescaled: bool = False,
+        mask: Mask | None = None,
     ) -> None:
-        self.beta, self.plane, self.rescaled = beta, _plane(plane), rescaled
+        self.beta, self.plane, self.rescaled, self.mask = beta, _plane(plane), rescaled, mask
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
@@ -386,8 +404,10 @@ class Gauge(GaugeKernel):
         WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix"
     )
 
-    def __init__(self, beta: Any, gauge: Any, *, rescaled: bool = False) -> None:
-        self.beta, self.rescaled = beta, rescaled
+    def __init__(
+        self, beta: Any, gauge: Any, *, rescaled: bool = False, mask: Mask | None = None
+    ) -> None:
+        self.beta, self.rescaled, self.mask = beta, rescaled, mask
         self.gauge = _as_module(gauge, "gauge must be a callable label -> (d, d) orthogonal matrix")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
@@ -447,10 +467,10 @@ class Prompt(GaugeKernel):
 
         Example:
             >>> import meanfield as mf
-            >>> [p.name for p in mf.kernels.Prompt.params()]
+            >>> [p.name for p in mf.kernels.Prompt.params()][:6]
             ['beta', 'prompts', 'gauges', 'gauge_seed', 'plane', 'rescaled']
         """
-        beta, *rest = declared_params(cls)
+        beta, *rest = super().params()
         return (beta, *cls.construction, *rest)
 
     @classmethod
@@ -476,9 +496,12 @@ class Prompt(GaugeKernel):
             if jnp.dtype(dtype).itemsize > 4:
                 q, r = jnp.linalg.qr(G)
                 G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
-        return cls(P["beta"], G, rescaled=P["rescaled"])
+        return cls(P["beta"], G, rescaled=P["rescaled"], **cls._mask_kwargs(P))
 
-    def __init__(self, beta: Any, gauges: Any, *, rescaled: bool = False) -> None:
+    def __init__(
+        self, beta: Any, gauges: Any, *, rescaled: bool = False, mask: Mask | None = None
+    ) -> None:
+        self.mask = mask
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
         if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
             raise TypeError(

@@ -62,7 +62,7 @@ class ModelEntry:
 
     Example:
         >>> import meanfield as mf
-        >>> [p.name for p in mf.kernels.MODELS["distance-bias"].params]
+        >>> [p.name for p in mf.kernels.MODELS["distance-bias"].params][:3]
         ['beta', 'lam', 'rescaled']
     """
 

@@ -17,8 +17,9 @@ from .._checks import (
     traced_finite,
 )
 from .._resources import Footprint, as_float
+from ..masks import Mask
 from ..models import param, positions
-from ._base import Kernel
+from ._base import Kernel, masked_pairwise_field
 
 __all__ = ["Toeplitz", "ToeplitzSeries"]
 
@@ -93,6 +94,8 @@ class Toeplitz(Kernel):
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         c, s = self._cs(x, aux)
         n = x.shape[0]
         return (c[:, None] * (c @ x) + s[:, None] * (s @ x)) / n
@@ -100,6 +103,7 @@ class Toeplitz(Kernel):
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         c, s = self._cs(x, aux)
         a, b = c @ x, s @ x
         return (jnp.sum(a * a) + jnp.sum(b * b)) / (2.0 * x.shape[0] ** 2)
@@ -141,7 +145,8 @@ class ToeplitzSeries(Kernel):
 
     c_hat: Float[Array, " modes"]
 
-    def __init__(self, c_hat: Any) -> None:
+    def __init__(self, c_hat: Any, *, mask: Mask | None = None) -> None:
+        self.mask = mask
         if is_concrete(c_hat):
             try:
                 arr = np.asarray(c_hat)
@@ -249,12 +254,15 @@ class ToeplitzSeries(Kernel):
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, "n d"]:
+        if self.mask is not None:
+            return masked_pairwise_field(self, x, aux)
         w, C, S, A, B = self._modes(x, aux)
         return (C @ (w[:, None] * A) + S @ (w[:, None] * B)) / x.shape[0]
 
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, ""]:
+        self.refuse_masked_energy()
         w, _, _, A, B = self._modes(x, aux)
         return jnp.sum(w * (jnp.sum(A * A, axis=1) + jnp.sum(B * B, axis=1))) / (
             2.0 * x.shape[0] ** 2
