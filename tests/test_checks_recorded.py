@@ -235,10 +235,10 @@ def test_every_check_site_has_a_case():
     expected = {
         "meanfield/models.py:traced_positive": 1,  # Model.check_traced: beta, float>0 parameters
         "meanfield/models.py:_error_if": 1,  # Model.check_traced: float>=0 parameters (lam)
-        "meanfield/models.py:traced_finite": 1,  # Model.check_traced: float parameters (omega)
-        "meanfield/energy.py:traced_states": 1,  # states (simulate's x0, energy/field/velocity's x)
-        "meanfield/energy.py:traced_finite": 1,  # aux
-        "meanfield/energy.py:check_traced": 1,  # the model's own checks
+        # Model.check_traced: float parameters (omega); check_states: aux
+        "meanfield/models.py:traced_finite": 2,
+        "meanfield/models.py:traced_states": 1,  # check_states (simulate's x0, energy/field/velocity's x)
+        "meanfield/models.py:check_traced": 1,  # check_states: the model's own checks
         "meanfield/energy.py:check_traced_energy": 2,  # energy; field and velocity
         "meanfield/kernels/_exp.py:_error_if": 1,  # _ExpKernel.check_traced_energy: overflow
         "meanfield/kernels/_toeplitz.py:traced_finite": 1,  # ToeplitzSeries: c_hat
@@ -254,7 +254,7 @@ def test_every_check_site_has_a_case():
         k: v
         for k, v in sites.items()
         if not k.endswith((":check_traced", ":check_traced_energy"))
-        or k.startswith(("meanfield/energy.py", "meanfield/kernels/"))
+        or k.startswith(("meanfield/energy.py", "meanfield/models.py", "meanfield/kernels/"))
     }
     assert found == expected, (
         f"in-program checks changed: {found} (add or remove cases in CASES_SOURCE)"

@@ -622,6 +622,8 @@ class _ExpKernel(Kernel):
         """``dense_arrays`` ``(n, n)`` arrays, or ``tile_arrays`` tiles, of the rule ``tile_shape(n,
         block_size)`` in the XLA formulation (the fused C kernel on the CPU forms none: there the
         estimate is an upper bound)."""
+        if self.mask is not None:  # the masked evaluation: pairwise (a dense (n, n) for USA)
+            return super().footprint(n, d, block_size=block_size)
         rows, cols = tile_shape(n, block_size)
         k = self.dense_arrays if rows >= n else self.tile_arrays
         return Footprint(entries=k * as_float(rows) * as_float(cols), pairs=as_float(n) ** 2)
@@ -638,7 +640,9 @@ class _ExpKernel(Kernel):
 
     def max_energy(self) -> ArrayLike | None:
         r"""$e^\beta / (2 \beta)$ (a Dirac mass; times $e^{-\beta}$ when ``rescaled``), as for USA in the
-        gauge frame of every exp-gauge kernel (``mf.theory.max_energy``)."""
+        gauge frame of every exp-gauge kernel (``mf.theory.max_energy``); None when masked (no energy)."""
+        if self.mask is not None:
+            return None
         return theory.max_energy(self.beta, rescaled=self.rescaled)
 
     def _shift(self, dtype: Any) -> Array:
@@ -736,10 +740,28 @@ class USA(_ExpKernel):
         *,
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
-        if self.mask is not None:
-            return masked_pairwise_field(self, x, aux)
+        if self.mask is not None:  # dense: (m * e^{beta x x^T}) x, m the mask's pair weights
+            return self.attention_weights(x) @ x
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="F")[0]
+
+    def attention_weights(self, x: Float[Array, "n d"]) -> Float[Array, "n n"]:
+        r"""The weights of the field as attention, $F = A x$: $A_{ij} = m_{ij} e^{\beta \langle x_i,
+        x_j\rangle}$ ($m_{ij} = 1/n$, or the mask's ``pair_weights``; times $e^{-\beta}$ when
+        ``rescaled``), ``(n, n)`` (``mf.models.attention_matrix``).
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> mf.kernels.USA(1.0, rescaled=True).attention_weights(jnp.array([[1.0, 0.0], [1.0, 0.0]])).tolist()
+            [[0.5, 0.5], [0.5, 0.5]]
+        """
+        n = x.shape[0]
+        W = (
+            jnp.full((n, n), 1.0 / n, x.dtype)
+            if self.mask is None
+            else self.mask.pair_weights(n, x.dtype)
+        )
+        return W * self._exp(x @ x.T)
 
     def energy(
         self,
