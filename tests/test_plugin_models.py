@@ -81,7 +81,8 @@ def test_plugin_runs_from_python_simulate_and_a_sweep_with_equal_numbers(site, t
         entry = mf.kernels.MODELS["tilted"]
         assert "tilted" in mf.kernels.MODEL_NAMES and entry.has_energy
         assert [(p.name, p.kind, p.default) for p in entry.params] == [
-            ("beta", "float>0", 1.0), ("gamma", "float>=0", 0.5)]
+            ("beta", "float>0", 1.0), ("gamma", "float>=0", 0.5)] + [
+            (p.name, p.kind, p.default) for p in mf.masks.MASK_PARAMS]  # a kernel takes a mask
         try:
             mf.kernels.make("tilted", gamma=-1.0)
         except ValueError as e:
