@@ -1,6 +1,6 @@
 # ruff: noqa: B023  (closures are called immediately inside each loop iteration)
 """``python -m benchmarks.attention_variants [--quick] [--repeats N] [--rounds R] [--baseline REV]
-[--out FILE]``: the attention variants of ``mf.models.SelfAttention`` (issue 28) against a PyTorch
+[--only PART ...] [--out FILE]``: the attention variants of ``mf.models.SelfAttention`` (issue 28) against a PyTorch
 transcription of simuformer's head loop, float32.
 
 Rows (beta = 1 for the velocities; systems vmapped):
@@ -11,15 +11,18 @@ Rows (beta = 1 for the velocities; systems vmapped):
    (random weights as in 1);
 3. one head, identity weights, no mask (the fast path of ``field``: one ``(n, n)`` softmax, as before
    the variants): the same program built from the meanfield of git ``--baseline`` (default
-   ``b1b32b0``, the commit before the variants; ``git archive`` into a temporary directory, timed in
-   a subprocess) -- its optimised HLO is compared with ours (equal text = the same program);
+   ``b1b32b0``, the commit before the variants; ``git archive`` into a temporary directory) and
+   from this working tree, each in fresh processes, alternately (at least 3 each, the smallest
+   median): its optimised HLO is compared with ours (equal text, debug information removed = the
+   same program);
 4. a random-weight SA phase diagram: a (beta x systems) grid, the published step
    ``x <- normalize(x + h F)`` (``step="renormalize"``, Euler, simuformer's ``postln``):
-   ``mf.phase_diagram.sa_phase_diagram(weights="gaussian", ...)`` where it has that parameter, and
-   always the equivalent ``jax.jit`` of ``jax.vmap`` (betas) of ``jax.vmap`` (systems) of
-   ``mf.simulate(SelfAttention(beta, weights="gaussian", value="gaussian", heads=H), x0, t1, dt,
-   solver="euler", step="renormalize")``; against a PyTorch loop of simuformer's step over the same
-   grid (a Python loop over beta, steps and heads, batched over systems).
+   ``mf.phase_diagram.sa_phase_diagram(weights="gaussian", value="gaussian", heads=H, ...)`` where it
+   has that parameter, and always the equivalent ``jax.jit`` of ``jax.vmap`` (betas) of ``jax.vmap``
+   (systems) of ``mf.simulate(SelfAttention(beta, Q_s, K_s, V_s), x0_s, t1, dt, solver="euler",
+   step="renormalize")`` with the diagram's per-system draw (``mf.phase_diagram.system_weights``;
+   one shared draw where that does not exist); against a PyTorch loop of simuformer's step over the
+   same grid and weights (a Python loop over beta, steps and heads, batched over systems).
 
 The PyTorch reference is simuformer's ``SimuXForm.step`` (``simuxform.py``; its NumPy transcription
 is ``tests/_reference_sims.py`` ``simuformer_field``/``simuformer_step``): per head
@@ -32,7 +35,8 @@ are checked against the float64 NumPy ``simuformer_field`` on one system before 
 Times: medians of ``--repeats`` calls, the JAX programs (and the plain-JAX formula of the same
 field, for scale) in ``--rounds`` alternating rounds (the smallest per-round median), compilation
 (``jit(...).lower(x).compile()``) timed separately; torch with 1 thread and with all cores, the
-faster reported. Prints a Markdown section (and writes it to ``--out``). Without torch installed the
+faster reported. Minor page faults per call of the JAX programs (``cases.faults_per_call``: fresh
+pages of large temporaries). Prints a Markdown section (and writes it to ``--out``). Without torch installed the
 torch columns read "torch not installed" and the ratios are omitted. Not a test: the numbers depend
 on the machine and on what else runs on it.
 """
@@ -58,11 +62,12 @@ HEADS = 8
 GRID = ((0.5, 2.0, 4.0, 8.0), 64, 32, 8, 8, 10.0, 0.1)
 QUICK_GRID = ((1.0, 4.0), 16, 16, 4, 2, 2.0, 0.1)
 BASELINE = "b1b32b0"
+VELOCITY = ("heads", "causal1", "causal", "fast")  # the velocity rows (``--only``)
 
 # times one SA velocity program of a given meanfield checkout in a fresh process (prints
-# "compile <s> median <s>"; writes the velocities and the optimised HLO text)
+# "compile <s> median <s> faults <per call>"; writes the velocities and the optimised HLO text)
 _BASELINE_SCRIPT = r"""
-import sys, time
+import resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import jax, numpy as np
 import meanfield as mf
@@ -74,13 +79,15 @@ t0 = time.perf_counter(); c = f.lower(x).compile(); t_c = time.perf_counter() - 
 open(sys.argv[8], "w").write(c.as_text())
 jax.block_until_ready(c(x))
 best = float("inf")
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(rounds):
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter(); jax.block_until_ready(c(x)); ts.append(time.perf_counter() - t0)
     best = min(best, float(np.median(ts)))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (reps * rounds)
 np.save(sys.argv[7], np.asarray(c(x)))
-print(f"compile {t_c} median {best}")
+print(f"compile {t_c} median {best} faults {faults}")
 """
 
 
@@ -99,20 +106,21 @@ def _have_torch() -> bool:
 
 def torch_simuformer_field(x, BF, V, beta: float, causal: bool = False):
     """``A = (1/H) sum_h softmax(beta (x BF_h x^T + mask)) @ (x @ V_h)`` on ``(S, n, d)`` tensors;
-    ``BF``, ``V``: ``(H, d, d)`` (simuformer's convention: ``V`` acts on the right of rows)."""
+    ``BF``, ``V``: ``(H, d, d)``, or ``(S, H, d, d)`` with one draw per system (simuformer's
+    ``--noanneal 0``); simuformer's convention: ``V`` acts on the right of rows."""
     import torch
 
-    H, n = BF.shape[0], x.shape[-2]
+    H, n = BF.shape[-3], x.shape[-2]
     out = torch.zeros_like(x)
     mask = (
         torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype), diagonal=1) if causal else None
     )
     for h in range(H):
-        sm = x @ BF[h] @ x.transpose(-1, -2)
+        sm = x @ BF[..., h, :, :] @ x.transpose(-1, -2)
         if mask is not None:
             sm = sm + mask
         sm = torch.softmax(sm * beta, dim=-1)
-        out = out + (sm @ (x @ V[h])) / H
+        out = out + (sm @ (x @ V[..., h, :, :])) / H
     return out
 
 
@@ -223,7 +231,7 @@ def _program_text(hlo: str) -> str:
 
 
 def _fresh_sa(src: str, S: int, n: int, d: int, reps: int, rounds: int):
-    """``(compile s, median s, optimised HLO text, velocities)`` of the identity-SA program of the
+    """``(compile s, median s, optimised HLO text, velocities, page faults per call)`` of the identity-SA program of the
     meanfield package under ``src`` in a fresh process, or a string saying why not."""
     import numpy as np
 
@@ -240,16 +248,22 @@ def _fresh_sa(src: str, S: int, n: int, d: int, reps: int, rounds: int):
         )
         if r.returncode != 0:
             return f"fresh run failed: {r.stderr.strip()[-300:]}"
-        m = re.search(r"compile (\S+) median (\S+)", r.stdout)
+        m = re.search(r"compile (\S+) median (\S+) faults (\S+)", r.stdout)
         if not m:
             return f"fresh run output not understood: {r.stdout[-200:]}"
-        return float(m.group(1)), float(m.group(2)), hlo.read_text(), np.load(out)
+        return (
+            float(m.group(1)),
+            float(m.group(2)),
+            hlo.read_text(),
+            np.load(out),
+            float(m.group(3)),
+        )
 
 
 def _baseline(rev: str, S: int, n: int, d: int, reps: int, rounds: int, log):
     """The identity-SA program of meanfield at git ``rev`` (``git archive`` into a temporary
     directory: no change to the repository) and of this working tree, each in fresh processes,
-    alternately (``rounds`` processes each): ``(old, new)`` results of ``_fresh_sa`` with the
+    alternately (``max(rounds, 3)`` processes each, ``max(reps, 10)`` calls): ``(old, new)`` results of ``_fresh_sa`` with the
     smallest median of their processes, or a string saying why not."""
     with tempfile.TemporaryDirectory(prefix="mf-baseline-") as tmp:
         arch = subprocess.run(
@@ -259,12 +273,12 @@ def _baseline(rev: str, S: int, n: int, d: int, reps: int, rounds: int, log):
             return f"git archive {rev} failed: {arch.stderr.decode().strip()[:200]}"
         subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
         best: dict = {}
-        for r in range(rounds):
+        for r in range(max(rounds, 3)):
             for which, src in (("old", tmp), ("new", str(ROOT))):
                 log(
                     f"fast path in a fresh process: {which} ({rev if which == 'old' else 'working tree'}), round {r + 1}"
                 )
-                res = _fresh_sa(src, S, n, d, reps, 1)
+                res = _fresh_sa(src, S, n, d, max(reps, 10), 1)
                 if isinstance(res, str):
                     return res
                 if which not in best or res[1] < best[which][1]:
@@ -277,13 +291,15 @@ def _baseline(rev: str, S: int, n: int, d: int, reps: int, rounds: int, log):
 # ----------------------------------------------------------------------------
 
 
-def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> tuple[list, list]:
+def velocity_rows(
+    shape, reps: int, rounds: int, baseline: str | None, log, only: tuple[str, ...] = VELOCITY
+) -> tuple[list, list]:
     import jax
     import numpy as np
 
     import meanfield as mf
 
-    from .cases import fmt_r, fmt_t, timeit_interleaved, timeit_threads
+    from .cases import faults_per_call, fmt_r, fmt_t, timeit_interleaved, timeit_threads
 
     S, n, d = shape
     torch_ok = _have_torch()
@@ -294,22 +310,31 @@ def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> t
     rand = {"weights": "gaussian", "value": "gaussian", "weight_seed": 0}
     cases = [
         (
+            "heads",
             f"{HEADS} heads, gaussian Q, K, V",
             mf.models.SelfAttention(BETA, heads=HEADS, **rand),
             False,
         ),
         (
+            "causal1",
             "causal, 1 head, identity weights",
             mf.models.SelfAttention(BETA, mask=mf.masks.Causal()),
             True,
         ),
         (
+            "causal",
             f"causal, {HEADS} heads, gaussian Q, K, V",
             mf.models.SelfAttention(BETA, heads=HEADS, mask=mf.masks.Causal(), **rand),
             True,
         ),
-        ("1 head, identity weights, no mask (fast path)", mf.models.SelfAttention(BETA), False),
+        (
+            "fast",
+            "1 head, identity weights, no mask (fast path)",
+            mf.models.SelfAttention(BETA),
+            False,
+        ),
     ]
+    cases = [c[1:] for c in cases if c[0] in only]
     rows, notes = [], []
     for label, model, causal in cases:
         log(f"velocity: {label}")
@@ -320,6 +345,7 @@ def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> t
         ref = _numpy_reference(xn[0], BF, Vs, BETA, causal)
         errs = {"meanfield": _rel(v[0], ref) if ref is not None else None}
         tj = timeit_interleaved({"mf": lambda: fast(x), "plain": lambda: plain(x)}, reps, rounds)
+        faults = (faults_per_call(lambda: fast(x), 2), faults_per_call(lambda: plain(x), 2))
         if torch_ok:
             xt, BFt, Vt = (torch.from_numpy(np.array(a)) for a in (xn, BF, Vs))
             vt = torch_velocity(xt, BFt, Vt, BETA, causal).numpy()
@@ -338,7 +364,7 @@ def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> t
             if isinstance(b, str):
                 base_cell = b
             else:
-                (o_compile, o_time, o_hlo, o_v), (n_compile, n_time, n_hlo, _) = b
+                (o_compile, o_time, o_hlo, o_v, o_f), (n_compile, n_time, n_hlo, _, n_f) = b
                 same = (
                     "the same optimised HLO"
                     if _program_text(o_hlo) == _program_text(n_hlo) == _program_text(fast.as_text())
@@ -346,7 +372,8 @@ def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> t
                 )
                 base_cell = (
                     f"fresh processes: {fmt_t(o_time)} at {baseline} against {fmt_t(n_time)} now "
-                    f"({fmt_r(o_time / n_time)}; compile {fmt_t(o_compile)}, {fmt_t(n_compile)}); "
+                    f"({fmt_r(o_time / n_time)}; compile {fmt_t(o_compile)}, {fmt_t(n_compile)}; "
+                    f"page faults / call {o_f:.0f}, {n_f:.0f}); "
                     f"{same}; max |diff| {float(np.abs(o_v - v).max()):.1e}"
                 )
         err_cell = ", ".join(f"{k} {e:.1e}" for k, e in errs.items() if e is not None) or "-"
@@ -359,6 +386,7 @@ def velocity_rows(shape, reps: int, rounds: int, baseline: str | None, log) -> t
                 torch_cell,
                 ratio,
                 fmt_r(tj["plain"] / tj["mf"]),
+                f"{faults[0]:.0f}, {faults[1]:.0f}",
                 base_cell,
                 err_cell,
             ]
@@ -395,25 +423,29 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
     x0n = np.asarray(x0)
     B = jnp.asarray(betas, jnp.float32)
     rand = {"weights": "gaussian", "value": "gaussian", "weight_seed": 0, "heads": H}
+    per_system = hasattr(pd, "system_weights")
+    if per_system:  # sa_phase_diagram's draw: system s from fold_in(key(weight_seed), s)
+        qkv = pd.system_weights(np.arange(S), d, dtype=jnp.float32, **rand)
+    else:  # one draw for the grid
+        qkv = mf.models.SelfAttention(1.0, **rand).weight_stacks(d, jnp.float32)
+    # (S, H, d, d) stacks
+    Q, K, V = (jnp.broadcast_to(jnp.reshape(M, (-1, H, d, d)), (S, H, d, d)) for M in qkv)
 
-    def run(B, x0):
-        def one_beta(beta):
-            model = mf.models.SelfAttention(beta, **rand)
-            return jax.vmap(
-                lambda x: mf.simulate(
-                    model, x, t1=t1, dt=dt, solver="euler", step="renormalize"
-                ).xs[-1]
-            )(x0)
+    def run(B, x0, Q, K, V):
+        def one(beta, x, q, k, v):
+            model = mf.models.SelfAttention(beta, q, k, v)
+            return mf.simulate(model, x, t1=t1, dt=dt, solver="euler", step="renormalize").xs[-1]
 
-        return jax.vmap(one_beta)(B)
+        per_beta = lambda b: jax.vmap(lambda *a: one(b, *a))(x0, Q, K, V)  # noqa: E731
+        return jax.vmap(per_beta)(B)
 
     log(
         f"grid: {len(betas)} betas x {S} systems, n = {n}, d = {d}, {H} heads, {round(t1 / dt)} steps"
     )
-    sim, t_compile = _compile(jax.jit(run), B, x0)
-    finals = np.asarray(sim(B, x0))
-    t_sim = timeit(lambda: sim(B, x0), reps)[0]
-    threshold = 0.999
+    sim, t_compile = _compile(jax.jit(run), B, x0, Q, K, V)
+    finals = np.asarray(sim(B, x0, Q, K, V))
+    t_sim = timeit(lambda: sim(B, x0, Q, K, V), reps)[0]
+    threshold = 0.9  # lower than the diagrams' 0.999: a check that sees the states move together
 
     def fraction(xs):  # (..., S, n, d) -> seed-mean clustering fraction per beta
         G = np.einsum("...id,...jd->...ij", xs, xs)
@@ -425,7 +457,7 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
     rows = [
         [
             shape,
-            "jit(vmap(vmap(mf.simulate))) (`step='renormalize'`)",
+            "`jit(vmap(vmap(mf.simulate)))` of `SelfAttention(beta, Q_s, K_s, V_s)`, `solver='euler', step='renormalize'`",
             fmt_t(t_sim),
             fmt_t(t_compile),
             "1.00x",
@@ -445,7 +477,6 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
             t1=t1,
             checkpoints=2,
             step="renormalize",
-            schedule="published",
             threshold=threshold,
             dtype=np.float32,
             **kw,
@@ -457,7 +488,7 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
         rows.append(
             [
                 shape,
-                f"`sa_phase_diagram({', '.join(f'{k}={v!r}' for k, v in kw.items())}, step='renormalize', schedule='published')`",
+                f"`sa_phase_diagram({', '.join(f'{k}={v!r}' for k, v in kw.items())}, step='renormalize')`",
                 fmt_t(t_pd),
                 f"first call {fmt_t(t_first)}",
                 fmt_r(t_pd / t_sim),
@@ -474,9 +505,9 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
 
         from .cases import timeit_threads
 
-        model0 = mf.models.SelfAttention(1.0, **rand)  # the weights do not depend on beta
-        BF, Vs = _simuformer_weights(model0, d)
-        xt, BFt, Vt = (torch.from_numpy(np.array(a)) for a in (x0n, BF, Vs))
+        BF = np.einsum("shki,shkj->shij", np.asarray(Q, np.float64), np.asarray(K, np.float64))
+        Vs = np.swapaxes(np.asarray(V), -1, -2)  # simuformer's V acts on the right of rows
+        xt, BFt, Vt = (torch.from_numpy(np.ascontiguousarray(a, np.float32)) for a in (x0n, BF, Vs))
         ft = torch_postln_grid(xt, BFt, Vt, betas, t1, dt).numpy()
         t_torch, k = timeit_threads(
             "torch", lambda: torch_postln_grid(xt, BFt, Vt, betas, t1, dt), torch_reps
@@ -497,12 +528,18 @@ def grid_rows(grid, reps: int, torch_reps: int, log) -> tuple[list, list]:
         rows.append([shape, "PyTorch loop", "torch not installed", "-", "-", "-"])
     notes.append(
         f"Grid: betas {list(betas)}, {S} systems from `mf.sphere.uniform` (the same for every beta and "
-        f"program), float32, `weights='gaussian', value='gaussian', heads={H}, weight_seed=0` (one draw for "
-        "the whole grid, simuformer's `--noanneal 2`), `t1 = "
+        f"program), float32, `weights='gaussian', value='gaussian', heads={H}, weight_seed=0` ("
+        + (
+            "system s draws its own weights, `mf.phase_diagram.system_weights`, the same for every beta: "
+            "`sa_phase_diagram`'s draw and simuformer's `--noanneal 0`"
+            if per_system
+            else "one draw for the whole grid, simuformer's `--noanneal 2`"
+        )
+        + "), `t1 = "
         f"{t1:g}`, `dt = {dt:g}` (`x <- normalize(x + dt F)`; simuformer's `postln` with eta = dt, "
         "`--rawstep`). meanfield: one program for the grid (betas and systems vmapped), median of "
         f"{reps} after compilation; torch: median of {torch_reps} (after one run) at 1 and at all threads, the faster. The ratio column is time / meanfield's simulate "
-        "program. Final seed-mean clustering fraction (<x_i, x_j> > 0.999) by beta (meanfield): "
+        f"program. Final seed-mean fraction of pairs with <x_i, x_j> > {threshold:g} by beta (meanfield): "
         + ", ".join(f"{b:g}: {c:.3f}" for b, c in zip(betas, c_mf))
         + "."
     )
@@ -549,7 +586,14 @@ def main(argv: list[str] | None = None) -> int:
         default=BASELINE,
         help=f"git revision whose identity-SA program row 3 times (default {BASELINE}; '' skips it)",
     )
-    p.add_argument("--only", choices=("velocity", "grid"), help="run one part")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        choices=(*VELOCITY, "grid"),
+        default=(*VELOCITY, "grid"),
+        help="parts to run: the velocity rows heads (8 heads), causal1, causal (8 heads), fast "
+        "(identity, 1 head, against --baseline) and the grid (default: all)",
+    )
     p.add_argument("--out", help="also write the Markdown section to this file")
     args = p.parse_args(argv)
 
@@ -563,9 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     results = []
-    if args.only in (None, "velocity"):
+    if set(args.only) & set(VELOCITY):
         shape = QUICK_SHAPE if args.quick else SHAPE
-        rows, notes = velocity_rows(shape, args.repeats, args.rounds, args.baseline or None, log)
+        rows, notes = velocity_rows(
+            shape, args.repeats, args.rounds, args.baseline or None, log, tuple(args.only)
+        )
         results.append(
             Result(
                 "SelfAttention velocity, float32 (systems x n x d, vmapped over systems, beta = 1)",
@@ -577,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch (simuformer head loop)",
                     "vs torch",
                     "vs plain JAX",
+                    "page faults / call (meanfield, plain JAX)",
                     "before the variants",
                     "max rel diff",
                 ],
@@ -584,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
                 notes,
             )
         )
-    if args.only in (None, "grid"):
+    if "grid" in args.only:
         grid = QUICK_GRID if args.quick else GRID
         rows, notes = grid_rows(grid, args.repeats, max(1, args.repeats // 2), log)
         results.append(

@@ -166,12 +166,16 @@ def sinkhorn(
     check_int("sinkhorn_iters", iters, minimum=1)
     z = logits if log_mask is None else logits + log_mask
 
+    def scale(z: Array, axis: int) -> Array:
+        # a row (column) the mask empties stays empty: no -inf - (-inf)
+        lse = jax.scipy.special.logsumexp(z, axis=axis, keepdims=True)
+        return z - jnp.where(jnp.isfinite(lse), lse, 0.0)
+
     def rows(z: Array) -> Array:
-        return z - jax.scipy.special.logsumexp(z, axis=-1, keepdims=True)
+        return scale(z, -1)
 
     def body(_: Any, z: Array) -> Array:
-        z = rows(z)
-        return z - jax.scipy.special.logsumexp(z, axis=-2, keepdims=True)
+        return scale(rows(z), -2)
 
     z = jax.lax.fori_loop(0, iters // 2, body, z)
     return jnp.exp(rows(z) if iters % 2 else z)

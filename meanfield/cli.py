@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(info.main(argv[1:]) or 0)
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_args(_dash_choices(argv))
         except (
             SystemExit
         ) as e:  # argparse's one-line error (or --help): a status, not an exit of the caller
@@ -350,6 +350,28 @@ def main(argv: list[str] | None = None) -> int:
         print("meanfield: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _dash_choices(argv: list[str]) -> list[str]:
+    """``--value -qk`` as ``--value=-qk``: argparse takes a word starting with ``-`` for a flag,
+    so a choice of the registry that starts with one (``sa``'s ``value = "-qk"``) is joined to
+    its flag."""
+    dashed = {
+        _flag(p.name): p.choices
+        for m in _models()
+        for p in m.params
+        if p.kind == "choice" and any(str(c).startswith("-") for c in p.choices)
+    }
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in dashed and i + 1 < len(argv) and argv[i + 1] in dashed[argv[i]]:
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def _configure_process() -> None:
@@ -498,7 +520,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
-    e_theory = model.max_energy()
+    # no energy (a masked kernel, sa): no bound on it either, whatever the model's closed form says
+    e_theory = model.max_energy() if traj.energy is not None else None
     e_max = None if e_theory is None else float(np.asarray(e_theory))
     gap = np.asarray(traj.collapse_gap, np.float64)
     energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else None

@@ -30,6 +30,27 @@ $k$ records the state after the first step whose accumulated time is $\ge t_k$ (
 initial state; ``published_checkpoint_steps``). With both, the sweeps give the published
 clustering fractions from the same initial particles (tests/test_published_step.py).
 
+Random weights (rotf's ``--randomKQ`` / ``--randomV`` diagrams): ``sa_phase_diagram`` takes the
+parameters of ``mf.models.SelfAttention`` with their names and meaning, ``weights`` (the ensemble
+of $Q, K$), ``value`` (of $V$), ``heads`` and ``weight_seed`` (``mf.models.random_weights``), and
+also ``mask`` (``mf.masks``), ``attention`` and ``sinkhorn_iters``. Each system $s$ of the batch
+(seed index $s$) draws its own weights from ``jax.random.fold_in(jax.random.key(weight_seed), s)``
+(``system_weights``), the same for every ``beta``, as its initial particles are: rotf's default
+``--noanneal 0`` (one draw per system), with common draws across ``beta``; the weights are not
+redrawn during a run (rotf's ``--regen_period`` is not implemented here; ``mf.simulate`` of a
+``SelfAttention`` with ``regen_period`` is). System $s$ follows the flow of
+``SelfAttention(beta, Q[s], K[s], V[s])`` with the step rule ``step`` (``"renormalize"``: the
+published ``x + h F``, then normalise), and the clustering fraction counts
+$\langle x_i, x_j\rangle > \text{threshold}$ as above. These sweeps run the XLA kernel
+(``backend="auto"`` picks it; ``"native"`` is a ``ValueError``) with ``SelfAttention``'s field;
+identity weights (any number of equal heads), no mask and softmax keep the kernels below.
+Conventions (tests/test_phase_diagram_weights.py): rotf's ``BF`` is $Q^\top K$ and its ``V`` acts
+on the right of row vectors, so it is the transpose of the $V$ here; ``weights="gaussian"`` and
+``"symmetric"`` are rotf's ``--randomKQ 1`` and ``3``; ``value="+qk"``/``"-qk"`` is
+$V = \pm Q^\top K / \text{norm}$, rotf's ``--randomV 2``/``3`` for the symmetric ensembles only
+(for ``"gaussian"`` rotf's $V$ acts as $\pm (Q^\top K)^\top / \text{norm}$). rotf's
+``--randomKQ 2`` and ``--randomV 1`` ($G G^\top / \sqrt d$) have no ensemble here.
+
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
 * On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
@@ -122,7 +143,8 @@ from ._checks import (
 )
 from .integrate import STEPS
 from .kernels._exp import BACKENDS, _batch_bytes, check_backend
-from .models import exp_reference_step
+from .masks import Mask
+from .models import SelfAttention, exp_reference_step, random_weights
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
 #: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
@@ -137,6 +159,7 @@ __all__ = [
     "clustering_fraction",
     "euler_step",
     "published_checkpoint_steps",
+    "system_weights",
     "PhaseDiagram",
     "STEPS",
     "SCHEDULES",
@@ -240,6 +263,87 @@ def euler_step(
     F = F / jnp.sum(W, axis=1, keepdims=True) if normalized else F / x.shape[0]
     v = F - jnp.sum(F * x, axis=1, keepdims=True) * x if step == "projected" else F
     return sphere.normalize(x + h * v)
+
+
+def _draw_systems(
+    seed: Array, systems: Array, *, d: int, heads: int, weights: str, value: str, dtype: np.dtype
+) -> tuple[Array, Array, Array]:
+    """``random_weights(fold_in(key(seed), s), ...)`` for every ``s`` of ``systems`` (one program)."""
+    key = jax.random.key(seed)
+
+    def draw(s: Array) -> tuple[Array, Array, Array]:
+        return random_weights(
+            jax.random.fold_in(key, s), d, heads=heads, ensemble=weights, value=value, dtype=dtype
+        )
+
+    return jax.vmap(draw)(systems)
+
+
+_draw_systems_jit = jax.jit(
+    _draw_systems, static_argnames=("d", "heads", "weights", "value", "dtype")
+)
+
+
+def system_weights(
+    systems: ArrayLike | Sequence[int],
+    d: int,
+    *,
+    heads: int = 1,
+    weights: str = "gaussian",
+    value: str = "identity",
+    weight_seed: int = 0,
+    dtype: Any = None,
+) -> tuple[Array | None, Array | None, Array | None]:
+    r"""The random weights of systems ``systems`` of ``sa_phase_diagram(weights=, value=, ...)``.
+
+    System $s$ (its index among the seeds, ``0 .. seeds - 1``) draws its own weights,
+    ``mf.models.random_weights(jax.random.fold_in(jax.random.key(weight_seed), s), d, heads=heads,
+    ensemble=weights, value=value)``, the same for every ``beta``. As ``SelfAttention`` uses them
+    (``weight_stacks``): ``None`` for an identity factor (``weights="identity"``: $Q$ and $K$;
+    ``value="identity"``: $V$), one head as ``(d, d)`` matrices; so system $s$ of the diagram is
+    the flow of ``mf.models.SelfAttention(beta, Q[s], K[s], V[s])``.
+
+    Args:
+        systems: ``(S,)`` system indices (non-negative integers).
+        d: the dimension.
+        heads, weights, value, weight_seed: as ``mf.models.SelfAttention`` (``weights`` is
+            ``random_weights``' ``ensemble``).
+        dtype: float dtype (default: JAX's default float).
+
+    Returns:
+        ``(Q, K, V)``, each ``(S, heads, d, d)`` (``(S, d, d)`` for one head) or ``None``.
+
+    Example:
+        >>> from meanfield import phase_diagram
+        >>> Q, K, V = phase_diagram.system_weights([0, 1, 2], 3, weights="gaussian", value="-qk")
+        >>> Q.shape, V.shape
+        ((3, 3, 3), (3, 3, 3))
+    """
+    model = SelfAttention(1.0, heads=heads, weights=weights, value=value, weight_seed=weight_seed)
+    systems = np.asarray(systems)
+    if systems.ndim != 1 or (
+        systems.size and (systems.dtype.kind not in "iu" or systems.min() < 0)
+    ):
+        raise ValueError(f"systems must be a 1-d array of non-negative integers, got {systems!r}")
+    if not model.random:
+        return None, None, None
+    check_int("d", d, minimum=2)
+    dtype = np.dtype(jnp.result_type(float) if dtype is None else dtype)
+    Q, K, V = _draw_systems_jit(
+        jnp.asarray(weight_seed, jnp.uint32),
+        jnp.asarray(systems, jnp.uint32),
+        d=d,
+        heads=heads,
+        weights=weights,
+        value=value,
+        dtype=dtype,
+    )
+    qkv = (
+        None if weights == "identity" else Q,
+        None if weights == "identity" else K,
+        None if value == "identity" else V,
+    )
+    return tuple(M if M is None or heads > 1 else M[:, 0] for M in qkv)  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------
@@ -585,6 +689,109 @@ def _run_one_beta(
     return buf[ckpt_pos].T, x
 
 
+class _Attention(NamedTuple):
+    """The self-attention of a sweep off the identity fast path: per-system weight stacks
+    (``system_weights``: ``(S, ...)`` arrays or ``None``), the mask, and the static options."""
+
+    Q: Array | None
+    K: Array | None
+    V: Array | None
+    mask: Mask | None
+    attention: str
+    sinkhorn_iters: int
+
+
+def _run_one_beta_attn(
+    x0: Float[Array, "S n d"],
+    qkv: tuple[Array | None, Array | None, Array | None],
+    mask: Mask | None,
+    beta: Array,
+    step: Array,
+    nsteps: Array,
+    ckpt_steps: Array,
+    ckpt_pos: Array,
+    threshold: Array,
+    *,
+    normalized: bool,
+    attention: str,
+    sinkhorn_iters: int,
+    every_step: bool,
+    project: bool,
+) -> tuple[Float[Array, "S C"], Float[Array, "S n d"]]:
+    """``_run_one_beta`` with the field of ``mf.models.SelfAttention(beta, Q_s, K_s, V_s, ...)``
+    for system ``s`` (its weights ``qkv[.][s]``, the mask, ``attention``; not time-rescaled:
+    ``step`` is the step of the flow) and the clustering count on the Gram matrix
+    ``<x_i, x_j> > threshold`` (the attention weights are not monotone in it)."""
+    _TRACES[
+        (
+            "attn",
+            x0.shape,
+            str(x0.dtype),
+            normalized,
+            attention,
+            sinkhorn_iters,
+            every_step,
+            project,
+            ckpt_pos.shape,
+            tuple(None if M is None else M.shape for M in qkv),
+            type(mask).__name__,
+        )
+    ] += 1
+    S, n, _ = x0.shape
+    dtype = x0.dtype
+    C = ckpt_steps.shape[0]
+    off = ~np.eye(n, dtype=bool)
+
+    def field(x: Array, Q: Array | None, K: Array | None, V: Array | None) -> Array:
+        model = SelfAttention(
+            beta,
+            Q,
+            K,
+            V,
+            normalized=normalized,
+            attention=attention,
+            sinkhorn_iters=sinkhorn_iters,
+            mask=mask,
+        )
+        return model.field(x)
+
+    def fraction(x: Array) -> Array:
+        G = x @ jnp.swapaxes(x, 1, 2)
+        count = jnp.sum(jnp.where((G > threshold) & off, 1.0, 0.0).astype(dtype), axis=(1, 2))
+        return count / (n * (n - 1))
+
+    def record(buf: Array, i: ArrayLike, x: Array) -> Array:
+        slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
+        hit = ckpt_steps[slot] == i
+        if every_step:
+            return jax.lax.dynamic_update_index_in_dim(buf, fraction(x), jnp.where(hit, slot, C), 0)
+
+        def write(b: Array) -> Array:
+            return jax.lax.dynamic_update_index_in_dim(b, fraction(x), slot, 0)
+
+        return jax.lax.cond(hit, write, lambda b: b, buf)
+
+    def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        x, buf = carry
+        buf = record(buf, i, x)
+        F = jax.vmap(field)(x, *qkv)
+        v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
+        x = x + step * v
+        x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
+        return x, buf
+
+    buf0 = jnp.zeros((C + 1, S), dtype)
+    x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
+    buf = record(buf, nsteps, x)
+    return buf[ckpt_pos].T, x
+
+
+_run_one_beta_attn_jit = jax.jit(
+    _run_one_beta_attn,
+    static_argnames=("normalized", "attention", "sinkhorn_iters", "every_step", "project"),
+)
+
+
 def _checkpoint_slots(idx: ArrayLike | Sequence[int], C: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct sorted checkpoint steps padded to ``C`` with a sentinel, and each checkpoint's slot."""
     u, pos = np.unique(np.asarray(idx), return_inverse=True)
@@ -643,6 +850,7 @@ def _sweep(
     states: Literal[False] = False,
     backend: str = "auto",
     project: bool = True,
+    attn: _Attention | None = None,
 ) -> np.ndarray: ...
 
 
@@ -660,6 +868,7 @@ def _sweep(
     states: Literal[True],
     backend: str = "auto",
     project: bool = True,
+    attn: _Attention | None = None,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
@@ -676,18 +885,25 @@ def _sweep(
     states: bool = False,
     backend: str = "auto",
     project: bool = True,
+    attn: _Attention | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
     ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
     asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
     core) run concurrently; one device runs them in order. ``backend`` (resolved by
     ``_resolve_backend``) "native": every ``beta`` runs all seeds in the fused C kernel
-    (threads over blocks of seeds) instead. ``project=False``: ``step="renormalize"``."""
+    (threads over blocks of seeds) instead. ``project=False``: ``step="renormalize"``.
+    ``attn``: the ``SelfAttention`` field of every system (``_run_one_beta_attn``, XLA only;
+    the caller has refused ``backend="native"`` and ``packed``)."""
     x0 = jnp.asarray(x0)
-    if _resolve_backend(backend, x0, packed, project) == "native":
+    if attn is None and _resolve_backend(backend, x0, packed, project) == "native":
         return _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states)
     S = x0.shape[0]
-    chunk = min(_auto_chunk(x0.shape[1], x0.dtype) if seed_chunk is None else int(seed_chunk), S)
+    auto = _auto_chunk(x0.shape[1], x0.dtype)
+    if attn is not None:  # one (n, n) weight matrix per head
+        heads = max([1] + [M.shape[1] for M in attn[:3] if M is not None and M.ndim == 4])
+        auto = max(1, auto // heads)
+    chunk = min(auto if seed_chunk is None else int(seed_chunk), S)
     dtype = x0.dtype
     platform = next(iter(x0.devices())).platform
     devices = [d for d in jax.local_devices() if d.platform == platform]
@@ -702,7 +918,7 @@ def _sweep(
     for bi, s0 in tasks:
         b, h, N, idx = betas[bi], steps_h[bi], steps_n[bi], ckpt[bi]
         # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
-        step = h if normalized else h * float(np.exp(b))
+        step = h if normalized or attn is not None else h * float(np.exp(b))
         slots, pos = _checkpoint_slots(idx, len(idx))
         every_step = 2 * np.unique(idx).size > N + 1  # nearly every step is a checkpoint
         xs = x0[s0 : s0 + chunk]
@@ -710,6 +926,23 @@ def _sweep(
             xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
         if len(devices) > 1:
             xs = jax.device_put(xs, where[(bi, s0)])
+        if attn is not None:
+            out[(bi, s0)] = _run_attn_task(
+                attn,
+                xs,
+                s0,
+                chunk,
+                b,
+                step,
+                N,
+                slots,
+                pos,
+                threshold,
+                normalized,
+                every_step,
+                project,
+            )
+            continue
         out[(bi, s0)] = _run_kernel(
             xs,
             jnp.asarray(b, dtype),
@@ -742,6 +975,52 @@ def _sweep(
     )
     per_seed = _flag_failed(per_seed, finals)
     return (per_seed, finals) if states else per_seed
+
+
+def _run_attn_task(
+    attn: _Attention,
+    xs: Array,
+    s0: int,
+    chunk: int,
+    beta: float,
+    step: float,
+    nsteps: int,
+    slots: np.ndarray,
+    pos: np.ndarray,
+    threshold: RealScalarLike,
+    normalized: bool,
+    every_step: bool,
+    project: bool,
+) -> tuple[Array, Array]:
+    """One ``(beta, seed chunk)`` task of ``_sweep`` with the ``SelfAttention`` kernel: the weights
+    of systems ``s0 .. s0 + chunk`` (the last chunk padded with the first systems, as ``xs``)."""
+    dtype = xs.dtype
+    device = next(iter(xs.devices()))
+
+    def rows(M: Array | None) -> Array | None:
+        if M is None:
+            return None
+        part = M[s0 : s0 + chunk]
+        if part.shape[0] < chunk:
+            part = jnp.concatenate([part, M[: chunk - part.shape[0]]])
+        return jax.device_put(part.astype(dtype), device)
+
+    return _run_one_beta_attn_jit(
+        xs,
+        (rows(attn.Q), rows(attn.K), rows(attn.V)),
+        attn.mask,
+        jnp.asarray(beta, dtype),
+        jnp.asarray(step, dtype),
+        jnp.asarray(nsteps, jnp.int32),
+        jnp.asarray(slots, jnp.int32),
+        jnp.asarray(pos, jnp.int32),
+        jnp.asarray(threshold, dtype),
+        normalized=normalized,
+        attention=attn.attention,
+        sinkhorn_iters=attn.sinkhorn_iters,
+        every_step=bool(every_step),
+        project=bool(project),
+    )
 
 
 def _flag_failed(per_seed: np.ndarray, finals: np.ndarray) -> np.ndarray:
@@ -1006,6 +1285,13 @@ def sa_phase_diagram(
     backend: str = "auto",
     step: str = "projected",
     schedule: str = "uniform",
+    weights: str = "identity",
+    value: str = "identity",
+    heads: int = 1,
+    weight_seed: int = 0,
+    mask: Mask | None = None,
+    attention: str = "softmax",
+    sinkhorn_iters: int = 21,
 ) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
@@ -1049,6 +1335,22 @@ def sa_phase_diagram(
         schedule: ``"uniform"`` (default: ``checkpoint_steps``) or ``"published"`` (steps of
             exactly ``dt`` until the float64-accumulated time reaches ``t1``, checkpoint $k$ after
             the first step at or past $t_k$: ``published_checkpoint_steps``; ``SCHEDULES``).
+        weights, value, heads, weight_seed: random weights, the names and meaning of
+            ``mf.models.SelfAttention`` (``weights``: the ensemble of $Q, K$, ``value``: of $V$,
+            ``mf.models.random_weights``); each system (seed index $s$) draws its own, from
+            ``fold_in(jax.random.key(weight_seed), s)``, the same for every ``beta``
+            (``system_weights``; rotf's ``--noanneal 0``). The field is then
+            $F_i = \frac1H \sum_h \sum_j A^h_{ij} V_h x_j$ with
+            $A^h_{ij} = \operatorname{softmax}_j(\beta \langle Q_h x_i, K_h x_j\rangle)$ (or
+            $\frac1n e^{\beta \langle Q_h x_i, K_h x_j\rangle}$ with ``normalized=False``, not
+            time-rescaled), and the clustering fraction counts $\langle x_i, x_j\rangle$ as above.
+            ``heads > 1`` with identity ensembles is the identity flow (equal heads).
+        mask, attention, sinkhorn_iters: a positional mask (``mf.masks``) and the normalisation
+            of the logits, as ``mf.models.SelfAttention`` (``attention="sinkhorn"`` or
+            ``"hardmax"`` needs ``normalized=True``).
+            Random weights, a mask or another attention than softmax run the XLA kernel with
+            ``SelfAttention``'s field (``backend="auto"`` picks it; ``"native"`` and ``packed``
+            are a ``ValueError``); identity weights keep the fast kernels above.
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
@@ -1066,11 +1368,41 @@ def sa_phase_diagram(
     )
     check_positive("dt", dt)
     check_positive("t1", t1)
+    model = SelfAttention(
+        1.0,
+        normalized=normalized,
+        attention=attention,
+        sinkhorn_iters=sinkhorn_iters,
+        heads=heads,
+        weights=weights,
+        value=value,
+        weight_seed=weight_seed,
+        mask=mask,
+    )  # the checks of SelfAttention's parameters, one behaviour per name
+    general = model.random or mask is not None or attention != "softmax"
+    if general and (backend == "native" or packed):
+        raise ValueError(
+            f"random weights (weights={weights!r}, value={value!r}), masks and attention={attention!r} "
+            f"run the XLA kernel: use backend='xla' (or 'auto', which picks it) and packed=False, "
+            f"got backend={backend!r}, packed={packed}"
+        )
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
     N, h, idx = grid(t1, dt, checkpoints)
     x0 = _initial(key, seeds, n, d, dtype, x0)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
+    attn = None
+    if general:
+        qkv = system_weights(
+            np.arange(x0.shape[0]),
+            d,
+            heads=heads,
+            weights=weights,
+            value=value,
+            weight_seed=weight_seed,
+            dtype=x0.dtype,
+        )
+        attn = _Attention(*qkv, mask, attention, int(sinkhorn_iters))
     B = len(betas)
     per = _sweep(
         x0,
@@ -1084,6 +1416,7 @@ def sa_phase_diagram(
         seed_chunk,
         backend=backend,
         project=step == "projected",
+        attn=attn,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
 

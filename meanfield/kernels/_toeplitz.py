@@ -61,6 +61,8 @@ class Toeplitz(Kernel):
             >>> mf.kernels.Toeplitz(2).max_energy(), mf.kernels.Toeplitz(1.5).max_energy()
             (0.25, None)
         """
+        if self.mask is not None:
+            return None  # a masked kernel has no energy
         if not is_concrete(self.m) or not float(np.asarray(self.m)).is_integer():
             return None
         return float(theory.great_circle_energy(int(np.asarray(self.m))))

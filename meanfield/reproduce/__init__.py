@@ -37,6 +37,7 @@ EXPERIMENTS: dict[str, str] = {
     "design": "meanfield.reproduce.design",
     "continuum": "meanfield.reproduce.continuum",
     "metastability": "meanfield.reproduce.metastability",
+    "dynamics": "meanfield.reproduce.dynamics",
 }
 
 #: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers and
@@ -45,8 +46,9 @@ PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "contin
 
 #: Wall seconds of each quick run alone on the 2-core box (BENCHMARKS.md, "Where ``meanfield
 #: reproduce --quick`` spends its time"): with several processes the longest start first, so that
-#: the last one to finish is a short one (the report's order stays ``PAPERS``'s). design and
-#: metastability are not in that table: their entries are rough estimates (only the order matters).
+#: the last one to finish is a short one (the report's order stays ``PAPERS``'s). design,
+#: metastability and dynamics are not in that table: their entries are rough estimates (only the
+#: order matters).
 QUICK_COST_S: dict[str, float] = {
     "usa-av": 57.5,
     "attention": 59.7,
@@ -55,6 +57,7 @@ QUICK_COST_S: dict[str, float] = {
     "continuum": 78.9,
     "design": 120.0,
     "metastability": 60.0,
+    "dynamics": 35.0,
 }
 
 
@@ -100,7 +103,7 @@ def run_experiments(
     >>> run_experiments(["nope"])
     Traceback (most recent call last):
     ...
-    ValueError: unknown experiment 'nope'; accepted: usa-av, attention, depth, prototypes, design, continuum, metastability
+    ValueError: unknown experiment 'nope'; accepted: usa-av, attention, depth, prototypes, design, continuum, metastability, dynamics
     """
     names = list(PAPERS) if names is None else list(names)
     for name in names:

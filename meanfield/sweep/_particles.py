@@ -229,7 +229,11 @@ def _program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
 
     def sim(params: dict[str, Any], seed: Any) -> dict[str, Any]:
         x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
-        traced = {k: v.astype(dtype) for k, v in params.items() if k in names}
+        traced = {  # integer parameters (weight_seed) stay integers: a PRNG key's seed
+            k: v if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(dtype)
+            for k, v in params.items()
+            if k in names
+        }
         model = kernels.build(kind, {**fixed, **traced}, d=d, dtype=dtype)
         step: Any = model.reference_step(T["dt"]) if reference else dt
         traj = integrate.simulate(

@@ -74,7 +74,9 @@ def chunk_inputs(spec: Spec, g: Group, sl: tuple, size: int) -> tuple[dict, np.n
         params = {k: np.concatenate([v, np.repeat(v[-1:], pad)]) for k, v in params.items()}
         seeds = np.concatenate([seeds, np.repeat(seeds[-1:], pad)])
     dt = np.float64 if spec.dtype == "float64" else np.float32
-    return {k: v.astype(dt) for k, v in params.items()}, seeds.astype(np.int32)
+    # integer parameters (weight_seed) are int32 in the program, the others the float dtype
+    cast_to = lambda v: v.astype(np.int32 if v.dtype.kind in "iu" else dt)  # noqa: E731
+    return {k: cast_to(v) for k, v in params.items()}, seeds.astype(np.int32)
 
 
 _PROGRAMS: OrderedDict[tuple, Any] = OrderedDict()

@@ -14,7 +14,10 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # or "continuum": the density solver (``_continuum``,
                                        # its own schema: grid over beta, mode, eps; no seeds)
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
-    # numbers is a grid axis (traced parameters only); static ones take one value
+    # numbers is a grid axis (traced parameters only: weight_seed an int32 axis); static ones
+    # take one value; optional ones (Param.optional: mask, slope, width, include_self,
+    # mask_normalized; sa's attention, sinkhorn_iters, tie_tol, heads, weights, value,
+    # weight_seed, regen_period) are recorded (hashed) only when not their default
     backend = "xla"                    # optional: "auto" (default), "native" or "xla" (mf.simulate's
                                        # backend; hashed into the store only when given)
 
@@ -196,6 +199,27 @@ def _param_value(where: str, p: Param, v: object) -> Any:
     return list(value) if p.kind == "plane" else value  # JSON-serialisable
 
 
+#: Optional ``[model]`` keys that apply only with some values of another: ``key: (switch, values)``.
+_APPLIES = {
+    "slope": ("mask", ("alibi",)),
+    "width": ("mask", ("window",)),
+    "include_self": ("mask", ("causal", "alibi", "window")),
+    "mask_normalized": ("mask", ("causal", "alibi", "window")),
+    "sinkhorn_iters": ("attention", ("sinkhorn",)),
+    "tie_tol": ("attention", ("hardmax",)),
+}
+
+
+def _recorded(values: Mapping[str, Any], accepted: Mapping[str, Param]) -> dict:
+    """The ``[model]`` values the normalised spec records: all but the optional parameters at
+    their default (``Param.optional``: specs written before they existed keep their hash)."""
+    return {
+        k: v
+        for k, v in values.items()
+        if not (accepted[k].optional and v == accepted[k].validate(accepted[k].default, k))
+    }
+
+
 def _model_params(
     grid: ParticleGrid, kinds: tuple[str, ...], model: dict, ds: tuple[int, ...]
 ) -> tuple[dict, dict[str, Param]]:
@@ -226,7 +250,7 @@ def _model_params(
     _unknown("model", model, ("kind",) + tuple(accepted))
     values = {}
     for name, p in accepted.items():
-        if name not in model:
+        if name not in model and not p.optional:
             defaults = [
                 next(q.default for q in grid.model_params(k) if q.name == name)
                 for k in owners[name]
@@ -237,10 +261,35 @@ def _model_params(
                     + ", ".join(f"{k}: {dv!r}" for k, dv in zip(owners[name], defaults))
                     + "): give it explicitly"
                 )
-        values[name] = _param_value(f"model.{name}", p, model.get(name, p.default))
+        value = _param_value(f"model.{name}", p, model.get(name, p.default))
+        if p.traced and p.kind.startswith("int"):  # an int32 of the compiled program
+            for x in value if isinstance(value, list) else [value]:
+                if x > MAX_SEED:
+                    raise ValueError(
+                        f"model.{name} = {x} must be <= {MAX_SEED} (an int32 in the compiled program)"
+                    )
+        values[name] = value
+    given = _recorded(values, accepted)
+    for name, (switch, needs) in _APPLIES.items():  # a value that changes nothing: refused
+        if name in given and values[switch] not in needs:
+            raise ValueError(
+                f"model.{name} applies with model.{switch} = "
+                + " or ".join(repr(v) for v in needs)
+                + f", not {values[switch]!r}"
+            )
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
+
+
+def _masked(params: Mapping[str, Any]) -> str:
+    """Why a kind with an energy has none in this spec: ``params`` set a mask (or ``""``)."""
+    return "" if params.get("mask", "none") == "none" else "a masked kernel has no energy"
+
+
+def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) -> bool:
+    """Whether ``model`` of the sweep has an energy: the kind's answer, and no mask."""
+    return grid_kind.has_energy(model) and not _masked(params)
 
 
 def _check_beta_rule(
@@ -479,12 +528,14 @@ class ParticleGrid(SweepKind):
         return None
 
     def has_energy(self, model: str) -> bool:
-        """Whether ``model`` has an energy (``energy``, ``num_plateaus``, ``time.early_stop``)."""
+        """Whether ``model`` has an energy (``energy``, ``num_plateaus``, ``time.early_stop``);
+        a spec with a ``mask`` has none whatever this says (``mf.masks``)."""
         return False
 
     @abc.abstractmethod
     def observables(self, kinds: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """``(accepted, default)`` observables of a sweep over ``kinds``."""
+        """``(accepted, default)`` observables of a sweep over ``kinds`` (a spec with a ``mask``
+        then drops the energy's)."""
 
     def parse(
         self,
@@ -596,8 +647,8 @@ def parse_spec(text: str, *, default_name: str = "sweep") -> Spec:
         >>> spec.grid_size
         2
         >>> parse_spec('[model]\\nkind = "gauge"\\namplitude = [0.3, 0.6]\\n[grid]\\nn = [8]\\nbeta = [1.0]\\n'
-        ...            'seeds = 2\\n[time]\\nt1 = 1.0').params
-        {'amplitude': [0.3, 0.6], 'k': 3, 'rescaled': False}
+        ...            'seeds = 2\\n[time]\\nt1 = 1.0').data["model"]  # optional ones at their default: not recorded
+        {'kind': 'gauge', 'amplitude': [0.3, 0.6], 'k': 3, 'rescaled': False}
     """
     raw = tomllib.loads(text)
     _unknown("", raw, _TOP_KEYS)
@@ -767,6 +818,8 @@ def _parse_particle_grid(
                 )
     # the points are computed in ``dtype``: distinct there, not only as decimals
     for axis, axis_vals in axes.items():
+        if axis_vals.dtype.kind in "iu":
+            continue  # an integer parameter (weight_seed): an int32 of the program, not a float
         in_dtype = np.asarray(axis_vals, np.float64).astype(dtype)
         for j in range(len(axis_vals)):
             i = int(np.argmax(in_dtype == in_dtype[j]))
@@ -824,9 +877,17 @@ def _parse_particle_grid(
             ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
         time_spec["save"] = ts.tolist()
         if "early_stop" in tsec:
-            no_energy = [k for k in kinds if not grid_kind.has_energy(k)]
+            no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
-                raise ValueError(f"time.early_stop needs an energy; kind {no_energy[0]!r} has none")
+                why = _masked(params)
+                raise ValueError(
+                    f"time.early_stop needs an energy; kind {no_energy[0]!r}"
+                    + (
+                        f" with model.mask = {params['mask']!r} has none ({why})"
+                        if why
+                        else " has none"
+                    )
+                )
             time_spec["early_stop"] = _float("time.early_stop", tsec["early_stop"], "float>0")
         if "max_steps" in tsec:
             time_spec["max_steps"] = _int("time.max_steps", tsec["max_steps"], 1, 2**31 - 1)
@@ -863,18 +924,26 @@ def _parse_particle_grid(
     out = dict(raw.get("output", {}))
     _unknown("output", out, _OUTPUT_KEYS)
     valid, default = grid_kind.observables(kinds)
+    if _masked(params):  # a masked kernel has no energy
+        valid = tuple(o for o in valid if o not in _ENERGY_OBSERVABLES)
+        default = tuple(o for o in default if o not in _ENERGY_OBSERVABLES) or valid[:1]
     obs = out.get("observables", list(default))
     if not isinstance(obs, list) or not obs or not all(isinstance(o, str) for o in obs):
         raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
     for o in obs:
         if o not in valid:
             owner = (
-                next((k for k in kinds if not grid_kind.has_energy(k)), kind)
+                next((k for k in kinds if not _has_energy(grid_kind, k, params)), kind)
                 if o in _ENERGY_OBSERVABLES
                 else kind
             )
+            masked = (
+                f" with model.mask = {params['mask']!r} ({_masked(params)})"
+                if o in _ENERGY_OBSERVABLES and grid_kind.has_energy(owner) and _masked(params)
+                else ""
+            )
             raise ValueError(
-                f"unknown observable {o!r} for kind {owner!r}; accepted: {', '.join(valid)}"
+                f"unknown observable {o!r} for kind {owner!r}{masked}; accepted: {', '.join(valid)}"
             )
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")
@@ -889,7 +958,7 @@ def _parse_particle_grid(
         "dtype": dtype,
         "model": {
             "kind": list(kinds) if kinds_axis else kind,
-            **params,
+            **_recorded(params, accepted),
             **({} if backend is None else {"backend": backend}),
         },
         "grid": {

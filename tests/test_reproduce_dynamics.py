@@ -1,0 +1,93 @@
+"""``meanfield reproduce dynamics``: every check passes, and its closed forms are the reference
+transcriptions' (tests/_reference_sims.py: rotf's equiangular ODE, lost in the middle's U-shape
+profile and t_crit, the entropic self-transport cost)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _reference_sims import (
+    lim_profile_value,
+    lim_t_crit,
+    rotf_equiangular_rhs,
+    sinkhorn_self_ot,
+)
+
+from meanfield.reproduce import EXPERIMENTS, PAPERS, QUICK_COST_S
+from meanfield.reproduce import dynamics as rd
+
+CHECKS = {
+    "equiangular_ode",
+    "causal_first_token_fixed",
+    "causal_converge_to_first",
+    "lim_response_vs_expm",
+    "lim_profile_closed_form",
+    "lim_u_shape",
+    "lim_monotone_late",
+    "sinkhorn_marginals",
+    "sinkhorn_energy_v_qk",
+    "sinkhorn_energy_identity",
+    "sinkhorn_energy_v_identity",
+    "hardmax_identity_static",
+    "hardmax_leaders_fixed",
+    "hardmax_equilibrium",
+}
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep")
+    return rd.run(out, quick=True, quiet=True), out
+
+
+@pytest.mark.slow
+def test_all_checks_pass(summary):
+    s, out = summary
+    rows = {c["name"]: c for c in s["checks"]}
+    assert set(rows) == CHECKS
+    assert all(c["pass"] for c in s["checks"]), [c for c in s["checks"] if not c["pass"]]
+    for c in s["checks"]:
+        assert c["note"] and np.isfinite(c["measured"]), c["name"]
+    assert rows["causal_first_token_fixed"]["measured"] == 0.0
+    assert rows["equiangular_ode"]["measured"] < 1e-8
+    assert 0.1 < rows["lim_u_shape"]["measured"] < 0.5  # the interior minimum (closed form: 0.26)
+    on_disk = json.loads((out / "dynamics" / "summary.json").read_text())
+    assert on_disk["checks"] == s["checks"]
+    assert (out / "dynamics" / "lost_in_the_middle.png").exists()
+
+
+@pytest.mark.parametrize("t", [0.25, 1.0, 2.0, 5.0])
+@pytest.mark.parametrize("lam", [0.0, 1.0, 2.5])
+def test_lim_profile_is_the_reference_closed_form(t, lam):
+    s = np.array([0.02, 0.1, 0.26, 0.5, 0.9, 0.98])
+    ours = rd.lim_profile(s, 1.3, t, lam, 8.0, 20)
+    ref = [lim_profile_value(float(v), 1.3, t, lam, 8.0, 20) for v in s]
+    np.testing.assert_allclose(ours, ref, rtol=1e-12)
+
+
+def test_lim_t_crit_and_equiangular_rhs_are_the_references():
+    for beta in (0.5, 1.0, 2.0, 3.0):
+        assert rd.lim_t_crit(beta, 1.0, 8.0, 20) == pytest.approx(
+            lim_t_crit(beta, 1.0, 8.0, 20), rel=1e-12
+        )
+    rho = np.linspace(-0.15, 1.0, 9)
+    np.testing.assert_allclose(
+        rd.equiangular_rhs(rho, 2.0, 6), rotf_equiangular_rhs(rho, 2.0, 6), rtol=1e-14
+    )
+
+
+def test_sinkhorn_self_ot_is_the_reference():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    logits = 1.5 * x @ x.T
+    assert rd.sinkhorn_self_ot(logits) == pytest.approx(
+        float(sinkhorn_self_ot(logits, 2001)), abs=1e-12
+    )
+
+
+def test_registered_with_a_cost():
+    assert EXPERIMENTS["dynamics"] == "meanfield.reproduce.dynamics"
+    assert "dynamics" in QUICK_COST_S and "dynamics" not in PAPERS

@@ -1,0 +1,119 @@
+"""meanfield against the public simulators of issue 28, from the same particles and weights (float64).
+
+The references are the NumPy transcriptions of tests/_reference_sims.py: simuformer's
+``SimuXForm.step`` (postln; the attention output of ngpt), lost in the middle's ALiBi circle
+dynamics (``rk4_step``) and rotf's equiangular ODE. The conventions that differ (research notes,
+issue 28): simuformer's value matrix acts on the right of row vectors (meanfield's ``V`` is its
+transpose) and its bilinear form is ``BF = Q^T K``; lost in the middle's force is ``beta`` times
+the projected, masked, unnormalised attention, on angles.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _reference_sims import (
+    lim_build_causal_weights,
+    lim_rk4_step,
+    rotf_equiangular_rhs,
+    simuformer_step,
+)
+
+import meanfield as mf
+
+SA = mf.models.SelfAttention
+
+
+def _simuformer_weights(seed, H, d):
+    rng = np.random.default_rng(seed)
+    BF = rng.normal(size=(H, d, d)) / np.sqrt(d)
+    V = rng.normal(size=(H, d, d)) / np.sqrt(d)  # simuformer's randomV = 1 (row convention)
+    return BF, V
+
+
+def _meanfield_sa(beta, BF, V_sim, sequential):
+    """SA with Q = I, K = BF (so Q^T K = BF) and V = V_sim^T, causal when ``sequential``."""
+    H, d, _ = BF.shape
+    Q = np.broadcast_to(np.eye(d), (H, d, d))
+    V = np.swapaxes(V_sim, 1, 2)
+    return SA(beta, Q, BF, V, mask=mf.masks.Causal() if sequential else None)
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("sequential", [False, True])
+def test_simuformer_postln_is_the_renormalised_euler_step(x64, heads, sequential):
+    n, d, beta, eta, steps = 7, 4, 2.5, 0.1, 6
+    x0 = mf.sphere.uniform(jax.random.key(heads + 10 * sequential), n, d, dtype=jnp.float64)
+    BF, V_sim = _simuformer_weights(heads, heads, d)
+    x = np.asarray(x0)
+    for _ in range(steps):
+        x, _ = simuformer_step(x, BF, V_sim, beta, eta, norm="postln", sequential=sequential)
+    model = _meanfield_sa(beta, BF, V_sim, sequential)
+    traj = mf.simulate(model, x0, t1=steps * eta, dt=eta, solver="euler", step="renormalize")
+    np.testing.assert_allclose(traj.xs[-1], x, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_simuformer_ngpt_moves_along_the_meanfield_attention_output(x64, sequential):
+    # meanfield has no nGPT normalisation (issue 29): what it implements is the attention output A
+    # (the field), which ngpt normalises per token and moves along by the fixed angle eta 0.2.
+    n, d, beta, eta, H = 6, 4, 1.5, 0.2, 3
+    x = np.asarray(mf.sphere.uniform(jax.random.key(3), n, d, dtype=jnp.float64))
+    BF, V_sim = _simuformer_weights(7, H, d)
+    model = _meanfield_sa(beta, BF, V_sim, sequential)
+    for _ in range(4):
+        want, _ = simuformer_step(x, BF, V_sim, beta, eta, norm="ngpt", sequential=sequential)
+        A = np.asarray(mf.field(model, jnp.asarray(x)))
+        y = x + eta * 0.2 * A / (np.linalg.norm(A, axis=-1, keepdims=True) + 1e-9)
+        got = y / np.linalg.norm(y, axis=-1, keepdims=True)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        x = want
+
+
+def test_lost_in_the_middle_rk4_is_masked_usa_on_the_circle(x64):
+    # lost in the middle: theta_j' = beta * (tangential component of
+    # sum_{k<j} w_jk e^{beta <x_j, x_k>} x_k), w = ALiBi(lam, no self, row-normalised); meanfield's
+    # masked USA field is sum_k w_jk e^{beta <x_j, x_k>} x_k, so its time is s = beta t.
+    n, beta, lam, dt, steps = 9, 1.3, 1.0, 0.002, 5
+    theta0 = np.random.default_rng(1).uniform(0.0, 2.0 * np.pi, size=n)
+    W = lim_build_causal_weights(n, lam)
+    theta = theta0.copy()
+    for _ in range(steps):
+        theta = lim_rk4_step(theta, dt, beta, W)
+    x0 = jnp.asarray(np.stack([np.cos(theta0), np.sin(theta0)], axis=-1))
+    model = mf.kernels.USA(beta, mask=mf.masks.ALiBi(lam, include_self=False, normalized=True))
+    traj = mf.simulate(model, x0, t1=beta * dt * steps, dt=beta * dt, solver="rk4")
+    x = np.asarray(traj.xs[-1])
+    np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, atol=1e-13)
+    expected = np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+    # the same ODE, two RK4 discretisations (angles vs the projected field in R^2): their local
+    # errors differ at O(dt^5), below 1e-12 at this step
+    np.testing.assert_allclose(x, expected, rtol=0, atol=1e-12)
+    assert np.abs(theta - theta0).max() > 1e-3  # the tokens moved
+    np.testing.assert_array_equal(x[0], np.asarray(x0[0]))  # token 0 admits nothing
+
+
+def test_rotf_equiangular_ode_is_sa_with_identity_weights(x64):
+    from scipy.integrate import solve_ivp
+
+    n, beta, rho0, T = 5, 2.0, 0.2, 3.0
+    gram = (1.0 - rho0) * np.eye(n) + rho0 * np.ones((n, n))
+    x0 = jnp.asarray(np.linalg.cholesky(gram))  # n unit vectors in R^n with <x_i, x_j> = rho0
+    ts = np.linspace(0.0, T, 7)
+    sol = solve_ivp(
+        lambda t, r: rotf_equiangular_rhs(r, beta, n),
+        (0.0, T),
+        [rho0],
+        method="DOP853",
+        rtol=1e-13,
+        atol=1e-14,
+        t_eval=ts,
+    )
+    traj = mf.simulate(SA(beta), x0, t1=T, dt=0.005, solver="rk4", ts=jnp.asarray(ts))
+    off = ~np.eye(n, dtype=bool)
+    grams = np.einsum("tid,tjd->tij", np.asarray(traj.xs), np.asarray(traj.xs))[:, off]
+    assert np.ptp(grams, axis=1).max() < 1e-12  # stays equiangular
+    np.testing.assert_allclose(grams.mean(axis=1), sol.y[0], rtol=0, atol=1e-9)
+    assert sol.y[0, -1] > rho0 + 0.1  # the tokens gathered
