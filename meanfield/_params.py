@@ -34,6 +34,8 @@ __all__ = [
     "parse_text",
     "is_number",
     "check_keys",
+    "APPLIES",
+    "check_applies",
 ]
 
 #: Kinds of parameter values: the accepted range of each.
@@ -65,6 +67,42 @@ RESERVED_NAMES = (
     "dtype",
     "help",
 )
+
+
+#: Parameters that change something only when another one (the switch) takes one of some values:
+#: ``name -> (switch, values)``. A value other than the default with the switch elsewhere is
+#: refused (``check_applies``) by ``mf.kernels.make``, the command line and the sweep spec alike.
+APPLIES: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "slope": ("mask", ("alibi",)),
+    "width": ("mask", ("window",)),
+    "window_causal": ("mask", ("window",)),
+    "include_self": ("mask", ("causal", "alibi", "window")),
+    "mask_normalized": ("mask", ("causal", "alibi", "window")),
+    "sinkhorn_iters": ("attention", ("sinkhorn",)),
+    "tie_tol": ("attention", ("hardmax",)),
+    "alpha": ("normalization", ("ngpt",)),
+}
+
+
+def check_applies(values: Any, defaults: Any, where: str = "") -> None:
+    """Refuse a value that would change nothing (``APPLIES``): ``values[name]`` set away from
+    ``defaults[name]`` while ``values[switch]`` is not one of the values it applies with.
+
+    Example:
+        >>> check_applies({"mask": "none", "slope": 2.0}, {"mask": "none", "slope": 1.0}, "model.")
+        Traceback (most recent call last):
+        ...
+        ValueError: model.slope = 2.0 applies with model.mask = 'alibi', not 'none'
+    """
+    for name, (switch, needs) in APPLIES.items():
+        if name not in values or switch not in values or values[switch] in needs:
+            continue
+        if values[name] != defaults.get(name, values[name]):
+            raise ValueError(
+                f"{where}{name} = {values[name]!r} applies with {where}{switch} = "
+                + " or ".join(repr(v) for v in needs)
+                + f", not {values[switch]!r}"
+            )
 
 
 def is_number(v: object) -> bool:

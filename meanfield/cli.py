@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "experiment",
         nargs="?",
         choices=list(EXPERIMENTS),
-        help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers and the mean-field limit)",
+        help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers, the mean-field limit and the attention variants' dynamics)",
     )
     r.add_argument("--quick", action="store_true", help="small sizes (minutes on a laptop)")
     r.add_argument(

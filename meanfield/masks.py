@@ -222,6 +222,15 @@ MASK_PARAMS: tuple[Param, ...] = (
     Param("mask", "none", False, "choice", "positional mask of the interaction", MASKS, True),
     Param("slope", 1.0, True, "float>=0", "ALiBi slope: weights exp(-(slope/n)(i - j))", (), True),
     Param("width", 1, False, "int>=1", "window half-width |i - j| <= width", (), True),
+    Param(
+        "window_causal",
+        False,
+        False,
+        "bool",
+        "the window admits only earlier tokens, 0 <= i - j <= width",
+        (),
+        True,
+    ),
     Param("include_self", True, False, "bool", "the mask admits each token itself", (), True),
     Param(
         "mask_normalized",
@@ -252,7 +261,7 @@ def from_params(P: Mapping[str, Any]) -> Mask | None:
     if kind == "alibi":
         return ALiBi(values["slope"], **common)
     if kind == "window":
-        return Window(values["width"], **common)
+        return Window(values["width"], causal=values["window_causal"], **common)
     return Causal(**common)
 
 
@@ -272,6 +281,7 @@ def to_params(mask: Mask | None) -> dict[str, Any]:
         out["slope"] = mask.slope
     if isinstance(mask, Window):
         out["width"] = mask.width
+        out["window_causal"] = mask.causal
     return out
 
 

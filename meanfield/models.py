@@ -55,6 +55,11 @@ from ._params import PARAM_KINDS, Param, check_float, check_value
 from ._resources import Footprint, as_float
 from .masks import Mask, check_mask
 
+#: Accepted values of ``SelfAttention``'s ``normalization``: ``"post"`` (Post-LN: the projected
+#: flow of the attention output) and ``"ngpt"`` (nGPT: the projected flow of ``alpha`` times the
+#: normalised attention output).
+NORMALIZATIONS = ("post", "ngpt")
+
 __all__ = [
     "Model",
     "SelfAttention",
@@ -64,6 +69,7 @@ __all__ = [
     "random_weights",
     "ATTENTIONS",
     "ENSEMBLES",
+    "NORMALIZATIONS",
     "VALUES",
     "Declared",
     "positions",
@@ -425,7 +431,7 @@ class Model(Declared):
             >>> [p.name for p in mf.kernels.PhaseField.params()][:6]
             ['beta', 'omega', 'amplitude', 'frequency', 'plane', 'rescaled']
             >>> [p.name for p in mf.kernels.PhaseField.params()][6:]   # the mask's (mf.masks.MASK_PARAMS)
-            ['mask', 'slope', 'width', 'include_self', 'mask_normalized']
+            ['mask', 'slope', 'width', 'window_causal', 'include_self', 'mask_normalized']
         """
         from .masks import MASK_PARAMS
 
@@ -651,6 +657,18 @@ class SelfAttention(Model):
     ``regen_period`` units of time inside ``mf.simulate`` when ``regen_period > 0`` (rotf's and
     simuformer's ``randomKQ``). With one head and identity weights the original fast path runs.
 
+    ``normalization`` places the layer norm (Karagodin, Ge, Polyanskiy, Rigollet, "Normalization in
+    attention dynamics", arXiv 2510.22026, which writes each scheme as a speed regulation of the
+    same interaction):
+
+    * ``"post"`` (Post-LN, default): $\dot x_i = P_{x_i} F_i$ as above;
+    * ``"ngpt"`` (nGPT, Loshchilov et al. 2024: $x \leftarrow \operatorname{Norm}(x + \alpha
+      (\operatorname{Norm}(F) - x))$ per layer): $\dot x_i = \alpha\, P_{x_i} F_i / \|F_i\|$
+      (unit speed before the projection; a token with $F_i = 0$ stays). The unprojected field is
+      $\alpha F_i / \|F_i\|$, so ``step="renormalize"`` with step ``h`` is simuformer's nGPT
+      update $x \leftarrow \operatorname{normalize}(x + h \alpha F / \|F\|)$ (``--norm ngpt``,
+      ``alpha = 0.2``; simuformer adds ``1e-9`` to $\|F\|$).
+
     The dynamics is not the gradient flow of a pair energy in general: ``mf.energy`` raises
     ``TypeError`` (``has_energy`` is False).
 
@@ -664,6 +682,8 @@ class SelfAttention(Model):
         tie_tol: hardmax's tie tolerance on the scores (static).
         heads, weights, value, weight_seed, regen_period: the random weights (``random_weights``).
         mask: a positional mask (``mf.masks``) or None.
+        normalization: ``"post"`` or ``"ngpt"`` (static; ``NORMALIZATIONS``).
+        alpha: nGPT's step factor, ``> 0`` (traced; ``normalization="ngpt"`` only).
 
     Example:
         >>> import jax, meanfield as mf
@@ -743,6 +763,22 @@ class SelfAttention(Model):
         optional=True,
         kw_only=True,
         doc="redraw the random weights every this much time (0: never)",
+    )
+    normalization: str = param(
+        "post",
+        kind="choice",
+        choices=NORMALIZATIONS,
+        static=True,
+        optional=True,
+        kw_only=True,
+        doc="layer-norm placement: post (Post-LN) or ngpt (unit-speed attention output)",
+    )
+    alpha: RealScalarLike = param(
+        0.2,
+        kind="float>0",
+        optional=True,
+        kw_only=True,
+        doc="nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)",
     )
     epoch: Any = eqx.field(default=0, kw_only=True)  # the weights' draw (``at_time``)
     mask: Mask | None = eqx.field(default=None, kw_only=True)
@@ -835,10 +871,14 @@ class SelfAttention(Model):
         """
         xp = _namespace(self.beta)
         if self.attention == "hardmax":
-            return xp.ones_like(xp.asarray(self.beta, dtype=None if xp is jnp else np.float64))
-        if self.normalized:
-            return xp.asarray(self.beta)
-        return exp_interaction_rate(self.beta, self.rescaled)
+            rate = xp.ones_like(xp.asarray(self.beta, dtype=None if xp is jnp else np.float64))
+        elif self.normalized:
+            rate = xp.asarray(self.beta)
+        else:
+            rate = exp_interaction_rate(self.beta, self.rescaled)
+        if self.normalization == "ngpt":  # the output at unit norm, times alpha
+            return rate * _namespace(self.alpha).asarray(self.alpha)
+        return rate
 
     def overflows(self, dtype: Any) -> ArrayLike:
         """Unnormalised and not rescaled: ``beta >= log(finfo(dtype).max)`` (with ``Q = K = None``)."""
@@ -909,6 +949,15 @@ class SelfAttention(Model):
                 raise ValueError(
                     f"heads = {self.heads} needs (H, d, d) weight stacks; got (d, d) matrices (one head)"
                 )
+        if (
+            self.normalization != "ngpt"
+            and is_concrete(self.alpha)
+            and np.any(np.asarray(self.alpha) != 0.2)
+        ):
+            raise ValueError(
+                f"alpha = {self.alpha!r} is nGPT's step factor: it applies with "
+                f"normalization='ngpt', not {self.normalization!r}"
+            )
         if not self.normalized and self.attention != "softmax":
             raise ValueError(
                 f"attention={self.attention!r} is a normalisation of its own: use normalized=True "
@@ -922,17 +971,16 @@ class SelfAttention(Model):
         M = jnp.asarray(M, x.dtype)
         return x @ M.T if M.ndim == 2 else jnp.einsum("hij,nj->hni", M, x)
 
-    def _parts(self, x: Array) -> tuple[Array, Array, bool]:
-        """``(scores, vx, multi)``: $\\langle Q_h x_i, K_h x_j\\rangle$ (``(n, n)``, or ``(H, n, n)``
-        for several heads), $V_h x_j$, and whether there is a head axis."""
+    def _projections(self, x: Array) -> tuple[Array, Array, Array, bool]:
+        r"""``(qx, kx, vx, multi)``: $Q_h x_j$, $K_h x_j$, $V_h x_j$ (``(n, d)``, or ``(H, n, d)``
+        for several heads: all three then have the head axis), and whether there is one."""
         Q, K, V = self.weight_stacks(x.shape[-1], x.dtype)
         qx, kx, vx = self._project(Q, x), self._project(K, x), self._project(V, x)
         multi = max(qx.ndim, kx.ndim, vx.ndim) == 3
         if multi:
             H = max(a.shape[0] for a in (qx, kx, vx) if a.ndim == 3)
             qx, kx, vx = (jnp.broadcast_to(a, (H, *x.shape)) for a in (qx, kx, vx))
-        scores = qx @ jnp.swapaxes(kx, -1, -2)
-        return scores, vx, multi
+        return qx, kx, vx, multi
 
     def _weights(self, scores: Array) -> Array:
         """The attention weights $A$ (``attention``, ``normalized``, mask) of the scores."""
@@ -960,8 +1008,8 @@ class SelfAttention(Model):
             >>> mf.models.SelfAttention(1.0).attention_weights(jnp.array([[1.0, 0.0], [1.0, 0.0]])).tolist()
             [[0.5, 0.5], [0.5, 0.5]]
         """
-        scores, _, _ = self._parts(jnp.asarray(x))
-        return self._weights(scores)
+        qx, kx, _, _ = self._projections(jnp.asarray(x))
+        return self._weights(qx @ jnp.swapaxes(kx, -1, -2))
 
     def field(
         self,
@@ -970,7 +1018,8 @@ class SelfAttention(Model):
         *,
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
-        r"""Unprojected field $F_i = \frac1H \sum_h \sum_j A^h_{ij} V_h x_j$, ``(n, d)``.
+        r"""Unprojected field $F_i = \frac1H \sum_h \sum_j A^h_{ij} V_h x_j$, ``(n, d)``
+        ($\alpha F_i / \|F_i\|$ for ``normalization="ngpt"``).
 
         Example:
             >>> import jax.numpy as jnp, meanfield as mf
@@ -979,25 +1028,37 @@ class SelfAttention(Model):
             [[1.0, 0.0], [1.0, 0.0]]
         """
         x = jnp.asarray(x)
-        scores, vx, multi = self._parts(x)
+        qx, kx, vx, multi = self._projections(x)
+        if (
+            multi
+        ):  # one head at a time: (n, n) weights, not (H, n, n) (lax.map: a loop in the program)
+            out = jnp.mean(jax.lax.map(lambda a: self._head_field(*a), (qx, kx, vx)), axis=0)
+        else:
+            out = self._head_field(qx, kx, vx)
+        if self.normalization == "ngpt":
+            norm = jnp.linalg.norm(out, axis=-1, keepdims=True)
+            safe = jnp.where(norm > 0, norm, 1.0)
+            out = jnp.where(norm > 0, jnp.asarray(self.alpha, x.dtype) * out / safe, 0.0)
+        return out
+
+    def _head_field(self, qx: Array, kx: Array, vx: Array) -> Array:
+        r"""One head's $\sum_j A_{ij} v_j$ from its projections ``(n, d)``."""
+        scores = qx @ kx.T
         if self.attention == "softmax" and not self.normalized:
-            beta = jnp.asarray(self.beta, x.dtype)
+            n = qx.shape[0]
+            beta = jnp.asarray(self.beta, qx.dtype)
             logits = beta * scores
             shift = beta if self.rescaled else 0.0
             if self.mask is None:
                 # factor the row maximum out of the exponentials (no overflow in the sum of n terms)
                 m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-                out = (jnp.exp(logits - m) @ vx / x.shape[0]) * jnp.exp(m - shift)
-            else:
-                n = x.shape[0]
-                admitted = jnp.asarray(self.mask.admitted(n))
-                m = jnp.max(jnp.where(admitted, logits, -jnp.inf), axis=-1, keepdims=True)
-                m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
-                W = self.mask.pair_weights(n, x.dtype)
-                out = ((W * jnp.exp(logits - m)) @ vx) * jnp.exp(m - shift)
-        else:
-            out = self._weights(scores) @ vx
-        return jnp.mean(out, axis=0) if multi else out
+                return (jnp.exp(logits - m) @ vx / n) * jnp.exp(m - shift)
+            admitted = jnp.asarray(self.mask.admitted(n))
+            m = jnp.max(jnp.where(admitted, logits, -jnp.inf), axis=-1, keepdims=True)
+            m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+            W = self.mask.pair_weights(n, qx.dtype)
+            return ((W * jnp.exp(logits - m)) @ vx) * jnp.exp(m - shift)
+        return self._weights(scores) @ vx
 
     def energy(
         self, x: ArrayLike, aux: ArrayLike | None = None, *, block_size: int | None = None

@@ -86,7 +86,17 @@ def _normalize_rows(x):
 
 
 def simuformer_step(
-    x, BF, V, beta, eta, *, norm="postln", sequential=False, use_softmax=True, r=None
+    x,
+    BF,
+    V,
+    beta,
+    eta,
+    *,
+    norm="postln",
+    sequential=False,
+    use_softmax=True,
+    r=None,
+    norm_eps=1e-9,
 ):
     """One call of ``SimuXForm.step`` (simuxform.py:250-380), without the clock.
 
@@ -101,7 +111,8 @@ def simuformer_step(
     - ``"ngpt"`` (:367-377): ``x <- normalize(x + eta 0.2 A / (|A| + 1e-9))``.
 
     ``r`` (shape ``x.shape[:-1]``) starts at ones (:43) and is carried between steps; only
-    preln and periln change it. Returns ``(x_new, r_new)``. The clock and the regeneration of
+    preln and periln change it. ``norm_eps`` is the ``1e-9`` that ngpt and periln add to ``|A|``
+    (0 gives the exact ``A / |A|`` of the nGPT paper). Returns ``(x_new, r_new)``. The clock and the regeneration of
     random weights (``randomKQ``/``randomV`` = 5, :383-395) are not part of this function.
     """
     if norm not in SIMUFORMER_NORMS:
@@ -115,7 +126,7 @@ def simuformer_step(
         r = r + eta * np.sum(r[..., None] * A, axis=-1)
         tangent = A - np.sum(x * A, axis=-1, keepdims=True) * x
         return _normalize_rows(x + eta * tangent / (r[..., None] + 1e-9)), r
-    a = A / (np.linalg.norm(A, axis=-1, keepdims=True) + 1e-9)
+    a = A / (np.linalg.norm(A, axis=-1, keepdims=True) + norm_eps)
     if norm == "periln":
         r = r + eta * np.sum(r[..., None] * a, axis=-1)
         return _normalize_rows(x + eta * a / (r[..., None] + 1e-9)), r

@@ -220,18 +220,7 @@ def test_masked_kernel_field_is_the_brute_force_sum(x64, name):
     assert type(plain).has_energy is True
 
 
-@pytest.mark.parametrize(
-    "mask",
-    [
-        pytest.param(
-            m,
-            marks=pytest.mark.xfail(strict=True, reason="no registry parameter for Window.causal"),
-        )
-        if isinstance(m, mf.masks.Window) and m.causal
-        else m
-        for m in MASKS
-    ],
-)
+@pytest.mark.parametrize("mask", MASKS)
 def test_mask_params_round_trip(mask):
     assert mf.masks.from_params(mf.masks.to_params(mask)) == mask
 
@@ -492,6 +481,7 @@ def _families():
         "random weights with regen": lambda b, QKV: SA(
             b, weights="gaussian", value="gaussian", heads=2, weight_seed=4, regen_period=0.1
         ),
+        "causal ngpt": lambda b, QKV: SA(b, *QKV, mask=causal, normalization="ngpt", alpha=0.3),
     }
 
 
@@ -517,6 +507,18 @@ def test_gradient_in_the_alibi_slope_matches_finite_differences(x64):
         0.8,
         _states(60, 5),
     )
+
+
+@pytest.mark.slow
+def test_gradient_in_the_ngpt_step_factor_matches_finite_differences(x64):
+    QKV = tuple(jnp.asarray(M) for M in _stacks(61, 2))
+    g = _check_grad(
+        lambda a: SA(1.3, *QKV, normalization="ngpt", alpha=a),
+        0.3,
+        _states(60, 5),
+        step="renormalize",
+    )
+    assert abs(float(g)) > 1e-6
 
 
 @pytest.mark.slow
@@ -555,6 +557,12 @@ def test_inconsistent_parameters_raise_one_clear_error():
         mf.masks.check_mask("causal")  # the package's own check, without the hook
     with pytest.raises(ValueError, match="attention must be one of"):
         SA(1.0, attention="sparse")
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        SA(1.0, normalization="rms")
+    with pytest.raises(ValueError, match="alpha = 0.5 is nGPT's step factor"):
+        SA(1.0, alpha=0.5)
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        SA(1.0, normalization="ngpt", alpha=0.0)
     with pytest.raises(ValueError, match="unknown ensemble 'wishart'"):
         mf.models.random_weights(jax.random.key(0), 3, ensemble="wishart")
     with pytest.raises(ValueError, match="square \\(d, d\\) matrix or an \\(H, d, d\\) stack"):

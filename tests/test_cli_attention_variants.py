@@ -46,6 +46,17 @@ def _run(capsys, tmp_path, *args):
         (["--mask", "alibi", "--slope", "-1"], "argument --slope: must be >= 0"),
         (["--mask", "window", "--width", "0"], "argument --width: must be >= 1"),
         (["--kernel", "usa", "--heads", "2"], "--heads is not a parameter of --kernel usa"),
+        (
+            ["--kernel", "sa", "--alpha", "0.5"],
+            "--alpha = 0.5 applies with --normalization = 'ngpt'",
+        ),
+        (["--slope", "2"], "--slope = 2.0 applies with --mask = 'alibi', not 'none'"),
+        (["--mask", "causal", "--window-causal"], "applies with --mask = 'window'"),
+        (["--kernel", "sa", "--normalization", "pre"], "argument --normalization: invalid choice"),
+        (
+            ["--kernel", "sa", "--normalization", "ngpt", "--alpha", "0"],
+            "argument --alpha: must be > 0",
+        ),
     ],
 )
 def test_bad_values_are_one_line_exit_2(args, needle, tmp_path, capsys):
@@ -103,3 +114,14 @@ def test_hardmax_and_window_run(tmp_path, capsys):
     r = json.loads(out)
     got = (r["attention"], r["tie_tol"], r["mask"], r["width"], r["include_self"])
     assert got == ("hardmax", 1e-3, "window", 2, False)
+
+
+def test_ngpt_and_causal_window_run(tmp_path, capsys):
+    status, out, lines = _run(
+        capsys, tmp_path, "--kernel", "sa", "--normalization", "ngpt", "--alpha", "0.3",
+        "--mask", "window", "--width", "2", "--window-causal",
+    )  # fmt: skip
+    assert status == 0, lines
+    r = json.loads(out)
+    got = (r["normalization"], r["alpha"], r["mask"], r["width"], r["window_causal"])
+    assert got == ("ngpt", 0.3, "window", 2, True)

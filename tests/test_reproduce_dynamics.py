@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from _reference_sims import (
@@ -15,11 +16,13 @@ from _reference_sims import (
     sinkhorn_self_ot,
 )
 
+import meanfield as mf
 from meanfield.reproduce import EXPERIMENTS, PAPERS, QUICK_COST_S
 from meanfield.reproduce import dynamics as rd
 
 CHECKS = {
     "equiangular_ode",
+    "ngpt_equiangular_ode",
     "causal_first_token_fixed",
     "causal_converge_to_first",
     "lim_response_vs_expm",
@@ -52,6 +55,7 @@ def test_all_checks_pass(summary):
         assert c["note"] and np.isfinite(c["measured"]), c["name"]
     assert rows["causal_first_token_fixed"]["measured"] == 0.0
     assert rows["equiangular_ode"]["measured"] < 1e-8
+    assert rows["ngpt_equiangular_ode"]["measured"] < 1e-8
     assert 0.1 < rows["lim_u_shape"]["measured"] < 0.5  # the interior minimum (closed form: 0.26)
     on_disk = json.loads((out / "dynamics" / "summary.json").read_text())
     assert on_disk["checks"] == s["checks"]
@@ -78,6 +82,23 @@ def test_lim_t_crit_and_equiangular_rhs_are_the_references():
     )
 
 
+@pytest.mark.parametrize("rho", [-0.15, 0.1, 0.6, 0.95])
+def test_ngpt_equiangular_rhs_is_the_brute_force_velocity(x64, rho):
+    """rho' of nGPT from the particles' own field at an equiangular configuration."""
+    n, beta, alpha = 6, 2.0, 0.3
+    G = (1 - rho) * np.eye(n) + rho * np.ones((n, n))
+    x = jnp.asarray(np.linalg.cholesky(G))
+    model = mf.models.SelfAttention(beta, normalization="ngpt", alpha=alpha)
+    v = np.asarray(mf.velocity(model, x))
+    xn = np.asarray(x)
+    want = float(v[0] @ xn[1] + xn[0] @ v[1])  # d<x_0, x_1>/dt
+    got = float(rd.equiangular_rhs(rho, beta, n, normalization="ngpt", alpha=alpha))
+    assert got == pytest.approx(want, rel=1e-12)
+    # nGPT is Post-LN times alpha / |F|
+    F = np.linalg.norm(np.asarray(mf.models.SelfAttention(beta).field(x))[0])
+    assert got == pytest.approx(float(rd.equiangular_rhs(rho, beta, n)) * alpha / F, rel=1e-12)
+
+
 def test_sinkhorn_self_ot_is_the_reference():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((7, 3))
@@ -90,4 +111,4 @@ def test_sinkhorn_self_ot_is_the_reference():
 
 def test_registered_with_a_cost():
     assert EXPERIMENTS["dynamics"] == "meanfield.reproduce.dynamics"
-    assert "dynamics" in QUICK_COST_S and "dynamics" not in PAPERS
+    assert "dynamics" in QUICK_COST_S and "dynamics" in PAPERS

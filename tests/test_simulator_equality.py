@@ -1,7 +1,7 @@
 """meanfield against the public simulators of issue 28, from the same particles and weights (float64).
 
 The references are the NumPy transcriptions of tests/_reference_sims.py: simuformer's
-``SimuXForm.step`` (postln; the attention output of ngpt), lost in the middle's ALiBi circle
+``SimuXForm.step`` (postln and ngpt), lost in the middle's ALiBi circle
 dynamics (``rk4_step``) and rotf's equiangular ODE. The conventions that differ (research notes,
 issue 28): simuformer's value matrix acts on the right of row vectors (meanfield's ``V`` is its
 transpose) and its bilinear form is ``BF = Q^T K``; lost in the middle's force is ``beta`` times
@@ -18,6 +18,7 @@ from _reference_sims import (
     lim_build_causal_weights,
     lim_rk4_step,
     rotf_equiangular_rhs,
+    simuformer_field,
     simuformer_step,
 )
 
@@ -33,12 +34,12 @@ def _simuformer_weights(seed, H, d):
     return BF, V
 
 
-def _meanfield_sa(beta, BF, V_sim, sequential):
+def _meanfield_sa(beta, BF, V_sim, sequential, **options):
     """SA with Q = I, K = BF (so Q^T K = BF) and V = V_sim^T, causal when ``sequential``."""
     H, d, _ = BF.shape
     Q = np.broadcast_to(np.eye(d), (H, d, d))
     V = np.swapaxes(V_sim, 1, 2)
-    return SA(beta, Q, BF, V, mask=mf.masks.Causal() if sequential else None)
+    return SA(beta, Q, BF, V, mask=mf.masks.Causal() if sequential else None, **options)
 
 
 @pytest.mark.parametrize("heads", [1, 3])
@@ -55,21 +56,33 @@ def test_simuformer_postln_is_the_renormalised_euler_step(x64, heads, sequential
     np.testing.assert_allclose(traj.xs[-1], x, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("sequential", [False, True])
-def test_simuformer_ngpt_moves_along_the_meanfield_attention_output(x64, sequential):
-    # meanfield has no nGPT normalisation (issue 29): what it implements is the attention output A
-    # (the field), which ngpt normalises per token and moves along by the fixed angle eta 0.2.
-    n, d, beta, eta, H = 6, 4, 1.5, 0.2, 3
-    x = np.asarray(mf.sphere.uniform(jax.random.key(3), n, d, dtype=jnp.float64))
-    BF, V_sim = _simuformer_weights(7, H, d)
-    model = _meanfield_sa(beta, BF, V_sim, sequential)
-    for _ in range(4):
-        want, _ = simuformer_step(x, BF, V_sim, beta, eta, norm="ngpt", sequential=sequential)
-        A = np.asarray(mf.field(model, jnp.asarray(x)))
-        y = x + eta * 0.2 * A / (np.linalg.norm(A, axis=-1, keepdims=True) + 1e-9)
-        got = y / np.linalg.norm(y, axis=-1, keepdims=True)
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
-        x = want
+def test_simuformer_ngpt_is_the_renormalised_euler_step_of_ngpt(x64, heads, sequential):
+    # simuformer's ngpt: x <- normalize(x + eta 0.2 A / (|A| + 1e-9)); meanfield's
+    # normalization="ngpt" has the unprojected field alpha A / |A| (no 1e-9)
+    n, d, beta, eta, steps = 7, 4, 1.5, 0.2, 8
+    x0 = mf.sphere.uniform(jax.random.key(3 + heads + 10 * sequential), n, d, dtype=jnp.float64)
+    BF, V_sim = _simuformer_weights(7 + heads, heads, d)
+    model = _meanfield_sa(beta, BF, V_sim, sequential, normalization="ngpt", alpha=0.2)
+    traj = mf.simulate(model, x0, t1=steps * eta, dt=eta, solver="euler", step="renormalize")
+    exact, published = np.asarray(x0), np.asarray(x0)
+    smallest = np.inf
+    for _ in range(steps):
+        exact, _ = simuformer_step(
+            exact, BF, V_sim, beta, eta, norm="ngpt", sequential=sequential, norm_eps=0.0
+        )
+        A = simuformer_field(published, BF, V_sim, beta, sequential=sequential)
+        smallest = min(smallest, float(np.min(np.linalg.norm(A, axis=-1))))
+        published, _ = simuformer_step(
+            published, BF, V_sim, beta, eta, norm="ngpt", sequential=sequential
+        )
+    np.testing.assert_allclose(traj.xs[-1], exact, rtol=0, atol=1e-12)
+    # the published 1e-9 moves each step by at most eta 0.2 1e-9 / |A| more (x 4: the flow's
+    # Lipschitz growth over these steps and rounding)
+    tol = 4 * steps * eta * 0.2 * 1e-9 / smallest
+    np.testing.assert_allclose(traj.xs[-1], published, rtol=0, atol=tol)
+    assert np.max(np.abs(traj.xs[-1] - published)) > 1e-14  # the 1e-9 is seen
 
 
 def test_lost_in_the_middle_rk4_is_masked_usa_on_the_circle(x64):

@@ -83,19 +83,33 @@ def test_defaults_given_explicitly_are_the_same_spec():
 @pytest.mark.parametrize(
     "model, match",
     [
-        ('kind = "usa"\nslope = 0.5', "model.slope applies with model.mask = 'alibi', not 'none'"),
+        (
+            'kind = "usa"\nslope = 0.5',
+            "model.slope = 0.5 applies with model.mask = 'alibi', not 'none'",
+        ),
         (
             'kind = "usa"\nmask = "causal"\nwidth = 2',
-            "model.width applies with model.mask = 'window'",
+            "model.width = 2 applies with model.mask = 'window'",
         ),
-        ('kind = "usa"\ninclude_self = false', "model.include_self applies with model.mask"),
+        (
+            'kind = "usa"\ninclude_self = false',
+            "model.include_self = False applies with model.mask",
+        ),
         (
             'kind = "sa"\nsinkhorn_iters = 3',
-            "model.sinkhorn_iters applies with model.attention = 'sinkhorn'",
+            "model.sinkhorn_iters = 3 applies with model.attention = 'sinkhorn'",
         ),
         (
             'kind = "sa"\nattention = "sinkhorn"\ntie_tol = 0.1',
-            "model.tie_tol applies with model.attention = 'hardmax'",
+            "model.tie_tol = 0.1 applies with model.attention = 'hardmax'",
+        ),
+        (
+            'kind = "sa"\nalpha = 0.5',
+            "model.alpha = 0.5 applies with model.normalization = 'ngpt'",
+        ),
+        (
+            'kind = "usa"\nmask = "causal"\nwindow_causal = true',
+            "model.window_causal = True applies with model.mask = 'window'",
         ),
         (
             'kind = "sa"\nweight_seed = [0, 2147483648]',
@@ -203,6 +217,27 @@ def test_masked_usa_sweep_runs_and_records_no_energy(tmp_path):
             rtol=2e-5,
             atol=1e-6,
         )
+
+
+def test_ngpt_alpha_axis_with_a_causal_window_equals_simulate(tmp_path):
+    spec = _spec(
+        'kind = "sa"\nnormalization = "ngpt"\nalpha = [0.1, 0.5]\nmask = "window"\nwidth = 2\n'
+        "window_causal = true"
+    )
+    assert spec.axes["alpha"].tolist() == [0.1, 0.5]
+    sweep.run_sweep(spec, tmp_path / "ngpt.zarr", quiet=True)
+    ds = sweep.load(tmp_path / "ngpt.zarr")
+    assert ds.attrs["model.normalization"] == "ngpt" and ds.attrs["model.window_causal"]
+    np.testing.assert_array_equal(ds["status"].values, sweep.OK)
+    ts = ds["time"].values
+    gaps = []
+    for alpha in (0.1, 0.5):
+        params = {"beta": 1.0, "normalization": "ngpt", "alpha": alpha, "mask": "window"}
+        tr = _direct({**params, "width": 2, "window_causal": True}, "sa", 0, ts)
+        got = ds["collapse_gap"].sel(n=6, beta=1.0, alpha=alpha, seed=0).values
+        np.testing.assert_allclose(got, tr.collapse_gap, rtol=2e-5, atol=1e-6)
+        gaps.append(got[-1])
+    assert gaps[1] < gaps[0]  # a larger step factor collapses faster
 
 
 @pytest.mark.parametrize(

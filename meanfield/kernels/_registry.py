@@ -25,7 +25,7 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from .._checks import check_int
-from .._params import PARAM_KINDS, RESERVED_NAMES, Param
+from .._params import PARAM_KINDS, RESERVED_NAMES, Param, check_applies
 from ..models import Model, SelfAttention
 from ._exp import USA, DistanceBias
 from ._gauge import Gauge, PhaseField, Prompt, RoPE
@@ -148,6 +148,7 @@ class ModelEntry:
         out = self.defaults()
         for name, value in params.items():
             out[name] = self.param(name).validate(value, f"{where}{name}")
+        check_applies(out, self.defaults(), where)
         return out
 
 

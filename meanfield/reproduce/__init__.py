@@ -40,9 +40,10 @@ EXPERIMENTS: dict[str, str] = {
     "dynamics": "meanfield.reproduce.dynamics",
 }
 
-#: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers and
-#: the mean-field limit they share (``continuum``, MATH.md Sec. 5).
-PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum")
+#: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers, the
+#: mean-field limit they share (``continuum``, MATH.md Sec. 5) and the attention variants as
+#: dynamics (``dynamics``: heads, masks, Sinkhorn, hardmax against their papers).
+PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum", "dynamics")
 
 #: Wall seconds of each quick run alone on the 2-core box (BENCHMARKS.md, "Where ``meanfield
 #: reproduce --quick`` spends its time"): with several processes the longest start first, so that

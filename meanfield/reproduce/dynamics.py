@@ -6,6 +6,8 @@ Checks (``summary.json``, the common schema), all in float64:
   $(1 - \rho_0) I + \rho_0 \mathbf 1 \mathbf 1^\top$, $n \le d + 1$): the common inner product follows
   $\rho' = 2 (1 - \rho)(1 + (n - 1)\rho) / (e^{\beta (1 - \rho)} + n - 1)$ (rotf's ``curve.ipynb``);
   ``mf.simulate`` (RK4) against ``scipy.integrate.solve_ivp``.
+* ``ngpt_equiangular_ode``: the same with ``normalization="ngpt"`` (each token at speed $\alpha$
+  along its normalised attention output): $\rho'$ times $\alpha / \|F\|$ (``equiangular_rhs``).
 * ``causal_first_token_fixed`` and ``causal_converge_to_first``: causal SA (``mf.masks.Causal()``,
   $V = I$; Karagodin, Polyanskiy, Rigollet, arXiv 2411.04990): the first token never moves, and
   every token converges to it; the unmasked run from the same start is reported beside.
@@ -32,8 +34,7 @@ Checks (``summary.json``, the common schema), all in float64:
   that count is reported, not checked).
 
 Figure: ``lost_in_the_middle.png`` (the profile at each time, measured and closed form); data:
-``dynamics_data.npz``. Not in ``PAPERS`` (not part of ``meanfield reproduce`` without a name): it
-runs on its own.
+``dynamics_data.npz``. In ``PAPERS``: part of ``meanfield reproduce`` without a name.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ EXPERIMENT = Experiment(
     _NAME,
     {
         "equiangular": Option(
-            {"n": 6, "d": 8, "beta": 2.0, "rho0": 0.1, "t1": 8.0, "dt": 0.02},
-            doc="equiangular run: tokens n <= d + 1, beta, start inner product rho0, RK4 t1 and dt",
+            {"n": 6, "d": 8, "beta": 2.0, "rho0": 0.1, "t1": 8.0, "dt": 0.02, "alpha": 0.2},
+            doc="equiangular runs: tokens n <= d + 1, beta, start inner product rho0, RK4 t1 and dt, "
+            "nGPT's alpha",
         ),
         "causal": Option(
             {"n": 16, "d": 3, "beta": 1.0, "t1": 30.0, "dt": 0.05, "seed": 0},
@@ -151,18 +153,33 @@ EXPERIMENT = Experiment(
 
 
 # ------------------------------------------------------------------------------ closed forms
-def equiangular_rhs(rho: ArrayLike, beta: float, n: int) -> Float[np.ndarray, "..."]:
+def equiangular_rhs(
+    rho: ArrayLike, beta: float, n: int, *, normalization: str = "post", alpha: float = 0.2
+) -> Float[np.ndarray, "..."]:
     r"""$\rho' = 2 (1 - \rho)(1 + (n - 1)\rho) / (e^{\beta (1 - \rho)} + n - 1)$: the common inner
     product of $n$ SA tokens ($Q = K = V = I$, softmax, projected field) from an equiangular start
     (rotf's ``curve.ipynb``).
+
+    With ``normalization="ngpt"`` each token moves along $\alpha P_x F / \|F\|$: the same
+    right-hand side times $\alpha / \|F\|$, where $F_i = a x_i + b \sum_{j \ne i} x_j$ with
+    $a = e^{\beta} / Z$, $b = e^{\beta\rho} / Z$, $Z = e^\beta + (n - 1) e^{\beta\rho}$, so
+    $\|F\|^2 = a^2 + 2 a b (n - 1)\rho + b^2 (n - 1)(1 + (n - 2)\rho)$ (the same for every
+    token: the start stays equiangular).
 
     >>> float(equiangular_rhs(1.0, 2.0, 6))
     0.0
     """
     rho = np.asarray(rho, dtype=np.float64)
-    return np.asarray(
-        2.0 * (1.0 - rho) * (1.0 + (n - 1) * rho) / (np.exp(beta * (1.0 - rho)) + n - 1)
-    )
+    post = 2.0 * (1.0 - rho) * (1.0 + (n - 1) * rho) / (np.exp(beta * (1.0 - rho)) + n - 1)
+    if normalization == "post":
+        return np.asarray(post)
+    if normalization != "ngpt":
+        raise ValueError(f"normalization must be 'post' or 'ngpt', got {normalization!r}")
+    # a, b scaled by e^{-beta}: a = 1 / z, b = e^{-beta (1 - rho)} / z
+    z = 1.0 + (n - 1) * np.exp(-beta * (1.0 - rho))
+    a, b = 1.0 / z, np.exp(-beta * (1.0 - rho)) / z
+    norm = np.sqrt(a**2 + 2 * a * b * (n - 1) * rho + b**2 * (n - 1) * (1 + (n - 2) * rho))
+    return np.asarray(alpha * post / norm)
 
 
 def _omega(m: Float[np.ndarray, " k"], M: float) -> Float[np.ndarray, " k"]:
@@ -301,36 +318,56 @@ def _equiangular(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
     x0 = np.zeros((n, d))
     x0[:, :n] = np.linalg.cholesky(G)
     ts = np.linspace(0.0, t1, 17)
-    with jax.enable_x64(True):
-        traj = simulate(
-            models.SelfAttention(beta), jnp.asarray(x0), t1=t1, dt=dt, solver="rk4", ts=ts
+    alpha = float(S["alpha"])
+    out, finals = [], {}
+    for norm in ("post", "ngpt"):
+        model = models.SelfAttention(
+            beta, normalization=norm, alpha=alpha if norm == "ngpt" else 0.2
         )
-        xs = np.asarray(traj.xs)
-    gram = np.einsum("tid,tjd->tij", xs, xs)
-    off = gram[:, ~np.eye(n, dtype=bool)]
-    ode = solve_ivp(
-        lambda _t, y: equiangular_rhs(y, beta, n),
-        (0.0, t1),
-        [rho0],
-        t_eval=ts,
-        rtol=1e-13,
-        atol=1e-15,
-    ).y[0]
-    err = float(np.max(np.abs(off.mean(axis=1) - ode)))
-    spread = float(np.max(off.max(axis=1) - off.min(axis=1)))
-    return [
-        check(
-            "equiangular_ode",
-            err,
-            0.0,
-            tol,
-            f"max over {ts.size} save times in [0, {t1:g}] of |mean off-diagonal Gram entry of the particles - "
-            f"rho(t)|, particles: SA Q = K = V = I, mf.simulate RK4 dt = {dt:g}, n = {n}, d = {d}, beta = {beta:g}, "
-            f"from Gram (1 - rho0) I + rho0 11^T, rho0 = {rho0:g}; rho(t): solve_ivp (rtol 1e-13) of rotf's "
-            f"rho' = 2(1-rho)(1+(n-1)rho)/(e^(beta(1-rho)) + n - 1); rho(t1) = {ode[-1]:.10f}; spread of the "
-            f"off-diagonal entries (max - min) {spread:.2e} (the start stays equiangular)",
+        with jax.enable_x64(True):
+            traj = simulate(model, jnp.asarray(x0), t1=t1, dt=dt, solver="rk4", ts=ts)
+            xs = np.asarray(traj.xs)
+        gram = np.einsum("tid,tjd->tij", xs, xs)
+        off = gram[:, ~np.eye(n, dtype=bool)]
+        ode = solve_ivp(
+            lambda _t, y, norm=norm: equiangular_rhs(y, beta, n, normalization=norm, alpha=alpha),
+            (0.0, t1),
+            [rho0],
+            t_eval=ts,
+            rtol=1e-13,
+            atol=1e-15,
+        ).y[0]
+        finals[norm] = ode[-1]
+        err = float(np.max(np.abs(off.mean(axis=1) - ode)))
+        spread = float(np.max(off.max(axis=1) - off.min(axis=1)))
+        common = (
+            f"max over {ts.size} save times in [0, {t1:g}] of |mean off-diagonal Gram entry of the "
+            f"particles - rho(t)|, particles: SA Q = K = V = I, mf.simulate RK4 dt = {dt:g}, n = {n}, "
+            f"d = {d}, beta = {beta:g}, from Gram (1 - rho0) I + rho0 11^T, rho0 = {rho0:g}; rho(t): "
+            f"solve_ivp (rtol 1e-13) of "
         )
-    ]
+        if norm == "post":
+            note = (
+                common + "rotf's rho' = 2(1-rho)(1+(n-1)rho)/(e^(beta(1-rho)) + n - 1); "
+                f"rho(t1) = {ode[-1]:.10f}"
+            )
+        else:
+            note = (
+                common + f"the same rho' times alpha/|F| (normalization='ngpt', alpha = {alpha:g}; "
+                "|F|^2 = a^2 + 2ab(n-1)rho + b^2(n-1)(1+(n-2)rho), a, b the softmax weights of self "
+                f"and of another token); rho(t1) = {ode[-1]:.10f} (Post-LN: {finals['post']:.10f})"
+            )
+        out.append(
+            check(
+                "equiangular_ode" if norm == "post" else "ngpt_equiangular_ode",
+                err,
+                0.0,
+                tol,
+                note + f"; spread of the off-diagonal entries (max - min) {spread:.2e} (the start "
+                "stays equiangular)",
+            )
+        )
+    return out
 
 
 def _causal(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:

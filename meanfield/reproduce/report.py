@@ -53,6 +53,15 @@ _CLAIMS = {
         "fastest mode k* ~ sqrt(2 beta) predicts how many clusters form before the slow merging phase, and the "
         "particles converge to the density at the rate n^{-1/2}.",
     ),
+    "dynamics": (
+        "Attention variants as dynamics: heads, masks, Sinkhorn and hardmax",
+        "With Q = K = V = I an equiangular start stays equiangular and its inner product solves a scalar "
+        "ODE; under a causal mask the first token never moves and all tokens converge to it; ALiBi causal "
+        "attention on the circle favours the ends of the sequence at early times (a U-shaped response, "
+        "lost in the middle) and becomes monotone after a critical time; Sinkhorn attention is doubly "
+        "stochastic and, for symmetric weights, a gradient flow of the entropic self-transport cost; hardmax "
+        "attention freezes the leaders and comes to rest at a clustered equilibrium.",
+    ),
 }
 
 

@@ -79,7 +79,7 @@ import numpy as np
 
 from .._checks import check_choice
 from .._native import check_backend
-from .._params import Param
+from .._params import Param, check_applies
 from .._params import check_float as _float
 from .._params import check_int as _int
 from .._params import check_keys as _unknown
@@ -200,14 +200,6 @@ def _param_value(where: str, p: Param, v: object) -> Any:
 
 
 #: Optional ``[model]`` keys that apply only with some values of another: ``key: (switch, values)``.
-_APPLIES = {
-    "slope": ("mask", ("alibi",)),
-    "width": ("mask", ("window",)),
-    "include_self": ("mask", ("causal", "alibi", "window")),
-    "mask_normalized": ("mask", ("causal", "alibi", "window")),
-    "sinkhorn_iters": ("attention", ("sinkhorn",)),
-    "tie_tol": ("attention", ("hardmax",)),
-}
 
 
 def _recorded(values: Mapping[str, Any], accepted: Mapping[str, Param]) -> dict:
@@ -269,14 +261,8 @@ def _model_params(
                         f"model.{name} = {x} must be <= {MAX_SEED} (an int32 in the compiled program)"
                     )
         values[name] = value
-    given = _recorded(values, accepted)
-    for name, (switch, needs) in _APPLIES.items():  # a value that changes nothing: refused
-        if name in given and values[switch] not in needs:
-            raise ValueError(
-                f"model.{name} applies with model.{switch} = "
-                + " or ".join(repr(v) for v in needs)
-                + f", not {values[switch]!r}"
-            )
+    # a value that changes nothing: refused
+    check_applies(values, {k: p.validate(p.default, k) for k, p in accepted.items()}, "model.")
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
