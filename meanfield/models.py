@@ -890,8 +890,9 @@ class SelfAttention(Model):
         """The ``(n, n)`` logits and weights as XLA:CPU holds them (``compiled.memory_analysis()``,
         tests/test_cost_model.py): about two arrays up to ``n = 1024``, one while ``n^2 < 2^24``,
         none beyond (the small-``d`` products are fused into loops); with a margin above, whatever
-        ``block_size``. Several heads, a mask or another normalisation than softmax hold their
-        ``(H, n, n)`` arrays: ``H + 2`` of them (one more for Sinkhorn's iterates)."""
+        ``block_size``. Several heads, a mask or another normalisation than softmax: ``H + 2``
+        arrays (one more for Sinkhorn's iterates), an upper bound of the forward pass, which
+        evaluates one head at a time (``jax.lax.map``), and what reverse mode keeps of the heads."""
         nf = as_float(n)
         if self.num_heads() > 1 or self.mask is not None or self.attention != "softmax":
             extra = 1.0 if self.attention == "sinkhorn" else 0.0
