@@ -105,23 +105,24 @@ def test_every_new_flag_of_sa(tmp_path, capsys):
     assert r["theory_max_energy"] is None and np.isfinite(r["final_collapse_gap"])
 
 
-def test_hardmax_and_window_run(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--attention", "hardmax", "--tie-tol", "1e-3", "--no-include-self"],
+            {"attention": "hardmax", "tie_tol": 1e-3, "include_self": False},
+        ),
+        (
+            ["--normalization", "ngpt", "--alpha", "0.3", "--window-causal"],
+            {"normalization": "ngpt", "alpha": 0.3, "window_causal": True},
+        ),
+    ],
+    ids=["hardmax", "ngpt-causal-window"],
+)
+def test_sa_variants_with_a_window_run(args, expected, tmp_path, capsys):
     status, out, lines = _run(
-        capsys, tmp_path, "--kernel", "sa", "--attention", "hardmax", "--tie-tol", "1e-3",
-        "--mask", "window", "--width", "2", "--no-include-self",
-    )  # fmt: skip
+        capsys, tmp_path, "--kernel", "sa", "--mask", "window", "--width", "2", *args
+    )
     assert status == 0, lines
     r = json.loads(out)
-    got = (r["attention"], r["tie_tol"], r["mask"], r["width"], r["include_self"])
-    assert got == ("hardmax", 1e-3, "window", 2, False)
-
-
-def test_ngpt_and_causal_window_run(tmp_path, capsys):
-    status, out, lines = _run(
-        capsys, tmp_path, "--kernel", "sa", "--normalization", "ngpt", "--alpha", "0.3",
-        "--mask", "window", "--width", "2", "--window-causal",
-    )  # fmt: skip
-    assert status == 0, lines
-    r = json.loads(out)
-    got = (r["normalization"], r["alpha"], r["mask"], r["width"], r["window_causal"])
-    assert got == ("ngpt", 0.3, "window", 2, True)
+    assert {k: r[k] for k in expected} == expected and (r["mask"], r["width"]) == ("window", 2)
