@@ -32,7 +32,6 @@ CHECKS = {
     "sinkhorn_marginals",
     "sinkhorn_energy_v_qk",
     "sinkhorn_energy_identity",
-    "sinkhorn_energy_v_identity",
     "hardmax_identity_static",
     "hardmax_leaders_fixed",
     "hardmax_equilibrium",

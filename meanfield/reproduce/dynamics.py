@@ -19,12 +19,12 @@ Checks (``summary.json``, the common schema), all in float64:
   mean-field density of each position) by ``jax.vjp`` of ``mf.simulate``, against the
   finite-$n$ matrix exponential of the same weights and the closed form $S_t(s)$ (``lim_profile``):
   U-shaped at $t = 1$, monotone after ``lim_t_crit``.
-* ``sinkhorn_marginals``, ``sinkhorn_energy_v_qk``, ``sinkhorn_energy_identity``,
-  ``sinkhorn_energy_v_identity``: Sinkhorn attention (Sander et al. 2022) is doubly stochastic; the
-  entropic self-transport cost ``sinkhorn_self_ot`` decreases along ``mf.simulate`` for a symmetric
-  $W = Q^\top K$ with $V = W$ and for $Q = K = V = I$ (gradient flows); with $V = I$ and $W \ne I$
-  the run is measured and reported (no gradient-flow structure is known on the sphere; the cost
-  increases on some intervals of the quick run).
+* ``sinkhorn_marginals``, ``sinkhorn_energy_v_qk``, ``sinkhorn_energy_identity``: Sinkhorn attention
+  (Sander et al. 2022) is doubly stochastic; the entropic self-transport cost ``sinkhorn_self_ot``
+  decreases along ``mf.simulate`` for a symmetric $W = Q^\top K$ with $V = W$ and for
+  $Q = K = V = I$ (gradient flows); with $V = I$ and $W \ne I$ the run is measured and reported in
+  the note of ``sinkhorn_energy_v_qk``, not checked (no gradient-flow structure is known on the
+  sphere; the cost increases on some intervals of the quick run).
 * ``hardmax_identity_static``, ``hardmax_leaders_fixed``, ``hardmax_equilibrium``: hardmax attention
   (Alcalde, Fantuzzi, Zuazua 2024, stated in $\mathbb R^d$ with $A = Q^\top K$ positive definite:
   the tokens cluster at the leaders): on the sphere with $Q = K = I$ every token is its own
@@ -612,6 +612,14 @@ def _sinkhorn(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, 
         + ", ".join(f"{v:.2f}" for v in np.linalg.eigvalsh(Wsym))
         + "); E = sinkhorn_self_ot(beta x W x^T), the entropic self-transport cost (eps = 1)"
     )
+    Ev = energies["v_identity"]
+    rises = int(np.sum(np.diff(Ev) > tol["sinkhorn_energy"]))
+    v_identity = (
+        f". Not a check: the issue's 'symmetric Q^T K and V = I' (Q = I, K = W, V = I) is not a gradient flow "
+        f"of E on the sphere (E is a potential of that field only in the metric W, in R^d with W positive "
+        f"definite); measured on the same start, E went from {Ev[0]:.6f} to {Ev[-1]:.6f}, largest rise between "
+        f"saves {float(np.max(np.diff(Ev))):.2e}, {rises} rising steps of {Ev.size - 1}"
+    )
     for name, label in (("v_qk", "Q = I, K = W, V = W"), ("identity", "Q = K = V = I")):
         E = energies[name]
         rows.append(
@@ -621,26 +629,11 @@ def _sinkhorn(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, 
                 0.0,
                 tol["sinkhorn_energy"],
                 f"max over consecutive saves of E(t_k+1) - E(t_k) ({label}: a gradient flow, "
-                f"x' = -(n / 2 beta) grad_sphere E, so <= 0): E from {E[0]:.6f} to {E[-1]:.6f}; {setting}",
+                f"x' = -(n / 2 beta) grad_sphere E, so <= 0): E from {E[0]:.6f} to {E[-1]:.6f}; {setting}"
+                + (v_identity if name == "v_qk" else ""),
                 passed=lambda v: v <= tol["sinkhorn_energy"],
             )
         )
-    E = energies["v_identity"]
-    up = float(np.max(np.diff(E)))
-    rows.append(
-        check(
-            "sinkhorn_energy_v_identity",
-            up,
-            None,
-            note=f"measured, no prediction (always passes): max over consecutive saves of E(t_k+1) - E(t_k) with "
-            f"Q = I, K = W symmetric != I, V = I (the issue's 'symmetric Q^T K and V = I'): E from {E[0]:.6f} to "
-            f"{E[-1]:.6f}, {'monotone non-increasing' if up <= tol['sinkhorn_energy'] else 'NOT monotone'} on this "
-            f"run ({int(np.sum(np.diff(E) > tol['sinkhorn_energy']))} increasing steps of {E.size - 1}). E is a "
-            "potential of this field only in the metric W (in R^d, W positive definite), not on the sphere; "
-            f"{setting}",
-            passed=True,
-        )
-    )
     return rows
 
 
