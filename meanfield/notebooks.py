@@ -125,6 +125,46 @@ def _kernel_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
 
 
+_POLL_S = 1.0  # longest single wait on a kernel channel (see _client_class)
+
+
+def _chunked(get_msg: Any) -> Any:
+    """``get_msg`` that waits in slices of at most ``_POLL_S`` seconds up to ``timeout``.
+
+    One long ``socket.poll`` of jupyter_client's async channels can miss a message that arrived
+    while it waited (zmq's edge-triggered descriptor; jupyter/nbclient#312): a widget cell's
+    ``execute_reply`` was then found only when the cell's whole timeout ran out (600 s). A new
+    poll sees a message already queued, so short polls find it at once.
+    """
+    from queue import Empty
+
+    async def get(timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            try:
+                return await get_msg(timeout=max(0.0, left))
+            except Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    return get
+
+
+def _client_class(base: Any) -> Any:
+    """``nbclient.NotebookClient`` whose kernel client polls its shell and IOPub channels in
+    short slices (``_chunked``); nothing else changes."""
+
+    class _Client(base):  # type: ignore[misc, valid-type]
+        async def async_start_new_kernel_client(self) -> Any:
+            kc = await super().async_start_new_kernel_client()
+            for channel in (kc.shell_channel, kc.iopub_channel):
+                channel.get_msg = _chunked(channel.get_msg)
+            return kc
+
+    return _Client
+
+
 def execute(
     path: str | os.PathLike, *, write: bool = True, timeout: int = 600, kernel_name: str = "python3"
 ) -> Any:
@@ -147,7 +187,7 @@ def execute(
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {str(path)!r}")
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
+    client = _client_class(NotebookClient)(
         nb,
         timeout=timeout,
         kernel_name=kernel_name,
