@@ -6,7 +6,8 @@ Public API (see README.md for a tour)::
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
-    mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks
+    mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks,
+    mf.normalization
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
         metastability,
         metrics,
         models,
+        normalization,
         phase_diagram,
         prototypes,
         random_batch,
@@ -65,6 +67,7 @@ __all__ = [
     "metastability",
     "metrics",
     "models",
+    "normalization",
     "phase_diagram",
     "positions",
     "prototypes",
@@ -89,6 +92,7 @@ _SUBMODULES = frozenset(
         "metastability",
         "metrics",
         "models",
+        "normalization",
         "phase_diagram",
         "prototypes",
         "random_batch",

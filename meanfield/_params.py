@@ -81,6 +81,7 @@ APPLIES: dict[str, tuple[str, tuple[Any, ...]]] = {
     "sinkhorn_iters": ("attention", ("sinkhorn",)),
     "tie_tol": ("attention", ("hardmax",)),
     "alpha": ("normalization", ("ngpt",)),
+    "switch_time": ("normalization", ("mix",)),
 }
 
 

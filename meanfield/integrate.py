@@ -32,6 +32,7 @@ are kept as computed so that the failure can be located).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias, cast
 
@@ -42,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float, PyTree
 
-from . import metrics, sphere
+from . import metrics, normalization, sphere
 from ._checks import (
     RealScalarLike,
     check_choice,
@@ -111,11 +112,12 @@ def _inner_solver(name: str) -> diffrax.AbstractSolver:
     }[name]()
 
 
-# The ODE state: (x, flags) with flags = [E_ref, t_ref, stopped, failed] as floats, so
-# that the Runge--Kutta combinations leave them untouched (their derivative is 0) and the
-# post-step map updates them.
-_E_REF, _T_REF, _STOP, _FAIL = range(4)
-_State: TypeAlias = tuple[Float[Array, "n d"], Float[Array, " 4"]]
+# The ODE state: (x, flags) with flags = [E_ref, t_ref, stopped, failed, switched] as floats,
+# so that the Runge--Kutta combinations leave them untouched (their derivative is 0) and the
+# post-step map updates them. ``switched`` (Mix-LN only; the others have 4 flags): past the switch
+# time (set by the step that ends at or after it, so that every stage of a step uses one scheme).
+_E_REF, _T_REF, _STOP, _FAIL, _SWITCHED = range(5)
+_State: TypeAlias = tuple[Float[Array, "n d"], Float[Array, " flags"]]
 # a time as diffrax's solvers and controllers take it (diffrax's own ``RealScalarLike``)
 _Time: TypeAlias = int | float | Array | np.ndarray
 
@@ -133,14 +135,30 @@ class _Args(eqx.Module):
     backend: str = eqx.field(
         static=True, default="auto"
     )  # of the exp-kernel evaluation (mf.kernels.BACKENDS)
+    # the tokens carry a radius (mf.normalization.RADIAL): the state is x = r theta in R^d
+    radial: bool = eqx.field(static=True, default=False)
+    # geometry="euclidean": the state is the tokens in R^d, the field evaluated on them, no projection
+    euclidean: bool = eqx.field(static=True, default=False)
 
 
 def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     x, flags = y
+    model = args.model.at_time(t)
+    if args.euclidean:
+        with use_backend(args.backend):
+            return model.field(x, args.aux, block_size=args.block_size), jnp.zeros_like(flags)
     xh = sphere.normalize(x)
     with use_backend(args.backend):
-        F = args.model.at_time(t).field(xh, args.aux, block_size=args.block_size)
-    return (sphere.project(xh, F) if args.tangent else F), jnp.zeros_like(flags)
+        F = model.field(xh, args.aux, block_size=args.block_size)
+    scheme = getattr(model, "normalization", "post")
+    if args.radial:
+        switched = flags[_SWITCHED] > 0.5 if scheme == "mix" else True
+        v = normalization.radial_velocity(scheme, x, F, switched=switched)
+        return v, jnp.zeros_like(flags)
+    v = sphere.project(xh, F) if args.tangent else F
+    if scheme == "scaling":  # LN-scaling: the speed 1 / sqrt(t + 1)
+        v = v * normalization.speed(scheme, t, v.dtype)
+    return v, jnp.zeros_like(flags)
 
 
 def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
@@ -151,10 +169,15 @@ def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
 def _post_step(t1: _Time, y: _State, args: _Args) -> _State:
     """Projection after the step, failure flag, early-stop window bookkeeping."""
     x, flags = y
-    if args.project:
+    if args.project and not (args.radial or args.euclidean):
         x = sphere.normalize(x)
     bad = ~jnp.all(jnp.isfinite(x))
+    if args.radial:  # a token at the origin has no direction
+        bad = bad | jnp.any(jnp.sum(x * x, axis=-1) <= 0)
     flags = flags.at[_FAIL].set(jnp.where(bad, 1.0, flags[_FAIL]))
+    if args.radial and args.model.normalization == "mix":
+        tau = jnp.asarray(args.model.switch_time, flags.dtype)
+        flags = flags.at[_SWITCHED].set(jnp.where(t1 >= tau, 1.0, flags[_SWITCHED]))
     if args.early_stop:
         due = (t1 - flags[_T_REF]) >= 1.0 - 1e-6
         E = jax.lax.cond(
@@ -257,6 +280,9 @@ class Trajectory(eqx.Module):
             ``stop_time``; saved values after it are NaN), or a saved energy, collapse gap or
             observable is NaN or infinite (the values are kept as computed).
         num_steps: number of accepted steps.
+        radius: ``(T, n)`` radii $r_i = |x_i|$ of the tokens at ``ts`` for the schemes with a
+            radius (``normalization`` in ``mf.normalization.RADIAL``; ``xs`` holds the directions
+            ``theta_i``), ``None`` for the others.
 
     Example:
         >>> import jax, meanfield as mf
@@ -275,6 +301,7 @@ class Trajectory(eqx.Module):
     stopped: Bool[Array, ""]
     failed: Bool[Array, ""]
     num_steps: Array
+    radius: Float[Array, "T n"] | None = None
 
 
 def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:
@@ -496,14 +523,21 @@ def simulate(
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
     step: str = "projected",
+    r0: ArrayLike | None = None,
 ) -> Trajectory:
     r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
+
+    A model's ``normalization`` (``mf.normalization``) regulates the speed: Pre-, Mix- and
+    Peri-LN give each token a radius ($x_i = r_i \theta_i$, ``r0``, ``Trajectory.radius``),
+    nGPT and LN-scaling stay on the sphere. ``SelfAttention(geometry="euclidean")`` integrates
+    the tokens in $\mathbb R^d$ without projection.
 
     Args:
         model: a kernel (``mf.kernels``) or a model (``mf.models.SelfAttention``).
         x0: ``(n, d)`` floating initial state with unit rows, validated like the states of
             ``mf.energy`` (``from meanfield.energy import check_states``: finite, rows within 1e-3
-            of the sphere).
+            of the sphere); any finite tokens for ``geometry="euclidean"`` (``SelfAttention``: the
+            unprojected flow $\dot x_i = F_i(x)$ in $\mathbb R^d$, saved as they are).
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
         t1: final time (``> 0``).
         dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones. A
@@ -519,7 +553,10 @@ def simulate(
             compilation; long or logarithmic ``ts`` cost no more to compile than short ones
             of the same length.
         rtol, atol: required for the adaptive solvers.
-        observables: dict name -> ``f(x) -> array`` evaluated at ``ts`` on the state.
+        observables: dict name -> ``f(x) -> array`` evaluated at ``ts`` on the state (the
+            directions $\theta$; the tokens in $\mathbb R^d$ for ``geometry="euclidean"``); a
+            callable with a parameter named ``radius`` also gets the ``(n,)`` radii (models with a
+            radius only), one named ``t`` the save time (e.g. ``lambda x, t: model.rescaled_states(x, t)``).
         save_states: store ``xs`` (``(T, n, d)``); ``False`` keeps only observables.
         early_stop: tolerance of the paper's rule (relative energy increment over a
             window of length 1, App. B.1), e.g. ``1e-8``; ``None`` (default) is off.
@@ -537,6 +574,10 @@ def simulate(
         step: ``"projected"`` (default: every solver integrates the tangent field $P_x F$) or
             ``"renormalize"`` (``solver="euler"`` only: $x \leftarrow \operatorname{normalize}(x + h F(x))$
             with the unprojected ``model.field``, the published code's update; see the module docstring).
+        r0: initial radii of a model whose tokens carry one (``normalization`` in
+            ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``, ``"scaling"``), a
+            scalar or ``(n,)``, every entry ``> 0`` and finite; ``None``: 1. The state is
+            $x_i = r_i \theta_i$ with $\theta_i$ = ``x0[i]``.
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -566,6 +607,21 @@ def simulate(
         )
     ts_np = _check_times(t1, dt, ts, solver)
     x0, aux = check_states(model, x0, aux, "x0")
+    radial = normalization.uses_radius(model)
+    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
+    if radial and step != "projected":
+        raise ValueError(
+            f"step={step!r} renormalises to the sphere; normalization="
+            f"{model.normalization!r} has a radius: use step='projected'"
+        )
+    if euclidean and step != "projected":
+        raise ValueError(
+            f"step={step!r} renormalises to the sphere; geometry='euclidean' has no sphere: use "
+            f"step='projected' (the unprojected flow in R^d)"
+        )
+    if euclidean and early_stop is not None:
+        raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
+    x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
     save_states = check_flag("save_states", save_states)
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
@@ -600,6 +656,12 @@ def simulate(
             raise TypeError(f"observable names must be strings, got {name!r}")
         if not callable(fn):
             raise TypeError(f"observable {name!r} must be a callable x -> array, got {fn!r}")
+        if _takes(fn, "radius") and not radial:
+            raise TypeError(
+                f"observable {name!r} reads the radius, but {type(model).__name__} with "
+                f"normalization={getattr(model, 'normalization', 'post')!r} has none "
+                f"(schemes with a radius: {', '.join(normalization.RADIAL)})"
+            )
 
     t1f = float(t1)
     h_traced = None  # traced fixed step (``_UniformSteps``)
@@ -653,7 +715,53 @@ def simulate(
         adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
         tangent=step == "projected",
         backend=backend,
+        radial=radial,
+        euclidean=euclidean,
     )
+
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    """Whether an observable declares a parameter ``name`` (``radius``, ``t``: then passed by keyword)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def _no_radius(model: Any, r0: Any, x0: Array) -> Array:
+    if r0 is not None:
+        raise ValueError(
+            f"r0 is the initial radius of a model whose tokens carry one (normalization in "
+            f"{', '.join(normalization.RADIAL)}); {type(model).__name__} with normalization="
+            f"{getattr(model, 'normalization', 'post')!r} has none"
+        )
+    return x0
+
+
+def _initial_radius(model: Any, x0: Array, r0: Any) -> Array:
+    """``r0[:, None] * x0``: the state ``x_i = r_i theta_i``, after checking ``r0``."""
+    if r0 is None:
+        return x0
+    if isinstance(r0, (str, bytes, bool)):
+        raise TypeError(f"r0 must be a positive number or an (n,) array of them, got {r0!r}")
+    r = jnp.asarray(r0)
+    if not jnp.issubdtype(r.dtype, jnp.number) or jnp.issubdtype(r.dtype, jnp.complexfloating):
+        raise TypeError(f"r0 must be real, got dtype {r.dtype}")
+    n = x0.shape[0]
+    if r.ndim > 1 or (r.ndim == 1 and r.shape[0] != n):
+        raise ValueError(
+            f"r0 must be a scalar or have shape ({n},) (one radius per token), got shape {r.shape}"
+        )
+    if is_concrete(r):
+        rn = np.asarray(r, dtype=float)
+        if not np.all(np.isfinite(rn) & (rn > 0)):
+            bad = rn[~(np.isfinite(rn) & (rn > 0))].ravel()[0]
+            raise ValueError(f"every radius r0 must be finite and > 0, got {bad!r}")
+    else:
+        r = eqx.error_if(
+            r, ~jnp.all(jnp.isfinite(r) & (r > 0)), "r0: every radius must be finite and > 0"
+        )
+    return jnp.broadcast_to(r.astype(x0.dtype), (n,))[:, None] * x0
 
 
 @eqx.filter_jit
@@ -680,23 +788,34 @@ def _simulate(
     adjoint: diffrax.AbstractAdjoint,
     tangent: bool,
     backend: str,
+    radial: bool = False,
+    euclidean: bool = False,
 ) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
-    args = _Args(model, aux, tol, block_size, not adaptive, early_stop, tangent, backend)
-    E0 = _energy(args, x0).astype(dtype) if early_stop else jnp.zeros((), dtype)
-    flags0 = jnp.array([0.0, 0.0, 0.0, 0.0], dtype).at[_E_REF].set(E0)
+    args = _Args(
+        model, aux, tol, block_size, not adaptive, early_stop, tangent, backend, radial, euclidean
+    )
+    E0 = _energy(args, sphere.normalize(x0)).astype(dtype) if early_stop else jnp.zeros((), dtype)
+    # the switch flag only for Mix-LN: adaptive step control measures every state entry, flags too
+    mix = radial and getattr(model, "normalization", "post") == "mix"
+    flags0 = jnp.zeros(5 if mix else 4, dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
 
     def save_fn(t: _Time, y: _State, args: _Args) -> dict[str, Array]:
-        x = sphere.normalize(y[0])
-        out = {"collapse_gap": metrics.collapse_gap(x), "_flags": y[1]}
+        theta = sphere.normalize(y[0])
+        x = y[0] if euclidean else theta  # the tokens in R^d, or their directions
+        out = {"collapse_gap": metrics.collapse_gap(theta), "_flags": y[1]}
+        extra: dict[str, Any] = {}
+        if radial:
+            extra["radius"] = out["radius"] = jnp.linalg.norm(y[0], axis=-1)
         if has_energy:
             out["energy"] = _energy(args, x)
         if save_states:
             out["xs"] = x
         for name, fn in observables:
-            v = jnp.asarray(fn(x))
+            kw = {k: v for k, v in (*extra.items(), ("t", t)) if _takes(fn, k)}
+            v = jnp.asarray(fn(x, **kw))
             # diffrax pre-fills unreached saves with inf: keep observables floating
             out["obs:" + name] = v if jnp.issubdtype(v.dtype, jnp.inexact) else v.astype(dtype)
         return out
@@ -777,4 +896,5 @@ def _simulate(
         stopped=stopped,
         failed=failed,
         num_steps=sol.stats["num_accepted_steps"],
+        radius=ys.get("radius"),
     )

@@ -15,7 +15,15 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ._checks import RealScalarLike, check_int, check_positive
 
-__all__ = ["collapse_gap", "token_similarity", "num_clusters", "mmd", "gram_rank", "CLUSTER_BLOCK"]
+__all__ = [
+    "collapse_gap",
+    "token_similarity",
+    "num_clusters",
+    "mmd",
+    "gram_rank",
+    "boolean_distance",
+    "CLUSTER_BLOCK",
+]
 
 #: Row tile of ``num_clusters`` (columns are twice as wide): the ``n x n`` adjacency is never formed.
 CLUSTER_BLOCK = 512
@@ -286,3 +294,18 @@ def gram_rank(x: Float[Array | np.ndarray, "n d"], rtol: float = 1e-3) -> Array:
     """
     s = jnp.linalg.svd(x, compute_uv=False)
     return jnp.sum(s > rtol * s[0])
+
+
+def boolean_distance(A: Float[Array | np.ndarray, "... n m"]) -> Float[Array, "..."]:
+    r"""Frobenius distance of a matrix to the nearest Boolean (0/1) matrix,
+    $\| A - \mathbb 1[A > 1/2] \|_F$ (entrywise rounding is the nearest 0/1 matrix): 0 exactly
+    for a Boolean matrix, e.g. the limit attention matrix of tokens in $\mathbb R^d$ (Geshkovski
+    et al. 2023), whose numerical rank ``gram_rank`` measures. Leading axes are batch axes.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> float(mf.metrics.boolean_distance(jnp.array([[1.0, 0.0], [0.5, 0.5]])))
+        0.7071067690849304
+    """
+    A = jnp.asarray(A)
+    return jnp.sqrt(jnp.sum((A - (A > 0.5)) ** 2, axis=(-2, -1)))

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
+from . import normalization as _norm
 from . import sphere
 from ._attention_weights import (
     ATTENTIONS,
@@ -55,10 +56,12 @@ from ._params import PARAM_KINDS, Param, check_float, check_value
 from ._resources import Footprint, as_float
 from .masks import Mask, check_mask
 
-#: Accepted values of ``SelfAttention``'s ``normalization``: ``"post"`` (Post-LN: the projected
-#: flow of the attention output) and ``"ngpt"`` (nGPT: the projected flow of ``alpha`` times the
-#: normalised attention output).
-NORMALIZATIONS = ("post", "ngpt")
+#: Accepted values of ``SelfAttention``'s ``geometry``: tokens on the sphere (the projected flow, the
+#: default) or in $\mathbb R^d$ (the unprojected flow of Geshkovski et al. 2023, no layer norm).
+GEOMETRIES = ("sphere", "euclidean")
+
+#: Accepted values of ``normalization`` (``SelfAttention`` and the exp kernels; ``mf.normalization``).
+NORMALIZATIONS = _norm.NORMALIZATIONS
 
 __all__ = [
     "Model",
@@ -70,6 +73,7 @@ __all__ = [
     "ATTENTIONS",
     "ENSEMBLES",
     "NORMALIZATIONS",
+    "GEOMETRIES",
     "VALUES",
     "Declared",
     "positions",
@@ -179,7 +183,11 @@ def _build_declared(cls: type, P: dict[str, Any], **extra: Any) -> Any:
     kwargs = dict(extra)
     for f in _declared_fields(cls):
         decl = f.metadata[_DECLARATION]
-        kwargs[f.name] = _build_declared(decl.kind, P) if isinstance(decl.kind, type) else P[f.name]
+        if isinstance(decl.kind, type):
+            kwargs[f.name] = _build_declared(decl.kind, P)
+        elif f.name in P or not decl.optional:
+            kwargs[f.name] = P[f.name]
+        # an optional parameter left out of P keeps its default (added after P's writer)
     return cls(**kwargs)
 
 
@@ -430,7 +438,9 @@ class Model(Declared):
             >>> import meanfield as mf
             >>> [p.name for p in mf.kernels.PhaseField.params()][:6]
             ['beta', 'omega', 'amplitude', 'frequency', 'plane', 'rescaled']
-            >>> [p.name for p in mf.kernels.PhaseField.params()][6:]   # the mask's (mf.masks.MASK_PARAMS)
+            >>> [p.name for p in mf.kernels.PhaseField.params()][6:9]   # mf.normalization's
+            ['normalization', 'alpha', 'switch_time']
+            >>> [p.name for p in mf.kernels.PhaseField.params()][9:]   # the mask's (mf.masks.MASK_PARAMS)
             ['mask', 'slope', 'width', 'window_causal', 'include_self', 'mask_normalized']
         """
         from .masks import MASK_PARAMS
@@ -628,6 +638,52 @@ class Model(Declared):
         return x
 
 
+def _normalization_param(name: str) -> Any:
+    """The declaration of ``normalization``, ``alpha`` or ``switch_time`` (``mf.normalization``),
+    shared by every model that takes them (``SelfAttention``, the exp kernels): one definition."""
+    if name == "normalization":
+        return param(
+            "post",
+            kind="choice",
+            choices=NORMALIZATIONS,
+            static=True,
+            optional=True,
+            kw_only=True,
+            doc="layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling",
+        )
+    if name == "alpha":
+        return param(
+            0.2,
+            kind="float>0",
+            optional=True,
+            kw_only=True,
+            doc="nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)",
+        )
+    return param(
+        1.0,
+        kind="float>0",
+        optional=True,
+        kw_only=True,
+        doc="Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)",
+    )
+
+
+def _check_normalization(model: Any) -> None:
+    """``ValueError`` for ``alpha`` or ``switch_time`` set away from its default while the
+    ``normalization`` it belongs to (``ngpt``, ``mix``) is not chosen."""
+    for name, scheme, default in (("alpha", "ngpt", 0.2), ("switch_time", "mix", 1.0)):
+        value = getattr(model, name)
+        if (
+            model.normalization != scheme
+            and is_concrete(value)
+            and np.any(np.asarray(value) != default)
+        ):
+            raise ValueError(
+                f"{name} = {value!r} applies with normalization={scheme!r}, not "
+                f"{model.normalization!r}"
+            )
+
+
 class SelfAttention(Model):
     r"""Self-attention particle dynamics on the sphere: heads, weights, masks, and three normalisations.
 
@@ -764,21 +820,17 @@ class SelfAttention(Model):
         kw_only=True,
         doc="redraw the random weights every this much time (0: never)",
     )
-    normalization: str = param(
-        "post",
+    normalization: str = _normalization_param("normalization")
+    alpha: RealScalarLike = _normalization_param("alpha")
+    switch_time: RealScalarLike = _normalization_param("switch_time")
+    geometry: str = param(
+        "sphere",
         kind="choice",
-        choices=NORMALIZATIONS,
+        choices=GEOMETRIES,
         static=True,
         optional=True,
         kw_only=True,
-        doc="layer-norm placement: post (Post-LN) or ngpt (unit-speed attention output)",
-    )
-    alpha: RealScalarLike = param(
-        0.2,
-        kind="float>0",
-        optional=True,
-        kw_only=True,
-        doc="nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)",
+        doc="tokens on the sphere (projected flow) or in R^d (euclidean: no projection, no layer norm)",
     )
     epoch: Any = eqx.field(default=0, kw_only=True)  # the weights' draw (``at_time``)
     mask: Mask | None = eqx.field(default=None, kw_only=True)
@@ -950,14 +1002,11 @@ class SelfAttention(Model):
                 raise ValueError(
                     f"heads = {self.heads} needs (H, d, d) weight stacks; got (d, d) matrices (one head)"
                 )
-        if (
-            self.normalization != "ngpt"
-            and is_concrete(self.alpha)
-            and np.any(np.asarray(self.alpha) != 0.2)
-        ):
+        _check_normalization(self)
+        if self.geometry == "euclidean" and self.normalization != "post":
             raise ValueError(
-                f"alpha = {self.alpha!r} is nGPT's step factor: it applies with "
-                f"normalization='ngpt', not {self.normalization!r}"
+                f"geometry='euclidean' has no layer norm: normalization={self.normalization!r} needs "
+                f"geometry='sphere' (normalization='post' is the default)"
             )
         if not self.normalized and self.attention != "softmax":
             raise ValueError(
@@ -1012,6 +1061,31 @@ class SelfAttention(Model):
         qx, kx, _, _ = self._projections(jnp.asarray(x))
         return self._weights(qx @ jnp.swapaxes(kx, -1, -2))
 
+    def rescaled_states(self, x: Float[Array, "n d"], t: ArrayLike) -> Float[Array, "n d"]:
+        r"""$z_i = e^{-t V} x_i$: tokens in $\mathbb R^d$ (``geometry="euclidean"``) with the value
+        matrix's growth removed (Geshkovski et al. 2023, Sec. 3: for $V = I$ the $z_i$ converge to
+        points of the boundary of a polytope, e.g. the vertices of the hull of the start). One head
+        only (``ValueError`` otherwise); ``V = None`` is the identity ($z = e^{-t} x$). As an
+        observable of ``mf.simulate``: ``lambda x, t: model.rescaled_states(x, t)``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> m = mf.models.SelfAttention(1.0, geometry="euclidean")
+            >>> m.rescaled_states(jnp.array([[2.0, 0.0], [0.0, 2.0]]), jnp.log(2.0)).tolist()
+            [[1.0, 0.0], [0.0, 1.0]]
+        """
+        x = jnp.asarray(x)
+        if self.num_heads() > 1:
+            raise ValueError(
+                f"rescaled_states needs one value matrix; this model has {self.num_heads()} heads"
+            )
+        V = self.weight_stacks(x.shape[-1], x.dtype)[2]
+        t = jnp.asarray(t, x.dtype)
+        if V is None:
+            return jnp.exp(-t) * x
+        E = jax.scipy.linalg.expm(-t * jnp.asarray(V, x.dtype))
+        return x @ E.T
+
     def field(
         self,
         x: Float[Array | np.ndarray, "n d"],
@@ -1036,11 +1110,7 @@ class SelfAttention(Model):
             out = jnp.mean(jax.lax.map(lambda a: self._head_field(*a), (qx, kx, vx)), axis=0)
         else:
             out = self._head_field(qx, kx, vx)
-        if self.normalization == "ngpt":
-            norm = jnp.linalg.norm(out, axis=-1, keepdims=True)
-            safe = jnp.where(norm > 0, norm, 1.0)
-            out = jnp.where(norm > 0, jnp.asarray(self.alpha, x.dtype) * out / safe, 0.0)
-        return out
+        return _norm.output(self.normalization, out, self.alpha)
 
     def _head_field(self, qx: Array, kx: Array, vx: Array) -> Array:
         r"""One head's $\sum_j A_{ij} v_j$ from its projections ``(n, d)``."""
@@ -1164,6 +1234,17 @@ def _check_real_array(name: str, value: object) -> None:
         raise TypeError(f"{name} must be an array of real numbers, got dtype {dtype}")
 
 
+def _check_euclidean_states(x: Any, name: str) -> None:
+    """A concrete ``(n, d)`` array of finite tokens, ``n >= 2``, ``d >= 2`` (any norms: ``geometry="euclidean"``)."""
+    if not is_concrete(x):
+        return
+    a = np.asarray(x)
+    if a.ndim != 2 or a.shape[0] < 2 or a.shape[1] < 2:
+        raise ValueError(f"{name} must have shape (n, d) with n >= 2 and d >= 2, got {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains NaN or inf; every token must be finite")
+
+
 def check_states(model: Any, x: Any, aux: Any = None, name: str = "x") -> tuple[Array, Array]:
     """``(x, aux)`` validated as every entry point needs them (``field``, ``velocity``,
     ``energy``, ``mf.simulate``): one clear error before any compilation.
@@ -1211,15 +1292,19 @@ def check_states(model: Any, x: Any, aux: Any = None, name: str = "x") -> tuple[
     if dtype is None:
         _check_real_array(name, x)
     aux = resolve_aux(model, x, aux)
-    sphere.check_on_sphere(
-        x, name, atol=sphere_atol(dtype if dtype is not None else jnp.result_type(float))
-    )
+    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
+    if euclidean:
+        _check_euclidean_states(x, name)
+    else:
+        sphere.check_on_sphere(
+            x, name, atol=sphere_atol(dtype if dtype is not None else jnp.result_type(float))
+        )
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.result_type(float))
     check_fits_dtype(model, x.dtype)
     model.check_config(x, aux)
-    x = traced_states(x, name)
+    x = traced_finite(x, name, x) if euclidean else traced_states(x, name)
     if not is_concrete(aux) and jnp.issubdtype(aux.dtype, jnp.floating):
         x = traced_finite(x, "aux", aux)
     x = model.check_traced(x, aux)

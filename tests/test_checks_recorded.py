@@ -67,6 +67,14 @@ CASES = {
                                         "x must be finite with unit rows"),
     "field: traced x off the sphere": (lambda x: mf.field(mf.kernels.USA(1.0), x), x0, 2 * x0,
                                        "x must be finite with unit rows"),
+    # traced_finite (check_states, geometry="euclidean"): tokens in R^d, any norm, finite
+    "simulate: traced non-finite x0 in R^d": (
+        lambda x: mf.simulate(mf.models.SelfAttention(1.0, geometry="euclidean"), x, **run), 2 * x0,
+        x0.at[0, 0].set(jnp.nan), "x0 must be finite"),
+    # simulate's r0 (a radius: normalization pre, mix, peri): traced r0 <= 0 or non-finite
+    "simulate: traced r0 <= 0": (
+        lambda r: mf.simulate(mf.models.SelfAttention(1.0, normalization="pre"), x0, r0=r, **run),
+        jnp.ones(6), jnp.ones(6).at[1].set(-1.0), "r0: every radius must be finite and > 0"),
     # traced_finite of a traced real aux (positions)
     "energy: traced non-finite aux": (lambda a: mf.energy(mf.kernels.RoPE(1.0, 1.0), x0, a),
                                       jnp.arange(6.0), jnp.arange(6.0).at[2].set(jnp.nan), "aux must be finite"),
@@ -235,8 +243,9 @@ def test_every_check_site_has_a_case():
     expected = {
         "meanfield/models.py:traced_positive": 1,  # Model.check_traced: beta, float>0 parameters
         "meanfield/models.py:_error_if": 1,  # Model.check_traced: float>=0 parameters (lam)
-        # Model.check_traced: float parameters (omega); check_states: aux
-        "meanfield/models.py:traced_finite": 2,
+        # Model.check_traced: float parameters (omega); check_states: aux, tokens in R^d
+        "meanfield/models.py:traced_finite": 3,
+        "meanfield/integrate.py:eqx.error_if": 1,  # simulate: a traced r0 <= 0 or non-finite
         "meanfield/models.py:traced_states": 1,  # check_states (simulate's x0, energy/field/velocity's x)
         "meanfield/models.py:check_traced": 1,  # check_states: the model's own checks
         "meanfield/energy.py:check_traced_energy": 2,  # energy; field and velocity

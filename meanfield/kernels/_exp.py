@@ -18,6 +18,7 @@ from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _native, theory
+from .. import normalization as _norm
 from .._checks import (
     RealScalarLike,
     _error_if,
@@ -30,6 +31,8 @@ from ..models import (
     BETA_DOC,
     RESCALED_DOC,
     ExpProfile,
+    _check_normalization,
+    _normalization_param,
     exp_interaction_rate,
     exp_reference_step,
     param,
@@ -606,6 +609,43 @@ class _ExpKernel(Kernel):
 
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
+    normalization: str = _normalization_param("normalization")
+    alpha: RealScalarLike = _normalization_param("alpha")
+    switch_time: RealScalarLike = _normalization_param("switch_time")
+
+    def __check_init__(self) -> None:
+        super().__check_init__()
+        _check_normalization(self)
+
+    def field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
+        r"""The unprojected field: the kernel's $F_i$ (``attention_field``) after the normalisation
+        of ``normalization`` (``mf.normalization.output``: $\alpha F_i / \|F_i\|$ for nGPT,
+        $F_i / \|F_i\|$ for Peri-LN, $F_i$ otherwise), ``(n, d)``.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+            >>> mf.kernels.USA(1.0, normalization="peri").field(x, None).tolist()
+            [[1.0, 0.0], [1.0, 0.0]]
+        """
+        F = self.attention_field(x, aux, block_size=block_size)
+        return _norm.output(self.normalization, F, self.alpha)
+
+    def attention_field(
+        self,
+        x: Float[Array, "n d"],
+        aux: ArrayLike | None,
+        *,
+        block_size: int | None = None,
+    ) -> Float[Array, "n d"]:
+        r"""$F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$ before any normalisation (``Kernel.field``)."""
+        return super().field(x, aux, block_size=block_size)
 
     def interaction_rate(self) -> ArrayLike:
         r"""$\sqrt\beta\, e^{\beta - 1/2}$, or $\sqrt\beta\, e^{-1/2}$ when ``rescaled``
@@ -733,7 +773,7 @@ class USA(_ExpKernel):
     ) -> Float[Array, " d"]:
         return self._exp(jnp.dot(x, y)) * y
 
-    def field(
+    def attention_field(
         self,
         x: Float[Array, "n d"],
         aux: ArrayLike | None,
@@ -808,8 +848,12 @@ class DistanceBias(_ExpKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
+        normalization: str = "post",
+        alpha: RealScalarLike = 0.2,
+        switch_time: RealScalarLike = 1.0,
     ) -> None:
         self.beta, self.lam, self.rescaled, self.mask = beta, lam, rescaled, mask
+        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
 
     def max_energy(self) -> None:
         """None: the theory gives no closed form with the bias."""
@@ -846,7 +890,7 @@ class DistanceBias(_ExpKernel):
         bias = lambda ri, ci: -lam * jnp.abs(s[ri][:, None] - s[ci][None, :])  # noqa: E731
         return _tiled_exp(x, bias, beta, self._shift(x.dtype), block_size)
 
-    def field(
+    def attention_field(
         self,
         x: Float[Array, "n d"],
         aux: ArrayLike | None,

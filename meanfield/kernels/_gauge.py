@@ -165,7 +165,7 @@ class GaugeKernel(_ExpKernel):
         by = B @ y
         return self._exp(jnp.dot(A @ x, by)) * (A.T @ by)
 
-    def field(
+    def attention_field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, "n d"]:
         if self.mask is not None:
@@ -238,9 +238,13 @@ class RoPE(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
+        normalization: str = "post",
+        alpha: Any = 0.2,
+        switch_time: Any = 1.0,
     ) -> None:
         self.beta, self.omega, self.plane, self.rescaled = beta, omega, _plane(plane), rescaled
         self.mask = mask
+        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
         check_plane(self.plane, d)
@@ -364,8 +368,12 @@ class PhaseField(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
+        normalization: str = "post",
+        alpha: Any = 0.2,
+        switch_time: Any = 1.0,
     ) -> None:
         self.beta, self.plane, self.rescaled, self.mask = beta, _plane(plane), rescaled, mask
+        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
@@ -405,9 +413,18 @@ class Gauge(GaugeKernel):
     )
 
     def __init__(
-        self, beta: Any, gauge: Any, *, rescaled: bool = False, mask: Mask | None = None
+        self,
+        beta: Any,
+        gauge: Any,
+        *,
+        rescaled: bool = False,
+        mask: Mask | None = None,
+        normalization: str = "post",
+        alpha: Any = 0.2,
+        switch_time: Any = 1.0,
     ) -> None:
         self.beta, self.rescaled, self.mask = beta, rescaled, mask
+        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
         self.gauge = _as_module(gauge, "gauge must be a callable label -> (d, d) orthogonal matrix")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
@@ -499,9 +516,18 @@ class Prompt(GaugeKernel):
         return cls(P["beta"], G, rescaled=P["rescaled"], **cls._mask_kwargs(P))
 
     def __init__(
-        self, beta: Any, gauges: Any, *, rescaled: bool = False, mask: Mask | None = None
+        self,
+        beta: Any,
+        gauges: Any,
+        *,
+        rescaled: bool = False,
+        mask: Mask | None = None,
+        normalization: str = "post",
+        alpha: Any = 0.2,
+        switch_time: Any = 1.0,
     ) -> None:
         self.mask = mask
+        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
         if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
             raise TypeError(
