@@ -51,3 +51,33 @@ def _ks_distance(a: Float[ArrayLike, " m"], b: Float[ArrayLike, " k"]) -> float:
             )
         )
     )
+
+
+def _reduced_limit_note(
+    note: str,
+    n_finite: int,
+    n_limit: int,
+    was: int,
+    margin: float,
+    ratio: str = "|measured - theory| / tolerance",
+) -> str:
+    """``note`` (a check's note) with the sentence it gains where the quick run draws ``n_limit``
+    samples of a limit law instead of ``was`` (issue 32, "quick means quick"), against ``n_finite``
+    finite-n samples.
+
+    A two-sample mean or KS comparison has standard error (and KS critical value) proportional to
+    ``sqrt(1/n_finite + 1/n_limit)``: with ``n_limit >> n_finite`` the limit sample adds little, so
+    the smaller size keeps the tolerance derivation (``k`` standard errors, or the KS critical value)
+    and the tolerance grows only by the factor stated. ``margin``: the value of ``ratio`` at
+    ``n_limit`` (a contrast names its own: its statistic over the critical value).
+
+    >>> _reduced_limit_note("tolerance 4 SE", 1000, 10_000, 20_000, 0.65)[:59]
+    'tolerance 4 SE. Quick size: 10000 limit samples (was 20000,'
+    """
+    grow = math.sqrt((1 / n_finite + 1 / n_limit) / (1 / n_finite + 1 / was))
+    return (
+        f"{note.rstrip().rstrip('.')}. Quick size: {n_limit} limit samples (was {was}, "
+        f"{n_limit / n_finite:g}x the {n_finite} finite-n samples): the two-sample SE and KS critical "
+        f"value, proportional to sqrt(1/{n_finite} + 1/{n_limit}), are {grow:.3f}x those at {was}; "
+        f"{ratio} = {margin:.2f} at {n_limit}"
+    )
