@@ -575,7 +575,7 @@ def simulate(
             ``"renormalize"`` (``solver="euler"`` only: $x \leftarrow \operatorname{normalize}(x + h F(x))$
             with the unprojected ``model.field``, the published code's update; see the module docstring).
         r0: initial radii of a model whose tokens carry one (``normalization`` in
-            ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``, ``"scaling"``), a
+            ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``), a
             scalar or ``(n,)``, every entry ``> 0`` and finite; ``None``: 1. The state is
             $x_i = r_i \theta_i$ with $\theta_i$ = ``x0[i]``.
 

@@ -2,7 +2,9 @@
 
 Each function is a transcription of one routine of a public repository (same update rule, same
 indexing, same normalisation), named in its docstring as ``repo:path:lines`` of the mirrored
-snapshot. They are references for equality tests of meanfield, so nothing here uses the package.
+snapshot. They are references for equality tests of meanfield, so nothing here uses the engine; simuformer's
+step is the package's own NumPy transcription (``meanfield/reproduce/_simuformer.py``, re-exported
+here), which ``meanfield reproduce dynamics`` checks against.
 Row-vector convention throughout, as in the sources: ``x`` has shape ``(..., n, d)`` with one
 token per row. The map to meanfield's conventions is stated in each docstring.
 
@@ -22,130 +24,22 @@ import math
 
 import numpy as np
 
-SIMUFORMER_NORMS = ("postln", "preln", "periln", "ngpt")
-
-
-# --------------------------------------------------------------------------------------------
-# simuformer (nikitus20/simuformer simuxform.py)
-# --------------------------------------------------------------------------------------------
-
-
-def simuformer_eta(step: float, beta: float, *, use_softmax: bool = True, rawstep: bool = False):
-    """The step size ``eta`` of ``SimuXForm.__init__`` (simuxform.py:27-35).
-
-    ``eta = step`` with softmax (the default) or ``rawstep``; without softmax
-    ``eta = step / max(sqrt(beta) exp(beta - 1/2), 1)``.
-    """
-    if not use_softmax and not rawstep:
-        denom = max(math.sqrt(beta) * math.exp(beta - 0.5), 1.0)
-        return step / denom if denom > 0 else step
-    return step
-
-
-def simuformer_attention(x, BF, beta, *, sequential=False, use_softmax=True):
-    """One head's attention matrix ``SM`` of ``SimuXForm.step`` (simuxform.py:297-312).
-
-    ``SM_ij = softmax_j(beta * (x_i^T BF x_j + mask_ij))`` with ``mask_ij = -inf`` for ``j > i``
-    when ``sequential`` (the mask is added before the multiplication by beta, so ``beta = 0``
-    with ``sequential`` gives NaN, as in torch); ``exp(...)`` without normalisation when
-    ``use_softmax=False``. ``x``: ``(..., n, d)``; ``BF``: ``(d, d)`` or ``(..., d, d)``.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[-2]
-    sm = x @ np.asarray(BF, dtype=np.float64) @ np.swapaxes(x, -1, -2)
-    if sequential:
-        sm = sm + np.triu(np.full((n, n), -np.inf), k=1)
-    sm = sm * beta
-    if use_softmax:
-        sm = np.exp(sm - np.max(sm, axis=-1, keepdims=True))
-        return sm / np.sum(sm, axis=-1, keepdims=True)
-    return np.exp(sm)
-
-
-def simuformer_field(x, BF, V, beta, *, sequential=False, use_softmax=True):
-    """The aggregated attention output ``A = M2`` of ``SimuXForm.step`` (simuxform.py:268-323).
-
-    ``A = (1/H) sum_h SM_h @ x @ V_h``, i.e. ``A_i = (1/H) sum_h sum_j SM^h_ij V_h^T x_j`` in
-    column form (the value matrix acts on the right of the row vector ``x_j``).
-    ``BF``, ``V``: stacks ``(H, d, d)`` (or ``(H, ..., d, d)`` with one matrix per system).
-    """
-    x = np.asarray(x, dtype=np.float64)
-    BF = np.asarray(BF, dtype=np.float64)
-    V = np.asarray(V, dtype=np.float64)
-    n_heads = BF.shape[0]
-    out = np.zeros_like(x)
-    for h in range(n_heads):
-        sm = simuformer_attention(x, BF[h], beta, sequential=sequential, use_softmax=use_softmax)
-        out = out + (sm @ (x @ V[h])) / n_heads
-    return out
+# simuformer (nikitus20/simuformer simuxform.py): one transcription, the package's, which
+# ``meanfield reproduce dynamics`` checks against (meanfield/reproduce/_simuformer.py; NumPy only,
+# it does not use the engine)
+from meanfield.reproduce._simuformer import (  # noqa: F401 (re-exported for the tests)
+    SIMUFORMER_NORMS,
+    simuformer_attention,
+    simuformer_eta,
+    simuformer_field,
+    simuformer_regenerates,
+    simuformer_step,
+)
 
 
 def _normalize_rows(x):
     # torch.nn.functional.normalize(x, dim=-1): x / max(|x|, 1e-12)
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-def simuformer_step(
-    x,
-    BF,
-    V,
-    beta,
-    eta,
-    *,
-    norm="postln",
-    sequential=False,
-    use_softmax=True,
-    r=None,
-    norm_eps=1e-9,
-):
-    """One call of ``SimuXForm.step`` (simuxform.py:250-380), without the clock.
-
-    With ``A = simuformer_field(x, BF, V, beta, ...)`` (per token, row ``A_i``):
-
-    - ``"postln"`` (:326-331): ``x <- normalize(x + eta A)``;
-    - ``"preln"`` (:333-349): ``r <- r + eta r sum_k A_ik`` (the code's ``<r, A>`` is ``r``
-      times the *sum of the components* of ``A_i``), then
-      ``x <- normalize(x + eta (A - <x, A> x) / (r_new + 1e-9))``;
-    - ``"periln"`` (:351-365): ``a = A / (|A| + 1e-9)``; ``r <- r + eta r sum_k a_ik``;
-      ``x <- normalize(x + eta a / (r_new + 1e-9))``;
-    - ``"ngpt"`` (:367-377): ``x <- normalize(x + eta 0.2 A / (|A| + 1e-9))``.
-
-    ``r`` (shape ``x.shape[:-1]``) starts at ones (:43) and is carried between steps; only
-    preln and periln change it. ``norm_eps`` is the ``1e-9`` that ngpt and periln add to ``|A|``
-    (0 gives the exact ``A / |A|`` of the nGPT paper). Returns ``(x_new, r_new)``. The clock and the regeneration of
-    random weights (``randomKQ``/``randomV`` = 5, :383-395) are not part of this function.
-    """
-    if norm not in SIMUFORMER_NORMS:
-        raise ValueError(f"Unknown normalization mode: {norm}")
-    x = np.asarray(x, dtype=np.float64)
-    r = np.ones(x.shape[:-1]) if r is None else np.asarray(r, dtype=np.float64)
-    A = simuformer_field(x, BF, V, beta, sequential=sequential, use_softmax=use_softmax)
-    if norm == "postln":
-        return _normalize_rows(x + eta * A), r
-    if norm == "preln":
-        r = r + eta * np.sum(r[..., None] * A, axis=-1)
-        tangent = A - np.sum(x * A, axis=-1, keepdims=True) * x
-        return _normalize_rows(x + eta * tangent / (r[..., None] + 1e-9)), r
-    a = A / (np.linalg.norm(A, axis=-1, keepdims=True) + norm_eps)
-    if norm == "periln":
-        r = r + eta * np.sum(r[..., None] * a, axis=-1)
-        return _normalize_rows(x + eta * a / (r[..., None] + 1e-9)), r
-    return _normalize_rows(x + eta * 0.2 * a), r  # ngpt: fixed alpha = 0.2
-
-
-def simuformer_regenerates(current_time, eta, last_regen_time_int):
-    """Whether ``SimuXForm.step`` redraws KQ/V after this step in mode 5 (simuxform.py:383-392).
-
-    ``new_time = current_time + eta``; a redraw happens (after the step, which used the old
-    matrices) when ``floor(new_time) > last_regen_time_int``, which starts at -1 (:39): so the
-    first step is always followed by a redraw, then one after every integer time crossed.
-    Returns ``(redraw, new_time, new_last_regen_time_int)``.
-    """
-    new_time = current_time + eta
-    new_int = math.floor(new_time)
-    if new_int > last_regen_time_int:
-        return True, new_time, new_int
-    return False, new_time, last_regen_time_int
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,9 +20,19 @@ import meanfield as mf
 from meanfield.reproduce import EXPERIMENTS, PAPERS, QUICK_COST_S
 from meanfield.reproduce import dynamics as rd
 
+SCHEMES = ("post", "pre", "mix", "peri", "ngpt", "scaling")
+
 CHECKS = {
     "equiangular_ode",
     "ngpt_equiangular_ode",
+    *(f"normalization_equiangular_{s}" for s in SCHEMES),
+    *(f"normalization_rate_{s}" for s in SCHEMES),
+    "normalization_initial_velocity",
+    "peri_early_speedup",
+    "simuformer_postln",
+    "simuformer_ngpt",
+    "simuformer_preln_paper",
+    "simuformer_periln_paper",
     "causal_first_token_fixed",
     "causal_converge_to_first",
     "lim_response_vs_expm",
@@ -35,6 +45,15 @@ CHECKS = {
     "hardmax_identity_static",
     "hardmax_leaders_fixed",
     "hardmax_equilibrium",
+    # tokens in R^d (meanfield/reproduce/_euclidean.py)
+    "rd_identity_hull_noninc",
+    "rd_identity_boundary",
+    "rd_identity_boolean",
+    "rd_identity_rank_clusters",
+    "rd_good_triple_hyperplanes",
+    "rd_1d_boolean",
+    "rd_1d_leaders",
+    "rd_1d_rank",
 }
 
 
@@ -56,6 +75,16 @@ def test_all_checks_pass(summary):
     assert rows["equiangular_ode"]["measured"] < 1e-8
     assert rows["ngpt_equiangular_ode"]["measured"] < 1e-8
     assert 0.1 < rows["lim_u_shape"]["measured"] < 0.5  # the interior minimum (closed form: 0.26)
+    for scheme in SCHEMES:
+        assert rows[f"normalization_equiangular_{scheme}"]["measured"] < 1e-7, scheme
+        # the rate is the stated one, within its derived tolerance (never wider than 5%)
+        row = rows[f"normalization_rate_{scheme}"]
+        assert abs(row["measured"] - row["theory"]) <= 0.05 * abs(row["theory"]), scheme
+    assert rows["normalization_rate_ngpt"]["theory"] == -1.0  # -2 alpha, alpha = 0.5
+    assert rows["normalization_initial_velocity"]["measured"] < 1e-12
+    assert rows["peri_early_speedup"]["measured"] > 1.0  # r0 = 0.5: Peri-LN starts faster
+    assert rows["simuformer_postln"]["measured"] < 1e-12
+    assert rows["simuformer_ngpt"]["measured"] < 1e-12
     on_disk = json.loads((out / "dynamics" / "summary.json").read_text())
     assert on_disk["checks"] == s["checks"]
     assert (out / "dynamics" / "lost_in_the_middle.png").exists()
@@ -111,3 +140,67 @@ def test_sinkhorn_self_ot_is_the_reference():
 def test_registered_with_a_cost():
     assert EXPERIMENTS["dynamics"] == "meanfield.reproduce.dynamics"
     assert "dynamics" in QUICK_COST_S and "dynamics" in PAPERS
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("rho", [-0.15, 0.0, 0.4, 0.9])
+def test_equiangular_system_is_the_particles_velocity(x64, scheme, rho):
+    """(rho', r') of equiangular_system from the particles' own field at an equiangular
+    configuration with a common radius r, through the engine's scheme laws
+    (mf.normalization.radial_velocity and speed)."""
+    n, beta, r, t, alpha, tau = 5, 1.7, 1.6, 0.8, 0.3, 0.5  # t > tau: Mix-LN is Pre-LN
+    G = (1 - rho) * np.eye(n) + rho * np.ones((n, n))
+    theta = jnp.asarray(np.linalg.cholesky(G))
+    extra = (
+        {"alpha": alpha} if scheme == "ngpt" else {"switch_time": tau} if scheme == "mix" else {}
+    )
+    model = mf.models.SelfAttention(beta, normalization=scheme, **extra)
+    F = model.field(theta)
+    if scheme in mf.normalization.RADIAL:
+        v = np.asarray(mf.normalization.radial_velocity(scheme, r * theta, F, switched=True))
+    else:
+        v = np.asarray(mf.sphere.project(theta, F)) * float(mf.normalization.speed(scheme, t))
+    th = np.asarray(theta)
+    r_dot = float(v[0] @ th[0])  # x = r theta: r' = <theta, x'>
+    theta_dot = (v - np.sum(v * th, axis=-1, keepdims=True) * th) / (
+        r if scheme in mf.normalization.RADIAL else 1.0
+    )
+    rho_dot = float(theta_dot[0] @ th[1] + th[0] @ theta_dot[1])
+    got = rd.equiangular_system(
+        t, [rho, r], beta, n, normalization=scheme, alpha=alpha, switch_time=tau
+    )
+    assert got[0] == pytest.approx(rho_dot, rel=1e-12, abs=1e-15)
+    if scheme in mf.normalization.RADIAL:
+        assert got[1] == pytest.approx(r_dot, rel=1e-12)
+    else:
+        assert got[1] == 0.0
+
+
+def test_equiangular_system_keeps_post_and_ngpt_and_theorem_41():
+    rho = np.linspace(-0.15, 0.95, 7)
+    for v in rho:
+        assert rd.equiangular_system(3.0, [v, 7.0], 2.0, 6, normalization="post")[0] == (
+            pytest.approx(float(rd.equiangular_rhs(v, 2.0, 6)), rel=1e-15)
+        )
+        assert rd.equiangular_system(3.0, [v, 7.0], 2.0, 6, normalization="ngpt", alpha=0.4)[
+            0
+        ] == pytest.approx(
+            float(rd.equiangular_rhs(v, 2.0, 6, normalization="ngpt", alpha=0.4)), rel=1e-14
+        )
+    # Theorem 4.1 at the orthogonal start, the column as printed
+    beta, n, r0, alpha = 1.3, 9, 0.7, 0.25
+    post = 2 / (np.exp(beta) + n - 1)
+    root = np.sqrt(np.exp(2 * beta) + n - 1)
+    want = {
+        "post": post,
+        "pre": post / r0,
+        "mix": post,
+        "peri": 2 / (r0 * root),
+        "ngpt": 2 * alpha / root,
+        "scaling": post,
+    }
+    for scheme, value in want.items():
+        got = rd.equiangular_system(0.0, [0.0, r0], beta, n, normalization=scheme, alpha=alpha)
+        assert got[0] == pytest.approx(value, rel=1e-13), scheme
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        rd.equiangular_system(0.0, [0.0, 1.0], 1.0, 3, normalization="layer")

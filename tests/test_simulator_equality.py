@@ -1,7 +1,8 @@
 """meanfield against the public simulators of issue 28, from the same particles and weights (float64).
 
 The references are the NumPy transcriptions of tests/_reference_sims.py: simuformer's
-``SimuXForm.step`` (postln and ngpt), lost in the middle's ALiBi circle
+``SimuXForm.step`` (postln and ngpt exactly; preln and periln with the paper's radial law, to
+second order per step: simuformer's own law ``r * sum_k A_k`` is not the paper's), lost in the middle's ALiBi circle
 dynamics (``rk4_step``) and rotf's equiangular ODE. The conventions that differ (research notes,
 issue 28): simuformer's value matrix acts on the right of row vectors (meanfield's ``V`` is its
 transpose) and its bilinear form is ``BF = Q^T K``; lost in the middle's force is ``beta`` times
@@ -130,3 +131,60 @@ def test_rotf_equiangular_ode_is_sa_with_identity_weights(x64):
     assert np.ptp(grams, axis=1).max() < 1e-12  # stays equiangular
     np.testing.assert_allclose(grams.mean(axis=1), sol.y[0], rtol=0, atol=1e-9)
     assert sol.y[0, -1] > rho0 + 0.1  # the tokens gathered
+
+
+@pytest.mark.parametrize("norm, scheme", [("preln", "pre"), ("periln", "peri")])
+def test_simuformer_pre_peri_with_the_papers_radial_law_agree_to_second_order(x64, norm, scheme):
+    """simuformer's Pre-/Peri-LN radial law is r <- r + eta r sum_k A_k (r times the sum of the
+    components of A), not the paper's r' = <theta, A> (Peri-LN: <theta, A>/|A|). With the paper's
+    law (and its 1e-9s at 0) its semi-implicit, renormalised step and meanfield's Euler step in
+    x = r theta (mf.simulate, solver="euler") are two first-order steps of the same ODE: one step
+    from the same tokens and radii differs by O(h^2); with simuformer's own law by O(h)."""
+    n, d, heads, beta = 6, 4, 2, 1.2
+    x0 = mf.sphere.uniform(jax.random.key(21), n, d, dtype=jnp.float64)
+    BF, V_sim = _simuformer_weights(5, heads, d)
+    r0 = 1.0 + np.random.default_rng(2).uniform(size=n)
+    model = _meanfield_sa(beta, BF, V_sim, False, normalization=scheme)
+    hs = np.array([0.02, 0.01, 0.005])
+    paper, own = [], []
+    for h in hs:
+        traj = mf.simulate(model, x0, t1=float(h), dt=float(h), solver="euler", r0=jnp.asarray(r0))
+        x_mf = np.asarray(traj.radius[-1])[:, None] * np.asarray(traj.xs[-1])
+        # meanfield's Euler step is x + h field(theta)
+        G = np.asarray(model.field(x0))
+        np.testing.assert_allclose(x_mf, r0[:, None] * np.asarray(x0) + h * G, rtol=0, atol=1e-14)
+        for law, out in (("paper", paper), ("simuformer", own)):
+            th, r = simuformer_step(
+                np.asarray(x0),
+                BF,
+                V_sim,
+                beta,
+                float(h),
+                norm=norm,
+                r=r0,
+                norm_eps=0.0,
+                radius_eps=0.0,
+                radial=law,
+            )
+            out.append(np.max(np.abs(r[:, None] * th - x_mf)))
+    order_paper = np.polyfit(np.log(hs), np.log(paper), 1)[0]
+    order_own = np.polyfit(np.log(hs), np.log(own), 1)[0]
+    assert abs(order_paper - 2.0) < 0.05, (order_paper, paper)
+    assert abs(order_own - 1.0) < 0.05, (order_own, own)
+
+
+def test_simuformer_default_step_is_the_published_one():
+    """The package transcription's defaults are simuformer's code: radial law r * sum_k A_k and
+    1e-9 on r and |A| (the paper-law variant changes only the radius update)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(5, 3))
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    BF, V_sim = _simuformer_weights(9, 2, 3)
+    r = 1.0 + rng.uniform(size=5)
+    A = simuformer_field(x, BF, V_sim, 1.1)
+    _, r_pub = simuformer_step(x, BF, V_sim, 1.1, 0.1, norm="preln", r=r)
+    np.testing.assert_allclose(r_pub, r + 0.1 * r * A.sum(-1), rtol=1e-15)
+    _, r_paper = simuformer_step(x, BF, V_sim, 1.1, 0.1, norm="preln", r=r, radial="paper")
+    np.testing.assert_allclose(r_paper, r + 0.1 * np.sum(x * A, -1), rtol=1e-15)
+    with pytest.raises(ValueError, match="radial must be"):
+        simuformer_step(x, BF, V_sim, 1.1, 0.1, norm="preln", radial="torch")

@@ -58,7 +58,7 @@ QUICK_COST_S: dict[str, float] = {
     "continuum": 78.9,
     "design": 120.0,
     "metastability": 60.0,
-    "dynamics": 35.0,
+    "dynamics": 50.0,
 }
 
 

@@ -54,9 +54,13 @@ _CLAIMS = {
         "particles converge to the density at the rate n^{-1/2}.",
     ),
     "dynamics": (
-        "Attention variants as dynamics: heads, masks, Sinkhorn and hardmax",
-        "With Q = K = V = I an equiangular start stays equiangular and its inner product solves a scalar "
-        "ODE; under a causal mask the first token never moves and all tokens converge to it; ALiBi causal "
+        "Attention variants as dynamics: normalisation schemes, heads, masks, Sinkhorn and hardmax",
+        "With Q = K = V = I an equiangular start stays equiangular and its inner product (and the common "
+        "radius) solves a scalar ODE for each layer-norm placement (Post-, Pre-, Mix-, Peri-LN, nGPT, "
+        "LN-scaling); from random starts every scheme collapses to one cluster, 1 - rho decaying like "
+        "e^{-2t} (Post-LN), e^{-2 alpha t} (nGPT), e^{-4 sqrt t} (LN-scaling) and t^{-2} (Pre-, Mix-, "
+        "Peri-LN, whose radius grows like t); simuformer's Post-LN and nGPT steps are meanfield's "
+        "renormalised Euler steps; under a causal mask the first token never moves and all tokens converge to it; ALiBi causal "
         "attention on the circle favours the ends of the sequence at early times (a U-shaped response, "
         "lost in the middle) and becomes monotone after a critical time; Sinkhorn attention is doubly "
         "stochastic and, for symmetric weights, a gradient flow of the entropic self-transport cost; hardmax "
