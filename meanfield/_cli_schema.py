@@ -3,7 +3,8 @@
 ``meanfield --help``, ``meanfield simulate --help`` and the command line's argument errors
 return before JAX is imported (a fraction of a second, not the seconds of ``import jax``):
 the parser of ``meanfield simulate`` takes its ``--kernel`` choices and its model flags from
-``MODELS`` here, and ``--solver``/``--step`` from ``SOLVERS``/``STEPS``. The registry
+``MODELS`` here, ``--solver``/``--step`` from ``SOLVERS``/``STEPS`` and ``--r0``'s schemes from
+``RADIAL`` (``mf.normalization.RADIAL``). The registry
 (``meanfield.kernels.MODELS``) stays the one source: the block between the markers below is
 generated from it by ``python -m meanfield._cli_schema --write``, and a test (and
 ``python -m meanfield._cli_schema --check``) fails when it differs from what the registry
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "derive_models", "derive", "render", "main",
+__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "RADIAL", "derive_models", "derive", "render", "main",
            "entry_points_declared"]
 
 
@@ -170,6 +171,7 @@ MODELS: tuple[Model, ...] = (
 )
 SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
 STEPS: tuple[str, ...] = ('projected', 'renormalize')
+RADIAL: tuple[str, ...] = ('pre', 'mix', 'peri')
 # END GENERATED
 
 
@@ -210,11 +212,12 @@ def entry_points_declared(group: str = "meanfield.models") -> bool:
 
 
 def derive() -> dict[str, tuple]:
-    """``{"MODELS": ..., "SOLVERS": ..., "STEPS": ...}`` as the registry and
-    ``meanfield.integrate`` have them now (imports both)."""
-    from . import integrate
+    """``{"MODELS": ..., "SOLVERS": ..., "STEPS": ..., "RADIAL": ...}`` as the registry,
+    ``meanfield.integrate`` and ``meanfield.normalization`` have them now (imports them)."""
+    from . import integrate, normalization
 
-    return {"MODELS": derive_models(builtin=True), "SOLVERS": tuple(integrate.SOLVERS), "STEPS": tuple(integrate.STEPS)}
+    return {"MODELS": derive_models(builtin=True), "SOLVERS": tuple(integrate.SOLVERS), "STEPS": tuple(integrate.STEPS),
+            "RADIAL": tuple(normalization.RADIAL)}
 
 
 def render(values: dict[str, tuple]) -> str:
@@ -227,7 +230,7 @@ def render(values: dict[str, tuple]) -> str:
             lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}),")
         lines.append("    )),")
     lines.append(")")
-    for name in ("SOLVERS", "STEPS"):
+    for name in ("SOLVERS", "STEPS", "RADIAL"):
         lines.append(f"{name}: tuple[str, ...] = {tuple(values[name])!r}")
     lines.append(_END)
     return "\n".join(lines) + "\n"

@@ -66,6 +66,7 @@ RESERVED_NAMES = (
     "backend",
     "dtype",
     "help",
+    "r0",
 )
 
 

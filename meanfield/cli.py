@@ -25,6 +25,15 @@ it, with the registry's default and range. The same name, parameters and ``--see
 the same numbers as a sweep of ``kind = NAME`` and as ``mf.kernels.make(NAME, ...)`` with
 ``mf.sphere.uniform(jax.random.key(seed), n, d)``.
 
+``--normalization`` (``mf.normalization``: ``post``, ``pre``, ``mix``, ``peri``, ``ngpt``,
+``scaling``) takes ``--alpha`` with ``ngpt`` only and ``--switch-time`` with ``mix`` only (a flag
+that applies with another's value is refused elsewhere, even at its default). The schemes with a
+radius (``pre``, ``mix``, ``peri``) take ``--r0`` (every token's initial radius, default 1;
+refused for the others) and write the radii: ``radius`` (``(saves, n)``) in
+``observables.npz`` beside the states (``x0``, ``x_final``: the directions) and ``r0`` and
+``final_mean_radius`` in ``summary.json``. Mix-LN switches at the end of the step that reaches
+``--switch-time`` (``mf.simulate``: on a fixed step, the first step boundary at or after it).
+
 ``--help`` and argument errors return before JAX is imported: the parser reads the registry
 through ``meanfield._cli_schema``, a copy generated from it (``python -m
 meanfield._cli_schema --write``; a test fails when they differ), or the registry itself when
@@ -238,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_arg("int", minimum=0, maximum=SEED_LIMIT),
         default=0,
         help=f"random seed in [0, {SEED_LIMIT}] (default 0)",
+    )
+    s.add_argument(
+        "--r0",
+        type=_arg("float>0"),
+        default=None,
+        help="initial radius of every token, for the schemes with one (--normalization pre, mix or "
+        "peri: x = r theta, mf.normalization); default 1",
     )
     s.add_argument("--out", default="out/simulate", help="output directory (default out/simulate)")
     s.add_argument(
@@ -454,6 +470,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             raise ValueError(
                 f"{_flag(name)} is not a parameter of --kernel {args.kernel} (its parameters: {accepted})"
             )
+    _check_switches(schema, given)
+    _check_r0(args, schema, given)
     prompts = given.get(
         "prompts", next((p.default for p in schema.params if p.name == "prompts"), None)
     )
@@ -502,6 +520,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     if warning:
         print(f"meanfield: {warning}", file=sys.stderr)
     ts = np.linspace(0.0, args.t1, args.saves)
+    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
     t0 = time.perf_counter()
     traj = simulate(
         model,
@@ -515,8 +534,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         atol=args.atol,
         early_stop=args.early_stop,
         backend=args.backend,
-        observables={"clusters": lambda x: metrics.num_clusters(x, 0.1)},
+        # the cluster count is of unit tokens (angular threshold): none for tokens in R^d
+        observables={} if euclidean else {"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
+        r0=args.r0,
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
@@ -525,9 +546,15 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     e_max = None if e_theory is None else float(np.asarray(e_theory))
     gap = np.asarray(traj.collapse_gap, np.float64)
     energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else None
-    clusters = np.asarray(traj.observables["clusters"], np.float64)
+    clusters = (
+        np.full(len(ts), np.nan)
+        if euclidean
+        else np.asarray(traj.observables["clusters"], np.float64)
+    )
     xs = np.asarray(traj.xs)
-    reasons = _failure_reasons(traj, gap, energy, clusters, xs)
+    # the radii r_i = |x_i| of a scheme with one (mf.normalization.RADIAL; xs: the directions)
+    radius = None if traj.radius is None else np.asarray(traj.radius, np.float64)
+    reasons = _failure_reasons(traj, gap, energy, None if euclidean else clusters, xs, radius)
     failed = bool(reasons)
     decreases = _energy_decreases(energy, np.dtype(xs.dtype)) if energy is not None else None
     warnings_ = [warning] if warning else []
@@ -550,6 +577,14 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,
         "final_clusters": int(clusters[-1]) if np.isfinite(clusters[-1]) else None,
+        **(
+            {}
+            if radius is None
+            else {
+                "r0": 1.0 if args.r0 is None else args.r0,
+                "final_mean_radius": float(np.mean(radius[-1])),
+            }
+        ),
         "stop_time": float(traj.stop_time),
         "stopped": bool(traj.stopped),
         "failed": failed,
@@ -560,16 +595,18 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "wall_time_s": round(wall, 3),
         "estimate": cost.describe(),
     }
-    np.savez_compressed(
-        out / "observables.npz",
-        ts=np.asarray(traj.ts),
-        collapse_gap=gap,
-        energy=energy if energy is not None else np.full(len(ts), np.nan),
-        clusters=clusters,
-        x_final=xs[-1],
-        x0=np.asarray(x0),
-        aux=np.asarray(aux),
-    )
+    arrays: dict[str, Any] = {
+        "ts": np.asarray(traj.ts),
+        "collapse_gap": gap,
+        "energy": energy if energy is not None else np.full(len(ts), np.nan),
+        "clusters": clusters,
+        "x_final": xs[-1],
+        "x0": np.asarray(x0),
+        "aux": np.asarray(aux),
+    }
+    if radius is not None:  # beside the states (x0, x_final: the directions)
+        arrays["radius"] = radius
+    np.savez_compressed(out / "observables.npz", **arrays)
     (out / "summary.json").write_text(_dumps(result, indent=2))
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
@@ -591,20 +628,76 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     return 0
 
 
-def _failure_reasons(traj: Any, gap: Any, energy: Any, clusters: Any, xs: Any) -> list[str]:
-    """Why a run failed, or ``[]``: the engine's flag, or any non-finite state, energy or
-    observable (never trust only the flag)."""
+def _radial() -> tuple[str, ...]:
+    """The schemes whose tokens carry a radius (``mf.normalization.RADIAL``), or their JAX-free
+    copy in ``meanfield._cli_schema`` where it has one."""
+    from . import _cli_schema
+
+    copy = getattr(_cli_schema, "RADIAL", None)
+    if copy is not None and "meanfield.normalization" not in sys.modules:
+        return tuple(copy)
+    from .normalization import RADIAL
+
+    return tuple(RADIAL)
+
+
+def _check_switches(schema: Any, given: dict[str, Any]) -> None:
+    """A flag given on the command line that applies only with another's values
+    (``meanfield._params.APPLIES``: ``--alpha`` with ``--normalization ngpt``, ``--switch-time``
+    with ``mix``, ``--slope`` with ``--mask alibi``, ...) is refused when the other is elsewhere,
+    even at its default value: it would change nothing."""
+    defaults = {p.name: p.default for p in schema.params}
+    for name in given:
+        if name not in _params.APPLIES:
+            continue
+        switch, needs = _params.APPLIES[name]
+        if switch not in defaults:
+            continue
+        current = given.get(switch, defaults[switch])
+        if current not in needs:
+            raise ValueError(
+                f"{_flag(name)} = {given[name]!r} applies with {_flag(switch)} = "
+                + " or ".join(repr(v) for v in needs)
+                + f", not {current!r}"
+            )
+
+
+def _check_r0(args: argparse.Namespace, schema: Any, given: dict[str, Any]) -> None:
+    """``--r0`` only for a scheme with a radius (``--normalization pre``, ``mix``, ``peri``)."""
+    if args.r0 is None:
+        return
+    radial = _radial()
+    if not any(p.name == "normalization" for p in schema.params):
+        raise ValueError(
+            f"--r0 is the initial radius of the schemes with one (--normalization "
+            f"{', '.join(radial)}); --kernel {args.kernel} takes no --normalization"
+        )
+    default = next(p.default for p in schema.params if p.name == "normalization")
+    scheme = given.get("normalization", default)
+    if scheme not in radial:
+        raise ValueError(
+            f"--r0 is the initial radius of the schemes with one (--normalization "
+            f"{', '.join(radial)}), not --normalization {scheme}"
+        )
+
+
+def _failure_reasons(
+    traj: Any, gap: Any, energy: Any, clusters: Any, xs: Any, radius: Any = None
+) -> list[str]:
+    """Why a run failed, or ``[]``: the engine's flag, or any non-finite state (directions or
+    radii), energy or observable (never trust only the flag)."""
     import numpy as np
 
     reasons = []
-    if bool(traj.failed) or not np.all(np.isfinite(xs)):
+    bad_radius = radius is not None and not np.all(np.isfinite(radius))
+    if bool(traj.failed) or not np.all(np.isfinite(xs)) or bad_radius:
         t = float(traj.stop_time)
         reasons.append(f"non-finite state at t = {t:g}" if math.isfinite(t) else "non-finite state")
     if energy is not None and not np.all(np.isfinite(energy)):
         reasons.append("non-finite energy")
     if not np.all(np.isfinite(gap)):
         reasons.append("non-finite collapse gap")
-    if not np.all(np.isfinite(clusters)):
+    if clusters is not None and not np.all(np.isfinite(clusters)):
         reasons.append("non-finite clusters")
     return reasons
 

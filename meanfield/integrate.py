@@ -581,7 +581,7 @@ def simulate(
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
-        ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``.
+        ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``, ``.radius``.
 
     jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
     ``vmap`` over seeds and ``beta`` compiles once. Concrete bad values raise ``ValueError``

@@ -51,6 +51,13 @@ $V = \pm Q^\top K / \text{norm}$, rotf's ``--randomV 2``/``3`` for the symmetric
 (for ``"gaussian"`` rotf's $V$ acts as $\pm (Q^\top K)^\top / \text{norm}$). rotf's
 ``--randomKQ 2`` and ``--randomV 1`` ($G G^\top / \sqrt d$) have no ensemble here.
 
+Layer-norm placements (``mf.normalization``: Pre-, Mix-, Peri-LN, nGPT, LN-scaling):
+``sa_phase_diagram(normalization=, alpha=, switch_time=, r0=)`` runs the same XLA kernel with
+``SelfAttention``'s field of that scheme, each Euler step the step of ``mf.simulate`` (the
+functions of ``mf.normalization``, not a copy of its equations); for the schemes with a radius
+the state is $x = r\theta$ in $\mathbb R^d$ and the clustering fraction counts the directions.
+``usa_phase_diagram`` is Post-LN only.
+
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
 * On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
@@ -133,6 +140,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
 from . import _native, sphere
+from . import normalization as _normalization
 from ._checks import (
     RealScalarLike,
     check_choice,
@@ -699,6 +707,9 @@ class _Attention(NamedTuple):
     mask: Mask | None
     attention: str
     sinkhorn_iters: int
+    normalization: str = "post"  # mf.normalization (static)
+    alpha: float = 0.2  # nGPT's step factor (traced)
+    switch_time: float = 1.0  # Mix-LN's switch time (traced)
 
 
 def _run_one_beta_attn(
@@ -717,11 +728,19 @@ def _run_one_beta_attn(
     sinkhorn_iters: int,
     every_step: bool,
     project: bool,
+    normalization: str = "post",
+    alpha: ArrayLike = 0.2,
+    switch_time: ArrayLike = 1.0,
 ) -> tuple[Float[Array, "S C"], Float[Array, "S n d"]]:
-    """``_run_one_beta`` with the field of ``mf.models.SelfAttention(beta, Q_s, K_s, V_s, ...)``
-    for system ``s`` (its weights ``qkv[.][s]``, the mask, ``attention``; not time-rescaled:
-    ``step`` is the step of the flow) and the clustering count on the Gram matrix
-    ``<x_i, x_j> > threshold`` (the attention weights are not monotone in it)."""
+    r"""``_run_one_beta`` with the field of ``mf.models.SelfAttention(beta, Q_s, K_s, V_s, ...)``
+    for system ``s`` (its weights ``qkv[.][s]``, the mask, ``attention``, ``normalization``; not
+    time-rescaled: ``step`` is the step of the flow) and the clustering count on the Gram matrix
+    of the directions ``<theta_i, theta_j> > threshold`` (the attention weights are not monotone
+    in it). The step of a scheme is the Euler step of ``mf.simulate``'s vector field
+    (``mf.normalization``), step $k$ at time $t = k h$: ``radial_velocity`` (Mix-LN switched when
+    $t \ge$ ``switch_time``, as ``mf.simulate`` switches at the end of the step that reaches it)
+    on the state $x = r \theta$ for the schemes with a radius, else the projected field times
+    ``speed`` (LN-scaling), then normalised; the returned states are the directions."""
     _TRACES[
         (
             "attn",
@@ -732,6 +751,7 @@ def _run_one_beta_attn(
             sinkhorn_iters,
             every_step,
             project,
+            normalization,
             ckpt_pos.shape,
             tuple(None if M is None else M.shape for M in qkv),
             type(mask).__name__,
@@ -741,6 +761,13 @@ def _run_one_beta_attn(
     dtype = x0.dtype
     C = ckpt_steps.shape[0]
     off = ~np.eye(n, dtype=bool)
+
+    radial = normalization in _normalization.RADIAL
+    scheme: dict[str, Any] = {"normalization": normalization}
+    if normalization == "ngpt":
+        scheme["alpha"] = alpha
+    if normalization == "mix":
+        scheme["switch_time"] = switch_time
 
     def field(x: Array, Q: Array | None, K: Array | None, V: Array | None) -> Array:
         model = SelfAttention(
@@ -752,10 +779,15 @@ def _run_one_beta_attn(
             attention=attention,
             sinkhorn_iters=sinkhorn_iters,
             mask=mask,
+            **scheme,
         )
         return model.field(x)
 
+    def directions(x: Array) -> Array:
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True)) if radial else x
+
     def fraction(x: Array) -> Array:
+        x = directions(x)
         G = x @ jnp.swapaxes(x, 1, 2)
         count = jnp.sum(jnp.where((G > threshold) & off, 1.0, 0.0).astype(dtype), axis=(1, 2))
         return count / (n * (n - 1))
@@ -774,8 +806,19 @@ def _run_one_beta_attn(
     def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         x, buf = carry
         buf = record(buf, i, x)
-        F = jax.vmap(field)(x, *qkv)
+        t = jnp.asarray(i, dtype) * step  # the time at the start of step i
+        theta = directions(x)
+        F = jax.vmap(field)(theta, *qkv)
+        if radial:  # x = r theta in R^d: no normalisation
+            switched = t >= jnp.asarray(switch_time, dtype)
+            v = jax.vmap(
+                lambda xs, Fs: _normalization.radial_velocity(
+                    normalization, xs, Fs, switched=switched
+                )
+            )(x, F)
+            return x + step * v, buf
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
+        v = v * _normalization.speed(normalization, t, dtype)
         x = x + step * v
         x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
         return x, buf
@@ -783,12 +826,19 @@ def _run_one_beta_attn(
     buf0 = jnp.zeros((C + 1, S), dtype)
     x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
     buf = record(buf, nsteps, x)
-    return buf[ckpt_pos].T, x
+    return buf[ckpt_pos].T, directions(x)
 
 
 _run_one_beta_attn_jit = jax.jit(
     _run_one_beta_attn,
-    static_argnames=("normalized", "attention", "sinkhorn_iters", "every_step", "project"),
+    static_argnames=(
+        "normalized",
+        "attention",
+        "sinkhorn_iters",
+        "every_step",
+        "project",
+        "normalization",
+    ),
 )
 
 
@@ -1020,6 +1070,9 @@ def _run_attn_task(
         sinkhorn_iters=attn.sinkhorn_iters,
         every_step=bool(every_step),
         project=bool(project),
+        normalization=attn.normalization,
+        alpha=jnp.asarray(attn.alpha, dtype),
+        switch_time=jnp.asarray(attn.switch_time, dtype),
     )
 
 
@@ -1292,6 +1345,10 @@ def sa_phase_diagram(
     mask: Mask | None = None,
     attention: str = "softmax",
     sinkhorn_iters: int = 21,
+    normalization: str = "post",
+    alpha: RealScalarLike = 0.2,
+    switch_time: RealScalarLike = 1.0,
+    r0: RealScalarLike | None = None,
 ) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
@@ -1351,6 +1408,20 @@ def sa_phase_diagram(
             Random weights, a mask or another attention than softmax run the XLA kernel with
             ``SelfAttention``'s field (``backend="auto"`` picks it; ``"native"`` and ``packed``
             are a ``ValueError``); identity weights keep the fast kernels above.
+        normalization, alpha, switch_time: the layer-norm placement of
+            ``mf.models.SelfAttention`` (``mf.normalization``: ``"post"``, the default and the
+            flow above, ``"pre"``, ``"mix"``, ``"peri"``, ``"ngpt"``, ``"scaling"``), nGPT's
+            ``alpha`` and Mix-LN's ``switch_time``. Another scheme than ``"post"`` runs the XLA
+            kernel with ``SelfAttention``'s field, each Euler step being ``mf.simulate``'s
+            (``solver="euler"``) of that scheme at the time $t = k h$ of step $k$: for the schemes
+            with a radius (``"pre"``, ``"mix"``, ``"peri"``) the state is $x = r \theta$ in
+            $\mathbb R^d$, $x \leftarrow x + h\,$``radial_velocity`` (Mix-LN switches at the step
+            that starts at or after ``switch_time``), the attention and the clustering fraction
+            are computed on the directions $\theta$; for ``"ngpt"`` and ``"scaling"`` the projected
+            step of their field, times $1 / \sqrt{t + 1}$ for LN-scaling. ``step="renormalize"``
+            is refused for the schemes with a radius.
+        r0: the initial radius of every token (``> 0``; default 1) for the schemes with a radius,
+            as ``mf.simulate(r0=)``; refused for the others.
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
@@ -1378,13 +1449,29 @@ def sa_phase_diagram(
         value=value,
         weight_seed=weight_seed,
         mask=mask,
+        normalization=normalization,
+        alpha=alpha,
+        switch_time=switch_time,
     )  # the checks of SelfAttention's parameters, one behaviour per name
-    general = model.random or mask is not None or attention != "softmax"
+    radial = normalization in _normalization.RADIAL
+    if radial and step != "projected":
+        raise ValueError(
+            f"step={step!r} renormalises to the sphere; normalization={normalization!r} has a "
+            f"radius: use step='projected'"
+        )
+    if r0 is not None and not radial:
+        raise ValueError(
+            f"r0 is the initial radius of the schemes with one (normalization "
+            f"{', '.join(repr(r) for r in _normalization.RADIAL)}), not normalization={normalization!r}"
+        )
+    if r0 is not None:
+        check_positive("r0", r0)
+    general = model.random or mask is not None or attention != "softmax" or normalization != "post"
     if general and (backend == "native" or packed):
         raise ValueError(
-            f"random weights (weights={weights!r}, value={value!r}), masks and attention={attention!r} "
-            f"run the XLA kernel: use backend='xla' (or 'auto', which picks it) and packed=False, "
-            f"got backend={backend!r}, packed={packed}"
+            f"random weights (weights={weights!r}, value={value!r}), masks, attention={attention!r} "
+            f"and normalization={normalization!r} run the XLA kernel: use backend='xla' (or 'auto', "
+            f"which picks it) and packed=False, got backend={backend!r}, packed={packed}"
         )
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
     N, h, idx = grid(t1, dt, checkpoints)
@@ -1402,7 +1489,17 @@ def sa_phase_diagram(
             weight_seed=weight_seed,
             dtype=x0.dtype,
         )
-        attn = _Attention(*qkv, mask, attention, int(sinkhorn_iters))
+        attn = _Attention(
+            *qkv,
+            mask,
+            attention,
+            int(sinkhorn_iters),
+            normalization,
+            float(alpha),
+            float(switch_time),
+        )
+        if r0 is not None:
+            x0 = x0 * jnp.asarray(r0, x0.dtype)
     B = len(betas)
     per = _sweep(
         x0,

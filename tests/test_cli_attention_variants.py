@@ -52,7 +52,10 @@ def _run(capsys, tmp_path, *args):
         ),
         (["--slope", "2"], "--slope = 2.0 applies with --mask = 'alibi', not 'none'"),
         (["--mask", "causal", "--window-causal"], "applies with --mask = 'window'"),
-        (["--kernel", "sa", "--normalization", "pre"], "argument --normalization: invalid choice"),
+        (
+            ["--kernel", "sa", "--normalization", "bogus"],
+            "argument --normalization: invalid choice",
+        ),
         (
             ["--kernel", "sa", "--normalization", "ngpt", "--alpha", "0"],
             "argument --alpha: must be > 0",

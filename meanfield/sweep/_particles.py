@@ -4,10 +4,11 @@ r"""The sweep kind ``particles``: the dynamics of ``n`` particles of any registr
 A point ``(model, n, d, params, seed)`` starts from ``x0 = mf.sphere.uniform(jax.random.key(seed),
 n, d)`` and runs ``mf.simulate`` with the model ``mf.kernels.build(model, params, d=d)`` (the
 registry's constructor, the swept parameters traced) and the spec's ``[time]``; it records the
-observables at the save times (``collapse_gap``, ``energy``, ``clusters``, ``token_similarity``)
-or once (``first_merge_time``, ``num_plateaus``, ``final_clusters``), the stop time and the step
-count. Its memory and cost are ``meanfield._resources.run_cost`` (shared with ``meanfield
-simulate``) with the model's ``footprint``.
+observables at the save times (``collapse_gap``, ``energy``, ``clusters``, ``token_similarity``,
+``mean_radius`` for the schemes with a radius, ``mf.normalization``) or once
+(``first_merge_time``, ``num_plateaus``, ``final_clusters``), the stop time and the step count.
+Its memory and cost are ``meanfield._resources.run_cost`` (shared with ``meanfield simulate``)
+with the model's ``footprint``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ DESCRIPTIONS = {
     "num_plateaus": "number of energy plateaus (mf.metastability.num_plateaus, rel_tol 0.02, min_points 3)",
     "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
     "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
+    "mean_radius": "mean radius (1/n) sum_i r_i of the tokens x_i = r_i theta_i (mf.normalization: pre, mix, peri)",
     "stop_time": "time at which the run ended (t1 unless stopped early or failed)",
     "num_steps": "accepted solver steps",
 }
@@ -211,6 +213,8 @@ def _program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
         extra["clusters"] = lambda x: metrics.num_clusters(x, thr).astype(dtype)
     if "token_similarity" in spec.observables:
         extra["token_similarity"] = metrics.token_similarity
+    if "mean_radius" in spec.observables:  # mf.simulate passes the radii to a `radius` parameter
+        extra["mean_radius"] = lambda x, radius: jnp.mean(radius).astype(dtype)
 
     # the registry's parameters of this kind: fixed values from the spec, swept ones traced
     names = {p.name for p in kernels.MODELS[kind].params}

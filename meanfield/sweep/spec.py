@@ -16,8 +16,9 @@ A sweep is a TOML file (read with ``tomllib``)::
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
     # numbers is a grid axis (traced parameters only: weight_seed an int32 axis); static ones
     # take one value; optional ones (Param.optional: mask, slope, width, include_self,
-    # mask_normalized; sa's attention, sinkhorn_iters, tie_tol, heads, weights, value,
-    # weight_seed, regen_period) are recorded (hashed) only when not their default
+    # mask_normalized; normalization, alpha, switch_time; sa's attention, sinkhorn_iters,
+    # tie_tol, heads, weights, value, weight_seed, regen_period) are recorded (hashed) only
+    # when not their default
     backend = "xla"                    # optional: "auto" (default), "native" or "xla" (mf.simulate's
                                        # backend; hashed into the store only when given)
 
@@ -40,7 +41,8 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # published code's update); default "projected": x + dt P_x F
 
     [output]
-    observables = ["collapse_gap", "energy", "clusters"]
+    observables = ["collapse_gap", "energy", "clusters"]   # + mean_radius (model.normalization
+                                       # = "pre", "mix" or "peri": the mean radius of the tokens)
     cluster_threshold = 0.1
     top_k = 8                          # attention order statistics A_(1..k)
 
@@ -105,6 +107,7 @@ __all__ = [
     "SIM_OBSERVABLES",
     "SCALAR_SIM_OBSERVABLES",
     "ATTENTION_OBSERVABLES",
+    "SPHERE_OBSERVABLES",
     "MAX_DIM",
     "MAX_SEED",
     "MAX_SEEDS",
@@ -119,6 +122,7 @@ SIM_OBSERVABLES = (
     "first_merge_time",
     "num_plateaus",
     "final_clusters",
+    "mean_radius",
 )
 #: Simulation observables that are one number per point (the others: one per save time);
 #: ``num_plateaus`` needs an energy (``mf.metastability``).
@@ -276,6 +280,59 @@ def _masked(params: Mapping[str, Any]) -> str:
 def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) -> bool:
     """Whether ``model`` of the sweep has an energy: the kind's answer, and no mask."""
     return grid_kind.has_energy(model) and not _masked(params)
+
+
+#: Observables defined for tokens on the sphere only: the pair energy and the cluster counts
+#: (``mf.metrics.num_clusters`` at a chordal threshold between unit tokens). A sweep of
+#: ``model.geometry = "euclidean"`` (tokens in R^d, growing like e^(tV)) refuses them.
+SPHERE_OBSERVABLES = ("energy", "num_plateaus", "clusters", "first_merge_time", "final_clusters")
+
+
+def _check_euclidean(obs: list, time_spec: dict | None) -> None:
+    """``model.geometry = 'euclidean'``: no observable of ``SPHERE_OBSERVABLES``, no renormalising
+    step (``mf.simulate``'s refusals, when the spec is read)."""
+    bad = [o for o in obs if o in SPHERE_OBSERVABLES]
+    if bad:
+        raise ValueError(
+            f"output.observables {bad[0]!r} is an observable of tokens on the sphere; "
+            f"model.geometry = 'euclidean' (tokens in R^d) records collapse_gap (of the directions "
+            f"x / |x|) and the attention observables, not {', '.join(SPHERE_OBSERVABLES)}"
+        )
+    step = (time_spec or {}).get("step", "projected")
+    if step != "projected":
+        raise ValueError(
+            f"time.step = {step!r} renormalises to the sphere; model.geometry = 'euclidean' has "
+            f"no sphere: use time.step = 'projected'"
+        )
+
+
+def _check_radius(
+    obs: list, params: Mapping[str, Any], time_spec: dict | None, without: list[str]
+) -> None:
+    """``mean_radius`` needs tokens with a radius (``model.normalization`` in
+    ``mf.normalization.RADIAL``, every kind of the sweep taking it: not those in ``without``),
+    and those tokens cannot take ``time.step = 'renormalize'`` (it puts them back on the
+    sphere): ``mf.simulate``'s refusals, when the spec is read."""
+    from ..normalization import RADIAL
+
+    scheme = params.get("normalization", "post")
+    if "mean_radius" in obs and without:
+        raise ValueError(
+            f"output.observables 'mean_radius' needs tokens with a radius; kind {without[0]!r} "
+            f"takes no model.normalization"
+        )
+    if "mean_radius" in obs and scheme not in RADIAL:
+        raise ValueError(
+            "output.observables 'mean_radius' needs tokens with a radius: model.normalization = "
+            + " or ".join(repr(r) for r in RADIAL)
+            + f", not {scheme!r}"
+        )
+    step = (time_spec or {}).get("step", "projected")
+    if scheme in RADIAL and step != "projected":
+        raise ValueError(
+            f"time.step = {step!r} renormalises to the sphere; model.normalization = {scheme!r} "
+            f"has a radius: use time.step = 'projected'"
+        )
 
 
 def _check_beta_rule(
@@ -913,6 +970,9 @@ def _parse_particle_grid(
     if _masked(params):  # a masked kernel has no energy
         valid = tuple(o for o in valid if o not in _ENERGY_OBSERVABLES)
         default = tuple(o for o in default if o not in _ENERGY_OBSERVABLES) or valid[:1]
+    euclidean = params.get("geometry", "sphere") == "euclidean"
+    if euclidean:  # tokens in R^d: no energy, no cluster count of unit tokens
+        default = tuple(o for o in default if o not in SPHERE_OBSERVABLES) or ("collapse_gap",)
     obs = out.get("observables", list(default))
     if not isinstance(obs, list) or not obs or not all(isinstance(o, str) for o in obs):
         raise TypeError(f"output.observables must be a non-empty list of names, got {obs!r}")
@@ -933,6 +993,13 @@ def _parse_particle_grid(
             )
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")
+    if euclidean:
+        _check_euclidean(obs, time_spec)
+    if "mean_radius" in obs or (time_spec or {}).get("step", "projected") != "projected":
+        without = [
+            k for k in kinds if all(p.name != "normalization" for p in grid_kind.model_params(k))
+        ]
+        _check_radius(obs, params, time_spec, without)
     threshold = _float("output.cluster_threshold", out.get("cluster_threshold", 0.1), "float>0")
     top_k = _int("output.top_k", out.get("top_k", 8), 1)
     if grid_kind.ranked and top_k > min(ns):
