@@ -21,7 +21,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from . import sphere
+from . import normalization, sphere
 from ._checks import (
     check_choice,
     check_int,
@@ -86,10 +86,11 @@ def field(
     ):  # a traced beta past the overflow bound stops here, as in ``energy``
         x = model.check_traced_energy(x, aux)
     with use_backend(backend):
-        if method == "pairwise":
-            if model.mask is not None:
-                return masked_pairwise_field(model, x, aux)
-            return pairwise_field(model, x, aux)
+        if method == "pairwise":  # the kernel's F, then its scheme's normalisation (as ``field``)
+            F = (masked_pairwise_field if model.mask is not None else pairwise_field)(model, x, aux)
+            return normalization.output(
+                getattr(model, "normalization", "post"), F, getattr(model, "alpha", 0.2)
+            )
         return model.field(x, aux, block_size=block_size)
 
 
@@ -102,7 +103,11 @@ def velocity(
     block_size: Any = None,
     backend: str | None = None,
 ) -> Float[Array, "n d"]:
-    """Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
+    r"""Velocity of the particle flow $v_i = P_{x_i} F_i$, shape ``(n, d)``.
+
+    For the layer-norm schemes of ``mf.normalization``, $F$ is the model's ``field`` (nGPT's
+    $\alpha A / \|A\|$, Peri-LN's $A / \|A\|$): $v$ is $\dot\theta$ at radius 1 and time 0 (the
+    speed $1 / r_i$ of Pre-, Mix-, Peri-LN and $1/\sqrt{t + 1}$ of LN-scaling are ``mf.simulate``'s).
 
     Args:
         model: a kernel (``mf.kernels``) or model (``mf.models``).

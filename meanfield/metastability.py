@@ -72,6 +72,7 @@ from .energy import check_states
 from .integrate import Trajectory
 from .kernels import USA, use_backend
 from .kernels._exp import _entry_backend
+from .normalization import require_post
 
 __all__ = [
     "Clusters",
@@ -823,6 +824,7 @@ def simulate_long(
     if ts is None:
         with np.errstate(over="ignore"):
             ts_out = np.exp(lts_np)
+    require_post(model, "simulate_long")
     x0, aux = check_states(model, x0, aux, "x0")
     dmax = float(np.finfo(np.dtype(x0.dtype)).max)
     if t1 is not None and (lt1 >= math.log(dmax) or float(t1) >= dmax):

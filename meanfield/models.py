@@ -685,7 +685,7 @@ def _check_normalization(model: Any) -> None:
 
 
 class SelfAttention(Model):
-    r"""Self-attention particle dynamics on the sphere: heads, weights, masks, and three normalisations.
+    r"""Self-attention particle dynamics on the sphere: heads, weights, masks, normalisations, and tokens in R^d.
 
     With $H$ heads (``Q``, ``K``, ``V`` stacks of shape ``(H, d, d)``; one ``(d, d)`` matrix is one
     head) and logits $L^h_{ij} = \beta \langle Q_h x_i, K_h x_j\rangle$:
@@ -724,6 +724,14 @@ class SelfAttention(Model):
       $\alpha F_i / \|F_i\|$, so ``step="renormalize"`` with step ``h`` is simuformer's nGPT
       update $x \leftarrow \operatorname{normalize}(x + h \alpha F / \|F\|)$ (``--norm ngpt``,
       ``alpha = 0.2``; simuformer adds ``1e-9`` to $\|F\|$).
+    * ``"pre"``, ``"mix"``, ``"peri"``, ``"scaling"``: Pre-LN ($\dot x_i = F_i$: a radius,
+      $\dot\theta_i = P_{\theta_i} F_i / r_i$), Mix-LN (Post-LN up to ``switch_time``, Pre-LN
+      after), Peri-LN (the field $F_i / \|F_i\|$, $\dot x_i$ = field), LN-scaling (speed
+      $1 / \sqrt{t + 1}$): the table of ``mf.normalization`` (``simulate(r0=)``, ``Trajectory.radius``).
+
+    ``geometry="euclidean"`` (Geshkovski, Letrouit, Polyanskiy, Rigollet 2023): the tokens live in
+    $\mathbb R^d$, $\dot x_i = F_i(x)$ without projection (``normalization`` must be ``"post"``);
+    ``rescaled_states`` gives $z_i = e^{-tV} x_i$.
 
     The dynamics is not the gradient flow of a pair energy in general: ``mf.energy`` raises
     ``TypeError`` (``has_energy`` is False).
@@ -738,8 +746,10 @@ class SelfAttention(Model):
         tie_tol: hardmax's tie tolerance on the scores (static).
         heads, weights, value, weight_seed, regen_period: the random weights (``random_weights``).
         mask: a positional mask (``mf.masks``) or None.
-        normalization: ``"post"`` or ``"ngpt"`` (static; ``NORMALIZATIONS``).
+        normalization: one of ``NORMALIZATIONS`` (static; ``mf.normalization``; default ``"post"``).
         alpha: nGPT's step factor, ``> 0`` (traced; ``normalization="ngpt"`` only).
+        switch_time: Mix-LN's switch time, ``> 0`` (traced; ``normalization="mix"`` only).
+        geometry: ``"sphere"`` (default) or ``"euclidean"`` (static; ``GEOMETRIES``).
 
     Example:
         >>> import jax, meanfield as mf

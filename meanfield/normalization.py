@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 __all__ = [
+    "require_post",
     "NORMALIZATIONS",
     "RADIAL",
     "uses_radius",
@@ -63,6 +64,28 @@ def uses_radius(model: Any) -> bool:
         (False, True)
     """
     return getattr(model, "normalization", "post") in RADIAL
+
+
+def require_post(model: Any, what: str) -> None:
+    """``ValueError`` unless ``model`` runs the Post-LN flow on the sphere (``normalization="post"``,
+    no ``geometry="euclidean"``): for the engines that implement that flow only (``what`` names it).
+
+    Example:
+        >>> import meanfield as mf
+        >>> require_post(mf.kernels.USA(1.0, normalization="pre"), "simulate_long")
+        Traceback (most recent call last):
+        ...
+        ValueError: simulate_long runs the Post-LN flow on the sphere; normalization='pre' needs mf.simulate
+    """
+    scheme = getattr(model, "normalization", "post")
+    if scheme != "post":
+        raise ValueError(
+            f"{what} runs the Post-LN flow on the sphere; normalization={scheme!r} needs mf.simulate"
+        )
+    if getattr(model, "geometry", "sphere") != "sphere":
+        raise ValueError(
+            f"{what} runs the Post-LN flow on the sphere; geometry={model.geometry!r} needs mf.simulate"
+        )
 
 
 def unit_output(F: Float[Array, "n d"], scale: ArrayLike = 1.0) -> Float[Array, "n d"]:

@@ -35,6 +35,7 @@ from . import metrics, sphere
 from ._checks import RealScalarLike, check_choice, check_int, check_positive
 from .energy import resolve_aux
 from .kernels import USA, GaugeKernel, Kernel
+from .normalization import require_post
 
 __all__ = [
     "random_batch_field",
@@ -117,6 +118,7 @@ def random_batch_field(
         >>> random_batch_field(mf.kernels.USA(1.0), x, key=jax.random.key(1), p=4).shape
         (8, 3)
     """
+    require_post(kernel, "random_batch_field")
     aux = resolve_aux(kernel, x, aux)
     x = jnp.asarray(x)
     p = _check_p(x.shape[0], p, mode)
@@ -287,6 +289,7 @@ def simulate_random_batch(
         >>> run.collapse_gap.shape
         (11,)
     """
+    require_post(kernel, "simulate_random_batch")
     aux = resolve_aux(kernel, x0, aux)
     sphere.check_on_sphere(x0, "x0")
     x0 = jnp.asarray(x0)
