@@ -45,20 +45,22 @@ EXPERIMENTS: dict[str, str] = {
 #: dynamics (``dynamics``: heads, masks, Sinkhorn, hardmax against their papers).
 PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum", "dynamics")
 
-#: Wall seconds of each quick run alone on the 2-core box (BENCHMARKS.md, "Where ``meanfield
-#: reproduce --quick`` spends its time"): with several processes the longest start first, so that
-#: the last one to finish is a short one (the report's order stays ``PAPERS``'s). design,
-#: metastability and dynamics are not in that table: their entries are rough estimates (only the
+#: Wall seconds of each quick run in the two-process run of ``meanfield reproduce --quick`` on the
+#: 2-core box (BENCHMARKS.md, "The whole quick run"; git 35c0088+, 2026-12-03): with several
+#: processes the longest start first, so that the last one to finish is a short one (the report's
+#: order stays ``PAPERS``'s). The times with two processes, not alone: an experiment whose compute
+#: is multi-threaded (continuum) slows down more beside another than one that mostly compiles.
+#: design and metastability are not in that run: their entries are rough estimates (only the
 #: order matters).
 QUICK_COST_S: dict[str, float] = {
-    "usa-av": 57.5,
-    "attention": 59.7,
-    "depth": 49.2,
-    "prototypes": 55.4,
-    "continuum": 78.9,
+    "usa-av": 61.0,
+    "attention": 86.0,
+    "depth": 50.0,
+    "prototypes": 70.0,
+    "continuum": 104.0,
     "design": 120.0,
     "metastability": 60.0,
-    "dynamics": 50.0,
+    "dynamics": 60.0,
 }
 
 
