@@ -93,10 +93,31 @@ def _fmt_bytes(b: int | float) -> str:
     return f"{int(b)} B"
 
 
+# grid_model's results for the last few specs (a plan asks for the model of each group several
+# times: the dt warning, the step bound, the memory and cost estimates; a 1000-group plan built
+# 8000 models). Keyed by the spec object's identity, which the entry keeps alive; a Spec is frozen.
+_GRID_MODELS: dict[int, tuple[Spec, dict[tuple[str, int, int], Model]]] = {}
+_GRID_MODEL_SPECS = 4
+
+
 def grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
     """The model of ``kind`` with the spec's parameters and the betas of shape ``(n, d)`` as an array
     (``ModelEntry.over_grid``): its ``interaction_rate()``, ``reference_step()`` and
-    ``footprint()`` over the grid (the dt warning, the step bound, the cost estimate)."""
+    ``footprint()`` over the grid (the dt warning, the step bound, the cost estimate). Built once
+    per spec and group (remembered for the last few specs)."""
+    held = _GRID_MODELS.get(id(spec))
+    if held is None or held[0] is not spec:
+        while len(_GRID_MODELS) >= _GRID_MODEL_SPECS:
+            del _GRID_MODELS[next(iter(_GRID_MODELS))]
+        held = _GRID_MODELS[id(spec)] = (spec, {})
+    models = held[1]
+    key = (kind, int(n), int(d))
+    if key not in models:
+        models[key] = _grid_model(spec, kind, n, d)
+    return models[key]
+
+
+def _grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
     entry = kernels.MODELS[kind]
     names = {p.name for p in entry.params}
     fixed = {

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -407,9 +408,10 @@ class Spec:
         """The model kind (the first one when ``kind`` is a list, a grid axis)."""
         return self.kinds[0]
 
-    @property
+    @functools.cached_property
     def sweep_kind(self) -> SweepKind:
-        """The kind of the points (``kind_of(self.kind)``): what plan, run and plot ask."""
+        """The kind of the points (``kind_of(self.kind)``): what plan, run and plot ask (looked up
+        once per spec: a plan asks it for every group)."""
         return kind_of(self.kinds[0])
 
     @property
