@@ -7,7 +7,7 @@ Public API (see README.md for a tour)::
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
     mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks,
-    mf.normalization
+    mf.normalization, mf.matmul_precision
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -16,6 +16,9 @@ Every name above is loaded when first used (PEP 562): ``import meanfield`` impor
 JAX nor any submodule, ``mf.simulate`` imports the engine (JAX, the native kernels: their
 build at first use is one line on stderr) and ``mf.depth`` its optimiser (optax) then.
 ``from meanfield import simulate`` and ``import meanfield.continuum`` work as usual.
+
+The engine's matrix products state ``precision=HIGHEST`` (full float32 on GPUs, whose JAX default
+is TF32); ``with mf.matmul_precision("default"):`` trades it for speed (docs/precision.md).
 
 Edges (import explicitly): ``meanfield.sweep`` (spec, plan, run, zarr store, plots),
 ``meanfield.plotting``, ``meanfield.cli``, ``meanfield.info``, ``meanfield.reproduce``.
@@ -47,6 +50,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
         sphere,
         theory,
     )
+    from ._precision import matmul_precision
     from .energy import energy, field, velocity
     from .integrate import Trajectory, simulate
     from .models import positions
@@ -64,6 +68,7 @@ __all__ = [
     "field",
     "kernels",
     "masks",
+    "matmul_precision",
     "metastability",
     "metrics",
     "models",
@@ -108,6 +113,7 @@ _NAMES = {
     "simulate": "integrate",
     "Trajectory": "integrate",
     "positions": "models",
+    "matmul_precision": "_precision",
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._checks import check_choice, check_int
+from ._precision import einsum
 
 __all__ = [
     "ENSEMBLES",
@@ -121,7 +122,7 @@ def random_weights(
         V = jax.random.normal(kv, shape, dtype) / np.sqrt(d)
     else:
         sign = 1.0 if value == "+qk" else -1.0
-        V = sign * jnp.einsum("hki,hkj->hij", Q, K) / _qk_norm(ensemble, d)
+        V = sign * einsum("hki,hkj->hij", Q, K) / _qk_norm(ensemble, d)
     return Q, K, V
 
 

@@ -12,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float
 
 from . import sphere
 from ._checks import RealScalarLike, check_positive
+from ._precision import matmul
 from .energy import energy as _energy
 from .energy import resolve_aux
 from .kernels import Kernel
@@ -88,7 +89,7 @@ def tangent_hessian(kernel: object, x: ArrayLike, aux: Any = None) -> Float[Arra
     Hess = jax.hessian(f)(x).reshape(n * d, n * d)
     B = tangent_frame(x)  # (n, d, d-1)
     Bfull = jax.scipy.linalg.block_diag(*[B[i] for i in range(n)])  # (n d, n (d-1))
-    H = Bfull.T @ Hess @ Bfull
+    H = matmul(matmul(Bfull.T, Hess), Bfull)
     radial = jnp.sum(x * g, axis=-1)  # <x_i, grad_i E>
     H = H - jnp.diag(jnp.repeat(radial, d - 1))
     return 0.5 * (H + H.T)

@@ -41,6 +41,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import sphere
 from ._checks import RealScalarLike, check_finite, check_int, check_nonnegative
+from ._precision import matmul
 
 __all__ = [
     "weights",
@@ -109,7 +110,7 @@ def _shifted_logits(
 ) -> Float[Array, " n"]:
     # -beta (T_j - T_(1)) = beta (<q, x_j> - max_l <q, x_l>) <= 0: the max is 0,
     # so exp never overflows and the top weight never underflows (beta up to 1e6).
-    s = keys @ q
+    s = matmul(keys, q)
     return (s - jnp.max(s)) * beta
 
 
@@ -204,7 +205,7 @@ def log_partition(q: ArrayLike, keys: ArrayLike, beta: RealScalarLike) -> Float[
     """
     q, keys = _check_query_keys(q, keys)
     check_nonnegative("beta", beta)
-    T = 1.0 - keys @ q
+    T = 1.0 - matmul(keys, q)
     return jax.nn.logsumexp(-beta * T)
 
 
@@ -233,8 +234,8 @@ def displacement(
     q, keys = _check_query_keys(q, keys)
     V = _check_V(V, q.shape[0])
     A = weights(q, keys, beta)
-    Y = A @ (keys - q)
-    return Y if V is None else V @ Y
+    Y = matmul(A, keys - q)
+    return Y if V is None else matmul(V, Y)
 
 
 def residual_update(
@@ -329,13 +330,13 @@ def _absorb(
     """
     if T is None:
         assert xs is not None  # keys or distances, never neither
-        T = 1.0 - xs @ q
+        T = 1.0 - matmul(xs, q)
     T = jnp.where(valid, T, jnp.inf)
     new_min = jnp.minimum(state.tmin, jnp.min(T))
     rescale = jnp.exp(-beta * (state.tmin - new_min))  # <= 1
     e = jnp.where(valid, jnp.exp(-beta * (T - new_min)), 0.0)
     S = state.S * rescale + jnp.sum(e)
-    B = state.B * rescale if xs is None else state.B * rescale + e @ (xs - q)
+    B = state.B * rescale if xs is None else state.B * rescale + matmul(e, xs - q)
     top = jnp.sort(jnp.concatenate([state.top, _smallest(T, k)]))[:k]
     return _State(new_min, S, B, top)
 

@@ -128,6 +128,7 @@ from ._checks import (
     is_concrete,
     traced_positive,
 )
+from ._precision import matmul, third_party
 from ._resources import Cost
 from .models import ExpProfile, Profile
 
@@ -907,15 +908,16 @@ def _sht(f: Float[Array, "a b"], L: int) -> Complex[Array, "a b"]:
     """Forward transform of a real grid function ``(L, 2L - 1)`` -> ``f_lm`` ``(L, 2L - 1)`` (m = -L+1..L-1)."""
     _, spherical = _s2fft()
     kf, _ = _sht_kernels(L)
-    return spherical.forward_transform_jax(f, jnp.asarray(kf, f.dtype), L, "gl", True, 0, 0)
+    with third_party():  # s2fft's products state no precision: HIGHEST, as the engine's
+        return spherical.forward_transform_jax(f, jnp.asarray(kf, f.dtype), L, "gl", True, 0, 0)
 
 
 def _isht(flm: Complex[Array, "a b"], L: int, dtype: Any) -> Float[Array, "a b"]:
     _, spherical = _s2fft()
     _, ki = _sht_kernels(L)
-    return spherical.inverse_transform_jax(flm, jnp.asarray(ki, dtype), L, "gl", True, 0, 0).astype(
-        dtype
-    )
+    with third_party():
+        out = spherical.inverse_transform_jax(flm, jnp.asarray(ki, dtype), L, "gl", True, 0, 0)
+    return out.astype(dtype)
 
 
 def _pad_lm(flm: Complex[Array, "a b"], L2: int) -> Complex[Array, "c e"]:
@@ -947,7 +949,7 @@ def _multipliers(
         return (2 * np.pi / M) * jnp.real(jnp.fft.rfft(hv))[:L]
     t, w, P = _legendre_table(L, max(4 * L, 128))
     hv = profile.values(jnp.asarray(t, dtype), beta)
-    return 2 * np.pi * jnp.asarray(P, dtype) @ (jnp.asarray(w, dtype) * hv)
+    return matmul(2 * np.pi * jnp.asarray(P, dtype), jnp.asarray(w, dtype) * hv)
 
 
 @functools.cache
@@ -1558,13 +1560,14 @@ def _particle_coeffs(x: Float[Array, "n 3"], L: int) -> Complex[Array, "a b"]:
     ls, ms = np.meshgrid(np.arange(L), np.arange(-L + 1, L), indexing="ij")
     keep = np.abs(ms) <= ls
     lv, mv = ls[keep], ms[keep]
-    Y = jax.scipy.special.sph_harm_y(
-        jnp.asarray(lv)[:, None].repeat(x.shape[0], 1).ravel(),
-        jnp.asarray(mv)[:, None].repeat(x.shape[0], 1).ravel(),
-        jnp.tile(th, lv.size),
-        jnp.tile(ph, lv.size),
-        n_max=L,
-    ).reshape(lv.size, x.shape[0])
+    with third_party():  # JAX's Legendre recurrences state no precision: HIGHEST
+        Y = jax.scipy.special.sph_harm_y(
+            jnp.asarray(lv)[:, None].repeat(x.shape[0], 1).ravel(),
+            jnp.asarray(mv)[:, None].repeat(x.shape[0], 1).ravel(),
+            jnp.tile(th, lv.size),
+            jnp.tile(ph, lv.size),
+            n_max=L,
+        ).reshape(lv.size, x.shape[0])
     coeffs = jnp.mean(jnp.conj(Y), axis=1).astype(_cdtype(dtype))
     return jnp.zeros((L, 2 * L - 1), _cdtype(dtype)).at[lv, mv + L - 1].set(coeffs)
 

@@ -60,6 +60,7 @@ from ._checks import (
     check_positive,
     is_concrete,
 )
+from ._precision import einsum, matmul
 
 __all__ = [
     "NORMS",
@@ -220,9 +221,9 @@ class CausalSelfAttention(eqx.Module):
         r"""The ``(heads, n, n)`` matrices $P_h$ (lower-triangular, rows summing to $1 - \alpha$)."""
         n, d = X.shape
         dh = d // self.heads
-        q = (X @ self.wq).reshape(n, self.heads, dh)
-        k = (X @ self.wk).reshape(n, self.heads, dh)
-        logits = jnp.einsum("ihe,jhe->hij", q, k) / math.sqrt(dh)
+        q = matmul(X, self.wq).reshape(n, self.heads, dh)
+        k = matmul(X, self.wk).reshape(n, self.heads, dh)
+        logits = einsum("ihe,jhe->hij", q, k) / math.sqrt(dh)
         mask = jnp.tril(jnp.ones((n, n), dtype=bool))
         logits = jnp.where(mask, logits, -jnp.inf)
         P = jax.nn.softmax(logits, axis=-1)
@@ -234,8 +235,8 @@ class CausalSelfAttention(eqx.Module):
         """``Attn(X)``: ``(n, d)``."""
         n, d = X.shape
         P = self.attention_matrix(X, alpha_prefix=alpha_prefix)
-        v = (X @ self.wv).reshape(n, self.heads, d // self.heads)
-        return jnp.einsum("hij,jhe->ihe", P, v).reshape(n, d) @ self.wo
+        v = matmul(X, self.wv).reshape(n, self.heads, d // self.heads)
+        return matmul(einsum("hij,jhe->ihe", P, v).reshape(n, d), self.wo)
 
 
 class SwiGLU(eqx.Module):
@@ -259,7 +260,7 @@ class SwiGLU(eqx.Module):
 
     def __call__(self, x: Float[Array, " d"]) -> Float[Array, " d"]:
         """``FFN(x)``: ``(d,)``."""
-        return (jax.nn.silu(x @ self.w1) * (x @ self.w3)) @ self.w2
+        return matmul(jax.nn.silu(matmul(x, self.w1)) * matmul(x, self.w3), self.w2)
 
 
 class AbstractNormPlacement(eqx.Module):
@@ -709,7 +710,7 @@ class DecoderLM(eqx.Module):
         H, stats = self.stack(self.embed[tokens], taps=taps)
         H = self.stack.placement.final(self.final_norm, H)
         stats["t_final"] = metrics.token_similarity(H)
-        return H @ self.unembed, stats
+        return matmul(H, self.unembed), stats
 
 
 # ----------------------------------------------------------------------------- parameters

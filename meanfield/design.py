@@ -35,6 +35,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import sphere
 from ._checks import RealScalarLike, check_int, check_nonnegative, check_plane, check_positive
+from ._precision import dot, einsum, matmul
 from .kernels import USA, GaugeKernel, Kernel, masked_pairwise_field
 
 __all__ = [
@@ -85,13 +86,13 @@ def rotation_to(t: Float[ArrayLike, " d"], u: Float[ArrayLike, " d"]) -> Float[A
     t = jnp.asarray(t)
     u = jnp.asarray(u, t.dtype)
     d = t.shape[-1]
-    c = jnp.dot(t, u)
+    c = dot(t, u)
     v = u - c * t
     s = jnp.linalg.norm(v)
     # a unit vector orthogonal to t, for the antipodal case
     k = jnp.argmin(jnp.abs(t))
     ek = jnp.zeros_like(t).at[k].set(1.0)
-    w = ek - jnp.dot(ek, t) * t
+    w = ek - dot(ek, t) * t
     w = w / jnp.linalg.norm(w)
     tiny = jnp.sqrt(jnp.finfo(t.dtype).eps)
     e = jnp.where(s > tiny, v / jnp.where(s > tiny, s, 1.0), w)
@@ -349,7 +350,7 @@ class Anchored(Kernel):
             2.7183
         """
         P = self._gauge(xi, x.shape[-1], x.dtype)
-        return self.base._exp(jnp.dot(P @ x, self.u.astype(x.dtype))) / self.base.beta
+        return self.base._exp(dot(matmul(P, x), self.u.astype(x.dtype))) / self.base.beta
 
     def __call__(
         self,
@@ -371,9 +372,9 @@ class Anchored(Kernel):
     ) -> Float[Array, " d"]:
         P = self._gauge(xi, x.shape[-1], x.dtype)
         u = self.u.astype(x.dtype)
-        return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(jnp.dot(P @ x, u)) * (
-            P.T @ u
-        )
+        return self.base.grad_x(x, xi, y, zeta) + self.mass * self.base._exp(
+            dot(matmul(P, x), u)
+        ) * (matmul(P.T, u))
 
     def _frame(
         self, x: Float[Array, "n d"], aux: ArrayLike | None
@@ -384,7 +385,7 @@ class Anchored(Kernel):
             P = self.base.gauge_matrices(aux, d).astype(x.dtype)
         else:
             P = jnp.broadcast_to(jnp.eye(d, dtype=x.dtype), (x.shape[0], d, d))
-        return P, jnp.einsum("nij,nj->ni", P, x)
+        return P, einsum("nij,nj->ni", P, x)
 
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
@@ -393,8 +394,8 @@ class Anchored(Kernel):
             return masked_pairwise_field(self, x, aux)
         P, y = self._frame(x, aux)
         u = self.u.astype(x.dtype)
-        w = self.base._exp(y @ u)  # (n,)
-        anchor = jnp.einsum("nji,j->ni", P, u) * w[:, None]
+        w = self.base._exp(matmul(y, u))  # (n,)
+        anchor = einsum("nji,j->ni", P, u) * w[:, None]
         return self.base.field(x, aux, block_size=block_size) + self.mass * anchor
 
     def energy(
@@ -402,7 +403,7 @@ class Anchored(Kernel):
     ) -> Float[Array, ""]:
         self.refuse_masked_energy()
         _, y = self._frame(x, aux)
-        a = self.base._exp(y @ self.u.astype(x.dtype)) / self.base.beta
+        a = self.base._exp(matmul(y, self.u.astype(x.dtype))) / self.base.beta
         return self.base.energy(x, aux, block_size=block_size) + self.mass * jnp.mean(a)
 
     def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
@@ -575,7 +576,11 @@ def curve_points(theta: Float[ArrayLike, "m d"], s: Float[ArrayLike, " n"]) -> F
     s = jnp.asarray(s, theta.dtype)
     k = jnp.arange(1, M + 1, dtype=theta.dtype)
     ang = 2 * jnp.pi * s[:, None] * k[None, :]  # (n, M)
-    raw = theta[0][None, :] + jnp.cos(ang) @ theta[1 : M + 1] + jnp.sin(ang) @ theta[M + 1 :]
+    raw = (
+        theta[0][None, :]
+        + matmul(jnp.cos(ang), theta[1 : M + 1])
+        + matmul(jnp.sin(ang), theta[M + 1 :])
+    )
     return sphere.normalize(raw)
 
 

@@ -43,6 +43,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ._checks import RealScalarLike, check_scalar, is_concrete
 from ._params import Param, check_float, check_value
+from ._precision import einsum
 
 __all__ = [
     "Mask",
@@ -298,4 +299,4 @@ def masked_mean(
     weights: Float[ArrayLike, "n n"], values: Float[Array, "n n d"]
 ) -> Float[Array, "n d"]:
     r"""$\sum_j w_{ij} v_{ij}$ for pair values ``(n, n, d)`` (the masked pairwise field)."""
-    return jnp.einsum("ij,ijd->id", jnp.asarray(weights, values.dtype), values)
+    return einsum("ij,ijd->id", jnp.asarray(weights, values.dtype), values)

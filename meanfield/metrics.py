@@ -14,6 +14,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ._checks import RealScalarLike, check_int, check_positive
+from ._precision import matmul
 
 __all__ = [
     "collapse_gap",
@@ -201,7 +202,7 @@ def _component_labels(
                 far = jnp.any((clo_ - hi > reach) | (lo - chi_ > reach))
 
                 def visit(acc: Int[Array, " B"]) -> Int[Array, " B"]:
-                    cos = jnp.clip(yb @ yc.T, -1.0, 1.0)
+                    cos = jnp.clip(matmul(yb, yc.T), -1.0, 1.0)
                     adj = (cos > cos_t) & okc[None, :]
                     return jnp.minimum(acc, jnp.min(jnp.where(adj, lc[None, :], sentinel), axis=1))
 
@@ -268,7 +269,7 @@ def mmd(
     def kmean(
         a: Float[Array | np.ndarray, "k d"], b: Float[Array | np.ndarray, "l d"]
     ) -> Float[Array, ""]:
-        return jnp.mean(jnp.exp((a @ b.T - 1.0) * s))
+        return jnp.mean(jnp.exp((matmul(a, b.T) - 1.0) * s))
 
     val = kmean(x, x) + kmean(y, y) - 2.0 * kmean(x, y)
     return jnp.sqrt(jnp.maximum(val, 0.0))

@@ -53,6 +53,7 @@ from ._checks import (
     traced_states,
 )
 from ._params import PARAM_KINDS, Param, check_float, check_value
+from ._precision import einsum, matmul
 from ._resources import Footprint, as_float
 from .masks import Mask, check_mask
 
@@ -1029,7 +1030,7 @@ class SelfAttention(Model):
         if M is None:
             return x
         M = jnp.asarray(M, x.dtype)
-        return x @ M.T if M.ndim == 2 else jnp.einsum("hij,nj->hni", M, x)
+        return matmul(x, M.T) if M.ndim == 2 else einsum("hij,nj->hni", M, x)
 
     def _projections(self, x: Array) -> tuple[Array, Array, Array, bool]:
         r"""``(qx, kx, vx, multi)``: $Q_h x_j$, $K_h x_j$, $V_h x_j$ (``(n, d)``, or ``(H, n, d)``
@@ -1069,7 +1070,7 @@ class SelfAttention(Model):
             [[0.5, 0.5], [0.5, 0.5]]
         """
         qx, kx, _, _ = self._projections(jnp.asarray(x))
-        return self._weights(qx @ jnp.swapaxes(kx, -1, -2))
+        return self._weights(matmul(qx, jnp.swapaxes(kx, -1, -2)))
 
     def rescaled_states(self, x: Float[Array, "n d"], t: ArrayLike) -> Float[Array, "n d"]:
         r"""$z_i = e^{-t V} x_i$: tokens in $\mathbb R^d$ (``geometry="euclidean"``) with the value
@@ -1094,7 +1095,7 @@ class SelfAttention(Model):
         if V is None:
             return jnp.exp(-t) * x
         E = jax.scipy.linalg.expm(-t * jnp.asarray(V, x.dtype))
-        return x @ E.T
+        return matmul(x, E.T)
 
     def field(
         self,
@@ -1124,7 +1125,7 @@ class SelfAttention(Model):
 
     def _head_field(self, qx: Array, kx: Array, vx: Array) -> Array:
         r"""One head's $\sum_j A_{ij} v_j$ from its projections ``(n, d)``."""
-        scores = qx @ kx.T
+        scores = matmul(qx, kx.T)
         if self.attention == "softmax" and not self.normalized:
             n = qx.shape[0]
             beta = jnp.asarray(self.beta, qx.dtype)
@@ -1133,13 +1134,13 @@ class SelfAttention(Model):
             if self.mask is None:
                 # factor the row maximum out of the exponentials (no overflow in the sum of n terms)
                 m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-                return (jnp.exp(logits - m) @ vx / n) * jnp.exp(m - shift)
+                return (matmul(jnp.exp(logits - m), vx) / n) * jnp.exp(m - shift)
             admitted = jnp.asarray(self.mask.admitted(n))
             m = jnp.max(jnp.where(admitted, logits, -jnp.inf), axis=-1, keepdims=True)
             m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
             W = self.mask.pair_weights(n, qx.dtype)
-            return ((W * jnp.exp(logits - m)) @ vx) * jnp.exp(m - shift)
-        return self._weights(scores) @ vx
+            return matmul(W * jnp.exp(logits - m), vx) * jnp.exp(m - shift)
+        return matmul(self._weights(scores), vx)
 
     def energy(
         self, x: ArrayLike, aux: ArrayLike | None = None, *, block_size: int | None = None

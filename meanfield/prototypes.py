@@ -41,6 +41,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from ._checks import RealScalarLike, check_choice, check_int, check_positive, is_concrete
+from ._precision import matmul
 
 __all__ = [
     "assign",
@@ -211,7 +212,7 @@ def reconstruct(
     """
     _check_tokens(z, prototypes)
     _check_temperature(temperature)
-    return _assign(z, prototypes, temperature) @ prototypes
+    return matmul(_assign(z, prototypes, temperature), prototypes)
 
 
 def loss_terms(
@@ -256,7 +257,7 @@ def _loss_terms(
     d = squared_distances(z, prototypes)
     q = _softmin(d, temperature)
     q = q / jnp.sum(q, axis=-1, keepdims=True)
-    zhat = q @ prototypes
+    zhat = matmul(q, prototypes)
     L_q = jnp.mean(jnp.sum(q * d, axis=-1))
     r = z - zhat
     L_ols = jnp.mean(jnp.sum(r * r, axis=-1))
@@ -467,7 +468,7 @@ class PrototypeReadout(eqx.Module):
 
     def reconstruct(self, x: ArrayLike) -> Float[Array, "T m"]:
         """``zhat_t = sum_k q_tk p_k``."""
-        return self.assign(x) @ self.prototypes
+        return matmul(self.assign(x), self.prototypes)
 
     def loss_terms(
         self, x: ArrayLike
@@ -618,7 +619,7 @@ class VQAutoencoder(eqx.Module):
         z = qz.tokens(x)
         if isinstance(qz, PrototypeReadout):
             q = _assign(z, qz.prototypes, qz.temperature)
-            zq = z if decode == "tokens" else q @ qz.prototypes
+            zq = z if decode == "tokens" else matmul(q, qz.prototypes)
             L_q, L_ols, V = _loss_terms(z, qz.prototypes, qz.temperature)
             xr = jax.vmap(self.decoder)(zq)
             rec = jnp.mean(jnp.sum((x - xr) ** 2, axis=-1))

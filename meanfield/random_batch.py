@@ -33,6 +33,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import metrics, sphere
 from ._checks import RealScalarLike, check_choice, check_int, check_positive
+from ._precision import einsum
 from .energy import resolve_aux
 from .kernels import USA, GaugeKernel, Kernel
 from .normalization import require_post
@@ -74,8 +75,8 @@ def _frame(kernel: Kernel, x: Float[Array, "n d"], aux: Array) -> _Frame:
     """(y, back): the gauge frame of exp-gauge kernels (USA there), identity otherwise."""
     if isinstance(kernel, GaugeKernel):
         P = kernel.gauge_matrices(aux, x.shape[-1]).astype(x.dtype)
-        y = jnp.einsum("nij,nj->ni", P, x)
-        return y, lambda F: jnp.einsum("nji,nj->ni", P, F), kernel.usa()
+        y = einsum("nij,nj->ni", P, x)
+        return y, lambda F: einsum("nji,nj->ni", P, F), kernel.usa()
     if isinstance(kernel, USA):
         return x, lambda F: F, kernel
     return None, None, None
@@ -155,10 +156,10 @@ def _rb_field(
     if usa is not None:
         assert y is not None and back is not None  # the frame of a USA
         yb = y[idx]  # (G, p, d)
-        dots = jnp.einsum("gid,gjd->gij", yb, yb)
+        dots = einsum("gid,gjd->gij", yb, yb)
         W = usa._exp(dots)
         W = W * (w_other * off + w_self * jnp.eye(p, dtype=x.dtype))
-        Fb = jnp.einsum("gij,gjd->gid", W, yb)
+        Fb = einsum("gij,gjd->gid", W, yb)
         F = jnp.zeros_like(y).at[idx.reshape(-1)].set(Fb.reshape(n, d))
         return back(F)
     xb, ab = x[idx], aux[idx]
@@ -167,7 +168,7 @@ def _rb_field(
     )  # (p, p, d) per batch
     g = jax.vmap(pair)(xb, ab, xb, ab)
     wts = w_other * off + w_self * jnp.eye(p, dtype=x.dtype)
-    Fb = jnp.einsum("ij,gijd->gid", wts, g)
+    Fb = einsum("ij,gijd->gid", wts, g)
     return jnp.zeros_like(x).at[idx.reshape(-1)].set(Fb.reshape(n, d))
 
 

@@ -21,6 +21,7 @@ from jax.scipy.special import gammainc, gammaincc
 from jaxtyping import Array, ArrayLike, DTypeLike, Float, PRNGKeyArray
 
 from ._checks import check_finite, check_int, check_nonnegative, check_plane, check_positive
+from ._precision import dot, matmul
 
 __all__ = [
     "max_energy",
@@ -493,7 +494,7 @@ def drift(q: ArrayLike, log_density: Any) -> Float[Array, " d"]:
     check_finite("q", q)
     g = jax.grad(lambda x: jnp.asarray(log_density(x)).astype(x.dtype))(q)
     d = q.shape[0]
-    return g - jnp.dot(q, g) * q - 0.5 * (d - 1) * q
+    return g - dot(q, g) * q - 0.5 * (d - 1) * q
 
 
 # --------------------------------------------------------------------------
@@ -709,7 +710,7 @@ def _critical_output(
         marks = _unit_marks(k_mark, (terms,), m, dtype)
         # everything multiplied by e^{y_1}: no underflow of e^{-y} for large gamma
         head = jnp.exp(-(y - y[0]))
-        num_head = (head * jnp.sqrt(2.0 * y)) @ marks
+        num_head = matmul(head * jnp.sqrt(2.0 * y), marks)
         den_tail = jnp.exp(log_mean_scale + _log_gammaincc(s, y[-1]) + y[0])
         tail_sd = jnp.exp(0.5 * (log_var_scale + _log_gammaincc(s + 1.0, 2.0 * y[-1])) + y[0])
         num_tail = tail_sd * jax.random.normal(k_tail, (m,), dtype=dtype)

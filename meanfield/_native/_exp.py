@@ -666,9 +666,11 @@ def _measure(shapes: Sequence[tuple[int, int]] | None = None) -> dict[str, list[
     import jax
     import jax.numpy as jnp
 
+    from .._precision import einsum
+
     def xla(x: Float[Array, "B n d"], b: Float[Array, " B"]) -> Float[Array, "B n d"]:
-        W = jnp.exp(b[:, None, None] * (jnp.einsum("bnd,bmd->bnm", x, x) - 1.0))
-        return jnp.einsum("bnm,bmd->bnd", W, x) / x.shape[1]
+        W = jnp.exp(b[:, None, None] * (einsum("bnd,bmd->bnm", x, x) - 1.0))
+        return einsum("bnm,bmd->bnd", W, x) / x.shape[1]
 
     def fused_field(x: Float[Array, "B n d"], b: Float[Array, " B"]) -> Float[Array, "B n d"]:
         return _partitioned_call("float32", True, "none")(x, b)[0]

@@ -25,6 +25,7 @@ from .._checks import (
     is_concrete,
 )
 from .._native import BACKENDS, check_backend
+from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
 from ..models import (
@@ -563,12 +564,12 @@ def _tiled_exp_unit(
     want_F, want_S = "F" in parts, "S" in parts
     tile_rows, _ = tile_shape(n, block_size)
     if tile_rows >= n:
-        logits = beta * (x @ x.T - 1.0)
+        logits = beta * (matmul(x, x.T) - 1.0)
         if log_bias is not None:
             idx = jnp.arange(n)
             logits = logits + log_bias(idx, idx)
         W = jnp.exp(logits)
-        F = (W @ x) / n if want_F else jnp.zeros_like(x)
+        F = matmul(W, x) / n if want_F else jnp.zeros_like(x)
         return F, (jnp.sum(W) if want_S else jnp.zeros((), x.dtype))
     B, C = tile_shape(n, block_size)
     R, K = -(-n // B) * B, -(-n // C) * C
@@ -587,12 +588,12 @@ def _tiled_exp_unit(
         ) -> tuple[tuple[Array, Array], None]:
             Fb, sb = carry
             xcol, ci, cok = inp
-            logits = beta * (xb @ xcol.T - 1.0)
+            logits = beta * (matmul(xb, xcol.T) - 1.0)
             if log_bias is not None:
                 logits = logits + log_bias(ri, ci)
             W = jnp.where(cok[None, :], jnp.exp(logits), 0.0)  # padded columns add nothing
             return (
-                Fb + W @ xcol if want_F else Fb,
+                Fb + matmul(W, xcol) if want_F else Fb,
                 sb + jnp.sum(W, axis=1) if want_S else sb,
             ), None
 
@@ -762,7 +763,7 @@ class USA(_ExpKernel):
         y: Float[Array | np.ndarray, " d"],
         zeta: ArrayLike,
     ) -> Float[Array, ""]:
-        return self._exp(jnp.dot(x, y)) / self.beta
+        return self._exp(dot(x, y)) / self.beta
 
     def grad_x(
         self,
@@ -771,7 +772,7 @@ class USA(_ExpKernel):
         y: Float[Array | np.ndarray, " d"],
         zeta: ArrayLike,
     ) -> Float[Array, " d"]:
-        return self._exp(jnp.dot(x, y)) * y
+        return self._exp(dot(x, y)) * y
 
     def attention_field(
         self,
@@ -781,7 +782,7 @@ class USA(_ExpKernel):
         block_size: int | None = None,
     ) -> Float[Array, "n d"]:
         if self.mask is not None:  # dense: (m * e^{beta x x^T}) x, m the mask's pair weights
-            return self.attention_weights(x) @ x
+            return matmul(self.attention_weights(x), x)
         beta = jnp.asarray(self.beta, x.dtype)
         return _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="F")[0]
 
@@ -801,7 +802,7 @@ class USA(_ExpKernel):
             if self.mask is None
             else self.mask.pair_weights(n, x.dtype)
         )
-        return W * self._exp(x @ x.T)
+        return W * self._exp(matmul(x, x.T))
 
     def energy(
         self,
@@ -867,9 +868,7 @@ class DistanceBias(_ExpKernel):
         zeta: ArrayLike,
     ) -> Float[Array, ""]:
         return (
-            jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta)))
-            * self._exp(jnp.dot(x, y))
-            / self.beta
+            jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta))) * self._exp(dot(x, y)) / self.beta
         )
 
     def grad_x(
@@ -879,7 +878,7 @@ class DistanceBias(_ExpKernel):
         y: Float[Array | np.ndarray, " d"],
         zeta: ArrayLike,
     ) -> Float[Array, " d"]:
-        return jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta))) * self._exp(jnp.dot(x, y)) * y
+        return jnp.exp(-self.lam * jnp.abs(jnp.subtract(xi, zeta))) * self._exp(dot(x, y)) * y
 
     def _both(
         self, x: Float[Array, "n d"], aux: ArrayLike, block_size: int | None

@@ -24,6 +24,7 @@ from .._checks import (
     traced_labels,
 )
 from .._params import Param
+from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
 from ..models import Declared, param
@@ -148,9 +149,9 @@ class GaugeKernel(_ExpKernel):
         zeta: ArrayLike,
     ) -> Float[Array, ""]:
         d = x.shape[-1]
-        a = self.gauge_matrix(xi, d).astype(x.dtype) @ x
-        b = self.gauge_matrix(zeta, d).astype(y.dtype) @ y
-        return self._exp(jnp.dot(a, b)) / self.beta
+        a = matmul(self.gauge_matrix(xi, d).astype(x.dtype), x)
+        b = matmul(self.gauge_matrix(zeta, d).astype(y.dtype), y)
+        return self._exp(dot(a, b)) / self.beta
 
     def grad_x(
         self,
@@ -162,8 +163,8 @@ class GaugeKernel(_ExpKernel):
         d = x.shape[-1]
         A = self.gauge_matrix(xi, d).astype(x.dtype)
         B = self.gauge_matrix(zeta, d).astype(y.dtype)
-        by = B @ y
-        return self._exp(jnp.dot(A @ x, by)) * (A.T @ by)
+        by = matmul(B, y)
+        return self._exp(dot(matmul(A, x), by)) * matmul(A.T, by)
 
     def attention_field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
@@ -324,7 +325,7 @@ class WavyGauge(Declared):
     def __call__(self, s: ArrayLike) -> Float[Array, "3 3"]:
         R12 = sphere.rotation(2 * jnp.pi * s, 3, (0, 1))
         R23 = sphere.rotation(self.amplitude * jnp.sin(2 * jnp.pi * self.k * s), 3, (1, 2))
-        return R12 @ R23
+        return matmul(R12, R23)
 
 
 class PhaseField(GaugeKernel):

@@ -16,6 +16,7 @@ from .._checks import (
     is_concrete,
     traced_finite,
 )
+from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
 from ..models import param, positions
@@ -75,7 +76,7 @@ class Toeplitz(Kernel):
         zeta: ArrayLike,
     ) -> Float[Array, ""]:
         # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
-        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * jnp.dot(x, y)  # type: ignore[operator]
+        return jnp.cos(2 * jnp.pi * self.m * (zeta - xi)) * dot(x, y)  # type: ignore[operator]
 
     def grad_x(
         self,
@@ -100,14 +101,14 @@ class Toeplitz(Kernel):
             return masked_pairwise_field(self, x, aux)
         c, s = self._cs(x, aux)
         n = x.shape[0]
-        return (c[:, None] * (c @ x) + s[:, None] * (s @ x)) / n
+        return (c[:, None] * matmul(c, x) + s[:, None] * matmul(s, x)) / n
 
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
     ) -> Float[Array, ""]:
         self.refuse_masked_energy()
         c, s = self._cs(x, aux)
-        a, b = c @ x, s @ x
+        a, b = matmul(c, x), matmul(s, x)
         return (jnp.sum(a * a) + jnp.sum(b * b)) / (2.0 * x.shape[0] ** 2)
 
 
@@ -223,7 +224,7 @@ class ToeplitzSeries(Kernel):
         zeta: ArrayLike,
     ) -> Float[Array, ""]:
         # labels are numbers (mypy rejects ArrayLike's bool member minus a NumPy bool)
-        return self.profile(zeta - xi) * jnp.dot(x, y)  # type: ignore[operator]
+        return self.profile(zeta - xi) * dot(x, y)  # type: ignore[operator]
 
     def grad_x(
         self,
@@ -251,7 +252,7 @@ class ToeplitzSeries(Kernel):
             [c[:1], 2 * c[1:]]
         )  # c(D) = sum_m w_m (cos a_m cos b_m + sin a_m sin b_m)
         C, S = jnp.cos(theta), jnp.sin(theta)
-        return w, C, S, C.T @ x, S.T @ x
+        return w, C, S, matmul(C.T, x), matmul(S.T, x)
 
     def field(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None
@@ -259,7 +260,7 @@ class ToeplitzSeries(Kernel):
         if self.mask is not None:
             return masked_pairwise_field(self, x, aux)
         w, C, S, A, B = self._modes(x, aux)
-        return (C @ (w[:, None] * A) + S @ (w[:, None] * B)) / x.shape[0]
+        return (matmul(C, w[:, None] * A) + matmul(S, w[:, None] * B)) / x.shape[0]
 
     def energy(
         self, x: Float[Array, "n d"], aux: ArrayLike | None, *, block_size: int | None = None

@@ -44,6 +44,7 @@ from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import attention, sphere, theory
 from .._checks import RealScalarLike
+from .._precision import matmul
 from ._common import Experiment, Option, check, write_summary
 from ._estimators import _crossing, _ks_distance, _reduced_limit_note, _weighted_line
 from .attention_keys import key_checks
@@ -812,7 +813,7 @@ def _query_outputs(
 
         def per_query(q: Float[Array, " d"]) -> Float[Array, "b d"]:
             A = jax.vmap(lambda b: attention.weights(q, keys, b))(betas)  # (B, n)
-            return A @ keys - q
+            return matmul(A, keys) - q
 
         return jax.vmap(per_query)(queries)
 

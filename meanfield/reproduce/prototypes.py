@@ -50,6 +50,7 @@ from jax import Array
 from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import prototypes as P
+from .._precision import matmul
 from ._common import Experiment, Option, _Progress, check, write_summary
 
 __all__ = ["EXPERIMENT", "run"]
@@ -641,10 +642,10 @@ def _stability(cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress) -> di
 
     def loss_tree(w: tuple[Float[Array, "m d"], Float[Array, "K m"]]) -> Float[Array, ""]:
         W, Pm = w
-        return P._loss_terms(X @ W.T, Pm, tau)[0] + 0.5 * anchor * jnp.sum((W - W0) ** 2)
+        return P._loss_terms(matmul(X, W.T), Pm, tau)[0] + 0.5 * anchor * jnp.sum((W - W0) ** 2)
 
     idx = jax.random.choice(kp, T, (K,), replace=False)
-    flat0, unravel = ravel_pytree((W0, (X @ W0.T)[idx]))
+    flat0, unravel = ravel_pytree((W0, matmul(X, W0.T)[idx]))
     n_theta = m * d
 
     def f(v: Float[Array, " p"]) -> Float[Array, ""]:
@@ -668,7 +669,7 @@ def _stability(cfg: Mapping[str, Any], key: PRNGKeyArray, pbar: _Progress) -> di
     H = 0.5 * (H + H.T)
     grad_norm = float(np.linalg.norm(np.asarray(grad(v_star), np.float64)))
     bd = P.stability_boundary(H, n_theta)  # raises if the minimum is not strict
-    q_mean = np.asarray(P._assign(X @ unravel(v_star)[0].T, unravel(v_star)[1], tau)).mean(0)
+    q_mean = np.asarray(P._assign(matmul(X, unravel(v_star)[0].T), unravel(v_star)[1], tau)).mean(0)
     u = jax.random.normal(ku, v_star.shape, v_star.dtype)
     v0 = v_star + cfg["stab_perturbation"] * u / jnp.linalg.norm(u)
     steps = cfg["stab_steps"]

@@ -42,6 +42,7 @@ from jaxtyping import ArrayLike, Float, PRNGKeyArray
 
 from .. import kernels, metrics, sphere, theory
 from .._checks import RealScalarLike
+from .._precision import einsum
 from ..energy import velocity
 from ..integrate import Trajectory, simulate
 from ..models import Model
@@ -371,9 +372,9 @@ def _overlay_orbit(
     """The theory's orbit of a gauge kernel: ``Psi(s)^T u`` (``Psi_k^T u`` for the prompt model)."""
     u = _gauge_limit_point(kernel, x, aux)
     if isinstance(kernel, kernels.Prompt):
-        return jnp.einsum("kji,j->ki", kernel.gauges, u)
+        return einsum("kji,j->ki", kernel.gauges, u)
     P = jax.vmap(lambda a: kernel.gauge_matrix(a, x.shape[-1]))(s)
-    return jnp.einsum("nji,j->ni", P, u)
+    return einsum("nji,j->ni", P, u)
 
 
 def run(
