@@ -2,43 +2,54 @@
 """``python -m benchmarks.device [--smoke] [--out DIR] [--budget S] [--only SECTION ...] [--rev REV]``
 
 The measurements that matter at accelerator sizes, on whatever device JAX finds (written for
-one NVIDIA GPU; runs the same code on the CPU), in one process and within a time budget:
+one NVIDIA GPU; runs the same code on the CPU), in one process and within a time budget, in this
+order (the library's measurements first, the device's limits last):
 
-1. ``roofline``: the device's limits measured in the same run: float32 GEMM flop/s
-   (``jnp.dot`` of square matrices at ``Precision.HIGHEST`` and at ``DEFAULT``, which is TF32 on
-   NVIDIA GPUs), float64 GEMM, memory bandwidth (a scaled copy: bytes read + written), exp/s
-   (``jnp.sum(jnp.exp(a))`` over a large array, and the same with the arguments formed in
-   registers: ``sum(exp(p q^T))``). Best of several repeats.
-2. ``field``: ``mf.velocity``, ``mf.energy`` and ``jax.grad`` of the energy of
+1. ``field``: ``mf.velocity``, ``mf.energy`` and ``jax.grad`` of the energy of
    ``mf.kernels.USA(1.0)`` (float32) for single systems up to ``n = 65536`` and for batches
    of seeds (vmapped), each against plain JAX (``P_x exp(beta X X^T) X / n``, the energy
    ``sum exp(beta X X^T) / (2 n^2 beta)`` and its ``jax.grad``), each checked against a
    float64 evaluation (rows of the field and gradient, the whole energy). Compile and run
-   timed separately; pairs/s, fractions of the measured exp/s and GEMM-bound rate.
-3. ``phase``: the SA and USA phase diagrams (BENCHMARKS.md's settings: ``n = 32``, ``d = 2``,
+   timed separately; pairs/s, fractions of the measured exp/s and GEMM-bound rate (filled in
+   once ``roofline`` has measured them).
+2. ``phase``: the SA and USA phase diagrams (BENCHMARKS.md's settings: ``n = 32``, ``d = 2``,
    20 beta in ``[0.1, 9]``, float64, 2048 seeds) against ``references.phase_diagram_jax_plain``.
-4. ``sweep``: one chunk of the sweep engine's compiled, sharded batch program
+3. ``sweep``: one chunk of the sweep engine's compiled, sharded batch program
    (``meanfield.sweep.run._batched_program``, inputs from ``chunk_inputs``), in memory (no
    zarr store).
-5. ``simulate``: a long ``mf.simulate`` (RK2) of one large system and of a vmapped batch of
+4. ``simulate``: a long ``mf.simulate`` (RK2) of one large system and of a vmapped batch of
    seeds against a plain-JAX ``lax.scan`` of the same projected Heun steps.
+5. ``roofline``: the device's limits measured in the same run, each a one-operation program
+   compiled on its own: float32 GEMM flop/s (``jnp.dot`` of square matrices at
+   ``Precision.HIGHEST`` and at ``DEFAULT``, which is TF32 on NVIDIA GPUs), float64 GEMM, memory
+   bandwidth (a scaled copy: bytes read + written), exp/s (``jnp.sum(jnp.exp(a))`` over a large
+   array); then the extras: exp/s with the arguments formed in registers (``sum(exp(iota * s -
+   1))``, one dimension like the array's, ``s`` a runtime scalar) and float64 exp/s. Best of
+   several repeats. Last because a compile can hang there: on an H200 (jax 0.11.2) the former
+   registers measurement, ``sum(exp(p q^T))`` over a 16384 x 16384 broadcast, sat in XLA's GPU
+   compiler ("Very slow compile? input_reduce_fusion") until the watchdog stopped the run. Each
+   roofline measurement now runs under its own stall timer (``roofline_item_s`` of the profile):
+   past it the results are written and the process exits (status 3), every other section
+   having finished.
 
-Every section is wrapped: a failure is recorded (error text in the JSON) and the others run;
-a section is skipped when the global deadline (``--budget`` seconds from the start, default
-420) is near, and a watchdog writes what was measured and exits if a call overruns the deadline
-by more than ``GRACE_S``. The JSON (``DIR/device-<slug of the device kind>.json``) and the
-Markdown (``.md`` beside it, also printed) are rewritten after every measurement.
+Sections run in that order whatever the order of ``--only``. Every section is wrapped: a
+failure is recorded (error text in the JSON) and the others run; a section is skipped when the
+global deadline (``--budget`` seconds from the start, default 420) is near, and a watchdog
+writes what was measured and exits if a call overruns the deadline by more than ``GRACE_S``.
+The JSON (``DIR/device-<slug of the device kind>.json``) and the Markdown (``.md`` beside it,
+also printed) are rewritten after every measurement.
 
 Numerical checks (tolerances in ``TOLERANCES``) are enforced on the CPU and for float64 or
-``Precision.HIGHEST`` results everywhere; float32 results at the default matmul precision on
-an accelerator (TF32 on NVIDIA) are recorded, not checked. Exit status 1 when a section failed
-(an error or a check out of tolerance); with ``--smoke`` also when a section was skipped for
-lack of time. ``--smoke``: tiny sizes, the same code paths, on the CPU in about a minute.
+``Precision.HIGHEST`` results everywhere; float32 results at the default matmul precision on an
+accelerator (TF32 on NVIDIA) are recorded, not checked. Exit status 1 when a section failed (an
+error or a check out of tolerance); with ``--smoke`` also when a section was skipped for lack
+of time. ``--smoke``: tiny sizes, the same code paths, on the CPU in about a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -55,9 +66,9 @@ from pathlib import Path
 
 T_START = time.perf_counter()  # deadlines count from the start of the process (this import)
 
-SECTIONS = ("roofline", "field", "phase", "sweep", "simulate")
+SECTIONS = ("field", "phase", "sweep", "simulate", "roofline")
 #: Share of the time left that each section may use (renormalised over the sections still to run).
-SHARES = {"roofline": 0.05, "field": 0.42, "phase": 0.22, "sweep": 0.11, "simulate": 0.20}
+SHARES = {"field": 0.42, "phase": 0.22, "sweep": 0.11, "simulate": 0.20, "roofline": 0.05}
 #: Seconds past the budget after which the watchdog writes the results and exits.
 GRACE_S = 45.0
 #: Relative tolerances of the checks (max |a - ref| / max |ref|; per-seed clustering fractions:
@@ -76,7 +87,7 @@ PROFILES = {
     "full": dict(
         gemm=8192,
         stream=2**28,
-        exp_outer=2**14,
+        roofline_item_s=90.0,
         best_of=10,
         single=[1024, 4096, 16384, 65536],
         batches=[(256, 1024), (64, 4096)],
@@ -96,7 +107,7 @@ PROFILES = {
     "cpu": dict(
         gemm=1024,
         stream=2**24,
-        exp_outer=2**12,
+        roofline_item_s=90.0,
         best_of=5,
         single=[1024, 4096, 16384],
         batches=[(64, 256), (16, 1024)],
@@ -116,7 +127,7 @@ PROFILES = {
     "smoke": dict(
         gemm=128,
         stream=2**18,
-        exp_outer=2**9,
+        roofline_item_s=30.0,
         best_of=3,
         single=[256, 1536],
         batches=[(4, 128)],
@@ -205,29 +216,49 @@ class Run:
                 tmp.write_text(body)
                 os.replace(tmp, path)
 
-    def abort(self) -> None:
-        """Watchdog: a call overran the deadline by GRACE_S: record, write, exit."""
+    def abort(self, reason: str | None = None) -> None:
+        """Watchdog: a call overran the deadline by GRACE_S (or one measurement its stall limit,
+        ``reason``): record, write, exit. XLA's compiler cannot be interrupted from Python, so
+        this is the only way out of a compile that does not finish."""
         acquired = self.lock.acquire(timeout=5)
+        reason = reason or (
+            f"watchdog: still running {GRACE_S:.0f} s past the deadline "
+            f"({self.data['meta']['budget_s']:.0f} s); the process was stopped"
+        )
         try:
             name = self.current
             if name and name in self.data["sections"]:
                 sec = self.data["sections"][name]
                 sec["status"] = "failed"
-                sec["error"] = (
-                    f"watchdog: still running {GRACE_S:.0f} s past the deadline "
-                    f"({self.data['meta']['budget_s']:.0f} s); the process was stopped"
-                )
+                sec["error"] = reason
             for s in SECTIONS:
                 self.data["sections"].setdefault(
                     s, {"status": "skipped", "reason": "watchdog stopped the run"}
                 )
+            fill_fractions(self.data)
             self.data["meta"]["total_s"] = time.perf_counter() - T_START
             self.write()
         finally:
             if acquired:
                 self.lock.release()
-        log(f"watchdog: stopped past the deadline; partial results in {self.json_path}")
+        log(f"{reason}; partial results in {self.json_path}")
         os._exit(3)
+
+    @contextlib.contextmanager
+    def stall(self, limit_s: float, what: str):
+        """Run the block under a stall timer: past ``limit_s`` seconds, ``abort`` (record, write
+        what was measured, exit with status 3)."""
+        reason = (
+            f"stall: {what} still running after {limit_s:.0f} s (a compile that does not "
+            "finish?); the process was stopped"
+        )
+        timer = threading.Timer(limit_s, self.abort, kwargs=dict(reason=reason))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
 
 def _jsonable(o):
@@ -299,8 +330,6 @@ CLOCK: CompileClock | None = None
 def compile_fn(fn, *args, precision=None):
     """``(compiled, seconds)``: ``jax.jit(fn)`` lowered and compiled for ``args`` (under the
     default matmul ``precision`` when given)."""
-    import contextlib
-
     import jax
 
     ctx = jax.default_matmul_precision(precision) if precision else contextlib.nullcontext()
@@ -402,64 +431,133 @@ def enforced(accelerator: bool, dtype: str, precision: str | None) -> bool:
 
 
 def sec_roofline(run: Run, sec: dict, P: dict) -> None:
+    """The device's limits, each a one-operation program compiled on its own (compile timed
+    apart from the runs) under a stall timer; the optional extras last."""
     import jax
     import jax.numpy as jnp
 
     reps = P["best_of"]
-    g, m, k = P["gemm"], P["stream"], P["exp_outer"]
+    g, m = P["gemm"], P["stream"]
     lim = run.data["limits"]
     HI, DEF = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
 
-    def row(name, value, unit, note):
+    def measure(name, fn, args, count, unit, note, x64=False):
+        """``count / best time`` of the compiled ``fn(*args)`` (``args``: a thunk, so that the
+        inputs are made in the right float mode), recorded as limit ``name``."""
+        if run.left() < 2.0:
+            sec["rows"].append(dict(quantity=name, skipped="budget: not enough time left"))
+            log(f"roofline {name}: skipped (budget)")
+            return
+        limit = P["roofline_item_s"]
+        log(f"roofline {name}: compiling and timing (stall limit {limit:.0f} s) ...")
+        with run.stall(limit, f"roofline {name}"), _x64() if x64 else contextlib.nullcontext():
+            xs = jax.block_until_ready(args())
+            compiled, t_c = compile_fn(fn, *xs)
+            t = min(_times(lambda: compiled(*xs), reps))
+        value = count / t
         lim[name] = value
-        sec["rows"].append(dict(quantity=name, value=value, unit=unit, note=note))
-        log(f"roofline {name}: {value:.3g} {unit}")
+        sec["rows"].append(
+            dict(quantity=name, value=value, unit=unit, note=note, compile_s=t_c, best_s=t)
+        )
+        log(f"roofline {name}: {value:.3g} {unit} (compile {fmt_t(t_c)}, best {fmt_t(t)})")
+        fill_fractions(run.data)
         run.write()
 
-    A = jax.random.normal(jax.random.key(1), (g, g), jnp.float32)
-    B = jax.random.normal(jax.random.key(2), (g, g), jnp.float32)
+    def normal(shape, dtype):
+        return lambda: (
+            jax.random.normal(jax.random.key(1), shape, dtype),
+            jax.random.normal(jax.random.key(2), shape, dtype),
+        )
+
+    def uniform(size, dtype):
+        return lambda: (jax.random.uniform(jax.random.key(3), (size,), dtype, -1.0, 1.0),)
+
     for name, prec, note in (
         ("gemm_f32_highest", HI, "Precision.HIGHEST (full float32)"),
         ("gemm_f32_default", DEF, "Precision.DEFAULT (TF32 on NVIDIA GPUs)"),
     ):
-        f = jax.jit(lambda a, b, prec=prec: jnp.dot(a, b, precision=prec))
-        t = min(_times(lambda: f(A, B), reps))
-        row(name, 2 * g**3 / t, "flop/s", f"jnp.dot of two {g} x {g} float32, {note}")
-    with _x64():
-        A = jax.random.normal(jax.random.key(1), (g, g), jnp.float64)
-        B = jax.random.normal(jax.random.key(2), (g, g), jnp.float64)
-        f = jax.jit(lambda a, b: jnp.dot(a, b, precision=HI))
-        t = min(_times(lambda: f(A, B), reps))
-        row("gemm_f64", 2 * g**3 / t, "flop/s", f"jnp.dot of two {g} x {g} float64")
-    a = jax.random.uniform(jax.random.key(3), (m,), jnp.float32, -1.0, 1.0)
-    f = jax.jit(lambda a: a * 1.5 + 0.5)
-    t = min(_times(lambda: f(a), reps))
-    row(
-        "bandwidth", 2 * 4 * m / t, "bytes/s", f"a * 1.5 + 0.5 on {m} float32: bytes read + written"
+        measure(
+            name,
+            lambda a, b, prec=prec: jnp.dot(a, b, precision=prec),
+            normal((g, g), jnp.float32),
+            2 * g**3,
+            "flop/s",
+            f"jnp.dot of two {g} x {g} float32, {note}",
+        )
+    measure(
+        "gemm_f64",
+        lambda a, b: jnp.dot(a, b, precision=HI),
+        normal((g, g), jnp.float64),
+        2 * g**3,
+        "flop/s",
+        f"jnp.dot of two {g} x {g} float64",
+        x64=True,
     )
-    f = jax.jit(lambda a: jnp.sum(jnp.exp(a)))
-    t = min(_times(lambda: f(a), reps))
-    row("exp_f32", m / t, "exp/s", f"jnp.sum(jnp.exp(a)) over {m} float32 (fused; reads the array)")
-    p = jax.random.uniform(jax.random.key(4), (k,), jnp.float32, -1.0, 1.0)
-    q = jax.random.uniform(jax.random.key(5), (k,), jnp.float32, -1.0, 1.0)
-    f = jax.jit(lambda p, q: jnp.sum(jnp.exp(p[:, None] * q[None, :])))
-    t = min(_times(lambda: f(p, q), reps))
-    row(
-        "exp_f32_registers",
-        k * k / t,
+    measure(
+        "bandwidth",
+        lambda a: a * 1.5 + 0.5,
+        uniform(m, jnp.float32),
+        2 * 4 * m,
+        "bytes/s",
+        f"a * 1.5 + 0.5 on {m} float32: bytes read + written",
+    )
+    measure(
+        "exp_f32",
+        lambda a: jnp.sum(jnp.exp(a)),
+        uniform(m, jnp.float32),
+        m,
         "exp/s",
-        f"jnp.sum(jnp.exp(p q^T)) with p, q of {k}: {k * k} exps formed in registers (no array read)",
+        f"jnp.sum(jnp.exp(a)) over {m} float32 (fused; reads the array)",
     )
-    with _x64():
-        a = jax.random.uniform(jax.random.key(3), (m // 2,), jnp.float64, -1.0, 1.0)
-        f = jax.jit(lambda a: jnp.sum(jnp.exp(a)))
-        t = min(_times(lambda: f(a), reps))
-        row("exp_f64", (m // 2) / t, "exp/s", f"jnp.sum(jnp.exp(a)) over {m // 2} float64")
+    # extras (nothing else uses them). The arguments formed in registers: the same
+    # one-dimensional reduction as exp_f32, fed by an iota instead of an array; the scale is a
+    # runtime scalar so that XLA cannot fold the program to a constant. (The former
+    # `sum(exp(p[:, None] * q[None, :]))` over 16384 x 16384 never finished compiling on an H200.)
+    measure(
+        "exp_f32_registers",
+        lambda s: jnp.sum(jnp.exp(jax.lax.iota(jnp.float32, m) * s - 1.0)),
+        lambda: (jnp.asarray(2.0 / m, jnp.float32),),
+        m,
+        "exp/s",
+        f"jnp.sum(jnp.exp(iota * s - 1)) over {m} float32, s = 2 / {m} a runtime scalar "
+        "(arguments formed in registers, no array read)",
+    )
+    measure(
+        "exp_f64",
+        lambda a: jnp.sum(jnp.exp(a)),
+        uniform(m // 2, jnp.float64),
+        m // 2,
+        "exp/s",
+        f"jnp.sum(jnp.exp(a)) over {m // 2} float64",
+        x64=True,
+    )
     for key, v in lim.items():
         add_check(
             sec, f"{key} positive and finite", 0.0 if v > 0 and math.isfinite(v) else 1.0, 0.0
         )
-    sec["notes"].append(f"Best of {reps} calls after a warm-up (the device's capability).")
+    sec["notes"].append(
+        f"Best of {reps} calls after a warm-up (the device's capability); each quantity is one "
+        "small program, compiled on its own (compile column) under a stall timer of "
+        f"{P['roofline_item_s']:.0f} s. Run last: nothing here can hold up the other sections."
+    )
+
+
+def fill_fractions(data: dict) -> None:
+    """The field rows' fractions of the measured limits (``frac_exp``: pairs/s over ``exp_f32``;
+    ``frac_gemm``: 4 n^2 d flops per pair, 2 n^2 d for the energy, at the GEMM rate of the
+    precision of the products), once ``roofline`` has measured them. meanfield's products state
+    ``Precision.HIGHEST`` (``mf.matmul_precision``), so its rows count against the HIGHEST rate;
+    plain JAX at the default precision against the DEFAULT (TF32 on NVIDIA) rate."""
+    lim = data.get("limits", {})
+    for r in data.get("sections", {}).get("field", {}).get("rows", []):
+        if "pairs_per_s" not in r:
+            continue
+        highest = r.get("precision") == "highest" or r.get("impl", "").startswith("meanfield")
+        gemm = lim.get("gemm_f32_highest" if highest else "gemm_f32_default")
+        exp_rate = lim.get("exp_f32")
+        flops_pair = (2 if r.get("quantity") == "energy" else 4) * r.get("d", 3)
+        r["frac_exp"] = r["pairs_per_s"] / exp_rate if exp_rate else None
+        r["frac_gemm"] = r["pairs_per_s"] * flops_pair / gemm if gemm else None
 
 
 # ----------------------------------------------------------------------------
@@ -532,7 +630,6 @@ def sec_field(run: Run, sec: dict, P: dict) -> None:
     beta, d = 1.0, P["d"]
     kernel = mf.kernels.USA(beta)
     accelerator = jax.default_backend() != "cpu"
-    lim = run.data["limits"]
     sec["tolerances"] = {k: TOLERANCES[k] for k in ("velocity", "energy", "grad")}
     cases = [(None, n) for n in P["single"]] + [(S, n) for S, n in P["batches"]]
     bytes_per = {"velocity": 2, "energy": 1, "grad": 3}  # n x n float32 arrays plain JAX holds
@@ -591,9 +688,6 @@ def sec_field(run: Run, sec: dict, P: dict) -> None:
                     continue
                 outs[impl], times[impl] = out, tm["median"]
                 pairs = (S or 1) * n * n / tm["median"]
-                flops_pair = 2 * d if q == "energy" else 4 * d  # the Gram matmul (+ W x)
-                gemm = lim.get("gemm_f32_highest" if prec == "highest" else "gemm_f32_default")
-                exp_rate = lim.get("exp_f32")
                 r.update(
                     compile_s=t_c,
                     first_s=tm["first"],
@@ -601,10 +695,9 @@ def sec_field(run: Run, sec: dict, P: dict) -> None:
                     best_s=tm["best"],
                     reps=tm["reps"],
                     pairs_per_s=pairs,
-                    frac_exp=pairs / exp_rate if exp_rate else None,
-                    frac_gemm=pairs * flops_pair / gemm if gemm else None,
                     precision=prec or "default",
                 )
+                fill_fractions(run.data)
                 one = out[0] if S else out
                 if q == "energy":
                     r["rel_f64"] = abs(float(one) - E64) / abs(E64)
@@ -652,7 +745,9 @@ def sec_field(run: Run, sec: dict, P: dict) -> None:
         "compile: `jax.jit(f).lower(x).compile()`; run: median of repeats after a warm-up call. "
         "pairs/s: seeds x n^2 per second; of exp/s: against the measured `exp_f32` (one exp per "
         "pair); of GEMM-bound: 4 n^2 d flops (2 n^2 d for the energy) at the measured GEMM rate of "
-        "the matmul precision used. vs plain JAX: plain time / this time.",
+        "the matmul precision of the products (meanfield's state HIGHEST: the HIGHEST rate; plain "
+        "JAX: the DEFAULT rate, TF32 on NVIDIA). Both filled in once `roofline` (run last) has "
+        "measured the rates. vs plain JAX: plain time / this time.",
         "rel diff vs float64: max |a - ref| / max |ref| over "
         f"{P['check_rows']} evenly spaced rows (the whole energy) of the first seed, against a "
         "float64 plain evaluation of the same float32 states.",
@@ -1148,7 +1243,8 @@ def _summary(data: dict) -> list[str]:
     lim_row("GEMM float64", "gemm_f64", "flop/s")
     lim_row("memory bandwidth (scaled copy)", "bandwidth", "bytes/s")
     lim_row("exp/s, `sum(exp(a))` over an array (float32)", "exp_f32", "exp/s")
-    lim_row("exp/s, arguments in registers (float32)", "exp_f32_registers", "exp/s")
+    lim_row("exp/s, arguments formed in registers (float32)", "exp_f32_registers", "exp/s")
+    lim_row("exp/s, `sum(exp(a))` over an array (float64)", "exp_f64", "exp/s")
     for r in S.get("field", {}).get("rows", []):
         if r.get("impl") == "meanfield":
             val = (
@@ -1189,13 +1285,30 @@ def markdown(data: dict) -> str:
         ),
         "",
     ]
+    if m.get("calls"):  # results merged from several calls on the same machine
+        L += [f"Merged from {len(m['calls'])} calls on the same machine: {m.get('merged', '')}", ""]
+        for c in m["calls"]:
+            L.append(
+                f"- call {c.get('call', '?')} ({c.get('date', '?')}): `python -m benchmarks.device "
+                f"{' '.join(c.get('argv', []))}`, budget {c.get('budget_s', 0):.0f} s, total "
+                f"{c.get('total_s', 0):.0f} s; sections taken from it: "
+                f"{', '.join(c.get('sections', []))}. {c.get('outcome', '')}"
+            )
+        L.append("")
     L += _summary(data) + [""]
     if "roofline" in S:
         sec = S["roofline"]
-        L += ["#### Roofline (measured in this run)", ""] + _sec_head("roofline", sec)
-        L += ["| quantity | value | how |", "|---|---|---|"]
+        title = "#### Roofline" + ("" if m.get("calls") else " (measured in this run)")
+        L += [title, ""] + _sec_head("roofline", sec)
+        L += ["| quantity | value | compile | how |", "|---|---|---|---|"]
         for r in sec.get("rows", []):
-            L.append(f"| {r['quantity']} | {fmt_g(r['value'])} {r['unit']} | {r['note']} |")
+            if "value" not in r:
+                L.append(f"| {r.get('quantity', '-')} | {_not_run(r)} | | |")
+                continue
+            L.append(
+                f"| {r['quantity']} | {fmt_g(r['value'])} {r['unit']} | "
+                f"{fmt_t(r.get('compile_s'))} | {r['note']} |"
+            )
         L += [""] + [f"- {n}" for n in sec.get("notes", [])] + _checks_md(sec) + [""]
     if "field" in S:
         sec = S["field"]
@@ -1435,7 +1548,8 @@ def main(argv=None) -> int:
     watchdog = threading.Timer(max(1.0, run.left() + GRACE_S), run.abort)
     watchdog.daemon = True
     watchdog.start()
-    todo = list(args.only or SECTIONS)
+    # the fixed order whatever the order of --only: the roofline (where a compile can hang) last
+    todo = [s for s in SECTIONS if s in (args.only or SECTIONS)]
     min_start = 2.0 if args.smoke else 10.0
     for i, sname in enumerate(todo):
         sec = {"status": "running", "rows": [], "checks": [], "notes": []}
@@ -1483,6 +1597,7 @@ def main(argv=None) -> int:
         run.write()
     watchdog.cancel()
     run.current = None
+    fill_fractions(run.data)
     run.data["meta"]["total_s"] = time.perf_counter() - T_START
     run.write()
     print(run.md_path.read_text(), flush=True)
