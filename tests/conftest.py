@@ -9,8 +9,10 @@ at run time in the whole suite (STYLE: jaxtyping annotations carry shapes).
 """
 
 import importlib
+import json
 import os
 import pkgutil
+from pathlib import Path
 
 import jax
 import pytest
@@ -35,9 +37,30 @@ def _native_off() -> bool:
     return os.environ.get("MEANFIELD_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
+# The inner loop (docs/testing.md): `pytest -m fast -n 2` runs every test whose recorded time
+# (tests/durations.json, refreshed from a full run's JUnit report by tests/_durations.py) is under
+# FAST_SECONDS, and every test not recorded yet; CI runs them all.
+DURATIONS = Path(__file__).with_name("durations.json")
+FAST_SECONDS = 0.5
+
+
+def recorded_durations() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
-    """With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
+    """Tests recorded under ``FAST_SECONDS`` (or not recorded) and not marked ``slow`` are marked
+    ``fast``. With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
     accelerators run), tests marked ``native`` test the C kernels themselves and are skipped."""
+    times = recorded_durations()
+    fast = pytest.mark.fast
+    for item in items:
+        t = times.get(item.nodeid)
+        if item.get_closest_marker("slow") is None and (t is None or t < FAST_SECONDS):
+            item.add_marker(fast)
     if not _native_off():
         return
     skip = pytest.mark.skip(reason="MEANFIELD_NATIVE=0: the native kernels are off")
