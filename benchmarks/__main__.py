@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import cpu_name
+
 CASES = (
     "limits",
     "velocity",
@@ -27,14 +29,7 @@ CASES = (
 
 
 def _machine() -> list[str]:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     mem = "?"
     try:
         kb = int(Path("/proc/meminfo").read_text().split()[1])

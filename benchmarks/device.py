@@ -64,6 +64,8 @@ import time
 import traceback
 from pathlib import Path
 
+from . import cpu_name
+
 T_START = time.perf_counter()  # deadlines count from the start of the process (this import)
 
 SECTIONS = ("field", "phase", "sweep", "simulate", "roofline")
@@ -1446,14 +1448,7 @@ def _meta(args, profile: str) -> dict:
         precision = "?"
     dev = jax.devices()[0]
     free, where = free_memory()
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return dict(
         device_kind=str(getattr(dev, "device_kind", dev.platform)),
         platform=dev.platform,

@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import cpu_name
 from .scaleout import _free_port, _spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,14 +150,7 @@ print(json.dumps(diffs))
 
 
 def machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     affinity: int | None
     try:
         affinity = len(os.sched_getaffinity(0))
