@@ -65,6 +65,7 @@ __all__ = [
     "FIXED_STEP_SOLVERS",
     "ADAPTIVE_SOLVERS",
     "STEPS",
+    "step_grid_problem",
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
@@ -492,16 +493,62 @@ def _grid_argument(grid: np.ndarray, t1: float, dt: float, dtype: DTypeLike) -> 
     return np.concatenate([g, pad])
 
 
-def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
-    """Uniform grid ``0, dt, 2 dt, ..`` up to ``t1``, merged with the save times."""
-    k = int(np.floor(t1 / dt + 1e-9))
-    grid = np.arange(k + 1) * dt
-    grid = np.union1d(grid, np.append(ts, t1))
-    # drop points closer than dt/1000 to a predecessor (rounding duplicates), keep t1
-    keep = np.concatenate([[True], np.diff(grid) > dt * 1e-3])
-    grid = grid[keep]
+def _merged(points: np.ndarray, dt: float, t1: float) -> np.ndarray:
+    """``points`` (sorted, unique, ending at ``t1``) less the points closer than ``dt / 1000`` to
+    their predecessor (rounding duplicates of a step and a save time), ``t1`` kept."""
+    keep = np.concatenate([[True], np.diff(points) > dt * 1e-3])
+    grid = points[keep]
     grid[-1] = t1
     return grid
+
+
+def _wanted(t1: float, dt: float, ts: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    return np.union1d(steps, np.append(np.asarray(ts, dtype=np.float64), t1))
+
+
+def step_grid_problem(t1: float, dt: float, ts: np.ndarray) -> str | None:
+    """Why the fixed-step grid of ``dt`` merged with the save times ``ts`` cannot honour them,
+    or ``None``: the grid keeps one point of each run of points closer than ``dt / 1000`` to
+    their predecessor (rounding duplicates of a step and a save time), so save times closer
+    than that to each other would remove step points too and the run would take steps longer
+    than ``dt`` (100,002 save times on [0, 1] with ``dt = 0.01`` left one step). The rule of
+    ``simulate``, the CLI and a sweep's ``[time]`` alike; O(len(ts)) whatever ``t1 / dt``
+    (runs of close points hold save times and the step points next to them, nothing else)."""
+    t1, dt = float(t1), float(dt)
+    ts = np.asarray(ts, dtype=np.float64)
+    k = int(np.floor(t1 / dt + 1e-9))
+    j = np.floor(ts / dt)
+    near = np.unique(np.concatenate([j - 1, j, j + 1, j + 2, [0.0, float(k)]]))
+    near = near[(near >= 0) & (near <= k)]
+    wanted = _wanted(t1, dt, ts, near * dt)
+    grid = _merged(wanted, dt, t1)
+    tol = dt * 1e-3
+    # every step point and save time of these within dt/1000 of a point the grid keeps
+    i = np.clip(np.searchsorted(grid, wanted), 1, max(len(grid) - 1, 1))
+    gap = np.minimum(
+        np.abs(wanted - grid[i - 1]), np.abs(grid[np.minimum(i, len(grid) - 1)] - wanted)
+    )
+    lost = np.flatnonzero(gap > tol)
+    if lost.size == 0:
+        return None
+    close = np.diff(ts)
+    spacing = float(close[close > 0].min()) if np.any(close > 0) else 0.0
+    return (
+        f"{len(ts)} save times as close as {spacing:.3g} apart are closer than dt / 1000 = "
+        f"{tol:.3g} to each other: the step grid of dt = {dt:g} cannot hold them ({lost.size} "
+        f"step and save points would be dropped and steps would exceed dt); save at most every "
+        f"dt / 1000 or use a smaller dt"
+    )
+
+
+def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
+    """Uniform grid ``0, dt, 2 dt, ..`` up to ``t1``, merged with the save times; ``ValueError``
+    when it cannot hold them (``step_grid_problem``)."""
+    problem = step_grid_problem(t1, dt, ts)
+    if problem is not None:
+        raise ValueError(problem)
+    k = int(np.floor(t1 / dt + 1e-9))
+    return _merged(_wanted(t1, dt, ts, np.arange(k + 1) * dt), dt, t1)
 
 
 def simulate(
@@ -545,7 +592,10 @@ def simulate(
             fixed-step solvers: one compilation serves every step length, the grid is
             ``k dt`` merged with ``ts``, and ``max_steps`` must bound the step count.
         solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
-        ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them.
+        ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them;
+            a save time within ``dt / 1000`` of a step point is that step point, and save times
+            closer than ``dt / 1000`` to each other are refused (``ValueError``: the grid could
+            not hold them without steps longer than ``dt``; ``step_grid_problem``).
             Save times, ``t1`` and the fixed-step grid are data, arguments of the compiled
             program (never constants folded into it): a new ``ts`` of the same length, or
             another ``t1`` whose step grid pads to the same length (the next power of two

@@ -295,3 +295,89 @@ def test_simulate_program_has_no_host_callback_and_is_cached(tmp_path):
     assert second["entries"] == first["entries"]
     assert second["hits"] == 1
     assert not second["failed"] and second["stop_time"] == pytest.approx(2.3)
+
+
+# --------------------------------------------------------------------------- dense save grids
+# (issue 47, item 1) The step grid keeps one point of each run of points closer than dt / 1000 to
+# their predecessor; save times that close to each other removed the step points too, silently
+# (100,002 save times on [0, 1] with dt = 0.01 left one step). Such a grid is refused, in one line,
+# by simulate, the CLI and a sweep spec alike.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def test_dense_save_times_are_refused_not_stepped_over():
+    x0 = sphere.uniform(jax.random.key(0), 8, 3)
+    with pytest.raises(ValueError, match=r"closer than dt / 1000 .* steps would exceed dt"):
+        mf.simulate(K.USA(1.0), x0, t1=1.0, dt=0.01, ts=np.linspace(0.0, 1.0, 100_002))
+    # just above the rounding tolerance every save time is a step point: honoured
+    ts = np.linspace(0.0, 0.1, 5001)  # 2e-5 apart, dt / 1000 = 1e-5
+    assert integrate.step_grid_problem(0.1, 0.01, ts) is None
+    grid = integrate._step_grid(0.1, 0.01, ts)
+    # each save time is a grid point, up to the rounding of a coinciding step point (k * dt)
+    assert np.max(np.min(np.abs(ts[:, None] - grid[None, :]), axis=1)) < 1e-15
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    t1=st.floats(0.05, 10.0),
+    steps=st.integers(1, 400),
+    saves=st.integers(2, 3000),
+)
+def test_the_step_grid_never_steps_longer_than_dt_nor_loses_a_save(t1, steps, saves):
+    """Whatever the save grid: refused, or a grid whose steps are at most dt (up to the rounding
+    tolerance) that holds every save time within dt / 1000."""
+    dt = t1 / steps
+    ts = np.linspace(0.0, t1, saves)
+    if integrate.step_grid_problem(t1, dt, ts) is not None:
+        with pytest.raises(ValueError, match="dt / 1000"):
+            integrate._step_grid(t1, dt, ts)
+        return
+    grid = integrate._step_grid(t1, dt, ts)
+    assert grid[0] == 0.0 and grid[-1] == t1
+    assert np.all(np.diff(grid) > 0) and np.max(np.diff(grid)) <= dt * (1 + 1e-3)
+    nearest = np.min(np.abs(ts[:, None] - grid[None, :]), axis=1) if saves * len(grid) < 4e6 else 0
+    assert np.all(nearest <= dt * 1e-3)
+
+
+def test_dense_save_times_are_one_line_from_the_cli_and_the_sweep(tmp_path, capsys):
+    from meanfield import cli
+    from meanfield.sweep import cli as sweep_cli
+
+    rc = cli.main(["simulate", "--n", "8", "--t1", "0.3", "--dt", "0.05", "--saves", "7000",
+                   "--out", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "dt / 1000" in err[0], err
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        '[model]\nkind = "usa"\n[grid]\nn = [8]\nbeta = [1.0]\nseeds = 2\n'
+        "[time]\nt1 = 1.0\ndt = 0.01\nsave = 200001\n"
+    )
+    rc = sweep_cli.main([str(spec), "--out", str(tmp_path / "s.zarr")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "time.save" in err[0] and "dt / 1000" in err[0], err
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def _grid_before_issue_47(t1, dt, ts):
+    """The step grid as it was built before dense save grids were refused (git 73fd898)."""
+    k = int(np.floor(t1 / dt + 1e-9))
+    grid = np.union1d(np.arange(k + 1) * dt, np.append(ts, t1))
+    grid = grid[np.concatenate([[True], np.diff(grid) > dt * 1e-3])]
+    grid[-1] = t1
+    return grid
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    t1=st.floats(0.05, 10.0),
+    steps=st.integers(1, 400),
+    ts=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40),
+)
+def test_every_grid_that_is_accepted_is_the_grid_of_before(t1, steps, ts):
+    """Fixed-step runs whose save grid was honoured step exactly as before (same grid, bit for bit)."""
+    dt = t1 / steps
+    ts = np.unique(np.append(np.asarray(ts) * t1, 0.0))
+    if integrate.step_grid_problem(t1, dt, ts) is None:
+        assert np.array_equal(integrate._step_grid(t1, dt, ts), _grid_before_issue_47(t1, dt, ts))

@@ -88,7 +88,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
-from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS
+from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS, step_grid_problem
 from ._diff import key_differences
 
 __all__ = [
@@ -921,6 +921,10 @@ def _parse_particle_grid(
         else:
             ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
         time_spec["save"] = ts.tolist()
+        if solver in FIXED_STEP_SOLVERS:
+            problem = step_grid_problem(t1, dt, ts)
+            if problem is not None:
+                raise ValueError(f"time.save: {problem}")
         if "early_stop" in tsec:
             no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
