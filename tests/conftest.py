@@ -5,7 +5,8 @@ fixture below), so double precision never leaks into other tests.
 
 Every meanfield module is imported here under jaxtyping's import hook with beartype, so
 the shape and dtype annotations of the package (``Float[Array, "n d"]``, ...) are checked
-at run time in the whole suite (STYLE: jaxtyping annotations carry shapes).
+at run time in the whole suite (STYLE: jaxtyping annotations carry shapes); functions without
+a jaxtyping annotation are checked by beartype alone (tests/_typecheck.py).
 """
 
 import importlib
@@ -16,7 +17,14 @@ from pathlib import Path
 
 import jax
 import pytest
-from jaxtyping import install_import_hook
+
+# jaxtyping's import hook, with beartype alone on the functions that carry no jaxtyping annotation
+# (the same checks at a twentieth of the cost: tests/_typecheck.py); MEANFIELD_TEST_JAXTYPED=1 puts
+# jaxtyped itself on every function, as jaxtyping's own hook does
+if os.environ.get("MEANFIELD_TEST_JAXTYPED") == "1":
+    from jaxtyping import install_import_hook
+else:
+    from _typecheck import install_import_hook
 
 with install_import_hook("meanfield", "beartype.beartype"):
     import meanfield
