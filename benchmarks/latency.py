@@ -157,9 +157,11 @@ def machine() -> dict:
     except (AttributeError, OSError):
         affinity = os.cpu_count()
     versions: dict[str, str | None] = {}
-    for pkg in ("jax", "jaxlib", "meanfield"):
+    # meanfield's distribution is named apart from the package (pyproject.toml, [project] name)
+    dists = {"jax": "jax", "jaxlib": "jaxlib", "meanfield": "meanfield-transformers"}
+    for pkg, dist in dists.items():
         try:
-            versions[pkg] = importlib.metadata.version(pkg)
+            versions[pkg] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     try:

@@ -1,6 +1,6 @@
 """meanfield: a JAX engine for the mathematics of collapse in transformers.
 
-Public API (see README.md for a tour)::
+Public API (a tour: README.md, then docs/tour.md)::
 
     import meanfield as mf
     mf.sphere, mf.kernels, mf.models, mf.metrics, mf.theory,
@@ -30,6 +30,10 @@ import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+# the distribution that installs this package ([project] name in pyproject.toml): its metadata
+# holds the version; "meanfield" on PyPI is an unrelated project
+_DISTRIBUTION = "meanfield-transformers"
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
     from . import (
@@ -129,7 +133,7 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import PackageNotFoundError, version
 
         try:
-            value = version("meanfield")
+            value = version(_DISTRIBUTION)
         except PackageNotFoundError:  # pragma: no cover - running from a source tree
             value = "0.0.0"
     else:

@@ -204,7 +204,7 @@ def _show(value: Any) -> str:
 
 #: Largest accepted ``| ||x_i|| - 1 |`` of states on the unit sphere, by dtype item size:
 #: float16/bfloat16 1e-2, float32 and float64 1e-3 (a state off the sphere by more is not a
-#: rounding error: ``2 x`` gives an energy 10x off, MATH.md Sec. 1 assumes unit rows).
+#: rounding error: ``2 x`` gives an energy 10x off, docs/math/particles.md assumes unit rows).
 SPHERE_ATOL = {2: 1e-2, 4: 1e-3, 8: 1e-3}
 
 

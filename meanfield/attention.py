@@ -1,4 +1,4 @@
-r"""Fixed-query long-context attention (paper: long-context attention scaling limits; MATH.md Sec. 2).
+r"""Fixed-query long-context attention (paper: long-context attention scaling limits; docs/math/attention.md).
 
 One query $q \in S^{d-1}$, a context of keys $x_1, \dots, x_n$ (rows of ``keys``),
 distances to the query $T_j = 1 - \langle q, x_j\rangle$ and weights

@@ -1,7 +1,7 @@
 r"""The mean-field limit: dispersion relation around the uniform law, density solver on
-$S^1$ and $S^2$, particles against the limit (MATH.md Sec. 5).
+$S^1$ and $S^2$, particles against the limit (docs/math/continuum.md).
 
-As $n \to \infty$ the empirical law of the particles (MATH.md Sec. 1) has a density
+As $n \to \infty$ the empirical law of the particles (docs/math/particles.md) has a density
 $\rho(t, x)$ with respect to the surface measure $\sigma$ of $S^{d-1}$ that solves the
 continuity equation
 
@@ -39,7 +39,7 @@ so
 $$\lambda_l = \rho_0\, l (l + d - 2)\, \mu_l[h] = l (l + d - 2)\, \Gamma(d/2)\, 2^{d/2 - 1} \beta^{-d/2} I_{l + d/2 - 1}(\beta).$$
 
 $d = 2$: $\lambda_k = k^2 I_k(\beta) / \beta$; $d = 3$: $\lambda_l = l (l+1)\, i_l(\beta) / \beta$ with
-$i_l(b) = \sqrt{\pi / (2 b)}\, I_{l+1/2}(b)$ (MATH.md Sec. 5).
+$i_l(b) = \sqrt{\pi / (2 b)}\, I_{l+1/2}(b)$ (docs/math/continuum.md, Growth rates).
 
 For ``"sa"``, $Z = Z_0 + \varepsilon \mu_l[e^{\beta t}] Y_l$ with the uniform law's normaliser
 $Z_0 = \rho_0 \mu_0[e^{\beta t}] = \Gamma(d/2) (2/\beta)^{d/2 - 1} I_{d/2 - 1}(\beta)$, so
@@ -427,7 +427,7 @@ def growth_rates(
     rescaled: bool = False,
 ) -> Float[Array, "..."]:
     r"""Growth rate $\lambda_l$ of the degree-``ell`` harmonic perturbation of the uniform law on
-    $S^{d-1}$ (MATH.md Sec. 5; derivation in the module docstring):
+    $S^{d-1}$ (docs/math/continuum.md, Growth rates; derivation in the module docstring):
 
     $$\lambda_l^\text{usa} = l (l + d - 2)\, \Gamma(d/2)\, 2^{d/2 - 1} \beta^{-d/2} I_{l + d/2 - 1}(\beta), \qquad \lambda_l^\text{sa} = \frac{l (l + d - 2)\, I_{l + d/2 - 1}(\beta)}{\beta\, I_{d/2 - 1}(\beta)}.$$
 
@@ -601,7 +601,7 @@ def most_unstable_mode(
 
     On the circle the $k^*$-th mode has $k^*$ maxima: the number of clusters that form first
     from a near-uniform start. Large $\beta$: $I_k(\beta) \sim e^\beta e^{-k^2/(2 \beta)} / \sqrt{2 \pi \beta}$
-    so $l^* \sim \sqrt{2 \beta}$ (MATH.md Sec. 5).
+    so $l^* \sim \sqrt{2 \beta}$ (docs/math/continuum.md, Fastest mode).
 
     Args:
         beta: inverse temperature ``> 0`` (scalar).

@@ -1,6 +1,6 @@
 r"""Rank collapse through depth: Post-Norm versus Pre-Norm decoder stacks.
 
-Implements MATH.md Sec. 3 (papers/post-norm-rank-collapse.txt). A Llama-style
+Implements docs/math/depth.md ("Why Post-Norm Transformers Collapse" (docs/papers.md)). A Llama-style
 decoder block (causal multi-head attention with logits scaled by
 $1/\sqrt{d/\text{heads}}$, SwiGLU FFN, RMSNorm) is an ``equinox.Module`` acting on ONE
 sequence ``X: (n, d)`` (``Block``: ``CausalSelfAttention``, ``SwiGLU``, two ``RMSNorm``s and
@@ -185,7 +185,7 @@ class CausalSelfAttention(eqx.Module):
     $P_h = \operatorname{softmax}\big(\operatorname{mask}(Q_h K_h^\top / \sqrt{d/\text{heads}})\big) - \alpha C_n$,
     $Q = X W_Q$, $K = X W_K$, $V = X W_V$ split into ``heads`` column blocks of width
     $d/\text{heads}$; the mask sets entries $j > i$ to $-\infty$, and $\alpha$ (``alpha_prefix``) removes
-    the prefix average $C_n$ (``prefix_average_matrix``; MATH.md Sec. 3).
+    the prefix average $C_n$ (``prefix_average_matrix``; docs/math/depth.md, Prefix average).
 
     ``equinox.nn.MultiheadAttention`` does not do this job: the ablation needs the attention
     matrix itself after the softmax (``attention_matrix``), which it does not expose, and its
@@ -303,7 +303,7 @@ class AbstractNormPlacement(eqx.Module):
 
 
 class PostNorm(AbstractNormPlacement):
-    r"""Post-Norm: $X_{\text{next}} = \operatorname{RMSNorm}(X + F(X))$ (MATH.md Sec. 3).
+    r"""Post-Norm: $X_{\text{next}} = \operatorname{RMSNorm}(X + F(X))$ (docs/math/depth.md, Blocks).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -330,7 +330,7 @@ class PostNorm(AbstractNormPlacement):
 
 
 class PreNorm(AbstractNormPlacement):
-    r"""Pre-Norm: $X_{\text{next}} = X + F(\operatorname{RMSNorm}(X))$, and a final RMSNorm (MATH.md Sec. 3).
+    r"""Pre-Norm: $X_{\text{next}} = X + F(\operatorname{RMSNorm}(X))$, and a final RMSNorm (docs/math/depth.md, Blocks).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -826,7 +826,7 @@ def prefix_average_matrix(n: int, dtype: DTypeLike = jnp.float32) -> Float[Array
     r"""Causal prefix-averaging matrix $(C_n)_{ij} = 1/i$ for $j \le i$ (1-based), else 0.
 
     Row-stochastic and lower-triangular: $C_n X$ replaces token $i$ by the
-    mean of tokens $1, \dots, i$ (MATH.md Sec. 3).
+    mean of tokens $1, \dots, i$ (docs/math/depth.md, Prefix average).
 
     Args:
         n: sequence length; dtype: float dtype.

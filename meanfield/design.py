@@ -1,8 +1,9 @@
 r"""Inverse design: gauges and phase fields whose maximisers realise a target law (USA-AV Thms. 2 and 4).
 
 For a gauge kernel $h = e^{\beta \langle \Psi(\xi) x, \Psi(\zeta) y\rangle} / \beta$ every configuration
-$x(\xi) = \Psi(\xi)^\top u$ attains the maximal energy $e^\beta / (2 \beta)$ (MATH.md). Choosing
-$\Psi$ so that $\Psi(\xi)^\top u$ is a prescribed point per label realises any target law.
+$x(\xi) = \Psi(\xi)^\top u$ attains the maximal energy $e^\beta / (2 \beta)$
+(docs/math/kernels.md, Maximal energy). Choosing $\Psi$ so that $\Psi(\xi)^\top u$ is a prescribed
+point per label realises any target law.
 
 Beyond the constructions of the paper this module offers:
 

@@ -1,4 +1,4 @@
-r"""Energy and velocity of the particle system (MATH.md Sec. 1).
+r"""Energy and velocity of the particle system (docs/math/particles.md).
 
 $E = \frac{1}{2 n^2} \sum_{i,j} h(z_i, z_j)$ and
 $v_i = P_{x_i} F_i$, $F_i = \frac1n \sum_j \nabla_x h(z_i, z_j)$.

@@ -5,7 +5,7 @@ Geshkovski, Koubbi, Polyanskiy, Rigollet, "Dynamic metastability in the self-att
 $\beta$ the particles of the USA flow gather in a few clusters within $O(1)$ time, sit there for
 times exponential in $\beta$, then merge pairwise; the energy climbs a staircase.
 
-Normalisation (MATH.md Sec. 1). meanfield's USA energy is
+Normalisation (docs/math/particles.md, Energy). meanfield's USA energy is
 $E = \frac{1}{2 n^2} \sum_{i,j} e^{\beta \langle x_i, x_j\rangle} / \beta$ (times $e^{-\beta}$ for
 ``rescaled=True``). The papers plot
 

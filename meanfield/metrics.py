@@ -57,7 +57,7 @@ def collapse_gap(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
 
 
 def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
-    r"""Token similarity (post-norm rank collapse, MATH.md Sec. 3).
+    r"""Token similarity (docs/math/depth.md, Token similarity).
 
     $t_\text{sim}(X) = \|\Pi X\|_F^2 / \|X\|_F^2$ with $\Pi = \frac1n \mathbf 1 \mathbf 1^\top$: the
     energy of the mean row, $n \|\operatorname{mean}_i X_i\|^2$, over the total energy.

@@ -384,7 +384,7 @@ class Declared(eqx.Module):
 
 
 def positions(n: int) -> Float[Array, " n"]:
-    r"""Default positional labels $s_i = i / n$, $i = 1, \dots, n$ (MATH.md notation).
+    r"""Default positional labels $s_i = i / n$, $i = 1, \dots, n$ (docs/math/index.md, Notation).
 
     Args:
         n: number of tokens.

@@ -1,6 +1,6 @@
 r"""Prototype readout: soft assignment, the exact loss decomposition, two-timescale training.
 
-MATH.md Sec. 4 (DDCL-Attention, papers/ddcl-prototype-readout.txt). Tokens
+docs/math/prototypes.md (DDCL-Attention, "Collapse-Free Prototype Readout Layer for Transformer Encoders", Cirrincione and Kumar 2026; docs/papers.md). Tokens
 $z_t \in \mathbb{R}^m$ ($t = 1, \dots, T$), prototypes $p_1, \dots, p_K$, temperature $\tau > 0$:
 
 * soft assignment $q_{tk} = \operatorname{softmax}_k(-\|z_t - p_k\|^2 / \tau)$;
@@ -125,7 +125,7 @@ def _check_q(q: ArrayLike) -> None:
 
 
 # ---------------------------------------------------------------------------
-# assignment and the exact decomposition (MATH.md Sec. 4)
+# assignment and the exact decomposition (docs/math/prototypes.md)
 
 
 def squared_distances(
@@ -218,7 +218,7 @@ def reconstruct(
 def loss_terms(
     z: ArrayLike, prototypes: ArrayLike, temperature: RealScalarLike
 ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
-    r"""The soft quantisation loss and its exact decomposition (MATH.md Sec. 4).
+    r"""The soft quantisation loss and its exact decomposition (docs/math/prototypes.md, Decomposition).
 
     $L_q = \operatorname{mean}_t \sum_k q_{tk} \|z_t - p_k\|^2$,
     $L_{\text{OLS}} = \operatorname{mean}_t \|z_t - \hat z_t\|^2$,

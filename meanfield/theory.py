@@ -1,8 +1,8 @@
-r"""Closed forms and limit laws from the papers (MATH.md).
+r"""Closed forms and limit laws from the papers (docs/math/kernels.md, docs/math/attention.md).
 
 Section 1 (USA-AV particle dynamics) first: the maximal energy $e^\beta / (2\beta)$ of the
 exp-gauge kernels, the great circle, the RoPE latitude circle. The long-context attention laws
-(MATH.md Sec. 2) follow: a fixed query $q$, keys $x_j$ i.i.d. with density $\rho$ on
+(docs/math/attention.md) follow: a fixed query $q$, keys $x_j$ i.i.d. with density $\rho$ on
 $S^{d-1}$, distances $T_j = 1 - \langle q, x_j\rangle$, weights
 $A_j = e^{-\beta T_j} / Z_n$, governed by the small-$T$ tail
 $P(T < t) \sim C(q)\, t^{1/\alpha}$ with $\alpha = 2/(d-1)$.
@@ -150,7 +150,7 @@ def latitude_height(u: ArrayLike, plane: Any = (0, 1)) -> Float[Array, "..."]:
 
 
 # --------------------------------------------------------------------------
-# Section 2: long-context attention (MATH.md Sec. 2)
+# Section 2: long-context attention (docs/math/attention.md)
 # --------------------------------------------------------------------------
 # Fixed query q, keys x_j i.i.d. rho on S^{d-1}, D2Q T_j = 1 - <q, x_j>,
 # A_j = exp(-beta T_j) / Z_n.  Everything is governed by the small-T tail
@@ -390,7 +390,7 @@ def critical_weights(
     At $\beta = \gamma n^\alpha$ the rescaled distances $\beta T_{(l)}$ converge to a
     Poisson process with mean measure $c\, y^{1/\alpha}$, $c = C \gamma^{-1/\alpha}$:
     $y_l = (\Gamma_l / c)^\alpha$ with $\Gamma_l$ partial sums of i.i.d. Exp(1),
-    and $W_k = e^{-y_k} / \sum_l e^{-y_l}$ (paper Thm 3.2, MATH.md Sec. 2).
+    and $W_k = e^{-y_k} / \sum_l e^{-y_l}$ (paper Thm 3.2, docs/math/attention.md, Critical regime).
 
     The first ``terms`` points are sampled exactly; the rest of the denominator
     is replaced by its conditional mean

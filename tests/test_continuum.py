@@ -1,4 +1,4 @@
-"""The mean-field limit (MATH.md Sec. 5): dispersion relation, density solver, particles against the limit."""
+"""The mean-field limit (docs/math/continuum.md): dispersion relation, density solver, particles against the limit."""
 
 import math
 
@@ -100,7 +100,7 @@ def test_large_beta_rescaled_time_and_most_unstable_mode():
     assert np.all(np.isfinite(big)) and np.all(big > 0)
     with pytest.raises(ValueError, match="rescaled=True"):
         C.growth_rates(100.0, 2, 1)
-    # k* ~ sqrt(2 beta) (MATH.md Sec. 5), and the exact argmax of the closed form
+    # k* ~ sqrt(2 beta) (docs/math/continuum.md, Fastest mode), and the exact argmax of the closed form
     for beta in (50.0, 200.0, 800.0):
         ks = int(C.most_unstable_mode(beta, 2))
         assert abs(ks - math.sqrt(2 * beta)) <= 1.0

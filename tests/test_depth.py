@@ -1,4 +1,4 @@
-"""Tests for meanfield.depth (MATH.md Sec. 3); ``meanfield reproduce depth`` is in test_reproduce_depth.py.
+"""Tests for meanfield.depth (docs/math/depth.md); ``meanfield reproduce depth`` is in test_reproduce_depth.py.
 
 Exact identities (row-constant fixed point, prefix-averaging matrix, frequency
 loss as the collapsed optimum, vanishing gradients at the collapsed optimum)

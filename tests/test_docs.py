@@ -162,7 +162,8 @@ def test_docstring_math_is_well_formed(path):
 
 def test_math_renders_on_the_site():
     assert "pymdownx.arithmatex" in MKDOCS and "generic: true" in MKDOCS
-    assert "javascripts/mathjax.js" in MKDOCS and (DOCS / "javascripts" / "mathjax.js").is_file()
+    # rendered to MathML at build time by docs/_hooks.py: no MathJax, no CDN (tests/test_math_docs.py)
+    assert "mathjax" not in MKDOCS.lower() and "on_page_content" in (DOCS / "_hooks.py").read_text()
 
 
 def test_docs_extra_lists_the_site_dependencies():

@@ -1,4 +1,4 @@
-"""Energy and velocity (MATH.md Sec. 1): autodiff, the Lyapunov identity, closed forms,
+"""Energy and velocity (docs/math/particles.md): autodiff, the Lyapunov identity, closed forms,
 and the self-attention models (no pair energy)."""
 
 import jax
@@ -87,7 +87,7 @@ def test_velocity_is_n_times_projected_gradient_of_energy(name, x64):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_lyapunov_identity_at_random_states(name, x64):
-    # dE/dt along the flow = <grad E, v> = (1/n) sum_i ||P_{x_i} F_i||^2 >= 0 (MATH.md Sec. 1).
+    # dE/dt along the flow = <grad E, v> = (1/n) sum_i ||P_{x_i} F_i||^2 >= 0 (docs/math/particles.md, Lyapunov identity).
     kernel = make(name)
     n = 11
     for seed in (0, 1):

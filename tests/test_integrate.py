@@ -1,4 +1,4 @@
-"""Simulation on (S^{d-1})^n (MATH.md Sec. 1, App. B.1): gauge equivalence, long-time laws,
+"""Simulation on (S^{d-1})^n (docs/math/particles.md, Numerics; docs/math/kernels.md): gauge equivalence, long-time laws,
 convergence orders, adaptive solvers, early stop, failure flags, compile-once vmaps,
 time-rescaled kernels.
 
@@ -49,7 +49,7 @@ def gauge_kernels(beta, dtype):
 
 
 def usa_run_in_gauge_frame(kernel, x0, **kw):
-    """The USA run from y0_i = Psi(xi_i) x0_i, mapped back by Psi(xi_i)^T (MATH.md)."""
+    """The USA run from y0_i = Psi(xi_i) x0_i, mapped back by Psi(xi_i)^T (docs/math/kernels.md, Gauge equivalence)."""
     aux = kernel.default_aux(x0.shape[0])
     y0 = kernel.to_gauge_frame(x0, aux)
     traj = mf.simulate(K.USA(kernel.beta), y0, **kw)
@@ -117,7 +117,7 @@ def test_energy_ascent_and_norms(runs, name):
 
 @pytest.mark.parametrize("name", ["rope", "phase_field", "gauge", "prompt"])
 def test_maximal_energy_reached(runs, name):
-    # E -> e^beta / (2 beta): a Dirac mass in the gauge frame (MATH.md: maximal energy).
+    # E -> e^beta / (2 beta): a Dirac mass in the gauge frame (docs/math/kernels.md, Maximal energy).
     traj = runs[name]
     np.testing.assert_allclose(traj.energy[-1], mf.theory.max_energy(1.0), rtol=1e-5)
     y = runs["kernels"][name].to_gauge_frame(traj.xs[-1], runs["kernels"][name].default_aux(N))
@@ -229,7 +229,7 @@ def f64_reference(x0):
 
 
 def test_gauge_equivalence_rk4_float64(x64):
-    # projected RK4 commutes with rotations as well (MATH.md)
+    # projected RK4 commutes with rotations as well (docs/math/kernels.md, Gauge equivalence)
     x0 = f64_x0()
     kernel = f64_rope()
     kw = dict(t1=1.0, dt=1.0 / 8, solver="rk4")

@@ -1,4 +1,4 @@
-"""Pair kernels (MATH.md Sec. 1 table): single-pair values, gradients, structured fields.
+"""Pair kernels (docs/math/kernels.md, Kernel table): single-pair values, gradients, structured fields.
 
 Every kernel is checked against its closed form ``h((x, s), (y, t))`` and ``grad_x h``,
 and its structured evaluation (dense/tiled exponentials, gauge frame, Toeplitz rank 2)
@@ -17,7 +17,7 @@ TWO_PI = 2.0 * np.pi
 
 
 def wavy_gauge(s):
-    """Generalised RoPE gauge (MATH.md, Fig. 3 v): R_12(2 pi s) R_23(a sin(2 pi k s))."""
+    """Generalised RoPE gauge (docs/math/kernels.md, Generalised RoPE): R_12(2 pi s) R_23(a sin(2 pi k s))."""
     return mf.sphere.rotation(TWO_PI * s, 3, (0, 1)) @ mf.sphere.rotation(
         0.8 * jnp.sin(2.0 * TWO_PI * s), 3, (1, 2)
     )
@@ -150,7 +150,7 @@ def test_pair_value_gradient_and_symmetry(name, x64):
 
 
 def test_gradients_match_the_math_table(x64):
-    # grad_x h from MATH.md: exp(beta<x,y>) y ; times bias ; cos(...) y ; exp(...) R y ; Psi(xi)^T Psi(zeta) y
+    # grad_x h from docs/math/kernels.md: exp(beta<x,y>) y ; times bias ; cos(...) y ; exp(...) R y ; Psi(xi)^T Psi(zeta) y
     beta = 1.3
     x, y = np.asarray(state(2, seed=4))
     s, t = 0.2, 0.9
@@ -267,7 +267,7 @@ def test_gauge_frame_roundtrip_and_usa_equivalence(name, x64):
     y = kernel.to_gauge_frame(x, aux)
     np.testing.assert_allclose(kernel.from_gauge_frame(y, aux), x, atol=1e-15)
     np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1.0, atol=1e-15)
-    # energy is USA's in the gauge frame; field is Psi_i^T F^USA(y)_i (MATH.md, gauge equivalence)
+    # energy is USA's in the gauge frame; field is Psi_i^T F^USA(y)_i (docs/math/kernels.md, Gauge equivalence)
     usa = K.USA(kernel.beta)
     np.testing.assert_allclose(
         mf.energy(kernel, x, aux, method="pairwise"), mf.energy(usa, y), rtol=1e-13

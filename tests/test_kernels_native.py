@@ -67,7 +67,7 @@ def test_native_kernel_builds():
 
 @pytest.mark.parametrize("dtype,rtol", [("float64", 1e-14), ("float32", 2e-6)])
 def test_two_antipodal_clusters_closed_form(dtype, rtol, x64):
-    """k particles at u and n - k at -u (MATH.md Sec. 1, USA): exactly
+    """k particles at u and n - k at -u (docs/math/particles.md, Energy): exactly
     F_i = (1/n) (k e^beta - (n - k) e^-beta) u for x_i = u (and the mirror for -u), and
     E = (k^2 + (n - k)^2) e^beta + 2 k (n - k) e^-beta over 2 beta n^2; through the native path."""
     n, k, beta = 37, 12, 1.7

@@ -1,4 +1,4 @@
-"""Collapse metrics and distances between empirical laws (MATH.md Sec. 1, 3)."""
+"""Collapse metrics and distances between empirical laws (docs/math/particles.md, docs/math/depth.md)."""
 
 import jax
 import jax.numpy as jnp

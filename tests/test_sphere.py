@@ -1,4 +1,4 @@
-"""Sphere geometry: sampling, projections, rotations, tangent bases (MATH.md notation)."""
+"""Sphere geometry: sampling, projections, rotations, tangent bases (docs/math/index.md, Notation)."""
 
 import jax
 import jax.numpy as jnp

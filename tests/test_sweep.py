@@ -119,7 +119,7 @@ def test_store_layout_and_values(tiny):
     )
     np.testing.assert_allclose(point["energy"].values, traj.energy, rtol=1e-5)
     np.testing.assert_array_equal(point["clusters"].values, traj.observables["c"])
-    # the USA flow is an energy ascent (MATH.md, Lyapunov identity)
+    # the USA flow is an energy ascent (docs/math/particles.md, Lyapunov identity)
     E = ds["energy"].values[:, 0]
     assert np.all(np.diff(E, axis=-1) >= -1e-5 * np.abs(E[..., 1:]))
 
@@ -272,7 +272,8 @@ save = 3
     E = ds["energy"].values
     bound = np.asarray(mf.theory.max_energy(ds["beta"].values))[None, None, :, None, None]
     assert np.all(E <= bound * (1 + 1e-6))
-    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
+    # E increases (docs/math/particles.md, Lyapunov identity)
+    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))
     # same seed, different kernels: different trajectories from the same initial state
     np.testing.assert_allclose(
         ds["collapse_gap"].values[0, ..., 0], ds["collapse_gap"].values[1, ..., 0]
@@ -369,7 +370,8 @@ save = 4
         )
     E = ds["energy"].values
     assert np.all(E <= float(mf.theory.max_energy(1.0)) * (1 + 1e-6))
-    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))  # ascent (MATH.md Sec. 1)
+    # E increases (docs/math/particles.md, Lyapunov identity)
+    assert np.all(np.diff(E, axis=-1) >= -1e-6 * np.abs(E[..., 1:]))
     assert not np.allclose(E[..., 0, :, -1], E[..., 1, :, -1])  # the amplitude changes the flow
 
 
@@ -833,7 +835,7 @@ def test_plot_main(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_smoke_sweep_energy_ascends_below_the_maximum(tmp_path):
-    """The shipped smoke sweep: every point finishes, E(t) <= e^beta/(2 beta) and E increases (MATH.md Sec. 1);
+    """The shipped smoke sweep: every point finishes, E(t) <= e^beta/(2 beta) and E increases (docs/math/kernels.md, docs/math/particles.md);
     run again with --memory 20kB (24 chunks instead of 2) it agrees within the documented chunking bound."""
     out = tmp_path / "smoke.zarr"
     sweep.run_sweep(ROOT / "sweeps" / "smoke.toml", out, quiet=True)

@@ -1,4 +1,4 @@
-"""meanfield.theory, Section 2 (long-context attention): each function against its formula (MATH.md Sec. 2)."""
+"""meanfield.theory, Section 2 (long-context attention): each function against its formula (docs/math/attention.md)."""
 
 from __future__ import annotations
 
@@ -130,8 +130,8 @@ def test_critical_weights_shape_order_and_mass():
 
 @pytest.mark.parametrize(
     "gamma, expected",
-    # MATH.md Sec. 2 (quoted to 3 decimals); gamma = 1/16: small-gamma expansion
-    # E[W_1] ~ (1 - E[sqrt(E)] / sqrt(c)) / (c Gamma(3)), c = 0.75 * 16^2, = 0.00244 (MATH.md: "about 0.003")
+    # docs/math/attention.md, Critical regime (quoted to 3 decimals); gamma = 1/16: small-gamma expansion
+    # E[W_1] ~ (1 - E[sqrt(E)] / sqrt(c)) / (c Gamma(3)), c = 0.75 * 16^2, = 0.00244 (docs/math/attention.md: 0.0024)
     [(1 / 16, 0.00244), (1 / 4, 0.033), (1.0, 0.277), (4.0, 0.740), (16.0, 0.932)],
 )
 def test_critical_weights_mean_top_weight(gamma, expected):

@@ -1,4 +1,4 @@
-"""Closed forms of MATH.md Sec. 1 (mf.theory, USA-AV part) against direct evaluation."""
+"""Closed forms of docs/math/kernels.md (mf.theory, USA-AV part) against direct evaluation."""
 
 import jax
 import jax.numpy as jnp

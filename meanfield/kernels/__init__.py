@@ -1,4 +1,4 @@
-r"""Interaction kernels $h((x, \xi), (y, \zeta))$ of the USA-AV particle model (MATH.md Sec. 1).
+r"""Interaction kernels $h((x, \xi), (y, \zeta))$ of the USA-AV particle model (docs/math/kernels.md).
 
 Every kernel is a frozen ``equinox.Module`` whose ``__call__`` evaluates ONE pair::
 

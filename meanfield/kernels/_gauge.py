@@ -69,7 +69,7 @@ class GaugeKernel(_ExpKernel):
     (``abc.abstractmethod``) and get the single-pair definition, the gauge-frame fast path
     (the fused C kernel on the CPU), the maximiser frame and the orthogonality check.
 
-    Field and energy use the gauge frame (MATH.md, gauge equivalence):
+    Field and energy use the gauge frame (docs/math/kernels.md, Gauge equivalence):
     $y_i = \Psi_i x_i$, $F_i = \Psi_i^\top F^\text{USA}(y)_i$, $E = E^\text{USA}(y)$: $O(n^2 d)$.
 
     Args (of every subclass, besides its own fields):
@@ -299,7 +299,8 @@ class FourierPhase(Declared):
 
 class WavyGauge(Declared):
     r"""Generalised RoPE gauge $\Psi(s) = R_{12}(2 \pi s)\, R_{23}(a \sin(2 \pi k s))$ on $\mathbb R^3$
-    (MATH.md, Fig. 3 v), with traced amplitude ``a`` (a PyTree: one compilation for any ``a``).
+    (docs/math/kernels.md, Generalised RoPE), with traced amplitude ``a`` (a PyTree: one
+    compilation for any ``a``).
 
     Its maximiser $x(s) = \Psi(s)^\top u$ is a wavy closed curve, which a single fixed-plane
     phase field cannot produce (those stay on a latitude circle).
@@ -441,8 +442,8 @@ class Prompt(GaugeKernel):
 
     $h = e^{\beta \langle \Psi_\xi x, \Psi_\zeta y\rangle} / \beta$ with ``gauges`` a ``(K, d, d)``
     array of orthogonal matrices (reconstruction of the paper's lost kernel (10),
-    MATH.md). Maximiser: $K$ Dirac masses at $\Psi_k^\top u$. Default labels when
-    ``aux=None``: contiguous prefix blocks, $\xi_i = \lfloor K i / n \rfloor$.
+    docs/math/kernels.md, Prompts). Maximiser: $K$ Dirac masses at $\Psi_k^\top u$. Default
+    labels when ``aux=None``: contiguous prefix blocks, $\xi_i = \lfloor K i / n \rfloor$.
 
     Args:
         beta: inverse temperature, ``> 0`` (traced).
