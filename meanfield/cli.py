@@ -18,6 +18,13 @@ interaction rate (the sweep plan's rule, ``_resources.step_warning``) and when t
 which the exact flow never decreases, falls between two saves (``energy_decreases`` in the
 summary). JSON outputs are strict: non-finite numbers are written as ``null``.
 
+It also estimates the run's time: its pair arithmetic at this machine's rate, measured on the
+model's field at ``RATE_PROBE_N`` particles (``_field_rate``, only when the run may be long), plus
+the loop's overhead at ``REFERENCE_FLOP_RATE`` (``estimated_time_s`` in the summary). A run
+estimated past ``ESTIMATE_NOTICE_S`` (30 s) prints one line on stderr before it starts, its time,
+memory and work; one past ``PROGRESS_BAR_S`` (2 s) shows a progress bar over simulated time on
+stderr (``mf.simulate(progress=True)``: the same numbers bit for bit), which ``--quiet`` hides.
+
 ``meanfield simulate``'s model flags come from the model registry
 (``mf.kernels.MODELS``): ``--kernel NAME`` and one flag per parameter (``--beta``,
 ``--lam``, ``--omega``, ``--amplitude``, ...), each accepted only by the models that have
@@ -64,7 +71,16 @@ from . import _params
 from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
 
-__all__ = ["main", "build_parser", "PARAM_LIMIT", "SEED_LIMIT"]
+__all__ = [
+    "main",
+    "build_parser",
+    "PARAM_LIMIT",
+    "SEED_LIMIT",
+    "PROGRESS_BAR_S",
+    "ESTIMATE_NOTICE_S",
+    "REFERENCE_FLOP_RATE",
+    "RATE_PROBE_N",
+]
 
 _USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecodeError)
 
@@ -73,6 +89,20 @@ _USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecod
 PARAM_LIMIT = 2**24
 #: Seeds are 32-bit (``jax.random.key`` without x64): larger ones would repeat smaller ones.
 SEED_LIMIT = 2**32 - 1
+#: ``simulate`` shows a progress bar over simulated time on stderr (``mf.simulate(progress=True)``;
+#: ``--quiet`` hides it) for a run estimated to take longer than this many seconds.
+PROGRESS_BAR_S = 2.0
+#: ``simulate`` prints its estimate, time and memory, as one line on stderr before a run estimated to
+#: take longer than this many seconds.
+ESTIMATE_NOTICE_S = 30.0
+#: The arithmetic rate (flop/s) of the work estimate where none is measured: the rate
+#: ``_resources.WORK_LIMIT`` assumes (the 2-core reference machine), and the one of the loop's
+#: overhead (``_resources.STEP_OVERHEAD_FLOP``: 10 us a step, measured there).
+REFERENCE_FLOP_RATE = 1e11
+#: Particles of the field evaluations timed to measure this machine's rate (``_field_rate``), done
+#: only when the run may be long: its estimate at ``REFERENCE_FLOP_RATE`` is at least a tenth of the
+#: smaller threshold above.
+RATE_PROBE_N = 512
 
 
 _Parser = OneLineParser  # meanfield._argparse: shared with meanfield info
@@ -273,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the numbers only: no configuration.png or observables.png (a --movie is still written)",
     )
+    s.add_argument(
+        "--quiet",
+        action="store_true",
+        help=f"no progress bar (shown on stderr for runs estimated longer than {PROGRESS_BAR_S:g} s; the "
+        "estimate line and warnings are still printed)",
+    )
 
     r = sub.add_parser(
         "reproduce", help="reproduce the papers' experiments (all of them when no name is given)"
@@ -457,6 +493,67 @@ def _simulate_cost(args: argparse.Namespace, model: Any) -> Any:
     )
 
 
+def _field_rate(model: Any, d: int, backend: str) -> float:
+    """This machine's arithmetic rate (flop/s) for ``model``'s field on the default device:
+    ``pairs (4 d + 8)`` of ``model.footprint(RATE_PROBE_N, d)`` over the fastest of seven jitted
+    evaluations at ``RATE_PROBE_N`` particles (after one that compiles); ``REFERENCE_FLOP_RATE``
+    where the model cannot be evaluated there (e.g. more prompts than ``RATE_PROBE_N`` tokens)."""
+    import jax
+
+    from . import sphere
+    from .kernels import use_backend
+
+    n = RATE_PROBE_N
+    try:
+        x = sphere.uniform(jax.random.key(0), n, d)
+        aux = model.default_aux(n)
+
+        @jax.jit
+        def field(x: Any) -> Any:
+            with use_backend(backend):
+                return model.at_time(0.0).field(x, aux)
+
+        jax.block_until_ready(field(x))
+        best = math.inf
+        for _ in range(7):  # the fastest: the least disturbed by other processes
+            t0 = time.perf_counter()
+            jax.block_until_ready(field(x))
+            best = min(best, time.perf_counter() - t0)
+    except _USER_ERRORS:
+        return REFERENCE_FLOP_RATE
+    pairs = float(model.footprint(n, d).pairs)
+    return pairs * (4.0 * d + 8.0) / max(best, 1e-9)
+
+
+def _estimate_seconds(
+    cost: Any, model: Any, args: argparse.Namespace
+) -> tuple[float, float | None]:
+    """``(seconds, rate)``: the run's estimated time, its pair arithmetic (``cost.work`` less the
+    loop's overhead) at ``rate``, this machine's (``_field_rate``), plus the overhead at
+    ``REFERENCE_FLOP_RATE``; ``rate`` is ``None`` (the reference rate throughout) when even ten times
+    slower than the reference the run stays under the thresholds (no time spent measuring)."""
+    from . import _resources
+
+    overhead = _resources.STEP_OVERHEAD_FLOP * cost.steps
+    pair_work = max(cost.work - overhead, 0.0)
+    fixed = overhead / REFERENCE_FLOP_RATE
+    reference = pair_work / REFERENCE_FLOP_RATE + fixed
+    if reference < min(PROGRESS_BAR_S, ESTIMATE_NOTICE_S) / 10:
+        return reference, None
+    rate = _field_rate(model, args.d, args.backend)
+    return pair_work / rate + fixed, rate
+
+
+def _format_seconds(seconds: float) -> str:
+    """``"45 s"``, ``"12 min"``, ``"2.4 h"``, ``"3.1 days"``."""
+    if not math.isfinite(seconds):
+        return "forever"
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.2g} {unit}"
+    return f"{seconds:.2g} s"
+
+
 def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
     models = _models()
@@ -491,7 +588,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     import numpy as np
 
     from . import _resources, kernels, metrics, sphere
-    from .integrate import simulate
+    from .integrate import ADAPTIVE_SOLVERS, simulate
 
     entry = kernels.model_entry(args.kernel)
     params = entry.resolve(given, where="--")
@@ -519,6 +616,21 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     )
     if warning:
         print(f"meanfield: {warning}", file=sys.stderr)
+    seconds, rate = _estimate_seconds(cost, model, args)
+    if seconds > ESTIMATE_NOTICE_S:
+        measured = (
+            f"{rate:.2g} flop/s measured on this machine"
+            if rate is not None
+            else f"{REFERENCE_FLOP_RATE:.2g} flop/s assumed"
+        )
+        # an adaptive solver's step count is its max_steps bound: so is the time
+        bound = "up to " if args.solver in ADAPTIVE_SOLVERS else ""
+        print(
+            f"meanfield: estimate: {bound}~{_format_seconds(seconds)} and "
+            f"~{_resources.format_bytes(cost.bytes)} of memory ({cost.describe()}; {measured})",
+            file=sys.stderr,
+            flush=True,
+        )
     ts = np.linspace(0.0, args.t1, args.saves)
     euclidean = getattr(model, "geometry", "sphere") == "euclidean"
     t0 = time.perf_counter()
@@ -538,6 +650,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         observables={} if euclidean else {"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
         r0=args.r0,
+        # a bar over simulated time for a long run: the same numbers (mf.simulate's progress)
+        progress=seconds > PROGRESS_BAR_S and not args.quiet,
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
@@ -594,6 +708,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "num_steps": int(traj.num_steps),
         "wall_time_s": round(wall, 3),
         "estimate": cost.describe(),
+        "estimated_time_s": float(f"{seconds:.3g}"),
     }
     arrays: dict[str, Any] = {
         "ts": np.asarray(traj.ts),
@@ -739,6 +854,15 @@ def _simulate_figures_unchecked(
     plt: Any,
     np: Any,
 ) -> None:
+    """``configuration.png`` and ``observables.png`` of a run, on figures of their own (no pyplot:
+    ``plt`` is not used). The configuration through ``mf.plotting.projection`` of all the run's
+    finite states (the view of ``animate``: the circle for d = 2, the sphere from a fixed camera
+    for d = 3, the run's principal plane for d > 3); the observables one panel per quantity the
+    run has (collapse gap, energy, cluster count), axis ranges from the data
+    (``mf.plotting.data_scale``: a log axis only over a decade or more)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     from . import plotting
 
     xs = np.asarray(traj.xs)
@@ -746,37 +870,70 @@ def _simulate_figures_unchecked(
     last = finite[-1] if finite else None  # a failed run: its last finite state
     x = xs[last] if last is not None else np.zeros_like(xs[0])
     t_shown = float(np.asarray(traj.ts)[last]) if last is not None else float("nan")
-    fig = plt.figure(figsize=(4.5, 4.5))
-    ax = fig.add_subplot(projection="3d") if args.d == 3 else fig.add_subplot()
-    color = (
-        aux.astype(float) if np.issubdtype(aux.dtype, np.integer) else aux
-    )  # prompt ids: a colour scale
+    view = plotting.projection(xs[finite] if finite else x[None])
+    fig = Figure(figsize=(5.2, 4.6))
+    ax = fig.add_subplot()
+    labels = np.asarray(aux)
+    prompts = np.issubdtype(labels.dtype, np.integer)
+    color = labels.astype(float) if labels.shape == (len(x),) else None
     plotting.plot_configuration(
         ax,
         x,
         color=color,
+        projection=view,
         title=f"{args.kernel}, n={args.n}, d={args.d}, t={t_shown:g}",
     )
+    if color is not None and np.ptp(color) > 0:
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        bar = fig.colorbar(
+            ScalarMappable(Normalize(float(color.min()), float(color.max())), "viridis"),
+            ax=ax,
+            shrink=0.8,
+            label="prompt" if prompts else "position $s_i$",
+        )
+        if prompts:
+            bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     plotting.savefig(fig, out / "configuration.png")
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    ts = np.asarray(traj.ts)
-    g = np.asarray(traj.collapse_gap)
-    axes[0].plot(ts, np.maximum(g, 1e-12))
-    axes[0].set_yscale("log")
-    axes[0].set_xlabel("t")
-    axes[0].set_ylabel("collapse gap $G_x$")
-    if traj.energy is not None:
-        axes[1].plot(ts, np.asarray(traj.energy), label="E(t)")
-        if e_max is not None:
-            axes[1].axhline(e_max, color="r", ls="--", label="theory max")
-        axes[1].legend()
-    else:
-        axes[1].text(
-            0.5, 0.5, "no pair energy for this model", ha="center", transform=axes[1].transAxes
-        )
-    axes[1].set_xlabel("t")
-    axes[1].set_ylabel("energy")
+    ts = np.asarray(traj.ts, np.float64)
+    panels: list[tuple[str, Any]] = [("gap", np.asarray(traj.collapse_gap, np.float64))]
+    if traj.energy is not None and np.any(np.isfinite(np.asarray(traj.energy, np.float64))):
+        panels.append(("energy", np.asarray(traj.energy, np.float64)))
+    counts = traj.observables.get("clusters") if isinstance(traj.observables, dict) else None
+    if counts is not None and np.any(np.isfinite(np.asarray(counts, np.float64))):
+        panels.append(("clusters", np.asarray(counts, np.float64)))
+    fig = Figure(figsize=(4.2 * len(panels), 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, y) in zip(axes, panels):
+        # a failed run may keep one finite value: a marker, where a line would draw nothing
+        mark = {"marker": "o", "ms": 4} if np.sum(np.isfinite(y)) < 3 else {}
+        if name == "gap":
+            ax.plot(ts, y, color="C0", **mark)
+            plotting.data_scale(ax, y, log=True)
+            ax.set_ylabel("collapse gap $G_x$")
+        elif name == "energy":
+            ax.plot(ts, y, color="C0", label="E(t)", **mark)
+            shown = y
+            if e_max is not None and np.isfinite(e_max):
+                ax.axhline(e_max, color="r", ls="--", label="theory max")
+                shown = np.append(y, e_max)
+                ax.legend(fontsize=8)
+            plotting.data_scale(ax, shown, log=False)
+            ax.set_ylabel("energy $E$")
+        else:
+            ax.step(ts, y, where="post", color="C3", **mark)
+            finite_y = y[np.isfinite(y)]
+            # +-1 around the counts: room for integer ticks even when the count is constant
+            plotting.data_scale(ax, np.concatenate([finite_y - 1.0, finite_y + 1.0]))
+            if ax.get_yscale() == "linear":
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel("clusters (angle 0.1)")
+        if not np.any(np.isfinite(y)):
+            ax.text(0.5, 0.5, "no finite value", ha="center", transform=ax.transAxes)
+        plotting.data_scale(ax, ts, axis="x", log=False, pad=0.0)
+        ax.set_xlabel("t")
     plotting.savefig(fig, out / "observables.png")
 
 

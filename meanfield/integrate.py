@@ -1,4 +1,4 @@
-r"""Simulation of the particle flow on $(S^{d-1})^n$ with diffrax (MATH.md Sec. 1, App. B.1).
+r"""Simulation of the particle flow on $(S^{d-1})^n$ with diffrax (docs/math/particles.md).
 
 Fixed-step solvers ``"euler"``, ``"rk2"`` (projected Heun, the paper's scheme) and
 ``"rk4"`` are diffrax Runge--Kutta solvers wrapped so that every step ends with
@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias, cast
 
@@ -66,6 +68,7 @@ __all__ = [
     "ADAPTIVE_SOLVERS",
     "STEPS",
     "step_grid_problem",
+    "PROGRESS_MARKS",
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
@@ -140,6 +143,9 @@ class _Args(eqx.Module):
     radial: bool = eqx.field(static=True, default=False)
     # geometry="euclidean": the state is the tokens in R^d, the field evaluated on them, no projection
     euclidean: bool = eqx.field(static=True, default=False)
+    # simulate(progress=True): the bar's number in _BARS and the run's end time (None: no bar)
+    meter: Array | None = None
+    t_end: Array | None = None
 
 
 def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
@@ -257,12 +263,79 @@ class _PostStepSolver(diffrax.AbstractSolver):
             terms, t0, t1, y0, args, solver_state, made_jump
         )
         y1 = _post_step(t1, y1, args)
+        if args.meter is not None and args.t_end is not None:  # simulate(progress=True)
+            _report_progress(args.meter, t0, t1, args.t_end)
         return y1, y_error, dict(y0=y0, y1=y1), solver_state, result
 
     def func(
         self, terms: PyTree[diffrax.AbstractTerm], t0: _Time, y0: _State, args: _Args
     ) -> _State:
         return self.inner.func(terms, t0, y0, args)
+
+
+# ----------------------------------------------------------------------------
+# the progress bar of simulate(progress=True)
+# ----------------------------------------------------------------------------
+
+#: Marks on the simulated time axis at which a run with ``progress=True`` reports to its bar
+#: (the host is called when a step crosses one: at most about this many calls a run).
+PROGRESS_MARKS = 1000
+
+# the open bars by number (a traced argument of the run: one compilation serves every bar)
+_BARS: dict[int, Any] = {}
+_BARS_LOCK = threading.Lock()
+_BAR_COUNT = itertools.count(1)
+
+
+def _show_progress(meter: ArrayLike, t: ArrayLike) -> None:
+    """Host side of ``_report_progress``: move bar ``meter`` to simulated time ``t`` (the slowest
+    system of a batch)."""
+    with _BARS_LOCK:
+        bar = _BARS.get(int(np.asarray(meter).ravel()[0]))
+        if bar is None:
+            return
+        t_now = min(float(np.min(t)), float(bar.total))
+        if bar.n == 0:  # the first report: the run has started, the compilation is over
+            bar.reset(total=bar.total)
+        if t_now > bar.n:
+            bar.update(t_now - bar.n)
+
+
+def _report_progress(meter: Array, t0: _Time, t1: _Time, t_end: Array) -> None:
+    """Call the host (``_show_progress``) when the step ``[t0, t1]`` crosses one of
+    ``PROGRESS_MARKS`` marks ``k t_end / PROGRESS_MARKS``: the state is not touched, so the run's
+    numbers are those of the run without a bar."""
+    k0 = jnp.floor(t0 * PROGRESS_MARKS / t_end)
+    k1 = jnp.floor(t1 * PROGRESS_MARKS / t_end)
+    jax.lax.cond(k1 > k0, lambda: jax.debug.callback(_show_progress, meter, t1), lambda: None)
+
+
+def _open_bar(t1: float) -> int:
+    """A tqdm bar over simulated time ``[0, t1]`` on stderr, registered in ``_BARS``: its number."""
+    import sys
+
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=t1,
+        desc="simulate",
+        file=sys.stderr,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| t = {n:.4g}/{total:.4g} [{elapsed}<{remaining}]",
+        mininterval=0.5,
+        dynamic_ncols=True,
+        disable=False,  # asked for: shown even when stderr is not a terminal
+    )
+    with _BARS_LOCK:
+        number = next(_BAR_COUNT)
+        _BARS[number] = bar
+    return number
+
+
+def _close_bar(number: int) -> None:
+    with _BARS_LOCK:
+        bar = _BARS.pop(number, None)
+    if bar is not None:
+        bar.close()
 
 
 class Trajectory(eqx.Module):
@@ -571,6 +644,7 @@ def simulate(
     backend: str | None = None,
     step: str = "projected",
     r0: ArrayLike | None = None,
+    progress: bool = False,
 ) -> Trajectory:
     r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
@@ -628,6 +702,13 @@ def simulate(
             ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``), a
             scalar or ``(n,)``, every entry ``> 0`` and finite; ``None``: 1. The state is
             $x_i = r_i \theta_i$ with $\theta_i$ = ``x0[i]``.
+        progress: show a tqdm bar over simulated time $[0, t_1]$ on stderr while the run executes
+            (default ``False``). The run reports to the host only when a step crosses one of
+            ``PROGRESS_MARKS`` marks $k\, t_1 / \text{PROGRESS\_MARKS}$ (a host callback under a
+            ``lax.cond``; the state is untouched): the numbers are bit for bit those of the run
+            without a bar. ``simulate`` then returns once the run has finished (the bar is closed);
+            ``x0`` must be concrete (a call outside ``jit``/``vmap``: ``TypeError`` otherwise). One
+            more compilation: the program with the callback.
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -673,6 +754,12 @@ def simulate(
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
     save_states = check_flag("save_states", save_states)
+    progress = check_flag("progress", progress)
+    if progress and not is_concrete(x0):
+        raise TypeError(
+            "progress=True shows a bar while the run executes: call simulate outside jit/vmap "
+            "(x0 is a traced value)"
+        )
     if max_steps is not None:
         max_steps = check_int("max_steps", max_steps, minimum=1)
     if block_size is not None:
@@ -740,34 +827,43 @@ def simulate(
         ),
         model,
     )
-    return _simulate(
-        model,
-        x0,
-        aux,
-        jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
-        h_traced,
-        # save times, end time and step grid are data (arguments of the compiled program,
-        # never constants that XLA folds): one compilation per length of ts. filter_jit traces
-        # NumPy arrays: _simulate's body sees JAX arrays (the casts say so to the type checker)
-        cast(Array, np.asarray(ts_np, x0.dtype)),
-        cast(Array, np.asarray(t1f, x0.dtype)),
-        cast(Array | None, grid),
-        solver=solver,
-        dt0=dt0,
-        rtol=rtol,
-        atol=atol,
-        observables=tuple(sorted(observables.items())),
-        save_states=save_states,
-        early_stop=early_stop is not None,
-        max_steps=steps,
-        block_size=block_size,
-        has_energy=has_energy,
-        adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
-        tangent=step == "projected",
-        backend=backend,
-        radial=radial,
-        euclidean=euclidean,
-    )
+    meter = _open_bar(t1f) if progress else None
+    try:
+        traj = _simulate(
+            model,
+            x0,
+            aux,
+            jnp.asarray(early_stop if early_stop is not None else 0.0, x0.dtype),
+            h_traced,
+            # save times, end time and step grid are data (arguments of the compiled program,
+            # never constants that XLA folds): one compilation per length of ts. filter_jit traces
+            # NumPy arrays: _simulate's body sees JAX arrays (the casts say so to the type checker)
+            cast(Array, np.asarray(ts_np, x0.dtype)),
+            cast(Array, np.asarray(t1f, x0.dtype)),
+            cast(Array | None, grid),
+            solver=solver,
+            dt0=dt0,
+            rtol=rtol,
+            atol=atol,
+            observables=tuple(sorted(observables.items())),
+            save_states=save_states,
+            early_stop=early_stop is not None,
+            max_steps=steps,
+            block_size=block_size,
+            has_energy=has_energy,
+            adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
+            tangent=step == "projected",
+            backend=backend,
+            radial=radial,
+            euclidean=euclidean,
+            meter=None if meter is None else jnp.asarray(meter, jnp.int32),
+        )
+        if meter is not None:  # the bar lives as long as the run: wait for its end
+            jax.block_until_ready(traj)
+    finally:
+        if meter is not None:
+            _close_bar(meter)
+    return traj
 
 
 def _takes(fn: Callable[..., Any], name: str) -> bool:
@@ -840,11 +936,23 @@ def _simulate(
     backend: str,
     radial: bool = False,
     euclidean: bool = False,
+    meter: Array | None = None,
 ) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
     args = _Args(
-        model, aux, tol, block_size, not adaptive, early_stop, tangent, backend, radial, euclidean
+        model,
+        aux,
+        tol,
+        block_size,
+        not adaptive,
+        early_stop,
+        tangent,
+        backend,
+        radial,
+        euclidean,
+        meter,
+        None if meter is None else t1,
     )
     E0 = _energy(args, sphere.normalize(x0)).astype(dtype) if early_stop else jnp.zeros((), dtype)
     # the switch flag only for Mix-LN: adaptive step control measures every state entry, flags too

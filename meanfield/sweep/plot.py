@@ -54,13 +54,18 @@ def plot_store(
     critical scale of ``attention``).
 
     Other axes are held at their first value (named in the titles). Failed and
-    pending points are left out of the means. ``out_dir`` defaults to ``STORE_plots``
-    next to the store.
+    pending points are left out of the means (a curve with no finite value is named in the
+    title instead of drawn). Axis ranges come from the data (``mf.plotting.data_scale``): a
+    curve's value axis is logarithmic when its means are positive and span two decades or more,
+    linear otherwise; a quantity with no finite value gets no figure. ``out_dir`` defaults to
+    ``STORE_plots`` next to the store.
 
     The store is verified first (``load(store, verify=verify)``): a damaged chunk raises
     ``StoreDamagedError`` naming it before anything is drawn.
     """
     from matplotlib.figure import Figure
+
+    from ..plotting import data_scale
 
     ds = load(store, verify=verify)
     out_dir = (
@@ -90,6 +95,8 @@ def plot_store(
         nseed = ok.sum("seed")
         mean = da.mean("seed")
         se = da.std("seed") / np.sqrt(np.maximum(nseed, 1))
+        if not np.any(np.isfinite(mean.values)):
+            continue  # no finite value (every point failed or pending): nothing to draw
         if "time" in da.dims:
             color_axis = next((d for d in multi if d != "n"), None)
             panel_axis = "n"
@@ -100,6 +107,9 @@ def plot_store(
             fig = Figure(figsize=(4 * npanel, 3.4))
             axs = fig.subplots(1, npanel, squeeze=False, sharey=True)
             t = ds["time"].values
+            means: list[Any] = []
+            bands: list[Any] = []
+            missing: set[str] = set()
             for j in range(npanel):
                 ax = axs[0, j]
                 mj, sj = m.isel({panel_axis: j}), s.isel({panel_axis: j})
@@ -110,18 +120,35 @@ def plot_store(
                     label = (
                         f"{color_axis}={_label(mj[color_axis].values[c])}" if color_axis else None
                     )
-                    ax.plot(t, mc.values, label=label)
-                    ax.fill_between(t, (mc - sc).values, (mc + sc).values, alpha=0.25)
+                    if not np.any(np.isfinite(mc.values)):
+                        missing.add(label or name)  # no curve (and no legend entry) without data
+                        continue
+                    lines = ax.plot(t, mc.values, label=label)
+                    lo, hi = (mc - sc).values, (mc + sc).values
+                    ax.fill_between(t, lo, hi, color=lines[0].get_color(), alpha=0.25, lw=0)
+                    means.append(mc.values)
+                    bands += [lo, hi]
                 ax.set_title(
                     f"n={int(m[panel_axis].values[j])}" + (f" ({note})" if note else ""), fontsize=9
                 )
                 ax.set_xlabel("time")
+                data_scale(ax, t, axis="x", log=False, pad=0.0)
                 if j == 0:
                     ax.set_ylabel(name)
-                    if color_axis:
-                        ax.legend(fontsize=7)
+            if color_axis:  # on the first panel with a curve
+                ax = next((a for a in axs[0] if a.get_legend_handles_labels()[0]), axs[0, 0])
+                ax.legend(fontsize=7)
+            if means:  # the shared y axis: the scale from the means, the range with the bands
+                mv = np.concatenate([np.ravel(v) for v in means])
+                bv = np.concatenate([np.ravel(v) for v in bands])
+                if data_scale(axs[0, 0], mv) == "log":
+                    data_scale(axs[0, 0], np.concatenate([mv, bv[bv > 0]]), log=True)
+                else:
+                    data_scale(axs[0, 0], np.concatenate([mv, bv]), log=False)
             fig.suptitle(
-                f"{ds.attrs.get('sweep_name', '')}: {name} (mean +- s.e. over seeds)", fontsize=10
+                f"{ds.attrs.get('sweep_name', '')}: {name} (mean +- s.e. over seeds)"
+                + (f"; no finite value: {', '.join(sorted(missing))}" if missing else ""),
+                fontsize=10,
             )
             fig.tight_layout()
             p = out_dir / f"{name}_vs_time.png"
@@ -134,9 +161,15 @@ def plot_store(
             a, b = multi[0], multi[1]
             h, note = _select_rest(final, [a, b])
             h = h.transpose(b, a)
+            if not np.any(np.isfinite(h.values)):
+                continue  # no finite final value on this plane
             fig = Figure(figsize=(5, 4))
             ax = fig.subplots()
             im = ax.imshow(h.values, origin="lower", aspect="auto")
+            v = h.values[np.isfinite(h.values)]
+            if v.size and v.min() == v.max():  # a constant: a colour scale around it, not a point
+                half = 0.05 * abs(float(v[0])) or 0.05
+                im.set_clim(float(v[0]) - half, float(v[0]) + half)
             ax.set_xticks(
                 range(h.sizes[a]), [_label(v) for v in h[a].values], rotation=45, fontsize=7
             )
