@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _figures import FigureAudit
 
 import meanfield as mf
 from meanfield import design
@@ -227,7 +228,9 @@ def test_reproduce_design_end_to_end(tmp_path):
         mf_repeats=48,
         mf_times=[0.0, 1.0, 2.0],
     )
-    summary = rep.run(tmp_path, quick=True, quiet=True, **opts)
+    with FigureAudit() as figures:  # every figure it writes, checked as it is saved
+        summary = rep.run(tmp_path, quick=True, quiet=True, **opts)
+    assert figures.saved and not figures.problems, "\n".join(figures.problems)
     out = tmp_path / "design"
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["checks"] == summary["checks"]

@@ -1,4 +1,4 @@
-"""Tests for meanfield.prototypes (MATH.md Sec. 4) and ``reproduce prototypes``."""
+"""Tests for meanfield.prototypes (docs/math/prototypes.md) and ``reproduce prototypes``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _figures import FigureAudit
 
 import meanfield as mf
 
@@ -418,7 +419,9 @@ def test_reproduce_quick(tmp_path, monkeypatch):
         return stage["st"]
 
     monkeypatch.setattr(R, "_stability", kept_stability)
-    summary = R.run(tmp_path, quick=True, quiet=True)
+    with FigureAudit() as figures:  # every figure it writes, checked as it is saved
+        summary = R.run(tmp_path, quick=True, quiet=True)
+    assert figures.saved and not figures.problems, "\n".join(figures.problems)
     out = tmp_path / "prototypes"
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["experiment"] == "prototypes" and on_disk["quick"] is True

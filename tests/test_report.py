@@ -39,7 +39,8 @@ def test_report_lists_failures_plainly(tmp_path):
     )
     text = path.read_text()
     assert "**1 of 6 checks FAIL:** a/bad" in text
-    assert "| `exact` | 1 | 1 | 1e-06 | yes |" in text
+    assert "| `exact` | 1 | 1 | absolute: within 1e-06 of theory | yes |" in text
+    assert "| `qualitative` | — | 0.4 | qualitative: measured > 0 | yes |" in text
     html = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64," in html and "class='fail'" in html
 

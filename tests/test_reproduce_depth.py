@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from _figures import FigureAudit
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,9 @@ def quick(tmp_path_factory):
     from meanfield.reproduce import depth as R
 
     out = tmp_path_factory.mktemp("depth")
-    summary = R.run(out, quick=True, quiet=True)
+    with FigureAudit() as figures:  # every figure it writes, checked as it is saved
+        summary = R.run(out, quick=True, quiet=True)
+    assert figures.saved and not figures.problems, "\n".join(figures.problems)
     on_disk = json.loads((out / "depth" / "summary.json").read_text())
     return out / "depth", summary, on_disk, {c["name"]: c for c in on_disk["checks"]}
 
@@ -58,7 +61,8 @@ def test_summary_schema_and_figures(quick):
     assert [c["name"] for c in on_disk["checks"]] == [c["name"] for c in summary["checks"]]
     assert set(NAMED) <= set(checks), sorted(set(NAMED) - set(checks))
     for c in on_disk["checks"]:
-        assert set(c) == {"name", "theory", "measured", "tolerance", "pass", "note"}
+        assert {"name", "theory", "measured", "tolerance", "pass", "note"} <= set(c)
+        assert {"tolerance_kind", "rule"} <= set(c)
         assert len(c["note"]) > 40, c
     for name in ("one_step_attention", "one_step_ffn", "amount_of_attention", "ffn_damping"):
         assert "reconstruction" in checks[name]["note"], name

@@ -9,6 +9,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _figures import FigureAudit
 from _reference_sims import (
     lim_profile_value,
     lim_t_crit,
@@ -60,7 +61,10 @@ CHECKS = {
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     out = tmp_path_factory.mktemp("rep")
-    return rd.run(out, quick=True, quiet=True), out
+    with FigureAudit() as figures:  # every figure it writes, checked as it is saved
+        s = rd.run(out, quick=True, quiet=True)
+    assert figures.saved and not figures.problems, "\n".join(figures.problems)
+    return s, out
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from _figures import FigureAudit
 
 from meanfield.reproduce import EXPERIMENTS, PAPERS
 from meanfield.reproduce import metastability as rm
@@ -13,7 +14,10 @@ from meanfield.reproduce import metastability as rm
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory):
     out = tmp_path_factory.mktemp("rep")
-    return rm.run(out, quick=True, quiet=True), out
+    with FigureAudit() as figures:  # every figure it writes, checked as it is saved
+        s = rm.run(out, quick=True, quiet=True)
+    assert figures.saved and not figures.problems, "\n".join(figures.problems)
+    return s, out
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,7 +41,7 @@ EXPERIMENTS: dict[str, str] = {
 }
 
 #: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers, the
-#: mean-field limit they share (``continuum``, MATH.md Sec. 5) and the attention variants as
+#: mean-field limit they share (``continuum``, docs/math/continuum.md) and the attention variants as
 #: dynamics (``dynamics``: heads, masks, Sinkhorn, hardmax against their papers).
 PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum", "dynamics")
 
@@ -99,8 +99,14 @@ def run_experiments(
     one after the other in this process). Each process is a fresh interpreter
     (``multiprocessing``'s spawn start method, through ``concurrent.futures``), so an experiment
     computes the same numbers whichever process runs it and whatever ran before it there; the
-    environment (the compilation cache, ``EQX_ON_ERROR``) is this process's. Progress bars are
-    drawn one line per process. An experiment that raises stops the run with its error once the
+    environment (the compilation cache, ``EQX_ON_ERROR``) is this process's.
+
+    Each experiment's verdict (``name: k/n checks pass in T s``) is printed on stdout the moment it
+    finishes, whatever still runs. Unless ``quiet``, stderr gets a line when an experiment starts
+    and, when stderr is a terminal (or a notebook), live progress: each experiment's bar on its own
+    line and, with several processes, one more line naming the experiments running and how long
+    each has run. When stderr is not a terminal (a log, CI) only the start lines are written there,
+    never a redrawn bar. An experiment that raises stops the run with its error once the
     experiments already running have finished (what they wrote stays in ``out_dir``).
 
     >>> run_experiments(["nope"])
@@ -123,7 +129,7 @@ def run_experiments(
     out = Path(out_dir)
     mode = "quick" if quick else "full" if full else "default"
     tasks = [(i, name, EXPERIMENTS[name]) for i, name in enumerate(names, 1)]
-    common = (str(out), len(names), quick, full, quiet, mode)
+    common = (str(out), len(names), quick, full, quiet, mode, not quiet and _live(sys.stderr))
     summaries: dict[str, dict[str, Any]] = {}
     if jobs == 1:
         for i, name, module in tasks:
@@ -136,6 +142,17 @@ def run_experiments(
 
         write_report(out, summaries, quick=quick)
     return summaries
+
+
+def _live(stream: Any) -> bool:
+    """Whether progress may be redrawn on ``stream``: a terminal, or a notebook's output (where
+    ``tqdm.auto`` draws widgets). Anything else (a file, a pipe, CI's log) gets plain lines only."""
+    try:
+        if stream.isatty():
+            return True
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+    return type(stream).__module__.startswith("ipykernel")
 
 
 def get_path(name: str) -> str:
@@ -155,13 +172,20 @@ def _run_one(
     full: bool,
     quiet: bool,
     mode: str,
+    bars: bool = False,
 ) -> dict[str, Any]:
-    """Run one experiment here (in this process) and return its summary, with its total time."""
+    """Run one experiment here (in this process) and return its summary, with its total time.
+
+    ``quiet``: no start line; ``bars``: the experiment draws its progress bars (else it runs quiet).
+    A worker of ``_run_concurrently`` also tells the parent when the experiment starts (``_EVENTS``).
+    """
     t0 = time.perf_counter()
+    if _EVENTS is not None:
+        _EVENTS.put((name, time.time()))
     if not quiet:
         print(f"[meanfield {i}/{count}] reproduce {name} ({mode})", file=sys.stderr, flush=True)
     opts = {"full": True} if full else {}
-    summary = importlib.import_module(module).run(Path(out), quick=quick, quiet=quiet, **opts)
+    summary = importlib.import_module(module).run(Path(out), quick=quick, quiet=not bars, **opts)
     summary.setdefault("timings", {})["total_s"] = round(time.perf_counter() - t0, 2)
     path = Path(out) / name / "summary.json"
     if path.is_file():  # the experiment's own summary, with the time of the whole experiment
@@ -172,54 +196,129 @@ def _run_one(
 
 
 def _print_result(name: str, summary: dict[str, Any]) -> None:
+    """The verdict line of one experiment, on stdout: ``name: k/n checks pass in T s``."""
     failed = [c["name"] for c in summary["checks"] if not c["pass"]]
+    total_s = summary.get("timings", {}).get("total_s")
     print(
         f"{name}: {len(summary['checks']) - len(failed)}/{len(summary['checks'])} checks pass"
+        + (f" in {total_s:.0f} s" if isinstance(total_s, (int, float)) else "")
         + (f" (failing: {', '.join(failed)})" if failed else ""),
         flush=True,
     )
 
 
-def _run_concurrently(
-    tasks: list[tuple[int, str, str]], common: tuple[str, int, bool, bool, bool, str], jobs: int
-) -> dict[str, dict[str, Any]]:
-    """``_run_one`` of each task in ``jobs`` spawned processes, the costliest first; results are
-    printed as they finish and returned in the tasks' order."""
-    import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+#: Seconds between two redraws of the line of running experiments (``_run_concurrently``).
+STATUS_REFRESH_S = 1.0
 
+#: In a worker of ``_run_concurrently``: where ``_run_one`` says that an experiment starts.
+_EVENTS: Any = None
+
+
+def _running_text(started: dict[str, float], now: float) -> str:
+    """The line of running experiments: each name and how long it has run (m:ss), longest first.
+
+    >>> _running_text({"depth": 100.0, "continuum": 0.0}, 125.0)
+    'running: continuum 2:05, depth 0:25'
+    """
+    if not started:
+        return "starting"
+    shown = sorted(started.items(), key=lambda kv: kv[1])
+    return "running: " + ", ".join(
+        f"{name} {int(now - t0) // 60}:{int(now - t0) % 60:02d}" for name, t0 in shown
+    )
+
+
+def _run_concurrently(
+    tasks: list[tuple[int, str, str]],
+    common: tuple[str, int, bool, bool, bool, str, bool],
+    jobs: int,
+) -> dict[str, dict[str, Any]]:
+    """``_run_one`` of each task in ``jobs`` spawned processes, the costliest first; each verdict is
+    printed the moment its experiment finishes, and the summaries are returned in the tasks' order.
+
+    With live progress (``common[-1]``, ``bars``) a status bar below the workers' bars counts the
+    finished experiments and names the running ones with their times (redrawn every
+    ``STATUS_REFRESH_S``), under the lock the workers' bars share. The first experiment that raises
+    cancels those not started and raises its error once the running ones have finished."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from tqdm.auto import tqdm
+
+    bars = common[-1]
     ctx = multiprocessing.get_context("spawn")
-    slots = ctx.Queue()
+    slots, events = ctx.Queue(), ctx.Queue()
     for slot in range(jobs):
         slots.put(slot)
     lock = ctx.RLock()
     order = sorted(tasks, key=lambda t: -QUICK_COST_S.get(t[1], 0.0))
-    with ProcessPoolExecutor(
-        jobs, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock)
-    ) as pool:
-        futures = {
-            pool.submit(_run_one, i, name, module, *common): name for i, name, module in order
-        }
-        pending = set(futures)
-        results: dict[str, dict[str, Any]] = {}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for f in done:
-                if f.exception() is not None:
-                    for p in pending:
-                        p.cancel()
-                    raise f.exception()  # type: ignore[misc]
-                results[futures[f]] = f.result()
-                _print_result(futures[f], results[futures[f]])
+    rank = {name: k for k, (_, name, _) in enumerate(tasks)}
+    results: dict[str, dict[str, Any]] = {}
+    started: dict[str, float] = {}
+    old_lock = tqdm.get_lock()
+    tqdm.set_lock(lock)  # this process's status bar and the workers' bars draw one at a time
+    status = tqdm(
+        total=len(tasks),
+        desc="reproduce",
+        position=jobs,
+        disable=not bars,
+        leave=False,
+        bar_format="{desc}: {n}/{total} done [{elapsed}] {postfix}",
+    )
+    try:
+        with ProcessPoolExecutor(
+            jobs, mp_context=ctx, initializer=_init_worker, initargs=(slots, lock, events)
+        ) as pool:
+            futures = {
+                pool.submit(_run_one, i, name, module, *common): name for i, name, module in order
+            }
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=STATUS_REFRESH_S, return_when=FIRST_COMPLETED)
+                _drain(events, started, results)
+                # several at once: in the report's order, so that the output is deterministic
+                for f in sorted(done, key=lambda f: rank[futures[f]]):
+                    name = futures[f]
+                    started.pop(name, None)
+                    if f.exception() is not None:
+                        for p in pending:
+                            p.cancel()
+                        raise f.exception()  # type: ignore[misc]
+                    results[name] = f.result()
+                    status.clear()
+                    _print_result(name, results[name])
+                    status.update()
+                if pending:
+                    status.set_postfix_str(_running_text(started, time.time()))
+    finally:
+        status.close()
+        tqdm.set_lock(old_lock)
     return {name: results[name] for _, name, _ in tasks}
 
 
-def _init_worker(slots: Any, lock: Any) -> None:
+def _drain(events: Any, started: dict[str, float], results: Mapping[str, Any]) -> None:
+    """Move the start times that workers sent to ``events`` into ``started`` (an experiment whose
+    result is already in ``results`` ran and finished between two looks: it is not running)."""
+    import queue
+
+    while True:
+        try:
+            name, t0 = events.get_nowait()
+        except queue.Empty:
+            return
+        if name not in results:
+            started[name] = t0
+
+
+def _init_worker(slots: Any, lock: Any, events: Any = None) -> None:
     """A worker process of ``_run_concurrently``: its progress bars on their own line (``slot``),
-    drawn under one lock shared by the workers."""
+    drawn under one lock shared by the workers and the parent's status bar; ``events`` hears when
+    each of its experiments starts."""
+    global _EVENTS
     from tqdm import tqdm
 
     from . import _common
 
     tqdm.set_lock(lock)
     _common.BAR_POSITION = slots.get()
+    _EVENTS = events

@@ -5,18 +5,23 @@ Every experiment writes ``DIR/<experiment>/summary.json``::
 
     {"experiment": "usa-av", "quick": true, "settings": {...},
      "checks": [{"name": ..., "theory": <number or null>, "measured": <number>,
-                 "tolerance": <number>, "pass": <bool>, "note": "..."}, ...],
+                 "tolerance": <number>, "pass": <bool>, "note": "...",
+                 "tolerance_kind": "relative" | "absolute" | "bound" | "qualitative",
+                 "rule": "<the pass rule in words>"}, ...],
      "timings": {...}}
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import numbers
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -30,11 +35,14 @@ from .._checks import RealScalarLike
 __all__ = [
     "BAR_POSITION",
     "MODES",
+    "TOLERANCE_KINDS",
     "Experiment",
     "Option",
     "Steps",
     "check",
+    "first_sentence",
     "progress",
+    "tolerance_rule",
     "write_summary",
 ]
 
@@ -128,7 +136,9 @@ class Experiment:
     ``options``: its settings by name, in the order of ``summary.json["settings"]``; ``steps``: the
     parts of a run in order, each one tick of its progress bar and one entry of ``timings``, named
     ``step + timings_suffix`` (``"_s"`` in the experiments that first wrote their seconds so), except
-    the ``untimed`` steps (whose parts time themselves).
+    the ``untimed`` steps (whose parts time themselves); ``figures``: the files (in ``out_dir/<name>/``)
+    that a run writes and its section of the report shows, each a figure of what its checks check
+    (a run at some settings may add more).
 
     >>> E = Experiment("toy", {"n": Option(512, quick=64)}, steps=("run",))
     >>> E.settings(E.mode(quick=True, full=False))
@@ -144,6 +154,7 @@ class Experiment:
     steps: tuple[str, ...]
     timings_suffix: str = ""
     untimed: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(set(self.steps)) != len(self.steps) or not set(self.untimed) <= set(self.steps):
@@ -256,6 +267,14 @@ class _Part:
         self._bar.set_postfix_str(f"{self._name}: {text}")
 
 
+#: The kinds of tolerance a check row states (``check``'s ``tolerance_kind``): ``relative``
+#: (``|measured - theory| <= tolerance |theory|``), ``absolute`` (``<= tolerance``), ``bound`` (a
+#: measured error or quantity on one side of a number: ``|measured| <= tolerance`` against a
+#: theory of 0, or ``measured < 0.01``) and ``qualitative`` (a prediction in words: a sign, an order,
+#: a shape), whose rule is the row's ``rule``.
+TOLERANCE_KINDS: tuple[str, ...] = ("relative", "absolute", "bound", "qualitative")
+
+
 def check(
     name: str,
     measured: ArrayLike,
@@ -265,6 +284,7 @@ def check(
     *,
     relative: bool = False,
     passed: bool | Callable[[float], bool] | None = None,
+    rule: str | None = None,
 ) -> dict[str, Any]:
     """One row of a summary's ``checks``.
 
@@ -273,6 +293,19 @@ def check(
     caller supplies ``passed`` (a bool, or a predicate on ``measured``) that
     states the paper's qualitative prediction (e.g. ``> 0``), and says it in
     ``note``.
+
+    The row also says what kind of tolerance it is (``tolerance_kind``, one of ``TOLERANCE_KINDS``)
+    and its rule in words (``rule``), derived from the comparison: relative or absolute from
+    ``relative``, a bound for a theory of 0 (a measured error) or a predicate ``measured < c``
+    (``c != 0``), qualitative otherwise. A qualitative rule is ``rule`` when given, else the
+    predicate's own text (``lambda v: v > 0`` reads ``measured > 0``, its other names replaced by
+    their numbers), else the note's ``pass: ...`` phrase, else the note's first sentence.
+
+    >>> r = check("gap", 0.4, None, note="the gap opens; pass: gap > 0", passed=0.4 > 0)
+    >>> r["tolerance_kind"], r["rule"]
+    ('qualitative', 'gap > 0')
+    >>> check("rate", 2.1, 2.0, 0.1, relative=True)["rule"]
+    'within 10% of theory'
     """
     m = _num(measured)
     t = None if theory is None else _num(theory)
@@ -283,6 +316,7 @@ def check(
     else:
         scale = abs(t) if relative else 1.0
         ok = bool(math.isfinite(m) and abs(m - t) <= tolerance * scale)
+    kind, words = _tolerance_rule(t, float(tolerance), relative, passed, note)
     return {
         "name": name,
         "theory": t,
@@ -290,7 +324,169 @@ def check(
         "tolerance": float(tolerance),
         "pass": ok,
         "note": note,
+        "tolerance_kind": kind,
+        "rule": rule if rule is not None else words,
     }
+
+
+def tolerance_rule(row: Mapping[str, Any]) -> tuple[str, str]:
+    """``(tolerance_kind, rule)`` of a check row: its own fields, or for a row written before they
+    existed, derived from its theory and tolerance (a relative one cannot be told from an absolute
+    one there: it reads absolute) and its note."""
+    if row.get("tolerance_kind") in TOLERANCE_KINDS and row.get("rule"):
+        return row["tolerance_kind"], row["rule"]
+    theory = row.get("theory")
+    passed = None if theory is not None else bool(row.get("pass"))
+    return _tolerance_rule(
+        theory, float(row.get("tolerance") or 0.0), False, passed, row.get("note", "")
+    )
+
+
+def _tolerance_rule(
+    theory: float | None,
+    tolerance: float,
+    relative: bool,
+    passed: bool | Callable[[float], bool] | None,
+    note: str,
+) -> tuple[str, str]:
+    if theory is not None:
+        if relative:
+            kind, words = "relative", f"within {100 * tolerance:.3g}% of theory"
+        elif theory == 0.0:
+            kind, words = "bound", f"|measured| <= {tolerance:.3g}"
+        else:
+            kind, words = "absolute", f"within {tolerance:.3g} of theory"
+        if callable(passed):  # the caller's own comparison, one-sided: its text
+            text, _ = _predicate_text(passed)
+            if text is not None:
+                return kind if kind == "relative" else "bound", text
+        if passed is not None:  # the caller's own rule around the comparison (a band, s.e.)
+            stated = _rule_in_note(note)
+            if stated and _PASS_ALSO.search(note):
+                words = f"{words} and {stated}"
+            elif stated:
+                words = stated
+        return kind, words
+    if callable(passed):
+        text, threshold = _predicate_text(passed)
+        if text is not None:  # a comparison with a number is a bound, with 0 a sign (qualitative)
+            return ("bound" if threshold not in (None, 0.0) else "qualitative"), text
+    return "qualitative", _rule_in_note(note) or first_sentence(note)[0] or "see the note"
+
+
+_PASS_PHRASE = re.compile(r"\b[Pp]ass(?:\s*[:=]|\s+also\s+needs)\s*(.+?)(?:;\s|\.\s+[A-Z(]|\.?$)")
+_PASS_ALSO = re.compile(r"\b[Pp]ass\s+also\s+needs\b")
+
+
+def _rule_in_note(note: str) -> str | None:
+    """The rule a note states as ``pass: ...`` or ``pass = ...`` (to the end of its sentence)."""
+    m = _PASS_PHRASE.search(note)
+    if not m:
+        return None
+    words, opened = m.group(1).strip(), []
+    for i, ch in enumerate(words):
+        if ch == "(":
+            opened.append(i)
+        elif ch == ")":
+            if not opened:  # the note's own bracket around the phrase closes here
+                return words[:i].rstrip()
+            opened.pop()
+    return words[: opened[0]].rstrip() if opened else words  # cut before a bracket left open
+
+
+_SENTENCE_END = re.compile(r"(?<![a-z]\.[a-z])(?<!\be\.g)(?<!\bi\.e)(?<!\bcf)[.;]\s+(?=[A-Za-z(])")
+
+
+def first_sentence(note: str, limit: int = 160) -> tuple[str, str]:
+    """A note as ``(its first sentence, the rest)``: split at the first ``. `` or ``; `` before a
+    word outside brackets, and at a space before ``limit`` characters when the sentence is longer (the
+    cut marked with an ellipsis; the rest carries on from it).
+
+    >>> first_sentence("max |x - y| over runs (n = 6; beta 4); run: seed 1. More.")
+    ('max |x - y| over runs (n = 6; beta 4)', 'run: seed 1. More.')
+    """
+    note = " ".join(note.split())
+    m = next(  # the first end outside brackets
+        (m for m in _SENTENCE_END.finditer(note) if _depth(note[: m.start()]) == 0), None
+    )
+    head, rest = (note[: m.start()], note[m.end() :]) if m else (note, "")
+    if len(head) > limit:
+        cut = head.rfind(" ", 0, limit)
+        cut = cut if cut > limit // 2 else limit
+        head, rest = head[:cut].rstrip(" ,") + " …", "… " + note[cut:].lstrip()
+    return head, rest
+
+
+def _depth(text: str) -> int:
+    return sum(text.count(o) - text.count(c) for o, c in ("()", "[]", "{}"))
+
+
+def _predicate_text(fn: Callable[[float], bool]) -> tuple[str | None, float | None]:
+    """A lambda predicate as words (``lambda v: v > tol["x"]`` -> ``"measured > 0.05"``), its names
+    other than the argument replaced by their numbers, and the number it compares ``measured`` with
+    when it is one comparison (else None). ``(None, None)`` when its source cannot be read."""
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__name__", "") != "<lambda>":
+        return None, None
+    try:
+        tree = _module_ast(code.co_filename)
+    except (OSError, SyntaxError):
+        return None, None
+    found = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Lambda)
+        and n.lineno == code.co_firstlineno
+        and [a.arg for a in n.args.args] == list(code.co_varnames[: code.co_argcount])
+    ]
+    if len(found) != 1 or not found[0].args.args:
+        return None, None
+    arg = found[0].args.args[0].arg
+    env = dict(fn.__globals__)
+    env.update(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+    defaults = fn.__defaults__ or ()
+    names = [a.arg for a in found[0].args.args]
+    env.update(zip(names[len(names) - len(defaults) :], defaults))
+    body = _numbers_for_names(copy.deepcopy(found[0].body), arg, env)  # the cached tree stays
+    threshold = None
+    if (
+        isinstance(body, ast.Compare)
+        and len(body.ops) == 1
+        and isinstance(body.left, ast.Name)
+        and body.left.id == arg
+        and isinstance(body.comparators[0], ast.Constant)
+        and isinstance(body.comparators[0].value, (int, float))
+    ):
+        threshold = float(body.comparators[0].value)
+    text = ast.unparse(body)
+    return re.sub(rf"\b{re.escape(arg)}\b", "measured", text), threshold
+
+
+@functools.lru_cache(maxsize=32)
+def _module_ast(filename: str) -> ast.Module:
+    return ast.parse(Path(filename).read_text())
+
+
+def _numbers_for_names(node: ast.expr, arg: str, env: Mapping[str, Any]) -> ast.expr:
+    """``node`` with each largest part that does not use ``arg`` and is a number replaced by it."""
+    uses_arg = any(isinstance(n, ast.Name) and n.id == arg for n in ast.walk(node))
+    if not uses_arg and not isinstance(node, ast.Constant):
+        try:
+            value = eval(compile(ast.Expression(node), "<rule>", "eval"), dict(env))  # noqa: S307
+        except Exception:  # noqa: BLE001 -- not a closed expression: kept as written
+            value = None
+        if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+            return ast.Constant(float(f"{float(value):.4g}"))
+    for field, old in ast.iter_fields(node):
+        if isinstance(old, ast.expr):
+            setattr(node, field, _numbers_for_names(old, arg, env))
+        elif isinstance(old, list):
+            setattr(
+                node,
+                field,
+                [_numbers_for_names(v, arg, env) if isinstance(v, ast.expr) else v for v in old],
+            )
+    return node
 
 
 def _num(x: ArrayLike) -> float:

@@ -1,6 +1,6 @@
 r"""Critical attention beyond i.i.d. keys: dependent tokens and RoPE-rotated keys.
 
-Paper: papers/long-context-attention-scaling-limits.txt, Sec. 2 ("Correlations and
+Paper: "Scaling Limits of Long-Context Transformers" (Bruno, Chen, Lin, Polyanskiy, Rigollet; docs/papers.md), Sec. 2 ("Correlations and
 positional encoding") and App. F (its text is not in our copy: the RoPE statement
 below is a reconstruction). Part of ``meanfield reproduce attention``:
 ``key_checks`` returns check rows, figures and timings that the attention

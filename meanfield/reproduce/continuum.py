@@ -1,4 +1,4 @@
-r"""Reproduce the mean-field limit (MATH.md Sec. 5): the dispersion relation of the uniform law,
+r"""Reproduce the mean-field limit (docs/math/continuum.md): the dispersion relation of the uniform law,
 measured from the density solver and from particles, the metastable cluster count it predicts,
 and the particles' convergence to the density (``meanfield reproduce continuum``).
 
@@ -140,6 +140,11 @@ EXPERIMENT = Experiment(
         "figures",
     ),
     timings_suffix="_s",
+    figures=(
+        "growth_rates.png",
+        "circle_density.png",
+        "cluster_count.png",
+    ),
 )
 
 

@@ -1,6 +1,6 @@
 r"""``meanfield reproduce depth``: rank collapse in Post-Norm versus Pre-Norm transformers.
 
-Reproduces papers/post-norm-rank-collapse.txt (MATH.md Sec. 3) at laptop scale:
+Reproduces "Why Post-Norm Transformers Collapse" (docs/papers.md) (docs/math/depth.md) at laptop scale:
 
 1. Forward amplification (paper Fig. 1): one-step token-similarity increments
    of the attention and FFN sublayers across depth, Post-Norm and Pre-Norm, for
@@ -139,6 +139,14 @@ EXPERIMENT = Experiment(
         ),
     },
     steps=("init_experiments", "training", "figures"),
+    figures=(
+        "forward_amplification.png",
+        "one_step_vs_sigma.png",
+        "amount_of_attention.png",
+        "prefix_ablation.png",
+        "training_curves.png",
+        "layer_heatmaps.png",
+    ),
 )
 
 

@@ -174,6 +174,15 @@ EXPERIMENT = Experiment(
         "meanfield",
         "figures",
     ),
+    figures=(
+        "design_anchor.png",
+        "design_quantile.png",
+        "design_learned.png",
+        "hessian.png",
+        "escape.png",
+        "random_batch.png",
+        "meanfield.png",
+    ),
 )
 
 
@@ -589,6 +598,8 @@ def _figures(out: Path, R: Mapping[str, Any], S: Mapping[str, Any]) -> list[str]
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from .. import plotting
+
     files = []
     A = R["anchor"]
     fig = plt.figure(figsize=(13, 3.6))
@@ -692,6 +703,7 @@ def _figures(out: Path, R: Mapping[str, Any], S: Mapping[str, Any]) -> list[str]
         fontsize=8,
     )
     ax.legend(fontsize=7)
+    plotting.decade_limits(ax)
     fig.tight_layout()
     fig.savefig(out / "escape.png", dpi=110)
     plt.close(fig)
@@ -711,6 +723,7 @@ def _figures(out: Path, R: Mapping[str, Any], S: Mapping[str, Any]) -> list[str]
     axs[0].set_ylabel("||F^ - F|| / ||F||")
     axs[0].legend(fontsize=7)
     axs[0].set_title(f"field error, n={S['rb_n']}, fitted exponent {B['slope']:.3f}", fontsize=8)
+    plotting.decade_limits(axs[0])
     axs[1].plot(B["ts"], B["exact"], "k", lw=2, label="exact")
     for p, g in B["gaps"].items():
         axs[1].plot(B["ts"], g, label=f"random batch p={p}")
@@ -744,6 +757,7 @@ def _figures(out: Path, R: Mapping[str, Any], S: Mapping[str, Any]) -> list[str]
     ax.set_xlabel("n")
     ax.set_ylabel("rms MMD(mu_n(t), mu_2n(t))")
     ax.legend(fontsize=7)
+    plotting.decade_limits(ax)
     fig.tight_layout()
     fig.savefig(out / "meanfield.png", dpi=110)
     plt.close(fig)

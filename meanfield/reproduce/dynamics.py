@@ -218,6 +218,11 @@ EXPERIMENT = Experiment(
         "figures",
     ),
     timings_suffix="_s",
+    figures=(
+        "lost_in_the_middle.png",
+        "normalization_equiangular.png",
+        "attention_variants.png",
+    ),
 )
 
 
@@ -599,8 +604,14 @@ def _gap(xs: np.ndarray) -> np.ndarray:
 
 
 def _normalization(
-    E: Mapping[str, Any], N: Mapping[str, Any], tol: Mapping[str, float]
+    E: Mapping[str, Any],
+    N: Mapping[str, Any],
+    tol: Mapping[str, float],
+    curves: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """The normalisation schemes' checks; ``curves`` (when given) receives, per scheme, the
+    equiangular runs it compares: ``{scheme: [(ts, rho_particles, rho_ode, r_particles, r_ode), ...]}``
+    (one tuple per start, radii None for the schemes on the sphere), for the figure."""
     n, d, t1, dt = int(E["n"]), int(E["d"]), float(E["t1"]), float(E["dt"])
     beta, alpha, tau = float(N["beta"]), float(N["alpha"]), float(N["switch_time"])
     steps = int(round(t1 / dt))
@@ -639,6 +650,10 @@ def _normalization(
                     rich_k = np.maximum(rich_k, np.abs(rad2.mean(axis=1)[:9] - r[::2]) / r[::2])
                     spread.append(float(np.max(np.ptp(rad, axis=1))))
                 spread.append(float(np.max(np.ptp(off, axis=1))))
+                if curves is not None:
+                    curves.setdefault(scheme, []).append(
+                        (ts, rho, ode[0], None if rad is None else rad.mean(axis=1), ode[1])
+                    )
                 errs.append(float(err[::2].max()))  # the times of the 2h run's saves
                 all_errs.append(float(err.max()))
                 rich.append(float(rich_k.max()))
@@ -976,7 +991,9 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
     return rows
 
 
-def _causal(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
+def _causal(
+    S: Mapping[str, Any], tol: float, panels: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     n, d, beta, t1, dt = int(S["n"]), int(S["d"]), float(S["beta"]), float(S["t1"]), float(S["dt"])
     ts = np.linspace(0.0, t1, 7)
     with jax.enable_x64(True):
@@ -998,6 +1015,8 @@ def _causal(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
     moved = float(np.max(np.abs(xc[:, 0] - xc[0, 0])))
     dist = np.linalg.norm(xc - xc[:, :1], axis=-1).max(axis=1)
     far = float(dist[-1])
+    if panels is not None:  # for _variants_figure
+        panels["causal"] = (ts, dist)
     u_dist = float(np.linalg.norm(xu[-1] - xc[0, 0], axis=-1).max())
     u_spread = float(np.linalg.norm(xu[-1] - xu[-1, :1], axis=-1).max())
     setting = (
@@ -1171,7 +1190,9 @@ def _lim_checks(
     return rows
 
 
-def _sinkhorn(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, Any]]:
+def _sinkhorn(
+    S: Mapping[str, Any], tol: Mapping[str, float], panels: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     n, d, beta, iters = int(S["n"]), int(S["d"]), float(S["beta"]), int(S["iters"])
     t1, dt = float(S["t1"]), float(S["dt"])
     ts = np.linspace(0.0, t1, int(S["saves"]))
@@ -1220,6 +1241,8 @@ def _sinkhorn(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, 
     )
     Ev = energies["v_identity"]
     rises = int(np.sum(np.diff(Ev) > tol["sinkhorn_energy"]))
+    if panels is not None:
+        panels["sinkhorn"] = (ts, dict(energies))
     v_identity = (
         f". Not a check: the issue's 'symmetric Q^T K and V = I' (Q = I, K = W, V = I) is not a gradient flow "
         f"of E on the sphere (E is a potential of that field only in the metric W, in R^d with W positive "
@@ -1243,7 +1266,9 @@ def _sinkhorn(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, 
     return rows
 
 
-def _hardmax(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, Any]]:
+def _hardmax(
+    S: Mapping[str, Any], tol: Mapping[str, float], panels: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     n, d, seeds = int(S["n"]), int(S["d"]), int(S["seeds"])
     t1, dt, tie = float(S["t1"]), float(S["dt"]), float(S["tie_tol"])
     A = np.diag(np.asarray(S["A"], dtype=np.float64))
@@ -1278,6 +1303,8 @@ def _hardmax(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, A
         dist = np.linalg.norm(x[-1][:, None] - x[0, leaders][None], axis=-1).min(axis=1)
         off_lead.append(int(np.sum(dist > 1e-3)))
         n_clusters.append(_clusters(x[-1], 1e-3))
+    if panels is not None:
+        panels["hardmax"] = (n_lead, n_clusters, lead_moved)
     setting = (
         f"{seeds} seeds of n = {n} uniform tokens on S^{d - 1}, the published update x <- normalize(x + dt F) "
         f"(dt = {dt:g}, to t = {t1:g}), hardmax attention (tie_tol {tie:g}), V = I"
@@ -1333,23 +1360,29 @@ def run(
     checks: list[dict[str, Any]] = []
     with steps("equiangular"):
         checks += _equiangular(S["equiangular"], tol["equiangular_ode"])
+    curves: dict[str, Any] = {}  # the data of the figures, recorded by the checks
+    panels: dict[str, Any] = {}
     with steps("normalization"):
-        checks += _normalization(S["equiangular"], S["normalization"], tol)
+        checks += _normalization(S["equiangular"], S["normalization"], tol, curves)
     with steps("simuformer"):
         checks += _simuformer_checks(S["simuformer"], tol)
     with steps("causal"):
-        checks += _causal(S["causal"], tol["causal_converge_to_first"])
+        checks += _causal(S["causal"], tol["causal_converge_to_first"], panels)
     with steps("lost_in_the_middle"):
         L = _lim(S["lim"])
         checks += _lim_checks(S["lim"], L, tol)
     with steps("sinkhorn"):
-        checks += _sinkhorn(S["sinkhorn"], tol)
+        checks += _sinkhorn(S["sinkhorn"], tol, panels)
     with steps("hardmax"):
-        checks += _hardmax(S["hardmax"], tol)
+        checks += _hardmax(S["hardmax"], tol, panels)
     with steps("euclidean"):  # tokens in R^d (Geshkovski et al. 2023): _euclidean.py
         checks += _euclidean_checks(full=full)
     with steps("figures"):
-        figures = _figures(out, L)
+        figures = (
+            _figures(out, L)
+            + _normalization_figure(out, curves, S["normalization"])
+            + _variants_figure(out, panels)
+        )
     np.savez_compressed(
         out / "dynamics_data.npz",
         lim_s=L["s"],
@@ -1384,5 +1417,104 @@ def _figures(out: Path, L: Mapping[str, Any]) -> list[str]:
     fig.tight_layout()
     name = "lost_in_the_middle.png"
     fig.savefig(out / name, dpi=120)
+    plt.close(fig)
+    return [name]
+
+
+_SCHEME_LABELS = {
+    "post": "Post-LN",
+    "pre": "Pre-LN",
+    "mix": "Mix-LN",
+    "peri": "Peri-LN",
+    "ngpt": "nGPT",
+    "scaling": "LN-scaling",
+}
+
+
+def _normalization_figure(out: Path, curves: Mapping[str, Any], N: Mapping[str, Any]) -> list[str]:
+    """One panel per normalisation scheme: the particles' mean inner product rho(t) (points) from
+    both equiangular starts against the scalar ODE (lines, ``equiangular_system``), and for the
+    radial schemes the mean radius r(t) on a second axis, as ``normalization_equiangular_*`` checks."""
+    import matplotlib.pyplot as plt
+
+    if not curves:
+        return []
+    fig, axes = plt.subplots(2, 3, figsize=(10, 5.6), sharex=True)
+    for ax, scheme in zip(axes.flat, _SCHEMES):
+        runs = curves.get(scheme, [])
+        twin = None
+        for k, (ts, rho, rho_ode, r, r_ode) in enumerate(runs):
+            label = "orthogonal start" if k == 0 else "equiangular start"
+            (line,) = ax.plot(ts, rho, "o", ms=3, label=f"particles, {label}")
+            ax.plot(ts, rho_ode, "-", lw=1, color=line.get_color())
+            if r is not None:
+                twin = twin or ax.twinx()
+                twin.plot(ts, r, "s", ms=2.5, mfc="none", color=line.get_color(), alpha=0.7)
+                twin.plot(ts, r_ode, ":", lw=1, color=line.get_color())
+        ax.set_title(_SCHEME_LABELS.get(scheme, scheme), fontsize=10)
+        ax.set_ylim(-0.05, 1.05)
+        if twin is not None:
+            twin.set_ylabel("radius r (squares, dotted)", fontsize=8)
+            twin.tick_params(labelsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("t")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("inner product rho")
+    axes.flat[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        "equiangular starts: particles (points) against the scalar ODE of each scheme (lines); "
+        f"beta = {float(N['beta']):g}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    name = "normalization_equiangular.png"
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return [name]
+
+
+def _variants_figure(out: Path, panels: Mapping[str, Any]) -> list[str]:
+    """The attention variants' checks in three panels: under a causal mask every token's distance
+    to the first token (which never moves) falls to 0; Sinkhorn attention's entropic self-transport
+    cost never rises along a run for the symmetric weights (a gradient flow) and may for V != K;
+    hardmax attention: the leaders (tokens that attend to themselves at the start) stay put and the
+    runs come to rest in clusters."""
+    import matplotlib.pyplot as plt
+
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    if "causal" in panels:
+        ts, dist = panels["causal"]
+        axes[0].semilogy(ts, np.maximum(dist, 1e-300), "o-", ms=3)
+        axes[0].set_xlabel("t")
+        axes[0].set_ylabel("max_i |x_i(t) - x_0|")
+        axes[0].set_title("causal mask: all tokens converge to the first", fontsize=9)
+    if "sinkhorn" in panels:
+        ts, energies = panels["sinkhorn"]
+        labels = {
+            "v_qk": "V = K = W (gradient flow)",
+            "identity": "Q = K = V = I (gradient flow)",
+            "v_identity": "K = W, V = I (not one)",
+        }
+        for name, E in energies.items():
+            axes[1].plot(ts, E, "o-", ms=3, label=labels.get(name, name))
+        axes[1].set_xlabel("t")
+        axes[1].set_ylabel("entropic self-transport cost E")
+        axes[1].set_title("Sinkhorn attention: E never rises for symmetric weights", fontsize=9)
+        axes[1].legend(fontsize=7)
+    if "hardmax" in panels:
+        n_lead, n_clusters, moved = panels["hardmax"]
+        seeds = np.arange(len(n_lead))
+        axes[2].bar(seeds - 0.2, n_lead, 0.4, label="leaders at the start")
+        axes[2].bar(seeds + 0.2, n_clusters, 0.4, label="clusters at the end")
+        axes[2].set_xlabel("seed")
+        axes[2].set_ylabel("count")
+        axes[2].set_title(f"hardmax: leaders fixed (moved <= {max(moved):.0e})", fontsize=9)
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    name = "attention_variants.png"
+    fig.savefig(out / name, dpi=110)
     plt.close(fig)
     return [name]

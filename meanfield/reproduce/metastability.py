@@ -106,6 +106,7 @@ EXPERIMENT = Experiment(
     },
     steps=("staircase", "merge_times", "dotm", "dotm_simulated", "figures"),
     timings_suffix="_s",
+    figures=("metastability.png",),
 )
 
 

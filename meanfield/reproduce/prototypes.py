@@ -1,4 +1,4 @@
-r"""``meanfield reproduce prototypes``: the DDCL prototype readout (MATH.md Sec. 4).
+r"""``meanfield reproduce prototypes``: the DDCL prototype readout (docs/math/prototypes.md).
 
 Four experiments, all on data that needs no download:
 
@@ -172,6 +172,14 @@ EXPERIMENT = Experiment(
     },
     steps=("digits_ablation", "soft_vs_hard_vq", "hierarchical", "stability_grid", "figures"),
     timings_suffix="_s",
+    figures=(
+        "decomposition.png",
+        "utilization.png",
+        "ablation.png",
+        "phase_portrait.png",
+        "pca.png",
+        "stability_grid.png",
+    ),
 )
 
 
@@ -852,8 +860,10 @@ def _fig_stability(
     )
     ax.axhline(bd.eta_P_max, color="k", ls=":", lw=1)
     ax.axvline(bd.eta_theta_max, color="k", ls=":", lw=1)
-    ax.plot(fine_t, fine_t / bd.eps_star, color="lime", lw=1, ls="-.")
-    ax.plot(fine_t, fine_t / 0.1, color="gray", lw=1, ls="-.")
+    # the lines eta_P = eta_theta / eps, drawn inside the grid's range of eta_P
+    for eps, color in ((bd.eps_star, "lime"), (0.1, "gray")):
+        inside = (fine_t / eps >= ep.min()) & (fine_t / eps <= ep.max())
+        ax.plot(fine_t[inside], fine_t[inside] / eps, color=color, lw=1, ls="-.")
     miss = derived["decided"] & (derived["stable"] != (derived["rho"] < 1))
     ax.scatter(ET[miss], EP[miss], marker="x", color="m", s=30)
     handles = [
@@ -928,7 +938,7 @@ def _fig_decomposition(
         ax.plot(ep, t[:, 2], c + ":", label=f"{lvl}: $V$")
     ax.set(title="hierarchical readout, both levels", xlabel="epoch", yscale="log")
     ax.legend(fontsize=7)
-    fig.suptitle("Exact decomposition $L_q = L_{OLS} + V$ (MATH.md Sec. 4)")
+    fig.suptitle("Exact decomposition $L_q = L_{OLS} + V$ (docs/math/prototypes.md)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,8 +1,9 @@
 """The report of ``meanfield reproduce``: ``DIR/REPORT.md`` and a self-contained ``DIR/report.html``.
 
-For each paper: the claim, the figures, the table of every check (name, theory,
-measured, tolerance, pass), the settings and the time each part took. Failing
-checks are listed plainly at the top.
+On top the failing checks, listed plainly, and a table of the experiments (checks passed / total,
+time). For each paper: the claim, the figures, the table of every check (name, theory, measured,
+tolerance with its kind: relative, absolute, bound or qualitative with the rule in words; pass;
+the note's first sentence, the rest folded), the settings and the time each part took.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_report"]
+from ._common import first_sentence, tolerance_rule
+
+__all__ = ["tolerance_text", "total_seconds", "write_report"]
 
 _CLAIMS = {
     "usa-av": (
@@ -79,10 +82,60 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def tolerance_text(row: Mapping[str, Any]) -> str:
+    """A check's tolerance as the report shows it: its kind and rule, e.g. ``relative:
+    |measured - theory| <= 0.05 |theory|`` or ``qualitative: measured > 0``."""
+    kind, rule = tolerance_rule(row)
+    return f"{kind}: {rule}"
+
+
+def total_seconds(summary: Mapping[str, Any]) -> float | None:
+    """The experiment's time: ``timings.total_s`` (set by ``run_experiments``), else the sum of its
+    timed parts, else None."""
+    timings = summary.get("timings", {}) or {}
+    if isinstance(timings.get("total_s"), (int, float)):
+        return float(timings["total_s"])
+    parts = [v for v in timings.values() if isinstance(v, (int, float))]
+    return float(sum(parts)) if parts else None
+
+
+def _seconds(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.0f} s" if v < 120 else f"{v / 60:.1f} min"
+
+
+def _summary_rows(summaries: Mapping[str, Any]) -> list[tuple[str, int, int, str]]:
+    """The summary table's rows: experiment, checks passed, checks, time (both report formats)."""
+    return [
+        (
+            name,
+            sum(bool(c["pass"]) for c in s["checks"]),
+            len(s["checks"]),
+            _seconds(total_seconds(s)),
+        )
+        for name, s in summaries.items()
+    ]
+
+
+def _anchor(name: str) -> str:
+    return "exp-" + "".join(ch if ch.isalnum() else "-" for ch in name)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def write_report(
     out_dir: str | os.PathLike[str], summaries: Mapping[str, Mapping[str, Any]], *, quick: bool
 ) -> Path:
-    """Write ``REPORT.md`` and ``report.html`` from the experiments' summaries."""
+    """Write ``REPORT.md`` and ``report.html`` from the experiments' summaries.
+
+    On top: the failing checks, then a table of the experiments (checks passed / total, time, each
+    linking its section). Each section: the claim, its figures, the table of checks (name, theory,
+    measured, tolerance with its kind, pass, the note's first sentence) and the notes in full
+    (folded: ``<details>``), the settings and the time of each part.
+    """
     out = Path(out_dir)
     failing = [
         (name, c["name"]) for name, s in summaries.items() for c in s["checks"] if not c["pass"]
@@ -100,26 +153,48 @@ def write_report(
         )
     else:
         md.append(f"All {total} checks pass.")
+    md += ["", "| experiment | checks passed | time |", "|---|---|---|"]
+    for name, n_pass, n_checks, seconds in _summary_rows(summaries):
+        mark = "" if n_pass == n_checks else " **FAIL**"
+        md.append(f"| [{name}](#{_anchor(name)}) | {n_pass} / {n_checks}{mark} | {seconds} |")
     md.append("")
     for name, s in summaries.items():
         title, claim = _CLAIMS.get(name, (name, ""))
-        md += [f"## {title} (`{name}`)", "", claim, ""]
+        md += [f'<a id="{_anchor(name)}"></a>', "", f"## {title} (`{name}`)", "", claim, ""]
         timings = s.get("timings", {})
         md.append(
             "Time: "
             + ", ".join(f"{k} {v:g} s" for k, v in timings.items() if isinstance(v, (int, float)))
         )
         md.append("")
-        for fig in s.get("figures", []):
+        figures = s.get("figures", [])
+        for fig in figures:
             md.append(f"![{fig}]({name}/{fig})")
             md.append("")
+        if not figures:
+            md += ["(no figure)", ""]
         md.append("| check | theory | measured | tolerance | pass | note |")
         md.append("|---|---|---|---|---|---|")
+        details = []
         for c in s["checks"]:
+            head, rest = first_sentence(c.get("note", ""))
+            if rest:
+                details.append(f"- `{c['name']}`: {' '.join(c['note'].split())}")
+                head += f" [more](#{_anchor(name)}-notes)"
             md.append(
-                f"| `{c['name']}` | {_fmt(c['theory'])} | {_fmt(c['measured'])} | {_fmt(c['tolerance'])} | "
-                f"{_fmt(c['pass'])} | {c.get('note', '')} |"
+                f"| `{c['name']}` | {_fmt(c['theory'])} | {_fmt(c['measured'])} | "
+                f"{_md_cell(tolerance_text(c))} | {_fmt(c['pass'])} | {_md_cell(head)} |"
             )
+        if details:
+            md += [
+                "",
+                f'<a id="{_anchor(name)}-notes"></a>',
+                "<details><summary>notes in full</summary>",
+                "",
+                *details,
+                "",
+                "</details>",
+            ]
         md += [
             "",
             "<details><summary>settings</summary>",
@@ -146,7 +221,8 @@ def _html(
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>meanfield report</title>",
         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.fail{background:#fdd}img{max-width:100%}</style>",
+        "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}.fail{background:#fdd}"
+        "img{max-width:100%}details summary{cursor:pointer;color:#555}</style>",
         "</head><body><h1>meanfield reproduction report</h1>",
         f"<p>Mode: {'quick' if quick else 'full'}.</p>",
     ]
@@ -158,9 +234,21 @@ def _html(
         )
     else:
         parts.append(f"<p>All {total} checks pass.</p>")
+    parts.append(
+        "<table class='summary'><tr><th>experiment</th><th>checks passed</th><th>time</th></tr>"
+    )
+    for name, n_pass, n_checks, seconds in _summary_rows(summaries):
+        cls = "" if n_pass == n_checks else " class='fail'"
+        parts.append(
+            f"<tr{cls}><td><a href='#{_anchor(name)}'>{html.escape(name)}</a></td>"
+            f"<td>{n_pass} / {n_checks}</td><td>{seconds}</td></tr>"
+        )
+    parts.append("</table>")
     for name, s in summaries.items():
         title, claim = _CLAIMS.get(name, (name, ""))
-        parts.append(f"<h2>{html.escape(title)}</h2><p>{html.escape(claim)}</p>")
+        parts.append(
+            f"<h2 id='{_anchor(name)}'>{html.escape(title)}</h2><p>{html.escape(claim)}</p>"
+        )
         for fig in s.get("figures", []):
             p = out / name / fig
             if p.exists():
@@ -173,9 +261,13 @@ def _html(
         )
         for c in s["checks"]:
             cls = "" if c["pass"] else " class='fail'"
+            head, rest = first_sentence(c.get("note", ""))
+            note = html.escape(head) + (
+                f"<details><summary>details</summary>{html.escape(rest)}</details>" if rest else ""
+            )
             parts.append(
                 f"<tr{cls}><td>{html.escape(c['name'])}</td><td>{_fmt(c['theory'])}</td><td>{_fmt(c['measured'])}</td>"
-                f"<td>{_fmt(c['tolerance'])}</td><td>{'yes' if c['pass'] else 'NO'}</td><td>{html.escape(c.get('note', ''))}</td></tr>"
+                f"<td>{html.escape(tolerance_text(c))}</td><td>{'yes' if c['pass'] else 'NO'}</td><td>{note}</td></tr>"
             )
         parts.append("</table>")
         parts.append(
