@@ -40,6 +40,8 @@ __all__ = [
     "savefig",
     "animate",
     "MOVIE_FORMATS",
+    "CLUSTER_PALETTE",
+    "BACK_FADE",
 ]
 
 #: Movie formats of ``animate``: ``.mp4`` (ffmpeg from the ``imageio-ffmpeg`` wheel) and ``.gif`` (Pillow).

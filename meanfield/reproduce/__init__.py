@@ -23,6 +23,7 @@ __all__ = [
     "EXPERIMENTS",
     "PAPERS",
     "QUICK_COST_S",
+    "STATUS_REFRESH_S",
     "default_jobs",
     "get",
     "get_path",
