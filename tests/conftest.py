@@ -49,7 +49,7 @@ def _native_off() -> bool:
 # (tests/durations.json, refreshed from a full run's JUnit report by tests/_durations.py) is under
 # FAST_SECONDS, and every test not recorded yet; CI runs them all.
 DURATIONS = Path(__file__).with_name("durations.json")
-FAST_SECONDS = 0.5
+FAST_SECONDS = 0.3
 
 
 def recorded_durations() -> dict[str, float]:
