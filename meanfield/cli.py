@@ -326,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--out", default="out/reproduce", help="output directory (default out/reproduce)"
     )
-    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars, status line or start lines (each verdict still prints when its experiment ends)",
+    )
     r.add_argument(
         "--jobs",
         type=_arg("int", minimum=1),
