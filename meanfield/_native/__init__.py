@@ -109,7 +109,10 @@ def check_backend(backend: object, name: str = "backend") -> str:
     default): the fused kernel where it was measured faster on this machine
     (``meanfield._native.exp_library().crossover`` for the fields,
     ``meanfield._native.phase_crossover`` for the phase diagrams; ``meanfield info`` shows both),
-    else XLA.
+    else XLA, resolved when a program is traced: the two paths round differently, so the last
+    bits of an ``"auto"`` call follow the timing recorded in the kernel cache
+    (``meanfield.kernels.resolve_backend``); a sweep decides ``"auto"`` once per store, without
+    any timing, and records the decision in the store.
 
     Example:
         >>> import meanfield as mf

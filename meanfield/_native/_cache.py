@@ -541,6 +541,16 @@ def _read_private(path: Path, what: str) -> bytes | None:
         os.close(fd)
 
 
+def _json(raw: bytes | str) -> Any:
+    """``json.loads(raw)``; ``ValueError`` for any document it cannot take, one nested past the
+    interpreter's recursion limit included (a hostile record nested 100000 levels would raise
+    ``RecursionError`` from ``json``): a cache record is data, never a crash."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 @functools.cache
 def _host_elf() -> tuple[int, int, int] | None:
     """``(class, byte order, machine)`` of this interpreter's ELF executable: what a library
@@ -615,7 +625,7 @@ def _damage(target: Path) -> str | None:
     if raw is None:
         return f"no manifest {_manifest(target).name}"
     try:
-        record = json.loads(raw)
+        record = _json(raw)
         size, digest = int(record["size"]), str(record["sha256"])
     except (ValueError, KeyError, TypeError):
         return f"unreadable manifest {_manifest(target).name}"
@@ -680,7 +690,7 @@ def _recorded_failure(marker: Path, identity: dict[str, Any]) -> str | None:
     if data is None:
         return None
     try:
-        record = json.loads(data)
+        record = _json(data)
         same = isinstance(record, dict) and record.get("identity") == identity
     except ValueError:
         same = False

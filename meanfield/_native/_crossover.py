@@ -24,7 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ._cache import Crossover, RefusedPath, _read_private, _write_atomic
+import sys
+
+from ._cache import Crossover, RefusedPath, _json, _read_private, _write_atomic
+
+#: the records this process found malformed and said so (one line each, then measured again)
+_ignored: set[str] = set()
 
 __all__ = ["Crossover", "Plan", "alternate"]
 
@@ -114,7 +119,9 @@ class Plan:
 
     def read(self, path: Path) -> Crossover | None:
         """The crossover recorded at ``path``, or ``None`` (missing, unreadable, refused, another
-        recipe or other shapes)."""
+        recipe or other shapes). A malformed record (not JSON, nested past the recursion limit,
+        times that are not pairs of positive numbers, shapes other than ``shapes()``) is absent:
+        one line on stderr, once per record and process, says it is measured again."""
         try:
             raw = _read_private(path, "crossover record")
         except (RefusedPath, RuntimeError):
@@ -122,12 +129,26 @@ class Plan:
         if raw is None:
             return None
         try:
-            record = json.loads(raw)
+            record = _json(raw)
             if record.get("recipe") != self.recipe:
                 return None
             times = {str(k): [float(a), float(b)] for k, (a, b) in record["times"].items()}
+            want = {f"{n} x {d}" for n, d in self.shapes()}
+            if set(times) != want:
+                raise ValueError(f"times of {sorted(times)[:4]}, not of {sorted(want)}")
+            if not all(0 < t < float("inf") for pair in times.values() for t in pair):
+                raise ValueError("times that are not positive finite seconds")
             return self.crossover(times, float(record["seconds"]), str(path))
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if str(path) not in _ignored:
+                _ignored.add(str(path))
+                what = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                print(
+                    f"meanfield: ignored the malformed crossover record {path} ({what}); "
+                    "measuring the crossover again",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return None
 
     def obtain(

@@ -27,7 +27,11 @@ reference and what accelerators run. The ``backend`` option (``BACKENDS``: ``"au
 default, takes the fused kernel where it was measured faster on this machine, ``"native"`` or
 ``"xla"``) is an argument of ``mf.field``, ``mf.velocity``, ``mf.energy`` and ``mf.simulate``,
 part of what JAX traces; ``use_backend`` sets it for kernel methods called directly;
-``MEANFIELD_NATIVE=0`` makes the fused kernel unavailable.
+``MEANFIELD_NATIVE=0`` makes the fused kernel unavailable (then ``"native"`` is one
+``BackendUnavailable``, a ``ValueError``, at the call). The two paths round differently (about
+1e-7 in float32), and ``"auto"`` follows a timing recorded in the kernel cache (``resolve_backend``):
+pass ``"native"`` or ``"xla"`` where the last bits must not depend on it. A sweep decides
+``"auto"`` once per store, without the timing, and records the decision (``meanfield.sweep``).
 BENCHMARKS.md has the measured speed of both.
 
 Models are named in one registry, ``MODELS`` (``make``, ``build``): the CLI flags, sweep spec
@@ -65,6 +69,7 @@ from ._exp import (
     DENSE_LIMIT,
     DENSE_MAX,
     USA,
+    BackendUnavailable,
     DistanceBias,
     check_backend,
     resolve_backend,
@@ -129,6 +134,7 @@ __all__ = [
     "check_backend",
     "use_backend",
     "resolve_backend",
+    "BackendUnavailable",
     "random_gauges",
     "default_phase",
     "wavy_gauge",

@@ -52,6 +52,7 @@ __all__ = [
     "check_backend",
     "use_backend",
     "resolve_backend",
+    "BackendUnavailable",
     "USA",
     "DistanceBias",
     "tile_shape",
@@ -130,18 +131,51 @@ def use_backend(backend: str) -> contextlib.AbstractContextManager[Any]:
 def _entry_backend(backend: str | None) -> str:
     """The ``backend`` argument of an entry point (``mf.field``, ``mf.simulate``, ...): ``None``
     is the enclosing ``use_backend`` (``"auto"`` outside any), anything else is checked
-    (``check_backend``). What it returns is passed on explicitly (a static argument of the run)."""
-    return _BACKEND.value if backend is None else check_backend(backend)
+    (``check_backend``). What it returns is passed on explicitly (a static argument of the run).
+    ``"native"`` where the fused kernel is not available here (no compiler, ``MEANFIELD_NATIVE=0``,
+    a failed build) is ``BackendUnavailable`` (a ``ValueError``) now, before anything is traced."""
+    chosen = _BACKEND.value if backend is None else check_backend(backend)
+    if chosen == "native":
+        lib = _native.exp_library()
+        if not lib.available:
+            raise BackendUnavailable(_unavailable_message(lib.reason))
+    return chosen
 
 
-def resolve_backend(backend: str, n: int, d: int, dtype: Any) -> str:
+class BackendUnavailable(ValueError, RuntimeError):
+    """``backend="native"`` where the fused C kernel cannot run: not available on this machine, a
+    dtype or a dimension it does not take. A ``ValueError`` (one line from the CLI; a
+    ``RuntimeError`` too, what earlier versions raised for an unavailable kernel); its message
+    names the backend, why, and what is accepted."""
+
+
+def _unavailable_message(reason: str | None) -> str:
+    return (
+        f"backend='native': the fused C kernel is not available ({reason}); "
+        "use backend='xla' or 'auto'"
+    )
+
+
+def resolve_backend(
+    backend: str, n: int, d: int, dtype: Any, *, measured: bool = True
+) -> str:
     """``"native"`` or ``"xla"``: what ``backend`` runs for systems of ``n`` particles in dimension
     ``d`` of ``dtype`` on the CPU (accelerators run XLA whatever the choice).
 
-    ``"auto"``: the fused kernel where it is available, takes the dtype and ``d`` and was
-    measured faster at ``(n, d)`` (``exp_library().crossover``), else XLA. ``"native"`` where
-    it cannot run: ``ValueError`` (a dtype other than float32/float64, ``d`` above
-    ``meanfield._native.EXP_MAX_D``) or ``RuntimeError`` (not available, with the reason).
+    ``"auto"``: the fused kernel where it is available, takes the dtype and ``d`` and (with
+    ``measured``, what every call does) was measured faster at ``(n, d)`` on this machine
+    (``exp_library().crossover``, read from the record in the kernel cache directory or measured
+    at the first use), else XLA. The two paths round differently (float32: about 1e-7 relative),
+    so with ``measured`` a call's last bits follow a timing: the crossover record of the cache it
+    found (``$MEANFIELD_CACHE_DIR``). It is resolved when a program is traced and stays with that
+    program for the process. Pass ``"native"`` or ``"xla"`` for numbers that do not depend on
+    any timing. ``measured=False`` drops the timing: the fused kernel wherever it is available
+    and takes the dtype and ``d``; a sweep decides ``"auto"`` this way once, when it creates its
+    store, and records the decision there (``meanfield.sweep``).
+
+    ``"native"`` where it cannot run: ``BackendUnavailable``, a ``ValueError`` naming why (a dtype
+    other than float32/float64, ``d`` above ``meanfield._native.EXP_MAX_D``, the kernel not
+    available here, with the reason).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -156,21 +190,22 @@ def resolve_backend(backend: str, n: int, d: int, dtype: Any) -> str:
     fits = jnp.dtype(dtype) in (jnp.float32, jnp.float64) and d <= _native.EXP_MAX_D
     lib = _native.exp_library()
     if backend == "auto":
-        crossover = lib.crossover if fits and lib.available else None
+        if not (fits and lib.available):
+            return "xla"
+        if not measured:
+            return "native"
+        crossover = lib.crossover
         return "native" if crossover is not None and crossover.prefers_native(n, d) else "xla"
     if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
-        raise ValueError(
+        raise BackendUnavailable(
             f"backend='native' runs float32 and float64, got {jnp.dtype(dtype)}; use backend='xla' or 'auto'"
         )
     if d > _native.EXP_MAX_D:
-        raise ValueError(
+        raise BackendUnavailable(
             f"backend='native' supports d <= {_native.EXP_MAX_D}, got d = {d}; use backend='xla' or 'auto'"
         )
     if not lib.available:
-        raise RuntimeError(
-            f"backend='native': the fused C kernel is not available ({lib.reason}); "
-            "use backend='xla' or 'auto'"
-        )
+        raise BackendUnavailable(_unavailable_message(lib.reason))
     return "native"
 
 

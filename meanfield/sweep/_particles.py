@@ -28,6 +28,7 @@ from .spec import (
     ParticleGrid,
     PointProgram,
     Spec,
+    backend_key,
     register_kind,
 )
 
@@ -125,8 +126,32 @@ class Particles(ParticleGrid):
         evaluation (``meanfield._resources.run_cost``)."""
         return _point_cost(spec, model, n, d, batch)
 
-    def point_program(self, spec: Spec, model: str, n: int, d: int) -> PointProgram:
-        return _program(spec, model, n, d)
+    def point_program(
+        self, spec: Spec, model: str, n: int, d: int, backend: str | None = None
+    ) -> PointProgram:
+        """``backend``: the path the point runs (``"native"`` or ``"xla"``, the store's recorded
+        decision, ``backends``); ``None``: the spec's ``model.backend``."""
+        return _program(spec, model, n, d, spec.backend if backend is None else backend)
+
+    def backends(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> dict[str, str]:
+        r"""``mf.kernels.resolve_backend(spec.backend, n, d, dtype, measured=False)`` of each group:
+        ``"auto"`` is the fused kernel wherever it is available and takes the dtype and ``d``,
+        never a timing (the crossover record of the kernel cache would make the numbers depend on
+        the cache: float32 results differ by about 1e-7 between the paths); ``"native"`` where
+        the kernel cannot run is a ``ValueError`` naming the group, before the store exists."""
+        from .. import kernels
+
+        out = {}
+        for kind, n, d in shapes:
+            try:
+                out[backend_key(kind, n, d)] = kernels.resolve_backend(
+                    spec.backend, n, d, spec.dtype, measured=False
+                )
+            except ValueError as e:
+                raise ValueError(
+                    f"model.backend = {spec.backend!r} cannot run {kind} at n = {n}, d = {d}: {e}"
+                ) from None
+        return out
 
     def output_layout(self, spec: Spec) -> dict[str, tuple[str, ...]]:
         out: dict[str, tuple[str, ...]] = {
@@ -195,8 +220,9 @@ def _step_warnings(spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
     return [text] if text else []
 
 
-def _program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
-    """The point program of model ``kind`` at static shape ``(n, d)`` (``Particles.point_program``)."""
+def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgram:
+    """The point program of model ``kind`` at static shape ``(n, d)`` on ``backend``
+    (``Particles.point_program``)."""
     import diffrax
     import jax
     import jax.numpy as jnp
@@ -254,7 +280,7 @@ def _program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
             early_stop=T.get("early_stop"),
             max_steps=max_steps,
             step=spec.step,
-            backend=spec.backend,
+            backend=backend,
             adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}

@@ -129,7 +129,8 @@ def _sweep_parser() -> _Parser:
     parser.add_argument(
         "--verify",
         metavar="STORE",
-        help="check every completed chunk of STORE (exit 0: sound, 1: one line per damaged chunk)",
+        help="check every completed chunk of STORE and its record of the evaluation paths (exit 0: "
+        "sound, with the recorded paths; 1: one line per damaged chunk)",
     )
     parser.add_argument("--quiet", action="store_true", help="no plan or progress bar")
     jobs = parser.add_argument_group(
@@ -314,7 +315,7 @@ def _verify(path: str) -> int:
     1 and one line per damaged chunk on stderr otherwise."""
     from pathlib import Path
 
-    from .store import Damage, load, verify
+    from .store import Damage, load, recorded_backends, verify
 
     store = Path(path)
     if not (store / "zarr.json").exists():
@@ -350,7 +351,25 @@ def _verify(path: str) -> int:
     ds = load(store, verify=False)
     done, total = ds.attrs["chunks_done"], ds.attrs.get("chunks_total", "?")
     pending = "" if done == total else f" ({total - done} not computed yet: resume to finish)"
-    print(f"{store}: sound; {done} of {total} chunks done and verified{pending}")
+    backends = recorded_backends(store)
+    paths = (
+        ""
+        if not backends
+        else "; evaluation paths as recorded: " + "; ".join(
+            f"{v} for {k}" for k, v in sorted(backends.items())
+        )
+    )
+    print(f"{store}: sound; {done} of {total} chunks done and verified{pending}{paths}")
+    if backends and "native" in backends.values():
+        from .. import _native
+
+        lib = _native.exp_library()
+        if not lib.available:
+            print(
+                f"{store}: note: its chunks ran the fused C kernel, not available here "
+                f"({lib.reason}): `--resume` refuses to run its missing chunks on this machine",
+                file=sys.stderr,
+            )
     return 0
 
 

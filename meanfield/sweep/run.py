@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import store
 from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
-from .spec import PointProgram, Spec, load_spec, parse_spec
+from .spec import PointProgram, Spec, backend_key, load_spec, parse_spec
 
 __all__ = [
     "run_sweep",
@@ -44,13 +44,19 @@ __all__ = [
 ]
 
 
-def point_program(spec: Spec, kind: str, n: int, d: int) -> PointProgram:
+def point_program(
+    spec: Spec, kind: str, n: int, d: int, backend: str | None = None
+) -> PointProgram:
     """``f(params: dict of scalars, seed) -> dict of outputs`` for one point of model ``kind``
     and static shape ``(n, d)``: the sweep kind's ``point_program``. ``params`` holds the traced
     axes of the point (``beta`` and the swept model parameters), ``status`` is ``store.OK`` or
     ``store.FAILED``. Particles: the model is ``mf.kernels.build(kind, params, d=d)``; kind
-    ``continuum``: ``_continuum.point_program`` (``n`` is the band-limit; the seed is unused)."""
-    return spec.sweep_kind.point_program(spec, kind, n, d)
+    ``continuum``: ``_continuum.point_program`` (``n`` is the band-limit; the seed is unused).
+    ``backend``: the evaluation path decided for the store (``"native"`` or ``"xla"``, a kind
+    with a ``backend`` option only); ``None``: the spec's ``model.backend``."""
+    if backend is None:
+        return spec.sweep_kind.point_program(spec, kind, n, d)
+    return spec.sweep_kind.point_program(spec, kind, n, d, backend=backend)  # type: ignore[call-arg]
 
 
 def chunk_inputs(spec: Spec, g: Group, sl: tuple, size: int) -> tuple[dict, np.ndarray]:
@@ -83,18 +89,28 @@ _PROGRAMS: OrderedDict[tuple, Any] = OrderedDict()
 _PROGRAMS_MAX = 32
 
 
-def _batched_program(spec: Spec, g: Group, sharding: NamedSharding) -> Callable[..., Any]:
-    """The jitted, sharded ``vmap`` of ``point_program`` for group ``g``, memoised by the spec's
-    hash, the model, the shape and the devices: running the same sweep again in this process
-    (a resume, a second store) reuses its compilation. At most ``_PROGRAMS_MAX`` are kept."""
-    key = (spec.hash, g.kind, g.n, g.d, tuple(int(d.id) for d in sharding.mesh.devices.flat))
+def _batched_program(
+    spec: Spec, g: Group, sharding: NamedSharding, backend: str | None = None
+) -> Callable[..., Any]:
+    """The jitted, sharded ``vmap`` of ``point_program`` for group ``g`` on ``backend`` (the
+    store's decision), memoised by the spec's hash, the model, the shape, the backend and the
+    devices: running the same sweep again in this process (a resume, a second store) reuses its
+    compilation. At most ``_PROGRAMS_MAX`` are kept."""
+    key = (
+        spec.hash,
+        g.kind,
+        g.n,
+        g.d,
+        backend,
+        tuple(int(d.id) for d in sharding.mesh.devices.flat),
+    )
     fn = _PROGRAMS.get(key)
     if fn is None:
         # shard_map: every device runs the vmapped program on its own points, its own solver loop
         # included (a loop over a sharded batch would agree on its stopping test across all
         # devices at every step: a collective per step, across processes under jax.distributed)
         local = jax.shard_map(
-            jax.vmap(point_program(spec, g.kind, g.n, g.d)),
+            jax.vmap(point_program(spec, g.kind, g.n, g.d, backend)),
             mesh=sharding.mesh,
             in_specs=(sharding.spec, sharding.spec),
             out_specs=sharding.spec,
@@ -109,10 +125,13 @@ def _batched_program(spec: Spec, g: Group, sharding: NamedSharding) -> Callable[
 
 class Runner:
     """Compiled, sharded batch function per group, built lazily: ``runner(gi, params, seeds)``
-    runs one chunk of group ``gi`` (inputs from ``chunk_inputs``) and returns host arrays."""
+    runs one chunk of group ``gi`` (inputs from ``chunk_inputs``) and returns host arrays.
+    ``backends``: the store's evaluation path of each group (``SweepKind.backends``, keyed
+    ``spec.backend_key``); ``None``: the spec's ``model.backend``."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, backends: dict[str, str] | None = None):
         self.plan = plan
+        self.backends = backends
         devs = (
             jax.devices()[: plan.devices] if plan.devices <= len(jax.devices()) else jax.devices()
         )
@@ -124,7 +143,10 @@ class Runner:
     def __call__(self, gi: int, params: dict, seeds: np.ndarray) -> dict:
         g = self.plan.groups[gi]
         if gi not in self.fns:
-            self.fns[gi] = _batched_program(self.plan.spec, g, self.sharding)
+            backend = (
+                None if self.backends is None else self.backends[backend_key(g.kind, g.n, g.d)]
+            )
+            self.fns[gi] = _batched_program(self.plan.spec, g, self.sharding, backend)
         # global arrays built from the (identical) host copies: works on one host and on several
         put = lambda v: jax.make_array_from_callback(v.shape, self.sharding, lambda idx: v[idx])  # noqa: E731
         dev_params = {k: put(v) for k, v in params.items()}
@@ -260,6 +282,15 @@ def run_sweep(
     (``store.claim``): several processes resuming one store at once share its chunks, and
     each returns once every chunk is done.
 
+    The evaluation path of each group (``model.backend``: the fused C kernel or XLA, which round
+    differently) is decided once, when the store is created, and recorded in it
+    (``store.recorded_backends``): ``"auto"`` takes the fused kernel wherever it is available
+    and takes the dtype and ``d``, never a timing (``SweepKind.backends``), so the numbers do not
+    depend on the crossover recorded in a kernel cache; every chunk, resumed ones included,
+    runs the recorded path (a store that recorded the fused kernel is not resumed where it
+    cannot run: one ``ValueError``). ``"native"`` that cannot run is refused before the store
+    exists.
+
     With ``part = (i, N)`` (or ``"i/N"``, 1-based) only the chunks of part ``i`` of ``N``
     run (``assign_parts``): independent jobs (a job array) fill one shared store, each its
     share. A part creates the store or joins it (no ``resume`` needed: parts started at once
@@ -293,7 +324,8 @@ def run_sweep(
         FileExistsError: ``out`` exists (or was created meanwhile by another process) and
             ``resume`` is False.
         ValueError: ``resume`` into a store of a different spec (naming the keys), or of an
-            earlier format (``store.StoreFormatError``); a bad ``part`` (``N`` larger than the
+            earlier format (``store.StoreFormatError``); ``model.backend = "native"`` where the
+            fused kernel cannot run, or a resume of a store that recorded it there; a bad ``part`` (``N`` larger than the
             number of chunks included), or a store split into another number of parts; an
             empty ``out``.
         ResourceLimitError: the estimates exceed this machine (a ``ValueError``).
@@ -318,12 +350,12 @@ def run_sweep(
                 "part: a job-array part runs as one process; under jax.distributed every process "
                 "already shares every chunk (drop --part or the distributed flags)"
             )
-        plan, todo = _setup_distributed(
+        plan, todo, backends = _setup_distributed(
             sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet, force=force
         )
         writer = jax.process_index() == 0
     else:
-        plan, todo = _setup(
+        plan, todo, backends = _setup(
             sp,
             out,
             resume=resume or share is not None,
@@ -339,9 +371,9 @@ def run_sweep(
     multi = jax.process_count() > 1
     if sp.dtype == "float64":
         with jax.enable_x64(True):  # scoped: x64 is not switched on for the caller
-            _execute(plan, out, todo, writer, quiet, claims=not multi)
+            _execute(plan, out, todo, writer, quiet, claims=not multi, backends=backends)
     else:
-        _execute(plan, out, todo, writer, quiet, claims=not multi)
+        _execute(plan, out, todo, writer, quiet, claims=not multi, backends=backends)
     return plan
 
 
@@ -355,9 +387,12 @@ def _setup(
     quiet: bool,
     force: bool,
     share: tuple[int, int] | None = None,
-) -> tuple[Plan, list]:
-    """Plan, check, create or join the store, verify what is done: ``(plan, chunks to run)``.
-    With ``share = (i, N)`` only part ``i``'s chunks are verified and returned."""
+) -> tuple[Plan, list, dict[str, str] | None]:
+    """Plan, check, create or join the store, verify what is done: ``(plan, chunks to run,
+    backends)``. With ``share = (i, N)`` only part ``i``'s chunks are verified and returned.
+    ``backends``: the evaluation path of each group (``SweepKind.backends``), decided here for a
+    new store (``model.backend = "native"`` that cannot run is refused before the store
+    exists) and recorded in it; for an existing one, the recorded decision (``_stored_backends``)."""
     info = None
     if out.exists():
         if not resume:
@@ -374,14 +409,22 @@ def _setup(
             f"part {share[0]}/{share[1]}: N = {share[1]} is more than the {plan.num_chunks} chunk(s) of "
             f"this sweep; use N <= {plan.num_chunks}"
         )
+    shapes = [(g.kind, g.n, g.d) for g in plan.groups]
+    backends = (
+        _stored_backends(out, sp, shapes)
+        if info is not None
+        else sp.sweep_kind.backends(sp, shapes)  # a "native" that cannot run: refused here
+    )
     if dry_run:
         print(plan.describe())
         plan.check(force=force, device_memory=_device_memory())
-        return plan, []
+        return plan, [], backends
     plan.check(force=force, out=out if info is None else None, device_memory=_device_memory())
     if info is None:
         layout = store_layout(plan)
         layout["attrs"].update(_versions())
+        if backends is not None:
+            layout["backends"] = backends
         try:
             store.create(out, layout)
         except FileExistsError:
@@ -392,6 +435,7 @@ def _setup(
             info = store.check_resumable(out, sp.data)  # join the other writer: its chunking
             if info is not None:
                 plan = make_plan(sp, memory_b, blocks=info["blocks"])
+                backends = _stored_backends(out, sp, shapes)  # and its decision
     chunks = plan.chunks
     if share is not None:
         store.record_parts(out, share[1])
@@ -408,12 +452,55 @@ def _setup(
     done = store.done_chunks(out) & mine
     if info is not None and done:
         done -= _report_damage(out, store.verify(out, sorted(done) if share else None))
-    return plan, [c for c in chunks if c[0] not in done]
+    return plan, [c for c in chunks if c[0] not in done], backends
+
+
+def _stored_backends(
+    out: Path, sp: Spec, shapes: list[tuple[str, int, int]]
+) -> dict[str, str] | None:
+    """The evaluation paths recorded in the existing store ``out`` (``store.recorded_backends``),
+    which its resumed chunks run whatever this machine's kernel cache says: ``ValueError`` (one
+    line) when the record lacks a group, or names the fused kernel and it cannot run here. A
+    store without the record (written by an earlier meanfield version) of a kind with a
+    ``backend`` option: decided now (``SweepKind.backends``), with one line on stderr."""
+    recorded = store.recorded_backends(out)
+    if recorded is None:
+        decided = sp.sweep_kind.backends(sp, shapes)
+        if decided is not None:
+            print(
+                f"warning: store {out} does not record which evaluation path its chunks ran (made by "
+                f"an earlier meanfield version): the chunks run now take {_paths_text(decided)}",
+                file=sys.stderr,
+            )
+        return decided
+    missing = [backend_key(*s) for s in shapes if backend_key(*s) not in recorded]
+    if missing:
+        raise store.StoreError(
+            f"store {out} records no evaluation path for {', '.join(missing)}; run the sweep into "
+            "a new store"
+        )
+    native = [backend_key(*s) for s in shapes if recorded[backend_key(*s)] == "native"]
+    if native:
+        from .. import _native
+
+        lib = _native.exp_library()
+        if not lib.available:
+            raise ValueError(
+                f"store {out} was computed with the fused C kernel (backend 'native' for "
+                f"{', '.join(native)}, decided when it was created) and it is not available here "
+                f"({lib.reason}); resume where it runs: its chunks must run the recorded path"
+            )
+    return {backend_key(*s): recorded[backend_key(*s)] for s in shapes}
+
+
+def _paths_text(backends: dict[str, str]) -> str:
+    """``native for usa n=24 d=3; xla for ...``: the record of the backends in words."""
+    return "; ".join(f"{v} for {k}" for k, v in sorted(backends.items()))
 
 
 def _setup_distributed(
     sp: Spec, out: Path, *, resume: bool, memory_b: int, dry_run: bool, quiet: bool, force: bool
-) -> tuple[Plan, list]:  # pragma: no cover - several processes
+) -> tuple[Plan, list, dict[str, str] | None]:  # pragma: no cover - several processes
     """``_setup`` on process 0; the others receive its outcome (an error message, or the
     chunking and which chunks are done) through ``broadcast_one_to_all``, so that every
     process runs the same chunks in the same order, or every process stops. First, before
@@ -427,11 +514,11 @@ def _setup_distributed(
     # write its results under process 0's labels, another grid shape would break a collective
     agree(sp.hash, sp.grid_size, dry_run)
     writer = jax.process_index() == 0
-    plan = todo = None
+    plan = todo = backends = None
     error: BaseException | None = None
     if writer:
         try:
-            plan, todo = _setup(
+            plan, todo, backends = _setup(
                 sp, out, resume=resume, memory_b=memory_b, dry_run=dry_run, quiet=quiet, force=force
             )
         except Exception as e:  # noqa: BLE001 - sent to the other processes, then raised here
@@ -453,12 +540,24 @@ def _setup_distributed(
     blocks = np.asarray(multihost_utils.broadcast_one_to_all(blocks))
     if not writer:
         plan = make_plan(sp, memory_b, blocks=blocks.tolist())
+    # process 0's evaluation paths (the store's record): 0 none, 1 xla, 2 native per group
+    keys = [backend_key(g.kind, g.n, g.d) for g in plan.groups]
+    codes = np.asarray(
+        [0 if backends is None else 1 + ("xla", "native").index(backends[k]) for k in keys],
+        np.int32,
+    )
+    codes = np.asarray(multihost_utils.broadcast_one_to_all(codes))
+    backends = (
+        None
+        if not keys or not codes[0]
+        else {k: ("xla", "native")[int(c) - 1] for k, c in zip(keys, codes)}
+    )
     if dry_run:
-        return plan, []
+        return plan, [], backends
     pending = {c[0] for c in todo} if todo is not None else set()
     flags = np.asarray([c[0] in pending for c in plan.chunks], np.int32)
     flags = np.asarray(multihost_utils.broadcast_one_to_all(flags))
-    return plan, [c for c, f in zip(plan.chunks, flags) if f]
+    return plan, [c for c, f in zip(plan.chunks, flags) if f], backends
 
 
 def sweep_status(out: str | Path, spec: object = None) -> dict:
@@ -599,15 +698,23 @@ def _report_damage(out: Path, damages: list) -> set[int]:
 
 
 def _execute(
-    plan: Plan, out: Path, todo: list, writer: bool, quiet: bool, *, claims: bool = True
+    plan: Plan,
+    out: Path,
+    todo: list,
+    writer: bool,
+    quiet: bool,
+    *,
+    claims: bool = True,
+    backends: dict[str, str] | None = None,
 ) -> None:
-    """Compute the chunks of ``todo``. With ``claims`` (one process), each chunk runs under its
-    claim and is skipped when another writer holds it or has completed it soundly; the chunks
-    held by others are waited for at the end, so every chunk is done on return."""
+    """Compute the chunks of ``todo`` on the store's ``backends``. With ``claims`` (one process),
+    each chunk runs under its claim and is skipped when another writer holds it or has completed
+    it soundly; the chunks held by others are waited for at the end, so every chunk is done on
+    return."""
     from tqdm.auto import tqdm
 
     sp = plan.spec
-    runner = Runner(plan)
+    runner = Runner(plan, backends)
     bar = tqdm(
         total=len(todo), unit="chunk", disable=quiet or not writer, desc=sp.name, file=sys.stderr
     )

@@ -97,6 +97,7 @@ __all__ = [
     "ParticleGrid",
     "PointProgram",
     "register_kind",
+    "backend_key",
     "sweep_kinds",
     "kind_of",
     "kind_names",
@@ -464,6 +465,16 @@ class Spec:
 # sweep kinds: the one interface of what a point of a sweep is
 # ----------------------------------------------------------------------------
 
+def backend_key(model: str, n: int, d: int) -> str:
+    """The key of group ``(model, n, d)`` in a store's record of its backends (``SweepKind.backends``).
+
+    Example:
+        >>> backend_key("usa", 24, 3)
+        'usa n=24 d=3'
+    """
+    return f"{model} n={int(n)} d={int(d)}"
+
+
 #: A compiled point's function: ``f(params: dict of traced scalars, seed) -> dict of outputs``
 #: (the observables, ``status`` and the kind's extra variables).
 PointProgram = Callable[[dict[str, Any], Any], dict[str, Any]]
@@ -538,6 +549,14 @@ class SweepKind(abc.ABC):
     def attr_name(self, param: str) -> str:
         """The store attribute of a fixed parameter (``model.<name>``)."""
         return f"model.{param}"
+
+    def backends(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> dict[str, str] | None:
+        """The evaluation path of each group ``(model, n, d)``, keyed ``backend_key(model, n, d)``,
+        ``"native"`` or ``"xla"``, decided once when the store is created and recorded in it
+        (``meanfield.sweep.run``): a resumed sweep runs the recorded path whatever the machine's
+        timings say. ``None`` (the default): the kind has no ``backend`` option. ``ValueError``
+        when the spec's backend cannot run here (``"native"`` without the fused kernel)."""
+        return None
 
     def describe_notes(self, spec: Spec) -> list[str]:
         """Lines of ``Plan.describe`` after the header (the step rule)."""

@@ -47,6 +47,13 @@ unmarked; ``--resume`` recomputes exactly the unmarked (and the damaged) chunks 
 overwrites any partial files they left, so the store ends with the data of an
 uninterrupted run.
 
+Backends: a store of a kind with a ``backend`` option records, at creation, the evaluation
+path of each group (``"native"`` or ``"xla"``: ``model.backend = "auto"`` decided once, see
+``meanfield.sweep.run``) in ``_sweep/initialized`` and in the attribute ``backends``, and binds
+it into every chunk's digest: every chunk, resumed ones included, runs the recorded path, an
+attribute that differs from the record is repairable damage, and a record edited in both places
+fails every chunk's digest (``recorded_backends``, ``verify``).
+
 Dimensions: ``model`` (when ``kind`` is a list), ``n``, ``d`` (when a list),
 ``beta`` or ``beta_factor`` (then ``beta`` is a coordinate over ``(n, [d], beta_factor)``),
 swept model parameters, ``seed``, and ``time`` or ``rank``. ``status``: ``PENDING`` (0),
@@ -92,6 +99,8 @@ __all__ = [
     "is_claimed",
     "record_parts",
     "recorded_parts",
+    "recorded_backends",
+    "BACKEND_PATHS",
     "failed_points",
     "verify",
     "repair",
@@ -275,6 +284,8 @@ def _skeleton(layout: dict) -> tuple[Any, dict, list[str]]:
     for name in coords:
         encoding[name] = {"compressors": _codecs()}
     attrs = {**layout["attrs"], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if layout.get("backends") is not None:  # JSON text, as spec_json: any reader's attrs hold it
+        attrs["backends"] = json.dumps(layout["backends"], sort_keys=True)
     return xr.Dataset(data_vars, coords=coords, attrs=attrs), encoding, list(variables)
 
 
@@ -287,8 +298,11 @@ def create(out: _StorePath, layout: dict) -> None:
     raised, also when another process created it in the meantime.
 
     ``layout`` is plain data (``meanfield.sweep.plan.store_layout``): ``dims``, ``coords``,
-    ``variables``, ``chunks``, ``attrs`` (with ``spec_json`` and ``spec_hash``), ``blocks``
-    and ``chunks_total``. Other file system errors (a parent that is a file, no write
+    ``variables``, ``chunks``, ``attrs`` (with ``spec_json`` and ``spec_hash``), ``blocks``,
+    ``chunks_total`` and, for a kind with a ``backend`` option, ``backends``: the evaluation
+    path of each group (``{"usa n=24 d=3": "native", ...}``), recorded in the bookkeeping and
+    in the attribute ``backends`` (JSON) and bound into every chunk's digest
+    (``recorded_backends``). Other file system errors (a parent that is a file, no write
     permission, a read-only file system) propagate as ``OSError``.
     """
     out = Path(out)
@@ -352,6 +366,7 @@ def _build(path: Path, layout: dict) -> None:
         "chunks_total": int(layout["chunks_total"]),
         "grid_ndim": len(layout["dims"]),
         "variables": variables,
+        **({} if layout.get("backends") is None else {"backends": dict(layout["backends"])}),
         # the metadata as created: ``verify`` compares the store's with it, ``repair`` restores it
         "metadata": {
             str(f.relative_to(path)): json.loads(f.read_text()) for f in _metadata_files(path)
@@ -399,6 +414,7 @@ def _structure(meta: Any) -> Any:
         else arrays,
         "spec_hash": attrs.get("spec_hash"),
         "spec_json": attrs.get("spec_json"),
+        "backends": attrs.get("backends"),
     }
 
 
@@ -565,6 +581,54 @@ def recorded_parts(out: _StorePath) -> int | None:
         raise StoreError(f"{out}: {_parts_path(Path(out))} is unreadable ({e})") from None
 
 
+#: The evaluation paths a store may record for its groups (``recorded_backends``).
+BACKEND_PATHS = ("native", "xla")
+
+
+def recorded_backends(out: _StorePath) -> dict[str, str] | None:
+    """The evaluation path of each group (``"native"`` or ``"xla"``, keyed ``"MODEL n=N d=D"``)
+    recorded when the store was created, what every chunk of it ran and every resumed chunk
+    runs; ``None`` for a store without the record (a kind without a ``backend`` option, or a
+    store of an earlier meanfield version). ``StoreError`` when the record is malformed or
+    disagrees with the spec's explicit ``model.backend`` (``_backend_damage``)."""
+    out = Path(out)
+    info = _info(out)
+    problem = _backend_damage(out, info)
+    if problem is not None:
+        raise StoreError(f"store {out}: {problem.reason}; run the sweep into a new store")
+    return None if "backends" not in info else dict(info["backends"])
+
+
+def _backend_damage(out: Path, info: dict) -> Damage | None:
+    """What is wrong with the record of the backends (``None``: nothing): not a mapping of group
+    to ``BACKEND_PATHS``, or a path other than the spec's explicit ``model.backend``. Not
+    repairable: the chunks are bound to it (their digests)."""
+    if "backends" not in info:
+        return None
+    rec = info["backends"]
+    where = out / _META / "initialized"
+    if not (
+        isinstance(rec, dict)
+        and all(isinstance(k, str) and v in BACKEND_PATHS for k, v in rec.items())
+    ):
+        return Damage(
+            None, where, f"the record of the backends is malformed ({json.dumps(rec)[:200]})"
+        )
+    try:
+        model = json.loads(stored_attributes(out).get("spec_json", "{}")).get("model", {})
+        given = model.get("backend") if isinstance(model, dict) else None
+    except (ValueError, AttributeError):
+        given = None
+    if given in BACKEND_PATHS and any(v != given for v in rec.values()):
+        return Damage(
+            None,
+            where,
+            f"the record of the backends ({json.dumps(rec, sort_keys=True)}) disagrees with the "
+            f"spec's model.backend = {given!r}",
+        )
+    return None
+
+
 def record_parts(out: _StorePath, parts: int) -> None:
     """Record that the store is split into ``parts`` job-array parts (the first part to run
     records it: an exclusive hard link of a complete temporary file, so concurrent parts
@@ -618,17 +682,22 @@ def failed_points(out: _StorePath, cids: Iterable[int]) -> dict[int, int]:
 
 
 def _digest(
-    spec_hash: str, cid: int, region: list[tuple[int, int]], values: dict[str, np.ndarray]
+    spec_hash: str,
+    cid: int,
+    region: list[tuple[int, int]],
+    values: dict[str, np.ndarray],
+    backends: dict | None = None,
 ) -> str:
-    """sha256 over the spec's hash, the chunk's id and region, and each variable's values in the
-    region (name, dtype, shape, bytes; variables by name): the data of this chunk of this sweep.
-    A chunk file swapped with another's, or values written into the region afterwards, change it."""
+    """sha256 over the spec's hash, the chunk's id and region, the store's record of its backends
+    (when it has one) and each variable's values in the region (name, dtype, shape, bytes;
+    variables by name): the data of this chunk of this sweep on these paths. A chunk file
+    swapped with another's, values written into the region afterwards, or an edited record of
+    the backends change it."""
     h = hashlib.sha256()
-    h.update(
-        json.dumps(
-            {"spec_hash": spec_hash, "chunk": int(cid), "region": [list(r) for r in region]}
-        ).encode()
-    )
+    head: dict = {"spec_hash": spec_hash, "chunk": int(cid), "region": [list(r) for r in region]}
+    if backends is not None:
+        head["backends"] = backends
+    h.update(json.dumps(head, sort_keys=backends is not None).encode())
     for name in sorted(values):
         v = np.ascontiguousarray(values[name])
         h.update(json.dumps([name, v.dtype.str, list(v.shape)]).encode())
@@ -698,7 +767,7 @@ def write_chunk(out: _StorePath, cid: int, index: tuple, slices: tuple, results:
     record = {
         "index": [int(i) for i in index],
         "slices": [[int(s.start), int(s.stop)] for s in slices],
-        "digest": _digest(info["spec_hash"], cid, region, values),
+        "digest": _digest(info["spec_hash"], cid, region, values, info.get("backends")),
     }
     _atomic_write(_mark(out, cid), json.dumps(record))
 
@@ -861,6 +930,9 @@ def verify(out: _StorePath, chunks: Iterable[int] | None = None) -> list[Damage]
     info = _info(out)
     full = chunks is None
     damages = _bookkeeping_damage(out, info, marks=full)
+    problem = _backend_damage(out, info)
+    if problem is not None:
+        damages.append(problem)
     if any(d.path.name == "zarr.json" for d in damages):
         return damages  # the chunks read through the metadata: check them once it is restored
     marked = done_chunks(out, int(info["chunks_total"]))
@@ -893,7 +965,9 @@ def verify(out: _StorePath, chunks: Iterable[int] | None = None) -> list[Damage]
         ndim = int(info["grid_ndim"])
         decoders = {name: _decoder(arr) for name, arr in arrays.items()}
         for cid in ids:
-            damages += _verify_chunk(out, cid, arrays, ndim, decoders, info["spec_hash"])
+            damages += _verify_chunk(
+                out, cid, arrays, ndim, decoders, info["spec_hash"], info.get("backends")
+            )
     finally:
         ctx.__exit__(None, None, None)
     return damages
@@ -971,7 +1045,13 @@ def _decoder(arr: Any) -> Callable[[bytes], np.ndarray] | None:
 
 
 def _verify_chunk(
-    out: Path, cid: int, arrays: dict, ndim: int, decoders: dict, spec_hash: str
+    out: Path,
+    cid: int,
+    arrays: dict,
+    ndim: int,
+    decoders: dict,
+    spec_hash: str,
+    backends: dict | None = None,
 ) -> list[Damage]:
     mark = _mark(out, cid)
     try:
@@ -1037,7 +1117,7 @@ def _verify_chunk(
     status = values["status"]
     if np.any(status == PENDING):
         return [Damage(cid, out / "status", "points still pending in a chunk marked done")]
-    if _digest(spec_hash, cid, region, values) != digest:
+    if _digest(spec_hash, cid, region, values, backends) != digest:
         return [
             Damage(
                 cid,
