@@ -31,6 +31,8 @@ class Param(NamedTuple):
     default: Any
     doc: str
     choices: tuple = ()
+    #: The largest accepted integer (``meanfield.kernels.Param.maximum``: a seed's range), or None.
+    maximum: int | None = None
 
 
 class Model(NamedTuple):
@@ -132,7 +134,7 @@ MODELS: tuple[Model, ...] = (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
         Param('prompts', 'int>=1', 3, 'number of prompts K'),
         Param('gauges', 'choice', 'random', 'prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane', ('random', 'rotation')),
-        Param('gauge_seed', 'int>=0', 0, 'PRNG seed of the random prompt gauges'),
+        Param('gauge_seed', 'int>=0', 0, 'PRNG seed of the random prompt gauges', maximum=4294967295),
         Param('plane', 'plane', (0, 1), 'rotation plane (a, b)'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
@@ -155,7 +157,7 @@ MODELS: tuple[Model, ...] = (
         Param('heads', 'int>=1', 1, 'attention heads'),
         Param('weights', 'choice', 'identity', 'ensemble of Q, K (mf.models.random_weights)', ('identity', 'gaussian', 'symmetric', 'gpt2')),
         Param('value', 'choice', 'identity', 'ensemble of V (mf.models.random_weights)', ('identity', 'gaussian', '+qk', '-qk')),
-        Param('weight_seed', 'int>=0', 0, 'seed of the random weights (traced)'),
+        Param('weight_seed', 'int>=0', 0, 'seed of the random weights (traced)', maximum=2147483647),
         Param('regen_period', 'float>=0', 0.0, 'redraw the random weights every this much time (0: never)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
         Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
@@ -181,7 +183,7 @@ def derive_models(*, builtin: bool = False) -> tuple[Model, ...]:
     from .kernels import MODELS as registry
 
     return tuple(
-        Model(e.name, tuple(Param(p.name, p.kind, p.default, p.doc, tuple(p.choices)) for p in e.params))
+        Model(e.name, tuple(Param(p.name, p.kind, p.default, p.doc, tuple(p.choices), p.maximum) for p in e.params))
         for e in registry.values()
         if not builtin or e.builtin
     )
@@ -227,7 +229,8 @@ def render(values: dict[str, tuple]) -> str:
         lines.append(f"    Model({m.name!r}, (")
         for p in m.params:
             choices = f", {p.choices!r}" if p.choices else ""
-            lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}),")
+            maximum = f", maximum={p.maximum!r}" if p.maximum is not None else ""
+            lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}{maximum}),")
         lines.append("    )),")
     lines.append(")")
     for name in ("SOLVERS", "STEPS", "RADIAL"):

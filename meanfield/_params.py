@@ -35,7 +35,11 @@ __all__ = [
     "is_number",
     "check_keys",
     "APPLIES",
+    "APPLIES_ANY",
+    "applies_rules",
     "check_applies",
+    "INT32_MAX",
+    "KEY_SEED_MAX",
 ]
 
 #: Kinds of parameter values: the accepted range of each.
@@ -70,6 +74,14 @@ RESERVED_NAMES = (
 )
 
 
+#: The largest integer a traced integer parameter may hold: an int32 of the compiled program
+#: (``weight_seed``; declared as its ``maximum``, ``mf.models.param``).
+INT32_MAX = 2**31 - 1
+#: The largest seed ``jax.random.key`` tells apart without x64 (it keeps the low 32 bits: ``2**32``
+#: is the key of 0): the ``maximum`` of a static seed (``Prompt``'s ``gauge_seed``).
+KEY_SEED_MAX = 2**32 - 1
+
+
 #: Parameters that change something only when another one (the switch) takes one of some values:
 #: ``name -> (switch, values)``. A value other than the default with the switch elsewhere is
 #: refused (``check_applies``) by ``mf.kernels.make``, the command line and the sweep spec alike.
@@ -83,12 +95,35 @@ APPLIES: dict[str, tuple[str, tuple[Any, ...]]] = {
     "tie_tol": ("attention", ("hardmax",)),
     "alpha": ("normalization", ("ngpt",)),
     "switch_time": ("normalization", ("mix",)),
+    "gauge_seed": ("gauges", ("random",)),
+    "plane": ("gauges", ("rotation",)),  # prompt's gauges (RoPE and the phase field: always)
+    "rescaled": ("normalized", (False,)),  # sa: a softmax row is invariant under e^(-beta)
+}
+
+#: Parameters that change something only when one of several switches takes one of its values:
+#: ``name -> ((switch, values), ...)`` (the random weights of ``sa``: ``weight_seed`` and
+#: ``regen_period`` act only on drawn weights, ``weights`` or ``value`` other than identity).
+#: Refused by ``check_applies`` as ``APPLIES`` is.
+APPLIES_ANY: dict[str, tuple[tuple[str, tuple[Any, ...]], ...]] = {
+    "weight_seed": (
+        ("weights", ("gaussian", "symmetric", "gpt2")),
+        ("value", ("gaussian", "+qk", "-qk")),
+    ),
+    "regen_period": (
+        ("weights", ("gaussian", "symmetric", "gpt2")),
+        ("value", ("gaussian", "+qk", "-qk")),
+    ),
 }
 
 
+def applies_rules() -> dict[str, tuple[tuple[str, tuple[Any, ...]], ...]]:
+    """``APPLIES`` and ``APPLIES_ANY`` as one table of ``name -> ((switch, values), ...)``."""
+    return {**{k: (v,) for k, v in APPLIES.items()}, **APPLIES_ANY}
+
+
 def check_applies(values: Any, defaults: Any, where: str = "") -> None:
-    """Refuse a value that would change nothing (``APPLIES``): ``values[name]`` set away from
-    ``defaults[name]`` while ``values[switch]`` is not one of the values it applies with.
+    """Refuse a value that would change nothing (``APPLIES``, ``APPLIES_ANY``): ``values[name]`` set
+    away from ``defaults[name]`` while no ``values[switch]`` is one of the values it applies with.
 
     Example:
         >>> check_applies({"mask": "none", "slope": 2.0}, {"mask": "none", "slope": 1.0}, "model.")
@@ -96,15 +131,36 @@ def check_applies(values: Any, defaults: Any, where: str = "") -> None:
         ...
         ValueError: model.slope = 2.0 applies with model.mask = 'alibi', not 'none'
     """
-    for name, (switch, needs) in APPLIES.items():
-        if name not in values or switch not in values or values[switch] in needs:
+    for name, rules in applies_rules().items():
+        known = [(switch, needs) for switch, needs in rules if switch in values]
+        if name not in values or not known or any(values[s] in needs for s, needs in known):
             continue
-        if values[name] != defaults.get(name, values[name]):
+        if _differs(values[name], defaults.get(name, values[name])):
             raise ValueError(
-                f"{where}{name} = {values[name]!r} applies with {where}{switch} = "
-                + " or ".join(repr(v) for v in needs)
-                + f", not {values[switch]!r}"
+                f"{where}{name} = {_show(values[name])} applies with "
+                + " or ".join(
+                    f"{where}{switch} = " + " or ".join(repr(v) for v in needs)
+                    for switch, needs in known
+                )
+                + ", not "
+                + (
+                    repr(values[known[0][0]])
+                    if len(known) == 1
+                    else " and ".join(f"{where}{s} = {values[s]!r}" for s, _ in known)
+                )
             )
+
+
+def _differs(value: Any, default: Any) -> bool:
+    """Whether ``value`` (a number, a list of a sweep axis, an array) differs from ``default``."""
+    if isinstance(value, list):
+        return any(_differs(v, default) for v in value)
+    try:
+        return bool(value != default)
+    except (TypeError, ValueError):  # an array: any entry
+        import numpy as np
+
+        return bool(np.any(np.asarray(value) != default))
 
 
 def is_number(v: object) -> bool:
@@ -229,10 +285,17 @@ def check_keys(table: str, got: Iterable[Any], accepted: Collection[str]) -> Non
 
 
 def check_value(
-    name: str, kind: str, value: Any, choices: tuple = (), *, shown: str | None = None
+    name: str,
+    kind: str,
+    value: Any,
+    choices: tuple = (),
+    *,
+    shown: str | None = None,
+    maximum: int | None = None,
 ) -> Any:
     """``value`` checked against ``kind`` (``PARAM_KINDS``) and returned normalised (a float, an
     int, a bool, a plane as a tuple, or the choice); ``TypeError``/``ValueError`` naming ``name``.
+    ``maximum``: the largest accepted integer of an integer kind (``Param.maximum``).
 
     Example:
         >>> check_value("plane", "plane", [0, 2])
@@ -247,7 +310,7 @@ def check_value(
     if kind.startswith("float"):
         return check_float(name, value, kind, shown=shown)
     if kind in ("int>=1", "int>=0"):
-        return check_int(name, value, minimum=int(kind[-1]), shown=shown)
+        return check_int(name, value, minimum=int(kind[-1]), maximum=maximum, shown=shown)
     if kind == "bool":
         if not (isinstance(value, bool) or type(value).__name__ == "bool_"):
             _fail(TypeError, name, f"must be true or false, got {got}")
@@ -351,6 +414,11 @@ class Param:
     #: An option added after stores were written (masks, attention variants): a sweep spec records
     #: it only when it differs from ``default``, so specs without it keep their hash.
     optional: bool = False
+    #: The largest accepted value of an integer kind, or None: a seed's range (``INT32_MAX`` for a
+    #: traced one, an int32 of the program; ``KEY_SEED_MAX`` for a static one). Declared once
+    #: (``mf.models.param``), checked by the model's constructor, carried by the command line's
+    #: schema (``meanfield._cli_schema``).
+    maximum: int | None = None
 
     def validate(self, value: Any, where: str = "") -> Any:
         """The value, checked against ``kind`` (``check_value``: ``ValueError``/``TypeError``
@@ -364,4 +432,6 @@ class Param:
         name = where or self.name
         if self.traced and hasattr(value, "shape") and not isinstance(value, numbers.Number):
             return value  # an array (NumPy, JAX) or a tracer: the model's constructor and in-program checks
-        return check_value(name, self.kind, value, self.choices)
+        # a traced one's ``maximum`` is the constructor's check (a sweep spec words its own for an axis)
+        maximum = None if self.traced else self.maximum
+        return check_value(name, self.kind, value, self.choices, maximum=maximum)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ._checks import RealScalarLike, check_scalar, is_concrete
+from ._checks import RealScalarLike, _error_if, check_scalar, is_concrete
 from ._params import Param, check_float, check_value
 from ._precision import einsum
 
@@ -131,6 +131,19 @@ class Mask(eqx.Module):
         w = self.weights(n, dtype)
         return jnp.where(w > 0, jnp.log(jnp.where(w > 0, w, 1.0)), -jnp.inf)
 
+    def check_traced(self, x: Any) -> Any:
+        """``x`` with the in-program checks of the mask's traced parameters attached
+        (``equinox.error_if``, as ``mf.models.Model.check_traced``); none by default (``ALiBi``:
+        its slope). Concrete values were checked on construction.
+
+        Example:
+            >>> import jax.numpy as jnp, meanfield as mf
+            >>> x = jnp.eye(3)
+            >>> bool(jnp.all(mf.masks.Causal().check_traced(x) == x))
+            True
+        """
+        return x
+
     def empty_rows(self, n: int) -> Bool[np.ndarray, " n"]:
         """``(n,)`` booleans: rows that admit no token (their field is zero)."""
         return ~np.any(self.admitted(n), axis=-1)
@@ -175,6 +188,14 @@ class ALiBi(Mask):
         check_scalar("slope", self.slope)
         if is_concrete(self.slope):
             check_float("slope", float(np.asarray(self.slope)), "float>=0")
+
+    def check_traced(self, x: Any) -> Any:
+        """``x`` with a traced ``slope`` checked in the program: ``>= 0`` and finite."""
+        if is_concrete(self.slope):
+            return x
+        v = jnp.asarray(self.slope)
+        bad = ~jnp.all(jnp.isfinite(v) & (v >= 0))
+        return _error_if(x, bad, "slope must be >= 0 and finite; a traced slope was not")
 
     def admitted(self, n: int) -> Bool[np.ndarray, "n n"]:
         return self._self_rule(self._offsets(n) >= 0)

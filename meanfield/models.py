@@ -52,7 +52,7 @@ from ._checks import (
     traced_positive,
     traced_states,
 )
-from ._params import PARAM_KINDS, Param, check_float, check_value
+from ._params import INT32_MAX, PARAM_KINDS, Param, applies_rules, check_float, check_value
 from ._precision import einsum, matmul
 from ._resources import Footprint, as_float
 from .masks import Mask, check_mask
@@ -97,6 +97,7 @@ class _Declaration:
     doc: str
     choices: tuple
     optional: bool = False
+    maximum: int | None = None
 
 
 def param(
@@ -107,6 +108,7 @@ def param(
     static: bool = False,
     choices: Iterable[Any] = (),
     optional: bool = False,
+    maximum: int | None = None,
     **field_kwargs: Any,
 ) -> Any:
     """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
@@ -118,7 +120,9 @@ def param(
     ``phase`` is a ``FourierPhase``: its ``omega``, ``amplitude``, ``frequency``). Everything the
     registry, the command line, the sweep spec and the constructors' checks know about the
     parameter comes from here. ``optional`` marks an option added after sweep stores were written:
-    a sweep spec records it only when it differs from its default (``Param.optional``). ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
+    a sweep spec records it only when it differs from its default (``Param.optional``). ``maximum``
+    bounds an integer kind from above (``Param.maximum``: a seed, ``meanfield._params.INT32_MAX`` when
+    traced), checked on construction. ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -138,7 +142,9 @@ def param(
         raise ValueError("a parameter of kind 'choice' needs its choices")
     if not isinstance(doc, str) or not doc:
         raise TypeError(f"doc must be a non-empty string, got {doc!r}")
-    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices), bool(optional))}
+    if maximum is not None and not (isinstance(kind, str) and kind.startswith("int")):
+        raise ValueError(f"maximum bounds an integer kind, not {kind!r}")
+    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices), bool(optional), maximum)}
     return eqx.field(default=default, static=static, metadata=metadata, **field_kwargs)
 
 
@@ -174,6 +180,7 @@ def declared_params(cls: type) -> tuple[Param, ...]:
                 decl.doc,
                 decl.choices,
                 decl.optional,
+                decl.maximum,
             )
         )
     return tuple(out)
@@ -210,7 +217,7 @@ def _check_declared(module: eqx.Module) -> None:
         elif decl.kind == "plane":
             check_value(f.name, "plane", tuple(v) if isinstance(v, (list, tuple)) else v)
         else:
-            check_value(f.name, decl.kind, v, decl.choices)
+            check_value(f.name, decl.kind, v, decl.choices, maximum=decl.maximum)
 
 
 #: The doc of the inverse temperature ``beta`` of every model that has one.
@@ -613,8 +620,10 @@ class Model(Declared):
 
         Under ``jit``/``vmap`` a bad traced value stops the program with an error naming it: every
         declared float parameter (``traced_params``) out of its kind's range (``beta <= 0``,
-        ``lam < 0``, a non-finite ``omega``; one bad value in a vmapped batch suffices), prompt
-        labels out of range (``Prompt``); concrete values were checked before (``__check_init__``,
+        ``lam < 0``, a non-finite ``omega``; one bad value in a vmapped batch suffices), a declared
+        integer below its kind's minimum (a negative ``weight_seed``), the mask's parameters
+        (``mf.masks.Mask.check_traced``: a negative or non-finite ALiBi ``slope``), prompt labels
+        out of range (``Prompt``); concrete values were checked before (``__check_init__``,
         ``check_config``). Returns ``x``.
 
         Example:
@@ -636,6 +645,19 @@ class Model(Declared):
                 x = _error_if(x, bad, f"{name} must be >= 0 and finite; a traced {name} was not")
             else:
                 x = traced_finite(x, name, value)
+        for f in _declared_fields(type(self)):  # traced integers (a sweep over weight_seed)
+            kind = f.metadata[_DECLARATION].kind
+            value = getattr(self, f.name)
+            if isinstance(kind, str) and kind.startswith("int") and not is_concrete(value):
+                v = jnp.asarray(value)
+                low = int(kind[-1])
+                bad = ~jnp.all(v >= low)
+                x = _error_if(
+                    x, bad, f"{f.name} must be >= {low}; a traced {f.name} was {'negative' if low == 0 else 'not'}"
+                )
+        mask = getattr(self, "mask", None)
+        if mask is not None:
+            x = mask.check_traced(x)  # the mask's own traced parameters (ALiBi's slope)
         return x
 
 
@@ -670,19 +692,43 @@ def _normalization_param(name: str) -> Any:
 
 
 def _check_normalization(model: Any) -> None:
-    """``ValueError`` for ``alpha`` or ``switch_time`` set away from its default while the
-    ``normalization`` it belongs to (``ngpt``, ``mix``) is not chosen."""
-    for name, scheme, default in (("alpha", "ngpt", 0.2), ("switch_time", "mix", 1.0)):
-        value = getattr(model, name)
-        if (
-            model.normalization != scheme
-            and is_concrete(value)
-            and np.any(np.asarray(value) != default)
-        ):
-            raise ValueError(
-                f"{name} = {value!r} applies with normalization={scheme!r}, not "
-                f"{model.normalization!r}"
+    """``ValueError`` for a declared parameter set away from its default while the switch it acts
+    with is elsewhere (``meanfield._params.APPLIES`` and ``APPLIES_ANY``, among the model's own
+    fields): ``alpha`` without ``normalization="ngpt"``, ``switch_time`` without ``"mix"``,
+    ``sinkhorn_iters`` without ``attention="sinkhorn"``, ``tie_tol`` without ``"hardmax"``,
+    ``rescaled`` of normalised attention, ``weight_seed`` and ``regen_period`` without drawn
+    weights. A value that would change nothing is refused by the constructor, so ``make``, the
+    command line and a sweep refuse it alike; traced values are not inspected."""
+    fields = {f.name: f for f in _declared_fields(type(model))}
+    for name, rules in applies_rules().items():
+        if name not in fields:
+            continue
+        known = [(switch, needs) for switch, needs in rules if switch in fields]
+        if not known or any(getattr(model, s) in needs for s, needs in known):
+            continue
+        value, default = getattr(model, name), fields[name].default
+        if not is_concrete(value) or not np.any(np.asarray(value) != default):
+            continue
+        raise ValueError(
+            f"{name} = {_show_value(value)} applies with "
+            + " or ".join(
+                f"{switch}=" + " or ".join(repr(v) for v in needs) for switch, needs in known
             )
+            + ", not "
+            + (
+                repr(getattr(model, known[0][0]))
+                if len(known) == 1
+                else " and ".join(f"{s}={getattr(model, s)!r}" for s, _ in known)
+            )
+            + f" ({type(model).__name__} would not use it)"
+        )
+
+
+def _show_value(value: Any) -> str:
+    """A concrete value as a message shows it (a 0-d array as its number)."""
+    if isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0:
+        return repr(np.asarray(value).item())
+    return repr(value)
 
 
 class SelfAttention(Model):
@@ -821,7 +867,12 @@ class SelfAttention(Model):
         doc="ensemble of V (mf.models.random_weights)",
     )
     weight_seed: Any = param(
-        0, kind="int>=0", optional=True, kw_only=True, doc="seed of the random weights (traced)"
+        0,
+        kind="int>=0",
+        maximum=INT32_MAX,
+        optional=True,
+        kw_only=True,
+        doc="seed of the random weights (traced)",
     )
     regen_period: float = param(
         0.0,
@@ -894,6 +945,7 @@ class SelfAttention(Model):
         """
         if not self.random:
             return self.Q, self.K, self.V
+        self.check_weight_memory(d, dtype)
         key = jax.random.key(jnp.asarray(self.weight_seed).astype(jnp.uint32))
         if self.regen_period > 0:
             key = jax.random.fold_in(key, jnp.asarray(self.epoch).astype(jnp.uint32))
@@ -906,6 +958,50 @@ class SelfAttention(Model):
             None if self.value == "identity" else V,
         )
         return tuple(M if M is None or self.heads > 1 else M[0] for M in qkv)  # type: ignore[return-value]
+
+    #: Weight-sized ``(heads, d, d)`` arrays a draw of ``random_weights`` holds at once (``Q``,
+    #: ``K``, ``V``, and one normal draw or product in flight).
+    weight_arrays: ClassVar[int] = 4
+
+    def weight_bytes(self, d: int, dtype: Any = None) -> int:
+        """Bytes of the drawn weights in dimension ``d`` (``weight_arrays`` stacks of ``heads x d x
+        d`` entries of ``dtype``); 0 when no weights are drawn (identity or explicit ``Q, K, V``).
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.models.SelfAttention(1.0, weights="gaussian", heads=2).weight_bytes(3, "float32")
+            288
+        """
+        if not self.random:
+            return 0
+        itemsize = np.dtype(dtype or jnp.result_type(float)).itemsize
+        return self.weight_arrays * int(self.heads) * int(d) * int(d) * itemsize
+
+    def check_weight_memory(self, d: int, dtype: Any = None) -> None:
+        """Refuse drawn weights that do not fit in this machine's memory
+        (``meanfield._machine.machine_memory``): a ``ResourceLimitError`` (a ``ValueError``, one
+        line) naming the estimate, before anything is allocated (``weight_stacks``, ``check_config``).
+
+        Example:
+            >>> import meanfield as mf
+            >>> try:
+            ...     mf.models.SelfAttention(1.0, weights="gaussian", heads=10**12).check_weight_memory(3)
+            ... except ValueError as e:
+            ...     print(str(e)[:50])
+            heads = 1000000000000 random weights of 3 x 3 need
+        """
+        from ._machine import ResourceLimitError, format_bytes, machine_memory
+
+        need = self.weight_bytes(d, dtype)
+        if need == 0:
+            return
+        avail = machine_memory()
+        if need > avail:
+            raise ResourceLimitError(
+                f"heads = {self.heads} random weights of {d} x {d} need ~{format_bytes(need)} "
+                f"({self.weight_arrays} stacks of heads x d x d), more than the {format_bytes(avail)} "
+                f"available; use fewer heads"
+            )
 
     def at_time(self, t: ArrayLike) -> SelfAttention:
         """With ``regen_period > 0`` and drawn weights: the model whose weights are the draw of epoch
@@ -992,6 +1088,11 @@ class SelfAttention(Model):
                     f"{name} must be a square (d, d) matrix or an (H, d, d) stack of heads, got shape {shape}"
                 )
             if len(shape) == 3:
+                if shape[0] < 1:
+                    raise ValueError(
+                        f"{name} is a stack of {shape[0]} heads (shape {shape}); a stack needs "
+                        f"H >= 1 heads, (H, d, d)"
+                    )
                 sizes.add(shape[0])
             if is_concrete(M) and not np.all(np.isfinite(_as_float_array(name, M))):
                 raise ValueError(f"{name} contains NaN or inf; every entry must be finite")
@@ -1023,6 +1124,11 @@ class SelfAttention(Model):
             raise ValueError(
                 f"attention={self.attention!r} is a normalisation of its own: use normalized=True "
                 f"(normalized=False is the unnormalised softmax kernel)"
+            )
+        if self.normalized and self.mask is not None and self.mask.normalized:
+            raise ValueError(
+                f"a row-normalised mask (mask_normalized=True) changes nothing in normalised attention "
+                f"({self.attention} rows take log w_ij, not w_ij / n); it applies with normalized=False"
             )
 
     # -- evaluation ------------------------------------------------------------------------
@@ -1152,6 +1258,7 @@ class SelfAttention(Model):
 
     def check_config(self, x: ArrayLike, aux: ArrayLike | None) -> None:
         d = np.shape(x)[-1]
+        self.check_weight_memory(d, jnp.asarray(x).dtype)
         for name in ("Q", "K", "V"):
             M = getattr(self, name)
             if M is not None and tuple(jnp.shape(M))[-2:] != (d, d):

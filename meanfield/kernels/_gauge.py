@@ -23,7 +23,7 @@ from .._checks import (
     is_concrete,
     traced_labels,
 )
-from .._params import Param
+from .._params import KEY_SEED_MAX, Param
 from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
@@ -449,6 +449,8 @@ class Prompt(GaugeKernel):
         beta: inverse temperature, ``> 0`` (traced).
         gauges: ``(K, d, d)`` orthogonal matrices.
         rescaled: multiply by $e^{-\beta}$ (time change).
+        normalization, alpha, switch_time: the layer-norm placement (``mf.normalization``), as
+            every exp kernel takes it.
 
     Example:
         >>> import jax, meanfield as mf
@@ -475,14 +477,22 @@ class Prompt(GaugeKernel):
             "prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane",
             ("random", "rotation"),
         ),
-        Param("gauge_seed", 0, False, "int>=0", "PRNG seed of the random prompt gauges"),
+        Param(
+            "gauge_seed",
+            0,
+            False,
+            "int>=0",
+            "PRNG seed of the random prompt gauges",
+            maximum=KEY_SEED_MAX,
+        ),
         Param("plane", (0, 1), False, "plane", PLANE_DOC),
     )
 
     @classmethod
     def params(cls) -> tuple[Param, ...]:
         """``beta``, the construction of the gauges (``prompts``, ``gauges``, ``gauge_seed``,
-        ``plane``: ``construction``) and ``rescaled``.
+        ``plane``: ``construction``), ``rescaled``, the layer-norm placement of every exp kernel
+        (``normalization``, ``alpha``, ``switch_time``: ``from_params`` passes them on) and the mask's.
 
         Example:
             >>> import meanfield as mf
@@ -496,7 +506,8 @@ class Prompt(GaugeKernel):
     def from_params(cls, P: dict[str, Any], d: int | None, dtype: Any) -> Prompt:
         r"""``K = prompts`` gauges: rotations by $2 \pi k / K$ in ``plane`` (``gauges = "rotation"``)
         or Haar-random from ``jax.random.key(gauge_seed)``, drawn in float32 whatever the dtype (the
-        same gauges), made orthogonal to the dtype's rounding for wider dtypes (one QR, signs kept).
+        same gauges), made orthogonal to the dtype's rounding for wider dtypes (one QR, signs kept);
+        ``normalization``, ``alpha``, ``switch_time`` and the mask as given (``Model.from_params``).
 
         Example:
             >>> import meanfield as mf
@@ -515,7 +526,10 @@ class Prompt(GaugeKernel):
             if jnp.dtype(dtype).itemsize > 4:
                 q, r = jnp.linalg.qr(G)
                 G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
-        return cls(P["beta"], G, rescaled=P["rescaled"], **cls._mask_kwargs(P))
+        # the layer-norm placement as every exp kernel takes it (mf.normalization; optional keys:
+        # a dict written before them keeps the defaults)
+        scheme = {k: P[k] for k in ("normalization", "alpha", "switch_time") if k in P}
+        return cls(P["beta"], G, rescaled=P["rescaled"], **scheme, **cls._mask_kwargs(P))
 
     def __init__(
         self,
