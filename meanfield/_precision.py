@@ -9,9 +9,11 @@ precision, the CPU's numbers to rounding on every device) unless the caller chos
 
 ``matmul_precision(p)`` enters two scopes for its block:
 
-* ``_CHOSEN``, a ``jax.make_user_context`` (part of ``jit``'s cache key and of the trace
-  context), set to ``p``: ``current()`` then returns ``None`` and the helpers state no precision
-  of their own;
+* ``_CHOSEN`` (a ``ScopedValue``: a context variable, and a ``jax.make_user_context``, part of
+  ``jit``'s cache key and of the trace context, created at the first ``matmul_precision``, never
+  at import: creating one changes every cache key of the process, so that every function a user
+  had jitted would be traced again), set to ``p``: ``current()`` then returns ``None`` and the
+  helpers state no precision of their own;
 * ``jax.default_matmul_precision(p)`` (JAX's config, also in ``jit``'s cache key): the precision
   that the products traced in the block then take, and every other JAX product in it.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +50,7 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-__all__ = ["PRECISIONS", "current", "dot", "einsum", "matmul", "matmul_precision", "third_party"]
+__all__ = ["PRECISIONS", "ScopedValue", "current", "dot", "einsum", "matmul", "matmul_precision", "third_party"]
 
 #: The precisions ``matmul_precision`` accepts (JAX's names): ``"default"`` (the device's
 #: fastest: TF32 on NVIDIA GPUs, one bfloat16 pass on TPUs), ``"high"`` (bfloat16_3x on TPUs,
@@ -55,33 +58,66 @@ __all__ = ["PRECISIONS", "current", "dot", "einsum", "matmul", "matmul_precision
 PRECISIONS = ("default", "high", "highest")
 
 
-class _ScopedValue:
-    """``jax.make_user_context``'s interface on a ``contextvars.ContextVar``, for a JAX without it
-    (older releases): scoped like it, but not part of ``jit``'s cache key (the JAX config that
-    ``matmul_precision`` also enters is)."""
+class ScopedValue:
+    """A value scoped to a ``with`` block (a ``contextvars.ContextVar``), which a user's scope also
+    puts in ``jit``'s cache key through a ``jax.make_user_context``.
 
-    def __init__(self, default: str | None) -> None:
-        self._var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-            "meanfield_matmul_precision", default=default
-        )
+    ``self(value)`` (a user's scope: ``mf.matmul_precision``, ``mf.kernels.use_backend``) sets
+    the variable and enters the JAX user context, created at the first such scope: creating a
+    JAX user context changes the trace context of the whole process, so every function jitted
+    before it would be traced again at its next call; created lazily, a process that never
+    enters a user's scope never creates one, and the engine's first call inside a user's
+    ``jax.jit`` leaves that function's cache alone. ``self.internal(value)`` (the engine's own
+    scope, set from a static argument of the program being traced) sets the variable only.
+    ``value``: the innermost scope's value, the default outside any. (A JAX without
+    ``make_user_context``: the variable alone.)
+
+    Example:
+        >>> from meanfield._precision import ScopedValue
+        >>> v = ScopedValue("auto", "demo")
+        >>> with v.internal("xla"):
+        ...     print(v.value)
+        xla
+        >>> v.value, v.created
+        ('auto', False)
+    """
+
+    def __init__(self, default: Any, name: str) -> None:
+        self.default = default
+        self._var: contextvars.ContextVar[Any] = contextvars.ContextVar(name, default=default)
+        self._jax: Any = None
+        self._lock = threading.Lock()
 
     @property
-    def value(self) -> str | None:
+    def value(self) -> Any:
         return self._var.get()
 
+    @property
+    def created(self) -> bool:
+        """Whether the JAX user context exists (a user's scope was entered in this process)."""
+        return self._jax is not None
+
     @contextlib.contextmanager
-    def __call__(self, value: str | None) -> Iterator[None]:
+    def internal(self, value: Any) -> Iterator[None]:
         token = self._var.set(value)
         try:
             yield
         finally:
             self._var.reset(token)
 
+    @contextlib.contextmanager
+    def __call__(self, value: Any) -> Iterator[None]:
+        if self._jax is None and hasattr(jax, "make_user_context"):
+            with self._lock:
+                if self._jax is None:
+                    self._jax = jax.make_user_context(self.default)
+        with self._jax(value) if self._jax is not None else contextlib.nullcontext():
+            with self.internal(value):
+                yield
+
 
 #: The precision chosen by the enclosing ``matmul_precision`` (``None`` outside any).
-_CHOSEN: Any = (
-    jax.make_user_context(None) if hasattr(jax, "make_user_context") else _ScopedValue(None)
-)
+_CHOSEN = ScopedValue(None, "meanfield_matmul_precision")
 
 
 def current() -> lax.Precision | None:

@@ -31,9 +31,8 @@ from .kernels import (
     masked_pairwise_field,
     pairwise_energy,
     pairwise_field,
-    use_backend,
 )
-from .kernels._exp import _entry_backend
+from .kernels._exp import _entry_backend, _scope_backend
 from .models import Model, _check_model, check_states, resolve_aux
 
 __all__ = ["energy", "velocity", "field", "resolve_aux", "check_states", "METHODS"]
@@ -85,7 +84,7 @@ def field(
         model, Kernel
     ):  # a traced beta past the overflow bound stops here, as in ``energy``
         x = model.check_traced_energy(x, aux)
-    with use_backend(backend):
+    with _scope_backend(backend):
         if method == "pairwise":  # the kernel's F, then its scheme's normalisation (as ``field``)
             F = (masked_pairwise_field if model.mask is not None else pairwise_field)(model, x, aux)
             return normalization.output(
@@ -173,7 +172,7 @@ def energy(
     model.refuse_masked_energy()
     x, aux = check_states(model, x, aux)
     x = model.check_traced_energy(x, aux)
-    with use_backend(backend):
+    with _scope_backend(backend):
         if method == "pairwise":
             return pairwise_energy(model, x, aux)
         return model.energy(x, aux, block_size=block_size)

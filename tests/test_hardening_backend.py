@@ -317,3 +317,69 @@ def test_nested_manifest_and_failure_record_are_unreadable_not_a_crash(tmp_path)
     marker.write_text(_DEEP)
     assert _cache._recorded_failure(marker, {"compiler": "cc"}) is None
     assert not marker.exists()  # an unreadable record is removed: the build is tried again
+
+
+# ----------------------------------------------------------------------------------------------
+# item 9: the engine leaves a user's jitted functions alone
+# ----------------------------------------------------------------------------------------------
+
+_TRACES = r"""
+import json
+import jax
+import meanfield as mf
+
+count = {"user": 0, "other": 0}
+x = mf.sphere.uniform(jax.random.key(0), 16, 3)
+k = mf.kernels.USA(1.0)
+
+
+@jax.jit
+def other(y):
+    count["other"] += 1
+    return 2 * y
+
+
+@jax.jit
+def user(y):
+    count["user"] += 1
+    return mf.velocity(k, y)
+
+
+other(x)
+user(x)
+user(x)  # the first engine call happened inside user's first trace
+after_first = dict(count)
+for backend in ("xla", "auto", "native", "xla"):
+    mf.velocity(k, x, backend=backend)
+    mf.field(k, x, backend=backend)
+    mf.energy(k, x, backend=backend)
+    other(x)
+    user(x)
+with mf.kernels.use_backend("xla"):  # a user's scope: traced again there, by design
+    user(x)
+print(json.dumps({"after_first": after_first, "end": count}))
+"""
+
+
+@pytest.mark.slow
+def test_engine_calls_leave_a_users_jitted_functions_alone():
+    """In a fresh process (the engine's first call is what is tested): the first engine call
+    inside a user's ``jax.jit`` traces that function once, and engine calls with every backend
+    never make an unrelated jitted function (or the user's) trace again; only the user's own
+    ``use_backend`` scope traces again, once. A Python side-effect counter counts the traces."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MEANFIELD_NATIVE_QUIET": "1"}
+    if not _native.exp_library().available:
+        env["MEANFIELD_NATIVE"] = "0"
+        script = _TRACES.replace('"native", ', "")
+    else:
+        script = _TRACES
+    p = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["after_first"] == {"user": 1, "other": 1}, got
+    assert got["end"] == {"user": 2, "other": 1}, got

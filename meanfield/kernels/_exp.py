@@ -25,7 +25,7 @@ from .._checks import (
     is_concrete,
 )
 from .._native import BACKENDS, check_backend
-from .._precision import dot, matmul
+from .._precision import ScopedValue, dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
 from ..models import (
@@ -77,35 +77,21 @@ BATCH_BYTES = 2**23
 ACCELERATOR_BATCH_BYTES = 2**30
 
 
-class _ScopedValue:
-    """``jax.make_user_context``'s interface on a ``contextvars.ContextVar``, for a JAX without it
-    (older releases): scoped like it, but not part of ``jit``'s cache key (the entry points pass the
-    backend as a static argument all the same; only ``use_backend`` around a function jitted
-    outside it then reuses its first trace)."""
-
-    def __init__(self, default: str) -> None:
-        self._var = contextvars.ContextVar("meanfield_backend", default=default)
-
-    @property
-    def value(self) -> str:
-        return self._var.get()
-
-    @contextlib.contextmanager
-    def __call__(self, value: str) -> Iterator[None]:
-        token = self._var.set(value)
-        try:
-            yield
-        finally:
-            self._var.reset(token)
+#: The backend of exp-kernel evaluations traced now (``meanfield._precision.ScopedValue``): set
+#: by the entry points from their ``backend`` argument for their call (``_scope_backend``: a
+#: context variable only, the backend being a static argument of their program), and by
+#: ``use_backend``, which also puts it in ``jit``'s cache key (a public JAX user context, created at
+#: the first ``use_backend``: never at import, which would make every function a user had jitted
+#: trace again); never process-wide.
+_BACKEND = ScopedValue("auto", "meanfield_backend")
 
 
-#: The backend of exp-kernel evaluations traced now: a public JAX user context
-#: (``jax.make_user_context``), part of ``jit``'s cache key and of the trace context, so a
-#: program traced under one backend is never reused under another. Set by the entry points from
-#: their ``backend`` argument for their call, and by ``use_backend``; never process-wide.
-_BACKEND = (
-    jax.make_user_context("auto") if hasattr(jax, "make_user_context") else _ScopedValue("auto")
-)
+def _scope_backend(backend: str) -> contextlib.AbstractContextManager[Any]:
+    """The engine's own scope of ``backend`` (checked) for the evaluations it traces: what
+    ``mf.field``, ``mf.energy``, ``mf.simulate`` & co. enter with their resolved ``backend``
+    argument (a static argument of their program). Unlike ``use_backend`` it creates no JAX user
+    context, so an engine call leaves the cache keys of a user's jitted functions alone."""
+    return _BACKEND.internal(check_backend(backend))
 
 
 def use_backend(backend: str) -> contextlib.AbstractContextManager[Any]:
@@ -114,7 +100,10 @@ def use_backend(backend: str) -> contextlib.AbstractContextManager[Any]:
     own too: a public JAX user context, part of ``jit``'s cache key, so a function traced under
     one backend is traced again under another), and of ``mf.field``, ``mf.velocity``,
     ``mf.energy`` and ``mf.simulate`` called inside it without their own ``backend=``.
-    Outside any ``use_backend`` the backend is ``"auto"``.
+    Outside any ``use_backend`` the backend is ``"auto"``. The JAX user context is created at
+    the first ``use_backend`` of the process (creating one changes every cache key: each function
+    jitted before is traced once more at its next call); the entry points' own ``backend=``
+    creates none.
     ``jax.export`` cannot serialise the FFI call: export under ``use_backend("xla")``.
 
     Example:
