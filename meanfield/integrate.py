@@ -69,6 +69,9 @@ __all__ = [
     "STEPS",
     "step_grid_problem",
     "PROGRESS_MARKS",
+    "FAILURES",
+    "r0_range",
+    "check_r0",
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
@@ -116,10 +119,26 @@ def _inner_solver(name: str) -> diffrax.AbstractSolver:
     }[name]()
 
 
+#: Why a run failed, by ``Trajectory.failure`` code (0: it did not): ``FAILURES[code]``.
+#: 1: the state went non-finite; 2: a token passed through the origin (a scheme with a radius:
+#: a step turned a token's direction by 90 degrees or more, ``simulate``'s docstring); 3: the
+#: solver failed (``max_steps`` reached); 4: a saved value (energy, collapse gap, observable)
+#: is NaN or infinite while the state stayed finite. The first reason found, in that order.
+FAILURES = (
+    "",
+    "non-finite state",
+    "token through the origin",
+    "solver failed (max_steps reached)",
+    "non-finite saved value",
+)
+_NONFINITE, _ORIGIN, _SOLVER_FAILED, _SAVED_NONFINITE = 1, 2, 3, 4
+
 # The ODE state: (x, flags) with flags = [E_ref, t_ref, stopped, failed, switched] as floats,
 # so that the Runge--Kutta combinations leave them untouched (their derivative is 0) and the
-# post-step map updates them. ``switched`` (Mix-LN only; the others have 4 flags): past the switch
-# time (set by the step that ends at or after it, so that every stage of a step uses one scheme).
+# post-step map updates them. ``failed`` holds the failure code (``FAILURES``; 0 while the run is
+# sound). ``switched`` (Mix-LN only; the others have 4 flags): past the switch time (set by the
+# step that ends at it, so that every stage of a step uses one scheme: the step controllers put
+# the switch time among the step points, ``_Args.switch_from``).
 _E_REF, _T_REF, _STOP, _FAIL, _SWITCHED = range(5)
 _State: TypeAlias = tuple[Float[Array, "n d"], Float[Array, " flags"]]
 # a time as diffrax's solvers and controllers take it (diffrax's own ``RealScalarLike``)
@@ -146,6 +165,9 @@ class _Args(eqx.Module):
     # simulate(progress=True): the bar's number in _BARS and the run's end time (None: no bar)
     meter: Array | None = None
     t_end: Array | None = None
+    # Mix-LN: the step that ends at or after this time switches (the switch time less the step
+    # grid's merging tolerance: a step point within it of the switch time is the switch point)
+    switch_from: Array | None = None
 
 
 def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
@@ -173,17 +195,43 @@ def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
         return args.model.energy(x, args.aux, block_size=args.block_size)
 
 
-def _post_step(t1: _Time, y: _State, args: _Args) -> _State:
-    """Projection after the step, failure flag, early-stop window bookkeeping."""
+def _near_origin(x0: Float[Array, "n d"], x1: Float[Array, "n d"]) -> Bool[Array, " n"]:
+    r"""Whether each token's step $x_0 \to x_1$ is at least as long as its closest approach to the
+    origin: $\|x_1 - x_0\| \ge \delta = \min_{s \in [0, 1]} \|x_0 + s (x_1 - x_0)\|$ (the schemes with a
+    radius: the token reached or passed the origin, where it has no direction, or came closer to
+    it than the step is long, so that its direction turned by 45 degrees or more within the
+    step, a step that does not resolve the direction's angular speed $|P_\theta \dot x| / r$).
+
+    A step that turns a direction by 90 degrees or more always counts ($\delta \le \min(r_0, r_1)$
+    and then $\|x_1 - x_0\|^2 \ge r_0^2 + r_1^2$); a step of length $h |\dot x| \ll r$ never does.
+    """
+    dx = x1 - x0
+    L2 = jnp.sum(dx * dx, axis=-1)
+    s = jnp.clip(-jnp.sum(x0 * dx, axis=-1) / jnp.where(L2 > 0, L2, 1.0), 0.0, 1.0)
+    closest = x0 + s[:, None] * dx
+    return L2 >= jnp.sum(closest * closest, axis=-1)
+
+
+def _post_step(t1: _Time, y: _State, args: _Args, x_prev: Array | None = None) -> _State:
+    """Projection after the step, failure flag, early-stop window bookkeeping.
+
+    ``x_prev``: the state at the step's start (the schemes with a radius: a step that took a
+    token through or near the origin, ``_near_origin``, is a failure ``_ORIGIN``)."""
     x, flags = y
     if args.project and not (args.radial or args.euclidean):
         x = sphere.normalize(x)
     bad = ~jnp.all(jnp.isfinite(x))
-    if args.radial:  # a token at the origin has no direction
-        bad = bad | jnp.any(jnp.sum(x * x, axis=-1) <= 0)
-    flags = flags.at[_FAIL].set(jnp.where(bad, 1.0, flags[_FAIL]))
+    code = jnp.where(bad, float(_NONFINITE), 0.0)
+    if args.radial:  # a token at (or through) the origin has no direction
+        origin = jnp.any(jnp.sum(x * x, axis=-1) <= 0)
+        if x_prev is not None:
+            origin = origin | jnp.any(_near_origin(x_prev, x))
+        code = jnp.where(bad, code, jnp.where(origin, float(_ORIGIN), 0.0))
+    flags = flags.at[_FAIL].set(jnp.where(code > 0, code.astype(flags.dtype), flags[_FAIL]))
     if args.radial and args.model.normalization == "mix":
         tau = jnp.asarray(args.model.switch_time, flags.dtype)
+        if args.switch_from is not None:
+            tau = args.switch_from.astype(flags.dtype)
         flags = flags.at[_SWITCHED].set(jnp.where(t1 >= tau, 1.0, flags[_SWITCHED]))
     if args.early_stop:
         due = (t1 - flags[_T_REF]) >= 1.0 - 1e-6
@@ -262,7 +310,7 @@ class _PostStepSolver(diffrax.AbstractSolver):
         y1, y_error, _, solver_state, result = self.inner.step(
             terms, t0, t1, y0, args, solver_state, made_jump
         )
-        y1 = _post_step(t1, y1, args)
+        y1 = _post_step(t1, y1, args, x_prev=y0[0])
         if args.meter is not None and args.t_end is not None:  # simulate(progress=True)
             _report_progress(args.meter, t0, t1, args.t_end)
         return y1, y_error, dict(y0=y0, y1=y1), solver_state, result
@@ -357,6 +405,10 @@ class Trajectory(eqx.Module):
         radius: ``(T, n)`` radii $r_i = |x_i|$ of the tokens at ``ts`` for the schemes with a
             radius (``normalization`` in ``mf.normalization.RADIAL``; ``xs`` holds the directions
             ``theta_i``), ``None`` for the others.
+        failure: why the run failed, an int32 code: ``FAILURES[failure]`` is the reason (0, ``""``:
+            it did not; 1: non-finite state, 2: a token through the origin, 3: the solver failed,
+            4: a non-finite saved value); ``failed == (failure > 0)``. ``None`` from engines that
+            record no reason.
 
     Example:
         >>> import jax, meanfield as mf
@@ -376,6 +428,21 @@ class Trajectory(eqx.Module):
     failed: Bool[Array, ""]
     num_steps: Array
     radius: Float[Array, "T n"] | None = None
+    failure: Array | None = None
+
+    def failure_reason(self) -> str:
+        """``FAILURES[failure]``: why the run failed, ``""`` when it did not (a concrete, unbatched
+        trajectory).
+
+        Example:
+            >>> import jax, meanfield as mf
+            >>> x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
+            >>> mf.simulate(mf.kernels.USA(1.0), x0, t1=0.2, dt=0.1).failure_reason()
+            ''
+        """
+        if self.failure is None:
+            return "failed (no reason recorded)" if bool(self.failed) else ""
+        return FAILURES[int(np.asarray(self.failure))]
 
 
 def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:
@@ -433,6 +500,8 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
     h: Array
     ts: Array
     t_end: Array
+    # Mix-LN's switch time: a step point too, unless a step point lies within h / 1000 of it
+    tau: Array | None = None
 
     def wrap(self, direction: ArrayLike) -> _UniformSteps:
         return self
@@ -444,7 +513,11 @@ class _UniformSteps(diffrax.AbstractStepSizeController):
         t_save = jnp.where(
             j < self.ts.shape[0], self.ts[jnp.minimum(j, self.ts.shape[0] - 1)], self.t_end
         )
-        return k, jnp.minimum(jnp.minimum(k * self.h, t_save), self.t_end)
+        target = jnp.minimum(k * self.h, t_save)
+        if self.tau is not None:
+            tau = jnp.where(self.tau > t + 1e-3 * self.h, self.tau, self.t_end)
+            target = jnp.minimum(target, tau)
+        return k, jnp.minimum(target, self.t_end)
 
     def init(
         self,
@@ -492,12 +565,24 @@ class _GridSteps(diffrax.AbstractStepSizeController):
     """
 
     grid: Array
+    # Mix-LN's switch time and the grid's merging tolerance (dt / 1000): the switch time is a
+    # step point between two grid points further than ``tol`` from both (else the nearer grid
+    # point is the switch point); ``None``: the grid alone, as before
+    tau: Array | None = None
+    tol: Array | None = None
 
     def wrap(self, direction: ArrayLike) -> _GridSteps:
         return self
 
     def _at(self, k: int | Array) -> Array:
         return self.grid[jnp.minimum(k, self.grid.shape[0] - 1)]
+
+    def _target(self, t: _Time, k: Array) -> tuple[Array, Array]:
+        """From time ``t`` with grid point ``k`` ahead: the next step point and the next ``k``."""
+        assert self.tau is not None and self.tol is not None
+        g = self._at(k)
+        take = (self.tau > t + self.tol) & (self.tau < g - self.tol)
+        return jnp.where(take, self.tau, g), jnp.where(take, k, k + 1)
 
     def init(
         self,
@@ -509,8 +594,10 @@ class _GridSteps(diffrax.AbstractStepSizeController):
         args: _Args,
         func: Callable[..., Any],
         error_order: _Time | None,
-    ) -> tuple[Array, int]:
-        del terms, t0, t1, y0, dt0, args, func, error_order
+    ) -> tuple[Array, int | Array]:
+        del terms, t1, y0, dt0, args, func, error_order
+        if self.tau is not None:
+            return self._target(t0, jnp.ones((), jnp.int32))
         return self.grid[1], 2
 
     def adapt_step_size(
@@ -525,6 +612,10 @@ class _GridSteps(diffrax.AbstractStepSizeController):
         controller_state: int | Array,
     ) -> tuple[bool, _Time, Array, bool, int | Array, diffrax.RESULTS]:
         del t0, y0, y1_candidate, args, y_error, error_order
+        if self.tau is not None:
+            target, k = self._target(t1, jnp.asarray(controller_state))
+            # diffrax's RESULTS members are typed as str by its enumeration metaclass
+            return True, t1, target, False, k, diffrax.RESULTS.successful  # type: ignore[return-value]
         return (
             True,
             t1,
@@ -700,7 +791,8 @@ def simulate(
             with the unprojected ``model.field``, the published code's update; see the module docstring).
         r0: initial radii of a model whose tokens carry one (``normalization`` in
             ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``), a
-            scalar or ``(n,)``, every entry ``> 0`` and finite; ``None``: 1. The state is
+            scalar or ``(n,)``, every entry finite and within ``r0_range(x0.dtype)`` (float32:
+            ``[3.1e-16, 6.4e15]``; ``ValueError`` outside it); ``None``: 1. The state is
             $x_i = r_i \theta_i$ with $\theta_i$ = ``x0[i]``.
         progress: show a tqdm bar over simulated time $[0, t_1]$ on stderr while the run executes
             (default ``False``). The run reports to the host only when a step crosses one of
@@ -802,6 +894,7 @@ def simulate(
 
     t1f = float(t1)
     h_traced = None  # traced fixed step (``_UniformSteps``)
+    grid_tol = None  # the grid's merging tolerance dt / 1000 (Mix-LN's switch point)
     if adaptive:
         grid = None
         dt0 = float(dt) if dt is not None else None
@@ -814,6 +907,8 @@ def simulate(
     else:
         dtf = float(cast(float, dt))
         grid = _grid_argument(_step_grid(t1f, dtf, ts_np), t1f, dtf, x0.dtype)
+        if radial and getattr(model, "normalization", "post") == "mix":
+            grid_tol = np.asarray(dtf * 1e-3, x0.dtype)
         dt0 = None
         # the bucketed grid length, not the step count: one program serves nearby t1 / dt
         steps = int(max_steps or grid.shape[0] + 1)
@@ -841,6 +936,7 @@ def simulate(
             cast(Array, np.asarray(ts_np, x0.dtype)),
             cast(Array, np.asarray(t1f, x0.dtype)),
             cast(Array | None, grid),
+            cast(Array | None, grid_tol),
             solver=solver,
             dt0=dt0,
             rtol=rtol,
@@ -884,6 +980,40 @@ def _no_radius(model: Any, r0: Any, x0: Array) -> Array:
     return x0
 
 
+def r0_range(dtype: DTypeLike) -> tuple[float, float]:
+    r"""The initial radii ``r0`` that states of ``dtype`` carry: $[\sqrt{\text{tiny} / \epsilon},
+    \sqrt{\text{max}\, \epsilon}]$ with the dtype's smallest normal number, largest number and
+    machine epsilon: the squared radius $r^2$ (what the norms of the engine compute) keeps a
+    margin of $1 / \epsilon$ from underflow and overflow, room for a sum over $d$ coordinates
+    and for the radius to grow or shrink during a run. Float32: about ``[3.1e-16, 6.4e15]``;
+    float64: about ``[1e-146, 2e146]``. ``simulate(r0=)`` and ``sa_phase_diagram(r0=)`` refuse
+    radii outside it (``ValueError``).
+
+    Example:
+        >>> import numpy as np
+        >>> lo, hi = r0_range(np.float32)
+        >>> f"{lo:.2g} {hi:.2g}"
+        '3.1e-16 6.4e+15'
+    """
+    info = np.finfo(np.dtype(dtype))
+    tiny, big, eps = float(info.tiny), float(info.max), float(info.eps)
+    return float(np.sqrt(tiny / eps)), float(np.sqrt(big * eps))
+
+
+def check_r0(r0: Any, dtype: DTypeLike) -> None:
+    """``ValueError`` unless every concrete radius in ``r0`` is finite and within ``r0_range(dtype)``
+    (one line naming ``r0``, the value and the range)."""
+    rn = np.asarray(r0, dtype=float)
+    lo, hi = r0_range(dtype)
+    ok = np.isfinite(rn) & (rn >= lo) & (rn <= hi)
+    if not np.all(ok):
+        bad = float(rn[~ok].ravel()[0])
+        raise ValueError(
+            f"every radius r0 must be finite and > 0, in [{lo:.2g}, {hi:.2g}] for "
+            f"{np.dtype(dtype).name} states (r0_range), got {bad:g}"
+        )
+
+
 def _initial_radius(model: Any, x0: Array, r0: Any) -> Array:
     """``r0[:, None] * x0``: the state ``x_i = r_i theta_i``, after checking ``r0``."""
     if r0 is None:
@@ -899,13 +1029,14 @@ def _initial_radius(model: Any, x0: Array, r0: Any) -> Array:
             f"r0 must be a scalar or have shape ({n},) (one radius per token), got shape {r.shape}"
         )
     if is_concrete(r):
-        rn = np.asarray(r, dtype=float)
-        if not np.all(np.isfinite(rn) & (rn > 0)):
-            bad = rn[~(np.isfinite(rn) & (rn > 0))].ravel()[0]
-            raise ValueError(f"every radius r0 must be finite and > 0, got {bad!r}")
+        check_r0(r0, x0.dtype)  # the values as given, before a cast to the state's dtype
     else:
+        lo, hi = r0_range(x0.dtype)
         r = eqx.error_if(
-            r, ~jnp.all(jnp.isfinite(r) & (r > 0)), "r0: every radius must be finite and > 0"
+            r,
+            ~jnp.all(jnp.isfinite(r) & (r >= lo) & (r <= hi)),
+            f"r0: every radius must be finite and > 0, in [{lo:.2g}, {hi:.2g}] for "
+            f"{np.dtype(x0.dtype).name} states (r0_range)",
         )
     return jnp.broadcast_to(r.astype(x0.dtype), (n,))[:, None] * x0
 
@@ -920,6 +1051,7 @@ def _simulate(
     ts_arr: Float[Array, " T"],
     t1: Float[Array, ""],
     grid: Float[Array, " grid"] | None,
+    grid_tol: Float[Array, ""] | None = None,
     *,
     solver: str,
     dt0: float | None,
@@ -940,6 +1072,18 @@ def _simulate(
 ) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
+    # Mix-LN's switch time is a step point (the controllers below): the switch falls on it
+    mix = radial and getattr(model, "normalization", "post") == "mix"
+    tau = jnp.asarray(model.switch_time, dtype) if mix else None
+    switch_from = None
+    if tau is not None:
+        if adaptive:
+            switch_from = jnp.nextafter(tau, jnp.asarray(-jnp.inf, dtype))
+        elif h_traced is not None:
+            switch_from = tau - 1e-3 * h_traced
+        else:
+            assert grid_tol is not None  # simulate passes the grid's tolerance for Mix-LN
+            switch_from = tau - grid_tol
     args = _Args(
         model,
         aux,
@@ -953,10 +1097,10 @@ def _simulate(
         euclidean,
         meter,
         None if meter is None else t1,
+        switch_from,
     )
     E0 = _energy(args, sphere.normalize(x0)).astype(dtype) if early_stop else jnp.zeros((), dtype)
     # the switch flag only for Mix-LN: adaptive step control measures every state entry, flags too
-    mix = radial and getattr(model, "normalization", "post") == "mix"
     flags0 = jnp.zeros(5 if mix else 4, dtype).at[_E_REF].set(E0)
     y0 = (x0, flags0)
 
@@ -982,15 +1126,19 @@ def _simulate(
         assert rtol is not None and atol is not None  # simulate requires both
         # steps land on the save times and on t1 (the run's end, below diffrax's horizon);
         # NumPy scalar tolerances were traced by filter_jit: JAX arrays here
+        # and Mix-LN's switch time is a jump of the field: the step before it ends on the float
+        # before it (``switch_from``), the next one starts after it with a fresh first stage
+        # (an FSAL solver would otherwise carry the Post-LN field over the switch)
         controller = diffrax.ClipStepSizeController(
             diffrax.PIDController(rtol=cast(_Time, rtol), atol=cast(_Time, atol)),
             step_ts=jnp.append(ts_arr, t1),
+            jump_ts=None if tau is None else tau[None],
         )
     elif h_traced is not None:
-        controller = _UniformSteps(h_traced, ts_arr, t1)
+        controller = _UniformSteps(h_traced, ts_arr, t1, tau)
     else:
         assert grid is not None  # a concrete dt: simulate built the grid
-        controller = _GridSteps(grid)
+        controller = _GridSteps(grid, tau, grid_tol)
     # The run ends at the traced t1 by the event (every controller lands on t1 exactly).
     # diffrax's own end time is a static horizon that is never reached: from a traced t1,
     # diffrax would compute its end-clipping threshold (t1 less 100 ulps, a chain of 100
@@ -1024,7 +1172,9 @@ def _simulate(
     solver_failed = (sol.result != diffrax.RESULTS.successful) & (
         sol.result != diffrax.RESULTS.event_occurred
     )
-    failed = (flags_end[_FAIL] > 0.5) | solver_failed
+    code = jnp.round(flags_end[_FAIL]).astype(jnp.int32)  # _post_step's failure code
+    failure = jnp.where(code > 0, code, jnp.where(solver_failed, _SOLVER_FAILED, 0))
+    failed = failure > 0
     stopped = (flags_end[_STOP] > 0.5) & ~failed
     fill = jax.tree.map(
         lambda f: jnp.where(failed, jnp.nan, f) if jnp.issubdtype(f.dtype, jnp.inexact) else f,
@@ -1037,13 +1187,17 @@ def _simulate(
         saved,
         fill,
     )
-    # a non-finite saved value (energy, gap, observable, state) is a failed run, never a result
+    # a non-finite saved value (energy, gap, observable, state) is a failed run, never a result;
+    # but for tokens in R^d the collapse gap, an observable of directions, is NaN while a token
+    # sits at the origin (it has none): not a failure of the run
     nonfinite = [
         ~jnp.all(jnp.isfinite(v))
-        for v in jax.tree.leaves(ys)
-        if jnp.issubdtype(v.dtype, jnp.inexact)
+        for name, v in ys.items()
+        if jnp.issubdtype(v.dtype, jnp.inexact) and not (euclidean and name == "collapse_gap")
     ]
-    failed = failed | functools.reduce(jnp.logical_or, nonfinite)
+    bad_save = functools.reduce(jnp.logical_or, nonfinite)
+    failure = jnp.where((failure == 0) & bad_save, _SAVED_NONFINITE, failure).astype(jnp.int32)
+    failed = failure > 0
     return Trajectory(
         ts=ts_arr,
         xs=ys.get("xs"),
@@ -1055,4 +1209,5 @@ def _simulate(
         failed=failed,
         num_steps=sol.stats["num_accepted_steps"],
         radius=ys.get("radius"),
+        failure=failure,
     )
