@@ -63,11 +63,19 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 from jaxtyping import ArrayLike as _JaxArrayLike
 
 from . import metrics, sphere
-from ._checks import RealScalarLike, check_int, check_positive, check_scalar, is_concrete
+from ._checks import (
+    RealScalarLike,
+    check_flag,
+    check_int,
+    check_positive,
+    check_scalar,
+    is_concrete,
+)
+from ._machine import ResourceLimitError, format_bytes, machine_memory
 from .energy import check_states
 from .integrate import Trajectory
 from .kernels import USA, use_backend
@@ -108,6 +116,71 @@ def _check_threshold(threshold: Any) -> None:
             raise ValueError(f"threshold must be an angle in (0, pi) radians, got {t!r}")
 
 
+#: Host bytes per save of ``simulate_long``'s grid beyond the saved arrays: the float64 grids
+#: (``linspace``, the concatenation, ``exp``) and their casts.
+_LONG_GRID_BYTES = 48
+
+
+def _check_memory(what: str, need: float, fix: str) -> None:
+    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
+    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
+    ``ValueError``) naming ``what`` (the argument and its value), the estimate and the limit."""
+    avail = machine_memory()
+    if not need <= avail:
+        raise ResourceLimitError(
+            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
+            f"available; {fix}"
+        )
+
+
+def _real_np(name: str, value: Any, dtype: Any = np.float64) -> np.ndarray:
+    """A concrete ``value`` as a NumPy array of ``dtype`` (``None``: its own; no float32 round
+    trip through JAX); ``TypeError`` for strings, bools, complex, objects and ragged lists."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    return arr if dtype is None else arr.astype(dtype)
+
+
+def _real_array(name: str, value: Any) -> Array:
+    """``value`` as a JAX array of real numbers (``_real_np``'s checks); traced values pass."""
+    if not is_concrete(value):
+        arr = jnp.asarray(value)
+        if np.dtype(arr.dtype).kind not in "iuf":
+            raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+        return arr
+    if isinstance(value, (jax.Array, np.ndarray)):
+        _real_np(name, value[:0] if value.ndim else value)  # the dtype, without a copy
+        return jnp.asarray(value)
+    _real_np(name, value)
+    return jnp.asarray(value)
+
+
+def _check_times(name: str, ts: Any, size: int) -> np.ndarray:
+    """Concrete save times: ``(size,)``, strictly increasing, finite except a leading ``-inf``
+    (``log t`` of ``t = 0``, as in ``simulate_long``'s ``observables["log_t"]``), as float64."""
+    t = _real_np(name, ts)
+    if t.shape != (size,):
+        raise ValueError(f"{name} must have shape ({size},) (one time per save), got {t.shape}")
+    bad = np.isnan(t) | (t == np.inf) | ((t == -np.inf) & (np.arange(size) > 0))
+    if np.any(bad):
+        raise ValueError(
+            f"{name} must be finite (or -inf at the first save, log t of t = 0), got "
+            f"{float(t[np.flatnonzero(bad)[0]])!r} at save {int(np.flatnonzero(bad)[0])}"
+        )
+    if size > 1 and np.any(np.diff(t) <= 0):
+        k = int(np.flatnonzero(np.diff(t) <= 0)[0])
+        raise ValueError(
+            f"{name} must be strictly increasing, got {float(t[k])!r} then {float(t[k + 1])!r} at saves {k}, {k + 1}"
+        )
+    return t
+
+
 # --------------------------------------------------------------------------- clusters
 
 
@@ -131,10 +204,10 @@ class Clusters(eqx.Module):
 
 
 def clusters(
-    x: Float[Array | np.ndarray, "n d"],
+    x: _ArrayLike,
     threshold: RealScalarLike = 0.1,
     *,
-    block_size: int | None = None,
+    block_size: object = None,
 ) -> Clusters:
     r"""Single-linkage clusters of a state at an angular threshold.
 
@@ -161,9 +234,13 @@ def clusters(
     _check_threshold(threshold)
     if block_size is not None:
         block_size = check_int("block_size", block_size, minimum=1)
-    x = jnp.asarray(x)
+    x = _real_array("x", x)
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"x must be a non-empty (n, d) array, got shape {x.shape}")
+    if is_concrete(x) and not bool(jnp.all(jnp.isfinite(x))):
+        raise ValueError("x must be finite (a failed run's state has no clusters)")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float32)
     return _clusters(x, threshold, block_size=block_size)
 
 
@@ -178,7 +255,7 @@ def _clusters(
 
 
 def cluster_labels(
-    threshold: RealScalarLike = 0.1, *, block_size: int | None = None
+    threshold: RealScalarLike = 0.1, *, block_size: object = None
 ) -> Callable[[Array], Array]:
     """An observable ``x -> clusters(x, threshold).labels`` for ``simulate(observables=...)``.
 
@@ -194,6 +271,8 @@ def cluster_labels(
         (2, 8)
     """
     _check_threshold(threshold)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
 
     def labels(x: Float[Array, "n d"]) -> Int[Array, " n"]:
         return metrics._component_labels(x, jnp.asarray(threshold, x.dtype), block_size=block_size)
@@ -246,11 +325,14 @@ def _traj_labels(
             raise TypeError(
                 f"traj must be a Trajectory or a pair (ts, xs), got {type(traj).__name__}"
             )
-    ts = np.asarray(ts, dtype=np.float64)
+    ts = _real_np("ts", ts)
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"the trajectory is empty (no save times), got ts of shape {ts.shape}")
+    fin = ts[np.isfinite(ts)]
+    if np.any(np.diff(fin) <= 0):
+        raise ValueError("ts must be strictly increasing (save times in order)")
     if xs is not None:
-        xs = np.asarray(xs)
+        xs = _real_np("xs", xs, None)
         if xs.ndim != 3 or xs.shape[0] != ts.size or xs.shape[1] == 0:
             raise ValueError(
                 f"states must have shape (T, n, d) with T = {ts.size} save times, got {xs.shape}"
@@ -266,7 +348,11 @@ def _traj_labels(
             "the trajectory has neither states (save_states=False) nor a 'cluster_labels' observable: "
             "pass observables={'cluster_labels': mf.metastability.cluster_labels(threshold)} to the run"
         )
-    lab = np.asarray(obs_labels, dtype=np.float64)
+    lab = _real_np("cluster_labels", obs_labels)
+    if lab.ndim != 2 or lab.shape[0] != ts.size:
+        raise ValueError(
+            f"the 'cluster_labels' observable must have shape (T, n) with T = {ts.size} saves, got {lab.shape}"
+        )
     ok = np.isfinite(ts) & np.all(np.isfinite(lab), axis=1)
     ts, lab = ts[ok], lab[ok]
     if ts.size == 0:
@@ -278,7 +364,7 @@ def merge_events(
     traj: Trajectory | tuple[Any, Any],
     threshold: RealScalarLike = 0.1,
     *,
-    block_size: int | None = None,
+    block_size: object = None,
 ) -> list[MergeEvent]:
     r"""Every merge of clusters along a run, in time order.
 
@@ -306,6 +392,8 @@ def merge_events(
         [(1.0, 0, 1, 0)]
     """
     _check_threshold(threshold)
+    if block_size is not None:
+        block_size = check_int("block_size", block_size, minimum=1)
     ts, lab = _traj_labels(traj, threshold, block_size)
     n = lab.shape[1]
     events: list[MergeEvent] = []
@@ -339,12 +427,36 @@ def first_merge_time(ts: _ArrayLike, num: _ArrayLike) -> Array:
     Returns ``inf`` when no merge happens. Array work: jit- and vmap-compatible (a sweep
     observable).
 
+    Args:
+        ts: ``(T,)`` save times, ``T >= 1``, strictly increasing, finite (a leading ``-inf``,
+            ``log t`` of ``t = 0``, is accepted).
+        num: ``(T,)`` cluster counts: finite integers ``>= 0`` (integer or float dtype).
+
+    Concrete arguments are checked (shapes, dtypes, values: ``TypeError``/``ValueError``
+    naming the argument); traced ones only by shape and dtype.
+
     Example:
         >>> import meanfield as mf
         >>> float(mf.metastability.first_merge_time([0.0, 1.0, 2.0, 3.0], [3, 3, 2, 1]))
         2.0
     """
-    ts, num = jnp.asarray(ts), jnp.asarray(num)
+    ts, num = _real_array("ts", ts), _real_array("num", num)
+    if ts.ndim != 1 or ts.shape[0] == 0:
+        raise ValueError(f"ts must be a non-empty 1-d array of save times, got shape {ts.shape}")
+    if num.shape != ts.shape:
+        raise ValueError(
+            f"num must have the shape of ts {tuple(ts.shape)} (one count per save), got {num.shape}"
+        )
+    if is_concrete(ts):
+        _check_times("ts", ts, ts.shape[0])
+    if is_concrete(num):
+        c = np.asarray(num, dtype=np.float64)
+        bad = ~np.isfinite(c) | (c < 0) | (c != np.round(c))
+        if np.any(bad):
+            k = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"num must be cluster counts (finite integers >= 0), got {float(c[k])!r} at save {k}"
+            )
     ts = ts.astype(jnp.result_type(ts.dtype, jnp.float32))
     merged = num < num[0]
     return jnp.where(jnp.any(merged), ts[jnp.argmax(merged)], jnp.inf)
@@ -355,7 +467,11 @@ def first_merge_time(ts: _ArrayLike, num: _ArrayLike) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class Plateaus:
-    """Energy plateaus (``plateaus``): ``start``, ``end``, ``level`` arrays of equal length."""
+    """Energy plateaus (``plateaus``): ``start``, ``end``, ``level`` arrays of equal length.
+
+    One entry per metastable stage: ``start`` and ``end`` its first and last save times,
+    ``level`` the median energy of its saves (the rule: ``plateaus``; docs/math/metastability.md).
+    """
 
     start: np.ndarray
     end: np.ndarray
@@ -365,61 +481,94 @@ class Plateaus:
         return int(self.level.size)
 
 
-def _runs(E: Float[Array, " T"], band: _JaxArrayLike) -> Bool[Array, " T"]:
-    """Greedy left-to-right runs of saves whose energies span at most ``band``: ``new[k]`` is
-    true where save ``k`` starts a run."""
-
-    def body(carry: tuple[Array, Array], e: Array) -> tuple[tuple[Array, Array], Array]:
-        lo, hi = carry
-        lo2, hi2 = jnp.minimum(lo, e), jnp.maximum(hi, e)
-        new = (hi2 - lo2) > band
-        return (jnp.where(new, e, lo2), jnp.where(new, e, hi2)), new
-
-    _, new = jax.lax.scan(body, (E[0], E[0]), E)
-    return new.at[0].set(True)
-
-
-def _check_plateau_args(energy: Any, rel_tol: Any, min_points: Any) -> tuple[Array, int]:
-    check_scalar("rel_tol", rel_tol)
-    check_positive("rel_tol", rel_tol)
+def _check_plateau_args(
+    energy: Any, rel_tol: Any, rate_tol: Any, min_points: Any
+) -> tuple[Array, int]:
+    for name, v in (("rel_tol", rel_tol), ("rate_tol", rate_tol)):
+        check_scalar(name, v)
+        check_positive(name, v)
+        if is_concrete(v) and not float(v) < 1.0:
+            raise ValueError(f"{name} must be a fraction in (0, 1), got {float(v)!r}")
     min_points = check_int("min_points", min_points, minimum=2)
-    E = jnp.asarray(energy)
+    E = _real_array("energy", energy)
     if E.ndim != 1 or E.shape[0] == 0:
         raise ValueError(f"energy must be a non-empty 1-d array, got shape {E.shape}")
+    if is_concrete(E) and not bool(jnp.all(jnp.isfinite(E))):
+        raise ValueError("energy must be finite (drop the saves after a failed run)")
     return E, min_points
 
 
 @eqx.filter_jit
 def _plateau_core(
-    E: Float[Array, " T"], rel_tol: RealScalarLike, min_points: int
-) -> tuple[Int[Array, " T"], Int[Array, " T"], Bool[Array, " T"]]:
+    E: Float[Array, " T"], rel_tol: RealScalarLike, rate_tol: RealScalarLike, min_points: int
+) -> tuple[Int[Array, " T"], Int[Array, ""]]:
+    """``(group, count)``: the plateau index of every save (-1 off a plateau) and the count.
+
+    The rule of ``plateaus``: a save interval is flat when its energy change is at most
+    ``rate_tol`` times the largest change of one interval; maximal runs of saves joined by flat
+    intervals, of at least ``min_points`` saves, are the candidates; a candidate that starts within
+    ``rel_tol (max E - min E)`` of the energy at which the previous candidate ended continues it.
+    """
     E = E.astype(jnp.result_type(E.dtype, jnp.float32))
-    span = jnp.max(E) - jnp.min(E)
-    band = rel_tol * span
-    new = _runs(E, band)
-    run = jnp.cumsum(new) - 1
     T = E.shape[0]
-    length = jax.ops.segment_sum(jnp.ones((T,), jnp.int32), run, num_segments=T)
-    return run, length, length >= min_points
+    inc = jnp.abs(jnp.diff(E))
+    peak = jnp.max(inc, initial=0.0)
+    flat = inc <= rate_tol * peak
+    brk = jnp.concatenate([jnp.ones((1,), bool), ~flat])  # save k starts a flat run
+    seg = jnp.cumsum(brk) - 1
+    length = jax.ops.segment_sum(jnp.ones((T,), jnp.int32), seg, num_segments=T)
+    on = length[seg] >= min_points
+    start = on & brk
+    end = on & jnp.concatenate([brk[1:], jnp.ones((1,), bool)])
+    idx = jnp.arange(T)
+    last_end = jax.lax.cummax(jnp.where(end, idx, -1))
+    prev_end = jnp.concatenate([jnp.full((1,), -1, last_end.dtype), last_end[:-1]])
+    band = rel_tol * (jnp.max(E) - jnp.min(E))
+    joined = start & (prev_end >= 0) & (jnp.abs(E - E[jnp.maximum(prev_end, 0)]) <= band)
+    new = start & ~joined
+    group = jnp.where(on, jnp.cumsum(new) - 1, -1)
+    return group, jnp.sum(new)
 
 
 def plateaus(
-    ts: _ArrayLike, energy: _ArrayLike, *, rel_tol: RealScalarLike = 0.02, min_points: int = 3
+    ts: _ArrayLike,
+    energy: _ArrayLike,
+    *,
+    rel_tol: RealScalarLike = 0.02,
+    rate_tol: RealScalarLike = 0.02,
+    min_points: int = 3,
 ) -> Plateaus:
-    r"""Plateaus of an energy curve.
+    r"""Plateaus of an energy curve: its distinct metastable stages.
 
-    Rule: the saves are cut, left to right, into maximal runs whose energies span at most
-    ``rel_tol`` $\cdot (\max E - \min E)$ (a new run starts at the first save that would widen
-    the span past that band); a run of at least ``min_points`` saves is a plateau, from its first
-    to its last save time, at the median energy of the run. On a logarithmic save grid (the grid
-    of ``simulate_long``) ``min_points`` is a minimal duration in log time. A constant curve is
-    one plateau.
+    Rule (one definition, shared with ``num_plateaus``):
+
+    1. an interval between consecutive saves is *flat* when the energy changes across it by at
+       most ``rate_tol`` times the largest change across any one interval of the curve (the
+       peak rate of a merge): a plateau is where the energy moves at most ``rate_tol`` times as
+       fast as during the fastest jump, so a slow drift on a plateau (clusters approaching, at
+       moderate $eta$) stays one plateau however far it accumulates;
+    2. a maximal run of saves joined by flat intervals, of at least ``min_points`` saves, is a
+       candidate (a jump resolved over several saves, its flanks included, is not, unless it
+       dwells ``min_points`` saves at a flat rate);
+    3. a candidate that starts within ``rel_tol`` $\cdot (\max E - \min E)$ of the energy at which
+       the previous candidate ended continues it (the energy came back: a spike or a noisy
+       excursion, not a new stage), so a jump smaller than that band is not resolved.
+
+    A plateau runs from the first save of its first candidate to the last save of its last, at
+    the median energy of its candidates' saves. The rule compares changes between saves, so it
+    reads the save grid: on a logarithmic grid (``simulate_long``) the rate is per log-time
+    interval and ``min_points`` a minimal duration in log time. A constant curve is one plateau;
+    a curve rising at a constant rate has none. Noise up to ``rate_tol / 2`` of the largest jump
+    leaves the count unchanged.
 
     Args:
         ts: ``(T,)`` save times, increasing.
-        energy: ``(T,)`` energies (any normalisation; ``normalized_energy`` for the staircase).
-        rel_tol: band as a fraction of the energy range, ``> 0``.
-        min_points: fewest saves of a plateau, ``>= 2``.
+        energy: ``(T,)`` finite energies (any normalisation; ``normalized_energy`` for the
+            staircase).
+        rel_tol: level band as a fraction of the energy range, in ``(0, 1)``.
+        rate_tol: flat rate as a fraction of the largest change between consecutive saves,
+            in ``(0, 1)``.
+        min_points: fewest saves of a candidate, ``>= 2``.
 
     Returns:
         ``Plateaus(start, end, level)``.
@@ -431,17 +580,13 @@ def plateaus(
         >>> p.start.tolist(), p.end.tolist(), p.level.tolist()
         ([0.0, 4.0], [2.0, 7.0], [0.2, 0.6])
     """
-    E, min_points = _check_plateau_args(energy, rel_tol, min_points)
-    t = np.asarray(ts, dtype=np.float64)
-    if t.shape != (E.shape[0],):
-        raise ValueError(f"ts must have the shape of energy {tuple(E.shape)}, got {t.shape}")
+    E, min_points = _check_plateau_args(energy, rel_tol, rate_tol, min_points)
+    t = _check_times("ts", ts, E.shape[0])
     En = np.asarray(energy, dtype=np.float64)
-    if not np.all(np.isfinite(En)):
-        raise ValueError("energy must be finite (drop the saves after a failed run)")
-    run, length, keep = map(np.asarray, _plateau_core(E, rel_tol, min_points))
+    group, count = map(np.asarray, _plateau_core(E, rel_tol, rate_tol, min_points))
     starts, ends, levels = [], [], []
-    for r in np.flatnonzero(keep[: run[-1] + 1]):
-        idx = np.flatnonzero(run == r)
+    for g in range(int(count)):
+        idx = np.flatnonzero(group == g)
         starts.append(t[idx[0]])
         ends.append(t[idx[-1]])
         levels.append(float(np.median(En[idx])))
@@ -449,7 +594,11 @@ def plateaus(
 
 
 def num_plateaus(
-    energy: _ArrayLike, *, rel_tol: RealScalarLike = 0.02, min_points: int = 3
+    energy: _ArrayLike,
+    *,
+    rel_tol: RealScalarLike = 0.02,
+    rate_tol: RealScalarLike = 0.02,
+    min_points: int = 3,
 ) -> Array:
     """Number of plateaus of ``plateaus`` (same rule); array work, jit- and vmap-compatible.
 
@@ -458,9 +607,8 @@ def num_plateaus(
         >>> int(mf.metastability.num_plateaus(np.array([0.2, 0.2, 0.2, 0.5, 0.6, 0.6, 0.6, 0.6])))
         2
     """
-    E, min_points = _check_plateau_args(energy, rel_tol, min_points)
-    run, length, keep = _plateau_core(E, rel_tol, min_points)
-    return jnp.sum(keep & (jnp.arange(E.shape[0]) <= run[-1]))
+    E, min_points = _check_plateau_args(energy, rel_tol, rate_tol, min_points)
+    return _plateau_core(E, rel_tol, rate_tol, min_points)[1]
 
 
 # --------------------------------------------------------------------------- theory
@@ -514,17 +662,23 @@ def staircase(weights: _ArrayLike, positions: _ArrayLike | None = None) -> Stair
         >>> s.levels.tolist(), s.pairs.tolist()
         ([0.375, 0.5, 1.0], [[0, 1], [0, 2]])
     """
-    w = np.asarray(weights, dtype=np.float64)
+    w = _real_np("weights", weights)
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"weights must be a non-empty 1-d array, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ValueError(f"weights must be finite, >= 0, with a positive sum, got {w.tolist()}")
     w = w / w.sum()
     K = w.size
+    # the K x K angle matrix and its temporaries, once per merge (positions given)
+    _check_memory(
+        f"staircase of {K} clusters",
+        0.0 if positions is None else 40.0 * K * K,
+        "merge fewer clusters",
+    )
     if positions is None:
         pos = None
     else:
-        pos = np.asarray(positions, dtype=np.float64)
+        pos = _real_np("positions", positions)
         if pos.ndim == 1:
             pos = np.stack([np.cos(pos), np.sin(pos)], axis=1)
         if pos.ndim != 2 or pos.shape[0] != K or not np.all(np.isfinite(pos)):
@@ -578,8 +732,8 @@ def two_cluster_merge_time(
     beta: RealScalarLike,
     *,
     threshold: RealScalarLike = 0.1,
-    rescaled: bool = True,
-    log: bool = False,
+    rescaled: object = True,
+    log: object = False,
 ) -> float:
     r"""Time for two point clusters at angle ``theta`` to come within ``threshold`` (module docstring).
 
@@ -611,6 +765,7 @@ def two_cluster_merge_time(
         check_scalar(name, v)
         check_positive(name, v)
     _check_threshold(threshold)
+    rescaled, log = check_flag("rescaled", rescaled), check_flag("log", log)
     check_scalar("theta", theta)
     th, thc, b = float(theta), float(threshold), float(beta)
     if not (thc < th < math.pi):
@@ -631,7 +786,7 @@ def two_cluster_merge_time(
     return logT if log else math.exp(logT) if logT < 709.0 else math.inf
 
 
-def normalized_energy(energy: _ArrayLike, beta: _ArrayLike, *, rescaled: bool = True) -> Array:
+def normalized_energy(energy: _ArrayLike, beta: _ArrayLike, *, rescaled: object = True) -> Array:
     r"""$\tilde E = 2 \beta e^{-\beta} E$ of a USA energy (``2 beta E`` for a rescaled kernel),
     in $(0, 1]$: the normalisation of the staircase levels $\sum_k w_k^2$.
 
@@ -642,7 +797,9 @@ def normalized_energy(energy: _ArrayLike, beta: _ArrayLike, *, rescaled: bool = 
         >>> round(float(mf.metastability.normalized_energy(E, 50.0)), 6)
         1.0
     """
-    E, beta = jnp.asarray(energy), jnp.asarray(beta)
+    E, beta = _real_array("energy", energy), _real_array("beta", beta)
+    rescaled = check_flag("rescaled", rescaled)
+    check_positive("beta", beta)
     return 2.0 * beta * E * (1.0 if rescaled else jnp.exp(-beta))
 
 
@@ -666,6 +823,7 @@ def log_time_grid(
     num = check_int("num", num, minimum=2)
     if not float(t_min) < float(t1):
         raise ValueError(f"t_min must be < t1 = {float(t1):g}, got {float(t_min):g}")
+    _check_memory(f"log_time_grid with num = {num}", 24.0 * num, "use fewer save times")
     return np.concatenate([[0.0], np.geomspace(float(t_min), float(t1), num - 1)])
 
 
@@ -685,9 +843,9 @@ def simulate_long(
     merge_tol: RealScalarLike | None = None,
     dt0: RealScalarLike = 1e-2,
     max_steps: int = 1_000_000,
-    observables: Mapping[str, Any] | None = None,
-    save_states: bool = True,
-    block_size: int | None = None,
+    observables: object = None,
+    save_states: object = True,
+    block_size: object = None,
     backend: str | None = None,
 ) -> Trajectory:
     r"""Integrate the flow to very long times ($t \sim e^{\beta}$), saving on a logarithmic grid.
@@ -792,6 +950,7 @@ def simulate_long(
         block_size = check_int("block_size", block_size, minimum=1)
     if ts is not None and log_ts is not None:
         raise TypeError("simulate_long takes at most one of ts and log_ts")
+    lmin = -math.inf
     if ts is None and log_ts is None:
         check_scalar("t_min", t_min)
         check_positive("t_min", t_min)
@@ -799,10 +958,10 @@ def simulate_long(
         lmin = math.log(float(t_min))
         if not lmin < lt1:
             raise ValueError(f"t_min must be < t1 = e^{lt1:g}, got {float(t_min):g}")
-        lts_np = np.concatenate([[-np.inf], np.linspace(lmin, lt1, num_saves - 1)])
+        num_T, grid_name = num_saves, "num_saves"
     else:
         name = "ts" if ts is not None else "log_ts"
-        arr = np.asarray(ts if ts is not None else log_ts, dtype=np.float64)
+        arr = _real_np(name, ts if ts is not None else log_ts)
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError(
                 f"{name} must be a non-empty 1-d array of save times, got shape {arr.shape}"
@@ -821,16 +980,13 @@ def simulate_long(
             raise ValueError(f"{name} must lie in [0, t1] (t1 = e^{lt1:g}), got a time past t1")
         if np.any(np.diff(lts_np) <= 0):
             raise ValueError(f"{name} must be strictly increasing")
-    if ts is None:
-        with np.errstate(over="ignore"):
-            ts_out = np.exp(lts_np)
+        num_T, grid_name = arr.size, name
     require_post(model, "simulate_long")
     x0, aux = check_states(model, x0, aux, "x0")
-    dmax = float(np.finfo(np.dtype(x0.dtype)).max)
-    if t1 is not None and (lt1 >= math.log(dmax) or float(t1) >= dmax):
-        raise ValueError(
-            f"t1 = {float(t1):g} overflows {np.dtype(x0.dtype).name}: use float64 "
-            "(jax.enable_x64) or give log_t1"
+    save_states = check_flag("save_states", save_states)
+    if observables is not None and not isinstance(observables, Mapping):
+        raise TypeError(
+            f"observables must be a dict name -> callable x -> array, got {type(observables).__name__}"
         )
     observables = dict(observables or {})
     for name, fn in observables.items():
@@ -840,6 +996,18 @@ def simulate_long(
             )
         if name == "log_t":
             raise ValueError("the observable name 'log_t' is reserved (the saved log times)")
+    _check_long_memory(x0, observables, num_T, grid_name, bool(save_states), block_size)
+    if ts is None and log_ts is None:  # the default grid, allocated once it is known to fit
+        lts_np = np.concatenate([[-np.inf], np.linspace(lmin, lt1, num_saves - 1)])
+    if ts is None:
+        with np.errstate(over="ignore"):
+            ts_out = np.exp(lts_np)
+    dmax = float(np.finfo(np.dtype(x0.dtype)).max)
+    if t1 is not None and (lt1 >= math.log(dmax) or float(t1) >= dmax):
+        raise ValueError(
+            f"t1 = {float(t1):g} overflows {np.dtype(x0.dtype).name}: use float64 "
+            "(jax.enable_x64) or give log_t1"
+        )
     model = jax.tree.map(
         lambda leaf: (
             jnp.asarray(leaf)
@@ -869,6 +1037,43 @@ def simulate_long(
         save_states=bool(save_states),
         block_size=block_size,
         backend=backend,
+    )
+
+
+def _check_long_memory(
+    x0: Array,
+    observables: Mapping[str, Any],
+    num_T: int,
+    grid_name: str,
+    save_states: bool,
+    block_size: int | None,
+) -> None:
+    """Refuse a ``simulate_long`` whose saves do not fit in memory, before anything is allocated.
+
+    Estimate: per save the host grids (``_LONG_GRID_BYTES``) and, twice (the loop's buffers and
+    the returned copy), the saved entries (``n d`` states with ``save_states``, energy, collapse
+    gap, ``log t``, the observables' sizes from ``jax.eval_shape``) and the two time arrays; plus
+    the working set of a step (states and stages, the ``block x n x d`` pair tile).
+    """
+    n, d = x0.shape
+    item = np.dtype(x0.dtype).itemsize
+    obs = 0.0
+    for fn in observables.values():
+        shape = jax.eval_shape(fn, x0).shape
+        obs += float(math.prod(shape))
+    per_save = (n * d if save_states else 0) + 3.0 + obs
+    B = min(n, _LONG_BLOCK if block_size is None else block_size)
+    work = item * (12.0 * n * d + 3.0 * B * n * (d + 1))
+    need = float(num_T) * (_LONG_GRID_BYTES + 2.0 * item * (per_save + 2.0)) + work
+    what = (
+        f"simulate_long with num_saves = {num_T}"
+        if grid_name == "num_saves"
+        else f"simulate_long with {num_T} {grid_name}"
+    )
+    _check_memory(
+        f"{what} (n = {n}, d = {d}, {per_save:.0f} numbers a save)",
+        need,
+        f"use fewer saves{', save_states=False' if save_states else ''} or a smaller block_size",
     )
 
 
