@@ -70,6 +70,7 @@ __all__ = [
     "step_grid_problem",
     "PROGRESS_MARKS",
     "FAILURES",
+    "uniform_saves_problem",
     "r0_range",
     "check_r0",
 ]
@@ -705,6 +706,30 @@ def step_grid_problem(t1: float, dt: float, ts: np.ndarray) -> str | None:
     )
 
 
+def uniform_saves_problem(t1: float, dt: float, saves: int) -> str | None:
+    """``step_grid_problem`` of ``saves`` evenly spaced save times on ``[0, t1]`` without making
+    them: the problem when their spacing ``t1 / (saves - 1)`` is at most ``dt / 1000`` (then the
+    grid would drop step and save points), else ``None`` (``step_grid_problem`` of the save times
+    decides the rest). O(1) memory: for a front end (``meanfield simulate --saves``) before it
+    allocates the save times.
+
+    Example:
+        >>> uniform_saves_problem(0.1, 0.01, 101) is None, uniform_saves_problem(0.1, 0.01, 10**8)[:40]
+        (True, '100000000 save times 1e-09 apart are cl')
+    """
+    t1, dt, saves = float(t1), float(dt), int(saves)
+    if saves < 2:
+        return None
+    spacing, tol = t1 / (saves - 1), dt * 1e-3
+    if spacing > tol:
+        return None
+    return (
+        f"{saves} save times {spacing:.3g} apart are closer than dt / 1000 = {tol:.3g} to each "
+        f"other: the step grid of dt = {dt:g} cannot hold them (step and save points would be "
+        f"dropped and steps would exceed dt); save at most every dt / 1000 or use a smaller dt"
+    )
+
+
 def _step_grid(t1: float, dt: float, ts: np.ndarray) -> np.ndarray:
     """Uniform grid ``0, dt, 2 dt, ..`` up to ``t1``, merged with the save times; ``ValueError``
     when it cannot hold them (``step_grid_problem``)."""
@@ -892,6 +917,18 @@ def simulate(
                 f"(schemes with a radius: {', '.join(normalization.RADIAL)})"
             )
 
+    _check_memory(
+        model,
+        x0,
+        t1=float(t1),
+        dt=dt,
+        saves=int(ts_np.shape[0]),
+        solver=solver,
+        save_states=save_states,
+        observables=len(observables),
+        max_steps=max_steps,
+        block_size=block_size,
+    )
     t1f = float(t1)
     h_traced = None  # traced fixed step (``_UniformSteps``)
     grid_tol = None  # the grid's merging tolerance dt / 1000 (Mix-LN's switch point)
@@ -960,6 +997,65 @@ def simulate(
         if meter is not None:
             _close_bar(meter)
     return traj
+
+
+#: Runs whose estimate (``_resources.run_cost``) stays below this many bytes skip the memory
+#: check (which reads the machine's memory from /proc): 64 MiB.
+_MEMORY_CHECK_BYTES = 1 << 26
+
+
+def _check_memory(
+    model: Any,
+    x0: Array,
+    *,
+    t1: float,
+    dt: Any,
+    saves: int,
+    solver: str,
+    save_states: bool,
+    observables: int,
+    max_steps: int | None,
+    block_size: int | None,
+) -> None:
+    """The resource guard of ``meanfield simulate`` for the Python API: ``ResourceLimitError`` (a
+    ``ValueError``, one line) when the run's estimated memory (``_resources.run_cost`` from the
+    shapes, which are always concrete, even under ``jit``/``vmap``: one system) exceeds the memory
+    available on this machine, before the step grid or the saved trajectory is allocated. No
+    arithmetic limit (a long run is the user's choice); a traced ``dt`` is counted by its
+    ``max_steps`` bound."""
+    from . import _resources
+
+    n, d = int(x0.shape[0]), int(x0.shape[1])
+    adaptive = solver in ADAPTIVE_SOLVERS
+    step_grid = not adaptive and is_concrete(dt)
+    if step_grid:
+        dtf = float(cast(float, dt))
+    else:  # a traced dt runs at most max_steps steps (required), an adaptive solver the same
+        dtf = t1 / float(max_steps or 100_000)
+    footprint = getattr(model, "footprint", None)
+    fp = (
+        footprint(n, d, block_size=block_size)
+        if callable(footprint)
+        else _resources.Footprint(3.0 * n * n, float(n * n))
+    )
+    cost = _resources.run_cost(
+        n=n,
+        d=d,
+        t1=t1,
+        dt=dtf,
+        saves=saves,
+        itemsize=int(np.dtype(x0.dtype).itemsize),
+        solver=solver,
+        footprint=fp,
+        save_states=save_states,
+        observables=observables + 2,  # the collapse gap and the energy beside the user's
+        clusters=False,
+        step_grid=step_grid,
+        max_steps=max_steps,
+    )
+    if cost.bytes < _MEMORY_CHECK_BYTES:
+        return
+    _resources.check_cost(cost, what="simulate", max_work=float("inf"), force_hint=None)
 
 
 def _takes(fn: Callable[..., Any], name: str) -> bool:
