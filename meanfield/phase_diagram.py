@@ -105,7 +105,8 @@ Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
   (the row normalisation cancels ``e^beta``, which overflows float32 past ``beta ~ 88``) and the
   time-rescaled formulation with step ``e^beta h`` (the same flow, no overflow) for USA. The
   clustering count masks the diagonal, so a fraction lies in ``[0, 1]`` by construction; a seed
-  whose final state is not finite is recorded as NaN (never as "no pair clustered").
+  whose final state is not finite, or (schemes with a radius) one of whose tokens passed through
+  the origin, is recorded as NaN (never as "no pair clustered").
 * Inputs are checked before anything runs: ``x0`` (shape, a float dtype, finite, unit rows within
   ``_checks.sphere_atol``), the dtype (float32 or float64: the threshold 0.999 is within rounding
   of 1 in 16-bit floats), and the step count (at most ``MAX_STEPS``; for USA the count
@@ -150,7 +151,7 @@ from ._checks import (
     traced_positive,
 )
 from ._precision import matmul
-from .integrate import STEPS
+from .integrate import STEPS, _near_origin, check_r0
 from .kernels._exp import BACKENDS, _batch_bytes, check_backend
 from .masks import Mask
 from .models import SelfAttention, exp_reference_step, random_weights
@@ -740,10 +741,13 @@ def _run_one_beta_attn(
     time-rescaled: ``step`` is the step of the flow) and the clustering count on the Gram matrix
     of the directions ``<theta_i, theta_j> > threshold`` (the attention weights are not monotone
     in it). The step of a scheme is the Euler step of ``mf.simulate``'s vector field
-    (``mf.normalization``), step $k$ at time $t = k h$: ``radial_velocity`` (Mix-LN switched when
-    $t \ge$ ``switch_time``, as ``mf.simulate`` switches at the end of the step that reaches it)
-    on the state $x = r \theta$ for the schemes with a radius, else the projected field times
-    ``speed`` (LN-scaling), then normalised; the returned states are the directions."""
+    (``mf.normalization``), step $k$ at time $t = k h$: ``radial_velocity`` on the state
+    $x = r \theta$ for the schemes with a radius (Mix-LN: the step over ``switch_time`` $\tau$ is
+    two, Post-LN to $\tau$ and Pre-LN after, as ``mf.simulate`` steps to $\tau$; a step point within
+    $h / 1000$ of $\tau$ is the switch point), else the projected field times ``speed``
+    (LN-scaling), then normalised; the returned states are the directions, NaN for a system one
+    of whose tokens passed through or near the origin (``mf.integrate._near_origin``, as
+    ``mf.simulate``'s failure ``"token through the origin"``)."""
     _TRACES[
         (
             "attn",
@@ -806,20 +810,42 @@ def _run_one_beta_attn(
 
         return jax.lax.cond(hit, write, lambda b: b, buf)
 
+    def velocity(x: Array, F: Array, switched: ArrayLike) -> Array:
+        return jax.vmap(
+            lambda xs, Fs: _normalization.radial_velocity(normalization, xs, Fs, switched=switched)
+        )(x, F)
+
+    def radial_step(t: Array, x: Array) -> Array:
+        """One Euler step of a scheme with a radius (``mf.simulate``'s, ``solver="euler"``)."""
+        F = jax.vmap(field)(directions(x), *qkv)
+        if normalization != "mix":
+            return x + step * velocity(x, F, True)
+        # Mix-LN switches at tau, a step point of mf.simulate too: the step over tau is two
+        # (Post-LN to tau, Pre-LN after), unless a step point lies within step / 1000 of tau
+        tau, tol = jnp.asarray(switch_time, dtype), 1e-3 * step
+        switched = t >= tau - tol
+
+        def split() -> Array:
+            xm = x + (tau - t) * velocity(x, F, False)
+            Fm = jax.vmap(field)(directions(xm), *qkv)
+            return xm + (t + step - tau) * velocity(xm, Fm, True)
+
+        over = (t + tol < tau) & (tau < t + step - tol)
+        return jax.lax.cond(over, split, lambda: x + step * velocity(x, F, switched))
+
+    def radial_body(i: ArrayLike, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+        x, buf, through = carry
+        buf = record(buf, i, x)
+        x_new = radial_step(jnp.asarray(i, dtype) * step, x)  # x = r theta in R^d
+        # a token through (or near) the origin fails its system, as in mf.simulate
+        return x_new, buf, through | jnp.any(jax.vmap(_near_origin)(x, x_new), axis=-1)
+
     def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
         x, buf = carry
         buf = record(buf, i, x)
         t = jnp.asarray(i, dtype) * step  # the time at the start of step i
         theta = directions(x)
         F = jax.vmap(field)(theta, *qkv)
-        if radial:  # x = r theta in R^d: no normalisation
-            switched = t >= jnp.asarray(switch_time, dtype)
-            v = jax.vmap(
-                lambda xs, Fs: _normalization.radial_velocity(
-                    normalization, xs, Fs, switched=switched
-                )
-            )(x, F)
-            return x + step * v, buf
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
         v = v * _normalization.speed(normalization, t, dtype)
         x = x + step * v
@@ -827,6 +853,13 @@ def _run_one_beta_attn(
         return x, buf
 
     buf0 = jnp.zeros((C + 1, S), dtype)
+    if radial:
+        x, buf, through = jax.lax.fori_loop(
+            0, nsteps, radial_body, (x0, buf0, jnp.zeros((S,), bool))
+        )
+        buf = record(buf, nsteps, x)
+        # a failed system's final state is NaN: _flag_failed records its fractions as NaN
+        return buf[ckpt_pos].T, jnp.where(through[:, None, None], jnp.nan, directions(x))
     x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
     buf = record(buf, nsteps, x)
     return buf[ckpt_pos].T, directions(x)
@@ -1418,13 +1451,18 @@ def sa_phase_diagram(
             kernel with ``SelfAttention``'s field, each Euler step being ``mf.simulate``'s
             (``solver="euler"``) of that scheme at the time $t = k h$ of step $k$: for the schemes
             with a radius (``"pre"``, ``"mix"``, ``"peri"``) the state is $x = r \theta$ in
-            $\mathbb R^d$, $x \leftarrow x + h\,$``radial_velocity`` (Mix-LN switches at the step
-            that starts at or after ``switch_time``), the attention and the clustering fraction
-            are computed on the directions $\theta$; for ``"ngpt"`` and ``"scaling"`` the projected
-            step of their field, times $1 / \sqrt{t + 1}$ for LN-scaling. ``step="renormalize"``
-            is refused for the schemes with a radius.
-        r0: the initial radius of every token (``> 0``; default 1) for the schemes with a radius,
-            as ``mf.simulate(r0=)``; refused for the others.
+            $\mathbb R^d$, $x \leftarrow x + h\,$``radial_velocity`` (Mix-LN switches at
+            ``switch_time``: the step over it is two, Post-LN up to it and Pre-LN after, the steps
+            of ``mf.simulate``, which puts the switch time among its step points), the attention
+            and the clustering fraction are computed on the directions $\theta$; a system one of
+            whose tokens passes through or near the origin (a step at least as long as the
+            token's closest approach to the origin, ``mf.simulate``'s failure ``"token through
+            the origin"``) is a failed seed: NaN fractions at every checkpoint. For ``"ngpt"``
+            and ``"scaling"`` the projected step of their field, times $1 / \sqrt{t + 1}$ for
+            LN-scaling. ``step="renormalize"`` is refused for the schemes with a radius.
+        r0: the initial radius of every token (default 1) for the schemes with a radius, as
+            ``mf.simulate(r0=)``: finite and within ``mf.integrate.r0_range`` of the states'
+            dtype (float32: ``[3.1e-16, 6.4e15]``), else ``ValueError``; refused for the others.
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
@@ -1479,6 +1517,8 @@ def sa_phase_diagram(
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
     N, h, idx = grid(t1, dt, checkpoints)
     x0 = _initial(key, seeds, n, d, dtype, x0)
+    if r0 is not None:  # a radius the states' dtype carries (mf.integrate.r0_range)
+        check_r0(r0, x0.dtype)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
     attn = None
