@@ -4,8 +4,16 @@ Exit status: 0 success; 1 ``simulate`` ran but the run failed (a non-finite stat
 or observable: its outputs are written with ``failed: true`` and the reason in
 ``summary.json``, one warning line on stderr); 2 a user mistake (bad arguments, invalid
 values, an ``--out`` or ``--movie`` that cannot be written, ``--movie x.mp4`` without the
-``imageio-ffmpeg`` package, a run past the resource limits), reported as ONE line on stderr
-without a traceback; 130 interrupted.
+``imageio-ffmpeg`` package, a run past the resource limits, ``--backend native`` where the
+fused kernel cannot run) or a model registered by another package whose code raised (the line
+names the model and its class), reported as ONE line on stderr without a traceback; 130
+interrupted.
+
+Every file ``simulate`` writes (``observables.npz``, ``summary.json``, the figures, the movie)
+must be a regular file or a new one: a FIFO, socket, device or directory in its place is
+refused before the run, without being opened (``meanfield._paths.check_output``; opening a
+FIFO to write would wait for a reader forever), and the numbers are written through
+``meanfield._paths.open_output``, which never blocks on one put there during the run.
 
 ``simulate --movie PATH`` (``.mp4`` or ``.gif``) also writes a movie of the run, one frame per
 save (``mf.plotting.animate``); the path is checked before the run.
@@ -67,7 +75,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _params
+from . import _params, _paths
 from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
 
@@ -83,6 +91,9 @@ __all__ = [
 ]
 
 _USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecodeError)
+
+#: The files ``simulate`` writes in ``--out``: the numbers, then (without ``--no-plots``) the figures.
+_OUTPUT_FILES = ("observables.npz", "summary.json", "configuration.png", "observables.png")
 
 #: Largest magnitude of a model parameter from the command line: beyond ``2^24`` a float32
 #: no longer resolves the parameter's units (a phase ``2 pi m s`` keeps no digit).
@@ -216,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="simulate one particle system and write figures and observables",
         epilog="exit status: 0 success; 1 the run failed (non-finite state, energy or observable: outputs "
-        "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie, or a run "
-        "past the resource limits (one line on stderr)",
+        "written with failed = true and the reason); 2 bad arguments, unwritable --out or --movie (or a "
+        "FIFO, device or directory in place of an output file), a run past the resource limits, or a "
+        "model of another package that raised (one line on stderr)",
     )
     s.add_argument(
         "--kernel",
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_help()
             return 2
         if args.command == "simulate":
-            return _simulate(args, process=process)
+            return _simulate_attributed(args, process=process)
         if args.command == "reproduce":
             return _reproduce(args, process=process)
     except SystemExit as e:  # a sub-command's parser (its one-line error or --help)
@@ -558,6 +570,24 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:.2g} s"
 
 
+def _simulate_attributed(args: argparse.Namespace, *, process: bool = False) -> int:
+    """``_simulate``, where the model is not one of meanfield's own (registered by another
+    package: ``meanfield.models`` entry points, or ``register`` at run time): an exception its
+    code raised, or any exception that is not a user error, becomes ONE line naming the model and
+    its class (``ValueError``: exit status 2), not a traceback. meanfield's own models: unchanged."""
+    try:
+        return _simulate(args, process=process)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:
+        # the registry is loaded once a model was built (before: no model's code ran)
+        registry = sys.modules.get("meanfield.kernels._registry")
+        error = None if registry is None else registry.plugin_error(args.kernel, e, "--kernel")
+        if error is None:
+            raise
+        raise error from e
+
+
 def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
     models = _models()
@@ -601,6 +631,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
+    # every file the run writes, checked before it: a regular file or a new one (a FIFO there
+    # would block the write forever, after the run)
+    for name in _OUTPUT_FILES[: 2 if args.no_plots else None]:
+        _paths.check_output(out / name, "--out file")
     if args.movie is not None:
         from . import plotting
 
@@ -725,8 +759,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     }
     if radius is not None:  # beside the states (x0, x_final: the directions)
         arrays["radius"] = radius
-    np.savez_compressed(out / "observables.npz", **arrays)
-    (out / "summary.json").write_text(_dumps(result, indent=2))
+    with _paths.open_output(out / "observables.npz", "--out file") as f:
+        np.savez_compressed(f, **arrays)
+    with _paths.open_output(out / "summary.json", "--out file") as f:
+        f.write(_dumps(result, indent=2).encode("utf-8"))
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
         _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)

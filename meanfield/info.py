@@ -11,7 +11,10 @@ threads (the most per call, and what a call would use now on this machine's load
 ``meanfield info --rebuild-native`` compiles both kernels again (after installing a compiler,
 or to clear a recorded failure). It also shows JAX's persistent compilation cache
 (``meanfield.compilation_cache``): its directory, on or off (and why), its entries and their
-size, and equinox's error mode; ``meanfield info --clear-cache`` empties it.
+size, and equinox's error mode; ``meanfield info --clear-cache`` empties it. And the models of
+other packages (entry-point group ``meanfield.models``): those registered, and those skipped
+with the error that skipped them (a plugin that failed to import, called ``sys.exit`` at
+import, or that ``register`` refused: ``mf.kernels._registry.PLUGIN_FAILURES``).
 
 ``--rebuild-native`` works whatever the cache holds: the import before it loads a cached library
 only if it matches its manifest (written after a child process loaded it) and its ELF headers
@@ -102,6 +105,25 @@ def _crossover(crossover: _native.Crossover | None) -> dict[str, Any] | None:
     }
 
 
+def _plugins() -> dict[str, Any]:
+    """The models of other packages: ``{"models": [{"name", "class"}], "failed": [{"entry_point",
+    "value", "error"}]}`` (every registered model not meanfield's own; every entry point of
+    ``meanfield.models`` that was skipped, with why)."""
+    from .kernels import _registry
+
+    return {
+        "models": [
+            {"name": e.name, "class": f"{e.cls.__module__}.{e.cls.__qualname__}" if e.cls else None}
+            for e in _registry.MODELS.values()
+            if not e.builtin
+        ],
+        "failed": [
+            {"entry_point": name, "value": f["value"], "error": f["error"]}
+            for name, f in _registry.PLUGIN_FAILURES.items()
+        ],
+    }
+
+
 def summary() -> dict[str, Any]:
     r"""The installation as a dictionary (JSON-serialisable).
 
@@ -117,9 +139,11 @@ def summary() -> dict[str, Any]:
     ``None`` when available; ``libraries`` are the cached shared libraries; ``crossover``: what
     ``backend="auto"`` follows, ``{"max_d", "min_n", "times", "seconds", "recorded", "rule"}``
     measured on this machine, ``None`` when unavailable; the phase kernel's is that of the phase
-    diagrams' default dtype, JAX's default float), and ``compilation_cache``
+    diagrams' default dtype, JAX's default float), ``compilation_cache``
     (``meanfield.compilation_cache.info()``: ``enabled``, ``dir``, ``entries``, ``bytes``,
-    ``eqx_on_error``, ``problem``).
+    ``eqx_on_error``, ``problem``) and ``plugins``: the models of other packages registered
+    (``models``: ``{"name", "class"}``) and the entry points skipped (``failed``:
+    ``{"entry_point", "value", "error"}``).
 
     Initialises JAX's backend, runs the exp kernel's self-test, builds the phase kernel if it is
     not cached (its first use would), and reads (or measures, a second or two each, once per
@@ -129,7 +153,7 @@ def summary() -> dict[str, Any]:
         >>> import meanfield.info
         >>> d = meanfield.info.summary()
         >>> sorted(d), sorted(d["jax"])
-        (['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'python'], ['backend', 'devices', 'x64'])
+        (['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'plugins', 'python'], ['backend', 'devices', 'x64'])
         >>> exp = d["native"]["exp_kernel"]
         >>> exp["available"] == (exp["reason"] is None)
         True
@@ -184,6 +208,7 @@ def summary() -> dict[str, Any]:
             },
         },
         "compilation_cache": compilation_cache.info(),
+        "plugins": _plugins(),
     }
 
 
@@ -256,7 +281,26 @@ def format_summary(d: dict[str, Any]) -> str:
             lines.append(f"    backend='auto': {k['crossover']['rule']}")
     if "compilation_cache" in d:
         lines.append(_format_compilation_cache(d["compilation_cache"]))
+    if "plugins" in d:
+        lines.extend(_format_plugins(d["plugins"]))
     return "\n".join(lines)
+
+
+def _format_plugins(plugins: dict[str, Any]) -> list[str]:
+    """``plugins (meanfield.models): NAME (CLASS), ...`` and one line per entry point skipped.
+
+    Example:
+        >>> _format_plugins({"models": [], "failed": [
+        ...     {"entry_point": "x", "value": "x:X", "error": "SystemExit(0) at import"}]})
+        ['plugins (meanfield.models): none registered', "  not registered: 'x' (x:X): SystemExit(0) at import"]
+    """
+    models = ", ".join(f"{m['name']} ({m['class']})" for m in plugins["models"])
+    lines = [f"plugins (meanfield.models): {models or 'none registered'}"]
+    lines.extend(
+        f"  not registered: {f['entry_point']!r} ({f['value']}): {f['error']}"
+        for f in plugins["failed"]
+    )
+    return lines
 
 
 def _rebuild() -> dict[str, str | None]:
@@ -290,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> with contextlib.redirect_stdout(out):
         ...     status = meanfield.info.main(["--json"])
         >>> status, sorted(json.loads(out.getvalue()))
-        (0, ['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'python'])
+        (0, ['compilation_cache', 'jax', 'meanfield', 'native', 'packages', 'platform', 'plugins', 'python'])
     """
     from ._argparse import OneLineParser  # one-line argparse errors, as every meanfield command
 

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 import numpy.typing as npt
 from matplotlib.axes import Axes
-from matplotlib.colors import Colormap, Normalize, to_rgba, to_rgba_array
+from matplotlib.colors import Colormap, Normalize, is_color_like, to_rgba, to_rgba_array
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+
+from . import _params, _paths
 
 if TYPE_CHECKING:
     from mpl_toolkits.mplot3d.axes3d import Axes3D
@@ -40,12 +42,21 @@ __all__ = [
     "savefig",
     "animate",
     "MOVIE_FORMATS",
+    "MOVIE_PIXELS",
+    "MOVIE_FPS",
     "CLUSTER_PALETTE",
     "BACK_FADE",
 ]
 
 #: Movie formats of ``animate``: ``.mp4`` (ffmpeg from the ``imageio-ffmpeg`` wheel) and ``.gif`` (Pillow).
 MOVIE_FORMATS = (".mp4", ".gif")
+
+#: Sides of a movie frame in pixels (``size`` times ``dpi``): at least 16 (room for the panels),
+#: at most 4096 (a GIF keeps every frame in memory).
+MOVIE_PIXELS = (16, 4096)
+
+#: Frames per second of ``animate``: an integer in this range.
+MOVIE_FPS = (1, 1000)
 
 #: Token colours of ``cluster_colors``: matplotlib's tab10 without its grey (grey is for guides).
 CLUSTER_PALETTE = (
@@ -255,8 +266,8 @@ def _token_rgba(color: Any, n: int, cmap: str | Colormap = "viridis") -> np.ndar
     """Per-token RGBA ``(n, 4)`` from None (one colour), a colour, RGBA rows, or values (a colormap)."""
     if color is None:
         return np.tile(to_rgba("C0"), (n, 1))
-    if isinstance(color, str):
-        return np.tile(to_rgba(color), (n, 1))
+    if isinstance(color, str) or (is_color_like(color) and np.shape(color) != (n,)):
+        return np.tile(to_rgba(color), (n, 1))  # one colour (a name, or an RGB(A) tuple)
     c = np.asarray(color)
     if c.ndim == 2 and c.shape in ((n, 3), (n, 4)):
         return to_rgba_array(c)
@@ -459,7 +470,18 @@ def data_scale(
 
 
 def savefig(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> str:
-    """Lay out ``fig`` (``tight_layout``), write it to ``path`` at ``dpi``, close it; return the path as a string."""
+    """Lay out ``fig`` (``tight_layout``), write it to ``path`` at ``dpi``, close it; return the path as a string.
+
+    ``path`` must be a regular file or a new one (``ValueError`` for a FIFO, socket, device or
+    directory, checked without opening it: ``meanfield._paths.check_output``). The figure is
+    rendered by the canvas of its format (PNG: Agg), whatever the matplotlib backend."""
+    if isinstance(path, (str, os.PathLike)):
+        target = os.fspath(path)
+        if not os.path.splitext(target)[1]:  # matplotlib adds the default format's suffix
+            from matplotlib import rcParams
+
+            target = target.rstrip(".") + "." + str(rcParams["savefig.format"])
+        _paths.check_output(target, "figure path")
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     if "matplotlib.pyplot" in sys.modules:  # a pyplot figure: release it (others: nothing to do)
@@ -472,8 +494,13 @@ def savefig(fig: Figure, path: str | os.PathLike[str], dpi: int = 110) -> str:
 # --------------------------------------------------------------------------- movies
 
 
-def _movie_path(path: str | os.PathLike[str]) -> Path:
-    """``path`` checked: a known suffix and a writable file (probed before any work)."""
+def _movie_path(path: object) -> Path:
+    """``path`` checked: a known suffix and a writable regular or new file (probed before any
+    work, without opening a FIFO or device: ``meanfield._paths.output_problem``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"movie path must be a file name (str or os.PathLike) ending in .mp4 or .gif, got {path!r:.80}"
+        )
     p = Path(path)
     if p.suffix.lower() not in MOVIE_FORMATS:
         raise ValueError(f"movie path must end in one of {MOVIE_FORMATS}, got {str(path)!r}")
@@ -485,16 +512,9 @@ def _movie_path(path: str | os.PathLike[str]) -> Path:
                 "writing an .mp4 movie needs the package imageio-ffmpeg (pip install imageio-ffmpeg); "
                 "or write a .gif (Pillow)"
             ) from None
-    existed = p.exists()
-    try:
-        with open(p, "ab"):
-            pass
-    except OSError as e:
-        raise ValueError(
-            f"movie path {str(path)!r} cannot be written ({e.strerror or type(e).__name__})"
-        ) from None
-    if not existed:
-        p.unlink()
+    why = _paths.output_problem(p)
+    if why is not None:
+        raise ValueError(f"movie path {str(path)!r} cannot be written ({why})")
     return p
 
 
@@ -503,16 +523,29 @@ def _movie_data(traj: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, n
     if isinstance(traj, tuple) and len(traj) == 2:
         ts, xs = traj
         energy = gap = None
-    else:
-        ts, xs = getattr(traj, "ts", None), getattr(traj, "xs", None)
+    elif hasattr(traj, "xs") and hasattr(traj, "ts"):
+        ts, xs = traj.ts, traj.xs
         energy, gap = getattr(traj, "energy", None), getattr(traj, "collapse_gap", None)
+    else:
+        raise TypeError(
+            "traj must be a Trajectory (mf.simulate, mf.metastability.simulate_long) or a pair "
+            f"(ts, xs), got {type(traj).__name__}"
+        )
     if xs is None:
-        raise ValueError("animate needs saved states: run with save_states=True")
-    xs = np.asarray(xs)
-    ts = np.asarray(ts, dtype=np.float64)
+        raise ValueError("traj has no saved states (animate needs them): run with save_states=True")
+    try:
+        xs = np.asarray(xs)
+        ts = np.asarray(ts, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(
+            "traj must hold real arrays: times ts (T,) and states xs (T, n, d)"
+        ) from None
+    if xs.dtype.kind not in "iuf":
+        raise TypeError(f"traj's states must be real numbers (T, n, d), got dtype {xs.dtype}")
     if xs.ndim != 3 or xs.shape[0] == 0 or ts.shape != (xs.shape[0],):
         raise ValueError(
-            f"animate needs a non-empty trajectory: states (T, n, d) and T times, got {xs.shape} and {ts.shape}"
+            "traj must be a non-empty trajectory: states (T, n, d) and T times, got "
+            f"{xs.shape} and {ts.shape}"
         )
     return (
         ts,
@@ -542,7 +575,7 @@ class _Movie:
         rgba: np.ndarray,
         view: Projection,
         size: tuple[float | int, float | int],
-        dpi: int,
+        dpi: float,
         trail: int,
         marker_size: float | None,
     ) -> None:
@@ -656,17 +689,72 @@ class _Movie:
             yield self.frame(k)
 
 
+def _check_movie_options(
+    n: int,
+    *,
+    fps: Any = MOVIE_FPS[0],
+    dpi: Any,
+    size: Any,
+    color: Any,
+    trail: Any,
+    elev: Any,
+    azim: Any,
+    marker_size: Any,
+) -> dict[str, Any]:
+    """The options of ``animate`` for ``n`` tokens, checked (``TypeError``/``ValueError`` naming
+    the argument and what it accepts) and normalised: ``fps``, ``trail`` Python ints, ``dpi``,
+    ``elev``, ``azim``, ``marker_size`` floats, ``size`` a pair of floats."""
+    fps = _params.check_int("fps", fps, minimum=MOVIE_FPS[0], maximum=MOVIE_FPS[1])
+    trail = _params.check_int("trail", trail, minimum=0)
+    dpi = _params.check_float("dpi", dpi, "float>0")
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
+        raise TypeError(f"size must be a pair (width, height) in inches, got {size!r:.80}")
+    size = tuple(_params.check_float(f"size[{i}]", v, "float>0") for i, v in enumerate(size))
+    lo, hi = MOVIE_PIXELS
+    for i, side in enumerate(("width", "height")):
+        px = size[i] * dpi
+        if not lo <= px <= hi:
+            raise ValueError(
+                f"size[{i}] x dpi (the frame's {side}) must be {lo} to {hi} pixels, got "
+                f"{size[i]:g} x {dpi:g} = {px:g}"
+            )
+    elev = _params.check_float("elev", elev)
+    azim = _params.check_float("azim", azim)
+    if marker_size is not None:
+        marker_size = _params.check_float("marker_size", marker_size, "float>0")
+    accepted = (
+        f"'cluster', None, a matplotlib colour, n = {n} per-token values or {n} RGB(A) rows"
+    )
+    if isinstance(color, str):
+        if color != "cluster" and not is_color_like(color):
+            raise ValueError(f"color must be {accepted}, got {color!r:.80}")
+    elif color is not None and not (is_color_like(color) and np.shape(color) != (n,)):
+        try:
+            c = np.asarray(color)
+        except (TypeError, ValueError):
+            raise TypeError(f"color must be {accepted}, got {color!r:.80}") from None
+        if c.dtype.kind not in "iuf" or c.shape not in ((n,), (n, 3), (n, 4)):
+            raise ValueError(
+                f"color must be {accepted}, got an array of shape {c.shape} and dtype {c.dtype}"
+            )
+        if c.ndim == 2 and not (np.all(np.isfinite(c)) and c.min() >= 0 and c.max() <= 1):
+            raise ValueError(f"color's RGB(A) rows must be in [0, 1], got values in [{c.min()}, {c.max()}]")
+    return dict(
+        fps=fps, dpi=dpi, size=size, trail=trail, elev=elev, azim=azim, marker_size=marker_size
+    )
+
+
 def _build_movie(
     traj: Any,
     *,
-    threshold: float = 0.1,
-    dpi: int = 72,
-    size: tuple[float | int, float | int] = (8.0, 4.0),
+    threshold: object = 0.1,
+    dpi: object = 72,
+    size: object = (8.0, 4.0),
     color: Any = "cluster",
-    trail: int = 0,
-    elev: float = 20.0,
-    azim: float = 35.0,
-    marker_size: float | None = None,
+    trail: object = 0,
+    elev: object = 20.0,
+    azim: object = 35.0,
+    marker_size: object = None,
 ) -> _Movie:
     """The movie of ``animate`` before encoding (checked input; non-finite states left out)."""
     import jax
@@ -675,13 +763,24 @@ def _build_movie(
 
     ts, xs, energy, gap = _movie_data(traj)
     metastability._check_threshold(threshold)
-    trail = int(trail)
-    if trail < 0:
-        raise ValueError(f"trail must be >= 0 saved positions, got {trail}")
+    checked = _check_movie_options(
+        xs.shape[1],
+        dpi=dpi,
+        size=size,
+        color=color,
+        trail=trail,
+        elev=elev,
+        azim=azim,
+        marker_size=marker_size,
+    )
+    dpi, size, trail = checked["dpi"], checked["size"], checked["trail"]
+    elev, azim, marker_size = checked["elev"], checked["azim"], checked["marker_size"]
     ok = np.all(np.isfinite(xs), axis=(1, 2))
     xs, ts = xs[ok], ts[ok]
     if xs.shape[0] == 0:
-        raise ValueError("the trajectory has no finite state to draw")
+        raise ValueError("traj has no finite state to draw")
+    if not np.all(np.isfinite(ts)):
+        raise ValueError("traj's times must be finite where its states are")
     energy = None if energy is None else energy[ok]
     # a pair (ts, xs): G_x = sum_i |x_i - xbar|^2 / (n - 1), as mf.metrics.collapse_gap
     if gap is None:
@@ -727,17 +826,17 @@ def _on_sphere(xs: np.ndarray) -> bool:
 
 def animate(
     traj: Any,
-    path: str | os.PathLike[str],
+    path: object,
     *,
-    fps: int = 20,
-    threshold: float = 0.1,
-    dpi: int = 72,
-    size: tuple[float | int, float | int] = (8.0, 4.0),
+    fps: object = 20,
+    threshold: object = 0.1,
+    dpi: object = 72,
+    size: object = (8.0, 4.0),
     color: Any = "cluster",
-    trail: int = 0,
-    elev: float = 20.0,
-    azim: float = 35.0,
-    marker_size: float | None = None,
+    trail: object = 0,
+    elev: object = 20.0,
+    azim: object = 35.0,
+    marker_size: object = None,
 ) -> str:
     r"""Write a movie of a run: the tokens (left) and the run's curve with its cluster count (right).
 
@@ -759,24 +858,34 @@ def animate(
     parts once, the tokens of each frame over them. ``.mp4``: H.264 through ffmpeg from the
     ``imageio-ffmpeg`` wheel; ``.gif``: Pillow.
 
+    An ``.mp4`` frame of odd width or height (H.264 needs even sides) is padded with one white
+    row or column; a GIF keeps the canvas's size.
+
     Args:
         traj: a ``Trajectory`` with states, or a pair ``(ts, xs)``.
-        path: output file, ``.mp4`` or ``.gif``; checked writable before any frame is drawn.
-        fps: frames per second.
+        path: output file (``str`` or ``os.PathLike``), ``.mp4`` or ``.gif``: a regular file or a
+            new one, checked writable before any frame is drawn (a FIFO, device or directory is
+            refused without being opened).
+        fps: frames per second, an integer in ``MOVIE_FPS`` (1 to 1000).
         threshold: angle of the cluster count (radians, in ``(0, pi)``).
-        dpi, size: frame resolution (inches times dpi).
+        dpi, size: frame resolution: ``size = (width, height)`` in inches (positive) times
+            ``dpi`` (positive), each side ``MOVIE_PIXELS`` (16 to 4096) pixels.
         color: ``"cluster"`` (default: each token in the colour of the cluster it ends in, the
             clusters of the last frame at ``threshold``, fixed over the run, largest first in
-            ``CLUSTER_PALETTE``), None (one colour), a colour, per-token values (viridis) or RGBA rows.
-        trail: draw each token's path over its last ``trail`` saved positions (0: none).
-        elev, azim: the camera of $d = 3$ (degrees).
-        marker_size: token marker area in points^2 (default from ``n``).
+            ``CLUSTER_PALETTE``), None (one colour), a matplotlib colour (a name or an RGB(A)
+            tuple), ``n`` per-token values (viridis) or ``n`` RGB(A) rows in ``[0, 1]``.
+        trail: draw each token's path over its last ``trail`` saved positions (an integer
+            ``>= 0``; 0: none).
+        elev, azim: the camera of $d = 3$ (degrees, finite).
+        marker_size: token marker area in points^2 (positive; default from ``n``).
 
     Returns:
         the path written, as a string.
 
     Raises:
-        ValueError: no states, an empty trajectory, a bad suffix or an unwritable path.
+        TypeError, ValueError: a bad argument, named in the message with what it accepts (no
+            states, an empty trajectory, a bad suffix, an unwritable path, a non-integer ``fps``,
+            a frame too small or too large, an unknown colour, ...); nothing is written.
         ImportError: ``.mp4`` without ``imageio-ffmpeg`` (the message names the package).
 
     Example:
@@ -786,13 +895,21 @@ def animate(
         >>> mf.plotting.animate(traj, "usa.gif", trail=5)  # doctest: +SKIP
         'usa.gif'
     """
-    _movie_data(traj)  # the input first, then the path, then any work
-    fps = int(fps)
-    if fps < 1:
-        raise ValueError(f"fps must be >= 1, got {fps}")
+    _, xs, _, _ = _movie_data(traj)  # the input first, then the path, then any work
     from . import metastability
 
     metastability._check_threshold(threshold)
+    fps = _check_movie_options(
+        xs.shape[1],
+        fps=fps,
+        dpi=dpi,
+        size=size,
+        color=color,
+        trail=trail,
+        elev=elev,
+        azim=azim,
+        marker_size=marker_size,
+    )["fps"]
     out = _movie_path(path)
     movie = _build_movie(
         traj,

@@ -7,12 +7,21 @@ packages that declare their class (or a list of classes) in the entry-point grou
 (``load_entry_points``). A registered model works, with no edit to meanfield, in ``make``,
 ``meanfield simulate --kernel NAME --PARAM value`` (and its ``--help``), a sweep spec's
 ``kind = NAME``, the run's cost estimate and the dt warning (its ``interaction_rate``).
+
+Plugins load in isolation: an entry point whose import raises anything (``SystemExit`` of a
+plugin that calls ``sys.exit`` or parses the command line at import included; only
+``KeyboardInterrupt`` passes) or whose classes ``register`` refuses is skipped with ONE warning
+line (``PluginWarning``) and recorded in ``PLUGIN_FAILURES`` (``meanfield info`` lists it); while
+it is imported, ``sys.argv`` is ``[entry point name]``, ``sys.stdin`` is empty and what it
+prints is not shown (a plugin cannot read or answer meanfield's own command line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import io
 import re
 import sys
 import warnings
@@ -38,6 +47,10 @@ __all__ = [
     "MODELS",
     "MODEL_NAMES",
     "ENTRY_POINT_GROUP",
+    "RESERVED_MODEL_NAMES",
+    "PLUGIN_FAILURES",
+    "PluginWarning",
+    "plugin_error",
     "register",
     "unregister",
     "load_entry_points",
@@ -48,6 +61,19 @@ __all__ = [
 
 #: The entry-point group in which installed packages declare their models.
 ENTRY_POINT_GROUP = "meanfield.models"
+
+#: Names no model may take: the sweep kinds of their own (``[model] kind = "attention"`` or
+#: ``"continuum"`` in a sweep spec), which a model of that name would never reach.
+RESERVED_MODEL_NAMES = ("attention", "continuum")
+
+#: The entry points of ``ENTRY_POINT_GROUP`` that ``load_entry_points`` skipped: ``{name:
+#: {"value": "module:attr", "error": "ExcType: message"}}`` (``meanfield info`` lists them).
+PLUGIN_FAILURES: dict[str, dict[str, str]] = {}
+
+
+class PluginWarning(UserWarning):
+    """A model entry point (``meanfield.models``) that was not registered: the warning names it,
+    its value and the error (one line)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,8 +206,15 @@ def register(cls: type, *, _builtin: bool = False) -> type:
 
     ``cls`` is a concrete subclass of ``mf.models.Model`` (``mf.kernels.Kernel`` for a pair
     kernel) whose parameters are declared with ``mf.kernels.param``. Its name (lower case, words
-    joined by ``-``) must be new, or already ``cls``'s; its parameter names must not be the
-    command line's own flags (``n``, ``d``, ``dt``, ...: ``meanfield._params.RESERVED_NAMES``).
+    joined by ``-``) must be new, or already ``cls``'s, and not a sweep kind of its own
+    (``RESERVED_MODEL_NAMES``: ``attention``, ``continuum``). Its parameters: names that are not
+    the command line's own flags (``n``, ``d``, ``dt``, ...: ``meanfield._params.RESERVED_NAMES``;
+    a bool's ``no_NAME`` counts); defaults of their own kind (``beta = -1`` declared
+    ``"float>0"`` is refused); and, since ``meanfield simulate`` has one flag per name for every
+    model, a name another model has must keep that model's kind and choices (a float named
+    ``weights`` would be parsed as ``sa``'s choice of weights), and no name may be the
+    ``--no-NAME`` of another's bool. Each refusal is one ``ValueError`` naming the class and
+    the parameter (or name) and what is accepted.
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -207,6 +240,11 @@ def register(cls: type, *, _builtin: bool = False) -> type:
         raise ValueError(
             f"{cls.__name__}.name must be a lower-case name like 'my-kernel' (letters, digits, '-'), got {name!r}"
         )
+    if name in RESERVED_MODEL_NAMES:
+        raise ValueError(
+            f"{cls.__name__}.name {name!r} is reserved (the sweep kinds of their own: "
+            f"{', '.join(RESERVED_MODEL_NAMES)}); choose another name"
+        )
     old = MODELS.get(name)
     if old is not None and old.builtin and old.cls is not cls:
         raise ValueError(f"{name!r} is one of meanfield's own models; choose another name")
@@ -225,15 +263,63 @@ def register(cls: type, *, _builtin: bool = False) -> type:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ValueError(f"{cls.__name__} declares parameter(s) {', '.join(dup)} twice")
-    reserved = sorted(set(names) & set(RESERVED_NAMES))
+    flags = {f for p in params for f in _flag_names(p)}
+    reserved = sorted(flags & set(RESERVED_NAMES))
     if reserved:
         raise ValueError(
             f"{cls.__name__}'s parameter(s) {', '.join(reserved)} clash with the command line's own "
             f"flags; rename them (reserved: {', '.join(RESERVED_NAMES)})"
         )
+    for p in params:
+        try:
+            p.validate(p.default, f"{cls.__name__}.{p.name}'s default")
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"{e} (declared kind {p.kind}"
+                + (f": {', '.join(map(repr, p.choices))}" if p.kind == "choice" else "")
+                + "; a default must be one of its own values)"
+            ) from None
+    _check_shared_flags(cls, name, params)
     MODELS[name] = ModelEntry.of(cls, builtin=_builtin)
     _refresh_names()
     return cls
+
+
+def _flag_names(p: Param) -> tuple[str, ...]:
+    """The command-line names a parameter takes (``meanfield simulate --NAME``; a bool also
+    ``--no-NAME``), with ``_`` for ``-``."""
+    return (p.name, f"no_{p.name}") if p.kind == "bool" else (p.name,)
+
+
+def _check_shared_flags(cls: type, name: str, params: tuple[Param, ...]) -> None:
+    """``meanfield simulate`` has ONE flag per parameter name, shared by every model that has
+    it, parsed by the rule (kind and choices) of the first: a parameter named like another
+    model's must have its kind and choices (``sa``'s ``weights`` is a choice; a float of that
+    name would be parsed as one), and no parameter may take the ``--no-NAME`` flag of another's
+    bool. ``ValueError`` naming both models."""
+    for other in MODELS.values():
+        if other.name == name:
+            continue
+        theirs = {p.name: p for p in other.params}
+        their_flags = {f: p for p in other.params for f in _flag_names(p)}
+        for p in params:
+            q = theirs.get(p.name)
+            if q is not None and (q.kind, tuple(q.choices)) != (p.kind, tuple(p.choices)):
+                what = f"a choice of {', '.join(map(repr, q.choices))}" if q.kind == "choice" else q.kind
+                raise ValueError(
+                    f"{cls.__name__}'s parameter {p.name!r} ({p.kind}) would share the flag "
+                    f"--{p.name.replace('_', '-')} with the parameter {p.name!r} of model "
+                    f"{other.name!r} ({what}), parsed one way for every model: give it that kind, "
+                    "or another name"
+                )
+            for f in _flag_names(p):
+                q = their_flags.get(f)
+                if q is not None and q.name != p.name:
+                    raise ValueError(
+                        f"{cls.__name__}'s parameter {p.name!r} takes the flag "
+                        f"--{f.replace('_', '-')}, already model {other.name!r}'s parameter "
+                        f"{q.name!r}; choose another name"
+                    )
 
 
 def unregister(name: str) -> None:
@@ -257,7 +343,14 @@ def unregister(name: str) -> None:
 def load_entry_points() -> list[str]:
     """Register the models that installed packages declare in the entry-point group
     ``meanfield.models`` (an entry point names a model class or a list of them); returns the
-    names registered. One that fails to load or to register is skipped with a warning naming it.
+    names registered.
+
+    Each entry point loads in isolation (``_isolated``): ``sys.argv`` is ``[its name]``,
+    ``sys.stdin`` empty, and what it prints is held back (on a failure, its first line is in
+    the message). One that raises anything while it loads (``SystemExit`` included: a plugin
+    that calls ``sys.exit`` or runs argparse at import; ``KeyboardInterrupt`` still interrupts)
+    or whose classes ``register`` refuses is skipped with one ``PluginWarning`` line naming it
+    and recorded in ``PLUGIN_FAILURES``.
 
     Example:
         >>> import meanfield as mf
@@ -266,20 +359,112 @@ def load_entry_points() -> list[str]:
     """
     from importlib.metadata import entry_points
 
+    try:
+        found = list(entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as e:  # damaged distribution metadata: no plugin, one warning
+        _warn_plugin(f"the {ENTRY_POINT_GROUP} entry points could not be read: {_describe(e)}")
+        return []
     done = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in found:
+        printed = io.StringIO()
         try:
-            obj = ep.load()
-            for cls in obj if isinstance(obj, (list, tuple)) else [obj]:
-                register(cls)
-                done.append(str(cls.name))
-        except Exception as e:  # a broken plugin must not break meanfield
-            warnings.warn(
-                f"meanfield: the model entry point {ep.name!r} ({ep.value}) was not registered: "
-                f"{type(e).__name__}: {e}",
-                stacklevel=2,
+            with _isolated(ep.name, printed):
+                obj = ep.load()
+                classes = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+                for cls in classes:
+                    register(cls)
+                    done.append(str(cls.name))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # a broken plugin must not break (or end) meanfield
+            error = _describe(e)
+            shown = next((ln.strip() for ln in printed.getvalue().splitlines() if ln.strip()), "")
+            if shown:
+                error += f" (it printed: {shown[:200]})"
+            PLUGIN_FAILURES[ep.name] = {"value": str(ep.value), "error": error}
+            _warn_plugin(
+                f"the model entry point {ep.name!r} ({ep.value}) was not registered: {error}"
             )
+        else:
+            PLUGIN_FAILURES.pop(ep.name, None)
     return done
+
+
+def plugin_error(name: object, e: BaseException, flag: str = "model") -> ValueError | None:
+    """The one-line error of an exception ``e`` raised while the model ``name`` ran, when that
+    model is not one of meanfield's own (a plugin, or registered at run time) and the exception
+    is its code's: raised with a frame of its class's package in the traceback (or one of the
+    exceptions it came from), or of a type no user error has (not ``ValueError``, ``TypeError``,
+    ``OverflowError``, ``OSError``). ``None`` otherwise (meanfield's own models, and meanfield's
+    own refusals: raise ``e`` as it is). The command line prints it as its one line (exit
+    status 2): ``"{flag} NAME (the model MODULE.CLASS, not one of meanfield's) failed: ExcType:
+    message"``.
+
+    Example:
+        >>> plugin_error("usa", ZeroDivisionError("x")) is None  # meanfield's own: a bug, not a plugin's
+        True
+    """
+    entry = MODELS.get(name) if isinstance(name, str) else None
+    if entry is None or entry.builtin or entry.cls is None or isinstance(e, MemoryError):
+        return None
+    package = entry.cls.__module__.split(".")[0]
+    if isinstance(e, (ValueError, TypeError, OverflowError, OSError)) and not _raised_in(
+        e, package
+    ):
+        return None
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    return ValueError(
+        f"{flag} {entry.name} (the model {entry.cls.__module__}.{entry.cls.__qualname__}, not one "
+        f"of meanfield's) failed: {type(e).__name__}" + (f": {line}" if line else "")
+    )
+
+
+def _raised_in(e: BaseException, package: str) -> bool:
+    """Whether a frame of ``e``'s traceback (or of the exceptions it came from) runs code of
+    ``package``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo and len(seen) < 32:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            module = str(tb.tb_frame.f_globals.get("__name__", ""))
+            if module == package or module.startswith(package + "."):
+                return True
+            tb = tb.tb_next
+        todo += [exc.__cause__, exc.__context__]
+    return False
+
+
+def _describe(e: BaseException) -> str:
+    """``"ExcType: first line"`` (``SystemExit``: its code)."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) at import"
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def _warn_plugin(message: str) -> None:
+    """One ``PluginWarning`` line: an explicit location with no source line to print under it."""
+    warnings.warn_explicit(message, PluginWarning, ENTRY_POINT_GROUP, 0)
+
+
+@contextlib.contextmanager
+def _isolated(name: str, printed: io.StringIO) -> Any:
+    """Run a plugin's import with ``sys.argv = [name]``, an empty ``sys.stdin`` and its output
+    (``sys.stdout``, ``sys.stderr``) into ``printed``; everything restored after."""
+    saved = sys.argv, sys.stdin, sys.stdout, sys.stderr
+    sys.argv = [name]
+    sys.stdin = io.StringIO()
+    sys.stdout = sys.stderr = printed
+    try:
+        yield
+    finally:
+        sys.argv, sys.stdin, sys.stdout, sys.stderr = saved
 
 
 for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention):
