@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, SupportsInt, TypeAlias
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
@@ -11,7 +11,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float
 
 from . import sphere
-from ._checks import RealScalarLike, check_positive
+from ._checks import RealScalarLike, check_int, check_positive, check_scalar, is_concrete
+from ._machine import ResourceLimitError, format_bytes, machine_memory
 from ._precision import matmul
 from .energy import energy as _energy
 from .energy import resolve_aux
@@ -31,6 +32,51 @@ __all__ = [
 ]
 
 
+def _check_memory(what: str, need: float, fix: str) -> None:
+    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
+    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
+    ``ValueError``) naming the argument, the estimate and the limit."""
+    avail = machine_memory()
+    if not need <= avail:
+        raise ResourceLimitError(
+            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
+            f"available; {fix}"
+        )
+
+
+def _states(name: str, x: Any) -> Array:
+    """``(n, d)`` real states, ``n >= 1``, ``d >= 2``, finite where concrete."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an (n, d) array of unit rows, got {x!r:.80}")
+    try:
+        arr = jnp.asarray(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an (n, d) array of unit rows, got {x!r:.80}") from None
+    if np.dtype(arr.dtype).kind not in "iuf":
+        raise TypeError(f"{name} must be an (n, d) array of real numbers, got dtype {arr.dtype}")
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
+        raise ValueError(
+            f"{name} must be an (n, d) array with n >= 1, d >= 2, got shape {arr.shape}"
+        )
+    if is_concrete(arr) and not bool(jnp.all(jnp.isfinite(arr))):
+        raise ValueError(f"{name} must be finite (a failed run's state has no Hessian)")
+    if not jnp.issubdtype(arr.dtype, jnp.floating):
+        arr = arr.astype(jnp.float32)
+    return arr
+
+
+def _check_hessian_memory(x: Array) -> None:
+    """The ``(n d, n d)`` Euclidean Hessian, the block-diagonal frame ``(n d, n (d - 1))`` and
+    their products: about six ``(n d)^2`` arrays."""
+    n, d = x.shape
+    m = float(n) * float(d)
+    _check_memory(
+        f"the tangent Hessian of n = {n}, d = {d} (x of shape {tuple(x.shape)})",
+        6.0 * m * m * np.dtype(x.dtype).itemsize,
+        "use fewer particles",
+    )
+
+
 def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"]:
     r"""Orthonormal tangent bases $B_i$ (columns span $x_i^\perp$), one per particle.
 
@@ -45,6 +91,13 @@ def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"
         >>> mf.analysis.tangent_frame(mf.sphere.uniform(jax.random.key(0), 4, 3)).shape
         (4, 3, 2)
     """
+    x = _states("x", x)
+    n, d = x.shape
+    _check_memory(
+        f"tangent_frame of n = {n}, d = {d}",
+        4.0 * n * d * d * x.dtype.itemsize,
+        "use fewer particles",
+    )
     return jax.vmap(sphere.tangent_basis)(x)
 
 
@@ -81,13 +134,14 @@ def tangent_hessian(kernel: object, x: ArrayLike, aux: Any = None) -> Float[Arra
         raise TypeError(
             f"tangent_hessian needs a kernel with an energy (mf.kernels), got {type(kernel).__name__}"
         )
+    x = _states("x", x)
+    _check_hessian_memory(x)
     aux = resolve_aux(kernel, x, aux)
-    x = jnp.asarray(x)
     n, d = x.shape
     f = lambda y: _energy(kernel, y, aux)  # noqa: E731
     g = jax.grad(f)(x)
     Hess = jax.hessian(f)(x).reshape(n * d, n * d)
-    B = tangent_frame(x)  # (n, d, d-1)
+    B = jax.vmap(sphere.tangent_basis)(x)  # (n, d, d-1)
     Bfull = jax.scipy.linalg.block_diag(*[B[i] for i in range(n)])  # (n d, n (d-1))
     H = matmul(matmul(Bfull.T, Hess), Bfull)
     radial = jnp.sum(x * g, axis=-1)  # <x_i, grad_i E>
@@ -99,7 +153,7 @@ _tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
 
 
 def classify(
-    H: Float[Array | np.ndarray, "m m"], *, num_zero_modes: int, rtol: float = 1e-6
+    H: Float[Array | np.ndarray, "m m"], *, num_zero_modes: object, rtol: RealScalarLike = 1e-6
 ) -> dict:
     r"""Classify a critical point from its tangent Hessian.
 
@@ -122,6 +176,18 @@ def classify(
         >>> out["kind"], out["negative"], out["zero"]
         ('maximiser', 2, 1)
     """
+    num_zero_modes = check_int("num_zero_modes", num_zero_modes, minimum=0)
+    check_scalar("rtol", rtol)
+    check_positive("rtol", rtol)
+    if isinstance(H, (str, bytes)) or H is None:
+        raise TypeError(f"H must be a square symmetric matrix, got {H!r:.80}")
+    H = jnp.asarray(H)
+    if np.dtype(H.dtype).kind not in "iuf":
+        raise TypeError(f"H must be a real matrix, got dtype {H.dtype}")
+    if H.ndim != 2 or H.shape[0] != H.shape[1] or H.shape[0] == 0:
+        raise ValueError(f"H must be a non-empty square (m, m) matrix, got shape {H.shape}")
+    if not bool(jnp.all(jnp.isfinite(H))):
+        raise ValueError("H must be finite")
     lam = jnp.linalg.eigvalsh(H)
     scale = jnp.max(jnp.abs(lam))
     zero = jnp.abs(lam) <= rtol * scale
@@ -159,11 +225,13 @@ def growth_rates(kernel: Any, x: Array | np.ndarray, aux: Any = None) -> Float[A
         >>> r.shape, round(float(r[0]), 3)
         ((8,), -2.718)
     """
-    H = _tangent_hessian_jit(kernel, jnp.asarray(x), aux)
+    x = _states("x", x)
+    _check_hessian_memory(x)
+    H = _tangent_hessian_jit(kernel, x, aux)
     return x.shape[0] * jnp.linalg.eigvalsh(H)
 
 
-def collapsed_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
+def collapsed_spectrum(beta: RealScalarLike, n: object, d: object) -> dict:
     r"""Predicted tangent-Hessian spectrum of USA at a collapsed state.
 
     $d - 1$ zero modes (global rotations) and $-e^\beta / n$ with multiplicity $(n - 1)(d - 1)$.
@@ -182,6 +250,7 @@ def collapsed_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
         >>> s["zero"], s["multiplicity"], round(s["eigenvalue"], 4)
         (2, 6, -0.6796)
     """
+    beta, n, d = _spectrum_args(beta, n, d)
     return {
         "zero": d - 1,
         "eigenvalue": -float(np.exp(beta)) / n,
@@ -189,7 +258,13 @@ def collapsed_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
     }
 
 
-def antipodal_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
+def _spectrum_args(beta: Any, n: Any, d: Any) -> tuple[float, int, int]:
+    check_scalar("beta", beta)
+    check_positive("beta", beta)
+    return float(beta), check_int("n", n, minimum=2), check_int("d", d, minimum=2)
+
+
+def antipodal_spectrum(beta: RealScalarLike, n: object, d: object) -> dict:
     r"""Predicted spectrum of USA at two antipodal clusters of $n / 2$ tokens (a saddle).
 
     Linearising $dx_i/dt = P F_i$ with clusters of mass $1/2$ at $\pm e$: a rigid
@@ -214,7 +289,9 @@ def antipodal_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
         >>> s["num_positive"], s["num_negative"], round(float(s["positive"]), 4)
         (2, 4, 0.092)
     """
-    b = float(beta)
+    b, n, d = _spectrum_args(beta, n, d)
+    if n % 2:
+        raise ValueError(f"antipodal_spectrum needs an even n (two clusters of n / 2), got n = {n}")
     return {
         "positive": np.exp(-b) / n,
         "num_positive": d - 1,
@@ -225,7 +302,7 @@ def antipodal_spectrum(beta: RealScalarLike, n: int, d: int) -> dict:
 
 
 def cluster_state(
-    n: SupportsInt, k: SupportsInt, d: int = 3, dtype: DTypeLike = jnp.float32
+    n: object, k: object, d: object = 3, dtype: DTypeLike = jnp.float32
 ) -> Float[Array, "n d"]:
     r"""$k$ clusters of $n / k$ tokens at the vertices of a regular $k$-gon on the great
     circle of $(e_1, e_2)$: $x_i = \cos(a_i) e_1 + \sin(a_i) e_2$, $a_i = 2 \pi \lfloor i k / n \rfloor / k$.
@@ -248,10 +325,22 @@ def cluster_state(
         >>> x.shape, int(mf.metrics.num_clusters(x))
         ((6, 3), 2)
     """
-    n = int(n)
-    k = int(k)
-    if k < 1 or n % k:
+    n = check_int("n", n, minimum=1)
+    k = check_int("k", k, minimum=1)
+    d = check_int("d", d, minimum=2)
+    if n % k:
         raise ValueError(f"cluster_state needs k >= 1 dividing n, got n = {n}, k = {k}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype!r}") from None
+    if dt.kind != "f":
+        raise TypeError(f"dtype must be a floating dtype, got {dt}")
+    _check_memory(
+        f"cluster_state with n = {n}, d = {d}",
+        4.0 * float(n) * float(d) * dt.itemsize,
+        "use fewer particles",
+    )
     ang = 2 * jnp.pi * (jnp.arange(n) // (n // k)) / k
     x = jnp.zeros((n, d), dtype)
     return x.at[:, 0].set(jnp.cos(ang)).at[:, 1].set(jnp.sin(ang))
@@ -299,8 +388,11 @@ def classify_state(
     from . import metrics
     from .energy import field as _field
 
-    x = jnp.asarray(x)
+    x = _states("x", x)
+    check_scalar("critical_tol", critical_tol)
+    check_positive("critical_tol", critical_tol)
     n, d = x.shape
+    _check_hessian_memory(x)
     H = _tangent_hessian_jit(kernel, x, aux)
     out = classify(H, num_zero_modes=d - 1, rtol=rtol)
     F = _field(kernel, x, aux)
@@ -362,6 +454,11 @@ def escape_time(
     kernel.check_config(x0, aux)
     check_positive("dt", dt)
     check_positive("t_max", t_max)
+    check_scalar("fraction", fraction)
+    if is_concrete(fraction) and not 0.0 < float(fraction) < 1.0:
+        raise ValueError(
+            f"fraction must be in (0, 1) (the gap reduction of an escape), got {fraction!r}"
+        )
     return _escape(
         kernel, x0, aux, jnp.asarray(dt, x0.dtype), jnp.asarray(t_max, x0.dtype), fraction
     )

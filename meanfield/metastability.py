@@ -498,36 +498,47 @@ def _check_plateau_args(
     return E, min_points
 
 
+def _plateau_rule(E: Any, rel_tol: Any, rate_tol: Any, min_points: int, xp: Any) -> tuple[Any, Any]:
+    """``(group, count)``: the plateau index of every save (-1 off a plateau) and the count.
+
+    The rule of ``plateaus``, written once for NumPy (``xp = np``: ``plateaus``, no compilation
+    per trace length) and JAX (``xp = jnp``: ``num_plateaus``, jit and vmap): a save interval is
+    flat when its energy change is at most ``rate_tol`` times the largest change of one interval;
+    maximal runs of saves joined by flat intervals, of at least ``min_points`` saves, are the
+    candidates; a candidate that starts within ``rel_tol (max E - min E)`` of the energy at which
+    the previous candidate ended continues it.
+    """
+    T = E.shape[0]
+    inc = xp.abs(xp.diff(E))
+    peak = xp.max(inc, initial=0.0)
+    flat = inc <= rate_tol * peak
+    brk = xp.concatenate([xp.ones((1,), bool), ~flat])  # save k starts a flat run
+    seg = xp.cumsum(brk) - 1
+    if xp is np:
+        length = np.bincount(seg, minlength=T)
+    else:
+        length = jax.ops.segment_sum(jnp.ones((T,), jnp.int32), seg, num_segments=T)
+    on = length[seg] >= min_points
+    start = on & brk
+    end = on & xp.concatenate([brk[1:], xp.ones((1,), bool)])
+    idx = xp.arange(T)
+    marks = xp.where(end, idx, -1)
+    last_end = np.maximum.accumulate(marks) if xp is np else jax.lax.cummax(marks)
+    prev_end = xp.concatenate([xp.full((1,), -1, last_end.dtype), last_end[:-1]])
+    band = rel_tol * (xp.max(E) - xp.min(E))
+    joined = start & (prev_end >= 0) & (xp.abs(E - E[xp.maximum(prev_end, 0)]) <= band)
+    new = start & ~joined
+    group = xp.where(on, xp.cumsum(new) - 1, -1)
+    return group, xp.sum(new)
+
+
 @eqx.filter_jit
 def _plateau_core(
     E: Float[Array, " T"], rel_tol: RealScalarLike, rate_tol: RealScalarLike, min_points: int
 ) -> tuple[Int[Array, " T"], Int[Array, ""]]:
-    """``(group, count)``: the plateau index of every save (-1 off a plateau) and the count.
-
-    The rule of ``plateaus``: a save interval is flat when its energy change is at most
-    ``rate_tol`` times the largest change of one interval; maximal runs of saves joined by flat
-    intervals, of at least ``min_points`` saves, are the candidates; a candidate that starts within
-    ``rel_tol (max E - min E)`` of the energy at which the previous candidate ended continues it.
-    """
+    """``_plateau_rule`` in JAX (``num_plateaus``)."""
     E = E.astype(jnp.result_type(E.dtype, jnp.float32))
-    T = E.shape[0]
-    inc = jnp.abs(jnp.diff(E))
-    peak = jnp.max(inc, initial=0.0)
-    flat = inc <= rate_tol * peak
-    brk = jnp.concatenate([jnp.ones((1,), bool), ~flat])  # save k starts a flat run
-    seg = jnp.cumsum(brk) - 1
-    length = jax.ops.segment_sum(jnp.ones((T,), jnp.int32), seg, num_segments=T)
-    on = length[seg] >= min_points
-    start = on & brk
-    end = on & jnp.concatenate([brk[1:], jnp.ones((1,), bool)])
-    idx = jnp.arange(T)
-    last_end = jax.lax.cummax(jnp.where(end, idx, -1))
-    prev_end = jnp.concatenate([jnp.full((1,), -1, last_end.dtype), last_end[:-1]])
-    band = rel_tol * (jnp.max(E) - jnp.min(E))
-    joined = start & (prev_end >= 0) & (jnp.abs(E - E[jnp.maximum(prev_end, 0)]) <= band)
-    new = start & ~joined
-    group = jnp.where(on, jnp.cumsum(new) - 1, -1)
-    return group, jnp.sum(new)
+    return _plateau_rule(E, rel_tol, rate_tol, min_points, jnp)
 
 
 def plateaus(
@@ -583,7 +594,9 @@ def plateaus(
     E, min_points = _check_plateau_args(energy, rel_tol, rate_tol, min_points)
     t = _check_times("ts", ts, E.shape[0])
     En = np.asarray(energy, dtype=np.float64)
-    group, count = map(np.asarray, _plateau_core(E, rel_tol, rate_tol, min_points))
+    # the dtype num_plateaus computes in (float32 at least), in NumPy: no compilation per length
+    Ec = np.asarray(E).astype(np.result_type(np.asarray(E).dtype, np.float32))
+    group, count = _plateau_rule(Ec, float(rel_tol), float(rate_tol), min_points, np)
     starts, ends, levels = [], [], []
     for g in range(int(count)):
         idx = np.flatnonzero(group == g)

@@ -22,7 +22,7 @@ their empirical laws at fixed times; ``fit_rate`` fits the exponent (theory $-1/
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, SupportsInt, TypeAlias
+from typing import Any, TypeAlias
 
 import equinox as eqx
 import jax
@@ -33,6 +33,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import metrics, sphere
 from ._checks import RealScalarLike, check_choice, check_int, check_positive
+from ._machine import ResourceLimitError, format_bytes, machine_memory
 from ._precision import einsum
 from .energy import resolve_aux
 from .kernels import USA, GaugeKernel, Kernel
@@ -50,6 +51,24 @@ __all__ = [
 
 #: Accepted ``mode=`` values: a random partition into batches or i.i.d. partners.
 MODES = ("batch", "sample")
+
+
+def _check_memory(what: str, need: float, fix: str) -> None:
+    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
+    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
+    ``ValueError``) naming the argument, the estimate and the limit."""
+    avail = machine_memory()
+    if not need <= avail:
+        raise ResourceLimitError(
+            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
+            f"available; {fix}"
+        )
+
+
+def _field_bytes(n: int, d: int, p: int, itemsize: int) -> float:
+    """Peak bytes of one random-batch field: the ``(n, p)`` partners or batch weights and the
+    ``(n, p, d)`` pair terms with their temporaries (about three copies)."""
+    return 3.0 * float(n) * float(p) * (float(d) * itemsize + 8.0) + 8.0 * n * d * itemsize
 
 
 def _check_p(n: int, p: Any, mode: str) -> int:
@@ -124,6 +143,12 @@ def random_batch_field(
     x = jnp.asarray(x)
     p = _check_p(x.shape[0], p, mode)
     kernel.check_config(x, aux)
+    n, d = x.shape
+    _check_memory(
+        f"random_batch_field with p = {p} (n = {n}, d = {d})",
+        _field_bytes(n, d, p, x.dtype.itemsize),
+        "use a smaller p",
+    )
     return _rb_field(kernel, x, aux, key, p, mode)
 
 
@@ -181,8 +206,8 @@ def field_errors(
     aux: Any = None,
     *,
     key: PRNGKeyArray,
-    ps: Collection[SupportsInt],
-    num_draws: int = 8,
+    ps: object,
+    num_draws: object = 8,
     mode: str = "batch",
 ) -> np.ndarray:
     r"""Relative field error $\|\hat F - F\|_F / \|F\|_F$ for each $p$ in ``ps`` and each draw.
@@ -213,11 +238,23 @@ def field_errors(
     """
     aux = resolve_aux(kernel, x, aux)
     x = jnp.asarray(x)
+    num_draws = check_int("num_draws", num_draws, minimum=1)
+    if isinstance(ps, (str, bytes)) or not isinstance(ps, Collection):
+        raise TypeError(f"ps must be a list of batch sizes, got {ps!r:.80}")
+    ps = [_check_p(x.shape[0], p, mode) for p in ps]
+    if not ps:
+        raise ValueError("ps must hold at least one batch size, got none")
+    n, d = x.shape
+    _check_memory(
+        f"field_errors with num_draws = {num_draws} (n = {n}, d = {d}, p up to {max(ps)})",
+        num_draws * _field_bytes(n, d, max(ps), x.dtype.itemsize),
+        "use fewer draws or smaller batch sizes",
+    )
+    kernel.check_config(x, aux)
     F = kernel.field(x, aux)
     nrm = jnp.linalg.norm(F)
     out = np.zeros((len(ps), num_draws))
     for a, p in enumerate(ps):
-        p = _check_p(x.shape[0], int(p), mode)
         keys = jax.random.split(jax.random.fold_in(key, a), num_draws)
         Fh = jax.vmap(lambda k: _rb_field_jit(kernel, x, aux, k, p, mode))(keys)  # noqa: B023
         out[a] = np.asarray(jnp.linalg.norm(Fh - F[None], axis=(1, 2)) / nrm)
@@ -259,7 +296,7 @@ def simulate_random_batch(
     dt: RealScalarLike,
     num_saves: Any = 11,
     mode: str = "batch",
-    observables: Mapping[str, Callable] | None = None,
+    observables: object = None,
 ) -> RandomBatchRun:
     """Random-batch projected Heun from ``x0`` to ``t1`` (``round(t1 / dt)`` steps, $O(n p d)$ each).
 
@@ -299,12 +336,46 @@ def simulate_random_batch(
     check_positive("t1", t1)
     check_positive("dt", dt)
     num_saves = check_int("num_saves", num_saves, minimum=2)
-    steps = int(round(float(t1) / float(dt)))
+    ratio = float(t1) / float(dt)
+    if not ratio < 2.0**62:
+        raise ResourceLimitError(
+            f"simulate_random_batch with round(t1/dt) = {ratio:.3g} steps needs one key per step, "
+            f"more memory than any machine has; use a longer dt or a shorter t1"
+        )
+    steps = int(round(ratio))
     if steps < 1 or steps % (num_saves - 1):
         raise ValueError(
             f"round(t1/dt) = {steps} steps must be a positive multiple of num_saves - 1 = {num_saves - 1}"
         )
+    if observables is not None and not isinstance(observables, Mapping):
+        raise TypeError(
+            f"observables must be a dict name -> callable x -> array, got {type(observables).__name__}"
+        )
+    for name, fn in (observables or {}).items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(
+                f"observables must map names to callables x -> array, got {name!r}: {fn!r}"
+            )
     obs = tuple(sorted((observables or {}).items()))
+    n, d = x0.shape
+    item = x0.dtype.itemsize
+    per_save = 1.0 + sum(
+        float(np.prod(jax.eval_shape(fn, x0).shape)) for _, fn in obs
+    )  # the gap and the observables
+    # keys: one per step of a save interval (split at once) and one per save; the saved values
+    # twice (the scan's stacked output and the concatenation)
+    need = (
+        8.0 * (steps // (num_saves - 1))
+        + num_saves * (8.0 + 2.0 * item * per_save)
+        + _field_bytes(n, d, p, item)
+        + 12.0 * n * d * item
+    )
+    _check_memory(
+        f"simulate_random_batch with round(t1/dt) = {steps} steps, num_saves = {num_saves}, "
+        f"p = {p} (n = {n}, d = {d})",
+        need,
+        "use fewer saves, a longer dt or a smaller p",
+    )
     return _rb_run(
         kernel,
         x0,
@@ -367,12 +438,12 @@ def _rb_run(
 
 def meanfield_distances(
     kernel: Kernel,
-    sample_init: Callable,
-    ns: Collection[SupportsInt],
+    sample_init: object,
+    ns: object,
     *,
     key: PRNGKeyArray,
     ts: npt.ArrayLike,
-    repeats: int = 8,
+    repeats: object = 8,
     dt: RealScalarLike = 0.05,
     bandwidth: RealScalarLike = 0.5,
 ) -> np.ndarray:
@@ -407,11 +478,32 @@ def meanfield_distances(
     """
     from .integrate import simulate
 
-    ts = np.asarray(ts, np.float64)
+    if not callable(sample_init):
+        raise TypeError(
+            f"sample_init must be a callable (key, m) -> (m, d), got {sample_init!r:.80}"
+        )
+    if isinstance(ns, (str, bytes)) or not isinstance(ns, Collection) or not len(ns):
+        raise TypeError(f"ns must be a non-empty list of particle numbers, got {ns!r:.80}")
+    ns = [check_int("n", n, minimum=2) for n in ns]
+    repeats = check_int("repeats", repeats, minimum=1)
+    ts = _times("ts", ts)
+    check_positive("dt", dt)
+    check_positive("bandwidth", bandwidth)
     t1 = float(ts[-1])
+    sample = jax.eval_shape(lambda k: sample_init(k, 2), key)  # its shape, nothing run
+    d, item = int(sample.shape[-1]), np.dtype(sample.dtype).itemsize
+    for n in ns:
+        # per repeat, both runs: the saved states of 3n particles, the stages, and the dense
+        # n x n pair arrays of the field and the MMD (about three each)
+        m = 3.0 * n
+        need = repeats * item * (m * d * (len(ts) + 12.0) + 6.0 * m * m)
+        _check_memory(
+            f"meanfield_distances with n = {n}, repeats = {repeats}, {len(ts)} save times",
+            need,
+            "use smaller n, fewer repeats or fewer save times",
+        )
     out = np.zeros((len(ns), len(ts), repeats))
     for a, n in enumerate(ns):
-        n = check_int("n", int(n), minimum=2)
         keys = jax.random.split(jax.random.fold_in(key, n), repeats)
 
         def one(k: PRNGKeyArray, n: int = n) -> Float[Array, " T"]:
@@ -426,7 +518,7 @@ def meanfield_distances(
     return out
 
 
-def fit_rate(ns: npt.ArrayLike, dist: npt.ArrayLike) -> tuple[float, float]:
+def fit_rate(ns: object, dist: object) -> tuple[float, float]:
     r"""Least-squares exponent $a$ of $\text{dist} \sim C n^a$: fit $\log \text{dist} = a \log n + \log C$.
 
     Args:
@@ -444,8 +536,14 @@ def fit_rate(ns: npt.ArrayLike, dist: npt.ArrayLike) -> tuple[float, float]:
         >>> round(a, 4), se < 1e-6
         (-0.5, True)
     """
-    lx = np.log(np.asarray(ns, np.float64))
-    ly = np.log(np.asarray(dist, np.float64))
+    x, y = _positive("ns", ns), _positive("dist", dist)
+    if x.ndim != 1 or x.size < 2 or y.shape != x.shape:
+        raise ValueError(
+            f"ns and dist must be 1-d arrays of one shape with at least 2 entries, got {x.shape} and {y.shape}"
+        )
+    if np.unique(x).size < 2:
+        raise ValueError(f"ns must hold at least two distinct particle numbers, got {x.tolist()}")
+    lx, ly = np.log(x), np.log(y)
     A = np.stack([lx, np.ones_like(lx)], 1)
     coef, res, *_ = np.linalg.lstsq(A, ly, rcond=None)
     dof = max(len(lx) - 2, 1)
@@ -453,3 +551,35 @@ def fit_rate(ns: npt.ArrayLike, dist: npt.ArrayLike) -> tuple[float, float]:
     s2 = float(r @ r) / dof
     cov = s2 * np.linalg.inv(A.T @ A)
     return float(coef[0]), float(np.sqrt(cov[0, 0]))
+
+
+def _real(name: str, value: Any) -> np.ndarray:
+    """A concrete array of real numbers as float64 (``TypeError`` for strings, bools, complex)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}")
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
+
+def _positive(name: str, value: Any) -> np.ndarray:
+    arr = _real(name, value)
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name} must be finite and > 0, got {arr.tolist()!r:.120}")
+    return arr
+
+
+def _times(name: str, value: Any) -> np.ndarray:
+    """Save times: a non-empty 1-d array, finite, ``>= 0``, non-decreasing."""
+    arr = _real(name, value)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(
+            f"{name} must be a non-empty 1-d array of save times, got shape {arr.shape}"
+        )
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0) or np.any(np.diff(arr) < 0):
+        raise ValueError(f"{name} must be finite, >= 0 and increasing, got {arr.tolist()!r:.120}")
+    return arr

@@ -47,7 +47,7 @@ def _one_line(err):
             ("num_saves = 1000000000000",),
         ),
         (lambda: ms.log_time_grid(10.0, 10**13), ("num = 10000000000000",)),
-        (lambda: ms.staircase(np.ones(10**7), np.zeros(10**7)), ("10000000 clusters",)),
+        (lambda: ms.staircase(np.ones(10**6), np.zeros(10**6)), ("1000000 clusters",)),
     ],
 )
 def test_counts_past_memory_are_refused_before_allocating(call, names):
@@ -89,7 +89,14 @@ def test_simulate_long_guard_counts_states_and_observables(monkeypatch):
         ),
         (
             lambda: random_batch.simulate_random_batch(
-                _USA, _X2, key=jax.random.key(0), p=10**12, mode="sample", t1=1.0, dt=0.5
+                _USA,
+                _X2,
+                key=jax.random.key(0),
+                p=10**12,
+                mode="sample",
+                t1=1.0,
+                dt=0.5,
+                num_saves=3,
             ),
             "p = 1000000000000",
         ),
@@ -126,10 +133,10 @@ def test_random_batch_and_analysis_counts_past_memory_are_refused(call, name):
 
 
 def test_tangent_hessian_past_memory_is_refused(monkeypatch):
-    # the (n d)^2 Hessian: refused from the state's size (n = 64, d = 3 under a 1 MiB limit)
+    # the (n d)^2 Hessian: refused from the state's size (n = 128, d = 3 under a 1 MiB limit)
     monkeypatch.setattr(analysis, "machine_memory", lambda: 2**20)
-    x = mf.sphere.uniform(jax.random.key(0), 64, 3)
-    with pytest.raises(ResourceLimitError, match=r"tangent Hessian of n = 64, d = 3"):
+    x = mf.sphere.uniform(jax.random.key(0), 128, 3)
+    with pytest.raises(ResourceLimitError, match=r"tangent Hessian of n = 128, d = 3"):
         analysis.tangent_hessian(_USA, x)
     with pytest.raises(ResourceLimitError, match="tangent Hessian"):
         analysis.classify_state(_USA, x)
@@ -164,8 +171,8 @@ def test_first_merge_time_refuses_bad_arguments(ts, num, exc, match):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    counts=st.lists(st.integers(1, 9), min_size=1, max_size=12),
-    gaps=st.lists(st.floats(0.01, 10.0), min_size=12, max_size=12),
+    counts=st.lists(st.integers(1, 9), min_size=8, max_size=8),  # one shape: one compilation
+    gaps=st.lists(st.floats(0.01, 10.0), min_size=8, max_size=8),
     log_grid=st.booleans(),
 )
 def test_first_merge_time_valid_arguments(counts, gaps, log_grid):
@@ -310,7 +317,7 @@ def _staircase_traces(draw):
     return E, bounds, levels
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(trace=_staircase_traces(), log_grid=st.booleans())
 def test_plateaus_count_the_stages_of_a_noisy_staircase(trace, log_grid):
     E, bounds, levels = trace
@@ -322,7 +329,8 @@ def test_plateaus_count_the_stages_of_a_noisy_staircase(trace, log_grid):
     assert p.end.tolist() == [t[b] for _, b in bounds]
     for lv, seg in zip(p.level, levels):
         assert seg.min() - 0.02 <= lv <= seg.max() + 0.02
-    assert int(ms.num_plateaus(E)) == len(bounds)
+    E32 = E.astype(np.float32)
+    assert len(ms.plateaus(t, E32)) == len(bounds)
 
 
 def test_plateaus_drift_ramp_and_flat():
