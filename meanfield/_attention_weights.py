@@ -148,14 +148,17 @@ def masked_softmax(
 def sinkhorn(
     logits: Float[Array, "... n n"], iters: int, log_mask: Float[Array, "n n"] | None = None
 ) -> Float[Array, "... n n"]:
-    r"""The doubly-stochastic normalisation of $e^{L}$, $L$ = ``logits`` (+ ``log_mask``), by ``iters``
-    half-steps of alternating row and column normalisation in the log domain, rows first, as
+    r"""Sinkhorn's normalisation of $e^{L}$, $L$ = ``logits`` (+ ``log_mask``), towards a doubly stochastic
+    matrix, by ``iters`` half-steps of alternating row and column normalisation in the log domain, rows first, as
     Sinkformers (Sander et al. 2022, ``SinkhornDistance`` with ``eps = 1``) counts them: a row step
     $L \leftarrow L - \operatorname{logsumexp}_j L$, then a column step
     $L \leftarrow L - \operatorname{logsumexp}_i L$, ... ``iters = 1`` is the softmax; an odd ``iters``
     ends on a row step (rows sum to one to rounding) and the columns converge to one as ``iters``
-    grows (Sinkhorn's theorem, for a mask with a positive diagonal). Differentiable, traceable (a
-    ``lax.fori_loop`` of fixed length).
+    grows (Sinkhorn's theorem, for a mask with a positive diagonal), more slowly the sharper the
+    logits: a fixed count is not doubly stochastic. ``SelfAttention``'s default 21 leaves column sums
+    off by up to a few ``1e-2`` (``1.2e-2`` for ``beta = 9`` and 32 uniform tokens on the sphere);
+    no tolerance is iterated to (a fixed count is one program, and the numbers of a count stay the
+    same). Differentiable, traceable (a ``lax.fori_loop`` of fixed length).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -190,7 +193,9 @@ def hardmax(
     r"""The $\beta \to \infty$ limit of softmax attention: row $i$ spreads weight $1/|C_i|$ over the
     maximisers $C_i = \{j : s_{ij} \ge \max_k s_{ik} - \text{tol}\}$ of the scores (ties within
     ``tol`` averaged), over the admitted tokens only; a row with no admitted token is 0. Piecewise
-    constant in the scores (zero derivative in them).
+    constant in the scores (zero derivative in them). ``tol`` is absolute, in the units of the scores
+    (``SelfAttention``'s $\langle Q x_i, K x_j\rangle$, before any $\beta$): scores ``5e-7`` apart are
+    one tie at the default ``1e-6``, and ``tol = 0`` ties exactly equal scores only.
 
     Example:
         >>> import jax.numpy as jnp

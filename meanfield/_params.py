@@ -152,7 +152,10 @@ def check_applies(values: Any, defaults: Any, where: str = "") -> None:
 
 
 def _differs(value: Any, default: Any) -> bool:
-    """Whether ``value`` (a number, a list of a sweep axis, an array) differs from ``default``."""
+    """Whether ``value`` (a number, a list of a sweep axis, a plane as a list, an array) differs
+    from ``default``."""
+    if isinstance(default, (tuple, list)):  # a plane: (0, 1) and [0, 1] are one value
+        return not isinstance(value, (tuple, list)) or tuple(value) != tuple(default)
     if isinstance(value, list):
         return any(_differs(v, default) for v in value)
     try:
