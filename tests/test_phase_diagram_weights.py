@@ -168,7 +168,7 @@ def test_identity_weights_keep_the_fast_path(x64):
     x0 = _x0(4, 6, 2, seed=3)
     kw = dict(x0=x0, dt=0.1, t1=1.0, checkpoints=4, per_seed=True)
     plain = pd.sa_phase_diagram(None, [1.0, 4.0], **kw)
-    heads = pd.sa_phase_diagram(None, [1.0, 4.0], heads=3, weight_seed=9, **kw)
+    heads = pd.sa_phase_diagram(None, [1.0, 4.0], heads=3, **kw)
     np.testing.assert_array_equal(plain.per_seed, heads.per_seed)
     before = sum(v for k, v in pd._TRACES.items() if k[0] == "attn")
     pd.sa_phase_diagram(None, [1.0], heads=2, **kw)
