@@ -722,9 +722,7 @@ def _check_movie_options(
     azim = _params.check_float("azim", azim)
     if marker_size is not None:
         marker_size = _params.check_float("marker_size", marker_size, "float>0")
-    accepted = (
-        f"'cluster', None, a matplotlib colour, n = {n} per-token values or {n} RGB(A) rows"
-    )
+    accepted = f"'cluster', None, a matplotlib colour, n = {n} per-token values or {n} RGB(A) rows"
     if isinstance(color, str):
         if color != "cluster" and not is_color_like(color):
             raise ValueError(f"color must be {accepted}, got {color!r:.80}")
@@ -738,7 +736,9 @@ def _check_movie_options(
                 f"color must be {accepted}, got an array of shape {c.shape} and dtype {c.dtype}"
             )
         if c.ndim == 2 and not (np.all(np.isfinite(c)) and c.min() >= 0 and c.max() <= 1):
-            raise ValueError(f"color's RGB(A) rows must be in [0, 1], got values in [{c.min()}, {c.max()}]")
+            raise ValueError(
+                f"color's RGB(A) rows must be in [0, 1], got values in [{c.min()}, {c.max()}]"
+            )
     return dict(
         fps=fps, dpi=dpi, size=size, trail=trail, elev=elev, azim=azim, marker_size=marker_size
     )
@@ -773,8 +773,7 @@ def _build_movie(
         azim=azim,
         marker_size=marker_size,
     )
-    dpi, size, trail = checked["dpi"], checked["size"], checked["trail"]
-    elev, azim, marker_size = checked["elev"], checked["azim"], checked["marker_size"]
+    angle = cast(float, threshold)  # checked above
     ok = np.all(np.isfinite(xs), axis=(1, 2))
     xs, ts = xs[ok], ts[ok]
     if xs.shape[0] == 0:
@@ -792,19 +791,19 @@ def _build_movie(
     unit = _on_sphere(xs)
     if unit:
         num = np.asarray(
-            jax.vmap(lambda x: metastability._clusters(x, threshold, block_size=None).num)(xs)
+            jax.vmap(lambda x: metastability._clusters(x, angle, block_size=None).num)(xs)
         )
     else:  # clusters are angular: none for tokens off the sphere
         num = np.full(xs.shape[0], np.nan)
     if isinstance(color, str) and color == "cluster":
         if unit:
-            labels = np.asarray(metastability._clusters(xs[-1], threshold, block_size=None).labels)
+            labels = np.asarray(metastability._clusters(xs[-1], angle, block_size=None).labels)
             rgba = cluster_colors(labels)
         else:
             rgba = _token_rgba(None, n)
     else:
         rgba = _token_rgba(color, n)
-    view = projection(xs, elev=elev, azim=azim)
+    view = projection(xs, elev=checked["elev"], azim=checked["azim"])
     return _Movie(
         ts,
         xs,
@@ -813,10 +812,10 @@ def _build_movie(
         num=num,
         rgba=rgba,
         view=view,
-        size=size,
-        dpi=dpi,
-        trail=trail,
-        marker_size=marker_size,
+        size=checked["size"],
+        dpi=checked["dpi"],
+        trail=checked["trail"],
+        marker_size=checked["marker_size"],
     )
 
 
@@ -899,7 +898,7 @@ def animate(
     from . import metastability
 
     metastability._check_threshold(threshold)
-    fps = _check_movie_options(
+    rate = _check_movie_options(
         xs.shape[1],
         fps=fps,
         dpi=dpi,
@@ -934,7 +933,7 @@ def animate(
             out,
             save_all=True,
             append_images=imgs[1:],
-            duration=max(1, round(1000 / fps)),
+            duration=max(1, round(1000 / rate)),
             loop=0,
         )
     else:
@@ -942,7 +941,7 @@ def animate(
 
         we, he = w + w % 2, h + h % 2  # H.264 in yuv420p needs even sides: pad with white
         writer = imageio_ffmpeg.write_frames(
-            str(out), (we, he), fps=fps, macro_block_size=1, quality=7, ffmpeg_log_level="error"
+            str(out), (we, he), fps=rate, macro_block_size=1, quality=7, ffmpeg_log_level="error"
         )
         writer.send(None)
         try:

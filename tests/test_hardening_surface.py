@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import io
 import json
 import os
 import sys
@@ -136,8 +135,12 @@ def test_simulate_movie_on_a_special_file_is_one_line_before_the_run(kind, tmp_p
     movie = tmp_path / "m.gif"
     _special(kind, movie)
     out = tmp_path / "out"
-    line = within(lambda: one_line_error(capsys, "simulate", *SMALL, "--out", out, "--movie", movie))
-    assert line == f"meanfield: error: movie path {str(movie)!r} cannot be written ({REASONS[kind]})"
+    line = within(
+        lambda: one_line_error(capsys, "simulate", *SMALL, "--out", out, "--movie", movie)
+    )
+    assert (
+        line == f"meanfield: error: movie path {str(movie)!r} cannot be written ({REASONS[kind]})"
+    )
     assert list(out.iterdir()) == []  # refused before the run: nothing written
 
 
@@ -155,16 +158,6 @@ def test_simulate_out_holding_a_special_file_is_one_line_before_the_run(
     )
     # refused before the run: nothing written beside what was there
     assert {p.name for p in out.iterdir()} <= {name, name + ".target"}
-
-
-def test_simulate_no_plots_leaves_a_fifo_in_place_of_a_figure_alone(tmp_path, capsys):
-    """``--no-plots`` writes no figure: a FIFO named like one is no output of this run."""
-    os.mkfifo(tmp_path / "configuration.png")
-    status, out, lines = within(
-        lambda: run(capsys, "simulate", *SMALL, "--out", tmp_path, "--no-plots")
-    )
-    assert status == 0 and lines == [], lines
-    assert json.loads((tmp_path / "summary.json").read_text())["num_steps"] == 2
 
 
 def test_savefig_refuses_a_fifo_and_names_the_file_matplotlib_writes(tmp_path):
@@ -245,7 +238,10 @@ def load(*, expect_warnings: int):
 TAKEOVERS = {
     # module: (source, what the failure record says)
     "exits_zero": ("import sys\nsys.exit(0)\n", "SystemExit(0) at import"),
-    "exits_text": ("raise SystemExit('plugin says bye')\n", "SystemExit('plugin says bye') at import"),
+    "exits_text": (
+        "raise SystemExit('plugin says bye')\n",
+        "SystemExit('plugin says bye') at import",
+    ),
     "runs_argparse": (
         "import argparse\np = argparse.ArgumentParser(prog='takeover')\n"
         "p.add_argument('command')\np.parse_args()\n",
@@ -295,7 +291,11 @@ def test_meanfield_info_with_a_plugin_that_exits_still_reports(plugins, capsys):
     status, out, lines = run(capsys, "info", "--json")
     assert status == 0 and lines == []
     failed = json.loads(out)["plugins"]["failed"]
-    assert {"entry_point": "exits", "value": "exits_zero:Model", "error": "SystemExit(0) at import"} in failed
+    assert {
+        "entry_point": "exits",
+        "value": "exits_zero:Model",
+        "error": "SystemExit(0) at import",
+    } in failed
 
 
 def test_a_plugin_sees_its_own_argv_and_no_stdin_at_import(plugins, monkeypatch, capsys):
@@ -373,18 +373,41 @@ def test_a_plugin_that_raises_while_it_runs_is_one_line_naming_it(
     assert _registry.plugin_error("usa", ZeroDivisionError()) is None  # meanfield's own: a bug
 
 
-def test_a_plugins_run_refused_by_meanfield_keeps_meanfields_line(plugins, tmp_path, capsys):
-    """meanfield's own refusal of a plugin's run (a value of its parameter) is not the plugin's."""
-    plugins("good_plugin", GOOD.format(name="good-plugin"), {"good": "good_plugin:Good"})
-    load(expect_warnings=0)
+@pytest.mark.slow
+def test_a_plugin_runs_with_a_shared_flag_and_meanfields_own_refusals(plugins, tmp_path, capsys):
+    """The one run of this file: a plugin whose ``beta`` has usa's kind shares ``--beta`` (one
+    flag) and runs; meanfield's own refusal of its parameter keeps meanfield's line (not the
+    plugin's); and with ``--no-plots`` a FIFO named like a figure is no output of the run."""
+    source = GOOD.format(name="good-plugin") + textwrap.dedent("""
+        class Shared(Good):
+            name = "shared-plugin"
+            beta: float = mf.kernels.param(2.0, kind="float>0", doc="as usa's beta")
+        """)
+    plugins("good_plugin", source, {"good": "good_plugin:Good", "shared": "good_plugin:Shared"})
+    assert load(expect_warnings=0)[0] == ["good-plugin", "shared-plugin"]
     line = one_line_error(
         capsys, "simulate", "--kernel", "good-plugin", "--scale", "-1", *SMALL, "--out", tmp_path
     )
     assert line == "meanfield simulate: error: argument --scale: must be > 0, got -1"
-    status, out, lines = run(
-        capsys, "simulate", "--kernel", "good-plugin", *SMALL, "--out", tmp_path, "--no-plots"
+    os.mkfifo(tmp_path / "configuration.png")
+    status, out, lines = within(
+        lambda: run(
+            capsys,
+            "simulate",
+            "--kernel",
+            "shared-plugin",
+            "--beta",
+            "1.5",
+            *SMALL,
+            "--out",
+            tmp_path,
+            "--no-plots",
+        )
     )
-    assert status == 0 and lines == [] and json.loads(out)["kernel"] == "good-plugin"
+    assert status == 0 and lines == [], lines
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["kernel"] == "shared-plugin" and summary["beta"] == 1.5
+    assert summary["num_steps"] == 2 and summary["failed"] is False
 
 
 def _kernel(name: str, **fields):
@@ -425,12 +448,30 @@ def test_register_refuses_the_sweep_kinds_names(name):
 @pytest.mark.parametrize(
     "fields, needle",
     [
-        ({"weights": (1.0, "float>0", ())}, "would share the flag --weights with the parameter 'weights' of model 'sa' (a choice of 'identity'"),
-        ({"beta": (1.0, "float", ())}, "would share the flag --beta with the parameter 'beta' of model 'usa' (float>0)"),
-        ({"rescaled": (1.0, "float>0", ())}, "--rescaled with the parameter 'rescaled' of model 'usa' (bool)"),
-        ({"no_rescaled": (True, "bool", ())}, "takes the flag --no-rescaled, already model 'usa''s parameter 'rescaled'"),
-        ({"plots": (True, "bool", ())}, "parameter(s) no_plots clash with the command line's own flags"),
-        ({"movie": (1.0, "float>0", ())}, "parameter(s) movie clash with the command line's own flags"),
+        (
+            {"weights": (1.0, "float>0", ())},
+            "would share the flag --weights with the parameter 'weights' of model 'sa' (a choice of 'identity'",
+        ),
+        (
+            {"beta": (1.0, "float", ())},
+            "would share the flag --beta with the parameter 'beta' of model 'usa' (float>0)",
+        ),
+        (
+            {"rescaled": (1.0, "float>0", ())},
+            "--rescaled with the parameter 'rescaled' of model 'usa' (bool)",
+        ),
+        (
+            {"no_rescaled": (True, "bool", ())},
+            "takes the flag --no-rescaled, already model 'usa''s parameter 'rescaled'",
+        ),
+        (
+            {"plots": (True, "bool", ())},
+            "parameter(s) no_plots clash with the command line's own flags",
+        ),
+        (
+            {"movie": (1.0, "float>0", ())},
+            "parameter(s) movie clash with the command line's own flags",
+        ),
     ],
 )
 def test_register_refuses_a_parameter_the_command_line_would_parse_as_another(fields, needle):
@@ -438,16 +479,6 @@ def test_register_refuses_a_parameter_the_command_line_would_parse_as_another(fi
         K.register(_kernel("flag-test", **fields))
     assert needle in str(e.value) and str(e.value).startswith("Plugin"), str(e.value)
     assert "flag-test" not in K.MODELS
-
-
-def test_a_shared_parameter_of_the_same_kind_is_one_flag(tmp_path, capsys):
-    """A parameter named and kinded like another model's is accepted: one flag, both models."""
-    with registered(_kernel("shared-test", beta=(2.0, "float>0", ()))):
-        status, out, lines = run(
-            capsys, "simulate", "--kernel", "shared-test", "--beta", "1.5", *SMALL,
-            "--out", tmp_path, "--no-plots",
-        )  # fmt: skip
-        assert status == 0 and json.loads(out)["beta"] == 1.5
 
 
 KIND_VALUES = {
@@ -494,9 +525,24 @@ def test_backend_native_unavailable_is_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(_native, "exp_library", lambda *a, **k: Unavailable())
     line = one_line_error(
-        capsys, "simulate", "--n", "7", "--d", "5", "--t1", "0.1", "--dt", "0.05", "--saves", "2",
-        "--backend", "native", "--out", tmp_path, "--no-plots",
-    )  # fmt: skip
+        capsys,
+        "simulate",
+        "--n",
+        "7",
+        "--d",
+        "5",
+        "--t1",
+        "0.1",
+        "--dt",
+        "0.05",
+        "--saves",
+        "2",
+        "--backend",
+        "native",
+        "--out",
+        tmp_path,
+        "--no-plots",
+    )
     assert "backend='native'" in line and "switched off for this test" in line, line
 
 
@@ -529,7 +575,9 @@ BAD = {
 NAMES = {"path": "movie path"}  # how a message names the argument (else: by its name)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data(), arg=st.sampled_from(sorted(BAD)))
 def test_animate_names_the_bad_argument_and_writes_nothing(data, arg, tmp_path):
     value = data.draw(BAD[arg], label=arg)

@@ -305,7 +305,11 @@ def _check_shared_flags(cls: type, name: str, params: tuple[Param, ...]) -> None
         for p in params:
             q = theirs.get(p.name)
             if q is not None and (q.kind, tuple(q.choices)) != (p.kind, tuple(p.choices)):
-                what = f"a choice of {', '.join(map(repr, q.choices))}" if q.kind == "choice" else q.kind
+                what = (
+                    f"a choice of {', '.join(map(repr, q.choices))}"
+                    if q.kind == "choice"
+                    else q.kind
+                )
                 raise ValueError(
                     f"{cls.__name__}'s parameter {p.name!r} ({p.kind}) would share the flag "
                     f"--{p.name.replace('_', '-')} with the parameter {p.name!r} of model "
