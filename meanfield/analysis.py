@@ -44,6 +44,14 @@ def _check_memory(what: str, need: float, fix: str) -> None:
         )
 
 
+def _is_real_dtype(dtype: Any) -> bool:
+    """Integers and floats (bfloat16 and float8 included); not bools, complex or objects."""
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
 def _states(name: str, x: Any) -> Array:
     """``(n, d)`` real states, ``n >= 1``, ``d >= 2``, finite where concrete."""
     if isinstance(x, (str, bytes)) or x is None:
@@ -52,7 +60,7 @@ def _states(name: str, x: Any) -> Array:
         arr = jnp.asarray(x)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an (n, d) array of unit rows, got {x!r:.80}") from None
-    if np.dtype(arr.dtype).kind not in "iuf":
+    if not _is_real_dtype(arr.dtype):
         raise TypeError(f"{name} must be an (n, d) array of real numbers, got dtype {arr.dtype}")
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 2:
         raise ValueError(
@@ -121,7 +129,9 @@ def tangent_hessian(kernel: object, x: ArrayLike, aux: Any = None) -> Float[Arra
         aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
 
     Returns:
-        ``(m, m)`` symmetric matrix, ``m = n (d - 1)``.
+        ``(m, m)`` symmetric matrix, ``m = n (d - 1)``. Memory about six ``(n d)^2`` arrays: past
+        what is available, ``ResourceLimitError`` (a ``ValueError``) before anything is built
+        (also from ``growth_rates`` and ``classify_state``).
 
     Example:
         >>> import jax.numpy as jnp, meanfield as mf
@@ -182,7 +192,7 @@ def classify(
     if isinstance(H, (str, bytes)) or H is None:
         raise TypeError(f"H must be a square symmetric matrix, got {H!r:.80}")
     H = jnp.asarray(H)
-    if np.dtype(H.dtype).kind not in "iuf":
+    if not _is_real_dtype(H.dtype):
         raise TypeError(f"H must be a real matrix, got dtype {H.dtype}")
     if H.ndim != 2 or H.shape[0] != H.shape[1] or H.shape[0] == 0:
         raise ValueError(f"H must be a non-empty square (m, m) matrix, got shape {H.shape}")
@@ -311,9 +321,9 @@ def cluster_state(
     antipodal pair, ``k = 1`` the collapsed state.
 
     Args:
-        n: number of tokens.
+        n: number of tokens (an int; past the memory available, ``ResourceLimitError``).
         k: number of clusters, ``k >= 1`` dividing ``n``.
-        d: dimension.
+        d: dimension, ``>= 2``.
         dtype: floating dtype.
 
     Returns:
@@ -435,7 +445,7 @@ def escape_time(
         aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
         dt: step, ``> 0``.
         t_max: time limit, ``> 0``.
-        fraction: the gap reduction that counts as escape.
+        fraction: the gap reduction that counts as escape, in ``(0, 1)``.
 
     Returns:
         scalar time; ``inf`` when the run has not escaped by ``t_max``.

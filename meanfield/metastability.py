@@ -133,6 +133,14 @@ def _check_memory(what: str, need: float, fix: str) -> None:
         )
 
 
+def _is_real_dtype(dtype: Any) -> bool:
+    """Integers and floats (bfloat16 and float8 included); not bools, complex or objects."""
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
 def _real_np(name: str, value: Any, dtype: Any = np.float64) -> np.ndarray:
     """A concrete ``value`` as a NumPy array of ``dtype`` (``None``: its own; no float32 round
     trip through JAX); ``TypeError`` for strings, bools, complex, objects and ragged lists."""
@@ -142,7 +150,7 @@ def _real_np(name: str, value: Any, dtype: Any = np.float64) -> np.ndarray:
         arr = np.asarray(value)
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}") from None
-    if arr.dtype.kind not in "iuf":
+    if not _is_real_dtype(arr.dtype):
         raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
     return arr if dtype is None else arr.astype(dtype)
 
@@ -151,7 +159,7 @@ def _real_array(name: str, value: Any) -> Array:
     """``value`` as a JAX array of real numbers (``_real_np``'s checks); traced values pass."""
     if not is_concrete(value):
         arr = jnp.asarray(value)
-        if np.dtype(arr.dtype).kind not in "iuf":
+        if not _is_real_dtype(arr.dtype):
             raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
         return arr
     if isinstance(value, (jax.Array, np.ndarray)):
@@ -822,7 +830,8 @@ def normalized_energy(energy: _ArrayLike, beta: _ArrayLike, *, rescaled: object 
 def log_time_grid(
     t1: RealScalarLike, num: int = 200, *, t_min: RealScalarLike = 1e-2
 ) -> np.ndarray:
-    """Save grid ``[0, t_min, ..., t1]``: ``0`` then ``num - 1`` log-spaced times.
+    """Save grid ``[0, t_min, ..., t1]``: ``0`` then ``num - 1`` log-spaced times (a ``num`` past
+    the memory available: ``ResourceLimitError``).
 
     Example:
         >>> import meanfield as mf
@@ -867,7 +876,10 @@ def simulate_long(
     states) with the error control of the module docstring (``rtol``, ``atol`` required, no
     silent defaults), particles within ``merge_tol`` radians merged after each step, steps
     clipped to land on the save times. Memory: the saves (``(T, n, d)`` with ``save_states``,
-    else the observables), independent of the number of steps.
+    else the observables), independent of the number of steps; a save grid whose estimated
+    memory exceeds what the machine has available (``num_saves``, ``ts``, ``log_ts``) is refused
+    before anything is allocated (``ResourceLimitError``, a ``ValueError``, naming the argument,
+    the estimate and the limit).
 
     Scaled arithmetic (why it reaches $e^{1000}$): the field is evaluated as
     $F = e^{c} G$ with $c = \max_{i \not\sim j} -\beta |x_i - x_j|^2 / 2$ over pairs of different

@@ -129,7 +129,8 @@ def random_batch_field(
         mode: ``"batch"`` (random partition, Jin--Li--Liu) or ``"sample"`` (i.i.d. partners).
 
     Returns:
-        ``(n, d)``; ``E F^ = F``; cost ``O(n p d)``.
+        ``(n, d)``; ``E F^ = F``; cost ``O(n p d)`` (memory ``O(n p d)``: a ``p`` past the memory
+        available is refused before allocating, ``ResourceLimitError``, a ``ValueError``).
 
     Example:
         >>> import jax, meanfield as mf
@@ -222,7 +223,8 @@ def field_errors(
         aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
         key: a ``jax.random`` key.
         ps: batch sizes (each dividing ``n`` for ``mode="batch"``).
-        num_draws: random batches per ``p``.
+        num_draws: random batches per ``p`` (drawn together: ``num_draws`` fields of memory
+            ``O(n p d)`` at once; past the memory available, ``ResourceLimitError``).
         mode: ``"batch"`` (random partition) or ``"sample"`` (with replacement).
 
     Returns:
@@ -317,7 +319,9 @@ def simulate_random_batch(
         observables: dict name -> ``f(x)`` recorded at the save times.
 
     Returns:
-        a ``RandomBatchRun``.
+        a ``RandomBatchRun``. Memory: a key per step of a save interval, the saves and one
+        field; an estimate past the memory available is refused before allocating
+        (``ResourceLimitError``, a ``ValueError``, naming ``round(t1/dt)``, ``num_saves`` and ``p``).
 
     Example:
         >>> import jax, meanfield as mf
@@ -466,7 +470,9 @@ def meanfield_distances(
         bandwidth: MMD kernel width (``mf.metrics.mmd``).
 
     Returns:
-        numpy array ``(len(ns), len(ts), repeats)``.
+        numpy array ``(len(ns), len(ts), repeats)``. The repeats run together (vmapped):
+        an estimated memory (states, fields, the MMD's dense Gram matrices) past what is
+        available is refused first (``ResourceLimitError``).
 
     Example:
         >>> import jax, meanfield as mf
@@ -492,13 +498,18 @@ def meanfield_distances(
     t1 = float(ts[-1])
     sample = jax.eval_shape(lambda k: sample_init(k, 2), key)  # its shape, nothing run
     d, item = int(sample.shape[-1]), np.dtype(sample.dtype).itemsize
+    T = len(ts)
     for n in ns:
-        # per repeat, both runs: the saved states of 3n particles, the stages, and the dense
-        # n x n pair arrays of the field and the MMD (about three each)
-        m = 3.0 * n
-        need = repeats * item * (m * d * (len(ts) + 12.0) + 6.0 * m * m)
+        # per repeat (the repeats run vmapped, together): both runs' saved states and stages
+        # (3n particles), one field evaluation of each (the model's footprint), and the MMD's
+        # dense Gram matrices at every save (n^2 + 4 n^2 + 2 n^2 entries)
+        pair = sum(
+            float(getattr(kernel, "footprint", lambda m, d: (3.0 * m * m,))(m, d)[0])
+            for m in (n, 2 * n)
+        )
+        need = repeats * item * (3.0 * n * d * (T + 12.0) + pair + 7.0 * n * n * T)
         _check_memory(
-            f"meanfield_distances with n = {n}, repeats = {repeats}, {len(ts)} save times",
+            f"meanfield_distances with n = {n}, repeats = {repeats}, {T} save times",
             need,
             "use smaller n, fewer repeats or fewer save times",
         )
@@ -522,8 +533,8 @@ def fit_rate(ns: object, dist: object) -> tuple[float, float]:
     r"""Least-squares exponent $a$ of $\text{dist} \sim C n^a$: fit $\log \text{dist} = a \log n + \log C$.
 
     Args:
-        ns: ``(k,)`` particle numbers (``k >= 2``).
-        dist: ``(k,)`` positive distances.
+        ns: ``(k,)`` positive particle numbers (``k >= 2``, at least two distinct).
+        dist: ``(k,)`` positive finite distances.
 
     Returns:
         ``(a, standard error of a)`` as floats.
@@ -553,6 +564,14 @@ def fit_rate(ns: object, dist: object) -> tuple[float, float]:
     return float(coef[0]), float(np.sqrt(cov[0, 0]))
 
 
+def _is_real_dtype(dtype: Any) -> bool:
+    """Integers and floats (bfloat16 and float8 included); not bools, complex or objects."""
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating))
+    except TypeError:
+        return False
+
+
 def _real(name: str, value: Any) -> np.ndarray:
     """A concrete array of real numbers as float64 (``TypeError`` for strings, bools, complex)."""
     if isinstance(value, (str, bytes)) or value is None:
@@ -561,7 +580,7 @@ def _real(name: str, value: Any) -> np.ndarray:
         arr = np.asarray(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be an array of real numbers, got {value!r:.80}") from None
-    if arr.dtype.kind not in "iuf":
+    if not _is_real_dtype(arr.dtype):
         raise TypeError(f"{name} must be an array of real numbers, got dtype {arr.dtype}")
     return arr.astype(np.float64)
 
