@@ -522,6 +522,7 @@ def _plateau_rule(E: Any, rel_tol: Any, rate_tol: Any, min_points: int, xp: Any)
     flat = inc <= rate_tol * peak
     brk = xp.concatenate([xp.ones((1,), bool), ~flat])  # save k starts a flat run
     seg = xp.cumsum(brk) - 1
+    length: Any
     if xp is np:
         length = np.bincount(seg, minlength=T)
     else:
