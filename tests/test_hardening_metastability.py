@@ -169,7 +169,7 @@ def test_first_merge_time_refuses_bad_arguments(ts, num, exc, match):
     _one_line(err)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     counts=st.lists(st.integers(1, 9), min_size=8, max_size=8),  # one shape: one compilation
     gaps=st.lists(st.floats(0.01, 10.0), min_size=8, max_size=8),
@@ -317,7 +317,7 @@ def _staircase_traces(draw):
     return E, bounds, levels
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(trace=_staircase_traces(), log_grid=st.booleans())
 def test_plateaus_count_the_stages_of_a_noisy_staircase(trace, log_grid):
     E, bounds, levels = trace
