@@ -22,11 +22,24 @@ $t$ (checked every time unit) where $|E(t) - E(t - 1)| \le \text{tol}\, |E(t)|$.
 values after the stop repeat the final state (the flow is stationary to ``tol``).
 
 Failures never pass silently: ``Trajectory.failed`` is true when the state went non-finite
-(the run stops there: saved values after ``stop_time`` are NaN), when the solver failed
+(the run stops there: saved values after ``stop_time`` are NaN), when a token of a scheme with
+a radius passed through or near the origin (likewise; below), when the solver failed
 (``max_steps`` exhausted: likewise), or when any saved value -- the energy, the collapse gap,
 an observable -- is NaN or infinite (e.g. ``beta`` so small that $e^\beta / (2 \beta)$
 overflows while the states stay finite; the run is not stopped then, and the saved values
-are kept as computed so that the failure can be located).
+are kept as computed so that the failure can be located). ``Trajectory.failure`` says which
+(``FAILURES``). For tokens in $\mathbb R^d$ (``geometry="euclidean"``) the collapse gap, an
+observable of the directions, is NaN while a token sits at the origin: that is not a failure.
+
+Tokens through the origin (``normalization`` ``"pre"``, ``"mix"``, ``"peri"``: $x_i = r_i \theta_i$
+in $\mathbb R^d$): the direction of a token at the origin is undefined (``LN(0)``) and near it it
+turns at the angular speed $|P_\theta \dot x_i| / r_i$. A step $x \to x'$ fails the run when, for
+some token, it is at least as long as the token's closest approach to the origin along it,
+$\|x'_i - x_i\| \ge \min_{s \in [0, 1]} \|x_i + s (x'_i - x_i)\|$: the token reached or passed
+the origin, or its direction turned by 45 degrees or more within one step (every turn of 90
+degrees or more counts). A run whose steps resolve the turning, $h |\dot x_i| \ll r_i$ (every
+run with radii of order 1 and the steps the solvers need), is never flagged; a token that
+passes the origin more slowly than the step resolves is integrated as the flow.
 """
 
 from __future__ import annotations
@@ -394,14 +407,16 @@ class Trajectory(eqx.Module):
         ts: ``(T,)`` save times.
         xs: ``(T, n, d)`` states at ``ts`` (``None`` when ``save_states=False``).
         energy: ``(T,)`` energy at ``ts`` (``None`` for models without an energy).
-        collapse_gap: ``(T,)`` $G_x$ at ``ts``.
+        collapse_gap: ``(T,)`` $G_x$ at ``ts`` (of the directions: with ``geometry="euclidean"``
+            NaN while a token sits at the origin, which is not a failure of the run).
         observables: dict name -> ``(T, ...)`` user observables at ``ts``.
         stop_time: time at which the run ended (``t1`` unless stopped early or failed).
         stopped: the early-stop rule fired (saved values after ``stop_time`` repeat the
             final state's).
-        failed: the state went non-finite or the solver failed (the run ends at
-            ``stop_time``; saved values after it are NaN), or a saved energy, collapse gap or
-            observable is NaN or infinite (the values are kept as computed).
+        failed: the state went non-finite, a token of a scheme with a radius passed through
+            the origin or the solver failed (the run ends at ``stop_time``; saved values after it
+            are NaN), or a saved energy, collapse gap or observable is NaN or infinite (the
+            values are kept as computed); ``failure`` says which.
         num_steps: number of accepted steps.
         radius: ``(T, n)`` radii $r_i = |x_i|$ of the tokens at ``ts`` for the schemes with a
             radius (``normalization`` in ``mf.normalization.RADIAL``; ``xs`` holds the directions
@@ -715,7 +730,7 @@ def uniform_saves_problem(t1: float, dt: float, saves: int) -> str | None:
 
     Example:
         >>> uniform_saves_problem(0.1, 0.01, 101) is None, uniform_saves_problem(0.1, 0.01, 10**8)[:40]
-        (True, '100000000 save times 1e-09 apart are cl')
+        (True, '100000000 save times 1e-09 apart are clo')
     """
     t1, dt, saves = float(t1), float(dt), int(saves)
     if saves < 2:
@@ -782,7 +797,10 @@ def simulate(
             fixed-step solvers: one compilation serves every step length, the grid is
             ``k dt`` merged with ``ts``, and ``max_steps`` must bound the step count.
         solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
-        ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them;
+        ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them
+            (and on Mix-LN's ``switch_time``, where the scheme switches, unless a step point lies
+            within ``dt / 1000`` of it: that step point is the switch point; for the adaptive
+            solvers the switch time is a jump of the field, stepped to the float before it);
             a save time within ``dt / 1000`` of a step point is that step point, and save times
             closer than ``dt / 1000`` to each other are refused (``ValueError``: the grid could
             not hold them without steps longer than ``dt``; ``step_grid_problem``).
@@ -800,7 +818,8 @@ def simulate(
         save_states: store ``xs`` (``(T, n, d)``); ``False`` keeps only observables.
         early_stop: tolerance of the paper's rule (relative energy increment over a
             window of length 1, App. B.1), e.g. ``1e-8``; ``None`` (default) is off.
-        max_steps: cap on steps, an int ``>= 1``; ``None`` (the default) means the padded grid
+        max_steps: cap on steps, an int ``>= 1`` (with a traced ``dt``: ``t1 / dt + len(ts)``,
+            plus 1 for Mix-LN's switch time); ``None`` (the default) means the padded grid
             length + 1 for fixed steps (at least the step count), 100000 for adaptive ones
             (``0`` is an error, not the default). A run that needs more steps ends early with
             ``failed`` set.
@@ -829,7 +848,14 @@ def simulate(
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
-        ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``, ``.radius``.
+        ``.observables``, ``.stop_time``, ``.stopped``, ``.failed``, ``.num_steps``, ``.radius``,
+        ``.failure`` (why it failed: ``FAILURES``; module docstring).
+
+    Before anything of the run's size is allocated, its memory is estimated from the shapes
+    (``meanfield._resources.run_cost``, the estimate of ``meanfield simulate``: step grid, saved
+    states and observables, the field's working set; concrete even under ``jit``/``vmap``, where
+    it counts one system) and a run that needs more than this machine has available is refused
+    (``ResourceLimitError``, a ``ValueError``). A traced ``dt`` is counted by ``max_steps``.
 
     jit- and vmap-compatible in ``x0`` and in the model's traced parameters: a
     ``vmap`` over seeds and ``beta`` compiles once. Concrete bad values raise ``ValueError``
@@ -1291,7 +1317,7 @@ def _simulate(
         for name, v in ys.items()
         if jnp.issubdtype(v.dtype, jnp.inexact) and not (euclidean and name == "collapse_gap")
     ]
-    bad_save = functools.reduce(jnp.logical_or, nonfinite)
+    bad_save = functools.reduce(jnp.logical_or, nonfinite, jnp.zeros((), bool))
     failure = jnp.where((failure == 0) & bad_save, _SAVED_NONFINITE, failure).astype(jnp.int32)
     failed = failure > 0
     return Trajectory(
