@@ -20,6 +20,7 @@ __all__ = [
     "output_problem",
     "check_output",
     "open_output",
+    "special_file_under",
 ]
 
 
@@ -168,6 +169,34 @@ def open_output(path: str | os.PathLike[str], what: str) -> io.BufferedWriter:
     except BaseException:
         os.close(fd)
         raise
+
+
+def special_file_under(directory: str | os.PathLike[str]) -> tuple[str, str] | None:
+    """The first entry under ``directory`` (walked without following links to directories) that
+    is neither a regular file nor a directory, links followed (a FIFO, socket or device, or a link
+    to one), as ``(path, what it is)``; ``None`` when there is none. For a command that writes
+    many files under one directory (``meanfield reproduce``): refused before it starts rather
+    than blocked on one of them.
+
+    Example:
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     os.makedirs(os.path.join(d, "depth"))
+        ...     os.mkfifo(os.path.join(d, "depth", "summary.json"))
+        ...     path, kind = special_file_under(d)
+        ...     os.path.relpath(path, d), kind
+        ('depth/summary.json', 'a FIFO')
+    """
+    for root, dirs, files in os.walk(directory):
+        for name in sorted(dirs) + sorted(files):
+            p = os.path.join(root, name)
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:  # a dangling link: writing it creates its target
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return p, _file_kind(mode)
+    return None
 
 
 def _file_kind(mode: int) -> str:

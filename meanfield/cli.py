@@ -14,6 +14,8 @@ must be a regular file or a new one: a FIFO, socket, device or directory in its 
 refused before the run, without being opened (``meanfield._paths.check_output``; opening a
 FIFO to write would wait for a reader forever), and the numbers are written through
 ``meanfield._paths.open_output``, which never blocks on one put there during the run.
+``reproduce`` refuses an ``--out`` that holds a FIFO, socket or device anywhere under it, before
+any experiment starts (``meanfield._paths.special_file_under``).
 
 ``simulate --movie PATH`` (``.mp4`` or ``.gif``) also writes a movie of the run, one frame per
 save (``mf.plotting.animate``); the path is checked before the run.
@@ -986,6 +988,13 @@ def _reproduce(args: argparse.Namespace, *, process: bool = False) -> int:
         _configure_process()
     names = [args.experiment] if args.experiment else list(reproduce.PAPERS)
     out = _output_dir(args.out)
+    # it writes many files under --out: none may be a FIFO or device (a write would wait forever)
+    special = _paths.special_file_under(out)
+    if special is not None:
+        raise ValueError(
+            f"--out {args.out} holds {special[1]} at {special[0]}, not a regular file: meanfield "
+            "reproduce writes regular files there; remove it or choose another --out"
+        )
     reproduce.run_experiments(
         names,
         out,

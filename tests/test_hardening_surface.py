@@ -160,6 +160,26 @@ def test_simulate_out_holding_a_special_file_is_one_line_before_the_run(
     assert {p.name for p in out.iterdir()} <= {name, name + ".target"}
 
 
+@pytest.mark.parametrize("kind", ["fifo", "fifo-link", "device"])
+def test_reproduce_out_holding_a_special_file_is_one_line_before_any_experiment(
+    kind, tmp_path, capsys
+):
+    (tmp_path / "depth").mkdir()
+    _special(kind, tmp_path / "depth" / "summary.json")
+    line = within(
+        lambda: one_line_error(capsys, "reproduce", "depth", "--quick", "--out", tmp_path)
+    )
+    assert line == (
+        f"meanfield: error: --out {tmp_path} holds {REASONS[kind].split(',')[0]} at "
+        f"{tmp_path / 'depth' / 'summary.json'}, not a regular file: meanfield reproduce writes "
+        "regular files there; remove it or choose another --out"
+    )
+    assert {p.name for p in (tmp_path / "depth").iterdir()} <= {
+        "summary.json",
+        "summary.json.target",
+    }
+
+
 def test_savefig_refuses_a_fifo_and_names_the_file_matplotlib_writes(tmp_path):
     from matplotlib.figure import Figure
 
