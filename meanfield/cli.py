@@ -576,12 +576,13 @@ def _simulate_attributed(args: argparse.Namespace, *, process: bool = False) -> 
     """``_simulate``, where the model is not one of meanfield's own (registered by another
     package: ``meanfield.models`` entry points, or ``register`` at run time): an exception its
     code raised, or any exception that is not a user error, becomes ONE line naming the model and
-    its class (``ValueError``: exit status 2), not a traceback. meanfield's own models: unchanged."""
+    its class (``ValueError``: exit status 2), not a traceback nor, for a ``SystemExit`` it raised,
+    a silent exit. meanfield's own models: unchanged."""
     try:
         return _simulate(args, process=process)
     except (KeyboardInterrupt, MemoryError):
         raise
-    except Exception as e:
+    except BaseException as e:  # a model's sys.exit too: not the end of the command, one line
         # the registry is loaded once a model was built (before: no model's code ran)
         registry = sys.modules.get("meanfield.kernels._registry")
         error = None if registry is None else registry.plugin_error(args.kernel, e, "--kernel")

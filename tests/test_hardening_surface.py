@@ -374,6 +374,7 @@ FINE_RATE = "return 1.0"
         ("call", "return {}['missing']"),
         ("rate", "raise RuntimeError('no rate today')"),
         ("rate", "raise TypeError('rate of the wrong type')"),
+        ("call", "raise SystemExit(0)"),  # not a silent exit 0
     ],
 )
 def test_a_plugin_that_raises_while_it_runs_is_one_line_naming_it(
