@@ -60,7 +60,12 @@ def test_the_origin_rule_flags_every_turn_past_90_degrees_and_no_short_step(x, d
 
 
 @pytest.mark.parametrize(
-    "scheme", ["mix", pytest.param("pre", marks=pytest.mark.slow), pytest.param("peri", marks=pytest.mark.slow)]
+    "scheme",
+    [
+        "mix",
+        pytest.param("pre", marks=pytest.mark.slow),
+        pytest.param("peri", marks=pytest.mark.slow),
+    ],
 )
 def test_runs_that_resolve_the_radius_are_never_flagged(scheme):
     # the schemes' ordinary runs (identity weights, r0 of order 1, dt = 0.1; Mix-LN switching
@@ -81,7 +86,9 @@ def test_runs_that_resolve_the_radius_are_never_flagged(scheme):
 def test_r0_the_dtype_cannot_carry_is_one_error(r0):
     x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
     model = mf.models.SelfAttention(1.0, normalization="pre")
-    with pytest.raises(ValueError, match=r"r0 must be finite and > 0, in \[3\.1e-16, 6\.4e\+15\] for float32"):
+    with pytest.raises(
+        ValueError, match=r"r0 must be finite and > 0, in \[3\.1e-16, 6\.4e\+15\] for float32"
+    ):
         mf.simulate(model, x0, t1=0.2, dt=0.1, r0=r0)
 
 
@@ -91,10 +98,14 @@ def test_r0_range_follows_the_dtype(x64):
     assert lo64 < 1e-140 < lo32 < 1e-15 and hi32 < 1e16 < 1e140 < hi64
     # 1e-20 is refused in float32 and runs in float64
     x0 = mf.sphere.uniform(jax.random.key(0), 4, 3, jnp.float64)
-    traj = mf.simulate(mf.models.SelfAttention(1.0, normalization="pre"), x0, t1=0.1, dt=0.1, r0=1e-6)
+    traj = mf.simulate(
+        mf.models.SelfAttention(1.0, normalization="pre"), x0, t1=0.1, dt=0.1, r0=1e-6
+    )
     assert np.all(np.isfinite(np.asarray(traj.radius)))
     with pytest.raises(ValueError, match="float64"):
-        mf.simulate(mf.models.SelfAttention(1.0, normalization="pre"), x0, t1=0.1, dt=0.1, r0=1e-200)
+        mf.simulate(
+            mf.models.SelfAttention(1.0, normalization="pre"), x0, t1=0.1, dt=0.1, r0=1e-200
+        )
 
 
 def test_traced_r0_out_of_range_stops_the_program():
@@ -102,7 +113,9 @@ def test_traced_r0_out_of_range_stops_the_program():
     model = mf.models.SelfAttention(1.0, normalization="pre")
     run = jax.jit(lambda r: mf.simulate(model, x0, t1=0.1, dt=0.1, r0=r).radius)
     assert np.all(np.isfinite(np.asarray(run(jnp.float32(2.0)))))
-    with pytest.raises((RuntimeError, ValueError), match=r"r0: every radius must be finite and > 0, in"):
+    with pytest.raises(
+        (RuntimeError, ValueError), match=r"r0: every radius must be finite and > 0, in"
+    ):
         jax.block_until_ready(run(jnp.float32(1e-18)))
 
 
@@ -120,7 +133,9 @@ def test_phase_diagram_refuses_r0_and_records_the_origin_as_nan():
     with pytest.raises(ValueError, match=r"r0 must be finite and > 0, in \[3\.1e-16"):
         pd.sa_phase_diagram(key, [1.0], n=6, d=3, seeds=2, t1=0.5, checkpoints=3,
                             normalization="pre", r0=1e-30)  # fmt: skip
-    r = pd.sa_phase_diagram(key, [1.0], **kw, normalization="pre", r0=0.3, weights="gaussian", value="-qk")
+    r = pd.sa_phase_diagram(
+        key, [1.0], **kw, normalization="pre", r0=0.3, weights="gaussian", value="-qk"
+    )
     failed = np.isnan(r.per_seed[0])
     # the systems whose token went through the origin are NaN at every checkpoint, the others
     # fractions in [0, 1]
@@ -148,7 +163,9 @@ def test_simulate_refuses_a_run_past_the_machine_before_allocating():
     # under jit the shapes are concrete: the guard runs at trace time, and a traced dt is
     # counted by its max_steps bound
     with pytest.raises(_resources.ResourceLimitError):
-        jax.jit(lambda h: mf.simulate(K.USA(1.0), big, t1=1.0, dt=h, ts=ts, max_steps=10**6).xs)(1e-3)
+        jax.jit(lambda h: mf.simulate(K.USA(1.0), big, t1=1.0, dt=h, ts=ts, max_steps=10**6).xs)(
+            1e-3
+        )
     # and a small run traces and runs as before
     assert jax.jit(lambda x: mf.simulate(K.USA(1.0), x, t1=0.2, dt=0.1).xs)(x0).shape == (2, 8, 3)
 
@@ -177,7 +194,9 @@ def test_a_euclidean_token_at_the_origin_is_not_a_failure():
     gap = np.asarray(traj.collapse_gap)
     assert np.isnan(gap[0]) and np.isfinite(gap[-1])  # the token moved off the origin
     # a non-finite observable is still a failure, with its reason
-    traj = mf.simulate(model, x0, t1=0.3, dt=0.1, observables={"bad": lambda x: jnp.log(x[0, 0] - 9.0)})
+    traj = mf.simulate(
+        model, x0, t1=0.3, dt=0.1, observables={"bad": lambda x: jnp.log(x[0, 0] - 9.0)}
+    )
     assert bool(traj.failed) and traj.failure_reason() == "non-finite saved value"
 
 
@@ -226,10 +245,16 @@ def test_mix_switch_off_the_grid_is_a_step_point(x64):
     # over the switch and failed)
     assert err(solver="tsit5", rtol=1e-8, atol=1e-10) < 1e-6
     # a traced dt (the sweeps' reference step) and a traced tau (a sweep axis) too
-    traced = jax.jit(lambda h: mf.simulate(model, x0, t1=1.0, dt=h, max_steps=16, r0=1.5).radius[-1])
-    np.testing.assert_allclose(traced(0.1), mf.simulate(model, x0, t1=1.0, dt=0.1, r0=1.5).radius[-1], rtol=1e-12)
+    traced = jax.jit(
+        lambda h: mf.simulate(model, x0, t1=1.0, dt=h, max_steps=16, r0=1.5).radius[-1]
+    )
+    np.testing.assert_allclose(
+        traced(0.1), mf.simulate(model, x0, t1=1.0, dt=0.1, r0=1.5).radius[-1], rtol=1e-12
+    )
     taus = jax.vmap(lambda tau: mf.simulate(_mix(tau), x0, t1=1.0, dt=0.1, r0=1.5).radius[-1])
-    np.testing.assert_array_equal(taus(jnp.array([0.55]))[0], mf.simulate(model, x0, t1=1.0, dt=0.1, r0=1.5).radius[-1])
+    np.testing.assert_array_equal(
+        taus(jnp.array([0.55]))[0], mf.simulate(model, x0, t1=1.0, dt=0.1, r0=1.5).radius[-1]
+    )
 
 
 def test_phase_diagram_mix_switch_off_the_grid_as_simulate(x64):
