@@ -85,7 +85,7 @@ def _check_hessian_memory(x: Array) -> None:
     )
 
 
-def tangent_frame(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, "n d d-1"]:
+def tangent_frame(x: ArrayLike) -> Float[Array, "n d d-1"]:
     r"""Orthonormal tangent bases $B_i$ (columns span $x_i^\perp$), one per particle.
 
     Args:
@@ -162,9 +162,7 @@ def tangent_hessian(kernel: object, x: ArrayLike, aux: Any = None) -> Float[Arra
 _tangent_hessian_jit = eqx.filter_jit(tangent_hessian)
 
 
-def classify(
-    H: Float[Array | np.ndarray, "m m"], *, num_zero_modes: object, rtol: RealScalarLike = 1e-6
-) -> dict:
+def classify(H: ArrayLike, *, num_zero_modes: object, rtol: RealScalarLike = 1e-6) -> dict:
     r"""Classify a critical point from its tangent Hessian.
 
     With $\lambda = \operatorname{eigvalsh}(H)$, eigenvalues with $|\lambda| \le \text{rtol} \cdot \max|\lambda|$ are zero

@@ -341,11 +341,12 @@ def simulate_random_batch(
     check_positive("dt", dt)
     num_saves = check_int("num_saves", num_saves, minimum=2)
     ratio = float(t1) / float(dt)
-    if not ratio < 2.0**62:
-        raise ResourceLimitError(
-            f"simulate_random_batch with round(t1/dt) = {ratio:.3g} steps needs one key per step, "
-            f"more memory than any machine has; use a longer dt or a shorter t1"
-        )
+    # a key per step of a save interval: bounded below by round(t1/dt) / (num_saves - 1) keys
+    _check_memory(
+        f"simulate_random_batch with round(t1/dt) = {ratio:.3g} steps and num_saves = {num_saves}",
+        8.0 * ratio / (num_saves - 1),
+        "use a longer dt, a shorter t1 or more saves",
+    )
     steps = int(round(ratio))
     if steps < 1 or steps % (num_saves - 1):
         raise ValueError(

@@ -374,3 +374,89 @@ def test_plateaus_of_a_moderate_beta_run_on_the_circle():
     stage = [int(nc[np.searchsorted(ts, 0.5 * (a + b))]) for a, b in zip(p.start, p.end)]
     assert stage == [8, 4, 3]
     assert p.end[-1] == ts[-1] and np.all(np.diff(p.level) > 0)
+
+
+_K = mf.kernels.USA(1.0)
+_X8 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+_KEY = jax.random.key(0)
+
+
+def _init(k, m):
+    return mf.sphere.uniform(k, m, 3)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (
+            lambda: random_batch.field_errors(_K, _X8, key=_KEY, ps="24"),
+            TypeError,
+            "ps must be a list",
+        ),
+        (lambda: random_batch.field_errors(_K, _X8, key=_KEY, ps=[]), ValueError, "ps must hold"),
+        (
+            lambda: random_batch.field_errors(_K, _X8, key=_KEY, ps=[2], num_draws=0),
+            ValueError,
+            "num_draws must be >= 1",
+        ),
+        (
+            lambda: random_batch.simulate_random_batch(
+                _K, _X8, key=_KEY, p=2, t1=1.0, dt=0.1, observables=[1]
+            ),
+            TypeError,
+            "observables must be a dict",
+        ),
+        (
+            lambda: random_batch.meanfield_distances(_K, _init, [4.0], key=_KEY, ts=[0.0]),
+            TypeError,
+            "n must be an integer",
+        ),
+        (
+            lambda: random_batch.meanfield_distances(_K, _init, [4], key=_KEY, ts=[1.0, 0.0]),
+            ValueError,
+            "ts must be finite, >= 0 and increasing",
+        ),
+        (
+            lambda: random_batch.meanfield_distances(_K, 3, [4], key=_KEY, ts=[0.0]),
+            TypeError,
+            "sample_init must be a callable",
+        ),
+        (
+            lambda: random_batch.meanfield_distances(_K, _init, [4], key=_KEY, ts=[0.0], repeats=0),
+            ValueError,
+            "repeats must be >= 1",
+        ),
+        (
+            lambda: random_batch.fit_rate([1, 2], [1.0, -1.0]),
+            ValueError,
+            "dist must be finite and > 0",
+        ),
+        (lambda: random_batch.fit_rate([1], [1.0]), ValueError, "at least 2 entries"),
+        (lambda: random_batch.fit_rate([2, 2], [1.0, 2.0]), ValueError, "two distinct"),
+        (lambda: random_batch.fit_rate("ab", [1.0, 2.0]), TypeError, "ns must be an array of real"),
+        (lambda: analysis.cluster_state(6.0, 2), TypeError, "n must be an integer"),
+        (lambda: analysis.cluster_state(6, 2, 1), ValueError, "d must be >= 2"),
+        (lambda: analysis.cluster_state(6, 2, 3, jnp.int32), TypeError, "dtype must be a floating"),
+        (lambda: analysis.collapsed_spectrum(-1.0, 4, 3), ValueError, "beta must be > 0"),
+        (lambda: analysis.antipodal_spectrum(1.0, 5, 3), ValueError, "even n"),
+        (lambda: analysis.classify(np.ones((2, 3)), num_zero_modes=1), ValueError, "square"),
+        (lambda: analysis.classify(np.eye(2), num_zero_modes=-1), ValueError, "num_zero_modes"),
+        (lambda: analysis.tangent_hessian(_K, np.ones((2, 3), bool)), TypeError, "real numbers"),
+        (lambda: analysis.tangent_hessian(_K, np.ones(3)), ValueError, r"x must be an \(n, d\)"),
+        (
+            lambda: analysis.tangent_hessian(_K, np.array([[np.nan, 0.0, 1.0]])),
+            ValueError,
+            "x must be finite",
+        ),
+        (lambda: analysis.tangent_frame(np.ones(3)), ValueError, r"x must be an \(n, d\)"),
+        (
+            lambda: analysis.escape_time(_K, _X8, dt=0.1, t_max=1.0, fraction=2.0),
+            ValueError,
+            r"fraction must be in \(0, 1\)",
+        ),
+    ],
+)
+def test_random_batch_and_analysis_arguments_get_one_clear_error(call, exc, match):
+    with pytest.raises(exc, match=match) as err:
+        call()
+    _one_line(err)
