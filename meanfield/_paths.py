@@ -171,6 +171,14 @@ def open_output(path: str | os.PathLike[str], what: str) -> io.BufferedWriter:
         raise
 
 
+def write_output(path: str | os.PathLike[str], text: str, what: str) -> None:
+    """``text`` written (UTF-8) to ``path`` through ``open_output``: a FIFO, device or directory in
+    its place is one ``ValueError``, never a wait (the plain ``Path.write_text`` of a FIFO blocks
+    until a reader comes)."""
+    with open_output(path, what) as f:
+        f.write(text.encode("utf-8"))
+
+
 def special_file_under(directory: str | os.PathLike[str]) -> tuple[str, str] | None:
     """The first entry under ``directory`` (walked without following links to directories) that
     is neither a regular file nor a directory, links followed (a FIFO, socket or device, or a link

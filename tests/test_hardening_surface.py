@@ -612,3 +612,27 @@ def test_animate_names_the_bad_argument_and_writes_nothing(data, arg, tmp_path):
     subject = text.split(" must ")[0]  # "fps must be ...", "movie path '...' cannot be written"
     assert "\n" not in text and NAMES.get(arg, arg) in subject, (arg, value, text)
     assert set(tmp_path.rglob("*")) == before  # nothing written, no probe left behind
+
+
+def test_run_experiments_refuses_an_out_dir_holding_a_fifo_before_any_experiment(tmp_path):
+    """The Python entry of ``meanfield reproduce`` refuses, before running anything, an output
+    directory holding a FIFO (writing it would wait for a reader forever)."""
+    from meanfield import reproduce
+
+    (tmp_path / "usa-av").mkdir()
+    os.mkfifo(tmp_path / "usa-av" / "summary.json")
+    with pytest.raises(ValueError, match=r"holds .*summary\.json.*a FIFO"):
+        reproduce.run_experiments(["usa-av"], tmp_path, quick=True, jobs=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["usa-av"]
+
+
+def test_write_output_refuses_a_fifo_and_writes_a_regular_file(tmp_path):
+    """``_paths.write_output`` (summary.json, REPORT.md, report.html of a reproduction): a FIFO is
+    one ValueError without blocking; a regular file is replaced by the text."""
+    os.mkfifo(tmp_path / "REPORT.md")
+    with pytest.raises(ValueError, match=r"report .*REPORT\.md.* \(a FIFO, not a regular file\)"):
+        _paths.write_output(tmp_path / "REPORT.md", "x", "report")
+    f = tmp_path / "summary.json"
+    f.write_text("old and longer")
+    _paths.write_output(f, "new", "summary")
+    assert f.read_text() == "new"

@@ -164,6 +164,7 @@ def test_summary_keys_and_json(capsys):
         "native",
         "packages",
         "platform",
+        "plugins",
         "python",
     ]
     assert sorted(d["packages"]) == sorted(info.PACKAGES) and d["packages"]["jax"]

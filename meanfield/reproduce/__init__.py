@@ -19,6 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .. import _paths
+
 __all__ = [
     "EXPERIMENTS",
     "PAPERS",
@@ -128,6 +130,11 @@ def run_experiments(
         raise ValueError(f"jobs must be a positive integer or None, got {jobs!r}")
     jobs = min(jobs, max(1, len(names)))
     out = Path(out_dir)
+    special = _paths.special_file_under(out) if out.is_dir() else None
+    if special is not None:  # refused before any experiment, not waited on after one
+        raise ValueError(
+            f"out_dir {str(out)!r} holds {special[0]!r}, {special[1]}: it cannot be written"
+        )
     mode = "quick" if quick else "full" if full else "default"
     tasks = [(i, name, EXPERIMENTS[name]) for i, name in enumerate(names, 1)]
     common = (str(out), len(names), quick, full, quiet, mode, not quiet and _live(sys.stderr))
@@ -192,7 +199,7 @@ def _run_one(
     if path.is_file():  # the experiment's own summary, with the time of the whole experiment
         import json
 
-        path.write_text(json.dumps(summary, indent=2, allow_nan=True))
+        _paths.write_output(path, json.dumps(summary, indent=2, allow_nan=True), "summary")
     return summary
 
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from jaxtyping import ArrayLike
 
+from .. import _paths
 from .._checks import RealScalarLike
 
 __all__ = [
@@ -514,7 +515,9 @@ def write_summary(
         "timings": _jsonable(timings or {}),
         "figures": figures or [],
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=True))
+    _paths.write_output(
+        out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=True), "summary"
+    )
     return summary
 
 

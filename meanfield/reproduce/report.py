@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import _paths
 from ._common import first_sentence, tolerance_rule
 
 __all__ = ["tolerance_text", "total_seconds", "write_report"]
@@ -206,8 +207,8 @@ def write_report(
             "</details>",
             "",
         ]
-    (out / "REPORT.md").write_text("\n".join(md))
-    (out / "report.html").write_text(_html(out, summaries, quick, failing, total))
+    _paths.write_output(out / "REPORT.md", "\n".join(md), "report")
+    _paths.write_output(out / "report.html", _html(out, summaries, quick, failing, total), "report")
     return out / "REPORT.md"
 
 
