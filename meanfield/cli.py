@@ -193,8 +193,9 @@ def _add_model_flags(parser: argparse.ArgumentParser, models: Sequence[Any]) -> 
             kw["action"] = argparse.BooleanOptionalAction
         elif p.kind == "choice":
             kw["choices"] = p.choices
-        elif name.endswith("seed"):
-            kw["type"] = _arg(p.kind, maximum=SEED_LIMIT)
+        elif getattr(p, "maximum", None) is not None or name.endswith("seed"):
+            bound = getattr(p, "maximum", None)
+            kw["type"] = _arg(p.kind, maximum=SEED_LIMIT if bound is None else bound)
         elif p.kind == "plane":
             kw["type"] = _arg(p.kind)
         elif p.kind.startswith("int"):
