@@ -50,7 +50,16 @@ import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
-__all__ = ["PRECISIONS", "ScopedValue", "current", "dot", "einsum", "matmul", "matmul_precision", "third_party"]
+__all__ = [
+    "PRECISIONS",
+    "ScopedValue",
+    "current",
+    "dot",
+    "einsum",
+    "matmul",
+    "matmul_precision",
+    "third_party",
+]
 
 #: The precisions ``matmul_precision`` accepts (JAX's names): ``"default"`` (the device's
 #: fastest: TF32 on NVIDIA GPUs, one bfloat16 pass on TPUs), ``"high"`` (bfloat16_3x on TPUs,

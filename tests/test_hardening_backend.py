@@ -247,7 +247,9 @@ def test_native_where_it_cannot_run_is_one_value_error(monkeypatch, tmp_path, ca
     (made / "zarr.json").write_text(json.dumps(root))
     sweep_store.discard(made, 3)
     capsys.readouterr()
-    with pytest.raises(ValueError, match="was computed with the fused C kernel .* resume where it runs"):
+    with pytest.raises(
+        ValueError, match="was computed with the fused C kernel .* resume where it runs"
+    ):
         sweep.run_sweep(_spec(), made, memory="1B", quiet=True, resume=True)
 
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import sys
 
 from ._cache import Crossover, RefusedPath, _json, _read_private, _write_atomic
 

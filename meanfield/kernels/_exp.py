@@ -4,9 +4,8 @@ evaluation, the fused C kernel as an XLA primitive, the ``backend`` option, ``US
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -145,9 +144,7 @@ def _unavailable_message(reason: str | None) -> str:
     )
 
 
-def resolve_backend(
-    backend: str, n: int, d: int, dtype: Any, *, measured: bool = True
-) -> str:
+def resolve_backend(backend: str, n: int, d: int, dtype: Any, *, measured: bool = True) -> str:
     """``"native"`` or ``"xla"``: what ``backend`` runs for systems of ``n`` particles in dimension
     ``d`` of ``dtype`` on the CPU (accelerators run XLA whatever the choice).
 

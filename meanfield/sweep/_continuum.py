@@ -437,6 +437,7 @@ def plot(ds: Any, out_dir: Path) -> list[Path]:
     amplitude against time, one curve per mode, at the first ``beta``."""
     from matplotlib.figure import Figure
 
+    from .plot import save_figure
     from .store import OK
 
     paths = []
@@ -484,7 +485,7 @@ def plot(ds: Any, out_dir: Path) -> list[Path]:
         )
         fig.tight_layout()
         p = out_dir / "growth_rate_heatmap_beta_mode.png"
-        fig.savefig(p, dpi=110)
+        save_figure(fig, p)
         paths.append(p)
     if "amplitude" in ds:
         tdim = "time"
@@ -505,7 +506,7 @@ def plot(ds: Any, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         p = out_dir / "amplitude_vs_time.png"
-        fig.savefig(p, dpi=110)
+        save_figure(fig, p)
         paths.append(p)
     return paths
 

@@ -355,9 +355,8 @@ def _verify(path: str) -> int:
     paths = (
         ""
         if not backends
-        else "; evaluation paths as recorded: " + "; ".join(
-            f"{v} for {k}" for k, v in sorted(backends.items())
-        )
+        else "; evaluation paths as recorded: "
+        + "; ".join(f"{v} for {k}" for k, v in sorted(backends.items()))
     )
     print(f"{store}: sound; {done} of {total} chunks done and verified{pending}{paths}")
     if backends and "native" in backends.values():

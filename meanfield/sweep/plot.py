@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from .._paths import open_output
 from .spec import SweepKind, kind_of, sweep_kinds
 from .store import OK, load
 
-__all__ = ["plot_store"]
+__all__ = ["plot_store", "save_figure"]
 
 
 def _select_rest(da: Any, keep: list[str]) -> tuple[Any, str]:
@@ -36,6 +37,14 @@ def _store_kind(ds: Any) -> SweepKind:
         return kind_of(first)
     except ValueError:
         return sweep_kinds()["particles"]
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, opened without blocking (``meanfield._paths.open_output``): a
+    FIFO, a device or a directory in its place is one ``ValueError`` naming it, never a write
+    that waits for a reader."""
+    with open_output(path, "figure") as f:
+        fig.savefig(f, format="png", dpi=110)
 
 
 def plot_store(
@@ -152,7 +161,7 @@ def plot_store(
             )
             fig.tight_layout()
             p = out_dir / f"{name}_vs_time.png"
-            fig.savefig(p, dpi=110)
+            save_figure(fig, p)
             paths.append(p)
         final = mean.isel(time=-1) if "time" in mean.dims else mean
         if "rank" in final.dims:
@@ -182,6 +191,6 @@ def plot_store(
             ax.set_title(f"{name} ({when})" + (f"\n{note}" if note else ""), fontsize=9)
             fig.tight_layout()
             p = out_dir / f"{name}_heatmap_{a}_{b}.png"
-            fig.savefig(p, dpi=110)
+            save_figure(fig, p)
             paths.append(p)
     return paths

@@ -41,6 +41,7 @@ __all__ = [
     "Runner",
     "assign_parts",
     "parse_part",
+    "PointProgramError",
 ]
 
 
@@ -651,6 +652,22 @@ def sweep_status(out: str | Path, spec: object = None) -> dict:
     }
 
 
+class PointProgramError(ValueError):
+    """The program of a chunk failed while it was traced, compiled or run: a model's own code (a
+    plugin's field that raises, even ``SystemExit``) or the device (out of memory). A
+    ``ValueError`` (one line from the CLI) naming the model, the shape, the chunk and the error;
+    the chunk was not written (no mark: its claim is released), so the store keeps its
+    completed chunks and stays sound (``--verify``); the cause is chained (``__cause__``)."""
+
+    def __init__(self, out: Path, cid: int, group: Group, error: BaseException) -> None:
+        text = " ".join(str(error).split()) or "(no message)"
+        text = text if len(text) <= 300 else text[:297] + "..."
+        super().__init__(
+            f"model {group.kind!r} failed at n = {group.n}, d = {group.d} (chunk {cid} of {out}, "
+            f"not written): {type(error).__name__}: {text}"
+        )
+
+
 #: Bytes of process 0's error message sent to the other processes.
 _MESSAGE = 1024
 
@@ -725,7 +742,10 @@ def _execute(
         g = plan.groups[gi]
         params, seeds = chunk_inputs(sp, g, sl, plan.padded_size(g))
         count = int(np.prod([s.stop - s.start for s in sl]))
-        res = runner(gi, params, seeds)
+        try:
+            res = runner(gi, params, seeds)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a model's code (a plugin's) failed
+            raise PointProgramError(out, cid, g, e) from e
         if writer:
             region = sl if sp.seeded else sl[:-1]  # continuum: no seed dimension in the store
             store.write_chunk(

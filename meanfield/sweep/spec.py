@@ -465,6 +465,7 @@ class Spec:
 # sweep kinds: the one interface of what a point of a sweep is
 # ----------------------------------------------------------------------------
 
+
 def backend_key(model: str, n: int, d: int) -> str:
     """The key of group ``(model, n, d)`` in a store's record of its backends (``SweepKind.backends``).
 
