@@ -1132,7 +1132,7 @@ def check_r0(r0: Any, dtype: DTypeLike) -> None:
         bad = float(rn[~ok].ravel()[0])
         raise ValueError(
             f"every radius r0 must be finite and > 0, in [{lo:.2g}, {hi:.2g}] for "
-            f"{np.dtype(dtype).name} states (r0_range), got {bad:g}"
+            f"{np.dtype(dtype).name} states (r0_range), got {bad!r}"
         )
 
 
