@@ -20,6 +20,7 @@ __all__ = [
     "output_problem",
     "check_output",
     "open_output",
+    "write_output",
     "special_file_under",
 ]
 
