@@ -520,7 +520,7 @@ def _field_rate(model: Any, d: int, backend: str) -> float:
     import jax
 
     from . import sphere
-    from .kernels import use_backend
+    from .kernels._exp import _scope_backend
 
     n = RATE_PROBE_N
     try:
@@ -529,7 +529,7 @@ def _field_rate(model: Any, d: int, backend: str) -> float:
 
         @jax.jit
         def field(x: Any) -> Any:
-            with use_backend(backend):
+            with _scope_backend(backend):
                 return model.at_time(0.0).field(x, aux)
 
         jax.block_until_ready(field(x))
@@ -647,6 +647,14 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         except ImportError as e:
             raise ValueError(f"--movie: {e}") from None
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
+    # "auto" decided once for the run and recorded in summary.json (backend_resolved): the path of
+    # the fused exponential-kernel evaluations (the two paths round differently, ~1e-7 in float32);
+    # accelerators run XLA whatever the choice
+    resolved = (
+        "xla"
+        if jax.default_backend() != "cpu"
+        else kernels.resolve_backend(args.backend, args.n, args.d, x0.dtype)
+    )
     aux = model.default_aux(args.n)
     model.check_config(x0, aux)  # the model's own refusals (e.g. beta overflow) before any warning
     warning = _resources.step_warning(
@@ -687,7 +695,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         rtol=args.rtol,
         atol=args.atol,
         early_stop=args.early_stop,
-        backend=args.backend,
+        backend=resolved,
         # the cluster count is of unit tokens (angular threshold): none for tokens in R^d
         observables={} if euclidean else {"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
@@ -729,6 +737,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "solver": args.solver,
         "step": args.step,
         "seed": args.seed,
+        "backend": args.backend,
+        "backend_resolved": resolved,
         "final_collapse_gap": float(gap[-1]),
         "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,

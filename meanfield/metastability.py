@@ -78,8 +78,8 @@ from ._checks import (
 from ._machine import ResourceLimitError, format_bytes, machine_memory
 from .energy import check_states
 from .integrate import Trajectory
-from .kernels import USA, use_backend
-from .kernels._exp import _entry_backend
+from .kernels import USA
+from .kernels._exp import _entry_backend, _scope_backend
 from .normalization import require_post
 
 __all__ = [
@@ -1180,7 +1180,7 @@ def _simulate_long(
         return sphere.normalize(s[lab]), lab
 
     def save(x: Float[Array, "n d"], lt: Array) -> dict[str, Array]:
-        with use_backend(backend):  # a static argument of this program
+        with _scope_backend(backend):  # a static argument of this program
             energy = model.energy(x, aux, block_size=block_size)
         out = {
             "collapse_gap": metrics.collapse_gap(x),

@@ -385,3 +385,37 @@ def test_engine_calls_leave_a_users_jitted_functions_alone():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["after_first"] == {"user": 1, "other": 1}, got
     assert got["end"] == {"user": 2, "other": 1}, got
+
+
+def test_simulate_records_the_backend_it_decided_and_a_rerun_with_it_is_identical(tmp_path, capsys):
+    """``meanfield simulate --backend auto`` decides the path once and records it
+    (``backend_resolved``); rerunning with that backend named gives the same numbers bit for bit."""
+    from meanfield import cli
+
+    small = [
+        "--kernel",
+        "usa",
+        "--n",
+        "6",
+        "--t1",
+        "0.1",
+        "--dt",
+        "0.05",
+        "--saves",
+        "3",
+        "--no-plots",
+    ]
+    runs = {}
+    for name, backend in (("auto", "auto"), ("again", None)):
+        if backend is None:
+            backend = runs["auto"][0]["backend_resolved"]
+        out = tmp_path / name
+        assert cli.main(["simulate", *small, "--backend", backend, "--out", str(out)]) == 0
+        capsys.readouterr()
+        summary = json.loads((out / "summary.json").read_text())
+        runs[name] = (summary, np.load(out / "observables.npz"))
+    auto, again = runs["auto"][0], runs["again"][0]
+    assert auto["backend"] == "auto" and auto["backend_resolved"] in ("native", "xla")
+    assert again["backend"] == again["backend_resolved"] == auto["backend_resolved"]
+    for key in ("x_final", "energy", "collapse_gap"):
+        np.testing.assert_array_equal(runs["auto"][1][key], runs["again"][1][key])

@@ -43,7 +43,7 @@ DESCRIPTIONS = {
     "energy": "interaction energy E = 1/(2 n^2) sum h (times e^-beta when rescaled)",
     "clusters": "number of clusters (angular threshold cluster_threshold)",
     "first_merge_time": "first save time with fewer clusters than at t = 0 (inf: none before t1; mf.metastability)",
-    "num_plateaus": "number of energy plateaus (mf.metastability.num_plateaus, rel_tol 0.02, min_points 3)",
+    "num_plateaus": "number of energy plateaus: metastable stages (mf.metastability.num_plateaus, rate_tol 0.02, rel_tol 0.02, min_points 3)",
     "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
     "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
     "mean_radius": "mean radius (1/n) sum_i r_i of the tokens x_i = r_i theta_i (mf.normalization: pre, mix, peri)",
