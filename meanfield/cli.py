@@ -626,12 +626,16 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     import numpy as np
 
     from . import _resources, kernels, metrics, sphere
-    from .integrate import ADAPTIVE_SOLVERS, simulate
+    from .integrate import ADAPTIVE_SOLVERS, FIXED_STEP_SOLVERS, simulate, uniform_saves_problem
 
     entry = kernels.model_entry(args.kernel)
     params = entry.resolve(given, where="--")
     model = kernels.make(args.kernel, d=args.d, **params)  # small: its parameters, not the run
     # the estimate first: nothing of the run's size is allocated before it is accepted
+    if args.solver in FIXED_STEP_SOLVERS:  # item 1's grid rule, before the grid is allocated
+        problem = uniform_saves_problem(args.t1, args.dt, args.saves)
+        if problem is not None:
+            raise ValueError(problem)
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)

@@ -69,8 +69,8 @@ from ._checks import (
     is_concrete,
 )
 from .energy import check_states
-from .kernels import Kernel, use_backend
-from .kernels._exp import _entry_backend
+from .kernels import Kernel
+from .kernels._exp import _entry_backend, _scope_backend
 
 __all__ = [
     "simulate",
@@ -188,10 +188,10 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     x, flags = y
     model = args.model.at_time(t)
     if args.euclidean:
-        with use_backend(args.backend):
+        with _scope_backend(args.backend):
             return model.field(x, args.aux, block_size=args.block_size), jnp.zeros_like(flags)
     xh = sphere.normalize(x)
-    with use_backend(args.backend):
+    with _scope_backend(args.backend):
         F = model.field(xh, args.aux, block_size=args.block_size)
     scheme = getattr(model, "normalization", "post")
     if args.radial:
@@ -205,7 +205,7 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
 
 
 def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
-    with use_backend(args.backend):
+    with _scope_backend(args.backend):
         return args.model.energy(x, args.aux, block_size=args.block_size)
 
 

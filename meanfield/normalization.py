@@ -140,8 +140,8 @@ def radial_velocity(
     r"""$\dot x_i$ of a scheme with a radius (``RADIAL``) at $x_i = r_i \theta_i$, from the model's
     ``field`` $G$ at the directions $\theta$: $G$ (Pre-LN; Peri-LN, whose field is $A / \|A\|$), and
     for Mix-LN $r_i P_{\theta_i} G_i$ (Post-LN: the radius stays) until ``switched``, then $G$.
-    (``mf.simulate`` switches Mix-LN at the end of the step that reaches ``switch_time``: put it
-    among the save times ``ts`` for the switch to fall on it exactly.)
+    (``mf.simulate`` puts ``switch_time`` among its step points, so the switch falls on it
+    exactly; a step point within ``dt / 1000`` of it is the switch point.)
 
     Example:
         >>> import jax.numpy as jnp

@@ -152,7 +152,7 @@ from ._checks import (
 )
 from ._precision import matmul
 from .integrate import STEPS, _near_origin, check_r0
-from .kernels._exp import BACKENDS, _batch_bytes, check_backend
+from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
 from .models import SelfAttention, exp_reference_step, random_weights
 
@@ -1215,7 +1215,7 @@ def _resolve_backend(
         raise ValueError(f"backend='native' supports d <= {_native.MAX_D}, got d = {x0.shape[2]}")
     lib = _native.phase_library()
     if not lib.available:
-        raise RuntimeError(
+        raise BackendUnavailable(
             f"backend='native': the fused C kernel is not available ({lib.reason}); "
             "use backend='xla' or 'auto'"
         )

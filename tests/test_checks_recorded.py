@@ -101,6 +101,14 @@ CASES = {
                                                jnp.array([1, -1, 3]), "ell must be >= 0"),
     "continuum.growth_rates: traced beta past the overflow bound": (
         lambda b: continuum.growth_rates(b, 3, jnp.arange(1, 4)), 1.0, 100.0, "beta overflows e^beta"),
+    # Model.check_traced: a traced declared integer parameter < 0 (a seed of drawn weights)
+    "field: traced weight_seed < 0 (SelfAttention)": (
+        lambda s: mf.field(mf.models.SelfAttention(1.0, weights="gaussian", weight_seed=s), x0), 3, -1,
+        "weight_seed must be >= 0"),
+    # Mask.check_traced (meanfield.masks.ALiBi), called by Model.check_traced: a traced slope < 0 or NaN
+    "field: traced ALiBi slope < 0 (USA)": (
+        lambda v: mf.field(mf.kernels.USA(1.0, mask=mf.masks.ALiBi(v)), x0), 0.5, -1.0,
+        "slope must be >= 0 and finite"),
     # meanfield.phase_diagram.usa_step_size: traced beta or base_dt <= 0
     "phase_diagram.usa_step_size: traced beta <= 0": (lambda b: phase_diagram.usa_step_size(b), jnp.asarray(1.0),
                                                       jnp.asarray(-1.0), "beta must be > 0"),
@@ -242,12 +250,14 @@ def test_every_check_site_has_a_case():
     # where each check is attached, and the cases above that exercise it
     expected = {
         "meanfield/models.py:traced_positive": 1,  # Model.check_traced: beta, float>0 parameters
-        "meanfield/models.py:_error_if": 1,  # Model.check_traced: float>=0 parameters (lam)
+        # Model.check_traced: float>=0 parameters (lam); integer parameters >= 0 (weight_seed)
+        "meanfield/models.py:_error_if": 2,
         # Model.check_traced: float parameters (omega); check_states: aux, tokens in R^d
         "meanfield/models.py:traced_finite": 3,
         "meanfield/integrate.py:eqx.error_if": 1,  # simulate: a traced r0 <= 0 or non-finite
         "meanfield/models.py:traced_states": 1,  # check_states (simulate's x0, energy/field/velocity's x)
-        "meanfield/models.py:check_traced": 1,  # check_states: the model's own checks
+        "meanfield/models.py:check_traced": 2,  # check_states: the model's own; the mask's (ALiBi)
+        "meanfield/masks.py:_error_if": 1,  # ALiBi.check_traced: a slope < 0 or not finite
         "meanfield/energy.py:check_traced_energy": 2,  # energy; field and velocity
         "meanfield/kernels/_exp.py:_error_if": 1,  # _ExpKernel.check_traced_energy: overflow
         "meanfield/kernels/_toeplitz.py:traced_finite": 1,  # ToeplitzSeries: c_hat

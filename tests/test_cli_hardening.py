@@ -275,3 +275,11 @@ def test_console_script(args, status, tmp_path):
     assert p.returncode == status, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_hundred_million_saves_are_refused_before_the_grid_exists(capsys):
+    """``--saves 100000000`` over ``t1 = 0.1`` (issue 47 item 1): the dense-grid rule, decided from
+    the three numbers (``integrate.uniform_saves_problem``) before any grid is allocated."""
+    one_line_error(
+        capsys, "simulate", "--n", "8", "--t1", "0.1", "--saves", "100000000", needle="dt / 1000"
+    )

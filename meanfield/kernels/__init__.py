@@ -93,8 +93,11 @@ from ._registry import (
     MODEL_NAMES,
     MODELS,
     PARAM_KINDS,
+    PLUGIN_FAILURES,
+    RESERVED_MODEL_NAMES,
     ModelEntry,
     Param,
+    PluginWarning,
     build,
     load_entry_points,
     make,
@@ -152,6 +155,9 @@ __all__ = [
     "unregister",
     "tile_shape",
     "load_entry_points",
+    "PluginWarning",
+    "PLUGIN_FAILURES",
+    "RESERVED_MODEL_NAMES",
     "ENTRY_POINT_GROUP",
 ]
 
