@@ -1059,9 +1059,11 @@ class SelfAttention(Model):
 
     def footprint(self, n: int, d: int, *, block_size: int | None = None) -> Footprint:
         """The ``(n, n)`` logits and weights as XLA:CPU holds them (``compiled.memory_analysis()``,
-        tests/test_cost_model.py): about two arrays up to ``n = 1024``, one while ``n^2 < 2^24``,
-        none beyond (the small-``d`` products are fused into loops); with a margin above, whatever
-        ``block_size``. Several heads, a mask or another normalisation than softmax: ``H + 2``
+        tests/test_cost_model.py): about two arrays up to ``n = 1024``, one while ``n^2 < 2^24``;
+        beyond, XLA's own buffers are ``O(n)`` (the small-``d`` products are fused into loops) but
+        the CPU runtime allocates the ``(n, n)`` product of the logits outside them (measured: the
+        resident memory grows by ``4 n^2`` bytes in float32 at ``n = 8192`` and ``20000``), so one
+        array and a quarter; with a margin above, whatever ``block_size``. Several heads, a mask or another normalisation than softmax: ``H + 2``
         arrays (one more for Sinkhorn's iterates), an upper bound of the forward pass, which
         evaluates one head at a time (``jax.lax.map``), and what reverse mode keeps of the heads."""
         nf = as_float(n)
@@ -1075,7 +1077,7 @@ class SelfAttention(Model):
         elif nf**2 < 2.0**24:
             entries = 1.5 * nf**2
         else:
-            entries = 3.0 * nf
+            entries = 1.25 * nf**2
         return Footprint(entries=entries, pairs=nf**2)
 
     def reference_step(self, base_dt: ArrayLike) -> ArrayLike:
