@@ -355,6 +355,7 @@ for backend in ("xla", "auto", "native", "xla"):
     mf.velocity(k, x, backend=backend)
     mf.field(k, x, backend=backend)
     mf.energy(k, x, backend=backend)
+    mf.simulate(k, x, t1=0.1, dt=0.1, backend=backend)
     other(x)
     user(x)
 with mf.kernels.use_backend("xla"):  # a user's scope: traced again there, by design
