@@ -18,9 +18,16 @@ this process that other processes left idle (``exp_threads_now``: the non-idle t
 CPUs in ``/proc/stat`` minus this process's own CPU time, over the last >= 100 ms). On a loaded
 machine a team of threads waits at the end of a call for its member that waits for a CPU, and
 fewer threads finish sooner (BENCHMARKS.md, contention); work is handed out dynamically, one
-system or 128 rows at a time. A long call (about 8 ms of one CPU or more) takes all its threads:
-a late thread then delays its end by one chunk, and each thread is a share of a loaded machine. The phase kernel does the same per call (``threads_now``). No
-library call sets an environment variable (``OMP_*`` included).
+system or one virtual worker at a time. A long call (about 8 ms of one CPU or more) takes all
+its threads: a late thread then delays its end by one chunk, and each thread is a share of a
+loaded machine. The phase kernel does the same per call (``threads_now``). No library call sets
+an environment variable (``OMP_*`` included).
+
+No result depends on the thread count: a system of more than 512 particles deals its windows of
+128 rows to a fixed number of virtual workers (at most 32, set by ``n`` and ``d`` alone), whose
+sums are added in worker order, so the same input gives the same bits for any thread count,
+schedule or call (``tests/test_native_determinism.py``; the phase kernel runs each block of
+seeds on one thread).
 
 When the compiler runs: the exp kernel at ``import meanfield.kernels`` (``prepare()``:
 ``build_exp()`` if it is not cached, then load and register the FFI targets, with one line on
@@ -361,9 +368,10 @@ def set_exp_threads(threads: int | None = None, *, adaptive: bool = True) -> Non
     team of threads waits for its slowest member, and one thread finishes sooner (BENCHMARKS.md,
     contention); a long call (about 8 ms of one CPU or more) takes them all (each thread is a
     share of a loaded machine, and a late one delays the end by one chunk of work).
-    ``adaptive=False``: always ``threads``. Batches run whole systems per thread
-    (bit-identical for any thread count); one large system split over threads sums its rows in
-    another order (rounding, ``tests/test_kernels_native.py``). Sets no environment variable.
+    ``adaptive=False``: always ``threads``. The results are the same bits for any thread count:
+    batches run whole systems per thread, and a system of more than 512 particles always sums
+    its rows through the same fixed set of virtual workers, whether one thread runs them or
+    several share them (``tests/test_native_determinism.py``). Sets no environment variable.
     """
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1

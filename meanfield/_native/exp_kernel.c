@@ -25,9 +25,12 @@
  * Accuracy: partial sums in the kernel's dtype cover at most VCH vectors of columns or FLUSH
  * rows, then continue in double (float32 results stay at float32 rounding for large n).
  * Parallel (OpenMP) over the systems of the batch; a batch smaller than the thread count with
- * n > 4 FLUSH runs each system's windows of FLUSH rows in parallel (dynamic schedule, one Ft
- * and one double FD per thread, summed at the end). The thread count of each call adapts to
- * the machine's load (threads_now: no more threads than the CPUs other processes leave idle).
+ * n > 4 FLUSH runs each system's windows of FLUSH rows in parallel. The thread count of each
+ * call adapts to the machine's load (threads_now: no more threads than the CPUs other processes
+ * leave idle), so no sum depends on it: a system of n > 4 FLUSH rows, whichever branch runs it,
+ * deals its windows to a fixed number of virtual workers (workers_of(n, d)), each with its own
+ * double buffer and weight sum, added up in worker order (see large_system). The results are
+ * the same bits for any thread count, schedule and call (tests/test_native_determinism.py).
  * Gauge matrices G (optional): the system is loaded as y_i = G_i x_i and the field stored as
  * G_i^T F_i.
  *
@@ -90,7 +93,8 @@ static int adaptive = 1;
  * own CPU time (its threads, spinning OpenMP workers and XLA's included), at least 1.
  * A long call (more than LONG_CALL units of work, pairs x (2 d + 4): about 8 ms of one CPU) takes
  * all its threads whatever the load: dynamic scheduling keeps them busy, a late thread delays
- * the end by one system or 128 rows, and on a loaded machine each thread is a share of the CPUs
+ * the end by one system or one virtual worker (its windows of 128 rows; a large system has at
+ * most 32 workers), and on a loaded machine each thread is a share of the CPUs
  * (n = 4096, d = 16 on 2 loaded cores: 2 threads 98 ms, 1 thread 139 ms). */
 #define LONG_CALL 1.2e8
 
@@ -397,6 +401,132 @@ static double run_rows(row_block_fn rows, const vr *xt, int n, int nv, int d, re
     return t;
 }
 
+/* ---- a large system (n > 4 FLUSH): a fixed set of virtual workers ---------------------------
+ * Its windows of FLUSH rows are dealt to W = workers_of(n, d) virtual workers: worker k takes
+ * the windows k, k + W, k + 2 W, ... in increasing order into its own double buffer FD_k (it
+ * writes only the rows >= k FLUSH) and its own double weight sum t_k; then, element by element,
+ *
+ *     FD = ((diagonal + FD_0) + FD_1) + ... + FD_{W-1},   S = ((s_diagonal + 2 t_0) + 2 t_1) + ...
+ *
+ * W depends on n and d only, never on the threads or their schedule, so the result is the same
+ * bits for any thread count and schedule (and for repeated calls). Several threads pick workers
+ * dynamically, each worker into its own buffer; a thread that ends one adds every ended buffer
+ * that is next in worker order to FD (a combiner: in order, no thread waits for another, one
+ * barrier per system as before). One thread runs the workers one after the other (one buffer,
+ * added as each ends). Each sum is done by one function (noinline: one compiled order,
+ * whichever path calls it). Memory: W buffers of d x np doubles (one with one thread),
+ * W <= WORKERS, fewer (down to 4) where W buffers would exceed WORKER_BYTES. */
+#define WORKERS 32                       /* most virtual workers of one system */
+#define WORKER_BYTES ((size_t)128 << 20) /* fewer (down to 4) when W buffers would exceed this */
+
+static int workers_of(int n, int d) {
+    const int windows = (n + FLUSH - 1) / FLUSH;
+    const size_t buffer = sizeof(double) * (size_t)d * (size_t)((n + LANES - 1) / LANES) * LANES;
+    size_t w = WORKER_BYTES / buffer;
+    w = w > WORKERS ? WORKERS : (w < 4 ? 4 : w);
+    return windows < (int)w ? windows : (int)w;
+}
+
+/* acc += src, element by element */
+static __attribute__((noinline)) void add_into(double *restrict acc, const double *restrict src, size_t len) {
+    for (size_t k = 0; k < len; k++) acc[k] += src[k];
+}
+
+/* s + 2 t_0 + 2 t_1 + ... + 2 t_{W-1}, in this order */
+static __attribute__((noinline)) double add_totals(double s, const double *t, int W) {
+    for (int k = 0; k < W; k++) s += 2 * t[k];
+    return s;
+}
+
+/* zero the rows >= k FLUSH of each coordinate of FD (d x np doubles) */
+static void zero_from(double *FD, int d, size_t np, int k) {
+    const size_t from = (size_t)k * FLUSH < np ? (size_t)k * FLUSH : np;
+    for (int a = 0; a < d; a++) memset(FD + (size_t)a * np + from, 0, sizeof(double) * (np - from));
+}
+
+/* the ended workers' buffers, added to FD in worker order (FD += FD_k over the rows >= k FLUSH) */
+typedef struct {
+    double *FD;
+    double *const *buf; /* buf[k]: FD_k, valid once done[k] */
+    size_t np;
+    int d, W, next, busy;
+    int done[WORKERS];
+} combiner;
+
+/* mark worker k ended, then add the buffers that are next in order, unless another thread is
+ * adding (it looks again after it lets go, so no ended buffer is left behind) */
+static void combine(combiner *c, int k) {
+    __atomic_store_n(&c->done[k], 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        if (__atomic_exchange_n(&c->busy, 1, __ATOMIC_SEQ_CST)) return;
+        int j = __atomic_load_n(&c->next, __ATOMIC_SEQ_CST);
+        for (; j < c->W && __atomic_load_n(&c->done[j], __ATOMIC_SEQ_CST); j++) {
+            const size_t from = (size_t)j * FLUSH;
+            for (int a = 0; a < c->d; a++)
+                add_into(c->FD + (size_t)a * c->np + from, c->buf[j] + (size_t)a * c->np + from, c->np - from);
+            __atomic_store_n(&c->next, j + 1, __ATOMIC_SEQ_CST);
+        }
+        __atomic_store_n(&c->busy, 0, __ATOMIC_SEQ_CST);
+        j = __atomic_load_n(&c->next, __ATOMIC_SEQ_CST);
+        if (j >= c->W || !__atomic_load_n(&c->done[j], __ATOMIC_SEQ_CST)) return;
+    }
+}
+
+/* the windows of virtual worker k of W into FD (zeroed here from row k FLUSH on; NULL without the
+ * field); returns their weight sum */
+static __attribute__((noinline)) double worker_rows(row_block_fn rows, const vr *xt, int n, int nv, int d, real beta,
+                                                    int field, vr *Ft, double *FD, vr *P, int k, int W) {
+    if (FD) zero_from(FD, d, (size_t)nv * LANES, k);
+    double t = 0;
+    for (int64_t f0 = (int64_t)k * FLUSH; f0 < n; f0 += (int64_t)W * FLUSH)
+        t += run_rows(rows, xt, n, nv, d, beta, field, Ft, FD, P, (int)f0, f0 + FLUSH < n ? (int)f0 + FLUSH : n);
+    return t;
+}
+
+/* the diagonal of a large system (one compiled copy, see above) */
+static __attribute__((noinline)) double large_diagonal(const vr *xt, int nv, int d, real beta, int n, int field,
+                                                       double *FD) {
+    return diagonal(xt, nv, d, beta, 0, n, field, FD);
+}
+
+/* FD (d x np doubles, when field) and *S of one system of n > 4 FLUSH rows (xt loaded) on T threads.
+ * Returns 0, or -2 when memory runs out. */
+static int large_system(row_block_fn rows, const vr *xt, int n, int nv, int d, real beta, int field, int T,
+                        double *FD, double *S) {
+    const size_t np = (size_t)nv * LANES, len = (size_t)d * np;
+    const int W = workers_of(n, d);
+    if (T > W) T = W;
+    const int buffers = field ? (T > 1 ? W : 1) : 0;
+    const size_t thr = sizeof(vr) * (size_t)(d + RB) * nv; /* Ft and P of a thread */
+    char *work = aligned_alloc(64, thr * T + sizeof(double) * len * buffers);
+    if (!work) return -2;
+    memset(work, 0, thr * T); /* Ft: zero on entry (and after every window) */
+    double *buf[WORKERS];
+    for (int k = 0; k < W; k++) buf[k] = field ? (double *)(work + thr * T) + (T > 1 ? len * k : 0) : NULL;
+    double t[WORKERS];
+    combiner c = {FD, buf, np, d, W, 0, 0, {0}};
+    if (field) memset(FD, 0, sizeof(double) * len);
+    const double s = large_diagonal(xt, nv, d, beta, n, field, FD);
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int k = 0; k < W; k++) {
+            t[k] = worker_rows(rows, xt, n, nv, d, beta, field, Ft, buf[k], P, k, W);
+            if (field) combine(&c, k);
+        }
+    }
+    if (field) combine(&c, W - 1); /* every worker has ended: adds any buffer still pending (none) */
+    *S = add_totals(s, t, W);
+    free(work);
+    return 0;
+}
+
 /* F (B, n, d) and S (B) of the module comment for x (B, n, d), beta (B); F may be NULL (S only).
  * G: NULL, or orthogonal gauge matrices Psi_i, (n, d, d) shared by the batch (gshared) or
  * (B, n, d, d): then the weights are those of y_i = Psi_i x_i and F_i = Psi_i^T (1/n) sum_j w_ij y_j
@@ -427,59 +557,42 @@ int SUFFIX(mf_exp_field)(const real *x, const real *beta, const real *G, int gsh
             double *FD = (double *)(P + (size_t)RB * nv);
             const real *Gb = G ? G + (gshared ? 0 : (size_t)b * n * d * d) : NULL;
             load_transposed(x + (size_t)b * n * d, Gb, n, nv, d, xt);
-            memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
-            memset(FD, 0, sizeof(double) * (size_t)d * np);
-            const double s = diagonal(xt, nv, d, beta[b], 0, n, field, FD);
-            const double t = run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, 0, n);
-            S[b] = (real)(s + 2 * t);
+            double total;
+            if (n > 4 * FLUSH) { /* the virtual workers of a large system, one after the other */
+                if (large_system(rows, xt, n, nv, d, beta[b], field, 1, FD, &total)) {
+                    free(xt);
+                    failed = 1;
+                    continue;
+                }
+            } else {
+                memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
+                memset(FD, 0, sizeof(double) * (size_t)d * np);
+                const double s = diagonal(xt, nv, d, beta[b], 0, n, field, FD);
+                const double t = run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, 0, n);
+                total = s + 2 * t;
+            }
+            S[b] = (real)total;
             if (field) store_field(FD, Gb, n, nv, d, F + (size_t)b * n * d);
             free(xt);
         }
         return failed ? -2 : 0;
     }
-    /* few large systems: windows of FLUSH rows of one system in parallel, Ft and FD per thread */
-    const int T = threads;
-    const size_t thr = sizeof(vr) * (size_t)(d + RB) * nv + sizeof(double) * (size_t)d * np;
-    vr *xt = aligned_alloc(64, sizeof(vr) * (size_t)d * nv);
-    char *work = aligned_alloc(64, thr * T);
-    if (!xt || !work) {
-        free(xt), free(work);
-        return -2;
-    }
+    /* few large systems: the virtual workers of each system in parallel */
+    vr *xt = aligned_alloc(64, sizeof(vr) * (size_t)d * nv + sizeof(double) * (size_t)d * np);
+    if (!xt) return -2;
+    double *FD = (double *)(xt + (size_t)d * nv);
     for (int64_t b = 0; b < B; b++) {
         const real *Gb = G ? G + (gshared ? 0 : (size_t)b * n * d * d) : NULL;
         load_transposed(x + (size_t)b * n * d, Gb, n, nv, d, xt);
-        memset(work, 0, thr * T);
-        double total = 0;
-#pragma omp parallel num_threads(T) reduction(+ : total)
-        {
-#ifdef _OPENMP
-            const int tid = omp_get_thread_num();
-#else
-            const int tid = 0;
-#endif
-            vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv;
-            double *FD = (double *)(P + (size_t)RB * nv);
-            double t = 0;
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int f0 = 0; f0 < n; f0 += FLUSH) {
-                const int f1 = f0 + FLUSH < n ? f0 + FLUSH : n;
-                t += run_rows(rows, xt, n, nv, d, beta[b], field, Ft, FD, P, f0, f1);
-            }
-            total += 2 * t;
+        double total;
+        if (large_system(rows, xt, n, nv, d, beta[b], field, threads, FD, &total)) {
+            free(xt);
+            return -2;
         }
-        double *FD0 = (double *)((vr *)work + (size_t)(d + RB) * nv);
-        total += diagonal(xt, nv, d, beta[b], 0, n, field, FD0);
         S[b] = (real)total;
-        if (field) {
-            for (int t = 1; t < T; t++) {
-                const double *src = (const double *)((vr *)(work + thr * t) + (size_t)(d + RB) * nv);
-                for (size_t k = 0; k < (size_t)d * np; k++) FD0[k] += src[k];
-            }
-            store_field(FD0, Gb, n, nv, d, F + (size_t)b * n * d);
-        }
+        if (field) store_field(FD, Gb, n, nv, d, F + (size_t)b * n * d);
     }
-    free(xt), free(work);
+    free(xt);
     return 0;
 }
 
@@ -628,9 +741,62 @@ static void tangent_rows(tangent_block_fn rows, const vr *yt, const vr *dyt, int
     }
 }
 
+/* the windows of virtual worker k of W (as worker_rows) into FD (zeroed here from row k FLUSH on) */
+static __attribute__((noinline)) void tangent_worker(tangent_block_fn rows, const vr *yt, const vr *dyt, int n,
+                                                     int nv, int d, real beta, vr *Ft, double *FD, vr *P, vr *Q,
+                                                     int k, int W) {
+    zero_from(FD, d, (size_t)nv * LANES, k);
+    for (int64_t f0 = (int64_t)k * FLUSH; f0 < n; f0 += (int64_t)W * FLUSH)
+        tangent_rows(rows, yt, dyt, n, nv, d, beta, Ft, FD, P, Q, (int)f0, f0 + FLUSH < n ? (int)f0 + FLUSH : n);
+}
+
+/* the diagonal of a large system (one compiled copy) */
+static __attribute__((noinline)) void large_tangent_diagonal(const vr *yt, const vr *dyt, int nv, int d, real beta,
+                                                             int n, double *FD) {
+    tangent_diagonal(yt, dyt, nv, d, beta, 0, n, FD);
+}
+
+/* FD (d x np doubles) of one system of n > 4 FLUSH rows (yt, dyt loaded) on T threads, with the
+ * virtual workers and the combiner of large_system: the same bits for any T. Returns 0, or -2
+ * when memory runs out. */
+static int large_tangent(tangent_block_fn rows, const vr *yt, const vr *dyt, int n, int nv, int d, real beta, int T,
+                         double *FD) {
+    const size_t np = (size_t)nv * LANES, len = (size_t)d * np;
+    const int W = workers_of(n, d);
+    if (T > W) T = W;
+    const int buffers = T > 1 ? W : 1;
+    const size_t thr = sizeof(vr) * (size_t)(d + 2 * RB) * nv; /* Ft, P and Q of a thread */
+    char *work = aligned_alloc(64, thr * T + sizeof(double) * len * buffers);
+    if (!work) return -2;
+    memset(work, 0, thr * T); /* Ft: zero on entry (and after every window) */
+    double *buf[WORKERS];
+    for (int k = 0; k < W; k++) buf[k] = (double *)(work + thr * T) + (T > 1 ? len * k : 0);
+    combiner c = {FD, buf, np, d, W, 0, 0, {0}};
+    memset(FD, 0, sizeof(double) * len);
+    large_tangent_diagonal(yt, dyt, nv, d, beta, n, FD);
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv, *Q = P + (size_t)RB * nv;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int k = 0; k < W; k++) {
+            tangent_worker(rows, yt, dyt, n, nv, d, beta, Ft, buf[k], P, Q, k, W);
+            combine(&c, k);
+        }
+    }
+    combine(&c, W - 1); /* every worker has ended: adds any buffer still pending (none) */
+    free(work);
+    return 0;
+}
+
 /* dF (B, n, d) of the comment above for y, dy (B, n, d) and beta (B): threads over the systems of
- * the batch, or over windows of FLUSH rows of each system when the batch is smaller than the
- * thread count (as mf_exp_field). Returns 0, -1 on bad arguments, -2 when memory runs out. */
+ * the batch, or over the virtual workers of each system when the batch is smaller than the
+ * thread count (as mf_exp_field: the same bits for any thread count). Returns 0, -1 on bad
+ * arguments, -2 when memory runs out. */
 int SUFFIX(mf_exp_tangent)(const real *y, const real *dy, const real *beta, int64_t B, int n, int d, real *dF) {
     if (B < 0 || n < 1 || d < 1 || d > MAX_D) return -1;
     const int nv = (n + LANES - 1) / LANES;
@@ -655,51 +821,38 @@ int SUFFIX(mf_exp_tangent)(const real *y, const real *dy, const real *beta, int6
             double *FD = (double *)(Q + (size_t)RB * nv);
             load_transposed(y + (size_t)b * n * d, NULL, n, nv, d, yt);
             load_transposed(dy + (size_t)b * n * d, NULL, n, nv, d, dyt);
-            memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
-            memset(FD, 0, sizeof(double) * (size_t)d * np);
-            tangent_diagonal(yt, dyt, nv, d, beta[b], 0, n, FD);
-            tangent_rows(rows, yt, dyt, n, nv, d, beta[b], Ft, FD, P, Q, 0, n);
+            if (n > 4 * FLUSH) { /* the virtual workers of a large system, one after the other */
+                if (large_tangent(rows, yt, dyt, n, nv, d, beta[b], 1, FD)) {
+                    free(yt);
+                    failed = 1;
+                    continue;
+                }
+            } else {
+                memset(Ft, 0, sizeof(vr) * (size_t)d * nv);
+                memset(FD, 0, sizeof(double) * (size_t)d * np);
+                tangent_diagonal(yt, dyt, nv, d, beta[b], 0, n, FD);
+                tangent_rows(rows, yt, dyt, n, nv, d, beta[b], Ft, FD, P, Q, 0, n);
+            }
             store_field(FD, NULL, n, nv, d, dF + (size_t)b * n * d);
             free(yt);
         }
         return failed ? -2 : 0;
     }
-    const int T = threads;
-    vr *yt = aligned_alloc(64, sys);
-    char *work = aligned_alloc(64, thr * T);
-    if (!yt || !work) {
-        free(yt), free(work);
-        return -2;
-    }
+    /* few large systems: the virtual workers of each system in parallel */
+    vr *yt = aligned_alloc(64, sys + sizeof(double) * (size_t)d * np);
+    if (!yt) return -2;
     vr *dyt = yt + (size_t)d * nv;
+    double *FD = (double *)(dyt + (size_t)d * nv);
     for (int64_t b = 0; b < B; b++) {
         load_transposed(y + (size_t)b * n * d, NULL, n, nv, d, yt);
         load_transposed(dy + (size_t)b * n * d, NULL, n, nv, d, dyt);
-        memset(work, 0, thr * T);
-#pragma omp parallel num_threads(T)
-        {
-#ifdef _OPENMP
-            const int tid = omp_get_thread_num();
-#else
-            const int tid = 0;
-#endif
-            vr *Ft = (vr *)(work + thr * tid), *P = Ft + (size_t)d * nv, *Q = P + (size_t)RB * nv;
-            double *FD = (double *)(Q + (size_t)RB * nv);
-#pragma omp for schedule(dynamic, 1) nowait
-            for (int f0 = 0; f0 < n; f0 += FLUSH) {
-                const int f1 = f0 + FLUSH < n ? f0 + FLUSH : n;
-                tangent_rows(rows, yt, dyt, n, nv, d, beta[b], Ft, FD, P, Q, f0, f1);
-            }
+        if (large_tangent(rows, yt, dyt, n, nv, d, beta[b], threads, FD)) {
+            free(yt);
+            return -2;
         }
-        double *FD0 = (double *)((vr *)work + (size_t)(d + 2 * RB) * nv);
-        tangent_diagonal(yt, dyt, nv, d, beta[b], 0, n, FD0);
-        for (int t = 1; t < T; t++) {
-            const double *src = (const double *)((vr *)(work + thr * t) + (size_t)(d + 2 * RB) * nv);
-            for (size_t k = 0; k < (size_t)d * np; k++) FD0[k] += src[k];
-        }
-        store_field(FD0, NULL, n, nv, d, dF + (size_t)b * n * d);
+        store_field(FD, NULL, n, nv, d, dF + (size_t)b * n * d);
     }
-    free(yt), free(work);
+    free(yt);
     return 0;
 }
 

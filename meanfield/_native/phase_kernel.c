@@ -19,7 +19,9 @@
  * is a SIMD operation over the seeds; the exponentials of one row of pairs are evaluated
  * in one vectorised loop (glibc's libmvec under -ffast-math: about 60% of the time at
  * n = 32, d = 2). Memory per block: O(n d) vectors (the n x n weights are never stored).
- * Blocks are independent: OpenMP threads over blocks.
+ * Blocks are independent: OpenMP threads over blocks, each block run by one thread from start
+ * to end, so the results are the same bits for any thread count and schedule (no sum crosses
+ * blocks; tests/test_phase_diagram.py compares 1 and 2 threads).
  *
  * Built at first use by meanfield/_native/__init__.py with the system C compiler;
  * meanfield falls back to the XLA kernel when no compiler is available.
