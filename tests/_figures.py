@@ -9,6 +9,7 @@ not), so a test can check the figures a command wrote.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -130,14 +131,29 @@ def assert_readable(fig: Figure, *, name: str = "figure") -> None:
     assert not problems, "\n".join(problems)
 
 
+def _saved_path(fname: Any) -> Path:
+    """The path a figure is saved to: ``fname`` itself, or the file an open file object (what
+    ``meanfield._paths.open_output`` returns: its ``name`` is the descriptor) writes."""
+    if isinstance(fname, (str, os.PathLike)):
+        return Path(fname)
+    name = getattr(fname, "name", None)
+    if isinstance(name, str):
+        return Path(name)
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fname.fileno()}"))
+    except (OSError, AttributeError, ValueError):
+        return Path(f"<stream {name!r}>")
+
+
 def capture_saved_figures(monkeypatch: Any) -> list[tuple[Path, Figure]]:
     """Patch ``Figure.savefig`` to record ``(path, figure)`` of every figure saved after it."""
     saved: list[tuple[Path, Figure]] = []
     original = Figure.savefig
 
     def record(self: Figure, fname: Any, *args: Any, **kwargs: Any) -> Any:
+        path = _saved_path(fname)
         out = original(self, fname, *args, **kwargs)
-        saved.append((Path(fname), self))
+        saved.append((path, self))
         return out
 
     monkeypatch.setattr(Figure, "savefig", record)

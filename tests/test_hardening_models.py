@@ -269,7 +269,7 @@ def test_seed_bounds_are_declared_once_and_reach_the_cli_schema(capsys):
     assert not np.array_equal(G, np.asarray(mf.kernels.make("prompt").gauges))
     _one_line_error(
         capsys, "simulate", "--kernel", "sa", "--weights", "gaussian", "--weight-seed", "2147483648",
-        needle="weight_seed must be <= 2147483647",
+        needle="--weight-seed: must be <= 2147483647",  # the declared bound is argparse's bound
     )  # fmt: skip
 
 

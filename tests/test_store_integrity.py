@@ -260,6 +260,10 @@ def test_any_store_damage_is_detected_and_repaired(ref, damages):
                 continue  # the marks are gone: nothing of that kind left to damage
             if kind == "mark_moved_chunk_deleted" and not _mark(out, cid).exists():
                 continue
+            if kind == "swapped_chunk_files" and "mark_moved_chunk_deleted" in applied:
+                # chunk files are found through the marks: after a moved mark two chunks can name
+                # the same file, and exchanging a file with itself damages nothing
+                continue
             try:
                 DAMAGES[kind](out, cid, seed)
             except RuntimeError:
