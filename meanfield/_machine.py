@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ResourceLimitError", "format_bytes", "machine_memory"]
+__all__ = ["ResourceLimitError", "check_memory", "format_bytes", "machine_memory"]
 
 _HUGE = 1e300  # cap of float estimates turned into ints (int(inf) raises)
 
@@ -102,3 +102,15 @@ def machine_memory(*, total: bool = False) -> int:
         avail = _meminfo("MemAvailable") or phys
         values = [v for v in (avail, (limit - (usage or 0)) if limit else None, phys) if v]
     return int(min(values)) if values else 2**63 - 1
+
+
+def check_memory(what: str, need: float, fix: str) -> None:
+    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
+    machine has available (``machine_memory``): one-line ``ResourceLimitError`` (a ``ValueError``)
+    naming ``what`` (the argument and its value), the estimate and the limit, then ``fix``."""
+    avail = machine_memory()
+    if not need <= avail:
+        raise ResourceLimitError(
+            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
+            f"available; {fix}"
+        )

@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float
 
 from . import sphere
 from ._checks import RealScalarLike, check_int, check_positive, check_scalar, is_concrete
-from ._machine import ResourceLimitError, format_bytes, machine_memory
+from ._machine import check_memory as _check_memory
 from ._precision import matmul
 from .energy import energy as _energy
 from .energy import resolve_aux
@@ -30,18 +30,6 @@ __all__ = [
     "classify_state",
     "escape_time",
 ]
-
-
-def _check_memory(what: str, need: float, fix: str) -> None:
-    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
-    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
-    ``ValueError``) naming the argument, the estimate and the limit."""
-    avail = machine_memory()
-    if not need <= avail:
-        raise ResourceLimitError(
-            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
-            f"available; {fix}"
-        )
 
 
 def _is_real_dtype(dtype: Any) -> bool:

@@ -75,7 +75,7 @@ from ._checks import (
     check_scalar,
     is_concrete,
 )
-from ._machine import ResourceLimitError, format_bytes, machine_memory
+from ._machine import check_memory as _check_memory
 from .energy import check_states
 from .integrate import Trajectory
 from .kernels import USA
@@ -119,18 +119,6 @@ def _check_threshold(threshold: Any) -> None:
 #: Host bytes per save of ``simulate_long``'s grid beyond the saved arrays: the float64 grids
 #: (``linspace``, the concatenation, ``exp``) and their casts.
 _LONG_GRID_BYTES = 48
-
-
-def _check_memory(what: str, need: float, fix: str) -> None:
-    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
-    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
-    ``ValueError``) naming ``what`` (the argument and its value), the estimate and the limit."""
-    avail = machine_memory()
-    if not need <= avail:
-        raise ResourceLimitError(
-            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
-            f"available; {fix}"
-        )
 
 
 def _is_real_dtype(dtype: Any) -> bool:

@@ -33,7 +33,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from . import metrics, sphere
 from ._checks import RealScalarLike, check_choice, check_int, check_positive
-from ._machine import ResourceLimitError, format_bytes, machine_memory
+from ._machine import check_memory as _check_memory
 from ._precision import einsum
 from .energy import resolve_aux
 from .kernels import USA, GaugeKernel, Kernel
@@ -51,18 +51,6 @@ __all__ = [
 
 #: Accepted ``mode=`` values: a random partition into batches or i.i.d. partners.
 MODES = ("batch", "sample")
-
-
-def _check_memory(what: str, need: float, fix: str) -> None:
-    """Refuse, before allocating, work whose estimated memory ``need`` (bytes) exceeds what this
-    machine has available (``_machine.machine_memory``): one-line ``ResourceLimitError`` (a
-    ``ValueError``) naming the argument, the estimate and the limit."""
-    avail = machine_memory()
-    if not need <= avail:
-        raise ResourceLimitError(
-            f"{what} needs ~{format_bytes(need)} of memory, more than the {format_bytes(avail)} "
-            f"available; {fix}"
-        )
 
 
 def _field_bytes(n: int, d: int, p: int, itemsize: int) -> float:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import meanfield as mf
-from meanfield import analysis, random_batch
+from meanfield import _machine, analysis, random_batch
 from meanfield import metastability as ms
 from meanfield._machine import ResourceLimitError
 
@@ -65,7 +65,7 @@ def test_counts_past_memory_are_refused_before_allocating(call, names):
 def test_simulate_long_guard_counts_states_and_observables(monkeypatch):
     # the estimate scales with the saves, the saved states and the observables' sizes: under a
     # 1 MiB limit 4000 saves of 2 x 2 states are refused, without the states they fit
-    monkeypatch.setattr(ms, "machine_memory", lambda: 2**20)
+    monkeypatch.setattr(_machine, "machine_memory", lambda: 2**20)
     kw = dict(t1=10.0, rtol=1e-3, atol=1e-5, num_saves=4000)
     x = jnp.asarray(_circle(np.linspace(0.0, 1.0, 32)))
     with pytest.raises(ResourceLimitError, match=r"simulate_long with num_saves = 4000 \(n = 32"):
@@ -134,7 +134,7 @@ def test_random_batch_and_analysis_counts_past_memory_are_refused(call, name):
 
 def test_tangent_hessian_past_memory_is_refused(monkeypatch):
     # the (n d)^2 Hessian: refused from the state's size (n = 128, d = 3 under a 1 MiB limit)
-    monkeypatch.setattr(analysis, "machine_memory", lambda: 2**20)
+    monkeypatch.setattr(_machine, "machine_memory", lambda: 2**20)
     x = mf.sphere.uniform(jax.random.key(0), 128, 3)
     with pytest.raises(ResourceLimitError, match=r"tangent Hessian of n = 128, d = 3"):
         analysis.tangent_hessian(_USA, x)
