@@ -81,7 +81,9 @@ def test_memory_terms_are_the_engine_allocations():
     )
     assert pairs(1024, mf.models.SelfAttention(1.0)) == 2.5 * 1024**2  # self-attention: dense
     assert pairs(2048, mf.models.SelfAttention(1.0)) == 1.5 * 2048**2
-    assert pairs(8192, mf.models.SelfAttention(1.0)) == 3 * 8192  # XLA fuses it: no n x n array
+    # XLA fuses the small-d products into loops, but the CPU runtime allocates the (n, n) product
+    # of the logits outside them (tests/test_cost_model.py): one array and a quarter
+    assert pairs(8192, mf.models.SelfAttention(1.0)) == 1.25 * 8192**2
     assert pairs(4096, mf.kernels.Toeplitz(1.0)) == 4 * 4096  # rank 2: O(n)
     # the gauge kernels hold (d, d) matrices and gauge-frame states per particle
     assert pairs(
