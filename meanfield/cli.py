@@ -626,7 +626,13 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     import numpy as np
 
     from . import _resources, kernels, metrics, sphere
-    from .integrate import ADAPTIVE_SOLVERS, FIXED_STEP_SOLVERS, simulate, uniform_saves_problem
+    from .integrate import (
+        ADAPTIVE_SOLVERS,
+        FIXED_STEP_SOLVERS,
+        check_tolerances,
+        simulate,
+        uniform_saves_problem,
+    )
 
     entry = kernels.model_entry(args.kernel)
     params = entry.resolve(given, where="--")
@@ -636,6 +642,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         problem = uniform_saves_problem(args.t1, args.dt, args.saves)
         if problem is not None:
             raise ValueError(problem)
+    check_tolerances(args.solver, args.rtol, args.atol)  # simulate's rule, before the estimate line
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)

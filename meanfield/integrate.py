@@ -84,6 +84,7 @@ __all__ = [
     "PROGRESS_MARKS",
     "FAILURES",
     "uniform_saves_problem",
+    "check_tolerances",
     "r0_range",
     "check_r0",
 ]
@@ -721,6 +722,21 @@ def step_grid_problem(t1: float, dt: float, ts: np.ndarray) -> str | None:
     )
 
 
+def check_tolerances(solver: str, rtol: object, atol: object) -> None:
+    """An adaptive solver needs both ``rtol`` and ``atol``, each a positive scalar (no silent
+    defaults); a fixed-step solver ignores them. ``simulate``'s rule, which front ends (the CLI)
+    apply before their estimate is printed, so a bad command line is one line."""
+    if solver not in ADAPTIVE_SOLVERS:
+        return
+    if rtol is None or atol is None:
+        raise ValueError(
+            f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)"
+        )
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        check_scalar(name, tol)
+        check_positive(name, tol)
+
+
 def uniform_saves_problem(t1: float, dt: float, saves: int) -> str | None:
     """``step_grid_problem`` of ``saves`` evenly spaced save times on ``[0, t1]`` without making
     them: the problem when their spacing ``t1 / (saves - 1)`` is at most ``dt / 1000`` (then the
@@ -913,15 +929,8 @@ def simulate(
         check_positive("early_stop", early_stop)
         if not has_energy:
             raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
+    check_tolerances(solver, rtol, atol)
     adaptive = solver in ADAPTIVE_SOLVERS
-    if adaptive and (rtol is None or atol is None):
-        raise ValueError(
-            f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)"
-        )
-    if adaptive:
-        for name, tol in (("rtol", rtol), ("atol", atol)):
-            check_scalar(name, tol)
-            check_positive(name, tol)
     if observables is not None and not isinstance(observables, Mapping):
         raise TypeError(
             f"observables must be a dict name -> callable x -> array, got {observables!r}"

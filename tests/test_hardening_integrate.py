@@ -270,3 +270,17 @@ def test_phase_diagram_mix_switch_off_the_grid_as_simulate(x64):
     traj = mf.simulate(mf.models.SelfAttention(1.5, **scheme), jnp.asarray(x0[0]), t1=0.6, dt=0.1,
                        solver="euler", ts=[0.0, 0.6])  # fmt: skip
     np.testing.assert_allclose(xs[0][0], np.asarray(traj.xs[-1]), rtol=0, atol=1e-12)
+
+
+def test_check_tolerances_is_simulates_rule():
+    # an adaptive solver needs both tolerances, positive; a fixed-step solver ignores them; the CLI
+    # applies the same rule before its estimate line
+    from meanfield.integrate import check_tolerances
+
+    check_tolerances("rk4", None, None)
+    check_tolerances("tsit5", 1e-6, 1e-8)
+    for rtol, atol in ((None, 1e-8), (1e-6, None)):
+        with pytest.raises(ValueError, match="adaptive: pass both rtol and atol"):
+            check_tolerances("dopri5", rtol, atol)
+    with pytest.raises(ValueError, match="atol"):
+        check_tolerances("tsit5", 1e-6, -1.0)
