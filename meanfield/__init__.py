@@ -7,7 +7,7 @@ Public API (a tour: README.md, then docs/tour.md)::
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
     mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks,
-    mf.normalization, mf.matmul_precision
+    mf.normalization, mf.geometry, mf.matmul_precision
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
         continuum,
         depth,
         design,
+        geometry,
         kernels,
         masks,
         metastability,
@@ -70,6 +71,7 @@ __all__ = [
     "design",
     "energy",
     "field",
+    "geometry",
     "kernels",
     "masks",
     "matmul_precision",
@@ -96,6 +98,7 @@ _SUBMODULES = frozenset(
         "continuum",
         "depth",
         "design",
+        "geometry",
         "kernels",
         "masks",
         "metastability",

@@ -10,7 +10,7 @@ identity) and GPT-2's initialisation (entries $N(0, 0.02^2)$).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +18,14 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from ._checks import check_choice, check_int
+from ._declare import Variant, param
 from ._precision import einsum
 
 __all__ = [
+    "AttentionKind",
+    "Softmax",
+    "Sinkhorn",
+    "Hardmax",
     "ENSEMBLES",
     "VALUES",
     "ATTENTIONS",
@@ -34,8 +39,6 @@ __all__ = [
 ENSEMBLES = ("identity", "gaussian", "symmetric", "gpt2")
 #: ``random_weights(value=)``: the law of $V$.
 VALUES = ("identity", "gaussian", "+qk", "-qk")
-#: ``SelfAttention(attention=)``: the normalisation of the logits.
-ATTENTIONS = ("softmax", "sinkhorn", "hardmax")
 
 _GPT2_STD = 0.02
 
@@ -210,3 +213,116 @@ def hardmax(
     chosen = (s >= top - tol) & jnp.isfinite(s)
     count = jnp.sum(chosen, axis=-1, keepdims=True)
     return jnp.where(chosen, 1.0 / jnp.maximum(count, 1), 0.0).astype(scores.dtype)
+
+
+class AttentionKind(Variant):
+    r"""The normalisation of the logits of ``mf.models.SelfAttention`` (its ``attention`` field): the
+    base of the attention kinds ``Softmax()``, ``Sinkhorn(sinkhorn_iters)``, ``Hardmax(tie_tol)``.
+
+    A kind holds its parameters and answers for its facts: ``weights`` (the attention matrix of
+    the scores $s_{ij} = \langle Q x_i, K x_j\rangle$, at inverse temperature $\beta$, over a
+    mask), ``softmax`` (it is the row softmax: the fast paths, and ``normalized=False``'s
+    unnormalised kernel, take it only), ``beta_free`` ($\beta$ plays no role: the interaction rate
+    is 1), ``extra_arrays`` (``(n, n)`` arrays it holds beyond the weights: the cost model). A kind
+    of your own subclasses ``AttentionKind``, sets ``name``, defines ``weights`` and registers
+    (``AttentionKind.register``); ``SelfAttention(attention=NAME)``, ``--attention NAME`` and a
+    sweep's ``model.attention`` then take it.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> @mf.models.AttentionKind.register
+        ... class Uniform(mf.models.AttentionKind):        # every admitted token alike
+        ...     name = "uniform-doc"
+        ...     beta_free = True
+        ...     def weights(self, scores, beta, mask):
+        ...         n = scores.shape[-1]
+        ...         return jnp.full(scores.shape, 1.0 / n, scores.dtype)
+        >>> m = mf.models.SelfAttention(1.0, attention="uniform-doc")
+        >>> m.attention, float(m.interaction_rate())
+        (Uniform(), 1.0)
+        >>> mf.models.AttentionKind.unregister("uniform-doc")
+    """
+
+    flat_name: ClassVar[str | None] = "attention"
+    what: ClassVar[str] = "attention kind"
+    #: The row softmax of the logits (``Softmax``).
+    softmax: ClassVar[bool] = False
+    #: $\beta$ plays no role (``Hardmax``): the interaction rate is 1.
+    beta_free: ClassVar[bool] = False
+    #: ``(n, n)`` arrays held beyond the weights while they are evaluated (Sinkhorn's iterate).
+    extra_arrays: ClassVar[float] = 0.0
+
+    def weights(
+        self, scores: Float[Array, "... n n"], beta: Any, mask: Any
+    ) -> Float[Array, "... n n"]:
+        """The attention weights of ``scores`` at inverse temperature ``beta`` (an array of the
+        scores' dtype) over ``mask`` (a ``mf.masks.Mask`` or None)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no weights")
+
+
+def _builtin(cls: Any) -> Any:
+    return AttentionKind.register(cls, _builtin=True)
+
+
+@_builtin
+class Softmax(AttentionKind):
+    r"""Row softmax of $\beta s_{ij} + \log w_{ij}$ (``masked_softmax``): the default."""
+
+    name: ClassVar[str | None] = "softmax"
+    softmax: ClassVar[bool] = True
+
+    def weights(
+        self, scores: Float[Array, "... n n"], beta: Any, mask: Any
+    ) -> Float[Array, "... n n"]:
+        n = scores.shape[-1]
+        log_w = None if mask is None else mask.log_weights(n, scores.dtype)
+        return masked_softmax(beta * scores, log_w)
+
+
+@_builtin
+class Sinkhorn(AttentionKind):
+    r"""``sinkhorn_iters`` half-steps of row and column scaling of $e^{\beta s + \log w}$ (``sinkhorn``)."""
+
+    name: ClassVar[str | None] = "sinkhorn"
+    extra_arrays: ClassVar[float] = 1.0
+    sinkhorn_iters: int = param(
+        21,
+        kind="int>=1",
+        static=True,
+        optional=True,
+        doc="Sinkhorn half-steps, rows first (1: softmax; Sinkformers' n_it)",
+    )
+
+    def weights(
+        self, scores: Float[Array, "... n n"], beta: Any, mask: Any
+    ) -> Float[Array, "... n n"]:
+        n = scores.shape[-1]
+        log_w = None if mask is None else mask.log_weights(n, scores.dtype)
+        return sinkhorn(beta * scores, self.sinkhorn_iters, log_w)
+
+
+@_builtin
+class Hardmax(AttentionKind):
+    r"""The $\beta \to \infty$ limit: $1/|C_i|$ on the maximisers of the scores, ties within ``tie_tol``
+    (``hardmax``)."""
+
+    name: ClassVar[str | None] = "hardmax"
+    beta_free: ClassVar[bool] = True
+    tie_tol: float = param(
+        1e-6,
+        kind="float>=0",
+        static=True,
+        optional=True,
+        doc="hardmax: scores <Q x_i, K x_j> within this (absolute) of the row maximum are tied (averaged)",
+    )
+
+    def weights(
+        self, scores: Float[Array, "... n n"], beta: Any, mask: Any
+    ) -> Float[Array, "... n n"]:
+        n = scores.shape[-1]
+        return hardmax(scores, None if mask is None else mask.admitted(n), self.tie_tol)
+
+
+#: ``SelfAttention(attention=)``: the built-in normalisations of the logits (``AttentionKind.names()``
+#: adds the registered ones).
+ATTENTIONS = AttentionKind.names()

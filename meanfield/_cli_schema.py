@@ -33,6 +33,8 @@ class Param(NamedTuple):
     choices: tuple = ()
     #: The largest accepted integer (``meanfield.kernels.Param.maximum``: a seed's range), or None.
     maximum: int | None = None
+    #: The switches it acts with (``meanfield.kernels.Param.applies``: a variant's parameters).
+    applies: tuple = ()
 
 
 class Model(NamedTuple):
@@ -51,37 +53,37 @@ MODELS: tuple[Model, ...] = (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('distance-bias', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
         Param('lam', 'float>=0', 1.0, 'distance-bias rate'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('toeplitz', (
         Param('m', 'float>0', 1.0, 'Toeplitz frequency (an integer for a closed circle)'),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('rope', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
@@ -89,14 +91,14 @@ MODELS: tuple[Model, ...] = (
         Param('plane', 'plane', (0, 1), 'rotation plane (a, b)'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('phase-field', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
@@ -106,14 +108,14 @@ MODELS: tuple[Model, ...] = (
         Param('plane', 'plane', (0, 1), 'rotation plane (a, b)'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('gauge', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
@@ -121,54 +123,54 @@ MODELS: tuple[Model, ...] = (
         Param('k', 'int>=1', 3, 'waves per turn of the gauge'),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('prompt', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
         Param('prompts', 'int>=1', 3, 'number of prompts K'),
         Param('gauges', 'choice', 'random', 'prompt gauges: Haar-random (from gauge_seed) or rotations by 2 pi k / K in plane', ('random', 'rotation')),
-        Param('gauge_seed', 'int>=0', 0, 'PRNG seed of the random prompt gauges', maximum=4294967295),
-        Param('plane', 'plane', (0, 1), 'rotation plane (a, b)'),
+        Param('gauge_seed', 'int>=0', 0, 'PRNG seed of the random prompt gauges', maximum=4294967295, applies=(('gauges', ('random',)),)),
+        Param('plane', 'plane', (0, 1), 'rotation plane (a, b)', applies=(('gauges', ('rotation',)),)),
         Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
     Model('sa', (
         Param('beta', 'float>0', 1.0, 'inverse temperature'),
         Param('normalized', 'bool', True, 'softmax rows (SA) or the 1/n average'),
-        Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)'),
+        Param('rescaled', 'bool', False, 'multiply by e^(-beta): time t = e^(-beta) s (beta > 88 in float32)', applies=(('normalized', (False,)),)),
         Param('attention', 'choice', 'softmax', 'normalisation of the logits: softmax, sinkhorn (rows, then columns: sinkhorn_iters) or hardmax', ('softmax', 'sinkhorn', 'hardmax')),
-        Param('sinkhorn_iters', 'int>=1', 21, "Sinkhorn half-steps, rows first (1: softmax; Sinkformers' n_it)"),
-        Param('tie_tol', 'float>=0', 1e-06, 'hardmax: scores <Q x_i, K x_j> within this (absolute) of the row maximum are tied (averaged)'),
+        Param('sinkhorn_iters', 'int>=1', 21, "Sinkhorn half-steps, rows first (1: softmax; Sinkformers' n_it)", applies=(('attention', ('sinkhorn',)),)),
+        Param('tie_tol', 'float>=0', 1e-06, 'hardmax: scores <Q x_i, K x_j> within this (absolute) of the row maximum are tied (averaged)', applies=(('attention', ('hardmax',)),)),
         Param('heads', 'int>=1', 1, 'attention heads'),
         Param('weights', 'choice', 'identity', 'ensemble of Q, K (mf.models.random_weights)', ('identity', 'gaussian', 'symmetric', 'gpt2')),
         Param('value', 'choice', 'identity', 'ensemble of V (mf.models.random_weights)', ('identity', 'gaussian', '+qk', '-qk')),
-        Param('weight_seed', 'int>=0', 0, 'seed of the random weights (traced)', maximum=2147483647),
-        Param('regen_period', 'float>=0', 0.0, 'redraw the random weights every this much time (0: never)'),
+        Param('weight_seed', 'int>=0', 0, 'seed of the random weights (traced)', maximum=2147483647, applies=(('weights', ('gaussian', 'symmetric', 'gpt2')), ('value', ('gaussian', '+qk', '-qk')))),
+        Param('regen_period', 'float>=0', 0.0, 'redraw the random weights every this much time (0: never)', applies=(('weights', ('gaussian', 'symmetric', 'gpt2')), ('value', ('gaussian', '+qk', '-qk')))),
         Param('normalization', 'choice', 'post', 'layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling', ('post', 'pre', 'mix', 'peri', 'ngpt', 'scaling')),
-        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)'),
-        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)'),
+        Param('alpha', 'float>0', 0.2, 'nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)', applies=(('normalization', ('ngpt',)),)),
+        Param('switch_time', 'float>0', 1.0, 'Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)', applies=(('normalization', ('mix',)),)),
         Param('geometry', 'choice', 'sphere', 'tokens on the sphere (projected flow) or in R^d (euclidean: no projection, no layer norm)', ('sphere', 'euclidean')),
         Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
-        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))'),
-        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width'),
-        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width'),
-        Param('include_self', 'bool', True, 'the mask admits each token itself'),
-        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels'),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
 )
 SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
@@ -180,10 +182,12 @@ RADIAL: tuple[str, ...] = ('pre', 'mix', 'peri')
 def derive_models(*, builtin: bool = False) -> tuple[Model, ...]:
     """``MODELS`` from the registry ``meanfield.kernels.MODELS`` (imports it: JAX); ``builtin``:
     meanfield's own models only (the generated block), not those registered by other packages."""
+    from ._declare import builtin_view
     from .kernels import MODELS as registry
 
     return tuple(
-        Model(e.name, tuple(Param(p.name, p.kind, p.default, p.doc, tuple(p.choices), p.maximum) for p in e.params))
+        Model(e.name, tuple(Param(p.name, p.kind, p.default, p.doc, tuple(p.choices), p.maximum, tuple(p.applies))
+                            for p in (builtin_view(e.params) if builtin else e.params)))
         for e in registry.values()
         if not builtin or e.builtin
     )
@@ -230,7 +234,8 @@ def render(values: dict[str, tuple]) -> str:
         for p in m.params:
             choices = f", {p.choices!r}" if p.choices else ""
             maximum = f", maximum={p.maximum!r}" if p.maximum is not None else ""
-            lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}{maximum}),")
+            applies = f", applies={tuple(p.applies)!r}" if p.applies else ""
+            lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}{maximum}{applies}),")
         lines.append("    )),")
     lines.append(")")
     for name in ("SOLVERS", "STEPS", "RADIAL"):

@@ -34,8 +34,6 @@ __all__ = [
     "parse_text",
     "is_number",
     "check_keys",
-    "APPLIES",
-    "APPLIES_ANY",
     "applies_rules",
     "check_applies",
     "INT32_MAX",
@@ -82,56 +80,32 @@ INT32_MAX = 2**31 - 1
 KEY_SEED_MAX = 2**32 - 1
 
 
-#: Parameters that change something only when another one (the switch) takes one of some values:
-#: ``name -> (switch, values)``. A value other than the default with the switch elsewhere is
-#: refused (``check_applies``) by ``mf.kernels.make``, the command line and the sweep spec alike.
-APPLIES: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "slope": ("mask", ("alibi",)),
-    "width": ("mask", ("window",)),
-    "window_causal": ("mask", ("window",)),
-    "include_self": ("mask", ("causal", "alibi", "window")),
-    "mask_normalized": ("mask", ("causal", "alibi", "window")),
-    "sinkhorn_iters": ("attention", ("sinkhorn",)),
-    "tie_tol": ("attention", ("hardmax",)),
-    "alpha": ("normalization", ("ngpt",)),
-    "switch_time": ("normalization", ("mix",)),
-    "gauge_seed": ("gauges", ("random",)),
-    "plane": ("gauges", ("rotation",)),  # prompt's gauges (RoPE and the phase field: always)
-    "rescaled": ("normalized", (False,)),  # sa: a softmax row is invariant under e^(-beta)
-}
-
-#: Parameters that change something only when one of several switches takes one of its values:
-#: ``name -> ((switch, values), ...)`` (the random weights of ``sa``: ``weight_seed`` and
-#: ``regen_period`` act only on drawn weights, ``weights`` or ``value`` other than identity).
-#: Refused by ``check_applies`` as ``APPLIES`` is.
-APPLIES_ANY: dict[str, tuple[tuple[str, tuple[Any, ...]], ...]] = {
-    "weight_seed": (
-        ("weights", ("gaussian", "symmetric", "gpt2")),
-        ("value", ("gaussian", "+qk", "-qk")),
-    ),
-    "regen_period": (
-        ("weights", ("gaussian", "symmetric", "gpt2")),
-        ("value", ("gaussian", "+qk", "-qk")),
-    ),
-}
-
-
-def applies_rules() -> dict[str, tuple[tuple[str, tuple[Any, ...]], ...]]:
-    """``APPLIES`` and ``APPLIES_ANY`` as one table of ``name -> ((switch, values), ...)``."""
-    return {**{k: (v,) for k, v in APPLIES.items()}, **APPLIES_ANY}
-
-
-def check_applies(values: Any, defaults: Any, where: str = "") -> None:
-    """Refuse a value that would change nothing (``APPLIES``, ``APPLIES_ANY``): ``values[name]`` set
-    away from ``defaults[name]`` while no ``values[switch]`` is one of the values it applies with.
+def applies_rules(params: Iterable[Any] = ()) -> dict[str, tuple[tuple[str, tuple[Any, ...]], ...]]:
+    """The rules the parameters ``params`` declare (``Param.applies``) as one table of
+    ``name -> ((switch, values), ...)``: each parameter says what it acts with, no central table.
 
     Example:
-        >>> check_applies({"mask": "none", "slope": 2.0}, {"mask": "none", "slope": 1.0}, "model.")
+        >>> import meanfield as mf
+        >>> applies_rules(mf.kernels.MODELS["usa"].params)["slope"]
+        (('mask', ('alibi',)),)
+    """
+    return {p.name: tuple(p.applies) for p in params if getattr(p, "applies", ())}
+
+
+def check_applies(values: Any, defaults: Any, where: str = "", params: Iterable[Any] = ()) -> None:
+    """Refuse a value that would change nothing (the rules ``params`` declare, ``applies_rules``):
+    ``values[name]`` set away from ``defaults[name]`` while no ``values[switch]`` is one of the
+    values it applies with.
+
+    Example:
+        >>> import meanfield as mf
+        >>> P = mf.kernels.MODELS["usa"].params
+        >>> check_applies({"mask": "none", "slope": 2.0}, {"mask": "none", "slope": 1.0}, "model.", P)
         Traceback (most recent call last):
         ...
         ValueError: model.slope = 2.0 applies with model.mask = 'alibi', not 'none'
     """
-    for name, rules in applies_rules().items():
+    for name, rules in applies_rules(params).items():
         known = [(switch, needs) for switch, needs in rules if switch in values]
         if name not in values or not known or any(values[s] in needs for s, needs in known):
             continue
@@ -422,6 +396,11 @@ class Param:
     #: (``mf.models.param``), checked by the model's constructor, carried by the command line's
     #: schema (``meanfield._cli_schema``).
     maximum: int | None = None
+    #: The switches this parameter acts with: ``((switch, values), ...)``; a value away from the
+    #: default while no ``switch`` takes one of its ``values`` changes nothing and is refused
+    #: (``check_applies``). Declared with the parameter (a variant's parameter: the members that
+    #: declare it, ``meanfield._declare.Variant``).
+    applies: tuple = ()
 
     def validate(self, value: Any, where: str = "") -> Any:
         """The value, checked against ``kind`` (``check_value``: ``ValueError``/``TypeError``

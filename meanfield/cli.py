@@ -626,6 +626,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     import numpy as np
 
     from . import _resources, kernels, metrics, sphere
+    from .geometry import geometry_of
     from .integrate import (
         ADAPTIVE_SOLVERS,
         FIXED_STEP_SOLVERS,
@@ -693,7 +694,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             flush=True,
         )
     ts = np.linspace(0.0, args.t1, args.saves)
-    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
+    euclidean = not geometry_of(model).on_sphere
     t0 = time.perf_counter()
     traj = simulate(
         model,
@@ -816,21 +817,22 @@ def _radial() -> tuple[str, ...]:
     copy = getattr(_cli_schema, "RADIAL", None)
     if copy is not None and "meanfield.normalization" not in sys.modules:
         return tuple(copy)
-    from .normalization import RADIAL
+    from .normalization import radial_names
 
-    return tuple(RADIAL)
+    return radial_names()
 
 
 def _check_switches(schema: Any, given: dict[str, Any]) -> None:
-    """A flag given on the command line that applies only with another's values
-    (``meanfield._params.APPLIES``: ``--alpha`` with ``--normalization ngpt``, ``--switch-time``
-    with ``mix``, ``--slope`` with ``--mask alibi``, ...) is refused when the other is elsewhere,
-    even at its default value: it would change nothing."""
+    """A flag given on the command line that applies only with another's values (the parameter's
+    own ``applies``, ``meanfield._params.Param.applies``: ``--alpha`` with ``--normalization ngpt``,
+    ``--switch-time`` with ``mix``, ``--slope`` with ``--mask alibi``, ...) is refused when the other
+    is elsewhere, even at its default value: it would change nothing."""
     defaults = {p.name: p.default for p in schema.params}
+    rules = _params.applies_rules(schema.params)
     for name in given:
-        if name not in _params.APPLIES:
+        if len(rules.get(name, ())) != 1:
             continue
-        switch, needs = _params.APPLIES[name]
+        ((switch, needs),) = rules[name]
         if switch not in defaults:
             continue
         current = given.get(switch, defaults[switch])

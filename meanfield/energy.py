@@ -87,9 +87,7 @@ def field(
     with _scope_backend(backend):
         if method == "pairwise":  # the kernel's F, then its scheme's normalisation (as ``field``)
             F = (masked_pairwise_field if model.mask is not None else pairwise_field)(model, x, aux)
-            return normalization.output(
-                getattr(model, "normalization", "post"), F, getattr(model, "alpha", 0.2)
-            )
+            return normalization.scheme_of(model).output(F)
         return model.field(x, aux, block_size=block_size)
 
 

@@ -69,6 +69,7 @@ from ._checks import (
     is_concrete,
 )
 from .energy import check_states
+from .geometry import geometry_of
 from .kernels import Kernel
 from .kernels._exp import _entry_backend, _scope_backend
 
@@ -194,15 +195,13 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     xh = sphere.normalize(x)
     with _scope_backend(args.backend):
         F = model.field(xh, args.aux, block_size=args.block_size)
-    scheme = getattr(model, "normalization", "post")
+    scheme = normalization.scheme_of(model)
     if args.radial:
-        switched = flags[_SWITCHED] > 0.5 if scheme == "mix" else True
-        v = normalization.radial_velocity(scheme, x, F, switched=switched)
+        switched = flags[_SWITCHED] > 0.5 if scheme.switch_at() is not None else True
+        v = scheme.radial_velocity(x, F, switched=switched)
         return v, jnp.zeros_like(flags)
     v = sphere.project(xh, F) if args.tangent else F
-    if scheme == "scaling":  # LN-scaling: the speed 1 / sqrt(t + 1)
-        v = v * normalization.speed(scheme, t, v.dtype)
-    return v, jnp.zeros_like(flags)
+    return scheme.scale_velocity(v, t), jnp.zeros_like(flags)  # LN-scaling: 1 / sqrt(t + 1)
 
 
 def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
@@ -243,8 +242,9 @@ def _post_step(t1: _Time, y: _State, args: _Args, x_prev: Array | None = None) -
             origin = origin | jnp.any(_near_origin(x_prev, x))
         code = jnp.where(bad, code, jnp.where(origin, float(_ORIGIN), 0.0))
     flags = flags.at[_FAIL].set(jnp.where(code > 0, code.astype(flags.dtype), flags[_FAIL]))
-    if args.radial and args.model.normalization == "mix":
-        tau = jnp.asarray(args.model.switch_time, flags.dtype)
+    switch = normalization.scheme_of(args.model).switch_at() if args.radial else None
+    if switch is not None:
+        tau = jnp.asarray(switch, flags.dtype)
         if args.switch_from is not None:
             tau = args.switch_from.astype(flags.dtype)
         flags = flags.at[_SWITCHED].set(jnp.where(t1 >= tau, 1.0, flags[_SWITCHED]))
@@ -898,17 +898,14 @@ def simulate(
     ts_np = _check_times(t1, dt, ts, solver)
     x0, aux = check_states(model, x0, aux, "x0")
     radial = normalization.uses_radius(model)
-    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
+    geometry = geometry_of(model)
+    euclidean = not geometry.on_sphere
     if radial and step != "projected":
         raise ValueError(
             f"step={step!r} renormalises to the sphere; normalization="
-            f"{model.normalization!r} has a radius: use step='projected'"
+            f"{normalization.scheme_of(model).name!r} has a radius: use step='projected'"
         )
-    if euclidean and step != "projected":
-        raise ValueError(
-            f"step={step!r} renormalises to the sphere; geometry='euclidean' has no sphere: use "
-            f"step='projected' (the unprojected flow in R^d)"
-        )
+    geometry.check_step(step)
     if euclidean and early_stop is not None:
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
@@ -948,8 +945,8 @@ def simulate(
         if _takes(fn, "radius") and not radial:
             raise TypeError(
                 f"observable {name!r} reads the radius, but {type(model).__name__} with "
-                f"normalization={getattr(model, 'normalization', 'post')!r} has none "
-                f"(schemes with a radius: {', '.join(normalization.RADIAL)})"
+                f"normalization={normalization.scheme_of(model).name!r} has none "
+                f"(schemes with a radius: {', '.join(normalization.radial_names())})"
             )
 
     _check_memory(
@@ -979,7 +976,7 @@ def simulate(
     else:
         dtf = float(cast(float, dt))
         grid = _grid_argument(_step_grid(t1f, dtf, ts_np), t1f, dtf, x0.dtype)
-        if radial and getattr(model, "normalization", "post") == "mix":
+        if radial and normalization.scheme_of(model).switch_at() is not None:
             grid_tol = np.asarray(dtf * 1e-3, x0.dtype)
         dt0 = None
         # the bucketed grid length, not the step count: one program serves nearby t1 / dt
@@ -1105,8 +1102,8 @@ def _no_radius(model: Any, r0: Any, x0: Array) -> Array:
     if r0 is not None:
         raise ValueError(
             f"r0 is the initial radius of a model whose tokens carry one (normalization in "
-            f"{', '.join(normalization.RADIAL)}); {type(model).__name__} with normalization="
-            f"{getattr(model, 'normalization', 'post')!r} has none"
+            f"{', '.join(normalization.radial_names())}); {type(model).__name__} with normalization="
+            f"{normalization.scheme_of(model).name!r} has none"
         )
     return x0
 
@@ -1204,8 +1201,9 @@ def _simulate(
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
     # Mix-LN's switch time is a step point (the controllers below): the switch falls on it
-    mix = radial and getattr(model, "normalization", "post") == "mix"
-    tau = jnp.asarray(model.switch_time, dtype) if mix else None
+    switch = normalization.scheme_of(model).switch_at() if radial else None
+    mix = switch is not None
+    tau = jnp.asarray(switch, dtype) if mix else None
     switch_from = None
     if tau is not None:
         if adaptive:

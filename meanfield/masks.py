@@ -242,8 +242,26 @@ _CLASSES: dict[str, type[Mask]] = {"causal": Causal, "alibi": ALiBi, "window": W
 #: their hash).
 MASK_PARAMS: tuple[Param, ...] = (
     Param("mask", "none", False, "choice", "positional mask of the interaction", MASKS, True),
-    Param("slope", 1.0, True, "float>=0", "ALiBi slope: weights exp(-(slope/n)(i - j))", (), True),
-    Param("width", 1, False, "int>=1", "window half-width |i - j| <= width", (), True),
+    Param(
+        "slope",
+        1.0,
+        True,
+        "float>=0",
+        "ALiBi slope: weights exp(-(slope/n)(i - j))",
+        (),
+        True,
+        applies=(("mask", ("alibi",)),),
+    ),
+    Param(
+        "width",
+        1,
+        False,
+        "int>=1",
+        "window half-width |i - j| <= width",
+        (),
+        True,
+        applies=(("mask", ("window",)),),
+    ),
     Param(
         "window_causal",
         False,
@@ -252,8 +270,18 @@ MASK_PARAMS: tuple[Param, ...] = (
         "the window admits only earlier tokens, 0 <= i - j <= width",
         (),
         True,
+        applies=(("mask", ("window",)),),
     ),
-    Param("include_self", True, False, "bool", "the mask admits each token itself", (), True),
+    Param(
+        "include_self",
+        True,
+        False,
+        "bool",
+        "the mask admits each token itself",
+        (),
+        True,
+        applies=(("mask", ("causal", "alibi", "window")),),
+    ),
     Param(
         "mask_normalized",
         False,
@@ -262,6 +290,7 @@ MASK_PARAMS: tuple[Param, ...] = (
         "row-normalised mask weights replace the 1/n of unnormalised kernels",
         (),
         True,
+        applies=(("mask", ("causal", "alibi", "window")),),
     ),
 )
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable
 from types import ModuleType
 from typing import Any, ClassVar, NoReturn
 
@@ -28,16 +27,18 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Real
 
+from . import geometry as _geometry
 from . import normalization as _norm
 from . import sphere
 from ._attention_weights import (
     ATTENTIONS,
     ENSEMBLES,
     VALUES,
-    hardmax,
-    masked_softmax,
+    AttentionKind,
+    Hardmax,
+    Sinkhorn,
+    Softmax,
     random_weights,
-    sinkhorn,
 )
 from ._checks import (
     RealScalarLike,
@@ -45,21 +46,30 @@ from ._checks import (
     _error_if,
     check_fits_dtype,
     check_int,
-    check_scalar,
     is_concrete,
     sphere_atol,
     traced_finite,
     traced_positive,
     traced_states,
 )
-from ._params import INT32_MAX, PARAM_KINDS, Param, applies_rules, check_float, check_value
+from ._declare import (
+    _DECLARATION,
+    Declared,
+    Variant,
+    _build_declared,
+    _declared_fields,
+    declared_params,
+    param,
+)
+from ._params import INT32_MAX, Param, applies_rules
 from ._precision import einsum, matmul
 from ._resources import Footprint, as_float
+from .geometry import Geometry, Sphere, geometry_of
 from .masks import Mask, check_mask
 
 #: Accepted values of ``SelfAttention``'s ``geometry``: tokens on the sphere (the projected flow, the
 #: default) or in $\mathbb R^d$ (the unprojected flow of Geshkovski et al. 2023, no layer norm).
-GEOMETRIES = ("sphere", "euclidean")
+GEOMETRIES = _geometry.GEOMETRIES
 
 #: Accepted values of ``normalization`` (``SelfAttention`` and the exp kernels; ``mf.normalization``).
 NORMALIZATIONS = _norm.NORMALIZATIONS
@@ -72,6 +82,10 @@ __all__ = [
     "resolve_aux",
     "random_weights",
     "ATTENTIONS",
+    "AttentionKind",
+    "Softmax",
+    "Sinkhorn",
+    "Hardmax",
     "ENSEMBLES",
     "NORMALIZATIONS",
     "GEOMETRIES",
@@ -87,138 +101,6 @@ __all__ = [
     "BETA_DOC",
     "RESCALED_DOC",
 ]
-
-_DECLARATION = "meanfield.param"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Declaration:
-    kind: Any  # a PARAM_KINDS name, or an equinox.Module class whose parameters are this field's
-    doc: str
-    choices: tuple
-    optional: bool = False
-    maximum: int | None = None
-
-
-def param(
-    default: Any = dataclasses.MISSING,
-    *,
-    kind: Any,
-    doc: str,
-    static: bool = False,
-    choices: Iterable[Any] = (),
-    optional: bool = False,
-    maximum: int | None = None,
-    **field_kwargs: Any,
-) -> Any:
-    """Declare a model parameter as a field: its accepted range ``kind``, ``doc``, ``default`` and
-    whether it is ``static`` (part of the compiled program) or traced (a PyTree leaf, a sweep axis).
-
-    ``kind`` is one of ``meanfield._params.PARAM_KINDS`` (``"float>0"``, ``"float>=0"``, ``"float"``,
-    ``"int>=1"``, ``"int>=0"``, ``"bool"``, ``"plane"``, ``"choice"`` with ``choices``), or an
-    ``equinox.Module`` class whose own declared parameters become this model's (``PhaseField``'s
-    ``phase`` is a ``FourierPhase``: its ``omega``, ``amplitude``, ``frequency``). Everything the
-    registry, the command line, the sweep spec and the constructors' checks know about the
-    parameter comes from here. ``optional`` marks an option added after sweep stores were written:
-    a sweep spec records it only when it differs from its default (``Param.optional``). ``maximum``
-    bounds an integer kind from above (``Param.maximum``: a seed, ``meanfield._params.INT32_MAX`` when
-    traced), checked on construction. ``field_kwargs`` go to ``equinox.field`` (``kw_only=True``, ...).
-
-    Example:
-        >>> import jax.numpy as jnp, meanfield as mf
-        >>> class Cosine(mf.kernels.Kernel):     # h = cos(beta <x, y>): a new kernel is one class
-        ...     name = "cosine-doc"
-        ...     beta: float = mf.kernels.param(1.0, kind="float>0", doc="frequency")
-        ...     def __call__(self, x, xi, y, zeta):
-        ...         return jnp.cos(self.beta * jnp.dot(x, y))
-        >>> [(p.name, p.kind, p.default, p.traced) for p in Cosine.params()][0]   # then the mask's
-        ('beta', 'float>0', 1.0, True)
-    """
-    if not (kind in PARAM_KINDS or (isinstance(kind, type) and issubclass(kind, eqx.Module))):
-        raise ValueError(
-            f"kind must be one of {', '.join(PARAM_KINDS)} or an equinox.Module class, got {kind!r}"
-        )
-    if kind == "choice" and not choices:
-        raise ValueError("a parameter of kind 'choice' needs its choices")
-    if not isinstance(doc, str) or not doc:
-        raise TypeError(f"doc must be a non-empty string, got {doc!r}")
-    if maximum is not None and not (isinstance(kind, str) and kind.startswith("int")):
-        raise ValueError(f"maximum bounds an integer kind, not {kind!r}")
-    metadata = {_DECLARATION: _Declaration(kind, doc, tuple(choices), bool(optional), maximum)}
-    return eqx.field(default=default, static=static, metadata=metadata, **field_kwargs)
-
-
-def _declared_fields(cls: type) -> list[dataclasses.Field[Any]]:
-    """The fields of ``cls`` declared with ``param``, keyword-only ones last (definition order)."""
-    found = [f for f in dataclasses.fields(cls) if _DECLARATION in f.metadata]
-    return [f for f in found if not f.kw_only] + [f for f in found if f.kw_only]
-
-
-def declared_params(cls: type) -> tuple[Param, ...]:
-    """The parameters of a Module class declared with ``param`` (nested Module kinds flattened).
-
-    Example:
-        >>> import meanfield as mf
-        >>> [p.name for p in mf.models.declared_params(mf.kernels.FourierPhase)]
-        ['omega', 'amplitude', 'frequency']
-    """
-    out: list[Param] = []
-    for f in _declared_fields(cls):
-        decl = f.metadata[_DECLARATION]
-        if isinstance(decl.kind, type):
-            out.extend(declared_params(decl.kind))
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        out.append(
-            Param(
-                f.name,
-                default,
-                not f.metadata.get("static", False),
-                decl.kind,
-                decl.doc,
-                decl.choices,
-                decl.optional,
-                decl.maximum,
-            )
-        )
-    return tuple(out)
-
-
-def _build_declared(cls: type, P: dict[str, Any], **extra: Any) -> Any:
-    """``cls`` from the values ``P`` of its declared parameters (nested Modules built likewise)."""
-    kwargs = dict(extra)
-    for f in _declared_fields(cls):
-        decl = f.metadata[_DECLARATION]
-        if isinstance(decl.kind, type):
-            kwargs[f.name] = _build_declared(decl.kind, P)
-        elif f.name in P or not decl.optional:
-            kwargs[f.name] = P[f.name]
-        # an optional parameter left out of P keeps its default (added after P's writer)
-    return cls(**kwargs)
-
-
-def _check_declared(module: eqx.Module) -> None:
-    """Concrete values of the declared parameters of ``module`` checked against their kind
-    (``meanfield._params``: one message everywhere); traced values are the program's to check."""
-    for f in _declared_fields(type(module)):
-        decl = f.metadata[_DECLARATION]
-        if isinstance(decl.kind, type):
-            continue  # a nested Module checks its own
-        v = getattr(module, f.name)
-        if decl.kind.startswith("int") and not is_concrete(v):
-            continue  # a traced integer (a sweep over ``weight_seed``): the program's to check
-        if decl.kind.startswith("float"):
-            check_scalar(f.name, v)
-            if is_concrete(v):
-                value = v if isinstance(v, (int, float)) else float(np.asarray(v))
-                check_float(f.name, value, decl.kind)
-        elif decl.kind == "plane":
-            check_value(f.name, "plane", tuple(v) if isinstance(v, (list, tuple)) else v)
-        else:
-            check_value(f.name, decl.kind, v, decl.choices, maximum=decl.maximum)
-
 
 #: The doc of the inverse temperature ``beta`` of every model that has one.
 BETA_DOC = "inverse temperature"
@@ -345,49 +227,6 @@ class ExpProfile(Profile):
         if self.normalized or self.rescaled:
             return None
         return float(np.log(np.finfo(dtype).max)) - 1.0
-
-
-class Declared(eqx.Module):
-    """A Module whose parameters are declared with ``param`` and checked on construction (the
-    base of ``Model`` and of the parametrised parts of models: ``mf.kernels.FourierPhase``,
-    ``mf.kernels.WavyGauge``).
-
-    Example:
-        >>> import meanfield as mf
-        >>> try:
-        ...     mf.kernels.WavyGauge(0.6, 0)
-        ... except ValueError as e:
-        ...     print(e)
-        k must be >= 1, got 0
-    """
-
-    #: The dimension a model with this part needs (``WavyGauge``: 3), or None.
-    required_d: ClassVar[int | None] = None
-
-    def __check_init__(self) -> None:
-        _check_declared(self)
-
-    def traced_params(self) -> tuple[tuple[str, str, Any], ...]:
-        """``(name, kind, value)`` of the declared float parameters (``param``, nested parts'
-        included) whose value is traced: what ``Model.check_traced`` checks in the program.
-
-        Example:
-            >>> import jax, meanfield as mf
-            >>> def names(lam):
-            ...     print([name for name, _, _ in mf.kernels.DistanceBias(1.0, lam).traced_params()])
-            ...     return lam
-            >>> _ = jax.jit(names)(2.0)
-            ['lam']
-        """
-        out: list[tuple[str, str, Any]] = []
-        for f in _declared_fields(type(self)):
-            kind = f.metadata[_DECLARATION].kind
-            value = getattr(self, f.name)
-            if isinstance(value, Declared):
-                out.extend(value.traced_params())
-            elif isinstance(kind, str) and kind.startswith("float") and not is_concrete(value):
-                out.append((f.name, kind, value))
-        return tuple(out)
 
 
 def positions(n: int) -> Float[Array, " n"]:
@@ -664,45 +503,86 @@ class Model(Declared):
 
 
 def _normalization_param(name: str) -> Any:
-    """The declaration of ``normalization``, ``alpha`` or ``switch_time`` (``mf.normalization``),
+    """The declaration of ``normalization`` (a ``mf.normalization.Scheme``; its flat parameters
+    ``normalization``, ``alpha``, ``switch_time``), or of the flat ``alpha`` / ``switch_time`` a
+    constructor still takes (``dataclasses.InitVar``: folded into the scheme by ``_fold_scheme``),
     shared by every model that takes them (``SelfAttention``, the exp kernels): one definition."""
     if name == "normalization":
         return param(
-            "post",
-            kind="choice",
-            choices=NORMALIZATIONS,
-            static=True,
+            _norm.Post(),
+            kind=_norm.Scheme,
+            static=False,
             optional=True,
             kw_only=True,
             doc="layer-norm placement (mf.normalization): post, pre, mix, peri, ngpt or scaling",
         )
-    if name == "alpha":
-        return param(
-            0.2,
-            kind="float>0",
-            optional=True,
-            kw_only=True,
-            doc="nGPT step factor alpha (normalization = ngpt; simuformer: 0.2)",
+    return eqx.field(default=None, kw_only=True)
+
+
+def _fold_scheme(model: Any, **given: Any) -> None:
+    """In a constructor: ``model.normalization`` as a scheme object (``mf.normalization.Scheme``)
+    with the flat ``alpha`` / ``switch_time`` given (None: not given) folded in; one refusal for a
+    parameter of another scheme (``Scheme.coerce``)."""
+    model.normalization = _norm.Scheme.coerce(model.normalization, type(model).__name__, **given)
+
+
+class FoldScheme:
+    """The ``__post_init__`` of a model whose dataclass ``__init__`` takes the flat ``alpha`` and
+    ``switch_time`` (``dataclasses.InitVar``): folds them into the scheme (``_fold_scheme``). A
+    subclass with an ``__init__`` of its own (``own_init = True``; it calls ``_fold_scheme``
+    itself) does not see it, so equinox does not warn that it would not run."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None and getattr(owner, "own_init", False):
+            raise AttributeError("__post_init__")
+        if obj is None:
+            return _post_init_fold
+        return _post_init_fold.__get__(obj, owner)
+
+
+def _post_init_fold(self: Any, alpha: Any, switch_time: Any) -> None:
+    _fold_scheme(self, alpha=alpha, switch_time=switch_time)
+
+
+def _scheme_attribute(name: str, field: str, family: Any) -> property:
+    """``model.alpha``, ``model.sinkhorn_iters``, ...: the variant's own (``model.<field>.<name>``);
+    ``AttributeError`` for a variant that has none (not a default that the model does not use)."""
+
+    def get(self: Any) -> Any:
+        variant = getattr(self, field)
+        if hasattr(variant, name):
+            return getattr(variant, name)
+        members = family.member_params().get(name, (None, ()))[1]
+        raise AttributeError(
+            f"{type(self).__name__} with {field}={variant.name!r} has no {name} "
+            f"(a parameter of {field}=" + " or ".join(repr(m) for m in members) + ")"
         )
-    return param(
-        1.0,
-        kind="float>0",
-        optional=True,
-        kw_only=True,
-        doc="Mix-LN switch time tau: Post-LN before, Pre-LN after (normalization = mix)",
-    )
+
+    return property(get, doc=f"The ``{name}`` of ``{field}`` (``{field}.{name}``).")
+
+
+def with_scheme_attributes(cls: Any) -> Any:
+    """Class decorator: the flat parameters of the model's variants (``alpha``, ``switch_time`` of
+    its scheme; ``sinkhorn_iters``, ``tie_tol`` of its attention kind) read from the variant
+    (``_scheme_attribute``) on a model whose constructor takes them flat (``dataclasses.InitVar``)."""
+    for f in _declared_fields(cls):
+        kind = f.metadata[_DECLARATION].kind
+        if isinstance(kind, type) and issubclass(kind, Variant) and kind.family() is not None:
+            for name in kind.member_params():
+                setattr(cls, name, _scheme_attribute(name, f.name, kind))
+    return cls
 
 
 def _check_normalization(model: Any) -> None:
-    """``ValueError`` for a declared parameter set away from its default while the switch it acts
-    with is elsewhere (``meanfield._params.APPLIES`` and ``APPLIES_ANY``, among the model's own
-    fields): ``alpha`` without ``normalization="ngpt"``, ``switch_time`` without ``"mix"``,
-    ``sinkhorn_iters`` without ``attention="sinkhorn"``, ``tie_tol`` without ``"hardmax"``,
-    ``rescaled`` of normalised attention, ``weight_seed`` and ``regen_period`` without drawn
-    weights. A value that would change nothing is refused by the constructor, so ``make``, the
-    command line and a sweep refuse it alike; traced values are not inspected."""
+    """``ValueError`` for a declared field set away from its default while the switch it acts with
+    (its declaration's ``applies``, among the model's own fields) is elsewhere: ``rescaled`` of
+    normalised attention, ``weight_seed`` and ``regen_period`` without drawn weights (a variant's
+    parameters, ``alpha`` without ``normalization="ngpt"``, ..., are refused by the variant:
+    ``meanfield._declare.Variant.coerce``). A value that would change nothing is refused by the
+    constructor, so ``make``, the command line and a sweep refuse it alike; traced values are not
+    inspected."""
     fields = {f.name: f for f in _declared_fields(type(model))}
-    for name, rules in applies_rules().items():
+    for name, rules in applies_rules(declared_params(type(model))).items():
         if name not in fields:
             continue
         known = [(switch, needs) for switch, needs in rules if switch in fields]
@@ -733,6 +613,11 @@ def _show_value(value: Any) -> str:
     return repr(value)
 
 
+#: What the random weights' ``weight_seed`` and ``regen_period`` act with: drawn weights.
+_DRAWN = (("weights", ENSEMBLES[1:]), ("value", VALUES[1:]))
+
+
+@with_scheme_attributes
 class SelfAttention(Model):
     r"""Self-attention particle dynamics on the sphere: heads, weights, masks, normalisations, and tokens in R^d.
 
@@ -831,32 +716,23 @@ class SelfAttention(Model):
     normalized: bool = param(
         True, kind="bool", static=True, doc="softmax rows (SA) or the 1/n average"
     )
-    rescaled: bool = param(False, kind="bool", static=True, doc=RESCALED_DOC)
-    attention: str = param(
-        "softmax",
-        kind="choice",
-        choices=ATTENTIONS,
+    rescaled: bool = param(
+        False,
+        kind="bool",
         static=True,
+        doc=RESCALED_DOC,
+        applies=(("normalized", (False,)),),  # a softmax row is invariant under e^(-beta)
+    )
+    attention: AttentionKind | str = param(
+        Softmax(),
+        kind=AttentionKind,
         optional=True,
         kw_only=True,
         doc="normalisation of the logits: softmax, sinkhorn (rows, then columns: sinkhorn_iters) or hardmax",
     )
-    sinkhorn_iters: int = param(
-        21,
-        kind="int>=1",
-        static=True,
-        optional=True,
-        kw_only=True,
-        doc="Sinkhorn half-steps, rows first (1: softmax; Sinkformers' n_it)",
-    )
-    tie_tol: float = param(
-        1e-6,
-        kind="float>=0",
-        static=True,
-        optional=True,
-        kw_only=True,
-        doc="hardmax: scores <Q x_i, K x_j> within this (absolute) of the row maximum are tied (averaged)",
-    )
+    # the flat parameters of the attention kinds, folded into ``attention`` (``__post_init__``)
+    sinkhorn_iters: dataclasses.InitVar[int | None] = eqx.field(default=None, kw_only=True)
+    tie_tol: dataclasses.InitVar[float | None] = eqx.field(default=None, kw_only=True)
     heads: int = param(
         1, kind="int>=1", static=True, optional=True, kw_only=True, doc="attention heads"
     )
@@ -885,6 +761,7 @@ class SelfAttention(Model):
         optional=True,
         kw_only=True,
         doc="seed of the random weights (traced)",
+        applies=_DRAWN,
     )
     regen_period: float = param(
         0.0,
@@ -893,15 +770,14 @@ class SelfAttention(Model):
         optional=True,
         kw_only=True,
         doc="redraw the random weights every this much time (0: never)",
+        applies=_DRAWN,
     )
-    normalization: str = _normalization_param("normalization")
-    alpha: RealScalarLike = _normalization_param("alpha")
-    switch_time: RealScalarLike = _normalization_param("switch_time")
-    geometry: str = param(
-        "sphere",
-        kind="choice",
-        choices=GEOMETRIES,
-        static=True,
+    normalization: _norm.Scheme | str = _normalization_param("normalization")
+    alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
+    switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
+    geometry: Geometry | str = param(
+        Sphere(),
+        kind=Geometry,
         optional=True,
         kw_only=True,
         doc="tokens on the sphere (projected flow) or in R^d (euclidean: no projection, no layer norm)",
@@ -1041,15 +917,13 @@ class SelfAttention(Model):
             3.0
         """
         xp = _namespace(self.beta)
-        if self.attention == "hardmax":
+        if self.attention.beta_free:
             rate = xp.ones_like(xp.asarray(self.beta, dtype=None if xp is jnp else np.float64))
         elif self.normalized:
             rate = xp.asarray(self.beta)
         else:
             rate = exp_interaction_rate(self.beta, self.rescaled)
-        if self.normalization == "ngpt":  # the output at unit norm, times alpha
-            return rate * _namespace(self.alpha).asarray(self.alpha)
-        return rate
+        return self.normalization.scale_rate(rate)  # nGPT: the output at unit norm, times alpha
 
     def overflows(self, dtype: Any) -> ArrayLike:
         """Unnormalised and not rescaled: ``beta >= log(finfo(dtype).max)`` (with ``Q = K = None``)."""
@@ -1067,8 +941,8 @@ class SelfAttention(Model):
         arrays (one more for Sinkhorn's iterates), an upper bound of the forward pass, which
         evaluates one head at a time (``jax.lax.map``), and what reverse mode keeps of the heads."""
         nf = as_float(n)
-        if self.num_heads() > 1 or self.mask is not None or self.attention != "softmax":
-            extra = 1.0 if self.attention == "sinkhorn" else 0.0
+        if self.num_heads() > 1 or self.mask is not None or not self.attention.softmax:
+            extra = self.attention.extra_arrays
             return Footprint(
                 entries=(self.num_heads() + 2.0 + extra) * nf**2, pairs=self.num_heads() * nf**2
             )
@@ -1085,6 +959,15 @@ class SelfAttention(Model):
         if self.normalized:
             return super().reference_step(base_dt)
         return exp_reference_step(self.beta, base_dt, self.rescaled)
+
+    def __post_init__(
+        self, sinkhorn_iters: Any, tie_tol: Any, alpha: Any, switch_time: Any
+    ) -> None:
+        self.attention = AttentionKind.coerce(
+            self.attention, type(self).__name__, sinkhorn_iters=sinkhorn_iters, tie_tol=tie_tol
+        )
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
+        self.geometry = Geometry.coerce(self.geometry, type(self).__name__)
 
     def __check_init__(self) -> None:
         super().__check_init__()
@@ -1129,20 +1012,16 @@ class SelfAttention(Model):
                     f"heads = {self.heads} needs (H, d, d) weight stacks; got (d, d) matrices (one head)"
                 )
         _check_normalization(self)
-        if self.geometry == "euclidean" and self.normalization != "post":
+        self.geometry.check_scheme(self.normalization)
+        if not self.normalized and not self.attention.softmax:
             raise ValueError(
-                f"geometry='euclidean' has no layer norm: normalization={self.normalization!r} needs "
-                f"geometry='sphere' (normalization='post' is the default)"
-            )
-        if not self.normalized and self.attention != "softmax":
-            raise ValueError(
-                f"attention={self.attention!r} is a normalisation of its own: use normalized=True "
+                f"attention={self.attention.name!r} is a normalisation of its own: use normalized=True "
                 f"(normalized=False is the unnormalised softmax kernel)"
             )
         if self.normalized and self.mask is not None and self.mask.normalized:
             raise ValueError(
                 f"a row-normalised mask (mask_normalized=True) changes nothing in normalised attention "
-                f"({self.attention} rows take log w_ij, not w_ij / n); it applies with normalized=False"
+                f"({self.attention.name} rows take log w_ij, not w_ij / n); it applies with normalized=False"
             )
 
     # -- evaluation ------------------------------------------------------------------------
@@ -1168,14 +1047,9 @@ class SelfAttention(Model):
         n, dtype = scores.shape[-1], scores.dtype
         beta = jnp.asarray(self.beta, dtype)
         mask = self.mask
-        if self.attention == "hardmax":
-            return hardmax(scores, None if mask is None else mask.admitted(n), self.tie_tol)
+        if self.normalized or not self.attention.softmax:
+            return self.attention.weights(scores, beta, mask)
         logits = beta * scores
-        log_w = None if mask is None else mask.log_weights(n, dtype)
-        if self.attention == "sinkhorn":
-            return sinkhorn(logits, self.sinkhorn_iters, log_w)
-        if self.normalized:
-            return masked_softmax(logits, log_w)
         shift = beta if self.rescaled else 0.0
         W = jnp.full((n, n), 1.0 / n, dtype) if mask is None else mask.pair_weights(n, dtype)
         return W * jnp.exp(logits - shift)
@@ -1241,12 +1115,12 @@ class SelfAttention(Model):
             out = jnp.mean(jax.lax.map(lambda a: self._head_field(*a), (qx, kx, vx)), axis=0)
         else:
             out = self._head_field(qx, kx, vx)
-        return _norm.output(self.normalization, out, self.alpha)
+        return self.normalization.output(out)
 
     def _head_field(self, qx: Array, kx: Array, vx: Array) -> Array:
         r"""One head's $\sum_j A_{ij} v_j$ from its projections ``(n, d)``."""
         scores = matmul(qx, kx.T)
-        if self.attention == "softmax" and not self.normalized:
+        if self.attention.softmax and not self.normalized:
             n = qx.shape[0]
             beta = jnp.asarray(self.beta, qx.dtype)
             logits = beta * scores
@@ -1424,7 +1298,7 @@ def check_states(model: Any, x: Any, aux: Any = None, name: str = "x") -> tuple[
     if dtype is None:
         _check_real_array(name, x)
     aux = resolve_aux(model, x, aux)
-    euclidean = getattr(model, "geometry", "sphere") == "euclidean"
+    euclidean = not geometry_of(model).on_sphere
     if euclidean:
         _check_euclidean_states(x, name)
     else:

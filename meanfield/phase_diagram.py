@@ -769,12 +769,8 @@ def _run_one_beta_attn(
     C = ckpt_steps.shape[0]
     off = ~np.eye(n, dtype=bool)
 
-    radial = normalization in _normalization.RADIAL
-    scheme: dict[str, Any] = {"normalization": normalization}
-    if normalization == "ngpt":
-        scheme["alpha"] = alpha
-    if normalization == "mix":
-        scheme["switch_time"] = switch_time
+    scheme = _normalization.as_scheme(normalization, alpha=alpha, switch_time=switch_time)
+    radial = scheme.radial
 
     def field(x: Array, Q: Array | None, K: Array | None, V: Array | None) -> Array:
         model = SelfAttention(
@@ -786,7 +782,7 @@ def _run_one_beta_attn(
             attention=attention,
             sinkhorn_iters=sinkhorn_iters,
             mask=mask,
-            **scheme,
+            normalization=scheme,
         )
         return model.field(x)
 
@@ -811,18 +807,16 @@ def _run_one_beta_attn(
         return jax.lax.cond(hit, write, lambda b: b, buf)
 
     def velocity(x: Array, F: Array, switched: ArrayLike) -> Array:
-        return jax.vmap(
-            lambda xs, Fs: _normalization.radial_velocity(normalization, xs, Fs, switched=switched)
-        )(x, F)
+        return jax.vmap(lambda xs, Fs: scheme.radial_velocity(xs, Fs, switched=switched))(x, F)
 
     def radial_step(t: Array, x: Array) -> Array:
         """One Euler step of a scheme with a radius (``mf.simulate``'s, ``solver="euler"``)."""
         F = jax.vmap(field)(directions(x), *qkv)
-        if normalization != "mix":
+        if scheme.switch_at() is None:
             return x + step * velocity(x, F, True)
         # Mix-LN switches at tau, a step point of mf.simulate too: the step over tau is two
         # (Post-LN to tau, Pre-LN after), unless a step point lies within step / 1000 of tau
-        tau, tol = jnp.asarray(switch_time, dtype), 1e-3 * step
+        tau, tol = jnp.asarray(scheme.switch_at(), dtype), 1e-3 * step
         switched = t >= tau - tol
 
         def split() -> Array:
@@ -847,7 +841,7 @@ def _run_one_beta_attn(
         theta = directions(x)
         F = jax.vmap(field)(theta, *qkv)
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
-        v = v * _normalization.speed(normalization, t, dtype)
+        v = scheme.scale_velocity(v, t)
         x = x + step * v
         x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
         return x, buf
@@ -1494,24 +1488,25 @@ def sa_phase_diagram(
         alpha=alpha,
         switch_time=switch_time,
     )  # the checks of SelfAttention's parameters, one behaviour per name
-    radial = normalization in _normalization.RADIAL
+    scheme = model.normalization  # a mf.normalization.Scheme, whatever spelling was given
+    radial = scheme.radial
     if radial and step != "projected":
         raise ValueError(
-            f"step={step!r} renormalises to the sphere; normalization={normalization!r} has a "
+            f"step={step!r} renormalises to the sphere; normalization={scheme.name!r} has a "
             f"radius: use step='projected'"
         )
     if r0 is not None and not radial:
         raise ValueError(
             f"r0 is the initial radius of the schemes with one (normalization "
-            f"{', '.join(repr(r) for r in _normalization.RADIAL)}), not normalization={normalization!r}"
+            f"{', '.join(repr(r) for r in _normalization.radial_names())}), not normalization={scheme.name!r}"
         )
     if r0 is not None:
         check_positive("r0", r0)
-    general = model.random or mask is not None or attention != "softmax" or normalization != "post"
+    general = model.random or mask is not None or not model.attention.softmax or not scheme.post_ln
     if general and (backend == "native" or packed):
         raise ValueError(
             f"random weights (weights={weights!r}, value={value!r}), masks, attention={attention!r} "
-            f"and normalization={normalization!r} run the XLA kernel: use backend='xla' (or 'auto', "
+            f"and normalization={scheme.name!r} run the XLA kernel: use backend='xla' (or 'auto', "
             f"which picks it) and packed=False, got backend={backend!r}, packed={packed}"
         )
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
@@ -1535,11 +1530,11 @@ def sa_phase_diagram(
         attn = _Attention(
             *qkv,
             mask,
-            attention,
-            int(sinkhorn_iters),
-            normalization,
-            float(alpha),
-            float(switch_time),
+            model.attention.name,  # type: ignore[arg-type]
+            int(getattr(model.attention, "sinkhorn_iters", sinkhorn_iters)),
+            scheme.name,  # type: ignore[arg-type]
+            float(getattr(scheme, "alpha", 0.2)),
+            float(getattr(scheme, "switch_time", 1.0)),
         )
         if r0 is not None:
             x0 = x0 * jnp.asarray(r0, x0.dtype)

@@ -50,8 +50,8 @@ def _one_line_error(capsys, *argv, needle):
 @pytest.mark.slow
 def test_prompt_records_and_applies_its_normalization():
     k = mf.kernels.make("prompt", normalization="ngpt", alpha=5.0)
-    assert (k.normalization, k.alpha) == ("ngpt", 5.0)
-    assert mf.kernels.make("prompt", normalization="pre").normalization == "pre"
+    assert (k.normalization, k.alpha) == (mf.normalization.NGPT(5.0), 5.0)
+    assert mf.kernels.make("prompt", normalization="pre").normalization == mf.normalization.Pre()
     plain = np.asarray(mf.field(mf.kernels.make("prompt"), X0))
     F = np.asarray(mf.field(k, X0))
     # nGPT's field is alpha F / |F| of the plain field, row by row
@@ -74,7 +74,7 @@ def test_a_traced_alpha_axis_of_prompt_holds_distinct_points():
 # -- item 2: the property over the registry ----------------------------------------------------
 
 #: Options that act only in a context other than the defaults: the values that make them act.
-#: ``APPLIES``/``APPLIES_ANY`` give most; these are the model rules outside those tables.
+#: The parameters' declared ``applies`` give most; these are the model rules outside them.
 EXTRA_CONTEXT: dict[tuple[str, str], dict[str, Any]] = {
     ("sa", "heads"): {"weights": "gaussian"},  # identity weights: H equal heads are one head
     ("sa", "mask_normalized"): {"mask": "causal", "normalized": False},
@@ -110,7 +110,7 @@ def _context(name: str, p: Any, value: Any) -> dict[str, Any]:
     """The other options' values with which ``p = value`` acts (first of each rule's values)."""
     ctx = dict(EXTRA_CONTEXT.get((name, p.name), {}))
     names = {q.name for q in mf.kernels.MODELS[name].params}
-    for switch, needs in _params.applies_rules().get(p.name, ()):
+    for switch, needs in _params.applies_rules(mf.kernels.MODELS[name].params).get(p.name, ()):
         if switch in names:
             ctx.setdefault(switch, needs[0])
             break

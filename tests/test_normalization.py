@@ -273,7 +273,7 @@ def test_post_given_explicitly_is_the_default_bit_for_bit(family):
         "rope": K.RoPE(1.5, 0.7),
     }[family]
     post = dict(zip(("sa", "usa", "rope"), _models("post")))[family]
-    assert post == default and post.normalization == "post"
+    assert post == default and post.normalization == mf.normalization.Post()
     a = mf.simulate(default, x0, t1=0.5, dt=0.125)
     b = mf.simulate(post, x0, t1=0.5, dt=0.125)
     for name in ("xs", "energy", "collapse_gap", "ts"):

@@ -4,6 +4,7 @@ evaluation, the fused C kernel as an XLA primitive, the ``backend`` option, ``US
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -31,11 +32,14 @@ from ..models import (
     BETA_DOC,
     RESCALED_DOC,
     ExpProfile,
+    FoldScheme,
     _check_normalization,
+    _fold_scheme,
     _normalization_param,
     exp_interaction_rate,
     exp_reference_step,
     param,
+    with_scheme_attributes,
 )
 from ._base import Kernel, masked_pairwise_field
 
@@ -626,14 +630,19 @@ def _tiled_exp_unit(
     return F.reshape(R, d)[:n] / n, jnp.sum(s)
 
 
+@with_scheme_attributes
 class _ExpKernel(Kernel):
     """Shared machinery of kernels ``b(xi, zeta) exp(beta <A x, B y>) / beta``."""
 
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
-    normalization: str = _normalization_param("normalization")
-    alpha: RealScalarLike = _normalization_param("alpha")
-    switch_time: RealScalarLike = _normalization_param("switch_time")
+    normalization: _norm.Scheme | str = _normalization_param("normalization")
+    alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
+    switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
+
+    #: True on a subclass with an ``__init__`` of its own (it folds the scheme itself: ``_fold_scheme``).
+    own_init: ClassVar[bool] = False
+    __post_init__ = FoldScheme()
 
     def __check_init__(self) -> None:
         super().__check_init__()
@@ -657,7 +666,7 @@ class _ExpKernel(Kernel):
             [[1.0, 0.0], [1.0, 0.0]]
         """
         F = self.attention_field(x, aux, block_size=block_size)
-        return _norm.output(self.normalization, F, self.alpha)
+        return self.normalization.output(F)
 
     def attention_field(
         self,
@@ -863,6 +872,8 @@ class DistanceBias(_ExpKernel):
     lam: RealScalarLike = param(1.0, kind="float>=0", doc="distance-bias rate")
     dense_arrays, tile_arrays = 2.5, 3.5  # the (rows, cols) log-bias too
 
+    own_init = True
+
     def __init__(
         self,
         beta: RealScalarLike,
@@ -870,12 +881,13 @@ class DistanceBias(_ExpKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
-        normalization: str = "post",
-        alpha: RealScalarLike = 0.2,
-        switch_time: RealScalarLike = 1.0,
+        normalization: Any = "post",
+        alpha: RealScalarLike | None = None,
+        switch_time: RealScalarLike | None = None,
     ) -> None:
         self.beta, self.lam, self.rescaled, self.mask = beta, lam, rescaled, mask
-        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
+        self.normalization = normalization
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
 
     def max_energy(self) -> None:
         """None: the theory gives no closed form with the bias."""

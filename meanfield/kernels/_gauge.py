@@ -27,7 +27,7 @@ from .._params import KEY_SEED_MAX, Param
 from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
-from ..models import Declared, param
+from ..models import Declared, _fold_scheme, param
 from ._base import masked_pairwise_field
 from ._exp import USA, _apply_gauge, _apply_gauge_transpose, _ExpKernel, _tiled_exp
 
@@ -231,6 +231,8 @@ class RoPE(GaugeKernel):
     omega: RealScalarLike = param(2 * math.pi, kind="float", doc=OMEGA_DOC)
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
+    own_init = True
+
     def __init__(
         self,
         beta: Any,
@@ -239,13 +241,14 @@ class RoPE(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
-        normalization: str = "post",
-        alpha: Any = 0.2,
-        switch_time: Any = 1.0,
+        normalization: Any = "post",
+        alpha: Any | None = None,
+        switch_time: Any | None = None,
     ) -> None:
         self.beta, self.omega, self.plane, self.rescaled = beta, omega, _plane(plane), rescaled
         self.mask = mask
-        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
+        self.normalization = normalization
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
         check_plane(self.plane, d)
@@ -362,6 +365,8 @@ class PhaseField(GaugeKernel):
     phase: eqx.Module = param(FourierPhase(), kind=FourierPhase, doc="the phase s -> angle")
     plane: tuple[int, int] = param((0, 1), kind="plane", static=True, doc=PLANE_DOC)
 
+    own_init = True
+
     def __init__(
         self,
         beta: Any,
@@ -370,12 +375,13 @@ class PhaseField(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
-        normalization: str = "post",
-        alpha: Any = 0.2,
-        switch_time: Any = 1.0,
+        normalization: Any = "post",
+        alpha: Any | None = None,
+        switch_time: Any | None = None,
     ) -> None:
         self.beta, self.plane, self.rescaled, self.mask = beta, _plane(plane), rescaled, mask
-        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
+        self.normalization = normalization
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
         self.phase = _as_module(phase, "phase must be a callable s -> angle")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Float[Array, "d d"]:
@@ -414,6 +420,8 @@ class Gauge(GaugeKernel):
         WavyGauge(), kind=WavyGauge, doc="the gauge label -> (d, d) orthogonal matrix"
     )
 
+    own_init = True
+
     def __init__(
         self,
         beta: Any,
@@ -421,12 +429,13 @@ class Gauge(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
-        normalization: str = "post",
-        alpha: Any = 0.2,
-        switch_time: Any = 1.0,
+        normalization: Any = "post",
+        alpha: Any | None = None,
+        switch_time: Any | None = None,
     ) -> None:
         self.beta, self.rescaled, self.mask = beta, rescaled, mask
-        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
+        self.normalization = normalization
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
         self.gauge = _as_module(gauge, "gauge must be a callable label -> (d, d) orthogonal matrix")
 
     def gauge_matrix(self, label: ArrayLike, d: int) -> Real[Array, "d d"]:
@@ -484,8 +493,9 @@ class Prompt(GaugeKernel):
             "int>=0",
             "PRNG seed of the random prompt gauges",
             maximum=KEY_SEED_MAX,
+            applies=(("gauges", ("random",)),),
         ),
-        Param("plane", (0, 1), False, "plane", PLANE_DOC),
+        Param("plane", (0, 1), False, "plane", PLANE_DOC, applies=(("gauges", ("rotation",)),)),
     )
 
     @classmethod
@@ -531,6 +541,8 @@ class Prompt(GaugeKernel):
         scheme = {k: P[k] for k in ("normalization", "alpha", "switch_time") if k in P}
         return cls(P["beta"], G, rescaled=P["rescaled"], **scheme, **cls._mask_kwargs(P))
 
+    own_init = True
+
     def __init__(
         self,
         beta: Any,
@@ -538,12 +550,13 @@ class Prompt(GaugeKernel):
         *,
         rescaled: bool = False,
         mask: Mask | None = None,
-        normalization: str = "post",
-        alpha: Any = 0.2,
-        switch_time: Any = 1.0,
+        normalization: Any = "post",
+        alpha: Any | None = None,
+        switch_time: Any | None = None,
     ) -> None:
         self.mask = mask
-        self.normalization, self.alpha, self.switch_time = normalization, alpha, switch_time
+        self.normalization = normalization
+        _fold_scheme(self, alpha=alpha, switch_time=switch_time)
         dtype = gauges.dtype if hasattr(gauges, "dtype") else np.asarray(gauges).dtype
         if isinstance(gauges, (str, bytes)) or np.dtype(dtype).kind not in "iuf":
             raise TypeError(

@@ -34,6 +34,7 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from .._checks import check_int
+from .._declare import Variant
 from .._params import PARAM_KINDS, RESERVED_NAMES, Param, check_applies
 from ..models import Model, SelfAttention
 from ._exp import USA, DistanceBias
@@ -174,7 +175,7 @@ class ModelEntry:
         out = self.defaults()
         for name, value in params.items():
             out[name] = self.param(name).validate(value, f"{where}{name}")
-        check_applies(out, self.defaults(), where)
+        check_applies(out, self.defaults(), where, self.params)
         return out
 
 
@@ -473,6 +474,17 @@ def _isolated(name: str, printed: io.StringIO) -> Any:
 
 for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention):
     register(_cls, _builtin=True)
+
+
+def _rederive(family: type) -> None:
+    """A variant registered or removed (``mf.normalization.Scheme.register``, ...): the entries of
+    the models that take its family derive their parameters again (its name among the choices)."""
+    for name, entry in list(MODELS.items()):
+        if entry.cls is not None and any(p.name == family.flat_name for p in entry.params):
+            MODELS[name] = ModelEntry.of(entry.cls, builtin=entry.builtin)
+
+
+Variant.listeners.append(_rederive)
 
 
 def model_entry(name: object) -> ModelEntry:

@@ -75,7 +75,7 @@ from jaxtyping import ArrayLike, Bool, Float
 
 from .. import kernels, masks, models, sphere
 from ..integrate import Trajectory, simulate
-from ..normalization import radial_velocity, speed
+from ..normalization import as_scheme, radial_velocity, speed
 from ._common import Experiment, Option, check, write_summary
 from ._euclidean import checks as _euclidean_checks
 
@@ -308,24 +308,9 @@ def equiangular_system(
     a, b = _equiangular_weights(rho, beta, n)
     c = a + (n - 1) * b * rho
     norm = float(math.sqrt(a**2 + 2 * a * b * (n - 1) * rho + b**2 * (n - 1) * (1 + (n - 2) * rho)))
-    if normalization == "post":
-        out = (G, 0.0)
-    elif normalization == "pre" or (normalization == "mix" and t > switch_time):
-        out = (G / r, c)
-    elif normalization == "mix":
-        out = (G, 0.0)
-    elif normalization == "peri":
-        out = (G / (r * norm), c / norm)
-    elif normalization == "ngpt":
-        out = (alpha * G / norm, 0.0)
-    elif normalization == "scaling":
-        out = (G / math.sqrt(t + 1.0), 0.0)
-    else:
-        raise ValueError(
-            "normalization must be one of 'post', 'pre', 'mix', 'peri', 'ngpt', 'scaling', got "
-            f"{normalization!r}"
-        )
-    return np.array(out, dtype=np.float64)
+    # each scheme states its own reduction (mf.normalization.Scheme.equiangular)
+    scheme = as_scheme(normalization, alpha=alpha, switch_time=switch_time)
+    return np.array(scheme.equiangular(t, G, r, c, norm), dtype=np.float64)
 
 
 def _theorem41_velocity(scheme: str, beta: float, n: int, r0: float, alpha: float) -> float:

@@ -88,6 +88,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
+from ..geometry import Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS, step_grid_problem
 from ._diff import key_differences
 
@@ -268,7 +269,12 @@ def _model_params(
                     )
         values[name] = value
     # a value that changes nothing: refused
-    check_applies(values, {k: p.validate(p.default, k) for k, p in accepted.items()}, "model.")
+    check_applies(
+        values,
+        {k: p.validate(p.default, k) for k, p in accepted.items()},
+        "model.",
+        accepted.values(),
+    )
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
@@ -996,7 +1002,7 @@ def _parse_particle_grid(
     if _masked(params):  # a masked kernel has no energy
         valid = tuple(o for o in valid if o not in _ENERGY_OBSERVABLES)
         default = tuple(o for o in default if o not in _ENERGY_OBSERVABLES) or valid[:1]
-    euclidean = params.get("geometry", "sphere") == "euclidean"
+    euclidean = not Geometry.lookup(params.get("geometry", "sphere")).on_sphere
     if euclidean:  # tokens in R^d: no energy, no cluster count of unit tokens
         default = tuple(o for o in default if o not in SPHERE_OBSERVABLES) or ("collapse_gap",)
     obs = out.get("observables", list(default))

@@ -1,0 +1,92 @@
+r"""Where the tokens live: on the sphere (the projected flow) or in $\mathbb R^d$ (no projection).
+
+``mf.models.SelfAttention(geometry=)`` takes a ``Geometry``: ``Sphere()`` (the default: unit tokens,
+the velocity $P_{x_i} F_i$, the layer-norm schemes of ``mf.normalization``) or ``Euclidean()``
+(Geshkovski, Letrouit, Polyanskiy, Rigollet 2023: tokens in $\mathbb R^d$, $\dot x_i = F_i(x)$, no
+projection, no layer norm). The names ``"sphere"`` and ``"euclidean"`` stay accepted everywhere
+(``geometry="euclidean"``, ``--geometry euclidean``, a sweep's ``model.geometry``). A geometry
+holds its facts: ``on_sphere`` (unit tokens, a projected velocity, an energy on the sphere) and
+what it refuses (``check_scheme``, ``check_step``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ._declare import Variant
+
+__all__ = ["Geometry", "Sphere", "Euclidean", "GEOMETRIES", "geometry_of"]
+
+
+class Geometry(Variant):
+    """The space of the tokens: the base of ``Sphere`` and ``Euclidean`` (a model's ``geometry``).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.models.SelfAttention(1.0, geometry="euclidean").geometry
+        Euclidean()
+    """
+
+    flat_name: ClassVar[str | None] = "geometry"
+    what: ClassVar[str] = "geometry"
+    #: Unit tokens, the velocity projected on the tangent space, an energy on the sphere.
+    on_sphere: ClassVar[bool] = True
+
+    def check_scheme(self, scheme: Any) -> None:
+        """``ValueError`` for a layer-norm scheme (``mf.normalization.Scheme``) the geometry cannot run."""
+
+    def check_step(self, step: str) -> None:
+        """``ValueError`` for a step rule of ``mf.simulate`` the geometry cannot run."""
+
+
+def _builtin(cls: Any) -> Any:
+    return Geometry.register(cls, _builtin=True)
+
+
+@_builtin
+class Sphere(Geometry):
+    """Tokens on the unit sphere $S^{d-1}$: the projected flow (the default)."""
+
+    name: ClassVar[str | None] = "sphere"
+
+
+@_builtin
+class Euclidean(Geometry):
+    r"""Tokens in $\mathbb R^d$: $\dot x_i = F_i(x)$, no projection, no layer norm (Post-LN only)."""
+
+    name: ClassVar[str | None] = "euclidean"
+    on_sphere: ClassVar[bool] = False
+
+    def check_scheme(self, scheme: Any) -> None:
+        """Only the Post-LN flow (``scheme.post_ln``): R^d has no layer norm."""
+        if not scheme.post_ln:
+            raise ValueError(
+                f"geometry='euclidean' has no layer norm: normalization={scheme.name!r} needs "
+                f"geometry='sphere' (normalization='post' is the default)"
+            )
+
+    def check_step(self, step: str) -> None:
+        """Only ``step="projected"`` (the unprojected flow in R^d): the others renormalise to the sphere."""
+        if step != "projected":
+            raise ValueError(
+                f"step={step!r} renormalises to the sphere; geometry='euclidean' has no sphere: use "
+                f"step='projected' (the unprojected flow in R^d)"
+            )
+
+
+#: The built-in geometries' names (``Geometry.names()`` adds registered ones).
+GEOMETRIES = Geometry.names()
+
+_SPHERE = Sphere()
+
+
+def geometry_of(model: Any) -> Geometry:
+    """The geometry of ``model``: its ``geometry`` field, the sphere for a model without one.
+
+    Example:
+        >>> import meanfield as mf
+        >>> geometry_of(mf.kernels.USA(1.0)).on_sphere
+        True
+    """
+    geometry = getattr(model, "geometry", None)
+    return geometry if isinstance(geometry, Geometry) else _SPHERE

@@ -1,0 +1,198 @@
+"""Variants as objects (issue 46, item 1): the normalisation schemes are ``mf.normalization.Scheme``
+members that hold their parameters and facts; the strings stay accepted (converted once); a scheme
+defined here, outside meanfield, and registered runs in ``mf.simulate``, a sweep, the command line
+and a phase diagram with no edit to meanfield.
+
+The scheme of this module, ``Damped``, is Post-LN at a constant speed ``rate`` (a parameter of its
+own): its flow is Post-LN's flow at time ``rate * t``, which every check below uses as its closed
+form (the projected Euler step of speed ``rate`` and step ``h`` is the Post-LN step of ``rate h``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield import cli, sweep
+from meanfield import phase_diagram as pd
+from meanfield.normalization import NGPT, Mix, Post, Pre, Scheme
+
+
+class Damped(Scheme):
+    """Post-LN at the constant speed ``rate``."""
+
+    name: ClassVar[str | None] = "damped-test"
+    rate: Any = mf.models.param(0.5, kind="float>0", optional=True, doc="speed factor (test)")
+
+    def scale_velocity(self, v, t):
+        return v * jnp.asarray(self.rate, v.dtype)
+
+    def speed(self, t, dtype=None):
+        return self.rate
+
+
+@pytest.fixture
+def damped():
+    Scheme.register(Damped)
+    try:
+        yield Damped
+    finally:
+        Scheme.unregister("damped-test")
+
+
+def _x0(seed=0, n=6, d=3, dtype=jnp.float64):
+    return mf.sphere.uniform(jax.random.key(seed), n, d, dtype=dtype)
+
+
+# ---------------------------------------------------------------- the objects and their spellings
+def test_strings_and_objects_are_one_value():
+    assert mf.models.SelfAttention(1.0, normalization="ngpt", alpha=0.3) == mf.models.SelfAttention(
+        1.0, normalization=NGPT(alpha=0.3)
+    )
+    usa = mf.kernels.USA(2.0, normalization="mix", switch_time=0.7)
+    assert usa.normalization == Mix(switch_time=0.7) and usa.switch_time == 0.7
+    assert mf.kernels.USA(2.0).normalization == Post()
+    assert mf.kernels.make("rope", normalization="pre").normalization == Pre()
+    assert Scheme.names()[:6] == mf.normalization.NORMALIZATIONS
+    assert mf.normalization.RADIAL == ("pre", "mix", "peri")
+
+
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (
+            lambda: mf.models.SelfAttention(1.0, alpha=0.5),
+            "alpha = 0.5 applies with normalization='ngpt', not 'post'",
+        ),
+        (
+            lambda: mf.kernels.USA(1.0, normalization="pre", switch_time=2.0),
+            "switch_time = 2.0 applies with",
+        ),
+        (lambda: mf.kernels.USA(1.0, normalization="bogus"), "normalization must be one of 'post'"),
+        (
+            lambda: mf.models.SelfAttention(1.0, normalization=NGPT(0.3), alpha=0.4),
+            "alpha is given twice",
+        ),
+        (
+            lambda: mf.kernels.make("usa", alpha=0.5),
+            "alpha = 0.5 applies with normalization = 'ngpt'",
+        ),
+        (
+            lambda: mf.models.SelfAttention(1.0, normalization=NGPT(-1.0)),
+            "alpha must be > 0, got -1.0",
+        ),
+    ],
+)
+def test_one_refusal_per_rule(build, needle):
+    with pytest.raises(ValueError) as e:
+        build()
+    assert needle in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+def test_attributes_of_another_scheme_are_an_error_not_a_default():
+    m = mf.models.SelfAttention(1.0, normalization="ngpt", alpha=0.3)
+    assert m.alpha == 0.3
+    with pytest.raises(AttributeError, match="has no switch_time"):
+        _ = m.switch_time
+
+
+def test_the_schemes_parameters_are_traced_leaves():
+    """``alpha`` is a leaf of the model (vmap and grad over it), the scheme's class is structure."""
+    with jax.enable_x64(True):
+        x = _x0()
+
+        def field(alpha):
+            return mf.models.SelfAttention(1.0, normalization="ngpt", alpha=alpha).field(x)
+
+        F = jax.vmap(field)(jnp.array([0.2, 0.4]))
+        np.testing.assert_allclose(np.asarray(F[1]), 2 * np.asarray(F[0]), rtol=1e-14)  # alpha A / |A|
+        g = jax.grad(lambda a: jnp.sum(field(a) ** 2))(0.3)  # |F_i| = alpha: d/da (n a^2) = 2 n a
+        assert float(g) == pytest.approx(2 * 6 * 0.3, rel=1e-12)
+
+
+def test_flat_parameters_derive_from_the_registered_schemes(damped):
+    names = [p.name for p in mf.models.SelfAttention.params()]
+    i = names.index("normalization")
+    assert names[i : i + 4] == ["normalization", "alpha", "rate", "switch_time"]
+    rate = mf.kernels.MODELS["usa"].param("rate")
+    assert rate.applies == (("normalization", ("damped-test",)),) and rate.traced
+    assert "damped-test" in mf.kernels.MODELS["sa"].param("normalization").choices
+    # the command line's generated schema holds meanfield's own schemes only
+    from meanfield import _cli_schema
+
+    block = _cli_schema.derive_models(builtin=True)
+    usa = next(m for m in block if m.name == "usa")
+    assert "damped-test" not in next(p for p in usa.params if p.name == "normalization").choices
+    assert all(p.name != "rate" for p in usa.params)
+
+
+# ---------------------------------------------------------------- a scheme of this module everywhere
+def test_own_scheme_in_simulate_is_post_ln_at_its_speed(damped):
+    """Euler with ``dt`` under ``Damped(rate)`` equals Post-LN Euler with ``rate * dt``, step by step."""
+    x0 = _x0(dtype=jnp.float32)
+    own = mf.simulate(
+        mf.kernels.USA(1.0, normalization="damped-test"), x0, t1=0.4, dt=0.1, solver="euler"
+    )
+    post = mf.simulate(mf.kernels.USA(1.0), x0, t1=0.2, dt=0.05, solver="euler")
+    np.testing.assert_allclose(np.asarray(own.xs[-1]), np.asarray(post.xs[-1]), rtol=0, atol=1e-6)
+    obj = mf.simulate(
+        mf.kernels.USA(1.0, normalization=Damped(rate=0.5)), x0, t1=0.4, dt=0.1, solver="euler"
+    )
+    np.testing.assert_array_equal(np.asarray(obj.xs), np.asarray(own.xs))
+
+
+def test_own_scheme_in_a_sweep_equals_simulate(damped, tmp_path):
+    text = (
+        '[model]\nkind = "usa"\nnormalization = "damped-test"\nrate = [0.25, 0.5]\n'
+        "[grid]\nn = [6]\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 0.4\ndt = 0.1\nsave = 3\n"
+        '[output]\nobservables = ["collapse_gap"]\n'
+    )
+    spec = sweep.parse_spec(text)
+    sweep.run_sweep(spec, tmp_path / "s.zarr", quiet=True)
+    ds = sweep.load(tmp_path / "s.zarr")
+    assert np.all(ds["status"].values == sweep.OK)
+    for rate in (0.25, 0.5):
+        m = mf.kernels.make("usa", d=3, beta=1.0, normalization="damped-test", rate=rate)
+        traj = mf.simulate(
+            m, mf.sphere.uniform(jax.random.key(0), 6, 3), t1=0.4, dt=0.1, ts=spec.ts
+        )
+        got = ds["collapse_gap"].sel(seed=0, n=6, beta=1.0, rate=rate).values
+        np.testing.assert_allclose(got, np.asarray(traj.collapse_gap), rtol=1e-5, atol=1e-6)
+
+
+def test_own_scheme_on_the_command_line(damped, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MEANFIELD_NATIVE_QUIET", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    common = ["simulate", "--n", "6", "--d", "3", "--t1", "0.2", "--dt", "0.05", "--no-plots"]
+    assert (
+        cli.main(
+            [
+                *common,
+                "--normalization",
+                "damped-test",
+                "--rate",
+                "0.5",
+                "--out",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    status = cli.main([*common, "--rate", "0.5", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert status == 2 and "--rate = 0.5 applies with --normalization = 'damped-test'" in err
+
+
+def test_own_scheme_in_a_phase_diagram(damped):
+    """The phase diagram's Euler loop under ``Damped`` (rate 1/2, step h) is Post-LN's with step h/2."""
+    kw: dict[str, Any] = dict(n=8, d=3, seeds=2, t1=1.0, dt=0.1, checkpoints=3, backend="xla")
+    own = pd.sa_phase_diagram(jax.random.key(1), [1.0, 2.0], normalization="damped-test", **kw)
+    assert np.all(np.isfinite(np.asarray(own)))
+    post = pd.sa_phase_diagram(jax.random.key(1), [1.0, 2.0], **{**kw, "t1": 0.5, "dt": 0.05})
+    np.testing.assert_allclose(np.asarray(own), np.asarray(post), atol=1e-6)
