@@ -651,7 +651,8 @@ class SweepKind(abc.ABC):
     ``_attention``, ``_continuum``), registered with ``register_kind``.
 
     The kind parses its spec sections into a ``Spec`` (``parse``) and answers everything that
-    differs between kinds: the point's memory and cost (``point_memory``, ``cost``), its compiled
+    differs between kinds: the point's memory and cost (``point_memory``, ``cost``, both at once:
+    ``estimate``, what the plan asks once per group), its compiled
     program (``point_program``), the store's variables (``output_layout``, ``descriptions``,
     ``point_store_bytes``, ``attr_name``), the plan's notes and warnings (``describe_notes``,
     ``describe_warnings``) and its figures (``plot``, ``decorate_heatmap``). The class attributes
