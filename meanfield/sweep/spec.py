@@ -628,7 +628,7 @@ class GroupEstimate:
 
     Example:
         >>> from meanfield._resources import Cost
-        >>> est = GroupEstimate(100, lambda b: Cost(steps=1, saves=0, bytes=100 * b, work=b, batch=b))
+        >>> est = GroupEstimate(100, lambda b: Cost(steps=1, saves=0, bytes=100 * b, work=1.0 * b, batch=b))
         >>> est.point_bytes, est.cost(4).bytes
         (100, 400)
     """
