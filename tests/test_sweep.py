@@ -745,9 +745,9 @@ BAD_SPECS = [
         r"needs d = 3, got grid.d = 2",
     ),
     (
-        TINY.replace('kind = "usa"', 'kind = "gauge"\nk = [2, 3]'),
+        TINY.replace('kind = "usa"', 'kind = "sa"\nattention = "hardmax"\ntie_tol = [0.1, 0.2]'),
         TypeError,
-        "model.k changes the compiled program: give one value",
+        "model.tie_tol changes the compiled program: give one value",
     ),
     (
         TINY.replace('kind = "usa"', "kind = \"phase-field\"\namplitude = [0.5, 'x']"),

@@ -36,7 +36,7 @@ def test_optional_keys_keep_the_hash_and_are_recorded_when_set():
 @pytest.mark.parametrize(
     "kind, model, output, time, needle",
     [
-        ('"usa"', 'normalization = ["pre", "post"]', "", "", "give one value, not a list"),
+        ('"usa"', 'normalization = ["pre", "pre"]', "", "", "values must be distinct"),
         ('"usa"', 'normalization = "bogus"', "", "", "model.normalization"),
         ('"usa"', "alpha = 0.5", "", "", "model.alpha = 0.5 applies with model.normalization"),
         ('"usa"', 'normalization = "pre"\nswitch_time = 2.0', "", "", "model.switch_time = 2.0"),

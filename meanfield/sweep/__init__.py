@@ -6,7 +6,7 @@ Data flows ``spec -> plan -> run -> store -> plot``:
 * ``meanfield.sweep.spec``: the TOML spec parsed, validated and normalised (``Spec``); the
   model kinds and their parameters are those of the registry ``mf.kernels.MODELS`` (and the
   kinds ``attention`` and ``continuum``);
-* ``meanfield.sweep.plan``: groups (one compilation per model and static shape), chunks
+* ``meanfield.sweep.plan``: groups (one compilation per model, value of each static axis and static shape), chunks
   bounded by a memory budget, the store's layout (``Plan``, ``make_plan``);
 * ``meanfield.sweep.run``: the per-point programs (the model from ``mf.kernels.build``),
   sharded over ``jax.devices()``, executed chunk by chunk (``run_sweep``);

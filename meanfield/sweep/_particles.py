@@ -13,6 +13,7 @@ with the model's ``footprint``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -25,6 +26,7 @@ from .spec import (
     _ENERGY_OBSERVABLES,
     SCALAR_SIM_OBSERVABLES,
     SIM_OBSERVABLES,
+    GroupEstimate,
     ParticleGrid,
     PointProgram,
     Spec,
@@ -57,28 +59,39 @@ def counts_clusters(spec: Spec) -> bool:
     return any(o in spec.observables for o in CLUSTER_OBSERVABLES)
 
 
-def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
-    """``run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)``."""
+def _batch_cost(spec: Spec, kind: str, n: int, d: int) -> Callable[[int], Cost]:
+    """``batch -> run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)``: the group's model
+    (``grid_model``), its smallest step and footprint looked at once."""
     T = cast(dict, spec.time)
     reference = spec.step_rule == "reference"
     model = grid_model(spec, kind, n, d)
     dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
-    return run_cost(
-        n=n,
-        d=d,
-        t1=T["t1"],
-        dt=dt,
-        saves=len(cast(np.ndarray, spec.ts)),
-        itemsize=8 if spec.dtype == "float64" else 4,
-        batch=batch,
-        solver=T["solver"],
-        footprint=model.footprint(n, d),
-        save_states=False,
-        observables=len(spec.observables) + 2,
-        clusters=counts_clusters(spec),
-        step_grid=not reference,
-        max_steps=T.get("max_steps"),
-    )
+    footprint = model.footprint(n, d)
+
+    def cost(batch: int) -> Cost:
+        return run_cost(
+            n=n,
+            d=d,
+            t1=T["t1"],
+            dt=dt,
+            saves=len(cast(np.ndarray, spec.ts)),
+            itemsize=8 if spec.dtype == "float64" else 4,
+            batch=batch,
+            solver=T["solver"],
+            footprint=footprint,
+            save_states=False,
+            observables=len(spec.observables) + 2,
+            clusters=counts_clusters(spec),
+            step_grid=not reference,
+            max_steps=T.get("max_steps"),
+        )
+
+    return cost
+
+
+def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
+    """``run_cost`` of ``batch`` points of ``kind`` at shape ``(n, d)``."""
+    return _batch_cost(spec, kind, n, d)(batch)
 
 
 class Particles(ParticleGrid):
@@ -118,6 +131,11 @@ class Particles(ParticleGrid):
 
     def point_memory(self, spec: Spec, model: str, n: int, d: int) -> int:
         return _point_cost(spec, model, n, d, 1).point_bytes
+
+    def estimate(self, spec: Spec, model: str, n: int, d: int) -> GroupEstimate:
+        """``point_memory`` and ``cost`` from one look at the group's model (``grid_model``)."""
+        cost = _batch_cost(spec, model, n, d)
+        return GroupEstimate(cost(1).point_bytes, cost)
 
     def cost(self, spec: Spec, model: str, n: int, d: int, batch: int, point_bytes: int) -> Cost:
         r"""Steps $\lfloor t_1 / \mathrm{dt} \rfloor + \text{saves} + 1$ (``dt`` the smallest step
@@ -243,7 +261,8 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         extra["mean_radius"] = lambda x, radius: jnp.mean(radius).astype(dtype)
 
     # the registry's parameters of this kind: fixed values from the spec, swept ones traced
-    names = {p.name for p in kernels.MODELS[kind].params}
+    # (those that do not apply at this value of a static axis, ``spec.inert``: their defaults)
+    names = {p.name for p in kernels.MODELS[kind].params} - spec.inert
     fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
 
     ts = cast(np.ndarray, spec.ts)

@@ -24,12 +24,13 @@ import numpy as np
 from .. import _resources, kernels
 from .._resources import Cost, ResourceLimitError, check_cost, format_bytes
 from ..models import Model
-from .spec import Spec, _is_num
+from .spec import GroupEstimate, Spec, _is_num
 
 __all__ = [
     "Plan",
     "Group",
     "make_plan",
+    "with_blocks",
     "parse_memory",
     "point_memory",
     "grid_model",
@@ -119,7 +120,7 @@ def grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
 
 def _grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
     entry = kernels.MODELS[kind]
-    names = {p.name for p in entry.params}
+    names = {p.name for p in entry.params} - spec.inert
     fixed = {
         k: v for k, v in spec.params.items() if k in names and k not in spec.axes and k != "beta"
     }
@@ -142,13 +143,22 @@ def point_memory(spec: Spec, kind: str, n: int, d: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """All points of one model kind and static shape ``(n, d)``: one compilation."""
+    """All points of one model kind, one value of each static axis (``setting``, one of
+    ``Spec.settings``) and static shape ``(n, d)``: one compilation. ``estimate``: the sweep
+    kind's answers for the group (``SweepKind.estimate``), asked once by ``make_plan``."""
 
     kind: str
     n: int
     d: int
     block: tuple  # points per chunk along each traced axis (then seed)
     point_bytes: int
+    setting: tuple = ()  # ((name, value), ...) of the static axes
+    estimate: GroupEstimate | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        """``usa`` or ``usa mask=causal``: the model and the group's values of the static axes."""
+        return self.kind + "".join(f" {k}={v}" for k, v in self.setting)
 
     def num_chunks(self, shape: Sequence[int]) -> int:
         """Chunks of this group over the batch ``shape`` (without listing them)."""
@@ -199,10 +209,17 @@ class Plan:
         p = int(np.prod(g.block))
         return -(-p // self.devices) * self.devices
 
+    def group_spec(self, g: Group) -> Spec:
+        """The spec of group ``g``'s values of the static axes (``Spec.at``): what its point
+        program, memory and cost are made from."""
+        return self.spec.at(g.setting)
+
     def group_index(self, gi: int) -> tuple[int, ...]:
-        """Indices of group ``gi`` along the static grid dimensions (``model``, ``n``, ``d``)."""
+        """Indices of group ``gi`` along the static grid dimensions (``model``, the static axes,
+        ``n``, ``d``)."""
         spec, g = self.spec, self.groups[gi]
         idx = [spec.kinds.index(g.kind)] if spec.kinds_axis else []
+        idx += [spec.statics[k].index(v) for k, v in g.setting]
         idx.append(spec.n.index(g.n))
         if spec.d_axis:
             idx.append(spec.d.index(g.d))
@@ -222,7 +239,9 @@ class Plan:
         attention: ``point_memory`` per point and $n (2 d + 10)$ flop per point, one context, no
         steps; continuum: ``_continuum.cost``).
         """
-        return self.spec.sweep_kind.cost(self.spec, g.kind, g.n, g.d, batch, g.point_bytes)
+        if g.estimate is not None:  # the kind's answer, from make_plan
+            return g.estimate.cost(batch)
+        return self.spec.sweep_kind.cost(self.group_spec(g), g.kind, g.n, g.d, batch, g.point_bytes)
 
     def store_bytes(self) -> int:
         """Bytes of the store's data (uncompressed): every point's saved values."""
@@ -257,7 +276,7 @@ class Plan:
         for g in self.groups:
             per_device = -(-self.padded_size(g) // self.devices)
             chunk = self.cost(g, per_device)
-            where = f"{g.kind} {spec.static_name}={g.n} d={g.d}"
+            where = f"{g.label} {spec.static_name}={g.n} d={g.d}"
             if chunk.steps > MAX_STEPS:
                 raise ResourceLimitError(
                     f"sweep {spec.name!r} needs {float(chunk.steps):.3g} steps per point ({where}: t1 / dt), more "
@@ -308,6 +327,7 @@ class Plan:
         sn = spec.static_name
         axes = (
             ([f"model={len(spec.kinds)}"] if spec.kinds_axis else [])
+            + [f"{k}={len(v)}" for k, v in spec.statics.items()]
             + [f"{sn}={len(spec.n)}"]
             + ([f"d={len(spec.d)}"] if spec.d_axis else [])
         )
@@ -319,7 +339,9 @@ class Plan:
         lines = [
             f"sweep {spec.name!r}: model {', '.join(spec.kinds)}, {spec.grid_size} points ({' x '.join(axes)})",
             f"devices: {self.devices}; memory budget {_fmt_bytes(self.memory)} per device",
-            f"compilations: {len(self.groups)} (one per model and static shape ({sn}, d)); chunks: {nchunks}",
+            f"compilations: {len(self.groups)} (one per model"
+            + "".join(f", {k}" for k in spec.statics)
+            + f" and static shape ({sn}, d)); chunks: {nchunks}",
         ]
         lines += spec.sweep_kind.describe_notes(spec)
         shown = self.groups if len(self.groups) <= 20 else self.groups[:20]
@@ -327,7 +349,7 @@ class Plan:
             pts = int(np.prod(g.block))
             pad = self.padded_size(g)
             lines.append(
-                f"  {g.kind} {sn}={g.n} d={g.d}: {self.points_per_group} points in {g.num_chunks(self.batch_shape)} chunk(s) of "
+                f"  {g.label} {sn}={g.n} d={g.d}: {self.points_per_group} points in {g.num_chunks(self.batch_shape)} chunk(s) of "
                 f"{pts} (padded to {pad}), ~{_fmt_bytes(g.point_bytes)} per point, "
                 f"~{_fmt_bytes(g.point_bytes * pad / self.devices)} per chunk per device"
             )
@@ -344,7 +366,11 @@ class Plan:
                 f"warning: one point needs ~{_fmt_bytes(worst)}, more than the budget "
                 f"{_fmt_bytes(self.memory)}: chunks hold one point per device"
             )
-        lines += spec.sweep_kind.describe_warnings(spec, [(g.kind, g.n, g.d) for g in self.groups])
+        for setting in spec.settings:  # per value of the static axes: its spec's warnings
+            lines += spec.sweep_kind.describe_warnings(
+                spec.at(setting),
+                [(g.kind, g.n, g.d) for g in self.groups if g.setting == setting],
+            )
         return "\n".join(lines)
 
 
@@ -398,8 +424,13 @@ def make_plan(
         devices = len(jax.devices())
     ndev = int(devices)
     batch_shape = tuple(len(v) for v in spec.axes.values()) + (len(spec.seeds),)
-    shapes = [(k, n, d) for k in spec.kinds for n in spec.n for d in spec.d]
-    pbytes = [point_memory(spec, k, n, d) for k, n, d in shapes]
+    # the kind answers the plan's questions about each group once (its memory and cost)
+    shapes = [
+        (k, s, n, d) for k in spec.kinds for s in spec.settings for n in spec.n for d in spec.d
+    ]
+    kind = spec.sweep_kind
+    estimates = [kind.estimate(spec.at(s), k, n, d) for k, s, n, d in shapes]
+    pbytes = [e.point_bytes for e in estimates]
     if blocks is None:
         raw = [_block_for(ndev * max(1, memory_b // pb), batch_shape) for pb in pbytes]
         if spec.step_rule == "reference":
@@ -422,8 +453,21 @@ def make_plan(
     else:
         blocks = [tuple(b) for b in blocks]
         zarr_block = min(blocks, key=lambda b: int(np.prod(b)))
-    groups = tuple(Group(k, n, d, blk, pb) for (k, n, d), blk, pb in zip(shapes, blocks, pbytes))
+    groups = tuple(
+        Group(k, n, d, blk, e.point_bytes, s, e)
+        for (k, s, n, d), blk, e in zip(shapes, blocks, estimates)
+    )
     return Plan(spec, groups, batch_shape, tuple(zarr_block), ndev, memory_b)
+
+
+def with_blocks(plan: Plan, blocks: list) -> Plan:
+    """``plan`` with the chunking ``blocks`` (a store's, one block per group): the same groups and
+    estimates (``make_plan`` with ``blocks``, without asking the kind again)."""
+    if len(blocks) != len(plan.groups):
+        raise ValueError(f"blocks: one per group ({len(plan.groups)}), got {len(blocks)}")
+    groups = tuple(dataclasses.replace(g, block=tuple(b)) for g, b in zip(plan.groups, blocks))
+    zarr_block = min((tuple(b) for b in blocks), key=lambda b: int(np.prod(b)))
+    return dataclasses.replace(plan, groups=groups, zarr_block=zarr_block)
 
 
 # ----------------------------------------------------------------------------
@@ -432,9 +476,11 @@ def make_plan(
 
 
 def grid_dims(spec: Spec) -> list[str]:
-    """The grid dimensions of the store: ``model`` (a list of kinds), ``n`` (``resolution`` for
+    """The grid dimensions of the store: ``model`` (a list of kinds), the static axes (``mask``,
+    ``normalization``, ``heads``, ... given as lists), ``n`` (``resolution`` for
     ``continuum``), ``d`` (a list), the traced axes, ``seed`` (not for ``continuum``)."""
     dims = ["model"] if spec.kinds_axis else []
+    dims += list(spec.statics)
     dims.append(spec.static_name)
     if spec.d_axis:
         dims.append("d")
@@ -460,6 +506,8 @@ def store_layout(plan: Plan) -> dict:
     coords: dict = {}
     if spec.kinds_axis:
         coords["model"] = list(spec.kinds)
+    for k, v in spec.statics.items():  # strings, integers or booleans
+        coords[k] = list(v)
     coords[spec.static_name] = np.asarray(spec.n, np.int64)
     if spec.d_axis:
         coords["d"] = np.asarray(spec.d, np.int64)
@@ -501,7 +549,7 @@ def store_layout(plan: Plan) -> dict:
     if not spec.d_axis:
         attrs["d"] = spec.d[0]
     for k, v in spec.params.items():
-        if k not in spec.axes:
+        if k not in spec.axes and k not in spec.statics:
             attrs[spec.sweep_kind.attr_name(k)] = v if not isinstance(v, bool) else int(v)
     zblock = (
         list(plan.zarr_block) if spec.seeded else list(plan.zarr_block)[:-1]

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import store
-from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout
+from .plan import MAX_CHUNKS, Group, Plan, make_plan, parse_memory, store_layout, with_blocks
 from .spec import PointProgram, Spec, backend_key, load_spec, parse_spec
 
 __all__ = [
@@ -96,7 +96,9 @@ def _batched_program(
     """The jitted, sharded ``vmap`` of ``point_program`` for group ``g`` on ``backend`` (the
     store's decision), memoised by the spec's hash, the model, the shape, the backend and the
     devices: running the same sweep again in this process (a resume, a second store) reuses its
-    compilation. At most ``_PROGRAMS_MAX`` are kept."""
+    compilation. At most ``_PROGRAMS_MAX`` are kept. ``spec``: the sweep's; the group's values of
+    its static axes are taken here (``Spec.at``)."""
+    spec = spec.at(g.setting)
     key = (
         spec.hash,
         g.kind,
@@ -144,9 +146,7 @@ class Runner:
     def __call__(self, gi: int, params: dict, seeds: np.ndarray) -> dict:
         g = self.plan.groups[gi]
         if gi not in self.fns:
-            backend = (
-                None if self.backends is None else self.backends[backend_key(g.kind, g.n, g.d)]
-            )
+            backend = None if self.backends is None else self.backends[_group_key(g)]
             self.fns[gi] = _batched_program(self.plan.spec, g, self.sharding, backend)
         # global arrays built from the (identical) host copies: works on one host and on several
         put = lambda v: jax.make_array_from_callback(v.shape, self.sharding, lambda idx: v[idx])  # noqa: E731
@@ -161,6 +161,26 @@ class Runner:
         out = {k: np.asarray(v) for k, v in out.items()}
         self.compile_s.setdefault(gi, time.perf_counter() - t0)
         return out
+
+
+def _group_key(g: Group) -> str:
+    """The key of group ``g`` in the store's record of its backends (``backend_key``)."""
+    return backend_key(g.kind, g.n, g.d, g.setting)
+
+
+def _decide_backends(plan: Plan) -> dict[str, str] | None:
+    """The evaluation path of each group (``SweepKind.backends``), asked once per value of the
+    static axes with that value's spec and keyed ``_group_key``; None: the kind has no
+    ``backend`` option."""
+    sp = plan.spec
+    out: dict[str, str] = {}
+    for setting in sp.settings:
+        groups = [g for g in plan.groups if g.setting == setting]
+        decided = sp.sweep_kind.backends(sp.at(setting), [(g.kind, g.n, g.d) for g in groups])
+        if decided is None:
+            return None
+        out.update({_group_key(g): decided[backend_key(g.kind, g.n, g.d)] for g in groups})
+    return out
 
 
 def _versions() -> dict:
@@ -404,17 +424,16 @@ def _setup(
                 out
             ):  # bookkeeping and metadata: restored before anything reads them
                 print(f"warning: repaired {d}", file=sys.stderr)
-    plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)
+    plan = make_plan(sp, memory_b, blocks=info["blocks"] if info else None)  # the one plan
     if share is not None and share[1] > plan.num_chunks:
         raise ValueError(
             f"part {share[0]}/{share[1]}: N = {share[1]} is more than the {plan.num_chunks} chunk(s) of "
             f"this sweep; use N <= {plan.num_chunks}"
         )
-    shapes = [(g.kind, g.n, g.d) for g in plan.groups]
     backends = (
-        _stored_backends(out, sp, shapes)
+        _stored_backends(out, plan)
         if info is not None
-        else sp.sweep_kind.backends(sp, shapes)  # a "native" that cannot run: refused here
+        else _decide_backends(plan)  # a "native" that cannot run: refused here
     )
     if dry_run:
         print(plan.describe())
@@ -435,8 +454,8 @@ def _setup(
                 ) from None
             info = store.check_resumable(out, sp.data)  # join the other writer: its chunking
             if info is not None:
-                plan = make_plan(sp, memory_b, blocks=info["blocks"])
-                backends = _stored_backends(out, sp, shapes)  # and its decision
+                plan = with_blocks(plan, info["blocks"])
+                backends = _stored_backends(out, plan)  # and its decision
     chunks = plan.chunks
     if share is not None:
         store.record_parts(out, share[1])
@@ -456,17 +475,16 @@ def _setup(
     return plan, [c for c in chunks if c[0] not in done], backends
 
 
-def _stored_backends(
-    out: Path, sp: Spec, shapes: list[tuple[str, int, int]]
-) -> dict[str, str] | None:
+def _stored_backends(out: Path, plan: Plan) -> dict[str, str] | None:
     """The evaluation paths recorded in the existing store ``out`` (``store.recorded_backends``),
     which its resumed chunks run whatever this machine's kernel cache says: ``ValueError`` (one
     line) when the record lacks a group, or names the fused kernel and it cannot run here. A
     store without the record (written by an earlier meanfield version) of a kind with a
     ``backend`` option: decided now (``SweepKind.backends``), with one line on stderr."""
     recorded = store.recorded_backends(out)
+    keys = [_group_key(g) for g in plan.groups]
     if recorded is None:
-        decided = sp.sweep_kind.backends(sp, shapes)
+        decided = _decide_backends(plan)
         if decided is not None:
             print(
                 f"warning: store {out} does not record which evaluation path its chunks ran (made by "
@@ -474,13 +492,13 @@ def _stored_backends(
                 file=sys.stderr,
             )
         return decided
-    missing = [backend_key(*s) for s in shapes if backend_key(*s) not in recorded]
+    missing = [k for k in keys if k not in recorded]
     if missing:
         raise store.StoreError(
             f"store {out} records no evaluation path for {', '.join(missing)}; run the sweep into "
             "a new store"
         )
-    native = [backend_key(*s) for s in shapes if recorded[backend_key(*s)] == "native"]
+    native = [k for k in keys if recorded[k] == "native"]
     if native:
         from .. import _native
 
@@ -491,7 +509,7 @@ def _stored_backends(
                 f"{', '.join(native)}, decided when it was created) and it is not available here "
                 f"({lib.reason}); resume where it runs: its chunks must run the recorded path"
             )
-    return {backend_key(*s): recorded[backend_key(*s)] for s in shapes}
+    return {k: recorded[k] for k in keys}
 
 
 def _paths_text(backends: dict[str, str]) -> str:
@@ -535,14 +553,19 @@ def _setup_distributed(
     if message[0]:
         text = bytes(message[1 : int(message[0])].astype(np.uint8)).decode(errors="replace")
         raise _ProcessZeroError(f"process 0 stopped the sweep: {text}")
-    if plan is None:  # the plan of process 0, with its chunking
-        plan = make_plan(sp, memory_b)
-    blocks = np.asarray([g.block for g in plan.groups], np.int32)
+    # the plan of process 0, with its chunking: the others make theirs once, with its blocks
+    groups = len(sp.kinds) * len(sp.settings) * len(sp.n) * len(sp.d)
+    blocks = (
+        np.asarray([g.block for g in plan.groups], np.int32)
+        if plan is not None
+        else np.zeros((groups, len(sp.axes) + 1), np.int32)
+    )
     blocks = np.asarray(multihost_utils.broadcast_one_to_all(blocks))
     if not writer:
         plan = make_plan(sp, memory_b, blocks=blocks.tolist())
+    plan = cast(Plan, plan)
     # process 0's evaluation paths (the store's record): 0 none, 1 xla, 2 native per group
-    keys = [backend_key(g.kind, g.n, g.d) for g in plan.groups]
+    keys = [_group_key(g) for g in plan.groups]
     codes = np.asarray(
         [0 if backends is None else 1 + ("xla", "native").index(backends[k]) for k in keys],
         np.int32,
@@ -663,7 +686,7 @@ class PointProgramError(ValueError):
         text = " ".join(str(error).split()) or "(no message)"
         text = text if len(text) <= 300 else text[:297] + "..."
         super().__init__(
-            f"model {group.kind!r} failed at n = {group.n}, d = {group.d} (chunk {cid} of {out}, "
+            f"model {group.label!r} failed at n = {group.n}, d = {group.d} (chunk {cid} of {out}, "
             f"not written): {type(error).__name__}: {text}"
         )
 

@@ -14,8 +14,9 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # or "continuum": the density solver (``_continuum``,
                                        # its own schema: grid over beta, mode, eps; no seeds)
     # the registry's parameters of the kind (all but beta): a number is fixed, a list of
-    # numbers is a grid axis (traced parameters only: weight_seed an int32 axis); static ones
-    # take one value; optional ones (Param.optional: mask, slope, width, include_self,
+    # numbers is a grid axis (traced parameters: weight_seed an int32 axis); static choices,
+    # integers and booleans (mask, normalization, attention, heads, geometry, ...) one value or
+    # a list: a static axis, one compilation per value (``Spec.statics``, ``Spec.at``); optional ones (Param.optional: mask, slope, width, include_self,
     # mask_normalized; normalization, alpha, switch_time; sa's attention, sinkhorn_iters,
     # tie_tol, heads, weights, value, weight_seed, regen_period) are recorded (hashed) only
     # when not their default
@@ -59,7 +60,9 @@ their kinds, any registry name is ``particles``). A kind parses its spec section
 and tells the plan, the runner, the store and the figures the rest: the point's memory and
 cost, the compiled point program, the store's variables and their dimensions, the size axis
 (``n`` or ``resolution``), whether points have seeds and a ``[time]`` section, its plot.
-plan, run and plot ask the kind and never branch on its name; a new kind is a new module
+Static settings given as lists (``Spec.statics``) are axes of groups: the plan and the runner
+hand the kind ``Spec.at(setting)``, the single-valued spec of one value of each, so a kind
+needs nothing to support them. plan, run and plot ask the kind and never branch on its name; a new kind is a new module
 defining a subclass and calling ``register_kind`` (listed in ``_KIND_MODULES``).
 """
 
@@ -70,6 +73,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import itertools
 import json
 import math
 import sys
@@ -82,7 +86,7 @@ import numpy as np
 
 from .._checks import check_choice
 from .._native import check_backend
-from .._params import Param, check_applies
+from .._params import Param, applies_rules, check_applies
 from .._params import check_float as _float
 from .._params import check_int as _int
 from .._params import check_keys as _unknown
@@ -95,6 +99,8 @@ from ._diff import key_differences
 __all__ = [
     "Spec",
     "SweepKind",
+    "GroupEstimate",
+    "STATIC_AXIS_KINDS",
     "ParticleGrid",
     "PointProgram",
     "register_kind",
@@ -184,7 +190,8 @@ def _float_list(name: str, v: object, kind: str) -> list[float]:
 
 def _param_value(where: str, p: Param, v: object) -> Any:
     """A ``[model]`` value checked by the registry's ``Param``: traced parameters take a
-    number or a list of numbers (a grid axis), static ones one value (a plane as a list)."""
+    number or a list of numbers (a grid axis), static ones one value (a plane as a list) or,
+    for the kinds ``STATIC_AXIS_KINDS``, a list of distinct values (a static axis)."""
     if p.traced:
         vals = v if isinstance(v, list) else [v]
         if not vals:
@@ -199,11 +206,87 @@ def _param_value(where: str, p: Param, v: object) -> Any:
             raise ValueError(f"{where} values must be distinct, got {vals!r}")
         return out if isinstance(v, list) else out[0]
     if isinstance(v, list) and p.kind != "plane":
-        raise TypeError(
-            f"{where} changes the compiled program: give one value, not a list, got {v!r}"
-        )
+        if p.kind not in STATIC_AXIS_KINDS:
+            raise TypeError(
+                f"{where} changes the compiled program: give one value, not a list, got {v!r} "
+                f"(a list is a grid axis of a {' or '.join(STATIC_AXIS_KINDS)} setting only)"
+            )
+        if not v:
+            raise ValueError(f"{where} must be a value or a non-empty list of values, got []")
+        values = [p.validate(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        if len(set(values)) != len(values):
+            raise ValueError(f"{where} values must be distinct, got {v!r}")
+        return values  # a static grid axis: one compilation per value
     value = p.validate(v, where)
     return list(value) if p.kind == "plane" else value  # JSON-serialisable
+
+
+#: Kinds of static parameters that may be a list in ``[model]`` (a static grid axis: one
+#: compilation per value, the value a coordinate of the store): ``normalization``, ``mask``,
+#: ``attention``, ``heads``, ``geometry``, ``rescaled``, ...
+STATIC_AXIS_KINDS = ("choice", "bool", "int>=1", "int>=0")
+
+
+def _values(v: Any) -> list:
+    """The values a ``[model]`` setting takes over the sweep: the list of a static axis, else [v]."""
+    return list(v) if isinstance(v, list) else [v]
+
+
+def _check_applies_axes(
+    values: dict, defaults: dict, statics: Mapping[str, tuple], params: tuple[Param, ...]
+) -> None:
+    """``check_applies`` over the static axes: a parameter set away from its default is accepted
+    when at least one value of its switch's list needs it (at the other values it is left at its
+    default, ``Spec.at``); refused, naming the list, when none does. ``params``: the kinds'
+    parameters, whose declarations (``Param.applies``) give the rules."""
+    table = applies_rules(params)
+    if not any(s in statics for rules in table.values() for s, _ in rules):
+        check_applies(values, defaults, "model.", params)
+        return
+    for name, rules in table.items():
+        switches = [s for s, _ in rules if s in values]
+        if name not in values or not switches:
+            continue
+        sub = {name: values[name]}
+        options = [list(statics.get(s, (values[s],))) for s in switches]
+        errors = []
+        for combo in itertools.product(*options):
+            try:
+                check_applies({**sub, **dict(zip(switches, combo))}, defaults, "model.", params)
+                break
+            except ValueError as e:
+                errors.append(e)
+        else:
+            listed = [s for s in switches if s in statics]
+            if not listed:
+                raise errors[0]
+            needs = " or ".join(
+                f"model.{s} = " + " or ".join(repr(v) for v in vs) for s, vs in rules if s in values
+            )
+            raise ValueError(
+                f"model.{name} = {values[name]!r} applies with {needs}; no value of "
+                + " and ".join(f"model.{s} = {values[s]!r}" for s in listed)
+                + " is one"
+            )
+
+
+def _kind_params(kinds: tuple) -> tuple[Param, ...]:
+    """The registry's parameters of the model kinds ``kinds`` (what their rules are declared on)."""
+    from ..kernels import MODELS
+
+    return tuple(p for k in kinds if k in MODELS for p in MODELS[k].params)
+
+
+def _inert(params: Mapping[str, Any], declared: tuple[Param, ...]) -> frozenset[str]:
+    """The parameters that change nothing at the single-valued settings ``params`` (``APPLIES``:
+    their switch takes none of the values they apply with): a static axis's point leaves them at
+    their default."""
+    out = set()
+    for name, rules in applies_rules(declared).items():
+        known = [(s, needs) for s, needs in rules if s in params]
+        if name in params and known and not any(params[s] in needs for s, needs in known):
+            out.add(name)
+    return frozenset(out)
 
 
 #: Optional ``[model]`` keys that apply only with some values of another: ``key: (switch, values)``.
@@ -268,21 +351,33 @@ def _model_params(
                         f"model.{name} = {x} must be <= {MAX_SEED} (an int32 in the compiled program)"
                     )
         values[name] = value
-    # a value that changes nothing: refused
-    check_applies(
+    # a value that changes nothing: refused (with a static axis: at every value of its list)
+    statics = _static_axes(values, accepted)
+    _check_applies_axes(
         values,
         {k: p.validate(p.default, k) for k, p in accepted.items()},
-        "model.",
-        accepted.values(),
+        statics,
+        tuple(accepted.values()),
     )
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
 
 
+def _static_axes(values: Mapping[str, Any], accepted: Mapping[str, Param]) -> dict[str, tuple]:
+    """The static settings given as lists (``name -> values``, in the order of ``[model]``'s
+    parameters): grid axes of one compilation per value."""
+    return {
+        k: tuple(v)
+        for k, v in values.items()
+        if isinstance(v, list) and not accepted[k].traced and accepted[k].kind != "plane"
+    }
+
+
 def _masked(params: Mapping[str, Any]) -> str:
     """Why a kind with an energy has none in this spec: ``params`` set a mask (or ``""``)."""
-    return "" if params.get("mask", "none") == "none" else "a masked kernel has no energy"
+    masks = _values(params.get("mask", "none"))  # a static axis: any masked value
+    return "" if all(m == "none" for m in masks) else "a masked kernel has no energy"
 
 
 def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) -> bool:
@@ -323,12 +418,13 @@ def _check_radius(
     sphere): ``mf.simulate``'s refusals, when the spec is read."""
     from ..normalization import RADIAL
 
-    scheme = params.get("normalization", "post")
+    schemes = _values(params.get("normalization", "post"))  # a static axis: every value
     if "mean_radius" in obs and without:
         raise ValueError(
             f"output.observables 'mean_radius' needs tokens with a radius; kind {without[0]!r} "
             f"takes no model.normalization"
         )
+    scheme = next((v for v in schemes if v not in RADIAL), schemes[0])
     if "mean_radius" in obs and scheme not in RADIAL:
         raise ValueError(
             "output.observables 'mean_radius' needs tokens with a radius: model.normalization = "
@@ -336,6 +432,7 @@ def _check_radius(
             + f", not {scheme!r}"
         )
     step = (time_spec or {}).get("step", "projected")
+    scheme = next((v for v in schemes if v in RADIAL), schemes[0])
     if scheme in RADIAL and step != "projected":
         raise ValueError(
             f"time.step = {step!r} renormalises to the sphere; model.normalization = {scheme!r} "
@@ -405,6 +502,12 @@ class Spec:
     observables: tuple
     cluster_threshold: float
     top_k: int
+    #: The static settings given as lists (``name -> values``): grid axes of one compilation
+    #: per value (``settings``), between ``model`` and ``n`` in the store.
+    statics: dict = dataclasses.field(default_factory=dict)
+    #: The parameters that change nothing at this spec's settings (``Spec.at``): a point leaves
+    #: them at their default, traced axes included.
+    inert: frozenset = frozenset()
 
     @property
     def hash(self) -> str:
@@ -457,9 +560,59 @@ class Spec:
         return f * float(n) ** p
 
     @property
+    def settings(self) -> list[tuple[tuple[str, Any], ...]]:
+        """Every combination of the static axes' values, as ``((name, value), ...)`` (row-major
+        in the order of ``statics``); ``[()]`` without static axes.
+
+        Example:
+            >>> spec = parse_spec('[model]\\nkind = "usa"\\nmask = ["none", "causal"]\\n[grid]\\n'
+            ...                   'n = [8]\\nbeta = [1.0]\\nseeds = 1\\n[time]\\nt1 = 1.0')
+            >>> spec.settings
+            [(('mask', 'none'),), (('mask', 'causal'),)]
+        """
+        return [
+            tuple(zip(self.statics, combo)) for combo in itertools.product(*self.statics.values())
+        ]
+
+    def at(self, setting: tuple[tuple[str, Any], ...]) -> Spec:
+        """The spec of one value of each static axis (``setting``, one of ``settings``): the same
+        spec with ``params`` and the normalised ``data`` holding those values, no static axes, and
+        the parameters that do not apply there (``mf._params.APPLIES``: ``slope`` at a ``mask``
+        other than ``'alibi'``) at their default (``inert``). Its point programs, memory and cost
+        are those of the single-valued sweep (``setting = ()``: the spec itself).
+
+        Example:
+            >>> spec = parse_spec('[model]\\nkind = "usa"\\nmask = ["none", "alibi"]\\nslope = 0.5\\n'
+            ...                   '[grid]\\nn = [8]\\nbeta = [1.0]\\nseeds = 1\\n[time]\\nt1 = 1.0')
+            >>> one = spec.at((("mask", "none"),))
+            >>> one.params["mask"], "slope" in one.inert, "slope" in spec.at((("mask", "alibi"),)).inert
+            ('none', True, False)
+        """
+        if not setting:
+            return self
+        held = self._at
+        if setting not in held:
+            params = {**self.params, **dict(setting)}
+            inert = _inert(params, _kind_params(self.kinds))
+            model = {**self.data["model"], **dict(setting)}
+            held[setting] = dataclasses.replace(
+                self,
+                data={**self.data, "model": model},
+                params=params,
+                statics={},
+                inert=inert,
+            )
+        return held[setting]
+
+    @functools.cached_property
+    def _at(self) -> dict:
+        return {}
+
+    @property
     def grid_size(self) -> int:
         return (
             len(self.kinds)
+            * math.prod(len(v) for v in self.statics.values())
             * len(self.n)
             * len(self.d)
             * int(np.prod([len(v) for v in self.axes.values()]))
@@ -472,14 +625,37 @@ class Spec:
 # ----------------------------------------------------------------------------
 
 
-def backend_key(model: str, n: int, d: int) -> str:
-    """The key of group ``(model, n, d)`` in a store's record of its backends (``SweepKind.backends``).
+def backend_key(model: str, n: int, d: int, setting: tuple[tuple[str, Any], ...] = ()) -> str:
+    """The key of group ``(model, n, d)`` in a store's record of its backends (``SweepKind.backends``);
+    ``setting``: the group's values of the static axes (``Spec.settings``), named after the model.
 
     Example:
-        >>> backend_key("usa", 24, 3)
-        'usa n=24 d=3'
+        >>> backend_key("usa", 24, 3), backend_key("usa", 24, 3, (("mask", "causal"),))
+        ('usa n=24 d=3', 'usa mask=causal n=24 d=3')
     """
-    return f"{model} n={int(n)} d={int(d)}"
+    named = "".join(f" {k}={v}" for k, v in setting)
+    return f"{model}{named} n={int(n)} d={int(d)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupEstimate:
+    """A sweep kind's answers to the plan's questions about one group (``SweepKind.estimate``):
+    the estimated peak bytes of one point (``point_bytes``) and the ``Cost`` of a batch of points
+    run together (``cost(batch)``), from one look at the group's model.
+
+    Example:
+        >>> from meanfield._resources import Cost
+        >>> est = GroupEstimate(100, lambda b: Cost(steps=1, saves=0, bytes=100 * b, work=1.0 * b, batch=b))
+        >>> est.point_bytes, est.cost(4).bytes
+        (100, 400)
+    """
+
+    point_bytes: int
+    batch_cost: Callable[[int], Cost] = dataclasses.field(repr=False)
+
+    def cost(self, batch: int) -> Cost:
+        """Estimated ``Cost`` of ``batch`` points run together."""
+        return self.batch_cost(int(batch))
 
 
 #: A compiled point's function: ``f(params: dict of traced scalars, seed) -> dict of outputs``
@@ -492,7 +668,8 @@ class SweepKind(abc.ABC):
     ``_attention``, ``_continuum``), registered with ``register_kind``.
 
     The kind parses its spec sections into a ``Spec`` (``parse``) and answers everything that
-    differs between kinds: the point's memory and cost (``point_memory``, ``cost``), its compiled
+    differs between kinds: the point's memory and cost (``point_memory``, ``cost``, both at once:
+    ``estimate``, what the plan asks once per group), its compiled
     program (``point_program``), the store's variables (``output_layout``, ``descriptions``,
     ``point_store_bytes``, ``attr_name``), the plan's notes and warnings (``describe_notes``,
     ``describe_warnings``) and its figures (``plot``, ``decorate_heatmap``). The class attributes
@@ -540,6 +717,15 @@ class SweepKind(abc.ABC):
     @abc.abstractmethod
     def cost(self, spec: Spec, model: str, n: int, d: int, batch: int, point_bytes: int) -> Cost:
         """Estimated ``Cost`` of ``batch`` points run together (``point_bytes`` each)."""
+
+    def estimate(self, spec: Spec, model: str, n: int, d: int) -> GroupEstimate:
+        """The plan's questions about group ``(model, n, d)`` answered in one call: ``point_memory``
+        and ``cost`` of a batch (``make_plan`` asks once per group; a kind that builds a model to
+        answer overrides it to build it once)."""
+        point_bytes = self.point_memory(spec, model, n, d)
+        return GroupEstimate(
+            point_bytes, lambda batch: self.cost(spec, model, n, d, batch, point_bytes)
+        )
 
     @abc.abstractmethod
     def point_program(self, spec: Spec, model: str, n: int, d: int) -> PointProgram:
@@ -872,7 +1058,7 @@ def _parse_particle_grid(
     for pname, p in accepted.items():
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
-    if "prompts" in params and params["prompts"] > min(ns):  # as `meanfield simulate --prompts`
+    if "prompts" in params and max(_values(params["prompts"])) > min(ns):  # as `simulate --prompts`
         raise ValueError(
             f"model.prompts must be <= the smallest grid.n = {min(ns)} (one block of particles "
             f"per prompt), got {params['prompts']}"
@@ -977,7 +1163,7 @@ def _parse_particle_grid(
                 raise ValueError(
                     f"time.step_rule = 'reference' needs a beta; kind {no_beta[0]!r} has none"
                 )
-            if params.get("rescaled", False):
+            if True in _values(params.get("rescaled", False)):
                 raise ValueError(
                     "time.step_rule = 'reference' is the reference code's step in original time; "
                     "set model.rescaled = false"
@@ -1002,7 +1188,8 @@ def _parse_particle_grid(
     if _masked(params):  # a masked kernel has no energy
         valid = tuple(o for o in valid if o not in _ENERGY_OBSERVABLES)
         default = tuple(o for o in default if o not in _ENERGY_OBSERVABLES) or valid[:1]
-    euclidean = not Geometry.lookup(params.get("geometry", "sphere")).on_sphere
+    geometries = _values(params.get("geometry", "sphere"))  # any value of an axis
+    euclidean = any(not Geometry.lookup(g).on_sphere for g in geometries)
     if euclidean:  # tokens in R^d: no energy, no cluster count of unit tokens
         default = tuple(o for o in default if o not in SPHERE_OBSERVABLES) or ("collapse_gap",)
     obs = out.get("observables", list(default))
@@ -1086,4 +1273,5 @@ def _parse_particle_grid(
         observables=tuple(obs),
         cluster_threshold=threshold,
         top_k=top_k,
+        statics=_static_axes(params, accepted),
     )
