@@ -650,6 +650,9 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # would block the write forever, after the run)
     for name in _OUTPUT_FILES[: 2 if args.no_plots else None]:
         _paths.check_output(out / name, "--out file")
+    from . import _labelled
+
+    _labelled.check_run_path(out / _labelled.RUN_STORE)  # new, or a run's store it replaces
     if args.movie is not None:
         from . import plotting
 
@@ -788,6 +791,19 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         np.savez_compressed(f, **arrays)
     with _paths.open_output(out / "summary.json", "--out file") as f:
         f.write(_dumps(result, indent=2).encode("utf-8"))
+    # the run as labelled data, a one-point sweep store (mf.sweep.load(out) opens it): the
+    # trajectory's arrays and the settings as attributes (the model's from the flags as given)
+    settings = {
+        **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
+        **{k: result[k] for k in ("t1", "dt", "solver", "step", "seed", "backend")},
+        **{k: result[k] for k in ("backend_resolved", "r0") if k in result},
+        "rtol": args.rtol,
+        "atol": args.atol,
+        "early_stop": args.early_stop,
+    }
+    _labelled.write_run(
+        out / _labelled.RUN_STORE, traj.to_xarray(model, aux=np.asarray(aux), attrs=settings)
+    )
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
         _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
