@@ -415,7 +415,7 @@ def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any]) -> Any:
         raise ValueError(
             "x0 fixes n (its shape (seeds, n, d)): give x0 with an int n, or a list of n without x0"
         )
-    results = [function(**kwargs, n=int(m)) for m in ns]
+    results = [function(**{**kwargs, "n": int(m)}) for m in ns]
     skip = {"key", "betas", "x0", "per_seed", "seed_chunk", "mask", "dtype"}
     attrs = {k: v for k, v in kwargs.items() if k not in skip}
     attrs["function"] = function.__name__
@@ -424,4 +424,5 @@ def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any]) -> Any:
         from .phase_diagram import checkpoint_times
 
         times = checkpoint_times(kwargs["t1"], kwargs["checkpoints"])
-    return phase_diagram_dataset(ns, results, np.asarray(kwargs["betas"]), times, attrs)
+    betas = np.atleast_1d(np.asarray(kwargs["betas"], np.float64))  # as the sweeps take them
+    return phase_diagram_dataset(ns, results, betas, times, attrs)
