@@ -240,7 +240,7 @@ def trajectory_dataset(
         coords["token"] = np.arange(n, dtype=np.int64)
     if d is not None:
         coords["dim"] = np.arange(d, dtype=np.int64)
-    for name, (dims, value, _) in variables.items():  # the trailing axes of observables and aux
+    for dims, value, _ in variables.values():  # the trailing axes of observables and aux
         for k, dim in enumerate(dims):
             if dim not in coords:
                 coords[dim] = np.arange(value.shape[k], dtype=np.int64)

@@ -135,7 +135,7 @@ import functools
 import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar, cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -1232,7 +1232,7 @@ def _resolve_backend(
 
 def _check_common(
     betas: ArrayLike | Sequence[Any],
-    n: int,
+    n: int | Sequence[int],  # an int here: a list of n is one call per n (_over_n)
     d: int,
     seeds: int,
     threshold: RealScalarLike,
@@ -1268,7 +1268,7 @@ def _check_common(
     check_int("n", n, minimum=2)
     check_int("d", d, minimum=2)
     check_int("seeds", seeds, minimum=1)
-    return betas, n, d, seeds
+    return betas, cast(int, n), d, seeds
 
 
 def _state_dtype(dtype: Any, x0: ArrayLike | None) -> np.dtype:
