@@ -48,7 +48,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["trajectory_dataset", "write_run", "phase_diagram_dataset", "RUN_STORE", "DESCRIPTIONS"]
+__all__ = [
+    "trajectory_dataset",
+    "write_run",
+    "check_run_path",
+    "phase_diagram_dataset",
+    "over_n",
+    "RUN_STORE",
+    "DESCRIPTIONS",
+]
 
 #: The name of a run's store in ``meanfield simulate --out DIR``: ``DIR/run.zarr``.
 RUN_STORE = "run.zarr"
