@@ -102,6 +102,12 @@ def test_run_store_opens_as_the_dataset_and_replaces_only_a_run(tmp_path):
     (tmp_path / "other").mkdir()
     with pytest.raises(ValueError, match="exists and is not the store of a run"):
         write_run(tmp_path / "other", ds)
+    # a NaN saved value: status failed in the Dataset and in the store, which still verifies
+    nan = jnp.asarray([0.1, 0.2, np.nan], traj.energy.dtype)
+    bad = eqx.tree_at(lambda t: t.energy, traj, nan).to_xarray(model)
+    assert int(bad["status"]) == mf.sweep.FAILED
+    failed = mf.sweep.load(write_run(tmp_path / "failed.zarr", bad))
+    assert int(failed["status"]) == mf.sweep.FAILED and np.isnan(float(failed["energy"][-1]))
 
 
 _ARGS = ["--n", "6", "--d", "3", "--beta", "2", "--t1", "0.2", "--dt", "0.05", "--saves", "3"]
