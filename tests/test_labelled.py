@@ -5,6 +5,7 @@ data whose ``n`` slices are the single-``n`` calls (``meanfield._labelled``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import diffrax
@@ -20,6 +21,7 @@ from meanfield import cli, phase_diagram
 from meanfield._labelled import RUN_STORE, write_run
 
 
+@functools.cache  # one compilation per scheme for the whole file
 def _run(normalization: str = "post"):
     model = mf.kernels.make("usa", d=3, beta=1.5, normalization=normalization)
     x0 = mf.sphere.uniform(jax.random.key(3), 5, 3)
