@@ -112,6 +112,14 @@ def test_run_store_opens_as_the_dataset_and_replaces_only_a_run(tmp_path):
     assert int(failed["status"]) == mf.sweep.FAILED and np.isnan(float(failed["energy"][-1]))
 
 
+def test_plot_refuses_a_run_store_in_one_line(tmp_path, capsys):
+    model, traj = _run("pre")
+    path = write_run(tmp_path / RUN_STORE, traj.to_xarray(model))
+    assert cli.main(["plot", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is the store of one run (meanfield simulate)" in err[0]
+
+
 _ARGS = ["--n", "6", "--d", "3", "--beta", "2", "--t1", "0.2", "--dt", "0.05", "--saves", "3"]
 
 
