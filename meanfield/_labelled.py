@@ -163,9 +163,12 @@ def trajectory_dataset(
     *,
     aux: Any = None,
     attrs: Mapping[str, Any] | None = None,
+    failures: Sequence[str] = (),
 ) -> Any:
     """The run ``traj`` (one ``mf.simulate`` result, not a vmapped batch) as an
-    ``xarray.Dataset`` (module docstring); ``Trajectory.to_xarray`` calls it.
+    ``xarray.Dataset`` (module docstring); ``Trajectory.to_xarray`` calls it with ``failures``,
+    the reasons of the failure codes (``mf.integrate.FAILURES``), named in the description of
+    ``failure``.
 
     Example:
         >>> import jax, meanfield as mf
@@ -178,7 +181,6 @@ def trajectory_dataset(
     """
     import xarray as xr
 
-    from .integrate import FAILURES
     from .sweep.store import FAILED, OK
 
     ts = np.asarray(traj.ts)
@@ -238,7 +240,7 @@ def trajectory_dataset(
         if name == "status":
             vattrs = _status_attrs()
         elif name == "failure":
-            reasons = ", ".join(f"{i} {r or 'none'}" for i, r in enumerate(FAILURES))
+            reasons = ", ".join(f"{i} {r or 'none'}" for i, r in enumerate(failures))
             vattrs = {"description": f"why the run failed (mf.integrate.FAILURES): {reasons}"}
         else:
             vattrs = {"description": DESCRIPTIONS.get(name, f"observable {name}")}
@@ -411,9 +413,10 @@ def phase_diagram_dataset(
     return xr.Dataset(variables, coords=coords, attrs={**recorded, **_versions()})
 
 
-def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any]) -> Any:
+def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any], times: Any) -> Any:
     """``function(**kwargs, n=m)`` for each ``m`` of the list ``n``, labelled
-    (``phase_diagram_dataset``); the phase diagrams' entry for a list of ``n``."""
+    (``phase_diagram_dataset``, ``times``: the checkpoint times); the phase diagrams' entry for a
+    list of ``n``."""
     ns = list(n)
     if not ns or not all(isinstance(m, int | np.integer) and not isinstance(m, bool) for m in ns):
         raise TypeError(f"n must be an int or a non-empty list of ints, got {n!r}")
@@ -427,10 +430,5 @@ def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any]) -> Any:
     skip = {"key", "betas", "x0", "per_seed", "seed_chunk", "mask", "dtype"}
     attrs = {k: v for k, v in kwargs.items() if k not in skip}
     attrs["function"] = function.__name__
-    times = results[0].times if hasattr(results[0], "times") else None
-    if times is None:
-        from .phase_diagram import checkpoint_times
-
-        times = checkpoint_times(kwargs["t1"], kwargs["checkpoints"])
     betas = np.atleast_1d(np.asarray(kwargs["betas"], np.float64))  # as the sweeps take them
     return phase_diagram_dataset(ns, results, betas, times, attrs)

@@ -485,7 +485,7 @@ class Trajectory(eqx.Module):
         """
         from ._labelled import trajectory_dataset  # an edge: xarray only when asked for
 
-        return trajectory_dataset(self, model, aux=aux, attrs=attrs)
+        return trajectory_dataset(self, model, aux=aux, attrs=attrs, failures=FAILURES)
 
 
 def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:

@@ -1377,7 +1377,8 @@ def _over_n(function: Callable[_P, _R]) -> Callable[_P, _R | xr.Dataset]:
 
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return over_n(function, n, dict(bound.arguments))
+        a = bound.arguments
+        return over_n(function, n, dict(a), checkpoint_times(a["t1"], a["checkpoints"]))
 
     return sweep
 
