@@ -12,8 +12,8 @@ side by side in one run (repeat ``r`` runs every figure once, so a change of loa
   ``xla`` subdirectory deleted), warm (a second process, same cache directory), warm with
   ``--no-plots`` (where the CLI has it) and warm with ``MEANFIELD_COMPILATION_CACHE=0``; against the reference ``import jax`` (a fresh process) +
   the warm run of the same ``mf.simulate`` call inside one process (its second call) + writing
-  the same outputs (``observables.npz``, ``summary.json``, the two figures, importing matplotlib
-  included);
+  the same outputs (``observables.npz``, ``summary.json``, ``run.zarr`` where the CLI writes it,
+  the two figures, importing matplotlib included);
 - the smoke sweep (``sweeps/smoke.toml``, its seeds times ``--scale``) run by one process, by a
   job array of three parts (``--part i/3`` started at once, one store) and by two
   ``jax.distributed`` processes (``--coordinator 127.0.0.1:PORT``), each with a cold compilation
@@ -106,6 +106,9 @@ np.savez_compressed(out / "observables.npz", ts=np.asarray(traj.ts), collapse_ga
 summary = {"kernel": args.kernel, "n": args.n, "d": args.d, **{k: str(v) for k, v in params.items()},
            "final_collapse_gap": float(gap[-1]), "num_steps": int(traj.num_steps), "wall_time_s": t_warm}
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
+if hasattr(traj, "to_xarray"):  # the run's store, as the CLI writes it (importing xarray, zarr included)
+    from meanfield._labelled import write_run
+    write_run(out / "run.zarr", traj.to_xarray(model, aux=np.asarray(aux)))
 t_numbers = time.perf_counter() - t0
 t0 = time.perf_counter()
 fig = plt.figure(figsize=(4.5, 4.5))
@@ -579,7 +582,7 @@ def _rows(stats: dict, ref_stats: dict, inner: list[float], lazy: bool | None) -
         for k, label in (
             ("first_call", "in-process `mf.simulate`, first call (compiles)"),
             ("warm_call", "in-process `mf.simulate`, second call (warm)"),
-            ("write_numbers", "writing observables.npz + summary.json"),
+            ("write_numbers", "writing the numbers (observables.npz, summary.json, run.zarr)"),
             ("import_matplotlib", "importing matplotlib.pyplot"),
             ("write_figures", "drawing and writing the two figures"),
         ):

@@ -10,7 +10,8 @@ names the model and its class), reported as ONE line on stderr without a traceba
 interrupted.
 
 Every file ``simulate`` writes (``observables.npz``, ``summary.json``, the figures, the movie)
-must be a regular file or a new one: a FIFO, socket, device or directory in its place is
+must be a regular file or a new one (and ``run.zarr`` new or the store of an earlier run, which it
+replaces: ``meanfield._labelled.check_run_path``): a FIFO, socket, device or directory in its place is
 refused before the run, without being opened (``meanfield._paths.check_output``; opening a
 FIFO to write would wait for a reader forever), and the numbers are written through
 ``meanfield._paths.open_output``, which never blocks on one put there during the run.
@@ -46,16 +47,25 @@ the same numbers as a sweep of ``kind = NAME`` and as ``mf.kernels.make(NAME, ..
 ``scaling``) takes ``--alpha`` with ``ngpt`` only and ``--switch-time`` with ``mix`` only (a flag
 that applies with another's value is refused elsewhere, even at its default). The schemes with a
 radius (``pre``, ``mix``, ``peri``) take ``--r0`` (every token's initial radius, default 1;
-refused for the others) and write the radii: ``radius`` (``(saves, n)``) in
-``observables.npz`` beside the states (``x0``, ``x_final``: the directions) and ``r0`` and
+refused for the others) and write the radii: ``radius`` (``(saves, n)``; over ``(time, token)``
+in ``run.zarr``) in ``observables.npz`` beside the states (``x0``, ``x_final``: the directions) and ``r0`` and
 ``final_mean_radius`` in ``summary.json``. Mix-LN switches at the end of the step that reaches
 ``--switch-time`` (``mf.simulate``: on a fixed step, the first step boundary at or after it).
+
+``simulate --out DIR`` writes the run as labelled data, ``DIR/run.zarr``: the
+``xarray.Dataset`` of ``Trajectory.to_xarray`` (coordinates ``time``, ``token``, ``dim``; the
+states ``x``, ``collapse_gap``, ``energy``, ``clusters``, ``radius``, the token labels ``aux``,
+``stop_time``, ``num_steps``, ``status``; the model, its parameters as given, the time settings,
+the seed and the versions as attributes) in a one-point sweep store, which ``mf.sweep.load(DIR)``
+verifies and opens as it opens a sweep. ``observables.npz`` (``ts``, ``collapse_gap``,
+``energy``, ``clusters``, ``x0``, ``x_final``, ``aux``, ``radius``) is the same numbers in the
+earlier layout, kept for the readers that still load it; ``summary.json`` is the run's summary.
 
 ``--help`` and argument errors return before JAX is imported: the parser reads the registry
 through ``meanfield._cli_schema``, a copy generated from it (``python -m
 meanfield._cli_schema --write``; a test fails when they differ), or the registry itself when
 it is already imported. ``simulate`` writes its numbers (``observables.npz``,
-``summary.json``) before it draws ``configuration.png`` and ``observables.png``;
+``summary.json``, ``run.zarr``) before it draws ``configuration.png`` and ``observables.png``;
 ``--no-plots`` draws no figure (and imports no matplotlib).
 
 The ``meanfield`` process itself (``main()`` without arguments, ``python -m meanfield``)
@@ -651,6 +661,9 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # would block the write forever, after the run)
     for name in _OUTPUT_FILES[: 2 if args.no_plots else None]:
         _paths.check_output(out / name, "--out file")
+    from . import _labelled
+
+    _labelled.check_run_path(out / _labelled.RUN_STORE)  # new, or a run's store it replaces
     if args.movie is not None:
         from . import plotting
 
@@ -789,6 +802,19 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         np.savez_compressed(f, **arrays)
     with _paths.open_output(out / "summary.json", "--out file") as f:
         f.write(_dumps(result, indent=2).encode("utf-8"))
+    # the run as labelled data, a one-point sweep store (mf.sweep.load(out) opens it): the
+    # trajectory's arrays and the settings as attributes (the model's from the flags as given)
+    settings = {
+        **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
+        **{k: result[k] for k in ("t1", "dt", "solver", "step", "seed", "backend")},
+        **{k: result[k] for k in ("backend_resolved", "r0") if k in result},
+        "rtol": args.rtol,
+        "atol": args.atol,
+        "early_stop": args.early_stop,
+    }
+    _labelled.write_run(
+        out / _labelled.RUN_STORE, traj.to_xarray(model, aux=np.asarray(aux), attrs=settings)
+    )
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
         _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)

@@ -461,6 +461,32 @@ class Trajectory(eqx.Module):
             return "failed (no reason recorded)" if bool(self.failed) else ""
         return FAILURES[int(np.asarray(self.failure))]
 
+    def to_xarray(
+        self, model: Any = None, *, aux: Any = None, attrs: Mapping[str, Any] | None = None
+    ) -> Any:
+        """The run as an ``xarray.Dataset``, the format of a run and of a sweep point: ``x`` over
+        the coordinates ``(time, token, dim)`` (``time`` = ``ts``), ``radius``, ``collapse_gap``,
+        ``energy`` and every observable over ``time``, ``stop_time``, ``num_steps``,
+        ``stopped``, ``failure`` and ``status`` (1 ok, 2 failed); the attributes record the
+        ``model`` (its registry name and ``model.<param>`` parameters), ``n``, ``d``, the settings
+        in ``attrs`` (``t1``, ``dt``, ``solver``, ...: numbers, strings, bools, lists) and the
+        versions of meanfield and JAX (``meanfield._labelled``). ``aux``: the token labels, stored
+        over ``token``. The arrays are this trajectory's, unchanged (a concrete, unbatched one).
+        ``meanfield simulate --out DIR`` writes the same Dataset to ``DIR/run.zarr``, which
+        ``mf.sweep.load`` opens.
+
+        Example:
+            >>> import jax, meanfield as mf
+            >>> x0 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+            >>> model = mf.kernels.USA(1.0)
+            >>> ds = mf.simulate(model, x0, t1=0.5, dt=0.1).to_xarray(model, attrs={"t1": 0.5})
+            >>> dict(ds["x"].sizes), ds.attrs["model"], ds.attrs["model.beta"], ds.attrs["t1"]
+            ({'time': 2, 'token': 8, 'dim': 3}, 'usa', 1.0, 0.5)
+        """
+        from ._labelled import trajectory_dataset  # an edge: xarray only when asked for
+
+        return trajectory_dataset(self, model, aux=aux, attrs=attrs, failures=FAILURES)
+
 
 def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:
     check_scalar("t1", t1)

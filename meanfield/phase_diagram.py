@@ -131,9 +131,11 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar, cast, overload
 
 import jax
 import jax.numpy as jnp
@@ -155,6 +157,12 @@ from .integrate import STEPS, _near_origin, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
 from .models import SelfAttention, exp_reference_step, random_weights
+
+if TYPE_CHECKING:  # a list of n returns labelled data; xarray itself is imported only then
+    import xarray as xr
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: Accepted ``schedule=`` values of the sweeps: ``"uniform"`` (``checkpoint_steps``) or
 #: ``"published"`` (the published code's time grid, ``published_checkpoint_steps``).
@@ -1218,7 +1226,7 @@ def _resolve_backend(
 
 def _check_common(
     betas: ArrayLike | Sequence[Any],
-    n: int,
+    n: int | Sequence[int],  # an int here: a list of n is one call per n (_over_n)
     d: int,
     seeds: int,
     threshold: RealScalarLike,
@@ -1254,7 +1262,7 @@ def _check_common(
     check_int("n", n, minimum=2)
     check_int("d", d, minimum=2)
     check_int("seeds", seeds, minimum=1)
-    return betas, n, d, seeds
+    return betas, cast(int, n), d, seeds
 
 
 def _state_dtype(dtype: Any, x0: ArrayLike | None) -> np.dtype:
@@ -1348,11 +1356,33 @@ def _finish(
     return frac
 
 
+def _over_n(function: Callable[_P, _R]) -> Callable[_P, _R | xr.Dataset]:
+    """The sweep ``function`` taking ``n`` as an int (its result, unchanged) or a list of ints:
+    one sweep per ``n`` (the same ``key``, betas and settings), labelled as an ``xarray.Dataset``
+    over ``(n, beta, time)`` (``meanfield._labelled.over_n``; xarray imported only then)."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def sweep(*args: _P.args, **kwargs: _P.kwargs) -> _R | xr.Dataset:
+        n = kwargs.get("n")
+        if not isinstance(n, list | tuple | range | np.ndarray):
+            return function(*args, **kwargs)
+        from ._labelled import over_n
+
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        return over_n(function, n, dict(a), checkpoint_times(a["t1"], a["checkpoints"]))
+
+    return sweep
+
+
+@_over_n
 def sa_phase_diagram(
     key: Array | None,
     betas: ArrayLike | Sequence[Any],
     *,
-    n: int = 32,
+    n: int | Sequence[int] = 32,
     d: int = 2,
     seeds: int = 2048,
     dt: RealScalarLike = 0.1,
@@ -1394,6 +1424,8 @@ def sa_phase_diagram(
             same for every ``beta``); ignored when ``x0`` is given.
         betas: ``(B,)`` inverse temperatures (``> 0``); traced (one compilation for all).
         n, d, seeds: particles, dimension, number of seeds (ignored when ``x0`` is given).
+            ``n`` may be a list of ints: one sweep per ``n`` (the same ``key`` and settings;
+            each equal to the call with that ``n``), returned as labelled data (Returns).
         dt, t1, checkpoints, threshold: step bound, final time, number of checkpoints,
             clustering threshold on ``<x_i, x_j>``.
         normalized: SA (softmax rows) or USA (``1/n``) field.
@@ -1459,7 +1491,12 @@ def sa_phase_diagram(
             dtype (float32: ``[3.1e-16, 6.4e15]``), else ``ValueError``; refused for the others.
 
     Returns:
-        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``).
+        ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``). For a list of
+        ``n``: an ``xarray.Dataset`` with coordinates ``n``, ``beta``, ``time`` (the checkpoint
+        times) and variable ``fraction`` over ``(n, beta, time)``; with ``per_seed`` also
+        ``per_seed`` over ``(n, beta, seed, time)`` and ``steps`` over ``(n, beta)``; the
+        settings and versions as attributes (``ds.fraction.sel(n=16)`` is the ``n=16`` call's
+        array). ``x0`` fixes ``n`` and takes an int ``n`` only.
 
     Example:
         >>> import jax
@@ -1468,6 +1505,10 @@ def sa_phase_diagram(
         ...                                       t1=1.0, checkpoints=3)
         >>> frac.shape, float(frac[0, 0])  # i.i.d. uniform start: no pair within threshold
         ((2, 3), 0.0)
+        >>> ds = phase_diagram.sa_phase_diagram(jax.random.key(0), [0.5, 4.0], n=[8, 16], seeds=4,
+        ...                                     t1=1.0, checkpoints=3)
+        >>> dict(ds.fraction.sizes), bool((ds.fraction.sel(n=8).values == frac).all())
+        ({'n': 2, 'beta': 2, 'time': 3}, True)
     """
     betas, n, d, seeds = _check_common(
         betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend, step, schedule
@@ -1556,11 +1597,12 @@ def sa_phase_diagram(
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
 
 
+@_over_n
 def usa_phase_diagram(
     key: Array | None,
     betas: ArrayLike | Sequence[Any],
     *,
-    n: int = 32,
+    n: int | Sequence[int] = 32,
     d: int = 2,
     seeds: int = 256,
     t1: RealScalarLike = 0.25,
@@ -1596,7 +1638,8 @@ def usa_phase_diagram(
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``, whose
-        ``steps`` holds ``N_beta``).
+        ``steps`` holds ``N_beta``); for a list of ``n`` an ``xarray.Dataset`` over
+        ``(n, beta, time)``, as ``sa_phase_diagram``.
 
     Example:
         >>> import jax

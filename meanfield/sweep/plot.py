@@ -77,6 +77,11 @@ def plot_store(
     from ..plotting import data_scale
 
     ds = load(store, verify=verify)
+    if ds.attrs.get("result") == "run":  # a run's store: one point, no grid to draw
+        raise ValueError(
+            f"{store} is the store of one run (meanfield simulate), not of a sweep: its figures are "
+            "the configuration.png and observables.png that simulate draws beside it"
+        )
     out_dir = (
         Path(out_dir)
         if out_dir is not None

@@ -1141,11 +1141,15 @@ def _verify_chunk(
 def load(store: _StorePath, *, verify: bool = True) -> Any:
     """Open a sweep store as an ``xarray.Dataset`` (lazy arrays), verified first.
 
+    A run's store (``meanfield simulate --out DIR`` writes ``DIR/run.zarr``: a store of one
+    point, ``meanfield._labelled.write_run``) opens the same way, from its path or from ``DIR``,
+    as the Dataset of ``Trajectory.to_xarray`` (coordinates ``time``, ``token``, ``dim``).
+
     ``attrs["chunks_done"]``/``attrs["chunks_total"]`` say how complete it is;
     ``status`` marks pending (0), ok (1) and failed (2) points.
 
     Args:
-        store: path of the store.
+        store: path of the store (or the ``--out`` directory of ``meanfield simulate``).
         verify: read every chunk marked done and check it (``verify``) before opening;
             ``False`` opens lazily without reading (a large store, or one written by an
             earlier meanfield version without checksums).
@@ -1159,6 +1163,8 @@ def load(store: _StorePath, *, verify: bool = True) -> Any:
     import xarray as xr
 
     store = Path(store)
+    if not (store / "zarr.json").exists() and (store / "run.zarr" / "zarr.json").exists():
+        store = store / "run.zarr"  # the --out directory of `meanfield simulate`: its run
     if not (store / "zarr.json").exists():
         raise FileNotFoundError(f"sweep store not found: {store}")
     info: dict | None
