@@ -110,7 +110,9 @@ def test_the_schemes_parameters_are_traced_leaves():
             return mf.models.SelfAttention(1.0, normalization="ngpt", alpha=alpha).field(x)
 
         F = jax.vmap(field)(jnp.array([0.2, 0.4]))
-        np.testing.assert_allclose(np.asarray(F[1]), 2 * np.asarray(F[0]), rtol=1e-14)  # alpha A / |A|
+        np.testing.assert_allclose(
+            np.asarray(F[1]), 2 * np.asarray(F[0]), rtol=1e-14
+        )  # alpha A / |A|
         g = jax.grad(lambda a: jnp.sum(field(a) ** 2))(0.3)  # |F_i| = alpha: d/da (n a^2) = 2 n a
         assert float(g) == pytest.approx(2 * 6 * 0.3, rel=1e-12)
 

@@ -278,7 +278,7 @@ def _kind_params(kinds: tuple) -> tuple[Param, ...]:
 
 
 def _inert(params: Mapping[str, Any], declared: tuple[Param, ...]) -> frozenset[str]:
-    """The parameters that change nothing at the single-valued settings ``params`` (``APPLIES``:
+    """The parameters that change nothing at the single-valued settings ``params`` (their declared ``Param.applies``:
     their switch takes none of the values they apply with): a static axis's point leaves them at
     their default."""
     out = set()
@@ -416,7 +416,9 @@ def _check_radius(
     ``mf.normalization.RADIAL``, every kind of the sweep taking it: not those in ``without``),
     and those tokens cannot take ``time.step = 'renormalize'`` (it puts them back on the
     sphere): ``mf.simulate``'s refusals, when the spec is read."""
-    from ..normalization import RADIAL
+    from ..normalization import radial_names
+
+    RADIAL = radial_names()  # the registered schemes with a radius
 
     schemes = _values(params.get("normalization", "post"))  # a static axis: every value
     if "mean_radius" in obs and without:
@@ -577,7 +579,7 @@ class Spec:
     def at(self, setting: tuple[tuple[str, Any], ...]) -> Spec:
         """The spec of one value of each static axis (``setting``, one of ``settings``): the same
         spec with ``params`` and the normalised ``data`` holding those values, no static axes, and
-        the parameters that do not apply there (``mf._params.APPLIES``: ``slope`` at a ``mask``
+        the parameters that do not apply there (their declared ``Param.applies``: ``slope`` at a ``mask``
         other than ``'alibi'``) at their default (``inert``). Its point programs, memory and cost
         are those of the single-valued sweep (``setting = ()``: the spec itself).
 
