@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import equinox as eqx
 import numpy as np
@@ -228,6 +228,8 @@ class Declared(eqx.Module):
         return tuple(out)
 
 
+_V = TypeVar("_V", bound="Variant")
+
 #: The variant families by their flat parameter's name (``"normalization"``: ``mf.normalization.Scheme``).
 FAMILIES: dict[str, type[Variant]] = {}
 
@@ -368,7 +370,7 @@ class Variant(Declared):
         return tuple(family._registry) if family is not None else ()
 
     @classmethod
-    def lookup(cls, name: Any) -> type[Variant]:
+    def lookup(cls: type[_V], name: Any) -> type[_V]:
         """The member class registered as ``name``; ``ValueError`` naming the accepted names."""
         family = cls.family()
         assert family is not None
@@ -376,7 +378,7 @@ class Variant(Declared):
             raise ValueError(
                 f"{family.flat_name} must be one of {', '.join(map(repr, family.names()))}, got {name!r}"
             )
-        return family._registry[name]
+        return family._registry[name]  # type: ignore[return-value]
 
     @classmethod
     def member_params(cls) -> dict[str, tuple[Param, tuple[str, ...]]]:
@@ -428,7 +430,7 @@ class Variant(Declared):
         return member(**{k: P[k] for k in own if k in P})
 
     @classmethod
-    def coerce(cls, value: Any, owner: str = "", **given: Any) -> Variant:
+    def coerce(cls: type[_V], value: Any, owner: str = "", **given: Any) -> _V:
         """``value`` (a member, or a registered name) as a member of the family, with the flat
         parameters ``given`` (None: not given) folded in: ``coerce("ngpt", alpha=0.5)`` is
         ``NGPT(alpha=0.5)``. A parameter given for a member that does not declare it is refused
@@ -457,13 +459,13 @@ class Variant(Declared):
                     f"give it in one place"
                 )
             _refuse_unused(family, member, given, owner)
-            return value
+            return value  # type: ignore[return-value]
         if isinstance(value, type) and issubclass(value, family):
             value = value.name
         member = family.lookup(value)
         own = {p.name for p in declared_params(member)}
         _refuse_unused(family, member, given, owner)
-        return member(**{k: v for k, v in given.items() if k in own})
+        return member(**{k: v for k, v in given.items() if k in own})  # type: ignore[return-value]
 
     @classmethod
     def check_member(cls, value: Any, field_name: str) -> None:

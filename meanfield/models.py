@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from types import ModuleType
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, TypeVar
 
 import equinox as eqx
 import jax
@@ -73,6 +73,22 @@ GEOMETRIES = _geometry.GEOMETRIES
 
 #: Accepted values of ``normalization`` (``SelfAttention`` and the exp kernels; ``mf.normalization``).
 NORMALIZATIONS = _norm.NORMALIZATIONS
+
+_T = TypeVar("_T")
+
+if TYPE_CHECKING:  # a field holds the variant, its constructor takes a registered name too
+
+    class _VariantField(Generic[_T]):
+        def __get__(self, obj: Any, owner: Any) -> _T: ...
+        def __set__(self, obj: Any, value: _T | str) -> None: ...
+
+    SchemeArg = _VariantField[_norm.Scheme]
+    AttentionArg = _VariantField[AttentionKind]
+    GeometryArg = _VariantField[Geometry]
+else:  # what the constructors take too: a registered name, converted once (``__post_init__``)
+    SchemeArg = _norm.Scheme | str
+    AttentionArg = AttentionKind | str
+    GeometryArg = Geometry | str
 
 __all__ = [
     "Model",
@@ -723,7 +739,7 @@ class SelfAttention(Model):
         doc=RESCALED_DOC,
         applies=(("normalized", (False,)),),  # a softmax row is invariant under e^(-beta)
     )
-    attention: AttentionKind | str = param(
+    attention: AttentionArg = param(
         Softmax(),
         kind=AttentionKind,
         optional=True,
@@ -772,10 +788,10 @@ class SelfAttention(Model):
         doc="redraw the random weights every this much time (0: never)",
         applies=_DRAWN,
     )
-    normalization: _norm.Scheme | str = _normalization_param("normalization")
+    normalization: SchemeArg = _normalization_param("normalization")
     alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
     switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
-    geometry: Geometry | str = param(
+    geometry: GeometryArg = param(
         Sphere(),
         kind=Geometry,
         optional=True,
@@ -960,7 +976,7 @@ class SelfAttention(Model):
             return super().reference_step(base_dt)
         return exp_reference_step(self.beta, base_dt, self.rescaled)
 
-    def __post_init__(
+    def __post_init__(  # type: ignore[override]
         self, sinkhorn_iters: Any, tie_tol: Any, alpha: Any, switch_time: Any
     ) -> None:
         self.attention = AttentionKind.coerce(

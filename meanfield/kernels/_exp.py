@@ -18,7 +18,6 @@ from jax.interpreters import ad, batching, mlir
 from jaxtyping import Array, ArrayLike, Float
 
 from .. import _native, theory
-from .. import normalization as _norm
 from .._checks import (
     RealScalarLike,
     _error_if,
@@ -33,6 +32,7 @@ from ..models import (
     RESCALED_DOC,
     ExpProfile,
     FoldScheme,
+    SchemeArg,
     _check_normalization,
     _fold_scheme,
     _normalization_param,
@@ -636,13 +636,13 @@ class _ExpKernel(Kernel):
 
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
-    normalization: _norm.Scheme | str = _normalization_param("normalization")
+    normalization: SchemeArg = _normalization_param("normalization")
     alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
     switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
 
     #: True on a subclass with an ``__init__`` of its own (it folds the scheme itself: ``_fold_scheme``).
     own_init: ClassVar[bool] = False
-    __post_init__ = FoldScheme()
+    __post_init__ = FoldScheme()  # type: ignore[misc,assignment]
 
     def __check_init__(self) -> None:
         super().__check_init__()

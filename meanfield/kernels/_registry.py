@@ -476,7 +476,7 @@ for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfA
     register(_cls, _builtin=True)
 
 
-def _rederive(family: type) -> None:
+def _rederive(family: Any) -> None:
     """A variant registered or removed (``mf.normalization.Scheme.register``, ...): the entries of
     the models that take its family derive their parameters again (its name among the choices)."""
     for name, entry in list(MODELS.items()):
