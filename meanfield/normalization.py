@@ -131,7 +131,9 @@ class Scheme(Variant):
         """The time factor of the tangent flow at time ``t`` (the base: 1)."""
         return 1.0
 
-    def scale_velocity(self, v: Float[Array, "n d"], t: ArrayLike) -> Float[Array, "n d"]:
+    def scale_velocity(
+        self, v: Float[Array, "*batch n d"], t: ArrayLike
+    ) -> Float[Array, "*batch n d"]:
         """The velocity ``v`` at time ``t`` after the scheme's time factor (the base: ``v`` itself)."""
         return v
 
@@ -303,7 +305,9 @@ class Scaling(Scheme):
         r"""$1 / \sqrt{t + 1}$."""
         return 1.0 / jnp.sqrt(1.0 + jnp.asarray(t, dtype))
 
-    def scale_velocity(self, v: Float[Array, "n d"], t: ArrayLike) -> Float[Array, "n d"]:
+    def scale_velocity(
+        self, v: Float[Array, "*batch n d"], t: ArrayLike
+    ) -> Float[Array, "*batch n d"]:
         r"""$v / \sqrt{t + 1}$."""
         return v * self.speed(t, v.dtype)
 

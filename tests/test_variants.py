@@ -198,3 +198,90 @@ def test_own_scheme_in_a_phase_diagram(damped):
     assert np.all(np.isfinite(np.asarray(own)))
     post = pd.sa_phase_diagram(jax.random.key(1), [1.0, 2.0], **{**kw, "t1": 0.5, "dt": 0.05})
     np.testing.assert_allclose(np.asarray(own), np.asarray(post), atol=1e-6)
+
+
+# ---------------------------------------------------------------- an attention kind of this module
+class Uniform(mf.models.AttentionKind):
+    """Every admitted token weighs alike: $A_{ij} = 1/n$ ($\\beta$ plays no role)."""
+
+    name: ClassVar[str | None] = "uniform-test"
+    beta_free: ClassVar[bool] = True
+
+    def weights(self, scores, beta, mask):
+        return jnp.full(scores.shape, 1.0 / scores.shape[-1], scores.dtype)
+
+
+@pytest.fixture
+def uniform():
+    mf.models.AttentionKind.register(Uniform)
+    try:
+        yield Uniform
+    finally:
+        mf.models.AttentionKind.unregister("uniform-test")
+
+
+def _uniform_euler(x0, dt, steps):
+    """The closed form of one projected Euler step of uniform attention (Q = K = V = I): every
+    token moves towards the mean, x <- normalize(x + dt P_x xbar)."""
+    x = np.asarray(x0, np.float64)
+    for _ in range(steps):
+        m = x.mean(axis=0)
+        v = m[None, :] - np.sum(x * m[None, :], axis=1, keepdims=True) * x
+        x = x + dt * v
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def test_own_attention_kind_everywhere(uniform, tmp_path, capsys, monkeypatch):
+    """``attention="uniform-test"`` in ``mf.simulate`` (the closed-form step), a sweep (equal to
+    simulate), the command line (its run store equal to simulate) and a phase diagram (no beta
+    dependence: the kind is ``beta_free``)."""
+    x0 = _x0(seed=2, n=6, d=3, dtype=jnp.float32)
+    m = mf.models.SelfAttention(2.0, attention="uniform-test")
+    assert m.attention == Uniform() and float(m.interaction_rate()) == 1.0
+    traj = mf.simulate(m, x0, t1=0.3, dt=0.1, solver="euler")
+    np.testing.assert_allclose(np.asarray(traj.xs[-1]), _uniform_euler(x0, 0.1, 3), atol=2e-6)
+
+    text = (
+        '[model]\nkind = "sa"\nattention = ["softmax", "uniform-test"]\n'
+        "[grid]\nn = [6]\nbeta = [2.0]\nseeds = 1\n[time]\nt1 = 0.3\ndt = 0.1\nsave = 2\n"
+        '[output]\nobservables = ["collapse_gap"]\n'
+    )
+    spec = sweep.parse_spec(text)
+    sweep.run_sweep(spec, tmp_path / "s.zarr", quiet=True)
+    ds = sweep.load(tmp_path / "s.zarr")
+    for kind in ("softmax", "uniform-test"):
+        model = mf.kernels.make("sa", d=3, beta=2.0, attention=kind)
+        want = mf.simulate(
+            model, mf.sphere.uniform(jax.random.key(0), 6, 3), t1=0.3, dt=0.1, ts=spec.ts
+        )
+        got = ds["collapse_gap"].sel(seed=0, n=6, beta=2.0, attention=kind).values
+        np.testing.assert_allclose(got, np.asarray(want.collapse_gap), rtol=1e-5, atol=1e-6)
+
+    monkeypatch.setenv("MEANFIELD_NATIVE_QUIET", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    out = tmp_path / "cli"
+    args = ["--kernel", "sa", "--attention", "uniform-test", "--n", "6", "--d", "3", "--beta", "2"]
+    args += [
+        "--t1",
+        "0.3",
+        "--dt",
+        "0.1",
+        "--saves",
+        "4",
+        "--solver",
+        "euler",
+        "--seed",
+        "2",
+        "--no-plots",
+    ]
+    assert cli.main(["simulate", *args, "--out", str(out)]) == 0, capsys.readouterr().err
+    stored = sweep.load(out).load()
+    np.testing.assert_allclose(stored["x"].values[-1], _uniform_euler(x0, 0.1, 3), atol=2e-6)
+
+    kw: dict[str, Any] = dict(n=8, d=3, seeds=2, t1=1.0, dt=0.1, checkpoints=3, backend="xla")
+    frac = np.asarray(
+        pd.sa_phase_diagram(jax.random.key(1), [0.5, 4.0], attention="uniform-test", **kw)
+    )
+    assert np.all(np.isfinite(frac))
+    np.testing.assert_array_equal(frac[0], frac[1])  # beta plays no role
