@@ -245,6 +245,9 @@ class AttentionKind(Variant):
 
     flat_name: ClassVar[str | None] = "attention"
     what: ClassVar[str] = "attention kind"
+    #: Facts a subclass does not inherit (a subclass of ``Softmax`` with weights of its own is not
+    #: the softmax the fast paths run).
+    own_facts: ClassVar[tuple[str, ...]] = ("softmax",)
     #: The row softmax of the logits (``Softmax``).
     softmax: ClassVar[bool] = False
     #: $\beta$ plays no role (``Hardmax``): the interaction rate is 1.

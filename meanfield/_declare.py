@@ -152,7 +152,8 @@ def _build_declared(cls: type, P: dict[str, Any], **extra: Any) -> Any:
     for f in _declared_fields(cls):
         decl = f.metadata[_DECLARATION]
         if _is_family(decl.kind):
-            kwargs[f.name] = decl.kind.from_params(P, f.name)
+            if f.name in P or not decl.optional:  # else the field's default member
+                kwargs[f.name] = decl.kind.from_params(P, f.name)
         elif isinstance(decl.kind, type):
             kwargs[f.name] = _build_declared(decl.kind, P)
         elif f.name in P or not decl.optional:
@@ -292,8 +293,15 @@ class Variant(Declared):
     #: re-derives the flat parameters of the models that take the family: ``mf.kernels``).
     listeners: ClassVar[list[Any]] = []
 
+    #: Class facts a subclass does not inherit (set to False unless it sets them itself): the
+    #: flags that let a fast path skip the member's methods (``Scheme.post_ln``, ``AttentionKind.softmax``).
+    own_facts: ClassVar[tuple[str, ...]] = ()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        for fact in cls.own_facts:
+            if fact not in cls.__dict__:
+                setattr(cls, fact, False)
         if "flat_name" in cls.__dict__:
             cls._registry = {}
             cls._builtin = set()
@@ -337,6 +345,17 @@ class Variant(Declared):
             raise ValueError(
                 f"{family.flat_name} {name!r} is registered already ({taken.__module__}.{taken.__qualname__})"
             )
+        table = family.member_params()
+        for p in declared_params(member):
+            known = table.get(p.name)
+            if known is not None and name not in known[1]:
+                q = known[0]
+                if (q.kind, q.traced, q.default) != (p.kind, p.traced, p.default):
+                    raise ValueError(
+                        f"{member.__name__}.{p.name} (kind {p.kind!r}, default {p.default!r}) clashes "
+                        f"with {p.name} of {family.flat_name} {known[1][0]!r} (kind {q.kind!r}, "
+                        f"default {q.default!r}): one flat name, one meaning; rename it"
+                    )
         family._registry[name] = member
         if _builtin:
             family._builtin.add(name)
@@ -452,7 +471,7 @@ class Variant(Declared):
         if isinstance(value, family):
             member: type[Variant] = type(value)
             own = {p.name for p in declared_params(member)}
-            both = sorted(set(given) & own)
+            both = sorted(k for k in set(given) & own if not _same(given[k], getattr(value, k)))
             if both:
                 raise ValueError(
                     f"{both[0]} is given twice: in {family.flat_name}={value!r} and as {both[0]}=; "
@@ -476,6 +495,18 @@ class Variant(Declared):
                 f"{field_name} must be a {family.what} ({family.__name__}) or one of "  # type: ignore[union-attr]
                 f"{', '.join(map(repr, cls.names()))}, got {value!r}"
             )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` is ``b``, or both concrete and equal (a value given again, ``dataclasses.replace``)."""
+    if a is b:
+        return True
+    if not (is_concrete(a) and is_concrete(b)):
+        return False
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    except (TypeError, ValueError):
+        return False
 
 
 def _refuse_unused(

@@ -37,6 +37,7 @@ no core module imports this one at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -143,6 +144,16 @@ def _model_attrs(model: Any) -> dict[str, Any]:
             value = _attr_value(getattr(model, pname))
             if value is not None:
                 out[f"model.{pname}"] = value
+    # the parameters of the model's variants (a registered scheme's own, too)
+    from ._declare import Variant, declared_params
+
+    for f in dataclasses.fields(model) if dataclasses.is_dataclass(model) else ():
+        variant = getattr(model, f.name, None)
+        if isinstance(variant, Variant):
+            for q in declared_params(type(variant)):
+                value = _attr_value(getattr(variant, q.name))
+                if value is not None:
+                    out.setdefault(f"model.{q.name}", value)
     return out
 
 

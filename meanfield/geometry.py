@@ -89,4 +89,6 @@ def geometry_of(model: Any) -> Geometry:
         True
     """
     geometry = getattr(model, "geometry", None)
-    return geometry if isinstance(geometry, Geometry) else _SPHERE
+    if geometry is None:
+        return _SPHERE
+    return Geometry.coerce(geometry, type(model).__name__)  # a name: a model of another package

@@ -562,19 +562,15 @@ def _post_init_fold(self: Any, alpha: Any, switch_time: Any) -> None:
 
 def _scheme_attribute(name: str, field: str, family: Any) -> property:
     """``model.alpha``, ``model.sinkhorn_iters``, ...: the variant's own (``model.<field>.<name>``);
-    ``AttributeError`` for a variant that has none (not a default that the model does not use)."""
+    None for a variant that has none (not a default that the model does not use: ``None`` is
+    also what the constructor reads as "not given", so ``dataclasses.replace`` round-trips)."""
 
     def get(self: Any) -> Any:
-        variant = getattr(self, field)
-        if hasattr(variant, name):
-            return getattr(variant, name)
-        members = family.member_params().get(name, (None, ()))[1]
-        raise AttributeError(
-            f"{type(self).__name__} with {field}={variant.name!r} has no {name} "
-            f"(a parameter of {field}=" + " or ".join(repr(m) for m in members) + ")"
-        )
+        return getattr(getattr(self, field), name, None)
 
-    return property(get, doc=f"The ``{name}`` of ``{field}`` (``{field}.{name}``).")
+    return property(
+        get, doc=f"The ``{name}`` of ``{field}`` (``{field}.{name}``), None where it has none."
+    )
 
 
 def with_scheme_attributes(cls: Any) -> Any:

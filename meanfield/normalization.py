@@ -108,8 +108,8 @@ class Scheme(Variant):
         >>> @mf.normalization.Scheme.register
         ... class HalfSpeed(mf.normalization.Scheme):      # Post-LN at half speed
         ...     name = "half-speed-doc"
-        ...     def scale_velocity(self, v, t):
-        ...         return 0.5 * v
+        ...     def speed(self, t, dtype=None):
+        ...         return 0.5
         >>> m = mf.models.SelfAttention(1.0, normalization="half-speed-doc")
         >>> m.normalization, m.normalization.radial
         (HalfSpeed(), False)
@@ -117,6 +117,9 @@ class Scheme(Variant):
 
     flat_name: ClassVar[str | None] = "normalization"
     what: ClassVar[str] = "normalisation scheme"
+    #: Facts a subclass does not inherit: it states them itself (a subclass of ``Post`` that
+    #: changes the flow is not the Post-LN flow the fast paths run).
+    own_facts: ClassVar[tuple[str, ...]] = ("post_ln",)
     #: Whether the tokens carry a radius ($x_i = r_i \theta_i$ integrated in $\mathbb R^d$;
     #: ``Trajectory.radius``; ``simulate(r0=)``).
     radial: ClassVar[bool] = False
@@ -134,15 +137,21 @@ class Scheme(Variant):
     def scale_velocity(
         self, v: Float[Array, "*batch n d"], t: ArrayLike
     ) -> Float[Array, "*batch n d"]:
-        """The velocity ``v`` at time ``t`` after the scheme's time factor (the base: ``v`` itself)."""
-        return v
+        """The velocity ``v`` at time ``t`` times the scheme's time factor (``speed``; ``v`` itself,
+        no operation, where the speed is the constant 1)."""
+        s = self.speed(t, v.dtype)
+        if isinstance(s, (int, float)) and s == 1:
+            return v
+        return v * jnp.asarray(s, v.dtype)
 
     def scale_rate(self, rate: Any) -> Any:
         """A model's interaction rate after the scheme's output factor (the base: ``rate``)."""
         return rate
 
     def switch_at(self) -> Any:
-        """The time the flow changes at (Mix-LN's ``switch_time``), or None."""
+        """The time the flow changes at (Mix-LN's ``switch_time``), or None: ``mf.simulate`` and the
+        phase diagrams put it among the step points and raise the switch flag there, for the
+        schemes with a radius (``radial``; the flag reaches ``radial_velocity``)."""
         return None
 
     def radial_velocity(
@@ -305,12 +314,6 @@ class Scaling(Scheme):
         r"""$1 / \sqrt{t + 1}$."""
         return 1.0 / jnp.sqrt(1.0 + jnp.asarray(t, dtype))
 
-    def scale_velocity(
-        self, v: Float[Array, "*batch n d"], t: ArrayLike
-    ) -> Float[Array, "*batch n d"]:
-        r"""$v / \sqrt{t + 1}$."""
-        return v * self.speed(t, v.dtype)
-
     def equiangular(
         self, t: float, G: float, r: float, c: float, norm: float
     ) -> tuple[float, float]:
@@ -339,7 +342,9 @@ def scheme_of(model: Any) -> Scheme:
         Mix(switch_time=2.0)
     """
     scheme = getattr(model, "normalization", None)
-    return scheme if isinstance(scheme, Scheme) else _POST
+    if scheme is None:
+        return _POST
+    return Scheme.coerce(scheme, type(model).__name__)  # a name: a model of another package
 
 
 _POST = Post()

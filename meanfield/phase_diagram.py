@@ -1226,7 +1226,7 @@ def _resolve_backend(
 
 def _check_common(
     betas: ArrayLike | Sequence[Any],
-    n: int | Sequence[int],  # an int here: a list of n is one call per n (_over_n)
+    n: int | Sequence[int] | np.ndarray,  # an int here: a list of n is one call per n (_over_n)
     d: int,
     seeds: int,
     threshold: RealScalarLike,
@@ -1382,7 +1382,7 @@ def sa_phase_diagram(
     key: Array | None,
     betas: ArrayLike | Sequence[Any],
     *,
-    n: int | Sequence[int] = 32,
+    n: int | Sequence[int] | np.ndarray = 32,
     d: int = 2,
     seeds: int = 2048,
     dt: RealScalarLike = 0.1,
@@ -1403,11 +1403,11 @@ def sa_phase_diagram(
     heads: int = 1,
     weight_seed: int = 0,
     mask: Mask | None = None,
-    attention: str = "softmax",
-    sinkhorn_iters: int = 21,
-    normalization: str = "post",
-    alpha: RealScalarLike = 0.2,
-    switch_time: RealScalarLike = 1.0,
+    attention: Any = "softmax",
+    sinkhorn_iters: int | None = None,
+    normalization: Any = "post",
+    alpha: RealScalarLike | None = None,
+    switch_time: RealScalarLike | None = None,
     r0: RealScalarLike | None = None,
 ) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
@@ -1466,14 +1466,16 @@ def sa_phase_diagram(
             ``heads > 1`` with identity ensembles is the identity flow (equal heads).
         mask, attention, sinkhorn_iters: a positional mask (``mf.masks``) and the normalisation
             of the logits, as ``mf.models.SelfAttention`` (``attention="sinkhorn"`` or
-            ``"hardmax"`` needs ``normalized=True``).
+            ``"hardmax"`` needs ``normalized=True``): a name or an attention kind
+            (``mf.models.Sinkhorn(5)``); ``sinkhorn_iters`` None is the kind's own (21).
             Random weights, a mask or another attention than softmax run the XLA kernel with
             ``SelfAttention``'s field (``backend="auto"`` picks it; ``"native"`` and ``packed``
             are a ``ValueError``); identity weights keep the fast kernels above.
         normalization, alpha, switch_time: the layer-norm placement of
             ``mf.models.SelfAttention`` (``mf.normalization``: ``"post"``, the default and the
-            flow above, ``"pre"``, ``"mix"``, ``"peri"``, ``"ngpt"``, ``"scaling"``), nGPT's
-            ``alpha`` and Mix-LN's ``switch_time``. Another scheme than ``"post"`` runs the XLA
+            flow above, ``"pre"``, ``"mix"``, ``"peri"``, ``"ngpt"``, ``"scaling"``, or a scheme
+            object, ``mf.normalization.NGPT(0.3)``), nGPT's ``alpha`` and Mix-LN's
+            ``switch_time`` (None: the scheme's own, 0.2 and 1). Another scheme than ``"post"`` runs the XLA
             kernel with ``SelfAttention``'s field, each Euler step being ``mf.simulate``'s
             (``solver="euler"``) of that scheme at the time $t = k h$ of step $k$: for the schemes
             with a radius (``"pre"``, ``"mix"``, ``"peri"``) the state is $x = r \theta$ in
@@ -1572,7 +1574,7 @@ def sa_phase_diagram(
             *qkv,
             mask,
             model.attention.name,  # type: ignore[arg-type]
-            int(getattr(model.attention, "sinkhorn_iters", sinkhorn_iters)),
+            int(getattr(model.attention, "sinkhorn_iters", 21)),
             scheme.name,  # type: ignore[arg-type]
             float(getattr(scheme, "alpha", 0.2)),
             float(getattr(scheme, "switch_time", 1.0)),
@@ -1602,7 +1604,7 @@ def usa_phase_diagram(
     key: Array | None,
     betas: ArrayLike | Sequence[Any],
     *,
-    n: int | Sequence[int] = 32,
+    n: int | Sequence[int] | np.ndarray = 32,
     d: int = 2,
     seeds: int = 256,
     t1: RealScalarLike = 0.25,

@@ -85,7 +85,7 @@ def test_spec_of_a_static_axis():
     spec = sweep.parse_spec(USA.format(model='mask = ["none", "alibi"]\nslope = 0.5'))
     assert spec.statics == {"mask": ("none", "alibi")} and spec.grid_size == 2 * 2 * 2
     assert spec.data["model"]["mask"] == ["none", "alibi"]
-    assert "slope" in spec.at((("mask", "none"),)).inert
+    assert "slope" in spec.at((("mask", "none"),)).inert_for("usa")
     assert spec.at((("mask", "alibi"),)).params["slope"] == 0.5
     # single values keep the normalised spec, so stores written before keep their hash
     plain = sweep.parse_spec(USA.format(model=""))
@@ -154,3 +154,28 @@ def test_a_run_plans_once_and_asks_the_kind_once_per_group(tmp_path, monkeypatch
     plan = sweep.make_plan(spec, devices=1)
     g = plan.groups[0]
     assert plan.cost(g, 3) == spec.sweep_kind.cost(spec.at(g.setting), "usa", 6, 3, 3, 0)
+
+
+@pytest.mark.parametrize(
+    "kinds, model, needle",
+    [
+        (
+            '["usa", "sa"]',
+            'rescaled = true\nmask = ["none", "causal"]',
+            "model.rescaled = True applies with",
+        ),
+        (
+            '["sa", "usa"]',
+            'rescaled = true\nmask = ["none", "causal"]',
+            "model.rescaled = True applies with",
+        ),
+        ('["rope", "prompt"]', 'plane = [0, 2]\nmask = ["none", "causal"]', "model.plane"),
+        ('["prompt", "rope"]', "plane = [0, 2]", "model.plane"),
+    ],
+)
+def test_each_kind_applies_its_own_rules_whatever_the_order(kinds, model, needle):
+    """The rules are each kind's own (its parameters' declared ``applies``), checked per kind: a
+    several-kind sweep refuses a value one of its kinds would not use, in either order."""
+    text = USA.replace('kind = "usa"', f"kind = {kinds}").format(model=model)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        sweep.parse_spec(text)

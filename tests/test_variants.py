@@ -10,6 +10,7 @@ form (the projected Euler step of speed ``rate`` and step ``h`` is the Post-LN s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import jax
@@ -94,11 +95,58 @@ def test_one_refusal_per_rule(build, needle):
     assert needle in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
 
 
-def test_attributes_of_another_scheme_are_an_error_not_a_default():
+def test_attributes_of_another_scheme_are_none_not_a_default():
+    """``model.switch_time`` of nGPT is None (not Mix-LN's default 1), and None is what the
+    constructor reads as "not given": ``dataclasses.replace`` round-trips every model."""
     m = mf.models.SelfAttention(1.0, normalization="ngpt", alpha=0.3)
-    assert m.alpha == 0.3
-    with pytest.raises(AttributeError, match="has no switch_time"):
-        _ = m.switch_time
+    assert m.alpha == 0.3 and m.switch_time is None and m.sinkhorn_iters is None
+    assert dataclasses.replace(m, beta=2.0) == mf.models.SelfAttention(
+        2.0, normalization=NGPT(alpha=0.3)
+    )
+    assert dataclasses.replace(mf.kernels.USA(1.0), beta=3.0) == mf.kernels.USA(3.0)
+    k = mf.kernels.make("prompt", normalization="mix", switch_time=0.5)
+    assert k.normalization == Mix(0.5)
+
+
+def test_a_subclass_of_a_builtin_is_not_the_builtin_flow():
+    """A registered subclass of ``Post`` (or ``Softmax``) does not inherit ``post_ln`` (``softmax``):
+    the fast paths that skip the scheme's methods do not take it."""
+
+    class Half(Post):
+        name: ClassVar[str | None] = "half-subclass-test"
+
+        def speed(self, t, dtype=None):
+            return 0.5
+
+    class Flat(mf.models.Softmax):
+        name: ClassVar[str | None] = "flat-subclass-test"
+
+    assert Post.post_ln and not Half.post_ln and not Flat.softmax
+    x0 = _x0(dtype=jnp.float32)
+    half = mf.simulate(
+        mf.kernels.USA(1.0, normalization=Half()), x0, t1=0.4, dt=0.1, solver="euler"
+    )
+    post = mf.simulate(mf.kernels.USA(1.0), x0, t1=0.2, dt=0.05, solver="euler")
+    np.testing.assert_allclose(np.asarray(half.xs[-1]), np.asarray(post.xs[-1]), atol=1e-6)
+    with pytest.raises(ValueError, match="runs the Post-LN flow"):
+        mf.normalization.require_post(mf.kernels.USA(1.0, normalization=Half()), "simulate_long")
+
+
+def test_a_clashing_parameter_is_refused():
+    class Other(Scheme):
+        name: ClassVar[str | None] = "clash-test"
+        alpha: Any = mf.models.param(0.5, kind="float>0", optional=True, doc="another alpha")
+
+    with pytest.raises(ValueError, match="clashes with alpha of normalization 'ngpt'"):
+        Scheme.register(Other)
+    assert "clash-test" not in Scheme.names()
+
+
+def test_phase_diagram_takes_variant_objects():
+    kw: dict[str, Any] = dict(n=6, d=3, seeds=2, t1=0.5, dt=0.1, checkpoints=2, backend="xla")
+    a = pd.sa_phase_diagram(jax.random.key(0), [2.0], normalization=NGPT(0.5), **kw)
+    b = pd.sa_phase_diagram(jax.random.key(0), [2.0], normalization="ngpt", alpha=0.5, **kw)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_schemes_parameters_are_traced_leaves():

@@ -28,6 +28,7 @@ from .._precision import dot, matmul
 from .._resources import Footprint, as_float
 from ..masks import Mask
 from ..models import Declared, _fold_scheme, param
+from ..normalization import Scheme
 from ._base import masked_pairwise_field
 from ._exp import USA, _apply_gauge, _apply_gauge_transpose, _ExpKernel, _tiled_exp
 
@@ -538,7 +539,9 @@ class Prompt(GaugeKernel):
                 G = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
         # the layer-norm placement as every exp kernel takes it (mf.normalization; optional keys:
         # a dict written before them keeps the defaults)
-        scheme = {k: P[k] for k in ("normalization", "alpha", "switch_time") if k in P}
+        scheme: dict[str, Any] = (
+            {"normalization": Scheme.from_params(P)} if "normalization" in P else {}
+        )
         return cls(P["beta"], G, rescaled=P["rescaled"], **scheme, **cls._mask_kwargs(P))
 
     own_init = True

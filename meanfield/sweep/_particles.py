@@ -261,8 +261,8 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         extra["mean_radius"] = lambda x, radius: jnp.mean(radius).astype(dtype)
 
     # the registry's parameters of this kind: fixed values from the spec, swept ones traced
-    # (those that do not apply at this value of a static axis, ``spec.inert``: their defaults)
-    names = {p.name for p in kernels.MODELS[kind].params} - spec.inert
+    # (those that do not apply at this value of a static axis, ``spec.inert_for(kind)``: their defaults)
+    names = {p.name for p in kernels.MODELS[kind].params} - spec.inert_for(kind)
     fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
 
     ts = cast(np.ndarray, spec.ts)

@@ -120,7 +120,7 @@ def grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
 
 def _grid_model(spec: Spec, kind: str, n: int, d: int) -> Model:
     entry = kernels.MODELS[kind]
-    names = {p.name for p in entry.params} - spec.inert
+    names = {p.name for p in entry.params} - spec.inert_for(kind)
     fixed = {
         k: v for k, v in spec.params.items() if k in names and k not in spec.axes and k != "beta"
     }

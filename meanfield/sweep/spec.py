@@ -353,12 +353,9 @@ def _model_params(
         values[name] = value
     # a value that changes nothing: refused (with a static axis: at every value of its list)
     statics = _static_axes(values, accepted)
-    _check_applies_axes(
-        values,
-        {k: p.validate(p.default, k) for k, p in accepted.items()},
-        statics,
-        tuple(accepted.values()),
-    )
+    fallback = {k: p.validate(p.default, k) for k, p in accepted.items()}
+    for k in kinds:  # each kind's own rules (its parameters' ``applies``), whatever the order
+        _check_applies_axes(values, fallback, statics, tuple(grid.model_params(k)))
     if "plane" in values and max(values["plane"]) >= min(ds):
         raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
     return values, accepted
@@ -507,9 +504,13 @@ class Spec:
     #: The static settings given as lists (``name -> values``): grid axes of one compilation
     #: per value (``settings``), between ``model`` and ``n`` in the store.
     statics: dict = dataclasses.field(default_factory=dict)
-    #: The parameters that change nothing at this spec's settings (``Spec.at``): a point leaves
-    #: them at their default, traced axes included.
-    inert: frozenset = frozenset()
+    #: The parameters that change nothing at this spec's settings (``Spec.at``), by model kind
+    #: (each kind's own rules): a point leaves them at their default, traced axes included.
+    inert: dict = dataclasses.field(default_factory=dict)
+
+    def inert_for(self, kind: str) -> frozenset[str]:
+        """The parameters of model ``kind`` left at their default at this spec's settings."""
+        return self.inert.get(kind, frozenset())
 
     @property
     def hash(self) -> str:
@@ -587,7 +588,7 @@ class Spec:
             >>> spec = parse_spec('[model]\\nkind = "usa"\\nmask = ["none", "alibi"]\\nslope = 0.5\\n'
             ...                   '[grid]\\nn = [8]\\nbeta = [1.0]\\nseeds = 1\\n[time]\\nt1 = 1.0')
             >>> one = spec.at((("mask", "none"),))
-            >>> one.params["mask"], "slope" in one.inert, "slope" in spec.at((("mask", "alibi"),)).inert
+            >>> one.params["mask"], "slope" in one.inert_for("usa"), "slope" in spec.at((("mask", "alibi"),)).inert_for("usa")
             ('none', True, False)
         """
         if not setting:
@@ -595,7 +596,7 @@ class Spec:
         held = self._at
         if setting not in held:
             params = {**self.params, **dict(setting)}
-            inert = _inert(params, _kind_params(self.kinds))
+            inert = {k: _inert(params, _kind_params((k,))) for k in self.kinds}
             model = {**self.data["model"], **dict(setting)}
             held[setting] = dataclasses.replace(
                 self,
