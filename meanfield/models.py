@@ -82,13 +82,13 @@ if TYPE_CHECKING:  # a field holds the variant, its constructor takes a register
         def __get__(self, obj: Any, owner: Any) -> _T: ...
         def __set__(self, obj: Any, value: _T | str) -> None: ...
 
-    SchemeArg = _VariantField[_norm.Scheme]
-    AttentionArg = _VariantField[AttentionKind]
-    GeometryArg = _VariantField[Geometry]
+    _SchemeArg = _VariantField[_norm.Scheme]
+    _AttentionArg = _VariantField[AttentionKind]
+    _GeometryArg = _VariantField[Geometry]
 else:  # what the constructors take too: a registered name, converted once (``__post_init__``)
-    SchemeArg = _norm.Scheme | str
-    AttentionArg = AttentionKind | str
-    GeometryArg = Geometry | str
+    _SchemeArg = _norm.Scheme | str
+    _AttentionArg = AttentionKind | str
+    _GeometryArg = Geometry | str
 
 __all__ = [
     "Model",
@@ -542,7 +542,7 @@ def _fold_scheme(model: Any, **given: Any) -> None:
     model.normalization = _norm.Scheme.coerce(model.normalization, type(model).__name__, **given)
 
 
-class FoldScheme:
+class _FoldScheme:
     """The ``__post_init__`` of a model whose dataclass ``__init__`` takes the flat ``alpha`` and
     ``switch_time`` (``dataclasses.InitVar``): folds them into the scheme (``_fold_scheme``). A
     subclass with an ``__init__`` of its own (``own_init = True``; it calls ``_fold_scheme``
@@ -573,7 +573,7 @@ def _scheme_attribute(name: str, field: str, family: Any) -> property:
     )
 
 
-def with_scheme_attributes(cls: Any) -> Any:
+def _with_scheme_attributes(cls: Any) -> Any:
     """Class decorator: the flat parameters of the model's variants (``alpha``, ``switch_time`` of
     its scheme; ``sinkhorn_iters``, ``tie_tol`` of its attention kind) read from the variant
     (``_scheme_attribute``) on a model whose constructor takes them flat (``dataclasses.InitVar``)."""
@@ -629,7 +629,7 @@ def _show_value(value: Any) -> str:
 _DRAWN = (("weights", ENSEMBLES[1:]), ("value", VALUES[1:]))
 
 
-@with_scheme_attributes
+@_with_scheme_attributes
 class SelfAttention(Model):
     r"""Self-attention particle dynamics on the sphere: heads, weights, masks, normalisations, and tokens in R^d.
 
@@ -735,7 +735,7 @@ class SelfAttention(Model):
         doc=RESCALED_DOC,
         applies=(("normalized", (False,)),),  # a softmax row is invariant under e^(-beta)
     )
-    attention: AttentionArg = param(
+    attention: _AttentionArg = param(
         Softmax(),
         kind=AttentionKind,
         optional=True,
@@ -784,10 +784,10 @@ class SelfAttention(Model):
         doc="redraw the random weights every this much time (0: never)",
         applies=_DRAWN,
     )
-    normalization: SchemeArg = _normalization_param("normalization")
+    normalization: _SchemeArg = _normalization_param("normalization")
     alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
     switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
-    geometry: GeometryArg = param(
+    geometry: _GeometryArg = param(
         Sphere(),
         kind=Geometry,
         optional=True,

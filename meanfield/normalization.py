@@ -113,7 +113,8 @@ class Scheme(Variant):
         >>> m = mf.models.SelfAttention(1.0, normalization="half-speed-doc")
         >>> m.normalization, m.normalization.radial
         (HalfSpeed(), False)
-    r"""
+        >>> mf.normalization.Scheme.unregister("half-speed-doc")
+    """
 
     flat_name: ClassVar[str | None] = "normalization"
     what: ClassVar[str] = "normalisation scheme"

@@ -31,15 +31,15 @@ from ..models import (
     BETA_DOC,
     RESCALED_DOC,
     ExpProfile,
-    FoldScheme,
-    SchemeArg,
     _check_normalization,
     _fold_scheme,
+    _FoldScheme,
     _normalization_param,
+    _SchemeArg,
+    _with_scheme_attributes,
     exp_interaction_rate,
     exp_reference_step,
     param,
-    with_scheme_attributes,
 )
 from ._base import Kernel, masked_pairwise_field
 
@@ -630,19 +630,19 @@ def _tiled_exp_unit(
     return F.reshape(R, d)[:n] / n, jnp.sum(s)
 
 
-@with_scheme_attributes
+@_with_scheme_attributes
 class _ExpKernel(Kernel):
     """Shared machinery of kernels ``b(xi, zeta) exp(beta <A x, B y>) / beta``."""
 
     beta: RealScalarLike = param(1.0, kind="float>0", doc=BETA_DOC)
     rescaled: bool = param(False, kind="bool", static=True, kw_only=True, doc=RESCALED_DOC)
-    normalization: SchemeArg = _normalization_param("normalization")
+    normalization: _SchemeArg = _normalization_param("normalization")
     alpha: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("alpha")
     switch_time: dataclasses.InitVar[RealScalarLike | None] = _normalization_param("switch_time")
 
     #: True on a subclass with an ``__init__`` of its own (it folds the scheme itself: ``_fold_scheme``).
     own_init: ClassVar[bool] = False
-    __post_init__ = FoldScheme()  # type: ignore[misc,assignment]
+    __post_init__ = _FoldScheme()  # type: ignore[misc,assignment]
 
     def __check_init__(self) -> None:
         super().__check_init__()
