@@ -78,22 +78,22 @@ def test_import_initialises_no_jax_backend(imported_all):
 
 
 @pytest.mark.slow
-def test_cold_cache_builds_at_import_once(tmp_path):
+def test_cold_cache_builds_at_import_once(cold_cache):
     """A fresh cache: the first ``import meanfield.kernels`` compiles (one line on stderr, two
-    libraries), the second finds them and prints nothing about a build."""
-    if _native._cache._compiler() is None:
-        pytest.skip("no C compiler")
-    env = {"MEANFIELD_CACHE_DIR": str(tmp_path)}
+    libraries, loaded when the import returns: ``cold_cache``), the second finds them and prints
+    nothing about a build."""
+    cache, first = cold_cache
     code = (
         "import meanfield.kernels, meanfield._native as n; print(n._exp_state['lib'] is not None)"
     )
-    first, second = _run(code, env=env), _run(code, env=env)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    second = _run(code, env={"MEANFIELD_CACHE_DIR": str(cache)})
+    assert second.returncode == 0, second.stderr
     built = [ln for ln in first.stderr.splitlines() if ln.startswith("meanfield: ")]
-    assert built == [f"{_BUILD_LINE} (once, cached in {tmp_path}) ..."], first.stderr
-    assert first.stdout.split() == ["True"] and second.stdout.split() == ["True"]
+    assert built == [f"{_BUILD_LINE} (once, cached in {cache}) ..."], first.stderr
+    assert first.stdout.strip().splitlines()[-1].split()[0] == "True", first.stdout  # loaded
+    assert second.stdout.split() == ["True"]
     assert "meanfield: " not in second.stderr, second.stderr
-    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.so")) == [
+    assert sorted(p.name.split("-")[0] for p in cache.glob("*.so")) == [
         "exp_kernel",
         "exp_kernel",
     ]
@@ -121,6 +121,7 @@ def compile_(*a, **k):
     calls.append(a)
     raise AssertionError("the C compiler ran during a trace")
 subprocess.run, subprocess.Popen, _native._cache._compile = run, popen, compile_
+loaded = _native._exp_state["lib"] is not None  # built (or found) and loaded at import
 assert not _native._exp_state["tested"]  # the first use is the trace below
 x = mf.sphere.uniform(jax.random.key(0), 16, 3)
 f = jax.jit(lambda x: mf.energy(mf.kernels.USA(1.0), x))
@@ -128,25 +129,47 @@ hlo = f.lower(x).as_text()
 e = float(f(x))
 lib = _native.exp_library()  # "auto": the kernel where the crossover (measured in the trace above) prefers it
 want = lib.available and lib.crossover.prefers_native(16, 3)
-print(len(calls), lib.available, ("meanfield_exp" in hlo) == want, e > 0, "|", lib.reason)
+print(loaded, len(calls), lib.available, ("meanfield_exp" in hlo) == want, e > 0, "|", lib.reason)
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("env", [{}, {"CC": "false"}], ids=["built", "compiler-fails"])
-def test_no_compiler_runs_inside_a_trace(tmp_path, env):
-    """Tracing ``mf.energy`` (the kernel's first use: its self-test and the crossover measurement
-    of ``backend="auto"`` run then) starts no compiler, whether the library was built at import or its build failed there; a failed
-    build leaves the XLA path, with the reason."""
-    if _native._cache._compiler() is None and not env:
+@pytest.fixture(scope="module")
+def cold_cache(tmp_path_factory):
+    """``_TRACE`` in a process with a fresh cache: the kernel is built at import (the clean build
+    of ``test_cold_cache_builds_at_import_once``), then first used inside a trace
+    (``test_no_compiler_runs_inside_a_trace``)."""
+    if _native._cache._compiler() is None:
         pytest.skip("no C compiler")
-    r = _run(_TRACE, env={"MEANFIELD_CACHE_DIR": str(tmp_path / "cache"), **env})
+    cache = tmp_path_factory.mktemp("cold")
+    r = _run(_TRACE, env={"MEANFIELD_CACHE_DIR": str(cache)})
     assert r.returncode == 0, r.stderr
-    calls, available, path_as_measured, positive, *_ = r.stdout.strip().splitlines()[-1].split()
+    return cache, r
+
+
+def _check_trace(r, built):
+    loaded, calls, available, path_as_measured, positive, *_ = (
+        r.stdout.strip().splitlines()[-1].split()
+    )
     assert calls == "0" and positive == "True" and path_as_measured == "True"
-    assert available == ("False" if env else "True"), r.stdout
-    if env:
+    assert available == loaded == str(built), r.stdout
+    if not built:
         assert "C compiler failed" in r.stdout
+
+
+@pytest.mark.slow
+def test_no_compiler_runs_inside_a_trace(cold_cache):
+    """Tracing ``mf.energy`` (the kernel's first use: its self-test and the crossover measurement
+    of ``backend="auto"`` run then) starts no compiler when the library was built at import (in a
+    fresh cache: ``cold_cache``)."""
+    _check_trace(cold_cache[1], built=True)
+
+
+@pytest.mark.slow
+def test_no_compiler_runs_inside_a_trace_after_a_failed_build(tmp_path):
+    """The same when the build failed at import: the XLA path, with the reason."""
+    r = _run(_TRACE, env={"MEANFIELD_CACHE_DIR": str(tmp_path / "cache"), "CC": "false"})
+    assert r.returncode == 0, r.stderr
+    _check_trace(r, built=False)
 
 
 def test_exp_library_never_compiles(monkeypatch):
