@@ -34,12 +34,14 @@ kind = "usa"
 [grid]
 n = [6, 8]
 beta = [1.0, 2.0]
-seeds = 16
+seeds = 8
 [time]
 t1 = 2.0
 dt = 0.01
 save = 3
 """
+
+CHUNKS = 16  # 2 n x 2 beta x 8 seeds, two points (one per device) per chunk
 
 TIMEOUT = (
     300  # seconds per process: generous for 2 loaded cores; a hang fails instead of blocking CI
@@ -139,7 +141,7 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory, env):
-    """One process, two local CPU devices, two points per chunk (``--memory 1B``): 32 chunks."""
+    """One process, two local CPU devices, two points per chunk (``--memory 1B``): 16 chunks."""
     base = tmp_path_factory.mktemp("distributed")
     spec = base / "distributed.toml"
     spec.write_text(SPEC)
@@ -148,7 +150,7 @@ def ref(tmp_path_factory, env):
     [(rc, err)] = _finish([_sweep(spec, "--out", out, "--memory", "1B", "--quiet", env=local)])
     assert rc == 0, err
     ds = sweep.load(out)
-    assert ds.attrs["chunks_total"] == 32 and ds.attrs["process_count"] == 1
+    assert ds.attrs["chunks_total"] == CHUNKS and ds.attrs["process_count"] == 1
     return spec, out
 
 
@@ -161,7 +163,7 @@ def test_two_processes_write_the_single_process_store(ref, tmp_path, env):
         assert "native CPU kernels unavailable" not in err, err
     ds = sweep.load(out)  # verified: every chunk written once, soundly
     assert ds.attrs["process_count"] == 2 and ds.attrs["devices"].startswith("2 x cpu")
-    assert ds.attrs["chunks_done"] == ds.attrs["chunks_total"] == 32
+    assert ds.attrs["chunks_done"] == ds.attrs["chunks_total"] == CHUNKS
     _assert_same(out, ref_store)
 
     # an error of process 0 (the store exists) stops both processes with one line each
@@ -202,7 +204,7 @@ def test_killed_process_then_resume(ref, tmp_path, env):
                 p.wait()
     assert rc0 != 0
     before = {n: (done / n).read_text() for n in os.listdir(done) if n.isdigit()}
-    assert 1 <= len(before) < 32, len(before)
+    assert 1 <= len(before) < CHUNKS, len(before)
     kept = {n: _chunk_files(out, n) for n in before}
 
     # the resume runs the Python launcher of docs/sweeps.md (resume=True), as printed there

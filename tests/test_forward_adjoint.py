@@ -21,7 +21,7 @@ name = "tiny_fwd"
 [model]
 kind = "usa"
 [grid]
-n = [5, 7]
+n = [7]
 d = 3
 beta = [1.5, 4.0]
 seeds = 2

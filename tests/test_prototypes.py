@@ -419,8 +419,10 @@ def test_reproduce_quick(tmp_path, monkeypatch):
         return stage["st"]
 
     monkeypatch.setattr(R, "_stability", kept_stability)
+    # eps: 4 of the quick run's 6 timescale ratios, still both regimes (<= 0.1 and >= 0.5) and the
+    # reference eps = 0.05 of the clustering rows
     with FigureAudit() as figures:  # every figure it writes, checked as it is saved
-        summary = R.run(tmp_path, quick=True, quiet=True)
+        summary = R.run(tmp_path, quick=True, quiet=True, eps=[0.01, 0.05, 0.5, 2.0])
     assert figures.saved and not figures.problems, "\n".join(figures.problems)
     out = tmp_path / "prototypes"
     on_disk = json.loads((out / "summary.json").read_text())

@@ -86,10 +86,10 @@ def test_growth_map_spec_through_the_cli(tmp_path):
     t = ds["time"].values
     np.testing.assert_allclose(amp, 1e-3 * np.exp(closed[..., None] * t), rtol=2e-4)
 
-    r = _run_cli(["sweep", "--verify", out])
-    assert r.returncode == 0, r.stderr
-    r = _run_cli(["plot", out, "--out", tmp_path / "plots"])
-    assert r.returncode == 0, r.stderr
+    # --verify and plot through the same `meanfield` entry point, in this process (the
+    # subprocess path of --verify: test_resume_recomputes_missing_and_damaged_chunks)
+    assert mf.cli.main(["sweep", "--verify", str(out)]) == 0
+    assert mf.cli.main(["plot", str(out), "--out", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "growth_rate_heatmap_beta_mode.png").stat().st_size > 0
     assert (tmp_path / "plots" / "amplitude_vs_time.png").stat().st_size > 0
 
