@@ -21,7 +21,7 @@ OUT = HERE / "durations.json"
 
 def node_id(classname: str, name: str) -> str:
     """pytest's node id of a JUnit test case (module-level tests: ``tests.test_x`` + ``test_y[id]``)."""
-    name = name.split("@tests/", 1)[0]  # `--dist loadgroup` appends a test's xdist group to its id
+    name = name.split("@tests/", 1)[0]  # `--dist loadgroup` appends an xdist group to an id
     parts = classname.split(".")
     module = "/".join(parts[:2]) + ".py"  # tests.test_x -> tests/test_x.py
     return "::".join([module, *parts[2:], name])

@@ -59,39 +59,20 @@ def recorded_durations() -> dict[str, float]:
         return {}
 
 
-def _shared_fixture_file(item) -> str | None:
-    """The test file of ``item`` when the test uses a module-, class- or session-scoped fixture that
-    the suite defines (a compiled program or a run several tests share), else None."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for defs in info.name2fixturedefs.values():
-        for fixturedef in defs:
-            if fixturedef.scope != "function" and str(fixturedef.baseid).startswith("tests"):
-                return item.nodeid.split("::", 1)[0]
-    return None
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Tests recorded under ``FAST_SECONDS`` (or not recorded) and not marked ``slow`` are marked
     ``fast``. With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
     accelerators run), tests marked ``native`` test the C kernels themselves and are skipped.
 
-    The tests of a file that share a fixture wider than a test are one ``xdist_group`` (the file):
-    under ``pytest -n 2 --dist loadgroup`` (.ci/run) they run in one worker, which builds the shared
-    program or run once; every other test is dealt out one by one, as ``--dist load`` does. (This
-    hook runs first: the recorded durations are keyed by the plain node id, before xdist appends
-    the group to it.)"""
+    (Under ``-n``, pytest-xdist runs each test file in one worker, ``--dist loadfile`` in the
+    ``addopts`` of pyproject.toml: the programs and runs a file's tests share are built once.)"""
     times = recorded_durations()
     fast = pytest.mark.fast
     for item in items:
         t = times.get(item.nodeid)
         if item.get_closest_marker("slow") is None and (t is None or t < FAST_SECONDS):
             item.add_marker(fast)
-        group = _shared_fixture_file(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if not _native_off():
         return
     skip = pytest.mark.skip(reason="MEANFIELD_NATIVE=0: the native kernels are off")
