@@ -7,7 +7,7 @@ Public API (a tour: README.md, then docs/tour.md)::
     mf.energy, mf.velocity, mf.simulate, mf.positions,
     mf.attention, mf.depth, mf.prototypes, mf.design, mf.analysis,
     mf.phase_diagram, mf.random_batch, mf.continuum, mf.metastability, mf.masks,
-    mf.normalization, mf.geometry, mf.matmul_precision
+    mf.normalization, mf.geometry, mf.steps, mf.matmul_precision
 
 Models are named in one registry, ``mf.kernels.MODELS`` (``mf.kernels.make(name, ...)``),
 from which the CLI flags, sweep specs and reproductions derive.
@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and the docs
         prototypes,
         random_batch,
         sphere,
+        steps,
         theory,
     )
     from ._precision import matmul_precision
@@ -85,6 +86,7 @@ __all__ = [
     "random_batch",
     "simulate",
     "sphere",
+    "steps",
     "theory",
     "Trajectory",
     "velocity",
@@ -109,6 +111,7 @@ _SUBMODULES = frozenset(
         "prototypes",
         "random_batch",
         "sphere",
+        "steps",
         "theory",
     }
 )

@@ -3,7 +3,8 @@
 ``meanfield --help``, ``meanfield simulate --help`` and the command line's argument errors
 return before JAX is imported (a fraction of a second, not the seconds of ``import jax``):
 the parser of ``meanfield simulate`` takes its ``--kernel`` choices and its model flags from
-``MODELS`` here, ``--solver``/``--step`` from ``SOLVERS``/``STEPS`` and ``--r0``'s schemes from
+``MODELS`` here, ``--solver``/``--step`` from ``SOLVERS``/``STEPS`` (and the rules that take some
+solvers only from ``STEP_SOLVERS``: ``mf.steps.step_solvers``) and ``--r0``'s schemes from
 ``RADIAL`` (``mf.normalization.RADIAL``). The registry
 (``meanfield.kernels.MODELS``) stays the one source: the block between the markers below is
 generated from it by ``python -m meanfield._cli_schema --write``, and a test (and
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "RADIAL", "derive_models", "derive", "render", "main",
+__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "STEP_SOLVERS", "RADIAL", "derive_models", "derive", "render", "main",
            "entry_points_declared"]
 
 
@@ -176,6 +177,7 @@ MODELS: tuple[Model, ...] = (
 SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
 STEPS: tuple[str, ...] = ('projected', 'renormalize')
 RADIAL: tuple[str, ...] = ('pre', 'mix', 'peri')
+STEP_SOLVERS: tuple[tuple[str, tuple[str, ...], str], ...] = (('renormalize', ('euler',), 'x + h F(x), then normalise'),)
 # END GENERATED
 
 
@@ -218,12 +220,13 @@ def entry_points_declared(group: str = "meanfield.models") -> bool:
 
 
 def derive() -> dict[str, tuple]:
-    """``{"MODELS": ..., "SOLVERS": ..., "STEPS": ..., "RADIAL": ...}`` as the registry,
+    """``{"MODELS": ..., "SOLVERS": ..., "STEPS": ..., "RADIAL": ..., "STEP_SOLVERS": ...}`` as the registry,
     ``meanfield.integrate`` and ``meanfield.normalization`` have them now (imports them)."""
     from . import integrate, normalization
+    from .steps import step_solvers
 
     return {"MODELS": derive_models(builtin=True), "SOLVERS": tuple(integrate.SOLVERS), "STEPS": tuple(integrate.STEPS),
-            "RADIAL": tuple(normalization.RADIAL)}
+            "RADIAL": tuple(normalization.RADIAL), "STEP_SOLVERS": step_solvers(builtin=True)}
 
 
 def render(values: dict[str, tuple]) -> str:
@@ -240,6 +243,7 @@ def render(values: dict[str, tuple]) -> str:
     lines.append(")")
     for name in ("SOLVERS", "STEPS", "RADIAL"):
         lines.append(f"{name}: tuple[str, ...] = {tuple(values[name])!r}")
+    lines.append(f"STEP_SOLVERS: tuple[tuple[str, tuple[str, ...], str], ...] = {tuple(values['STEP_SOLVERS'])!r}")
     lines.append(_END)
     return "\n".join(lines) + "\n"
 

@@ -90,6 +90,7 @@ from typing import Any
 from . import _params, _paths
 from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
+from ._spelling import say_cli, solver_refusal
 
 __all__ = [
     "main",
@@ -175,14 +176,28 @@ def _models() -> tuple:
 
 
 def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(SOLVERS, STEPS)`` of ``meanfield.integrate``, or their copies in ``meanfield._cli_schema``."""
+    """``(SOLVERS, step rule names)`` of ``meanfield.integrate`` and ``meanfield.steps``, or their
+    copies in ``meanfield._cli_schema``."""
     from . import _cli_schema
 
     if "meanfield.integrate" in sys.modules:
-        from .integrate import SOLVERS, STEPS
+        from .integrate import SOLVERS
+        from .steps import StepRule
 
-        return tuple(SOLVERS), tuple(STEPS)
+        return tuple(SOLVERS), StepRule.names()  # registered step rules included
     return _cli_schema.SOLVERS, _cli_schema.STEPS
+
+
+def _step_solvers() -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """The step rules that take some solvers only (``mf.steps.step_solvers``), or their copy in
+    ``meanfield._cli_schema`` (``STEP_SOLVERS``) while JAX is not imported."""
+    from . import _cli_schema
+
+    if "meanfield.steps" in sys.modules:
+        from .steps import step_solvers
+
+        return step_solvers()
+    return _cli_schema.STEP_SOLVERS
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, models: Sequence[Any]) -> None:
@@ -625,8 +640,14 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}"
         )
     check_backend(args.backend, "--backend")
-    if args.step == "renormalize" and args.solver != "euler":
-        raise ValueError(f"--step renormalize needs --solver euler, not --solver {args.solver}")
+    limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
+    if (
+        args.step in limited
+    ):  # the rule's own check (mf.steps.StepRule.check), before JAX is imported
+        solvers, update = limited[args.step]
+        problem = solver_refusal(args.step, solvers, args.solver, update, say_cli)
+        if problem is not None:
+            raise ValueError(problem)
     if process:
         _configure_process()
 

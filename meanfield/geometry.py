@@ -6,7 +6,8 @@ the velocity $P_{x_i} F_i$, the layer-norm schemes of ``mf.normalization``) or `
 projection, no layer norm). The names ``"sphere"`` and ``"euclidean"`` stay accepted everywhere
 (``geometry="euclidean"``, ``--geometry euclidean``, a sweep's ``model.geometry``). A geometry
 holds its facts: ``on_sphere`` (unit tokens, a projected velocity, an energy on the sphere) and
-what it refuses (``check_scheme``, ``check_step``).
+what it refuses (``check_scheme``; a step rule that ends on the unit sphere refuses a geometry
+without one: ``mf.steps.StepRule.check``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ class Geometry(Variant):
     def check_scheme(self, scheme: Any) -> None:
         """``ValueError`` for a layer-norm scheme (``mf.normalization.Scheme``) the geometry cannot run."""
 
-    def check_step(self, step: str) -> None:
-        """``ValueError`` for a step rule of ``mf.simulate`` the geometry cannot run."""
+    def check_step(self, step: Any) -> None:
+        """``ValueError`` for a step rule of ``mf.simulate`` (a ``mf.steps.StepRule`` or its name)
+        the geometry cannot run: a rule that ends each step on the unit sphere needs one (the
+        rule's own check, ``StepRule.check(geometry=)``)."""
+        from .steps import StepRule
+
+        StepRule.coerce(step).check(geometry=self)
 
 
 def _builtin(cls: Any) -> Any:
@@ -63,14 +69,6 @@ class Euclidean(Geometry):
             raise ValueError(
                 f"geometry='euclidean' has no layer norm: normalization={scheme.name!r} needs "
                 f"geometry='sphere' (normalization='post' is the default)"
-            )
-
-    def check_step(self, step: str) -> None:
-        """Only ``step="projected"`` (the unprojected flow in R^d): the others renormalise to the sphere."""
-        if step != "projected":
-            raise ValueError(
-                f"step={step!r} renormalises to the sphere; geometry='euclidean' has no sphere: use "
-                f"step='projected' (the unprojected flow in R^d)"
             )
 
 

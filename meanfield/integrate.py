@@ -72,6 +72,8 @@ from .energy import check_states
 from .geometry import geometry_of
 from .kernels import Kernel
 from .kernels._exp import _entry_backend, _scope_backend
+from .steps import STEPS as _STEPS
+from .steps import StepRule
 
 __all__ = [
     "simulate",
@@ -93,10 +95,10 @@ __all__ = [
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
 ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
 SOLVERS = FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS
-#: Step rules (``simulate(step=)``, the phase-diagram sweeps, the sweep key ``time.step``):
+#: Step rules' names (``simulate(step=)``, the phase-diagram sweeps, the sweep key ``time.step``):
 #: ``"projected"``: $x + h P_x F$ then normalise; ``"renormalize"``: $x + h F$ then normalise
-#: (the published code's update; Euler only).
-STEPS = ("projected", "renormalize")
+#: (the published code's update; Euler only). The rules are ``mf.steps.StepRule`` objects.
+STEPS = _STEPS
 
 _rk4_tableau = diffrax.ButcherTableau(
     c=np.array([0.5, 0.5, 1.0]),
@@ -815,7 +817,7 @@ def simulate(
     block_size: Any = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     backend: str | None = None,
-    step: str = "projected",
+    step: str | StepRule = "projected",
     r0: ArrayLike | None = None,
     progress: bool = False,
 ) -> Trajectory:
@@ -914,24 +916,15 @@ def simulate(
         ((2, 32, 3), True)
     """
     check_choice("solver", solver, SOLVERS)
-    check_choice("step", step, STEPS)
+    rule = StepRule.coerce(step)
     backend = _entry_backend(backend)
-    if step == "renormalize" and solver != "euler":
-        raise ValueError(
-            f"step='renormalize' is an Euler rule (x + h F(x), then normalise): use solver='euler', "
-            f"not solver={solver!r} (other solvers take step='projected')"
-        )
+    rule.check(solver=solver)
     ts_np = _check_times(t1, dt, ts, solver)
     x0, aux = check_states(model, x0, aux, "x0")
     radial = normalization.uses_radius(model)
     geometry = geometry_of(model)
     euclidean = not geometry.on_sphere
-    if radial and step != "projected":
-        raise ValueError(
-            f"step={step!r} renormalises to the sphere; normalization="
-            f"{normalization.scheme_of(model).name!r} has a radius: use step='projected'"
-        )
-    geometry.check_step(step)
+    rule.check(scheme=normalization.scheme_of(model), geometry=geometry)
     if euclidean and early_stop is not None:
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
@@ -1043,7 +1036,7 @@ def simulate(
             block_size=block_size,
             has_energy=has_energy,
             adjoint=adjoint if adjoint is not None else diffrax.RecursiveCheckpointAdjoint(),
-            tangent=step == "projected",
+            tangent=rule.tangent,
             backend=backend,
             radial=radial,
             euclidean=euclidean,

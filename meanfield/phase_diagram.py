@@ -157,6 +157,7 @@ from .integrate import STEPS, _near_origin, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
 from .models import SelfAttention, exp_reference_step, random_weights
+from .steps import StepRule
 
 if TYPE_CHECKING:  # a list of n returns labelled data; xarray itself is imported only then
     import xarray as xr
@@ -250,7 +251,7 @@ def euler_step(
     h: RealScalarLike,
     *,
     normalized: bool = True,
-    step: str = "projected",
+    step: str | StepRule = "projected",
 ) -> Float[Array, "n d"]:
     r"""One Euler step $x \leftarrow \operatorname{normalize}(x + h P_x F(x))$ (dense reference, all $n^2$ exponentials).
 
@@ -275,11 +276,11 @@ def euler_step(
         >>> y.shape, bool(jnp.allclose(jnp.linalg.norm(y, axis=1), 1.0, atol=1e-5))
         ((5, 3), True)
     """
-    check_choice("step", step, STEPS)
+    tangent = StepRule.coerce(step).tangent
     W = jnp.exp(beta * matmul(x, x.T))
     F = matmul(W, x)
     F = F / jnp.sum(W, axis=1, keepdims=True) if normalized else F / x.shape[0]
-    v = F - jnp.sum(F * x, axis=1, keepdims=True) * x if step == "projected" else F
+    v = F - jnp.sum(F * x, axis=1, keepdims=True) * x if tangent else F
     return sphere.normalize(x + h * v)
 
 
@@ -1234,10 +1235,10 @@ def _check_common(
     x0: ArrayLike | None,
     seed_chunk: int | None = None,
     backend: str = "auto",
-    step: str = "projected",
+    step: str | StepRule = "projected",
     schedule: str = "uniform",
 ) -> tuple[np.ndarray, int, int, int]:
-    check_choice("step", step, STEPS)
+    StepRule.coerce(step).check(solver="euler")  # the sweeps step with Euler
     check_choice("schedule", schedule, SCHEDULES)
     try:
         betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
@@ -1396,7 +1397,7 @@ def sa_phase_diagram(
     seed_chunk: int | None = None,
     packed: bool = False,
     backend: str = "auto",
-    step: str = "projected",
+    step: str | StepRule = "projected",
     schedule: str = "uniform",
     weights: str = "identity",
     value: str = "identity",
@@ -1533,11 +1534,7 @@ def sa_phase_diagram(
     )  # the checks of SelfAttention's parameters, one behaviour per name
     scheme = model.normalization  # a mf.normalization.Scheme, whatever spelling was given
     radial = scheme.radial
-    if radial and step != "projected":
-        raise ValueError(
-            f"step={step!r} renormalises to the sphere; normalization={scheme.name!r} has a "
-            f"radius: use step='projected'"
-        )
+    StepRule.coerce(step).check(scheme=scheme)
     if r0 is not None and not radial:
         raise ValueError(
             f"r0 is the initial radius of the schemes with one (normalization "
@@ -1593,7 +1590,7 @@ def sa_phase_diagram(
         packed,
         seed_chunk,
         backend=backend,
-        project=step == "projected",
+        project=StepRule.coerce(step).tangent,
         attn=attn,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
@@ -1617,7 +1614,7 @@ def usa_phase_diagram(
     seed_chunk: int | None = None,
     packed: bool = False,
     backend: str = "auto",
-    step: str = "projected",
+    step: str | StepRule = "projected",
     schedule: str = "uniform",
 ) -> np.ndarray | PhaseDiagram:
     r"""Clustering fraction of the Euler-discretised USA flow with the beta-dependent step.
@@ -1673,6 +1670,6 @@ def usa_phase_diagram(
         packed,
         seed_chunk,
         backend=backend,
-        project=step == "projected",
+        project=StepRule.coerce(step).tangent,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, Ns, per_seed)

@@ -333,3 +333,119 @@ def test_own_attention_kind_everywhere(uniform, tmp_path, capsys, monkeypatch):
     )
     assert np.all(np.isfinite(frac))
     np.testing.assert_array_equal(frac[0], frac[1])  # beta plays no role
+
+
+# ---------------------------------------------------------------- step rules
+class EulerProjected(mf.steps.Projected):
+    """The projected step, defined for Euler only (a rule of this module)."""
+
+    name: ClassVar[str | None] = "euler-projected-test"
+    solvers: ClassVar[tuple[str, ...] | None] = ("euler",)
+
+
+@pytest.fixture
+def euler_projected():
+    mf.steps.StepRule.register(EulerProjected)
+    try:
+        yield EulerProjected
+    finally:
+        mf.steps.StepRule.unregister("euler-projected-test")
+
+
+def test_step_rules_are_objects_with_their_facts():
+    S = mf.steps
+    assert S.StepRule.coerce("projected") == S.Projected() and S.STEPS == mf.integrate.STEPS
+    assert [S.StepRule.coerce(n).tangent for n in S.STEPS] == [True, False]
+    assert S.Renormalize().solvers == ("euler",) and S.Projected().solvers is None
+    with pytest.raises(ValueError, match="step must be one of 'projected', 'renormalize'"):
+        S.StepRule.coerce("sideways")
+    # an object and its name are one value: the same numbers
+    model, x0 = mf.kernels.USA(1.0), _x0()
+    kw = dict(t1=0.3, dt=0.1, solver="euler")
+    a = mf.simulate(model, x0, step="renormalize", **kw)
+    b = mf.simulate(model, x0, step=S.Renormalize(), **kw)
+    np.testing.assert_array_equal(np.asarray(a.xs), np.asarray(b.xs))
+    np.testing.assert_array_equal(
+        np.asarray(pd.euler_step(x0, 1.0, 0.1, step=S.Renormalize())),
+        np.asarray(pd.euler_step(x0, 1.0, 0.1, step="renormalize")),
+    )
+
+
+@pytest.mark.parametrize(
+    "check, text",
+    [
+        (
+            dict(solver="rk2"),
+            "{step} needs {euler}, not {rk2} (its update: x + h F(x), then normalise)",
+        ),
+        (
+            dict(scheme=Pre),
+            "{step} renormalises to the sphere; {pre} has a radius: use {projected}",
+        ),
+        (
+            dict(geometry=mf.geometry.Euclidean()),
+            "{step} renormalises to the sphere; {euclidean} has no sphere: use {projected}",
+        ),
+    ],
+    ids=["solver", "radius", "geometry"],
+)
+def test_one_refusal_text_in_each_spelling(check, text):
+    """``StepRule.check`` is one text; Python, a sweep spec and the command line spell the settings."""
+    from meanfield._spelling import say_cli, say_python, say_spec
+
+    for say in (say_python, say_spec, say_cli):
+        with pytest.raises(ValueError) as e:
+            mf.steps.Renormalize().check(**check, say=say)
+        want = text.format(
+            step=say("step", "renormalize"),
+            euler=say("solver", "euler"),
+            rk2=say("solver", "rk2"),
+            pre=say("normalization", "pre"),
+            euclidean=say("geometry", "euclidean"),
+            projected=say("step", "projected"),
+        )
+        assert str(e.value) == want
+    assert say_spec("step", "renormalize") == "time.step = 'renormalize'"
+    assert say_cli("step", "renormalize") == "--step renormalize"
+
+
+def test_own_step_rule_everywhere(euler_projected, tmp_path, capsys, monkeypatch):
+    """A rule registered here runs in ``mf.simulate`` (the projected Euler numbers), is refused
+    with another solver by its own declaration in Python, a sweep spec and the command line, and
+    steps a phase diagram."""
+    model, x0 = mf.kernels.USA(1.0), _x0()
+    kw: dict[str, Any] = dict(t1=0.3, dt=0.1, solver="euler")
+    own = mf.simulate(model, x0, step="euler-projected-test", **kw)
+    ref = mf.simulate(model, x0, step="projected", **kw)
+    np.testing.assert_array_equal(np.asarray(own.xs), np.asarray(ref.xs))
+    with pytest.raises(ValueError) as e:
+        mf.simulate(model, x0, t1=0.3, dt=0.1, solver="rk2", step="euler-projected-test")
+    assert str(e.value).startswith(
+        "step='euler-projected-test' needs solver='euler', not solver='rk2'"
+    )
+    text = (
+        '[model]\nkind = "usa"\n[grid]\nn = [6]\nbeta = [1.0]\nseeds = 1\n'
+        '[time]\nt1 = 0.3\ndt = 0.1\nsave = 2\nsolver = "rk2"\nstep = "euler-projected-test"\n'
+    )
+    with pytest.raises(ValueError) as e:
+        sweep.parse_spec(text)
+    assert str(e.value).startswith(
+        "time.step = 'euler-projected-test' needs time.solver = 'euler', not time.solver = 'rk2'"
+    )
+    spec = sweep.parse_spec(text.replace('"rk2"', '"euler"'))
+    assert spec.step == "euler-projected-test" and spec.step_variant == EulerProjected()
+    monkeypatch.setenv("MEANFIELD_NATIVE_QUIET", "1")
+    status = cli.main(
+        ["simulate", "--n", "6", "--t1", "0.2", "--dt", "0.1", "--no-plots"]
+        + ["--step", "euler-projected-test", "--solver", "rk2", "--out", str(tmp_path)]
+    )
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 2 and len(lines) == 1, lines
+    assert "--step euler-projected-test needs --solver euler, not --solver rk2" in lines[0]
+    kw2: dict[str, Any] = dict(n=6, d=3, seeds=2, t1=0.3, dt=0.1, checkpoints=2, backend="xla")
+    np.testing.assert_array_equal(
+        np.asarray(
+            pd.sa_phase_diagram(jax.random.key(2), [1.0], step="euler-projected-test", **kw2)
+        ),
+        np.asarray(pd.sa_phase_diagram(jax.random.key(2), [1.0], **kw2)),
+    )

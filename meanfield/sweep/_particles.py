@@ -190,11 +190,9 @@ class Particles(ParticleGrid):
                 f"steps: dt(beta) = {cast(dict, spec.time)['dt']:g} / max(sqrt(beta) e^(beta - 1/2), 1) (step_rule = "
                 f"'reference'), one beta per chunk so a chunk runs its own step count"
             )
-        if spec.step != "projected":
-            lines.append(
-                f"step: {spec.step} (x + dt F(x), then normalise: the published code's Euler update; "
-                "time.step = 'renormalize')"
-            )
+        rule = spec.step_variant
+        if not rule.tangent:
+            lines.append(f"step: {rule.name} ({rule.update}; time.step = {rule.name!r})")
         return lines
 
     def describe_warnings(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:

@@ -92,8 +92,11 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
+from .._spelling import say_spec
 from ..geometry import Geometry
-from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, STEPS, step_grid_problem
+from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, step_grid_problem
+from ..normalization import Scheme
+from ..steps import Projected, StepRule
 from ._diff import key_differences
 
 __all__ = [
@@ -388,9 +391,19 @@ def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) 
 SPHERE_OBSERVABLES = ("energy", "num_plateaus", "clusters", "first_merge_time", "final_clusters")
 
 
-def _check_euclidean(obs: list, time_spec: dict | None) -> None:
-    """``model.geometry = 'euclidean'``: no observable of ``SPHERE_OBSERVABLES``, no renormalising
-    step (``mf.simulate``'s refusals, when the spec is read)."""
+#: The step rule of a spec without ``time.step`` (not recorded then: such specs keep their hash).
+_DEFAULT_STEP = Projected.name
+
+
+def _step_of(time_spec: Mapping[str, Any] | None) -> StepRule:
+    """The step rule of a spec's ``[time]`` (``time.step``; ``Projected()`` when absent)."""
+    return StepRule.lookup((time_spec or {}).get("step", _DEFAULT_STEP))()
+
+
+def _check_euclidean(obs: list, time_spec: dict | None, geometry: Any) -> None:
+    """``model.geometry = 'euclidean'`` (``geometry``: that geometry's class): no observable of
+    ``SPHERE_OBSERVABLES``, no step rule that ends on the sphere (``mf.simulate``'s refusals, when
+    the spec is read)."""
     bad = [o for o in obs if o in SPHERE_OBSERVABLES]
     if bad:
         raise ValueError(
@@ -398,12 +411,7 @@ def _check_euclidean(obs: list, time_spec: dict | None) -> None:
             f"model.geometry = 'euclidean' (tokens in R^d) records collapse_gap (of the directions "
             f"x / |x|) and the attention observables, not {', '.join(SPHERE_OBSERVABLES)}"
         )
-    step = (time_spec or {}).get("step", "projected")
-    if step != "projected":
-        raise ValueError(
-            f"time.step = {step!r} renormalises to the sphere; model.geometry = 'euclidean' has "
-            f"no sphere: use time.step = 'projected'"
-        )
+    _step_of(time_spec).check(geometry=geometry, say=say_spec)
 
 
 def _check_radius(
@@ -430,13 +438,8 @@ def _check_radius(
             + " or ".join(repr(r) for r in RADIAL)
             + f", not {scheme!r}"
         )
-    step = (time_spec or {}).get("step", "projected")
     scheme = next((v for v in schemes if v in RADIAL), schemes[0])
-    if scheme in RADIAL and step != "projected":
-        raise ValueError(
-            f"time.step = {step!r} renormalises to the sphere; model.normalization = {scheme!r} "
-            f"has a radius: use time.step = 'projected'"
-        )
+    _step_of(time_spec).check(scheme=Scheme.lookup(scheme), say=say_spec)
 
 
 def _check_beta_rule(
@@ -551,8 +554,14 @@ class Spec:
 
     @property
     def step(self) -> str:
-        """``"projected"`` or ``"renormalize"`` (``integrate.simulate(step=)``; ``time.step``)."""
-        return (self.time or {}).get("step", "projected")
+        """The name of the step rule, ``time.step`` (``"projected"`` or ``"renormalize"``:
+        ``mf.steps.STEPS``; ``integrate.simulate(step=)``)."""
+        return _step_of(self.time).name  # type: ignore[return-value]
+
+    @property
+    def step_variant(self) -> StepRule:
+        """The step rule of ``time.step`` as an object (``mf.steps.StepRule``)."""
+        return _step_of(self.time)
 
     def beta_values(self, n: int, d: int) -> np.ndarray | None:
         """The ``beta`` axis for static shape ``(n, d)`` (rules evaluated), or None (toeplitz)."""
@@ -1172,16 +1181,14 @@ def _parse_particle_grid(
                     "set model.rescaled = false"
                 )
             time_spec["step_rule"] = rule
-        step = tsec.get("step", "projected")
+        step = tsec.get("step", _DEFAULT_STEP)
         if not isinstance(step, str):
-            raise TypeError(f"time.step must be a string, one of {', '.join(STEPS)}; got {step!r}")
-        check_choice("time.step", step, STEPS)
-        if step != "projected":  # recorded only when set: specs without it keep their hash
-            if solver != "euler":
-                raise ValueError(
-                    f"time.step = {step!r} is an Euler rule (x + dt F, then normalise): it needs "
-                    f"time.solver = 'euler', not {solver!r}"
-                )
+            raise TypeError(
+                f"time.step must be a string, one of {', '.join(StepRule.names())}; got {step!r}"
+            )
+        check_choice("time.step", step, StepRule.names())
+        StepRule.lookup(step)().check(solver=solver, say=say_spec)
+        if step != _DEFAULT_STEP:  # recorded only when set: specs without it keep their hash
             time_spec["step"] = step
 
     # output -----------------------------------------------------------------
@@ -1216,8 +1223,9 @@ def _parse_particle_grid(
     if len(set(obs)) != len(obs):
         raise ValueError(f"output.observables has duplicates: {obs!r}")
     if euclidean:
-        _check_euclidean(obs, time_spec)
-    if "mean_radius" in obs or (time_spec or {}).get("step", "projected") != "projected":
+        rd = next(g for g in map(Geometry.lookup, geometries) if not g.on_sphere)
+        _check_euclidean(obs, time_spec, rd)
+    if "mean_radius" in obs or not _step_of(time_spec).tangent:
         without = [
             k for k in kinds if all(p.name != "normalization" for p in grid_kind.model_params(k))
         ]
