@@ -42,7 +42,8 @@ The others stay on the sphere as Post-LN does (LN-scaling with the speed $1/\sqr
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,7 @@ from ._declare import Variant, param
 
 __all__ = [
     "Scheme",
+    "CollapseLaw",
     "Post",
     "Pre",
     "Mix",
@@ -87,6 +89,32 @@ def unit_output(F: Float[Array, "n d"], scale: ArrayLike = 1.0) -> Float[Array, 
     return jnp.where(norm > 0, jnp.asarray(scale, F.dtype) * F / safe, 0.0)
 
 
+class CollapseLaw(NamedTuple):
+    r"""How the last gap closes once the tokens form one cluster (the last column of Theorem 4.1 of
+    Karagodin, Ge, Polyanskiy, Rigollet 2025; docs/normalization.md): $\log(1 - \rho_{\min})$ is
+    affine in ``clock(t)`` with slope ``slope`` (SA, $Q = K = V = I$, $n \le e^\beta$).
+
+    ``clock_name`` and ``statement`` say it in words; ``polynomial``: the clock is $\log t$ (the
+    schemes with a radius, $r \sim t$); ``asymptotic``: a second clock the law tends to, or None
+    (LN-scaling's $\sqrt t$ for $\sqrt{t + 1}$)."""
+
+    slope: float
+    clock: Callable[[Any], Any]
+    clock_name: str
+    statement: str
+    polynomial: bool = False
+    asymptotic: Callable[[Any], Any] | None = None
+    asymptotic_name: str = ""
+
+
+def _identity(t: Any) -> Any:
+    return t
+
+
+def _post_velocity(beta: float, n: int) -> float:
+    return 2.0 / (math.exp(beta) + n - 1)
+
+
 def _builtin(cls: Any) -> Any:
     return Scheme.register(cls, _builtin=True)
 
@@ -118,6 +146,8 @@ class Scheme(Variant):
 
     flat_name: ClassVar[str | None] = "normalization"
     what: ClassVar[str] = "normalisation scheme"
+    #: The scheme's name in prose and figures ("Post-LN"); None: its ``name``.
+    label: ClassVar[str | None] = None
     #: Facts a subclass does not inherit: it states them itself (a subclass of ``Post`` that
     #: changes the flow is not the Post-LN flow the fast paths run).
     own_facts: ClassVar[tuple[str, ...]] = ("post_ln",)
@@ -173,6 +203,20 @@ class Scheme(Variant):
         same for every token. The base class: the scheme states none (``NotImplementedError``)."""
         raise NotImplementedError(f"normalization {self.name!r} states no equiangular reduction")
 
+    def after_switch(self) -> Scheme | None:
+        """The scheme the flow continues as after ``switch_at`` (Mix-LN: Pre-LN), or None."""
+        return None
+
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""$\gamma'(0)$ of Theorem 4.1 as printed: $\rho'(0)$ of $n$ orthogonal SA tokens ($Q = K = V = I$)
+        with the common radius ``r0`` (the base class: the scheme states none, ``NotImplementedError``)."""
+        raise NotImplementedError(f"normalization {self.name!r} states no initial velocity")
+
+    def collapse_law(self) -> CollapseLaw:
+        """The rate at which the last gap closes (``CollapseLaw``; the base class: the scheme states
+        none, ``NotImplementedError``)."""
+        raise NotImplementedError(f"normalization {self.name!r} states no collapse law")
+
     def require_post(self, what: str) -> None:
         """``ValueError`` unless this is the Post-LN flow (``post_ln``): for the engines that run only it."""
         if not self.post_ln:
@@ -187,6 +231,7 @@ class Post(Scheme):
     (speed 1, no radius). The default of every model."""
 
     name: ClassVar[str | None] = "post"
+    label: ClassVar[str | None] = "Post-LN"
     post_ln: ClassVar[bool] = True
 
     def equiangular(
@@ -195,12 +240,21 @@ class Post(Scheme):
         r"""$(G, 0)$."""
         return G, 0.0
 
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""$2 / (e^\beta + n - 1)$."""
+        return _post_velocity(beta, n)
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""$1 - \rho \sim C e^{-2t}$."""
+        return CollapseLaw(-2.0, _identity, "t", "-2 (Post-LN: 1 - rho ~ C e^(-2t))")
+
 
 @_builtin
 class Pre(Scheme):
     r"""Pre-LN, $x \leftarrow x + h\,\mathrm{Attn}(\mathrm{LN}(x))$: $\dot x_i = A_i$ (speed $r_i$)."""
 
     name: ClassVar[str | None] = "pre"
+    label: ClassVar[str | None] = "Pre-LN"
     radial: ClassVar[bool] = True
 
     def radial_velocity(
@@ -215,6 +269,14 @@ class Pre(Scheme):
         r"""$(G / r, c)$: the speed $r$, the radial law $\langle\theta, A\rangle$."""
         return G / r, c
 
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""$2 / (r_0 (e^\beta + n - 1))$."""
+        return _post_velocity(beta, n) / r0
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""$1 - \rho \sim C t^{-2}$ ($r \sim t$)."""
+        return _POLYNOMIAL
+
 
 @_builtin
 class Mix(Scheme):
@@ -222,6 +284,7 @@ class Mix(Scheme):
     throughout (it stays until the switch)."""
 
     name: ClassVar[str | None] = "mix"
+    label: ClassVar[str | None] = "Mix-LN"
     radial: ClassVar[bool] = True
     switch_time: Any = param(
         1.0,
@@ -249,6 +312,18 @@ class Mix(Scheme):
         r"""Post-LN's $(G, 0)$ for $t \le \tau$, then Pre-LN's $(G / r, c)$."""
         return (G / r, c) if t > self.switch_time else (G, 0.0)
 
+    def after_switch(self) -> Scheme:
+        """Pre-LN."""
+        return Pre()
+
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""Post-LN's $2 / (e^\beta + n - 1)$ (before the switch)."""
+        return _post_velocity(beta, n)
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""Pre-LN's $1 - \rho \sim C t^{-2}$ (after the switch)."""
+        return _POLYNOMIAL
+
 
 @_builtin
 class Peri(Scheme):
@@ -256,6 +331,7 @@ class Peri(Scheme):
     $\dot x_i = $ field."""
 
     name: ClassVar[str | None] = "peri"
+    label: ClassVar[str | None] = "Peri-LN"
     radial: ClassVar[bool] = True
 
     def output(self, A: Float[Array, "n d"]) -> Float[Array, "n d"]:
@@ -274,6 +350,14 @@ class Peri(Scheme):
         r"""$(G / (r \|A\|), c / \|A\|)$."""
         return G / (r * norm), c / norm
 
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""$2 / (r_0 \sqrt{e^{2\beta} + n - 1})$."""
+        return 2.0 / (r0 * math.sqrt(math.exp(2 * beta) + n - 1))
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""$1 - \rho \sim C t^{-2}$ ($r \sim t$)."""
+        return _POLYNOMIAL
+
 
 @_builtin
 class NGPT(Scheme):
@@ -281,6 +365,7 @@ class NGPT(Scheme):
     flow of the field $\alpha A / \|A\|$."""
 
     name: ClassVar[str | None] = "ngpt"
+    label: ClassVar[str | None] = "nGPT"
     alpha: Any = param(
         0.2,
         kind="float>0",
@@ -303,6 +388,20 @@ class NGPT(Scheme):
         r"""$(\alpha G / \|A\|, 0)$."""
         return float(self.alpha) * G / norm, 0.0
 
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""$2 \alpha / \sqrt{e^{2\beta} + n - 1}$."""
+        return 2.0 * float(self.alpha) / math.sqrt(math.exp(2 * beta) + n - 1)
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""$1 - \rho \sim C e^{-2 \alpha t}$."""
+        a = float(self.alpha)
+        return CollapseLaw(
+            -2.0 * a,
+            _identity,
+            "t",
+            f"-2 alpha = {-2.0 * a:g} (nGPT, alpha = {a:g}: C exp(-2 int alpha))",
+        )
+
 
 @_builtin
 class Scaling(Scheme):
@@ -310,6 +409,7 @@ class Scaling(Scheme):
     $1 / \sqrt{t + 1}$ on the sphere."""
 
     name: ClassVar[str | None] = "scaling"
+    label: ClassVar[str | None] = "LN-scaling"
 
     def speed(self, t: ArrayLike, dtype: Any = None) -> Array | float:
         r"""$1 / \sqrt{t + 1}$."""
@@ -321,6 +421,26 @@ class Scaling(Scheme):
         r"""$(G / \sqrt{t + 1}, 0)$."""
         return G / math.sqrt(t + 1.0), 0.0
 
+    def initial_velocity(self, beta: float, n: int, r0: float) -> float:
+        r"""Post-LN's $2 / (e^\beta + n - 1)$ (speed 1 at $t = 0$)."""
+        return _post_velocity(beta, n)
+
+    def collapse_law(self) -> CollapseLaw:
+        r"""$1 - \rho \sim C e^{-4 \sqrt{t}}$: the speed $1 / \sqrt{t + 1}$ integrates to $2 \sqrt{t + 1}$."""
+        return CollapseLaw(
+            -4.0,
+            lambda t: np.sqrt(t + 1.0),
+            "sqrt(t + 1) (the speed 1/sqrt(t + 1) integrates to 2 sqrt(t + 1))",
+            "-4 (LN-scaling: C e^(-4 sqrt t))",
+            asymptotic=np.sqrt,
+            asymptotic_name="sqrt(t)",
+        )
+
+
+#: The collapse law of the schemes with a radius ($r \sim t$, so $1 - \rho \sim C t^{-2}$).
+_POLYNOMIAL = CollapseLaw(
+    -2.0, np.log, "log t", "-2 (1 - rho ~ C t^-2 since r ~ t)", polynomial=True
+)
 
 #: The built-in schemes' names (``normalization=``; ``Scheme.names()`` adds the registered ones).
 NORMALIZATIONS = Scheme.names()

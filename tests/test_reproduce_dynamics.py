@@ -206,5 +206,33 @@ def test_equiangular_system_keeps_post_and_ngpt_and_theorem_41():
     for scheme, value in want.items():
         got = rd.equiangular_system(0.0, [0.0, r0], beta, n, normalization=scheme, alpha=alpha)
         assert got[0] == pytest.approx(value, rel=1e-13), scheme
+        # the scheme states the printed column itself (what the reproduction's check reads)
+        obj = mf.normalization.as_scheme(scheme, alpha=alpha)
+        assert obj.initial_velocity(beta, n, r0) == pytest.approx(value, rel=1e-15), scheme
     with pytest.raises(ValueError, match="normalization must be one of"):
         rd.equiangular_system(0.0, [0.0, 1.0], 1.0, 3, normalization="layer")
+
+
+def test_each_scheme_states_its_collapse_law():
+    """Theorem 4.1's last column as the schemes state it (``Scheme.collapse_law``), which the
+    reproduction's ``normalization_rate_*`` checks fit: e^(-2t), e^(-2 alpha t), e^(-4 sqrt t) on the
+    sphere, t^-2 for the schemes with a radius; Mix-LN continues as Pre-LN after its switch."""
+    N = mf.normalization
+    t = np.array([0.0, 3.0, 8.0])
+    laws = {s: N.as_scheme(s, alpha=0.3).collapse_law() for s in N.NORMALIZATIONS}
+    assert {s: law.slope for s, law in laws.items()} == {
+        "post": -2.0,
+        "pre": -2.0,
+        "mix": -2.0,
+        "peri": -2.0,
+        "ngpt": pytest.approx(-0.6),
+        "scaling": -4.0,
+    }
+    assert [s for s, law in laws.items() if law.polynomial] == list(N.RADIAL)
+    np.testing.assert_array_equal(laws["post"].clock(t), t)
+    np.testing.assert_array_equal(laws["scaling"].clock(t), np.sqrt(t + 1.0))
+    np.testing.assert_array_equal(laws["pre"].clock(t[1:]), np.log(t[1:]))
+    assert N.Mix(switch_time=0.5).after_switch() == N.Pre()
+    assert all(N.as_scheme(s).after_switch() is None for s in N.NORMALIZATIONS if s != "mix")
+    with pytest.raises(NotImplementedError, match="states no collapse law"):
+        N.Scheme().collapse_law()

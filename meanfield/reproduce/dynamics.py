@@ -74,8 +74,9 @@ from jax import Array
 from jaxtyping import ArrayLike, Bool, Float
 
 from .. import kernels, masks, models, sphere
+from .._declare import declared_params
 from ..integrate import Trajectory, simulate
-from ..normalization import as_scheme, radial_velocity, speed
+from ..normalization import NGPT, NORMALIZATIONS, Peri, Post, Pre, Scheme, as_scheme
 from ._common import Experiment, Option, check, write_summary
 from ._euclidean import checks as _euclidean_checks
 
@@ -228,7 +229,7 @@ EXPERIMENT = Experiment(
 
 # ------------------------------------------------------------------------------ closed forms
 def equiangular_rhs(
-    rho: ArrayLike, beta: float, n: int, *, normalization: str = "post", alpha: float = 0.2
+    rho: ArrayLike, beta: float, n: int, *, normalization: str | Scheme = "post", alpha: float = 0.2
 ) -> Float[np.ndarray, "..."]:
     r"""$\rho' = 2 (1 - \rho)(1 + (n - 1)\rho) / (e^{\beta (1 - \rho)} + n - 1)$: the common inner
     product of $n$ SA tokens ($Q = K = V = I$, softmax, projected field) from an equiangular start
@@ -245,15 +246,16 @@ def equiangular_rhs(
     """
     rho = np.asarray(rho, dtype=np.float64)
     post = 2.0 * (1.0 - rho) * (1.0 + (n - 1) * rho) / (np.exp(beta * (1.0 - rho)) + n - 1)
-    if normalization == "post":
+    scheme = as_scheme(normalization, alpha=alpha)
+    if scheme.post_ln:
         return np.asarray(post)
-    if normalization != "ngpt":
+    if not isinstance(scheme, NGPT):
         raise ValueError(f"normalization must be 'post' or 'ngpt', got {normalization!r}")
     # a, b scaled by e^{-beta}: a = 1 / z, b = e^{-beta (1 - rho)} / z
     z = 1.0 + (n - 1) * np.exp(-beta * (1.0 - rho))
     a, b = 1.0 / z, np.exp(-beta * (1.0 - rho)) / z
     norm = np.sqrt(a**2 + 2 * a * b * (n - 1) * rho + b**2 * (n - 1) * (1 + (n - 2) * rho))
-    return np.asarray(alpha * post / norm)
+    return np.asarray(float(scheme.alpha) * post / norm)
 
 
 def _equiangular_weights(rho: float, beta: float, n: int) -> tuple[float, float]:
@@ -270,7 +272,7 @@ def equiangular_system(
     beta: float,
     n: int,
     *,
-    normalization: str,
+    normalization: str | Scheme,
     alpha: float = 0.2,
     switch_time: float = 1.0,
 ) -> Float[np.ndarray, " 2"]:
@@ -313,39 +315,22 @@ def equiangular_system(
     return np.array(scheme.equiangular(t, G, r, c, norm), dtype=np.float64)
 
 
-def _theorem41_velocity(scheme: str, beta: float, n: int, r0: float, alpha: float) -> float:
-    """The gamma'(0) column of Theorem 4.1 (orthogonal start, common radius r0) as printed."""
-    post = 2.0 / (math.exp(beta) + n - 1)
-    root = math.sqrt(math.exp(2 * beta) + n - 1)
-    return {
-        "post": post,
-        "pre": post / r0,
-        "mix": post,
-        "peri": 2.0 / (r0 * root),
-        "ngpt": 2.0 * alpha / root,
-        "scaling": post,
-    }[scheme]
-
-
 def _equiangular_solution(
     ts: np.ndarray,
     y0: tuple[float, float],
     beta: float,
     n: int,
-    scheme: str,
-    alpha: float,
-    tau: float,
+    scheme: Scheme,
 ) -> np.ndarray:
-    """``solve_ivp`` (DOP853, rtol 1e-13) of ``equiangular_system`` at ``ts``; Mix-LN in two
-    pieces, ``[0, tau]`` and ``[tau, T]`` (the right-hand side jumps at the switch)."""
+    """``solve_ivp`` (DOP853, rtol 1e-13) of ``equiangular_system`` at ``ts``; a scheme that
+    switches (Mix-LN, ``Scheme.switch_at``) in two pieces, ``[0, tau]`` and ``[tau, T]`` (the
+    right-hand side jumps at the switch)."""
     from scipy.integrate import solve_ivp
 
     def piece(t0: float, t1: float, y: Any, t_eval: np.ndarray) -> np.ndarray:
         return np.asarray(
             solve_ivp(
-                lambda t, yy: equiangular_system(
-                    t, yy, beta, n, normalization=scheme, alpha=alpha, switch_time=tau
-                ),
+                lambda t, yy: equiangular_system(t, yy, beta, n, normalization=scheme),
                 (t0, t1),
                 y,
                 t_eval=t_eval,
@@ -355,8 +340,10 @@ def _equiangular_solution(
             ).y
         )
 
-    if scheme != "mix" or ts[-1] <= tau:
+    tau = scheme.switch_at()
+    if tau is None or ts[-1] <= tau:
         return piece(0.0, float(ts[-1]), list(y0), ts)
+    tau = float(tau)
     first = piece(0.0, tau, list(y0), np.r_[ts[ts < tau], tau])
     second = piece(tau, float(ts[-1]), first[:, -1], ts[ts >= tau])
     return np.concatenate([first[:, :-1], second], axis=1)
@@ -500,17 +487,16 @@ def _equiangular(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
     ts = np.linspace(0.0, t1, 17)
     alpha = float(S["alpha"])
     out, finals = [], {}
-    for norm in ("post", "ngpt"):
-        model = models.SelfAttention(
-            beta, normalization=norm, alpha=alpha if norm == "ngpt" else 0.2
-        )
+    for scheme in (Post(), NGPT(alpha=alpha)):
+        norm = scheme.name
+        model = models.SelfAttention(beta, normalization=scheme)
         with jax.enable_x64(True):
             traj = simulate(model, jnp.asarray(x0), t1=t1, dt=dt, solver="rk4", ts=ts)
             xs = np.asarray(traj.xs)
         gram = np.einsum("tid,tjd->tij", xs, xs)
         off = gram[:, ~np.eye(n, dtype=bool)]
         ode = solve_ivp(
-            lambda _t, y, norm=norm: equiangular_rhs(y, beta, n, normalization=norm, alpha=alpha),
+            lambda _t, y, scheme=scheme: equiangular_rhs(y, beta, n, normalization=scheme),
             (0.0, t1),
             [rho0],
             t_eval=ts,
@@ -526,7 +512,7 @@ def _equiangular(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
             f"d = {d}, beta = {beta:g}, from Gram (1 - rho0) I + rho0 11^T, rho0 = {rho0:g}; rho(t): "
             f"solve_ivp (rtol 1e-13) of "
         )
-        if norm == "post":
+        if scheme.post_ln:
             note = (
                 common + "rotf's rho' = 2(1-rho)(1+(n-1)rho)/(e^(beta(1-rho)) + n - 1); "
                 f"rho(t1) = {ode[-1]:.10f}"
@@ -539,7 +525,7 @@ def _equiangular(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
             )
         out.append(
             check(
-                "equiangular_ode" if norm == "post" else "ngpt_equiangular_ode",
+                "equiangular_ode" if scheme.post_ln else f"{norm}_equiangular_ode",
                 err,
                 0.0,
                 tol,
@@ -550,17 +536,24 @@ def _equiangular(S: Mapping[str, Any], tol: float) -> list[dict[str, Any]]:
     return out
 
 
-_SCHEMES = ("post", "pre", "mix", "peri", "ngpt", "scaling")
+#: The schemes of the paper's Table 2 (``mf.normalization``'s own, in its order).
+_SCHEMES = NORMALIZATIONS
 
 
-def _scheme_model(scheme: str, beta: float, N: Mapping[str, Any]) -> models.SelfAttention:
-    """SA with Q = K = V = I and ``normalization=scheme`` (alpha for nGPT, the switch for Mix-LN)."""
-    extra: dict[str, Any] = {}
-    if scheme == "ngpt":
-        extra["alpha"] = float(N["alpha"])
-    if scheme == "mix":
-        extra["switch_time"] = float(N["switch_time"])
-    return models.SelfAttention(beta, normalization=scheme, **extra)
+def _scheme(name: str, N: Mapping[str, Any]) -> Scheme:
+    """The scheme ``name`` with its own parameters from the settings ``N`` (nGPT's ``alpha``,
+    Mix-LN's ``switch_time``)."""
+    member = Scheme.lookup(name)
+    return member(**{p.name: float(N[p.name]) for p in declared_params(member)})
+
+
+def _params_note(scheme: Scheme) -> str:
+    """``", alpha = 0.5"``: the scheme's own parameters, a switch marked as a step point."""
+    return "".join(
+        f", {p.name} = {float(getattr(scheme, p.name)):g}"
+        + (" (a step point)" if scheme.switch_at() is not None else "")
+        for p in declared_params(type(scheme))
+    )
 
 
 def _run(
@@ -598,7 +591,7 @@ def _normalization(
     equiangular runs it compares: ``{scheme: [(ts, rho_particles, rho_ode, r_particles, r_ode), ...]}``
     (one tuple per start, radii None for the schemes on the sphere), for the figure."""
     n, d, t1, dt = int(E["n"]), int(E["d"]), float(E["t1"]), float(E["dt"])
-    beta, alpha, tau = float(N["beta"]), float(N["alpha"]), float(N["switch_time"])
+    beta, alpha = float(N["beta"]), float(N["alpha"])
     steps = int(round(t1 / dt))
     orth = np.zeros((n, d))
     orth[:, :n] = np.eye(n)
@@ -614,16 +607,17 @@ def _normalization(
     v0: dict[str, tuple[float, float, float]] = {}
     early: dict[str, float] = {}
     with jax.enable_x64(True):
-        for scheme in _SCHEMES:
-            model = _scheme_model(scheme, beta, N)
-            radial = scheme in ("pre", "mix", "peri")
+        for name in _SCHEMES:
+            obj = _scheme(name, N)
+            model = models.SelfAttention(beta, normalization=obj)
+            radial, scheme = obj.radial, name
             # --- equiangular starts: particles at h and 2h against the scalar ODE
             errs, all_errs, rich, spread, finals = [], [], [], [], []
             for x0, r_start, R0 in starts:
                 r0 = np.full(n, R0) if radial else None
                 ts, xs, rad = _run(model, x0, r0, t1, steps)
                 _, xs2, rad2 = _run(model, x0, r0, 2 * t1, steps)
-                ode = _equiangular_solution(ts, (r_start, R0), beta, n, scheme, alpha, tau)
+                ode = _equiangular_solution(ts, (r_start, R0), beta, n, obj)
                 off = np.einsum("tid,tjd->tij", xs, xs)[:, ~np.eye(n, dtype=bool)]
                 off2 = np.einsum("tid,tjd->tij", xs2, xs2)[:, ~np.eye(n, dtype=bool)]
                 rho = off.mean(axis=1)
@@ -659,12 +653,11 @@ def _normalization(
                     + "; rho_particles the mean off-diagonal Gram entry of Trajectory.xs"
                     + (", r_particles the mean of Trajectory.radius" if radial else "")
                     + f", mf.simulate RK4 h = {dt:g}, SA Q = K = V = I, n = {n}, d = {d}, beta = {beta:g}"
-                    + (f", alpha = {alpha:g}" if scheme == "ngpt" else "")
-                    + (f", switch_time = {tau:g} (a step point)" if scheme == "mix" else "")
+                    + _params_note(obj)
                     + f"; starts: orthogonal (rho0 = 0, r0 = {N['r0']:g}) and Gram (1 - {rho0:g}) I + "
                     f"{rho0:g} 11^T (r0 = {N['r0_equiangular']:g}); (rho, r)(t): solve_ivp (DOP853, rtol 1e-13) "
                     "of equiangular_system"
-                    + (" in two pieces at the switch" if scheme == "mix" else "")
+                    + (" in two pieces at the switch" if obj.switch_at() is not None else "")
                     + f"; at t = {t1:g}: (rho, r) = "
                     + ", ".join(f"({a:.8f}, {b:.6f})" for a, b in finals)
                     + f". Tolerance 2 e_R + 1e-12: e_R = max|y_h - y_2h| / 15 = {estimate:.2e}, the Richardson "
@@ -680,21 +673,17 @@ def _normalization(
             th = jnp.asarray(orth)
             G = model.field(th)
             if radial:
-                v = radial_velocity(scheme, R0 * th, G, switched=False)
+                v = obj.radial_velocity(R0 * th, G, switched=False)
                 vt = np.asarray(sphere.project(th, v)) / R0
             else:
-                vt = np.asarray(speed(scheme, 0.0, jnp.float64)) * np.asarray(sphere.project(th, G))
+                vt = np.asarray(obj.speed(0.0, jnp.float64)) * np.asarray(sphere.project(th, G))
             o = np.asarray(orth)
             pair = vt @ o.T + o @ vt.T
             particles = float(pair[~np.eye(n, dtype=bool)].mean())
-            system = float(
-                equiangular_system(
-                    0.0, [0.0, R0], beta, n, normalization=scheme, alpha=alpha, switch_time=tau
-                )[0]
-            )
-            v0[scheme] = (particles, system, _theorem41_velocity(scheme, beta, n, R0, alpha))
+            system = float(equiangular_system(0.0, [0.0, R0], beta, n, normalization=obj)[0])
+            v0[scheme] = (particles, system, obj.initial_velocity(beta, n, R0))
             # --- rate on random starts
-            rows.append(_rate_row(scheme, model, thetas, radii, N, beta, n, d, alpha, rel))
+            rows.append(_rate_row(obj, model, thetas, radii, N, beta, n, d, rel))
     worst = max(abs(p - c) / c for p, _, c in v0.values())
     worst_sys = max(abs(s - c) / c for _, s, c in v0.values())
     R0 = float(N["r0"])
@@ -734,7 +723,7 @@ def _normalization(
 
 
 def _rate_row(
-    scheme: str,
+    scheme: Scheme,
     model: models.SelfAttention,
     thetas: np.ndarray,
     radii: np.ndarray,
@@ -742,37 +731,45 @@ def _rate_row(
     beta: float,
     n: int,
     d: int,
-    alpha: float,
     rel: float,
 ) -> dict[str, Any]:
     """Fit the tail of ``1 - rho_min`` from random starts against the rate of Theorem 4.1's last
-    column (the linearisation about one cluster: the same on any start that collapses)."""
+    column (``Scheme.collapse_law``: the linearisation about one cluster, the same on any start that
+    collapses)."""
     steps = 400
     slopes: list[float] = []
     finals: list[float] = []
     extra: list[Any] = []
-    theory = {"post": -2.0, "ngpt": -2.0 * alpha, "scaling": -4.0}.get(scheme, -2.0)
+    law = scheme.collapse_law()
+    theory = law.slope
     tol = rel * abs(theory)
+    after = scheme.after_switch()
+    # the horizon of an exponential law: the scheme's own setting (t_scaling), else t_exp
+    T = float(N.get(f"t_{scheme.name}", N["t_exp"]))
     for theta, r in zip(thetas, radii):
-        if scheme in ("post", "ngpt", "scaling"):
-            T = float(N["t_exp"] if scheme != "scaling" else N["t_scaling"])
+        if not law.polynomial:
             ts, xs, _ = _run(model, theta, None, T, steps)
             gap = _gap(xs)
             win = (gap <= 1e-3) & (gap >= 1e-20)
-            x = np.sqrt(ts + 1.0) if scheme == "scaling" else ts
+            x = law.clock(ts)
             slope = float(np.polyfit(x[win], np.log(gap[win]), 1)[0])
-            if scheme == "scaling":
-                extra.append(float(np.polyfit(np.sqrt(ts[win]), np.log(gap[win]), 1)[0]))
+            if law.asymptotic is not None:
+                extra.append(float(np.polyfit(law.asymptotic(ts[win]), np.log(gap[win]), 1)[0]))
             finals.append(float(gap[-1]))
             slopes.append(slope)
             continue
-        # Pre-, Mix-, Peri-LN: legs [0, L1], then restarts from the last state (Mix-LN is Pre-LN
-        # after its switch); the fit is over the last leg, one decade of t
+        # the schemes with a radius: legs [0, L1], then restarts from the last state (a scheme
+        # that switches continues as the scheme after its switch); the fit is over the last
+        # leg, one decade of t
         legs = [float(v) for v in N["t_poly"]]
         t0, x0, r0 = 0.0, theta, r
         T_all, gap_all, r_all = [], [], []
         for k, L in enumerate(legs):
-            leg_model = model if (k == 0 or scheme != "mix") else _scheme_model("pre", beta, N)
+            leg_model = (
+                model
+                if (k == 0 or after is None)
+                else models.SelfAttention(beta, normalization=after)
+            )
             ts, xs, rad = _run(leg_model, x0, r0, L, steps)
             assert rad is not None
             T_all.append(t0 + ts)
@@ -781,7 +778,7 @@ def _rate_row(
             x0 = xs[-1] / np.linalg.norm(xs[-1], axis=-1, keepdims=True)
             r0, t0 = rad[-1], t0 + L
         t_last, g_last, r_last = T_all[-1], gap_all[-1], r_all[-1]
-        slope = float(np.polyfit(np.log(t_last), np.log(g_last), 1)[0])
+        slope = float(np.polyfit(law.clock(t_last), np.log(g_last), 1)[0])
         slope_r = float(np.polyfit(np.log(r_last), np.log(g_last), 1)[0])
         c = float(abs(r_last[0] - t_last[0]))
         # 1 - rho = C r^-2 with r = t + c: local slope -2 t / (t + c), within 2c / (t_a - c) of -2
@@ -792,39 +789,29 @@ def _rate_row(
     worst = max(slopes, key=lambda v: abs(v - theory))
     start = (
         f"{len(slopes)} random starts (n = {n} uniform on S^{d - 1}"
-        + (
-            ", r0 = |g| of the Gaussian g, Theorem 3.1's start"
-            if scheme in ("pre", "mix", "peri")
-            else ""
-        )
+        + (", r0 = |g| of the Gaussian g, Theorem 3.1's start" if scheme.radial else "")
         + f"), SA Q = K = V = I, beta = {beta:g} (n <= e^beta: the collapse is unconditional for every scheme, "
         "Theorem 3.1 and its corollary), mf.simulate RK4; "
     )
-    if scheme in ("post", "ngpt"):
+    if not law.polynomial:
         what = (
-            f"slope of log(1 - rho_min) against t over the saves with 1e-20 <= 1 - rho_min <= 1e-3, RK4 h = "
-            f"{float(N['t_exp']) / steps:g} to T = {float(N['t_exp']):g}; theory "
-            + (
-                "-2 (Post-LN: 1 - rho ~ C e^(-2t))"
-                if scheme == "post"
-                else f"-2 alpha = {theory:g} (nGPT, alpha = {alpha:g}: C exp(-2 int alpha))"
-            )
+            f"slope of log(1 - rho_min) against {law.clock_name} over the saves with 1e-20 <= 1 - rho_min "
+            f"<= 1e-3, RK4 h = {T / steps:g} to T = {T:g}; theory {law.statement}"
         )
-    elif scheme == "scaling":
-        what = (
-            "slope of log(1 - rho_min) against sqrt(t + 1) (the speed 1/sqrt(t + 1) integrates to 2 sqrt(t + 1)) over "
-            f"the saves with 1e-20 <= 1 - rho_min <= 1e-3, RK4 h = {float(N['t_scaling']) / steps:g} to T = "
-            f"{float(N['t_scaling']):g}; theory -4 (LN-scaling: C e^(-4 sqrt t)); against sqrt(t): "
-            + ", ".join(f"{v:.4f}" for v in extra)
-        )
+        if law.asymptotic is not None:
+            what += f"; against {law.asymptotic_name}: " + ", ".join(f"{v:.4f}" for v in extra)
     else:
         legs = [float(v) for v in N["t_poly"]]
         what = (
-            "slope of log(1 - rho_min) against log t over the last of the legs "
+            f"slope of log(1 - rho_min) against {law.clock_name} over the last of the legs "
             + " + ".join(f"{v:g}" for v in legs)
             + f" ({steps} RK4 steps each, restarted from the last state"
-            + (", Mix-LN continued as Pre-LN after its switch" if scheme == "mix" else "")
-            + "); theory -2 (1 - rho ~ C t^-2 since r ~ t); against log r: "
+            + (
+                f", {scheme.label} continued as {after.label} after its switch"
+                if after is not None
+                else ""
+            )
+            + f"); theory {law.statement}; against log r: "
             + ", ".join(f"{v[0]:.4f}" for v in extra)
             + "; r(T)/T: "
             + ", ".join(f"{v[1]:.5f}" for v in extra)
@@ -832,7 +819,7 @@ def _rate_row(
             + ", ".join(f"{v[2]:.2f}" for v in extra)
         )
     note = (
-        f"normalization={scheme!r}: {start}{what}; per start: "
+        f"normalization={scheme.name!r}: {start}{what}; per start: "
         + ", ".join(f"{v:.4f}" for v in slopes)
         + "; 1 - rho_min at T (one cluster, every start collapses): "
         + ", ".join(f"{v:.1e}" for v in finals)
@@ -841,11 +828,11 @@ def _rate_row(
         f"{beta * 1e-3:g} in the window, x5)"
         + (
             "; plus 2c / (t_a - c), the slope of (t + c)^-2 at the window's start t_a (r = t + c)"
-            if scheme in ("pre", "mix", "peri")
+            if scheme.radial
             else ""
         )
     )
-    return check(f"normalization_rate_{scheme}", worst, theory, tol, note)
+    return check(f"normalization_rate_{scheme.name}", worst, theory, tol, note)
 
 
 def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[dict[str, Any]]:
@@ -872,13 +859,23 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
     with jax.enable_x64(True):
         x0 = sphere.uniform(jax.random.key(int(S["seed"])), n, d, dtype=jnp.float64)
 
-        def model(scheme: str) -> models.SelfAttention:
-            extra: dict[str, Any] = {"alpha": 0.2} if scheme == "ngpt" else {}
+        def model(scheme: Scheme) -> models.SelfAttention:
             return models.SelfAttention(
-                beta, jnp.asarray(Q), jnp.asarray(BF), jnp.asarray(V), normalization=scheme, **extra
+                beta, jnp.asarray(Q), jnp.asarray(BF), jnp.asarray(V), normalization=scheme
             )
 
-        for norm, scheme in (("postln", "post"), ("ngpt", "ngpt")):
+        # simuformer's --norm, meanfield's scheme, what differs in words, whether simuformer adds
+        # its 1e-9 to |A| (the schemes with a unit attention output)
+        on_sphere = (
+            ("postln", Post(), "", False),
+            (
+                "ngpt",
+                NGPT(alpha=0.2),
+                " (alpha = 0.2 as simuformer, its 1e-9 added to |A| set to 0)",
+                True,
+            ),
+        )
+        for norm, scheme, differs, unit_output in on_sphere:
             traj = simulate(
                 model(scheme), x0, t1=T, dt=eta, solver="euler", step="renormalize", ts=ts
             )
@@ -893,7 +890,7 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
             extra_note = (
                 f"; with simuformer's 1e-9 in A / (|A| + 1e-9) kept, the final states differ by "
                 f"{float(np.max(np.abs(xs[-1] - pub))):.1e}"
-                if norm == "ngpt"
+                if unit_output
                 else ""
             )
             rows.append(
@@ -903,17 +900,18 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
                     0.0,
                     tol["simuformer"],
                     f"max over {nsteps + 1} saves (step eta = {eta:g}) and coordinates of |mf.simulate(normalization="
-                    f"{scheme!r}, solver='euler', step='renormalize') - simuformer --norm {norm}|"
-                    + (
-                        " (alpha = 0.2 as simuformer, its 1e-9 added to |A| set to 0)"
-                        if norm == "ngpt"
-                        else ""
-                    )
+                    f"{scheme.name!r}, solver='euler', step='renormalize') - simuformer --norm {norm}|"
+                    + differs
                     + f"; {setting}{extra_note}",
                 )
             )
         theta = np.asarray(x0)
-        for norm, scheme in (("preln", "pre"), ("periln", "peri")):
+        # simuformer's --norm, meanfield's scheme, the paper's radial law, what it is of
+        with_radius = (
+            ("preln", Pre(), "<theta, A>", ""),
+            ("periln", Peri(), "<theta, A> / |A|", " (of a = A / |A|)"),
+        )
+        for norm, scheme, law, of_a in with_radius:
             G = np.asarray(
                 model(scheme).field(x0)
             )  # meanfield's x' = field (Pre-LN A, Peri-LN A / |A|)
@@ -946,7 +944,6 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
                 )
                 own.append(float(np.max(np.abs(r_own - r1))))
             order = float(np.polyfit(np.log(hs), np.log(diffs), 1)[0])
-            law = "<theta, A>" if norm == "preln" else "<theta, A> / |A|"
             rows.append(
                 check(
                     f"simuformer_{norm}_paper",
@@ -955,7 +952,7 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
                     tol["simuformer_order"],
                     f"order in h of the one-step difference |r1 theta1 (simuformer --norm {norm}, radial law replaced "
                     f"by the paper's r' = {law}, 1e-9s set to 0) - (r0 theta0 + h field) (meanfield's Euler step in "
-                    f"x = r theta, normalization={scheme!r})| from the same tokens and radii r0 in [1, 2], fitted over "
+                    f"x = r theta, normalization={scheme.name!r})| from the same tokens and radii r0 in [1, 2], fitted over "
                     "h = "
                     + ", ".join(f"{v:g}" for v in hs)
                     + ": differences "
@@ -964,7 +961,7 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
                     f"{tol['simuformer_order']:g}: the O(h^3) term changes the fitted slope by O(h |A| / r) <= 0.02). What "
                     "differs from the paper (Table 2) and is not followed: simuformer's radial law "
                     "r <- r + eta r sum_k A_k"
-                    + (" (of a = A / |A|)" if norm == "periln" else "")
+                    + of_a
                     + " (r times the sum of the components: not rotation invariant, exponential growth) instead "
                     f"of r' = {law}: its radius differs from the paper's by "
                     + ", ".join(f"{v:.1e}" for v in own)
@@ -1406,16 +1403,6 @@ def _figures(out: Path, L: Mapping[str, Any]) -> list[str]:
     return [name]
 
 
-_SCHEME_LABELS = {
-    "post": "Post-LN",
-    "pre": "Pre-LN",
-    "mix": "Mix-LN",
-    "peri": "Peri-LN",
-    "ngpt": "nGPT",
-    "scaling": "LN-scaling",
-}
-
-
 def _normalization_figure(out: Path, curves: Mapping[str, Any], N: Mapping[str, Any]) -> list[str]:
     """One panel per normalisation scheme: the particles' mean inner product rho(t) (points) from
     both equiangular starts against the scalar ODE (lines, ``equiangular_system``), and for the
@@ -1436,7 +1423,7 @@ def _normalization_figure(out: Path, curves: Mapping[str, Any], N: Mapping[str, 
                 twin = twin or ax.twinx()
                 twin.plot(ts, r, "s", ms=2.5, mfc="none", color=line.get_color(), alpha=0.7)
                 twin.plot(ts, r_ode, ":", lw=1, color=line.get_color())
-        ax.set_title(_SCHEME_LABELS.get(scheme, scheme), fontsize=10)
+        ax.set_title(Scheme.lookup(scheme).label or scheme, fontsize=10)
         ax.set_ylim(-0.05, 1.05)
         if twin is not None:
             twin.set_ylabel("radius r (squares, dotted)", fontsize=8)
