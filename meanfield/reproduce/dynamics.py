@@ -866,7 +866,7 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
 
         # simuformer's --norm, meanfield's scheme, what differs in words, whether simuformer adds
         # its 1e-9 to |A| (the schemes with a unit attention output)
-        on_sphere = (
+        on_sphere: tuple[tuple[str, Scheme, str, bool], ...] = (
             ("postln", Post(), "", False),
             (
                 "ngpt",
@@ -907,7 +907,7 @@ def _simuformer_checks(S: Mapping[str, Any], tol: Mapping[str, float]) -> list[d
             )
         theta = np.asarray(x0)
         # simuformer's --norm, meanfield's scheme, the paper's radial law, what it is of
-        with_radius = (
+        with_radius: tuple[tuple[str, Scheme, str, str], ...] = (
             ("preln", Pre(), "<theta, A>", ""),
             ("periln", Peri(), "<theta, A> / |A|", " (of a = A / |A|)"),
         )
