@@ -1,43 +1,76 @@
-"""How each surface spells a setting in its messages (no JAX: the command line imports it).
+"""How each surface spells a setting in its messages, and the rules several surfaces check (no
+JAX: the command line checks its flags with them before it imports JAX).
 
-A rule is defined once (a method of a model or a variant: ``mf.steps.StepRule.check``) and its
-message names the settings through a ``Say``, ``say(key, value) -> str``: from Python
-``step='renormalize'``, in a sweep spec ``time.step = 'renormalize'`` (the key under its table),
-on the command line ``--step renormalize``. The text is the rule's; only the spelling differs.
+A rule is defined once (a function here, or a method of a variant that calls one:
+``mf.steps.StepRule.check``) and its message names the settings through a ``Spelling``: from
+Python ``step='renormalize'`` and ``n``, in a sweep spec ``time.step = 'renormalize'`` and
+``grid.n`` (the key under its table), on the command line ``--step renormalize`` and ``--n``. The
+text is the rule's; only the spelling differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Say", "say_python", "say_cli", "say_spec", "SPEC_TABLES", "solver_refusal"]
-
-#: ``say(key, value)``: the setting ``key = value`` as a surface spells it.
-Say = Callable[[str, Any], str]
-
-#: The table of a sweep spec each run setting lives in (``[time]``; the model's are ``[model]``).
-SPEC_TABLES: Mapping[str, str] = {"step": "time", "solver": "time"}
-
-
-def say_python(key: str, value: Any) -> str:
-    """``key=value!r``: a keyword argument (``step='renormalize'``)."""
-    return f"{key}={value!r}"
+__all__ = [
+    "Spelling",
+    "Say",
+    "say_python",
+    "say_cli",
+    "say_spec",
+    "SPEC_TABLES",
+    "solver_refusal",
+    "size_problem",
+]
 
 
-def say_cli(key: str, value: Any) -> str:
-    """``--key value``: a flag of ``meanfield simulate`` (``--step renormalize``)."""
-    return f"--{key.replace('_', '-')} {value}"
+class Spelling:
+    """A surface's spelling: ``name(key)`` (``"n"``, ``"grid.n"``, ``"--n"``) and, called,
+    ``(key, value)`` as a setting (``"step='renormalize'"``, ``"time.step = 'renormalize'"``,
+    ``"--step renormalize"``)."""
+
+    def __init__(self, name: Callable[[str], str], setting: Callable[[str, Any], str]) -> None:
+        self._name, self._setting = name, setting
+
+    def name(self, key: str) -> str:
+        """The setting ``key`` as this surface names it."""
+        return self._name(key)
+
+    def __call__(self, key: str, value: Any) -> str:
+        return self._setting(key, value)
 
 
-def say_spec(key: str, value: Any) -> str:
-    """``table.key = value!r``: a key of a sweep spec (``time.step = 'renormalize'``,
-    ``model.normalization = 'pre'``)."""
-    return f"{SPEC_TABLES.get(key, 'model')}.{key} = {value!r}"
+#: What the rules take: a ``Spelling``.
+Say = Spelling
+
+#: The table of a sweep spec each setting lives in (the model's parameters are ``[model]``'s).
+SPEC_TABLES: Mapping[str, str] = {
+    "step": "time",
+    "solver": "time",
+    "n": "grid",
+    "d": "grid",
+}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _spec_key(key: str) -> str:
+    return f"{SPEC_TABLES.get(key, 'model')}.{key}"
+
+
+#: Python: ``key=value!r``, a keyword argument (``step='renormalize'``).
+say_python = Spelling(lambda key: key, lambda key, value: f"{key}={value!r}")
+#: The command line: ``--key value``, a flag of ``meanfield simulate`` (``--step renormalize``).
+say_cli = Spelling(_flag, lambda key, value: f"{_flag(key)} {value}")
+#: A sweep spec: ``table.key = value!r`` (``time.step = 'renormalize'``, ``model.normalization = 'pre'``).
+say_spec = Spelling(_spec_key, lambda key, value: f"{_spec_key(key)} = {value!r}")
 
 
 def solver_refusal(
-    step: str, solvers: tuple[str, ...], solver: str, update: str, say: Say = say_python
+    step: str, solvers: tuple[str, ...], solver: str, update: str, say: Spelling = say_python
 ) -> str | None:
     """The refusal of step rule ``step`` (defined for ``solvers`` only; ``update`` in words) with
     ``solver``, or None when it takes it: ``mf.steps.StepRule.check``'s text, which the command
@@ -53,3 +86,39 @@ def solver_refusal(
     return (
         f"{say('step', step)} needs {allowed}, not {say('solver', solver)} (its update: {update})"
     )
+
+
+def size_problem(
+    params: Mapping[str, Any],
+    *,
+    n: int | None = None,
+    d: int | None = None,
+    required_d: int | None = None,
+    model: str = "",
+    say: Spelling = say_python,
+) -> str | None:
+    """The first rule a model's parameters ``params`` break at ``n`` tokens in dimension ``d``
+    (either None: not checked), or None: the dimension the model needs (``required_d``, the
+    model's ``required_dimension()``; ``model`` its name), the ``plane`` of a rotation (indices
+    ``< d``), and ``prompts`` (one block of particles per prompt: ``<= n``). The registry
+    (``mf.kernels.make``), a sweep spec (at the smallest ``grid.n`` and ``grid.d``) and the command
+    line (before JAX is imported) give these texts.
+
+    Example:
+        >>> size_problem({"prompts": 5}, n=4, say=say_cli)
+        '--prompts must be <= --n = 4 (one block of particles per prompt), got 5'
+        >>> size_problem({"plane": (0, 3)}, d=3, say=say_spec)
+        'model.plane [0, 3] needs indices < grid.d = 3'
+    """
+    if d is not None and required_d is not None and d != required_d:
+        return f"model {model!r} needs {say('d', required_d)}, got {say('d', d)}"
+    plane: Sequence[int] | None = params.get("plane")
+    if d is not None and plane is not None and max(plane) >= d:
+        return f"{say.name('plane')} {list(plane)} needs indices < {say.name('d')} = {d}"
+    prompts = params.get("prompts")
+    if n is not None and prompts is not None and prompts > n:
+        return (
+            f"{say.name('prompts')} must be <= {say.name('n')} = {n} (one block of particles per "
+            f"prompt), got {prompts}"
+        )
+    return None

@@ -90,7 +90,7 @@ from typing import Any
 from . import _params, _paths
 from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
-from ._spelling import say_cli, solver_refusal
+from ._spelling import say_cli, size_problem, solver_refusal
 
 __all__ = [
     "main",
@@ -632,13 +632,16 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             )
     _check_switches(schema, given)
     _check_r0(args, schema, given)
-    prompts = given.get(
-        "prompts", next((p.default for p in schema.params if p.name == "prompts"), None)
+    sized = {  # the model's size rules (the registry's and a sweep spec's text), before JAX
+        p.name: given.get(p.name, p.default)
+        for p in schema.params
+        if p.name in ("prompts", "plane")
+    }
+    problem = size_problem(
+        sized, n=args.n, d=args.d, required_d=schema.d, model=args.kernel, say=say_cli
     )
-    if prompts is not None and prompts > args.n:
-        raise ValueError(
-            f"--prompts must be <= --n = {args.n} (one block of particles per prompt), got {prompts}"
-        )
+    if problem is not None:
+        raise ValueError(problem)
     check_backend(args.backend, "--backend")
     limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
     if (

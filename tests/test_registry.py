@@ -68,7 +68,7 @@ def test_make_rejects_unknown_names_params_and_bad_values():
         K.make("rope", beta=-1.0)
     with pytest.raises(TypeError, match=r"beta must be a number, got '1'"):
         K.make("usa", beta="1")
-    with pytest.raises(ValueError, match=r"needs d = 3, got d = 4"):
+    with pytest.raises(ValueError, match=r"model 'gauge' needs d=3, got d=4"):
         K.make("gauge", d=4)
     with pytest.raises(ValueError, match=r"gauges must be one of 'random', 'rotation', got 'x'"):
         K.make("prompt", gauges="x")

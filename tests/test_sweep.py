@@ -712,7 +712,7 @@ BAD_SPECS = [
     (
         TINY.replace('kind = "usa"', 'kind = "rope"\nplane = [0, 3]'),
         ValueError,
-        r"model.plane \[0, 3\] needs indices < d = 3",
+        r"model.plane \[0, 3\] needs indices < grid.d = 3",
     ),
     (
         TINY.replace('kind = "usa"', 'kind = "toeplitz"'),
@@ -737,12 +737,12 @@ BAD_SPECS = [
     (
         TINY.replace('kind = "usa"', 'kind = "gauge"').replace("d = 3", "d = 4"),
         ValueError,
-        r"model kind 'gauge' needs d = 3, got grid.d = 4",
+        r"model 'gauge' needs grid.d = 3, got grid.d = 4",
     ),
     (
         TINY.replace('kind = "usa"', 'kind = ["usa", "gauge"]').replace("d = 3", "d = [2, 3]"),
         ValueError,
-        r"needs d = 3, got grid.d = 2",
+        r"needs grid.d = 3, got grid.d = 2",
     ),
     (
         TINY.replace('kind = "usa"', 'kind = "sa"\nattention = "hardmax"\ntie_tol = [0.1, 0.2]'),

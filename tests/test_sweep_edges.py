@@ -106,14 +106,12 @@ def test_status_refuses_an_impossible_recorded_split(tmp_path, capsys):
 
 def test_prompts_beyond_n_are_refused_as_simulate_does(tmp_path, capsys):
     text = SPEC.replace('kind = "usa"', 'kind = "prompt"\nprompts = 100')
-    with pytest.raises(
-        ValueError, match=r"model.prompts must be <= the smallest grid.n = 8 .*got 100"
-    ):
+    with pytest.raises(ValueError, match=r"model.prompts must be <= grid.n = 8 .*got 100"):
         parse_spec(text)
     assert parse_spec(text.replace("prompts = 100", "prompts = 8")).params["prompts"] == 8
     spec = tmp_path / "p.toml"
     spec.write_text(text)
-    assert "model.prompts must be <= the smallest grid.n = 8" in _one_line_error(
+    assert "model.prompts must be <= grid.n = 8" in _one_line_error(
         capsys, [str(spec), "--out", str(tmp_path / "o.zarr")]
     )
 

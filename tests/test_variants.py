@@ -449,3 +449,54 @@ def test_own_step_rule_everywhere(euler_projected, tmp_path, capsys, monkeypatch
         ),
         np.asarray(pd.sa_phase_diagram(jax.random.key(2), [1.0], **kw2)),
     )
+
+
+# ---------------------------------------------------------------- a model's size rules, one text
+@pytest.mark.parametrize(
+    "kind, flags, spec_model, grid, key",
+    [
+        ("prompt", ["--prompts", "9"], "prompts = 9", "n = [8]", "prompts"),
+        ("rope", ["--plane", "0,3"], "plane = [0, 3]", "d = 3", "plane"),
+        ("gauge", ["--d", "4"], "", "d = 4", "d"),
+    ],
+    ids=["prompts", "plane", "dimension"],
+)
+def test_size_rules_are_one_text_in_three_spellings(kind, flags, spec_model, grid, key, capsys):
+    """``prompts <= n``, ``plane < d`` and a model's own ``d``: one rule (``meanfield._spelling.
+    size_problem``), refused by the command line (before JAX), a sweep spec and ``mf.kernels.make``
+    in the same words, each surface spelling the settings its own way."""
+    from meanfield._spelling import say_cli, say_python, say_spec, size_problem
+
+    params = {"prompts": 9} if key == "prompts" else {"plane": (0, 3)} if key == "plane" else {}
+    need = 3 if kind == "gauge" else None
+    n, d = (8, 3) if key != "d" else (8, 4)
+    texts = {
+        s: size_problem(params, n=n, d=d, required_d=need, model=kind, say=s)
+        for s in (say_python, say_cli, say_spec)
+    }
+    assert all(texts.values()) and len(set(texts.values())) == 3
+    assert (
+        f"--{key}" in texts[say_cli]
+        and f"{'grid' if key == 'd' else 'model'}.{key}" in texts[say_spec]
+    )
+    # the command line, before its run
+    status = cli.main(
+        ["simulate", "--kernel", kind, "--n", "8", "--t1", "0.1", "--no-plots", *flags]
+        + ([] if key == "d" else ["--d", "3"])
+    )
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].endswith(texts[say_cli]), lines
+    # a sweep spec
+    text = (
+        f'[model]\nkind = "{kind}"\n{spec_model}\n[grid]\n'
+        + ("n = [8]\nd = 3" if key == "prompts" else "n = [8]\n" + grid)
+        + "\nbeta = [1.0]\nseeds = 1\n[time]\nt1 = 0.1\n"
+    )
+    with pytest.raises(ValueError) as e:
+        sweep.parse_spec(text)
+    assert str(e.value) == texts[say_spec]
+    # Python (the registry): the dimension and plane rules (prompts need n, which make has not)
+    if key != "prompts":
+        with pytest.raises(ValueError) as e:
+            mf.kernels.make(kind, d=d, **({"plane": (0, 3)} if key == "plane" else {}))
+        assert str(e.value) == texts[say_python]

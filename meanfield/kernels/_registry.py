@@ -36,6 +36,7 @@ from jax.typing import DTypeLike
 from .._checks import check_int
 from .._declare import Variant
 from .._params import PARAM_KINDS, RESERVED_NAMES, Param, check_applies
+from .._spelling import size_problem
 from ..models import Model, SelfAttention
 from ._exp import USA, DistanceBias
 from ._gauge import Gauge, PhaseField, Prompt, RoPE
@@ -514,11 +515,13 @@ def build(name: object, params: object, *, d: object, dtype: DTypeLike | None = 
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a dict of parameter values, got {params!r}")
     d = check_int("d", d, minimum=2)
-    if entry.d is not None and d != entry.d:
-        raise ValueError(f"model {name!r} needs d = {entry.d}, got d = {d}")
+    problem = size_problem({}, d=d, required_d=entry.d, model=entry.name)
+    if problem is not None:
+        raise ValueError(problem)
     P = entry.resolve(params)
-    if "plane" in P and max(P["plane"]) >= d:
-        raise ValueError(f"plane {P['plane']} needs indices < d = {d}")
+    problem = size_problem(P, d=d)  # the rules the command line and a sweep spec check too
+    if problem is not None:
+        raise ValueError(problem)
     return entry.build(P, d, jnp.dtype(dtype) if dtype is not None else jnp.result_type(float))
 
 

@@ -92,7 +92,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
-from .._spelling import say_spec
+from .._spelling import say_spec, size_problem
 from ..geometry import Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, step_grid_problem
 from ..normalization import Scheme
@@ -314,11 +314,10 @@ def _model_params(
     owners: dict[str, list[str]] = {}
     for k in kinds:
         need_d = grid.required_dimension(k)
-        if need_d is not None and any(d != need_d for d in ds):
-            bad = [d for d in ds if d != need_d]
-            raise ValueError(
-                f"model kind {k!r} needs d = {need_d}, got grid.d = {bad[0] if len(bad) == 1 else bad}"
-            )
+        for d in ds:  # the model's rule, as the registry and the command line state it
+            problem = size_problem({}, d=d, required_d=need_d, model=k, say=say_spec)
+            if problem is not None:
+                raise ValueError(problem)
         for p in grid.model_params(k):
             if p.name == "beta":
                 continue
@@ -359,8 +358,9 @@ def _model_params(
     fallback = {k: p.validate(p.default, k) for k, p in accepted.items()}
     for k in kinds:  # each kind's own rules (its parameters' ``applies``), whatever the order
         _check_applies_axes(values, fallback, statics, tuple(grid.model_params(k)))
-    if "plane" in values and max(values["plane"]) >= min(ds):
-        raise ValueError(f"model.plane {values['plane']} needs indices < d = {min(ds)}")
+    problem = size_problem({"plane": values.get("plane")}, d=min(ds), say=say_spec)
+    if problem is not None:
+        raise ValueError(problem)
     return values, accepted
 
 
@@ -1070,11 +1070,14 @@ def _parse_particle_grid(
     for pname, p in accepted.items():
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
-    if "prompts" in params and max(_values(params["prompts"])) > min(ns):  # as `simulate --prompts`
-        raise ValueError(
-            f"model.prompts must be <= the smallest grid.n = {min(ns)} (one block of particles "
-            f"per prompt), got {params['prompts']}"
+    if (
+        "prompts" in params
+    ):  # the rule of `simulate --prompts`, at the smallest n (every value of an axis)
+        problem = size_problem(
+            {"prompts": max(_values(params["prompts"]))}, n=min(ns), say=say_spec
         )
+        if problem is not None:
+            raise ValueError(problem)
     top = float(np.finfo(dtype).max)
     for where, value in [("grid.beta", axes.get("beta"))] + [
         (f"model.{k}", v) for k, v in params.items()
