@@ -46,19 +46,25 @@ Say = Spelling
 
 #: The table of a sweep spec each setting lives in (the model's parameters are ``[model]``'s).
 SPEC_TABLES: Mapping[str, str] = {
+    **dict.fromkeys(
+        ("t1", "dt", "solver", "ts", "rtol", "atol", "early_stop", "max_steps"), "time"
+    ),
     "step": "time",
-    "solver": "time",
     "n": "grid",
     "d": "grid",
 }
+#: Settings a surface names differently from Python's keyword (the save times: ``time.save`` in a
+#: spec, whose list or count they are; ``--saves`` on the command line, their count).
+SPEC_KEYS: Mapping[str, str] = {"ts": "save"}
+CLI_KEYS: Mapping[str, str] = {"ts": "saves"}
 
 
 def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+    return "--" + CLI_KEYS.get(key, key).replace("_", "-")
 
 
 def _spec_key(key: str) -> str:
-    return f"{SPEC_TABLES.get(key, 'model')}.{key}"
+    return f"{SPEC_TABLES.get(key, 'model')}.{SPEC_KEYS.get(key, key)}"
 
 
 #: Python: ``key=value!r``, a keyword argument (``step='renormalize'``).

@@ -664,7 +664,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     from .integrate import (
         ADAPTIVE_SOLVERS,
         FIXED_STEP_SOLVERS,
-        check_tolerances,
+        RunTime,
         simulate,
         uniform_saves_problem,
     )
@@ -677,7 +677,12 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         problem = uniform_saves_problem(args.t1, args.dt, args.saves)
         if problem is not None:
             raise ValueError(problem)
-    check_tolerances(args.solver, args.rtol, args.atol)  # simulate's rule, before the estimate line
+    # the run's time as mf.simulate and a sweep's [time] describe it, its rules in the flags'
+    # spelling, before the estimate line (the save times are made once the run is accepted)
+    run_time = RunTime(
+        args.t1, args.dt, args.solver, None, args.rtol, args.atol, args.early_stop, step=args.step
+    )
+    run_time.check(say=say_cli)
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
@@ -736,14 +741,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     traj = simulate(
         model,
         x0,
-        t1=args.t1,
-        dt=args.dt,
-        solver=args.solver,
-        step=args.step,
-        ts=ts,
-        rtol=args.rtol,
-        atol=args.atol,
-        early_stop=args.early_stop,
+        time=run_time.replace(ts=ts),
         backend=resolved,
         # the cluster count is of unit tokens (angular threshold): none for tokens in R^d
         observables={} if euclidean else {"clusters": lambda x: metrics.num_clusters(x, 0.1)},

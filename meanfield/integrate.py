@@ -44,6 +44,7 @@ passes the origin more slowly than the step resolves is integrated as the flow.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -68,6 +69,7 @@ from ._checks import (
     check_scalar,
     is_concrete,
 )
+from ._spelling import Spelling, say_python
 from .energy import check_states
 from .geometry import geometry_of
 from .kernels import Kernel
@@ -77,6 +79,7 @@ from .steps import StepRule
 
 __all__ = [
     "simulate",
+    "RunTime",
     "Trajectory",
     "RK4",
     "SOLVERS",
@@ -490,43 +493,148 @@ class Trajectory(eqx.Module):
         return trajectory_dataset(self, model, aux=aux, attrs=attrs, failures=FAILURES)
 
 
-def _check_times(t1: Any, dt: Any, ts: Any, solver: str) -> np.ndarray:
-    check_scalar("t1", t1)
+def _check_times(t1: Any, dt: Any, ts: Any, solver: str, say: Spelling = say_python) -> np.ndarray:
+    N = say.name
+    check_scalar(N("t1"), t1)
     if not is_concrete(t1):
         raise TypeError(
-            "t1 must be concrete (a Python float: the save and step grids depend on it), not a "
+            f"{N('t1')} must be concrete (a Python float: the save and step grids depend on it), not a "
             "traced value; inside jit/vmap pass it as a static argument (a traced dt is accepted)"
         )
-    check_positive("t1", t1)
+    check_positive(N("t1"), t1)
     if dt is not None:
-        check_scalar("dt", dt)
+        check_scalar(N("dt"), dt)
     if dt is not None and not is_concrete(dt):
         if solver not in FIXED_STEP_SOLVERS:
             raise TypeError(
-                f"a traced dt needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}"
+                f"a traced {N('dt')} needs a fixed-step solver {FIXED_STEP_SOLVERS}, got {solver!r}"
             )
         if jnp.ndim(dt) != 0:
-            raise ValueError(f"dt must be a scalar, got shape {jnp.shape(dt)}")
-    elif solver in FIXED_STEP_SOLVERS:
-        check_positive("dt", dt)
-    elif dt is not None:
-        check_positive("dt", dt)
+            raise ValueError(f"{N('dt')} must be a scalar, got shape {jnp.shape(dt)}")
+    elif solver in FIXED_STEP_SOLVERS or dt is not None:
+        check_positive(N("dt"), dt)
     if ts is None:
         return np.array([0.0, float(t1)])
     if not is_concrete(ts):
         raise TypeError(
-            "ts must be concrete (a list or numpy array of save times), not a traced value"
+            f"{N('ts')} must be concrete (a list or numpy array of save times), not a traced value"
         )
     ts = np.asarray(ts, dtype=np.float64)
     if ts.ndim != 1 or ts.size == 0:
-        raise ValueError(f"ts must be a non-empty 1-d array of save times, got shape {ts.shape}")
+        raise ValueError(
+            f"{N('ts')} must be a non-empty 1-d array of save times, got shape {ts.shape}"
+        )
     if not np.all(np.isfinite(ts)) or ts.min() < 0 or ts.max() > float(t1) * (1 + 1e-12):
         raise ValueError(
-            f"ts must lie in [0, t1] = [0, {float(t1):g}], got range [{ts.min():g}, {ts.max():g}]"
+            f"{N('ts')} must lie in [0, {N('t1')}] = [0, {float(t1):g}], got range "
+            f"[{ts.min():g}, {ts.max():g}]"
         )
     if np.any(np.diff(ts) <= 0):
-        raise ValueError("ts must be strictly increasing")
+        raise ValueError(f"{N('ts')} must be strictly increasing")
     return ts
+
+
+def _unset(value: Any, default: Any) -> bool:
+    """``value`` is the keyword's default (not given)."""
+    if value is default:
+        return True
+    plain = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    return plain and value == default
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTime:
+    r"""A run's time: what ``mf.simulate`` integrates over and how, the one description that
+    ``simulate``'s keywords, ``meanfield simulate``'s flags (``--t1 --dt --solver --saves --rtol
+    --atol --early-stop --step``) and a sweep's ``[time]`` table (``Spec.run_time``) build.
+
+    ``t1``: the final time (``> 0``, concrete); ``dt``: the fixed step (``> 0``; a traced scalar
+    for the fixed-step solvers; the first step of an adaptive one, or None); ``solver``: one of
+    ``SOLVERS``; ``ts``: the save times (increasing, in ``[0, t1]``; None: ``0`` and ``t1``);
+    ``rtol``, ``atol``: the adaptive solvers' tolerances (both required there, refused elsewhere);
+    ``early_stop``: the tolerance of the energy-plateau stop, or None; ``max_steps``: a bound on the
+    steps, or None; ``step``: the step rule (``mf.steps.StepRule`` or its name).
+
+    ``check(say)`` applies every rule of these settings with one text each, spelled as the caller's
+    surface spells its settings (``meanfield._spelling``: ``ts`` in Python, ``time.save`` in a spec,
+    ``--saves`` on the command line), and returns the save times.
+
+    Example:
+        >>> from meanfield.integrate import RunTime
+        >>> RunTime(t1=1.0, dt=0.25, ts=[0.0, 0.5, 1.0]).check()
+        array([0. , 0.5, 1. ])
+        >>> try:
+        ...     RunTime(t1=1.0, solver="tsit5").check()
+        ... except ValueError as e:
+        ...     print(e)
+        solver='tsit5' is adaptive: give both rtol and atol (no silent defaults)
+    """
+
+    t1: Any
+    dt: Any = 1e-2
+    solver: str = "rk2"
+    ts: Any = None
+    rtol: Any = None
+    atol: Any = None
+    early_stop: Any = None
+    max_steps: Any = None
+    step: Any = "projected"
+
+    @property
+    def rule(self) -> StepRule:
+        """The step rule as an object (``mf.steps.StepRule``)."""
+        return StepRule.coerce(self.step)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the solver chooses its steps (``ADAPTIVE_SOLVERS``)."""
+        return self.solver in ADAPTIVE_SOLVERS
+
+    def replace(self, **changes: Any) -> RunTime:
+        """A copy with ``changes`` (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+    def check(self, say: Spelling = say_python, *, grid: bool = True) -> np.ndarray:
+        """Every rule of the settings, one text each (``say``: the surface's spelling); returns the
+        save times (``[0, t1]`` when ``ts`` is None) as float64. ``grid=False`` leaves out the
+        step grid's rule (``check_grid``: ``simulate`` applies it once the run's memory is
+        accepted, so a run past the machine is refused for its size first)."""
+        N = say.name
+        check_choice(N("solver"), self.solver, SOLVERS)
+        if isinstance(self.step, str):
+            check_choice(N("step"), self.step, StepRule.names())
+        self.rule.check(solver=self.solver, say=say)
+        ts = _check_times(self.t1, self.dt, self.ts, self.solver, say)
+        if self.adaptive:
+            if self.rtol is None or self.atol is None:
+                raise ValueError(
+                    f"{say('solver', self.solver)} is adaptive: give both {N('rtol')} and "
+                    f"{N('atol')} (no silent defaults)"
+                )
+            for key, tol in (("rtol", self.rtol), ("atol", self.atol)):
+                check_scalar(N(key), tol)
+                check_positive(N(key), tol)
+        elif self.rtol is not None or self.atol is not None:
+            raise ValueError(
+                f"{N('rtol')}/{N('atol')} apply to the adaptive solvers "
+                f"{', '.join(ADAPTIVE_SOLVERS)}, not {say('solver', self.solver)}"
+            )
+        if self.early_stop is not None:
+            check_scalar(N("early_stop"), self.early_stop)
+            check_positive(N("early_stop"), self.early_stop)
+        if self.max_steps is not None:
+            check_int(N("max_steps"), self.max_steps, minimum=1)
+        if grid:
+            self.check_grid(ts, say)
+        return ts
+
+    def check_grid(self, ts: np.ndarray, say: Spelling = say_python) -> None:
+        """``ValueError`` when the fixed-step grid of ``dt`` cannot hold the save times ``ts``
+        (``step_grid_problem``; nothing to check for an adaptive solver or a traced ``dt``)."""
+        if not self.adaptive and is_concrete(self.dt):
+            problem = step_grid_problem(float(self.t1), float(self.dt), ts)
+            if problem is not None:
+                raise ValueError(f"{say.name('ts')}: {problem}")
 
 
 class _UniformSteps(diffrax.AbstractStepSizeController):
@@ -750,7 +858,7 @@ def step_grid_problem(t1: float, dt: float, ts: np.ndarray) -> str | None:
     )
 
 
-def check_tolerances(solver: str, rtol: object, atol: object) -> None:
+def check_tolerances(solver: str, rtol: object, atol: object, say: Spelling = say_python) -> None:
     """An adaptive solver needs both ``rtol`` and ``atol``, each a positive scalar (no silent
     defaults); a fixed-step solver ignores them. ``simulate``'s rule, which front ends (the CLI)
     apply before their estimate is printed, so a bad command line is one line."""
@@ -758,11 +866,12 @@ def check_tolerances(solver: str, rtol: object, atol: object) -> None:
         return
     if rtol is None or atol is None:
         raise ValueError(
-            f"solver {solver!r} is adaptive: pass both rtol and atol (no silent defaults)"
+            f"{say('solver', solver)} is adaptive: give both {say.name('rtol')} and "
+            f"{say.name('atol')} (no silent defaults)"
         )
     for name, tol in (("rtol", rtol), ("atol", atol)):
-        check_scalar(name, tol)
-        check_positive(name, tol)
+        check_scalar(say.name(name), tol)
+        check_positive(say.name(name), tol)
 
 
 def uniform_saves_problem(t1: float, dt: float, saves: int) -> str | None:
@@ -804,7 +913,7 @@ def simulate(
     x0: ArrayLike,
     aux: Any = None,
     *,
-    t1: RealScalarLike,
+    t1: RealScalarLike | None = None,
     dt: RealScalarLike | None = 1e-2,
     solver: str = "rk2",
     ts: Any = None,
@@ -820,6 +929,7 @@ def simulate(
     step: str | StepRule = "projected",
     r0: ArrayLike | None = None,
     progress: bool = False,
+    time: RunTime | None = None,
 ) -> Trajectory:
     r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
@@ -835,7 +945,7 @@ def simulate(
             of the sphere); any finite tokens for ``geometry="euclidean"`` (``SelfAttention``: the
             unprojected flow $\dot x_i = F_i(x)$ in $\mathbb R^d$, saved as they are).
         aux: ``(n,)`` labels; ``None`` means ``mf.positions(n)`` (prompt blocks for ``Prompt``).
-        t1: final time (``> 0``).
+        t1: final time (``> 0``; or ``time``).
         dt: step of the fixed-step solvers (``> 0``); initial step for adaptive ones. A
             traced scalar (e.g. a beta-dependent step inside ``vmap``) is accepted by the
             fixed-step solvers: one compilation serves every step length, the grid is
@@ -889,6 +999,11 @@ def simulate(
             without a bar. ``simulate`` then returns once the run has finished (the bar is closed);
             ``x0`` must be concrete (a call outside ``jit``/``vmap``: ``TypeError`` otherwise). One
             more compilation: the program with the callback.
+        time: the run's time as one object (``RunTime``: ``t1``, ``dt``, ``solver``, ``ts``,
+            ``rtol``, ``atol``, ``early_stop``, ``max_steps``, ``step``), instead of those
+            keywords (``TypeError`` when both are given): what a sweep's ``[time]`` table
+            (``Spec.run_time``) and ``meanfield simulate``'s flags build. Either way the same rules
+            apply (``RunTime.check``).
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -915,11 +1030,27 @@ def simulate(
         >>> traj.xs.shape, bool(traj.energy[-1] >= traj.energy[0])
         ((2, 32, 3), True)
     """
-    check_choice("solver", solver, SOLVERS)
-    rule = StepRule.coerce(step)
+    if time is None:
+        if t1 is None:
+            raise TypeError("simulate needs the final time t1 (or time=RunTime(...))")
+        time = RunTime(t1, dt, solver, ts, rtol, atol, early_stop, max_steps, step)
+    else:
+        if not isinstance(time, RunTime):
+            raise TypeError(f"time must be a meanfield.integrate.RunTime, got {time!r}")
+        given = dict(t1=t1, dt=dt, solver=solver, ts=ts, rtol=rtol, atol=atol)
+        given.update(early_stop=early_stop, max_steps=max_steps, step=step)
+        defaults = dict(t1=None, dt=1e-2, solver="rk2", step="projected")
+        twice = [k for k, v in given.items() if not _unset(v, defaults.get(k))]
+        if twice:
+            raise TypeError(
+                f"simulate takes the run's time once: time=RunTime(...) or {twice[0]}= and the "
+                f"other keywords, not both"
+            )
+    ts_np = time.check(grid=False)  # every rule of the run's time (RunTime: one text each)
+    t1, dt, solver, ts = time.t1, time.dt, time.solver, time.ts
+    rtol, atol, early_stop, max_steps = time.rtol, time.atol, time.early_stop, time.max_steps
+    rule = time.rule
     backend = _entry_backend(backend)
-    rule.check(solver=solver)
-    ts_np = _check_times(t1, dt, ts, solver)
     x0, aux = check_states(model, x0, aux, "x0")
     radial = normalization.uses_radius(model)
     geometry = geometry_of(model)
@@ -940,13 +1071,9 @@ def simulate(
     if block_size is not None:
         block_size = check_int("block_size", block_size, minimum=1)
     has_energy = isinstance(model, Kernel) and bool(model.has_energy)  # a masked kernel has none
-    if early_stop is not None:
-        check_scalar("early_stop", early_stop)
-        check_positive("early_stop", early_stop)
-        if not has_energy:
-            raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
-    check_tolerances(solver, rtol, atol)
-    adaptive = solver in ADAPTIVE_SOLVERS
+    if early_stop is not None and not has_energy:
+        raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
+    adaptive = time.adaptive
     if observables is not None and not isinstance(observables, Mapping):
         raise TypeError(
             f"observables must be a dict name -> callable x -> array, got {observables!r}"
@@ -980,6 +1107,7 @@ def simulate(
         max_steps=max_steps,
         block_size=block_size,
     )
+    time.check_grid(ts_np)  # the step grid's rule, once the run's size is accepted
     t1f = float(t1)
     h_traced = None  # traced fixed step (``_UniformSteps``)
     grid_tol = None  # the grid's merging tolerance dt / 1000 (Mix-LN's switch point)

@@ -280,7 +280,7 @@ def test_check_tolerances_is_simulates_rule():
     check_tolerances("rk4", None, None)
     check_tolerances("tsit5", 1e-6, 1e-8)
     for rtol, atol in ((None, 1e-8), (1e-6, None)):
-        with pytest.raises(ValueError, match="adaptive: pass both rtol and atol"):
+        with pytest.raises(ValueError, match="adaptive: give both rtol and atol"):
             check_tolerances("dopri5", rtol, atol)
     with pytest.raises(ValueError, match="atol"):
         check_tolerances("tsit5", 1e-6, -1.0)

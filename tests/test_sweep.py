@@ -680,12 +680,12 @@ BAD_SPECS = [
     (
         TINY.replace('solver = "rk2"', 'solver = "tsit5"'),
         ValueError,
-        "adaptive: give both rtol and atol",
+        "adaptive: give both time.rtol and time.atol",
     ),
     (
         TINY.replace("save = 4", "save = [0.0, 1.0]"),
         ValueError,
-        r"time.save must be increasing times in \[0, t1",
+        r"time.save must lie in \[0, time.t1\] = \[0, ",
     ),
     (TINY.replace("[time]", "[tyme]"), ValueError, "unknown key 'tyme'"),
     (TINY.split("[time]")[0], ValueError, r"\[time\] with t1 is required"),

@@ -264,6 +264,7 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
     fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
 
     ts = cast(np.ndarray, spec.ts)
+    run_time = spec.run_time
     dt, max_steps = T["dt"], T.get("max_steps")
     reference = spec.step_rule == "reference"
     if reference:
@@ -286,17 +287,9 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         traj = integrate.simulate(
             model,
             x0,
-            t1=T["t1"],
-            dt=step,
-            solver=T["solver"],
-            ts=spec.ts,
-            rtol=T.get("rtol"),
-            atol=T.get("atol"),
+            time=run_time.replace(dt=step, max_steps=max_steps),  # the spec's [time], as simulate's
             observables=extra,
             save_states=False,
-            early_stop=T.get("early_stop"),
-            max_steps=max_steps,
-            step=spec.step,
             backend=backend,
             adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
         )

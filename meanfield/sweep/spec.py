@@ -94,7 +94,7 @@ from .._params import is_number as _is_num
 from .._resources import Cost
 from .._spelling import say_spec, size_problem
 from ..geometry import Geometry
-from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, step_grid_problem
+from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, RunTime
 from ..normalization import Scheme
 from ..steps import Projected, StepRule
 from ._diff import key_differences
@@ -557,6 +557,26 @@ class Spec:
         """The name of the step rule, ``time.step`` (``"projected"`` or ``"renormalize"``:
         ``mf.steps.STEPS``; ``integrate.simulate(step=)``)."""
         return _step_of(self.time).name  # type: ignore[return-value]
+
+    @property
+    def run_time(self) -> RunTime:
+        """The ``[time]`` table as a run's time (``mf.integrate.RunTime``; ``mf.simulate(time=)``):
+        ``t1``, ``dt``, ``solver``, the save times, the tolerances, ``early_stop``, ``max_steps``,
+        ``step``. Raises ``ValueError`` for a sweep kind without one."""
+        T = self.time
+        if T is None:
+            raise ValueError(f"kind {self.kind!r} has no [time]: its points are not runs")
+        return RunTime(
+            T["t1"],
+            T["dt"],
+            T["solver"],
+            self.ts,
+            T.get("rtol"),
+            T.get("atol"),
+            T.get("early_stop"),
+            T.get("max_steps"),
+            T.get("step", _DEFAULT_STEP),
+        )
 
     @property
     def step_variant(self) -> StepRule:
@@ -1126,32 +1146,26 @@ def _parse_particle_grid(
         if dt > t1:
             raise ValueError(f"time.dt = {dt:g} must be <= t1 = {t1:g}")
         time_spec = {"t1": t1, "dt": dt, "solver": solver}
-        if solver not in FIXED_STEP_SOLVERS:
-            if "rtol" not in tsec or "atol" not in tsec:
-                raise ValueError(f"time.solver {solver!r} is adaptive: give both rtol and atol")
-            time_spec["rtol"] = _float("time.rtol", tsec["rtol"], "float>0")
-            time_spec["atol"] = _float("time.atol", tsec["atol"], "float>0")
-        elif "rtol" in tsec or "atol" in tsec:
-            adaptive = ", ".join(s for s in SOLVERS if s not in FIXED_STEP_SOLVERS)
-            raise ValueError(
-                f"time.rtol/atol apply to the adaptive solvers {adaptive}, not {solver!r}"
-            )
+        for key in ("rtol", "atol"):  # their rules: the run's (RunTime.check, below)
+            if key in tsec:
+                time_spec[key] = _float(f"time.{key}", tsec[key], "float>0")
         save = tsec.get("save", 21)
         if isinstance(save, list):
             if len(save) > MAX_SAVES:
                 raise ValueError(f"time.save lists {len(save)} times, more than {MAX_SAVES}")
             ts = np.asarray([_float(f"time.save[{i}]", v, "float>=0") for i, v in enumerate(save)])
-            if ts.size == 0 or np.any(np.diff(ts) <= 0) or ts.max() > t1:
-                raise ValueError(
-                    f"time.save must be increasing times in [0, t1 = {t1:g}], got {save!r}"
-                )
         else:
             ts = np.linspace(0.0, t1, _int("time.save", save, 2, MAX_SAVES))
+        step = tsec.get("step", _DEFAULT_STEP)
+        if not isinstance(step, str):
+            raise TypeError(
+                f"time.step must be a string, one of {', '.join(StepRule.names())}; got {step!r}"
+            )
+        # the rules of a run's time, as mf.simulate and the command line state them
+        RunTime(t1, dt, solver, ts, time_spec.get("rtol"), time_spec.get("atol"), step=step).check(
+            say=say_spec
+        )
         time_spec["save"] = ts.tolist()
-        if solver in FIXED_STEP_SOLVERS:
-            problem = step_grid_problem(t1, dt, ts)
-            if problem is not None:
-                raise ValueError(f"time.save: {problem}")
         if "early_stop" in tsec:
             no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
@@ -1184,13 +1198,6 @@ def _parse_particle_grid(
                     "set model.rescaled = false"
                 )
             time_spec["step_rule"] = rule
-        step = tsec.get("step", _DEFAULT_STEP)
-        if not isinstance(step, str):
-            raise TypeError(
-                f"time.step must be a string, one of {', '.join(StepRule.names())}; got {step!r}"
-            )
-        check_choice("time.step", step, StepRule.names())
-        StepRule.lookup(step)().check(solver=solver, say=say_spec)
         if step != _DEFAULT_STEP:  # recorded only when set: specs without it keep their hash
             time_spec["step"] = step
 
