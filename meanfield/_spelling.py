@@ -20,6 +20,8 @@ __all__ = [
     "say_cli",
     "say_spec",
     "SPEC_TABLES",
+    "SPEC_KEYS",
+    "CLI_KEYS",
     "solver_refusal",
     "size_problem",
 ]

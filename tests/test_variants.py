@@ -37,13 +37,18 @@ class Damped(Scheme):
         return self.rate
 
 
+def _registered(family, member):
+    """``member`` registered in ``family`` for one test (unregistered after it)."""
+    family.register(member)
+    try:
+        yield member
+    finally:
+        family.unregister(member.name)
+
+
 @pytest.fixture
 def damped():
-    Scheme.register(Damped)
-    try:
-        yield Damped
-    finally:
-        Scheme.unregister("damped-test")
+    yield from _registered(Scheme, Damped)
 
 
 def _x0(seed=0, n=6, d=3, dtype=jnp.float64):
@@ -261,11 +266,7 @@ class Uniform(mf.models.AttentionKind):
 
 @pytest.fixture
 def uniform():
-    mf.models.AttentionKind.register(Uniform)
-    try:
-        yield Uniform
-    finally:
-        mf.models.AttentionKind.unregister("uniform-test")
+    yield from _registered(mf.models.AttentionKind, Uniform)
 
 
 def _uniform_euler(x0, dt, steps):
@@ -345,11 +346,7 @@ class EulerProjected(mf.steps.Projected):
 
 @pytest.fixture
 def euler_projected():
-    mf.steps.StepRule.register(EulerProjected)
-    try:
-        yield EulerProjected
-    finally:
-        mf.steps.StepRule.unregister("euler-projected-test")
+    yield from _registered(mf.steps.StepRule, EulerProjected)
 
 
 def test_step_rules_are_objects_with_their_facts():
