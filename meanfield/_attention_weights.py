@@ -263,11 +263,7 @@ class AttentionKind(Variant):
         raise NotImplementedError(f"{type(self).__name__} defines no weights")
 
 
-def _builtin(cls: Any) -> Any:
-    return AttentionKind.register(cls, _builtin=True)
-
-
-@_builtin
+@AttentionKind.builtin
 class Softmax(AttentionKind):
     r"""Row softmax of $\beta s_{ij} + \log w_{ij}$ (``masked_softmax``): the default."""
 
@@ -282,7 +278,7 @@ class Softmax(AttentionKind):
         return masked_softmax(beta * scores, log_w)
 
 
-@_builtin
+@AttentionKind.builtin
 class Sinkhorn(AttentionKind):
     r"""``sinkhorn_iters`` half-steps of row and column scaling of $e^{\beta s + \log w}$ (``sinkhorn``)."""
 
@@ -304,7 +300,7 @@ class Sinkhorn(AttentionKind):
         return sinkhorn(beta * scores, self.sinkhorn_iters, log_w)
 
 
-@_builtin
+@AttentionKind.builtin
 class Hardmax(AttentionKind):
     r"""The $\beta \to \infty$ limit: $1/|C_i|$ on the maximisers of the scores, ties within ``tie_tol``
     (``hardmax``)."""

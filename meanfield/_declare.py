@@ -364,6 +364,13 @@ class Variant(Declared):
         return member
 
     @classmethod
+    def builtin(cls, member: type[_V]) -> type[_V]:
+        """Register ``member`` as one of meanfield's own (it stays registered, and the command
+        line's generated schema lists it): the class decorator of the built-in members."""
+        cls.register(member, _builtin=True)
+        return member
+
+    @classmethod
     def unregister(cls, name: str) -> None:
         """Remove the member registered as ``name`` (not one of meanfield's own)."""
         family = cls.family()

@@ -45,18 +45,14 @@ class Geometry(Variant):
         StepRule.coerce(step).check(geometry=self)
 
 
-def _builtin(cls: Any) -> Any:
-    return Geometry.register(cls, _builtin=True)
-
-
-@_builtin
+@Geometry.builtin
 class Sphere(Geometry):
     """Tokens on the unit sphere $S^{d-1}$: the projected flow (the default)."""
 
     name: ClassVar[str | None] = "sphere"
 
 
-@_builtin
+@Geometry.builtin
 class Euclidean(Geometry):
     r"""Tokens in $\mathbb R^d$: $\dot x_i = F_i(x)$, no projection, no layer norm (Post-LN only)."""
 

@@ -605,16 +605,8 @@ class RunTime:
             check_choice(N("step"), self.step, StepRule.names())
         self.rule.check(solver=self.solver, say=say)
         ts = _check_times(self.t1, self.dt, self.ts, self.solver, say)
-        if self.adaptive:
-            if self.rtol is None or self.atol is None:
-                raise ValueError(
-                    f"{say('solver', self.solver)} is adaptive: give both {N('rtol')} and "
-                    f"{N('atol')} (no silent defaults)"
-                )
-            for key, tol in (("rtol", self.rtol), ("atol", self.atol)):
-                check_scalar(N(key), tol)
-                check_positive(N(key), tol)
-        elif self.rtol is not None or self.atol is not None:
+        check_tolerances(self.solver, self.rtol, self.atol, say)
+        if not self.adaptive and (self.rtol is not None or self.atol is not None):
             raise ValueError(
                 f"{N('rtol')}/{N('atol')} apply to the adaptive solvers "
                 f"{', '.join(ADAPTIVE_SOLVERS)}, not {say('solver', self.solver)}"
@@ -860,7 +852,8 @@ def step_grid_problem(t1: float, dt: float, ts: np.ndarray) -> str | None:
 
 def check_tolerances(solver: str, rtol: object, atol: object, say: Spelling = say_python) -> None:
     """An adaptive solver needs both ``rtol`` and ``atol``, each a positive scalar (no silent
-    defaults); a fixed-step solver ignores them. ``simulate``'s rule, which front ends (the CLI)
+    defaults; ``say``: the caller's spelling). Nothing is checked for a fixed-step solver here:
+    ``RunTime.check`` refuses tolerances given to one. ``simulate``'s rule, which front ends (the CLI)
     apply before their estimate is printed, so a bad command line is one line."""
     if solver not in ADAPTIVE_SOLVERS:
         return
@@ -964,7 +957,7 @@ def simulate(
             of the number of step points: ``t1 / dt`` within a factor of 2), reuses the
             compilation; long or logarithmic ``ts`` cost no more to compile than short ones
             of the same length.
-        rtol, atol: required for the adaptive solvers.
+        rtol, atol: required for the adaptive solvers, refused for the fixed-step ones.
         observables: dict name -> ``f(x) -> array`` evaluated at ``ts`` on the state (the
             directions $\theta$; the tokens in $\mathbb R^d$ for ``geometry="euclidean"``); a
             callable with a parameter named ``radius`` also gets the ``(n,)`` radii (models with a
@@ -986,7 +979,9 @@ def simulate(
             ``"auto"``. A static argument of the compiled run.
         step: ``"projected"`` (default: every solver integrates the tangent field $P_x F$) or
             ``"renormalize"`` (``solver="euler"`` only: $x \leftarrow \operatorname{normalize}(x + h F(x))$
-            with the unprojected ``model.field``, the published code's update; see the module docstring).
+            with the unprojected ``model.field``, the published code's update; see the module docstring),
+            or a step rule object (``mf.steps.StepRule``: ``Projected()``, ``Renormalize()``, a
+            registered rule of your own).
         r0: initial radii of a model whose tokens carry one (``normalization`` in
             ``mf.normalization.RADIAL``: ``"pre"``, ``"mix"``, ``"peri"``), a
             scalar or ``(n,)``, every entry finite and within ``r0_range(x0.dtype)`` (float32:

@@ -115,10 +115,6 @@ def _post_velocity(beta: float, n: int) -> float:
     return 2.0 / (math.exp(beta) + n - 1)
 
 
-def _builtin(cls: Any) -> Any:
-    return Scheme.register(cls, _builtin=True)
-
-
 class Scheme(Variant):
     r"""A layer-norm placement as particle dynamics (the module's table): the base of the schemes.
 
@@ -225,7 +221,7 @@ class Scheme(Variant):
             )
 
 
-@_builtin
+@Scheme.builtin
 class Post(Scheme):
     r"""Post-LN, $x \leftarrow \mathrm{LN}(x + h\,\mathrm{Attn}(x))$: the projected flow on the sphere
     (speed 1, no radius). The default of every model."""
@@ -249,7 +245,7 @@ class Post(Scheme):
         return CollapseLaw(-2.0, _identity, "t", "-2 (Post-LN: 1 - rho ~ C e^(-2t))")
 
 
-@_builtin
+@Scheme.builtin
 class Pre(Scheme):
     r"""Pre-LN, $x \leftarrow x + h\,\mathrm{Attn}(\mathrm{LN}(x))$: $\dot x_i = A_i$ (speed $r_i$)."""
 
@@ -278,7 +274,7 @@ class Pre(Scheme):
         return _POLYNOMIAL
 
 
-@_builtin
+@Scheme.builtin
 class Mix(Scheme):
     r"""Mix-LN: Post-LN for $t \le \tau$ (``switch_time``), Pre-LN after; the radius is state
     throughout (it stays until the switch)."""
@@ -325,7 +321,7 @@ class Mix(Scheme):
         return _POLYNOMIAL
 
 
-@_builtin
+@Scheme.builtin
 class Peri(Scheme):
     r"""Peri-LN, $x \leftarrow x + h\,\mathrm{LN}(\mathrm{Attn}(\mathrm{LN}(x)))$: field $A / \|A\|$,
     $\dot x_i = $ field."""
@@ -359,7 +355,7 @@ class Peri(Scheme):
         return _POLYNOMIAL
 
 
-@_builtin
+@Scheme.builtin
 class NGPT(Scheme):
     r"""nGPT, $x \leftarrow \mathrm{LN}(x + h\alpha(\mathrm{LN}(\mathrm{Attn}(x)) - x))$: the Post-LN
     flow of the field $\alpha A / \|A\|$."""
@@ -403,7 +399,7 @@ class NGPT(Scheme):
         )
 
 
-@_builtin
+@Scheme.builtin
 class Scaling(Scheme):
     r"""LN-scaling: the sublayer scaled by $1/\sqrt{\ell}$ at layer $\ell = t + 1$, speed
     $1 / \sqrt{t + 1}$ on the sphere."""

@@ -102,18 +102,14 @@ class StepRule(Variant):
             )
 
 
-def _builtin(cls: Any) -> Any:
-    return StepRule.register(cls, _builtin=True)
-
-
-@_builtin
+@StepRule.builtin
 class Projected(StepRule):
     r"""Every solver integrates the tangent field $P_x F$; fixed steps end with $x / \|x\|$ (the default)."""
 
     name: ClassVar[str | None] = "projected"
 
 
-@_builtin
+@StepRule.builtin
 class Renormalize(StepRule):
     r"""The published Euler update $x \leftarrow \operatorname{normalize}(x + h F(x))$ (Euler only)."""
 
