@@ -93,6 +93,7 @@ __all__ = [
     "check_tolerances",
     "r0_range",
     "check_r0",
+    "FixedStep",
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
@@ -339,6 +340,125 @@ class _PostStepSolver(diffrax.AbstractSolver):
         self, terms: PyTree[diffrax.AbstractTerm], t0: _Time, y0: _State, args: _Args
     ) -> _State:
         return self.inner.func(terms, t0, y0, args)
+
+
+# ----------------------------------------------------------------------------
+# one step of the engine, for studies that drive their own loop
+# ----------------------------------------------------------------------------
+
+
+class FixedStep(eqx.Module):
+    r"""One step of ``mf.simulate``'s fixed-step integration of ``model`` (one system): the same
+    vector field (the model's field at the step's start time, projected per the step rule, the
+    velocity of its normalisation scheme), the same solver stages and the same post-step (the
+    radial projection, the failure flags: a non-finite state, a token through the origin; Mix-LN's
+    switch flag), for studies that drive their own loop over steps: the phase diagrams' batched
+    sweeps (``mf.phase_diagram``) and the random-batch integrator (``mf.random_batch``) step with
+    it, so a new model, scheme, attention kind or step rule reaches them with no edit.
+
+    The state is ``(x, flags)`` (``init``); ``__call__(t0, t1, y)`` is one solver step from
+    ``t0`` to ``t1`` (simulate's step between two step points), ``grid(k, y)`` the step from
+    ``k h`` to ``(k + 1) h`` of the uniform grid of step ``h`` as simulate takes it (two steps
+    when Mix-LN's switch time lies inside, more than ``h / 1000`` from both ends: simulate puts
+    it among its step points), ``failed(y)`` whether the system has failed (its state is then
+    not a result). vmap it over systems: every field is traced but the solver and the flags.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, meanfield as mf
+        >>> from meanfield.integrate import FixedStep
+        >>> model = mf.models.SelfAttention(2.0)
+        >>> x0 = mf.sphere.uniform(jax.random.key(0), 8, 3)
+        >>> stepper = FixedStep.of(model, x0, solver="euler", h=0.1)
+        >>> y = stepper.init(x0)
+        >>> for k in range(5):
+        ...     y = stepper.grid(k, y)
+        >>> traj = mf.simulate(model, x0, t1=0.5, dt=0.1, solver="euler")
+        >>> bool(jnp.allclose(y[0], traj.xs[-1], atol=1e-6)), bool(stepper.failed(y))
+        (True, False)
+    """
+
+    args: _Args
+    h: Array
+    solver: _PostStepSolver = eqx.field(static=True)
+
+    @classmethod
+    def of(
+        cls,
+        model: Any,
+        x: ArrayLike,
+        aux: Any = None,
+        *,
+        solver: str = "euler",
+        step: str | StepRule = "projected",
+        h: RealScalarLike,
+        backend: str = "auto",
+        block_size: int | None = None,
+    ) -> FixedStep:
+        """The step of ``mf.simulate(model, x, aux, solver=solver, step=step, dt=h)``; ``x``: the
+        ``(n, d)`` states (or ones of their shape and dtype: for ``aux``'s default), ``h`` the
+        grid's step (Mix-LN's switch tolerance ``h / 1000``; ``grid``)."""
+        check_choice("solver", solver, FIXED_STEP_SOLVERS)
+        rule = StepRule.coerce(step)
+        scheme = normalization.scheme_of(model)
+        geometry = geometry_of(model)
+        rule.check(solver=solver, scheme=scheme, geometry=geometry)
+        x = jnp.asarray(x)
+        if aux is None:
+            aux = model.default_aux(x.shape[-2])
+        radial = normalization.uses_radius(model)
+        switch = scheme.switch_at() if radial else None
+        hh = jnp.asarray(h, x.dtype)
+        args = _Args(
+            model,
+            jnp.asarray(aux),
+            jnp.zeros((), x.dtype),
+            block_size,
+            True,
+            False,
+            rule.tangent,
+            backend,
+            radial,
+            not geometry.on_sphere,
+            switch_from=None if switch is None else jnp.asarray(switch, x.dtype) - 1e-3 * hh,
+        )
+        return cls(args, hh, _PostStepSolver(_inner_solver(solver)))
+
+    def _switch(self) -> Any:
+        return normalization.scheme_of(self.args.model).switch_at() if self.args.radial else None
+
+    def init(self, x: Float[Array, "n d"]) -> _State:
+        """The state ``(x, flags)`` of ``x`` (tokens with a radius: ``x = r theta``)."""
+        return x, jnp.zeros(5 if self._switch() is not None else 4, x.dtype)
+
+    def __call__(self, t0: _Time, t1: _Time, y: _State) -> _State:
+        """One step of the solver from ``t0`` to ``t1``, then the post-step."""
+        term = diffrax.ODETerm(_vector_field)
+        state = self.solver.init(term, t0, t1, y, self.args)
+        y1, _, _, _, _ = self.solver.step(term, t0, t1, y, self.args, state, False)
+        return y1
+
+    def grid(self, k: ArrayLike, y: _State) -> _State:
+        """The step over ``[k h, (k + 1) h]``, split at Mix-LN's switch time when it lies inside."""
+        dtype = y[0].dtype
+        k = jnp.asarray(k, dtype)
+        t0, t1 = k * self.h, (k + 1) * self.h
+        switch = self._switch()
+        if switch is None:
+            return self(t0, t1, y)
+        tau, tol = jnp.asarray(switch, dtype), 1e-3 * self.h
+        inside = (t0 + tol < tau) & (tau < t1 - tol)
+        return jax.lax.cond(
+            inside, lambda: self(tau, t1, self(t0, tau, y)), lambda: self(t0, t1, y)
+        )
+
+    def failed(self, y: _State) -> Array:
+        """Whether the run has failed (``FAILURES``: a non-finite state, a token through the origin)."""
+        return y[1][_FAIL] > 0.5
+
+    def directions(self, y: _State) -> Float[Array, "n d"]:
+        """The tokens' directions (tokens in R^d and on the sphere: the state itself)."""
+        x = y[0]
+        return sphere.normalize(x) if self.args.radial else x
 
 
 # ----------------------------------------------------------------------------

@@ -41,8 +41,9 @@ redrawn during a run (rotf's ``--regen_period`` is not implemented here; ``mf.si
 ``SelfAttention`` with ``regen_period`` is). System $s$ follows the flow of
 ``SelfAttention(beta, Q[s], K[s], V[s])`` with the step rule ``step`` (``"renormalize"``: the
 published ``x + h F``, then normalise), and the clustering fraction counts
-$\langle x_i, x_j\rangle > \text{threshold}$ as above. These sweeps run the XLA kernel
-(``backend="auto"`` picks it; ``"native"`` is a ``ValueError``) with ``SelfAttention``'s field;
+$\langle x_i, x_j\rangle > \text{threshold}$ as above. These sweeps step with the engine:
+``mf.integrate.FixedStep``, the Euler step of ``mf.simulate`` of system $s$'s model, from $k h$
+to $(k + 1) h$ at step $k$ (``backend="auto"`` picks it; ``"native"`` is a ``ValueError``);
 identity weights (any number of equal heads), no mask and softmax keep the kernels below.
 Conventions (tests/test_phase_diagram_weights.py): rotf's ``BF`` is $Q^\top K$ and its ``V`` acts
 on the right of row vectors, so it is the transpose of the $V$ here; ``weights="gaussian"`` and
@@ -52,11 +53,16 @@ $V = \pm Q^\top K / \text{norm}$, rotf's ``--randomV 2``/``3`` for the symmetric
 ``--randomKQ 2`` and ``--randomV 1`` ($G G^\top / \sqrt d$) have no ensemble here.
 
 Layer-norm placements (``mf.normalization``: Pre-, Mix-, Peri-LN, nGPT, LN-scaling):
-``sa_phase_diagram(normalization=, alpha=, switch_time=, r0=)`` runs the same XLA kernel with
-``SelfAttention``'s field of that scheme, each Euler step the step of ``mf.simulate`` (the
-functions of ``mf.normalization``, not a copy of its equations); for the schemes with a radius
-the state is $x = r\theta$ in $\mathbb R^d$ and the clustering fraction counts the directions.
-``usa_phase_diagram`` is Post-LN only.
+``sa_phase_diagram(normalization=, alpha=, switch_time=, r0=)`` steps with the same engine step
+(``mf.integrate.FixedStep``: the vector field, solver step and post-step of ``mf.simulate``, not a
+copy of their equations), so a scheme, attention kind or step rule registered outside meanfield
+runs here too; for the schemes with a radius the state is $x = r\theta$ in $\mathbb R^d$ and the
+clustering fraction counts the directions. The identity-weight Post-LN flow (softmax, no mask)
+has two faster backends of the same step, the fused C kernel and the fused XLA kernel below
+(``_run_one_beta``), whose only difference from the engine's step is the order of operations
+(float64: the same fractions, states within 1e-12; tests/test_fixed_step.py); every backend
+shares one loop over steps and checkpoints (``_checkpoint_loop``). ``usa_phase_diagram`` is
+Post-LN only (its time-rescaled step is the fused backends').
 
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
@@ -137,6 +143,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar, cast, overload
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,7 +160,7 @@ from ._checks import (
     traced_positive,
 )
 from ._precision import matmul
-from .integrate import STEPS, _near_origin, check_r0
+from .integrate import STEPS, FixedStep, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
 from .models import SelfAttention, exp_reference_step, random_weights
@@ -613,8 +620,60 @@ def _dense_field_w(
 
 
 # ----------------------------------------------------------------------------
-# the sweep kernel: one beta, a batch of seeds, a traced number of steps
+# the sweep: one beta, a batch of seeds, a traced number of steps
 # ----------------------------------------------------------------------------
+
+
+def _checkpoint_loop(
+    state0: Any,
+    nsteps: Array,
+    ckpt_steps: Array,
+    ckpt_pos: Array,
+    *,
+    systems: int,
+    dtype: Any,
+    every_step: bool,
+    prepare: Callable[[Any], Any],
+    fraction: Callable[[Any], Array],
+    advance: Callable[[Array, Any, Any], Any],
+) -> tuple[Float[Array, "S C"], Any]:
+    """The loop of every sweep: ``nsteps`` steps of a batch of ``systems``, the clustering fraction
+    recorded at the checkpoint steps; the backends differ only in their step.
+
+    ``prepare(state)``: what the fraction and the step share (the fused kernel: the weights);
+    ``fraction(shared)``: the ``(S,)`` fractions; ``advance(i, state, shared)``: step ``i``.
+    ``ckpt_steps``: the distinct checkpoint step indices, sorted, padded with a sentinel to length
+    ``C``; ``ckpt_pos``: for each checkpoint its position in ``ckpt_steps``. ``every_step``: nearly
+    every step is a checkpoint (the SA setting: 200 checkpoints, 100 steps), so the fraction is
+    evaluated unconditionally (fused with what computes it) and written to row ``C``, a scratch
+    row, when the step is not a checkpoint; otherwise it runs under ``lax.cond`` at checkpoint
+    steps only. Returns the ``(S, C)`` fractions and the final state.
+    """
+    C = ckpt_steps.shape[0]
+
+    def record(buf: Array, i: ArrayLike, shared: Any) -> Array:
+        slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
+        hit = ckpt_steps[slot] == i
+        if every_step:
+            return jax.lax.dynamic_update_index_in_dim(
+                buf, fraction(shared), jnp.where(hit, slot, C), 0
+            )
+
+        def write(b: Array) -> Array:
+            return jax.lax.dynamic_update_index_in_dim(b, fraction(shared), slot, 0)
+
+        return jax.lax.cond(hit, write, lambda b: b, buf)
+
+    def body(i: Array, carry: tuple[Any, Array]) -> tuple[Any, Array]:
+        state, buf = carry
+        shared = prepare(state)
+        buf = record(buf, i, shared)
+        return advance(i, state, shared), buf
+
+    buf0 = jnp.zeros((C + 1, systems), dtype)
+    state, buf = jax.lax.fori_loop(0, nsteps, body, (state0, buf0))
+    buf = record(buf, nsteps, prepare(state))
+    return buf[ckpt_pos].T, state
 
 
 def _run_one_beta(
@@ -631,11 +690,11 @@ def _run_one_beta(
     every_step: bool,
     project: bool = True,
 ) -> tuple[Float[Array, "S C"], Float[Array, "S n d"]]:
-    """Euler to ``nsteps`` for every seed of ``x0`` (``(S, n, d)``); fraction at checkpoints.
+    """The fused XLA backend of the identity-weight Post-LN step: Euler to ``nsteps`` for every
+    seed of ``x0`` (``(S, n, d)``), the fraction at checkpoints (``_checkpoint_loop``) counted on
+    the weights the step computes anyway.
 
-    ``step`` is the step in the (time-rescaled, for USA) formulation. ``ckpt_steps``: the
-    distinct checkpoint step indices, sorted, padded with a sentinel to length ``C``;
-    ``ckpt_pos``: for each checkpoint its position in ``ckpt_steps``. Returns the ``(S, C)``
+    ``step`` is the step in the (time-rescaled, for USA) formulation. Returns the ``(S, C)``
     fractions and the ``(S, n, d)`` final states. ``project``: the tangent projection before the
     step (``step="projected"``); ``False``: the published ``x + h F`` (``step="renormalize"``).
     """
@@ -646,18 +705,15 @@ def _run_one_beta(
     S, n, d = x0.shape
     k = n // 2
     dtype = x0.dtype
-    C = ckpt_steps.shape[0]
     # W = exp(beta (G - 1)) <= 1: the shifted softmax for SA (the row normalisation cancels the
     # factor e^beta, which overflows float32 past beta ~ 88), the time-rescaled form for USA
     shift = beta
 
-    def gram(x: Array) -> Any:
-        return _packed_gram(x, k) if packed else _dense_gram(x)
-
-    def weights(
-        g: Any,
-    ) -> Any:  # what the metric and the field share: the Gram matrix (packed) or W (dense)
-        return g if packed else _dense_weights(g, beta, shift)
+    def prepare(x: Array) -> Any:
+        """What the metric and the field share: the Gram matrix (packed) or ``W`` (dense)."""
+        if packed:
+            return jax.vmap(lambda xs: _packed_gram(xs, k))(x)
+        return jax.vmap(lambda xs: _dense_weights(_dense_gram(xs), beta, shift))(x)
 
     def count(w: Any) -> Array:
         if packed:
@@ -674,61 +730,66 @@ def _run_one_beta(
     def fraction(w: Any) -> Array:
         return jax.vmap(count)(w).astype(dtype) / (n * (n - 1))
 
-    def record(buf: Array, i: ArrayLike, w: Any) -> Array:
-        """Write the fraction of every seed into the buffer row of step ``i`` if it is a checkpoint.
-
-        ``every_step``: nearly every step is a checkpoint (the SA setting: 200 checkpoints,
-        100 steps), so the count is evaluated unconditionally, fused with the weights, and
-        written to row ``C`` (a scratch row) when ``i`` is not a checkpoint; otherwise the
-        count runs under ``lax.cond`` at checkpoint steps only.
-        """
-        slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
-        hit = ckpt_steps[slot] == i
-        if every_step:
-            return jax.lax.dynamic_update_index_in_dim(buf, fraction(w), jnp.where(hit, slot, C), 0)
-
-        def write(b: Array) -> Array:
-            return jax.lax.dynamic_update_index_in_dim(b, fraction(w), slot, 0)
-
-        return jax.lax.cond(hit, write, lambda b: b, buf)
-
-    def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
-        x, buf = carry
-        w = jax.vmap(weights)(
-            jax.vmap(gram)(x)
-        )  # shared by the metric and the field (fused metric)
-        buf = record(buf, i, w)
+    def advance(i: Array, x: Array, w: Any) -> Array:
         F = jax.vmap(fieldf)(x, w)
         v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
         x = x + step * v
-        x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-        return x, buf
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
 
-    buf0 = jnp.zeros((C + 1, S), dtype)
-    x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
-    buf = record(buf, nsteps, jax.vmap(weights)(jax.vmap(gram)(x)))
-    return buf[ckpt_pos].T, x
-
-
-class _Attention(NamedTuple):
-    """The self-attention of a sweep off the identity fast path: per-system weight stacks
-    (``system_weights``: ``(S, ...)`` arrays or ``None``), the mask, and the static options."""
-
-    Q: Array | None
-    K: Array | None
-    V: Array | None
-    mask: Mask | None
-    attention: str
-    sinkhorn_iters: int
-    normalization: str = "post"  # mf.normalization (static)
-    alpha: float = 0.2  # nGPT's step factor (traced)
-    switch_time: float = 1.0  # Mix-LN's switch time (traced)
+    return _checkpoint_loop(
+        x0,
+        nsteps,
+        ckpt_steps,
+        ckpt_pos,
+        systems=S,
+        dtype=dtype,
+        every_step=every_step,
+        prepare=prepare,
+        fraction=fraction,
+        advance=advance,
+    )
 
 
-def _run_one_beta_attn(
+class _Systems(eqx.Module):
+    """The self-attention of a sweep off the identity fast path: the model every system runs
+    (``SelfAttention``'s attention kind, mask, scheme and ``normalized``; its ``beta`` and weights
+    are the task's) and the per-system weight stacks (``system_weights``: ``(S, ...)`` arrays or
+    ``None``)."""
+
+    model: SelfAttention
+    Q: Array | None = None
+    K: Array | None = None
+    V: Array | None = None
+
+    def system(
+        self, beta: Array, Q: Array | None, K: Array | None, V: Array | None
+    ) -> SelfAttention:
+        """The model of one system: ``self.model`` with inverse temperature ``beta`` and its weights."""
+        m = self.model
+        return SelfAttention(
+            beta,
+            Q,
+            K,
+            V,
+            normalized=m.normalized,
+            attention=m.attention,
+            mask=m.mask,
+            normalization=m.normalization,
+        )
+
+
+def _traced_floats(tree: Any, dtype: Any) -> Any:
+    """The Python floats of ``tree`` (a scheme's alpha, switch time) as arrays: traced, so that
+    one compilation serves every value."""
+    return jax.tree.map(
+        lambda leaf: jnp.asarray(leaf, dtype) if isinstance(leaf, float) else leaf, tree
+    )
+
+
+@eqx.filter_jit
+def _run_one_beta_engine(
     x0: Float[Array, "S n d"],
-    qkv: tuple[Array | None, Array | None, Array | None],
-    mask: Mask | None,
+    systems: _Systems,
     beta: Array,
     step: Array,
     nsteps: Array,
@@ -736,149 +797,69 @@ def _run_one_beta_attn(
     ckpt_pos: Array,
     threshold: Array,
     *,
-    normalized: bool,
-    attention: str,
-    sinkhorn_iters: int,
     every_step: bool,
-    project: bool,
-    normalization: str = "post",
-    alpha: ArrayLike = 0.2,
-    switch_time: ArrayLike = 1.0,
+    rule: StepRule,
 ) -> tuple[Float[Array, "S C"], Float[Array, "S n d"]]:
-    r"""``_run_one_beta`` with the field of ``mf.models.SelfAttention(beta, Q_s, K_s, V_s, ...)``
-    for system ``s`` (its weights ``qkv[.][s]``, the mask, ``attention``, ``normalization``; not
-    time-rescaled: ``step`` is the step of the flow) and the clustering count on the Gram matrix
-    of the directions ``<theta_i, theta_j> > threshold`` (the attention weights are not monotone
-    in it). The step of a scheme is the Euler step of ``mf.simulate``'s vector field
-    (``mf.normalization``), step $k$ at time $t = k h$: ``radial_velocity`` on the state
-    $x = r \theta$ for the schemes with a radius (Mix-LN: the step over ``switch_time`` $\tau$ is
-    two, Post-LN to $\tau$ and Pre-LN after, as ``mf.simulate`` steps to $\tau$; a step point within
-    $h / 1000$ of $\tau$ is the switch point), else the projected field times ``speed``
-    (LN-scaling), then normalised; the returned states are the directions, NaN for a system one
-    of whose tokens passed through or near the origin (``mf.integrate._near_origin``, as
-    ``mf.simulate``'s failure ``"token through the origin"``)."""
+    r"""The engine's step for every system: ``mf.simulate``'s Euler step (``mf.integrate.FixedStep``)
+    of system ``s``'s model ``SelfAttention(beta, Q_s, K_s, V_s, ...)`` (``_Systems``), from
+    ``k h`` to ``(k + 1) h`` at step ``k`` (Mix-LN: the step over its switch time is two, as
+    simulate steps), the clustering count on the Gram matrix of the directions
+    ``<theta_i, theta_j> > threshold`` (the attention weights are not monotone in it). Returns the
+    ``(S, C)`` fractions and the ``(S, n, d)`` final directions, NaN for a system that failed (a
+    token through or near the origin, a non-finite state: simulate's failures)."""
     _TRACES[
         (
             "attn",
             x0.shape,
             str(x0.dtype),
-            normalized,
-            attention,
-            sinkhorn_iters,
+            type(systems.model.attention).__name__,
+            type(systems.model.normalization).__name__,
+            type(rule).__name__,
             every_step,
-            project,
-            normalization,
             ckpt_pos.shape,
-            tuple(None if M is None else M.shape for M in qkv),
-            type(mask).__name__,
+            tuple(None if M is None else M.shape for M in (systems.Q, systems.K, systems.V)),
         )
     ] += 1
     S, n, _ = x0.shape
     dtype = x0.dtype
-    C = ckpt_steps.shape[0]
     off = ~np.eye(n, dtype=bool)
 
-    scheme = _normalization.as_scheme(normalization, alpha=alpha, switch_time=switch_time)
-    radial = scheme.radial
+    weights = (systems.Q, systems.K, systems.V)
+    axes = tuple(None if M is None else 0 for M in weights)
 
-    def field(x: Array, Q: Array | None, K: Array | None, V: Array | None) -> Array:
-        model = SelfAttention(
-            beta,
-            Q,
-            K,
-            V,
-            normalized=normalized,
-            attention=attention,
-            sinkhorn_iters=sinkhorn_iters,
-            mask=mask,
-            normalization=scheme,
-        )
-        return model.field(x)
+    def stepper(Q: Array | None, K: Array | None, V: Array | None) -> FixedStep:
+        model = systems.system(beta, Q, K, V)
+        return FixedStep.of(model, x0[0], solver="euler", step=rule, h=step)
 
-    def directions(x: Array) -> Array:
-        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True)) if radial else x
+    template = stepper(*(None if M is None else M[0] for M in weights))  # the static facts
 
-    def fraction(x: Array) -> Array:
-        x = directions(x)
+    def fraction(y: Any) -> Array:
+        x = jax.vmap(template.directions)(y)
         G = matmul(x, jnp.swapaxes(x, 1, 2))
         count = jnp.sum(jnp.where((G > threshold) & off, 1.0, 0.0).astype(dtype), axis=(1, 2))
         return count / (n * (n - 1))
 
-    def record(buf: Array, i: ArrayLike, x: Array) -> Array:
-        slot = jnp.minimum(jnp.searchsorted(ckpt_steps, i), C - 1)
-        hit = ckpt_steps[slot] == i
-        if every_step:
-            return jax.lax.dynamic_update_index_in_dim(buf, fraction(x), jnp.where(hit, slot, C), 0)
+    def advance(i: Array, y: Any, _: Any) -> Any:
+        def one(Q: Array | None, K: Array | None, V: Array | None, ys: Any) -> Any:
+            return stepper(Q, K, V).grid(i, ys)
 
-        def write(b: Array) -> Array:
-            return jax.lax.dynamic_update_index_in_dim(b, fraction(x), slot, 0)
+        return jax.vmap(one, in_axes=(*axes, 0))(*weights, y)
 
-        return jax.lax.cond(hit, write, lambda b: b, buf)
-
-    def velocity(x: Array, F: Array, switched: ArrayLike) -> Array:
-        return jax.vmap(lambda xs, Fs: scheme.radial_velocity(xs, Fs, switched=switched))(x, F)
-
-    def radial_step(t: Array, x: Array) -> Array:
-        """One Euler step of a scheme with a radius (``mf.simulate``'s, ``solver="euler"``)."""
-        F = jax.vmap(field)(directions(x), *qkv)
-        if scheme.switch_at() is None:
-            return x + step * velocity(x, F, True)
-        # Mix-LN switches at tau, a step point of mf.simulate too: the step over tau is two
-        # (Post-LN to tau, Pre-LN after), unless a step point lies within step / 1000 of tau
-        tau, tol = jnp.asarray(scheme.switch_at(), dtype), 1e-3 * step
-        switched = t >= tau - tol
-
-        def split() -> Array:
-            xm = x + (tau - t) * velocity(x, F, False)
-            Fm = jax.vmap(field)(directions(xm), *qkv)
-            return xm + (t + step - tau) * velocity(xm, Fm, True)
-
-        over = (t + tol < tau) & (tau < t + step - tol)
-        return jax.lax.cond(over, split, lambda: x + step * velocity(x, F, switched))
-
-    def radial_body(i: ArrayLike, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
-        x, buf, through = carry
-        buf = record(buf, i, x)
-        x_new = radial_step(jnp.asarray(i, dtype) * step, x)  # x = r theta in R^d
-        # a token through (or near) the origin fails its system, as in mf.simulate
-        return x_new, buf, through | jnp.any(jax.vmap(_near_origin)(x, x_new), axis=-1)
-
-    def body(i: ArrayLike, carry: tuple[Array, Array]) -> tuple[Array, Array]:
-        x, buf = carry
-        buf = record(buf, i, x)
-        t = jnp.asarray(i, dtype) * step  # the time at the start of step i
-        theta = directions(x)
-        F = jax.vmap(field)(theta, *qkv)
-        v = F - jnp.sum(F * x, axis=-1, keepdims=True) * x if project else F
-        v = scheme.scale_velocity(v, t)
-        x = x + step * v
-        x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True))
-        return x, buf
-
-    buf0 = jnp.zeros((C + 1, S), dtype)
-    if radial:
-        x, buf, through = jax.lax.fori_loop(
-            0, nsteps, radial_body, (x0, buf0, jnp.zeros((S,), bool))
-        )
-        buf = record(buf, nsteps, x)
-        # a failed system's final state is NaN: _flag_failed records its fractions as NaN
-        return buf[ckpt_pos].T, jnp.where(through[:, None, None], jnp.nan, directions(x))
-    x, buf = jax.lax.fori_loop(0, nsteps, body, (x0, buf0))
-    buf = record(buf, nsteps, x)
-    return buf[ckpt_pos].T, directions(x)
-
-
-_run_one_beta_attn_jit = jax.jit(
-    _run_one_beta_attn,
-    static_argnames=(
-        "normalized",
-        "attention",
-        "sinkhorn_iters",
-        "every_step",
-        "project",
-        "normalization",
-    ),
-)
+    fr, y = _checkpoint_loop(
+        jax.vmap(template.init)(x0),
+        nsteps,
+        ckpt_steps,
+        ckpt_pos,
+        systems=S,
+        dtype=dtype,
+        every_step=every_step,
+        prepare=lambda y: y,
+        fraction=fraction,
+        advance=advance,
+    )
+    failed = jax.vmap(template.failed)(y)
+    # a failed system's final state is NaN: _flag_failed records its fractions as NaN
+    return fr, jnp.where(failed[:, None, None], jnp.nan, jax.vmap(template.directions)(y))
 
 
 def _checkpoint_slots(idx: ArrayLike | Sequence[int], C: int) -> tuple[np.ndarray, np.ndarray]:
@@ -938,8 +919,8 @@ def _sweep(
     seed_chunk: int | None,
     states: Literal[False] = False,
     backend: str = "auto",
-    project: bool = True,
-    attn: _Attention | None = None,
+    step: str | StepRule = "projected",
+    systems: _Systems | None = None,
 ) -> np.ndarray: ...
 
 
@@ -956,8 +937,8 @@ def _sweep(
     seed_chunk: int | None,
     states: Literal[True],
     backend: str = "auto",
-    project: bool = True,
-    attn: _Attention | None = None,
+    step: str | StepRule = "projected",
+    systems: _Systems | None = None,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
@@ -973,24 +954,29 @@ def _sweep(
     seed_chunk: int | None,
     states: bool = False,
     backend: str = "auto",
-    project: bool = True,
-    attn: _Attention | None = None,
+    step: str | StepRule = "projected",
+    systems: _Systems | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Run every ``(beta, seed chunk)`` task; tasks are spread over the local devices of
     ``x0``'s platform (greedy by cost ``N x chunk``, largest first) and dispatched
     asynchronously, so that several devices (e.g. ``jax_num_cpu_devices = 2``: one per
-    core) run concurrently; one device runs them in order. ``backend`` (resolved by
-    ``_resolve_backend``) "native": every ``beta`` runs all seeds in the fused C kernel
-    (threads over blocks of seeds) instead. ``project=False``: ``step="renormalize"``.
-    ``attn``: the ``SelfAttention`` field of every system (``_run_one_beta_attn``, XLA only;
-    the caller has refused ``backend="native"`` and ``packed``)."""
+    core) run concurrently; one device runs them in order. The step of every system is the
+    engine's (``systems``: the ``SelfAttention`` model of every system, ``_run_one_beta_engine``),
+    or, for identity weights, Post-LN, softmax and no mask (``systems=None``), one of its two
+    backends: the fused XLA kernel (``_run_one_beta``), or with ``backend`` "native" (resolved
+    by ``_resolve_backend``) the fused C kernel (threads over blocks of seeds); ``step``: the
+    step rule (``mf.steps``). The caller has refused ``backend="native"`` and ``packed`` with
+    ``systems``."""
     x0 = jnp.asarray(x0)
-    if attn is None and _resolve_backend(backend, x0, packed, project) == "native":
+    rule = StepRule.coerce(step)
+    project = rule.tangent
+    if systems is None and _resolve_backend(backend, x0, packed, project) == "native":
         return _sweep_native(x0, betas, steps_h, steps_n, ckpt, threshold, normalized, states)
     S = x0.shape[0]
     auto = _auto_chunk(x0.shape[1], x0.dtype)
-    if attn is not None:  # one (n, n) weight matrix per head
-        heads = max([1] + [M.shape[1] for M in attn[:3] if M is not None and M.ndim == 4])
+    if systems is not None:  # one (n, n) weight matrix per head
+        weights = (systems.Q, systems.K, systems.V)
+        heads = max([1] + [M.shape[1] for M in weights if M is not None and M.ndim == 4])
         auto = max(1, auto // heads)
     chunk = min(auto if seed_chunk is None else int(seed_chunk), S)
     dtype = x0.dtype
@@ -1007,7 +993,7 @@ def _sweep(
     for bi, s0 in tasks:
         b, h, N, idx = betas[bi], steps_h[bi], steps_n[bi], ckpt[bi]
         # time-rescaled formulation for USA: exp(beta (G - 1)) with step e^beta h
-        step = h if normalized or attn is not None else h * float(np.exp(b))
+        h_run = h if normalized or systems is not None else h * float(np.exp(b))
         slots, pos = _checkpoint_slots(idx, len(idx))
         every_step = 2 * np.unique(idx).size > N + 1  # nearly every step is a checkpoint
         xs = x0[s0 : s0 + chunk]
@@ -1015,27 +1001,15 @@ def _sweep(
             xs = jnp.concatenate([xs, x0[: chunk - xs.shape[0]]])
         if len(devices) > 1:
             xs = jax.device_put(xs, where[(bi, s0)])
-        if attn is not None:
+        if systems is not None:
             out[(bi, s0)] = _run_attn_task(
-                attn,
-                xs,
-                s0,
-                chunk,
-                b,
-                step,
-                N,
-                slots,
-                pos,
-                threshold,
-                normalized,
-                every_step,
-                project,
+                systems, xs, s0, chunk, b, h_run, N, slots, pos, threshold, every_step, rule
             )
             continue
         out[(bi, s0)] = _run_kernel(
             xs,
             jnp.asarray(b, dtype),
-            jnp.asarray(step, dtype),
+            jnp.asarray(h_run, dtype),
             jnp.asarray(N, jnp.int32),
             jnp.asarray(slots, jnp.int32),
             jnp.asarray(pos, jnp.int32),
@@ -1067,7 +1041,7 @@ def _sweep(
 
 
 def _run_attn_task(
-    attn: _Attention,
+    systems: _Systems,
     xs: Array,
     s0: int,
     chunk: int,
@@ -1077,12 +1051,11 @@ def _run_attn_task(
     slots: np.ndarray,
     pos: np.ndarray,
     threshold: RealScalarLike,
-    normalized: bool,
     every_step: bool,
-    project: bool,
+    rule: StepRule,
 ) -> tuple[Array, Array]:
-    """One ``(beta, seed chunk)`` task of ``_sweep`` with the ``SelfAttention`` kernel: the weights
-    of systems ``s0 .. s0 + chunk`` (the last chunk padded with the first systems, as ``xs``)."""
+    """One ``(beta, seed chunk)`` task of ``_sweep`` with the engine's step: the weights of systems
+    ``s0 .. s0 + chunk`` (the last chunk padded with the first systems, as ``xs``)."""
     dtype = xs.dtype
     device = next(iter(xs.devices()))
 
@@ -1094,24 +1067,22 @@ def _run_attn_task(
             part = jnp.concatenate([part, M[: chunk - part.shape[0]]])
         return jax.device_put(part.astype(dtype), device)
 
-    return _run_one_beta_attn_jit(
+    model = eqx.tree_at(
+        lambda m: m.normalization,
+        systems.model,
+        _traced_floats(systems.model.normalization, dtype),
+    )
+    return _run_one_beta_engine(
         xs,
-        (rows(attn.Q), rows(attn.K), rows(attn.V)),
-        attn.mask,
+        _Systems(model, rows(systems.Q), rows(systems.K), rows(systems.V)),
         jnp.asarray(beta, dtype),
         jnp.asarray(step, dtype),
         jnp.asarray(nsteps, jnp.int32),
         jnp.asarray(slots, jnp.int32),
         jnp.asarray(pos, jnp.int32),
         jnp.asarray(threshold, dtype),
-        normalized=normalized,
-        attention=attn.attention,
-        sinkhorn_iters=attn.sinkhorn_iters,
         every_step=bool(every_step),
-        project=bool(project),
-        normalization=attn.normalization,
-        alpha=jnp.asarray(attn.alpha, dtype),
-        switch_time=jnp.asarray(attn.switch_time, dtype),
+        rule=rule,
     )
 
 
@@ -1469,16 +1440,17 @@ def sa_phase_diagram(
             of the logits, as ``mf.models.SelfAttention`` (``attention="sinkhorn"`` or
             ``"hardmax"`` needs ``normalized=True``): a name or an attention kind
             (``mf.models.Sinkhorn(5)``); ``sinkhorn_iters`` None is the kind's own (21).
-            Random weights, a mask or another attention than softmax run the XLA kernel with
-            ``SelfAttention``'s field (``backend="auto"`` picks it; ``"native"`` and ``packed``
-            are a ``ValueError``); identity weights keep the fast kernels above.
+            Random weights, a mask or another attention than softmax step with the engine
+            (``mf.integrate.FixedStep``, ``SelfAttention``'s field; ``backend="auto"`` picks it;
+            ``"native"`` and ``packed`` are a ``ValueError``); identity weights keep the fast
+            backends above.
         normalization, alpha, switch_time: the layer-norm placement of
             ``mf.models.SelfAttention`` (``mf.normalization``: ``"post"``, the default and the
             flow above, ``"pre"``, ``"mix"``, ``"peri"``, ``"ngpt"``, ``"scaling"``, or a scheme
             object, ``mf.normalization.NGPT(0.3)``), nGPT's ``alpha`` and Mix-LN's
-            ``switch_time`` (None: the scheme's own, 0.2 and 1). Another scheme than ``"post"`` runs the XLA
-            kernel with ``SelfAttention``'s field, each Euler step being ``mf.simulate``'s
-            (``solver="euler"``) of that scheme at the time $t = k h$ of step $k$: for the schemes
+            ``switch_time`` (None: the scheme's own, 0.2 and 1). Another scheme than ``"post"`` steps
+            with the engine (``mf.integrate.FixedStep``), each Euler step being ``mf.simulate``'s
+            (``solver="euler"``) of that scheme from $k h$ to $(k + 1) h$ at step $k$: for the schemes
             with a radius (``"pre"``, ``"mix"``, ``"peri"``) the state is $x = r \theta$ in
             $\mathbb R^d$, $x \leftarrow x + h\,$``radial_velocity`` (Mix-LN switches at
             ``switch_time``: the step over it is two, Post-LN up to it and Pre-LN after, the steps
@@ -1556,8 +1528,8 @@ def sa_phase_diagram(
         check_r0(r0, x0.dtype)
     if packed and n % 2:
         raise ValueError(f"packed=True needs an even n, got n = {n}")
-    attn = None
-    if general:
+    systems = None
+    if general:  # the engine's step, each system its own model
         qkv = system_weights(
             np.arange(x0.shape[0]),
             d,
@@ -1567,15 +1539,7 @@ def sa_phase_diagram(
             weight_seed=weight_seed,
             dtype=x0.dtype,
         )
-        attn = _Attention(
-            *qkv,
-            mask,
-            model.attention.name,  # type: ignore[arg-type]
-            int(getattr(model.attention, "sinkhorn_iters", 21)),
-            scheme.name,  # type: ignore[arg-type]
-            float(getattr(scheme, "alpha", 0.2)),
-            float(getattr(scheme, "switch_time", 1.0)),
-        )
+        systems = _Systems(model, *qkv)
         if r0 is not None:
             x0 = x0 * jnp.asarray(r0, x0.dtype)
     B = len(betas)
@@ -1590,8 +1554,8 @@ def sa_phase_diagram(
         packed,
         seed_chunk,
         backend=backend,
-        project=StepRule.coerce(step).tangent,
-        attn=attn,
+        step=step,
+        systems=systems,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
 
@@ -1670,6 +1634,6 @@ def usa_phase_diagram(
         packed,
         seed_chunk,
         backend=backend,
-        project=StepRule.coerce(step).tangent,
+        step=step,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, Ns, per_seed)

@@ -11,8 +11,9 @@ $(p - 1)/(n - 1)$, so $E \hat F_i = F_i$ (unbiased) and the cost is $O(n p d)$.
 ``mode="sample"``: $p$ partners drawn i.i.d. uniformly (with replacement, self included),
 $\hat F_i = \frac1p \sum_k g(z_i, z_{J_{ik}})$, also unbiased; $p$ need not divide $n$.
 
-The integrator is projected Heun (the engine's ``rk2``) with the batch frozen during a step
-(both stages use the same batches), renormalised after each step.
+The integrator is the engine's step (``mf.integrate.FixedStep``): projected Heun (``mf.simulate``'s
+``rk2``) of the random-batch field with the batch frozen during a step (both stages use the same
+batches), renormalised after each step.
 
 Mean-field convergence (USA-AV Prop. 4, App. D.4, Dobrushin): ``meanfield_distances`` runs
 $n$ and $2n$ tokens from independent samples of one initial law and measures the MMD of
@@ -36,6 +37,7 @@ from ._checks import RealScalarLike, check_choice, check_int, check_positive
 from ._machine import check_memory as _check_memory
 from ._precision import einsum
 from .energy import resolve_aux
+from .integrate import FixedStep
 from .kernels import USA, GaugeKernel, Kernel
 from .normalization import require_post
 
@@ -383,6 +385,25 @@ def simulate_random_batch(
     )
 
 
+class _OneBatch(eqx.Module):
+    """The random-batch field of ``kernel`` with one step's batch (``key``): the model whose field
+    the engine's step integrates (``mf.integrate.FixedStep``), both Heun stages with one batch."""
+
+    kernel: Kernel
+    key: PRNGKeyArray
+    p: int = eqx.field(static=True)
+    mode: str = eqx.field(static=True)
+
+    def at_time(self, t: Any) -> _OneBatch:
+        return self
+
+    def default_aux(self, n: int) -> Array:
+        return self.kernel.default_aux(n)
+
+    def field(self, x: Float[Array, "n d"], aux: Array, block_size: Any = None) -> Array:
+        return _rb_field(self.kernel, x, aux, self.key, self.p, self.mode)
+
+
 # what a run records at a save: the collapse gap and the observables
 _Record: TypeAlias = tuple[Float[Array, ""], dict[str, Array]]
 
@@ -400,14 +421,10 @@ def _rb_run(
     num_saves: int,
     obs: tuple[tuple[str, Callable[..., Any]], ...],
 ) -> RandomBatchRun:
-    def vf(x: Float[Array, "n d"], k: PRNGKeyArray) -> Float[Array, "n d"]:
-        return sphere.project(x, _rb_field(kernel, x, aux, k, p, mode))
-
     def step(x: Float[Array, "n d"], k: PRNGKeyArray) -> tuple[Float[Array, "n d"], None]:
-        k1 = vf(x, k)
-        xe = sphere.normalize(x + dt * k1)
-        k2 = vf(xe, k)
-        return sphere.normalize(x + 0.5 * dt * (k1 + k2)), None
+        # the engine's projected Heun step (mf.simulate's "rk2") of the field with this step's batch
+        stepper = FixedStep.of(_OneBatch(kernel, k, p, mode), x, aux, solver="rk2", h=dt)
+        return stepper(0.0, dt, stepper.init(x))[0], None  # autonomous: the step's length is dt
 
     def record(x: Float[Array, "n d"]) -> _Record:
         return metrics.collapse_gap(x), {name: jnp.asarray(fn(x)) for name, fn in obs}

@@ -262,10 +262,10 @@ def test_phase_diagram_mix_switch_off_the_grid_as_simulate(x64):
     x0 = np.asarray(mf.sphere.uniform(jax.random.key(3), 5, 3, jnp.float64))[None]
     N, h, idx = pd.checkpoint_steps(0.6, 0.1, 3)
     scheme = {"normalization": "mix", "switch_time": 0.35}
-    attn = pd._Attention(None, None, None, None, "softmax", 21, **scheme)
+    attn = pd._Systems(mf.models.SelfAttention(1.5, **scheme))
     _, xs = pd._sweep(
         jnp.asarray(x0), np.array([1.5]), [h], [N], [idx], 0.999, True, False, None,
-        states=True, backend="xla", attn=attn,
+        states=True, backend="xla", systems=attn,
     )  # fmt: skip
     traj = mf.simulate(mf.models.SelfAttention(1.5, **scheme), jnp.asarray(x0[0]), t1=0.6, dt=0.1,
                        solver="euler", ts=[0.0, 0.6])  # fmt: skip

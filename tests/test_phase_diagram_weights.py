@@ -42,9 +42,14 @@ def _states(x0, beta, t1, dt, *, normalized=True, project=False, schedule="unifo
         weight_seed=attn.get("weight_seed", 0),
         dtype=jnp.float64,
     )
-    spec = pd._Attention(
-        *qkv, attn.get("mask"), attn.get("attention", "softmax"), attn.get("sinkhorn_iters", 21)
+    model = mf.models.SelfAttention(
+        beta,
+        normalized=normalized,
+        mask=attn.get("mask"),
+        attention=attn.get("attention", "softmax"),
+        sinkhorn_iters=attn.get("sinkhorn_iters"),
     )
+    spec = pd._Systems(model, *qkv)
     fr, xs = pd._sweep(
         jnp.asarray(x0),
         np.array([beta]),
@@ -57,8 +62,8 @@ def _states(x0, beta, t1, dt, *, normalized=True, project=False, schedule="unifo
         2,  # two chunks of 2 for 3 systems: the padded last chunk draws the right weights
         states=True,
         backend="xla",
-        project=project,
-        attn=spec,
+        step="projected" if project else "renormalize",
+        systems=spec,
     )
     return fr[0], xs[0], qkv, (N, h, idx)
 

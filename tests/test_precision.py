@@ -142,22 +142,17 @@ def test_phase_diagram_sweep_kernel_states_highest(normalized, packed):
 
 @pytest.mark.parametrize("attention", ["softmax", "sinkhorn"])
 def test_phase_diagram_attention_kernel_states_highest(attention):
-    """The sweep kernel of ``sa_phase_diagram`` with heads and weights (``_run_one_beta_attn``)."""
+    """The engine's step in ``sa_phase_diagram`` with heads and weights (``_run_one_beta_engine``)."""
     x0, args = _sweep_args()
     S = x0.shape[0]
     qkv = tuple(jnp.broadcast_to(M, (S, *M.shape)) for M in _setup()[1])
+    # sinkhorn: 5 iterations (the default, 21, is refused at these shapes otherwise)
+    iters = 5 if attention == "sinkhorn" else None
+    model = mf.models.SelfAttention(1.0, attention=attention, sinkhorn_iters=iters)
 
     def run(x0, qkv):
-        return pd._run_one_beta_attn(
-            x0,
-            qkv,
-            None,
-            *args,
-            normalized=True,
-            attention=attention,
-            sinkhorn_iters=5 if attention == "sinkhorn" else 21,  # the default: refused otherwise
-            every_step=True,
-            project=True,
+        return pd._run_one_beta_engine(
+            x0, pd._Systems(model, *qkv), *args, every_step=True, rule=mf.steps.Projected()
         )
 
     found = _precisions(run, x0, qkv)

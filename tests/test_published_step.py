@@ -142,7 +142,7 @@ def test_sa_phase_diagram_renormalize_equals_published_loop(x64):
             None,
             states=True,
             backend="auto",
-            project=False,
+            step="renormalize",
         )
         np.testing.assert_allclose(xs[0], M, rtol=0, atol=STATE_ATOL)
     assert out.fraction[-1, -1] > 0.2  # clusters form: the comparison is not trivial
@@ -184,7 +184,7 @@ def test_usa_phase_diagram_renormalize_equals_published_loop(x64):
             None,
             states=True,
             backend="auto",
-            project=False,
+            step="renormalize",
         )
         np.testing.assert_allclose(xs[0], M, rtol=0, atol=STATE_ATOL)
     assert out.fraction.max() > 0.05

@@ -113,10 +113,10 @@ def _diagram_states(x0, scheme: dict, t1: float, dt: float, r0=None):
     """Final directions of ``sa_phase_diagram(normalization=...)`` (its private sweep)."""
     N, h, idx = pd.checkpoint_steps(t1, dt, 3)
     x = jnp.asarray(x0) if r0 is None else jnp.asarray(x0) * r0
-    attn = pd._Attention(None, None, None, None, "softmax", 21, **scheme)
+    attn = pd._Systems(mf.models.SelfAttention(1.5, **scheme))
     _, xs = pd._sweep(
         x, np.array([1.5]), [h], [N], [idx], 0.999, True, False, None,
-        states=True, backend="xla", attn=attn,
+        states=True, backend="xla", systems=attn,
     )  # fmt: skip
     return xs[0], N
 
