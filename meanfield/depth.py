@@ -286,6 +286,11 @@ class AbstractNormPlacement(eqx.Module):
     """
 
     name: eqx.AbstractClassVar[str]
+    #: The stream is renormalised after every sublayer (Post-Norm): its energy stays $n d$, so the
+    #: amount of attention of every layer is the first one's (``amount_of_attention_profile``).
+    renormalised_stream: eqx.AbstractClassVar[bool]
+    #: The file suffix of the placement's figures and fields in a reproduction ("" for Post-Norm).
+    suffix: eqx.AbstractClassVar[str]
 
     @abc.abstractmethod
     def sublayer(
@@ -314,6 +319,8 @@ class PostNorm(AbstractNormPlacement):
     """
 
     name: ClassVar[str] = "post"
+    renormalised_stream: ClassVar[bool] = True
+    suffix: ClassVar[str] = ""
 
     def sublayer(
         self,
@@ -340,6 +347,8 @@ class PreNorm(AbstractNormPlacement):
     """
 
     name: ClassVar[str] = "pre"
+    renormalised_stream: ClassVar[bool] = False
+    suffix: ClassVar[str] = "_pre"
 
     def sublayer(
         self,
@@ -1529,7 +1538,7 @@ def _attention_amounts(
 ) -> np.ndarray:
     """``amount_of_attention_profile`` in float64 NumPy."""
     attn_energy = n * d**2 * d * sigma_w**4  # n d^2 sigma_W^2, sigma_W^2 = d sigma_w^4
-    if norm == "post":
+    if _placement(norm).renormalised_stream:
         return np.full(depth, attn_energy / (n * d))
     tau2 = d * sigma_w**2
     ffn_energy = n * d * d_ff * sigma_w**2 * tau2 * float(swiglu_correlation(1.0, tau2))

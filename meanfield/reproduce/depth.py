@@ -649,7 +649,7 @@ def _one_step_checks(cfg: Mapping[str, Any], fwd: Mapping[str, np.ndarray]) -> l
     )
     rows = []
     for k, norm in enumerate(D.NORMS):
-        suffix = "" if norm == "post" else "_pre"
+        suffix = D._placement(norm).suffix
         for sub, name, thm in (
             ("attn", "one_step_attention", "Thm 3.2"),
             ("ffn", "one_step_ffn", "Thm 3.4"),
