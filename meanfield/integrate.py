@@ -725,6 +725,11 @@ class RunTime:
             check_choice(N("step"), self.step, StepRule.names())
         self.rule.check(solver=self.solver, say=say)
         ts = _check_times(self.t1, self.dt, self.ts, self.solver, say)
+        if self.dt is not None and is_concrete(self.dt) and float(self.dt) > float(self.t1):
+            # the step (or an adaptive solver's first step) is longer than the run
+            raise ValueError(
+                f"{N('dt')} = {float(self.dt):g} must be <= {N('t1')} = {float(self.t1):g}"
+            )
         check_tolerances(self.solver, self.rtol, self.atol, say)
         if not self.adaptive and (self.rtol is not None or self.atol is not None):
             raise ValueError(

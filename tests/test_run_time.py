@@ -53,8 +53,9 @@ def test_keywords_and_the_object_are_one_run():
             "{ts} must lie in [0, {t1}] = [0, 1], got range [0, 2]",
         ),
         (RunTime(1.0, ts=[0.5, 0.2]), "{ts} must be strictly increasing"),
+        (RunTime(0.5, 2.0), "{dt} = 2 must be <= {t1} = 0.5"),
     ],
-    ids=["adaptive", "fixed", "range", "order"],
+    ids=["adaptive", "fixed", "range", "order", "dt"],
 )
 def test_each_rule_is_one_text_in_each_spelling(run, text):
     for say in (say_python, say_spec, say_cli):
@@ -67,6 +68,7 @@ def test_each_rule_is_one_text_in_each_spelling(run, text):
             atol=say.name("atol"),
             ts=say.name("ts"),
             t1=say.name("t1"),
+            dt=say.name("dt"),
         )
     assert say_spec.name("ts") == "time.save" and say_cli.name("ts") == "--saves"
 
@@ -91,3 +93,21 @@ def test_the_surfaces_give_the_rules_texts(tmp_path, capsys):
     assert lines[0].endswith(
         "--rtol/--atol apply to the adaptive solvers tsit5, dopri5, not --solver rk2"
     )
+
+
+def test_a_step_longer_than_the_run_is_one_text_everywhere(tmp_path, capsys):
+    """dt > t1: refused by mf.simulate (it used to take one step of t1), a spec and the command
+    line, one rule (``RunTime.check``) spelt three ways."""
+    x0 = mf.sphere.uniform(jax.random.key(0), 6, 3)
+    with pytest.raises(ValueError) as e:
+        mf.simulate(mf.kernels.USA(1.0), x0, t1=0.5, dt=2.0)
+    assert str(e.value) == "dt = 2 must be <= t1 = 0.5"
+    with pytest.raises(ValueError) as e:
+        sweep.parse_spec(SPEC.replace("dt = 0.1", "dt = 2.0"))
+    assert str(e.value) == "time.dt = 2 must be <= time.t1 = 0.5"
+    status = cli.main(
+        ["simulate", "--n", "6", "--t1", "0.5", "--dt", "2", "--no-plots", "--out", str(tmp_path)]
+    )
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 2 and len(lines) == 1, lines
+    assert lines[0].endswith("--dt = 2 must be <= --t1 = 0.5")
