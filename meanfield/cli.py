@@ -188,6 +188,18 @@ def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return _cli_schema.SOLVERS, _cli_schema.STEPS
 
 
+def _noises() -> tuple[str, ...]:
+    """The noises' names (``mf.noise.Noise.names()``: registered ones included), or their copy in
+    ``meanfield._cli_schema`` (``NOISES``) while JAX is not imported."""
+    from . import _cli_schema
+
+    if "meanfield.noise" in sys.modules:
+        from .noise import Noise
+
+        return Noise.names()
+    return _cli_schema.NOISES
+
+
 def _step_solvers() -> tuple[tuple[str, tuple[str, ...], str], ...]:
     """The step rules that take some solvers only (``mf.steps.step_solvers``), or their copy in
     ``meanfield._cli_schema`` (``STEP_SOLVERS``) while JAX is not imported."""
@@ -286,6 +298,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=STEPS,
         help="Euler step rule: projected (x + dt P_x F, then normalise; default) or renormalize "
         "(x + dt F, then normalise: the published code's update; --solver euler only)",
+    )
+    s.add_argument(
+        "--noise",
+        default=None,
+        choices=_noises(),
+        help="noise on the tokens (mf.noise): independent (each token its own Brownian motion) or "
+        "common (one matrix Brownian motion for all); needs --sigma; its path is drawn from "
+        "jax.random.fold_in(jax.random.key(--seed), 1); the Stratonovich Heun step (--solver rk2)",
+    )
+    s.add_argument(
+        "--sigma",
+        type=_arg("float>=0"),
+        default=None,
+        help="the noise's amplitude sigma (with --noise)",
     )
     s.add_argument(
         "--backend",
@@ -643,6 +669,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     if problem is not None:
         raise ValueError(problem)
     check_backend(args.backend, "--backend")
+    if (args.noise is None) != (args.sigma is None):
+        raise ValueError("--noise and --sigma go together: --noise independent|common --sigma S")
     limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
     if (
         args.step in limited
@@ -683,6 +711,17 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         args.t1, args.dt, args.solver, None, args.rtol, args.atol, args.early_stop, step=args.step
     )
     run_time.check(say=say_cli)
+    noise = None
+    if args.noise is not None:  # the noise's own refusals, in the flags' spelling
+        from .noise import Noise
+        from .normalization import scheme_of
+
+        noise = Noise.coerce(args.noise, sigma=args.sigma)
+        noise.check(solver=args.solver, scheme=scheme_of(model), step=run_time.rule, say=say_cli)
+        if args.early_stop is not None:
+            raise ValueError(
+                "--early-stop stops a run whose energy is stationary: not with --noise"
+            )
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
@@ -749,6 +788,8 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         r0=args.r0,
         # a bar over simulated time for a long run: the same numbers (mf.simulate's progress)
         progress=seconds > PROGRESS_BAR_S and not args.quiet,
+        noise=noise,
+        key=None if noise is None else jax.random.fold_in(jax.random.key(args.seed), 1),
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
@@ -767,7 +808,12 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     radius = None if traj.radius is None else np.asarray(traj.radius, np.float64)
     reasons = _failure_reasons(traj, gap, energy, None if euclidean else clusters, xs, radius)
     failed = bool(reasons)
-    decreases = _energy_decreases(energy, np.dtype(xs.dtype)) if energy is not None else None
+    # the exact flow never decreases the energy; a noisy one does (no warning then)
+    decreases = (
+        _energy_decreases(energy, np.dtype(xs.dtype))
+        if energy is not None and noise is None
+        else None
+    )
     warnings_ = [warning] if warning else []
     if decreases:
         warnings_.append(
@@ -784,6 +830,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "solver": args.solver,
         "step": args.step,
         "seed": args.seed,
+        **({} if noise is None else {"noise": noise.name, "sigma": args.sigma}),
         "backend": args.backend,
         "backend_resolved": resolved,
         "final_collapse_gap": float(gap[-1]),
@@ -829,7 +876,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     settings = {
         **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
         **{k: result[k] for k in ("t1", "dt", "solver", "step", "seed", "backend")},
-        **{k: result[k] for k in ("backend_resolved", "r0") if k in result},
+        **{k: result[k] for k in ("backend_resolved", "r0", "noise", "sigma") if k in result},
         "rtol": args.rtol,
         "atol": args.atol,
         "early_stop": args.early_stop,

@@ -461,6 +461,11 @@ class FixedStep(eqx.Module):
         return sphere.normalize(x) if self.args.radial else x
 
 
+class _PostStepStratonovich(_PostStepSolver, diffrax.AbstractStratonovichSolver):
+    """``_PostStepSolver`` of a Stratonovich solver (the Heun step of a noisy run): diffrax's SDE
+    path checks that the solver converges to the Stratonovich solution."""
+
+
 # ----------------------------------------------------------------------------
 # the progress bar of simulate(progress=True)
 # ----------------------------------------------------------------------------
@@ -1048,6 +1053,8 @@ def simulate(
     r0: ArrayLike | None = None,
     progress: bool = False,
     time: RunTime | None = None,
+    noise: Any = None,
+    key: Any = None,
 ) -> Trajectory:
     r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
@@ -1124,6 +1131,17 @@ def simulate(
             keywords (``TypeError`` when both are given): what a sweep's ``[time]`` table
             (``Spec.run_time``) and ``meanfield simulate``'s flags build. Either way the same rules
             apply (``RunTime.check``).
+        noise: a ``mf.noise.Noise`` (``Independent(sigma)``, ``Common(sigma)``): the run is the
+            Stratonovich SDE $dx = v(x)\,dt + $ the noise's increment (tangent on the sphere),
+            integrated by the Heun step (``solver="rk2"``, fixed steps) along a
+            ``diffrax.VirtualBrownianTree`` of ``key`` on $[0, t_1]$ (tolerance ``dt / 4``), each
+            step ending with the projection as without noise (``mf.noise``; docs/math/noise.md).
+            ``sigma`` may be traced (vmap, grad). What a noise refuses is its own check
+            (``Noise.check``: other solvers, tokens with a radius, ``step="renormalize"``);
+            ``early_stop`` is refused (a stationary energy is a deterministic notion).
+        key: the ``jax.random`` key of the noise's Brownian motion (required with ``noise``,
+            refused without it): the same key, ``t1`` and ``dt`` give the same path, bit for bit,
+            also under ``vmap`` over keys.
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -1178,6 +1196,7 @@ def simulate(
     rule.check(scheme=normalization.scheme_of(model), geometry=geometry)
     if euclidean and early_stop is not None:
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
+    noise = _check_noise(noise, key, time, model)
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
     save_states = check_flag("save_states", save_states)
     progress = check_flag("progress", progress)
@@ -1289,6 +1308,9 @@ def simulate(
             radial=radial,
             euclidean=euclidean,
             meter=None if meter is None else jnp.asarray(meter, jnp.int32),
+            noise=None if noise is None else _traced_floats(noise, x0.dtype),
+            key=key,
+            noise_tol=None if noise is None else _noise_tol(t1f, dt, x0.dtype),
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
             jax.block_until_ready(traj)
@@ -1436,6 +1458,81 @@ def _initial_radius(model: Any, x0: Array, r0: Any) -> Array:
     return jnp.broadcast_to(r.astype(x0.dtype), (n,))[:, None] * x0
 
 
+def _traced_floats(tree: Any, dtype: Any) -> Any:
+    """The Python floats of ``tree`` as arrays of ``dtype``: traced, one compilation for all values."""
+    return jax.tree.map(
+        lambda leaf: (
+            jnp.asarray(leaf, dtype)
+            if isinstance(leaf, float) and not isinstance(leaf, bool)
+            else leaf
+        ),
+        tree,
+    )
+
+
+def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
+    """``simulate``'s rules for ``noise`` and ``key`` (the noise's own refusals: ``Noise.check``)."""
+    from .noise import Noise  # noise imports nothing of the engine's: no cycle, loaded when used
+
+    if noise is None:
+        if key is not None:
+            raise TypeError(
+                "key= drives the noise's Brownian motion: give noise= too "
+                "(mf.noise.Independent(sigma) or Common(sigma)); a deterministic run takes no key"
+            )
+        return None
+    if not isinstance(noise, Noise):
+        raise TypeError(
+            f"noise must be a meanfield.noise.Noise (mf.noise.Independent(sigma), "
+            f"mf.noise.Common(sigma)), got {noise!r}"
+        )
+    noise.check(solver=time.solver, scheme=normalization.scheme_of(model), step=time.rule)
+    if key is None:
+        raise TypeError(
+            f"noise={noise!r} needs key= (a jax.random key, e.g. jax.random.key(0)): the same key "
+            f"gives the same path"
+        )
+    if not (hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        if not (hasattr(key, "shape") and tuple(key.shape) == (2,) and key.dtype == jnp.uint32):
+            raise TypeError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
+    if time.early_stop is not None:
+        raise TypeError(
+            "early_stop stops a run whose energy is stationary: a noisy run's energy is not; "
+            "leave it out with noise="
+        )
+    return noise
+
+
+def _noise_tol(t1: float, dt: Any, dtype: Any) -> Array:
+    r"""The Brownian tree's resolution: $t_1 2^{-m}$ with $m = \lceil \log_2 (4 t_1 / dt) \rceil$ (at most
+    a quarter of the step, diffrax's advice), so that the runs of one key and ``t1`` with the steps
+    ``dt = t1 / 2^j`` read one Brownian path at their step points (dyadic points of the tree:
+    values that do not depend on the depth), the path a strong-order fit needs (a traced ``dt``
+    too: ``m`` is computed in the program)."""
+    m = jnp.maximum(0.0, jnp.ceil(jnp.log2(4.0 * t1 / jnp.asarray(dt, dtype)) - 1e-6))
+    return jnp.asarray(t1 * jnp.exp2(-m), dtype)
+
+
+class _NoiseTerm(diffrax.AbstractTerm):
+    """The noise's term of the SDE: ``prod(vf, dW)`` is the noise's increment of the state
+    (``Noise.increment``, at the state's directions on the sphere), zero for the flags."""
+
+    noise: Any
+    path: diffrax.AbstractPath
+    on_sphere: bool = eqx.field(static=True)
+
+    def vf(self, t: _Time, y: _State, args: Any) -> _State:
+        return y  # the increment depends on the state through prod (linear in the control)
+
+    def contr(self, t0: _Time, t1: _Time, **kwargs: Any) -> Any:
+        return self.path.evaluate(t0, t1, **kwargs)
+
+    def prod(self, vf: _State, control: Any) -> _State:
+        x, flags = vf
+        xh = sphere.normalize(x) if self.on_sphere else x
+        return self.noise.increment(xh, control, self.on_sphere), jnp.zeros_like(flags)
+
+
 @eqx.filter_jit
 def _simulate(
     model: Any,
@@ -1464,6 +1561,9 @@ def _simulate(
     radial: bool = False,
     euclidean: bool = False,
     meter: Array | None = None,
+    noise: Any = None,
+    key: Any = None,
+    noise_tol: Array | None = None,
 ) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
@@ -1542,9 +1642,21 @@ def _simulate(
     event = diffrax.Event(
         lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5) | (t >= t1)
     )
+    terms: diffrax.AbstractTerm = diffrax.ODETerm(_vector_field)
+    if noise is not None:  # Stratonovich SDE: the drift and the noise's term, one Brownian tree
+        n, d = x0.shape
+        path = diffrax.VirtualBrownianTree(
+            jnp.zeros((), dtype),
+            t1,
+            tol=noise_tol,
+            shape=jax.ShapeDtypeStruct(noise.control_shape(n, d), dtype),
+            key=key,
+        )
+        terms = diffrax.MultiTerm(terms, _NoiseTerm(noise, path, not euclidean))
+    wrap = _PostStepSolver if noise is None else _PostStepStratonovich
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(_vector_field),
-        _PostStepSolver(_inner_solver(solver)),
+        terms,
+        wrap(_inner_solver(solver)),
         t0=0.0,
         t1=float(jnp.finfo(dtype).max),
         dt0=dt0,
