@@ -190,6 +190,13 @@ class _Args(eqx.Module):
     # Mix-LN: the step that ends at or after this time switches (the switch time less the step
     # grid's merging tolerance: a step point within it of the switch time is the switch point)
     switch_from: Array | None = None
+    # simulate(frequencies=): (n, d, d) skew-symmetric Omega_i, the field gains Omega_i x_i
+    omega: Array | None = None
+
+
+def _rotation(omega: Array, x: Float[Array, "n d"]) -> Float[Array, "n d"]:
+    """``Omega_i x_i`` for every token (``omega`` ``(n, d, d)``, skew: tangent to the sphere)."""
+    return jnp.einsum("nij,nj->ni", omega, x, precision=jax.lax.Precision.HIGHEST)
 
 
 def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
@@ -197,7 +204,10 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
     model = args.model.at_time(t)
     if args.euclidean:
         with _scope_backend(args.backend):
-            return model.field(x, args.aux, block_size=args.block_size), jnp.zeros_like(flags)
+            F = model.field(x, args.aux, block_size=args.block_size)
+        if args.omega is not None:
+            F = F + _rotation(args.omega, x)
+        return F, jnp.zeros_like(flags)
     xh = sphere.normalize(x)
     with _scope_backend(args.backend):
         F = model.field(xh, args.aux, block_size=args.block_size)
@@ -207,7 +217,10 @@ def _vector_field(t: _Time, y: _State, args: _Args) -> _State:
         v = scheme.radial_velocity(x, F, switched=switched)
         return v, jnp.zeros_like(flags)
     v = sphere.project(xh, F) if args.tangent else F
-    return scheme.scale_velocity(v, t), jnp.zeros_like(flags)  # LN-scaling: 1 / sqrt(t + 1)
+    v = scheme.scale_velocity(v, t)  # LN-scaling: 1 / sqrt(t + 1)
+    if args.omega is not None:  # natural frequencies: a rotation of each token, tangent already
+        v = v + _rotation(args.omega, xh)
+    return v, jnp.zeros_like(flags)
 
 
 def _energy(args: _Args, x: Float[Array, "n d"]) -> Float[Array, ""]:
@@ -1055,6 +1068,7 @@ def simulate(
     time: RunTime | None = None,
     noise: Any = None,
     key: Any = None,
+    frequencies: Any = None,
 ) -> Trajectory:
     r"""Integrate $d x_i / dt = P_{x_i} F_i$ on $(S^{d-1})^n$ from ``x0``.
 
@@ -1142,6 +1156,11 @@ def simulate(
         key: the ``jax.random`` key of the noise's Brownian motion (required with ``noise``,
             refused without it): the same key, ``t1`` and ``dt`` give the same path, bit for bit,
             also under ``vmap`` over keys.
+        frequencies: natural frequencies, the field gains $\Omega_i x_i$: ``(n,)`` angular
+            velocities $\omega_i$ in ``d = 2`` ($\Omega_i = \omega_i J$, $J$ the rotation by
+            $+\pi/2$) or ``(n, d, d)`` skew-symmetric matrices (a rotation of each token, tangent
+            to the sphere); traced values are accepted (vmap over draws). Refused for tokens with a
+            radius and with ``early_stop`` (the energy is no longer a Lyapunov function).
 
     Returns:
         ``Trajectory`` with ``.ts``, ``.xs``, ``.energy``, ``.collapse_gap``,
@@ -1197,6 +1216,7 @@ def simulate(
     if euclidean and early_stop is not None:
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
     noise = _check_noise(noise, key, time, model)
+    omega = _check_frequencies(frequencies, x0, radial, time)
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
     save_states = check_flag("save_states", save_states)
     progress = check_flag("progress", progress)
@@ -1311,6 +1331,7 @@ def simulate(
             noise=None if noise is None else _traced_floats(noise, x0.dtype),
             key=key,
             noise_tol=None if noise is None else _noise_tol(t1f, dt, x0.dtype),
+            omega=omega,
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
             jax.block_until_ready(traj)
@@ -1503,6 +1524,47 @@ def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
     return noise
 
 
+def _check_frequencies(frequencies: Any, x0: Array, radial: bool, time: RunTime) -> Array | None:
+    """``simulate``'s rules for ``frequencies``: the ``(n, d, d)`` skew matrices, or None."""
+    if frequencies is None:
+        return None
+    n, d = x0.shape
+    if radial:
+        raise ValueError(
+            "frequencies rotate tokens on the sphere or in R^d; a scheme whose tokens carry a "
+            "radius takes none"
+        )
+    if time.early_stop is not None:
+        raise TypeError("early_stop needs an energy that the flow increases: not with frequencies")
+    if isinstance(frequencies, (str, bytes, bool)):
+        raise TypeError(f"frequencies must be an array, got {frequencies!r}")
+    w = jnp.asarray(frequencies)
+    if not jnp.issubdtype(w.dtype, jnp.floating) and not jnp.issubdtype(w.dtype, jnp.integer):
+        raise TypeError(f"frequencies must be real, got dtype {w.dtype}")
+    w = w.astype(x0.dtype)
+    if w.shape == (n,):
+        if d != 2:
+            raise ValueError(
+                f"frequencies of shape (n,) are angular velocities in d = 2; in d = {d} give "
+                f"(n, d, d) = ({n}, {d}, {d}) skew-symmetric matrices"
+            )
+        J = jnp.array([[0.0, -1.0], [1.0, 0.0]], x0.dtype)
+        return w[:, None, None] * J
+    if w.shape != (n, d, d):
+        raise ValueError(
+            f"frequencies must have shape ({n},) (d = 2) or ({n}, {d}, {d}), got {w.shape}"
+        )
+    if is_concrete(w):
+        asym = float(jnp.max(jnp.abs(w + jnp.swapaxes(w, 1, 2))))
+        scale = float(jnp.max(jnp.abs(w))) or 1.0
+        if not np.isfinite(asym) or asym > 1e-6 * scale:
+            raise ValueError(
+                f"frequencies must be skew-symmetric matrices (Omega^T = -Omega), got "
+                f"max |Omega + Omega^T| = {asym:.3g}"
+            )
+    return w
+
+
 def _noise_tol(t1: float, dt: Any, dtype: Any) -> Array:
     r"""The Brownian tree's resolution: $t_1 2^{-m}$ with $m = \lceil \log_2 (4 t_1 / dt) \rceil$ (at most
     a quarter of the step, diffrax's advice), so that the runs of one key and ``t1`` with the steps
@@ -1564,6 +1626,7 @@ def _simulate(
     noise: Any = None,
     key: Any = None,
     noise_tol: Array | None = None,
+    omega: Array | None = None,
 ) -> Trajectory:
     dtype = x0.dtype
     adaptive = solver in ADAPTIVE_SOLVERS
@@ -1594,6 +1657,7 @@ def _simulate(
         meter,
         None if meter is None else t1,
         switch_from,
+        omega,
     )
     E0 = _energy(args, sphere.normalize(x0)).astype(dtype) if early_stop else jnp.zeros((), dtype)
     # the switch flag only for Mix-LN: adaptive step control measures every state entry, flags too
