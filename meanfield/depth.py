@@ -270,8 +270,8 @@ class AbstractNormPlacement(eqx.Module):
     $N$ and additive tap $\tau$ maps its stream input $X$ to ``(Y, X_next, N_in)``: the residual
     sum $Y$, the next stream state and the input of its RMSNorm;
     ``final`` is what the language model applies after the last block. A subclass defines
-    ``name`` (the ``norm=`` string, listed in ``NORMS``), ``sublayer`` and ``final``; it has no
-    fields, so it is static structure of a ``Block``.
+    ``name`` (the ``norm=`` string, listed in ``NORMS``), the facts ``renormalised_stream`` and
+    ``suffix``, ``sublayer`` and ``final``; it has no fields, so it is static structure of a ``Block``.
 
     * ``PostNorm``: $Y = X + F(X) + \tau$, $X_{\text{next}} = N(Y)$, $N_{\text{in}} = Y$; no final norm.
     * ``PreNorm``: $Y = X + F(N(X)) + \tau$, $X_{\text{next}} = Y$, $N_{\text{in}} = X$; a final norm.

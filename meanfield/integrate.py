@@ -411,6 +411,11 @@ class FixedStep(eqx.Module):
         ``(n, d)`` states (or ones of their shape and dtype: for ``aux``'s default), ``h`` the
         grid's step (Mix-LN's switch tolerance ``h / 1000``; ``grid``)."""
         check_choice("solver", solver, FIXED_STEP_SOLVERS)
+        check_scalar("h", h)
+        if is_concrete(h):
+            check_positive("h", h)
+            if not np.isfinite(float(h)):
+                raise ValueError(f"h must be finite, got {h!r}")
         rule = StepRule.coerce(step)
         scheme = normalization.scheme_of(model)
         geometry = geometry_of(model)
@@ -475,8 +480,8 @@ class FixedStep(eqx.Module):
 
 
 class _PostStepStratonovich(_PostStepSolver, diffrax.AbstractStratonovichSolver):
-    """``_PostStepSolver`` of a Stratonovich solver (the Heun step of a noisy run): diffrax's SDE
-    path checks that the solver converges to the Stratonovich solution."""
+    """``_PostStepSolver`` of a Stratonovich solver (the Heun step of a noisy run), marked as such:
+    diffrax warns about an SDE solver marked neither Ito nor Stratonovich."""
 
 
 # ----------------------------------------------------------------------------
@@ -743,8 +748,15 @@ class RunTime:
             check_choice(N("step"), self.step, StepRule.names())
         self.rule.check(solver=self.solver, say=say)
         ts = _check_times(self.t1, self.dt, self.ts, self.solver, say)
-        if self.dt is not None and is_concrete(self.dt) and float(self.dt) > float(self.t1):
-            # the step (or an adaptive solver's first step) is longer than the run
+        fixed = (
+            self.solver in FIXED_STEP_SOLVERS
+        )  # an adaptive solver's dt: its first step, clipped
+        if (
+            fixed
+            and self.dt is not None
+            and is_concrete(self.dt)
+            and float(self.dt) > float(self.t1)
+        ):
             raise ValueError(
                 f"{N('dt')} = {float(self.dt):g} must be <= {N('t1')} = {float(self.t1):g}"
             )
@@ -1148,7 +1160,8 @@ def simulate(
         noise: a ``mf.noise.Noise`` (``Independent(sigma)``, ``Common(sigma)``): the run is the
             Stratonovich SDE $dx = v(x)\,dt + $ the noise's increment (tangent on the sphere),
             integrated by the Heun step (``solver="rk2"``, fixed steps) along a
-            ``diffrax.VirtualBrownianTree`` of ``key`` on $[0, t_1]$ (tolerance ``dt / 4``), each
+            ``diffrax.VirtualBrownianTree`` of ``key`` on $[0, t_1]$ (resolution at most a quarter
+            of the shortest step, a dyadic fraction of $t_1$: ``_noise_tol``), each
             step ending with the projection as without noise (``mf.noise``; docs/math/noise.md).
             ``sigma`` may be traced (vmap, grad). What a noise refuses is its own check
             (``Noise.check``: other solvers, tokens with a radius, ``step="renormalize"``);
@@ -1330,7 +1343,7 @@ def simulate(
             meter=None if meter is None else jnp.asarray(meter, jnp.int32),
             noise=None if noise is None else _traced_floats(noise, x0.dtype),
             key=key,
-            noise_tol=None if noise is None else _noise_tol(t1f, dt, x0.dtype),
+            noise_tol=None if noise is None else _noise_tol(t1f, dt, ts_np, x0.dtype),
             omega=omega,
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
@@ -1480,11 +1493,12 @@ def _initial_radius(model: Any, x0: Array, r0: Any) -> Array:
 
 
 def _traced_floats(tree: Any, dtype: Any) -> Any:
-    """The Python floats of ``tree`` as arrays of ``dtype``: traced, one compilation for all values."""
+    """The Python numbers of ``tree`` (a noise's ``sigma``: a declared float, given as ``1`` too) as
+    arrays of ``dtype``: traced, one compilation for all values."""
     return jax.tree.map(
         lambda leaf: (
             jnp.asarray(leaf, dtype)
-            if isinstance(leaf, float) and not isinstance(leaf, bool)
+            if isinstance(leaf, (int, float)) and not isinstance(leaf, bool)
             else leaf
         ),
         tree,
@@ -1513,9 +1527,13 @@ def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
             f"noise={noise!r} needs key= (a jax.random key, e.g. jax.random.key(0)): the same key "
             f"gives the same path"
         )
-    if not (hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
-        if not (hasattr(key, "shape") and tuple(key.shape) == (2,) and key.dtype == jnp.uint32):
-            raise TypeError(f"key must be a jax.random key (jax.random.key(seed)), got {key!r}")
+    typed = hasattr(key, "dtype") and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = hasattr(key, "shape") and tuple(key.shape) == (2,) and key.dtype == jnp.uint32
+    if not (typed and tuple(key.shape) == ()) and not raw:
+        raise TypeError(
+            f"key must be one jax.random key (jax.random.key(seed); vmap over a batch of keys), "
+            f"got {key!r}"
+        )
     if time.early_stop is not None:
         raise TypeError(
             "early_stop stops a run whose energy is stationary: a noisy run's energy is not; "
@@ -1542,6 +1560,8 @@ def _check_frequencies(frequencies: Any, x0: Array, radial: bool, time: RunTime)
     if not jnp.issubdtype(w.dtype, jnp.floating) and not jnp.issubdtype(w.dtype, jnp.integer):
         raise TypeError(f"frequencies must be real, got dtype {w.dtype}")
     w = w.astype(x0.dtype)
+    if is_concrete(w) and not bool(jnp.all(jnp.isfinite(w))):
+        raise ValueError("frequencies must be finite")
     if w.shape == (n,):
         if d != 2:
             raise ValueError(
@@ -1557,21 +1577,33 @@ def _check_frequencies(frequencies: Any, x0: Array, radial: bool, time: RunTime)
     if is_concrete(w):
         asym = float(jnp.max(jnp.abs(w + jnp.swapaxes(w, 1, 2))))
         scale = float(jnp.max(jnp.abs(w))) or 1.0
-        if not np.isfinite(asym) or asym > 1e-6 * scale:
+        if asym > 1e-6 * scale:
             raise ValueError(
                 f"frequencies must be skew-symmetric matrices (Omega^T = -Omega), got "
                 f"max |Omega + Omega^T| = {asym:.3g}"
             )
-    return w
+        return w
+    return 0.5 * (w - jnp.swapaxes(w, 1, 2))  # traced: its skew part (a rotation, whatever given)
 
 
-def _noise_tol(t1: float, dt: Any, dtype: Any) -> Array:
-    r"""The Brownian tree's resolution: $t_1 2^{-m}$ with $m = \lceil \log_2 (4 t_1 / dt) \rceil$ (at most
-    a quarter of the step, diffrax's advice), so that the runs of one key and ``t1`` with the steps
-    ``dt = t1 / 2^j`` read one Brownian path at their step points (dyadic points of the tree:
-    values that do not depend on the depth), the path a strong-order fit needs (a traced ``dt``
-    too: ``m`` is computed in the program)."""
-    m = jnp.maximum(0.0, jnp.ceil(jnp.log2(4.0 * t1 / jnp.asarray(dt, dtype)) - 1e-6))
+def _noise_tol(t1: float, dt: Any, ts: np.ndarray, dtype: Any) -> Array:
+    r"""The Brownian tree's resolution: $t_1 2^{-m}$ with $m = \lceil \log_2 (4 t_1 / h) \rceil$, $h$
+    the shortest step of the run (``dt``, or shorter where a save time off the step grid cuts a step:
+    the step points are ``0, dt, 2 dt, ..`` merged with ``ts``). At most a quarter of every step
+    (diffrax's advice: two step points never share the tree's finest interval, where the path is
+    interpolated), and for the steps ``dt = t1 / 2^j`` with saves on the grid every step point is a
+    dyadic point of the tree, so the runs of one key and ``t1`` read one path (to rounding: the
+    value at a dyadic point is summed level by level), the path a strong-order fit needs. A traced
+    ``dt`` too: ``h`` and ``m`` are computed in the program."""
+    step = jnp.asarray(dt, dtype)
+    saves = np.unique(np.concatenate([[0.0], np.asarray(ts, np.float64), [t1]]))
+    h = step
+    if saves.size > 1:  # saves closer to each other than a step
+        h = jnp.minimum(h, jnp.asarray(np.diff(saves).min(), dtype))
+    r = jnp.mod(jnp.asarray(saves, dtype), step)  # a save inside a grid step cuts it in two
+    for part in (r, step - r):
+        h = jnp.minimum(h, jnp.min(jnp.where(part > 1e-3 * step, part, jnp.inf)))
+    m = jnp.maximum(0.0, jnp.ceil(jnp.log2(4.0 * t1 / h) - 1e-6))
     return jnp.asarray(t1 * jnp.exp2(-m), dtype)
 
 

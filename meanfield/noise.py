@@ -18,8 +18,10 @@ Stratonovich Heun step, the radial projection after each step as for the determi
 deterministic flow driven by a zero path. A run with noise needs ``key`` (a ``jax.random`` key): the
 same key gives the same path, bit for bit, also under ``vmap`` over keys. What a noise refuses is its
 own declaration (``Noise.check``): tokens with a radius (the schemes of ``mf.normalization.RADIAL``:
-their noise model is not defined here), solvers other than ``"rk2"`` (the Stratonovich Heun step;
-Euler--Maruyama converges to the Ito equation, another flow) and the step rule ``"renormalize"``.
+their noise model is not defined here), solvers other than ``"rk2"`` (the Heun step, which converges
+to the Stratonovich solution in any geometry; the projected Euler--Maruyama step reaches it on the
+sphere only through its normalisation, and for the common noise in $\mathbb R^d$ it converges to
+the Ito equation, another flow: refused, conservatively) and the step rule ``"renormalize"``.
 
 Example:
     >>> import jax, meanfield as mf

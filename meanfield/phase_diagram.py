@@ -780,7 +780,8 @@ class _Systems(eqx.Module):
 
 def _traced_floats(tree: Any, dtype: Any) -> Any:
     """The Python floats of ``tree`` (a scheme's alpha, switch time) as arrays: traced, so that
-    one compilation serves every value."""
+    one compilation serves every value (an int stays static: a scheme of another package may
+    declare one that shapes its program)."""
     return jax.tree.map(
         lambda leaf: jnp.asarray(leaf, dtype) if isinstance(leaf, float) else leaf, tree
     )

@@ -101,3 +101,9 @@ def test_refusals():
         )
     with pytest.raises(TypeError, match="early_stop"):
         mf.simulate(model, x2, t1=1.0, frequencies=jnp.ones(4), early_stop=1e-3)
+
+
+def test_non_finite_frequencies_are_refused_as_such():
+    x2 = mf.sphere.uniform(jax.random.key(0), 4, 2)
+    with pytest.raises(ValueError, match="frequencies must be finite"):
+        mf.simulate(mf.kernels.USA(1.0), x2, t1=1.0, frequencies=jnp.array([0.0, jnp.nan, 1, 2]))

@@ -191,3 +191,30 @@ def test_the_command_line_runs_the_same_noisy_run(tmp_path, capsys):
     assert err[0].endswith(
         "--noise independent needs --solver rk2 (the Stratonovich Heun step), not --solver rk4"
     )
+
+
+def test_the_tree_resolves_every_step_saves_off_the_grid_included():
+    """``_noise_tol``: at most a quarter of the shortest step; a save time off the step grid cuts a
+    step short (t1 = 1, dt = 0.1, a save at 0.105: a step of 0.005), and two step points never
+    share the tree's finest interval; the same rule for a traced dt."""
+    from meanfield.integrate import _noise_tol
+
+    on = float(_noise_tol(1.0, 0.1, np.linspace(0, 1, 11), jnp.float32))
+    assert on == 2.0**-6  # 1/64 <= 0.1 / 4, dyadic
+    off = float(_noise_tol(1.0, 0.1, np.array([0.0, 0.105, 1.0]), jnp.float32))
+    assert off <= 0.005 / 4 and np.log2(off) == int(np.log2(off))
+    traced = jax.jit(lambda dt: _noise_tol(1.0, dt, np.array([0.0, 0.105, 1.0]), jnp.float32))
+    assert float(traced(0.1)) == off
+
+
+def test_bad_keys_and_integer_sigmas():
+    x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
+    model = mf.kernels.USA(1.0)
+    with pytest.raises(TypeError, match="one jax.random key"):
+        mf.simulate(
+            model, x0, t1=0.2, dt=0.1, noise=Common(0.1), key=jax.random.split(jax.random.key(0), 3)
+        )
+    # an integer sigma is traced like a float: the same program, the same numbers as 1.0
+    a = mf.simulate(model, x0, t1=0.2, dt=0.1, noise=Independent(1), key=jax.random.key(1))
+    b = mf.simulate(model, x0, t1=0.2, dt=0.1, noise=Independent(1.0), key=jax.random.key(1))
+    np.testing.assert_array_equal(np.asarray(a.xs), np.asarray(b.xs))
