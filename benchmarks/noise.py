@@ -18,32 +18,20 @@ import argparse
 import datetime as _dt
 import platform
 import subprocess
-import time
 from pathlib import Path
+
+from benchmarks.normalization import _median_best
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ((1, 256, 3), (1, 1024, 3), (16, 256, 3))
 T1, DT, SIGMA = 2.0, 0.01, 0.3
 
 
-def _median_best(fn, reps: int, rounds: int) -> float:
-    import numpy as np
-
-    best = float("inf")
-    for _ in range(rounds):
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        best = min(best, float(np.median(ts)))
-    return best
-
-
 def _shape_rows(S: int, n: int, d: int, reps: int, rounds: int) -> list[dict]:
     import diffrax
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     import meanfield as mf
 
@@ -61,7 +49,7 @@ def _shape_rows(S: int, n: int, d: int, reps: int, rounds: int) -> list[dict]:
         return lambda: jax.block_until_ready(f(x, keys))
 
     steps = int(round(T1 / DT))
-    tol = float(mf.integrate._noise_tol(T1, DT, jnp.float32))
+    tol = float(mf.integrate._noise_tol(T1, DT, np.array([0.0, T1]), jnp.float32))  # as simulate's
     tree = diffrax.VirtualBrownianTree(
         0.0, T1, tol=tol, shape=jax.ShapeDtypeStruct((n, d), jnp.float32), key=keys[0]
     )
