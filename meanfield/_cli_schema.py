@@ -174,6 +174,15 @@ MODELS: tuple[Model, ...] = (
         Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
         Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
+    Model('kuramoto', (
+        Param('coupling', 'float>0', 1.0, 'coupling K of the Kuramoto model'),
+        Param('mask', 'choice', 'none', 'positional mask of the interaction', ('none', 'causal', 'alibi', 'window')),
+        Param('slope', 'float>=0', 1.0, 'ALiBi slope: weights exp(-(slope/n)(i - j))', applies=(('mask', ('alibi',)),)),
+        Param('width', 'int>=1', 1, 'window half-width |i - j| <= width', applies=(('mask', ('window',)),)),
+        Param('window_causal', 'bool', False, 'the window admits only earlier tokens, 0 <= i - j <= width', applies=(('mask', ('window',)),)),
+        Param('include_self', 'bool', True, 'the mask admits each token itself', applies=(('mask', ('causal', 'alibi', 'window')),)),
+        Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
+    )),
 )
 SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
 STEPS: tuple[str, ...] = ('projected', 'renormalize')

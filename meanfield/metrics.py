@@ -19,6 +19,7 @@ from ._precision import matmul
 __all__ = [
     "collapse_gap",
     "token_similarity",
+    "order_parameter",
     "num_clusters",
     "mmd",
     "gram_rank",
@@ -80,6 +81,26 @@ def token_similarity(X: Float[Array | np.ndarray, "n m"]) -> Float[Array, ""]:
     n = X.shape[0]
     mean = jnp.mean(X, axis=0)
     return n * jnp.sum(mean * mean) / jnp.sum(X * X)
+
+
+def order_parameter(x: Float[Array | np.ndarray, "n d"]) -> Float[Array, ""]:
+    r"""The order parameter $r = |\frac1n \sum_i x_i|$ of unit tokens (docs/math/noise.md): 1 at
+    collapse, $O(n^{-1/2})$ for independent uniform tokens, Kuramoto's $r$ on the circle. On the
+    sphere $r^2$ = ``token_similarity(x)``.
+
+    Args:
+        x: ``(n, d)`` tokens.
+
+    Returns:
+        scalar in ``[0, 1]`` for unit tokens.
+
+    Example:
+        >>> import jax.numpy as jnp, meanfield as mf
+        >>> float(mf.metrics.order_parameter(jnp.array([[1.0, 0.0], [0.0, 1.0]])))   # |(1/2, 1/2)|
+        0.7071067...
+    """
+    mean = jnp.mean(jnp.asarray(x), axis=0)
+    return jnp.sqrt(jnp.sum(mean * mean))
 
 
 def num_clusters(

@@ -5,7 +5,8 @@ exp-gauge kernels, the great circle, the RoPE latitude circle. The long-context 
 (docs/math/attention.md) follow: a fixed query $q$, keys $x_j$ i.i.d. with density $\rho$ on
 $S^{d-1}$, distances $T_j = 1 - \langle q, x_j\rangle$, weights
 $A_j = e^{-\beta T_j} / Z_n$, governed by the small-$T$ tail
-$P(T < t) \sim C(q)\, t^{1/\alpha}$ with $\alpha = 2/(d-1)$.
+$P(T < t) \sim C(q)\, t^{1/\alpha}$ with $\alpha = 2/(d-1)$. Last, the noisy Kuramoto (Lohe) model
+(docs/math/noise.md, The Kuramoto model).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ __all__ = [
     "fluctuation_scale",
     "fluctuation_beta",
     "drift_fluctuation_tau",
+    # noise: the noisy Kuramoto / Lohe model
+    "kuramoto_threshold",
+    "kuramoto_order_parameter",
 ]
 
 
@@ -865,3 +869,59 @@ def drift_fluctuation_tau(n: ArrayLike, beta: ArrayLike, d: Any) -> Float[Array,
     check_positive("beta", beta)
     dtype = jnp.result_type(float)
     return jnp.asarray(beta, dtype) ** (1.0 + alpha) * jnp.asarray(n, dtype) ** (-alpha)
+
+
+# --------------------------------------------------------------------------
+# Noise: the noisy Kuramoto / Lohe model (docs/math/noise.md, The Kuramoto model)
+# --------------------------------------------------------------------------
+
+
+def kuramoto_threshold(sigma: float, d: int = 2) -> float:
+    r"""The coupling at which independent noise of amplitude $\sigma$ stops destabilising the uniform
+    law of the Kuramoto / Lohe model on $S^{d-1}$ ($n \to \infty$): $K_c = d \sigma^2 / 2$ (the degree-1
+    rate $K (d - 1) / d - \frac{\sigma^2}{2} (d - 1)$ changes sign; $\sigma^2$ on the circle).
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.theory.kuramoto_threshold(1.0), mf.theory.kuramoto_threshold(1.0, d=3)
+        (1.0, 1.5)
+    """
+    check_nonnegative("sigma", sigma)
+    d = check_int("d", d, minimum=2)
+    return d * float(sigma) ** 2 / 2
+
+
+def kuramoto_order_parameter(coupling: float, sigma: float, d: int = 2) -> float:
+    r"""The stationary order parameter $r = |E x|$ of the noisy Kuramoto / Lohe model
+    $dx_i = K P_{x_i} m\, dt + \sigma P_{x_i} \circ dW_i$ on $S^{d-1}$ as $n \to \infty$: 0 at and below
+    ``kuramoto_threshold``, above it the positive root of
+
+    $$r = A_d\Big(\frac{2 K r}{\sigma^2}\Big), \qquad A_d(\kappa) = \frac{I_{d/2}(\kappa)}{I_{d/2 - 1}(\kappa)}$$
+
+    (the stationary law is the von Mises-Fisher law $\propto e^{\kappa \langle x, \hat m\rangle}$,
+    $\kappa = 2 K r / \sigma^2$, whose mean resultant length is $A_d(\kappa)$), by bisection on
+    exponentially scaled Bessel functions (``scipy``). $\sigma = 0$: 1 (collapse).
+
+    Example:
+        >>> import meanfield as mf
+        >>> round(mf.theory.kuramoto_order_parameter(2.0, 1.0), 6)     # r = I_1(4 r) / I_0(4 r)
+        0.831462
+    """
+    import scipy.optimize
+    import scipy.special
+
+    check_positive("coupling", coupling)
+    check_nonnegative("sigma", sigma)
+    d = check_int("d", d, minimum=2)
+    K, s = float(coupling), float(sigma)
+    if s == 0:
+        return 1.0
+    if K <= kuramoto_threshold(s, d):
+        return 0.0
+    nu = d / 2
+
+    def excess(r: float) -> float:
+        kappa = 2 * K * r / s**2
+        return float(scipy.special.ive(nu, kappa) / scipy.special.ive(nu - 1, kappa)) - r
+
+    return float(scipy.optimize.brentq(excess, 1e-12, 1.0, xtol=1e-15, rtol=1e-14))

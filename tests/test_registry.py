@@ -29,6 +29,7 @@ def test_registry_covers_every_model_name():
         "gauge",
         "prompt",
         "sa",
+        "kuramoto",
     }
     # every registered model has dynamics; the attention sweep (one query against uniform keys)
     # is a sweep kind of its own (meanfield.sweep._attention), not a registry entry
@@ -72,7 +73,9 @@ def test_make_rejects_unknown_names_params_and_bad_values():
         K.make("gauge", d=4)
     with pytest.raises(ValueError, match=r"gauges must be one of 'random', 'rotation', got 'x'"):
         K.make("prompt", gauges="x")
-    with pytest.raises(ValueError, match=r"unknown model 'attention'; accepted: usa, .*sa$"):
+    with pytest.raises(
+        ValueError, match=r"unknown model 'attention'; accepted: usa, .*sa, kuramoto$"
+    ):
         K.make("attention")
 
 
@@ -126,6 +129,7 @@ CLI_PARAMS = {
     "gauge": {"beta": 1.5, "amplitude": 0.4},
     "prompt": {"beta": 1.5, "prompts": 2, "gauge_seed": 3},
     "sa": {"beta": 1.5},
+    "kuramoto": {"coupling": 1.5},
 }
 
 

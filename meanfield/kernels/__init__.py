@@ -40,7 +40,7 @@ keys and reproductions derive from it.
 The implementation is split along its concepts, in private modules whose public names are all
 here: ``_base`` (the abstract ``Kernel`` and the pairwise reference), ``_exp`` (exp-kernel
 evaluation, the fused C kernel as an XLA primitive, the ``backend`` option, ``USA``,
-``DistanceBias``), ``_toeplitz``, ``_gauge`` (the exp-gauge kernels and their gauge and phase
+``DistanceBias``), ``_toeplitz``, ``_kuramoto`` (the linear kernel), ``_gauge`` (the exp-gauge kernels and their gauge and phase
 families) and ``_registry``.
 
 Large ``beta``: $e^{\beta \langle x, y\rangle}$ overflows float32 past $\beta \approx 88$. With
@@ -88,6 +88,7 @@ from ._gauge import (
     random_gauges,
     wavy_gauge,
 )
+from ._kuramoto import Kuramoto, LinearProfile
 from ._registry import (
     ENTRY_POINT_GROUP,
     MODEL_NAMES,
@@ -114,6 +115,8 @@ __all__ = [
     "DistanceBias",
     "Toeplitz",
     "ToeplitzSeries",
+    "Kuramoto",
+    "LinearProfile",
     "RoPE",
     "PhaseField",
     "Gauge",

@@ -40,6 +40,7 @@ from .._spelling import size_problem
 from ..models import Model, SelfAttention
 from ._exp import USA, DistanceBias
 from ._gauge import Gauge, PhaseField, Prompt, RoPE
+from ._kuramoto import Kuramoto
 from ._toeplitz import Toeplitz
 
 __all__ = [
@@ -473,7 +474,7 @@ def _isolated(name: str, printed: io.StringIO) -> Any:
         sys.argv, sys.stdin, sys.stdout, sys.stderr = saved
 
 
-for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention):
+for _cls in (USA, DistanceBias, Toeplitz, RoPE, PhaseField, Gauge, Prompt, SelfAttention, Kuramoto):
     register(_cls, _builtin=True)
 
 
@@ -531,7 +532,8 @@ def make(name: object, *, d: object = 3, dtype: DTypeLike | None = None, **param
     ``usa``, ``distance-bias`` (``lam``), ``toeplitz`` (``m``), ``rope`` (``omega``, ``plane``),
     ``phase-field`` (``omega``, ``amplitude``, ``frequency``: ``FourierPhase``), ``gauge``
     (``amplitude``, ``k``: ``WavyGauge``, d = 3), ``prompt`` (``prompts``, ``gauges``,
-    ``gauge_seed``, ``plane``), ``sa`` (``normalized``); all but ``toeplitz`` take ``beta``,
+    ``gauge_seed``, ``plane``), ``sa`` (``normalized``), ``kuramoto`` (``coupling``); all but
+    ``toeplitz`` and ``kuramoto`` take ``beta``,
     the exp kernels ``rescaled``. The same name and parameters give the same model as
     ``meanfield simulate --kernel NAME`` and a sweep of ``kind = NAME``.
 
