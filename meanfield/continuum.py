@@ -51,11 +51,27 @@ $d = 2$: $k^2 I_k(\beta) / (\beta I_0(\beta))$; $d = 3$: $l (l+1)\, i_l(\beta) /
 The normalised field is invariant under a rescaling of the kernel, so its rates need no
 change of time at large $\beta$.
 
+With noise (``noise=mf.noise.Independent(sigma)``: every token its own Brownian motion, of generator
+$\frac{\sigma^2}{2} \Delta_S$; docs/math/noise.md) the density equation is the Fokker-Planck equation
+
+$$\partial_t \rho + \operatorname{div}_S(\rho\, X[\rho]) = D\, \Delta_S \rho, \qquad D = \sigma^2 / 2 \quad (\text{``Noise.diffusion``}),$$
+
+a forward heat flow. The diffusion term is linear, so it adds to the linearisation
+$D \Delta_S (\varepsilon Y_l) = -D\, l (l + d - 2)\, \varepsilon Y_l$:
+
+$$\lambda_l^\sigma = \lambda_l - \frac{\sigma^2}{2}\, l (l + d - 2),$$
+
+for every model (the field's part $\lambda_l$ is unchanged). The uniform law is linearly stable
+when every $\lambda_l^\sigma \le 0$ (``most_unstable_mode`` with ``noise``: the largest one).
+``Common(sigma)`` is refused: one Brownian motion moves all tokens, and the density conditional on
+it solves a stochastic PDE, not this deterministic equation.
+
 Large $\beta$ (``growth_rates``, ``solve``): $h$ overflows float32 past $\beta \approx 88$. With
 ``rescaled=True`` (``"usa"`` only) the kernel is $e^{-\beta} h = e^{\beta (t - 1)} / \beta$, as for
 ``mf.kernels.USA(beta, rescaled=True)``: the rescaled flow at time $s$ is the original flow at time
 $t = e^{-\beta} s$ (``mf.kernels.original_time``); the rates returned are $e^{-\beta} \lambda_l$
-(per unit of $s$) and the solver's times are $s$.
+(per unit of $s$) and the solver's times are $s$. With noise, $\sigma$ stays in the original time
+$t$: per unit of $s$ the diffusion is $D e^{-\beta}$, and the rates are $e^{-\beta} \lambda_l^\sigma$.
 
 Density solver (``solve``): a pseudo-spectral method of lines.
 
@@ -73,12 +89,17 @@ Density solver (``solve``): a pseudo-spectral method of lines.
   Gauss-Legendre quadrature of the quadratic terms: no aliasing into the evolved degrees).
   $\mu_l = 2 \pi \int h(t) P_l(t)\, dt$ by Gauss-Legendre quadrature on $\max(4 L, 128)$ nodes.
 * Time stepping: ``diffrax.Tsit5`` (explicit, 5th order) with a PID step-size controller
-  (``rtol``/``atol``) or a fixed step ``dt``. The equation has no diffusion, so the semi-discrete
-  system is not stiff: its linearisation has the real growth rates $\lambda_l$ (moderate, computed
-  above) and transport eigenvalues $i k X$ on the imaginary axis, which Tsit5's stability region
-  covers (Euler and Heun do not); the adaptive step follows the velocity $\max |X|$, which grows as
-  clusters sharpen. An exponential integrator would gain nothing: the continuity equation has no
-  stiff linear part to integrate exactly.
+  (``rtol``/``atol``) or a fixed step ``dt``. Without noise the semi-discrete system is not stiff:
+  its linearisation has the real growth rates $\lambda_l$ (moderate, computed above) and transport
+  eigenvalues $i k X$ on the imaginary axis, which Tsit5's stability region covers (Euler and Heun
+  do not); the adaptive step follows the velocity $\max |X|$, which grows as clusters sharpen, and
+  an exponential integrator would gain nothing (no stiff linear part to integrate exactly).
+* Diffusion (``noise``): $D \Delta_S \rho$ is applied spectrally, the coefficient of degree $l$
+  multiplied by $-D\, l (l + d - 2)$ ($-D k^2$ on the circle, $-D\, l (l + 1)$ on $S^2$; $D e^{-\beta}$
+  with ``rescaled``). It adds real eigenvalues down to $-D (L - 1)^2$: the system is stiffer, and the
+  adaptive Tsit5 step (stability interval about $[-3.5, 0]$ on the negative real axis) follows
+  them, $\Delta t \lesssim 3.5 / (D (L - 1)^2)$, the cost of an explicit step for a heat flow;
+  degree 0 has the eigenvalue 0, so the mass stays conserved to rounding.
 * The mass $\int \rho$ is conserved to rounding: the mode $k = 0$ (degree 0) of the right-hand
   side is zero exactly.
 * Resolution loss: as clusters sharpen the density leaves every fixed band-limit and the
@@ -131,6 +152,7 @@ from ._checks import (
 from ._precision import matmul, third_party
 from ._resources import Cost
 from .models import ExpProfile, Profile
+from .noise import Noise
 
 __all__ = [
     "MODELS",
@@ -204,7 +226,7 @@ def zonal_models() -> tuple[str, ...]:
     Example:
         >>> import meanfield as mf
         >>> mf.continuum.zonal_models()
-        ('usa', 'sa')
+        ('usa', 'sa', 'kuramoto')
     """
     from .kernels import MODELS as registry
 
@@ -415,6 +437,39 @@ def _log_ive_jvp(
     return y, dy * dbeta
 
 
+# --------------------------------------------------------------------------- diffusion
+
+
+def _noise_diffusion(noise: Any) -> Any:
+    r"""The diffusion coefficient $D$ of ``noise`` (``Noise.diffusion``: $\sigma^2 / 2$ for
+    ``Independent``, concrete or traced), or None without noise.
+
+    Raises:
+        ValueError: ``Common`` (its density solves a stochastic PDE, not a deterministic equation) or
+            another noise without a density equation (``Noise.diffusion``).
+        TypeError: ``noise`` is neither None nor a ``meanfield.noise.Noise``.
+    """
+    if noise is None:
+        return None
+    if not isinstance(noise, Noise):
+        raise TypeError(
+            f"noise must be None or meanfield.noise.Independent(sigma) (the density equation with "
+            f"diffusion), got {noise!r}"
+        )
+    return noise.diffusion()
+
+
+def _time_diffusion(D: Any, b: Float[Array, "*b"], rescaled: bool) -> Float[Array, "*b"]:
+    r"""$D$ per unit of the equation's time, in ``b``'s dtype: $D$, or $D e^{-\beta}$ in the rescaled
+    time $s = e^\beta t$ (the noise's $\sigma$ is in $t$). The factor is applied as two halves
+    $e^{-\beta/2}$, so that it stays a normal float (not flushed to 0) while $D e^{-\beta}$ is."""
+    D = jnp.asarray(D, b.dtype)
+    if not rescaled:
+        return jnp.broadcast_to(D, b.shape)
+    half = jnp.exp(-b / 2)
+    return D * half * half
+
+
 # --------------------------------------------------------------------------- dispersion relation
 
 
@@ -425,6 +480,7 @@ def growth_rates(
     *,
     model: str = "usa",
     rescaled: bool = False,
+    noise: Any = None,
 ) -> Float[Array, "..."]:
     r"""Growth rate $\lambda_l$ of the degree-``ell`` harmonic perturbation of the uniform law on
     $S^{d-1}$ (docs/math/continuum.md, Growth rates; derivation in the module docstring):
@@ -435,6 +491,14 @@ def growth_rates(
     (the mass) has rate 0. ``rescaled=True`` (usa only) returns $e^{-\beta} \lambda_l$, the rate
     per unit of the rescaled time $s = e^\beta t$, finite for every $\beta$.
 
+    With ``noise=mf.noise.Independent(sigma)`` the density equation gains the forward heat flow
+    $+\frac{\sigma^2}{2} \Delta_S \rho$ and every rate loses the Laplacian's eigenvalue
+    (docs/math/continuum.md, With noise):
+
+    $$\lambda_l - \frac{\sigma^2}{2}\, l (l + d - 2) \qquad (\text{times } e^{-\beta} \text{ with } \texttt{rescaled}: \sigma \text{ is in the original time } t),$$
+
+    negative for the degrees the noise stabilises; for every model.
+
     Args:
         beta: inverse temperature ``> 0`` (traced or concrete; broadcasts against ``ell``).
         d: ambient dimension ``>= 2`` (static).
@@ -442,6 +506,8 @@ def growth_rates(
         model: ``"usa"``, ``"sa"``, or any registered model with a zonal profile (``zonal_models``,
             ``Model.zonal_profile``; rates by quadrature where the profile has no closed form).
         rescaled: rates per unit of $s = e^\beta t$ (usa only).
+        noise: None, or ``mf.noise.Independent(sigma)`` (``sigma`` concrete or traced: ``vmap`` and
+            ``grad`` over it apply, $\partial \lambda_l / \partial \sigma = -\sigma\, l (l + d - 2)$).
 
     Returns:
         rates, broadcast shape of ``beta`` and ``ell``, in ``beta``'s float dtype (default float).
@@ -456,14 +522,22 @@ def growth_rates(
             ``[2, MAX_DIMENSION]``, or a usa ``beta`` whose ``e^beta`` overflows the dtype without
             ``rescaled``. Traced values out of range (``beta`` under ``jit``, a negative traced
             ``ell``, the same overflow) stop the program with an error (``equinox.error_if``).
+            ``noise=mf.noise.Common(sigma)``: the density conditional on the common Brownian motion
+            solves a stochastic PDE, with no deterministic rates (a negative or non-finite concrete
+            ``sigma`` is refused by the noise itself).
+        TypeError: ``noise`` neither None nor a ``mf.noise.Noise``.
 
     Example:
         >>> import meanfield as mf
         >>> [round(float(r), 4) for r in mf.continuum.growth_rates(4.0, 2, [1, 2, 3, 4])]
         [2.4399, 6.4222, 7.5089, 5.6651]
+        >>> [round(float(r), 4) for r in mf.continuum.growth_rates(4.0, 2, [1, 2, 3, 4],
+        ...                                                       noise=mf.noise.Independent(1.0))]
+        [1.9399, 4.4222, 3.0089, -2.3349]
     """
     d = _check_d(d)
     profile = model_profile(model, rescaled)
+    D = _noise_diffusion(noise)
     dtype = _float_dtype(beta)
     _check_beta(beta, profile=profile, dtype=dtype, scalar=False)
     ell_np = None
@@ -514,6 +588,8 @@ def growth_rates(
         rate = jnp.where(lap > 0, lap * jnp.exp(_log_ive(a, d / 2, log_const, ell_a, b)), 0)
         if not profile.rescaled:
             rate = rate * jnp.exp(b)  # kept apart: e^beta of an exact beta keeps full precision
+    if D is not None:  # the heat flow: -D l (l + d - 2), per unit of the rates' time
+        rate = rate - _time_diffusion(D, b, profile.rescaled) * lap
     return _traced_rate_checks(rate, b, ell_a, profile)
 
 
@@ -595,13 +671,24 @@ def _traced_rate_checks(
 
 
 def most_unstable_mode(
-    beta: RealScalarLike, d: int, *, model: str = "usa", max_mode: int | None = None
+    beta: RealScalarLike,
+    d: int,
+    *,
+    model: str = "usa",
+    max_mode: int | None = None,
+    noise: Any = None,
 ) -> Int[Array, ""]:
     r"""The degree $l^* = \operatorname{argmax}_{1 \le l \le \text{max\_mode}} \lambda_l$ of the fastest-growing harmonic.
 
     On the circle the $k^*$-th mode has $k^*$ maxima: the number of clusters that form first
     from a near-uniform start. Large $\beta$: $I_k(\beta) \sim e^\beta e^{-k^2/(2 \beta)} / \sqrt{2 \pi \beta}$
     so $l^* \sim \sqrt{2 \beta}$ (docs/math/continuum.md, Fastest mode).
+
+    With ``noise=mf.noise.Independent(sigma)`` the argmax is that of the rates with diffusion,
+    $\lambda_l - \frac{\sigma^2}{2} l (l + d - 2)$ (``growth_rates(..., noise=)``): the penalty grows with
+    $l$, so $l^*$ moves to lower degrees as $\sigma$ grows. The rates may then all be negative: the
+    uniform law is linearly stable when the returned mode's rate ``growth_rates(beta, d, l_star,
+    noise=noise)`` is ``<= 0`` (every degree decays; $l^*$ is then the slowest to decay).
 
     Args:
         beta: inverse temperature ``> 0`` (scalar).
@@ -612,17 +699,31 @@ def most_unstable_mode(
             rates of ``growth_rates`` (``jit``/``vmap``); ``None``: $4 \lceil \sqrt{2 \beta} \rceil + 8$
             from a concrete ``beta`` (required when ``beta`` is traced), searched on the host in float64
             log space (all degrees up to ``MAX_MODE``; past it, a ternary search of the log-rates, which
-            are concave in $l$: $\log l (l + d - 2)$ and $\log I_{l + a}(\beta)$ are).
+            are concave in $l$: $\log l (l + d - 2)$ and $\log I_{l + a}(\beta)$ are). With ``noise``
+            (rates that may be negative have no log) and ``max_mode=None``: the rates with diffusion on
+            the grid of degrees ``1..l0``, ``l0`` the host argmax without noise (the argmax with noise
+            is at most ``l0``); ``l0 > MAX_MODE`` ($\beta$ past about $8 \cdot 10^{12}$) is refused.
+        noise: None, or ``mf.noise.Independent(sigma)`` (``sigma`` concrete or traced).
 
     Returns:
         int32 scalar $l^*$.
+
+    Raises:
+        ValueError: ``noise=mf.noise.Common(sigma)`` (no deterministic density equation).
+        TypeError: ``noise`` neither None nor a ``mf.noise.Noise``.
 
     Example:
         >>> import meanfield as mf
         >>> [int(mf.continuum.most_unstable_mode(b, 2)) for b in (1.0, 4.0, 9.0, 40.0)]
         [1, 3, 4, 9]
+        >>> [int(mf.continuum.most_unstable_mode(4.0, 2, noise=mf.noise.Independent(s)))
+        ...  for s in (0.0, 1.0, 2.0, 3.0)]
+        [3, 2, 1, 1]
+        >>> float(mf.continuum.growth_rates(4.0, 2, 1, noise=mf.noise.Independent(3.0))) < 0  # stable
+        True
     """
     d = _check_d(d)
+    _noise_diffusion(noise)  # refused here, before any work (Common, not a noise)
     if max_mode is None:
         if not is_concrete(beta):
             raise ValueError("most_unstable_mode: pass max_mode when beta is traced (jit/vmap)")
@@ -642,7 +743,16 @@ def most_unstable_mode(
                 f"beta = {b:g}: the most unstable degree (about sqrt(2 beta) = {math.sqrt(2 * b):.3g}) is past "
                 f"the int32 degrees (MAX_DEGREE = {MAX_DEGREE})"
             )
-        return jnp.asarray(_host_most_unstable(b, d, top), jnp.int32)
+        l0 = _host_most_unstable(b, d, top)
+        if noise is None:
+            return jnp.asarray(l0, jnp.int32)
+        if l0 > MAX_MODE:
+            raise ValueError(
+                f"most_unstable_mode with noise: beta = {b:g} puts the most unstable degree without "
+                f"noise at {l0}, past MAX_MODE = {MAX_MODE} (the grid of rates with diffusion)"
+            )
+        # the diffusion term grows with l: the argmax with noise is among the degrees 1..l0
+        max_mode = l0
     max_mode = check_int("max_mode", max_mode, minimum=1)
     if max_mode > MAX_MODE:
         raise ValueError(
@@ -652,7 +762,7 @@ def most_unstable_mode(
     ells = jnp.arange(1, max_mode + 1)
     # the rescaled form where the model has one: the argmax is the same, with no overflow of e^beta
     rescaled = model_profile(model, False).rescalable
-    rates = growth_rates(beta, d, ells, model=model, rescaled=rescaled)
+    rates = growth_rates(beta, d, ells, model=model, rescaled=rescaled, noise=noise)
     return (jnp.argmax(rates) + 1).astype(jnp.int32)
 
 
@@ -991,6 +1101,11 @@ class _Circle(eqx.Module):
             v = self.to_grid(1j * k * mu * c) / (beta * self.to_grid(mu * c))
         return -1j * k * self.from_grid(rho * v)  # the mode k = 0 (the mass) is zero exactly
 
+    def laplacian(self, dtype: Any) -> Float[Array, " L"]:
+        """The Laplacian's eigenvalues on the evolved modes: ``-k^2``."""
+        k = jnp.arange(self.L, dtype=dtype)
+        return -k * k
+
     def tail(self, c: Complex[Array, " L"]) -> Float[Array, ""]:
         band = jnp.arange(self.L) >= self.L - self.L // 3
         return jnp.sqrt(2 * jnp.sum(jnp.where(band, jnp.abs(c) ** 2, 0))) / jnp.abs(c[0])
@@ -1036,6 +1151,11 @@ class _Sphere(eqx.Module):
         p2 = _trunc_lm(_sht(rho * LU - U * Lrho, L2), L)
         out = -0.5 * (lap[:, None] * p1 + p2)
         return out.at[0].set(0.0)  # the mass: d/dt int rho = 0 exactly
+
+    def laplacian(self, dtype: Any) -> Float[Array, "L 1"]:
+        """The Laplacian's eigenvalues on the evolved degrees: ``-l (l + 1)``, broadcast over ``m``."""
+        ell = jnp.arange(self.L, dtype=dtype)
+        return (-ell * (ell + 1))[:, None]
 
     def tail(self, flm: Complex[Array, "L M"]) -> Float[Array, ""]:
         band = (jnp.arange(self.L) >= self.L - self.L // 3)[:, None]
@@ -1121,10 +1241,11 @@ def solve(
     tail_tol: RealScalarLike = 1e-4,
     max_steps: int = 20_000,
     force: bool = False,
+    noise: Any = None,
 ) -> Solution:
     r"""Solve the continuity equation of the mean-field limit on $S^{d-1}$ ($d = 2$ or 3) from ``rho0``:
 
-    $$\partial_t \rho + \operatorname{div}_S(\rho\, X[\rho]) = 0,$$
+    $$\partial_t \rho + \operatorname{div}_S(\rho\, X[\rho]) = 0 \qquad \Big(= \frac{\sigma^2}{2} \Delta_S \rho \text{ with } \texttt{noise=mf.noise.Independent(sigma)}\Big),$$
 
     $$\text{usa: } X = \nabla_S \int h(\langle x, y\rangle)\, \rho(y)\, d\sigma(y), \quad h(t) = e^{\beta t} / \beta; \qquad \text{sa: } X = \frac{1}{\beta} \nabla_S \log \int e^{\beta \langle x, y\rangle} \rho(y)\, d\sigma(y).$$
 
@@ -1133,6 +1254,15 @@ def solve(
     spectral tail exceeds ``tail_tol`` (module docstring). A pure function of ``beta``, ``rho0``,
     ``t1`` and ``ts``: ``jit``, ``vmap`` (e.g. over ``beta`` and initial perturbations) and
     ``grad`` (diffrax's checkpointed adjoint) apply.
+
+    With ``noise`` the heat flow $D \Delta_S \rho$, $D = \sigma^2 / 2$ ($D e^{-\beta}$ in the rescaled
+    time), is applied spectrally: the coefficient of degree $l$ gains $-D\, l (l + d - 2)\, \hat\rho_l$
+    ($-D k^2$ on the circle, $-D\, l (l + 1)$ on $S^2$). It makes the semi-discrete system stiffer: its
+    top degree $L - 1$ has the eigenvalue about $-D (L - 1)^2$, which the adaptive Tsit5 step follows
+    (Tsit5's stability interval on the negative real axis is about $[-3.5, 0]$, so the step is at
+    most about $3.5 / (D (L - 1)^2)$); a fixed ``dt`` must satisfy that bound itself (otherwise the
+    top modes blow up and the run stops with ``RESOLUTION_LOST`` or ``FAILED``). The mass stays
+    conserved to rounding (degree 0 has the eigenvalue 0).
 
     Args:
         beta: inverse temperature ``> 0`` (traced or concrete).
@@ -1155,17 +1285,22 @@ def solve(
         max_steps: cap on the number of steps (static).
         force: run even when the estimate (``solve_cost``) exceeds the work limit or the memory
             available now (memory beyond the machine's total is refused regardless).
+        noise: None, or ``mf.noise.Independent(sigma)`` (``sigma`` in the original time $t$, concrete
+            or traced: ``jit``, ``vmap`` and ``grad`` over it apply).
 
     Returns:
         ``Solution``. A traced ``beta`` or ``t1`` that is not ``> 0`` and finite (or, for ``"usa"``
-        without ``rescaled``, a traced ``beta`` whose ``e^beta`` overflows the dtype) gives
-        ``status = FAILED`` and NaN densities, masses and tails (a sweep records the point as failed).
+        without ``rescaled``, a traced ``beta`` whose ``e^beta`` overflows the dtype), or a traced
+        non-finite ``sigma``, gives ``status = FAILED`` and NaN densities, masses and tails (a sweep
+        records the point as failed).
 
     Raises:
-        TypeError: ``rho0`` not a real array (complex, string, ...).
+        TypeError: ``rho0`` not a real array (complex, string, ...); ``noise`` neither None nor a
+            ``mf.noise.Noise``.
         ValueError: concrete arguments out of range; ``ResourceLimitError`` (a ``ValueError``) when
             ``solve_cost`` exceeds ``_resources.WORK_LIMIT`` or the available memory (``d = 3`` at
-            ``L = 512``: about 3e16 flop, the transform kernels alone hours to build), naming the estimate.
+            ``L = 512``: about 3e16 flop, the transform kernels alone hours to build), naming the estimate;
+            ``noise=mf.noise.Common(sigma)`` (its density solves a stochastic PDE).
 
     Example:
         >>> import meanfield as mf
@@ -1176,6 +1311,7 @@ def solve(
     """
     d = _check_solver_d(d)
     profile = model_profile(model, rescaled)
+    D = _noise_diffusion(noise)
     if isinstance(rho0, (str, bytes)) or rho0 is None:
         raise TypeError(f"rho0 must be an array, got {rho0!r}")
     own = getattr(rho0, "dtype", None)
@@ -1251,6 +1387,7 @@ def solve(
         float(rtol),
         float(atol),
         float(tail_tol),
+        None if D is None else jnp.asarray(D, dtype),
         d=d,
         L=L,
         profile=profile,
@@ -1271,6 +1408,7 @@ def _solve(
     rtol: float,
     atol: float,
     tail_tol: float,
+    diffusion: Float[Array, ""] | None,
     *,
     d: int,
     L: int,
@@ -1285,15 +1423,26 @@ def _solve(
     limit = profile.overflow_limit(dtype)
     if limit is not None:
         bad_input = bad_input | (beta >= limit)
+    if diffusion is not None:  # a traced non-finite sigma
+        bad_input = bad_input | ~jnp.isfinite(diffusion)
+        diffusion = jnp.where(bad_input, jnp.zeros_like(diffusion), diffusion)
     beta = jnp.where(bad_input, jnp.ones_like(beta), beta)
     t1 = jnp.where(bad_input, jnp.asarray(1e-3, t1.dtype), t1)
     ts = jnp.where(bad_input, jnp.zeros_like(ts), ts)
     dt = None if dt is None else jnp.where(bad_input, jnp.asarray(1e-3, dt.dtype), dt)
     mu = _multipliers(beta, d, L, profile, profile.rescaled, dtype)
     y0 = _real(disc.from_grid(rho0))
+    # the heat flow D Laplacian(rho), spectral: D per unit of the solver's time times -l (l + d - 2)
+    heat = (
+        None
+        if diffusion is None
+        else _time_diffusion(diffusion, beta, profile.rescaled) * disc.laplacian(dtype)
+    )
 
     def vf(t: ArrayLike, y: Array, args: None) -> Array:
-        return _real(disc.rhs(_complex(y), beta, mu))
+        c = _complex(y)
+        dc = disc.rhs(c, beta, mu)
+        return _real(dc if heat is None else dc + heat * c)  # degree 0: + 0 * c_0, the mass kept
 
     def cond(t: ArrayLike, y: Array, args: None, **kw: Any) -> Array:
         return ~(disc.tail(_complex(y)) <= tail_tol)  # true on a NaN tail as well

@@ -23,6 +23,10 @@ to the Stratonovich solution in any geometry; the projected Euler--Maruyama step
 sphere only through its normalisation, and for the common noise in $\mathbb R^d$ it converges to
 the Ito equation, another flow: refused, conservatively) and the step rule ``"renormalize"``.
 
+``Noise.diffusion`` is the noise's term in the density equation of the mean-field limit
+(``mf.continuum``'s ``noise=``): $D = \sigma^2 / 2$ in $+D \Delta_S \rho$ for ``Independent``;
+``Common`` has no deterministic density equation (refused).
+
 Example:
     >>> import jax, meanfield as mf
     >>> x0 = mf.sphere.uniform(jax.random.key(0), 16, 3)
@@ -81,6 +85,23 @@ class Noise(Variant):
         v = self.raw_increment(x, dW)
         return sphere.project(x, v) if on_sphere else v
 
+    def diffusion(self) -> Any:
+        r"""The diffusion coefficient $D$ of the density equation (``mf.continuum``, ``noise=``): in
+        the mean-field limit the density gains $+D \Delta_S \rho$ (a forward heat flow), in the
+        original time $t$ of the run. Only a noise whose density obeys a deterministic Fokker-Planck
+        equation has one; this base raises ``ValueError`` (one line), and so does ``Common``.
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.noise.Independent(0.5).diffusion()     # sigma^2 / 2
+            0.125
+        """
+        raise ValueError(
+            f"{say_python('noise', self.name)} has no deterministic density equation here (no "
+            "Fokker-Planck equation is defined for it); the density equation takes noise=None or "
+            "mf.noise.Independent(sigma)"
+        )
+
     def check(
         self,
         *,
@@ -136,6 +157,12 @@ class Independent(Noise):
     def raw_increment(self, x: Float[Array, "n d"], dW: Array) -> Float[Array, "n d"]:
         return self.sigma * dW
 
+    def diffusion(self) -> Any:
+        r"""$D = \sigma^2 / 2$: the generator of each token's noise is $\frac{\sigma^2}{2} \Delta_S$
+        (docs/math/noise.md, Independent noise), so the density gains $+\frac{\sigma^2}{2} \Delta_S \rho$
+        (``sigma`` concrete or traced)."""
+        return self.sigma**2 / 2
+
 
 @Noise.builtin
 class Common(Noise):
@@ -154,6 +181,27 @@ class Common(Noise):
 
     def raw_increment(self, x: Float[Array, "n d"], dW: Array) -> Float[Array, "n d"]:
         return self.sigma * matmul(x, jnp.swapaxes(dW, -1, -2))  # row i: (dB x_i)^T
+
+    def diffusion(self) -> Any:
+        r"""Refused (``ValueError``): one Brownian motion moves every token, so the density conditional
+        on it solves a stochastic PDE (a random transport by $\sigma P_x \circ (dB\, x)$), not a
+        deterministic Fokker-Planck equation; each token's marginal law alone diffuses as with
+        ``Independent``, but the interaction sees the joint law.
+
+        Example:
+            >>> import meanfield as mf
+            >>> try:
+            ...     mf.noise.Common(0.2).diffusion()
+            ... except ValueError as e:
+            ...     print(str(e).split(": ")[0])
+            noise='common' moves every token by one Brownian motion
+        """
+        raise ValueError(
+            f"{say_python('noise', self.name)} moves every token by one Brownian motion: the density "
+            "conditional on it solves a stochastic PDE (a random transport), and there is no "
+            "deterministic Fokker-Planck equation for it here; the density equation takes noise=None "
+            "or mf.noise.Independent(sigma)"
+        )
 
 
 #: The built-in noises' names (``Noise.names()`` adds registered ones).
