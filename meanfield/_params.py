@@ -45,7 +45,9 @@ PARAM_KINDS = ("float>0", "float>=0", "float", "int>=1", "int>=0", "bool", "plan
 
 
 #: Names a model parameter may not take: the command line's own ``meanfield simulate`` flags
-#: and the sweep spec's ``[model]`` keys (``kind``, ``backend``).
+#: and the sweep spec's ``[model]`` keys (``kind``, ``backend``; ``noise`` and ``sigma``: the
+#: run's noise, ``--noise`` and ``--sigma``, a sweep's ``model.noise`` and ``model.sigma``; ``frequencies``, ``spread``, ``frequency_seed``: the
+#: natural frequencies, ``--frequencies``, ``--spread``, ``--frequency-seed``).
 RESERVED_NAMES = (
     "n",
     "d",
@@ -69,6 +71,11 @@ RESERVED_NAMES = (
     "dtype",
     "help",
     "r0",
+    "noise",
+    "sigma",
+    "frequencies",
+    "spread",
+    "frequency_seed",
 )
 
 

@@ -3,9 +3,12 @@ r"""The sweep kind ``particles``: the dynamics of ``n`` particles of any registr
 
 A point ``(model, n, d, params, seed)`` starts from ``x0 = mf.sphere.uniform(jax.random.key(seed),
 n, d)`` and runs ``mf.simulate`` with the model ``mf.kernels.build(model, params, d=d)`` (the
-registry's constructor, the swept parameters traced) and the spec's ``[time]``; it records the
+registry's constructor, the swept parameters traced) and the spec's ``[time]``; with
+``model.noise`` (``mf.noise``) the run is the SDE of ``Noise.coerce(noise, sigma=sigma)`` (``sigma``
+traced) driven by the key ``jax.random.fold_in(jax.random.key(seed), 1)``, the key of
+``meanfield simulate --noise NAME --sigma S --seed seed``. It records the
 observables at the save times (``collapse_gap``, ``energy``, ``clusters``, ``token_similarity``,
-``mean_radius`` for the schemes with a radius, ``mf.normalization``) or once
+``order_parameter``, ``mean_radius`` for the schemes with a radius, ``mf.normalization``) or once
 (``first_merge_time``, ``num_plateaus``, ``final_clusters``), the stop time and the step count.
 Its memory and cost are ``meanfield._resources.run_cost`` (shared with ``meanfield simulate``)
 with the model's ``footprint``.
@@ -48,6 +51,7 @@ DESCRIPTIONS = {
     "num_plateaus": "number of energy plateaus: metastable stages (mf.metastability.num_plateaus, rate_tol 0.02, rel_tol 0.02, min_points 3)",
     "final_clusters": "number of clusters at the last save (angular threshold cluster_threshold)",
     "token_similarity": "token similarity ||Pi X||^2 / ||X||^2",
+    "order_parameter": "order parameter r = |(1/n) sum_i x_i| (mf.metrics.order_parameter; r^2 = token_similarity on the sphere)",
     "mean_radius": "mean radius (1/n) sum_i r_i of the tokens x_i = r_i theta_i (mf.normalization: pre, mix, peri)",
     "stop_time": "time at which the run ended (t1 unless stopped early or failed)",
     "num_steps": "accepted solver steps",
@@ -193,6 +197,17 @@ class Particles(ParticleGrid):
         rule = spec.step_variant
         if not rule.tangent:
             lines.append(f"step: {rule.name} ({rule.update}; time.step = {rule.name!r})")
+        noise = spec.params.get("noise")
+        if noise is not None:
+            sigma = (
+                f"a traced axis of {len(spec.axes['sigma'])} values"
+                if "sigma" in spec.axes
+                else f"{spec.params['sigma']:g}"
+            )
+            lines.append(
+                f"noise: {noise if isinstance(noise, str) else ', '.join(noise)} (mf.noise), sigma "
+                f"{sigma}; the path of seed s from jax.random.fold_in(jax.random.key(s), 1)"
+            )
         return lines
 
     def describe_warnings(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
@@ -255,6 +270,8 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         extra["clusters"] = lambda x: metrics.num_clusters(x, thr).astype(dtype)
     if "token_similarity" in spec.observables:
         extra["token_similarity"] = metrics.token_similarity
+    if "order_parameter" in spec.observables:
+        extra["order_parameter"] = metrics.order_parameter
     if "mean_radius" in spec.observables:  # mf.simulate passes the radii to a `radius` parameter
         extra["mean_radius"] = lambda x, radius: jnp.mean(radius).astype(dtype)
 
@@ -262,6 +279,7 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
     # (those that do not apply at this value of a static axis, ``spec.inert_for(kind)``: their defaults)
     names = {p.name for p in kernels.MODELS[kind].params} - spec.inert_for(kind)
     fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
+    noise_of = _noise_of(spec)
 
     ts = cast(np.ndarray, spec.ts)
     run_time = spec.run_time
@@ -276,7 +294,8 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         max_steps = max_steps or int(np.ceil(T["t1"] / h_min)) + len(ts) + 2
 
     def sim(params: dict[str, Any], seed: Any) -> dict[str, Any]:
-        x0 = sphere.uniform(jax.random.key(seed), n, d, dtype)
+        key = jax.random.key(seed)
+        x0 = sphere.uniform(key, n, d, dtype)
         traced = {  # integer parameters (weight_seed) stay integers: a PRNG key's seed
             k: v if jnp.issubdtype(v.dtype, jnp.integer) else v.astype(dtype)
             for k, v in params.items()
@@ -292,6 +311,10 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
             save_states=False,
             backend=backend,
             adjoint=diffrax.ForwardMode(),  # no reverse-mode gradients here: no checkpointed loop to trace
+            # the key of `meanfield simulate --noise ... --seed seed`: x0 from key(seed), the path from
+            # fold_in(key(seed), 1)
+            noise=None if noise_of is None else noise_of(params),
+            key=None if noise_of is None else jax.random.fold_in(key, 1),
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         if counts:  # mf.metastability observables: one number per point
@@ -322,6 +345,21 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
         return out
 
     return sim
+
+
+def _noise_of(spec: Spec) -> Callable[[dict[str, Any]], Any] | None:
+    """``params -> the point's noise`` (``mf.noise.Noise.coerce(model.noise, sigma=...)``, ``sigma``
+    the point's traced value on a ``sigma`` axis), or None for a spec without ``model.noise``."""
+    name = spec.params.get("noise")
+    if name is None:
+        return None
+    from ..noise import Noise
+
+    def noise(params: dict[str, Any]) -> Any:
+        sigma = params["sigma"] if "sigma" in spec.axes else spec.params["sigma"]
+        return Noise.coerce(name, sigma=sigma)
+
+    return noise
 
 
 #: The kind object (registered).

@@ -22,6 +22,12 @@ A sweep is a TOML file (read with ``tomllib``)::
     # when not their default
     backend = "xla"                    # optional: "auto" (default), "native" or "xla" (mf.simulate's
                                        # backend; hashed into the store only when given)
+    noise = "independent"              # optional: the run's noise (mf.noise.Noise.names(): independent,
+                                       # common; a list: a static axis), with
+    sigma = [0.0, 0.1, 0.2]            # its amplitude >= 0: a number, or a list (a traced axis "sigma",
+                                       # one compilation); the path of seed s: fold_in(key(s), 1);
+                                       # time.solver = "rk2", no early_stop, no radial scheme;
+                                       # both recorded (hashed) only when given
 
     [grid]
     n = [16, 32]                       # static shapes: one compilation per (model, n, d)
@@ -42,8 +48,9 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # published code's update); default "projected": x + dt P_x F
 
     [output]
-    observables = ["collapse_gap", "energy", "clusters"]   # + mean_radius (model.normalization
-                                       # = "pre", "mix" or "peri": the mean radius of the tokens)
+    observables = ["collapse_gap", "energy", "clusters"]   # + token_similarity, order_parameter,
+                                       # mean_radius (model.normalization = "pre", "mix" or "peri":
+                                       # the mean radius of the tokens)
     cluster_threshold = 0.1
     top_k = 8                          # attention order statistics A_(1..k)
 
@@ -131,6 +138,7 @@ SIM_OBSERVABLES = (
     "energy",
     "clusters",
     "token_similarity",
+    "order_parameter",
     "first_merge_time",
     "num_plateaus",
     "final_clusters",
@@ -385,10 +393,18 @@ def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) 
     return grid_kind.has_energy(model) and not _masked(params)
 
 
-#: Observables defined for tokens on the sphere only: the pair energy and the cluster counts
-#: (``mf.metrics.num_clusters`` at a chordal threshold between unit tokens). A sweep of
-#: ``model.geometry = "euclidean"`` (tokens in R^d, growing like e^(tV)) refuses them.
-SPHERE_OBSERVABLES = ("energy", "num_plateaus", "clusters", "first_merge_time", "final_clusters")
+#: Observables defined for tokens on the sphere only: the pair energy, the cluster counts
+#: (``mf.metrics.num_clusters`` at a chordal threshold between unit tokens) and the order
+#: parameter ``|(1/n) sum_i x_i|`` of unit tokens. A sweep of ``model.geometry = "euclidean"``
+#: (tokens in R^d, growing like e^(tV)) refuses them.
+SPHERE_OBSERVABLES = (
+    "energy",
+    "num_plateaus",
+    "clusters",
+    "first_merge_time",
+    "final_clusters",
+    "order_parameter",
+)
 
 
 #: The step rule of a spec without ``time.step`` (not recorded then: such specs keep their hash).
@@ -440,6 +456,49 @@ def _check_radius(
         )
     scheme = next((v for v in schemes if v in RADIAL), schemes[0])
     _step_of(time_spec).check(scheme=Scheme.lookup(scheme), say=say_spec)
+
+
+def _noise_values(noise: Any, sigma: Any) -> tuple[Any, Any, dict[str, Param]]:
+    """``[model]``'s ``noise`` and ``sigma`` (``mf.noise``: the noise of every point's run) checked
+    as the noise family declares them (``mf.noise.Noise.flat_params``): ``(noise, sigma, params)``
+    with ``noise`` a registered name (a list of them: a static axis), ``sigma`` a number ``>= 0``
+    (a list: a traced axis ``sigma``), ``params`` their ``Param`` by name; ``(None, None, {})``
+    without a noise. The two go together, as ``--noise`` and ``--sigma`` do."""
+    if noise is None and sigma is None:
+        return None, None, {}
+    from ..noise import Noise
+
+    declared = {p.name: p for p in Noise.flat_params()}
+    noise_p, sigma_p = declared["noise"], declared["sigma"]
+    if noise is None:
+        raise ValueError(
+            f"model.sigma = {sigma!r} is the amplitude of a noise: it applies with model.noise = "
+            + " or ".join(map(repr, noise_p.choices))
+        )
+    noise = _param_value("model.noise", noise_p, noise)
+    if sigma is None:
+        raise ValueError(
+            f"model.noise = {noise!r} needs model.sigma, the noise's amplitude (a number >= 0, or "
+            "a list: a grid axis)"
+        )
+    sigma = _param_value("model.sigma", sigma_p, sigma)
+    return noise, sigma, {"noise": noise_p, "sigma": sigma_p}
+
+
+def _check_noise(
+    noise: Any, sigma: Any, params: Mapping[str, Any], solver: str, step: StepRule
+) -> None:
+    """The refusals of the noise(s) ``noise`` (``mf.noise.Noise.check``, in the spec's spelling:
+    ``time.solver``, ``model.normalization``, ``time.step``) for every value of a static axis."""
+    from ..noise import Noise
+
+    schemes = [Scheme.lookup(v) for v in _values(params.get("normalization", "post"))]
+    scheme = next((s for s in schemes if s.radial), schemes[0])
+    amplitude = min(_values(sigma))
+    for name in _values(noise):
+        Noise.coerce(name, sigma=amplitude).check(
+            solver=solver, scheme=scheme, step=step, say=say_spec
+        )
 
 
 def _check_beta_rule(
@@ -1020,6 +1079,14 @@ def _parse_particle_grid(
             raise ValueError(
                 f"model.backend applies to the simulated models, not kind {kind!r} (no dynamics)"
             )
+    # the run's noise (mf.noise): recorded only when set, so specs without it keep their hash
+    noise_raw, sigma_raw = model.pop("noise", None), model.pop("sigma", None)
+    if not simulated and (noise_raw is not None or sigma_raw is not None):
+        key = "noise" if noise_raw is not None else "sigma"
+        raise ValueError(
+            f"model.{key} applies to the simulated models, not kind {kind!r} (no dynamics)"
+        )
+    noise, sigma, noise_params = _noise_values(noise_raw, sigma_raw)
 
     # grid -------------------------------------------------------------------
     grid = dict(raw.get("grid", {}))
@@ -1090,6 +1157,13 @@ def _parse_particle_grid(
     for pname, p in accepted.items():
         if p.traced and isinstance(params[pname], list):
             axes[pname] = np.asarray(params[pname])
+    recorded = _recorded(params, accepted)
+    if noise is not None:  # after the model's parameters: a sigma axis follows theirs
+        params = {**params, "noise": noise, "sigma": sigma}
+        accepted = {**accepted, **noise_params}
+        recorded.update(noise=noise, sigma=sigma)
+        if isinstance(sigma, list):
+            axes["sigma"] = np.asarray(sigma)
     if (
         "prompts" in params
     ):  # the rule of `simulate --prompts`, at the smallest n (every value of an axis)
@@ -1164,7 +1238,13 @@ def _parse_particle_grid(
             say=say_spec
         )
         time_spec["save"] = ts.tolist()
+        if noise is not None:  # the noise's own refusals, in the spec's spelling
+            _check_noise(noise, sigma, params, solver, _step_of({"step": step}))
         if "early_stop" in tsec:
+            if noise is not None:  # the rule of `meanfield simulate --early-stop` and mf.simulate
+                raise ValueError(
+                    "time.early_stop stops a run whose energy is stationary: not with model.noise"
+                )
             no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
                 why = _masked(params)
@@ -1249,7 +1329,7 @@ def _parse_particle_grid(
         "dtype": dtype,
         "model": {
             "kind": list(kinds) if kinds_axis else kind,
-            **_recorded(params, accepted),
+            **recorded,
             **({} if backend is None else {"backend": backend}),
         },
         "grid": {
