@@ -5,7 +5,8 @@ return before JAX is imported (a fraction of a second, not the seconds of ``impo
 the parser of ``meanfield simulate`` takes its ``--kernel`` choices and its model flags from
 ``MODELS`` here, ``--solver``/``--step`` from ``SOLVERS``/``STEPS`` (and the rules that take some
 solvers only from ``STEP_SOLVERS``: ``mf.steps.step_solvers``) and ``--r0``'s schemes from
-``RADIAL`` (``mf.normalization.RADIAL``), ``--noise`` from ``NOISES`` (``mf.noise``). The registry
+``RADIAL`` (``mf.normalization.RADIAL``), ``--noise`` from ``NOISES`` (``mf.noise``), ``--frequencies`` from ``FREQUENCIES``
+(``mf.frequencies``). The registry
 (``meanfield.kernels.MODELS``) stays the one source: the block between the markers below is
 generated from it by ``python -m meanfield._cli_schema --write``, and a test (and
 ``python -m meanfield._cli_schema --check``) fails when it differs from what the registry
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "STEP_SOLVERS", "RADIAL", "NOISES", "derive_models", "derive", "render", "main",
+__all__ = ["Param", "Model", "MODELS", "SOLVERS", "STEPS", "STEP_SOLVERS", "RADIAL", "NOISES", "FREQUENCIES", "derive_models", "derive", "render", "main",
            "entry_points_declared"]
 
 
@@ -188,6 +189,7 @@ SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
 STEPS: tuple[str, ...] = ('projected', 'renormalize')
 RADIAL: tuple[str, ...] = ('pre', 'mix', 'peri')
 NOISES: tuple[str, ...] = ('independent', 'common')
+FREQUENCIES: tuple[str, ...] = ('lorentzian', 'gaussian')
 STEP_SOLVERS: tuple[tuple[str, tuple[str, ...], str], ...] = (('renormalize', ('euler',), 'x + h F(x), then normalise'),)
 # END GENERATED
 
@@ -234,12 +236,13 @@ def derive() -> dict[str, tuple]:
     """``{"MODELS": ..., "SOLVERS": ..., "STEPS": ..., "RADIAL": ..., "STEP_SOLVERS": ...}`` as the registry,
     ``meanfield.integrate`` and ``meanfield.normalization`` have them now (imports them)."""
     from . import integrate, normalization
+    from .frequencies import Distribution
     from .noise import Noise
     from .steps import step_solvers
 
     return {"MODELS": derive_models(builtin=True), "SOLVERS": tuple(integrate.SOLVERS), "STEPS": tuple(integrate.STEPS),
             "RADIAL": tuple(normalization.RADIAL), "STEP_SOLVERS": step_solvers(builtin=True),
-            "NOISES": Noise.builtin_names()}
+            "NOISES": Noise.builtin_names(), "FREQUENCIES": Distribution.builtin_names()}
 
 
 def render(values: dict[str, tuple]) -> str:
@@ -254,7 +257,7 @@ def render(values: dict[str, tuple]) -> str:
             lines.append(f"        Param({p.name!r}, {p.kind!r}, {p.default!r}, {p.doc!r}{choices}{maximum}{applies}),")
         lines.append(f"    ), d={m.d!r})," if m.d is not None else "    )),")
     lines.append(")")
-    for name in ("SOLVERS", "STEPS", "RADIAL", "NOISES"):
+    for name in ("SOLVERS", "STEPS", "RADIAL", "NOISES", "FREQUENCIES"):
         lines.append(f"{name}: tuple[str, ...] = {tuple(values[name])!r}")
     lines.append(f"STEP_SOLVERS: tuple[tuple[str, tuple[str, ...], str], ...] = {tuple(values['STEP_SOLVERS'])!r}")
     lines.append(_END)

@@ -188,6 +188,18 @@ def _integrators() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return _cli_schema.SOLVERS, _cli_schema.STEPS
 
 
+def _frequency_laws() -> tuple[str, ...]:
+    """The frequency laws' names (``mf.frequencies.Distribution.names()``: registered ones included),
+    or their copy in ``meanfield._cli_schema`` (``FREQUENCIES``) while JAX is not imported."""
+    from . import _cli_schema
+
+    if "meanfield.frequencies" in sys.modules:
+        from .frequencies import Distribution
+
+        return Distribution.names()
+    return _cli_schema.FREQUENCIES
+
+
 def _noises() -> tuple[str, ...]:
     """The noises' names (``mf.noise.Noise.names()``: registered ones included), or their copy in
     ``meanfield._cli_schema`` (``NOISES``) while JAX is not imported."""
@@ -312,6 +324,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_arg("float>=0"),
         default=None,
         help="the noise's amplitude sigma (with --noise)",
+    )
+    s.add_argument(
+        "--frequencies",
+        default=None,
+        choices=_frequency_laws(),
+        help="natural frequencies on the circle (--d 2; mf.frequencies): each token rotates at its "
+        "own angular velocity, drawn from a lorentzian (half-width --spread) or gaussian (sd --spread) "
+        "law; the midpoint quantiles unless --frequency-seed is given",
+    )
+    s.add_argument(
+        "--spread",
+        type=_arg("float>0"),
+        default=None,
+        help="the frequency law's scale (with --frequencies)",
+    )
+    s.add_argument(
+        "--frequency-seed",
+        type=_arg("int>=0"),
+        default=None,
+        help="draw the frequencies independently from jax.random.key(S) (default: the law's midpoint "
+        "quantiles, no randomness)",
     )
     s.add_argument(
         "--backend",
@@ -671,6 +704,16 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     check_backend(args.backend, "--backend")
     if (args.noise is None) != (args.sigma is None):
         raise ValueError("--noise and --sigma go together: --noise independent|common --sigma S")
+    if (args.frequencies is None) != (args.spread is None):
+        raise ValueError(
+            "--frequencies and --spread go together: --frequencies lorentzian|gaussian --spread S"
+        )
+    if args.frequency_seed is not None and args.frequencies is None:
+        raise ValueError("--frequency-seed draws the frequencies of --frequencies: give both")
+    if args.frequencies is not None and args.d != 2:
+        raise ValueError(
+            f"--frequencies gives angular velocities on the circle: it needs --d 2, got --d {args.d}"
+        )
     limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
     if (
         args.step in limited
@@ -722,6 +765,15 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             raise ValueError(
                 "--early-stop stops a run whose energy is stationary: not with --noise"
             )
+    law = None
+    if args.frequencies is not None:
+        from .frequencies import Distribution
+
+        law = Distribution.coerce(args.frequencies, spread=args.spread)
+        if args.early_stop is not None:
+            raise ValueError(
+                "--early-stop stops a run whose energy is stationary: not with --frequencies"
+            )
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
@@ -740,6 +792,15 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         except ImportError as e:
             raise ValueError(f"--movie: {e}") from None
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
+    frequencies = (
+        None
+        if law is None
+        else law.sample(
+            args.n,
+            key=None if args.frequency_seed is None else jax.random.key(args.frequency_seed),
+            dtype=x0.dtype,
+        )
+    )
     # "auto" decided once for the run and recorded in summary.json (backend_resolved): the path of
     # the fused exponential-kernel evaluations (the two paths round differently, ~1e-7 in float32);
     # accelerators run XLA whatever the choice
@@ -790,6 +851,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         progress=seconds > PROGRESS_BAR_S and not args.quiet,
         noise=noise,
         key=None if noise is None else jax.random.fold_in(jax.random.key(args.seed), 1),
+        frequencies=frequencies,
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
@@ -808,10 +870,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     radius = None if traj.radius is None else np.asarray(traj.radius, np.float64)
     reasons = _failure_reasons(traj, gap, energy, None if euclidean else clusters, xs, radius)
     failed = bool(reasons)
-    # the exact flow never decreases the energy; a noisy one does (no warning then)
+    # the exact flow never decreases the energy; a noisy one, or one with frequencies, does
     decreases = (
         _energy_decreases(energy, np.dtype(xs.dtype))
-        if energy is not None and noise is None
+        if energy is not None and noise is None and law is None
         else None
     )
     warnings_ = [warning] if warning else []
@@ -831,6 +893,15 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "step": args.step,
         "seed": args.seed,
         **({} if noise is None else {"noise": noise.name, "sigma": args.sigma}),
+        **(
+            {}
+            if law is None
+            else {
+                "frequencies": law.name,
+                "spread": args.spread,
+                **({} if args.frequency_seed is None else {"frequency_seed": args.frequency_seed}),
+            }
+        ),
         "backend": args.backend,
         "backend_resolved": resolved,
         "final_collapse_gap": float(gap[-1]),
@@ -843,6 +914,16 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             else {
                 "r0": 1.0 if args.r0 is None else args.r0,
                 "final_mean_radius": float(np.mean(radius[-1])),
+            }
+        ),
+        **(
+            {}
+            if noise is None and law is None
+            else {  # measured next to the theory's n -> infinity value, where the model has one
+                "final_order_parameter": float(np.asarray(metrics.order_parameter(xs[-1]))),
+                "theory_order_parameter": model.stationary_order_parameter(
+                    args.d, noise=noise, frequencies=law
+                ),
             }
         ),
         "stop_time": float(traj.stop_time),
@@ -876,7 +957,19 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     settings = {
         **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
         **{k: result[k] for k in ("t1", "dt", "solver", "step", "seed", "backend")},
-        **{k: result[k] for k in ("backend_resolved", "r0", "noise", "sigma") if k in result},
+        **{
+            k: result[k]
+            for k in (
+                "backend_resolved",
+                "r0",
+                "noise",
+                "sigma",
+                "frequencies",
+                "spread",
+                "frequency_seed",
+            )
+            if k in result
+        },
         "rtol": args.rtol,
         "atol": args.atol,
         "early_stop": args.early_stop,

@@ -429,6 +429,21 @@ class Model(Declared):
         """
         return False
 
+    def stationary_order_parameter(
+        self, d: int, *, noise: Any = None, frequencies: Any = None
+    ) -> float | None:
+        r"""The order parameter $|\frac1n \sum_i x_i|$ of the stationary state that the theory gives
+        for this model in dimension ``d`` as $n \to \infty$, with the run's ``noise``
+        (``mf.noise``) and natural ``frequencies`` law (``mf.frequencies``), or None where it gives
+        none (the base class: none; ``mf.kernels.Kuramoto``: the noisy and the frequency laws).
+
+        Example:
+            >>> import meanfield as mf
+            >>> mf.kernels.USA(1.0).stationary_order_parameter(3, noise=mf.noise.Independent(0.5)) is None
+            True
+        """
+        return None
+
     def max_energy(self) -> ArrayLike | None:
         """The largest energy the theory gives for this model, or None where it gives none.
 

@@ -89,8 +89,11 @@ ACCEPTED_OUT_OF_CONTEXT = {("sa", "heads")}
 #: Distance-bias: the self pair's gradient e^beta x_i / beta is radial, so without the row
 #: normalisation of the mask the tangent projection removes it and ``include_self`` changes nothing;
 #: with ``mask_normalized`` it changes every row's weights (1 / (i + 1) against 1 / i).
+#: SA's value="+qk" is V = K^T Q: with the default identity Q and K it is the identity V again (the
+#: draw that found it: the case list grew by the kuramoto model and hypothesis drew which=1).
 ACTS_WITH: dict[tuple[str, str], dict[str, Any]] = {
     ("distance-bias", "include_self"): {"mask_normalized": True},
+    ("sa", "value"): {"weights": "gaussian"},
 }
 
 #: Options of the engine (what ``mf.simulate`` does with the field), compared through a short run.

@@ -4,8 +4,6 @@ Kuramoto's threshold and the stationary order parameter (Ott-Antonsen for the Lo
 self-consistency by quadrature for the Gaussian); docs/math/noise.md."""
 
 import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -133,28 +131,53 @@ def test_particles_reach_the_stationary_order_parameter(law, K, x64):
 
 
 def test_command_line_runs_the_kuramoto_model(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "meanfield",
-            "simulate",
-            "--kernel",
-            "kuramoto",
-            "--coupling",
-            "2",
-            "--n",
-            "24",
-            "--d",
-            "3",
-            "--t1",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    from meanfield import cli
+
+    out = tmp_path / "run"
+    argv = ["simulate", "--kernel", "kuramoto", "--coupling", "2", "--n", "24", "--d", "3",
+            "--t1", "8", "--no-plots", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["kernel"] == "kuramoto" and summary["coupling"] == 2.0
     assert summary["theory_max_energy"] == 1.0
     assert abs(summary["final_energy"] - 1.0) < 1e-3 and summary["final_clusters"] == 1
+    assert "final_order_parameter" not in summary  # reported with noise or frequencies only
+
+
+def test_command_line_frequencies_are_the_laws_quantiles_or_draws(tmp_path, capsys):
+    """``meanfield simulate --frequencies LAW --spread S [--frequency-seed K]``: the run of
+    ``mf.simulate(frequencies=law.sample(n[, key]))``, recorded with the measured and the theory's
+    order parameter; the flags' refusals are one line on stderr, exit 2."""
+    from meanfield import cli, sweep
+
+    argv = ["simulate", "--kernel", "kuramoto", "--coupling", "2", "--n", "16", "--d", "2",
+            "--t1", "0.5", "--dt", "0.05", "--saves", "3", "--seed", "2", "--no-plots"]  # fmt: skip
+    law = mf.frequencies.Lorentzian(0.5)
+    x0 = mf.sphere.uniform(jax.random.key(2), 16, 2)
+    for extra, w in (
+        ([], law.sample(16)),
+        (["--frequency-seed", "7"], law.sample(16, key=jax.random.key(7))),
+    ):
+        out = tmp_path / f"run{len(extra)}"
+        flags = ["--frequencies", "lorentzian", "--spread", "0.5", *extra, "--out", str(out)]
+        assert cli.main(argv + flags) == 0
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["frequencies"] == "lorentzian" and summary["spread"] == 0.5
+        assert summary["theory_order_parameter"] == pytest.approx(np.sqrt(0.5), rel=1e-14)
+        traj = mf.simulate(
+            mf.kernels.Kuramoto(2.0), x0, t1=0.5, dt=0.05, ts=np.linspace(0, 0.5, 3), frequencies=w
+        )
+        ds = sweep.load(out)
+        np.testing.assert_allclose(ds["x"].values[-1], traj.xs[-1], rtol=0, atol=1e-5)
+        assert summary["final_order_parameter"] == pytest.approx(
+            float(mf.metrics.order_parameter(traj.xs[-1])), abs=1e-5
+        )
+    capsys.readouterr()
+    for flags, message in (
+        (["--frequencies", "gaussian"], "--frequencies and --spread go together"),
+        (["--frequency-seed", "1"], "--frequency-seed draws the frequencies of --frequencies"),
+        (["--frequencies", "gaussian", "--spread", "1", "--d", "3"], "it needs --d 2, got --d 3"),
+    ):
+        assert cli.main(argv + flags + ["--out", str(tmp_path / "bad")]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and message in err[0], err

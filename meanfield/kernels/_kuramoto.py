@@ -3,11 +3,13 @@ $h = K \langle x, y\rangle$ (docs/math/noise.md, The Kuramoto model)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import RealScalarLike
+from .._checks import RealScalarLike, is_concrete
 from .._precision import dot
 from .._resources import Footprint, as_float
 from ..models import Profile, param
@@ -95,6 +97,34 @@ class Kuramoto(Kernel):
         if self.mask is not None:
             return None
         return jnp.asarray(self.coupling) / 2
+
+    def stationary_order_parameter(
+        self, d: int, *, noise: Any = None, frequencies: Any = None
+    ) -> float | None:
+        r"""The $n \to \infty$ stationary order parameter (docs/math/noise.md, The Kuramoto model): with
+        independent noise alone, the root of $r = A_d(2 K r / \sigma^2)$
+        (``mf.theory.kuramoto_order_parameter``); with a frequency law alone on the circle, Kuramoto's
+        (``mf.frequencies.Distribution.order_parameter``); None otherwise (both, common noise, a
+        frequency law off the circle, a traced or masked model).
+
+        Example:
+            >>> import meanfield as mf
+            >>> round(mf.kernels.Kuramoto(2.0).stationary_order_parameter(2, noise=mf.noise.Independent(1.0)), 4)
+            0.8315
+            >>> mf.kernels.Kuramoto(2.0).stationary_order_parameter(2, frequencies=mf.frequencies.Lorentzian(0.5))
+            0.7071067811865476
+        """
+        from .. import theory
+        from ..noise import Independent
+
+        if self.mask is not None or not is_concrete(self.coupling):
+            return None
+        K = float(np.asarray(self.coupling))
+        if frequencies is None and isinstance(noise, Independent) and is_concrete(noise.sigma):
+            return theory.kuramoto_order_parameter(K, float(np.asarray(noise.sigma)), d)
+        if noise is None and frequencies is not None and d == 2:
+            return float(frequencies.order_parameter(K))
+        return None
 
     def __call__(
         self,
