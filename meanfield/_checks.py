@@ -234,6 +234,15 @@ def traced_positive(x: _X, name: str, value: Any) -> _X:
     return _error_if(x, bad, f"{name} must be > 0 and finite; a traced {name} was not")
 
 
+def traced_nonnegative(x: _X, name: str, value: Any) -> _X:
+    """``x``, with ``value >= 0`` and finite checked in the program when ``value`` is traced."""
+    if is_concrete(value):
+        return x
+    v = jnp.asarray(value)
+    bad = ~jnp.all(jnp.isfinite(v) & (v >= 0))
+    return _error_if(x, bad, f"{name} must be >= 0 and finite; a traced {name} was not")
+
+
 def traced_finite(x: _X, name: str, value: Any) -> _X:
     """``x``, with every entry of ``value`` finite checked in the program when ``value`` is traced."""
     if is_concrete(value):

@@ -68,6 +68,7 @@ from ._checks import (
     check_positive,
     check_scalar,
     is_concrete,
+    traced_nonnegative,
 )
 from ._spelling import Spelling, say_python
 from .energy import check_states
@@ -1741,6 +1742,11 @@ def _simulate(
     terms: diffrax.AbstractTerm = diffrax.ODETerm(_vector_field)
     if noise is not None:  # Stratonovich SDE: the drift and the noise's term, one Brownian tree
         n, d = x0.shape
+        # a traced sigma < 0 or not finite: the error (or, under EQX_ON_ERROR=nan, a failed run)
+        sigma = jnp.asarray(noise.sigma)
+        noise = eqx.tree_at(
+            lambda z: z.sigma, noise, traced_nonnegative(sigma, "sigma", noise.sigma)
+        )
         path = diffrax.VirtualBrownianTree(
             jnp.zeros((), dtype),
             t1,

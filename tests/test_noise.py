@@ -218,3 +218,20 @@ def test_bad_keys_and_integer_sigmas():
     a = mf.simulate(model, x0, t1=0.2, dt=0.1, noise=Independent(1), key=jax.random.key(1))
     b = mf.simulate(model, x0, t1=0.2, dt=0.1, noise=Independent(1.0), key=jax.random.key(1))
     np.testing.assert_array_equal(np.asarray(a.xs), np.asarray(b.xs))
+
+
+def test_a_traced_negative_sigma_is_an_error_in_the_program():
+    """A concrete sigma < 0 is refused by the constructor; a traced one by the program (an error
+    naming sigma; under EQX_ON_ERROR=nan a failed run)."""
+    x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
+
+    def run(s):
+        traj = mf.simulate(
+            mf.kernels.USA(1.0), x0, t1=0.2, dt=0.1, noise=Independent(s), key=jax.random.key(1)
+        )
+        return traj.xs[-1]
+
+    run = jax.jit(run)
+    assert bool(jnp.all(jnp.isfinite(run(0.3))))
+    with pytest.raises(Exception, match="sigma must be >= 0 and finite"):
+        jax.block_until_ready(run(-0.3))
