@@ -341,10 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--frequency-seed",
-        type=_arg("int>=0"),
+        type=_arg("int", minimum=0, maximum=SEED_LIMIT),
         default=None,
-        help="draw the frequencies independently from jax.random.key(S) (default: the law's midpoint "
-        "quantiles, no randomness)",
+        help=f"draw the frequencies independently from jax.random.key(S), S in [0, {SEED_LIMIT}] "
+        "(default: the law's midpoint quantiles, no randomness)",
     )
     s.add_argument(
         "--backend",
@@ -710,10 +710,6 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         )
     if args.frequency_seed is not None and args.frequencies is None:
         raise ValueError("--frequency-seed draws the frequencies of --frequencies: give both")
-    if args.frequencies is not None and args.d != 2:
-        raise ValueError(
-            f"--frequencies gives angular velocities on the circle: it needs --d 2, got --d {args.d}"
-        )
     limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
     if (
         args.step in limited
@@ -767,13 +763,17 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             )
     law = None
     if args.frequencies is not None:
-        from .frequencies import Distribution
+        from .frequencies import Distribution, check_run
+        from .normalization import scheme_of
 
         law = Distribution.coerce(args.frequencies, spread=args.spread)
-        if args.early_stop is not None:
-            raise ValueError(
-                "--early-stop stops a run whose energy is stationary: not with --frequencies"
-            )
+        check_run(
+            law=law.name,
+            d=args.d,
+            scheme=scheme_of(model),
+            early_stop=args.early_stop,
+            say=say_cli,
+        )
     cost = _simulate_cost(args, model)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)

@@ -38,8 +38,9 @@ from jaxtyping import Array, Float
 
 from ._checks import check_int, check_positive
 from ._declare import Variant, param
+from ._spelling import Say, say_python
 
-__all__ = ["Distribution", "Lorentzian", "Gaussian", "DISTRIBUTIONS"]
+__all__ = ["Distribution", "Lorentzian", "Gaussian", "DISTRIBUTIONS", "check_run"]
 
 
 class Distribution(Variant):
@@ -206,3 +207,45 @@ class Gaussian(Distribution):
 
 #: The built-in distributions' names (``Distribution.names()`` adds registered ones).
 DISTRIBUTIONS = Distribution.names()
+
+
+def check_run(
+    *,
+    law: str | None = None,
+    d: int | None = None,
+    scheme: Any = None,
+    early_stop: Any = None,
+    say: Say = say_python,
+) -> None:
+    """What a run with natural frequencies refuses, one rule for ``mf.simulate(frequencies=)``, the
+    command line's ``--frequencies`` and a sweep's ``model.frequencies`` (``say`` spells the settings
+    as the caller's surface does): with a frequency ``law`` (its name), a dimension ``d`` other than 2
+    (the law's samples are angular velocities on the circle); a normalisation ``scheme`` whose
+    tokens carry a radius (``Scheme.radial``); an ``early_stop`` (``TypeError``: the energy of a run
+    with frequencies is not increased by the flow). ``ValueError`` otherwise, one line.
+
+    Example:
+        >>> import meanfield as mf
+        >>> from meanfield._spelling import say_cli
+        >>> try:
+        ...     mf.frequencies.check_run(law="gaussian", d=3, say=say_cli)
+        ... except ValueError as e:
+        ...     print(e)
+        --frequencies gaussian gives angular velocities on the circle: it needs --d 2, got --d 3
+    """
+    what = "frequencies" if law is None else say("frequencies", law)
+    if law is not None and d is not None and d != 2:
+        raise ValueError(
+            f"{what} gives angular velocities on the circle: it needs {say('d', 2)}, got "
+            f"{say('d', d)}"
+        )
+    if scheme is not None and scheme.radial:
+        raise ValueError(
+            f"{what}: natural frequencies rotate tokens on the sphere or in R^d; "
+            f"{say('normalization', scheme.name)} carries a radius (it takes no frequencies)"
+        )
+    if early_stop is not None:
+        raise TypeError(
+            f"{say('early_stop', early_stop)} stops a run whose energy is stationary (the flow "
+            f"increases it): not with {what}"
+        )

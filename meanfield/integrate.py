@@ -1230,7 +1230,7 @@ def simulate(
     if euclidean and early_stop is not None:
         raise TypeError("early_stop needs an energy on the sphere; geometry='euclidean' has none")
     noise = _check_noise(noise, key, time, model)
-    omega = _check_frequencies(frequencies, x0, radial, time)
+    omega = _check_frequencies(frequencies, x0, normalization.scheme_of(model), time)
     x0 = _initial_radius(model, x0, r0) if radial else _no_radius(model, r0, x0)
     save_states = check_flag("save_states", save_states)
     progress = check_flag("progress", progress)
@@ -1543,18 +1543,14 @@ def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
     return noise
 
 
-def _check_frequencies(frequencies: Any, x0: Array, radial: bool, time: RunTime) -> Array | None:
+def _check_frequencies(frequencies: Any, x0: Array, scheme: Any, time: RunTime) -> Array | None:
     """``simulate``'s rules for ``frequencies``: the ``(n, d, d)`` skew matrices, or None."""
     if frequencies is None:
         return None
+    from .frequencies import check_run  # the rule of every surface
+
     n, d = x0.shape
-    if radial:
-        raise ValueError(
-            "frequencies rotate tokens on the sphere or in R^d; a scheme whose tokens carry a "
-            "radius takes none"
-        )
-    if time.early_stop is not None:
-        raise TypeError("early_stop needs an energy that the flow increases: not with frequencies")
+    check_run(scheme=scheme, early_stop=time.early_stop)
     if isinstance(frequencies, (str, bytes, bool)):
         raise TypeError(f"frequencies must be an array, got {frequencies!r}")
     w = jnp.asarray(frequencies)

@@ -95,7 +95,7 @@ def test_refusals():
         mf.simulate(model, x2, t1=1.0, frequencies=jnp.ones(3))
     with pytest.raises(ValueError, match="skew-symmetric"):
         mf.simulate(model, x3, t1=1.0, frequencies=jnp.ones((4, 3, 3)))
-    with pytest.raises(ValueError, match="carry a radius"):
+    with pytest.raises(ValueError, match="normalization='pre' carries a radius"):
         mf.simulate(
             mf.models.SelfAttention(1.0, normalization="pre"), x2, t1=1.0, frequencies=jnp.ones(4)
         )

@@ -6,7 +6,12 @@ n, d)`` and runs ``mf.simulate`` with the model ``mf.kernels.build(model, params
 registry's constructor, the swept parameters traced) and the spec's ``[time]``; with
 ``model.noise`` (``mf.noise``) the run is the SDE of ``Noise.coerce(noise, sigma=sigma)`` (``sigma``
 traced) driven by the key ``jax.random.fold_in(jax.random.key(seed), 1)``, the key of
-``meanfield simulate --noise NAME --sigma S --seed seed``. It records the
+``meanfield simulate --noise NAME --sigma S --seed seed``; with ``model.frequencies``
+(``mf.frequencies``, ``d = 2``) every token rotates at its natural frequency, ``mf.simulate(
+frequencies=law.sample(n, key=..., dtype=dtype))`` with ``law = Distribution.coerce(frequencies,
+spread=spread)`` (``spread`` traced): the law's midpoint quantiles, or draws from the key
+``jax.random.key(frequency_seed)``, the same at every seed (``meanfield simulate --frequencies NAME
+--spread S [--frequency-seed K]``). It records the
 observables at the save times (``collapse_gap``, ``energy``, ``clusters``, ``token_similarity``,
 ``order_parameter``, ``mean_radius`` for the schemes with a radius, ``mf.normalization``) or once
 (``first_merge_time``, ``num_plateaus``, ``final_clusters``), the stop time and the step count.
@@ -208,6 +213,23 @@ class Particles(ParticleGrid):
                 f"noise: {noise if isinstance(noise, str) else ', '.join(noise)} (mf.noise), sigma "
                 f"{sigma}; the path of seed s from jax.random.fold_in(jax.random.key(s), 1)"
             )
+        law = spec.params.get("frequencies")
+        if law is not None:
+            spread = (
+                f"a traced axis of {len(spec.axes['spread'])} values"
+                if "spread" in spec.axes
+                else f"{spec.params['spread']:g}"
+            )
+            seed = spec.params.get("frequency_seed")
+            lines.append(
+                f"frequencies: {law if isinstance(law, str) else ', '.join(law)} "
+                f"(mf.frequencies), spread {spread}; "
+                + (
+                    "the law's midpoint quantiles"
+                    if seed is None
+                    else f"drawn from jax.random.key({seed}) (every seed)"
+                )
+            )
         return lines
 
     def describe_warnings(self, spec: Spec, shapes: list[tuple[str, int, int]]) -> list[str]:
@@ -280,6 +302,7 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
     names = {p.name for p in kernels.MODELS[kind].params} - spec.inert_for(kind)
     fixed = {k: v for k, v in spec.params.items() if k in names and k not in spec.axes}
     noise_of = _noise_of(spec)
+    frequencies_of = _frequencies_of(spec, n, dtype)
 
     ts = cast(np.ndarray, spec.ts)
     run_time = spec.run_time
@@ -315,6 +338,7 @@ def _program(spec: Spec, kind: str, n: int, d: int, backend: str) -> PointProgra
             # fold_in(key(seed), 1)
             noise=None if noise_of is None else noise_of(params),
             key=None if noise_of is None else jax.random.fold_in(key, 1),
+            frequencies=None if frequencies_of is None else frequencies_of(params),
         )
         vals = {"collapse_gap": traj.collapse_gap, "energy": traj.energy, **traj.observables}
         if counts:  # mf.metastability observables: one number per point
@@ -360,6 +384,28 @@ def _noise_of(spec: Spec) -> Callable[[dict[str, Any]], Any] | None:
         return Noise.coerce(name, sigma=sigma)
 
     return noise
+
+
+def _frequencies_of(spec: Spec, n: int, dtype: Any) -> Callable[[dict[str, Any]], Any] | None:
+    """``params -> the point's (n,) angular velocities`` (``Distribution.coerce(model.frequencies,
+    spread=...).sample(n, key=..., dtype=dtype)``, ``spread`` the point's traced value on a ``spread``
+    axis; ``key`` ``jax.random.key(model.frequency_seed)`` or None: the midpoint quantiles), or None
+    for a spec without ``model.frequencies``."""
+    name = spec.params.get("frequencies")
+    if name is None:
+        return None
+    import jax
+
+    from ..frequencies import Distribution
+
+    seed = spec.params.get("frequency_seed")
+
+    def frequencies(params: dict[str, Any]) -> Any:
+        spread = params["spread"] if "spread" in spec.axes else spec.params["spread"]
+        law = Distribution.coerce(name, spread=spread)
+        return law.sample(n, key=None if seed is None else jax.random.key(seed), dtype=dtype)
+
+    return frequencies
 
 
 #: The kind object (registered).

@@ -28,6 +28,13 @@ A sweep is a TOML file (read with ``tomllib``)::
                                        # one compilation); the path of seed s: fold_in(key(s), 1);
                                        # time.solver = "rk2", no early_stop, no radial scheme;
                                        # both recorded (hashed) only when given
+    frequencies = "lorentzian"         # optional: natural frequencies on the circle (grid.d = 2;
+                                       # mf.frequencies.Distribution.names(): lorentzian, gaussian;
+                                       # a list: a static axis), with
+    spread = [0.25, 0.5]               # the law's scale > 0: a number, or a list (a traced axis
+                                       # "spread", one compilation): the midpoint quantiles, or
+    frequency_seed = 7                 # optionally (one integer >= 0, fixed) draws from key(7);
+                                       # no early_stop, no radial scheme; recorded only when given
 
     [grid]
     n = [16, 32]                       # static shapes: one compilation per (model, n, d)
@@ -93,7 +100,7 @@ import numpy as np
 
 from .._checks import check_choice
 from .._native import check_backend
-from .._params import Param, applies_rules, check_applies
+from .._params import KEY_SEED_MAX, Param, applies_rules, check_applies
 from .._params import check_float as _float
 from .._params import check_int as _int
 from .._params import check_keys as _unknown
@@ -458,31 +465,95 @@ def _check_radius(
     _step_of(time_spec).check(scheme=Scheme.lookup(scheme), say=say_spec)
 
 
+def _variant_values(
+    family: Any, choice: Any, scale: Any, scale_name: str, is_what: str, whose: str
+) -> tuple[Any, Any, dict[str, Param]]:
+    """A ``[model]`` pair of a variant family (``mf.noise.Noise``: ``noise`` and ``sigma``;
+    ``mf.frequencies.Distribution``: ``frequencies`` and ``spread``) checked as the family declares
+    them (``family.flat_params()``: the member's name, then the members' parameters, among them
+    the traced scale ``scale_name``): ``(choice, scale, params)`` with ``choice`` a registered name (a list of them: a static axis),
+    ``scale`` a number in the declared range (a list: a traced axis), ``params`` their ``Param`` by
+    name; ``(None, None, {})`` without either. The two go together, as their flags do; ``is_what``
+    and ``whose`` word the refusals (``"the amplitude of a noise"``, ``"the noise's amplitude"``)."""
+    if choice is None and scale is None:
+        return None, None, {}
+    choice_p, *members = family.flat_params()
+    scale_p = next(p for p in members if p.name == scale_name)
+    if choice is None:
+        raise ValueError(
+            f"model.{scale_p.name} = {scale!r} is {is_what}: it applies with "
+            f"model.{choice_p.name} = " + " or ".join(map(repr, choice_p.choices))
+        )
+    choice = _param_value(f"model.{choice_p.name}", choice_p, choice)
+    if scale is None:
+        bound = scale_p.kind.removeprefix("float")  # ">=0", ">0"
+        raise ValueError(
+            f"model.{choice_p.name} = {choice!r} needs model.{scale_p.name}, {whose} (a number "
+            f"{bound[:-1]} {bound[-1]}, or a list: a grid axis)"
+        )
+    scale = _param_value(f"model.{scale_p.name}", scale_p, scale)
+    return choice, scale, {choice_p.name: choice_p, scale_p.name: scale_p}
+
+
 def _noise_values(noise: Any, sigma: Any) -> tuple[Any, Any, dict[str, Param]]:
     """``[model]``'s ``noise`` and ``sigma`` (``mf.noise``: the noise of every point's run) checked
     as the noise family declares them (``mf.noise.Noise.flat_params``): ``(noise, sigma, params)``
     with ``noise`` a registered name (a list of them: a static axis), ``sigma`` a number ``>= 0``
     (a list: a traced axis ``sigma``), ``params`` their ``Param`` by name; ``(None, None, {})``
     without a noise. The two go together, as ``--noise`` and ``--sigma`` do."""
-    if noise is None and sigma is None:
-        return None, None, {}
     from ..noise import Noise
 
-    declared = {p.name: p for p in Noise.flat_params()}
-    noise_p, sigma_p = declared["noise"], declared["sigma"]
-    if noise is None:
+    return _variant_values(
+        Noise, noise, sigma, "sigma", "the amplitude of a noise", "the noise's amplitude"
+    )
+
+
+#: ``model.frequency_seed``: the key of the frequencies' draws, ``jax.random.key(K)``
+#: (``meanfield simulate --frequency-seed K``); a static seed's range (``KEY_SEED_MAX``).
+_FREQUENCY_SEED = Param(
+    "frequency_seed",
+    None,
+    False,
+    "int>=0",
+    "draw the frequencies from jax.random.key(frequency_seed) (absent: the law's midpoint quantiles)",
+    optional=True,
+    maximum=KEY_SEED_MAX,
+)
+
+
+def _frequency_values(
+    frequencies: Any, spread: Any, seed: Any
+) -> tuple[Any, Any, Any, dict[str, Param]]:
+    """``[model]``'s ``frequencies``, ``spread`` and ``frequency_seed`` (``mf.frequencies``: the
+    natural frequencies of every point's run, ``meanfield simulate --frequencies NAME --spread S
+    [--frequency-seed K]``): ``(frequencies, spread, seed, params)``, ``frequencies`` a registered
+    law (a list: a static axis), ``spread`` a number ``> 0`` (a list: a traced axis ``spread``),
+    ``seed`` one integer ``>= 0`` or None (the law's midpoint quantiles), ``params`` the ``Param``
+    of those given; all None without frequencies."""
+    from ..frequencies import Distribution
+
+    if seed is not None and frequencies is None:
         raise ValueError(
-            f"model.sigma = {sigma!r} is the amplitude of a noise: it applies with model.noise = "
-            + " or ".join(map(repr, noise_p.choices))
+            "model.frequency_seed draws the frequencies of model.frequencies: give both "
+            "(model.frequencies = " + " or ".join(map(repr, Distribution.names())) + ")"
         )
-    noise = _param_value("model.noise", noise_p, noise)
-    if sigma is None:
-        raise ValueError(
-            f"model.noise = {noise!r} needs model.sigma, the noise's amplitude (a number >= 0, or "
-            "a list: a grid axis)"
-        )
-    sigma = _param_value("model.sigma", sigma_p, sigma)
-    return noise, sigma, {"noise": noise_p, "sigma": sigma_p}
+    law, scale, params = _variant_values(
+        Distribution,
+        frequencies,
+        spread,
+        "spread",
+        "the scale of a frequency law",
+        "the law's scale",
+    )
+    if seed is not None:
+        if isinstance(seed, list):
+            raise TypeError(
+                f"model.frequency_seed is one seed, the same frequencies at every point (not an "
+                f"axis), got {seed!r}"
+            )
+        seed = _FREQUENCY_SEED.validate(seed, "model.frequency_seed")
+        params = {**params, "frequency_seed": _FREQUENCY_SEED}
+    return law, scale, seed, params
 
 
 def _check_noise(
@@ -499,6 +570,20 @@ def _check_noise(
         Noise.coerce(name, sigma=amplitude).check(
             solver=solver, scheme=scheme, step=step, say=say_spec
         )
+
+
+def _check_frequencies(frequencies: Any, params: Mapping[str, Any], ds: tuple[int, ...]) -> None:
+    """What ``mf.simulate(frequencies=)`` refuses of the law(s) ``frequencies``, in the spec's
+    spelling, at every value of a static axis: a ``d`` other than 2 (the law's samples are angular
+    velocities on the circle) and a ``model.normalization`` whose tokens carry a radius
+    (``Scheme.radial``, the rule of ``mf.simulate``)."""
+    from ..frequencies import check_run  # the rule of mf.simulate and the command line
+
+    law = frequencies if isinstance(frequencies, str) else frequencies[0]
+    for d in ds:
+        check_run(law=law, d=d, say=say_spec)
+    for v in _values(params.get("normalization", "post")):
+        check_run(law=law, scheme=Scheme.lookup(v), say=say_spec)
 
 
 def _check_beta_rule(
@@ -1087,6 +1172,16 @@ def _parse_particle_grid(
             f"model.{key} applies to the simulated models, not kind {kind!r} (no dynamics)"
         )
     noise, sigma, noise_params = _noise_values(noise_raw, sigma_raw)
+    # the natural frequencies (mf.frequencies): likewise recorded only when set
+    frequencies_raw = {k: model.pop(k, None) for k in ("frequencies", "spread", "frequency_seed")}
+    set_keys = [k for k, v in frequencies_raw.items() if v is not None]
+    if not simulated and set_keys:
+        raise ValueError(
+            f"model.{set_keys[0]} applies to the simulated models, not kind {kind!r} (no dynamics)"
+        )
+    frequencies, spread, frequency_seed, frequency_params = _frequency_values(
+        *frequencies_raw.values()
+    )
 
     # grid -------------------------------------------------------------------
     grid = dict(raw.get("grid", {}))
@@ -1164,6 +1259,16 @@ def _parse_particle_grid(
         recorded.update(noise=noise, sigma=sigma)
         if isinstance(sigma, list):
             axes["sigma"] = np.asarray(sigma)
+    if frequencies is not None:  # after the noise's: a spread axis follows sigma's
+        _check_frequencies(frequencies, params, ds)
+        given_f = {"frequencies": frequencies, "spread": spread}
+        if frequency_seed is not None:
+            given_f["frequency_seed"] = frequency_seed
+        params = {**params, **given_f}
+        accepted = {**accepted, **frequency_params}
+        recorded.update(given_f)
+        if isinstance(spread, list):
+            axes["spread"] = np.asarray(spread)
     if (
         "prompts" in params
     ):  # the rule of `simulate --prompts`, at the smallest n (every value of an axis)
@@ -1244,6 +1349,11 @@ def _parse_particle_grid(
             if noise is not None:  # the rule of `meanfield simulate --early-stop` and mf.simulate
                 raise ValueError(
                     "time.early_stop stops a run whose energy is stationary: not with model.noise"
+                )
+            if frequencies is not None:  # mf.simulate's rule (and --early-stop's)
+                raise ValueError(
+                    "time.early_stop stops a run whose energy is stationary: not with "
+                    "model.frequencies"
                 )
             no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
