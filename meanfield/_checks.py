@@ -46,6 +46,7 @@ __all__ = [
     "SPHERE_ATOL",
     "sphere_atol",
     "traced_positive",
+    "traced_nonnegative",
     "traced_states",
     "traced_finite",
     "check_fits_dtype",
