@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         "experiment",
         nargs="?",
         choices=list(EXPERIMENTS),
-        help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers, the mean-field limit and the attention variants' dynamics)",
+        help="one experiment (default: every entry of meanfield.reproduce.PAPERS: the four papers, the mean-field limit, the attention variants' dynamics and noise)",
     )
     r.add_argument("--quick", action="store_true", help="small sizes (minutes on a laptop)")
     r.add_argument(

@@ -104,6 +104,14 @@ def test_settings_quick_vs_full():
     assert q["nonatomic"]["replicates"] < f["nonatomic"]["replicates"]
     from meanfield.reproduce import EXPERIMENTS, PAPERS
 
-    assert PAPERS == ("usa-av", "attention", "depth", "prototypes", "continuum", "dynamics")
+    assert PAPERS == (
+        "usa-av",
+        "attention",
+        "depth",
+        "prototypes",
+        "continuum",
+        "dynamics",
+        "noise",
+    )
     assert set(PAPERS) <= set(EXPERIMENTS)
     assert mf.theory.max_energy(1.0) == pytest.approx(np.e / 2)

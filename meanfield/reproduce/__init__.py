@@ -41,12 +41,22 @@ EXPERIMENTS: dict[str, str] = {
     "continuum": "meanfield.reproduce.continuum",
     "metastability": "meanfield.reproduce.metastability",
     "dynamics": "meanfield.reproduce.dynamics",
+    "noise": "meanfield.reproduce.noise",
 }
 
 #: The reproductions that ``meanfield reproduce`` (no name) runs and reports: the four papers, the
-#: mean-field limit they share (``continuum``, docs/math/continuum.md) and the attention variants as
-#: dynamics (``dynamics``: heads, masks, Sinkhorn, hardmax against their papers).
-PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "continuum", "dynamics")
+#: mean-field limit they share (``continuum``, docs/math/continuum.md), the attention variants as
+#: dynamics (``dynamics``: heads, masks, Sinkhorn, hardmax against their papers) and noise and
+#: natural frequencies (``noise``, docs/math/noise.md).
+PAPERS: tuple[str, ...] = (
+    "usa-av",
+    "attention",
+    "depth",
+    "prototypes",
+    "continuum",
+    "dynamics",
+    "noise",
+)
 
 #: Wall seconds of each quick run in the two-process run of ``meanfield reproduce --quick`` on the
 #: 2-core box (BENCHMARKS.md, "The whole quick run"; git 35c0088+, 2026-12-03): with several
@@ -54,7 +64,8 @@ PAPERS: tuple[str, ...] = ("usa-av", "attention", "depth", "prototypes", "contin
 #: order stays ``PAPERS``'s). The times with two processes, not alone: an experiment whose compute
 #: is multi-threaded (continuum) slows down more beside another than one that mostly compiles.
 #: design and metastability are not in that run: their entries are rough estimates (only the
-#: order matters).
+#: order matters); noise's is its quick run alone on a 2-core box (30 s, 2026-12-07) and a margin
+#: for the second process, not yet measured in the two-process run.
 QUICK_COST_S: dict[str, float] = {
     "usa-av": 61.0,
     "attention": 86.0,
@@ -64,6 +75,7 @@ QUICK_COST_S: dict[str, float] = {
     "design": 120.0,
     "metastability": 60.0,
     "dynamics": 60.0,
+    "noise": 35.0,
 }
 
 
@@ -115,7 +127,7 @@ def run_experiments(
     >>> run_experiments(["nope"])
     Traceback (most recent call last):
     ...
-    ValueError: unknown experiment 'nope'; accepted: usa-av, attention, depth, prototypes, design, continuum, metastability, dynamics
+    ValueError: unknown experiment 'nope'; accepted: usa-av, attention, depth, prototypes, design, continuum, metastability, dynamics, noise
     """
     names = list(PAPERS) if names is None else list(names)
     for name in names:

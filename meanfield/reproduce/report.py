@@ -70,6 +70,16 @@ _CLAIMS = {
         "stochastic and, for symmetric weights, a gradient flow of the entropic self-transport cost; hardmax "
         "attention freezes the leaders and comes to rest at a clustered equilibrium.",
     ),
+    "noise": (
+        "Noise and natural frequencies: stochastic attention dynamics and the Kuramoto model",
+        "Under independent noise a free token is Brownian motion on the sphere, E<x(t), x(0)> = "
+        "exp(-(d-1) sigma^2 t/2); the projected Stratonovich Heun step has strong order 1/2 and weak "
+        "order 1; the noisy Kuramoto model loses its uniform state at K_c = d sigma^2/2 (the degree-1 "
+        "rate K(d-1)/d - (d-1) sigma^2/2) and settles at r = A_d(2Kr/sigma^2); with Lorentzian "
+        "frequencies Ott-Antonsen's r = sqrt(1 - 2 gamma/K); under common noise the lines of two tokens "
+        "merge at the rate lambda_1 - lambda_2 = sigma^2 of the linear flow dX = sigma dB o X, a pair "
+        "ending at +1 with probability 1 - theta_0/pi.",
+    ),
 }
 
 
