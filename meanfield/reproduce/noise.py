@@ -80,104 +80,51 @@ __all__ = [
 _NAME = "noise"
 
 #: The experiment's options and steps.
+#: The default sizes of each part (the modes change a few entries of them).
+_BROWNIAN = {"n": 256, "keys": 64, "t1": 1.0, "saves": [0.25, 0.5, 1.0], "levels": 4, "seed": 0}
+_COMMON = {"n": 8, "keys": 384, "t1": 4.0, "saves": 33, "strong_time": 0.25, "levels": 4, "seed": 1}
+_CIRCLE = {
+    "n": 500,
+    "keys": 16,
+    "couplings": [0.25, 2.0],
+    "stationary_couplings": [2.0, 3.0],
+    "m0": 0.2,
+    "t1": 2.0,
+    "saves": 33,
+    "dt": 0.0625,
+    "stationary_scale": 4.0,
+    "stationary_dt": 0.125,
+    "burn_in": 4.0,
+    "seed": 2,
+}
+
 EXPERIMENT = Experiment(
     _NAME,
     {
         "sigma": Option(1.0, doc="noise amplitude sigma of every noisy run"),
         "brownian": Option(
-            {"n": 256, "keys": 64, "t1": 1.0, "saves": [0.25, 0.5, 1.0], "levels": 4, "seed": 0},
-            quick={
-                "n": 64,
-                "keys": 32,
-                "t1": 1.0,
-                "saves": [0.25, 0.5, 1.0],
-                "levels": 4,
-                "seed": 0,
-            },
-            full={
-                "n": 256,
-                "keys": 128,
-                "t1": 1.0,
-                "saves": [0.25, 0.5, 1.0],
-                "levels": 4,
-                "seed": 0,
-            },
+            _BROWNIAN,
+            quick={**_BROWNIAN, "n": 64, "keys": 32},
+            full={**_BROWNIAN, "keys": 128},
             doc="free tokens on S^2 under independent noise: tokens per key, keys, end time, save times "
             "(also those of the circle's free tokens, up to its t1), steps t1/8 / 2^j for j < levels, seed",
         ),
         "common": Option(
-            {
-                "n": 8,
-                "keys": 384,
-                "t1": 4.0,
-                "saves": 33,
-                "strong_time": 0.25,
-                "levels": 4,
-                "seed": 1,
-            },
-            quick={
-                "n": 8,
-                "keys": 128,
-                "t1": 4.0,
-                "saves": 33,
-                "strong_time": 0.25,
-                "levels": 4,
-                "seed": 1,
-            },
-            full={
-                "n": 8,
-                "keys": 1536,
-                "t1": 4.0,
-                "saves": 33,
-                "strong_time": 0.25,
-                "levels": 4,
-                "seed": 1,
-            },
+            _COMMON,
+            quick={**_COMMON, "keys": 128},
+            full={**_COMMON, "keys": 1536},
             doc="free tokens under common noise (d = 3): tokens per key, keys, end time, saves, the save "
             "time of the strong order, steps t1/64 / 2^j for j < levels, seed",
         ),
         "circle": Option(
-            {
-                "n": 500,
-                "keys": 16,
-                "couplings": [0.25, 2.0],
-                "stationary_couplings": [2.0, 3.0],
-                "m0": 0.2,
-                "t1": 2.0,
-                "saves": 33,
-                "dt": 0.0625,
-                "stationary_scale": 4.0,
-                "stationary_dt": 0.125,
-                "burn_in": 4.0,
-                "seed": 2,
-            },
-            quick={
-                "n": 256,
-                "keys": 8,
-                "couplings": [0.25, 2.0],
-                "stationary_couplings": [2.0, 3.0],
-                "m0": 0.2,
-                "t1": 2.0,
-                "saves": 33,
-                "dt": 0.0625,
-                "stationary_scale": 4.0,
-                "stationary_dt": 0.125,
-                "burn_in": 4.0,
-                "seed": 2,
-            },
+            _CIRCLE,
+            quick={**_CIRCLE, "n": 256, "keys": 8},
             full={
+                **_CIRCLE,
                 "n": 1000,
                 "keys": 32,
-                "couplings": [0.25, 2.0],
-                "stationary_couplings": [2.0, 3.0],
-                "m0": 0.2,
-                "t1": 2.0,
-                "saves": 33,
-                "dt": 0.0625,
                 "stationary_scale": 8.0,
                 "stationary_dt": 0.0625,
-                "burn_in": 4.0,
-                "seed": 2,
             },
             doc="the circle program (Kuramoto under independent noise, one compilation: free tokens at "
             "K = 1e-9, the rates, the stationary order parameter): tokens, keys per row (two rows a call), "
