@@ -394,6 +394,8 @@ class FixedStep(eqx.Module):
     args: _Args
     h: Array
     solver: _PostStepSolver = eqx.field(static=True)
+    noise: Any = None
+    path: Any = None
 
     @classmethod
     def of(
@@ -407,10 +409,25 @@ class FixedStep(eqx.Module):
         h: RealScalarLike,
         backend: str = "auto",
         block_size: int | None = None,
+        noise: Any = None,
+        key: Any = None,
+        t1: float | None = None,
+        ts: Any = None,
     ) -> FixedStep:
         """The step of ``mf.simulate(model, x, aux, solver=solver, step=step, dt=h)``; ``x``: the
         ``(n, d)`` states (or ones of their shape and dtype: for ``aux``'s default), ``h`` the
-        grid's step (Mix-LN's switch tolerance ``h / 1000``; ``grid``)."""
+        grid's step (Mix-LN's switch tolerance ``h / 1000``; ``grid``).
+
+        With ``noise`` (``mf.noise``): the step of ``mf.simulate(..., t1=t1, ts=ts, noise=noise,
+        key=key)``, the Stratonovich Heun step driven by the same Brownian tree of ``key`` (its
+        resolution from ``t1``, ``h`` and the save times ``ts``, default ``[0, t1]``: the same path,
+        so a loop of ``grid`` steps gives simulate's numbers); ``t1`` concrete."""
+        if noise is not None:
+            if t1 is None or not is_concrete(t1):
+                raise TypeError("FixedStep.of(noise=...) needs the run's end time t1 (a number)")
+            check_positive("t1", t1)
+            run_time = RunTime(float(t1), h, solver, None, None, None, None, step=step)
+            noise = _check_noise(noise, key, run_time, model)
         check_choice("solver", solver, FIXED_STEP_SOLVERS)
         check_scalar("h", h)
         if is_concrete(h):
@@ -440,7 +457,22 @@ class FixedStep(eqx.Module):
             not geometry.on_sphere,
             switch_from=None if switch is None else jnp.asarray(switch, x.dtype) - 1e-3 * hh,
         )
-        return cls(args, hh, _PostStepSolver(_inner_solver(solver)))
+        if noise is None:
+            return cls(args, hh, _PostStepSolver(_inner_solver(solver)))
+        n, d = x.shape[-2:]
+        saves = np.array([0.0, float(t1)]) if ts is None else np.asarray(ts, np.float64)  # type: ignore[arg-type]
+        sigma = jnp.asarray(noise.sigma, x.dtype)
+        noise = eqx.tree_at(
+            lambda z: z.sigma, noise, traced_nonnegative(sigma, "sigma", noise.sigma)
+        )
+        path = diffrax.VirtualBrownianTree(
+            jnp.zeros((), x.dtype),
+            jnp.asarray(t1, x.dtype),
+            tol=_noise_tol(float(t1), hh, saves, x.dtype),  # type: ignore[arg-type]
+            shape=jax.ShapeDtypeStruct(noise.control_shape(n, d), x.dtype),
+            key=key,
+        )
+        return cls(args, hh, _PostStepStratonovich(_inner_solver(solver)), noise, path)
 
     def _switch(self) -> Any:
         return normalization.scheme_of(self.args.model).switch_at() if self.args.radial else None
@@ -451,7 +483,11 @@ class FixedStep(eqx.Module):
 
     def __call__(self, t0: _Time, t1: _Time, y: _State) -> _State:
         """One step of the solver from ``t0`` to ``t1``, then the post-step."""
-        term = diffrax.ODETerm(_vector_field)
+        term: diffrax.AbstractTerm = diffrax.ODETerm(_vector_field)
+        if self.noise is not None:  # simulate's SDE: the drift and the noise's term
+            term = diffrax.MultiTerm(
+                term, _NoiseTerm(self.noise, self.path, not self.args.euclidean)
+            )
         state = self.solver.init(term, t0, t1, y, self.args)
         y1, _, _, _, _ = self.solver.step(term, t0, t1, y, self.args, state, False)
         return y1

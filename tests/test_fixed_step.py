@@ -149,3 +149,25 @@ def test_fused_backend_is_the_engine_step_reordered(normalized, x64):
     np.testing.assert_allclose(xs_fused, xs_engine, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(fr_fused, fr_engine)
     assert fr_fused[0, :, -1].max() > 0  # pairs cluster
+
+
+def test_noisy_grid_steps_are_simulates_noisy_run(x64):
+    """``FixedStep.of(noise=, key=, t1=)``: simulate's Stratonovich Heun step on the same Brownian
+    tree, so a loop of ``grid`` steps is ``mf.simulate(noise=, key=)`` (float64, to rounding); the
+    refusals are simulate's. (The noise's term is the one of simulate for every noise: one of them
+    here.)"""
+    noise = mf.noise.Independent(0.4)
+    x0 = mf.sphere.uniform(jax.random.key(0), 6, 3, jnp.float64)
+    model, key, h, t1 = mf.kernels.USA(1.5), jax.random.key(7), 0.125, 1.0
+    stepper = FixedStep.of(model, x0, solver="rk2", h=h, noise=noise, key=key, t1=t1)
+    y = stepper.init(x0)
+    for k in range(8):
+        y = stepper.grid(k, y)
+    traj = mf.simulate(model, x0, t1=t1, dt=h, noise=noise, key=key)
+    np.testing.assert_allclose(y[0], traj.xs[-1], rtol=0, atol=1e-12)
+    still = mf.simulate(model, x0, t1=t1, dt=h)
+    assert np.abs(np.asarray(y[0]) - np.asarray(still.xs[-1])).max() > 1e-2  # the noise acted
+    with pytest.raises(ValueError, match="needs solver='rk2'"):
+        FixedStep.of(model, x0, solver="euler", h=h, noise=noise, key=key, t1=t1)
+    with pytest.raises(TypeError, match="needs the run's end time t1"):
+        FixedStep.of(model, x0, solver="rk2", h=h, noise=noise, key=key)

@@ -138,6 +138,23 @@ def test_frames_show_the_tokens_where_the_trajectory_puts_them(d, run2, run3, tm
         assert movie_problems(other, traj, color=None, dpi=50, size=(6, 3)) != []
 
 
+def test_a_noisy_run_is_a_moving_movie(tmp_path):
+    """A run with noise (issue 49: movies of noisy runs): the noisy Kuramoto model on the circle,
+    every frame checked against the trajectory, and the noise moves it (not the noise-free run)."""
+    x0 = mf.sphere.uniform(jax.random.key(4), 16, 2)
+    ts = np.linspace(0.0, 3.0, 5)
+    kw = dict(t1=3.0, dt=0.05, ts=ts)
+    traj = mf.simulate(
+        mf.kernels.Kuramoto(1.5), x0, noise=mf.noise.Independent(0.8), key=jax.random.key(5), **kw
+    )
+    still = mf.simulate(mf.kernels.Kuramoto(1.5), x0, **kw)
+    assert np.abs(np.asarray(traj.xs[-1]) - np.asarray(still.xs[-1])).max() > 0.1
+    path = Path(plotting.animate(traj, tmp_path / "noisy.gif", color=None, dpi=50, size=(6, 3)))
+    frames = _frames(path)
+    assert len(frames) == len(ts)
+    assert movie_problems(frames, traj, color=None, dpi=50, size=(6, 3)) == []
+
+
 def test_a_frozen_movie_fails_the_check(run3, tmp_path):
     path = Path(plotting.animate(run3, tmp_path / "m.gif", color=None, dpi=50, size=(6, 3)))
     frames = _frames(path)
