@@ -34,6 +34,9 @@ CHECKS = {
     "kuramoto_stationary_r",
     "frequencies_lorentzian",
     "frequencies_gaussian",
+    "fokker_planck_w1_rate",
+    "homogenized_rate",
+    "homogenized_prefactor",
 }
 
 
@@ -69,6 +72,14 @@ def test_all_checks_pass_with_derived_tolerances(summary):
     assert rows["brownian_decay_d2"]["theory"] in [
         pytest.approx(math.exp(-t / 2)) for t in (0.25, 0.5, 1.0, 2.0)
     ]
+    assert rows["fokker_planck_w1_rate"]["theory"] == -0.5
+    assert rows["homogenized_rate"]["theory"] == 0.5
+    fp = s["settings"]["results"]["fokker_planck"]
+    # the step's bias is small against every distance
+    assert fp["step_bias"] < 0.1 * min(fp["mean"])
+    hz = s["settings"]["results"]["homogenized"]
+    assert rows["homogenized_prefactor"]["theory"] == pytest.approx(hz["kappa"])
+    assert 0 < hz["kappa"] < hz["kappa_common"]  # |m_i| < 1 for distinct tokens
     # the exact chain's weak order at the quick steps is pre-asymptotic, and tends to 1
     weak = s["settings"]["results"]["weak"]
     assert 0.6 < weak["chain_order"] < weak["chain_order_finer"][0] < weak["chain_order_finer"][1]
@@ -148,6 +159,41 @@ def test_the_gaussian_curve_is_kuramotos_self_consistency():
         assert r[i] == pytest.approx(law.order_parameter(float(K[i])), abs=1e-6)
     K, r = rn._theory_curve("lorentzian", 0.5, 1.0, 3.0)
     assert r[-1] == pytest.approx(math.sqrt(1 - 1 / 3.0))
+
+
+def test_w1_fourier_bound_bounds_the_circles_w1(x64):
+    """The Fourier bound of W1 against mf.continuum.w1_circle for a lattice of one density and
+    another density (the lattice's own O(1/n) error added)."""
+    g = mf.continuum.grid(2, 16)
+    for ell, eps_a, eps_b in ((1, 0.3, 0.1), (2, 0.5, 0.45), (3, 0.2, -0.2)):
+        x = mf.continuum.sample_perturbation(None, 20000, 2, ell, eps_a, lattice=True)
+        w1 = float(mf.continuum.w1_circle(x, mf.continuum.mode_perturbation(g, ell, eps_b)))
+        dc = np.zeros(ell, complex)
+        dc[ell - 1] = (eps_a - eps_b) / 2  # c_ell = eps / 2 for (1 + eps cos(ell theta)) / (2 pi)
+        bound = rn.w1_fourier_bound(dc)
+        assert w1 <= bound + 1e-3 and w1 > 0.5 * bound  # tight within a factor for one mode
+
+
+def test_homogenized_prefactor_is_the_drifts_variance_over_the_weights(x64):
+    """kappa against a Monte Carlo over V of |P_x V m|^2 with V drawn by mf.models.random_weights."""
+    import jax
+    import jax.numpy as jnp
+
+    d, beta = 3, 1.5
+    x = np.asarray(mf.sphere.uniform(jax.random.key(0), 6, d, jnp.float64))
+    kappa = rn.homogenized_prefactor(x, beta)
+    draw = jax.vmap(lambda k: mf.models.random_weights(k, d, value="gaussian",
+                                                       dtype=jnp.float64)[2][0])  # fmt: skip
+    V = np.asarray(draw(jax.random.split(jax.random.key(1), 20000)))
+    m = np.asarray(mf.models.SelfAttention(beta).field(jnp.asarray(x)))  # softmax means m_i
+    Vm = np.einsum("skl,il->sik", V, m)
+    tang = Vm - np.sum(Vm * x, axis=-1, keepdims=True) * x
+    sq = np.sum(tang**2, axis=-1).mean(axis=1)  # per draw: the mean over tokens
+    assert abs(sq.mean() - kappa) < 4 * sq.std() / math.sqrt(sq.size)
+    # with one draw per epoch of V, the model's field is V m_i: the same m as the model's
+    model = mf.models.SelfAttention(beta, weights="identity", value="gaussian", weight_seed=3)
+    V3 = np.asarray(model.weight_stacks(d, jnp.float64)[2])
+    np.testing.assert_allclose(np.asarray(model.field(jnp.asarray(x))), m @ V3.T, atol=1e-12)
 
 
 def test_registered_in_the_default_report_with_a_cost():

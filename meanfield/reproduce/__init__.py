@@ -64,8 +64,9 @@ PAPERS: tuple[str, ...] = (
 #: order stays ``PAPERS``'s). The times with two processes, not alone: an experiment whose compute
 #: is multi-threaded (continuum) slows down more beside another than one that mostly compiles.
 #: design and metastability are not in that run: their entries are rough estimates (only the
-#: order matters); noise's is its quick run alone on a 2-core box (30 s, 2026-12-07) and a margin
-#: for the second process, not yet measured in the two-process run.
+#: order matters); noise's is its quick run alone on a loaded 2-core box (51 s with the particles
+#: against the density equation and the homogenized limit, 2026-12-07), not yet measured in the
+#: two-process run.
 QUICK_COST_S: dict[str, float] = {
     "usa-av": 61.0,
     "attention": 86.0,
@@ -75,7 +76,7 @@ QUICK_COST_S: dict[str, float] = {
     "design": 120.0,
     "metastability": 60.0,
     "dynamics": 60.0,
-    "noise": 35.0,
+    "noise": 50.0,
 }
 
 

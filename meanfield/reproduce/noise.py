@@ -44,10 +44,20 @@ extrapolated from a second size. Checks (``summary.json``, the common schema):
   at $+1$ with probability $1 - \theta_0/\pi$: $E(1 - \theta(t)/\pi) = 1 - \theta_0/\pi$ at every
   $t$ (the angle is a martingale; antipodal pairs attract).
 
-Not here: particles against the Fokker-Planck solution ``mf.continuum.solve`` in $W_1$ as $n$ grows.
+* ``fokker_planck_w1_rate``: noisy Kuramoto tokens started i.i.d. from a smooth density on the
+  circle against the density equation from the same density (``mf.continuum.solve`` with
+  ``noise=``): the exponent of the mean $W_1$ distance at $t_1$ (``mf.continuum.w1_circle``) in $n$,
+  against $-1/2$ (propagation of chaos); the tolerance adds the shift of the fitted slope by the
+  step's bias, bounded from Fourier modes (``w1_fourier_bound``).
+* ``homogenized_rate``, ``homogenized_prefactor``: ``SelfAttention`` with $Q = K = I$ and Gaussian
+  $V$ redrawn every $p$ (``regen_period``): the averaged drift is 0, and the root-mean-square
+  distance to the start at time $t$ falls like $\sqrt p$, the mean squared distance over $p\, t$
+  tending to $\kappa = \frac{d - 1}{d}$ times the tokens' mean $|m_i|^2$ (``homogenized_prefactor``:
+  the drift's variance over the weights; the common-noise limit with matrix noise).
 
 Figures: ``noise.png`` (the Brownian decay, the step's orders, the common-noise contraction, the
-noisy Kuramoto rates), ``kuramoto.png`` (the order parameter against $K$ with frequencies and with
+noisy Kuramoto rates, particles against the density equation in $W_1$, the homogenized limit),
+``kuramoto.png`` (the order parameter against $K$ with frequencies and with
 noise). In ``PAPERS``: part of ``meanfield reproduce`` without a name.
 """
 
@@ -73,8 +83,10 @@ __all__ = [
     "EXPERIMENT",
     "fokker_planck_circle",
     "heun_step_mean",
+    "homogenized_prefactor",
     "jackknife",
     "run",
+    "w1_fourier_bound",
 ]
 
 _NAME = "noise"
@@ -96,6 +108,28 @@ _CIRCLE = {
     "stationary_dt": 0.125,
     "burn_in": 4.0,
     "seed": 2,
+}
+
+_FP = {
+    "n": [64, 256, 1024, 4096],
+    "keys": 32,
+    "coupling": 2.0,
+    "mode": 1,
+    "eps": 0.5,
+    "t1": 1.0,
+    "dt": 0.015625,
+    "resolution": 32,
+    "modes": 8,
+    "seed": 3,
+}
+_HOMOGENIZED = {
+    "n": 32,
+    "d": 3,
+    "beta": 1.0,
+    "t1": 1.0,
+    "periods": [0.125, 0.0625, 0.03125, 0.015625, 0.0078125],
+    "seeds": 128,
+    "seed": 4,
 }
 
 EXPERIMENT = Experiment(
@@ -154,9 +188,35 @@ EXPERIMENT = Experiment(
             "laws' spread (half-width, standard deviation), couplings (units of each law's K_c), RK4 end "
             "time, averaging window (the last time units), step",
         ),
+        "fokker_planck": Option(
+            _FP,
+            quick={**_FP, "n": [64, 1024], "keys": 16, "dt": 0.03125},
+            full={**_FP, "n": [64, 256, 1024, 4096, 16384], "keys": 64, "dt": 0.0078125},
+            doc="noisy Kuramoto particles against mf.continuum.solve on the circle in W1: the sizes n (one "
+            "compilation each), keys per size (i.i.d. starts and paths), coupling K, the start "
+            "(1 + eps cos(mode theta)) / (2 pi), end time, Heun step (and half of it, at the largest n: the "
+            "step's bias), the solver's band-limit, Fourier modes of the bias bound, seed",
+        ),
+        "homogenized": Option(
+            _HOMOGENIZED,
+            quick={**_HOMOGENIZED, "periods": [0.125, 0.0078125], "seeds": 64},
+            full={**_HOMOGENIZED, "seeds": 512},
+            doc="SelfAttention with Q = K = I and Gaussian V redrawn every period p (one Euler step of "
+            "length p per draw): tokens, dimension, beta, end time, the periods (one compilation each), "
+            "weight seeds per period, seed of the start",
+        ),
         "se_multiple": Option(4.0, doc="standard errors in a Monte Carlo tolerance"),
     },
-    steps=("brownian", "common", "circle", "threshold", "frequencies", "figures"),
+    steps=(
+        "brownian",
+        "common",
+        "circle",
+        "threshold",
+        "frequencies",
+        "fokker_planck",
+        "homogenized",
+        "figures",
+    ),
     timings_suffix="_s",
     figures=("noise.png", "kuramoto.png"),
 )
@@ -654,6 +714,207 @@ def _frequency_runs(S: Mapping[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "ts": ts, "n": n}
 
 
+# --------------------------------------------------------------------------- propagation of chaos
+
+
+def w1_fourier_bound(dc: ArrayLike) -> float:
+    r"""An upper bound of $W_1$ on the circle between two laws from the differences $\Delta c_k$ of
+    their Fourier coefficients $c_k = E e^{i k \theta}$, $k = 1, 2, \dots$ (docs/math/noise.md,
+    Particles against the density equation): $F - G$ has the coefficients $\Delta c_k / (-i k)$, so by Cauchy-Schwarz and
+    Parseval $W_1 \le \int |F - G - \overline{F - G}| \le \sqrt{2\pi}\, \|F - G - \overline{F - G}\|_2
+    = \sqrt{2 \sum_{k \ge 1} |\Delta c_k|^2 / k^2}$.
+
+    >>> round(w1_fourier_bound([0.01]), 6), round(math.sqrt(2) * 0.01, 6)
+    (0.014142, 0.014142)
+    """
+    dc = np.asarray(dc, dtype=np.complex128)
+    k = np.arange(1, dc.size + 1)
+    return float(np.sqrt(2 * np.sum(np.abs(dc) ** 2 / k**2)))
+
+
+def _fp_particles(S: Mapping[str, Any], sigma: float) -> dict[str, Any]:
+    """Noisy Kuramoto particles from i.i.d. starts against ``mf.continuum.solve`` on the circle: the
+    mean W1 distance at ``t1`` for each n (one program each), the step's bias of the one-particle law
+    at the largest n (the run at half the step with the same keys), and the solver's first mode
+    against ``fokker_planck_circle``."""
+    P = S["fokker_planck"]
+    ns = [int(v) for v in P["n"]]
+    keys, T, dt = int(P["keys"]), float(P["t1"]), float(P["dt"])
+    K, ell, eps, M = float(P["coupling"]), int(P["mode"]), float(P["eps"]), int(P["modes"])
+    ts = np.array([0.0, T])
+    with jax.enable_x64(True):
+        g = continuum.grid(2, int(P["resolution"]), dtype=jnp.float64)
+        rho0 = continuum.mode_perturbation(g, ell, eps)
+        sol = continuum.solve(
+            K, rho0, d=2, t1=T, model="kuramoto", noise=Independent(jnp.float64(sigma))
+        )
+        if sol.status_name() != "ok":  # pragma: no cover - a failed solve is no reference
+            raise RuntimeError(f"continuum.solve: {sol.status_name()}")
+        rho1 = sol.densities[-1]
+        th = np.asarray(g.theta)
+        wts = np.asarray(g.weights)
+        kk = np.arange(1, M + 1)
+        c_solve = np.array([np.sum(wts * np.asarray(rho1) * np.exp(1j * k * th)) for k in kk])
+        c0 = np.zeros(32, np.complex128)
+        c0[ell - 1] = eps / 2
+        c_fp = fokker_planck_circle(K, sigma, c0, ts) if ell == 1 else None
+        kj = jnp.asarray(kk, jnp.float64)
+        W: dict[int, np.ndarray] = {}
+        coeffs: dict[float, np.ndarray] = {}
+        for n in ns:
+
+            def one(key: jax.Array, h: jax.Array, n: int = n) -> Any:
+                k1, k2 = jax.random.split(key)
+                x0 = continuum.sample_perturbation(k1, n, 2, ell, eps, dtype=jnp.float64)
+                xs = simulate(
+                    kernels.Kuramoto(K),
+                    x0,
+                    t1=T,
+                    dt=h,
+                    ts=ts,
+                    noise=Independent(sigma),
+                    key=k2,
+                    max_steps=int(round(2 * T / dt)) + 4,
+                ).xs
+                assert xs is not None
+                x = xs[-1]
+                ang = jnp.arctan2(x[:, 1], x[:, 0])
+                c = jnp.mean(jnp.exp(1j * kj[:, None] * ang[None, :]), axis=1)
+                return continuum.w1_circle(x, rho1), c
+
+            f = jax.jit(jax.vmap(one, (0, None)))
+            ks = _keys(int(P["seed"]) * 7919 + n, keys)
+            w, c = f(ks, jnp.float64(dt))
+            W[n] = np.asarray(w)
+            if n == ns[-1]:  # the step's bias: the same keys (starts, paths) at half the step
+                coeffs[dt] = np.asarray(c)
+                coeffs[dt / 2] = np.asarray(f(ks, jnp.float64(dt / 2))[1])
+    x = np.log(ns)
+
+    def rate(*means: ArrayLike) -> float:
+        return _slope(x, np.log(np.asarray(means, float)))
+
+    slope, slope_se = jackknife(rate, *[W[n] for n in ns])
+    means = np.array([W[n].mean() for n in ns])
+    # weak order 1: the law at dt is off by about 2 (c(dt) - c(dt/2)) in each mode
+    dc = 2 * (coeffs[dt].mean(axis=0) - coeffs[dt / 2].mean(axis=0))
+    bias = w1_fourier_bound(dc)
+    # a shift of each mean distance by at most b moves log W_j by at most b / (W_j - b): the
+    # least-squares slope (weights (x_j - mean) / sum (x - mean)^2) by at most this
+    wls = (x - x.mean()) / np.sum((x - x.mean()) ** 2)
+    slope_bias = float(np.sum(np.abs(wls) * bias / np.maximum(means - bias, 1e-300)))
+    return {
+        "n": ns,
+        "mean": means,
+        "se": np.array([W[n].std(ddof=1) / math.sqrt(keys) for n in ns]),
+        "per_key": W,
+        "slope": slope,
+        "slope_se": slope_se,
+        "prefactor": float(np.exp(np.mean(np.log(means) + 0.5 * x))),
+        "step_bias": bias,
+        "slope_bias": slope_bias,
+        "c1_solve": complex(c_solve[0]),
+        "c1_fourier": None if c_fp is None else complex(c_fp[-1]),
+        "c1_particles": complex(coeffs[dt].mean(axis=0)[0]),
+        "tail": float(sol.tail[-1]),
+        "solver_steps": int(sol.num_steps),
+    }
+
+
+# --------------------------------------------------------------------------- homogenized limit
+
+
+def homogenized_prefactor(x: ArrayLike, beta: float) -> float:
+    r"""$\kappa = \frac{d - 1}{d} \frac1n \sum_i |m_i(x)|^2$, $m_i = \sum_j \operatorname{softmax}_j(\beta
+    \langle x_i, x_j\rangle)\, x_j$: the mean over the tokens of $E_V |P_{x_i} V m_i|^2$ for $V$ with
+    i.i.d. $N(0, 1/d)$ entries (``value="gaussian"``, $Q = K = I$), the drift's variance over the
+    weights; a run redrawn every $p$ is at mean squared distance $p\, t\, \kappa + O(p^2)$ from its
+    start at time $t$ (docs/math/noise.md, The homogenized limit).
+
+    >>> x = np.array([[1.0, 0.0, 0.0]] * 4)   # equal tokens: m_i = x_i
+    >>> round(homogenized_prefactor(x, 1.0), 6)
+    0.666667
+    """
+    x = np.asarray(x, np.float64)
+    z = beta * x @ x.T
+    A = np.exp(z - z.max(axis=1, keepdims=True))
+    A /= A.sum(axis=1, keepdims=True)
+    m = A @ x
+    d = x.shape[1]
+    return float((d - 1) / d * np.mean(np.sum(m**2, axis=1)))
+
+
+def _homogenized(S: Mapping[str, Any]) -> dict[str, Any]:
+    """``SelfAttention(beta, weights="identity", value="gaussian", regen_period=p)`` from one start,
+    Euler with one step per draw, ``seeds`` weight seeds per period: the mean squared distance to the
+    averaged flow (the start: the averaged drift is 0) at ``t1``; its exponent in p and the limit of
+    ``msd / (p t1)`` as p -> 0 (jackknife over seeds)."""
+    H = S["homogenized"]
+    n, d, beta, T = int(H["n"]), int(H["d"]), float(H["beta"]), float(H["t1"])
+    periods = [float(p) for p in H["periods"]]
+    seeds = int(H["seeds"])
+    with jax.enable_x64(True):
+        x0 = sphere.uniform(jax.random.key(2000 + int(H["seed"])), n, d, jnp.float64)
+        msd: dict[float, np.ndarray] = {}
+        for p in periods:
+
+            def one(seed: jax.Array, p: float = p) -> Any:
+                model = models.SelfAttention(
+                    beta, weights="identity", value="gaussian", weight_seed=seed, regen_period=p
+                )
+                xs = simulate(
+                    model,
+                    x0,
+                    t1=T,
+                    dt=p,
+                    solver="euler",
+                    ts=np.array([0.0, T]),
+                    max_steps=int(round(T / p)) + 4,
+                ).xs
+                assert xs is not None
+                x = xs[-1]
+                return jnp.mean(jnp.sum((x - x0) ** 2, axis=-1))
+
+            # the seeds of every period: 0, 1, ... (the k-th draw of a seed is the same matrix at
+            # every period: fold_in(key(seed), k)), so the periods' runs are paired
+            base = int(H["seed"]) * 100_003
+            msd[p] = np.asarray(jax.jit(jax.vmap(one))(base + jnp.arange(seeds)))
+    kappa = homogenized_prefactor(np.asarray(x0), beta)
+    P = np.asarray(periods)
+
+    def exponent(*m: ArrayLike) -> float:
+        return _slope(np.log(P), 0.5 * np.log(np.asarray(m, float)))
+
+    def intercept(*m: ArrayLike) -> float:
+        return float(np.polyfit(P, np.asarray(m, float) / (P * T), 1)[1])
+
+    order, order_se = jackknife(exponent, *[msd[p] for p in periods])
+    c0, c0_se = jackknife(intercept, *[msd[p] for p in periods])
+    ratio = np.array([msd[p].mean() / (p * T) for p in periods])
+    c1 = float(np.polyfit(P, ratio, 1)[0])
+    # the O(p) term of msd / (p t) = c0 (1 + a p) bends the log-log slope by the slope of
+    # log(1 + a p) / 2 over the same periods
+    a = c1 / c0
+    bend = _slope(np.log(P), 0.5 * np.log(np.clip(1 + a * P, 1e-12, None)))
+    return {
+        "periods": periods,
+        "distance": np.sqrt([msd[p].mean() for p in periods]),
+        # the standard error of the RMS distance from that of the mean square (delta method)
+        "distance_se": np.array(
+            [msd[p].std(ddof=1) / (2 * math.sqrt(seeds * msd[p].mean())) for p in periods]
+        ),
+        "ratio": ratio,
+        "order": order,
+        "order_se": order_se,
+        "bend": bend,
+        "c0": c0,
+        "c0_se": c0_se,
+        "c1": c1,
+        "kappa": kappa,
+        "kappa_common": (d - 1) / d,
+    }
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -937,8 +1198,93 @@ def run(
             )
         )
 
+    # ----------------------------------------------------- particles against the density equation
+    with steps("fokker_planck"):
+        fp = _fp_particles(S, sigma)
+    P = S["fokker_planck"]
+    tol = k * fp["slope_se"] + fp["slope_bias"]
+    c1 = fp["c1_fourier"]
+    cross = (
+        ""
+        if c1 is None
+        else f" (its first mode at t1, {fp['c1_solve'].real:.6f}, against fokker_planck_circle's "
+        f"{c1.real:.6f}: the two solvers agree to {abs(fp['c1_solve'] - c1):.1e})"
+    )
+    checks.append(
+        check(
+            "fokker_planck_w1_rate",
+            fp["slope"],
+            -0.5,
+            tol,
+            f"the exponent of the mean W1 distance (mf.continuum.w1_circle) at t1 = {P['t1']:g} between the "
+            f"empirical law of n noisy Kuramoto tokens (K = {P['coupling']:g}, twice K_c = sigma^2; "
+            f"Independent(sigma = {sigma:g}), Heun, dt = {P['dt']:g}) started i.i.d. from (1 + "
+            f"{P['eps']:g} cos({P['mode']} theta)) / (2 pi) (mf.continuum.sample_perturbation) and the "
+            "solution of the density equation from the same density (mf.continuum.solve(K, rho0, d=2, "
+            f"model='kuramoto', noise=Independent(sigma)), band-limit {P['resolution']}, spectral tail "
+            f"{fp['tail']:.1e}){cross}, fitted over n = {fp['n']} ({P['keys']} keys each; mean distances "
+            + ", ".join(f"{m:.4f}" for m in fp["mean"])
+            + f"; W1 sqrt(n) = {fp['prefactor']:.3f} on average), against -1/2: the propagation of chaos "
+            "(the empirical law of n nearly independent tokens is at W1 distance ~ c n^-1/2 from their "
+            "law, and the interaction adds O(n^-1/2)). The step's bias of the one-particle law, bounded "
+            "from its Fourier modes (2 |c_k(dt) - c_k(dt/2)| at the largest n, the same keys; W1 <= "
+            f"sqrt(2 sum |dc_k|^2 / k^2), k <= {P['modes']}), is {fp['step_bias']:.1e}, against the "
+            f"smallest distance {fp['mean'][-1]:.4f}. Tolerance: {k:g} jackknife standard errors over "
+            f"keys ({fp['slope_se']:.3f}) plus the largest shift of the fitted slope by that bias "
+            f"({fp['slope_bias']:.1e})",
+            rule=f"|measured + 0.5| <= {k:g} SE + step bias's slope shift = {tol:.3g}",
+        )
+    )
+
+    # ----------------------------------------------------- the homogenized limit
+    with steps("homogenized"):
+        hz = _homogenized(S)
+    Hs = S["homogenized"]
+    what = (
+        f"SelfAttention(beta = {Hs['beta']:g}, weights='identity', value='gaussian', regen_period = p) on "
+        f"S^{int(Hs['d']) - 1}, {Hs['n']} tokens from one uniform start, one Euler step of length p per draw "
+        f"of V (entries N(0, 1/d)), {Hs['seeds']} weight seeds per p, p = {hz['periods']}"
+    )
+    tol = k * hz["order_se"] + abs(hz["bend"])
+    checks.append(
+        check(
+            "homogenized_rate",
+            hz["order"],
+            0.5,
+            tol,
+            f"the exponent in p of the root-mean-square distance at t = {Hs['t1']:g} between the run of "
+            f"{what} and the flow of the averaged drift E_V F_V = 0 (V is independent of the attention "
+            "weights and of mean zero: the averaged flow stays at the start); distances "
+            + ", ".join(f"{v:.4f}" for v in hz["distance"])
+            + ". Theory 1/2: over t the redraws are t / p independent mean-zero kicks of size p, a "
+            "diffusion with coefficient p times the drift's covariance over the weights (docs/math/noise.md). "
+            f"Tolerance: {k:g} jackknife standard errors over seeds ({hz['order_se']:.3f}) plus the bend "
+            f"of the log-log slope by the fitted O(p) correction of msd / (p t) ({hz['bend']:+.4f})",
+            rule=f"|measured - 0.5| <= {k:g} SE + |O(p) bend| = {tol:.3g}",
+        )
+    )
+    tol = k * hz["c0_se"]
+    checks.append(
+        check(
+            "homogenized_prefactor",
+            hz["c0"],
+            hz["kappa"],
+            tol,
+            f"the limit p -> 0 of the mean squared distance over p t (t = {Hs['t1']:g}) for the run of "
+            f"{what}: msd / (p t) = "
+            + ", ".join(f"{v:.4f}" for v in hz["ratio"])
+            + f", extrapolated linearly in p (slope {hz['c1']:+.3f}), against the closed form kappa = "
+            "(d - 1) / d times the mean over tokens of |m_i(x0)|^2, m_i = sum_j softmax_j(beta <x_i, x_j>) "
+            "x_j: E_V |P_x V m|^2 = (d - 1) |m|^2 / d, the trace of the drift's covariance over the weights "
+            "(the common-noise limit dx_i = sqrt(p / d) P_{x_i} dB m_i(x), a matrix Brownian motion B: "
+            f"Common(sqrt(p / d)) where the tokens coincide, kappa = {hz['kappa_common']:.4f} there). "
+            f"Tolerance: {k:g} jackknife standard errors over seeds",
+            rule=f"|measured - kappa| <= {k:g} SE = {tol:.3g}",
+        )
+    )
+
     with steps("figures"):
-        figures = _figures(out, S, sigma, bm, cm, kq, fq)
+        figures = _figures(out, S, sigma, bm, cm, kq, fq, fp, hz)
     np.savez_compressed(
         out / "noise_data.npz",
         brownian_saves_d2=np.asarray(bm[2]["saves"]),
@@ -950,6 +1296,10 @@ def run(
         kuramoto_ts=kq["ts"],
         kuramoto_mean=kq["mean"],
         kuramoto_fp=kq["fp"],
+        fokker_planck_n=np.asarray(fp["n"]),
+        fokker_planck_w1=np.stack([fp["per_key"][n] for n in fp["n"]]),
+        homogenized_periods=np.asarray(hz["periods"]),
+        homogenized_distance=hz["distance"],
     )
     S["results"] = {
         "strong_independent": b3["strong"],
@@ -957,6 +1307,12 @@ def run(
         "weak": w,
         "kuramoto_rates": kq["rates"],
         "frequencies": fq["rows"],
+        "fokker_planck": {
+            key: np.asarray(v).tolist()
+            for key, v in fp.items()
+            if key != "per_key" and not isinstance(v, complex)
+        },
+        "homogenized": {key: np.asarray(v).tolist() for key, v in hz.items()},
     }
     steps.close()
     return write_summary(
@@ -991,12 +1347,14 @@ def _figures(
     cm: Mapping[str, Any],
     kq: Mapping[str, Any],
     fq: Mapping[str, Any],
+    fp: Mapping[str, Any],
+    hz: Mapping[str, Any],
 ) -> list[str]:
     import matplotlib.pyplot as plt
 
     from .. import plotting
 
-    fig, ax = plt.subplots(2, 2, figsize=(10, 8))
+    fig, ax = plt.subplots(3, 2, figsize=(10, 12))
     a = ax[0, 0]
     tt = np.linspace(0, max(bm[2]["saves"][-1], bm[3]["saves"][-1]), 100)
     for d, color in ((2, "C0"), (3, "C1")):
@@ -1079,6 +1437,36 @@ def _figures(
     a.set_title(
         f"noisy Kuramoto, σ = {sigma:g}: decay below, growth above K_c = {kq['K_c']:g}", fontsize=9
     )
+    a.legend(fontsize=7)
+
+    a = ax[2, 0]
+    n = np.asarray(fp["n"], float)
+    a.errorbar(n, fp["mean"], yerr=2 * fp["se"], fmt="o", color="C0", ms=4, capsize=3,
+               label=f"particles (±2 SE): exponent {fp['slope']:.3f} ± {fp['slope_se']:.3f}")  # fmt: skip
+    nn = np.geomspace(n.min() / 1.3, n.max() * 1.3, 50)
+    a.loglog(nn, fp["prefactor"] / np.sqrt(nn), "k-", lw=1, label=f"{fp['prefactor']:.2f} n^-1/2")
+    a.axhline(fp["step_bias"], color="C3", ls=":", lw=1, label="bound of the step's bias (dt)")
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("tokens n")
+    a.set_ylabel("E W1(particles, density) at t1")
+    a.set_title("noisy Kuramoto: particles against the Fokker-Planck solution", fontsize=9)
+    a.legend(fontsize=7)
+
+    a = ax[2, 1]
+    P = np.asarray(hz["periods"])
+    a.errorbar(P, hz["distance"], yerr=2 * hz["distance_se"], fmt="o", color="C2", ms=4, capsize=3,
+               label=f"redrawn V (±2 SE): exponent {hz['order']:.3f}")  # fmt: skip
+    pp = np.geomspace(P.min() / 1.3, P.max() * 1.3, 50)
+    t = float(S["homogenized"]["t1"])
+    a.loglog(pp, np.sqrt(hz["kappa"] * pp * t), "k-", lw=1, label="sqrt(κ p t), κ from E_V|P V m|²")
+    a.set_xscale("log")
+    a.set_yscale("log")
+    lo = float(np.min(hz["distance"])) / 2
+    a.set_ylim(lo, max(11 * lo, 2 * float(np.max(hz["distance"]))))
+    a.set_xlabel("redraw period p")
+    a.set_ylabel("RMS distance to the averaged flow")
+    a.set_title("random weights redrawn every p: the homogenized limit", fontsize=9)
     a.legend(fontsize=7)
     paths = [plotting.savefig(fig, out / "noise.png")]
 
