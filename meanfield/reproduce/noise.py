@@ -81,6 +81,8 @@ from ._common import Experiment, Option, check, write_summary
 
 __all__ = [
     "EXPERIMENT",
+    "FREE_COUPLING",
+    "chain_mean",
     "fokker_planck_circle",
     "heun_step_mean",
     "homogenized_prefactor",
