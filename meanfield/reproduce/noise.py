@@ -726,7 +726,7 @@ def w1_fourier_bound(dc: ArrayLike) -> float:
     Parseval $W_1 \le \int |F - G - \overline{F - G}| \le \sqrt{2\pi}\, \|F - G - \overline{F - G}\|_2
     = \sqrt{2 \sum_{k \ge 1} |\Delta c_k|^2 / k^2}$.
 
-    >>> round(w1_fourier_bound([0.01]), 6), round(math.sqrt(2) * 0.01, 6)
+    >>> round(w1_fourier_bound(np.array([0.01])), 6), round(math.sqrt(2) * 0.01, 6)
     (0.014142, 0.014142)
     """
     dc = np.asarray(dc, dtype=np.complex128)
