@@ -4,9 +4,12 @@ item 6: a noisy run at most 1.5x the deterministic run of the same model, shape 
 One run = ``mf.simulate(USA(1.0), x, t1=2, dt=0.01, save_states=False)`` (200 Heun steps, ``rk2``),
 jitted, deterministic and with ``mf.noise.Independent(0.3)`` / ``mf.noise.Common(0.3)`` (the same key),
 at each shape of ``SHAPES`` (``(seeds, n, d)``; seeds > 1: vmapped over seeds, one key per seed).
-Also timed: the Brownian increments alone, drawn as ``mf.simulate`` draws them (a
-``diffrax.VirtualBrownianTree``, both ends of each step) and as one ``jax.random.normal`` per step
-(``fold_in`` of the step index: the cost of a path without the tree's refinement consistency).
+Also timed: the Brownian increments alone, drawn as ``mf.simulate`` draws them on its uniform grid
+(``meanfield._brownian.GridBrownianPath``: one normal a step by a Lévy construction over the grid),
+as the ``diffrax.VirtualBrownianTree`` that it used before (and keeps for a grid with a save time off
+the multiples of ``dt`` or a traced ``dt``: both ends of each step, about 2 log2(4 t1 / dt) normals)
+and as one ``jax.random.normal`` per step (``fold_in`` of the step index: a path without refinement
+consistency). The batch of 1024 seeds is one vmapped program, timed once.
 
 Times: the best of ``--rounds`` alternating rounds of the median of ``--repeats`` calls, compilation
 excluded. Prints a Markdown section (and writes it to ``--out``). Not a test.
@@ -23,7 +26,7 @@ from pathlib import Path
 from benchmarks.normalization import _median_best
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = ((1, 256, 3), (1, 1024, 3), (16, 256, 3))
+SHAPES = ((1, 256, 3), (1, 1024, 3), (16, 256, 3), (1024, 256, 3))
 T1, DT, SIGMA = 2.0, 0.01, 0.3
 
 
@@ -34,6 +37,7 @@ def _shape_rows(S: int, n: int, d: int, reps: int, rounds: int) -> list[dict]:
     import numpy as np
 
     import meanfield as mf
+    from meanfield._brownian import GridBrownianPath
 
     model = mf.kernels.USA(1.0)
     keys = jax.random.split(jax.random.key(1), S)
@@ -60,13 +64,24 @@ def _shape_rows(S: int, n: int, d: int, reps: int, rounds: int) -> list[dict]:
             jnp.arange(steps)
         )
     )
+    grid = jax.jit(
+        lambda: jax.vmap(
+            lambda k: GridBrownianPath(
+                keys[0], T1, steps, jax.ShapeDtypeStruct((n, d), jnp.float32)
+            ).evaluate(k * DT, (k + 1) * DT)
+        )(jnp.arange(steps))
+    )
     calls = {
         "deterministic": program(None),
         "independent": program(mf.noise.Independent(SIGMA)),
         "common": program(mf.noise.Common(SIGMA)),
+        "grid path increments": lambda: jax.block_until_ready(grid()),
         "tree increments": lambda: jax.block_until_ready(tree_draws()),
         "one normal per step": lambda: jax.block_until_ready(normals()),
     }
+    if S >= 256:  # the large batch: one program, timed once a round (its increments alone are not)
+        calls = {k: calls[k] for k in ("deterministic", "independent", "common")}
+        reps, rounds = 1, 1
     for call in calls.values():
         call()
     times = {k: float("inf") for k in calls}

@@ -91,6 +91,10 @@ STEP_OVERHEAD_FLOP = 1e6
 #: Bytes of one point beyond its arrays (scalars, bookkeeping).
 POINT_OVERHEAD_BYTES = 256
 
+#: Arithmetic-equivalent cost of one standard normal of a noise's Brownian path (threefry's bits and
+#: the transform: about 25 ns a number measured on a 2-core CPU, whose field runs near 1e9 flop/s a core).
+NORMAL_FLOP = 40.0
+
 #: ``dt x rate`` above which ``step_warning`` warns (10x the reference code's rule
 #: ``dt <= 0.1 / rate``).
 STEP_RATIO_LIMIT = 1.0
@@ -195,6 +199,7 @@ def run_cost(
     clusters: bool = True,
     step_grid: bool = True,
     max_steps: int | None = None,
+    noise: int = 0,
 ) -> Cost:
     r"""Estimated steps, saves, peak bytes and flop of ``batch`` runs of ``n`` particles in $\mathbb R^d$.
 
@@ -232,6 +237,9 @@ def run_cost(
         step_grid: whether the host materialises the step grid (a concrete ``dt``: yes; a
             traced ``dt``, as in sweeps: no).
         max_steps: the step cap of the adaptive solvers (default 100000).
+        noise: the numbers of the noise's Brownian motion at a step (``Noise.control_shape``'s
+            size; 0 without noise): one normal each a step (``NORMAL_FLOP``), and a path of at most
+            ``_brownian.STORE_LIMIT`` numbers stored whole (``itemsize * steps * noise`` bytes a point).
 
     Returns:
         ``Cost``; never raises ``OverflowError``/``MemoryError``.
@@ -266,13 +274,20 @@ def run_cost(
         pair_entries = max(pair_entries, 2.5 * rows * min(nf, 2.0 * rows)) + 3.0 * nf
     state = (2.0 * stages + 6.0) * nd
     traj = sf * ((nd if save_states else 0.0) + observables + 1.0)
-    per_point = b * (state + traj + pair_entries) + POINT_OVERHEAD_BYTES
+    path = 0.0
+    if noise:  # the grid path's increments, stored when they fit (meanfield._brownian)
+        from ._brownian import STORE_LIMIT
+
+        path = steps_f * float(noise) if steps_f * float(noise) <= STORE_LIMIT else 0.0
+    per_point = b * (state + traj + pair_entries + path) + POINT_OVERHEAD_BYTES
     grid = GRID_BYTES_PER_STEP * steps_f if step_grid else 0.0
     total = grid + bf * per_point + 2.0**20
     flop_pair = 4.0 * df + 8.0
     per_save = pairs + (nf * nf if clusters else 0.0)  # the energy, the clusters pass
     work = (
-        bf * (steps_f * stages * pairs + sf * per_save) * flop_pair + STEP_OVERHEAD_FLOP * steps_f
+        bf * (steps_f * stages * pairs + sf * per_save) * flop_pair
+        + bf * steps_f * float(noise) * NORMAL_FLOP
+        + STEP_OVERHEAD_FLOP * steps_f
     )
     return Cost(
         steps=steps,

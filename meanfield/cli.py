@@ -575,7 +575,7 @@ def _dumps(obj: Any, **kw: Any) -> str:
     return json.dumps(_json_safe(obj), allow_nan=False, **kw)
 
 
-def _simulate_cost(args: argparse.Namespace, model: Any) -> Any:
+def _simulate_cost(args: argparse.Namespace, model: Any, noise: Any = None) -> Any:
     """The run's estimate (``_resources.run_cost``) from the arguments and the model's footprint."""
     import jax.numpy as jnp
 
@@ -593,6 +593,7 @@ def _simulate_cost(args: argparse.Namespace, model: Any) -> Any:
         observables=3,
         clusters=True,
         save_states=True,
+        noise=0 if noise is None else math.prod(noise.control_shape(args.n, args.d)),
     )
 
 
@@ -774,7 +775,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             early_stop=args.early_stop,
             say=say_cli,
         )
-    cost = _simulate_cost(args, model)
+    cost = _simulate_cost(args, model, noise)
     _resources.check_cost(cost, force=args.force, what="simulate")
     out = _output_dir(args.out)
     # every file the run writes, checked before it: a regular file or a new one (a FIFO there

@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias, cast
@@ -59,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, DTypeLike, Float, PyTree
 
-from . import metrics, normalization, sphere
+from . import _brownian, metrics, normalization, sphere
 from ._checks import (
     RealScalarLike,
     check_choice,
@@ -419,8 +420,8 @@ class FixedStep(eqx.Module):
         grid's step (Mix-LN's switch tolerance ``h / 1000``; ``grid``).
 
         With ``noise`` (``mf.noise``): the step of ``mf.simulate(..., t1=t1, ts=ts, noise=noise,
-        key=key)``, the Stratonovich Heun step driven by the same Brownian tree of ``key`` (its
-        resolution from ``t1``, ``h`` and the save times ``ts``, default ``[0, t1]``: the same path,
+        key=key)``, the Stratonovich Heun step driven by the same Brownian path of ``key`` (chosen
+        from ``t1``, ``h`` and the save times ``ts``, default ``[0, t1]``, as simulate chooses it: the same path,
         so a loop of ``grid`` steps gives simulate's numbers); ``t1`` concrete."""
         if noise is not None:
             if t1 is None or not is_concrete(t1):
@@ -465,12 +466,12 @@ class FixedStep(eqx.Module):
         noise = eqx.tree_at(
             lambda z: z.sigma, noise, traced_nonnegative(sigma, "sigma", noise.sigma)
         )
-        path = diffrax.VirtualBrownianTree(
-            jnp.zeros((), x.dtype),
+        path = _brownian_path(
+            key,
             jnp.asarray(t1, x.dtype),
-            tol=_noise_tol(float(t1), hh, saves, x.dtype),  # type: ignore[arg-type]
-            shape=jax.ShapeDtypeStruct(noise.control_shape(n, d), x.dtype),
-            key=key,
+            jax.ShapeDtypeStruct(noise.control_shape(n, d), x.dtype),
+            _noise_steps(float(t1), h, saves),  # type: ignore[arg-type]
+            lambda: _noise_tol(float(t1), hh, saves, x.dtype),  # type: ignore[arg-type]
         )
         return cls(args, hh, _PostStepStratonovich(_inner_solver(solver)), noise, path)
 
@@ -1196,9 +1197,12 @@ def simulate(
             apply (``RunTime.check``).
         noise: a ``mf.noise.Noise`` (``Independent(sigma)``, ``Common(sigma)``): the run is the
             Stratonovich SDE $dx = v(x)\,dt + $ the noise's increment (tangent on the sphere),
-            integrated by the Heun step (``solver="rk2"``, fixed steps) along a
-            ``diffrax.VirtualBrownianTree`` of ``key`` on $[0, t_1]$ (resolution at most a quarter
-            of the shortest step, a dyadic fraction of $t_1$: ``_noise_tol``), each
+            integrated by the Heun step (``solver="rk2"``, fixed steps) along a Brownian path of
+            ``key`` on $[0, t_1]$: when ``dt`` is a number dividing $t_1$ and every save time is
+            on the grid, the grid path of ``meanfield._brownian`` (one normal a step, a Lévy
+            construction over the grid: the runs with $N$ and $2N$ steps read one path); else a
+            ``diffrax.VirtualBrownianTree`` (resolution at most a quarter of the shortest step, a
+            dyadic fraction of $t_1$: ``_noise_tol``); each
             step ending with the projection as without noise (``mf.noise``; docs/math/noise.md).
             ``sigma`` may be traced (vmap, grad). What a noise refuses is its own check
             (``Noise.check``: other solvers, tokens with a radius, ``step="renormalize"``);
@@ -1315,6 +1319,7 @@ def simulate(
         observables=len(observables),
         max_steps=max_steps,
         block_size=block_size,
+        noise=0 if noise is None else math.prod(noise.control_shape(*x0.shape[-2:])),
     )
     time.check_grid(ts_np)  # the step grid's rule, once the run's size is accepted
     t1f = float(t1)
@@ -1381,6 +1386,7 @@ def simulate(
             noise=None if noise is None else _traced_floats(noise, x0.dtype),
             key=key,
             noise_tol=None if noise is None else _noise_tol(t1f, dt, ts_np, x0.dtype),
+            noise_steps=None if noise is None else _noise_steps(t1f, dt, ts_np),
             omega=omega,
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
@@ -1408,6 +1414,7 @@ def _check_memory(
     observables: int,
     max_steps: int | None,
     block_size: int | None,
+    noise: int = 0,
 ) -> None:
     """The resource guard of ``meanfield simulate`` for the Python API: ``ResourceLimitError`` (a
     ``ValueError``, one line) when the run's estimated memory (``_resources.run_cost`` from the
@@ -1444,6 +1451,7 @@ def _check_memory(
         clusters=False,
         step_grid=step_grid,
         max_steps=max_steps,
+        noise=noise,
     )
     if cost.bytes < _MEMORY_CHECK_BYTES:
         return
@@ -1640,6 +1648,32 @@ def _noise_tol(t1: float, dt: Any, ts: np.ndarray, dtype: Any) -> Array:
     return jnp.asarray(t1 * jnp.exp2(-m), dtype)
 
 
+def _noise_steps(t1: float, dt: Any, ts: Any) -> int | None:
+    """The step count ``N`` of a run whose step points are the grid ``k t_1 / N`` (a concrete ``dt``
+    dividing ``t_1``, every save time on the grid): its noise is ``_brownian.GridBrownianPath``;
+    ``None`` otherwise (a traced ``dt``, a save time off the grid: the virtual Brownian tree)."""
+    if not is_concrete(dt):
+        return None
+    dtf = float(dt)
+    saves = np.asarray(ts, np.float64)
+    if step_grid_problem(t1, dtf, saves) is not None:
+        return None  # simulate raises its error about the grid
+    return _brownian.grid_steps(t1, dtf, _step_grid(t1, dtf, saves))
+
+
+def _brownian_path(
+    key: Any, t1: Array, shape: jax.ShapeDtypeStruct, steps: int | None, tol: Callable[[], Any]
+) -> diffrax.AbstractBrownianPath:
+    """The noise's Brownian path on ``[0, t1]``: the grid path of ``steps`` steps
+    (``_brownian.GridBrownianPath``: one normal per step) or, without a grid, diffrax's virtual
+    Brownian tree of resolution ``tol()`` (``_noise_tol``)."""
+    if steps is not None:
+        return _brownian.GridBrownianPath(key, t1, steps, shape)
+    return diffrax.VirtualBrownianTree(
+        jnp.zeros((), shape.dtype), t1, tol=tol(), shape=shape, key=key
+    )
+
+
 class _NoiseTerm(diffrax.AbstractTerm):
     """The noise's term of the SDE: ``prod(vf, dW)`` is the noise's increment of the state
     (``Noise.increment``, at the state's directions on the sphere), zero for the flags."""
@@ -1691,6 +1725,7 @@ def _simulate(
     noise: Any = None,
     key: Any = None,
     noise_tol: Array | None = None,
+    noise_steps: int | None = None,
     omega: Array | None = None,
 ) -> Trajectory:
     dtype = x0.dtype
@@ -1772,19 +1807,19 @@ def _simulate(
         lambda t, y, args, **kw: (y[1][_STOP] > 0.5) | (y[1][_FAIL] > 0.5) | (t >= t1)
     )
     terms: diffrax.AbstractTerm = diffrax.ODETerm(_vector_field)
-    if noise is not None:  # Stratonovich SDE: the drift and the noise's term, one Brownian tree
+    if noise is not None:  # Stratonovich SDE: the drift and the noise's term, one Brownian path
         n, d = x0.shape
         # a traced sigma < 0 or not finite: the error (or, under EQX_ON_ERROR=nan, a failed run)
         sigma = jnp.asarray(noise.sigma)
         noise = eqx.tree_at(
             lambda z: z.sigma, noise, traced_nonnegative(sigma, "sigma", noise.sigma)
         )
-        path = diffrax.VirtualBrownianTree(
-            jnp.zeros((), dtype),
+        path = _brownian_path(
+            key,
             t1,
-            tol=noise_tol,
-            shape=jax.ShapeDtypeStruct(noise.control_shape(n, d), dtype),
-            key=key,
+            jax.ShapeDtypeStruct(noise.control_shape(n, d), dtype),
+            noise_steps,
+            lambda: noise_tol,
         )
         terms = diffrax.MultiTerm(terms, _NoiseTerm(noise, path, not euclidean))
     wrap = _PostStepSolver if noise is None else _PostStepStratonovich

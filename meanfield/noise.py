@@ -1,8 +1,10 @@
 r"""Noise on the tokens: stochastic attention dynamics (``mf.simulate(noise=, key=)``; docs/math/noise.md).
 
 A ``Noise`` is the diffusion part of a run, added to the model's field as a Stratonovich SDE and
-integrated by diffrax's SDE machinery (a ``diffrax.VirtualBrownianTree`` of the run's key, the
-Stratonovich Heun step, the radial projection after each step as for the deterministic flow):
+integrated by diffrax's SDE machinery (a Brownian path of the run's key: on a uniform step grid one
+normal a step by a Lévy construction over the grid, ``meanfield._brownian``, else a
+``diffrax.VirtualBrownianTree``; the Stratonovich Heun step; the radial projection after each step
+as for the deterministic flow):
 
 - ``Independent(sigma)``: every token its own Brownian motion $W_i$ in $\mathbb R^d$,
   $dx_i = F_i\,dt + \sigma P_{x_i} \circ dW_i$ on the sphere (generator of the noise: $\frac{\sigma^2}{2}$

@@ -21,6 +21,7 @@ with the model's ``footprint``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
@@ -76,6 +77,7 @@ def _batch_cost(spec: Spec, kind: str, n: int, d: int) -> Callable[[int], Cost]:
     model = grid_model(spec, kind, n, d)
     dt = float(np.min(model.reference_step(T["dt"]))) if reference else T["dt"]
     footprint = model.footprint(n, d)
+    noise = _noise_numbers(spec, n, d)
 
     def cost(batch: int) -> Cost:
         return run_cost(
@@ -93,9 +95,22 @@ def _batch_cost(spec: Spec, kind: str, n: int, d: int) -> Callable[[int], Cost]:
             clusters=counts_clusters(spec),
             step_grid=not reference,
             max_steps=T.get("max_steps"),
+            noise=noise,
         )
 
     return cost
+
+
+def _noise_numbers(spec: Spec, n: int, d: int) -> int:
+    """The numbers a step of a point's Brownian path draws (the largest over a noise axis), 0
+    without ``model.noise``: ``run_cost``'s ``noise``."""
+    names = spec.params.get("noise")
+    if names is None:
+        return 0
+    from ..noise import Noise
+
+    values = names if isinstance(names, (list, tuple)) else [names]
+    return max(math.prod(Noise.coerce(v, sigma=0.0).control_shape(n, d)) for v in values)
 
 
 def _point_cost(spec: Spec, kind: str, n: int, d: int, batch: int) -> Cost:
