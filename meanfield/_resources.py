@@ -63,6 +63,7 @@ __all__ = [
     "WORK_LIMIT",
     "GRID_BYTES_PER_STEP",
     "STEP_OVERHEAD_FLOP",
+    "NORMAL_FLOP",
     "STEP_RATIO_LIMIT",
     "machine_memory",
     "run_cost",
