@@ -55,6 +55,7 @@ __all__ = [
     "check_run_path",
     "phase_diagram_dataset",
     "over_n",
+    "labelled_over",
     "RUN_STORE",
     "DESCRIPTIONS",
 ]
@@ -368,17 +369,20 @@ def write_run(path: str | os.PathLike[str], ds: Any) -> Path:
 
 
 def phase_diagram_dataset(
-    ns: Sequence[int],
+    ns: Sequence[Any],
     results: Sequence[Any],
     betas: Any,
     times: Any,
     attrs: Mapping[str, Any],
+    dim: str = "n",
 ) -> Any:
     """Phase diagrams of one sweep at several ``n`` (``results[i]`` at ``ns[i]``: ``(B, C)``
     arrays, or ``PhaseDiagram``s) as one ``xarray.Dataset`` with coordinates ``n``, ``beta``,
     ``time`` (and ``seed`` for per-seed results): ``fraction`` over ``(n, beta, time)``,
     ``per_seed`` over ``(n, beta, seed, time)`` and ``steps`` over ``(n, beta)``. The values
-    are the arrays given, stacked (no arithmetic).
+    are the arrays given, stacked (no arithmetic). ``dim``: the name of the first coordinate
+    (``"sigma"``: diagrams at several noise amplitudes, ``ns`` their values). Results that are
+    themselves Datasets (a list of ``n`` and a list of ``sigma``) are concatenated along ``dim``.
 
     Example:
         >>> import numpy as np
@@ -390,8 +394,15 @@ def phase_diagram_dataset(
     """
     import xarray as xr
 
+    recorded = {k: v for k, v in ((k, _attr_value(v)) for k, v in attrs.items()) if v is not None}
+    label = np.asarray(ns, np.int64 if dim == "n" else np.float64)
+    if results and isinstance(results[0], xr.Dataset):  # an inner labelled axis
+        ds = xr.concat(list(results), dim=dim, combine_attrs="drop_conflicts")
+        ds = ds.assign_coords({dim: label})
+        ds.attrs = {**recorded, **_versions()}
+        return ds
     coords: dict[str, Any] = {
-        "n": np.asarray(ns, np.int64),
+        dim: label,
         "beta": np.asarray(betas),
         "time": np.asarray(times),
     }
@@ -401,26 +412,25 @@ def phase_diagram_dataset(
         coords["seed"] = np.arange(per.shape[2], dtype=np.int64)
         variables = {
             "fraction": (
-                ("n", "beta", "time"),
+                (dim, "beta", "time"),
                 np.stack([np.asarray(r.fraction) for r in results]),
                 {"description": f"{desc}, averaged over seeds"},
             ),
-            "per_seed": (("n", "beta", "seed", "time"), per, {"description": f"{desc}, by seed"}),
+            "per_seed": ((dim, "beta", "seed", "time"), per, {"description": f"{desc}, by seed"}),
             "steps": (
-                ("n", "beta"),
+                (dim, "beta"),
                 np.stack([np.asarray(r.steps) for r in results]),
-                {"description": "Euler steps run"},
+                {"description": "steps run"},
             ),
         }
     else:
         variables = {
             "fraction": (
-                ("n", "beta", "time"),
+                (dim, "beta", "time"),
                 np.stack([np.asarray(r) for r in results]),
                 {"description": f"{desc}, averaged over seeds"},
             )
         }
-    recorded = {k: v for k, v in ((k, _attr_value(v)) for k, v in attrs.items()) if v is not None}
     return xr.Dataset(variables, coords=coords, attrs={**recorded, **_versions()})
 
 
@@ -437,9 +447,24 @@ def over_n(function: Callable[..., Any], n: Any, kwargs: dict[str, Any], times: 
         raise ValueError(
             "x0 fixes n (its shape (seeds, n, d)): give x0 with an int n, or a list of n without x0"
         )
-    results = [function(**{**kwargs, "n": int(m)}) for m in ns]
-    skip = {"key", "betas", "x0", "per_seed", "seed_chunk", "mask", "dtype"}
+    return labelled_over(function, "n", [int(m) for m in ns], kwargs, times)
+
+
+def labelled_over(
+    function: Callable[..., Any],
+    dim: str,
+    values: Sequence[Any],
+    kwargs: dict[str, Any],
+    times: Any,
+) -> Any:
+    """``function(**kwargs, dim=v)`` for each ``v`` of ``values``, labelled over ``dim``
+    (``phase_diagram_dataset``; ``times``: the checkpoint times): the phase diagrams' entry for a
+    list of ``n`` or of ``sigma``."""
+    if len(set(values)) != len(values):
+        raise ValueError(f"{dim} must not repeat a value, got {list(values)!r}")
+    results = [function(**{**kwargs, dim: v}) for v in values]
+    skip = {"key", "betas", "x0", "per_seed", "seed_chunk", "mask", "dtype", dim}
     attrs = {k: v for k, v in kwargs.items() if k not in skip}
     attrs["function"] = function.__name__
     betas = np.atleast_1d(np.asarray(kwargs["betas"], np.float64))  # as the sweeps take them
-    return phase_diagram_dataset(ns, results, betas, times, attrs)
+    return phase_diagram_dataset(values, results, betas, times, attrs, dim=dim)

@@ -64,6 +64,15 @@ has two faster backends of the same step, the fused C kernel and the fused XLA k
 shares one loop over steps and checkpoints (``_checkpoint_loop``). ``usa_phase_diagram`` is
 Post-LN only (its time-rescaled step is the fused backends').
 
+Noise (``mf.noise``; issue 49): ``sa_phase_diagram(solver="rk2", noise="independent", sigma=[...],
+noise_seed=0)`` is the diagram over $(\beta, \sigma)$. System $s$ runs ``mf.simulate``'s noisy run of
+its model step by step (the Stratonovich Heun step along the grid Brownian path of
+``fold_in(jax.random.key(noise_seed), s)``, built once for the run: ``mf.integrate.FixedStep.of(noise=,
+key=, t1=)``), the same path for every $\beta$ and $\sigma$, so neighbouring cells differ by their
+parameters, not their draws; ``sigma`` is traced (one compilation for the list) and a list returns
+an ``xarray.Dataset`` over ``(sigma, beta, time)``. ``sigma = 0`` is the deterministic Heun diagram
+(``solver="rk2"`` without noise), to rounding.
+
 Why it is fast (measured in ``benchmarks/``, see BENCHMARKS.md):
 
 * On the CPU (``backend="auto"``, float64 or float32) a sweep runs in a fused C kernel
@@ -760,6 +769,12 @@ class _Systems(eqx.Module):
     Q: Array | None = None
     K: Array | None = None
     V: Array | None = None
+    # the step's solver ("euler", the published step, or "rk2": Heun) and, for noisy diagrams, the
+    # noise (its sigma traced), each system's path key (S,), and the grid (t1, h, N) of the path
+    solver: str = eqx.field(static=True, default="euler")
+    noise: Any = None
+    noise_keys: Array | None = None
+    grid: tuple[float, float, int] | None = eqx.field(static=True, default=None)
 
     def system(
         self, beta: Array, Q: Array | None, K: Array | None, V: Array | None
@@ -816,6 +831,9 @@ def _run_one_beta_engine(
             type(systems.model.attention).__name__,
             type(systems.model.normalization).__name__,
             type(rule).__name__,
+            systems.solver,
+            type(systems.noise).__name__,
+            systems.grid,
             every_step,
             ckpt_pos.shape,
             tuple(None if M is None else M.shape for M in (systems.Q, systems.K, systems.V)),
@@ -828,11 +846,22 @@ def _run_one_beta_engine(
     weights = (systems.Q, systems.K, systems.V)
     axes = tuple(None if M is None else 0 for M in weights)
 
-    def stepper(Q: Array | None, K: Array | None, V: Array | None) -> FixedStep:
+    def stepper(
+        Q: Array | None, K: Array | None, V: Array | None, key: Array | None = None
+    ) -> FixedStep:
         model = systems.system(beta, Q, K, V)
-        return FixedStep.of(model, x0[0], solver="euler", step=rule, h=step)
+        if systems.noise is None:
+            return FixedStep.of(model, x0[0], solver=systems.solver, step=rule, h=step)
+        assert systems.grid is not None
+        t_end, h, _ = systems.grid  # concrete: the noise's grid path of N steps (mf.simulate's)
+        return FixedStep.of(
+            model, x0[0], solver=systems.solver, step=rule, h=h, noise=systems.noise, key=key,
+            t1=t_end,
+        )  # fmt: skip
 
-    template = stepper(*(None if M is None else M[0] for M in weights))  # the static facts
+    keys0 = None if systems.noise_keys is None else systems.noise_keys[0]
+    q0, k0, v0 = (None if M is None else M[0] for M in weights)
+    template = stepper(q0, k0, v0, keys0)  # the static facts
 
     def fraction(y: Any) -> Array:
         x = jax.vmap(template.directions)(y)
@@ -845,6 +874,12 @@ def _run_one_beta_engine(
             return stepper(Q, K, V).grid(i, ys)
 
         return jax.vmap(one, in_axes=(*axes, 0))(*weights, y)
+
+    if systems.noise is not None:  # every system's step built once: its Brownian path drawn once
+        steppers = eqx.filter_vmap(stepper, in_axes=(*axes, 0))(*weights, systems.noise_keys)
+
+        def advance(i: Array, y: Any, _: Any) -> Any:
+            return eqx.filter_vmap(lambda st, ys: st.grid(i, ys))(steppers, y)
 
     fr, y = _checkpoint_loop(
         jax.vmap(template.init)(x0),
@@ -1073,9 +1108,24 @@ def _run_attn_task(
         systems.model,
         _traced_floats(systems.model.normalization, dtype),
     )
+    keys = systems.noise_keys
+    if keys is not None:  # the systems' path keys, padded as the states
+        part = keys[s0 : s0 + chunk]
+        if part.shape[0] < chunk:
+            part = jnp.concatenate([part, keys[: chunk - part.shape[0]]])
+        keys = jax.device_put(part, device)
     return _run_one_beta_engine(
         xs,
-        _Systems(model, rows(systems.Q), rows(systems.K), rows(systems.V)),
+        _Systems(
+            model,
+            rows(systems.Q),
+            rows(systems.K),
+            rows(systems.V),
+            solver=systems.solver,
+            noise=None if systems.noise is None else _traced_floats(systems.noise, dtype),
+            noise_keys=keys,
+            grid=systems.grid,
+        ),
         jnp.asarray(beta, dtype),
         jnp.asarray(step, dtype),
         jnp.asarray(nsteps, jnp.int32),
@@ -1329,6 +1379,19 @@ def _finish(
     return frac
 
 
+def _over_sigma(function: Callable[..., Any], sigma: Any, kwargs: dict[str, Any]) -> Any:
+    """``function(**kwargs, sigma=s)`` for each ``s`` of the list ``sigma`` (one compilation: sigma
+    is traced), labelled over ``(sigma, beta, time)`` (``meanfield._labelled.phase_diagram_dataset``)."""
+    from ._labelled import labelled_over
+
+    values = [v for v in np.asarray(sigma, dtype=object).ravel()]
+    if not values:
+        raise ValueError("sigma must be a number or a non-empty list of numbers, got []")
+    return labelled_over(
+        function, "sigma", values, kwargs, checkpoint_times(kwargs["t1"], kwargs["checkpoints"])
+    )
+
+
 def _over_n(function: Callable[_P, _R]) -> Callable[_P, _R | xr.Dataset]:
     """The sweep ``function`` taking ``n`` as an int (its result, unchanged) or a list of ints:
     one sweep per ``n`` (the same ``key``, betas and settings), labelled as an ``xarray.Dataset``
@@ -1382,7 +1445,11 @@ def sa_phase_diagram(
     alpha: RealScalarLike | None = None,
     switch_time: RealScalarLike | None = None,
     r0: RealScalarLike | None = None,
-) -> np.ndarray | PhaseDiagram:
+    solver: str = "euler",
+    noise: Any = None,
+    sigma: RealScalarLike | Sequence[Any] | np.ndarray | None = None,
+    noise_seed: int = 0,
+) -> np.ndarray | PhaseDiagram | xr.Dataset:
     r"""Clustering fraction $c(\beta, t_k)$ of the Euler-discretised SA flow, averaged over seeds.
 
     $x \leftarrow \operatorname{normalize}(x + h P_x F)$, $F_i = \sum_j \operatorname{softmax}_j(\beta \langle x_i, x_j\rangle)\, x_j$
@@ -1465,6 +1532,18 @@ def sa_phase_diagram(
         r0: the initial radius of every token (default 1) for the schemes with a radius, as
             ``mf.simulate(r0=)``: finite and within ``mf.integrate.r0_range`` of the states'
             dtype (float32: ``[3.1e-16, 6.4e15]``), else ``ValueError``; refused for the others.
+        solver: the step, ``"euler"`` (default: the flow above) or ``"rk2"`` (Heun's step of
+            ``mf.simulate``), each the engine's (``mf.integrate.FixedStep``) for ``"rk2"``.
+        noise, sigma, noise_seed: noise on the tokens (``mf.noise``): a name (``"independent"``,
+            ``"common"``) with its amplitude ``sigma``, or a noise object (its own ``sigma``). System
+            $s$ then runs ``mf.simulate(SelfAttention(beta, Q_s, K_s, V_s, ...), x0[s], t1=N h,
+            dt=h, solver="rk2", noise=noise, key=fold_in(jax.random.key(noise_seed), s))`` step by
+            step (the Stratonovich Heun step along the run's grid Brownian path: the same path for
+            every ``beta`` and ``sigma``, so the diagram's differences are the parameters', not the
+            draws'); ``solver="rk2"`` is required (``Noise.check``: the Euler step converges to
+            another flow), and the noise's refusals apply (schemes with a radius,
+            ``step="renormalize"``). ``sigma`` is traced: a list of values is one compilation, and
+            returns labelled data over ``(sigma, beta, time)`` (Returns).
 
     Returns:
         ``(B, checkpoints)`` numpy array (or ``PhaseDiagram`` when ``per_seed``). For a list of
@@ -1472,7 +1551,9 @@ def sa_phase_diagram(
         times) and variable ``fraction`` over ``(n, beta, time)``; with ``per_seed`` also
         ``per_seed`` over ``(n, beta, seed, time)`` and ``steps`` over ``(n, beta)``; the
         settings and versions as attributes (``ds.fraction.sel(n=16)`` is the ``n=16`` call's
-        array). ``x0`` fixes ``n`` and takes an int ``n`` only.
+        array). ``x0`` fixes ``n`` and takes an int ``n`` only. For a list of ``sigma``: the same
+        over ``(sigma, beta, time)`` (``ds.fraction.sel(sigma=0.5)`` is the call with
+        ``sigma=0.5``); with a list of ``n`` too, over ``(n, sigma, beta, time)``.
 
     Example:
         >>> import jax
@@ -1486,11 +1567,26 @@ def sa_phase_diagram(
         >>> dict(ds.fraction.sizes), bool((ds.fraction.sel(n=8).values == frac).all())
         ({'n': 2, 'beta': 2, 'time': 3}, True)
     """
+    if isinstance(sigma, list | tuple | range | np.ndarray):
+        return _over_sigma(
+            sa_phase_diagram,
+            sigma,
+            {k: v for k, v in locals().items() if k in _SA_ARGUMENTS},
+        )
     betas, n, d, seeds = _check_common(
         betas, n, d, seeds, threshold, checkpoints, x0, seed_chunk, backend, step, schedule
     )
     check_positive("dt", dt)
     check_positive("t1", t1)
+    check_choice("solver", solver, ("euler", "rk2"))
+    if noise is None and sigma is not None:
+        raise ValueError(
+            f"sigma = {sigma!r} is the amplitude of a noise: give noise='independent' or 'common' too"
+        )
+    if noise is not None:
+        check_int("noise_seed", noise_seed)
+        if not 0 <= int(noise_seed) < 2**32:
+            raise ValueError(f"noise_seed must be in [0, 2^32 - 1], got {noise_seed!r}")
     model = SelfAttention(
         1.0,
         normalized=normalized,
@@ -1515,11 +1611,24 @@ def sa_phase_diagram(
         )
     if r0 is not None:
         check_positive("r0", r0)
-    general = model.random or mask is not None or not model.attention.softmax or not scheme.post_ln
+    noisy = None
+    if noise is not None:  # the noise's own rules (mf.noise.Noise.coerce, .check), as mf.simulate's
+        from .noise import Noise
+
+        noisy = Noise.coerce(noise, sigma=sigma)
+        noisy.check(solver=solver, scheme=scheme, step=StepRule.coerce(step))
+    general = (
+        model.random
+        or mask is not None
+        or not model.attention.softmax
+        or not scheme.post_ln
+        or solver != "euler"
+        or noisy is not None
+    )
     if general and (backend == "native" or packed):
         raise ValueError(
-            f"random weights (weights={weights!r}, value={value!r}), masks, attention={attention!r} "
-            f"and normalization={scheme.name!r} run the XLA kernel: use backend='xla' (or 'auto', "
+            f"random weights (weights={weights!r}, value={value!r}), masks, attention={attention!r}, "
+            f"normalization={scheme.name!r}, solver={solver!r} and noise run the XLA kernel: use backend='xla' (or 'auto', "
             f"which picks it) and packed=False, got backend={backend!r}, packed={packed}"
         )
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
@@ -1540,7 +1649,18 @@ def sa_phase_diagram(
             weight_seed=weight_seed,
             dtype=x0.dtype,
         )
-        systems = _Systems(model, *qkv)
+        keys = None
+        if noisy is not None:  # system s's path: fold_in(key(noise_seed), s)
+            root = jax.random.key(int(noise_seed))
+            keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(jnp.arange(x0.shape[0]))
+        systems = _Systems(
+            model,
+            *qkv,
+            solver=solver,
+            noise=None if noisy is None else _traced_floats(noisy, x0.dtype),
+            noise_keys=keys,
+            grid=None if noisy is None else (float(N * h), float(h), int(N)),
+        )
         if r0 is not None:
             x0 = x0 * jnp.asarray(r0, x0.dtype)
     B = len(betas)
@@ -1559,6 +1679,10 @@ def sa_phase_diagram(
         systems=systems,
     )
     return _finish(checkpoint_times(t1, checkpoints), per, [N] * B, per_seed)
+
+
+#: sa_phase_diagram's parameter names (its arguments as a sigma list's calls pass them on)
+_SA_ARGUMENTS = frozenset(inspect.signature(sa_phase_diagram).parameters)
 
 
 @_over_n
