@@ -185,7 +185,7 @@ MODELS: tuple[Model, ...] = (
         Param('mask_normalized', 'bool', False, 'row-normalised mask weights replace the 1/n of unnormalised kernels', applies=(('mask', ('causal', 'alibi', 'window')),)),
     )),
 )
-SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5')
+SOLVERS: tuple[str, ...] = ('euler', 'rk2', 'rk4', 'tsit5', 'dopri5', 'heun')
 STEPS: tuple[str, ...] = ('projected', 'renormalize')
 RADIAL: tuple[str, ...] = ('pre', 'mix', 'peri')
 NOISES: tuple[str, ...] = ('independent', 'common')

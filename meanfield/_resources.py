@@ -100,7 +100,7 @@ NORMAL_FLOP = 40.0
 #: ``dt <= 0.1 / rate``).
 STEP_RATIO_LIMIT = 1.0
 
-_STAGES = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7}
+_STAGES = {"euler": 1, "rk2": 2, "rk4": 4, "tsit5": 7, "dopri5": 7, "heun": 2}
 _FIXED = ("euler", "rk2", "rk4")
 _ADAPTIVE_STEPS = 100_000  # simulate's default max_steps for the adaptive solvers
 

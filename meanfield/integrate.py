@@ -99,7 +99,9 @@ __all__ = [
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")
-ADAPTIVE_SOLVERS = ("tsit5", "dopri5")
+#: the adaptive solvers: Tsitouras' and Dormand-Prince's 5(4) pairs, and Heun's 2(1) pair (Heun's
+#: step with Euler's as its error estimate: the adaptive Stratonovich step of a noisy run)
+ADAPTIVE_SOLVERS = ("tsit5", "dopri5", "heun")
 SOLVERS = FIXED_STEP_SOLVERS + ADAPTIVE_SOLVERS
 #: Step rules' names (``simulate(step=)``, the phase-diagram sweeps, the sweep key ``time.step``):
 #: ``"projected"``: $x + h P_x F$ then normalise; ``"renormalize"``: $x + h F$ then normalise
@@ -140,6 +142,7 @@ def _inner_solver(name: str) -> diffrax.AbstractSolver:
         "rk4": RK4,
         "tsit5": diffrax.Tsit5,
         "dopri5": diffrax.Dopri5,
+        "heun": diffrax.Heun,
     }[name]()
 
 
@@ -1139,7 +1142,8 @@ def simulate(
             traced scalar (e.g. a beta-dependent step inside ``vmap``) is accepted by the
             fixed-step solvers: one compilation serves every step length, the grid is
             ``k dt`` merged with ``ts``, and ``max_steps`` must bound the step count.
-        solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``.
+        solver: ``"euler"``, ``"rk2"`` (projected Heun), ``"rk4"``, ``"tsit5"``, ``"dopri5"``,
+            ``"heun"`` (Heun's step with adaptive steps: its embedded Euler step is the error estimate).
         ts: save times in ``[0, t1]``, increasing (default ``[0, t1]``). Steps land on them
             (and on Mix-LN's ``switch_time``, where the scheme switches, unless a step point lies
             within ``dt / 1000`` of it: that step point is the switch point; for the adaptive
@@ -1385,8 +1389,14 @@ def simulate(
             meter=None if meter is None else jnp.asarray(meter, jnp.int32),
             noise=None if noise is None else _traced_floats(noise, x0.dtype),
             key=key,
-            noise_tol=None if noise is None else _noise_tol(t1f, dt, ts_np, x0.dtype),
-            noise_steps=None if noise is None else _noise_steps(t1f, dt, ts_np),
+            noise_tol=None
+            if noise is None
+            else (
+                jnp.asarray(t1f * 2.0**-ADAPTIVE_NOISE_LEVELS, x0.dtype)
+                if adaptive
+                else _noise_tol(t1f, dt, ts_np, x0.dtype)
+            ),
+            noise_steps=None if noise is None or adaptive else _noise_steps(t1f, dt, ts_np),
             omega=omega,
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
@@ -1648,6 +1658,12 @@ def _noise_tol(t1: float, dt: Any, ts: np.ndarray, dtype: Any) -> Array:
     return jnp.asarray(t1 * jnp.exp2(-m), dtype)
 
 
+#: The Brownian tree of an adaptive noisy run: resolution ``t1 * 2^-ADAPTIVE_NOISE_LEVELS`` (steps
+#: shorter than it read the tree's bridge interpolation), and the rejected step times it revisits.
+ADAPTIVE_NOISE_LEVELS = 20
+ADAPTIVE_NOISE_REJECTED = 16
+
+
 def _noise_steps(t1: float, dt: Any, ts: Any) -> int | None:
     """The step count ``N`` of a run whose step points are the grid ``k t_1 / N`` (a concrete ``dt``
     dividing ``t_1``, every save time on the grid): its noise is ``_brownian.GridBrownianPath``;
@@ -1686,7 +1702,10 @@ class _NoiseTerm(diffrax.AbstractTerm):
         return y  # the increment depends on the state through prod (linear in the control)
 
     def contr(self, t0: _Time, t1: _Time, **kwargs: Any) -> Any:
-        return self.path.evaluate(t0, t1, **kwargs)
+        # clamped to the path's interval: under vmap the adaptive loop also steps the lanes that have
+        # ended (past t1, results discarded), where the Brownian tree would raise its range error
+        lo, hi = self.path.t0, self.path.t1
+        return self.path.evaluate(jnp.clip(t0, lo, hi), jnp.clip(t1, lo, hi), **kwargs)
 
     def prod(self, vf: _State, control: Any) -> _State:
         x, flags = vf
@@ -1793,6 +1812,9 @@ def _simulate(
             diffrax.PIDController(rtol=cast(_Time, rtol), atol=cast(_Time, atol)),
             step_ts=jnp.append(ts_arr, t1),
             jump_ts=None if tau is None else tau[None],
+            # a noisy run (non-commuting noise fields on the sphere) revisits the times of its
+            # rejected steps, else the rejections bias the law (diffrax's condition for adaptive SDEs)
+            store_rejected_steps=None if noise is None else ADAPTIVE_NOISE_REJECTED,
         )
     elif h_traced is not None:
         controller = _UniformSteps(h_traced, ts_arr, t1, tau)

@@ -20,7 +20,8 @@ as for the deterministic flow):
 deterministic flow driven by a zero path. A run with noise needs ``key`` (a ``jax.random`` key): the
 same key gives the same path, bit for bit, also under ``vmap`` over keys. What a noise refuses is its
 own declaration (``Noise.check``): tokens with a radius (the schemes of ``mf.normalization.RADIAL``:
-their noise model is not defined here), solvers other than ``"rk2"`` (the Heun step, which converges
+their noise model is not defined here), solvers other than ``"rk2"`` and ``"heun"`` (the Heun step on
+fixed or adaptive steps, which converges
 to the Stratonovich solution in any geometry; the projected Euler--Maruyama step reaches it on the
 sphere only through its normalisation, and for the common noise in $\mathbb R^d$ it converges to
 the Ito equation, another flow: refused, conservatively) and the step rule ``"renormalize"``.
@@ -52,8 +53,10 @@ from ._spelling import Say, say_python
 
 __all__ = ["Noise", "Independent", "Common", "NOISES", "NOISE_SOLVERS"]
 
-#: The solvers a noisy run takes: the Stratonovich Heun step (``mf.simulate``'s ``"rk2"``).
-NOISE_SOLVERS = ("rk2",)
+#: The solvers a noisy run takes: the Stratonovich Heun step on fixed steps (``mf.simulate``'s
+#: ``"rk2"``) or with adaptive steps (``"heun"``: Euler's step its error estimate, rejected step times
+#: revisited, a Brownian tree of resolution ``t1 2^-20``).
+NOISE_SOLVERS = ("rk2", "heun")
 
 
 class Noise(Variant):
@@ -122,13 +125,13 @@ class Noise(Variant):
             ...     mf.noise.Independent(0.1).check(solver="euler")
             ... except ValueError as e:
             ...     print(e)
-            noise='independent' needs solver='rk2' (the Stratonovich Heun step), not solver='euler'
+            noise='independent' needs solver='rk2' or solver='heun' (the Stratonovich Heun step, fixed or adaptive), not solver='euler'
         """
         name = say("noise", self.name)
         if solver is not None and solver not in NOISE_SOLVERS:
             raise ValueError(
-                f"{name} needs {say('solver', NOISE_SOLVERS[0])} (the Stratonovich Heun step), "
-                f"not {say('solver', solver)}"
+                f"{name} needs {say('solver', NOISE_SOLVERS[0])} or {say('solver', NOISE_SOLVERS[1])} "
+                f"(the Stratonovich Heun step, fixed or adaptive), not {say('solver', solver)}"
             )
         if scheme is not None and scheme.radial:
             raise ValueError(

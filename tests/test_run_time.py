@@ -46,7 +46,7 @@ def test_keywords_and_the_object_are_one_run():
         ),
         (
             RunTime(1.0, rtol=1e-6, atol=1e-8),
-            "{rtol}/{atol} apply to the adaptive solvers tsit5, dopri5, not {solver_rk2}",
+            "{rtol}/{atol} apply to the adaptive solvers tsit5, dopri5, heun, not {solver_rk2}",
         ),
         (
             RunTime(1.0, ts=[0.0, 2.0]),
@@ -78,11 +78,14 @@ def test_the_surfaces_give_the_rules_texts(tmp_path, capsys):
     x0 = mf.sphere.uniform(jax.random.key(0), 6, 3)
     with pytest.raises(ValueError) as e:
         mf.simulate(mf.kernels.USA(1.0), x0, t1=0.5, rtol=1e-6, atol=1e-8)
-    assert str(e.value) == "rtol/atol apply to the adaptive solvers tsit5, dopri5, not solver='rk2'"
+    assert (
+        str(e.value)
+        == "rtol/atol apply to the adaptive solvers tsit5, dopri5, heun, not solver='rk2'"
+    )
     with pytest.raises(ValueError) as e:
         sweep.parse_spec(SPEC + "rtol = 1e-6\natol = 1e-8\n")
     assert str(e.value) == (
-        "time.rtol/time.atol apply to the adaptive solvers tsit5, dopri5, not time.solver = 'rk2'"
+        "time.rtol/time.atol apply to the adaptive solvers tsit5, dopri5, heun, not time.solver = 'rk2'"
     )
     status = cli.main(
         ["simulate", "--n", "6", "--t1", "0.2", "--rtol", "1e-6", "--atol", "1e-8", "--no-plots"]
@@ -91,7 +94,7 @@ def test_the_surfaces_give_the_rules_texts(tmp_path, capsys):
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert status == 2 and len(lines) == 1, lines
     assert lines[0].endswith(
-        "--rtol/--atol apply to the adaptive solvers tsit5, dopri5, not --solver rk2"
+        "--rtol/--atol apply to the adaptive solvers tsit5, dopri5, heun, not --solver rk2"
     )
 
 

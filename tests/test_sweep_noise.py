@@ -260,3 +260,42 @@ def test_cli_bad_noise_spec_is_one_line_exit_2(tmp_path, capsys):
             "not time.solver = 'rk4'"
         )
     assert not out.exists()
+
+
+def test_an_adaptive_noisy_sweep_point_is_simulates_run(tmp_path):
+    """``time.solver = "heun"`` with ``rtol``/``atol``: the adaptive Stratonovich Heun step (its
+    Brownian tree of resolution t1 2^-20) in a sweep is mf.simulate's run of the point's key, within
+    the controller's tolerance. Not to rounding: a step size that differs by rounding reads the
+    path's increment over a slightly other interval, a Brownian path is only Hölder-1/2, so the
+    difference grows like a square root at each step until an accept/reject decision flips (the
+    sweep's compiled program and mf.simulate's round differently: 453 and 457 steps here, the
+    collapse gaps 7e-5 apart at rtol 1e-4; docs/math/noise.md). The same program gives the same
+    numbers (tests/test_noise.py)."""
+    spec = SPEC.format(
+        noise="noise = 'common'\nsigma = 0.4", time="solver = 'heun'\nrtol = 1e-4\natol = 1e-4"
+    )
+    sweep.run_sweep(sweep.parse_spec(spec), tmp_path / "a.zarr", quiet=True)
+    ds = sweep.load(tmp_path / "a.zarr")
+    with jax.enable_x64(True):
+        seed = SEEDS[1]
+        x0 = mf.sphere.uniform(jax.random.key(seed), N, D, jnp.float64)
+        traj = mf.simulate(
+            mf.kernels.USA(BETA),
+            x0,
+            t1=T1,
+            dt=DT,  # the spec's dt: the controller's first step
+            ts=np.linspace(0.0, T1, 3),
+            solver="heun",
+            rtol=1e-4,
+            atol=1e-4,
+            backend="xla",
+            noise=mf.noise.Common(0.4),
+            key=jax.random.fold_in(jax.random.key(seed), 1),
+        )
+    point = ds.sel(n=N, beta=BETA, seed=seed)
+    assert int(point["status"]) == sweep.OK
+    np.testing.assert_allclose(
+        point["collapse_gap"].values, np.asarray(traj.collapse_gap), rtol=0, atol=2e-3
+    )
+    steps = int(point["num_steps"])
+    assert abs(steps - int(traj.num_steps)) < 0.1 * steps and steps > 100  # the controller's steps

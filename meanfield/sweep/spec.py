@@ -47,7 +47,7 @@ A sweep is a TOML file (read with ``tomllib``)::
     [time]                             # not for kind = "attention"
     t1 = 5.0
     dt = 0.05
-    solver = "rk2"                     # euler, rk2, rk4, tsit5, dopri5 (rtol/atol then)
+    solver = "rk2"                     # euler, rk2, rk4, tsit5, dopri5, heun (rtol/atol then)
     save = 11                          # number of equally spaced save times, or a list
     early_stop = 1e-8                  # optional (paper App. B.1)
     step_rule = "reference"            # optional: dt(beta) = dt / max(sqrt(beta) e^(beta - 1/2), 1)
