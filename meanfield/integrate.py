@@ -96,6 +96,8 @@ __all__ = [
     "r0_range",
     "check_r0",
     "FixedStep",
+    "ADAPTIVE_NOISE_LEVELS",
+    "ADAPTIVE_NOISE_REJECTED",
 ]
 
 FIXED_STEP_SOLVERS = ("euler", "rk2", "rk4")

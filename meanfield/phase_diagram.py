@@ -1626,10 +1626,22 @@ def sa_phase_diagram(
         or noisy is not None
     )
     if general and (backend == "native" or packed):
+        what = [
+            text
+            for text, plain in (
+                (f"weights={weights!r}, value={value!r}", not model.random),
+                (f"mask={type(mask).__name__}", mask is None),
+                (f"attention={model.attention.name!r}", model.attention.softmax),
+                (f"normalization={scheme.name!r}", scheme.post_ln),
+                (f"solver={solver!r}", solver == "euler"),
+                (f"noise={getattr(noisy, 'name', None)!r}", noisy is None),
+            )
+            if not plain
+        ]
         raise ValueError(
-            f"random weights (weights={weights!r}, value={value!r}), masks, attention={attention!r}, "
-            f"normalization={scheme.name!r}, solver={solver!r} and noise run the XLA kernel: use backend='xla' (or 'auto', "
-            f"which picks it) and packed=False, got backend={backend!r}, packed={packed}"
+            f"{', '.join(what)} run(s) the engine's XLA step (the fused kernels are identity-weight "
+            f"Post-LN softmax Euler without mask or noise): use backend='xla' (or 'auto', which "
+            f"picks it) and packed=False, got backend={backend!r}, packed={packed}"
         )
     grid = published_checkpoint_steps if schedule == "published" else checkpoint_steps
     N, h, idx = grid(t1, dt, checkpoints)

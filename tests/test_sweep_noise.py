@@ -189,8 +189,8 @@ def test_a_spec_without_noise_is_the_store_it_was(stores):
         (
             "noise = 'independent'\nsigma = 0.1",
             "solver = 'euler'",
-            "model.noise = 'independent' needs time.solver = 'rk2' (the Stratonovich Heun step), "
-            "not time.solver = 'euler'",
+            "model.noise = 'independent' needs time.solver = 'rk2' or time.solver = 'heun' (the "
+            "Stratonovich Heun step, fixed or adaptive), not time.solver = 'euler'",
         ),
         (
             "noise = 'independent'\nsigma = [0.1, -0.2]",
@@ -256,8 +256,8 @@ def test_cli_bad_noise_spec_is_one_line_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "Traceback" not in err[0], err
         assert err[0].endswith(
-            "model.noise = 'independent' needs time.solver = 'rk2' (the Stratonovich Heun step), "
-            "not time.solver = 'rk4'"
+            "model.noise = 'independent' needs time.solver = 'rk2' or time.solver = 'heun' (the "
+            "Stratonovich Heun step, fixed or adaptive), not time.solver = 'rk4'"
         )
     assert not out.exists()
 

@@ -156,7 +156,10 @@ def test_sa_phase_diagram_takes_the_schemes_and_refuses_bad_combinations():
         ({"r0": 2.0}, "r0 is the initial radius of the schemes with one"),
         ({"normalization": "peri", "r0": -1.0}, "r0"),
         ({"alpha": 0.5}, "alpha = 0.5 applies with normalization='ngpt'"),
-        ({"normalization": "pre", "backend": "native"}, "normalization='pre' run the XLA kernel"),
+        (
+            {"normalization": "pre", "backend": "native"},
+            "normalization='pre' run(s) the engine's XLA",
+        ),
         ({"normalization": "bogus"}, "normalization"),
     ]
     for extra, needle in bad:
