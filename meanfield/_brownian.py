@@ -34,11 +34,12 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray
 
-__all__ = ["GridBrownianPath", "STORE_LIMIT", "grid_steps", "odd_and_levels"]
+__all__ = ["GridBrownianPath", "STORE_LIMIT", "grid_steps", "index_limit", "odd_and_levels"]
 
 #: The most numbers (steps x the noise's shape) a path stores as one array of increments; a larger
-#: path descends its levels at each step instead (same values).
-STORE_LIMIT = 1 << 22
+#: path descends its levels at each step instead (same values). Per path: under ``vmap`` over B keys
+#: the stored arrays are B times this (a sweep's chunks count them: ``_resources.run_cost(noise=)``).
+STORE_LIMIT = 1 << 20
 
 
 def odd_and_levels(steps: int) -> tuple[int, int]:
@@ -54,10 +55,17 @@ def odd_and_levels(steps: int) -> tuple[int, int]:
     return steps >> j, j
 
 
-def grid_steps(t1: float, dt: float, grid: np.ndarray) -> int | None:
+def index_limit(dtype: Any) -> int:
+    """The most steps a grid path of times in ``dtype`` indexes exactly: ``round(t / h)`` of a step
+    time ``t = k h`` is ``k`` while ``k eps`` stays well below 1/2 (float32: 2^20 steps)."""
+    return 1 << (np.finfo(np.dtype(dtype)).nmant - 3)
+
+
+def grid_steps(t1: float, dt: float, grid: np.ndarray, dtype: Any = np.float64) -> int | None:
     """The step count ``N`` when the step points of a run (``grid``: ``0, .., t1``, unpadded) are
-    exactly ``k t_1 / N`` to rounding (``t_1 / dt`` an integer, every save time on the grid), else
-    ``None`` (the run keeps the virtual Brownian tree).
+    exactly ``k t_1 / N`` to rounding (``t_1 / dt`` an integer, every save time on the grid) and ``N``
+    is within ``index_limit(dtype)`` (times in ``dtype`` name their step), else ``None`` (the run
+    keeps the virtual Brownian tree).
 
     >>> grid_steps(1.0, 0.25, np.linspace(0, 1, 5)), grid_steps(1.0, 0.25, np.array([0, .1, .25, .5, .75, 1]))
     (4, None)
@@ -65,6 +73,8 @@ def grid_steps(t1: float, dt: float, grid: np.ndarray) -> int | None:
     steps = int(round(float(t1) / float(dt)))
     g = np.asarray(grid, np.float64)
     if steps < 1 or abs(steps * float(dt) - float(t1)) > 1e-9 * max(1.0, abs(float(t1))):
+        return None
+    if steps > index_limit(dtype):
         return None
     if g.shape[0] != steps + 1:
         return None
@@ -84,9 +94,10 @@ def _scale(t1: Array, q: int, level: int, dtype: Any) -> Array:
 
 class GridBrownianPath(diffrax.AbstractBrownianPath):
     r"""Brownian motion of shape ``shape`` on the grid ``k t_1 / N``, ``k = 0..N`` (the module's
-    construction): ``evaluate(k h, (k + 1) h)`` is the ``k``-th increment, ``evaluate(t)`` the value at
-    the grid point nearest ``t``. Only grid points are defined: a step that is not a grid step gets the
-    increment of the grid step it starts at (``mf.integrate`` uses the path only on its grid).
+    construction): ``evaluate(k h, (k + 1) h)`` is the ``k``-th increment, ``evaluate(t, t)`` zero,
+    ``evaluate(t)`` the value at the grid point nearest ``t``. Only grid steps are defined: any other
+    span is NaN (``mf.integrate`` uses the path only on its grid). ``store``: keep the ``N``
+    increments as one array (default: when they are at most ``STORE_LIMIT`` numbers), else descend.
 
     >>> import jax
     >>> p = GridBrownianPath(jax.random.key(0), 1.0, 8, jax.ShapeDtypeStruct((2,), jax.numpy.float32))
@@ -163,6 +174,15 @@ class GridBrownianPath(diffrax.AbstractBrownianPath):
         h = self.t_end / self.steps
         return jnp.round(jnp.asarray(t, self.shape.dtype) / h).astype(jnp.int32)
 
+    def _increment_over(self, t0: Any, t1: Any) -> Array:
+        """The increment over ``[t0, t1]``: one grid step's, zero for ``t0 = t1``; NaN for any
+        other span (the path defines grid steps only: never a silent full-step increment)."""
+        k0, k1 = self._index(t0), self._index(t1)
+        inc = self.increment(k0)
+        return jnp.where(
+            k1 == k0 + 1, inc, jnp.where(k1 == k0, jnp.zeros_like(inc), jnp.full_like(inc, jnp.nan))
+        )
+
     def evaluate(self, t0: Any, t1: Any = None, left: bool = True, use_levy: bool = False) -> Any:
         del left
         if t1 is None:  # the value at the grid point of t0: the sum of the increments before it
@@ -173,7 +193,7 @@ class GridBrownianPath(diffrax.AbstractBrownianPath):
             w = jnp.sum(jnp.where(mask, incs, 0), axis=0)
             dt = jnp.asarray(t0, self.shape.dtype)
         else:
-            w = self.increment(self._index(t0))
+            w = self._increment_over(t0, t1)
             dt = jnp.asarray(t1, self.shape.dtype) - jnp.asarray(t0, self.shape.dtype)
         w = jax.lax.stop_gradient(w)
         if use_levy:

@@ -276,10 +276,11 @@ def run_cost(
     state = (2.0 * stages + 6.0) * nd
     traj = sf * ((nd if save_states else 0.0) + observables + 1.0)
     path = 0.0
-    if noise:  # the grid path's increments, stored when they fit (meanfield._brownian)
+    if noise and solver in _FIXED and step_grid:  # the grid path's increments, stored when they fit
         from ._brownian import STORE_LIMIT
 
-        path = steps_f * float(noise) if steps_f * float(noise) <= STORE_LIMIT else 0.0
+        grid_steps = math.floor(min(ratio, _HUGE) + 1e-9)  # the path's N (meanfield._brownian)
+        path = grid_steps * float(noise) if grid_steps * float(noise) <= STORE_LIMIT else 0.0
     per_point = b * (state + traj + pair_entries + path) + POINT_OVERHEAD_BYTES
     grid = GRID_BYTES_PER_STEP * steps_f if step_grid else 0.0
     total = grid + bf * per_point + 2.0**20

@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=_noises(),
         help="noise on the tokens (mf.noise): independent (each token its own Brownian motion) or "
         "common (one matrix Brownian motion for all); needs --sigma; its path is drawn from "
-        "jax.random.fold_in(jax.random.key(--seed), 1); the Stratonovich Heun step (--solver rk2)",
+        "jax.random.fold_in(jax.random.key(--seed), 1); the Stratonovich Heun step (--solver rk2, or "
+        "--solver heun with --rtol/--atol: adaptive)",
     )
     s.add_argument(
         "--sigma",

@@ -4,7 +4,8 @@ Fixed-step solvers ``"euler"``, ``"rk2"`` (projected Heun, the paper's scheme) a
 ``"rk4"`` are diffrax Runge--Kutta solvers wrapped so that every step ends with
 the radial projection $x \leftarrow x / \|x\|$ (the construction recommended by the
 diffrax maintainer for manifolds, diffrax issues 277 and 462). Adaptive
-``"tsit5"`` and ``"dopri5"`` integrate the tangent field $P_x F(x)$ with
+``"tsit5"``, ``"dopri5"`` and ``"heun"`` (Heun's step, Euler's its error estimate: also the
+adaptive step of a noisy run) integrate the tangent field $P_x F(x)$ with
 required ``rtol``/``atol``; saved states are renormalised.
 
 Step rule of ``"euler"`` (``step=``): ``"projected"`` (default) steps along the tangent field,
@@ -419,6 +420,7 @@ class FixedStep(eqx.Module):
         key: Any = None,
         t1: float | None = None,
         ts: Any = None,
+        store: bool | None = None,
     ) -> FixedStep:
         """The step of ``mf.simulate(model, x, aux, solver=solver, step=step, dt=h)``; ``x``: the
         ``(n, d)`` states (or ones of their shape and dtype: for ``aux``'s default), ``h`` the
@@ -427,7 +429,10 @@ class FixedStep(eqx.Module):
         With ``noise`` (``mf.noise``): the step of ``mf.simulate(..., t1=t1, ts=ts, noise=noise,
         key=key)``, the Stratonovich Heun step driven by the same Brownian path of ``key`` (chosen
         from ``t1``, ``h`` and the save times ``ts``, default ``[0, t1]``, as simulate chooses it: the same path,
-        so a loop of ``grid`` steps gives simulate's numbers); ``t1`` concrete."""
+        so a loop of ``grid`` steps gives simulate's numbers); ``t1`` concrete. ``store``: whether
+        a grid path keeps its increments as one array (default: up to ``_brownian.STORE_LIMIT``
+        numbers) or descends its levels at each step (the same numbers; what a batch of many
+        systems wants)."""
         if noise is not None:
             if t1 is None or not is_concrete(t1):
                 raise TypeError("FixedStep.of(noise=...) needs the run's end time t1 (a number)")
@@ -475,8 +480,9 @@ class FixedStep(eqx.Module):
             key,
             jnp.asarray(t1, x.dtype),
             jax.ShapeDtypeStruct(noise.control_shape(n, d), x.dtype),
-            _noise_steps(float(t1), h, saves),  # type: ignore[arg-type]
+            _noise_steps(float(t1), h, saves, x.dtype),  # type: ignore[arg-type]
             lambda: _noise_tol(float(t1), hh, saves, x.dtype),  # type: ignore[arg-type]
+            store=store,
         )
         return cls(args, hh, _PostStepStratonovich(_inner_solver(solver)), noise, path)
 
@@ -1203,19 +1209,24 @@ def simulate(
             apply (``RunTime.check``).
         noise: a ``mf.noise.Noise`` (``Independent(sigma)``, ``Common(sigma)``): the run is the
             Stratonovich SDE $dx = v(x)\,dt + $ the noise's increment (tangent on the sphere),
-            integrated by the Heun step (``solver="rk2"``, fixed steps) along a Brownian path of
-            ``key`` on $[0, t_1]$: when ``dt`` is a number dividing $t_1$ and every save time is
-            on the grid, the grid path of ``meanfield._brownian`` (one normal a step, a Lévy
-            construction over the grid: the runs with $N$ and $2N$ steps read one path); else a
-            ``diffrax.VirtualBrownianTree`` (resolution at most a quarter of the shortest step, a
-            dyadic fraction of $t_1$: ``_noise_tol``); each
+            integrated by the Heun step (``solver="rk2"``: fixed steps; ``"heun"``: adaptive, along
+            a ``diffrax.VirtualBrownianTree`` of resolution $t_1 2^{-20}$ revisiting rejected step
+            times) along a Brownian path of ``key`` on $[0, t_1]$: when ``dt`` is a number
+            dividing $t_1$ and every save time is on the grid, the grid path of
+            ``meanfield._brownian`` (one normal a step, a Lévy construction over the grid: the runs
+            with $N$ and $2N$ steps read one path); else a ``diffrax.VirtualBrownianTree``
+            (resolution at most a quarter of the shortest step, a dyadic fraction of $t_1$:
+            ``_noise_tol``); each
             step ending with the projection as without noise (``mf.noise``; docs/math/noise.md).
             ``sigma`` may be traced (vmap, grad). What a noise refuses is its own check
             (``Noise.check``: other solvers, tokens with a radius, ``step="renormalize"``);
             ``early_stop`` is refused (a stationary energy is a deterministic notion).
         key: the ``jax.random`` key of the noise's Brownian motion (required with ``noise``,
-            refused without it): the same key, ``t1`` and ``dt`` give the same path, bit for bit,
-            also under ``vmap`` over keys.
+            refused without it): the same key, ``t1``, ``dt`` and save times give the same path, bit
+            for bit, also under ``vmap`` over keys (the grid path, or the tree when a save time is off
+            the grid or ``dt`` is traced: another path of the same law). An adaptive run
+            (``"heun"``) is reproduced bit for bit by the same compiled program only
+            (docs/math/noise.md, "Adaptive steps").
         frequencies: natural frequencies, the field gains $\Omega_i x_i$: ``(n,)`` angular
             velocities $\omega_i$ in ``d = 2`` ($\Omega_i = \omega_i J$, $J$ the rotation by
             $+\pi/2$) or ``(n, d, d)`` skew-symmetric matrices (a rotation of each token, tangent
@@ -1398,7 +1409,9 @@ def simulate(
                 if adaptive
                 else _noise_tol(t1f, dt, ts_np, x0.dtype)
             ),
-            noise_steps=None if noise is None or adaptive else _noise_steps(t1f, dt, ts_np),
+            noise_steps=None
+            if noise is None or adaptive
+            else _noise_steps(t1f, dt, ts_np, x0.dtype),
             omega=omega,
         )
         if meter is not None:  # the bar lives as long as the run: wait for its end
@@ -1666,7 +1679,7 @@ ADAPTIVE_NOISE_LEVELS = 20
 ADAPTIVE_NOISE_REJECTED = 16
 
 
-def _noise_steps(t1: float, dt: Any, ts: Any) -> int | None:
+def _noise_steps(t1: float, dt: Any, ts: Any, dtype: Any = np.float64) -> int | None:
     """The step count ``N`` of a run whose step points are the grid ``k t_1 / N`` (a concrete ``dt``
     dividing ``t_1``, every save time on the grid): its noise is ``_brownian.GridBrownianPath``;
     ``None`` otherwise (a traced ``dt``, a save time off the grid: the virtual Brownian tree)."""
@@ -1676,17 +1689,22 @@ def _noise_steps(t1: float, dt: Any, ts: Any) -> int | None:
     saves = np.asarray(ts, np.float64)
     if step_grid_problem(t1, dtf, saves) is not None:
         return None  # simulate raises its error about the grid
-    return _brownian.grid_steps(t1, dtf, _step_grid(t1, dtf, saves))
+    return _brownian.grid_steps(t1, dtf, _step_grid(t1, dtf, saves), dtype)
 
 
 def _brownian_path(
-    key: Any, t1: Array, shape: jax.ShapeDtypeStruct, steps: int | None, tol: Callable[[], Any]
+    key: Any,
+    t1: Array,
+    shape: jax.ShapeDtypeStruct,
+    steps: int | None,
+    tol: Callable[[], Any],
+    store: bool | None = None,
 ) -> diffrax.AbstractBrownianPath:
     """The noise's Brownian path on ``[0, t1]``: the grid path of ``steps`` steps
     (``_brownian.GridBrownianPath``: one normal per step) or, without a grid, diffrax's virtual
     Brownian tree of resolution ``tol()`` (``_noise_tol``)."""
     if steps is not None:
-        return _brownian.GridBrownianPath(key, t1, steps, shape)
+        return _brownian.GridBrownianPath(key, t1, steps, shape, store=store)
     return diffrax.VirtualBrownianTree(
         jnp.zeros((), shape.dtype), t1, tol=tol(), shape=shape, key=key
     )

@@ -148,6 +148,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, ParamSpec, TypeVar, cast, overload
@@ -160,6 +161,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from . import _native, sphere
 from . import normalization as _normalization
+from ._brownian import STORE_LIMIT
 from ._checks import (
     RealScalarLike,
     check_choice,
@@ -853,10 +855,13 @@ def _run_one_beta_engine(
         if systems.noise is None:
             return FixedStep.of(model, x0[0], solver=systems.solver, step=rule, h=step)
         assert systems.grid is not None
-        t_end, h, _ = systems.grid  # concrete: the noise's grid path of N steps (mf.simulate's)
+        t_end, h, N = systems.grid  # concrete: the noise's grid path of N steps (mf.simulate's)
+        # the chunk's paths stored together only when all of them fit (else each step descends its
+        # levels: the same numbers, no (S, N, n, d) array)
+        numbers = S * N * math.prod(systems.noise.control_shape(*x0.shape[1:]))
         return FixedStep.of(
             model, x0[0], solver=systems.solver, step=rule, h=h, noise=systems.noise, key=key,
-            t1=t_end,
+            t1=t_end, store=numbers <= STORE_LIMIT,
         )  # fmt: skip
 
     keys0 = None if systems.noise_keys is None else systems.noise_keys[0]
@@ -1614,6 +1619,11 @@ def sa_phase_diagram(
     noisy = None
     if noise is not None:  # the noise's own rules (mf.noise.Noise.coerce, .check), as mf.simulate's
         from .noise import Noise
+
+        if isinstance(noise, str) and sigma is None:
+            raise ValueError(
+                f"noise={noise!r} needs its amplitude: give sigma= (a number >= 0 or a list)"
+            )
 
         noisy = Noise.coerce(noise, sigma=sigma)
         noisy.check(solver=solver, scheme=scheme, step=StepRule.coerce(step))

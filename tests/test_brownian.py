@@ -94,8 +94,22 @@ def test_values_are_sums_and_keys_vmap():
     np.testing.assert_allclose(np.asarray(batched[1]), incs[2], rtol=1e-15, atol=1e-16)
 
 
+def test_only_grid_steps_are_defined():
+    """A zero-length span is zero, a span of two steps NaN (never a silent one-step increment)."""
+    with jax.enable_x64(True):
+        p = GridBrownianPath(jax.random.key(2), 1.0, 8, jax.ShapeDtypeStruct((3,), jnp.float64))
+        assert np.all(np.asarray(p.evaluate(0.25, 0.25)) == 0)
+        assert np.all(np.isnan(np.asarray(p.evaluate(0.25, 0.5))))
+        assert np.all(np.isfinite(np.asarray(p.evaluate(0.25, 0.375))))
+
+
 def test_which_runs_use_the_grid_path():
     assert grid_steps(2.0, 0.01, np.arange(201) * 0.01) == 200
+    # times in float32 name their step up to 2^20 steps: beyond, the tree (no misread increment)
+    big = (1 << 20) + 2
+    grid = np.arange(big + 1) / big
+    assert grid_steps(1.0, 1.0 / big, grid, np.float64) == big
+    assert grid_steps(1.0, 1.0 / big, grid, np.float32) is None
     assert _noise_steps(2.0, 0.01, np.array([0.0, 0.5, 2.0])) == 200
     assert _noise_steps(2.0, 0.01, np.array([0.0, 0.505, 2.0])) is None  # a save off the grid
     assert _noise_steps(1.0, 0.3, np.array([0.0, 1.0])) is None  # dt does not divide t1
@@ -126,15 +140,18 @@ def test_simulate_reads_the_grid_path():
 
 
 def test_run_cost_counts_the_stored_path():
-    """run_cost's ``noise``: a stored path adds itemsize x steps x its numbers to a point's bytes,
-    a path above STORE_LIMIT (descended, not stored) none; one normal a number a step of work."""
+    """run_cost's ``noise``: a stored path adds itemsize x N x its numbers to a point's bytes (N =
+    t1 / dt, the path's steps), a path above STORE_LIMIT (descended, not stored) or an adaptive run's
+    tree none; one normal a number a step of work."""
     from meanfield._brownian import STORE_LIMIT
     from meanfield._resources import NORMAL_FLOP, run_cost
 
     fp = mf.kernels.USA(1.0).footprint(256, 3)
     kw = dict(n=256, d=3, t1=2.0, dt=0.01, saves=2, itemsize=4, footprint=fp)
     base, noisy = run_cost(**kw), run_cost(**kw, noise=256 * 3)
-    assert noisy.point_bytes - base.point_bytes == 4 * base.steps * 256 * 3
+    assert noisy.point_bytes - base.point_bytes == 4 * 200 * 256 * 3  # the path's N = t1 / dt
     assert noisy.work - base.work == base.steps * 256 * 3 * NORMAL_FLOP
     long = dict(kw, t1=2.0 * STORE_LIMIT / 768)  # steps x numbers past the limit
     assert run_cost(**long, noise=768).point_bytes == run_cost(**long).point_bytes
+    adaptive = dict(kw, solver="heun")  # the tree: nothing stored
+    assert run_cost(**adaptive, noise=768).point_bytes == run_cost(**adaptive).point_bytes
