@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -17,7 +17,6 @@ from ._precision import matmul
 from .energy import energy as _energy
 from .energy import resolve_aux
 from .kernels import Kernel
-from .models import Model
 
 __all__ = [
     "tangent_hessian",
@@ -421,20 +420,26 @@ def escape_time(
     t_max: RealScalarLike,
     fraction: RealScalarLike = 0.5,
 ) -> Float[Array, ""]:
-    r"""First time $t$ with $G_x(t) \le \text{fraction} \cdot G_x(0)$ (projected Heun, step ``dt``).
+    r"""First time $t$ with $G_x(t) \le \text{fraction} \cdot G_x(0)$ (``mf.simulate``'s Heun step,
+    ``solver="rk2"``, step ``dt``).
 
-    A ``lax.while_loop`` without saves, for the long runs near saddles.
+    A ``lax.while_loop`` without saves, for the long runs near saddles. Each step is the engine's
+    (``mf.integrate.FixedStep``): the model's own field, normalisation scheme, attention kind, mask
+    and weights' draws, so the states are those of ``mf.simulate(kernel, x0, solver="rk2", dt=dt)``
+    on its grid; the gap is that of the token directions (schemes with a radius: ``x / |x|``).
+    Tokens in R^d (``geometry="euclidean"``) have no collapse gap and are refused; a run whose step
+    fails (a non-finite state, a token through the origin) returns NaN.
 
     Args:
-        kernel: a ``Kernel``.
-        x0: ``(n, d)`` initial unit rows.
+        kernel: a model (``mf.kernels``, ``mf.models``) on the sphere.
+        x0: ``(n, d)`` initial states (unit rows; schemes with a radius: ``r theta``).
         aux: ``(n,)`` labels (default ``kernel.default_aux(n)``).
         dt: step, ``> 0``.
         t_max: time limit, ``> 0``.
         fraction: the gap reduction that counts as escape, in ``(0, 1)``.
 
     Returns:
-        scalar time; ``inf`` when the run has not escaped by ``t_max``.
+        scalar time; ``inf`` when the run has not escaped by ``t_max``; NaN when it failed.
 
     Example:
         >>> import jax, meanfield as mf
@@ -444,6 +449,8 @@ def escape_time(
         True
     """
     from .energy import resolve_aux
+    from .geometry import geometry_of
+    from .integrate import FixedStep
 
     aux = resolve_aux(kernel, x0, aux)
     x0 = jnp.asarray(x0)
@@ -455,41 +462,37 @@ def escape_time(
         raise ValueError(
             f"fraction must be in (0, 1) (the gap reduction of an escape), got {fraction!r}"
         )
-    return _escape(
-        kernel, x0, aux, jnp.asarray(dt, x0.dtype), jnp.asarray(t_max, x0.dtype), fraction
-    )
-
-
-# the state of the escape loop: the particles and the time
-_Run: TypeAlias = tuple[Float[Array, "n d"], Float[Array, ""]]
+    geometry = geometry_of(kernel)
+    if not geometry.on_sphere:
+        raise ValueError(
+            f"escape_time measures the collapse gap of unit tokens; geometry={geometry.name!r} "
+            "has none: use mf.simulate and an observable of its states"
+        )
+    stepper = FixedStep.of(kernel, x0, aux, solver="rk2", h=jnp.asarray(dt, x0.dtype))
+    return _escape(stepper, x0, jnp.asarray(t_max, x0.dtype), fraction)
 
 
 @jax.jit
 def _escape(
-    kernel: Model,
+    stepper: Any,
     x0: Float[Array, "n d"],
-    aux: Array,
-    dt: Float[Array, ""],
     t_max: Float[Array, ""],
     fraction: RealScalarLike,
 ) -> Float[Array, ""]:
     from . import metrics
 
-    def vf(x: Float[Array, "n d"]) -> Float[Array, "n d"]:
-        return sphere.project(x, kernel.field(x, aux))
+    g0 = metrics.collapse_gap(stepper.directions(stepper.init(x0)))
 
-    g0 = metrics.collapse_gap(x0)
+    def cond(state: tuple[Any, Array]) -> Bool[Array, ""]:
+        y, k = state
+        t = k * stepper.h
+        going = (metrics.collapse_gap(stepper.directions(y)) > fraction * g0) & (t < t_max)
+        return going & ~stepper.failed(y)
 
-    def cond(state: _Run) -> Bool[Array, ""]:
-        x, t = state
-        return (metrics.collapse_gap(x) > fraction * g0) & (t < t_max)
+    def body(state: tuple[Any, Array]) -> tuple[Any, Array]:
+        y, k = state
+        return stepper.grid(k, y), k + 1
 
-    def body(state: _Run) -> _Run:
-        x, t = state
-        k1 = vf(x)
-        xe = sphere.normalize(x + dt * k1)
-        k2 = vf(xe)
-        return sphere.normalize(x + 0.5 * dt * (k1 + k2)), t + dt
-
-    x, t = jax.lax.while_loop(cond, body, (x0, jnp.zeros((), x0.dtype)))
-    return jnp.where(t < t_max, t, jnp.inf)
+    y, k = jax.lax.while_loop(cond, body, (stepper.init(x0), jnp.zeros((), x0.dtype)))
+    t = k * stepper.h
+    return jnp.where(stepper.failed(y), jnp.nan, jnp.where(t < t_max, t, jnp.inf))

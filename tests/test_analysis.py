@@ -129,3 +129,38 @@ def test_classify_state_of_a_converged_run_is_a_maximiser():
         x = mf.sphere.normalize(jnp.asarray(np.asarray(xf, np.float64)))
         c = analysis.classify_state(mf.kernels.USA(1.0), x, rtol=1e-3)
     assert c["kind"] == "maximiser" and c["clusters"] == 1 and c["zero"] == 2
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        mf.models.SelfAttention(1.0, normalization="pre"),
+        mf.models.SelfAttention(1.0, normalization="peri"),
+        mf.models.SelfAttention(1.0, attention="sinkhorn"),
+        mf.models.SelfAttention(1.0, mask=mf.masks.Causal()),
+    ],
+    ids=["pre", "peri", "sinkhorn", "causal"],
+)
+def test_escape_time_steps_the_models_own_dynamics(model, x64):
+    # escape_time steps with the engine (FixedStep, Heun): its time is the first grid time at
+    # which mf.simulate(..., solver="rk2")'s directions have half the initial gap. (Before, it
+    # ran the Post-LN flow of the bare field whatever the scheme: Pre-LN gave Post-LN's time.)
+    x0 = jnp.asarray(mf.sphere.uniform(jax.random.key(3), 8, 3), jnp.float64)
+    dt, t1 = 0.05, 8.0
+    t = float(analysis.escape_time(model, x0, dt=dt, t_max=t1))
+    traj = mf.simulate(model, x0, t1=t1, dt=dt, solver="rk2", ts=np.arange(161) * dt)
+    xs = mf.sphere.normalize(traj.xs)
+    gaps = np.array([float(mf.metrics.collapse_gap(x)) for x in xs])
+    k = int(np.argmax(gaps <= 0.5 * gaps[0]))
+    assert gaps[k] <= 0.5 * gaps[0] < gaps[k - 1]
+    assert t == pytest.approx(k * dt, rel=1e-12)
+    post = float(analysis.escape_time(mf.models.SelfAttention(1.0), x0, dt=dt, t_max=t1))
+    assert t != pytest.approx(post, abs=dt / 2)
+
+
+def test_escape_time_refuses_tokens_in_rd():
+    x0 = mf.sphere.uniform(jax.random.key(3), 8, 3)
+    with pytest.raises(ValueError, match="geometry='euclidean'"):
+        analysis.escape_time(
+            mf.models.SelfAttention(1.0, geometry="euclidean"), x0, dt=0.1, t_max=1.0
+        )
