@@ -15,8 +15,20 @@ import os
 import pkgutil
 from pathlib import Path
 
-import jax
-import pytest
+# XLA's legacy CPU loop emitters for the suite: about 40% less compile time a program (most of the
+# suite's time is XLA compiling small programs), the results those of the default emitters but for
+# the last bit of a few reductions (docs/testing.md, "The round of 2026-12-07 (2)": 134 engine
+# results in float32 and float64, 131 bit-identical, the others within 1 ulp). Set before JAX's
+# backend starts, so the `meanfield` processes the tests start inherit it. MEANFIELD_TEST_XLA_DEFAULT=1
+# keeps XLA's defaults (the second pass of .ci/run: the closed-form modules as users compile them).
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+if os.environ.get("MEANFIELD_TEST_XLA_DEFAULT") != "1" and TEST_XLA_FLAGS not in os.environ.get(
+    "XLA_FLAGS", ""
+):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # jaxtyping's import hook, with beartype alone on the functions that carry no jaxtyping annotation
 # (the same checks at a twentieth of the cost: tests/_typecheck.py); MEANFIELD_TEST_JAXTYPED=1 puts
