@@ -24,6 +24,7 @@ __all__ = [
     "CLI_KEYS",
     "solver_refusal",
     "size_problem",
+    "early_stop_problem",
 ]
 
 
@@ -130,3 +131,21 @@ def size_problem(
             f"prompt), got {prompts}"
         )
     return None
+
+
+def early_stop_problem(what: str, early_stop: Any, say: Spelling = say_python) -> str | None:
+    """The refusal of an energy-plateau stop ``early_stop`` in a run with ``what`` (a setting as
+    the surface spells it: ``noise='independent'``, ``--frequencies gaussian``), whose energy the
+    flow no longer increases, or None without a stop: the one text of ``mf.noise.Noise.check`` and
+    ``mf.frequencies.check_run``, from Python, a spec and the command line.
+
+    Example:
+        >>> print(early_stop_problem("--noise common", 1e-6, say_cli))
+        --early-stop 1e-06 stops a run whose energy is stationary (the flow increases it): not with --noise common
+    """
+    if early_stop is None:
+        return None
+    return (
+        f"{say('early_stop', early_stop)} stops a run whose energy is stationary (the flow "
+        f"increases it): not with {what}"
+    )

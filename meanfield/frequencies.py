@@ -38,7 +38,7 @@ from jaxtyping import Array, Float
 
 from ._checks import check_int, check_positive
 from ._declare import Variant, param
-from ._spelling import Say, say_python
+from ._spelling import Say, early_stop_problem, say_python
 
 __all__ = ["Distribution", "Lorentzian", "Gaussian", "DISTRIBUTIONS", "check_run"]
 
@@ -221,8 +221,9 @@ def check_run(
     command line's ``--frequencies`` and a sweep's ``model.frequencies`` (``say`` spells the settings
     as the caller's surface does): with a frequency ``law`` (its name), a dimension ``d`` other than 2
     (the law's samples are angular velocities on the circle); a normalisation ``scheme`` whose
-    tokens carry a radius (``Scheme.radial``); an ``early_stop`` (``TypeError``: the energy of a run
-    with frequencies is not increased by the flow). ``ValueError`` otherwise, one line.
+    tokens carry a radius (``Scheme.radial``); an ``early_stop`` (the energy of a run with frequencies
+    is not increased by the flow: ``meanfield._spelling.early_stop_problem``). ``ValueError``, one
+    line.
 
     Example:
         >>> import meanfield as mf
@@ -244,8 +245,6 @@ def check_run(
             f"{what}: natural frequencies rotate tokens on the sphere or in R^d; "
             f"{say('normalization', scheme.name)} carries a radius (it takes no frequencies)"
         )
-    if early_stop is not None:
-        raise TypeError(
-            f"{say('early_stop', early_stop)} stops a run whose energy is stationary (the flow "
-            f"increases it): not with {what}"
-        )
+    problem = early_stop_problem(what, early_stop, say)
+    if problem is not None:
+        raise ValueError(problem)

@@ -1591,7 +1591,12 @@ def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
             f"noise must be a meanfield.noise.Noise (mf.noise.Independent(sigma), "
             f"mf.noise.Common(sigma)), got {noise!r}"
         )
-    noise.check(solver=time.solver, scheme=normalization.scheme_of(model), step=time.rule)
+    noise.check(
+        solver=time.solver,
+        scheme=normalization.scheme_of(model),
+        step=time.rule,
+        early_stop=time.early_stop,
+    )
     if key is None:
         raise TypeError(
             f"noise={noise!r} needs key= (a jax.random key, e.g. jax.random.key(0)): the same key "
@@ -1603,11 +1608,6 @@ def _check_noise(noise: Any, key: Any, time: RunTime, model: Any) -> Any:
         raise TypeError(
             f"key must be one jax.random key (jax.random.key(seed); vmap over a batch of keys), "
             f"got {key!r}"
-        )
-    if time.early_stop is not None:
-        raise TypeError(
-            "early_stop stops a run whose energy is stationary: a noisy run's energy is not; "
-            "leave it out with noise="
         )
     return noise
 

@@ -49,7 +49,7 @@ from jaxtyping import Array, Float
 from . import sphere
 from ._declare import Variant, param
 from ._precision import matmul
-from ._spelling import Say, say_python
+from ._spelling import Say, early_stop_problem, say_python
 
 __all__ = ["Noise", "Independent", "Common", "NOISES", "NOISE_SOLVERS"]
 
@@ -113,11 +113,14 @@ class Noise(Variant):
         solver: str | None = None,
         scheme: Any = None,
         step: Any = None,
+        early_stop: Any = None,
         say: Say = say_python,
     ) -> None:
         """``ValueError`` (one line) for what the noise cannot run with: a ``solver`` other than the
         Stratonovich Heun step, a ``scheme`` whose tokens carry a radius, a step rule that does not
-        integrate the tangent field; ``say`` spells the settings as the caller's surface does.
+        integrate the tangent field, an energy-plateau stop ``early_stop`` (a noisy run's energy is
+        not stationary: ``meanfield._spelling.early_stop_problem``); ``say`` spells the settings as
+        the caller's surface does.
 
         Example:
             >>> import meanfield as mf
@@ -142,6 +145,9 @@ class Noise(Variant):
             raise ValueError(
                 f"{name} is integrated with the tangent field; {say('step', step.name)} is not"
             )
+        problem = early_stop_problem(name, early_stop, say)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @Noise.builtin

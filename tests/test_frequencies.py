@@ -99,7 +99,7 @@ def test_refusals():
         mf.simulate(
             mf.models.SelfAttention(1.0, normalization="pre"), x2, t1=1.0, frequencies=jnp.ones(4)
         )
-    with pytest.raises(TypeError, match="early_stop"):
+    with pytest.raises(ValueError, match="early_stop"):
         mf.simulate(model, x2, t1=1.0, frequencies=jnp.ones(4), early_stop=1e-3)
 
 

@@ -147,7 +147,7 @@ def test_refusals_are_the_noises():
         mf.simulate(model, x0, t1=1.0, noise=Independent(0.1))
     with pytest.raises(TypeError, match="give noise= too"):
         mf.simulate(model, x0, t1=1.0, key=key)
-    with pytest.raises(TypeError, match="early_stop"):
+    with pytest.raises(ValueError, match="early_stop=0.001 stops a run whose energy is stationary"):
         mf.simulate(mf.kernels.USA(1.0), x0, t1=1.0, noise=Common(0.1), key=key, early_stop=1e-3)
     with pytest.raises(TypeError, match="meanfield.noise.Noise"):
         mf.simulate(model, x0, t1=1.0, noise="independent", key=key)
@@ -191,6 +191,15 @@ def test_the_command_line_runs_the_same_noisy_run(tmp_path, capsys):
     assert err[0].endswith(
         "--noise independent needs --solver rk2 or --solver heun (the Stratonovich Heun step, "
         "fixed or adaptive), not --solver rk4"
+    )
+    # the energy-plateau stop: one rule (meanfield._spelling.early_stop_problem), each surface's spelling
+    status = cli.main(argv + ["--noise", "common", "--sigma", "0.4", "--solver", "rk2",
+                              "--early-stop", "1e-6", "--out", str(tmp_path / "bad")])  # fmt: skip
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 2 and len(err) == 1, err
+    assert err[0].endswith(
+        "--early-stop 1e-06 stops a run whose energy is stationary (the flow increases it): "
+        "not with --noise common"
     )
 
 

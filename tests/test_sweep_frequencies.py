@@ -273,7 +273,8 @@ def test_a_list_of_laws_is_a_static_axis():
         (
             "frequencies = 'lorentzian'\nspread = 0.5",
             {"time": "early_stop = 1e-8"},
-            "time.early_stop stops a run whose energy is stationary: not with model.frequencies",
+            "time.early_stop = 1e-08 stops a run whose energy is stationary (the flow increases "
+            "it): not with model.frequencies = 'lorentzian'",
         ),
         (
             "frequencies = 'lorentzian'\nspread = 0.5\nnormalization = ['post', 'peri']",

@@ -205,7 +205,8 @@ def test_a_spec_without_noise_is_the_store_it_was(stores):
         (
             "noise = 'common'\nsigma = 0.1",
             "early_stop = 1e-8",
-            "time.early_stop stops a run whose energy is stationary: not with model.noise",
+            "time.early_stop = 1e-08 stops a run whose energy is stationary (the flow increases "
+            "it): not with model.noise = 'common'",
         ),
         (
             "sigma = 0.1",

@@ -557,7 +557,12 @@ def _frequency_values(
 
 
 def _check_noise(
-    noise: Any, sigma: Any, params: Mapping[str, Any], solver: str, step: StepRule
+    noise: Any,
+    sigma: Any,
+    params: Mapping[str, Any],
+    solver: str,
+    step: StepRule,
+    early_stop: Any = None,
 ) -> None:
     """The refusals of the noise(s) ``noise`` (``mf.noise.Noise.check``, in the spec's spelling:
     ``time.solver``, ``model.normalization``, ``time.step``) for every value of a static axis."""
@@ -568,7 +573,7 @@ def _check_noise(
     amplitude = min(_values(sigma))
     for name in _values(noise):
         Noise.coerce(name, sigma=amplitude).check(
-            solver=solver, scheme=scheme, step=step, say=say_spec
+            solver=solver, scheme=scheme, step=step, early_stop=early_stop, say=say_spec
         )
 
 
@@ -1343,18 +1348,14 @@ def _parse_particle_grid(
             say=say_spec
         )
         time_spec["save"] = ts.tolist()
+        stop = tsec.get("early_stop")
         if noise is not None:  # the noise's own refusals, in the spec's spelling
-            _check_noise(noise, sigma, params, solver, _step_of({"step": step}))
+            _check_noise(noise, sigma, params, solver, _step_of({"step": step}), stop)
+        if frequencies is not None and stop is not None:  # the frequencies' rule, as mf.simulate's
+            from ..frequencies import check_run
+
+            check_run(law=_values(frequencies)[0], early_stop=stop, say=say_spec)
         if "early_stop" in tsec:
-            if noise is not None:  # the rule of `meanfield simulate --early-stop` and mf.simulate
-                raise ValueError(
-                    "time.early_stop stops a run whose energy is stationary: not with model.noise"
-                )
-            if frequencies is not None:  # mf.simulate's rule (and --early-stop's)
-                raise ValueError(
-                    "time.early_stop stops a run whose energy is stationary: not with "
-                    "model.frequencies"
-                )
             no_energy = [k for k in kinds if not _has_energy(grid_kind, k, params)]
             if no_energy:
                 why = _masked(params)
