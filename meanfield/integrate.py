@@ -72,7 +72,7 @@ from ._checks import (
     is_concrete,
     traced_nonnegative,
 )
-from ._spelling import Spelling, say_python
+from ._spelling import Spelling, radius_problem, say_python
 from .energy import check_states
 from .geometry import geometry_of
 from .kernels import Kernel
@@ -1493,11 +1493,11 @@ def _takes(fn: Callable[..., Any], name: str) -> bool:
 
 def _no_radius(model: Any, r0: Any, x0: Array) -> Array:
     if r0 is not None:
-        raise ValueError(
-            f"r0 is the initial radius of a model whose tokens carry one (normalization in "
-            f"{', '.join(normalization.radial_names())}); {type(model).__name__} with normalization="
-            f"{normalization.scheme_of(model).name!r} has none"
+        problem = radius_problem(
+            normalization.scheme_of(model).name, normalization.radial_names(), type(model).__name__
         )
+        if problem is not None:
+            raise ValueError(problem)
     return x0
 
 

@@ -171,6 +171,7 @@ from ._checks import (
     traced_positive,
 )
 from ._precision import matmul
+from ._spelling import radius_problem
 from .integrate import STEPS, FixedStep, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
@@ -1609,11 +1610,9 @@ def sa_phase_diagram(
     scheme = model.normalization  # a mf.normalization.Scheme, whatever spelling was given
     radial = scheme.radial
     StepRule.coerce(step).check(scheme=scheme)
-    if r0 is not None and not radial:
-        raise ValueError(
-            f"r0 is the initial radius of the schemes with one (normalization "
-            f"{', '.join(repr(r) for r in _normalization.radial_names())}), not normalization={scheme.name!r}"
-        )
+    problem = None if r0 is None else radius_problem(scheme.name, _normalization.radial_names(), "")
+    if problem is not None:
+        raise ValueError(problem)
     if r0 is not None:
         check_positive("r0", r0)
     noisy = None
