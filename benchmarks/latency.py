@@ -12,8 +12,8 @@ side by side in one run (repeat ``r`` runs every figure once, so a change of loa
   ``xla`` subdirectory deleted), warm (a second process, same cache directory), warm with
   ``--no-plots`` (where the CLI has it) and warm with ``MEANFIELD_COMPILATION_CACHE=0``; against the reference ``import jax`` (a fresh process) +
   the warm run of the same ``mf.simulate`` call inside one process (its second call) + writing
-  the same outputs (``observables.npz``, ``summary.json``, ``run.zarr`` where the CLI writes it,
-  the two figures, importing matplotlib included);
+  the same outputs (``summary.json`` and ``run.zarr`` where the CLI writes it, else the earlier
+  ``observables.npz``; the two figures, importing matplotlib included);
 - the smoke sweep (``sweeps/smoke.toml``, its seeds times ``--scale``) run by one process, by a
   job array of three parts (``--part i/3`` started at once, one store) and by two
   ``jax.distributed`` processes (``--coordinator 127.0.0.1:PORT``), each with a cold compilation
@@ -101,14 +101,17 @@ energy = np.asarray(traj.energy, np.float64) if traj.energy is not None else np.
 clusters = np.asarray(traj.observables["clusters"], np.float64)
 xs = np.asarray(traj.xs)
 out.mkdir(parents=True, exist_ok=True)
-np.savez_compressed(out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=gap, energy=energy,
-                    clusters=clusters, x_final=xs[-1], x0=np.asarray(x0), aux=np.asarray(aux))
 summary = {"kernel": args.kernel, "n": args.n, "d": args.d, **{k: str(v) for k, v in params.items()},
            "final_collapse_gap": float(gap[-1]), "num_steps": int(traj.num_steps), "wall_time_s": t_warm}
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 if hasattr(traj, "to_xarray"):  # the run's store, as the CLI writes it (importing xarray, zarr included)
     from meanfield._labelled import write_run
-    write_run(out / "run.zarr", traj.to_xarray(model, aux=np.asarray(aux)))
+    ds = traj.to_xarray(model, aux=np.asarray(aux))
+    ds["x0"] = (("token", "dim"), np.asarray(x0))
+    write_run(out / "run.zarr", ds)
+else:  # a meanfield before run.zarr: its CLI wrote observables.npz
+    np.savez_compressed(out / "observables.npz", ts=np.asarray(traj.ts), collapse_gap=gap, energy=energy,
+                        clusters=clusters, x_final=xs[-1], x0=np.asarray(x0), aux=np.asarray(aux))
 t_numbers = time.perf_counter() - t0
 t0 = time.perf_counter()
 fig = plt.figure(figsize=(4.5, 4.5))
@@ -582,7 +585,7 @@ def _rows(stats: dict, ref_stats: dict, inner: list[float], lazy: bool | None) -
         for k, label in (
             ("first_call", "in-process `mf.simulate`, first call (compiles)"),
             ("warm_call", "in-process `mf.simulate`, second call (warm)"),
-            ("write_numbers", "writing the numbers (observables.npz, summary.json, run.zarr)"),
+            ("write_numbers", "writing the numbers (summary.json, run.zarr)"),
             ("import_matplotlib", "importing matplotlib.pyplot"),
             ("write_figures", "drawing and writing the two figures"),
         ):

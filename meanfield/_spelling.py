@@ -26,6 +26,7 @@ __all__ = [
     "size_problem",
     "early_stop_problem",
     "radius_problem",
+    "pair_problem",
 ]
 
 
@@ -176,3 +177,41 @@ def radius_problem(
     if scheme is None:
         return f"{head}; {model} takes no {say.name('normalization')}"
     return f"{head}, not {say('normalization', scheme)}"
+
+
+def pair_problem(
+    choice_key: str,
+    choice: Any,
+    choices: Sequence[str],
+    scale_key: str,
+    scale: Any,
+    *,
+    is_what: str,
+    whose: str,
+    bound: str,
+    listable: bool = False,
+    say: Spelling = say_python,
+) -> str | None:
+    """The refusal of half of a variant family's pair, or None: a member ``choice`` (``noise``,
+    ``frequencies``; one of ``choices``) given without its scale (``sigma``, ``spread``: a number
+    ``bound``, e.g. ``">= 0"``; ``listable``: or a list, a grid axis), or the scale without a
+    member. The one text of ``mf.phase_diagram.sa_phase_diagram``, a spec's ``[model]`` and
+    ``meanfield simulate`` (``is_what``, ``whose`` word it: ``"the amplitude of a noise"``,
+    ``"the noise's amplitude"``).
+
+    Example:
+        >>> kw = dict(is_what="the amplitude of a noise", whose="the noise's amplitude", bound=">= 0")
+        >>> print(pair_problem("noise", None, ("independent", "common"), "sigma", 0.1, say=say_cli, **kw))
+        --sigma 0.1 is the amplitude of a noise: it applies with --noise independent or --noise common
+        >>> print(pair_problem("noise", "common", ("independent", "common"), "sigma", None, **kw))
+        noise='common' needs sigma, the noise's amplitude (a number >= 0)
+    """
+    if (choice is None) == (scale is None):
+        return None
+    if choice is None:
+        return f"{say(scale_key, scale)} is {is_what}: it applies with " + " or ".join(
+            say(choice_key, c) for c in choices
+        )
+    return f"{say(choice_key, choice)} needs {say.name(scale_key)}, {whose} (a number {bound}" + (
+        ", or a list: a grid axis)" if listable else ")"
+    )

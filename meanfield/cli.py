@@ -9,7 +9,7 @@ fused kernel cannot run) or a model registered by another package whose code rai
 names the model and its class), reported as ONE line on stderr without a traceback; 130
 interrupted.
 
-Every file ``simulate`` writes (``observables.npz``, ``summary.json``, the figures, the movie)
+Every file ``simulate`` writes (``summary.json``, the figures, the movie)
 must be a regular file or a new one (and ``run.zarr`` new or the store of an earlier run, which it
 replaces: ``meanfield._labelled.check_run_path``): a FIFO, socket, device or directory in its place is
 refused before the run, without being opened (``meanfield._paths.check_output``; opening a
@@ -47,25 +47,31 @@ the same numbers as a sweep of ``kind = NAME`` and as ``mf.kernels.make(NAME, ..
 ``scaling``) takes ``--alpha`` with ``ngpt`` only and ``--switch-time`` with ``mix`` only (a flag
 that applies with another's value is refused elsewhere, even at its default). The schemes with a
 radius (``pre``, ``mix``, ``peri``) take ``--r0`` (every token's initial radius, default 1;
-refused for the others) and write the radii: ``radius`` (``(saves, n)``; over ``(time, token)``
-in ``run.zarr``) in ``observables.npz`` beside the states (``x0``, ``x_final``: the directions) and ``r0`` and
-``final_mean_radius`` in ``summary.json``. Mix-LN switches at the end of the step that reaches
-``--switch-time`` (``mf.simulate``: on a fixed step, the first step boundary at or after it).
+refused for the others) and write the radii: ``radius`` over ``(time, token)`` in ``run.zarr``
+beside the states (``x`` and ``x0``: the directions; ``r0`` also an attribute) and ``r0`` and
+``final_mean_radius`` (the mean of ``radius`` at the last save) in ``summary.json``. Mix-LN
+switches at the end of the step that reaches ``--switch-time`` (``mf.simulate``: on a fixed
+step, the first step boundary at or after it).
 
-``simulate --out DIR`` writes the run as labelled data, ``DIR/run.zarr``: the
-``xarray.Dataset`` of ``Trajectory.to_xarray`` (coordinates ``time``, ``token``, ``dim``; the
+``simulate --out DIR`` writes the run's numbers in one format, labelled data, ``DIR/run.zarr``:
+the ``xarray.Dataset`` of ``Trajectory.to_xarray`` (coordinates ``time``, ``token``, ``dim``; the
 states ``x``, ``collapse_gap``, ``energy``, ``clusters``, ``radius``, the token labels ``aux``,
 ``stop_time``, ``num_steps``, ``status``; the model, its parameters as given, the time settings,
-the seed and the versions as attributes) in a one-point sweep store, which ``mf.sweep.load(DIR)``
-verifies and opens as it opens a sweep. ``observables.npz`` (``ts``, ``collapse_gap``,
-``energy``, ``clusters``, ``x0``, ``x_final``, ``aux``, ``radius``) is the same numbers in the
-earlier layout, kept for the readers that still load it; ``summary.json`` is the run's summary.
+the seed and the versions as attributes) plus ``x0`` over ``(token, dim)``, the initial states as
+drawn from ``--seed`` (``x`` at time 0 is them renormalised, not bit for bit), in a one-point sweep
+store, which ``mf.sweep.load(DIR)`` (or ``mf.sweep.load(DIR / "run.zarr")``) verifies and opens as
+it opens a sweep. ``summary.json`` is the run's short summary (final values, settings, warnings,
+the failure). The store holds every number the earlier ``observables.npz`` did (no longer
+written): ``ts`` is the coordinate ``time``, ``x_final`` is ``x`` at the last time
+(``ds.x[-1]``), ``x0``, ``collapse_gap``, ``aux`` and ``radius`` are variables (in the run's
+dtype, not cast to float64); ``energy`` is absent where the model has none (a masked kernel,
+``sa``) and ``clusters`` for tokens in R^d, where ``observables.npz`` held NaN.
 
 ``--help`` and argument errors return before JAX is imported: the parser reads the registry
 through ``meanfield._cli_schema``, a copy generated from it (``python -m
 meanfield._cli_schema --write``; a test fails when they differ), or the registry itself when
-it is already imported. ``simulate`` writes its numbers (``observables.npz``,
-``summary.json``, ``run.zarr``) before it draws ``configuration.png`` and ``observables.png``;
+it is already imported. ``simulate`` writes its numbers (``summary.json``, ``run.zarr``)
+before it draws ``configuration.png`` and ``observables.png``;
 ``--no-plots`` draws no figure (and imports no matplotlib).
 
 The ``meanfield`` process itself (``main()`` without arguments, ``python -m meanfield``)
@@ -105,8 +111,15 @@ __all__ = [
 
 _USER_ERRORS = (ValueError, TypeError, OverflowError, OSError, tomllib.TOMLDecodeError)
 
-#: The files ``simulate`` writes in ``--out``: the numbers, then (without ``--no-plots``) the figures.
-_OUTPUT_FILES = ("observables.npz", "summary.json", "configuration.png", "observables.png")
+#: The files ``simulate`` writes in ``--out`` beside its numbers' store ``run.zarr``
+#: (``_labelled.RUN_STORE``): the summary, then (without ``--no-plots``) the figures.
+_OUTPUT_FILES = ("summary.json", "configuration.png", "observables.png")
+
+#: ``description`` of ``x0`` in ``run.zarr``.
+_X0_DESCRIPTION = (
+    "initial token states x_i(0) as drawn from the seed (mf.sphere.uniform; the directions for the "
+    "schemes with a radius)"
+)
 
 #: Largest magnitude of a model parameter from the command line: beyond ``2^24`` a float32
 #: no longer resolves the parameter's units (a phase ``2 pi m s`` keeps no digit).
@@ -781,7 +794,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     out = _output_dir(args.out)
     # every file the run writes, checked before it: a regular file or a new one (a FIFO there
     # would block the write forever, after the run)
-    for name in _OUTPUT_FILES[: 2 if args.no_plots else None]:
+    for name in _OUTPUT_FILES[: 1 if args.no_plots else None]:
         _paths.check_output(out / name, "--out file")
     from . import _labelled
 
@@ -939,19 +952,6 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "estimate": cost.describe(),
         "estimated_time_s": float(f"{seconds:.3g}"),
     }
-    arrays: dict[str, Any] = {
-        "ts": np.asarray(traj.ts),
-        "collapse_gap": gap,
-        "energy": energy if energy is not None else np.full(len(ts), np.nan),
-        "clusters": clusters,
-        "x_final": xs[-1],
-        "x0": np.asarray(x0),
-        "aux": np.asarray(aux),
-    }
-    if radius is not None:  # beside the states (x0, x_final: the directions)
-        arrays["radius"] = radius
-    with _paths.open_output(out / "observables.npz", "--out file") as f:
-        np.savez_compressed(f, **arrays)
     with _paths.open_output(out / "summary.json", "--out file") as f:
         f.write(_dumps(result, indent=2).encode("utf-8"))
     # the run as labelled data, a one-point sweep store (mf.sweep.load(out) opens it): the
@@ -976,9 +976,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "atol": args.atol,
         "early_stop": args.early_stop,
     }
-    _labelled.write_run(
-        out / _labelled.RUN_STORE, traj.to_xarray(model, aux=np.asarray(aux), attrs=settings)
-    )
+    ds = traj.to_xarray(model, aux=np.asarray(aux), attrs=settings)
+    # the initial states as drawn (x at time 0 is them renormalised: not bit for bit)
+    ds["x0"] = (("token", "dim"), np.asarray(x0), {"description": _X0_DESCRIPTION})
+    _labelled.write_run(out / _labelled.RUN_STORE, ds)
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
         _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)

@@ -171,7 +171,7 @@ from ._checks import (
     traced_positive,
 )
 from ._precision import matmul
-from ._spelling import radius_problem
+from ._spelling import pair_problem, radius_problem
 from .integrate import STEPS, FixedStep, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
@@ -1585,10 +1585,21 @@ def sa_phase_diagram(
     check_positive("dt", dt)
     check_positive("t1", t1)
     check_choice("solver", solver, ("euler", "rk2"))
-    if noise is None and sigma is not None:
-        raise ValueError(
-            f"sigma = {sigma!r} is the amplitude of a noise: give noise='independent' or 'common' too"
-        )
+    from .noise import Noise
+
+    problem = pair_problem(
+        "noise",
+        noise if isinstance(noise, str) or noise is None else noise.name,
+        Noise.names(),
+        "sigma",
+        sigma if isinstance(noise, str) or noise is None else noise.sigma,
+        is_what="the amplitude of a noise",
+        whose="the noise's amplitude",
+        bound=">= 0",
+        listable=True,
+    )
+    if problem is not None:
+        raise ValueError(problem)
     if noise is not None:
         check_int("noise_seed", noise_seed)
         if not 0 <= int(noise_seed) < 2**32:
@@ -1617,13 +1628,6 @@ def sa_phase_diagram(
         check_positive("r0", r0)
     noisy = None
     if noise is not None:  # the noise's own rules (mf.noise.Noise.coerce, .check), as mf.simulate's
-        from .noise import Noise
-
-        if isinstance(noise, str) and sigma is None:
-            raise ValueError(
-                f"noise={noise!r} needs its amplitude: give sigma= (a number >= 0 or a list)"
-            )
-
         noisy = Noise.coerce(noise, sigma=sigma)
         noisy.check(solver=solver, scheme=scheme, step=StepRule.coerce(step))
     general = (

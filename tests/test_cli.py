@@ -45,8 +45,11 @@ def test_simulate_writes_figures_and_observables(tmp_path):
     assert summary["theory_max_energy"] == pytest.approx(np.e / 2, rel=1e-6)
     assert summary["final_energy"] == pytest.approx(np.e / 2, rel=1e-4)  # RoPE reaches the maximum
     assert summary["final_collapse_gap"] > 0.05  # and does not collapse
-    data = np.load(tmp_path / "observables.npz")
-    assert data["collapse_gap"].shape == (101,) and data["x_final"].shape == (48, 3)
+    import meanfield as mf
+
+    data = mf.sweep.load(tmp_path)  # run.zarr, the one numeric format
+    assert data["collapse_gap"].shape == (101,) and data["x"][-1].shape == (48, 3)
+    assert not (tmp_path / "observables.npz").exists()  # no longer written
     for f in ("configuration.png", "observables.png"):
         assert (tmp_path / f).stat().st_size > 5000
 

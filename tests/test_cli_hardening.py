@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import meanfield as mf
 from meanfield import _resources, cli
 
 
@@ -191,8 +192,9 @@ def test_overflowing_run_is_recorded_as_failed_with_its_outputs(tmp_path, capsys
     assert s["failed"] is True and "non-finite" in s["failure"]
     assert s["final_clusters"] is None  # never int(NaN)
     assert json.loads(out.strip().splitlines()[-1])["failed"] is True  # stdout: strict JSON too
-    data = np.load(tmp_path / "observables.npz")
+    data = mf.sweep.load(tmp_path)  # the failed run's numbers are in its store
     assert data["collapse_gap"].shape == (101,)
+    assert int(data["status"]) == mf.sweep.FAILED
     for f in ("configuration.png", "observables.png"):
         assert (tmp_path / f).exists()
 
@@ -229,7 +231,7 @@ def test_long_step_warns_and_energy_decrease_is_flagged(tmp_path, capsys):
     assert any("energy decreased" in ln for ln in lines), lines
     s = strict_json(tmp_path / "summary.json")
     assert s["energy_decreases"] > 0 and len(s["warnings"]) == 2
-    E = np.load(tmp_path / "observables.npz")["energy"]
+    E = mf.sweep.load(tmp_path)["energy"].values.astype(np.float64)
     assert s["energy_decreases"] == int(
         np.sum(np.diff(E) < -1000 * np.finfo(np.float32).eps * np.abs(E).max())
     )
@@ -245,7 +247,7 @@ def test_a_good_run_has_no_warning(tmp_path, capsys):
         and s["failed"] is False
         and s["failure"] is None
     )
-    E = np.load(tmp_path / "observables.npz")["energy"]
+    E = mf.sweep.load(tmp_path)["energy"].values.astype(np.float64)
     assert np.all(np.diff(E) >= -1e-4 * E.max())  # the flow increases the energy
     assert isinstance(s["final_clusters"], int) and "steps" in s["estimate"]
 

@@ -210,7 +210,7 @@ def test_simulate_writes_the_numbers_before_the_figures(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cli, "_simulate_figures", figures)
     assert cli.main([*_SMALL, "--out", str(tmp_path)]) == 0
-    assert seen == [["observables.npz", "run.zarr", "summary.json"]]
+    assert seen == [["run.zarr", "summary.json"]]  # the numbers (no observables.npz any more)
 
 
 @pytest.mark.slow
@@ -228,10 +228,6 @@ def test_no_plots_draws_no_figure_and_imports_no_matplotlib(tmp_path):
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["rc"] == 0, p.stderr
     assert "matplotlib" not in result["loaded"] and "jax" in result["loaded"]
-    assert sorted(f.name for f in tmp_path.iterdir()) == [
-        "observables.npz",
-        "run.zarr",
-        "summary.json",
-    ]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["run.zarr", "summary.json"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["n"] == 12 and summary["failed"] is False

@@ -1,5 +1,5 @@
 """``meanfield simulate --normalization`` (issue 29, ``mf.normalization``): the schemes with a
-radius take ``--r0`` and write the radii (``radius`` in ``observables.npz``, ``r0`` and
+radius take ``--r0`` and write the radii (``radius`` in ``run.zarr``, ``r0`` and
 ``final_mean_radius`` in ``summary.json``), the same numbers as ``mf.simulate``; a flag that
 applies with another scheme, or ``--r0`` without a radius, is one line on stderr and status 2."""
 
@@ -94,10 +94,11 @@ def test_radial_run_writes_the_radii_of_simulate(kernel, args, scheme, tmp_path,
     model = mf.kernels.make(kernel, d=3, **scheme)
     x0 = mf.sphere.uniform(jax.random.key(0), 6, 3)
     traj = mf.simulate(model, x0, t1=0.4, dt=0.1, ts=np.linspace(0, 0.4, 3), r0=r0)
-    saved = np.load(tmp_path / "observables.npz")
-    assert saved["radius"].shape == (3, 6)
-    np.testing.assert_allclose(saved["radius"], np.asarray(traj.radius), rtol=1e-6)
-    np.testing.assert_allclose(saved["x_final"], np.asarray(traj.xs[-1]), rtol=1e-6, atol=1e-7)
+    saved = mf.sweep.load(tmp_path)  # the run's store, run.zarr
+    assert saved["radius"].shape == (3, 6) and saved["radius"].dims == ("time", "token")
+    np.testing.assert_allclose(saved["radius"].values, np.asarray(traj.radius), rtol=1e-6)
+    np.testing.assert_allclose(saved["x"].values[-1], np.asarray(traj.xs[-1]), rtol=1e-6, atol=1e-7)
+    assert saved.attrs["r0"] == r["r0"]  # the initial radius, recorded with the settings
     assert r["final_mean_radius"] == pytest.approx(float(np.mean(traj.radius[-1])), rel=1e-6)
     assert (
         json.loads((tmp_path / "summary.json").read_text())["final_mean_radius"]
@@ -111,4 +112,5 @@ def test_sphere_schemes_write_no_radius(scheme, tmp_path, capsys):
     assert status == 0, lines
     r = json.loads(out)
     assert "r0" not in r and "final_mean_radius" not in r and r["normalization"] == scheme
-    assert "radius" not in np.load(tmp_path / "observables.npz").files
+    saved = mf.sweep.load(tmp_path)
+    assert "radius" not in saved and "r0" not in saved.attrs

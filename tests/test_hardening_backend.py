@@ -414,9 +414,9 @@ def test_simulate_records_the_backend_it_decided_and_a_rerun_with_it_is_identica
         assert cli.main(["simulate", *small, "--backend", backend, "--out", str(out)]) == 0
         capsys.readouterr()
         summary = json.loads((out / "summary.json").read_text())
-        runs[name] = (summary, np.load(out / "observables.npz"))
+        runs[name] = (summary, sweep.load(out))  # the run's store, run.zarr
     auto, again = runs["auto"][0], runs["again"][0]
     assert auto["backend"] == "auto" and auto["backend_resolved"] in ("native", "xla")
     assert again["backend"] == again["backend_resolved"] == auto["backend_resolved"]
-    for key in ("x_final", "energy", "collapse_gap"):
-        np.testing.assert_array_equal(runs["auto"][1][key], runs["again"][1][key])
+    for key in ("x", "energy", "collapse_gap"):  # x: every saved state, the final one included
+        np.testing.assert_array_equal(runs["auto"][1][key].values, runs["again"][1][key].values)

@@ -132,7 +132,7 @@ def test_refusals():
     small = dict(n=4, d=2, seeds=2, t1=0.2, checkpoints=2)
     with pytest.raises(ValueError, match="solver='rk2'"):
         pd.sa_phase_diagram(key, [1.0], noise="independent", sigma=0.1, **small)
-    with pytest.raises(ValueError, match="needs its amplitude: give sigma="):
+    with pytest.raises(ValueError, match="needs sigma, the noise's amplitude"):
         pd.sa_phase_diagram(key, [1.0], solver="rk2", noise="common", **small)
     with pytest.raises(ValueError, match="amplitude of a noise"):
         pd.sa_phase_diagram(key, [1.0], solver="rk2", sigma=0.1, **small)

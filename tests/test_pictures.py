@@ -152,6 +152,19 @@ def _simulate(tmp_path, monkeypatch, *args):
     return out, figs
 
 
+def _saved(out):
+    """The run's numbers from its store ``run.zarr`` (``mf.sweep.load``): the final state and the
+    observables over time as float64 (the figures' data)."""
+    from meanfield import sweep
+
+    ds = sweep.load(out)
+    data = {"x_final": ds["x"].values[-1]}
+    for name in ("collapse_gap", "energy"):
+        if name in ds:
+            data[name] = ds[name].values.astype(np.float64)
+    return data
+
+
 def _check_configuration(out, fig, xfinal_screen):
     """The tokens of configuration.png: the scatter at the projected final state, and the saved
     PNG's pixels there not background (saturated: grey guides and white are not)."""
@@ -173,7 +186,7 @@ def test_simulate_causal_alibi_circle(tmp_path, monkeypatch):
         tmp_path, monkeypatch, "--mask", "alibi", "--n", 32, "--d", 2, "--beta", 4,
         "--t1", 15, "--saves", 16,
     )  # fmt: skip
-    data = np.load(out / "observables.npz")
+    data = _saved(out)
     _check_configuration(out, figs["configuration.png"], data["x_final"])
     ax = figs["configuration.png"].axes[0]
     assert ax.get_xlim() == pytest.approx((-1.1, 1.1))
@@ -195,7 +208,7 @@ def test_simulate_sphere_and_energy_panels(tmp_path, monkeypatch):
     out, figs = _simulate(
         tmp_path, monkeypatch, "--n", 32, "--d", 3, "--beta", 4, "--t1", 6, "--saves", 13
     )
-    data = np.load(out / "observables.npz")
+    data = _saved(out)
     view = plotting.projection(data["x_final"])  # the camera is fixed: any state's view
     _check_configuration(out, figs["configuration.png"], view.screen(data["x_final"]))
     obs = figs["observables.png"]
@@ -216,7 +229,7 @@ def test_simulate_sa_in_high_dimension(tmp_path, monkeypatch):
     )
     obs = figs["observables.png"]
     assert "energy $E$" not in [a.get_ylabel() for a in obs.axes]
-    data = np.load(out / "observables.npz")
+    data = _saved(out)
     ax = figs["configuration.png"].axes[0]
     assert ax.get_xlim() == pytest.approx((-1.1, 1.1))  # the unit disc of the principal plane
     offsets = np.asarray(ax.collections[0].get_offsets())

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from meanfield import cli
+from meanfield import cli, sweep
 
 BAD_TEXT = [
     "nan",
@@ -117,7 +117,10 @@ def _outputs_valid(out, failed: bool):
     )
     assert summary["failed"] is failed
     assert (summary["failure"] is not None) == failed
-    assert (out / "observables.npz").exists()
+    # the numbers: the run's store, opened and verified as a sweep store is
+    ds = sweep.load(out)
+    assert {"x", "x0", "collapse_gap"} <= set(ds.data_vars) and ds.sizes["time"] >= 1
+    assert int(ds["status"]) == (sweep.FAILED if failed else sweep.OK)
 
 
 @pytest.mark.slow

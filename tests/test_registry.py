@@ -116,7 +116,7 @@ def _simulate_cli(tmp_path, name, params, *, n, seed, t1, dt, saves):
         str(out),
     ]
     assert cli.main(argv) == 0
-    return np.load(out / "observables.npz")
+    return mf.sweep.load(out)  # the run's store, run.zarr
 
 
 # parameters away from the defaults, where the model has them
@@ -167,11 +167,11 @@ def test_cli_sweep_and_python_give_the_same_numbers(name, tmp_path):
 
     tol = dict(rtol=2e-5, atol=2e-6)  # float32 rounding (vmapped vs single system)
     G_sweep = np.asarray(ds["collapse_gap"].values).reshape(-1, saves)[0]
-    np.testing.assert_allclose(got["collapse_gap"], np.asarray(traj.collapse_gap), **tol)
+    np.testing.assert_allclose(got["collapse_gap"].values, np.asarray(traj.collapse_gap), **tol)
     np.testing.assert_allclose(G_sweep, np.asarray(traj.collapse_gap), **tol)
     if K.MODELS[name].has_energy:
         E_sweep = np.asarray(ds["energy"].values).reshape(-1, saves)[0]
-        np.testing.assert_allclose(got["energy"], np.asarray(traj.energy), **tol)
+        np.testing.assert_allclose(got["energy"].values, np.asarray(traj.energy), **tol)
         np.testing.assert_allclose(E_sweep, np.asarray(traj.energy), **tol)
     assert (
         np.ptp(np.asarray(traj.collapse_gap)) > 0

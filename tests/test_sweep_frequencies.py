@@ -246,7 +246,7 @@ def test_a_list_of_laws_is_a_static_axis():
             "spread = 0.5",
             {},
             "model.spread = 0.5 is the scale of a frequency law: it applies with "
-            "model.frequencies = 'lorentzian' or 'gaussian'",
+            "model.frequencies = 'lorentzian' or model.frequencies = 'gaussian'",
         ),
         (
             "frequency_seed = 3",

@@ -212,7 +212,7 @@ def test_a_spec_without_noise_is_the_store_it_was(stores):
             "sigma = 0.1",
             "",
             "model.sigma = 0.1 is the amplitude of a noise: it applies with model.noise = "
-            "'independent' or 'common'",
+            "'independent' or model.noise = 'common'",
         ),
         ("noise = 'common'", "", "model.noise = 'common' needs model.sigma"),
         (

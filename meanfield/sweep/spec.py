@@ -106,7 +106,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
-from .._spelling import say_spec, size_problem
+from .._spelling import pair_problem, say_spec, size_problem
 from ..geometry import Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, RunTime
 from ..normalization import Scheme
@@ -479,18 +479,23 @@ def _variant_values(
         return None, None, {}
     choice_p, *members = family.flat_params()
     scale_p = next(p for p in members if p.name == scale_name)
-    if choice is None:
-        raise ValueError(
-            f"model.{scale_p.name} = {scale!r} is {is_what}: it applies with "
-            f"model.{choice_p.name} = " + " or ".join(map(repr, choice_p.choices))
-        )
-    choice = _param_value(f"model.{choice_p.name}", choice_p, choice)
-    if scale is None:
-        bound = scale_p.kind.removeprefix("float")  # ">=0", ">0"
-        raise ValueError(
-            f"model.{choice_p.name} = {choice!r} needs model.{scale_p.name}, {whose} (a number "
-            f"{bound[:-1]} {bound[-1]}, or a list: a grid axis)"
-        )
+    if choice is not None:
+        choice = _param_value(f"model.{choice_p.name}", choice_p, choice)
+    bound = scale_p.kind.removeprefix("float")  # ">=0", ">0"
+    problem = pair_problem(
+        choice_p.name,
+        choice,
+        choice_p.choices,
+        scale_p.name,
+        scale,
+        is_what=is_what,
+        whose=whose,
+        bound=f"{bound[:-1]} {bound[-1]}",
+        listable=True,
+        say=say_spec,
+    )
+    if problem is not None:
+        raise ValueError(problem)
     scale = _param_value(f"model.{scale_p.name}", scale_p, scale)
     return choice, scale, {choice_p.name: choice_p, scale_p.name: scale_p}
 
