@@ -27,6 +27,7 @@ __all__ = [
     "early_stop_problem",
     "radius_problem",
     "pair_problem",
+    "PAIR_WORDS",
 ]
 
 
@@ -177,6 +178,14 @@ def radius_problem(
     if scheme is None:
         return f"{head}; {model} takes no {say.name('normalization')}"
     return f"{head}, not {say('normalization', scheme)}"
+
+
+#: The variant pairs' words (``pair_problem``): member key -> (scale key, ``is_what``, ``whose``,
+#: ``bound``), the noise (``mf.noise``) and the frequency laws (``mf.frequencies``).
+PAIR_WORDS: Mapping[str, tuple[str, str, str, str]] = {
+    "noise": ("sigma", "the amplitude of a noise", "the noise's amplitude", ">= 0"),
+    "frequencies": ("spread", "the scale of a frequency law", "the law's scale", "> 0"),
+}
 
 
 def pair_problem(

@@ -96,7 +96,14 @@ from typing import Any
 from . import _params, _paths
 from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
-from ._spelling import say_cli, size_problem, solver_refusal
+from ._spelling import (
+    PAIR_WORDS,
+    pair_problem,
+    radius_problem,
+    say_cli,
+    size_problem,
+    solver_refusal,
+)
 
 __all__ = [
     "main",
@@ -717,12 +724,26 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     if problem is not None:
         raise ValueError(problem)
     check_backend(args.backend, "--backend")
-    if (args.noise is None) != (args.sigma is None):
-        raise ValueError("--noise and --sigma go together: --noise independent|common --sigma S")
-    if (args.frequencies is None) != (args.spread is None):
-        raise ValueError(
-            "--frequencies and --spread go together: --frequencies lorentzian|gaussian --spread S"
+    from . import _cli_schema
+
+    for member, members in (
+        ("noise", _cli_schema.NOISES),
+        ("frequencies", _cli_schema.FREQUENCIES),
+    ):
+        scale, is_what, whose, bound = PAIR_WORDS[member]
+        problem = pair_problem(
+            member,
+            getattr(args, member),
+            members,
+            scale,
+            getattr(args, scale),
+            is_what=is_what,
+            whose=whose,
+            bound=bound,
+            say=say_cli,
         )
+        if problem is not None:
+            raise ValueError(problem)
     if args.frequency_seed is not None and args.frequencies is None:
         raise ValueError("--frequency-seed draws the frequencies of --frequencies: give both")
     limited = {step: (solvers, update) for step, solvers, update in _step_solvers()}
@@ -771,11 +792,13 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         from .normalization import scheme_of
 
         noise = Noise.coerce(args.noise, sigma=args.sigma)
-        noise.check(solver=args.solver, scheme=scheme_of(model), step=run_time.rule, say=say_cli)
-        if args.early_stop is not None:
-            raise ValueError(
-                "--early-stop stops a run whose energy is stationary: not with --noise"
-            )
+        noise.check(
+            solver=args.solver,
+            scheme=scheme_of(model),
+            step=run_time.rule,
+            early_stop=args.early_stop,
+            say=say_cli,
+        )
     law = None
     if args.frequencies is not None:
         from .frequencies import Distribution, check_run
@@ -1039,19 +1062,11 @@ def _check_r0(args: argparse.Namespace, schema: Any, given: dict[str, Any]) -> N
     """``--r0`` only for a scheme with a radius (``--normalization pre``, ``mix``, ``peri``)."""
     if args.r0 is None:
         return
-    radial = _radial()
-    if not any(p.name == "normalization" for p in schema.params):
-        raise ValueError(
-            f"--r0 is the initial radius of the schemes with one (--normalization "
-            f"{', '.join(radial)}); --kernel {args.kernel} takes no --normalization"
-        )
-    default = next(p.default for p in schema.params if p.name == "normalization")
-    scheme = given.get("normalization", default)
-    if scheme not in radial:
-        raise ValueError(
-            f"--r0 is the initial radius of the schemes with one (--normalization "
-            f"{', '.join(radial)}), not --normalization {scheme}"
-        )
+    takes = [p for p in schema.params if p.name == "normalization"]
+    scheme = given.get("normalization", takes[0].default) if takes else None
+    problem = radius_problem(scheme, _radial(), f"--kernel {args.kernel}", say_cli)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _failure_reasons(

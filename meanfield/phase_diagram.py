@@ -171,7 +171,7 @@ from ._checks import (
     traced_positive,
 )
 from ._precision import matmul
-from ._spelling import pair_problem, radius_problem
+from ._spelling import PAIR_WORDS, pair_problem, radius_problem
 from .integrate import STEPS, FixedStep, check_r0
 from .kernels._exp import BACKENDS, BackendUnavailable, _batch_bytes, check_backend
 from .masks import Mask
@@ -1593,9 +1593,9 @@ def sa_phase_diagram(
         Noise.names(),
         "sigma",
         sigma if isinstance(noise, str) or noise is None else noise.sigma,
-        is_what="the amplitude of a noise",
-        whose="the noise's amplitude",
-        bound=">= 0",
+        is_what=PAIR_WORDS["noise"][1],
+        whose=PAIR_WORDS["noise"][2],
+        bound=PAIR_WORDS["noise"][3],
         listable=True,
     )
     if problem is not None:

@@ -174,7 +174,15 @@ def test_command_line_frequencies_are_the_laws_quantiles_or_draws(tmp_path, caps
         )
     capsys.readouterr()
     for flags, message in (
-        (["--frequencies", "gaussian"], "--frequencies and --spread go together"),
+        (
+            ["--frequencies", "gaussian"],
+            "--frequencies gaussian needs --spread, the law's scale (a number > 0)",
+        ),
+        (
+            ["--spread", "0.5"],
+            "--spread 0.5 is the scale of a frequency law: it applies with --frequencies "
+            "lorentzian or --frequencies gaussian",
+        ),
         (["--frequency-seed", "1"], "--frequency-seed draws the frequencies of --frequencies"),
         (["--frequencies", "gaussian", "--spread", "1", "--d", "3"], "it needs --d 2, got --d 3"),
     ):

@@ -201,6 +201,15 @@ def test_the_command_line_runs_the_same_noisy_run(tmp_path, capsys):
         "--early-stop 1e-06 stops a run whose energy is stationary (the flow increases it): "
         "not with --noise common"
     )
+    # half of the pair: one rule (meanfield._spelling.pair_problem), as a spec's and a diagram's
+    for flags, text in (
+        (["--noise", "common"], "--noise common needs --sigma, the noise's amplitude (a number >= 0)"),
+        (["--sigma", "0.1"], "--sigma 0.1 is the amplitude of a noise: it applies with --noise "
+                             "independent or --noise common"),
+    ):  # fmt: skip
+        assert cli.main(argv + flags + ["--out", str(tmp_path / "bad")]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and err[0].endswith(text), err
 
 
 def test_the_tree_resolves_every_step_saves_off_the_grid_included():

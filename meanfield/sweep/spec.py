@@ -106,7 +106,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
-from .._spelling import pair_problem, say_spec, size_problem
+from .._spelling import PAIR_WORDS, pair_problem, say_spec, size_problem
 from ..geometry import Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, RunTime
 from ..normalization import Scheme
@@ -465,19 +465,18 @@ def _check_radius(
     _step_of(time_spec).check(scheme=Scheme.lookup(scheme), say=say_spec)
 
 
-def _variant_values(
-    family: Any, choice: Any, scale: Any, scale_name: str, is_what: str, whose: str
-) -> tuple[Any, Any, dict[str, Param]]:
+def _variant_values(family: Any, choice: Any, scale: Any) -> tuple[Any, Any, dict[str, Param]]:
     """A ``[model]`` pair of a variant family (``mf.noise.Noise``: ``noise`` and ``sigma``;
     ``mf.frequencies.Distribution``: ``frequencies`` and ``spread``) checked as the family declares
     them (``family.flat_params()``: the member's name, then the members' parameters, among them
-    the traced scale ``scale_name``): ``(choice, scale, params)`` with ``choice`` a registered name (a list of them: a static axis),
-    ``scale`` a number in the declared range (a list: a traced axis), ``params`` their ``Param`` by
-    name; ``(None, None, {})`` without either. The two go together, as their flags do; ``is_what``
-    and ``whose`` word the refusals (``"the amplitude of a noise"``, ``"the noise's amplitude"``)."""
+    the traced scale ``PAIR_WORDS[name][0]``): ``(choice, scale, params)`` with ``choice`` a
+    registered name (a list of them: a static axis), ``scale`` a number in the declared range (a
+    list: a traced axis), ``params`` their ``Param`` by name; ``(None, None, {})`` without either.
+    The two go together, as their flags do (``meanfield._spelling.pair_problem``)."""
     if choice is None and scale is None:
         return None, None, {}
     choice_p, *members = family.flat_params()
+    scale_name, is_what, whose, _ = PAIR_WORDS[choice_p.name]
     scale_p = next(p for p in members if p.name == scale_name)
     if choice is not None:
         choice = _param_value(f"model.{choice_p.name}", choice_p, choice)
@@ -508,9 +507,7 @@ def _noise_values(noise: Any, sigma: Any) -> tuple[Any, Any, dict[str, Param]]:
     without a noise. The two go together, as ``--noise`` and ``--sigma`` do."""
     from ..noise import Noise
 
-    return _variant_values(
-        Noise, noise, sigma, "sigma", "the amplitude of a noise", "the noise's amplitude"
-    )
+    return _variant_values(Noise, noise, sigma)
 
 
 #: ``model.frequency_seed``: the key of the frequencies' draws, ``jax.random.key(K)``
@@ -542,14 +539,7 @@ def _frequency_values(
             "model.frequency_seed draws the frequencies of model.frequencies: give both "
             "(model.frequencies = " + " or ".join(map(repr, Distribution.names())) + ")"
         )
-    law, scale, params = _variant_values(
-        Distribution,
-        frequencies,
-        spread,
-        "spread",
-        "the scale of a frequency law",
-        "the law's scale",
-    )
+    law, scale, params = _variant_values(Distribution, frequencies, spread)
     if seed is not None:
         if isinstance(seed, list):
             raise TypeError(
