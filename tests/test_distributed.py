@@ -146,7 +146,10 @@ def ref(tmp_path_factory, env):
     spec = base / "distributed.toml"
     spec.write_text(SPEC)
     out = base / "ref.zarr"
-    local = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    # the suite's XLA flags kept (tests/conftest.py): the stores are compared bit for bit
+    local = dict(
+        env, XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
+    )
     [(rc, err)] = _finish([_sweep(spec, "--out", out, "--memory", "1B", "--quiet", env=local)])
     assert rc == 0, err
     ds = sweep.load(out)

@@ -33,7 +33,7 @@ from jax._src import xla_bridge
 from meanfield import _native
 initialised = xla_bridge.backends_are_initialized()
 loaded = _native._exp_state["lib"] is not None
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=3"
 import jax
 print(json.dumps({"modules": len(names), "backend": matplotlib.get_backend(), "initialised": initialised,
                   "loaded": loaded, "reason": _native._exp_state["error"], "cpus": len(jax.devices("cpu")),

@@ -261,7 +261,10 @@ def test_tasks_spread_over_devices_give_the_same_numbers(tmp_path, x64):
 
     x0 = np.asarray(_x0(7, 6, 2, seed=9))
     np.save(tmp_path / "x0.npy", x0)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
+    )
     r = subprocess.run(
         [sys.executable, "-c", _TWO_DEVICES, str(tmp_path / "x0.npy"), str(tmp_path / "out.npz")],
         env=env,

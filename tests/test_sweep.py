@@ -213,7 +213,10 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tiny, tmp_path):
 def test_sharded_equals_unsharded(tiny, tmp_path):
     spec_path, big, _ = tiny
     out = tmp_path / "sharded.zarr"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
+    )
     r = _run_cli([spec_path, "--out", out, "--memory", "10kB"], env=env)
     assert r.returncode == 0, r.stderr
     assert "devices: 4" in r.stderr
