@@ -156,25 +156,23 @@ def early_stop_problem(what: str, early_stop: Any, say: Spelling = say_python) -
 
 def radius_problem(
     scheme: str | None, radial: Sequence[str], model: str, say: Spelling = say_python
-) -> str | None:
-    """The refusal of an initial radius ``r0`` for a model whose tokens carry none, or None: the
-    model's normalisation ``scheme`` (its name; None: the model takes no normalisation, ``model``
-    names it as the surface does) not among ``radial``, the schemes with a radius
-    (``mf.normalization.radial_names()``). The one text of ``mf.simulate``, a phase diagram and
-    ``meanfield simulate --r0``.
+) -> str:
+    """The refusal of an initial radius ``r0`` for a model whose tokens carry none: the model's
+    normalisation ``scheme`` (its name; None: the model takes no normalisation, ``model`` names it
+    as the surface does) is not among ``radial``, the schemes with a radius
+    (``mf.normalization.radial_names()``; the caller decides by the scheme's own fact,
+    ``Scheme.radial``). The one text of ``mf.simulate``, a phase diagram and ``meanfield simulate
+    --r0``.
 
     Example:
         >>> print(radius_problem("post", ("pre", "mix", "peri"), "SelfAttention"))
-        r0 is the initial radius of the schemes with one (normalization pre, mix, peri), not normalization='post'
+        r0 is the initial radius of the schemes with one (normalization='pre', normalization='mix' or normalization='peri'), not normalization='post'
         >>> print(radius_problem(None, ("pre", "mix", "peri"), "--kernel toeplitz", say_cli))
-        --r0 is the initial radius of the schemes with one (--normalization pre, mix, peri); --kernel toeplitz takes no --normalization
+        --r0 is the initial radius of the schemes with one (--normalization pre, --normalization mix or --normalization peri); --kernel toeplitz takes no --normalization
     """
-    if scheme is not None and scheme in radial:
-        return None
-    head = (
-        f"{say.name('r0')} is the initial radius of the schemes with one "
-        f"({say.name('normalization')} {', '.join(radial)})"
-    )
+    names = [say("normalization", r) for r in radial]
+    alternatives = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    head = f"{say.name('r0')} is the initial radius of the schemes with one ({alternatives})"
     if scheme is None:
         return f"{head}; {model} takes no {say.name('normalization')}"
     return f"{head}, not {say('normalization', scheme)}"

@@ -472,6 +472,10 @@ def escape_time(
     return _escape(stepper, x0, jnp.asarray(t_max, x0.dtype), fraction)
 
 
+#: escape_time's bound on its steps (an int32 count: t = k dt exact in the count, never stuck)
+_ESCAPE_MAX_STEPS = 2**31 - 2
+
+
 @jax.jit
 def _escape(
     stepper: Any,
@@ -483,16 +487,18 @@ def _escape(
 
     g0 = metrics.collapse_gap(stepper.directions(stepper.init(x0)))
 
+    dtype = x0.dtype
+
     def cond(state: tuple[Any, Array]) -> Bool[Array, ""]:
         y, k = state
-        t = k * stepper.h
+        t = k.astype(dtype) * stepper.h
         going = (metrics.collapse_gap(stepper.directions(y)) > fraction * g0) & (t < t_max)
-        return going & ~stepper.failed(y)
+        return going & ~stepper.failed(y) & (k < _ESCAPE_MAX_STEPS)
 
     def body(state: tuple[Any, Array]) -> tuple[Any, Array]:
         y, k = state
-        return stepper.grid(k, y), k + 1
+        return stepper.grid(k.astype(dtype), y), k + 1
 
-    y, k = jax.lax.while_loop(cond, body, (stepper.init(x0), jnp.zeros((), x0.dtype)))
-    t = k * stepper.h
+    y, k = jax.lax.while_loop(cond, body, (stepper.init(x0), jnp.zeros((), jnp.int32)))
+    t = k.astype(dtype) * stepper.h
     return jnp.where(stepper.failed(y), jnp.nan, jnp.where(t < t_max, t, jnp.inf))

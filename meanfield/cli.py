@@ -62,7 +62,7 @@ drawn from ``--seed`` (``x`` at time 0 is them renormalised, not bit for bit), i
 store, which ``mf.sweep.load(DIR)`` (or ``mf.sweep.load(DIR / "run.zarr")``) verifies and opens as
 it opens a sweep. ``summary.json`` is the run's short summary (final values, settings, warnings,
 the failure). The store holds every number the earlier ``observables.npz`` did (no longer
-written): ``ts`` is the coordinate ``time``, ``x_final`` is ``x`` at the last time
+written; one left in ``DIR`` by an earlier version is removed, as it holds an earlier run's numbers): ``ts`` is the coordinate ``time``, ``x_final`` is ``x`` at the last time
 (``ds.x[-1]``), ``x0``, ``collapse_gap``, ``aux`` and ``radius`` are variables (in the run's
 dtype, not cast to float64); ``energy`` is absent where the model has none (a masked kernel,
 ``sa``) and ``clusters`` for tokens in R^d, where ``observables.npz`` held NaN.
@@ -1003,6 +1003,10 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     # the initial states as drawn (x at time 0 is them renormalised: not bit for bit)
     ds["x0"] = (("token", "dim"), np.asarray(x0), {"description": _X0_DESCRIPTION})
     _labelled.write_run(out / _labelled.RUN_STORE, ds)
+    # an earlier version's observables.npz in DIR holds an earlier run's numbers: the run replaces it
+    stale = out / "observables.npz"
+    if stale.is_file() and not stale.is_symlink():
+        stale.unlink()
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
         _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
@@ -1064,9 +1068,8 @@ def _check_r0(args: argparse.Namespace, schema: Any, given: dict[str, Any]) -> N
         return
     takes = [p for p in schema.params if p.name == "normalization"]
     scheme = given.get("normalization", takes[0].default) if takes else None
-    problem = radius_problem(scheme, _radial(), f"--kernel {args.kernel}", say_cli)
-    if problem is not None:
-        raise ValueError(problem)
+    if scheme not in _radial():
+        raise ValueError(radius_problem(scheme, _radial(), f"--kernel {args.kernel}", say_cli))
 
 
 def _failure_reasons(

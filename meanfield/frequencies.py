@@ -234,7 +234,7 @@ def check_run(
         ...     print(e)
         --frequencies gaussian gives angular velocities on the circle: it needs --d 2, got --d 3
     """
-    what = "frequencies" if law is None else say("frequencies", law)
+    what = f"{say.name('frequencies')}=..." if law is None else say("frequencies", law)
     if law is not None and d is not None and d != 2:
         raise ValueError(
             f"{what} gives angular velocities on the circle: it needs {say('d', 2)}, got "

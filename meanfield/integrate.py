@@ -1492,12 +1492,15 @@ def _takes(fn: Callable[..., Any], name: str) -> bool:
 
 
 def _no_radius(model: Any, r0: Any, x0: Array) -> Array:
-    if r0 is not None:
-        problem = radius_problem(
-            normalization.scheme_of(model).name, normalization.radial_names(), type(model).__name__
+    if r0 is not None:  # called for the models whose tokens carry no radius
+        takes = getattr(model, "normalization", None) is not None
+        raise ValueError(
+            radius_problem(
+                normalization.scheme_of(model).name if takes else None,
+                normalization.radial_names(),
+                type(model).__name__,
+            )
         )
-        if problem is not None:
-            raise ValueError(problem)
     return x0
 
 

@@ -1587,12 +1587,13 @@ def sa_phase_diagram(
     check_choice("solver", solver, ("euler", "rk2"))
     from .noise import Noise
 
+    given = isinstance(noise, Noise)  # an instance carries its amplitude (Noise.coerce: not twice)
     problem = pair_problem(
         "noise",
-        noise if isinstance(noise, str) or noise is None else noise.name,
+        noise.name if given else noise,
         Noise.names(),
         "sigma",
-        sigma if isinstance(noise, str) or noise is None else noise.sigma,
+        noise.sigma if given else sigma,
         is_what=PAIR_WORDS["noise"][1],
         whose=PAIR_WORDS["noise"][2],
         bound=PAIR_WORDS["noise"][3],
@@ -1621,9 +1622,8 @@ def sa_phase_diagram(
     scheme = model.normalization  # a mf.normalization.Scheme, whatever spelling was given
     radial = scheme.radial
     StepRule.coerce(step).check(scheme=scheme)
-    problem = None if r0 is None else radius_problem(scheme.name, _normalization.radial_names(), "")
-    if problem is not None:
-        raise ValueError(problem)
+    if r0 is not None and not radial:
+        raise ValueError(radius_problem(scheme.name, _normalization.radial_names(), ""))
     if r0 is not None:
         check_positive("r0", r0)
     noisy = None

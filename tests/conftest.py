@@ -21,11 +21,28 @@ from pathlib import Path
 # results in float32 and float64, 131 bit-identical, the others within 1 ulp). Set before JAX's
 # backend starts, so the `meanfield` processes the tests start inherit it. MEANFIELD_TEST_XLA_DEFAULT=1
 # keeps XLA's defaults (the second pass of .ci/run: the closed-form modules as users compile them).
+# An XLA without the flag would abort at backend start: a child process tries it once (the xdist
+# workers inherit the result with the environment); a user's own setting of it is kept.
 TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
-if os.environ.get("MEANFIELD_TEST_XLA_DEFAULT") != "1" and TEST_XLA_FLAGS not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
+
+
+def _with_test_flags() -> None:
+    import subprocess
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if (
+        os.environ.get("MEANFIELD_TEST_XLA_DEFAULT") == "1"
+        or "xla_cpu_use_fusion_emitters" in flags
+    ):
+        return
+    env = dict(os.environ, XLA_FLAGS=f"{flags} {TEST_XLA_FLAGS}".strip(), JAX_PLATFORMS="cpu")
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    if subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0:
+        os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+
+
+_with_test_flags()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

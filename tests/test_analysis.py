@@ -138,8 +138,10 @@ def test_classify_state_of_a_converged_run_is_a_maximiser():
         mf.models.SelfAttention(1.0, normalization="peri"),
         mf.models.SelfAttention(1.0, attention="sinkhorn"),
         mf.models.SelfAttention(1.0, mask=mf.masks.Causal()),
+        mf.models.SelfAttention(1.0, normalization="mix", switch_time=0.123),
+        mf.models.SelfAttention(1.0, weights="gaussian", regen_period=0.5),
     ],
-    ids=["pre", "peri", "sinkhorn", "causal"],
+    ids=["pre", "peri", "sinkhorn", "causal", "mix-switch-inside-a-step", "weights-redrawn"],
 )
 def test_escape_time_steps_the_models_own_dynamics(model, x64):
     # escape_time steps with the engine (FixedStep, Heun): its time is the first grid time at
@@ -164,3 +166,15 @@ def test_escape_time_refuses_tokens_in_rd():
         analysis.escape_time(
             mf.models.SelfAttention(1.0, geometry="euclidean"), x0, dt=0.1, t_max=1.0
         )
+
+
+def test_escape_time_under_jit_and_vmap_in_float32():
+    # as reproduce/design.py calls it: a batch of starts in one program, the step count an int32
+    # (t = k dt exact in the count), each time the separate call's
+    x0s = jnp.stack([mf.sphere.uniform(jax.random.key(s), 8, 3) for s in (1, 2)])
+    model = mf.kernels.USA(1.0)
+    batch = jax.jit(jax.vmap(lambda x: analysis.escape_time(model, x, dt=0.05, t_max=20.0)))(x0s)
+    assert batch.dtype == jnp.float32
+    for x0, t in zip(x0s, np.asarray(batch)):
+        assert t == float(analysis.escape_time(model, x0, dt=0.05, t_max=20.0))
+        assert 0.0 < t < 20.0 and (t / 0.05) == pytest.approx(round(t / 0.05), abs=1e-4)

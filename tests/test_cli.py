@@ -23,6 +23,7 @@ def test_help_lists_commands():
 
 @pytest.mark.slow
 def test_simulate_writes_figures_and_observables(tmp_path):
+    (tmp_path / "observables.npz").write_bytes(b"an earlier version's numbers")
     p = run_cli(
         "simulate",
         "--kernel",
@@ -49,7 +50,7 @@ def test_simulate_writes_figures_and_observables(tmp_path):
 
     data = mf.sweep.load(tmp_path)  # run.zarr, the one numeric format
     assert data["collapse_gap"].shape == (101,) and data["x"][-1].shape == (48, 3)
-    assert not (tmp_path / "observables.npz").exists()  # no longer written
+    assert not (tmp_path / "observables.npz").exists()  # no longer written; an earlier one removed
     for f in ("configuration.png", "observables.png"):
         assert (tmp_path / f).stat().st_size > 5000
 

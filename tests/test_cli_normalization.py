@@ -37,7 +37,8 @@ def _run(capsys, tmp_path, *args):
         (["--normalization", "pre", "--r0", "nan"], "argument --r0"),
         (
             ["--r0", "2"],
-            "--r0 is the initial radius of the schemes with one (--normalization pre, mix, peri), "
+            "--r0 is the initial radius of the schemes with one (--normalization pre, "
+            "--normalization mix or --normalization peri), "
             "not --normalization post",
         ),
         (["--normalization", "ngpt", "--r0", "2"], "not --normalization ngpt"),
