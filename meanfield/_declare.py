@@ -25,6 +25,7 @@ import numpy as np
 
 from ._checks import check_scalar, is_concrete
 from ._params import PARAM_KINDS, Param, check_float, check_value
+from ._spelling import applies_problem
 
 __all__ = [
     "FAMILIES",
@@ -470,7 +471,7 @@ class Variant(Declared):
             ...     mf.normalization.Scheme.coerce("post", "SelfAttention", alpha=0.5)
             ... except ValueError as e:
             ...     print(e)
-            alpha = 0.5 applies with normalization='ngpt', not 'post' (SelfAttention would not use it)
+            alpha = 0.5 applies with normalization = 'ngpt', not 'post' (SelfAttention would not use it)
         """
         family = cls.family()
         assert family is not None
@@ -531,10 +532,9 @@ def _refuse_unused(
         p, members = table[name]
         if not is_concrete(value) or not np.any(np.asarray(value) != p.default):
             continue
-        shown = repr(np.asarray(value).item()) if np.ndim(value) == 0 else repr(value)
-        raise ValueError(
-            f"{name} = {shown} applies with {family.flat_name}="
-            + " or ".join(repr(m) for m in members)
-            + f", not {member.name!r}"
-            + (f" ({owner} would not use it)" if owner else "")
+        switch = str(family.flat_name)  # a family names its flat parameter
+        problem = applies_problem(
+            name, value, [(switch, members)], {switch: member.name}, owner=owner
         )
+        if problem is not None:  # always: member does not declare it
+            raise ValueError(problem)

@@ -24,6 +24,8 @@ import numbers
 from collections.abc import Collection, Iterable
 from typing import Any, NoReturn
 
+from ._spelling import Spelling, applies_problem, show_value
+
 __all__ = [
     "PARAM_KINDS",
     "RESERVED_NAMES",
@@ -112,24 +114,13 @@ def check_applies(values: Any, defaults: Any, where: str = "", params: Iterable[
         ...
         ValueError: model.slope = 2.0 applies with model.mask = 'alibi', not 'none'
     """
+    say = Spelling(lambda key: f"{where}{key}", lambda key, v: f"{where}{key} = {v!r}")
     for name, rules in applies_rules(params).items():
-        known = [(switch, needs) for switch, needs in rules if switch in values]
-        if name not in values or not known or any(values[s] in needs for s, needs in known):
+        if name not in values:
             continue
-        if _differs(values[name], defaults.get(name, values[name])):
-            raise ValueError(
-                f"{where}{name} = {_show(values[name])} applies with "
-                + " or ".join(
-                    f"{where}{switch} = " + " or ".join(repr(v) for v in needs)
-                    for switch, needs in known
-                )
-                + ", not "
-                + (
-                    repr(values[known[0][0]])
-                    if len(known) == 1
-                    else " and ".join(f"{where}{s} = {values[s]!r}" for s, _ in known)
-                )
-            )
+        problem = applies_problem(name, values[name], rules, values, say=say)
+        if problem is not None and _differs(values[name], defaults.get(name, values[name])):
+            raise ValueError(problem)
 
 
 def _differs(value: Any, default: Any) -> bool:
@@ -162,20 +153,6 @@ def is_number(v: object) -> bool:
     return shape == () and dtype is not None and getattr(dtype, "kind", "") in "iuf"
 
 
-def _show(value: Any) -> str:
-    """``value`` as a message shows it: NumPy and 0-d array scalars as their Python value."""
-    if (
-        not isinstance(value, (int, float, str))
-        and getattr(value, "shape", None) == ()
-        and hasattr(value, "item")
-    ):
-        try:
-            return repr(value.item())
-        except Exception:  # a tracer: no value
-            return repr(value)
-    return repr(value)
-
-
 def _fail(exc: type[Exception], name: str, rule: str) -> NoReturn:
     raise exc(f"{name} {rule}" if name else rule)
 
@@ -194,7 +171,7 @@ def check_float(name: str, value: Any, kind: str = "float", *, shown: str | None
         ...     print(e)
         beta must be > 0, got -1
     """
-    got = _show(value) if shown is None else shown
+    got = show_value(value) if shown is None else shown
     if not is_number(value):
         _fail(TypeError, name, f"must be a number, got {got}")
     try:
@@ -230,7 +207,7 @@ def check_int(
         ...     print(e)
         k must be an integer (write it without a decimal point or exponent), got 2.0
     """
-    got = _show(value) if shown is None else shown
+    got = show_value(value) if shown is None else shown
     integral = isinstance(value, numbers.Integral) or (
         getattr(value, "shape", None) == ()
         and getattr(getattr(value, "dtype", None), "kind", "") in "iu"
@@ -290,7 +267,7 @@ def check_value(
         ...     print(e)
         gauges must be one of 'random', 'rotation', got 'haar'
     """
-    got = _show(value) if shown is None else shown
+    got = show_value(value) if shown is None else shown
     if kind.startswith("float"):
         return check_float(name, value, kind, shown=shown)
     if kind in ("int>=1", "int>=0"):

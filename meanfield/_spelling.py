@@ -28,6 +28,8 @@ __all__ = [
     "radius_problem",
     "pair_problem",
     "PAIR_WORDS",
+    "applies_problem",
+    "show_value",
 ]
 
 
@@ -221,4 +223,60 @@ def pair_problem(
         )
     return f"{say(choice_key, choice)} needs {say.name(scale_key)}, {whose} (a number {bound}" + (
         ", or a list: a grid axis)" if listable else ")"
+    )
+
+
+def show_value(value: Any) -> str:
+    """``value`` as a message shows it: ``repr``, NumPy and 0-d array scalars as their Python value
+    (``2.0``, not ``Array(2., dtype=float32)``); a traced value as its ``repr``."""
+    if (
+        not isinstance(value, (int, float, str))
+        and getattr(value, "shape", None) == ()
+        and hasattr(value, "item")
+    ):
+        try:
+            return repr(value.item())
+        except Exception:  # a tracer: no value
+            return repr(value)
+    return repr(value)
+
+
+def applies_problem(
+    key: str,
+    value: Any,
+    needs: Sequence[tuple[str, Sequence[Any]]],
+    current: Mapping[str, Any],
+    *,
+    owner: str = "",
+    say: Spelling = say_python,
+) -> str | None:
+    """The refusal of a setting ``key = value`` that acts only with other settings' values, or
+    None when it acts: ``needs`` the rules it declares (``(switch, values)`` pairs,
+    ``meanfield._params.Param.applies``; nGPT's ``alpha`` with ``normalization = 'ngpt'``, ALiBi's
+    ``slope`` with ``mask = 'alibi'``), ``current`` the switches' values (a switch missing from it
+    is not checked; no switch known: None). Whether the setting was given (the command line: a
+    flag given at all; a model, the registry and a spec: a value away from its default) is the
+    caller's to decide. ``owner``: the model's class name, for the words "would not use it".
+    The one text of a model's constructor (``mf.models.SelfAttention(alpha=0.5)``), a variant's
+    (``mf.normalization.Scheme.coerce``), the registry (``mf.kernels.make``), a sweep spec's
+    ``[model]`` and the command line's flags.
+
+    Example:
+        >>> print(applies_problem("slope", 2.0, [("mask", ("alibi",))], {"mask": "none"}, say=say_cli))
+        --slope = 2.0 applies with --mask = 'alibi', not 'none'
+        >>> print(applies_problem("alpha", 0.5, [("normalization", ("ngpt",))], {"normalization": "post"},
+        ...                       owner="SelfAttention", say=say_spec))
+        model.alpha = 0.5 applies with model.normalization = 'ngpt', not 'post' (SelfAttention would not use it)
+    """
+    known = [(switch, tuple(vs)) for switch, vs in needs if switch in current]
+    if not known or any(current[s] in vs for s, vs in known):
+        return None
+    rule = " or ".join(f"{say.name(s)} = " + " or ".join(repr(v) for v in vs) for s, vs in known)
+    now = (
+        repr(current[known[0][0]])
+        if len(known) == 1
+        else " and ".join(f"{say.name(s)} = {current[s]!r}" for s, _ in known)
+    )
+    return f"{say.name(key)} = {show_value(value)} applies with {rule}, not {now}" + (
+        f" ({owner} would not use it)" if owner else ""
     )

@@ -12,11 +12,26 @@ without one: ``mf.steps.StepRule.check``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ._declare import Variant
+from ._spelling import Spelling, say_python
 
-__all__ = ["Geometry", "Sphere", "Euclidean", "GEOMETRIES", "geometry_of"]
+__all__ = ["Geometry", "Sphere", "Euclidean", "GEOMETRIES", "SPHERE_OBSERVABLES", "geometry_of"]
+
+#: Observables defined for tokens on the sphere only: the pair energy (and its plateaus), the cluster
+#: counts (``mf.metrics.num_clusters`` at a chordal threshold between unit tokens, the first merge,
+#: the final count) and the order parameter ``|(1/n) sum_i x_i|`` of unit tokens. A geometry without
+#: unit tokens refuses them (``Geometry.observables_problem``).
+SPHERE_OBSERVABLES = (
+    "energy",
+    "num_plateaus",
+    "clusters",
+    "first_merge_time",
+    "final_clusters",
+    "order_parameter",
+)
 
 
 class Geometry(Variant):
@@ -35,6 +50,27 @@ class Geometry(Variant):
 
     def check_scheme(self, scheme: Any) -> None:
         """``ValueError`` for a layer-norm scheme (``mf.normalization.Scheme``) the geometry cannot run."""
+
+    @classmethod
+    def observables_problem(cls, names: Sequence[str], say: Spelling = say_python) -> str | None:
+        """Why this geometry has no value of the first of the observables ``names``, or None: a
+        geometry without unit tokens (``on_sphere`` False) has none of ``SPHERE_OBSERVABLES``. The
+        one text of a sweep spec's ``output.observables`` (``say``: its spelling) and the
+        command line's choice of what a run records.
+
+        Example:
+            >>> import meanfield as mf
+            >>> print(mf.geometry.Euclidean.observables_problem(["collapse_gap", "clusters"]))
+            'clusters' is an observable of tokens on the sphere; geometry='euclidean' (tokens in R^d) records collapse_gap (of the directions x / |x|) and the attention observables, not energy, num_plateaus, clusters, first_merge_time, final_clusters, order_parameter
+        """
+        bad = [o for o in names if o in SPHERE_OBSERVABLES]
+        if cls.on_sphere or not bad:
+            return None
+        return (
+            f"{bad[0]!r} is an observable of tokens on the sphere; {say('geometry', cls.name)} "
+            "(tokens in R^d) records collapse_gap (of the directions x / |x|) and the attention "
+            f"observables, not {', '.join(SPHERE_OBSERVABLES)}"
+        )
 
     def check_step(self, step: Any) -> None:
         """``ValueError`` for a step rule of ``mf.simulate`` (a ``mf.steps.StepRule`` or its name)

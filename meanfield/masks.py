@@ -56,6 +56,7 @@ __all__ = [
     "to_params",
     "check_mask",
     "masked_mean",
+    "energy_problem",
 ]
 
 #: Accepted values of a model's ``mask`` option (the registry, ``--mask``, a sweep's ``mask`` key).
@@ -334,6 +335,23 @@ def to_params(mask: Mask | None) -> dict[str, Any]:
         out["width"] = mask.width
         out["window_causal"] = mask.causal
     return out
+
+
+def energy_problem(mask: Mask | None) -> str | None:
+    """Why a kernel with ``mask`` has no pair energy, or None (no mask): the one reason of a kernel's
+    ``refuse_masked_energy`` (``mf.energy``, ``has_energy``) and of a sweep spec's refusal of the
+    energy's observables and ``time.early_stop`` with ``model.mask``.
+
+    Example:
+        >>> import meanfield as mf
+        >>> mf.masks.energy_problem(mf.masks.Causal())
+        'a masked interaction has no pair energy: it is not symmetric'
+        >>> mf.masks.energy_problem(mf.masks.from_params({"mask": "none"})) is None
+        True
+    """
+    if mask is None:
+        return None
+    return "a masked interaction has no pair energy: it is not symmetric"
 
 
 def check_mask(mask: object) -> Mask | None:

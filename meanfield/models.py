@@ -64,6 +64,7 @@ from ._declare import (
 from ._params import INT32_MAX, Param, applies_rules
 from ._precision import einsum, matmul
 from ._resources import Footprint, as_float
+from ._spelling import applies_problem
 from .geometry import Geometry, Sphere, geometry_of
 from .masks import Mask, check_mask
 
@@ -609,35 +610,15 @@ def _check_normalization(model: Any) -> None:
     constructor, so ``make``, the command line and a sweep refuse it alike; traced values are not
     inspected."""
     fields = {f.name: f for f in _declared_fields(type(model))}
+    current = {name: getattr(model, name) for name in fields}
     for name, rules in applies_rules(declared_params(type(model))).items():
         if name not in fields:
             continue
-        known = [(switch, needs) for switch, needs in rules if switch in fields]
-        if not known or any(getattr(model, s) in needs for s, needs in known):
+        value, default = current[name], fields[name].default
+        problem = applies_problem(name, value, rules, current, owner=type(model).__name__)
+        if problem is None or not is_concrete(value) or not np.any(np.asarray(value) != default):
             continue
-        value, default = getattr(model, name), fields[name].default
-        if not is_concrete(value) or not np.any(np.asarray(value) != default):
-            continue
-        raise ValueError(
-            f"{name} = {_show_value(value)} applies with "
-            + " or ".join(
-                f"{switch}=" + " or ".join(repr(v) for v in needs) for switch, needs in known
-            )
-            + ", not "
-            + (
-                repr(getattr(model, known[0][0]))
-                if len(known) == 1
-                else " and ".join(f"{s}={getattr(model, s)!r}" for s, _ in known)
-            )
-            + f" ({type(model).__name__} would not use it)"
-        )
-
-
-def _show_value(value: Any) -> str:
-    """A concrete value as a message shows it (a 0-d array as its number)."""
-    if isinstance(value, (np.ndarray, jax.Array)) and np.ndim(value) == 0:
-        return repr(np.asarray(value).item())
-    return repr(value)
+        raise ValueError(problem)
 
 
 #: What the random weights' ``weight_seed`` and ``regen_period`` act with: drawn weights.

@@ -561,10 +561,10 @@ def test_inconsistent_parameters_raise_one_clear_error():
     with pytest.raises(ValueError, match="normalization must be one of"):
         SA(1.0, normalization="rms")
     with pytest.raises(
-        ValueError, match="alpha = 0.5 applies with normalization='ngpt', not 'post'"
+        ValueError, match="alpha = 0.5 applies with normalization = 'ngpt', not 'post'"
     ):
         SA(1.0, alpha=0.5)
-    with pytest.raises(ValueError, match="switch_time = 2.0 applies with normalization='mix'"):
+    with pytest.raises(ValueError, match="switch_time = 2.0 applies with normalization = 'mix'"):
         SA(1.0, normalization="pre", switch_time=2.0)
     with pytest.raises(ValueError, match="alpha must be > 0"):
         SA(1.0, normalization="ngpt", alpha=0.0)

@@ -133,7 +133,7 @@ def test_bad_variant_keys(model, match):
         (
             'kind = "usa"\nmask = "alibi"',
             '["energy"]',
-            "unknown observable 'energy' for kind 'usa' with model.mask = 'alibi' (a masked kernel has no energy)",
+            "unknown observable 'energy' for kind 'usa' with model.mask = 'alibi' (a masked interaction has no pair energy: it is not symmetric)",
         ),
         (
             'kind = "rope"\nmask = "window"',

@@ -155,7 +155,7 @@ def test_sa_phase_diagram_takes_the_schemes_and_refuses_bad_combinations():
         ({"normalization": "pre", "step": "renormalize"}, "has a radius: use step='projected'"),
         ({"r0": 2.0}, "r0 is the initial radius of the schemes with one"),
         ({"normalization": "peri", "r0": -1.0}, "r0"),
-        ({"alpha": 0.5}, "alpha = 0.5 applies with normalization='ngpt'"),
+        ({"alpha": 0.5}, "alpha = 0.5 applies with normalization = 'ngpt'"),
         (
             {"normalization": "pre", "backend": "native"},
             "normalization='pre' run(s) the engine's XLA",

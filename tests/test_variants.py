@@ -73,7 +73,7 @@ def test_strings_and_objects_are_one_value():
     [
         (
             lambda: mf.models.SelfAttention(1.0, alpha=0.5),
-            "alpha = 0.5 applies with normalization='ngpt', not 'post'",
+            "alpha = 0.5 applies with normalization = 'ngpt', not 'post'",
         ),
         (
             lambda: mf.kernels.USA(1.0, normalization="pre", switch_time=2.0),

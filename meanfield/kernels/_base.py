@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ..masks import Mask, check_mask, masked_mean
+from ..masks import Mask, check_mask, energy_problem, masked_mean
 from ..models import Model
 
 __all__ = [
@@ -104,10 +104,11 @@ class Kernel(Model):
 
     def refuse_masked_energy(self) -> None:
         """``TypeError`` when the kernel is masked: no pair energy (``has_energy``)."""
-        if self.mask is not None:
+        problem = energy_problem(self.mask)
+        if problem is not None:
             raise TypeError(
-                f"a masked kernel ({type(self).__name__} with mask={type(self.mask).__name__}) has "
-                f"no pair energy: the masked interaction is not symmetric; use the kernel without a mask"
+                f"{type(self).__name__} with mask={type(self.mask).__name__}: {problem}; use the "
+                "kernel without a mask"
             )
 
     @abc.abstractmethod

@@ -107,8 +107,10 @@ from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
 from .._spelling import PAIR_WORDS, pair_problem, say_spec, size_problem
-from ..geometry import Geometry
+from ..geometry import SPHERE_OBSERVABLES, Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, RunTime
+from ..masks import energy_problem
+from ..masks import from_params as masks_from_params
 from ..normalization import Scheme
 from ..steps import Projected, StepRule
 from ._diff import key_differences
@@ -390,9 +392,15 @@ def _static_axes(values: Mapping[str, Any], accepted: Mapping[str, Param]) -> di
 
 
 def _masked(params: Mapping[str, Any]) -> str:
-    """Why a kind with an energy has none in this spec: ``params`` set a mask (or ``""``)."""
-    masks = _values(params.get("mask", "none"))  # a static axis: any masked value
-    return "" if all(m == "none" for m in masks) else "a masked kernel has no energy"
+    """Why a kind with an energy has none in this spec (``mf.masks.energy_problem``): ``params``
+    set a mask, any value of a static axis (or ``""``)."""
+    if "mask" not in params:
+        return ""
+    for value in _values(params["mask"]):
+        problem = energy_problem(masks_from_params({"mask": value}))
+        if problem is not None:
+            return problem
+    return ""
 
 
 def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) -> bool:
@@ -400,18 +408,6 @@ def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) 
     return grid_kind.has_energy(model) and not _masked(params)
 
 
-#: Observables defined for tokens on the sphere only: the pair energy, the cluster counts
-#: (``mf.metrics.num_clusters`` at a chordal threshold between unit tokens) and the order
-#: parameter ``|(1/n) sum_i x_i|`` of unit tokens. A sweep of ``model.geometry = "euclidean"``
-#: (tokens in R^d, growing like e^(tV)) refuses them.
-SPHERE_OBSERVABLES = (
-    "energy",
-    "num_plateaus",
-    "clusters",
-    "first_merge_time",
-    "final_clusters",
-    "order_parameter",
-)
 
 
 #: The step rule of a spec without ``time.step`` (not recorded then: such specs keep their hash).
@@ -427,13 +423,9 @@ def _check_euclidean(obs: list, time_spec: dict | None, geometry: Any) -> None:
     """``model.geometry = 'euclidean'`` (``geometry``: that geometry's class): no observable of
     ``SPHERE_OBSERVABLES``, no step rule that ends on the sphere (``mf.simulate``'s refusals, when
     the spec is read)."""
-    bad = [o for o in obs if o in SPHERE_OBSERVABLES]
-    if bad:
-        raise ValueError(
-            f"output.observables {bad[0]!r} is an observable of tokens on the sphere; "
-            f"model.geometry = 'euclidean' (tokens in R^d) records collapse_gap (of the directions "
-            f"x / |x|) and the attention observables, not {', '.join(SPHERE_OBSERVABLES)}"
-        )
+    problem = geometry.observables_problem(obs, say=say_spec)
+    if problem is not None:
+        raise ValueError(f"output.observables {problem}")
     _step_of(time_spec).check(geometry=geometry, say=say_spec)
 
 
