@@ -80,6 +80,7 @@ from .energy import check_states
 from .integrate import Trajectory
 from .kernels import USA
 from .kernels._exp import _entry_backend, _scope_backend
+from .masks import energy_problem
 from .normalization import require_post
 
 __all__ = [
@@ -870,7 +871,8 @@ def simulate_long(
     before anything is allocated (``ResourceLimitError``, a ``ValueError``, naming the argument,
     the estimate and the limit).
 
-    Scaled arithmetic (why it reaches $e^{1000}$): the field is evaluated as
+    Scaled arithmetic (why it reaches $e^{1000}$): the field is the kernel's
+    (``USA.scaled_velocity``, the velocity of ``mf.velocity`` in scaled form), evaluated as
     $F = e^{c} G$ with $c = \max_{i \not\sim j} -\beta |x_i - x_j|^2 / 2$ over pairs of different
     merged clusters (so $G = O(1)$ and $F \approx e^{-\beta u}$ is never formed), the step as
     $h = e^{\eta}$, and the increment $h F = e^{\eta + c} G$; the time is carried as
@@ -996,6 +998,12 @@ def simulate_long(
             raise ValueError(f"{name} must be strictly increasing")
         num_T, grid_name = arr.size, name
     require_post(model, "simulate_long")
+    if model.mask is not None:
+        raise ValueError(
+            f"simulate_long integrates the unmasked USA flow (its scaled pair sums, "
+            f"USA.scaled_velocity), got mask={type(model.mask).__name__}: "
+            f"{energy_problem(model.mask)}; use mf.simulate"
+        )
     x0, aux = check_states(model, x0, aux, "x0")
     save_states = check_flag("save_states", save_states)
     if observables is not None and not isinstance(observables, Mapping):
@@ -1121,38 +1129,12 @@ def _simulate_long(
     T = lts.shape[0]
     ninf = jnp.asarray(-jnp.inf, dtype)
 
-    beta = jnp.asarray(model.beta, dtype)
-    # the rescaled kernel's time; the original kernel's field is e^beta times larger
-    shift = jnp.zeros((), dtype) if model.rescaled else beta
-    B = min(n, _LONG_BLOCK if block_size is None else block_size)
-    R = -(-n // B) * B
+    B = _LONG_BLOCK if block_size is None else block_size
 
     def f(x: Float[Array, "n d"], lab: Int[Array, " n"]) -> tuple[Array, Float[Array, "n d"]]:
-        """``(c, G)`` with ``F = e^c G`` the field of the flow (module docstring): pairs in one
-        merged cluster (equal ``lab``) excluded, ``c`` the largest pair exponent (``-inf``
-        when there is no such pair)."""
-        xp = jnp.concatenate([x, jnp.zeros((R - n,) + x.shape[1:], dtype)]) if R > n else x
-        lp = jnp.concatenate([lab, jnp.full((R - n,), -1, lab.dtype)]) if R > n else lab
-
-        def rows(blk: tuple[Array, Array]) -> tuple[Array, Array]:
-            xb, lb = blk
-            # differences, and 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the pull
-            # between clusters is far below the rounding of a summed field
-            D = x[None, :, :] - xb[:, None, :]
-            a = -0.5 * beta * jnp.sum(D * D, axis=-1)
-            a = jnp.where(lb[:, None] == lab[None, :], -jnp.inf, a)
-            ci = jnp.max(a, axis=1)
-            cs = jnp.where(jnp.isfinite(ci), ci, 0.0)
-            S = jnp.sum(jnp.exp(a - cs[:, None])[:, :, None] * D, axis=1) / n
-            return ci, sphere.project(xb, S)
-
-        ci, G = jax.lax.map(rows, (xp.reshape(R // B, B, -1), lp.reshape(R // B, B)))
-        ci, G = ci.reshape(R)[:n], G.reshape(R, -1)[:n]
-        c = jnp.max(ci)
-        cs = jnp.where(jnp.isfinite(c), c, 0.0)
-        G = G * jnp.exp(ci - cs)[:, None]
-        # c = -inf when every pair is merged: the field is zero and any step is exact
-        return c + shift, G
+        """``(c, G)`` with ``F = e^c G`` the velocity of the flow, pairs in one merged cluster
+        (equal ``lab``) excluded: the kernel's own scaled form (``USA.scaled_velocity``)."""
+        return model.scaled_velocity(x, lab, block_size=B)
 
     def labels_of(x: Float[Array, "n d"]) -> Int[Array, " n"]:
         if not merged:

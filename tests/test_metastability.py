@@ -375,6 +375,31 @@ def test_simulate_long_staircase_to_e_beta():
     assert ev[0].time_before <= logT <= ev[0].time
 
 
+@pytest.mark.parametrize("rescaled", [False, True])
+def test_simulate_long_field_is_the_kernels_velocity(x64, rescaled):
+    """The long run's field is the kernel's (``USA.scaled_velocity``): ``e^c G`` is ``mf.velocity``
+    to rounding at every tile size, and a group of merged copies drops exactly its inner pairs
+    (their pull is radial: the velocity of a state with two coincident tokens is the same)."""
+    k = mf.kernels.USA(3.0, rescaled=rescaled)
+    x = mf.sphere.normalize(mf.sphere.uniform(jax.random.key(5), 9, 3).astype(jnp.float64))
+    v = np.asarray(mf.velocity(k, x))
+    for block in (1, 4, 9, 128):
+        c, G = k.scaled_velocity(x, jnp.arange(9), block_size=block)
+        np.testing.assert_allclose(np.exp(float(c)) * np.asarray(G), v, rtol=1e-12, atol=1e-14)
+    # tokens 0 and 1 coincide: one group or two, the same velocity
+    y = x.at[1].set(x[0])
+    c1, G1 = k.scaled_velocity(y, jnp.arange(9))
+    c2, G2 = k.scaled_velocity(y, jnp.array([0, 0, 2, 3, 4, 5, 6, 7, 8]))
+    np.testing.assert_allclose(np.exp(float(c1)) * G1, np.exp(float(c2)) * G2, atol=1e-14)
+    # every pair in one group: no field (c = -inf)
+    c, G = k.scaled_velocity(x, jnp.zeros(9, int))
+    assert float(c) == -np.inf
+    with pytest.raises(ValueError, match="unmasked USA flow .* mask=Causal"):
+        ms.simulate_long(
+            mf.kernels.USA(3.0, mask=mf.masks.Causal()), x, t1=1.0, rtol=1e-6, atol=1e-8
+        )
+
+
 def test_simulate_long_log_time_api():
     theta = math.acos(1.0 - 0.5)
     x0 = _two_point_clusters(theta).astype(np.float32)

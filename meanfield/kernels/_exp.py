@@ -15,9 +15,9 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, ArrayLike, Float, Int
 
-from .. import _native, theory
+from .. import _native, sphere, theory
 from .._checks import (
     RealScalarLike,
     _error_if,
@@ -845,6 +845,67 @@ class USA(_ExpKernel):
         beta = jnp.asarray(self.beta, x.dtype)
         M = _tiled_exp(x, None, beta, self._shift(x.dtype), block_size, parts="S")[1]
         return M / (2.0 * beta)
+
+    def scaled_velocity(
+        self,
+        x: Float[Array, "n d"],
+        groups: Int[Array, " n"],
+        *,
+        block_size: int = 128,
+    ) -> tuple[Float[Array, ""], Float[Array, "n d"]]:
+        r"""The velocity of the Post-LN flow on the sphere in scaled form, ``(c, G)`` with
+        $P_{x_i} F_i = e^{c} G_i$: the same field as ``mf.velocity`` (its pairs in different
+        ``groups`` only), for times at which $F$ itself underflows (``mf.metastability.simulate_long``:
+        $t \sim e^{\beta}$, $\beta$ up to thousands).
+
+        For unit rows $e^{\beta \langle x_i, x_j \rangle} = e^{\beta} e^{-\beta |x_i - x_j|^2 / 2}$
+        and the pull of $x_i$ on itself is radial, so
+        $P_{x_i} F_i = \frac{e^{\beta}}{n} P_{x_i} \sum_j e^{-\beta |x_i - x_j|^2/2} (x_j - x_i)$
+        (without the $e^{\beta}$ when ``rescaled``). Each row's sum is taken with its largest exponent
+        $c_i$ factored out, and $c = \max_i c_i$ (plus $\beta$ unless ``rescaled``); pairs of one
+        group (equal ``groups``: copies of one merged cluster) are left out, since their pull is
+        radial and their rounding would swamp a field of $e^{-\beta u}$. ``c = -inf`` when every
+        pair is in one group (the field is zero). Row tiles of ``block_size`` (memory
+        ``block x n x d``). The mask is not applied: a masked kernel is refused by its callers.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, meanfield as mf
+            >>> x = mf.sphere.uniform(jax.random.key(0), 6, 3)
+            >>> k = mf.kernels.USA(2.0)
+            >>> c, G = k.scaled_velocity(x, jnp.arange(6))
+            >>> bool(jnp.allclose(jnp.exp(c) * G, mf.velocity(k, x), atol=1e-6))
+            True
+        """
+        n = x.shape[0]
+        dtype = x.dtype
+        beta = jnp.asarray(self.beta, dtype)
+        # the rescaled kernel's time; the original kernel's field is e^beta times larger
+        shift = jnp.zeros((), dtype) if self.rescaled else beta
+        B = min(n, block_size)
+        R = -(-n // B) * B
+        lab = groups
+        xp = jnp.concatenate([x, jnp.zeros((R - n,) + x.shape[1:], dtype)]) if R > n else x
+        lp = jnp.concatenate([lab, jnp.full((R - n,), -1, lab.dtype)]) if R > n else lab
+
+        def rows(blk: tuple[Array, Array]) -> tuple[Array, Array]:
+            xb, lb = blk
+            # differences, and 1 - <x_i, x_j> = |x_i - x_j|^2 / 2: on a plateau the pull
+            # between clusters is far below the rounding of a summed field
+            D = x[None, :, :] - xb[:, None, :]
+            a = -0.5 * beta * jnp.sum(D * D, axis=-1)
+            a = jnp.where(lb[:, None] == lab[None, :], -jnp.inf, a)
+            ci = jnp.max(a, axis=1)
+            cs = jnp.where(jnp.isfinite(ci), ci, 0.0)
+            S = jnp.sum(jnp.exp(a - cs[:, None])[:, :, None] * D, axis=1) / n
+            return ci, sphere.project(xb, S)
+
+        ci, G = jax.lax.map(rows, (xp.reshape(R // B, B, -1), lp.reshape(R // B, B)))
+        ci, G = ci.reshape(R)[:n], G.reshape(R, -1)[:n]
+        c = jnp.max(ci)
+        cs = jnp.where(jnp.isfinite(c), c, 0.0)
+        G = G * jnp.exp(ci - cs)[:, None]
+        # c = -inf when every pair is in one group: the field is zero and any step is exact
+        return c + shift, G
 
 
 class DistanceBias(_ExpKernel):
