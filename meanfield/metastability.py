@@ -78,7 +78,7 @@ from ._checks import (
 from ._machine import check_memory as _check_memory
 from .energy import check_states
 from .integrate import Trajectory
-from .kernels import USA
+from .kernels import Kernel
 from .kernels._exp import _entry_backend, _scope_backend
 from .masks import energy_problem
 from .normalization import require_post
@@ -840,7 +840,7 @@ def log_time_grid(
 
 
 def simulate_long(
-    model: USA,
+    model: Kernel,
     x0: _ArrayLike,
     aux: _ArrayLike | None = None,
     *,
@@ -900,7 +900,9 @@ def simulate_long(
     the reproduction. float32 states work with ``rtol``, ``atol`` $\gtrsim 10^{-6}$.
 
     Args:
-        model: a kernel (``mf.kernels``, e.g. ``USA(beta, rescaled=True)``).
+        model: a kernel with a scaled velocity (``scaled_velocity``, the kernel's field in the
+            scaled form above: ``mf.kernels.USA(beta, rescaled=True)``; a kernel without one is
+            refused, a ``TypeError``), unmasked, Post-LN.
         x0: ``(n, d)`` unit rows.
         aux: labels (``None``: the model's default).
         rtol, atol: the step's error tolerances (``> 0``).
@@ -935,9 +937,10 @@ def simulate_long(
         >>> bool(traj.failed), len(mf.metastability.merge_events(traj, 0.1))
         (False, 1)
     """
-    if not isinstance(model, USA):
+    if not callable(getattr(model, "scaled_velocity", None)):
         raise TypeError(
-            f"simulate_long integrates the USA kernel (mf.kernels.USA), got {type(model).__name__}"
+            "simulate_long integrates a kernel that gives its velocity in scaled form (its field "
+            f"at t ~ e^beta: mf.kernels.USA.scaled_velocity), got {type(model).__name__}"
         )
     if (t1 is None) == (log_t1 is None):
         raise TypeError(
@@ -998,11 +1001,12 @@ def simulate_long(
             raise ValueError(f"{name} must be strictly increasing")
         num_T, grid_name = arr.size, name
     require_post(model, "simulate_long")
-    if model.mask is not None:
+    mask = getattr(model, "mask", None)
+    if mask is not None:
         raise ValueError(
-            f"simulate_long integrates the unmasked USA flow (its scaled pair sums, "
-            f"USA.scaled_velocity), got mask={type(model.mask).__name__}: "
-            f"{energy_problem(model.mask)}; use mf.simulate"
+            f"simulate_long integrates the unmasked flow (its scaled pair sums, "
+            f"{type(model).__name__}.scaled_velocity), got mask={type(mask).__name__}: "
+            f"{energy_problem(mask)}; use mf.simulate"
         )
     x0, aux = check_states(model, x0, aux, "x0")
     save_states = check_flag("save_states", save_states)
@@ -1107,7 +1111,7 @@ def _log_diff(a: Array, b: Array) -> Array:
 
 @eqx.filter_jit
 def _simulate_long(
-    model: USA,
+    model: Any,  # a Kernel with scaled_velocity
     x0: Float[Array, "n d"],
     aux: Array | None,
     lts: Float[Array, " T"],
