@@ -83,6 +83,7 @@ turns it off); ``main(argv)`` called from Python changes no process-wide setting
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -98,6 +99,7 @@ from ._argparse import OneLineParser
 from ._native import BACKENDS, check_backend
 from ._spelling import (
     PAIR_WORDS,
+    applies_problem,
     pair_problem,
     radius_problem,
     say_cli,
@@ -698,8 +700,52 @@ def _simulate_attributed(args: argparse.Namespace, *, process: bool = False) -> 
         raise error from e
 
 
+@dataclasses.dataclass(frozen=True)
+class _SimulateRun:
+    """What ``simulate`` runs, once every check before the run has passed (``_prepare_simulation``):
+    the model's parameters as resolved from the flags (``params``) and the model built from them,
+    the run's time (``mf.integrate.RunTime``), its noise and frequency law (``None`` without
+    ``--noise``, ``--frequencies``), the accepted estimate (``_resources.run_cost``), the ``--out``
+    directory, the initial states drawn from ``--seed`` (``x0``), the frequencies drawn from the law
+    (or ``None``), the backend ``--backend`` resolved to and the model's token labels (``aux``)."""
+
+    params: dict[str, Any]
+    model: Any
+    run_time: Any
+    noise: Any
+    law: Any
+    cost: Any
+    out: Path
+    x0: Any
+    frequencies: Any
+    resolved: str
+    aux: Any
+
+
 def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
-    # the arguments' checks across flags first, from the parser's copy of the registry: no JAX yet
+    """``meanfield simulate``: its stages in order. The flags' checks against each other and the
+    model's rules (no JAX yet), the process's settings (``process``: ``_configure_process``), the
+    model, the run's description and the checks before the run, the warning and estimate lines,
+    the run, its summary, the numbers written to ``--out`` and last the figures, the movie and the
+    summary line. Returns the exit status: 0, or 1 for a failed run (its outputs written)."""
+    given = _check_simulate_flags(args)  # the parser's copy of the registry: no JAX yet
+    if process:
+        _configure_process()
+    run = _prepare_simulation(args, given)
+    warning, seconds = _announce_simulation(args, run)
+    traj, wall, ts, euclidean = _run_simulation(args, run, seconds)
+    result, e_max = _summarize_simulation(args, run, traj, ts, euclidean, wall, seconds, warning)
+    _write_simulation(args, run, traj, result)
+    return _report_simulation(args, run, traj, result, e_max)
+
+
+def _check_simulate_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The checks of ``simulate``'s flags across each other, from the parser's copy of the registry
+    (no JAX yet), in this order: a parameter flag of another model, a flag that applies only with
+    another's value (``_check_switches``), ``--r0`` (``_check_r0``), the model's size rules,
+    ``--backend``, the pairs ``--noise``/``--sigma`` and ``--frequencies``/``--spread``,
+    ``--frequency-seed`` without ``--frequencies`` and the solvers of ``--step``'s rule; the first
+    refused raises ``ValueError``. Returns the model parameters given as flags, by name."""
     models = _models()
     schema = next(m for m in models if m.name == args.kernel)
     given = {
@@ -754,23 +800,44 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         problem = solver_refusal(args.step, solvers, args.solver, update, say_cli)
         if problem is not None:
             raise ValueError(problem)
-    if process:
-        _configure_process()
+    return given
 
-    import diffrax
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
 
-    from . import _resources, kernels, metrics, sphere
-    from .geometry import geometry_of
-    from .integrate import (
-        ADAPTIVE_SOLVERS,
-        FIXED_STEP_SOLVERS,
-        RunTime,
-        simulate,
-        uniform_saves_problem,
+def _prepare_simulation(args: argparse.Namespace, given: dict[str, Any]) -> _SimulateRun:
+    """Everything ``simulate`` checks and makes before its warning and estimate lines, in this
+    order: the model and the run's description with the estimate accepted
+    (``_describe_simulation``), the files it will write (``_check_simulate_outputs``) and the
+    initial states with the model's own refusals (``_start_simulation``); nothing of the run's
+    size is allocated before its estimate is accepted."""
+    params, model, run_time, noise, law, cost = _describe_simulation(args, given)
+    out = _check_simulate_outputs(args)
+    x0, frequencies, resolved, aux = _start_simulation(args, model, law)
+    return _SimulateRun(
+        params=params,
+        model=model,
+        run_time=run_time,
+        noise=noise,
+        law=law,
+        cost=cost,
+        out=out,
+        x0=x0,
+        frequencies=frequencies,
+        resolved=resolved,
+        aux=aux,
     )
+
+
+def _describe_simulation(
+    args: argparse.Namespace, given: dict[str, Any]
+) -> tuple[dict[str, Any], Any, Any, Any, Any, Any]:
+    """The model built from the flags (``given`` resolved by its registry entry, ``--`` spelling),
+    the fixed-step grid rule (``uniform_saves_problem``), the run's time (``RunTime``, its rules in
+    the flags' spelling), the noise and the frequency law with their own refusals, and the run's
+    estimate, refused past the resource limits (``_resources.check_cost``, ``--force``). Returns
+    ``(params, model, run_time, noise, law, cost)``; ``noise`` and ``law`` are ``None`` when not
+    asked for."""
+    from . import _resources, kernels
+    from .integrate import FIXED_STEP_SOLVERS, RunTime, uniform_saves_problem
 
     entry = kernels.model_entry(args.kernel)
     params = entry.resolve(given, where="--")
@@ -814,6 +881,16 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         )
     cost = _simulate_cost(args, model, noise)
     _resources.check_cost(cost, force=args.force, what="simulate")
+    return params, model, run_time, noise, law, cost
+
+
+def _check_simulate_outputs(args: argparse.Namespace) -> Path:
+    """The ``--out`` directory (``_output_dir``: created and checked writable) and every file the
+    run writes, checked before it: each of ``_OUTPUT_FILES`` it writes (``summary.json`` alone with
+    ``--no-plots``) a regular file or a new one (``_paths.check_output``: a FIFO there would block
+    the write forever, after the run), ``run.zarr`` new or an earlier run's store
+    (``_labelled.check_run_path``), and the ``--movie`` path (``plotting._movie_path``; a missing
+    writer is a ``ValueError``). Returns the directory."""
     out = _output_dir(args.out)
     # every file the run writes, checked before it: a regular file or a new one (a FIFO there
     # would block the write forever, after the run)
@@ -829,6 +906,19 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             plotting._movie_path(args.movie)
         except ImportError as e:
             raise ValueError(f"--movie: {e}") from None
+    return out
+
+
+def _start_simulation(args: argparse.Namespace, model: Any, law: Any) -> tuple[Any, Any, str, Any]:
+    """The run's start: the initial states drawn from ``--seed`` (``mf.sphere.uniform``), the
+    frequencies drawn from ``law`` (``--frequency-seed``; ``None`` without a law), the backend
+    ``--backend`` resolves to (``xla`` on an accelerator), the model's token labels, and the
+    model's own refusals of them (``check_config``, e.g. beta overflow) before any warning.
+    Returns ``(x0, frequencies, resolved, aux)``."""
+    import jax
+
+    from . import kernels, sphere
+
     x0 = sphere.uniform(jax.random.key(args.seed), args.n, args.d)
     frequencies = (
         None
@@ -849,8 +939,19 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     )
     aux = model.default_aux(args.n)
     model.check_config(x0, aux)  # the model's own refusals (e.g. beta overflow) before any warning
+    return x0, frequencies, resolved, aux
+
+
+def _announce_simulation(args: argparse.Namespace, run: _SimulateRun) -> tuple[str | None, float]:
+    """The lines on stderr before the run: the long-step warning (``_resources.step_warning``),
+    then, for a run estimated past ``ESTIMATE_NOTICE_S``, its estimated time, memory and work
+    (``_estimate_seconds``: the rate measured on this machine, or assumed). Returns
+    ``(warning, seconds)``: the warning's text (``None`` without one) and the estimated seconds."""
+    from . import _resources
+    from .integrate import ADAPTIVE_SOLVERS
+
     warning = _resources.step_warning(
-        model.interaction_rate(),
+        run.model.interaction_rate(),
         args.dt,
         solver=args.solver,
         dt_name="--dt",
@@ -858,7 +959,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
     )
     if warning:
         print(f"meanfield: {warning}", file=sys.stderr)
-    seconds, rate = _estimate_seconds(cost, model, args)
+    seconds, rate = _estimate_seconds(run.cost, run.model, args)
     if seconds > ESTIMATE_NOTICE_S:
         measured = (
             f"{rate:.2g} flop/s measured on this machine"
@@ -869,18 +970,38 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         bound = "up to " if args.solver in ADAPTIVE_SOLVERS else ""
         print(
             f"meanfield: estimate: {bound}~{_format_seconds(seconds)} and "
-            f"~{_resources.format_bytes(cost.bytes)} of memory ({cost.describe()}; {measured})",
+            f"~{_resources.format_bytes(run.cost.bytes)} of memory ({run.cost.describe()}; {measured})",
             file=sys.stderr,
             flush=True,
         )
+    return warning, seconds
+
+
+def _run_simulation(
+    args: argparse.Namespace, run: _SimulateRun, seconds: float
+) -> tuple[Any, float, Any, bool]:
+    """The run itself (``mf.simulate``, forward mode) at ``--saves`` equally spaced times, with the
+    cluster count as an observable for unit tokens, a progress bar when estimated past
+    ``PROGRESS_BAR_S`` (``seconds``) and not ``--quiet``, and the noise keyed from ``--seed``.
+    Returns ``(traj, wall, ts, euclidean)``: the trajectory, the run's wall time in seconds (until
+    the collapse gap is ready), the save times and whether the tokens are in R^d."""
+    import diffrax
+    import jax
+    import numpy as np
+
+    from . import metrics
+    from .geometry import geometry_of
+    from .integrate import simulate
+
+    noise = run.noise
     ts = np.linspace(0.0, args.t1, args.saves)
-    euclidean = not geometry_of(model).on_sphere
+    euclidean = not geometry_of(run.model).on_sphere
     t0 = time.perf_counter()
     traj = simulate(
-        model,
-        x0,
-        time=run_time.replace(ts=ts),
-        backend=resolved,
+        run.model,
+        run.x0,
+        time=run.run_time.replace(ts=ts),
+        backend=run.resolved,
         # the cluster count is of unit tokens (angular threshold): none for tokens in R^d
         observables={} if euclidean else {"clusters": lambda x: metrics.num_clusters(x, 0.1)},
         adjoint=diffrax.ForwardMode(),  # no gradients wanted: the plain loop traces faster, same states
@@ -889,10 +1010,34 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         progress=seconds > PROGRESS_BAR_S and not args.quiet,
         noise=noise,
         key=None if noise is None else jax.random.fold_in(jax.random.key(args.seed), 1),
-        frequencies=frequencies,
+        frequencies=run.frequencies,
     )
     jax.block_until_ready(traj.collapse_gap)
     wall = time.perf_counter() - t0
+    return traj, wall, ts, euclidean
+
+
+def _summarize_simulation(
+    args: argparse.Namespace,
+    run: _SimulateRun,
+    traj: Any,
+    ts: Any,
+    euclidean: bool,
+    wall: float,
+    seconds: float,
+    warning: str | None,
+) -> tuple[dict[str, Any], float | None]:
+    """The run's summary (``summary.json``, and the line printed): the settings, the final values
+    (collapse gap, energy with the theory's maximum, clusters, the mean radius of a scheme with
+    one, the order parameter of a noisy run or one with frequencies), the failure's reasons
+    (``_failure_reasons``), the save intervals where the energy decreased (``_energy_decreases``,
+    for the exact flow only) with the warnings, the wall time and the estimate. Returns
+    ``(result, e_max)``: the summary and the theory's maximum energy (``None`` without one)."""
+    import numpy as np
+
+    from . import metrics
+
+    model, params, noise, law = run.model, run.params, run.noise, run.law
     # no energy (a masked kernel, sa): no bound on it either, whatever the model's closed form says
     e_theory = model.max_energy() if traj.energy is not None else None
     e_max = None if e_theory is None else float(np.asarray(e_theory))
@@ -941,7 +1086,7 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
             }
         ),
         "backend": args.backend,
-        "backend_resolved": resolved,
+        "backend_resolved": run.resolved,
         "final_collapse_gap": float(gap[-1]),
         "final_energy": float(energy[-1]) if energy is not None else None,
         "theory_max_energy": e_max,
@@ -972,15 +1117,31 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "warnings": warnings_,
         "num_steps": int(traj.num_steps),
         "wall_time_s": round(wall, 3),
-        "estimate": cost.describe(),
+        "estimate": run.cost.describe(),
         "estimated_time_s": float(f"{seconds:.3g}"),
     }
+    return result, e_max
+
+
+def _write_simulation(
+    args: argparse.Namespace, run: _SimulateRun, traj: Any, result: dict[str, Any]
+) -> None:
+    """The run's numbers in ``--out``: ``summary.json`` (``result``, strict JSON), then
+    ``run.zarr``, the trajectory as labelled data in a one-point sweep store
+    (``_labelled.write_run``; ``mf.sweep.load(out)`` opens it) with the settings as attributes and
+    the initial states as drawn (``x0``); an earlier version's ``observables.npz`` there is
+    removed."""
+    import numpy as np
+
+    from . import _labelled
+
+    out = run.out
     with _paths.open_output(out / "summary.json", "--out file") as f:
         f.write(_dumps(result, indent=2).encode("utf-8"))
     # the run as labelled data, a one-point sweep store (mf.sweep.load(out) opens it): the
     # trajectory's arrays and the settings as attributes (the model's from the flags as given)
-    settings = {
-        **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in params.items()},
+    settings: dict[str, Any] = {
+        **{f"model.{k}": (list(v) if isinstance(v, tuple) else v) for k, v in run.params.items()},
         **{k: result[k] for k in ("t1", "dt", "solver", "step", "seed", "backend")},
         **{
             k: result[k]
@@ -999,25 +1160,41 @@ def _simulate(args: argparse.Namespace, *, process: bool = False) -> int:
         "atol": args.atol,
         "early_stop": args.early_stop,
     }
-    ds = traj.to_xarray(model, aux=np.asarray(aux), attrs=settings)
+    ds = traj.to_xarray(run.model, aux=np.asarray(run.aux), attrs=settings)
     # the initial states as drawn (x at time 0 is them renormalised: not bit for bit)
-    ds["x0"] = (("token", "dim"), np.asarray(x0), {"description": _X0_DESCRIPTION})
+    ds["x0"] = (("token", "dim"), np.asarray(run.x0), {"description": _X0_DESCRIPTION})
     _labelled.write_run(out / _labelled.RUN_STORE, ds)
     # an earlier version's observables.npz in DIR holds an earlier run's numbers: the run replaces it
     stale = out / "observables.npz"
     if stale.is_file() and not stale.is_symlink():
         stale.unlink()
+
+
+def _report_simulation(
+    args: argparse.Namespace,
+    run: _SimulateRun,
+    traj: Any,
+    result: dict[str, Any],
+    e_max: float | None,
+) -> int:
+    """After the numbers are written: the figures (``_simulate_figures``, not with
+    ``--no-plots``; a failure drawing them leaves the numbers) and the ``--movie``, then the summary
+    as one JSON line on stdout, the energy-decrease warning and a failed run's warning on stderr.
+    Returns the exit status: 1 for a failed run, else 0."""
+    import numpy as np
+
+    out = run.out
     # the numbers are written: the figures after them (a failure drawing them leaves the numbers)
     if not args.no_plots:
-        _simulate_figures(out, args, traj, np.asarray(aux), e_max, jnp)
+        _simulate_figures(out, args, traj, np.asarray(run.aux), e_max)
     if args.movie is not None:
         from . import plotting
 
         plotting.animate(traj, args.movie)
     print(_dumps(result))
-    if decreases:
-        print(f"meanfield: {warnings_[-1]}", file=sys.stderr)
-    if failed:
+    if result["energy_decreases"]:
+        print(f"meanfield: {result['warnings'][-1]}", file=sys.stderr)
+    if result["failed"]:
         print(
             f"meanfield: warning: the run failed ({result['failure']}); outputs written with failed = true "
             f"to {out}; try --rescaled or a smaller --dt",
@@ -1047,19 +1224,11 @@ def _check_switches(schema: Any, given: dict[str, Any]) -> None:
     is elsewhere, even at its default value: it would change nothing."""
     defaults = {p.name: p.default for p in schema.params}
     rules = _params.applies_rules(schema.params)
+    current = {**defaults, **given}
     for name in given:
-        if len(rules.get(name, ())) != 1:
-            continue
-        ((switch, needs),) = rules[name]
-        if switch not in defaults:
-            continue
-        current = given.get(switch, defaults[switch])
-        if current not in needs:
-            raise ValueError(
-                f"{_flag(name)} = {given[name]!r} applies with {_flag(switch)} = "
-                + " or ".join(repr(v) for v in needs)
-                + f", not {current!r}"
-            )
+        problem = applies_problem(name, given[name], rules.get(name, ()), current, say=say_cli)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def _check_r0(args: argparse.Namespace, schema: Any, given: dict[str, Any]) -> None:
@@ -1109,8 +1278,10 @@ def _energy_decreases(energy: Any, dtype: Any) -> int:
 
 
 def _simulate_figures(
-    out: Path, args: argparse.Namespace, traj: Any, aux: Any, e_max: float | None, jnp: Any
+    out: Path, args: argparse.Namespace, traj: Any, aux: Any, e_max: float | None
 ) -> None:
+    """The figures of ``meanfield simulate`` in ``out`` (``_simulate_figures_unchecked``), with
+    NumPy's and matplotlib's warnings of a failed run's NaN kept off stderr."""
     import warnings
 
     import matplotlib.pyplot as plt

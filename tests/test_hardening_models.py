@@ -225,11 +225,13 @@ def test_the_same_refusals_in_the_constructor_make_the_cli_and_a_sweep(capsys):
         mf.kernels.make("prompt", gauges="rotation", gauge_seed=4)
     # the command line and a sweep spec, before any run
     _one_line_error(
-        capsys, "simulate", "--kernel", "sa", "--weight-seed", "3", needle="weight_seed"
-    )
+        capsys, "simulate", "--kernel", "sa", "--weight-seed", "3",
+        needle="--weight-seed = 3 applies with --weights = 'gaussian' or",
+    )  # fmt: skip
     _one_line_error(
-        capsys, "simulate", "--kernel", "sa", "--regen-period", "0.5", needle="regen_period"
-    )
+        capsys, "simulate", "--kernel", "sa", "--regen-period", "0.5",
+        needle="--regen-period = 0.5 applies with",
+    )  # fmt: skip
     _one_line_error(
         capsys, "simulate", "--kernel", "prompt", "--gauges", "rotation", "--gauge-seed", "2",
         needle="gauge",
