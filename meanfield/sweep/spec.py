@@ -408,8 +408,6 @@ def _has_energy(grid_kind: ParticleGrid, model: str, params: Mapping[str, Any]) 
     return grid_kind.has_energy(model) and not _masked(params)
 
 
-
-
 #: The step rule of a spec without ``time.step`` (not recorded then: such specs keep their hash).
 _DEFAULT_STEP = Projected.name
 
