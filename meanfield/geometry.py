@@ -55,8 +55,8 @@ class Geometry(Variant):
     def observables_problem(cls, names: Sequence[str], say: Spelling = say_python) -> str | None:
         """Why this geometry has no value of the first of the observables ``names``, or None: a
         geometry without unit tokens (``on_sphere`` False) has none of ``SPHERE_OBSERVABLES``. The
-        one text of a sweep spec's ``output.observables`` (``say``: its spelling) and the
-        command line's choice of what a run records.
+        text of a sweep spec's refusal of ``output.observables`` (``say``: its spelling); the
+        command line records none of them for such a geometry (it asks ``on_sphere``).
 
         Example:
             >>> import meanfield as mf

@@ -77,6 +77,7 @@ from .energy import check_states
 from .geometry import geometry_of
 from .kernels import Kernel
 from .kernels._exp import _entry_backend, _scope_backend
+from .masks import energy_problem
 from .steps import STEPS as _STEPS
 from .steps import StepRule
 
@@ -1302,7 +1303,11 @@ def simulate(
         block_size = check_int("block_size", block_size, minimum=1)
     has_energy = isinstance(model, Kernel) and bool(model.has_energy)  # a masked kernel has none
     if early_stop is not None and not has_energy:
-        raise TypeError(f"early_stop needs an energy; {type(model).__name__} has none")
+        why = energy_problem(model.mask) if isinstance(model, Kernel) else None
+        raise TypeError(
+            f"early_stop needs an energy; {type(model).__name__} has none"
+            + (f" ({why})" if why is not None else "")
+        )
     adaptive = time.adaptive
     if observables is not None and not isinstance(observables, Mapping):
         raise TypeError(

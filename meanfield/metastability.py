@@ -1004,9 +1004,9 @@ def simulate_long(
     mask = getattr(model, "mask", None)
     if mask is not None:
         raise ValueError(
-            f"simulate_long integrates the unmasked flow (its scaled pair sums, "
-            f"{type(model).__name__}.scaled_velocity), got mask={type(mask).__name__}: "
-            f"{energy_problem(mask)}; use mf.simulate"
+            f"simulate_long integrates the unmasked flow, got mask={type(mask).__name__} "
+            f"({type(model).__name__}.scaled_velocity applies no mask; "
+            f"{energy_problem(mask)}); use mf.simulate"
         )
     x0, aux = check_states(model, x0, aux, "x0")
     save_states = check_flag("save_states", save_states)

@@ -394,10 +394,19 @@ def test_simulate_long_field_is_the_kernels_velocity(x64, rescaled):
     # every pair in one group: no field (c = -inf)
     c, G = k.scaled_velocity(x, jnp.zeros(9, int))
     assert float(c) == -np.inf
+    # the scaled form applies no mask and no scheme: refused, as a bad tile
+    for bad, match in (
+        (dict(mask=mf.masks.Causal()), "unmasked field; got mask=Causal"),
+        (dict(normalization="pre"), "Post-LN flow"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            mf.kernels.USA(3.0, **bad).scaled_velocity(x, jnp.arange(9))
+    with pytest.raises(ValueError, match="block_size"):
+        k.scaled_velocity(x, jnp.arange(9), block_size=0)
     # a kernel that gives no scaled velocity is refused by that fact, not by its class
     with pytest.raises(TypeError, match="velocity in scaled form .* got DistanceBias"):
         ms.simulate_long(mf.kernels.DistanceBias(3.0, lam=0.5), x, t1=1.0, rtol=1e-6, atol=1e-8)
-    with pytest.raises(ValueError, match="unmasked flow .* mask=Causal"):
+    with pytest.raises(ValueError, match="unmasked flow, got mask=Causal"):
         ms.simulate_long(
             mf.kernels.USA(3.0, mask=mf.masks.Causal()), x, t1=1.0, rtol=1e-6, atol=1e-8
         )

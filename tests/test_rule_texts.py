@@ -56,6 +56,16 @@ def test_applies_with_is_one_text_on_the_command_line(tmp_path, capsys):
         text = applies_problem(key, value, rule, current, say=say_cli)
         assert len(err) == 1 and err[0].endswith(text), (err, text)
     assert not (tmp_path / "bad").exists()
+    # a flag given on the command line acts or is refused, even at its default value, rules of two
+    # switches too (drawn weights: --weights or --value)
+    assert (
+        cli.main(argv + ["--kernel", "sa", "--weight-seed", "0", "--out", str(tmp_path / "b")]) == 2
+    )
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].endswith(
+        "--weight-seed = 0 applies with --weights = 'gaussian' or 'symmetric' or 'gpt2' or "
+        "--value = 'gaussian' or '+qk' or '-qk', not --weights = 'identity' and --value = 'identity'"
+    ), err
 
 
 def test_applies_problem_names_every_switch_it_knows():
@@ -86,6 +96,12 @@ def test_a_masked_kernel_has_no_energy_in_one_text():
             + GRID.replace("[time]\n", '[output]\nobservables = ["energy"]\n[time]\n')
         )
     assert f"({why})" in str(e.value), str(e.value)
+    # mf.simulate's energy-plateau stop gives the same reason
+    with pytest.raises(TypeError, match=f"early_stop needs an energy; USA has none \\({why}\\)"):
+        mf.simulate(
+            model, mf.sphere.uniform(jax.random.key(0), 4, 3), t1=0.1, dt=0.05, early_stop=1e-6
+        )
+    assert not model.has_energy and mf.kernels.USA(1.0).has_energy
     # without a mask the energy is there
     spec = sweep.parse_spec(
         '[model]\nkind = "usa"\nmask = "none"\n'

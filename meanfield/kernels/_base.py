@@ -25,11 +25,11 @@ __all__ = [
 
 
 class _HasEnergy:
-    """``has_energy`` of a kernel: True on the class; on an instance, True unless it is masked (a
-    masked interaction is not the gradient flow of a pair energy)."""
+    """``has_energy`` of a kernel: True on the class; on an instance, True unless its mask has no
+    pair energy (``mf.masks.energy_problem``: a masked interaction is not symmetric)."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> bool:
-        return True if obj is None else obj.mask is None
+        return True if obj is None else energy_problem(obj.mask) is None
 
 
 def original_time(s: ArrayLike, beta: ArrayLike) -> Array:

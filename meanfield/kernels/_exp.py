@@ -21,6 +21,7 @@ from .. import _native, sphere, theory
 from .._checks import (
     RealScalarLike,
     _error_if,
+    check_int,
     is_concrete,
 )
 from .._native import BACKENDS, check_backend
@@ -41,6 +42,7 @@ from ..models import (
     exp_reference_step,
     param,
 )
+from ..normalization import require_post
 from ._base import Kernel, masked_pairwise_field
 
 _native.prepare()  # the C compiler runs here, at this module's first import (inside a trace only if that import is)
@@ -853,9 +855,9 @@ class USA(_ExpKernel):
         *,
         block_size: int = 128,
     ) -> tuple[Float[Array, ""], Float[Array, "n d"]]:
-        r"""The velocity of the Post-LN flow on the sphere in scaled form, ``(c, G)`` with
-        $P_{x_i} F_i = e^{c} G_i$: the same field as ``mf.velocity`` (its pairs in different
-        ``groups`` only), for times at which $F$ itself underflows (``mf.metastability.simulate_long``:
+        r"""The velocity of the unmasked Post-LN flow on the sphere in scaled form, ``(c, G)`` with
+        $P_{x_i} F_i = e^{c} G_i$: the same field as ``mf.velocity`` of this kernel (its pairs in
+        different ``groups`` only), for times at which $F$ itself underflows (``mf.metastability.simulate_long``:
         $t \sim e^{\beta}$, $\beta$ up to thousands).
 
         For unit rows $e^{\beta \langle x_i, x_j \rangle} = e^{\beta} e^{-\beta |x_i - x_j|^2 / 2}$
@@ -866,7 +868,8 @@ class USA(_ExpKernel):
         group (equal ``groups``: copies of one merged cluster) are left out, since their pull is
         radial and their rounding would swamp a field of $e^{-\beta u}$. ``c = -inf`` when every
         pair is in one group (the field is zero). Row tiles of ``block_size`` (memory
-        ``block x n x d``). The mask is not applied: a masked kernel is refused by its callers.
+        ``block x n x d``). A mask or a scheme other than Post-LN is refused (``ValueError``):
+        this form applies neither.
 
         Example:
             >>> import jax, jax.numpy as jnp, meanfield as mf
@@ -876,6 +879,12 @@ class USA(_ExpKernel):
             >>> bool(jnp.allclose(jnp.exp(c) * G, mf.velocity(k, x), atol=1e-6))
             True
         """
+        require_post(self, "scaled_velocity")
+        if self.mask is not None:
+            raise ValueError(
+                f"scaled_velocity is the unmasked field; got mask={type(self.mask).__name__}"
+            )
+        block_size = check_int("block_size", block_size, minimum=1)
         n = x.shape[0]
         dtype = x.dtype
         beta = jnp.asarray(self.beta, dtype)
