@@ -248,6 +248,7 @@ def applies_problem(
     current: Mapping[str, Any],
     *,
     owner: str = "",
+    axes: Sequence[str] = (),
     say: Spelling = say_python,
 ) -> str | None:
     """The refusal of a setting ``key = value`` that acts only with other settings' values, or
@@ -257,6 +258,8 @@ def applies_problem(
     is not checked; no switch known: None). Whether the setting was given (the command line: a
     flag given at all; a model, the registry and a spec: a value away from its default) is the
     caller's to decide. ``owner``: the model's class name, for the words "would not use it".
+    ``axes``: the switches whose ``current`` value is a list of values (a sweep's static axis),
+    none of which it acts with.
     The one text of a model's constructor (``mf.models.SelfAttention(alpha=0.5)``), a variant's
     (``mf.normalization.Scheme.coerce``), the registry (``mf.kernels.make``), a sweep spec's
     ``[model]`` and the command line's flags.
@@ -269,9 +272,17 @@ def applies_problem(
         model.alpha = 0.5 applies with model.normalization = 'ngpt', not 'post' (SelfAttention would not use it)
     """
     known = [(switch, tuple(vs)) for switch, vs in needs if switch in current]
-    if not known or any(current[s] in vs for s, vs in known):
+    lists = [s for s, _ in known if s in axes]
+    if not known or any(current[s] in vs for s, vs in known if s not in lists):
+        return None
+    if any(v in vs for s, vs in known if s in lists for v in current[s]):
         return None
     rule = " or ".join(f"{say.name(s)} = " + " or ".join(repr(v) for v in vs) for s, vs in known)
+    if lists:  # a static axis of a sweep: none of its values
+        axis = " and ".join(f"{say.name(s)} = {current[s]!r}" for s in lists)
+        return (
+            f"{say.name(key)} = {show_value(value)} applies with {rule}; no value of {axis} is one"
+        )
     now = (
         repr(current[known[0][0]])
         if len(known) == 1

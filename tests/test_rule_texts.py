@@ -77,6 +77,24 @@ def test_applies_problem_names_every_switch_it_knows():
         "model.width = 3 applies with model.mask = 'window' or model.attention = 'softmax', "
         "not model.mask = 'causal' and model.attention = 'hardmax'"
     )
+    # a sweep's static axis: none of its values (the spec's refusal of a list)
+    axis = applies_problem(
+        "slope",
+        0.5,
+        [("mask", ("alibi",))],
+        {"mask": ["none", "causal"]},
+        axes=["mask"],
+        say=say_spec,
+    )
+    assert axis == (
+        "model.slope = 0.5 applies with model.mask = 'alibi'; no value of "
+        "model.mask = ['none', 'causal'] is one"
+    )
+    with pytest.raises(ValueError) as e:
+        sweep.parse_spec('[model]\nkind = "usa"\nmask = ["none", "causal"]\nslope = 0.5\n' + GRID)
+    assert str(e.value) == axis
+    one = {"mask": ["none", "alibi"]}
+    assert applies_problem("slope", 0.5, [("mask", ("alibi",))], one, axes=["mask"]) is None
     # one switch it needs is set: it acts; no switch known: nothing to say
     assert applies_problem("width", 3, two, {"mask": "window", "attention": "hardmax"}) is None
     assert applies_problem("width", 3, two, {}) is None

@@ -106,7 +106,7 @@ from .._params import check_int as _int
 from .._params import check_keys as _unknown
 from .._params import is_number as _is_num
 from .._resources import Cost
-from .._spelling import PAIR_WORDS, pair_problem, say_spec, size_problem
+from .._spelling import PAIR_WORDS, applies_problem, pair_problem, say_spec, size_problem
 from ..geometry import SPHERE_OBSERVABLES, Geometry
 from ..integrate import FIXED_STEP_SOLVERS, SOLVERS, RunTime
 from ..masks import energy_problem
@@ -280,14 +280,8 @@ def _check_applies_axes(
             listed = [s for s in switches if s in statics]
             if not listed:
                 raise errors[0]
-            needs = " or ".join(
-                f"model.{s} = " + " or ".join(repr(v) for v in vs) for s, vs in rules if s in values
-            )
-            raise ValueError(
-                f"model.{name} = {values[name]!r} applies with {needs}; no value of "
-                + " and ".join(f"model.{s} = {values[s]!r}" for s in listed)
-                + " is one"
-            )
+            problem = applies_problem(name, values[name], rules, values, axes=listed, say=say_spec)
+            raise ValueError(problem or errors[0])
 
 
 def _kind_params(kinds: tuple) -> tuple[Param, ...]:
