@@ -584,7 +584,14 @@ def _output_dir(path: str) -> Path:
 
 
 def _json_safe(obj: Any) -> Any:
-    """``obj`` with non-finite floats as ``None`` (strict JSON: no ``NaN``/``Infinity``)."""
+    """``obj`` with non-finite floats as ``None`` (strict JSON: no ``NaN``/``Infinity``); NumPy and
+    JAX scalars and 0-d arrays as their Python value (``json`` writes no ``np.float32``)."""
+    if (
+        not isinstance(obj, (str, bytes))
+        and getattr(obj, "shape", None) == ()
+        and hasattr(obj, "item")
+    ):
+        obj = obj.item()
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):

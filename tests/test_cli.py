@@ -133,3 +133,16 @@ def test_bad_arguments_one_line_exit_2(args, needle, tmp_path):
     assert len(lines) == 1, p.stderr
     assert needle in lines[0]
     assert "Traceback" not in p.stderr
+
+
+def test_summary_json_takes_numpy_and_jax_scalars():
+    """A model's summary value may be a NumPy or JAX scalar (``np.float32``, a 0-d array): the
+    summary is still strict JSON, non-finite values as null."""
+    import jax.numpy as jnp
+
+    from meanfield import cli as _cli
+
+    text = _cli._dumps(
+        {"a": np.float32(1.5), "b": np.float64("nan"), "c": np.array(2), "d": [jnp.asarray(0.25)]}
+    )
+    assert json.loads(text) == {"a": 1.5, "b": None, "c": 2, "d": [0.25]}
