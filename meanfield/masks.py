@@ -19,8 +19,10 @@ How a model uses the weights (``pair_weights``, ``log_weights``):
   ($-\infty$ where $w_{ij} = 0$: the causal mask); the row normalisation changes nothing there.
 
 A row that admits no token (the first token under ``Causal(include_self=False)``) has zero field.
-Masked dynamics are not the gradient flow of a pair energy: a masked kernel's ``has_energy`` is
-False and ``mf.energy`` refuses it.
+Causal and ALiBi masks and row-normalised weights are not symmetric, so those dynamics are not
+the gradient flow of a pair energy; meanfield defines no energy for any mask (a symmetric
+``Window`` included): a masked kernel's ``has_energy`` is False and ``mf.energy`` refuses it
+(``energy_problem``).
 
 Example:
     >>> import meanfield as mf
@@ -344,14 +346,17 @@ def energy_problem(mask: Mask | None) -> str | None:
 
     Example:
         >>> import meanfield as mf
-        >>> mf.masks.energy_problem(mf.masks.Causal())
-        'a masked interaction has no pair energy: it is not symmetric'
+        >>> print(mf.masks.energy_problem(mf.masks.Causal()))
+        meanfield defines no pair energy for a masked interaction (causal and ALiBi masks and row-normalised weights are not symmetric: no gradient flow)
         >>> mf.masks.energy_problem(mf.masks.from_params({"mask": "none"})) is None
         True
     """
     if mask is None:
         return None
-    return "a masked interaction has no pair energy: it is not symmetric"
+    return (
+        "meanfield defines no pair energy for a masked interaction (causal and ALiBi masks and "
+        "row-normalised weights are not symmetric: no gradient flow)"
+    )
 
 
 def check_mask(mask: object) -> Mask | None:

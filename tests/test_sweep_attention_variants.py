@@ -133,7 +133,7 @@ def test_bad_variant_keys(model, match):
         (
             'kind = "usa"\nmask = "alibi"',
             '["energy"]',
-            "unknown observable 'energy' for kind 'usa' with model.mask = 'alibi' (a masked interaction has no pair energy: it is not symmetric)",
+            "unknown observable 'energy' for kind 'usa' with model.mask = 'alibi' (meanfield defines no pair energy for a masked interaction (causal and ALiBi masks and row-normalised weights are not symmetric: no gradient flow))",
         ),
         (
             'kind = "rope"\nmask = "window"',

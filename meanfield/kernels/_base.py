@@ -26,7 +26,7 @@ __all__ = [
 
 class _HasEnergy:
     """``has_energy`` of a kernel: True on the class; on an instance, True unless its mask has no
-    pair energy (``mf.masks.energy_problem``: a masked interaction is not symmetric)."""
+    pair energy (``mf.masks.energy_problem``: meanfield defines none for any mask)."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> bool:
         return True if obj is None else energy_problem(obj.mask) is None
