@@ -505,19 +505,54 @@ class FixedStep(eqx.Module):
         y1, _, _, _, _ = self.solver.step(term, t0, t1, y, self.args, state, False)
         return y1
 
+    def _bounds(self, k: ArrayLike, dtype: Any) -> tuple[Array, Array]:
+        k = jnp.asarray(k, dtype)
+        return k * self.h, (k + 1) * self.h
+
+    def _splits(self, k: ArrayLike, dtype: Any) -> Array:
+        """Whether the switch time lies inside step ``k``, more than ``h / 1000`` from both ends."""
+        t0, t1 = self._bounds(k, dtype)
+        tau, tol = jnp.asarray(self._switch(), dtype), 1e-3 * self.h
+        return (t0 + tol < tau) & (tau < t1 - tol)
+
     def grid(self, k: ArrayLike, y: _State) -> _State:
         """The step over ``[k h, (k + 1) h]``, split at Mix-LN's switch time when it lies inside."""
+        if self._switch() is None:
+            return self.whole(k, y)
+        return jax.lax.cond(
+            self._splits(k, y[0].dtype), lambda: self.split(k, y), lambda: self.whole(k, y)
+        )
+
+    def whole(self, k: ArrayLike, y: _State) -> _State:
+        """The step over ``[k h, (k + 1) h]`` as one solver step: ``grid``'s step ``k`` for every
+        ``k`` but ``split_index()``."""
+        t0, t1 = self._bounds(k, y[0].dtype)
+        return self(t0, t1, y)
+
+    def split(self, k: ArrayLike, y: _State) -> _State:
+        """The step over ``[k h, (k + 1) h]`` as two solver steps, to Mix-LN's switch time and from
+        it: ``grid``'s step ``k = split_index()``."""
         dtype = y[0].dtype
-        k = jnp.asarray(k, dtype)
-        t0, t1 = k * self.h, (k + 1) * self.h
+        t0, t1 = self._bounds(k, dtype)
+        tau = jnp.asarray(self._switch(), dtype)
+        return self(tau, t1, self(t0, tau, y))
+
+    def split_index(self, dtype: Any) -> Array | None:
+        """The grid step that ``grid`` splits at Mix-LN's switch time (an int32 scalar, ``-1`` when
+        no step is split), ``None`` for a scheme without a switch. A loop over steps that runs
+        ``whole`` at every other step and ``split`` at this one gives ``grid``'s numbers without a
+        ``lax.cond`` in its body."""
         switch = self._switch()
         if switch is None:
-            return self(t0, t1, y)
-        tau, tol = jnp.asarray(switch, dtype), 1e-3 * self.h
-        inside = (t0 + tol < tau) & (tau < t1 - tol)
-        return jax.lax.cond(
-            inside, lambda: self(tau, t1, self(t0, tau, y)), lambda: self(t0, t1, y)
-        )
+            return None
+        k = jnp.floor(jnp.asarray(switch, dtype) / self.h)
+        # floor(tau / h) is the step up to its rounding: the neighbours are looked at too
+        found = jnp.int32(-1)
+        for cand in (k - 1, k + 1, k):
+            found = jnp.where(
+                self._splits(cand, dtype) & (cand >= 0), cand.astype(jnp.int32), found
+            )
+        return found
 
     def failed(self, y: _State) -> Array:
         """Whether the run has failed (``FAILURES``: a non-finite state, a token through the origin)."""

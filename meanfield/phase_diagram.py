@@ -648,6 +648,7 @@ def _checkpoint_loop(
     prepare: Callable[[Any], Any],
     fraction: Callable[[Any], Array],
     advance: Callable[[Array, Any, Any], Any],
+    split: tuple[Array, Callable[[Array, Any, Any], Any]] | None = None,
 ) -> tuple[Float[Array, "S C"], Any]:
     """The loop of every sweep: ``nsteps`` steps of a batch of ``systems``, the clustering fraction
     recorded at the checkpoint steps; the backends differ only in their step.
@@ -659,7 +660,10 @@ def _checkpoint_loop(
     every step is a checkpoint (the SA setting: 200 checkpoints, 100 steps), so the fraction is
     evaluated unconditionally (fused with what computes it) and written to row ``C``, a scratch
     row, when the step is not a checkpoint; otherwise it runs under ``lax.cond`` at checkpoint
-    steps only. Returns the ``(S, C)`` fractions and the final state.
+    steps only. ``split = (k, advance_k)``: step ``k`` (a traced int, ``-1``: none) is
+    ``advance_k`` (Mix-LN's step over its switch time, ``FixedStep.split``); the loop runs in two
+    parts around it, so no step pays for a ``lax.cond``. Returns the ``(S, C)`` fractions and the
+    final state.
     """
     C = ckpt_steps.shape[0]
 
@@ -676,14 +680,27 @@ def _checkpoint_loop(
 
         return jax.lax.cond(hit, write, lambda b: b, buf)
 
-    def body(i: Array, carry: tuple[Any, Array]) -> tuple[Any, Array]:
-        state, buf = carry
-        shared = prepare(state)
-        buf = record(buf, i, shared)
-        return advance(i, state, shared), buf
+    def stepping(
+        advance: Callable[[Array, Any, Any], Any],
+    ) -> Callable[[Array, tuple[Any, Array]], tuple[Any, Array]]:
+        def body(i: Array, carry: tuple[Any, Array]) -> tuple[Any, Array]:
+            state, buf = carry
+            shared = prepare(state)
+            buf = record(buf, i, shared)
+            return advance(i, state, shared), buf
 
-    buf0 = jnp.zeros((C + 1, systems), dtype)
-    state, buf = jax.lax.fori_loop(0, nsteps, body, (state0, buf0))
+        return body
+
+    body = stepping(advance)
+    carry = (state0, jnp.zeros((C + 1, systems), dtype))
+    if split is None:
+        state, buf = jax.lax.fori_loop(0, nsteps, body, carry)
+    else:  # steps [0, k), step k, steps (k, nsteps); k = nsteps when no step is split
+        k = jnp.asarray(split[0], jnp.asarray(nsteps).dtype)
+        k = jnp.where((k >= 0) & (k < nsteps), k, nsteps)
+        carry = jax.lax.fori_loop(0, k, body, carry)
+        carry = jax.lax.cond(k < nsteps, lambda c: stepping(split[1])(k, c), lambda c: c, carry)
+        state, buf = jax.lax.fori_loop(k + 1, nsteps, body, carry)
     buf = record(buf, nsteps, prepare(state))
     return buf[ckpt_pos].T, state
 
@@ -875,17 +892,27 @@ def _run_one_beta_engine(
         count = jnp.sum(jnp.where((G > threshold) & off, 1.0, 0.0).astype(dtype), axis=(1, 2))
         return count / (n * (n - 1))
 
-    def advance(i: Array, y: Any, _: Any) -> Any:
-        def one(Q: Array | None, K: Array | None, V: Array | None, ys: Any) -> Any:
-            return stepper(Q, K, V).grid(i, ys)
-
-        return jax.vmap(one, in_axes=(*axes, 0))(*weights, y)
-
+    steppers = None
     if systems.noise is not None:  # every system's step built once: its Brownian path drawn once
         steppers = eqx.filter_vmap(stepper, in_axes=(*axes, 0))(*weights, systems.noise_keys)
 
+    def advancing(how: Callable[[FixedStep, Array, Any], Any]) -> Callable[[Array, Any, Any], Any]:
+        """The step ``i`` of every system, ``how(stepper, i, state)``."""
+        if steppers is not None:
+            return lambda i, y, _: eqx.filter_vmap(lambda st, ys: how(st, i, ys))(steppers, y)
+
         def advance(i: Array, y: Any, _: Any) -> Any:
-            return eqx.filter_vmap(lambda st, ys: st.grid(i, ys))(steppers, y)
+            def one(Q: Array | None, K: Array | None, V: Array | None, ys: Any) -> Any:
+                return how(stepper(Q, K, V), i, ys)
+
+            return jax.vmap(one, in_axes=(*axes, 0))(*weights, y)
+
+        return advance
+
+    # Mix-LN: the step over the switch time is two steps (FixedStep.grid), run apart from the loop
+    k_split = template.split_index(dtype)
+    advance = advancing(FixedStep.whole)
+    split = None if k_split is None else (k_split, advancing(FixedStep.split))
 
     fr, y = _checkpoint_loop(
         jax.vmap(template.init)(x0),
@@ -898,6 +925,7 @@ def _run_one_beta_engine(
         prepare=lambda y: y,
         fraction=fraction,
         advance=advance,
+        split=split,
     )
     failed = jax.vmap(template.failed)(y)
     # a failed system's final state is NaN: _flag_failed records its fractions as NaN

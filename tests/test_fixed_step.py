@@ -60,6 +60,36 @@ def test_grid_steps_are_simulates_steps(name, solver, x64):
     assert np.abs(want - np.asarray(x0)).max() > 1e-3  # the tokens moved
 
 
+@pytest.mark.parametrize(
+    "switch_time, index",
+    [(0.35, 3), (0.3, -1), (0.30001, -1), (0.3002, 3), (0.05, 0), (0.00005, -1), (2.55, 25)],
+)
+def test_split_index_is_the_step_grid_splits(switch_time, index, x64):
+    """Mix-LN's step over its switch time (``grid``'s ``lax.cond``) is ``split`` at
+    ``split_index()`` and ``whole`` elsewhere (the loop the phase diagrams run): the same steps.
+    A switch within ``h / 1000`` of a grid point splits no step."""
+    model = mf.models.SelfAttention(1.0, normalization="mix", switch_time=switch_time)
+    x0 = mf.sphere.uniform(jax.random.key(3), 5, 3, jnp.float64)
+    stepper = FixedStep.of(model, x0, h=0.1)
+    k = stepper.split_index(jnp.float64)
+    assert int(k) == index
+    for j in range(30):
+        assert bool(stepper._splits(j, jnp.float64)) == (j == index)
+    y0 = stepper.init(x0)
+    steps = max(index + 2, 5)
+    by_grid = jax.lax.fori_loop(0, steps, lambda j, y: stepper.grid(j, y), y0)
+    whole = lambda a, b: lambda y: jax.lax.fori_loop(a, b, lambda j, y: stepper.whole(j, y), y)  # noqa: E731
+    if index < 0:
+        y = jax.jit(whole(0, steps))(y0)
+    else:
+        y = jax.jit(lambda y: whole(index + 1, steps)(stepper.split(index, whole(0, index)(y))))(y0)
+    # the same steps, compiled in another loop structure: equal to rounding
+    np.testing.assert_allclose(np.asarray(y[0]), np.asarray(by_grid[0]), rtol=0, atol=1e-14)
+    assert not np.array_equal(np.asarray(y[0]), np.asarray(x0))
+    no_switch = FixedStep.of(mf.models.SelfAttention(1.0, normalization="pre"), x0, h=0.1)
+    assert no_switch.split_index(jnp.float64) is None
+
+
 def test_refusals_are_the_rules():
     x0 = mf.sphere.uniform(jax.random.key(0), 4, 3)
     model = mf.models.SelfAttention(1.0)
@@ -92,6 +122,7 @@ def test_a_failed_system_is_flagged():
         dict(normalization="peri"),
         dict(attention="hardmax"),
         dict(weights="gaussian", value="+qk", heads=2, mask=mf.masks.Window(2)),
+        dict(normalization="mix", switch_time=0.35),
     ],
 )
 def test_phase_diagram_systems_are_simulate_runs(scheme, x64):
