@@ -77,6 +77,7 @@ def test_ar_keys_phi_zero_is_iid_uniform():
     assert _uniform_first_coordinate_pvalue(X[:, 1, 0], D) > 1e-3
 
 
+@pytest.mark.xla_default
 def test_stream_of_a_process_equals_its_materialised_context():
     # sampled_context_stats on a process == context_stats on process.draw(key, n, chunk) (same chunks)
     q = jnp.zeros(D).at[0].set(1.0)

@@ -456,6 +456,7 @@ def test_tiny_beta_is_fine_in_float64(x0):
         assert E == pytest.approx(0.5e300, rel=1e-12)
 
 
+@pytest.mark.xla_default
 def test_beta_zero_or_tiny_under_jit_is_a_failed_run(x0):
     """beta = 0 under jit: the in-program check stops it; a subnormal beta (> 0, so it passes)
     gives an infinite energy with finite states: Trajectory.failed is true."""

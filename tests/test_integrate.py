@@ -563,6 +563,7 @@ def test_traced_step_many_steps_float32():
     assert int(r.num_steps) == len(_step_grid(0.25, h, ts)) - 1 == 36_861 + 24
 
 
+@pytest.mark.xla_default
 def test_non_finite_energy_or_observable_marks_the_run_failed():
     """Issue 17: failed looked only at the state and the collapse gap; beta = 1e-39 (> 0, a
     float32 subnormal) gives E = e^beta / (2 beta) = inf with finite states. Any non-finite

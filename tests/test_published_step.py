@@ -278,6 +278,7 @@ observables = ["collapse_gap", "clusters"]
 """
 
 
+@pytest.mark.xla_default
 def test_sweep_step_key_equals_simulate(tmp_path, x64):
     spec = sweep.parse_spec(SPEC)
     assert spec.step == "renormalize" and spec.data["time"]["step"] == "renormalize"

@@ -408,6 +408,7 @@ def test_every_registry_model_is_a_sweep_kind(name):
 # --------------------------------------------------------------------------- attention
 
 
+@pytest.mark.xla_default
 def test_attention_order_statistics(tmp_path):
     text = """
 dtype = "float64"
@@ -534,6 +535,7 @@ observables = ["collapse_gap", "energy"]
 """
 
 
+@pytest.mark.xla_default
 def test_reference_step_rule_buckets_by_beta_and_compiles_once(tmp_path, monkeypatch):
     """step_rule = "reference": dt(beta) = 0.1 / max(sqrt(beta) e^(beta - 1/2), 1), one beta per
     chunk (each chunk runs its own step count, no padding), one trace for the whole grid, and

@@ -143,6 +143,7 @@ def _check_point(point, traj, names):
     assert float(point["stop_time"]) == pytest.approx(T1, rel=1e-15)
 
 
+@pytest.mark.xla_default
 def test_kuramoto_points_are_simulate_with_the_laws_quantiles(stores, direct):
     """Each point of the Kuramoto sweep is ``mf.simulate(Kuramoto(K), x0, frequencies=
     Lorentzian(spread).sample(n))``, ``order_parameter`` among its observables (1e-13)."""
@@ -186,6 +187,7 @@ def test_the_spread_axis_compiles_once(stores):
     )
 
 
+@pytest.mark.xla_default
 def test_frequency_seed_draws_from_its_key_with_noise(stores, direct):
     """``frequency_seed = K``: the frequencies are ``law.sample(n, key=key(K))`` at every seed (not
     the quantiles), the noise of ``model.noise`` on top: ``sigma = 0`` is the run with those

@@ -105,6 +105,7 @@ def _point(ds, sigma, seed):
     return ds.sel(n=N, beta=BETA, sigma=sigma, seed=seed)
 
 
+@pytest.mark.xla_default
 def test_every_point_is_simulate_with_the_seeds_noise_key(stores, direct):
     """(a) x0 from ``key(seed)``, the path from ``fold_in(key(seed), 1)``: each point is that run."""
     noisy, _, _ = stores
@@ -153,6 +154,7 @@ def test_the_sigma_axis_compiles_once(stores):
     assert "jax.random.fold_in(jax.random.key(s), 1)" in text
 
 
+@pytest.mark.xla_default
 def test_order_parameter_is_the_root_of_token_similarity(stores, direct):
     """(d) ``order_parameter`` = |mean x_i| = sqrt(token_similarity) for unit tokens, and at the last
     save ``mf.metrics.order_parameter`` of the run's final state."""
