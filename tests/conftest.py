@@ -21,9 +21,11 @@ from pathlib import Path
 # 2026-12-07 (2)") and LLVM at -O0 (a third less compile time again, pass 1 of CI 2,135 s -> 1,548 s:
 # "The round of 2026-12-07 (4)"). At -O0 the float32 arithmetic of a few functions (the Gaussian draw
 # under x0 and the noise) may round its last bit differently in two differently fused programs, and
-# a subnormal is read as zero: the tests whose claim is bit-level agreement of such draws between a
-# sweep's program and mf.simulate's, or subnormal arithmetic, are marked `xla_default` and run
-# with XLA's defaults only (the second pass of .ci/run). Set before JAX's backend starts, so the
+# a subnormal is read as zero, and code that runs long is 2-5x slower: the tests whose claim is
+# bit-level agreement of such draws between a sweep's program and mf.simulate's, or subnormal
+# arithmetic, and the few whose time is execution, not compilation (the depth, noise and attention
+# reproductions, a 300,000-token clustering, the critical-output sampler) are marked `xla_default`
+# and run with XLA's defaults only (the third pytest call of .ci/run). Set before JAX's backend starts, so the
 # `meanfield` processes the tests start inherit it. MEANFIELD_TEST_XLA_DEFAULT=1 keeps XLA's
 # defaults (the second pass of .ci/run: the closed-form modules as users compile them, and the
 # tests marked xla_default). An XLA without the flags would abort at backend start: a child

@@ -288,6 +288,7 @@ def test_attention_bad_inputs():
 
 
 @pytest.mark.slow
+@pytest.mark.xla_default
 def test_reproduce_attention_quick(tmp_path):
     from meanfield.reproduce import attention as rep
 

@@ -238,6 +238,7 @@ def test_num_clusters_never_forms_an_n_by_n_matrix():
 
 
 @pytest.mark.slow
+@pytest.mark.xla_default
 def test_num_clusters_n_300000_runs():
     # 300 well separated clusters (a Fibonacci lattice, spacing ~0.2 rad) of 1000 particles
     n, K = 300_000, 300

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from _figures import FigureAudit
 
-pytestmark = pytest.mark.slow
+# the reproduction's time is execution, which the suite's -O0 code makes 3x slower: it runs with
+# XLA's default code generation (tests/conftest.py, TEST_XLA_FLAGS)
+pytestmark = [pytest.mark.slow, pytest.mark.xla_default]
 
 NAMED = (
     "post_vs_pre_similarity",

@@ -50,6 +50,7 @@ def summary(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.xla_default
 def test_all_checks_pass_with_derived_tolerances(summary):
     s, out = summary
     rows = {c["name"]: c for c in s["checks"]}

@@ -272,6 +272,7 @@ def test_supercritical_output_matches_finite_n():
 
 
 @pytest.mark.parametrize("d", [3, 4, 5])
+@pytest.mark.xla_default
 def test_sample_critical_output_small_gamma_is_the_subcritical_covariance(d):
     # gamma -> 0: Cov(Xi) -> 2^{-1/alpha - 1} / (c Gamma(1/alpha + 1)) I, c = C gamma^{-1/alpha}
     # (the subcritical beta Cov(Y_n) at beta = gamma n^alpha); the relative correction is O(1/c) (delta method)
@@ -289,6 +290,7 @@ def test_sample_critical_output_small_gamma_is_the_subcritical_covariance(d):
     np.testing.assert_allclose(Xi.mean(0), 0.0, atol=4 * math.sqrt(expected / num))
 
 
+@pytest.mark.xla_default
 def test_sample_critical_output_large_gamma_is_the_supercritical_law():
     # gamma -> infinity: sqrt(beta) Y = sqrt(gamma / C^alpha) sqrt(a_n) Y, so Xi sqrt(C^alpha / gamma) -> Phi
     d, gamma, num = 5, 1e4, 20_000
@@ -301,6 +303,7 @@ def test_sample_critical_output_large_gamma_is_the_supercritical_law():
 
 
 @pytest.mark.slow
+@pytest.mark.xla_default
 def test_sample_critical_output_matches_finite_n():
     # independent: outputs of n uniform keys on S^4 at beta = gamma n^alpha, through attention.displacement
     d, n, trials = 5, 10_000, 600
@@ -319,6 +322,7 @@ def test_sample_critical_output_matches_finite_n():
         assert abs(np.mean(finite**2) - np.mean(limit**2)) < 4 * se
 
 
+@pytest.mark.xla_default
 def test_sample_critical_output_truncation_is_negligible():
     # the points beyond `terms` enter through the mean (denominator) and a Gaussian of the exact variance
     # (numerator): 32 terms and 1024 terms give the same law
