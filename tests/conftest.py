@@ -25,8 +25,8 @@ from pathlib import Path
 # bit-level agreement of such draws between a sweep's program and mf.simulate's, or subnormal
 # arithmetic, and the few whose time is execution, not compilation (the depth, noise and attention
 # reproductions, a 300,000-token clustering, the critical-output sampler) are marked `xla_default`
-# and run with XLA's defaults only (the third pytest call of .ci/run). Set before JAX's backend starts, so the
-# `meanfield` processes the tests start inherit it. MEANFIELD_TEST_XLA_DEFAULT=1 keeps XLA's
+# and run with XLA's defaults only (the third pytest call of .ci/run). Set before JAX's backend
+# starts, so the `meanfield` processes the tests start inherit it. MEANFIELD_TEST_XLA_DEFAULT=1 keeps XLA's
 # defaults (the second pass of .ci/run: the closed-form modules as users compile them, and the
 # tests marked xla_default). An XLA without the flags would abort at backend start: a child
 # process tries them once (the xdist workers inherit the result with the environment); a user's
@@ -111,7 +111,7 @@ def recorded_durations() -> dict[str, float]:
 def pytest_collection_modifyitems(config, items):
     """Tests recorded under ``FAST_SECONDS`` (or not recorded) and not marked ``slow`` are marked
     ``fast``. Under TEST_XLA_FLAGS, tests marked ``xla_default`` are skipped (they run in the
-    second pass of ``.ci/run``). With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
+    third pytest call of ``.ci/run``). With ``MEANFIELD_NATIVE=0`` (the second pass of ``.ci/run``: the XLA formulation that
     accelerators run), tests marked ``native`` test the C kernels themselves and are skipped.
 
     (Under ``-n``, pytest-xdist runs each test file in one worker, ``--dist loadfile`` in the
@@ -124,8 +124,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(fast)
     if not _xla_default():
         later = pytest.mark.skip(
-            reason="xla_default: needs XLA's default code generation (the second pass of .ci/run, "
-            "MEANFIELD_TEST_XLA_DEFAULT=1)"
+            reason="xla_default: needs XLA's default code generation (the third pytest call of "
+            ".ci/run, MEANFIELD_TEST_XLA_DEFAULT=1)"
         )
         for item in items:
             if item.get_closest_marker("xla_default") is not None:
